@@ -1,0 +1,19 @@
+# SPDX-License-Identifier: Apache-2.0
+"""edgesdk: build a model for a device profile, ship it as a verified bundle, run and profile it."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__", "load"]
+
+
+def load(bundle, **kwargs):
+    """Open a bundle directory and return a :class:`edgesdk.runtime.session.Session`.
+
+    Verifies every artifact's sha256 before loading, picks the best backend present on this
+    machine and falls back along the plan's chain, recording each step (``session.report()``).
+    """
+    from edgesdk.runtime.session import load as _load
+
+    return _load(bundle, **kwargs)

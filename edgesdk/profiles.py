@@ -1,0 +1,320 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Device profiles: load, validate, resolve names/aliases/paths, and a basic detector.
+
+A profile is data (``profiles/*.yaml``): facts about a device, each figure a mapping
+``{value, source, status?}``, plus policies (format preference, precision order, memory budget).
+Validation errors name the file, the key path and the expected type.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from edgesdk.errors import ProfileError
+
+SCHEMA_VERSION = 1
+FIGURE_STATUSES = ("confirmed", "derived", "unconfirmed", "measured")
+
+# Schema: key -> expected type. A tuple means "one of"; "figure" is {value, source, status?};
+# a dict is a nested mapping; a trailing "?" on a key marks it optional.
+_FIGURE = "figure"
+_NUM = (int, float)
+_SCHEMA: dict[str, Any] = {
+    "schema_version": int,
+    "name": str,
+    "display_name": str,
+    "aliases?": [str],
+    "device": {
+        "kind": ("jetson", "gpu", "cpu"),
+        "arch": ("aarch64", "x86_64"),
+        "platform?": str,
+        "module_part_number?": str,
+        "gpu?": {
+            "name": str,
+            "architecture?": str,
+            "sm": str,
+            "sms?": _FIGURE,
+            "cuda_cores?": _FIGURE,
+            "tensor_cores?": _FIGURE,
+            "clock_mhz?": _FIGURE,
+        },
+        "cpu?": {"isa?": [str], "model?": str, "cores?": int, "flags?": [str]},
+        "memory": {
+            "total_gb": (_FIGURE, None),
+            "usable_gb?": (_FIGURE, None),
+            "unified": bool,
+            "bandwidth_gbps": (_FIGURE, None),
+        },
+        "peak": {"fp16_tflops?": _FIGURE, "int8_tops?": _FIGURE, "fp8_tflops?": _FIGURE, "fp32_tflops?": _FIGURE},
+        "dla?": {"cores": int, "version?": str, "int8_tops_sparse?": _FIGURE, "status?": str},
+        "power_modes?": _FIGURE,
+        "tdp_w?": _FIGURE,
+    },
+    "software": {
+        "jetpack?": str, "l4t?": str, "cuda?": str, "tensorrt?": str, "cudnn?": str, "source": str,
+    },
+    "kernels": {
+        "flash_attention": {"supported": bool, "recommended?": bool, "source": str},
+        "cuda_graphs": {"supported": bool, "recommended?": bool, "source": str},
+        "triton": {"supported": bool, "recommended?": bool, "source": str},
+        "fp8": {"supported": bool, "recommended?": bool, "source": str},
+        "int4_weight_only": {"supported": bool, "recommended?": bool, "source": str},
+        "llama_cpp_cuda_arch?": str,
+    },
+    "policy": {
+        "formats": [("onnx", "tensorrt", "gguf")],
+        "precision": [("fp32", "fp16", "bf16", "fp8", "int8")],
+        "execution_providers": [str],
+        "memory_headroom_fraction": _NUM,
+        "memory_budget_gb?": _NUM,
+        "latency_target_ms?": _NUM,
+        "parity?": dict,
+        "llm?": {
+            "quant_order": [str],
+            "context_length": int,
+            "min_context_length?": int,
+        },
+    },
+    "measured?": dict,
+}
+
+
+def _type_name(expected: Any) -> str:
+    if expected is _FIGURE:
+        return "a figure mapping {value, source, status?}"
+    if expected is None:
+        return "null"
+    if isinstance(expected, type):
+        return {str: "string", int: "integer", float: "number", bool: "boolean", dict: "mapping"}.get(
+            expected, expected.__name__)
+    if isinstance(expected, tuple):
+        if all(isinstance(e, str) for e in expected):
+            return "one of " + ", ".join(repr(e) for e in expected)
+        return " or ".join(_type_name(e) for e in expected)
+    if isinstance(expected, list):
+        return f"a list of {_type_name(expected[0])}"
+    if isinstance(expected, dict):
+        return "a mapping"
+    return str(expected)
+
+
+def _check(value: Any, expected: Any, key: str, errors: list[str]) -> None:
+    if expected is None:
+        if value is not None:
+            errors.append(f"{key}: expected null")
+        return
+    if expected is _FIGURE:
+        if not isinstance(value, dict) or "value" not in value or not isinstance(value.get("source"), str):
+            errors.append(f"{key}: expected {_type_name(_FIGURE)}, got {type(value).__name__}")
+            return
+        status = value.get("status", "confirmed")
+        if status not in FIGURE_STATUSES:
+            errors.append(f"{key}.status: expected one of {', '.join(FIGURE_STATUSES)}, got {status!r}")
+        return
+    if isinstance(expected, tuple):
+        if all(isinstance(e, str) for e in expected):
+            if value not in expected:
+                errors.append(f"{key}: expected {_type_name(expected)}, got {value!r}")
+            return
+        sub: list[str] = []
+        for option in expected:
+            trial: list[str] = []
+            _check(value, option, key, trial)
+            if not trial:
+                return
+            sub.extend(trial)
+        errors.append(f"{key}: expected {_type_name(expected)}, got {type(value).__name__}")
+        return
+    if isinstance(expected, list):
+        if not isinstance(value, list):
+            errors.append(f"{key}: expected {_type_name(expected)}, got {type(value).__name__}")
+            return
+        for i, item in enumerate(value):
+            _check(item, expected[0], f"{key}[{i}]", errors)
+        return
+    if isinstance(expected, dict):
+        if not isinstance(value, dict):
+            errors.append(f"{key}: expected a mapping, got {type(value).__name__}")
+            return
+        known = set()
+        for raw_key, sub_expected in expected.items():
+            optional = raw_key.endswith("?")
+            name = raw_key.rstrip("?")
+            known.add(name)
+            child = f"{key}.{name}" if key else name
+            if name not in value:
+                if not optional:
+                    errors.append(f"{child}: missing (expected {_type_name(sub_expected)})")
+                continue
+            _check(value[name], sub_expected, child, errors)
+        for extra in value:
+            if extra not in known:
+                errors.append(f"{key + '.' if key else ''}{extra}: unknown key")
+        return
+    if expected is float or expected == _NUM:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif expected is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, expected)
+    if not ok:
+        errors.append(f"{key}: expected {_type_name(expected)}, got {type(value).__name__} {value!r}")
+
+
+def validate_profile_data(data: Any, source: str) -> None:
+    """Raise :class:`ProfileError` naming file, key and expected type for the first problems found."""
+    if not isinstance(data, dict):
+        raise ProfileError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
+    errors: list[str] = []
+    _check(data, _SCHEMA, "", errors)
+    if not errors and data["schema_version"] != SCHEMA_VERSION:
+        errors.append(f"schema_version: expected {SCHEMA_VERSION}, got {data['schema_version']}")
+    if errors:
+        more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise ProfileError(f"{source}: invalid profile: {errors[0]}{more}")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A validated device profile. ``data`` is the YAML mapping; helpers read common figures."""
+
+    name: str
+    path: Path
+    data: dict = field(repr=False)
+    resolved_from: str | None = None  # the alias the user typed, if any
+
+    @property
+    def kind(self) -> str:
+        return self.data["device"]["kind"]
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.kind in ("jetson", "gpu")
+
+    @property
+    def policy(self) -> dict:
+        return self.data["policy"]
+
+    @property
+    def kernels(self) -> dict:
+        return self.data["kernels"]
+
+    @property
+    def sm(self) -> str | None:
+        return (self.data["device"].get("gpu") or {}).get("sm")
+
+    @property
+    def software(self) -> dict:
+        return self.data["software"]
+
+    @property
+    def dla_cores(self) -> int:
+        return int((self.data["device"].get("dla") or {}).get("cores", 0))
+
+    def figure(self, dotted: str) -> float | None:
+        """Value of a figure by dotted path (``device.memory.bandwidth_gbps``), or None when absent."""
+        node: Any = self.data
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return None
+            node = node[part]
+        if isinstance(node, dict) and "value" in node:
+            return node["value"]
+        return node
+
+    def memory_budget_gb(self) -> float | None:
+        """Memory the model may use: explicit policy budget, else usable (or total) memory minus headroom."""
+        explicit = self.policy.get("memory_budget_gb")
+        if explicit is not None:
+            return float(explicit)
+        usable = self.figure("device.memory.usable_gb") or self.figure("device.memory.total_gb")
+        if usable is None:
+            return None
+        return round(float(usable) * (1.0 - float(self.policy["memory_headroom_fraction"])), 2)
+
+    def summary(self) -> dict:
+        return {
+            "name": self.name,
+            "display_name": self.data["display_name"],
+            "aliases": self.data.get("aliases", []),
+            "kind": self.kind,
+            "arch": self.data["device"]["arch"],
+            "sm": self.sm,
+            "memory_gb": self.figure("device.memory.total_gb"),
+            "bandwidth_gbps": self.figure("device.memory.bandwidth_gbps"),
+            "fp16_tflops": self.figure("device.peak.fp16_tflops"),
+            "tensorrt": self.software.get("tensorrt"),
+            "dla_cores": self.dla_cores,
+            "formats": self.policy["formats"],
+            "precision": self.policy["precision"],
+            "path": str(self.path),
+        }
+
+
+def profiles_dir() -> Path:
+    """Where the shipped profiles live: $EDGESDK_PROFILES_DIR, the repo's profiles/, or package data."""
+    env = os.environ.get("EDGESDK_PROFILES_DIR")
+    if env:
+        return Path(env)
+    repo = Path(__file__).resolve().parent.parent / "profiles"
+    if repo.is_dir():
+        return repo
+    return Path(__file__).resolve().parent / "data" / "profiles"
+
+
+def load_profile_file(path: Path, resolved_from: str | None = None) -> Profile:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise ProfileError(f"profile file not found: {path}") from exc
+    except OSError as exc:
+        raise ProfileError(f"cannot read profile file {path}: {exc.strerror}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ProfileError(f"{path}:{where} not valid YAML: {getattr(exc, 'problem', exc)}") from exc
+    validate_profile_data(data, str(path))
+    return Profile(name=data["name"], path=path, data=data, resolved_from=resolved_from)
+
+
+def list_profiles(directory: Path | None = None) -> list[Profile]:
+    directory = directory or profiles_dir()
+    return [load_profile_file(p) for p in sorted(directory.glob("*.yaml"))]
+
+
+def _alias_table(profiles: list[Profile]) -> dict[str, Profile]:
+    table: dict[str, Profile] = {}
+    for p in profiles:
+        table[p.name] = p
+        for alias in p.data.get("aliases", []):
+            table.setdefault(alias, p)
+    return table
+
+
+def resolve_profile(name_or_path: str | os.PathLike) -> Profile:
+    """Name, alias or path to a YAML file -> validated :class:`Profile`.
+
+    Unknown names raise :class:`ProfileError` suggesting the closest known names.
+    """
+    text = str(name_or_path)
+    candidate = Path(text)
+    if text.endswith((".yaml", ".yml")) or os.sep in text or candidate.is_file():
+        return load_profile_file(candidate)
+    profiles = list_profiles()
+    table = _alias_table(profiles)
+    key = text.strip().lower()
+    if key in table:
+        p = table[key]
+        return Profile(p.name, p.path, p.data, resolved_from=text if key != p.name else None)
+    close = difflib.get_close_matches(key, list(table), n=3, cutoff=0.5)
+    hint = f"did you mean {', '.join(close)}?" if close else "run `edgesdk profiles list`"
+    raise ProfileError(f"unknown device profile {text!r}", hint=hint)
