@@ -1,0 +1,277 @@
+# SPDX-License-Identifier: Apache-2.0
+"""OpenTelemetry GenAI telemetry for builds and on-device inference (semantic conventions v1.41.1).
+
+Usage::
+
+    from edgesdk import telemetry
+    telemetry.configure(trace_file="traces.jsonl")          # or OTEL_* / EDGESDK_TRACE_FILE env vars
+    with telemetry.inference("chat", "gemma-3-270m", "llama.cpp", stream=True) as rec:
+        rec.set_input_tokens(n_prompt)
+        for token in generate():
+            rec.chunk()
+        rec.set_output_tokens(n_out); rec.finish(["stop"])
+    telemetry.shutdown()
+
+Nothing configured means nothing recorded: every call returns a shared no-op object. Content
+(prompts, outputs) is only captured when opted in (``capture_content=True`` or
+``EDGESDK_CAPTURE_CONTENT=1``). docs/telemetry.md has the collector setup.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from edgesdk.telemetry import _names as N
+from edgesdk.telemetry._recorder import NOOP_RECORDER, InferenceRecorder, Instruments
+from edgesdk.telemetry._setup import Counters, Settings, resolve_settings
+
+__all__ = ["configure", "shutdown", "force_flush", "stats", "build_trace", "build_stage", "inference",
+           "fallback_event", "capture_enabled", "BUILD_STAGES"]
+
+_log = logging.getLogger("edgesdk.telemetry")
+
+BUILD_STAGES = N.BUILD_STAGES
+
+
+class _State:
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.configured = False
+        self.settings: Settings | None = None
+        self.tracer = None  # None = telemetry off: every call takes the no-op path
+        self.instruments: Instruments | None = None
+        self.tracer_provider = None
+        self.meter_provider = None
+        self.counters = Counters()
+        self.exporter_names: list[str] = []
+        self.capture_content = False
+        self.config_key = None
+
+
+_state = _State()
+
+
+def configure(*, trace_file: str | Path | None = None, otlp_endpoint: str | None = None,
+              otlp_protocol: str | None = None, console: bool = False, capture_content: bool | None = None,
+              service_name: str = "edgesdk", span_exporter=None, metric_reader=None) -> None:
+    """Set up tracing and metrics. Idempotent: the same settings twice is a no-op.
+
+    Arguments override the standard environment (``OTEL_EXPORTER_OTLP_ENDPOINT``,
+    ``OTEL_EXPORTER_OTLP_PROTOCOL``, ``OTEL_TRACES_EXPORTER``, ``OTEL_SDK_DISABLED``,
+    ``OTEL_SERVICE_NAME``) and ``EDGESDK_TRACE_FILE`` / ``EDGESDK_CAPTURE_CONTENT``.
+    ``span_exporter`` / ``metric_reader`` add a caller-owned exporter or reader (embedding apps, tests).
+    Calling with different settings replaces the previous providers (they are flushed and shut down).
+    """
+    from edgesdk.telemetry._providers import build_providers
+
+    settings = resolve_settings(trace_file=trace_file, otlp_endpoint=otlp_endpoint, otlp_protocol=otlp_protocol,
+                                console=console, capture_content=capture_content, service_name=service_name)
+    key = (repr(settings), id(span_exporter) if span_exporter else None,
+           id(metric_reader) if metric_reader else None)
+    with _state.lock:
+        if _state.configured and _state.config_key == key:
+            return
+        _shutdown_locked()
+        _state.configured = True
+        _state.config_key = key
+        _state.settings = settings
+        _state.capture_content = settings.capture_content
+        _state.counters = Counters()
+        if settings.disabled:
+            return
+        if settings.any_exporter or span_exporter is not None or metric_reader is not None:
+            built = build_providers(settings, _state.counters, span_exporter=span_exporter,
+                                    metric_reader=metric_reader)
+            _state.tracer_provider, _state.meter_provider, _state.exporter_names = built
+            _state.tracer = _state.tracer_provider.get_tracer("edgesdk", N.SDK_VERSION,
+                                                               schema_url=N.SCHEMA_URL)
+            meter = _state.meter_provider.get_meter("edgesdk", N.SDK_VERSION, schema_url=N.SCHEMA_URL)
+        elif _application_has_sdk():
+            # The host application installed its own SDK providers: emit into them.
+            from opentelemetry import metrics
+
+            _state.tracer = trace.get_tracer("edgesdk", N.SDK_VERSION, schema_url=N.SCHEMA_URL)
+            meter = metrics.get_meter("edgesdk", N.SDK_VERSION, schema_url=N.SCHEMA_URL)
+            _state.exporter_names = ["application"]
+        else:
+            return
+        _state.instruments = Instruments(meter)
+
+
+def _application_has_sdk() -> bool:
+    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+
+
+def _ensure_configured() -> None:
+    if not _state.configured:
+        try:
+            configure()
+        except Exception as exc:  # noqa: BLE001 - bad telemetry env must not stop a build or inference
+            _log.warning("telemetry disabled: %s", exc)
+            with _state.lock:
+                _state.configured = True
+
+
+def capture_enabled() -> bool:
+    """True when prompt/output content capture is opted in (spans carry gen_ai.*.messages)."""
+    _ensure_configured()
+    return _state.capture_content and _state.tracer is not None
+
+
+def force_flush(timeout_millis: int = 5000) -> bool:
+    """Export what is queued now (tests, before reading a trace file). Bounded by ``timeout_millis``."""
+    ok = True
+    with _state.lock:
+        for provider in (_state.tracer_provider, _state.meter_provider):
+            if provider is not None:
+                ok = bool(provider.force_flush(timeout_millis)) and ok
+    return ok
+
+
+def _shutdown_locked(timeout_s: float = 5.0) -> None:
+    providers = [p for p in (_state.tracer_provider, _state.meter_provider) if p is not None]
+    _state.tracer = None
+    _state.instruments = None
+    _state.tracer_provider = None
+    _state.meter_provider = None
+    _state.exporter_names = []
+    _state.configured = False
+    if not providers:
+        return
+
+    def _close(provider) -> None:
+        try:
+            provider.shutdown()
+        except Exception as exc:  # noqa: BLE001 - shutting down must not fail the CLI
+            _log.warning("telemetry shutdown: %s", exc)
+
+    # Shut both providers down in parallel with a bound, so a dead collector delays exit by at most timeout_s.
+    threads = [threading.Thread(target=_close, args=(p,), daemon=True) for p in providers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout_s)
+
+
+def shutdown() -> None:
+    """Flush and shut down exporters (the CLI calls this at exit). Safe to call more than once."""
+    with _state.lock:
+        _shutdown_locked()
+
+
+def stats() -> dict:
+    """Export bookkeeping: spans exported / failed / dropped (queue full), exporter errors, exporters."""
+    snapshot = _state.counters.snapshot()
+    snapshot["enabled"] = _state.tracer is not None
+    snapshot["exporters"] = list(_state.exporter_names)
+    snapshot["capture_content"] = bool(_state.capture_content and _state.tracer is not None)
+    return snapshot
+
+
+def inference(operation: str, model: str, provider: str, *, stream: bool = False,
+              request: dict | None = None, attributes: dict | None = None):
+    """Context manager for one inference request; yields a recorder (see module docstring)."""
+    if _state.tracer is None:
+        if _state.configured:
+            return NOOP_RECORDER
+        _ensure_configured()
+        if _state.tracer is None:
+            return NOOP_RECORDER
+    return InferenceRecorder(_state.tracer, _state.instruments, _state.capture_content, operation, model,
+                             provider, stream, request, attributes)
+
+
+@contextlib.contextmanager
+def build_trace(model: str, profile: str, attributes: dict | None = None) -> Iterator[trace.Span]:
+    """Root span of one build (a new trace): ``edgesdk.build``; stages nest under it."""
+    _ensure_configured()
+    tracer = _state.tracer
+    if tracer is None:
+        yield trace.INVALID_SPAN
+        return
+    attrs = {N.BUILD_MODEL: str(model), N.DEVICE_PROFILE: str(profile)}
+    if attributes:
+        attrs.update(N.clean_attributes(attributes))
+    # context=Context(): always a new trace, even when called inside another span.
+    span = tracer.start_span(N.BUILD_SPAN, context=otel_context.Context(), kind=SpanKind.INTERNAL,
+                             attributes=attrs)
+    with _finishing_span(span, outcome_attr=N.BUILD_OUTCOME, stage=None):
+        yield span
+
+
+@contextlib.contextmanager
+def build_stage(stage: str, attributes: dict | None = None) -> Iterator[trace.Span]:
+    """Child span per build stage ``edgesdk.build.{stage}`` with duration and outcome."""
+    _ensure_configured()
+    tracer = _state.tracer
+    if tracer is None:
+        yield trace.INVALID_SPAN
+        return
+    attrs = {N.BUILD_STAGE: str(stage)}
+    if attributes:
+        attrs.update(N.clean_attributes(attributes))
+    span = tracer.start_span(f"{N.BUILD_SPAN}.{stage}", kind=SpanKind.INTERNAL, attributes=attrs)
+    with _finishing_span(span, outcome_attr=N.BUILD_STAGE_OUTCOME, stage=str(stage)):
+        yield span
+
+
+@contextlib.contextmanager
+def _finishing_span(span, *, outcome_attr: str, stage: str | None):
+    import time
+
+    token = otel_context.attach(trace.set_span_in_context(span))
+    start = time.perf_counter()
+    outcome = "ok"
+    error_type = None
+    try:
+        yield span
+    except BaseException as exc:
+        outcome = "error"
+        error_type = N.error_type(exc)
+        span.set_attribute(N.ERROR_TYPE, error_type)
+        span.set_status(Status(StatusCode.ERROR, N.error_description(exc)))
+        raise
+    finally:
+        otel_context.detach(token)
+        current = getattr(span, "attributes", None) or {}
+        if outcome == "error" or outcome_attr not in current:
+            span.set_attribute(outcome_attr, outcome)
+        else:
+            outcome = str(current.get(outcome_attr))
+        span.end()
+        instruments = _state.instruments
+        if stage is not None and instruments is not None:
+            attrs = {N.BUILD_STAGE: stage, N.BUILD_STAGE_OUTCOME: outcome}
+            if error_type:
+                attrs[N.ERROR_TYPE] = error_type
+            instruments.build_stage_duration.record(time.perf_counter() - start, attrs)
+
+
+def fallback_event(from_: str, to: str, reason: str, attributes: dict | None = None) -> None:
+    """Record a backend/precision fallback as an ``edgesdk.fallback`` event on the current span.
+
+    With no recording span current (e.g. at load time, before any inference), a short
+    ``edgesdk.fallback`` span carries the event so it is not lost.
+    """
+    _ensure_configured()
+    tracer = _state.tracer
+    if tracer is None:
+        return
+    attrs = {N.FALLBACK_FROM: str(from_), N.FALLBACK_TO: str(to), N.FALLBACK_REASON: str(reason)}
+    if attributes:
+        attrs.update(N.clean_attributes(attributes))
+    current = trace.get_current_span()
+    if current.is_recording():
+        current.add_event(N.FALLBACK_EVENT, attrs)
+        return
+    span = tracer.start_span(N.FALLBACK_EVENT, kind=SpanKind.INTERNAL)
+    span.add_event(N.FALLBACK_EVENT, attrs)
+    span.end()

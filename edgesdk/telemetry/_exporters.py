@@ -1,0 +1,161 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Exporters: OTLP-JSON Lines to a file, and wrappers that count what was exported or lost.
+
+The file format is what the OpenTelemetry Collector's ``file`` exporter writes: one
+``ExportTraceServiceRequest`` (or ``ExportMetricsServiceRequest``) per line in the OTLP/JSON
+encoding — protobuf JSON mapping with camelCase keys, enums as integers, 64-bit integers as
+strings, and trace/span ids as lowercase hex (OTLP/JSON's one departure from plain protobuf JSON).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from google.protobuf.json_format import MessageToDict
+from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+from edgesdk.telemetry._setup import Counters
+
+_ID_KEYS = ("traceId", "spanId", "parentSpanId")
+
+
+def _hex_ids(node) -> None:
+    """Rewrite base64 id fields (protobuf JSON mapping) to hex in place, recursively."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in _ID_KEYS and isinstance(value, str):
+                node[key] = base64.b64decode(value).hex()
+            else:
+                _hex_ids(value)
+    elif isinstance(node, list):
+        for item in node:
+            _hex_ids(item)
+
+
+def to_otlp_json(message) -> dict:
+    document = MessageToDict(message, use_integers_for_enums=True)
+    _hex_ids(document)
+    return document
+
+
+class _JsonLinesFile:
+    """One file shared by the span and metric exporters; a lock keeps lines whole."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._handle = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+
+    def write(self, document: dict) -> None:
+        line = json.dumps(document, separators=(",", ":"))
+        with self._lock:
+            if self._handle.closed:
+                return
+            self._handle.write(line + "\n")
+            self._handle.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._handle.closed:
+                self._handle.close()
+
+
+class JsonLinesSpanExporter(SpanExporter):
+    def __init__(self, sink: _JsonLinesFile):
+        self._sink = sink
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        try:
+            self._sink.write(to_otlp_json(encode_spans(spans)))
+        except OSError:
+            return SpanExportResult.FAILURE
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        self._sink.close()
+
+
+class JsonLinesMetricExporter(MetricExporter):
+    def __init__(self, sink: _JsonLinesFile, preferred_aggregation=None):
+        super().__init__(preferred_aggregation=preferred_aggregation)
+        self._sink = sink
+
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs) -> MetricExportResult:
+        try:
+            document = to_otlp_json(encode_metrics(metrics_data))
+            if document.get("resourceMetrics"):
+                self._sink.write(document)
+        except OSError:
+            return MetricExportResult.FAILURE
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs) -> None:
+        self._sink.close()
+
+
+def open_json_lines(path: Path) -> _JsonLinesFile:
+    return _JsonLinesFile(path)
+
+
+class CountingSpanExporter(SpanExporter):
+    """Counts exported and failed spans; turns exporter exceptions into a one-time warning."""
+
+    def __init__(self, inner: SpanExporter, counters: Counters, label: str):
+        self._inner = inner
+        self._counters = counters
+        self._label = label
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        try:
+            result = self._inner.export(spans)
+        except Exception as exc:  # noqa: BLE001 - an exporter bug must not reach the inference thread
+            result = SpanExportResult.FAILURE
+            self._counters.add("export_errors", 1)
+            self._counters.warn_once(f"{self._label}-exc", f"telemetry: {self._label} exporter raised {exc!r}")
+        if result is SpanExportResult.SUCCESS:
+            self._counters.add("spans_exported", len(spans))
+        else:
+            self._counters.add("spans_failed", len(spans))
+            self._counters.warn_once(self._label, f"telemetry: {self._label} export failed; spans are being "
+                                                  "dropped (inference continues)")
+        return result
+
+    def shutdown(self) -> None:
+        self._inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        flush = getattr(self._inner, "force_flush", None)
+        return flush(timeout_millis) if flush else True
+
+
+class CountingBatchSpanProcessor(BatchSpanProcessor):
+    """The SDK's batch processor, plus a count of spans lost to a full queue.
+
+    The SDK drops the oldest span when its bounded queue is full and only logs it; we count it so
+    ``telemetry.stats()`` can report loss without parsing logs.
+    """
+
+    def __init__(self, exporter: SpanExporter, counters: Counters, **kwargs):
+        super().__init__(exporter, **kwargs)
+        self._counters = counters
+        batch = getattr(self, "_batch_processor", None)
+        self._queue = getattr(batch, "_queue", None)
+        self._queue_max = getattr(batch, "_max_queue_size", None)
+
+    def on_end(self, span: ReadableSpan) -> None:
+        queue = self._queue
+        if queue is not None and len(queue) >= self._queue_max:
+            self._counters.add("spans_dropped", 1)
+        super().on_end(span)

@@ -1,0 +1,87 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Build the SDK TracerProvider and MeterProvider for resolved :class:`Settings`."""
+
+from __future__ import annotations
+
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+
+from edgesdk import __version__
+from edgesdk.telemetry._exporters import (
+    CountingBatchSpanProcessor,
+    CountingSpanExporter,
+    JsonLinesMetricExporter,
+    JsonLinesSpanExporter,
+    open_json_lines,
+)
+from edgesdk.telemetry._setup import (
+    METRIC_EXPORT_INTERVAL_MS,
+    SPAN_BATCH_SIZE,
+    SPAN_QUEUE_SIZE,
+    Counters,
+    Settings,
+)
+
+
+def _otlp_exporters(settings: Settings):
+    timeout = settings.export_timeout_s
+    endpoint = settings.otlp_endpoint
+    if settings.otlp_protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        insecure = endpoint.startswith("http://") or "://" not in endpoint
+        return (OTLPSpanExporter(endpoint=endpoint, insecure=insecure, timeout=timeout),
+                OTLPMetricExporter(endpoint=endpoint, insecure=insecure, timeout=timeout))
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    base = endpoint.rstrip("/")
+    # OTLP/HTTP: a generic endpoint gets the per-signal paths appended (spec: "Endpoint URLs for OTLP/HTTP").
+    traces_url = base if base.endswith("/v1/traces") else f"{base}/v1/traces"
+    metrics_url = base[: -len("/v1/traces")] + "/v1/metrics" if base.endswith("/v1/traces") \
+        else f"{base}/v1/metrics"
+    return (OTLPSpanExporter(endpoint=traces_url, timeout=timeout),
+            OTLPMetricExporter(endpoint=metrics_url, timeout=timeout))
+
+
+def build_providers(settings: Settings, counters: Counters, *, span_exporter=None, metric_reader=None):
+    """Return ``(tracer_provider, meter_provider, exporter_names)``. Nothing here touches the network."""
+    resource = Resource.create({"service.name": settings.service_name, "telemetry.distro.name": "edgesdk",
+                                "telemetry.distro.version": __version__})
+    tracer_provider = TracerProvider(resource=resource)
+    readers = []
+    names = []
+
+    def add_spans(exporter, label):
+        processor = CountingBatchSpanProcessor(
+            CountingSpanExporter(exporter, counters, label), counters, max_queue_size=SPAN_QUEUE_SIZE,
+            max_export_batch_size=SPAN_BATCH_SIZE,
+            export_timeout_millis=int(settings.export_timeout_s * 1000))
+        tracer_provider.add_span_processor(processor)
+        names.append(label)
+
+    if settings.trace_file:
+        sink = open_json_lines(settings.trace_file)
+        add_spans(JsonLinesSpanExporter(sink), f"file:{settings.trace_file}")
+        readers.append(PeriodicExportingMetricReader(JsonLinesMetricExporter(sink),
+                                                     export_interval_millis=METRIC_EXPORT_INTERVAL_MS))
+    if settings.otlp_endpoint:
+        span_otlp, metric_otlp = _otlp_exporters(settings)
+        add_spans(span_otlp, f"otlp-{settings.otlp_protocol}:{settings.otlp_endpoint}")
+        if settings.otlp_metrics:
+            readers.append(PeriodicExportingMetricReader(
+                metric_otlp, export_interval_millis=METRIC_EXPORT_INTERVAL_MS,
+                export_timeout_millis=int(settings.export_timeout_s * 1000)))
+    if settings.console:
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        add_spans(ConsoleSpanExporter(), "console")
+    if span_exporter is not None:
+        add_spans(span_exporter, type(span_exporter).__name__)
+    if metric_reader is not None:
+        readers.append(metric_reader)
+    meter_provider = MeterProvider(resource=resource, metric_readers=readers)
+    return tracer_provider, meter_provider, names

@@ -1,0 +1,248 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The per-request inference recorder: one INTERNAL span plus GenAI metrics.
+
+Hot-path budget (benchmark P6): <= 50 us per request, <= 5 us per generated token. ``chunk()``
+only appends a timestamp; every histogram record happens once, in ``__exit__``.
+"""
+
+from __future__ import annotations
+
+from time import perf_counter
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from edgesdk.telemetry import _names as N
+
+
+class Instruments:
+    """Histograms with the advised bucket boundaries (the semconv helpers set name/unit only)."""
+
+    def __init__(self, meter):
+        def hist(name, unit, description, buckets):
+            return meter.create_histogram(name, unit=unit, description=description,
+                                          explicit_bucket_boundaries_advisory=buckets)
+
+        self.duration = hist(N.CLIENT_OPERATION_DURATION, "s", "GenAI operation duration", N.DURATION_BUCKETS)
+        self.token_usage = hist(N.CLIENT_TOKEN_USAGE, "{token}", "Number of input and output tokens used",
+                                N.TOKEN_BUCKETS)
+        self.ttfc = hist(N.CLIENT_TIME_TO_FIRST_CHUNK, "s", "Time to receive the first chunk",
+                         N.DURATION_BUCKETS)
+        self.tpoc = hist(N.CLIENT_TIME_PER_OUTPUT_CHUNK, "s", "Time between consecutive output chunks",
+                         N.DURATION_BUCKETS)
+        self.server_ttft = hist(N.SERVER_TIME_TO_FIRST_TOKEN, "s", "Time to generate the first token",
+                                N.TTFT_BUCKETS)
+        self.server_tpot = hist(N.SERVER_TIME_PER_OUTPUT_TOKEN, "s",
+                                "Time per output token after the first", N.TPOT_BUCKETS)
+        self.build_stage_duration = hist(N.BUILD_STAGE_DURATION, "s", "edgesdk build stage duration",
+                                         N.DURATION_BUCKETS)
+
+
+class _NoopRecorder:
+    """Returned when telemetry is off: every method does nothing, so callers need no branches."""
+
+    __slots__ = ()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        return False
+
+    def set_input_tokens(self, n):
+        pass
+
+    def set_output_tokens(self, n):
+        pass
+
+    def first_chunk(self):
+        pass
+
+    def chunk(self):
+        pass
+
+    def finish(self, reasons):
+        pass
+
+    def set_response_model(self, name):
+        pass
+
+    def set_response_id(self, response_id):
+        pass
+
+    def set_attribute(self, key, value):
+        pass
+
+    def set_error(self, error_type):
+        pass
+
+    def capture_input(self, messages_or_text):
+        pass
+
+    def capture_output(self, text):
+        pass
+
+    @property
+    def span(self):
+        return trace.INVALID_SPAN
+
+
+NOOP_RECORDER = _NoopRecorder()
+
+
+class InferenceRecorder:
+    __slots__ = ("_tracer", "_instruments", "_capture", "_operation", "_model", "_stream", "_attrs",
+                 "_metric_attrs", "_span", "_token", "_t0", "_first", "_times", "_input_tokens",
+                 "_output_tokens", "_reasons", "_response_model", "_input_content", "_output_content",
+                 "_error_type", "_end_attrs")
+
+    def __init__(self, tracer, instruments, capture, operation, model, provider, stream, request, attributes):
+        self._tracer = tracer
+        self._instruments = instruments
+        self._capture = capture
+        self._operation = operation
+        self._model = model
+        self._stream = stream
+        attrs = {N.OPERATION_NAME: operation, N.PROVIDER_NAME: provider}
+        if model:
+            attrs[N.REQUEST_MODEL] = model
+        self._metric_attrs = dict(attrs)
+        if stream:
+            attrs[N.REQUEST_STREAM] = True
+        if request:
+            attrs.update(N.request_attributes(request))
+        if attributes:
+            attrs.update(N.clean_attributes(attributes))
+        self._attrs = attrs
+        self._first = None
+        self._times = []
+        self._input_tokens = None
+        self._output_tokens = None
+        self._reasons = None
+        self._response_model = None
+        self._input_content = None
+        self._output_content = None
+        self._error_type = None
+        self._end_attrs = None
+        self._span = None
+        self._token = None
+
+    # -- context manager --
+    def __enter__(self):
+        name = f"{self._operation} {self._model}" if self._model else self._operation
+        self._span = self._tracer.start_span(name, kind=SpanKind.INTERNAL, attributes=self._attrs)
+        self._token = otel_context.attach(trace.set_span_in_context(self._span))
+        self._t0 = perf_counter()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        end = perf_counter()
+        otel_context.detach(self._token)
+        span = self._span
+        attrs = self._end_attrs or {}
+        metric_attrs = self._metric_attrs
+        if self._response_model:
+            attrs[N.RESPONSE_MODEL] = self._response_model
+            metric_attrs[N.RESPONSE_MODEL] = self._response_model
+        error_type = self._error_type
+        if exc is not None:
+            error_type = N.error_type(exc)
+            span.set_status(Status(StatusCode.ERROR, N.error_description(exc)))
+        elif error_type is not None:
+            span.set_status(Status(StatusCode.ERROR, error_type))
+        if error_type is not None:
+            attrs[N.ERROR_TYPE] = error_type
+            metric_attrs[N.ERROR_TYPE] = error_type
+        if self._input_tokens is not None:
+            attrs[N.USAGE_INPUT_TOKENS] = self._input_tokens
+        if self._output_tokens is not None:
+            attrs[N.USAGE_OUTPUT_TOKENS] = self._output_tokens
+        if self._reasons is not None:
+            attrs[N.RESPONSE_FINISH_REASONS] = self._reasons
+        times = self._times
+        first = self._first if self._first is not None else (times[0] if times else None)
+        if first is not None:
+            attrs[N.RESPONSE_TIME_TO_FIRST_CHUNK] = first - self._t0
+        if self._capture:
+            self._add_content(attrs)
+        span.set_attributes(attrs)
+        span.end()
+        self._record_metrics(end, first, times, metric_attrs, error_type)
+        return False
+
+    def _add_content(self, attrs):
+        reason = self._reasons[0] if self._reasons else ("error" if self._error_type else "stop")
+        if self._input_content is not None:
+            attrs[N.INPUT_MESSAGES] = N.text_messages("user", self._input_content)
+        if self._output_content is not None:
+            attrs[N.OUTPUT_MESSAGES] = N.text_messages("assistant", self._output_content, reason)
+        if self._input_content is not None or self._output_content is not None:
+            attrs[N.CAPTURE_MARKER] = True
+
+    def _record_metrics(self, end, first, times, metric_attrs, error_type):
+        inst = self._instruments
+        if inst is None:
+            return
+        inst.duration.record(end - self._t0, metric_attrs)
+        if self._input_tokens is not None:
+            inst.token_usage.record(self._input_tokens, {**metric_attrs, N.TOKEN_TYPE: "input"})
+        if self._output_tokens is not None:
+            inst.token_usage.record(self._output_tokens, {**metric_attrs, N.TOKEN_TYPE: "output"})
+        if error_type is not None or first is None:
+            return
+        ttfc = first - self._t0
+        inst.ttfc.record(ttfc, metric_attrs)
+        inst.server_ttft.record(ttfc, metric_attrs)
+        if len(times) >= 2:
+            record = inst.tpoc.record
+            previous = times[0]
+            for now in times[1:]:
+                record(now - previous, metric_attrs)
+                previous = now
+            inst.server_tpot.record((times[-1] - times[0]) / (len(times) - 1), metric_attrs)
+
+    # -- recording API --
+    def set_input_tokens(self, n):
+        self._input_tokens = int(n)
+
+    def set_output_tokens(self, n):
+        self._output_tokens = int(n)
+
+    def first_chunk(self):
+        if self._first is None:
+            self._first = perf_counter()
+
+    def chunk(self):
+        self._times.append(perf_counter())
+
+    def finish(self, reasons):
+        self._reasons = [reasons] if isinstance(reasons, str) else [str(r) for r in reasons]
+
+    def set_response_model(self, name):
+        self._response_model = str(name)
+
+    def set_response_id(self, response_id):
+        self.set_attribute(N.RESPONSE_ID, str(response_id))
+
+    def set_attribute(self, key, value):
+        """Any extra span attribute, set at the end (e.g. gen_ai.embeddings.dimension.count)."""
+        if self._end_attrs is None:
+            self._end_attrs = {}
+        self._end_attrs.update(N.clean_attributes({key: value}))
+
+    def set_error(self, error_type):
+        """Mark the request failed without raising (error.type, span status ERROR)."""
+        self._error_type = str(error_type)
+
+    def capture_input(self, messages_or_text):
+        if self._capture:
+            self._input_content = messages_or_text
+
+    def capture_output(self, text):
+        if self._capture:
+            self._output_content = text
+
+    @property
+    def span(self):
+        return self._span if self._span is not None else trace.INVALID_SPAN
