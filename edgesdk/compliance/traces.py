@@ -1,0 +1,372 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``edgesdk check traces``: check OTLP/JSON telemetry against GenAI semantic conventions v1.41.1.
+
+Rules come from ``edgesdk/data/semconv/gen_ai_v1.41.1.yaml``. Findings carry Weaver's levels:
+``violation`` (fails CI), ``improvement`` and ``information``. Identical findings are grouped
+with a count; the first occurrence gives the file line, trace and span id.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+from edgesdk.telemetry.otlp_json import Attr, Metric, Span, TelemetryFile, read_otlp_json
+
+LEVELS = ("violation", "improvement", "information")
+RULES_FILE = "gen_ai_v1.41.1.yaml"
+
+
+@dataclass
+class Finding:
+    level: str
+    rule: str
+    message: str
+    span: str = ""
+    attribute: str = ""
+    line: int = 0
+    trace_id: str = ""
+    span_id: str = ""
+    count: int = 1
+
+
+@lru_cache(maxsize=1)
+def load_rules() -> dict:
+    text = resources.files("edgesdk").joinpath("data", "semconv", RULES_FILE).read_text(encoding="utf-8")
+    return yaml.safe_load(text)
+
+
+class _Collector:
+    def __init__(self) -> None:
+        self.groups: dict[tuple, Finding] = {}
+
+    def add(self, level: str, rule: str, message: str, *, span: Span | None = None, name: str = "",
+            attribute: str = "", line: int = 0) -> None:
+        span_name = span.name if span is not None else name
+        key = (level, rule, span_name, attribute, message)
+        found = self.groups.get(key)
+        if found is not None:
+            found.count += 1
+            return
+        self.groups[key] = Finding(level, rule, message, span_name, attribute,
+                                   span.line if span is not None else line,
+                                   span.trace_id if span is not None else "",
+                                   span.span_id if span is not None else "")
+
+    def findings(self) -> list[Finding]:
+        order = {level: i for i, level in enumerate(LEVELS)}
+        return sorted(self.groups.values(), key=lambda f: (order[f.level], f.rule, f.span, f.attribute))
+
+
+def _type_ok(expected: str, attr: Attr) -> bool:
+    if expected == "any":
+        return True
+    if attr.type == expected:
+        return True
+    # An empty array carries no element type; an int is an exact double.
+    return attr.type == "[]" and expected.endswith("[]")
+
+
+def _is_true(attr: Attr | None) -> bool:
+    return attr is not None and (attr.value is True or str(attr.value).lower() in ("true", "1"))
+
+
+def _check_attribute_names(span: Span, rules: dict, out: _Collector) -> None:
+    registry = rules["attributes"]
+    deprecated = rules["deprecated_attributes"]
+    patterns = [(re.compile(p["pattern"]), p["replacement"]) for p in rules["deprecated_attribute_patterns"]]
+    content = set(rules["content_attributes"])
+    content_patterns = [re.compile(p) for p in rules["content_attribute_patterns"]]
+    opted_in = any(_is_true(span.attributes.get(m)) or _is_true(span.resource.get(m))
+                   for m in rules["opt_in_markers"])
+    for key, attr in span.attributes.items():
+        if key in content or any(p.match(key) for p in content_patterns):
+            if opted_in:
+                out.add("information", "content_captured", f"{key} carries content (capture opted in)",
+                        span=span, attribute=key)
+            else:
+                out.add("violation", "content_without_opt_in",
+                        f"{key} carries prompt/output content but no opt-in marker "
+                        f"({', '.join(rules['opt_in_markers'])}) is set", span=span, attribute=key)
+        if key in deprecated:
+            out.add("violation", "deprecated", f"{key} is deprecated; use {deprecated[key]}",
+                    span=span, attribute=key)
+            continue
+        replacement = next((r for p, r in patterns if p.match(key)), None)
+        if replacement:
+            out.add("violation", "deprecated", f"{key} is a legacy name; use {replacement}",
+                    span=span, attribute=key)
+            continue
+        expected = registry.get(key)
+        if expected is None:
+            if key.startswith("gen_ai."):
+                out.add("improvement", "not_in_registry",
+                        f"{key} is not defined in semantic conventions {rules['semconv_version']}",
+                        span=span, attribute=key)
+            continue
+        if not _type_ok(expected, attr):
+            level = "improvement" if (expected == "double" and attr.type == "int") else "violation"
+            out.add(level, "type_mismatch", f"{key} should be {expected}, found {attr.type}",
+                    span=span, attribute=key)
+        enum = rules["enums"].get(key)
+        if enum is not None and attr.type == "string" and attr.value not in enum:
+            level = rules["enum_levels"].get(key, "information")
+            out.add(level, "undefined_enum_variant", f"{key}={attr.value!r} is not a defined value",
+                    span=span, attribute=key)
+
+
+def _expected_name(template: str, attrs: dict[str, Attr]) -> str:
+    parts = []
+    for token in template.split(" "):
+        match = re.fullmatch(r"\{([^}]+)\}", token)
+        if not match:
+            parts.append(token)
+            continue
+        attr = attrs.get(match.group(1))
+        if attr is not None and attr.value not in (None, ""):
+            parts.append(str(attr.value))
+    return " ".join(parts)
+
+
+def _value(span: Span, key: str):
+    attr = span.attributes.get(key)
+    return None if attr is None else attr.value
+
+
+def _check_tokens(span: Span, out: _Collector) -> None:
+    numbers = {}
+    for key, attr in span.attributes.items():
+        if attr.type == "int" and (key.startswith("gen_ai.usage.") or key.startswith("llm.usage.")):
+            numbers[key] = attr.value
+            if attr.value < 0:
+                out.add("violation", "token_count_negative", f"{key} is negative ({attr.value})",
+                        span=span, attribute=key)
+    inp = numbers.get("gen_ai.usage.input_tokens", numbers.get("gen_ai.usage.prompt_tokens"))
+    outp = numbers.get("gen_ai.usage.output_tokens", numbers.get("gen_ai.usage.completion_tokens"))
+    checks = []
+    reasoning = numbers.get("gen_ai.usage.reasoning.output_tokens")
+    if reasoning is not None and outp is not None:
+        checks.append((reasoning > outp, "gen_ai.usage.reasoning.output_tokens",
+                       f"reasoning tokens ({reasoning}) exceed output tokens ({outp})"))
+    cached = (numbers.get("gen_ai.usage.cache_read.input_tokens") or 0) + \
+        (numbers.get("gen_ai.usage.cache_creation.input_tokens") or 0)
+    if cached and inp is not None:
+        checks.append((cached > inp, "gen_ai.usage.input_tokens",
+                       f"cached input tokens ({cached}) exceed input tokens ({inp})"))
+    max_tokens = _value(span, "gen_ai.request.max_tokens")
+    if isinstance(max_tokens, int) and outp is not None and max_tokens > 0:
+        checks.append((outp > max_tokens, "gen_ai.usage.output_tokens",
+                       f"output tokens ({outp}) exceed gen_ai.request.max_tokens ({max_tokens})"))
+    for total_key in ("gen_ai.usage.total_tokens", "llm.usage.total_tokens"):
+        total = numbers.get(total_key)
+        if total is not None and inp is not None and outp is not None:
+            checks.append((total != inp + outp, total_key,
+                           f"{total_key} ({total}) != input ({inp}) + output ({outp})"))
+    ttfc = _value(span, "gen_ai.response.time_to_first_chunk")
+    if isinstance(ttfc, float | int) and span.end_ns > span.start_ns:
+        duration = (span.end_ns - span.start_ns) / 1e9
+        checks.append((ttfc < 0 or ttfc > duration * 1.001 + 1e-6, "gen_ai.response.time_to_first_chunk",
+                       f"time to first chunk ({ttfc:.6g} s) is outside the span (0..{duration:.6g} s)"))
+    for failed, key, message in checks:
+        if failed:
+            out.add("violation", "token_count_inconsistent" if "token" in key else "value_inconsistent",
+                    message, span=span, attribute=key)
+
+
+def _check_genai_span(span: Span, rules: dict, out: _Collector) -> None:
+    _check_attribute_names(span, rules, out)
+    for event in span.events:
+        replacement = rules["deprecated_events"].get(event.name)
+        if replacement:
+            out.add("violation", "deprecated", f"event {event.name} is deprecated; use {replacement}",
+                    span=span, attribute=event.name)
+    operation = _value(span, "gen_ai.operation.name")
+    spec = rules["operations"].get(operation) if isinstance(operation, str) else None
+    if operation is None:
+        out.add("violation", "missing_attribute", "gen_ai.operation.name is required on GenAI spans",
+                span=span, attribute="gen_ai.operation.name")
+    if spec is None:
+        return
+    for key in spec["required"]:
+        if key not in span.attributes and key != "gen_ai.operation.name":
+            out.add("violation", "missing_attribute", f"{key} is required for {operation} spans",
+                    span=span, attribute=key)
+    for key in spec["recommended"]:
+        if key not in span.attributes:
+            out.add("improvement", "recommended_attribute_missing", f"{key} is recommended for {operation}",
+                    span=span, attribute=key)
+    if span.status == "ERROR" and "error.type" not in span.attributes:
+        out.add("violation", "missing_attribute", "error.type is required when the operation failed",
+                span=span, attribute="error.type")
+    if "server.address" in span.attributes and "server.port" not in span.attributes:
+        out.add("violation", "missing_attribute", "server.port is required when server.address is set",
+                span=span, attribute="server.port")
+    if _value(span, "gen_ai.request.choice.count") == 1:
+        out.add("information", "conditional_attribute_unneeded",
+                "gen_ai.request.choice.count is only required when != 1", span=span,
+                attribute="gen_ai.request.choice.count")
+    expected = _expected_name(spec["name"], span.attributes)
+    if span.name != expected:
+        out.add("violation", "span_name_format", f"span name should be {expected!r} ({spec['name']})",
+                span=span)
+        if " " in span.name and "gen_ai.request.model" not in span.attributes and "{gen_ai.request.model}" \
+                in spec["name"]:
+            out.add("violation", "missing_attribute",
+                    "gen_ai.request.model is conditionally required (the model is known: it is in the span name)",
+                    span=span, attribute="gen_ai.request.model")
+    if span.kind not in spec["kinds"]:
+        out.add("violation", "span_kind_unexpected",
+                f"{operation} spans should be {' or '.join(spec['kinds'])}, found {span.kind}", span=span)
+    _check_tokens(span, out)
+
+
+def _check_build_spans(spans: list[Span], rules: dict, out: _Collector) -> int:
+    conv = rules["edgesdk_build"]
+    by_id = {(s.trace_id, s.span_id): s for s in spans}
+    count = 0
+    for span in spans:
+        for event in span.events:
+            if event.name == conv["fallback_event"]:
+                for key in conv["fallback_required"]:
+                    if key not in event.attributes:
+                        out.add("violation", "build_convention", f"{event.name} event lacks {key}",
+                                span=span, attribute=key)
+        if span.name == conv["root_span"]:
+            count += 1
+            for key in conv["root_required"]:
+                if key not in span.attributes:
+                    out.add("violation", "build_convention", f"build span lacks {key}", span=span, attribute=key)
+            if span.parent_span_id:
+                out.add("violation", "build_convention", "a build span must be a trace root (one trace per build)",
+                        span=span)
+            continue
+        if not span.name.startswith(conv["stage_prefix"]) or span.name.count(".") < 2:
+            continue
+        count += 1
+        stage = span.name[len(conv["stage_prefix"]):]
+        for key in conv["stage_required"]:
+            if key not in span.attributes:
+                out.add("violation", "build_convention", f"build stage span lacks {key}", span=span, attribute=key)
+        if _value(span, "edgesdk.build.stage") not in (None, stage):
+            out.add("violation", "build_convention", f"edgesdk.build.stage does not match the span name ({stage})",
+                    span=span, attribute="edgesdk.build.stage")
+        if stage not in conv["stages"]:
+            out.add("information", "build_stage_unknown", f"stage {stage!r} is not one of {conv['stages']}",
+                    span=span)
+        outcome = _value(span, "edgesdk.build.stage.outcome")
+        if outcome is not None and outcome not in conv["outcomes"]:
+            out.add("violation", "build_convention", f"outcome {outcome!r} is not one of {conv['outcomes']}",
+                    span=span, attribute="edgesdk.build.stage.outcome")
+        if outcome == "error" and "error.type" not in span.attributes:
+            out.add("violation", "missing_attribute", "error.type is required on a failed stage", span=span,
+                    attribute="error.type")
+        parent = by_id.get((span.trace_id, span.parent_span_id))
+        if not span.parent_span_id:
+            out.add("violation", "build_convention", "a build stage span must have the build span as parent",
+                    span=span)
+        elif parent is not None and parent.name != conv["root_span"]:
+            out.add("violation", "build_convention",
+                    f"a build stage's parent should be {conv['root_span']}, found {parent.name!r}", span=span)
+    return count
+
+
+def _check_metrics(metrics: list[Metric], rules: dict, out: _Collector) -> None:
+    known = rules["metrics"]
+    for metric in metrics:
+        if not metric.name.startswith("gen_ai."):
+            continue
+        spec = known.get(metric.name)
+        if spec is None:
+            out.add("improvement", "not_in_registry", f"metric {metric.name} is not defined", name=metric.name,
+                    line=metric.line)
+            continue
+        if metric.unit != spec["unit"]:
+            out.add("violation", "metric_unit_mismatch", f"unit should be {spec['unit']!r}, found {metric.unit!r}",
+                    name=metric.name, line=metric.line)
+        for point in metric.points:
+            if point.bounds is not None and [round(b, 9) for b in point.bounds] != \
+                    [round(float(b), 9) for b in spec["buckets"]]:
+                out.add("improvement", "metric_buckets_not_advised", "histogram buckets differ from the advised ones",
+                        name=metric.name, line=metric.line)
+            for key in rules["metric_required"] + spec.get("required", []):
+                if key not in point.attributes:
+                    out.add("violation", "missing_attribute", f"{key} is required on {metric.name}",
+                            name=metric.name, attribute=key, line=metric.line)
+            for key, attr in point.attributes.items():
+                if key in rules["deprecated_attributes"]:
+                    out.add("violation", "deprecated", f"{key} is deprecated; use {rules['deprecated_attributes'][key]}",
+                            name=metric.name, attribute=key, line=metric.line)
+                enum = rules["enums"].get(key)
+                if enum is not None and attr.value not in enum:
+                    out.add(rules["enum_levels"].get(key, "information"), "undefined_enum_variant",
+                            f"{key}={attr.value!r} is not a defined value", name=metric.name, attribute=key,
+                            line=metric.line)
+
+
+@dataclass
+class Report:
+    path: str
+    spans: int
+    genai_spans: int
+    build_spans: int
+    metrics: int
+    findings: list[Finding]
+
+    def count(self, level: str) -> int:
+        return sum(f.count for f in self.findings if f.level == level)
+
+    def fails(self, fail_on: str = "violation") -> bool:
+        limit = LEVELS.index(fail_on)
+        return any(LEVELS.index(f.level) <= limit for f in self.findings)
+
+    def to_dict(self, fail_on: str = "violation") -> dict:
+        return {"file": self.path, "semconv_version": load_rules()["semconv_version"],
+                "conforming": not self.fails(fail_on), "fail_on": fail_on,
+                "summary": {"spans": self.spans, "genai_spans": self.genai_spans, "build_spans": self.build_spans,
+                            "metrics": self.metrics, **{level: self.count(level) for level in LEVELS}},
+                "findings": [asdict(f) for f in self.findings]}
+
+
+def _is_genai(span: Span, rules: dict) -> bool:
+    if any(key.startswith("gen_ai.") for key in span.attributes):
+        return True
+    return any(event.name in rules["deprecated_events"] for event in span.events)
+
+
+def check_telemetry(data: TelemetryFile) -> Report:
+    rules = load_rules()
+    out = _Collector()
+    genai = [s for s in data.spans if _is_genai(s, rules)]
+    for span in genai:
+        _check_genai_span(span, rules, out)
+    builds = _check_build_spans(data.spans, rules, out)
+    _check_metrics(data.metrics, rules, out)
+    if not genai and not builds:
+        out.add("information", "no_genai_spans", "no GenAI or edgesdk build spans in the file")
+    return Report(data.path, len(data.spans), len(genai), builds, len(data.metrics), out.findings())
+
+
+def check_trace_file(path: str | Path) -> Report:
+    """Read and check one file. Raises TraceFileError (exit 1) when it is not readable OTLP/JSON."""
+    return check_telemetry(read_otlp_json(path))
+
+
+def render_table(report: Report, fail_on: str = "violation") -> str:
+    rows = [(f.level, f.rule, f.span or "-", f.attribute or "-", str(f.count), f.message) for f in report.findings]
+    header = ("LEVEL", "RULE", "SPAN/METRIC", "ATTRIBUTE", "N", "MESSAGE")
+    lines = []
+    if rows:
+        widths = [min(max(len(r[i]) for r in rows + [header]), 40) for i in range(5)]
+        fmt = "  ".join(f"{{:<{w}}}" for w in widths) + "  {}"
+        lines.append(fmt.format(*header))
+        lines.extend(fmt.format(*(c[:40] for c in row[:5]), row[5]) for row in rows)
+    verdict = "FAIL" if report.fails(fail_on) else "OK"
+    lines.append(f"{verdict}: {report.path}: {report.spans} spans ({report.genai_spans} GenAI, "
+                 f"{report.build_spans} build), {report.metrics} metrics; "
+                 + ", ".join(f"{report.count(level)} {level}" for level in LEVELS))
+    return "\n".join(lines)
