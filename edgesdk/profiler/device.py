@@ -1,0 +1,459 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Detect the device in front of us and match it to a profile, with a confidence and the evidence.
+
+Sources, in order of trust: Jetson device-tree / L4T files (the CUDA name is just "Orin" for every
+SKU, so only the module part number tells an NX from a Nano), NVML for discrete GPUs, then the CPU
+(``/proc/cpuinfo``, ``/proc/meminfo``). Every file is read below a ``root`` directory so detection
+can be exercised on a directory tree holding a Jetson's files. Sensors that cannot be read are
+reported as ``None`` (unavailable), never as zero.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as _dt
+import os
+import platform
+import re
+import select
+import shutil
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from edgesdk.errors import InputError, ProfileError
+
+# ISA features worth naming in a profile (x86 and Arm spellings from /proc/cpuinfo).
+INTERESTING_FLAGS = (
+    "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512_fp16",
+    "amx_tile", "amx_int8", "amx_bf16", "asimd", "asimddp", "asimdhp", "sve", "sve2", "i8mm", "bf16",
+)
+# Module part numbers (specs/devices.md): the middle field of a TNSPEC ("3701-500-0005") is optional.
+_PART_RE = re.compile(r"\b[pP]?(3701|3767)-(?:\d{3}-)?(\d{4})\b")
+_L4T_RE = re.compile(r"#\s*R(\d+)\s*\(release\),\s*REVISION:\s*([\d.]+)")
+
+
+@dataclass
+class DetectionResult:
+    """What was found on this machine and which profile it matches best."""
+
+    kind: str                                   # "jetson" | "gpu" | "cpu"
+    arch: str
+    cpu: dict = field(default_factory=dict)
+    memory: dict = field(default_factory=dict)
+    gpus: list[dict] = field(default_factory=list)
+    jetson: dict | None = None
+    best_match: str | None = None
+    confidence: float = 0.0
+    evidence: list[str] = field(default_factory=list)
+    candidates: list[dict] = field(default_factory=list)
+    bandwidth: dict | None = None               # measured memory bandwidth, when asked for
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------- readers (all below ``root``)
+
+def _read(root: Path, rel: str) -> str | None:
+    try:
+        return (root / rel.lstrip("/")).read_text(encoding="utf-8", errors="replace")
+    except (OSError, ValueError):
+        return None
+
+
+def read_cpu(root: Path) -> dict:
+    text = _read(root, "proc/cpuinfo") or ""
+    model = None
+    flags: set[str] = set()
+    logical = 0
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip().lower()
+        if key == "processor":
+            logical += 1
+        elif key in ("model name", "hardware", "cpu model") and not model:
+            model = value.strip() or None
+        elif key in ("flags", "features"):
+            flags.update(value.split())
+    cores = logical or os.cpu_count()
+    return {
+        "model": model,
+        "logical_cores": cores,
+        "flags": sorted(f for f in flags if f in INTERESTING_FLAGS),
+        "source": "proc/cpuinfo" if text else "unavailable",
+    }
+
+
+def read_memory(root: Path) -> dict:
+    text = _read(root, "proc/meminfo") or ""
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        m = re.match(r"(\w+):\s+(\d+)\s*kB", line)
+        if m:
+            values[m.group(1)] = int(m.group(2)) * 1024 / 1e9
+    return {
+        "total_gb": round(values["MemTotal"], 2) if "MemTotal" in values else None,
+        "available_gb": round(values["MemAvailable"], 2) if "MemAvailable" in values else None,
+        "source": "proc/meminfo" if values else "unavailable",
+    }
+
+
+def parse_part_number(text: str) -> str | None:
+    m = _PART_RE.search(text or "")
+    return f"p{m.group(1)}-{m.group(2)}" if m else None
+
+
+def parse_l4t_release(text: str) -> str | None:
+    """``# R36 (release), REVISION: 4.3, ...`` -> ``36.4.3``."""
+    m = _L4T_RE.search(text or "")
+    return f"{m.group(1)}.{m.group(2)}" if m else None
+
+
+def parse_nvpmodel(text: str) -> dict | None:
+    """``nvpmodel -q`` prints ``NV Power Mode: 15W`` then the mode id."""
+    m = re.search(r"NV Power Mode:\s*(\S+)", text or "")
+    if not m:
+        return None
+    mode_id = re.search(r"^\s*(\d+)\s*$", text[m.end():], re.M)
+    return {"mode": m.group(1), "id": int(mode_id.group(1)) if mode_id else None}
+
+
+def parse_tegrastats(line: str) -> dict:
+    """One tegrastats line -> RAM, EMC/GR3D load and clock, temperatures, power rails (mW)."""
+    out: dict[str, Any] = {}
+    if m := re.search(r"RAM (\d+)/(\d+)MB", line):
+        out["ram_used_mb"], out["ram_total_mb"] = int(m.group(1)), int(m.group(2))
+    for name in ("EMC_FREQ", "GR3D_FREQ"):
+        if m := re.search(name + r" (\d+)%(?:@\[?(\d+)\]?)?", line):
+            out[name.lower()] = {"load_pct": int(m.group(1)),
+                                 "mhz": int(m.group(2)) if m.group(2) else None}
+    temps = {k.lower(): float(v) for k, v in re.findall(r"\b([A-Za-z0-9_]+)@(-?[\d.]+)C\b", line)}
+    if temps:
+        out["temperatures_c"] = temps
+    rails = {k: int(v) for k, v in re.findall(r"\b([A-Z][A-Z0-9_]+) (\d+)mW/\d+mW", line)}
+    if rails:
+        out["power_mw"] = rails
+    return out
+
+
+def _run_tool(argv: list[str], timeout: float = 3.0) -> str | None:
+    if not shutil.which(argv[0]):
+        return None
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def _tegrastats_sample(timeout: float = 3.0) -> str | None:
+    """tegrastats never exits on its own: read its first line and stop it."""
+    if not shutil.which("tegrastats"):
+        return None
+    try:
+        proc = subprocess.Popen(["tegrastats", "--interval", "200"], stdout=subprocess.PIPE, text=True)
+    except OSError:
+        return None
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], timeout)
+        return (proc.stdout.readline() or None) if ready and proc.stdout else None
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def read_jetson(root: Path, run_tools: bool = True) -> dict | None:
+    """Jetson identity from the device tree and L4T files; None when this is not a Jetson."""
+    compatible_raw = _read(root, "proc/device-tree/compatible")
+    model = _read(root, "proc/device-tree/model")
+    release = _read(root, "etc/nv_tegra_release")
+    if not (compatible_raw or release) or (compatible_raw and "nvidia," not in compatible_raw):
+        return None
+    compatible = [c for c in (compatible_raw or "").split("\0") if c.strip()]
+    part = None
+    part_source = None
+    for rel in ("proc/device-tree/chosen/ids", "proc/device-tree/chosen/plugin-manager/ids",
+                "etc/nv_boot_control.conf"):
+        part = parse_part_number(_read(root, rel) or "")
+        if part:
+            part_source = rel
+            break
+    info: dict[str, Any] = {
+        "model": model.strip("\0\n ") if model else None,
+        "compatible": compatible,
+        "platform": next((c.split(",", 1)[1] for c in compatible if c.startswith("nvidia,tegra")), None),
+        "module_part_number": part,
+        "part_number_source": part_source,
+        "l4t": parse_l4t_release(release or ""),
+        "nvpmodel": None,
+        "tegrastats": None,
+    }
+    if run_tools:
+        info["nvpmodel"] = parse_nvpmodel(_run_tool(["nvpmodel", "-q"]) or "")
+        sample = _tegrastats_sample()
+        info["tegrastats"] = parse_tegrastats(sample) if sample else None
+    return info
+
+
+def read_nvml() -> list[dict]:
+    """Discrete GPUs via NVML (nvidia-ml-py). Empty when NVML or a driver is absent."""
+    try:
+        import pynvml
+    except ImportError:
+        return []
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - NVMLError_LibraryNotFound / DriverNotLoaded: no GPU here
+        return []
+    gpus = []
+    try:
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            name = pynvml.nvmlDeviceGetName(h)
+            name = name.decode() if isinstance(name, bytes) else name
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            try:
+                major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
+                sm = f"{major}.{minor}"
+            except Exception:  # noqa: BLE001 - older drivers
+                sm = None
+            driver = pynvml.nvmlSystemGetDriverVersion()
+            gpus.append({"index": i, "name": name, "sm": sm, "memory_total_gb": round(mem.total / 1e9, 2),
+                         "driver": driver.decode() if isinstance(driver, bytes) else driver, "source": "nvml"})
+    finally:
+        pynvml.nvmlShutdown()
+    return gpus
+
+
+# ---------------------------------------------------------------- matching
+
+def _score_profiles(result: DetectionResult, profiles: list) -> list[dict]:
+    scored = []
+    for p in profiles:
+        dev = p.data["device"]
+        score = 0.0
+        why: list[str] = []
+        if dev["arch"] != result.arch:
+            continue
+        if result.kind == "jetson" and p.kind == "jetson":
+            j = result.jetson or {}
+            if j.get("module_part_number") and j["module_part_number"] == dev.get("module_part_number"):
+                score, why = 0.95, [f"module part number {j['module_part_number']} ({j['part_number_source']})"]
+            elif j.get("platform") and j["platform"] == dev.get("platform"):
+                score, why = 0.4, [f"platform {j['platform']} from device-tree compatible"]
+                words = set(re.findall(r"nano|nx|agx", (j.get("model") or "").lower()))
+                if words and words <= set(re.findall(r"nano|nx|agx", p.name)):
+                    score, why = score + 0.2, why + [f"device-tree model {j['model']!r}"]
+                total = (result.memory or {}).get("total_gb")
+                nominal = p.figure("device.memory.total_gb")
+                if total and nominal and 0.8 * nominal <= total <= 1.02 * nominal:
+                    score, why = score + 0.2, why + [f"MemTotal {total} GB fits nominal {nominal} GB"]
+        elif result.kind == "gpu" and p.kind == "gpu" and result.gpus:
+            g = result.gpus[0]
+            pg = dev.get("gpu") or {}
+            if g["name"] == pg.get("name") or g["name"].startswith(pg.get("name", "\0")):
+                score, why = 0.9, [f"NVML name {g['name']!r}"]
+                if g.get("sm") and g["sm"] == pg.get("sm"):
+                    score, why = 0.95, why + [f"compute capability {g['sm']}"]
+        elif result.kind == "cpu" and p.kind == "cpu":
+            score, why = 0.6, [f"generic {result.arch} CPU host (no GPU found)"]
+            needed = set(dev.get("cpu", {}).get("isa") or [])
+            have = set(result.cpu.get("flags") or [])
+            missing = {f for f in needed if f != "amx" and f not in have}
+            if missing:
+                score, why = 0.45, why + [f"profile lists ISA features this CPU lacks: {', '.join(sorted(missing))}"]
+        if score > 0:
+            scored.append({"profile": p.name, "confidence": round(score, 2), "evidence": why})
+    scored.sort(key=lambda c: -c["confidence"])
+    return scored
+
+
+def detect_device(root: str | os.PathLike = "/", *, profiles: list | None = None, use_nvml: bool = True,
+                  run_tools: bool | None = None) -> DetectionResult:
+    """Detect this machine (or the tree under ``root``) and match it to the closest profile.
+
+    ``run_tools`` (nvpmodel, tegrastats) defaults to True only for the real root: a fixture tree's
+    tools are not this machine's.
+    """
+    from edgesdk.profiles import list_profiles
+
+    root = Path(root)
+    real = root.resolve() == Path("/")
+    run_tools = real if run_tools is None else run_tools
+    cpu = read_cpu(root)
+    memory = read_memory(root)
+    jetson = read_jetson(root, run_tools=run_tools)
+    arch = platform.machine() if real else ("aarch64" if jetson or "asimd" in cpu["flags"] else "x86_64")
+    arch = {"arm64": "aarch64", "AMD64": "x86_64"}.get(arch, arch)
+    gpus = read_nvml() if (use_nvml and real and not jetson) else []
+    kind = "jetson" if jetson else ("gpu" if gpus else "cpu")
+    result = DetectionResult(kind=kind, arch=arch, cpu=cpu, memory=memory, gpus=gpus, jetson=jetson)
+    result.evidence.append(f"cpu: {cpu['model'] or 'model unknown'}, {cpu['logical_cores']} logical cores "
+                           f"({cpu['source']})")
+    if jetson:
+        result.evidence.append(f"jetson: model {jetson['model']!r}, part {jetson['module_part_number']}, "
+                               f"L4T {jetson['l4t']}")
+    for g in gpus:
+        result.evidence.append(f"gpu {g['index']}: {g['name']} sm_{g['sm']}, {g['memory_total_gb']} GB (NVML)")
+    if not gpus and not jetson:
+        result.evidence.append("no NVIDIA GPU: NVML unavailable or reports none" if use_nvml and real
+                               else "GPU probing skipped")
+    result.candidates = _score_profiles(result, profiles if profiles is not None else list_profiles())
+    if result.candidates:
+        best = result.candidates[0]
+        result.best_match, result.confidence = best["profile"], best["confidence"]
+        result.evidence.extend(best["evidence"])
+    return result
+
+
+# ---------------------------------------------------------------- bandwidth + --write
+
+def measure_memory_bandwidth(megabytes: int = 256, repeats: int = 5) -> dict:
+    """Host memory bandwidth from a numpy copy: bytes read + written over the best of ``repeats``.
+
+    One thread, so this is a floor on a multi-channel machine; it is what a single inference thread
+    streaming weights sees.
+    """
+    import numpy as np
+
+    n = megabytes * (1 << 20) // 8
+    src = np.ones(n, dtype=np.float64)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # fault the pages in before timing
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t0)
+    gbps = 2 * src.nbytes / best / 1e9
+    return {"value_gbps": round(gbps, 1),
+            "method": f"numpy.copyto of {megabytes} MiB float64, best of {repeats}, bytes read+written, 1 thread",
+            "measured_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+
+
+def _figure(value: Any, source: str, status: str = "measured") -> dict:
+    return {"value": value, "source": source, "status": status}
+
+
+def build_profile_data(result: DetectionResult, name: str) -> dict:
+    """A profile mapping for this machine: the best match's policies + what was measured here."""
+    from edgesdk.profiles import resolve_profile
+
+    base_name = result.best_match or f"cpu-{result.arch}"
+    try:
+        data = copy.deepcopy(resolve_profile(base_name).data)
+    except ProfileError as exc:
+        raise InputError(f"cannot write a profile: no base profile for {base_name!r}") from exc
+    when = _dt.date.today().isoformat()
+    data["name"] = name
+    data["display_name"] = f"{data['display_name']} (detected {when})"
+    data.pop("aliases", None)
+    dev = data["device"]
+    if result.cpu.get("model") or result.cpu.get("flags"):
+        cpu = dev.setdefault("cpu", {})
+        if result.cpu.get("model"):
+            cpu["model"] = result.cpu["model"]
+        if result.cpu.get("logical_cores"):
+            cpu["cores"] = int(result.cpu["logical_cores"])
+        cpu["flags"] = list(result.cpu.get("flags") or [])
+    mem = dev["memory"]
+    if result.memory.get("total_gb"):
+        mem["total_gb"] = _figure(result.memory["total_gb"], f"measured: /proc/meminfo MemTotal on {when}")
+    if result.memory.get("available_gb"):
+        mem["usable_gb"] = _figure(result.memory["available_gb"], f"measured: /proc/meminfo MemAvailable on {when}")
+    if result.bandwidth:
+        mem["bandwidth_gbps"] = _figure(result.bandwidth["value_gbps"],
+                                        f"measured: {result.bandwidth['method']} on {when}")
+    if result.jetson and result.jetson.get("l4t"):
+        data["software"]["l4t"] = result.jetson["l4t"]
+        data["software"]["source"] = f"measured: /etc/nv_tegra_release on {when}"
+    elif result.kind == "cpu":
+        data["software"]["source"] = f"detected host on {when} (edgesdk profiles detect --write)"
+    data["measured"] = {"detected_on": when, "best_match": result.best_match, "confidence": result.confidence,
+                        "evidence": list(result.evidence), "bandwidth": result.bandwidth,
+                        "gpus": result.gpus, "jetson": result.jetson}
+    return data
+
+
+def write_profile(result: DetectionResult, path: str | os.PathLike) -> Path:
+    """Write a valid profile YAML for the detected machine (measures bandwidth if not done yet)."""
+    from edgesdk.profiles import validate_profile_data
+
+    path = Path(path)
+    if result.bandwidth is None:
+        result.bandwidth = measure_memory_bandwidth()
+    name = re.sub(r"[^a-z0-9-]+", "-", path.stem.lower()).strip("-") or "my-device"
+    data = build_profile_data(result, name)
+    validate_profile_data(data, str(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = ("# SPDX-License-Identifier: Apache-2.0\n"
+              "# Written by `edgesdk profiles detect --write`: measured figures carry status: measured.\n")
+    path.write_text(header + yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path
+
+
+# ---------------------------------------------------------------- device state during a measurement
+
+def read_device_state(root: str | os.PathLike = "/") -> dict:
+    """Governor, clocks, temperatures and power mode now; each unreadable item is None (unavailable)."""
+    root = Path(root)
+    gov = _read(root, "sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")
+    freq = _read(root, "sys/devices/system/cpu/cpu0/cpufreq/scaling_cur_freq")
+    temps: dict[str, float] = {}
+    for zone in sorted((root / "sys/class/thermal").glob("thermal_zone*")):
+        t, kind = _read(zone, "temp"), _read(zone, "type")
+        if t and t.strip().lstrip("-").isdigit():
+            temps[(kind or zone.name).strip()] = int(t) / 1000
+    state: dict[str, Any] = {
+        "cpu_governor": gov.strip() if gov else None,
+        "cpu0_mhz": round(int(freq) / 1000) if freq and freq.strip().isdigit() else None,
+        "temperatures_c": temps or None,
+        "gpus": _nvml_state() if root.resolve() == Path("/") else None,
+        "jetson": None,
+    }
+    if root.resolve() == Path("/") and _read(root, "etc/nv_tegra_release"):
+        sample = _tegrastats_sample()
+        state["jetson"] = {"nvpmodel": parse_nvpmodel(_run_tool(["nvpmodel", "-q"]) or ""),
+                           "tegrastats": parse_tegrastats(sample) if sample else None}
+    return state
+
+
+def _nvml_state() -> list[dict] | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no NVML here: state is unavailable, not zero
+        return None
+    out = []
+    try:
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            out.append({
+                "index": i,
+                "sm_clock_mhz": _nvml_try(pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_SM),
+                "mem_clock_mhz": _nvml_try(pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_MEM),
+                "temperature_c": _nvml_try(pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU),
+                "power_w": (lambda mw: mw / 1000 if mw is not None else None)(
+                    _nvml_try(pynvml.nvmlDeviceGetPowerUsage, h)),
+                "memory_used_gb": (lambda m: round(m.used / 1e9, 3) if m is not None else None)(
+                    _nvml_try(pynvml.nvmlDeviceGetMemoryInfo, h)),
+            })
+    finally:
+        pynvml.nvmlShutdown()
+    return out
+
+
+def _nvml_try(fn, *args):
+    try:
+        return fn(*args)
+    except Exception:  # noqa: BLE001 - sensor not supported on this GPU: unavailable
+        return None

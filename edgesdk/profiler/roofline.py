@@ -1,0 +1,321 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Roofline prediction: how fast will this bundle be on a device profile we may not have?
+
+Work facts come from the bundle itself: ONNX graphs give weight bytes and MatMul/Gemm/Conv FLOPs
+(static shapes after ONNX Runtime's symbolic shape inference with the batch/sequence we fix);
+GGUF files give weight bytes, parameter count and the KV-cache bytes per token. The profile gives
+memory bandwidth and peak rates. The bound is ``max(bytes / bandwidth, FLOPs / peak)``; real runs
+land below it by an efficiency factor that depends on device class, workload, backend and model
+size, read from ``edgesdk/data/profiler/efficiency.yaml`` (published figures + our measurements).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from edgesdk.errors import InputError, ModelError
+
+EFFICIENCY_FILE = Path(__file__).resolve().parent.parent / "data" / "profiler" / "efficiency.yaml"
+_ONNX_DTYPE_BYTES = {1: 4, 2: 1, 3: 1, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 16: 2, 17: 1, 18: 1,
+                     19: 1, 20: 1, 21: 1, 22: 1, 23: 1}
+
+
+@dataclass
+class WorkFacts:
+    """What one inference (encoder) or one token (LLM) costs, independent of the device."""
+
+    kind: str                          # "encoder" | "llm"
+    format: str
+    precision: str | None
+    params: int | None
+    weight_bytes: int                  # bytes of weights streamed per forward pass / decode step
+    flops: float | None = None         # encoder: per inference at the fixed shape
+    tokens: int | None = None          # encoder: batch x sequence the FLOPs were counted for
+    nodes: int | None = None
+    kv_bytes_per_position: int | None = None   # LLM: K+V bytes one cached position adds per layer stack
+    layers: int | None = None
+    d_model: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------- ONNX
+
+def _static_shapes(model, batch: int, seq: int):
+    """Fix dynamic input dims (batch first, the rest ``seq``) and infer every tensor's shape."""
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    init_names = {i.name for i in model.graph.initializer}
+    for inp in model.graph.input:
+        if inp.name in init_names:
+            continue
+        for axis, dim in enumerate(inp.type.tensor_type.shape.dim):
+            if not dim.HasField("dim_value"):
+                dim.dim_value = batch if axis == 0 else seq
+    try:
+        return SymbolicShapeInference.infer_shapes(model, auto_merge=True, guess_output_rank=True)
+    except Exception:  # noqa: BLE001 - fall back to ONNX's own (less complete) inference
+        import onnx
+
+        return onnx.shape_inference.infer_shapes(model)
+
+
+def _shape_table(model) -> dict[str, list[int | None]]:
+    table: dict[str, list[int | None]] = {}
+    for vi in list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output):
+        dims = vi.type.tensor_type.shape.dim
+        table[vi.name] = [d.dim_value if d.HasField("dim_value") else None for d in dims]
+    for init in model.graph.initializer:
+        table[init.name] = list(init.dims)
+    return table
+
+
+def _prod(xs) -> int:
+    out = 1
+    for x in xs:
+        out *= x
+    return out
+
+
+def onnx_work(path: str | Path, *, batch: int = 1, seq: int = 128) -> WorkFacts:
+    """Weight bytes and MatMul/Gemm/Conv FLOPs of an ONNX graph at ``batch`` x ``seq``."""
+    import onnx
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # noqa: BLE001 - DecodeError etc.: name the file, not the parser
+        raise ModelError(f"cannot read ONNX graph {path}: {type(exc).__name__}") from exc
+    inits = {i.name: i for i in model.graph.initializer}
+    consumers: dict[str, set[str]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, set()).add(node.op_type)
+    weight_bytes = 0
+    params = 0
+    for name, init in inits.items():
+        n = _prod(init.dims)
+        params += n
+        nbytes = n * _ONNX_DTYPE_BYTES.get(init.data_type, 4)
+        # Embedding tables feed only Gather: a pass reads the rows it looks up, not the table.
+        if consumers.get(name) == {"Gather"} and len(init.dims) == 2:
+            nbytes = min(nbytes, batch * seq * init.dims[1] * _ONNX_DTYPE_BYTES.get(init.data_type, 4))
+        weight_bytes += nbytes
+    shapes = _shape_table(_static_shapes(model, batch, seq))
+    flops = 0.0
+    uncounted = 0
+    for node in model.graph.node:
+        ins = [shapes.get(n) for n in node.input]
+        outs = [shapes.get(n) for n in node.output]
+        try:
+            if node.op_type in ("MatMul", "MatMulInteger", "MatMulNBits", "QLinearMatMul"):
+                a, b = (ins[0], ins[1]) if node.op_type != "QLinearMatMul" else (ins[0], ins[3])
+                out = outs[0]
+                if node.op_type == "MatMulNBits":
+                    k = next(a.int_i for a in node.attribute if a.name == "K")
+                    n_ = next(a.int_i for a in node.attribute if a.name == "N")
+                    flops += 2.0 * _prod(ins[0][:-1]) * k * n_
+                    continue
+                k = a[-1]
+                flops += 2.0 * _prod(out) * k
+            elif node.op_type in ("Gemm", "QGemm"):
+                a, out = ins[0], outs[0]
+                trans_a = next((x.i for x in node.attribute if x.name == "transA"), 0)
+                k = a[0] if trans_a else a[1]
+                flops += 2.0 * _prod(out) * k
+            elif node.op_type in ("Conv", "ConvInteger", "QLinearConv"):
+                w = ins[1] if node.op_type != "QLinearConv" else ins[3]
+                out = outs[0]
+                flops += 2.0 * _prod(out) * _prod(w[1:])
+            else:
+                continue
+        except (TypeError, IndexError, StopIteration):
+            uncounted += 1   # a dim stayed symbolic: the FLOP count is a floor
+    facts = WorkFacts(kind="encoder", format="onnx", precision=None, params=params, weight_bytes=weight_bytes,
+                      flops=flops, tokens=batch * seq, nodes=len(model.graph.node))
+    if uncounted:
+        facts.notes.append(f"{uncounted} MatMul/Gemm/Conv nodes had symbolic shapes: FLOPs are a lower bound")
+    return facts
+
+
+# ---------------------------------------------------------------- GGUF
+
+def gguf_work(path: str | Path) -> WorkFacts:
+    """Bytes streamed per decode step and KV bytes per cached position, from a GGUF file's header."""
+    try:
+        from gguf import GGUFReader
+    except ImportError as exc:
+        raise InputError("GGUF prediction needs the gguf package (pip install 'edgesdk[gguf]')") from exc
+    try:
+        reader = GGUFReader(str(path))
+    except (ValueError, IndexError, OSError) as exc:
+        raise ModelError(f"cannot read GGUF file {path}: {exc}") from exc
+
+    def field_value(key: str) -> Any:
+        f = reader.fields.get(key)
+        return f.contents() if f is not None else None
+
+    arch = field_value("general.architecture") or ""
+    layers = field_value(f"{arch}.block_count")
+    d_model = field_value(f"{arch}.embedding_length")
+    heads = field_value(f"{arch}.attention.head_count")
+    kv_heads = field_value(f"{arch}.attention.head_count_kv") or heads
+    key_len = field_value(f"{arch}.attention.key_length") or (d_model // heads if d_model and heads else None)
+    value_len = field_value(f"{arch}.attention.value_length") or key_len
+    names = {t.name for t in reader.tensors}
+    tied = "output.weight" not in names
+    weight_bytes = 0
+    params = 0
+    embed_params = 0
+    for t in reader.tensors:
+        params += int(t.n_elements)
+        if t.name == "token_embd.weight":
+            embed_params = int(t.n_elements)
+            if not tied:   # an untied input embedding is a row lookup per token
+                continue
+        weight_bytes += int(t.n_bytes)
+    kv = None
+    if layers and kv_heads and key_len:
+        kv = int(layers * kv_heads * (key_len + value_len) * 2)   # llama.cpp caches K and V as F16 by default
+    file_type = field_value("general.file_type")
+    try:
+        from gguf import LlamaFileType
+
+        precision = LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_") if file_type is not None else None
+    except (ImportError, ValueError):
+        precision = None
+    facts = WorkFacts(kind="llm", format="gguf", precision=precision, params=params, weight_bytes=weight_bytes,
+                      kv_bytes_per_position=kv, layers=layers, d_model=d_model)
+    facts.notes.append(f"architecture {arch}; {'tied' if tied else 'untied'} output embedding; "
+                       f"{params - embed_params:,} non-embedding parameters")
+    facts.tokens = None
+    facts.flops = 2.0 * (params - (0 if tied else embed_params))   # per token, matmul FLOPs
+    return facts
+
+
+def bundle_work(bundle, *, batch: int = 1, seq: int = 128) -> WorkFacts:
+    """WorkFacts for an opened bundle (format from the manifest, artifact found by role or suffix)."""
+    fmt = bundle.manifest.get("format")
+    arts = bundle.manifest.get("artifacts", [])
+    suffix = {"onnx": ".onnx", "gguf": ".gguf"}.get(fmt)
+    if suffix is None:
+        raise InputError(f"prediction supports ONNX and GGUF bundles; this bundle is {fmt!r}")
+    chosen = next((a for a in arts if a.get("role") == "model" and a["path"].endswith(suffix)), None) or next(
+        (a for a in arts if a["path"].endswith(suffix)), None)
+    if chosen is None:
+        raise InputError(f"bundle {bundle.path} lists no {suffix} artifact")
+    path = Path(bundle.path) / chosen["path"]
+    facts = onnx_work(path, batch=batch, seq=seq) if fmt == "onnx" else gguf_work(path)
+    facts.precision = bundle.manifest.get("precision") or facts.precision
+    return facts
+
+
+# ---------------------------------------------------------------- efficiency + prediction
+
+def device_class(profile) -> str:
+    return {"jetson": "jetson", "gpu": "gpu", "cpu": "cpu"}[profile.kind]
+
+
+def load_efficiency_table(path: Path = EFFICIENCY_FILE) -> list[dict]:
+    data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    if not isinstance(data, dict) or data.get("schema") != "edgesdk.profiler.efficiency/1":
+        raise InputError(f"{path}: not an edgesdk efficiency table (schema edgesdk.profiler.efficiency/1)")
+    return list(data["entries"])
+
+
+def pick_efficiency(table: list[dict], dev_class: str, workload: str, backend: str | None,
+                    params: int | None, quant: str | None = None) -> dict | None:
+    """Closest calibration entry: same class + workload; prefer same backend, quant, then nearest size."""
+    pool = [e for e in table if e["device_class"] == dev_class and e["workload"] == workload]
+    if not pool:
+        return None
+
+    def distance(e: dict) -> tuple:
+        size = abs(math.log10(e["params"] / params)) if params and e.get("params") else 9.0
+        # Size before quantization: launch overhead, not the weight format, dominates small models.
+        return (0 if backend and e.get("backend") == backend else 1, round(size * 2) / 2,
+                0 if (quant or None) == e.get("quant") else 1, size)
+
+    return min(pool, key=distance)
+
+
+def _peak_flops(profile, precision: str | None) -> tuple[float | None, str]:
+    keys = {"fp32": ["fp32_tflops", "fp16_tflops"], "int8": ["int8_tops", "fp16_tflops"],
+            "fp8": ["fp8_tflops", "fp16_tflops"]}.get(precision or "", ["fp16_tflops", "fp32_tflops"])
+    for k in keys:
+        v = profile.figure(f"device.peak.{k}")
+        if v:
+            return float(v) * 1e12, k
+    return None, "none"
+
+
+def predict(facts: WorkFacts, profile, *, backend: str | None = None, prompt_tokens: int = 128,
+            context: int | None = None, table: list[dict] | None = None) -> dict:
+    """Predicted latency/throughput of ``facts`` on ``profile``; each figure says what it rests on."""
+    table = load_efficiency_table() if table is None else table
+    bw_gbps = profile.figure("device.memory.bandwidth_gbps")
+    peak, peak_key = _peak_flops(profile, facts.precision)
+    dev_class = device_class(profile)
+    out: dict[str, Any] = {"profile": profile.name, "device_class": dev_class,
+                           "bandwidth_gbps": bw_gbps, "peak_flops": peak, "peak_figure": peak_key,
+                           "work": facts.to_dict(), "notes": list(facts.notes)}
+    if not bw_gbps:
+        out["unavailable"] = (f"profile {profile.name} has no memory bandwidth figure: run "
+                              "`edgesdk profiles detect --write` on the device to measure one")
+        return out
+    bw = float(bw_gbps) * 1e9
+    quant = "int4" if facts.precision and "4" in str(facts.precision) else None
+    if peak_key not in ("fp32_tflops",) and facts.precision == "fp32" and peak:
+        out["notes"].append("profile has no FP32 peak: compute bound uses the FP16 tensor-core peak")
+    if facts.kind == "encoder":
+        t_mem = facts.weight_bytes / bw
+        t_cmp = (facts.flops or 0.0) / peak if peak else 0.0
+        bound = max(t_mem, t_cmp)
+        eff = pick_efficiency(table, dev_class, "encoder", backend, facts.params)
+        out["encoder"] = {"bound_ms": bound * 1e3, "memory_ms": t_mem * 1e3, "compute_ms": t_cmp * 1e3,
+                          "limited_by": "memory" if t_mem >= t_cmp else "compute",
+                          "efficiency": eff["efficiency"] if eff else None,
+                          "efficiency_source": eff["source"] if eff else None,
+                          "latency_ms": bound * 1e3 / eff["efficiency"] if eff else None}
+        return out
+    ctx = context if context is not None else prompt_tokens
+    kv = (facts.kv_bytes_per_position or 0) * ctx
+    decode_bound = bw / (facts.weight_bytes + kv)
+    eff_d = pick_efficiency(table, dev_class, "decode", backend, facts.params, quant)
+    out["decode"] = {"bound_tok_s": decode_bound, "bytes_per_token": facts.weight_bytes + kv,
+                     "kv_bytes_at_context": kv, "context": ctx,
+                     "efficiency": eff_d["efficiency"] if eff_d else None,
+                     "efficiency_source": eff_d["source"] if eff_d else None,
+                     "tok_s": decode_bound * eff_d["efficiency"] if eff_d else None}
+    out["decode"]["tpot_ms"] = 1e3 / out["decode"]["tok_s"] if out["decode"]["tok_s"] else None
+    if peak and facts.flops:
+        attn = 2.0 * (facts.layers or 0) * (facts.d_model or 0) * prompt_tokens ** 2
+        flops = facts.flops * prompt_tokens + attn
+        prefill_bound_s = max(flops / peak, facts.weight_bytes / bw)
+        eff_p = pick_efficiency(table, dev_class, "prefill", backend, facts.params, quant)
+        out["prefill"] = {"bound_tok_s": prompt_tokens / prefill_bound_s, "flops": flops,
+                          "prompt_tokens": prompt_tokens,
+                          "efficiency": eff_p["efficiency"] if eff_p else None,
+                          "efficiency_source": eff_p["source"] if eff_p else None,
+                          "tok_s": prompt_tokens / prefill_bound_s * eff_p["efficiency"] if eff_p else None}
+        p_tok_s = out["prefill"]["tok_s"]
+        out["ttft_ms"] = 1e3 * prompt_tokens / p_tok_s if p_tok_s else None
+    return out
+
+
+def prediction_error(predicted: float | None, measured: float | None) -> float | None:
+    """Signed relative error in percent: (predicted - measured) / measured."""
+    if predicted is None or measured in (None, 0):
+        return None
+    return 100.0 * (predicted - measured) / measured
+
+
+def efficiency_from_measurement(bound: float, measured: float, higher_is_better: bool) -> float:
+    """The efficiency a measurement implies: measured/bound for rates, bound/measured for latencies."""
+    return measured / bound if higher_is_better else bound / measured
