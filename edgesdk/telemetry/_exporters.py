@@ -47,12 +47,17 @@ def to_otlp_json(message) -> dict:
 
 
 class _JsonLinesFile:
-    """One file shared by the span and metric exporters; a lock keeps lines whole."""
+    """One file shared by the span and metric exporters; a lock keeps lines whole.
+
+    Each exporter ``acquire()``s it; the file closes when the last one shuts down (the two providers
+    shut down in parallel, and the first must not cut off the other's final export).
+    """
 
     def __init__(self, path: Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+        self._users = 0
         self._handle = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
 
     def write(self, document: dict) -> None:
@@ -63,15 +68,21 @@ class _JsonLinesFile:
             self._handle.write(line + "\n")
             self._handle.flush()
 
+    def acquire(self) -> _JsonLinesFile:
+        with self._lock:
+            self._users += 1
+        return self
+
     def close(self) -> None:
         with self._lock:
-            if not self._handle.closed:
+            self._users -= 1
+            if self._users <= 0 and not self._handle.closed:
                 self._handle.close()
 
 
 class JsonLinesSpanExporter(SpanExporter):
     def __init__(self, sink: _JsonLinesFile):
-        self._sink = sink
+        self._sink = sink.acquire()
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         try:
@@ -87,7 +98,7 @@ class JsonLinesSpanExporter(SpanExporter):
 class JsonLinesMetricExporter(MetricExporter):
     def __init__(self, sink: _JsonLinesFile, preferred_aggregation=None):
         super().__init__(preferred_aggregation=preferred_aggregation)
-        self._sink = sink
+        self._sink = sink.acquire()
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs) -> MetricExportResult:
         try:

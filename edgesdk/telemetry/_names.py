@@ -56,7 +56,7 @@ SERVER_TIME_TO_FIRST_TOKEN = M.GEN_AI_SERVER_TIME_TO_FIRST_TOKEN
 SERVER_TIME_PER_OUTPUT_TOKEN = M.GEN_AI_SERVER_TIME_PER_OUTPUT_TOKEN
 
 # Advised bucket boundaries (semconv v1.41.1, docs/gen-ai/gen-ai-metrics.md).
-DURATION_BUCKETS = [0.01 * 2 ** i for i in range(14)]  # 0.01, 0.02, 0.04 ... 81.92
+DURATION_BUCKETS = [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92]
 TOKEN_BUCKETS = [4 ** i for i in range(14)]  # 1, 4, 16 ... 67108864
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0]
 TPOT_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5]

@@ -1,0 +1,304 @@
+# SPDX-License-Identifier: Apache-2.0
+"""edgesdk.telemetry on the real OpenTelemetry SDK: spans, metrics, content capture, build traces.
+
+Timing is real (sleeps stand in for model work); assertions read the SDK's in-memory exporter and
+metric reader, and the JSON-lines file our exporter writes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from edgesdk import telemetry
+from edgesdk.telemetry import _names as N
+
+_OUR_ENV = ("EDGESDK_TRACE_FILE", "EDGESDK_CAPTURE_CONTENT")
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for key in list(os.environ):
+        if key.startswith("OTEL_") or key in _OUR_ENV:
+            monkeypatch.delenv(key)
+    telemetry.shutdown()
+    yield monkeypatch
+    telemetry.shutdown()
+
+
+@pytest.fixture
+def memory(clean_env):
+    spans, reader = InMemorySpanExporter(), InMemoryMetricReader()
+    telemetry.configure(span_exporter=spans, metric_reader=reader)
+    return spans, reader
+
+
+def finished(exporter) -> list:
+    assert telemetry.force_flush()
+    return list(exporter.get_finished_spans())
+
+
+def metric_points(reader) -> dict[str, list]:
+    out: dict[str, list] = {}
+    data = reader.get_metrics_data()
+    for resource in data.resource_metrics if data else []:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                out.setdefault(metric.name, []).extend(
+                    (metric.unit, point) for point in metric.data.data_points)
+    return out
+
+
+def test_streaming_chat_span_and_metrics_follow_semconv(memory):
+    spans, reader = memory
+    step = 0.005
+    with telemetry.inference("chat", "gemma-3-270m", "llama.cpp", stream=True,
+                             request={"max_tokens": 16, "temperature": 0.7, "top_p": 0.9, "top_k": 40, "seed": 7},
+                             attributes={N.BACKEND: "llama.cpp", N.DEVICE_PROFILE: "orin", N.PRECISION: "q4_k_m",
+                                         N.BUNDLE_ID: "abc123"}) as rec:
+        rec.set_input_tokens(12)
+        time.sleep(step * 4)  # prefill
+        for _ in range(6):
+            rec.chunk()
+            time.sleep(step)
+        rec.set_output_tokens(6)
+        rec.finish(["length"])
+        rec.set_response_model("gemma-3-270m-q4_k_m")
+    (span,) = finished(spans)
+    assert span.name == "chat gemma-3-270m"
+    assert span.kind is SpanKind.INTERNAL
+    attrs = dict(span.attributes)
+    assert attrs[N.OPERATION_NAME] == "chat" and attrs[N.PROVIDER_NAME] == "llama.cpp"
+    assert attrs[N.REQUEST_MODEL] == "gemma-3-270m" and attrs[N.REQUEST_STREAM] is True
+    assert attrs["gen_ai.request.max_tokens"] == 16 and attrs["gen_ai.request.seed"] == 7
+    assert attrs["gen_ai.request.top_k"] == 40.0 and isinstance(attrs["gen_ai.request.top_k"], float)
+    assert attrs[N.USAGE_INPUT_TOKENS] == 12 and attrs[N.USAGE_OUTPUT_TOKENS] == 6
+    assert attrs[N.RESPONSE_FINISH_REASONS] == ("length",)
+    assert attrs[N.RESPONSE_MODEL] == "gemma-3-270m-q4_k_m"
+    assert attrs[N.BUNDLE_ID] == "abc123" and attrs[N.PRECISION] == "q4_k_m"
+    # time to first chunk: the 4-step prefill, measured, not invented
+    assert step * 4 <= attrs[N.RESPONSE_TIME_TO_FIRST_CHUNK] < step * 4 + 0.05
+    assert N.ERROR_TYPE not in attrs and span.status.status_code is StatusCode.UNSET
+
+    points = metric_points(reader)
+    unit, duration = points[N.CLIENT_OPERATION_DURATION][0]
+    assert unit == "s" and duration.count == 1 and list(duration.explicit_bounds) == N.DURATION_BUCKETS
+    assert duration.sum >= step * 10
+    assert dict(duration.attributes)[N.RESPONSE_MODEL] == "gemma-3-270m-q4_k_m"
+    usage = {dict(p.attributes)[N.TOKEN_TYPE]: p for _, p in points[N.CLIENT_TOKEN_USAGE]}
+    assert usage["input"].sum == 12 and usage["output"].sum == 6
+    assert list(usage["input"].explicit_bounds) == N.TOKEN_BUCKETS
+    (_, per_chunk), = points[N.CLIENT_TIME_PER_OUTPUT_CHUNK]
+    assert per_chunk.count == 5 and per_chunk.sum >= step * 5  # one interval per chunk after the first
+    (_, tpot), = points[N.SERVER_TIME_PER_OUTPUT_TOKEN]
+    assert tpot.count == 1 and list(tpot.explicit_bounds) == N.TPOT_BUCKETS
+    (_, ttft), = points[N.SERVER_TIME_TO_FIRST_TOKEN]
+    assert list(ttft.explicit_bounds) == N.TTFT_BUCKETS and ttft.min >= step * 4
+
+
+def test_exception_sets_error_type_status_and_still_records_duration(memory):
+    spans, reader = memory
+    with pytest.raises(RuntimeError, match="decode failed"):
+        with telemetry.inference("embeddings", "all-MiniLM-L6-v2", "onnxruntime") as rec:
+            rec.set_input_tokens(9)
+            raise RuntimeError("decode failed")
+    (span,) = finished(spans)
+    assert span.name == "embeddings all-MiniLM-L6-v2"
+    assert span.attributes[N.ERROR_TYPE] == "RuntimeError"
+    assert span.status.status_code is StatusCode.ERROR
+    (_, duration), = metric_points(reader)[N.CLIENT_OPERATION_DURATION]
+    assert dict(duration.attributes)[N.ERROR_TYPE] == "RuntimeError"
+
+
+def test_set_error_marks_failure_without_raising(memory):
+    spans, _ = memory
+    with telemetry.inference("text_completion", "m", "llama.cpp") as rec:
+        rec.set_error("context_overflow")
+    (span,) = finished(spans)
+    assert span.attributes[N.ERROR_TYPE] == "context_overflow"
+    assert span.status.status_code is StatusCode.ERROR
+
+
+def test_content_capture_is_off_by_default(clean_env, tmp_path):
+    trace_file = tmp_path / "t.jsonl"
+    spans = InMemorySpanExporter()
+    telemetry.configure(trace_file=trace_file, span_exporter=spans)
+    assert not telemetry.capture_enabled()
+    with telemetry.inference("chat", "m", "llama.cpp") as rec:
+        rec.capture_input([{"role": "user", "content": "SECRET-PROMPT-1234"}])
+        rec.capture_output("SECRET-OUTPUT-5678")
+        rec.finish(["stop"])
+    (span,) = finished(spans)
+    telemetry.shutdown()
+    text = trace_file.read_text()
+    assert "chat m" in text  # the span was exported ...
+    assert "SECRET" not in text  # ... without any content
+    assert not any(key in span.attributes for key in (N.INPUT_MESSAGES, N.OUTPUT_MESSAGES, N.CAPTURE_MARKER))
+
+
+@pytest.mark.parametrize("how", ["argument", "env"])
+def test_content_capture_opt_in_writes_semconv_messages_and_marker(clean_env, how):
+    spans = InMemorySpanExporter()
+    if how == "env":
+        clean_env.setenv("EDGESDK_CAPTURE_CONTENT", "1")
+        telemetry.configure(span_exporter=spans)
+    else:
+        telemetry.configure(span_exporter=spans, capture_content=True)
+    assert telemetry.capture_enabled()
+    with telemetry.inference("chat", "m", "llama.cpp") as rec:
+        rec.capture_input("hello there")
+        rec.capture_output("general kenobi")
+        rec.finish(["stop"])
+    (span,) = finished(spans)
+    assert span.attributes[N.CAPTURE_MARKER] is True
+    assert json.loads(span.attributes[N.INPUT_MESSAGES]) == [
+        {"role": "user", "parts": [{"type": "text", "content": "hello there"}]}]
+    assert json.loads(span.attributes[N.OUTPUT_MESSAGES]) == [
+        {"role": "assistant", "parts": [{"type": "text", "content": "general kenobi"}], "finish_reason": "stop"}]
+
+
+def test_nothing_configured_means_noop_and_no_spans(clean_env):
+    rec = telemetry.inference("chat", "m", "llama.cpp")
+    with rec as inner:
+        inner.set_input_tokens(3)
+        inner.chunk()
+        inner.finish(["stop"])
+    assert type(rec).__name__ == "_NoopRecorder"
+    with telemetry.build_trace("m", "orin") as span:
+        assert not span.is_recording()
+    assert telemetry.stats()["enabled"] is False
+
+
+def test_sdk_disabled_env_wins_over_arguments(clean_env, tmp_path):
+    clean_env.setenv("OTEL_SDK_DISABLED", "true")
+    telemetry.configure(trace_file=tmp_path / "t.jsonl")
+    with telemetry.inference("chat", "m", "llama.cpp") as rec:
+        rec.chunk()
+    telemetry.shutdown()
+    assert not (tmp_path / "t.jsonl").exists()
+
+
+def test_env_trace_file_is_picked_up_without_configure(clean_env, tmp_path):
+    path = tmp_path / "env.jsonl"
+    clean_env.setenv("EDGESDK_TRACE_FILE", str(path))
+    with telemetry.inference("chat", "m", "llama.cpp") as rec:  # first use configures from the environment
+        rec.set_input_tokens(1)
+    telemetry.shutdown()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    spans = [s for doc in lines for rs in doc.get("resourceSpans", []) for ss in rs["scopeSpans"] for s in ss["spans"]]
+    assert [s["name"] for s in spans] == ["chat m"]
+    assert any("resourceMetrics" in doc for doc in lines)  # metrics flushed at shutdown into the same file
+
+
+def test_file_lines_use_otlp_json_encoding(clean_env, tmp_path):
+    path = tmp_path / "t.jsonl"
+    telemetry.configure(trace_file=path)
+    with telemetry.inference("chat", "m", "llama.cpp") as rec:
+        rec.set_input_tokens(5)
+    telemetry.shutdown()
+    first = json.loads(path.read_text().splitlines()[0])
+    span = first["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+    assert len(span["traceId"]) == 32 and int(span["traceId"], 16)  # hex, not base64
+    assert len(span["spanId"]) == 16 and int(span["spanId"], 16)
+    assert span["kind"] == 1  # SPAN_KIND_INTERNAL as an integer
+    assert isinstance(span["startTimeUnixNano"], str)  # fixed64 as a string
+    tokens = {a["key"]: a["value"] for a in span["attributes"]}["gen_ai.usage.input_tokens"]
+    assert tokens == {"intValue": "5"}
+
+
+def test_build_trace_is_a_new_trace_with_stage_children(memory):
+    spans, reader = memory
+    outer_tracer = TracerProvider().get_tracer("app")
+    with outer_tracer.start_as_current_span("app work"):
+        with telemetry.build_trace("all-MiniLM-L6-v2", "orin", {"edgesdk.build.precision": "int8"}) as root:
+            with telemetry.build_stage("export"):
+                time.sleep(0.01)
+            with telemetry.build_stage("quantize") as stage:
+                stage.set_attribute(N.BUILD_STAGE_OUTCOME, "skipped")
+            with pytest.raises(ValueError):
+                with telemetry.build_stage("verify"):
+                    raise ValueError("parity")
+            telemetry.fallback_event("tensorrt", "onnxruntime", "TensorRT not installed")
+            assert root.is_recording()
+    by_name = {s.name: s for s in finished(spans)}
+    build = by_name["edgesdk.build"]
+    assert build.parent is None  # root even inside the app's span: one trace per build
+    assert build.attributes[N.DEVICE_PROFILE] == "orin" and build.attributes[N.BUILD_OUTCOME] == "ok"
+    for stage, outcome in (("export", "ok"), ("quantize", "skipped"), ("verify", "error")):
+        span = by_name[f"edgesdk.build.{stage}"]
+        assert span.parent.span_id == build.context.span_id
+        assert span.context.trace_id == build.context.trace_id
+        assert span.attributes[N.BUILD_STAGE_OUTCOME] == outcome
+    assert by_name["edgesdk.build.verify"].attributes[N.ERROR_TYPE] == "ValueError"
+    export = by_name["edgesdk.build.export"]
+    assert (export.end_time - export.start_time) / 1e9 >= 0.01
+    (event,) = build.events
+    assert event.name == "edgesdk.fallback" and event.attributes[N.FALLBACK_TO] == "onnxruntime"
+    stages = {dict(p.attributes)[N.BUILD_STAGE] for _, p in metric_points(reader)[N.BUILD_STAGE_DURATION]}
+    assert stages == {"export", "quantize", "verify"}
+
+
+def test_fallback_outside_any_span_gets_its_own_span(memory):
+    spans, _ = memory
+    telemetry.fallback_event("cuda", "cpu", "no CUDA libraries")
+    (span,) = finished(spans)
+    assert span.name == "edgesdk.fallback"
+    assert span.events[0].attributes[N.FALLBACK_REASON] == "no CUDA libraries"
+
+
+def test_fallback_inside_inference_lands_on_that_span(memory):
+    spans, _ = memory
+    with telemetry.inference("embeddings", "m", "onnxruntime"):
+        telemetry.fallback_event("TensorrtExecutionProvider", "CPUExecutionProvider", "engine build failed")
+    (span,) = finished(spans)
+    assert [e.name for e in span.events] == ["edgesdk.fallback"]
+
+
+def test_application_sdk_provider_is_used_when_nothing_else_configured(clean_env):
+    # OTel's global provider is set-once per process, so this runs in a child interpreter.
+    script = """
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from edgesdk import telemetry
+exporter = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+trace.set_tracer_provider(provider)
+with telemetry.inference("chat", "m", "llama.cpp"):
+    pass
+print([s.name for s in exporter.get_finished_spans()], telemetry.stats()["exporters"])
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['chat m'] ['application']"
+
+
+def test_configure_is_idempotent_and_reconfigurable(clean_env, tmp_path):
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    telemetry.configure(trace_file=first)
+    telemetry.configure(trace_file=first)  # same settings: keeps the providers
+    assert telemetry.stats()["exporters"] == [f"file:{first}"]
+    telemetry.configure(trace_file=second)
+    with telemetry.inference("chat", "m", "llama.cpp"):
+        pass
+    telemetry.shutdown()
+    assert "chat m" in second.read_text()
+    assert "chat m" not in first.read_text()
+
+
+def test_bad_protocol_is_a_one_line_input_error(clean_env):
+    from edgesdk.errors import InputError
+
+    with pytest.raises(InputError, match="unsupported OTLP protocol"):
+        telemetry.configure(otlp_endpoint="http://127.0.0.1:4317", otlp_protocol="carrier-pigeon")
