@@ -1,0 +1,219 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Run a plan stage by stage into a staging directory, gate on licenses, then commit atomically.
+
+``build()`` is what ``edgesdk build`` calls. Nothing is written at ``out_dir`` until every stage
+(export, optimize, quantize, verify, license gate, package) has passed; on any failure the
+staging directory is removed, so no partial bundle can exist.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import hashlib
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from edgesdk import __version__, telemetry
+from edgesdk import bundle as B
+from edgesdk.errors import InputError
+from edgesdk.plan import BuildOptions, ModelFacts, Plan, inspect_model, plan_build
+from edgesdk.profiles import Profile, resolve_profile
+
+STAGES = {"onnx": ["export", "optimize", "quantize", "verify", "license_gate", "package"],
+          "tensorrt": ["export", "optimize", "quantize", "verify", "engine", "license_gate", "package"],
+          "gguf": ["convert", "quantize", "verify", "license_gate", "package"]}
+
+
+class _Progress:
+    """A stage progress bar on stderr (tqdm), quiet when disabled or not a terminal."""
+
+    def __init__(self, stages: list[str], enabled: bool):
+        self.bar = None
+        if enabled:
+            try:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=len(stages), desc="build", unit="stage", file=sys.stderr,
+                                disable=not sys.stderr.isatty(), leave=False,
+                                bar_format="{desc}: {n_fmt}/{total_fmt} stages |{bar:20}| {elapsed}")
+            except ImportError:
+                self.bar = None
+        self.enabled = enabled
+
+    def stage(self, name: str) -> None:
+        if self.bar is not None:
+            self.bar.set_description(f"build [{name}]")
+
+    def done(self) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def note(self, msg: str) -> None:
+        if self.bar is not None:
+            self.bar.write(f"  {msg}", file=sys.stderr)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+class BuildContext:
+    """What a format builder sees: inputs, the staging dir, and ways to record what it did."""
+
+    def __init__(self, source: Any, facts: ModelFacts, profile: Profile, plan: Plan, options: BuildOptions,
+                 staging: Path, progress: _Progress):
+        self.source = source
+        self.facts = facts
+        self.profile = profile
+        self.plan = plan
+        self.options = options
+        self.staging = staging
+        self.manifest: dict = {"extras": {}}
+        self.runtime_requires: list[str] = []
+        self.tools: dict[str, str] = {}
+        self.stage_times: dict[str, float] = {}
+        self._artifacts: dict[str, dict] = {}
+        self._progress = progress
+        self.precision = plan.precision
+        self.fallbacks: list[dict] = []
+
+    @contextlib.contextmanager
+    def stage(self, name: str, attributes: dict | None = None):
+        self._progress.stage(name)
+        t0 = time.perf_counter()
+        with telemetry.build_stage(name, attributes) as span:
+            yield span
+        self.stage_times[name] = round(self.stage_times.get(name, 0.0) + time.perf_counter() - t0, 3)
+        self._progress.done()
+
+    def progress(self, msg: str) -> None:
+        self._progress.note(msg)
+
+    def add_artifact(self, rel: str, role: str) -> None:
+        self._artifacts[rel] = B.artifact_entry(self.staging, rel, role)
+
+    def thresholds_for(self, precision: str) -> dict:
+        from edgesdk.plan import _parity
+
+        return _parity(self.profile, precision)
+
+    def set_precision(self, precision: str) -> None:
+        self.precision = precision
+
+    def record_precision_fallback(self, from_: str, to: str, reason: str) -> None:
+        self.fallbacks.append({"from": from_, "to": to, "reason": reason, "stage": "verify"})
+        telemetry.fallback_event(from_, to, reason)
+        self.progress(f"parity miss at {from_} ({reason}); falling back to {to}")
+
+    @property
+    def artifacts(self) -> list[dict]:
+        return list(self._artifacts.values())
+
+
+def _builder(fmt: str):
+    if fmt == "onnx":
+        from edgesdk.formats.onnx import build_onnx
+
+        return build_onnx
+    if fmt == "tensorrt":
+        from edgesdk.formats.tensorrt import build_tensorrt
+
+        return build_tensorrt
+    if fmt == "gguf":
+        from edgesdk.formats.gguf import build_gguf
+
+        return build_gguf
+    raise InputError(f"unknown format {fmt!r} (expected onnx, tensorrt or gguf)")
+
+
+def explain(source: Any, profile: str | Profile, options: BuildOptions | None = None) -> Plan:
+    """Plan only (no heavy I/O): what ``edgesdk build --explain`` prints."""
+    options = options or BuildOptions()
+    prof = profile if isinstance(profile, Profile) else resolve_profile(profile)
+    facts = inspect_model(source, options)
+    return plan_build(facts, prof, options)
+
+
+def _license_gate(ctx: BuildContext, out_dir: Path) -> dict:
+    from edgesdk.compliance.gate import run_license_gate
+
+    opts = ctx.options
+    result = run_license_gate(
+        ctx.staging,
+        model_source=Path(str(ctx.facts.source)) if ctx.facts.kind != "torch" else ctx.staging,
+        runtime_distributions=sorted(set(ctx.runtime_requires)),
+        policy_path=Path(opts.license_policy) if opts.license_policy else None,
+        waivers_path=Path(opts.waivers) if opts.waivers else None,
+        accepted=tuple(opts.accept_licenses),
+        scanoss_url=opts.scanoss_url,
+        report_path=out_dir.with_name(out_dir.name + ".license-report.json"),
+    )
+    for rel, role in (("sbom.cdx.json", "sbom"), ("license-report.json", "license-report")):
+        if (ctx.staging / rel).is_file():
+            ctx.add_artifact(rel, role)
+    return result.to_manifest()
+
+
+def build(source: Any, profile: str | Profile, out_dir: str | Path, options: BuildOptions | None = None) -> Path:
+    """Build ``source`` for ``profile`` into the bundle directory ``out_dir`` (atomically)."""
+    options = options or BuildOptions()
+    out_dir = Path(out_dir)
+    prof = profile if isinstance(profile, Profile) else resolve_profile(profile)
+    facts = inspect_model(source, options)
+    plan = plan_build(facts, prof, options)
+    staging = B.make_staging(out_dir, options.force)
+    progress = _Progress(STAGES.get(plan.format, []), options.progress)
+    t_start = time.perf_counter()
+    try:
+        with telemetry.build_trace(facts.name, prof.name, {"edgesdk.build.format": plan.format,
+                                                            "edgesdk.precision": plan.precision}):
+            ctx = BuildContext(source, facts, prof, plan, options, staging, progress)
+            _builder(plan.format)(ctx)
+            with ctx.stage("license_gate"):
+                license_summary = _license_gate(ctx, out_dir)
+            with ctx.stage("package"):
+                manifest = _manifest(ctx, license_summary, time.perf_counter() - t_start)
+                B.write_manifest(staging, manifest)
+                B.commit_staging(staging, out_dir, options.force)
+    except BaseException:
+        B.discard_staging(staging)
+        raise
+    finally:
+        progress.close()
+    return out_dir
+
+
+def _manifest(ctx: BuildContext, license_summary: dict, wall_s: float) -> dict:
+    facts = ctx.facts
+    source_sha = B.sha256_tree(Path(facts.source)) if facts.kind != "torch" else None
+    artifacts = sorted(ctx.artifacts, key=lambda a: a["path"])
+    plan = ctx.plan.to_dict()
+    plan["precision"] = ctx.precision
+    id_seed = json.dumps([source_sha, ctx.profile.name, ctx.precision, [a["sha256"] for a in artifacts]])
+    tools = {"edgesdk": __version__, "python": platform.python_version(), **ctx.tools}
+    return {
+        "bundle_id": hashlib.sha256(id_seed.encode()).hexdigest()[:16],
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "model": {**facts.to_dict(), "source_sha256": source_sha, **ctx.manifest.get("model", {})},
+        "profile": {"name": ctx.profile.name, "sha256": B.sha256_file(ctx.profile.path),
+                    "summary": ctx.profile.summary()},
+        "format": ctx.manifest.get("format", ctx.plan.format),
+        "precision": ctx.precision,
+        "plan": plan,
+        "fallbacks": ctx.fallbacks,
+        "artifacts": artifacts,
+        "runtime": {"backend_chain": ctx.manifest.get("backend_chain", ctx.plan.ep_chain),
+                    "requires": sorted(set(ctx.runtime_requires))},
+        "io": ctx.manifest.get("io", {}),
+        "parity": ctx.manifest.get("parity", {}),
+        "license": license_summary,
+        "tools": tools,
+        "build": {"host": platform.node(), "machine": platform.machine(), "wall_s": round(wall_s, 2),
+                  "stage_s": ctx.stage_times},
+        "extras": ctx.manifest.get("extras", {}),
+    }

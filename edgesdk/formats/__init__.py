@@ -1,0 +1,2 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Output formats, one module each: ``onnx``, ``tensorrt``, ``gguf``. Each exposes ``build_<fmt>(ctx)``."""

@@ -1,0 +1,313 @@
+# SPDX-License-Identifier: Apache-2.0
+"""ONNX path: export (optimum exporters / torch.onnx), optimize, precision, parity, artifacts.
+
+Stages run inside ``ctx.stage(name)`` so each one is a telemetry span and a progress step.
+The PyTorch model is loaded once: it is the export source and the parity reference.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgesdk.errors import ExternalToolError, InputError, ModelError, ParityError
+from edgesdk.formats import parity as P
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
+                   "config.json", "modules.json", "sentence_bert_config.json", "preprocessor_config.json")
+NEXT_PRECISION = {"int8": "fp16", "fp16": "fp32", "bf16": "fp32"}
+
+
+def _versions() -> dict:
+    import onnx
+    import onnxruntime
+
+    out = {"onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__}
+    for mod in ("torch", "transformers", "optimum", "onnxslim"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001 - optional tool, version only
+            pass
+    return out
+
+
+# --------------------------------------------------------------------------------------------- export
+
+def _load_hf(ctx) -> Any:
+    try:
+        import torch
+        from transformers import AutoModel, AutoModelForImageClassification
+    except ImportError as exc:
+        raise ExternalToolError("exporting a Hugging Face model needs the [export] extra "
+                                "(pip install 'edgesdk[export]')") from exc
+    task = ctx.facts.task
+    cls = AutoModelForImageClassification if task == "image-classification" else AutoModel
+    try:
+        model = cls.from_pretrained(ctx.source, trust_remote_code=ctx.options.trust_remote_code,
+                                    use_safetensors=not ctx.facts.extra.get("pickle_weights"))
+    except Exception as exc:  # transformers raises OSError/ValueError/KeyError for broken dirs
+        raise ModelError(f"{ctx.source}: cannot load the model ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0][:200]})") from exc
+    model.eval()
+    torch.set_grad_enabled(False)
+    return model
+
+
+def _export_hf(ctx, model, out: Path) -> None:
+    from optimum.exporters.onnx import export
+    from optimum.exporters.tasks import TasksManager
+
+    task = "image-classification" if ctx.facts.task == "image-classification" else "feature-extraction"
+    try:
+        ctor = TasksManager.get_exporter_config_constructor("onnx", model=model, task=task,
+                                                            library_name="transformers")
+    except Exception as exc:  # optimum raises ValueError/KeyError for unsupported architectures
+        raise ModelError(f"{ctx.facts.name}: architecture {ctx.facts.family!r} is not supported by the ONNX "
+                         f"exporter ({str(exc).splitlines()[0][:160]})") from exc
+    export(model, ctor(model.config), out, opset=ctx.options.opset)
+
+
+def _export_torch(ctx, module, out: Path) -> None:
+    import torch
+
+    example = ctx.options.extra.get("example_inputs")
+    if example is None:
+        raise InputError("building an nn.Module needs example inputs (BuildOptions.extra['example_inputs'])")
+    example = example if isinstance(example, tuple) else (example,)
+    names = ctx.options.extra.get("input_names") or [f"input_{i}" for i in range(len(example))]
+    torch.onnx.export(module.eval(), example, str(out), input_names=names, opset_version=ctx.options.opset,
+                      dynamo=False, dynamic_axes={n: {0: "batch"} for n in names})
+
+
+# --------------------------------------------------------------------------------------------- inputs
+
+class _Samples:
+    """Sample feeds for parity and calibration plus the reference outputs from the source model."""
+
+    def __init__(self, feeds: list[dict], reference: list[np.ndarray] | None, masks: list | None):
+        self.feeds, self.reference, self.masks = feeds, reference, masks
+
+
+def _make_samples(ctx, input_names: list[str], model: Any | None, n: int, offset: int = 0) -> _Samples:
+    facts = ctx.facts
+    if facts.task in ("feature-extraction", "text-classification") and facts.kind == "hf":
+        tok = P.load_tokenizer(Path(ctx.source), ctx.options.seq_len)
+        feeds = P.encode_texts(tok, P.sample_sentences(n, offset), input_names)
+    elif facts.kind == "onnx" and "input_ids" in input_names and (Path(ctx.source).parent / "tokenizer.json").exists():
+        tok = P.load_tokenizer(Path(ctx.source).parent, ctx.options.seq_len)
+        feeds = P.encode_texts(tok, P.sample_sentences(n, offset), input_names)
+    else:
+        feeds = _random_feeds(ctx, input_names, n, offset)
+    masks = [f.get("attention_mask") for f in feeds]
+    reference = _torch_reference(model, feeds) if model is not None else None
+    return _Samples(feeds, reference, masks)
+
+
+def _random_feeds(ctx, input_names: list[str], n: int, offset: int) -> list[dict]:
+    import onnx
+
+    src = ctx.staging / "_work" / "export.onnx"
+    graph = onnx.load(str(src), load_external_data=False).graph
+    rng = np.random.default_rng(1234 + offset)
+    feeds = []
+    size = (ctx.facts.config.get("image_size") or 224) if ctx.facts.config else 224
+    for _ in range(n):
+        feed = {}
+        for inp in graph.input:
+            if inp.name not in input_names:
+                continue
+            t = inp.type.tensor_type
+            shape = [d.dim_value if d.dim_value > 0 else (1 if i == 0 else size) for i, d in enumerate(t.shape.dim)]
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type)
+            if np.issubdtype(dtype, np.integer):
+                feed[inp.name] = rng.integers(0, 100, size=shape).astype(dtype)
+            else:
+                feed[inp.name] = rng.standard_normal(shape).astype(dtype)
+        feeds.append(feed)
+    return feeds
+
+
+def _torch_reference(model, feeds: list[dict]) -> list[np.ndarray]:
+    import torch
+
+    outs = []
+    with torch.inference_mode():
+        for feed in feeds:
+            kwargs = {k: torch.from_numpy(v) for k, v in feed.items()}
+            if "input_0" in kwargs or not hasattr(model, "config"):
+                res = model(*kwargs.values())
+            else:
+                res = model(**kwargs)
+            first = res[0] if isinstance(res, (tuple, list)) else (res.logits if hasattr(res, "logits") and
+                                                                   not hasattr(res, "last_hidden_state")
+                                                                   else getattr(res, "last_hidden_state", res))
+            outs.append(first.float().numpy())
+    return outs
+
+
+def _ort_outputs(path: Path, feeds: list[dict], threads: int = 2) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    return [sess.run(None, f)[0] for f in feeds]
+
+
+# --------------------------------------------------------------------------------------------- stages
+
+def _optimize(ctx, src: Path, out: Path) -> dict:
+    plan_opt = str(ctx.plan.decision("optimize", ""))
+    if plan_opt.startswith("onnxruntime transformer optimizer"):
+        from edgesdk.formats.onnx_quant import optimize_transformer
+
+        cfg = ctx.facts.config
+        _, report = optimize_transformer(src, out, model_type="bert", num_heads=int(cfg["num_attention_heads"]),
+                                         hidden_size=int(cfg["hidden_size"]), use_gpu_fusions=ctx.profile.is_gpu)
+        return {"tool": "onnxruntime.transformers.optimizer", **report}
+    try:
+        import onnxslim
+
+        onnxslim.slim(str(src), str(out))
+        return {"tool": "onnxslim"}
+    except Exception as exc:  # noqa: BLE001 - optimization is optional; record why it did not apply
+        shutil.copyfile(src, out)
+        return {"tool": "none", "reason": f"onnxslim failed: {type(exc).__name__}: {exc}"[:200]}
+
+
+def _to_fp16(src: Path, out: Path) -> dict:
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    model = onnx.load(str(src))
+    # Keep graph inputs/outputs FP32 so callers need no casts; keep ops that overflow in FP16 in FP32.
+    m16 = convert_float_to_float16(model, keep_io_types=True, op_block_list=["SimplifiedLayerNormalization"])
+    onnx.save(m16, str(out))
+    return {"method": "onnxruntime.transformers.float16 (keep_io_types)"}
+
+
+def _quantize(ctx, precision: str, src: Path, out: Path, samples: _Samples) -> dict:
+    if precision == "fp32":
+        shutil.copyfile(src, out)
+        return {"method": "none"}
+    if precision in ("fp16", "bf16"):
+        return _to_fp16(src, out)
+    if precision == "int8":
+        from edgesdk.formats.onnx_quant import quantize_int8_accuracy_aware
+
+        def parity_fn(ref, cand):
+            return P.compare(ref, cand, samples.masks[: len(ref)])
+
+        res = quantize_int8_accuracy_aware(
+            src, out, calibration_feeds=samples.feeds, reference_outputs=samples.reference,
+            parity_fn=parity_fn, min_cosine=float(ctx.plan.parity.get("min_cosine") or 0.995),
+            progress=ctx.progress)
+        return {"method": res.method, "excluded_nodes": res.excluded_nodes, "calibration_parity": res.parity,
+                "latency_ms": res.latency_ms, "reason": res.reason, "steps": res.steps}
+    raise InputError(f"precision {precision!r} is not supported for ONNX")
+
+
+def build_onnx(ctx) -> None:
+    """Fill ``ctx.staging`` with model.onnx at the plan's precision, tokenizer files and parity figures."""
+    work = ctx.staging / "_work"
+    work.mkdir(exist_ok=True)
+    exported = work / "export.onnx"
+    model = None
+    with ctx.stage("export"):
+        if ctx.facts.kind == "hf":
+            model = _load_hf(ctx)
+            _export_hf(ctx, model, exported)
+        elif ctx.facts.kind == "torch":
+            model = ctx.options.extra["module"]
+            try:
+                _export_torch(ctx, model, exported)
+            except Exception as exc:  # an op without an ONNX symbolic: keep a torch.export program instead
+                from edgesdk.formats.torch_export import build_torch_fallback
+
+                build_torch_fallback(ctx, exc)
+                return
+        else:
+            shutil.copyfile(ctx.source, exported)
+    import onnx
+
+    input_names = [i.name for i in onnx.load(str(exported), load_external_data=False).graph.input]
+    with ctx.stage("optimize"):
+        optimized = work / "optimized.onnx"
+        ctx.manifest.setdefault("extras", {})["optimize"] = _optimize(ctx, exported, optimized)
+    samples = _make_samples(ctx, input_names, model, ctx.options.calibration_samples)
+    held_out = _make_samples(ctx, input_names, model, ctx.options.parity_samples,
+                             offset=ctx.options.calibration_samples)
+    if model is None:
+        # No PyTorch source: the FP32 ONNX itself is the reference.
+        samples.reference = _ort_outputs(exported, samples.feeds)
+        held_out.reference = _ort_outputs(exported, held_out.feeds)
+    precision = ctx.plan.precision
+    final = ctx.staging / "model.onnx"
+    while True:
+        with ctx.stage("quantize", {"edgesdk.precision": precision}):
+            qinfo = _quantize(ctx, precision, optimized, final, samples)
+        with ctx.stage("verify", {"edgesdk.precision": precision}):
+            outputs = _ort_outputs(final, held_out.feeds)
+            metrics = P.compare(held_out.reference, outputs, held_out.masks)
+            thresholds = ctx.thresholds_for(precision)
+            miss = P.check_thresholds(metrics, thresholds)
+        ctx.manifest.setdefault("parity", {})[precision] = {**metrics, "thresholds": thresholds, "passed": miss is None,
+                                                            "reference": "pytorch" if model is not None else "onnx-fp32"}
+        if miss is None:
+            break
+        nxt = NEXT_PRECISION.get(precision)
+        if ctx.options.on_parity_fail != "fallback" or nxt is None:
+            raise ParityError(f"parity check failed at {precision}: {miss} over {metrics['samples']} samples",
+                              hint="pass --on-parity-fail fallback to try the next precision")
+        ctx.record_precision_fallback(precision, nxt, miss)
+        precision = nxt
+    ctx.set_precision(precision)
+    ctx.manifest.setdefault("extras", {})["quantize"] = qinfo
+    ctx.add_artifact("model.onnx", "model")
+    src_dir = Path(ctx.source) if Path(str(ctx.source)).is_dir() else None
+    if src_dir is not None:
+        for name in TOKENIZER_FILES:
+            if (src_dir / name).is_file():
+                shutil.copyfile(src_dir / name, ctx.staging / name)
+                ctx.add_artifact(name, "tokenizer" if name.startswith(("tokenizer", "vocab", "special")) else "config")
+        pooling = src_dir / "1_Pooling" / "config.json"
+        if pooling.is_file():
+            (ctx.staging / "1_Pooling").mkdir(exist_ok=True)
+            shutil.copyfile(pooling, ctx.staging / "1_Pooling" / "config.json")
+            ctx.add_artifact("1_Pooling/config.json", "config")
+    ctx.manifest["io"] = _io_spec(final)
+    ctx.manifest.setdefault("extras", {})["embedding"] = _embedding_info(src_dir) if src_dir else None
+    ctx.runtime_requires.extend(["onnxruntime", "numpy", "tokenizers"])
+    ctx.tools.update(_versions())
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def _io_spec(path: Path) -> dict:
+    import onnx
+
+    g = onnx.load(str(path), load_external_data=False).graph
+
+    def spec(v):
+        t = v.type.tensor_type
+        return {"name": v.name, "dtype": onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name,
+                "shape": [d.dim_value if d.dim_value > 0 else (d.dim_param or None) for d in t.shape.dim]}
+
+    return {"inputs": [spec(i) for i in g.input], "outputs": [spec(o) for o in g.output]}
+
+
+def _embedding_info(src_dir: Path) -> dict | None:
+    modules = src_dir / "modules.json"
+    if not modules.is_file():
+        return None
+    mods = json.loads(modules.read_text())
+    types = [m.get("type", "") for m in mods]
+    pooling = {"pooling_mode_mean_tokens": True}
+    pcfg = src_dir / "1_Pooling" / "config.json"
+    if pcfg.is_file():
+        pooling = json.loads(pcfg.read_text())
+    mode = "cls" if pooling.get("pooling_mode_cls_token") else "mean"
+    return {"pooling": mode, "normalize": any(t.endswith("Normalize") for t in types)}

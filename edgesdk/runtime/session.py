@@ -1,0 +1,193 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The on-device session: verify the bundle, pick a backend along the plan's chain, run, report.
+
+Every step down the chain (an EP that is absent, an engine that will not load here, a kernel the
+device lacks) is a fallback record ``{from, to, reason}`` in :meth:`Session.report` and a
+telemetry span event, so "why is it slow here" has an answer on the device itself.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgesdk import telemetry
+from edgesdk.bundle import Bundle, open_bundle
+from edgesdk.errors import BackendUnavailableError, ShapeError
+from edgesdk.profiles import Profile, resolve_profile
+from edgesdk.runtime.backends import get_loader
+
+
+@dataclass
+class LoadContext:
+    """What a loader gets: the target profile, options, and the fallback recorder."""
+
+    profile: Profile | None
+    options: dict
+    fallbacks: list[dict] = field(default_factory=list)
+
+    def record_fallback(self, from_: str, to: str, reason: str, **extra: Any) -> None:
+        entry = {"from": from_, "to": to, "reason": reason, **extra}
+        self.fallbacks.append(entry)
+        telemetry.fallback_event(from_, to, reason)
+
+
+class Session:
+    """A loaded bundle. ``run`` for raw tensors; ``embed`` for text encoders; LLM calls for GGUF bundles."""
+
+    def __init__(self, bundle: Bundle, backend: Any, ctx: LoadContext, load_s: float):
+        self.bundle = bundle
+        self.backend = backend
+        self._ctx = ctx
+        self.load_s = load_s
+        self.profile = ctx.profile
+        self._tokenizer = None
+        m = bundle.manifest
+        self._attrs = {"edgesdk.device.profile": (ctx.profile.name if ctx.profile else
+                                                  m.get("profile", {}).get("name", "")),
+                       "edgesdk.backend": backend.name, "edgesdk.backend.device": str(backend.device),
+                       "edgesdk.precision": bundle.precision, "edgesdk.bundle.id": bundle.bundle_id}
+        self._model = bundle.model_name
+        self._operation = "embeddings" if m.get("model", {}).get("task") == "feature-extraction" else "predict"
+
+    # ------------------------------------------------------------------ generic tensors
+    def run(self, inputs: dict[str, Any]) -> dict[str, np.ndarray]:
+        """One inference on named inputs; shapes/dtypes are checked against the model first."""
+        if not isinstance(inputs, dict):
+            raise ShapeError(f"inputs must be a mapping of input name to array, got {type(inputs).__name__}")
+        check = getattr(self.backend, "check_feeds", None)
+        feeds = check(inputs) if check else inputs
+        with telemetry.inference(self._operation, self._model, self.backend.provider, attributes=self._attrs) as rec:
+            out = self.backend.run(feeds)
+            ids = feeds.get("input_ids")
+            if ids is not None:
+                rec.set_input_tokens(int(np.count_nonzero(feeds.get("attention_mask", ids))))
+            return out
+
+    # ------------------------------------------------------------------ text encoders
+    def _text_tokenizer(self):
+        if self._tokenizer is None:
+            from tokenizers import Tokenizer
+
+            path = self.bundle.path / "tokenizer.json"
+            if not path.is_file():
+                raise BackendUnavailableError(f"bundle {self.bundle.path} has no tokenizer.json: use run() with "
+                                              "token ids")
+            tok = Tokenizer.from_file(str(path))
+            max_len = 512
+            cfg = self.bundle.path / "tokenizer_config.json"
+            if cfg.is_file():
+                max_len = min(int(json.loads(cfg.read_text()).get("model_max_length", 512) or 512), 8192)
+            st = self.bundle.path / "sentence_bert_config.json"
+            if st.is_file():
+                max_len = min(max_len, int(json.loads(st.read_text()).get("max_seq_length", max_len)))
+            pad = tok.token_to_id("[PAD]")
+            tok.enable_truncation(max_length=max_len)
+            tok.enable_padding(pad_id=0 if pad is None else pad)
+            self._tokenizer = tok
+        return self._tokenizer
+
+    def embed(self, texts: str | list[str], *, normalize: bool | None = None) -> np.ndarray:
+        """Sentence embeddings (pooling as the model's sentence-transformers config says), shape [n, dim]."""
+        if isinstance(texts, str):
+            texts = [texts]
+        if not texts or not all(isinstance(t, str) for t in texts):
+            raise ShapeError("embed() takes a non-empty string or list of strings")
+        tok = self._text_tokenizer()
+        encs = tok.encode_batch(texts)
+        names = set(self.backend.inputs) if hasattr(self.backend, "inputs") else {"input_ids", "attention_mask"}
+        feeds = {"input_ids": np.asarray([e.ids for e in encs], dtype=np.int64),
+                 "attention_mask": np.asarray([e.attention_mask for e in encs], dtype=np.int64),
+                 "token_type_ids": np.asarray([e.type_ids for e in encs], dtype=np.int64)}
+        feeds = {k: v for k, v in feeds.items() if k in names}
+        with telemetry.inference("embeddings", self._model, self.backend.provider, attributes=self._attrs) as rec:
+            rec.set_input_tokens(int(feeds["attention_mask"].sum()))
+            hidden = next(iter(self.backend.run(feeds).values()))
+        info = (self.bundle.manifest.get("extras") or {}).get("embedding") or {"pooling": "mean", "normalize": True}
+        if hidden.ndim == 3:
+            if info.get("pooling") == "cls":
+                emb = hidden[:, 0, :]
+            else:
+                mask = feeds["attention_mask"][..., None].astype(np.float32)
+                emb = (hidden * mask).sum(axis=1) / np.clip(mask.sum(axis=1), 1e-9, None)
+        else:
+            emb = hidden
+        if normalize if normalize is not None else info.get("normalize", True):
+            emb = emb / np.clip(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12, None)
+        return emb.astype(np.float32)
+
+    # ------------------------------------------------------------------ LLMs (delegated)
+    def _llm(self, what: str):
+        fn = getattr(self.backend, what, None)
+        if fn is None:
+            raise BackendUnavailableError(f"{what}() needs an LLM bundle; this bundle is "
+                                          f"{self.bundle.format}/{self.bundle.manifest.get('model', {}).get('task')}")
+        return fn
+
+    def generate(self, prompt: str, **kwargs):
+        return self._llm("generate")(prompt, **kwargs)
+
+    def stream(self, prompt: str, **kwargs):
+        return self._llm("stream")(prompt, **kwargs)
+
+    def chat(self, messages: list[dict], **kwargs):
+        return self._llm("chat")(messages, **kwargs)
+
+    def tokenize(self, text: str) -> list[int]:
+        return self._llm("tokenize")(text)
+
+    # ------------------------------------------------------------------ report
+    @property
+    def fallbacks(self) -> list[dict]:
+        return list(self._ctx.fallbacks)
+
+    def report(self) -> dict:
+        m = self.bundle.manifest
+        return {
+            "bundle": str(self.bundle.path),
+            "bundle_id": self.bundle.bundle_id,
+            "model": self._model,
+            "format": self.bundle.format,
+            "precision": self.bundle.precision,
+            "built_for": m.get("profile", {}).get("name"),
+            "profile": self.profile.name if self.profile else None,
+            "backend": self.backend.name,
+            "device": str(self.backend.device),
+            "load_s": round(self.load_s, 4),
+            "fallbacks": self.fallbacks,
+            "backend_report": self.backend.report(),
+        }
+
+    def close(self) -> None:
+        self.backend.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def load(path: str | Path, *, profile: str | Profile | None = None, verify: bool = True, **options: Any) -> Session:
+    """Open and verify a bundle, then load it with the best backend present (see module docstring).
+
+    ``profile`` overrides the device profile used for kernel decisions (default: the one the bundle was
+    built for). Options go to the loader, e.g. ``providers=[...]``, ``threads=2``, ``n_gpu_layers=...``.
+    """
+    t0 = time.perf_counter()
+    bundle = open_bundle(path, verify=verify)
+    prof = profile if isinstance(profile, Profile) or profile is None else resolve_profile(profile)
+    if prof is None:
+        name = bundle.manifest.get("profile", {}).get("name")
+        try:
+            prof = resolve_profile(name) if name else None
+        except Exception:  # noqa: BLE001 - a custom profile file may not exist on the device
+            prof = None
+    ctx = LoadContext(profile=prof, options=options)
+    backend = get_loader(bundle.format)(bundle, ctx)
+    return Session(bundle, backend, ctx, time.perf_counter() - t0)
