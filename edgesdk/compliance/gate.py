@@ -1,0 +1,262 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The license gate: collect findings from every layer, judge them by policy, apply waivers and
+``--accept-license``, and write the SBOM + report (or stop packaging).
+
+Library entry points: :func:`run_license_gate` (the build calls it on the staging directory) and
+:func:`scan_licenses` (``edgesdk check licenses`` on a bundle or any source tree).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from edgesdk.compliance.distributions import distribution_findings
+from edgesdk.compliance.findings import ACTIONS, LicenseFinding, worse
+from edgesdk.compliance.models import (
+    card_findings,
+    gguf_findings,
+    model_findings,
+    onnx_findings,
+    package_finding,
+)
+from edgesdk.compliance.policy import Policy, load_policy
+from edgesdk.compliance.scanoss_match import ScanossResult, configured_url, run_scanoss
+from edgesdk.compliance.sources import scan_tree, scanoss_settings_findings
+from edgesdk.compliance.spdx import normalize
+from edgesdk.compliance.waivers import apply_waivers, load_waivers
+from edgesdk.errors import InputError, LicenseGateError
+
+REPORT_NAME = "license-report.json"
+SBOM_NAME = "sbom.cdx.json"
+GENERATED = {"manifest.json", SBOM_NAME, REPORT_NAME, "license-report.md"}
+_VERDICT = {"allow": "pass", "review": "review", "deny": "deny"}
+
+
+@dataclass
+class GateResult:
+    scanned: str
+    mode: str  # "bundle" | "tree"
+    policy: Policy
+    findings: list[LicenseFinding]
+    waiver_audit: dict
+    accepted: list[str]
+    unused_accepts: list[str]
+    scanoss: ScanossResult
+    without_own_info: dict[str, str] = field(default_factory=dict)
+    vendored: list[dict] = field(default_factory=list)
+    weights: list[dict] = field(default_factory=list)
+    runtime_distributions: list[str] = field(default_factory=list)
+    model_expression: str | None = None
+    elapsed_s: float = 0.0
+
+    @property
+    def policy_verdict(self) -> str:
+        """Verdict from the policy alone, before waivers and --accept-license."""
+        action = "allow"
+        for f in self.findings:
+            action = worse(action, f.action)
+        return _VERDICT[action]
+
+    @property
+    def verdict(self) -> str:
+        action = "allow"
+        for f in self.findings:
+            action = worse(action, f.effective_action)
+        return _VERDICT[action]
+
+    def counts(self) -> dict[str, int]:
+        c = {a: sum(1 for f in self.findings if f.action == a) for a in ACTIONS}
+        c["waived"] = sum(1 for f in self.findings if f.waived_by and f.action != "allow")
+        c["accepted"] = sum(1 for f in self.findings if f.action == "review" and f.accepted_as
+                            and not f.waived_by)
+        return c
+
+    def worst(self) -> LicenseFinding | None:
+        ranked = sorted(self.findings, key=lambda f: (ACTIONS.index(f.effective_action),
+                                                      ACTIONS.index(f.action)), reverse=True)
+        return ranked[0] if ranked else None
+
+    def to_manifest(self) -> dict:
+        return {"verdict": self.verdict, "policy_verdict": self.policy_verdict, "counts": self.counts(),
+                "accepted": self.accepted, "waivers_used": [w["id"] for w in self.waiver_audit["applied"]],
+                "policy": {"id": self.policy.id, "sha256": self.policy.sha256},
+                "model_license": self.model_expression, "runtime_distributions": self.runtime_distributions,
+                "sbom": SBOM_NAME, "report": REPORT_NAME}
+
+    def to_report(self) -> dict:
+        worst = self.worst()
+        return {"schema": "edgesdk.license-report/1", "scanned": self.scanned, "mode": self.mode,
+                "verdict": self.verdict, "policy_verdict": self.policy_verdict, "counts": self.counts(),
+                "worst": worst.to_dict() if worst and self.verdict != "pass" else None,
+                "policy": {"id": self.policy.id, "sha256": self.policy.sha256, "sources": self.policy.sources},
+                "accepted": self.accepted, "unused_accepts": self.unused_accepts, "waivers": self.waiver_audit,
+                "model_license": self.model_expression, "runtime_distributions": self.runtime_distributions,
+                "findings": [f.to_dict() for f in self.findings], "vendored": self.vendored,
+                "weights": self.weights, "files_without_own_license_info": self.without_own_info,
+                "scanoss": self.scanoss.to_dict(), "elapsed_s": round(self.elapsed_s, 3)}
+
+
+def _pyproject_license(root: Path) -> tuple[str | None, str] | None:
+    path = root / "pyproject.toml"
+    if not path.is_file():
+        return None
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    try:
+        project = tomllib.loads(path.read_text(encoding="utf-8")).get("project", {})
+    except ValueError as exc:
+        raise InputError(f"{path}: not valid TOML ({exc})") from exc
+    lic = project.get("license")
+    if isinstance(lic, dict):
+        lic = lic.get("text")
+    return (str(lic) if lic else None, "pyproject.toml [project].license"), project.get("dependencies", [])
+
+
+def _manifest_distributions(manifest: dict) -> list[str] | None:
+    stack = [manifest]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            value = node.get("runtime_distributions")
+            if isinstance(value, list) and all(isinstance(v, str) for v in value):
+                return value
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return None
+
+
+def _recorded_model_findings(root: Path) -> list[LicenseFinding]:
+    """Model declarations the gate recorded at build time (the source card is not in the bundle)."""
+    try:
+        report = json.loads((root / REPORT_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    out = []
+    for f in report.get("findings", []):
+        if f.get("layer") in ("model", "model-package") and isinstance(f.get("subject"), str):
+            out.append(LicenseFinding(f["layer"], f["subject"], str(f.get("found", "")),
+                                      f"recorded in {REPORT_NAME} at build ({f.get('source', '')})",
+                                      normalize(f.get("spdx")).expression if f.get("spdx") else None,
+                                      str(f.get("note", ""))))
+    return out
+
+
+def _judge(findings: list[LicenseFinding], policy: Policy, accepted: Sequence[str]) -> tuple[list[str], list[str]]:
+    accepted_ids = [normalize(a, hf=True).expression or a for a in accepted]
+    used: set[str] = set()
+    for f in findings:
+        if f.layer == "settings":
+            continue  # action preset by the scanner-settings check
+        d = policy.evaluate(f.spdx)
+        f.category, f.action, f.chosen, f.reason = d.category, d.action, d.chosen, d.reason
+        if d.action == "review" and d.review_ids and all(r in accepted_ids for r in d.review_ids):
+            f.accepted_as = list(d.review_ids)
+            used.update(d.review_ids)
+    return accepted_ids, [a for a in accepted_ids if a not in used]
+
+
+def scan_licenses(path: Path, *, model_source: Path | None = None, runtime_distributions: Sequence[str] | None = None,
+                  environment: bool = False, policy_path: Path | None = None, waivers_path: Path | None = None,
+                  accepted: Sequence[str] = (), scanoss_url: str | None = None, bundle: bool | None = None,
+                  scanoss_api_key: str | None = None) -> GateResult:
+    """Scan ``path`` (a bundle or staging dir, or any source tree) and judge every finding."""
+    start = time.perf_counter()
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"{path} does not exist")
+    policy = load_policy(policy_path)
+    waivers = load_waivers(waivers_path)
+    root = path if path.is_dir() else path.parent
+    is_bundle = (root / "manifest.json").is_file() if bundle is None else bundle
+    dists = list(runtime_distributions or [])
+    fallback = None
+    if is_bundle:
+        if not dists and (root / "manifest.json").is_file():
+            try:
+                dists = _manifest_distributions(json.loads((root / "manifest.json").read_text("utf-8"))) or []
+            except (OSError, ValueError) as exc:
+                raise InputError(f"{root / 'manifest.json'}: not readable JSON ({exc})") from exc
+    else:
+        declared = _pyproject_license(root)
+        if declared:
+            fallback, deps = declared
+            if not dists:
+                dists = list(deps)
+    tree = scan_tree(root, fallback=fallback, skip=GENERATED if is_bundle else frozenset(),
+                     payload_is_model=is_bundle)
+    findings = list(tree.findings)
+    model: list[LicenseFinding] = []
+    if model_source is not None:
+        source = Path(model_source)
+        if not source.exists():
+            raise InputError(f"model source {source} does not exist")
+        model += model_findings(source, source.parent)
+    for rel in tree.model_files:
+        model += (gguf_findings if rel.endswith(".gguf") else onnx_findings)(root / rel, root)
+    for rel in tree.cards:
+        model += card_findings((root / rel).parent, root)
+    model = [m for m in model if m.spdx or not _declared_elsewhere(m, model)]
+    if is_bundle and not any(m.spdx for m in model):
+        model += _recorded_model_findings(root)
+    if model_source is not None and (pkg := package_finding(Path(model_source), model)):
+        model.append(pkg)
+    if is_bundle and not model:
+        model.append(LicenseFinding("model", root.name, "", "model card / GGUF / ONNX metadata", None,
+                                    "the model declares no license anywhere we can read"))
+    findings = model + findings
+    findings += distribution_findings(dists, environment=environment)
+    findings += scanoss_settings_findings(root, tree.scanoss_settings)
+    scan = run_scanoss(root, tree.code_files, configured_url(scanoss_url), scanoss_api_key,
+                       weight_files=[w["path"] for w in tree.weights])
+    findings += scan.findings
+    accepted_ids, unused = _judge(findings, policy, accepted)
+    audit = apply_waivers(findings, waivers)
+    exprs = list(dict.fromkeys(m.spdx for m in model if m.spdx and m.layer == "model"))
+    model_expr = " AND ".join(f"({e})" if " " in e else e for e in exprs) or None
+    return GateResult(str(path), "bundle" if is_bundle else "tree", policy, findings, audit, accepted_ids, unused,
+                      scan, tree.without_own_info, tree.vendored, tree.weights, dists, model_expr,
+                      time.perf_counter() - start)
+
+
+def _declared_elsewhere(finding: LicenseFinding, model: list[LicenseFinding]) -> bool:
+    """An artifact without a license field (e.g. an exported .onnx) is covered when the model card
+    or another artifact declares one; only an undeclared model as a whole is a finding."""
+    return any(m.spdx for m in model if m is not finding) and "unreadable" not in finding.note
+
+
+def run_license_gate(staging_dir: Path, *, model_source: Path, runtime_distributions: list[str],
+                     policy_path: Path | None = None, waivers_path: Path | None = None,
+                     accepted: Sequence[str] = (), scanoss_url: str | None = None,
+                     report_path: Path) -> GateResult:
+    """Gate packaging. On pass, writes ``sbom.cdx.json`` and ``license-report.json`` into
+    ``staging_dir``. On deny, or review not cleared by ``accepted``/a waiver, writes the report to
+    ``report_path`` and raises :class:`LicenseGateError`. A configured scanner that fails raises
+    :class:`~edgesdk.errors.ExternalToolError` (fail closed)."""
+    from edgesdk.compliance.report import to_json
+    from edgesdk.compliance.sbom import build_sbom
+
+    staging_dir = Path(staging_dir)
+    result = scan_licenses(staging_dir, model_source=model_source, runtime_distributions=runtime_distributions,
+                           policy_path=policy_path, waivers_path=waivers_path, accepted=accepted,
+                           scanoss_url=scanoss_url, bundle=True)
+    result.scanned = staging_dir.name
+    if result.verdict != "pass":
+        report_path = Path(report_path)
+        report_path.parent.mkdir(parents=True, exist_ok=True)
+        report_path.write_text(to_json(result), encoding="utf-8")
+        worst = result.worst()
+        raise LicenseGateError(f"license gate: {result.verdict}: {worst.headline()} (report: {report_path})",
+                               hint="clear review findings with --accept-license ID or a waiver"
+                               if result.verdict == "review" else None)
+    sbom = build_sbom(Path(model_source).name, result.findings, result.weights, result.vendored,
+                      result.model_expression)
+    (staging_dir / SBOM_NAME).write_text(sbom, encoding="utf-8")
+    (staging_dir / REPORT_NAME).write_text(to_json(result), encoding="utf-8")
+    return result

