@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
@@ -78,7 +80,8 @@ def build_providers(settings: Settings, counters: Counters, *, span_exporter=Non
     if settings.console:
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
-        add_spans(ConsoleSpanExporter(), "console")
+        # Bind the stream now: the SDK's default argument is whatever sys.stdout was at its import.
+        add_spans(ConsoleSpanExporter(out=sys.stdout), "console")
     if span_exporter is not None:
         add_spans(span_exporter, type(span_exporter).__name__)
     if metric_reader is not None:

@@ -1,0 +1,189 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Export paths against real receivers on loopback: OTLP/gRPC (opentelemetry-proto + grpcio),
+OTLP/HTTP (http.server + protobuf), a dead endpoint, a stalled exporter, the console."""
+
+from __future__ import annotations
+
+import http.server
+import logging
+import os
+import socket
+import threading
+import time
+from concurrent import futures
+
+import grpc
+import pytest
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from edgesdk import telemetry
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for key in list(os.environ):
+        if key.startswith("OTEL_") or key in ("EDGESDK_TRACE_FILE", "EDGESDK_CAPTURE_CONTENT"):
+            monkeypatch.delenv(key)
+    telemetry.shutdown()
+    yield monkeypatch
+    telemetry.shutdown()
+
+
+class _Receiver(trace_service_pb2_grpc.TraceServiceServicer, metrics_service_pb2_grpc.MetricsServiceServicer):
+    def __init__(self):
+        self.traces: list = []
+        self.metrics: list = []
+
+    def Export(self, request, context):  # noqa: N802 - gRPC method name
+        if isinstance(request, trace_service_pb2.ExportTraceServiceRequest):
+            self.traces.append(request)
+            return trace_service_pb2.ExportTraceServiceResponse()
+        self.metrics.append(request)
+        return metrics_service_pb2.ExportMetricsServiceResponse()
+
+
+@pytest.fixture
+def grpc_receiver():
+    receiver = _Receiver()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, server)
+    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(receiver, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield receiver, f"http://127.0.0.1:{port}"
+    server.stop(grace=None)
+
+
+def _span_names(requests) -> list[str]:
+    return [span.name for req in requests for rs in req.resource_spans for ss in rs.scope_spans for span in ss.spans]
+
+
+def _one_request() -> None:
+    with telemetry.inference("chat", "gemma-3-270m", "llama.cpp", stream=True) as rec:
+        rec.set_input_tokens(4)
+        for _ in range(3):
+            rec.chunk()
+        rec.set_output_tokens(3)
+        rec.finish(["stop"])
+
+
+@pytest.mark.parametrize("how", ["argument", "env"])
+def test_otlp_grpc_receiver_gets_spans_and_metrics(clean_env, grpc_receiver, how):
+    receiver, endpoint = grpc_receiver
+    if how == "env":
+        clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+        clean_env.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    else:
+        telemetry.configure(otlp_endpoint=endpoint, otlp_protocol="grpc")
+    _one_request()
+    telemetry.shutdown()
+    assert _span_names(receiver.traces) == ["chat gemma-3-270m"]
+    span = receiver.traces[0].resource_spans[0].scope_spans[0].spans[0]
+    attrs = {kv.key: kv.value for kv in span.attributes}
+    assert attrs["gen_ai.provider.name"].string_value == "llama.cpp"
+    assert attrs["gen_ai.usage.output_tokens"].int_value == 3
+    names = {m.name for req in receiver.metrics for rm in req.resource_metrics for sm in rm.scope_metrics
+             for m in sm.metrics}
+    assert {"gen_ai.client.operation.duration", "gen_ai.client.token.usage",
+            "gen_ai.client.operation.time_per_output_chunk"} <= names
+
+
+def test_otlp_http_receiver_gets_spans(clean_env):
+    received: dict[str, list] = {"/v1/traces": [], "/v1/metrics": []}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server API
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            if self.path == "/v1/traces":
+                received[self.path].append(trace_service_pb2.ExportTraceServiceRequest.FromString(body))
+                reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+            else:
+                received.setdefault(self.path, []).append(body)
+                reply = metrics_service_pb2.ExportMetricsServiceResponse().SerializeToString()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", str(len(reply)))
+            self.end_headers()
+            self.wfile.write(reply)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        telemetry.configure(otlp_endpoint=f"http://127.0.0.1:{server.server_address[1]}",
+                            otlp_protocol="http/protobuf")
+        _one_request()
+        telemetry.shutdown()
+    finally:
+        server.shutdown()
+    assert _span_names(received["/v1/traces"]) == ["chat gemma-3-270m"]
+    assert received["/v1/metrics"], "metrics were not posted to /v1/metrics"
+
+
+def _closed_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_dead_endpoint_does_not_block_inference(clean_env, caplog):
+    telemetry.configure(otlp_endpoint=f"http://127.0.0.1:{_closed_port()}", otlp_protocol="grpc")
+    start = time.perf_counter()
+    for _ in range(300):
+        _one_request()
+    per_request = (time.perf_counter() - start) / 300
+    # An export that blocked the caller would take the 2 s export timeout; the requests take microseconds.
+    assert per_request < 0.005, f"{per_request * 1e3:.2f} ms per request with a dead collector"
+    with caplog.at_level(logging.WARNING):
+        start = time.perf_counter()
+        telemetry.shutdown()
+        shutdown_s = time.perf_counter() - start
+    assert shutdown_s < 8.0  # bounded: export timeout 2 s, both providers in parallel
+    stats = telemetry.stats()
+    assert stats["spans_exported"] == 0 and stats["spans_failed"] == 300
+    assert "export failed" in caplog.text
+
+
+class _StalledExporter(SpanExporter):
+    """Stands in for a collector that accepts slowly (each batch takes 0.2 s)."""
+
+    def __init__(self):
+        self.exported = 0
+
+    def export(self, spans):
+        time.sleep(0.2)
+        self.exported += len(spans)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self):
+        pass
+
+
+def test_full_queue_drops_and_counts_instead_of_blocking(clean_env):
+    exporter = _StalledExporter()
+    telemetry.configure(span_exporter=exporter)
+    total = 4000
+    start = time.perf_counter()
+    for _ in range(total):
+        with telemetry.inference("embeddings", "m", "onnxruntime"):
+            pass
+    elapsed = time.perf_counter() - start
+    assert elapsed < 4.0, f"{total} requests took {elapsed:.2f} s behind a stalled exporter"
+    telemetry.shutdown()
+    stats = telemetry.stats()
+    assert stats["spans_dropped"] > 0
+    # Nothing lost silently: every span is either exported or counted as dropped.
+    assert stats["spans_exported"] == exporter.exported
+    assert stats["spans_exported"] + stats["spans_dropped"] == total
+
+
+def test_console_exporter(clean_env, capsys):
+    telemetry.configure(console=True)
+    _one_request()
+    telemetry.shutdown()
+    assert '"name": "chat gemma-3-270m"' in capsys.readouterr().out
