@@ -1,0 +1,114 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A read-only view of an ONNX graph for the capability checker: producers, consumers, constants,
+inferred element types and shapes (onnx shape inference), dynamic inputs."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from edgesdk.errors import ModelError
+
+FLOAT_TYPES = {1: "fp32", 10: "fp16", 11: "fp64", 16: "bf16"}  # onnx.TensorProto elem types
+
+
+@dataclass
+class GraphView:
+    path: Path
+    model: object  # onnx.ModelProto
+    opset: int
+    nodes: list = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    producer: dict[str, int] = field(default_factory=dict)
+    consumers: dict[str, list[int]] = field(default_factory=dict)
+    initializers: dict[str, object] = field(default_factory=dict)  # name -> TensorProto
+    constant_outputs: dict[str, object] = field(default_factory=dict)  # Constant node output -> TensorProto
+    elem_type: dict[str, int] = field(default_factory=dict)
+    shape: dict[str, list] = field(default_factory=dict)  # dims: int, str (symbolic) or None (unknown)
+    inputs: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+
+    def is_constant(self, tensor: str) -> bool:
+        return tensor in self.initializers or tensor in self.constant_outputs
+
+    def constant_value(self, tensor: str):
+        from onnx import numpy_helper
+
+        proto = self.initializers.get(tensor) or self.constant_outputs.get(tensor)
+        return None if proto is None else numpy_helper.to_array(proto)
+
+    def is_static(self, tensor: str) -> bool:
+        dims = self.shape.get(tensor)
+        return dims is not None and all(isinstance(d, int) and d > 0 for d in dims)
+
+    def dynamic_inputs(self) -> dict[str, list]:
+        return {n: self.shape.get(n, []) for n in self.inputs if not self.is_static(n)}
+
+    def is_float(self, tensor: str) -> bool:
+        return self.elem_type.get(tensor) in FLOAT_TYPES
+
+    def edges(self):
+        """(producer_index, consumer_index, tensor) for every data edge between two nodes."""
+        for tensor, src in self.producer.items():
+            for dst in self.consumers.get(tensor, []):
+                yield src, dst, tensor
+
+
+def _dims(value_info) -> list | None:
+    t = value_info.type.tensor_type
+    if not t.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
+
+
+def load_graph(path: str | os.PathLike) -> GraphView:
+    """Load and shape-infer an ONNX file; a missing, corrupt or non-ONNX file is a one-line ModelError."""
+    import onnx
+
+    path = Path(path)
+    if not path.is_file():
+        raise ModelError(f"ONNX model not found: {path}")
+    try:
+        model = onnx.load(str(path))
+    except Exception as exc:  # protobuf DecodeError, OSError on external data, ValueError
+        raise ModelError(f"{path}: not a readable ONNX model ({type(exc).__name__}: {str(exc)[:120]})") from exc
+    if not model.graph.node:
+        raise ModelError(f"{path}: ONNX graph has no nodes (is this an ONNX model?)")
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+    except Exception:  # noqa: BLE001 - inference is best effort: unknown types/shapes are reported as such
+        inferred = model
+    g = inferred.graph
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    view = GraphView(path=path, model=model, opset=opset)
+    view.initializers = {t.name: t for t in g.initializer}
+    for vi in list(g.input) + list(g.value_info) + list(g.output):
+        view.elem_type[vi.name] = vi.type.tensor_type.elem_type
+        dims = _dims(vi)
+        if dims is not None:
+            view.shape[vi.name] = dims
+    for t in g.initializer:
+        view.elem_type.setdefault(t.name, t.data_type)
+        view.shape.setdefault(t.name, list(t.dims))
+    view.inputs = [i.name for i in g.input if i.name not in view.initializers]
+    view.outputs = [o.name for o in g.output]
+    seen: dict[str, int] = {}
+    for i, node in enumerate(g.node):
+        view.nodes.append(node)
+        name = node.name or f"{node.op_type}_{i}"
+        if name in seen:
+            name = f"{name}#{i}"
+        seen[name] = i
+        view.names.append(name)
+        for out in node.output:
+            if out:
+                view.producer[out] = i
+        for inp in node.input:
+            if inp:
+                view.consumers.setdefault(inp, []).append(i)
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            for a in node.attribute:
+                if a.name == "value":
+                    view.constant_outputs[node.output[0]] = a.t
+    return view
