@@ -191,6 +191,15 @@ def _check_genai_span(span: Span, rules: dict, out: _Collector) -> None:
         out.add("violation", "missing_attribute", "gen_ai.operation.name is required on GenAI spans",
                 span=span, attribute="gen_ai.operation.name")
     if spec is None:
+        # Unknown or missing operation: still hold the span to what every inference operation requires.
+        if "gen_ai.provider.name" not in span.attributes:
+            out.add("violation", "missing_attribute", "gen_ai.provider.name is required on GenAI spans",
+                    span=span, attribute="gen_ai.provider.name")
+        allowed = sorted({kind for op in rules["operations"].values() for kind in op["kinds"]})
+        if span.kind not in allowed:
+            out.add("violation", "span_kind_unexpected",
+                    f"GenAI spans should be {' or '.join(allowed)}, found {span.kind}", span=span)
+        _check_tokens(span, out)
         return
     for key in spec["required"]:
         if key not in span.attributes and key != "gen_ai.operation.name":
