@@ -339,6 +339,22 @@ def measure_memory_bandwidth(megabytes: int = 256, repeats: int = 5) -> dict:
             "measured_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
 
 
+def measure_cpu_peak_flops(n: int = 1024, repeats: int = 5) -> dict:
+    """FP32 matrix-multiply rate of numpy's BLAS on all cores: a practical peak for the roofline."""
+    import numpy as np
+
+    a = np.ones((n, n), dtype=np.float32)
+    b = np.ones((n, n), dtype=np.float32)
+    a @ b   # BLAS thread pool start-up is not throughput
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return {"value_tflops": round(2 * n ** 3 / best / 1e12, 4),
+            "method": f"numpy float32 {n}x{n} matmul, best of {repeats}, all cores"}
+
+
 def _figure(value: Any, source: str, status: str = "measured") -> dict:
     return {"value": value, "source": source, "status": status}
 
@@ -369,6 +385,9 @@ def build_profile_data(result: DetectionResult, name: str) -> dict:
         mem["total_gb"] = _figure(result.memory["total_gb"], f"measured: /proc/meminfo MemTotal on {when}")
     if result.memory.get("available_gb"):
         mem["usable_gb"] = _figure(result.memory["available_gb"], f"measured: /proc/meminfo MemAvailable on {when}")
+    if result.kind == "cpu" and not dev["peak"].get("fp32_tflops"):
+        peak = measure_cpu_peak_flops()
+        dev["peak"]["fp32_tflops"] = _figure(peak["value_tflops"], f"measured: {peak['method']} on {when}")
     if result.bandwidth:
         mem["bandwidth_gbps"] = _figure(result.bandwidth["value_gbps"],
                                         f"measured: {result.bandwidth['method']} on {when}")

@@ -256,22 +256,34 @@ def _peak_flops(profile, precision: str | None) -> tuple[float | None, str]:
 
 
 def predict(facts: WorkFacts, profile, *, backend: str | None = None, prompt_tokens: int = 128,
-            context: int | None = None, table: list[dict] | None = None) -> dict:
-    """Predicted latency/throughput of ``facts`` on ``profile``; each figure says what it rests on."""
+            context: int | None = None, table: list[dict] | None = None, measured_host: dict | None = None) -> dict:
+    """Predicted latency/throughput of ``facts`` on ``profile``; each figure says what it rests on.
+
+    ``measured_host`` ({bandwidth_gbps, peak_flops, method}) fills figures a generic profile lacks
+    when the prediction is for the machine we are running on.
+    """
     table = load_efficiency_table() if table is None else table
     bw_gbps = profile.figure("device.memory.bandwidth_gbps")
     peak, peak_key = _peak_flops(profile, facts.precision)
+    notes = list(facts.notes)
+    if measured_host:
+        if not bw_gbps and measured_host.get("bandwidth_gbps"):
+            bw_gbps = measured_host["bandwidth_gbps"]
+            notes.append(f"bandwidth measured on this host: {measured_host.get('method')}")
+        if not peak and measured_host.get("peak_flops"):
+            peak, peak_key = measured_host["peak_flops"], "measured_fp32"
+            notes.append(f"peak FLOP/s measured on this host: {measured_host.get('peak_method')}")
     dev_class = device_class(profile)
     out: dict[str, Any] = {"profile": profile.name, "device_class": dev_class,
                            "bandwidth_gbps": bw_gbps, "peak_flops": peak, "peak_figure": peak_key,
-                           "work": facts.to_dict(), "notes": list(facts.notes)}
+                           "work": facts.to_dict(), "notes": notes}
     if not bw_gbps:
         out["unavailable"] = (f"profile {profile.name} has no memory bandwidth figure: run "
                               "`edgesdk profiles detect --write` on the device to measure one")
         return out
     bw = float(bw_gbps) * 1e9
     quant = "int4" if facts.precision and "4" in str(facts.precision) else None
-    if peak_key not in ("fp32_tflops",) and facts.precision == "fp32" and peak:
+    if peak_key not in ("fp32_tflops", "measured_fp32") and facts.precision == "fp32" and peak:
         out["notes"].append("profile has no FP32 peak: compute bound uses the FP16 tensor-core peak")
     if facts.kind == "encoder":
         t_mem = facts.weight_bytes / bw

@@ -1,0 +1,128 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``edgesdk profiler run|predict|compare``: measure a bundle here, predict it elsewhere, gate CI on both."""
+
+from __future__ import annotations
+
+import click
+
+from edgesdk.commands._common import emit_json
+
+
+@click.group("profiler")
+def profiler_group() -> None:
+    """Device profiler: measure a bundle on this device, predict other devices, compare reports."""
+
+
+@profiler_group.command("run")
+@click.argument("bundle", type=click.Path())
+@click.option("--warmup", type=click.IntRange(min=0), default=10, show_default=True, help="Untimed calls first.")
+@click.option("--iterations", type=click.IntRange(min=1), default=200, show_default=True, help="Timed calls.")
+@click.option("--concurrency", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Also measure throughput with N threads calling the session.")
+@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True, help="Batch of synthetic inputs.")
+@click.option("--seq-len", type=click.IntRange(min=1), default=128, show_default=True,
+              help="Sequence length of synthetic inputs (dynamic dims).")
+@click.option("--prompt-tokens", type=click.IntRange(min=1), default=128, show_default=True, help="LLM prompt size.")
+@click.option("--gen-tokens", type=click.IntRange(min=2), default=128, show_default=True, help="LLM tokens to generate.")
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
+              help="LLM generations measured (after one warm-up generation).")
+@click.option("--threads", type=click.IntRange(min=1), help="Runtime threads (default: the runtime's).")
+@click.option("--op-profile-runs", type=click.IntRange(min=0), default=10, show_default=True,
+              help="ONNX Runtime profiler runs for per-node time (0: skip).")
+@click.option("--profile", "-p", "profile", help="Profile to predict and check budgets for (default: detected).")
+@click.option("--latency-budget-ms", type=float, help="Latency target (default: the profile's latency_target_ms).")
+@click.option("--memory-budget-gb", type=float, help="Memory target (default: the profile's memory budget).")
+@click.option("--fail-on-budget", is_flag=True, help="Exit 2 when a budget is missed (default: warn).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON instead of a table.")
+@click.option("--output", "-o", type=click.Path(dir_okay=False), help="Write the JSON report here.")
+@click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG (latency histogram, op times, tokens).")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+def run_cmd(bundle, warmup, iterations, concurrency, batch, seq_len, prompt_tokens, gen_tokens, repeats, threads,
+            op_profile_runs, profile, latency_budget_ms, memory_budget_gb, fail_on_budget, as_json, output, plot,
+            no_progress) -> int:
+    """Measure BUNDLE on this device: latency, throughput, memory, LLM rates, per-op time, fallbacks."""
+    from edgesdk.profiler.api import run_profiler
+    from edgesdk.profiler.bench import BenchOptions
+    from edgesdk.profiler.report import enforce_budgets, plot_report, render_table, save_report
+
+    opts = BenchOptions(warmup=warmup, iterations=iterations, concurrency=concurrency, batch=batch, seq_len=seq_len,
+                        prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, llm_repeats=repeats,
+                        ort_profile_runs=op_profile_runs, threads=threads, profile=profile,
+                        progress=not no_progress and not as_json)
+    log = (lambda _m: None) if as_json else (lambda m: click.echo(m, err=True))
+    report = run_profiler(bundle, opts, latency_budget_ms=latency_budget_ms, memory_budget_gb=memory_budget_gb,
+                          log=log)
+    if output:
+        save_report(report, output)
+    if plot:
+        plot_report(report, plot)
+    if as_json:
+        emit_json(report)
+    else:
+        click.echo(render_table(report))
+        if output:
+            click.echo(f"report: {output}")
+        if plot:
+            click.echo(f"plot: {plot}")
+    for msg in enforce_budgets(report["budgets"], fail=fail_on_budget):
+        click.echo(f"warning: {msg}", err=True)
+    return 0
+
+
+@profiler_group.command("predict")
+@click.argument("bundle", type=click.Path())
+@click.option("--profile", "-p", "profiles", multiple=True, required=True,
+              help="Device profile to predict for (repeatable).")
+@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--seq-len", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--prompt-tokens", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--report", "report_path", type=click.Path(dir_okay=False),
+              help="A measured report: show the prediction error for the profile it was measured on.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def predict_cmd(bundle, profiles, batch, seq_len, prompt_tokens, report_path, as_json) -> int:
+    """Roofline prediction of BUNDLE on device profiles (bandwidth, peak rates, calibrated efficiency)."""
+    from edgesdk.profiler.api import predict_bundle
+    from edgesdk.profiler.report import load_report, prediction_lines
+
+    measured = load_report(report_path) if report_path else None
+    results = [predict_bundle(bundle, name, batch=batch, seq=seq_len, prompt_tokens=prompt_tokens,
+                              measured=measured) for name in profiles]
+    if as_json:
+        emit_json(results)
+        return 0
+    for pred in results:
+        for line in prediction_lines(pred):
+            click.echo(line)
+        for sec in ("encoder", "decode", "prefill"):
+            if pred.get(sec) and pred[sec].get("efficiency_source"):
+                click.echo(f"  {sec} efficiency from: {pred[sec]['efficiency_source']}")
+        for note in pred.get("notes", []):
+            click.echo(f"  note: {note}")
+    return 0
+
+
+@profiler_group.command("compare")
+@click.argument("base", type=click.Path())
+@click.argument("new", type=click.Path())
+@click.option("--max-regression", help="Exit 2 if a gated metric is worse by more than this (e.g. 5%) and "
+                                       "by more than the runs' noise.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def compare_cmd(base, new, max_regression, as_json) -> int:
+    """Two reports side by side with ratios and noise; a regression gate for CI."""
+    from edgesdk.errors import VerdictError
+    from edgesdk.profiler.compare import compare_reports, parse_threshold, render_comparison
+    from edgesdk.profiler.report import load_report
+
+    result = compare_reports(load_report(base), load_report(new), parse_threshold(max_regression))
+    if as_json:
+        emit_json(result)
+    else:
+        click.echo(render_comparison(result))
+    if result["regressions"]:
+        raise VerdictError(f"performance regression beyond {result['max_regression_pct']:.3g}% and noise: "
+                           + ", ".join(result["regressions"]))
+    return 0
+
+
+def register(group: click.Group) -> None:
+    group.add_command(profiler_group)

@@ -1,0 +1,93 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The profiler's library entry points (the CLI calls these): run, predict, compare."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from edgesdk.profiler import roofline
+from edgesdk.profiler.bench import BenchOptions, measure_bundle
+from edgesdk.profiler.report import assemble, check_budgets
+
+
+def attach_measurement(prediction: dict, measured: dict) -> dict:
+    """Add the prediction error and the efficiency the measurement implies (to recalibrate with)."""
+    if not prediction or prediction.get("unavailable"):
+        return prediction
+    err: dict = {}
+    implied: dict = {}
+    enc, lat = prediction.get("encoder"), (measured.get("latency_ms") or {}).get("p50")
+    if enc and lat:
+        err["encoder"] = roofline.prediction_error(enc.get("latency_ms"), lat)
+        implied["encoder"] = roofline.efficiency_from_measurement(enc["bound_ms"], lat, higher_is_better=False)
+    llm = measured.get("llm") or {}
+    for key, value in (("decode", llm.get("decode_tok_s")), ("prefill", llm.get("prefill_tok_s"))):
+        sec = prediction.get(key)
+        if sec and value:
+            err[key] = roofline.prediction_error(sec.get("tok_s"), value)
+            implied[key] = roofline.efficiency_from_measurement(sec["bound_tok_s"], value, higher_is_better=True)
+    prediction["error_pct"] = err
+    prediction["implied_efficiency"] = implied
+    prediction["error_definition"] = "(predicted - measured) / measured; encoder vs measured p50 latency"
+    return prediction
+
+
+def host_figures() -> dict:
+    """Bandwidth and FP32 peak of this host, measured now (about a second)."""
+    from edgesdk.profiler.device import measure_cpu_peak_flops, measure_memory_bandwidth
+
+    bw, peak = measure_memory_bandwidth(), measure_cpu_peak_flops()
+    return {"bandwidth_gbps": bw["value_gbps"], "method": bw["method"],
+            "peak_flops": peak["value_tflops"] * 1e12, "peak_method": peak["method"]}
+
+
+def predict_bundle(path: str | os.PathLike, profile_name: str, *, batch: int = 1, seq: int = 128,
+                   prompt_tokens: int = 128, backend: str | None = None, measured: dict | None = None,
+                   measured_host: dict | None = None) -> dict:
+    from edgesdk.bundle import open_bundle
+    from edgesdk.profiles import resolve_profile
+
+    bundle = open_bundle(path)
+    profile = resolve_profile(profile_name)
+    facts = roofline.bundle_work(bundle, batch=batch, seq=seq)
+    default_backend = {"gguf": "llama.cpp", "onnx": "onnxruntime", "tensorrt": "tensorrt"}.get(bundle.format)
+    pred = roofline.predict(facts, profile, backend=backend or default_backend, prompt_tokens=prompt_tokens,
+                            measured_host=measured_host)
+    if measured is not None:
+        same = (measured.get("device") or {}).get("best_match") == profile.name
+        if same:
+            attach_measurement(pred, measured)
+        else:
+            pred["notes"].append(f"the report was measured on {(measured.get('device') or {}).get('best_match')}, "
+                                 f"not {profile.name}: no error shown")
+    return pred
+
+
+def run_profiler(path: str | os.PathLike, opts: BenchOptions, *, latency_budget_ms: float | None = None,
+                 memory_budget_gb: float | None = None, log: Callable[[str], None] = lambda _m: None) -> dict:
+    """Detect the device, measure the bundle, predict for this device's profile, check budgets."""
+    from edgesdk.errors import EdgeSDKError
+    from edgesdk.profiler.device import detect_device
+    from edgesdk.profiles import resolve_profile
+
+    detection = detect_device()
+    device = {k: v for k, v in detection.to_dict().items() if k not in ("candidates",)}
+    profile_name = opts.profile or detection.best_match
+    profile = resolve_profile(profile_name) if profile_name else None
+    log(f"device: {detection.best_match} (confidence {detection.confidence}); profile {profile_name}")
+    body = measure_bundle(path, opts, log=log)
+    prediction = None
+    if profile is not None:
+        try:
+            prediction = predict_bundle(path, profile.name, batch=opts.batch, seq=opts.seq_len,
+                                        prompt_tokens=(body.get("llm") or {}).get("prompt_tokens",
+                                                                                  opts.prompt_tokens),
+                                        backend=(body.get("runtime") or {}).get("backend"),
+                                        measured_host=host_figures() if profile.kind == "cpu" else None)
+            attach_measurement(prediction, body)
+        except EdgeSDKError as exc:
+            prediction = {"profile": profile.name, "unavailable": exc.one_line()}
+    report = assemble(body, device=device, prediction=prediction, budgets=None)
+    report["budgets"] = check_budgets(report, profile, latency_ms=latency_budget_ms, memory_gb=memory_budget_gb)
+    return report

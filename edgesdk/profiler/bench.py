@@ -1,0 +1,411 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Measure a bundle on this machine through the runtime API (``edgesdk.load``).
+
+Encoders / tensor models: warm-up, then per-call latency (perf_counter_ns around ``session.run``),
+throughput at ``concurrency`` threads, and per-node time + EP placement from ONNX Runtime's own
+profiler in a separate pass (so profiling never inflates the latency figures). LLMs: prefill and
+decode rates, TTFT and TPOT from ``session.stream`` chunk times. Memory: host RSS before load and
+the process's peak (``ru_maxrss``: zero sampling cost); device memory from NVML/torch when readable,
+else ``None``. Unreadable figures are ``None`` with a reason, never 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgesdk.errors import BackendUnavailableError, InputError
+
+
+@dataclass
+class BenchOptions:
+    warmup: int = 10
+    iterations: int = 200
+    concurrency: int = 1
+    batch: int = 1
+    seq_len: int = 128
+    prompt_tokens: int = 128
+    gen_tokens: int = 128
+    llm_repeats: int = 3
+    ort_profile_runs: int = 10      # 0 disables the per-node pass
+    threads: int | None = None
+    profile: str | None = None
+    progress: bool = True
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------- statistics
+
+def latency_stats(samples_ms: list[float]) -> dict:
+    """Percentiles (linear interpolation) plus the spread: stdev, IQR and coefficient of variation."""
+    if not samples_ms:
+        return {"n": 0}
+    a = np.asarray(samples_ms, dtype=np.float64)
+    p25, p50, p75, p90, p99 = np.percentile(a, [25, 50, 75, 90, 99])
+    mean = float(a.mean())
+    stdev = float(a.std(ddof=1)) if a.size > 1 else 0.0
+    return {"n": int(a.size), "p50": float(p50), "p90": float(p90), "p99": float(p99), "min": float(a.min()),
+            "max": float(a.max()), "mean": mean, "stdev": stdev, "iqr": float(p75 - p25),
+            "cv_pct": 100.0 * stdev / mean if mean else None}
+
+
+def _progress(total: int, desc: str, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="it", leave=False, dynamic_ncols=True, mininterval=0.25)
+
+
+def timed_loop(fn: Callable[[], Any], iterations: int, *, desc: str = "measure", progress: bool = False) -> list[float]:
+    """Per-call latency in ms. tqdm is updated in batches (``mininterval``) so the bar costs ~nothing."""
+    bar = _progress(iterations, desc, progress)
+    samples = [0.0] * iterations
+    clock = time.perf_counter_ns
+    try:
+        for i in range(iterations):
+            t0 = clock()
+            fn()
+            samples[i] = (clock() - t0) / 1e6
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    return samples
+
+
+def plain_loop_ms(fn: Callable[[], Any], iterations: int) -> float:
+    """Mean latency of a bare loop (one clock read at each end): the reference for profiler overhead."""
+    t0 = time.perf_counter_ns()
+    for _ in range(iterations):
+        fn()
+    return (time.perf_counter_ns() - t0) / 1e6 / iterations
+
+
+def concurrent_throughput(fn: Callable[[], Any], iterations: int, threads: int) -> dict:
+    """Run ``iterations`` calls spread over ``threads`` threads; throughput = calls / wall time."""
+    per_thread = max(1, iterations // threads)
+    lat: list[list[float]] = [[] for _ in range(threads)]
+    errors: list[BaseException] = []
+    start = threading.Barrier(threads + 1)
+
+    def worker(k: int) -> None:
+        try:
+            start.wait()
+            lat[k] = timed_loop(fn, per_thread)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            errors.append(exc)
+
+    pool = [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(threads)]
+    for t in pool:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in pool:
+        t.join()
+    wall = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    flat = [x for xs in lat for x in xs]
+    return {"concurrency": threads, "calls": len(flat), "wall_s": wall, "per_s": len(flat) / wall,
+            "latency_ms": latency_stats(flat)}
+
+
+# ---------------------------------------------------------------- memory
+
+def host_rss_bytes() -> int | None:
+    try:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+    except Exception:  # noqa: BLE001 - psutil missing or /proc unreadable: unavailable
+        return None
+
+
+def peak_rss_bytes() -> int | None:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if not peak:
+        return None
+    return int(peak) * (1 if os.uname().sysname == "Darwin" else 1024)
+
+
+def device_memory() -> dict:
+    """This process's GPU memory: torch's allocator peak if torch used CUDA, else NVML's per-process use."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        return {"peak_mb": torch.cuda.max_memory_allocated() / 1e6,
+                "method": "torch.cuda.max_memory_allocated (allocator peak)"}
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no NVML: unavailable, not zero
+        return {"peak_mb": None, "method": "unavailable: no NVML / no NVIDIA driver"}
+    try:
+        used = None
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
+                if proc.pid == os.getpid() and proc.usedGpuMemory is not None:
+                    used = (used or 0) + proc.usedGpuMemory
+        if used is None:
+            return {"peak_mb": None, "method": "unavailable: NVML lists no memory for this process"}
+        return {"peak_mb": used / 1e6, "method": "NVML per-process used memory at the end of the run"}
+    except Exception as exc:  # noqa: BLE001
+        return {"peak_mb": None, "method": f"unavailable: NVML error {type(exc).__name__}"}
+    finally:
+        pynvml.nvmlShutdown()
+
+
+# ---------------------------------------------------------------- feeds
+
+_INT_TYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}
+_FLOAT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64}
+
+
+def synthetic_feeds(inputs: dict, batch: int, seq: int, seed: int = 0) -> dict:
+    """Inputs shaped like the graph's (dynamic dims: batch first, sequence elsewhere).
+
+    Token ids are a fixed in-vocabulary id (1000), masks are all ones: latency of a transformer does
+    not depend on the id values, only on the shape.
+    """
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for name, spec in inputs.items():
+        shape = [d if isinstance(d, int) and d > 0 else (batch if axis == 0 else seq)
+                 for axis, d in enumerate(spec.shape)]
+        if spec.type in _INT_TYPES:
+            dtype = _INT_TYPES[spec.type]
+            fill = 0 if "type" in name else (1 if "mask" in name else 1000)
+            feeds[name] = np.full(shape, fill, dtype=dtype)
+        elif spec.type in _FLOAT_TYPES:
+            feeds[name] = rng.standard_normal(shape).astype(_FLOAT_TYPES[spec.type])
+        elif spec.type == "tensor(bool)":
+            feeds[name] = np.ones(shape, dtype=bool)
+        else:
+            raise InputError(f"cannot make a synthetic value for input {name!r} of type {spec.type}")
+    return feeds
+
+
+# ---------------------------------------------------------------- ONNX Runtime per-node profile
+
+def ort_node_profile(model_path: Path, providers: list[str], feeds: dict, runs: int,
+                     threads: int | None = None) -> dict:
+    """Per-node mean time and EP placement from ONNX Runtime's profiler (a twin session, ``runs`` runs)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.enable_profiling = True
+    if threads:
+        so.intra_op_num_threads = threads
+    with tempfile.TemporaryDirectory() as tmp:
+        so.profile_file_prefix = os.path.join(tmp, "edgesdk")
+        sess = ort.InferenceSession(str(model_path), so, providers=providers)
+        sess.run(None, feeds)   # first run allocates: keep it out of the per-node figures
+        for _ in range(runs):
+            sess.run(None, feeds)
+        events = json.loads(Path(sess.end_profiling()).read_text())
+    return summarize_ort_events(events, runs + 1, skip_first=True)
+
+
+def summarize_ort_events(events: list[dict], total_runs: int, skip_first: bool = True) -> dict:
+    node_us: dict[str, list[float]] = defaultdict(list)
+    meta: dict[str, dict] = {}
+    for ev in events:
+        args = ev.get("args") or {}
+        name = ev.get("name", "")
+        if ev.get("cat") != "Node" or not name.endswith("_kernel_time") or "provider" not in args:
+            continue
+        node = name[: -len("_kernel_time")]
+        node_us[node].append(float(ev.get("dur", 0)))
+        meta[node] = {"op_type": args.get("op_name"), "provider": args["provider"]}
+    nodes = []
+    for node, durs in node_us.items():
+        kept = durs[1:] if skip_first and len(durs) > 1 else durs
+        nodes.append({"node": node, **meta[node], "mean_us": sum(kept) / len(kept), "runs": len(kept)})
+    nodes.sort(key=lambda n: -n["mean_us"])
+    by_op: dict[str, float] = defaultdict(float)
+    by_ep: dict[str, int] = defaultdict(int)
+    for n in nodes:
+        by_op[n["op_type"]] += n["mean_us"]
+        by_ep[n["provider"]] += 1
+    total = sum(by_op.values()) or 1.0
+    return {"source": "onnxruntime SessionOptions.enable_profiling (twin session, first run dropped)",
+            "runs": total_runs - (1 if skip_first else 0),
+            "placement": dict(by_ep),
+            "by_op_type": sorted(({"op_type": k, "total_us": v, "share_pct": 100 * v / total}
+                                  for k, v in by_op.items()), key=lambda r: -r["total_us"]),
+            "top_nodes": nodes[:25], "node_count": len(nodes)}
+
+
+# ---------------------------------------------------------------- LLM
+
+def _prompt_of(session, target: int) -> tuple[str, int]:
+    """A natural-text prompt of about ``target`` tokens (binary search on words, real tokenizer)."""
+    text = (Path(__file__).resolve().parent.parent / "data" / "sample_sentences.txt").read_text(encoding="utf-8")
+    words = [w for line in text.splitlines() if not line.startswith("#") for w in line.split()]
+    while len(words) < target * 2:
+        words = words + words
+    lo, hi = 1, target * 2
+    best = (" ".join(words[:1]), len(session.tokenize(" ".join(words[:1]))))
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        prompt = " ".join(words[:mid])
+        n = len(session.tokenize(prompt))
+        if n <= target:
+            best = (prompt, n)
+            lo = mid + 1
+        else:
+            hi = mid - 1
+    return best
+
+
+def llm_stream_once(session, prompt: str, gen_tokens: int) -> dict:
+    """One streamed generation: chunk arrival times (ms from the request)."""
+    t0 = time.perf_counter_ns()
+    times: list[float] = []
+    for _chunk in session.stream(prompt, max_tokens=gen_tokens, temperature=0.0):
+        times.append((time.perf_counter_ns() - t0) / 1e6)
+    return {"chunk_times_ms": times}
+
+
+def llm_metrics(prompt_tokens: int, runs: list[dict]) -> dict:
+    ttft = [r["chunk_times_ms"][0] for r in runs if r["chunk_times_ms"]]
+    tpot = [(r["chunk_times_ms"][-1] - r["chunk_times_ms"][0]) / (len(r["chunk_times_ms"]) - 1)
+            for r in runs if len(r["chunk_times_ms"]) > 1]
+    gen = [len(r["chunk_times_ms"]) for r in runs]
+    out = {"prompt_tokens": prompt_tokens, "generated_tokens": gen, "repeats": len(runs),
+           "ttft_ms": latency_stats(ttft), "tpot_ms": latency_stats(tpot),
+           "prefill_tok_s": prompt_tokens / (statistics.median(ttft) / 1e3) if ttft else None,
+           "decode_tok_s": 1e3 / statistics.median(tpot) if tpot else None,
+           "token_times_ms": runs[-1]["chunk_times_ms"] if runs else [],
+           "method": "session.stream: TTFT = first chunk; TPOT = (last - first chunk) / (chunks - 1); "
+                     "prefill tok/s = prompt tokens / median TTFT (includes the first sampled token)"}
+    return out
+
+
+# ---------------------------------------------------------------- the whole measurement
+
+def _versions() -> dict:
+    import platform
+    from importlib import metadata
+
+    out = {"python": platform.python_version(), "platform": platform.platform()}
+    for dist in ("edgesdk", "numpy", "onnx", "onnxruntime", "onnxruntime-gpu", "llama_cpp_python", "torch",
+                 "transformers", "tensorrt", "nvidia-ml-py", "psutil"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def _bundle_can_run_here(bundle) -> None:
+    """Name the missing runtime before loading, so the error says what to install."""
+    import importlib.util
+
+    need = {"gguf": ("llama_cpp", "llama-cpp-python (pip install 'edgesdk[gguf]')"),
+            "tensorrt": ("tensorrt", "TensorRT (JetPack or an NVIDIA container)"),
+            "onnx": ("onnxruntime", "onnxruntime"), "torch": ("torch", "torch")}.get(bundle.format)
+    if need and importlib.util.find_spec(need[0]) is None:
+        raise BackendUnavailableError(f"cannot profile a {bundle.format} bundle on this machine: {need[1]} is "
+                                      "not installed")
+
+
+def measure_bundle(path: str | os.PathLike, opts: BenchOptions | None = None,
+                   log: Callable[[str], None] = lambda _m: None) -> dict:
+    """Load a bundle with ``edgesdk.load`` and measure it; returns the report body (see report.py)."""
+    import edgesdk
+    from edgesdk.bundle import open_bundle
+    from edgesdk.profiler.device import read_device_state
+
+    opts = opts or BenchOptions()
+    if opts.iterations < 1 or opts.warmup < 0 or opts.concurrency < 1:
+        raise InputError("iterations and concurrency must be >= 1 and warmup >= 0")
+    bundle = open_bundle(path)
+    _bundle_can_run_here(bundle)
+    state_before = read_device_state()
+    rss_before = host_rss_bytes()
+    load_kw: dict[str, Any] = {}
+    if opts.threads:
+        load_kw["threads"] = opts.threads
+    t0 = time.perf_counter()
+    session = edgesdk.load(path, profile=opts.profile, **load_kw)
+    load_s = time.perf_counter() - t0
+    log(f"loaded {bundle.model_name} ({bundle.format}) on {session.backend.name}/{session.backend.device} "
+        f"in {load_s * 1e3:.0f} ms")
+    body: dict[str, Any] = {"settings": opts.to_dict(), "load": {"time_ms": load_s * 1e3,
+                                                                 "method": "wall time of edgesdk.load()"}}
+    is_llm = hasattr(session.backend, "stream")
+    try:
+        if is_llm:
+            prompt, n_prompt = _prompt_of(session, opts.prompt_tokens)
+            runs = []
+            bar = _progress(opts.llm_repeats + 1, "generate", opts.progress)
+            for i in range(opts.llm_repeats + 1):   # the first generation warms caches: not reported
+                r = llm_stream_once(session, prompt, opts.gen_tokens)
+                if i:
+                    runs.append(r)
+                if bar is not None:
+                    bar.update(1)
+            if bar is not None:
+                bar.close()
+            body["llm"] = llm_metrics(n_prompt, runs)
+        else:
+            feeds = synthetic_feeds(getattr(session.backend, "inputs", {}), opts.batch, opts.seq_len)
+            call = lambda: session.run(feeds)  # noqa: E731
+            for _ in range(opts.warmup):
+                call()
+            samples = timed_loop(call, opts.iterations, progress=opts.progress)
+            body["latency_ms"] = latency_stats(samples)
+            body["latency_ms"]["samples"] = samples
+            total_s = sum(samples) / 1e3
+            body["throughput"] = [{"concurrency": 1, "calls": len(samples), "per_s": len(samples) / total_s,
+                                   "items_per_s": len(samples) * opts.batch / total_s}]
+            if opts.concurrency > 1:
+                conc = concurrent_throughput(call, opts.iterations, opts.concurrency)
+                conc["items_per_s"] = conc["per_s"] * opts.batch
+                body["throughput"].append(conc)
+            model_path = getattr(session.backend, "model_path", None)
+            if opts.ort_profile_runs and bundle.format == "onnx" and model_path is not None:
+                log("per-node profile (onnxruntime profiler, separate session)")
+                body["ort_profile"] = ort_node_profile(model_path, list(session.backend.providers_active),
+                                                       session.backend.check_feeds(feeds), opts.ort_profile_runs,
+                                                       opts.threads)
+        peak = peak_rss_bytes()
+        body["memory"] = {
+            "host_rss_before_load_mb": rss_before / 1e6 if rss_before is not None else None,
+            "host_peak_rss_mb": peak / 1e6 if peak is not None else None,
+            "host_rss_end_mb": (host_rss_bytes() or 0) / 1e6 or None,
+            "host_method": "peak = getrusage ru_maxrss (process high-water mark, includes the interpreter)",
+            "device": device_memory(),
+        }
+        body["runtime"] = session.report()
+        body["fallbacks"] = session.fallbacks
+    finally:
+        session.close()
+    body["device_state"] = {"before": state_before, "after": read_device_state()}
+    body["versions"] = _versions()
+    body["bundle"] = {"path": str(bundle.path), "bundle_id": bundle.bundle_id, "format": bundle.format,
+                      "precision": bundle.precision, "model": bundle.model_name,
+                      "built_for": (bundle.manifest.get("profile") or {}).get("name"),
+                      "task": (bundle.manifest.get("model") or {}).get("task")}
+    return body

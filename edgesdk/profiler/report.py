@@ -1,0 +1,226 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Profiler reports: assemble, check budgets, save/load (versioned schema), terminal table, PNG plots.
+
+The schema is documented in docs/profiler.md. A report of another schema version is refused with a
+one-line error rather than misread.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from edgesdk.errors import InputError, VerdictError
+
+SCHEMA = "edgesdk.profiler.report/1"
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def assemble(body: dict, *, device: dict | None, prediction: dict | None, budgets: dict | None) -> dict:
+    report = {"schema": SCHEMA, "created": _now(), "device": device}
+    report.update(body)
+    report["prediction"] = prediction
+    report["budgets"] = budgets
+    return report
+
+
+def save_report(report: dict, path: str | os.PathLike) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
+    return path
+
+
+def load_report(path: str | os.PathLike) -> dict:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise InputError(f"report not found: {path}") from exc
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: not a JSON report ({exc})") from exc
+    schema = data.get("schema") if isinstance(data, dict) else None
+    if schema != SCHEMA:
+        raise InputError(f"{path}: report schema {schema!r} is not {SCHEMA!r}",
+                         hint="re-run `edgesdk profiler run` with this edgesdk version")
+    return data
+
+
+# ---------------------------------------------------------------- budgets
+
+def check_budgets(report: dict, profile, *, latency_ms: float | None = None,
+                  memory_gb: float | None = None) -> dict:
+    """Latency (encoder p99, LLM median TTFT) and memory (host peak RSS + device) against targets.
+
+    Targets come from options first, then the profile (policy.latency_target_ms, memory budget).
+    A missing measurement is "unmeasured", never a pass.
+    """
+    checks = []
+    lat_target = latency_ms if latency_ms is not None else (profile.policy.get("latency_target_ms")
+                                                            if profile else None)
+    lat_src = "option" if latency_ms is not None else (f"profile {profile.name}" if profile else None)
+    if lat_target is not None:
+        if "latency_ms" in report:
+            value, what = report["latency_ms"].get("p99"), "p99 latency"
+        else:
+            value, what = ((report.get("llm") or {}).get("ttft_ms") or {}).get("p50"), "median TTFT"
+        checks.append(_check(what, value, float(lat_target), "ms", lat_src))
+    mem_target = memory_gb if memory_gb is not None else (profile.memory_budget_gb() if profile else None)
+    mem_src = "option" if memory_gb is not None else (f"profile {profile.name}" if profile else None)
+    if mem_target is not None:
+        mem = report.get("memory") or {}
+        host = mem.get("host_peak_rss_mb")
+        dev = (mem.get("device") or {}).get("peak_mb")
+        used = None if host is None else (host + (dev or 0)) / 1e3
+        checks.append(_check("peak memory (host RSS + device)", used, float(mem_target), "GB", mem_src))
+    missed = [c for c in checks if c["status"] == "miss"]
+    return {"checks": checks, "passed": not missed}
+
+
+def _check(what: str, value: float | None, target: float, unit: str, source: str | None) -> dict:
+    status = "unmeasured" if value is None else ("ok" if value <= target else "miss")
+    return {"what": what, "value": value, "target": target, "unit": unit, "target_from": source, "status": status}
+
+
+def enforce_budgets(budgets: dict | None, fail: bool) -> list[str]:
+    """Warnings for misses; with ``fail`` a miss raises VerdictError (exit 2)."""
+    if not budgets:
+        return []
+    msgs = [f"budget miss: {c['what']} {c['value']:.3g} {c['unit']} > target {c['target']:.3g} {c['unit']} "
+            f"(target from {c['target_from']})" for c in budgets["checks"] if c["status"] == "miss"]
+    if msgs and fail:
+        raise VerdictError("; ".join(msgs))
+    return msgs
+
+
+# ---------------------------------------------------------------- terminal table
+
+def _fmt(v: Any, digits: int = 3) -> str:
+    if v is None:
+        return "unavailable"
+    if isinstance(v, float):
+        return f"{v:.{digits}g}" if abs(v) < 1e4 else f"{v:,.0f}"
+    return str(v)
+
+
+def render_table(report: dict) -> str:
+    from edgesdk.commands._common import table
+
+    rows: list[list] = []
+    b = report.get("bundle") or {}
+    rows.append(["bundle", f"{b.get('model')} ({b.get('format')}, {b.get('precision')}), built for "
+                           f"{b.get('built_for')}"])
+    rt = report.get("runtime") or {}
+    rows.append(["backend", f"{rt.get('backend')} on {rt.get('device')}"])
+    dev = report.get("device") or {}
+    rows.append(["device", f"{dev.get('best_match')} (confidence {dev.get('confidence')})"])
+    rows.append(["load time", f"{_fmt((report.get('load') or {}).get('time_ms'))} ms"])
+    lat = report.get("latency_ms")
+    if lat:
+        rows.append(["latency p50/p90/p99", f"{_fmt(lat['p50'])} / {_fmt(lat['p90'])} / {_fmt(lat['p99'])} ms"])
+        rows.append(["latency min/max", f"{_fmt(lat['min'])} / {_fmt(lat['max'])} ms"])
+        rows.append(["spread", f"stdev {_fmt(lat['stdev'])} ms, IQR {_fmt(lat['iqr'])} ms, CV {_fmt(lat['cv_pct'])} %"])
+    for t in report.get("throughput") or []:
+        rows.append([f"throughput x{t['concurrency']}", f"{_fmt(t['per_s'])} calls/s"])
+    llm = report.get("llm")
+    if llm:
+        rows.append(["prompt / generated", f"{llm['prompt_tokens']} / {llm['generated_tokens']} tokens"])
+        rows.append(["TTFT p50", f"{_fmt(llm['ttft_ms'].get('p50'))} ms"])
+        rows.append(["TPOT p50", f"{_fmt(llm['tpot_ms'].get('p50'))} ms"])
+        rows.append(["prefill / decode", f"{_fmt(llm['prefill_tok_s'])} / {_fmt(llm['decode_tok_s'])} tok/s"])
+    mem = report.get("memory") or {}
+    rows.append(["host peak RSS", f"{_fmt(mem.get('host_peak_rss_mb'))} MB"])
+    d = mem.get("device") or {}
+    rows.append(["device memory", f"{_fmt(d.get('peak_mb'))} MB" if d.get("peak_mb") is not None
+                 else d.get("method", "unavailable")])
+    prof = report.get("ort_profile")
+    if prof:
+        place = ", ".join(f"{k}: {v}" for k, v in prof["placement"].items())
+        rows.append(["placement (nodes)", place])
+        top = ", ".join(f"{r['op_type']} {r['share_pct']:.0f}%" for r in prof["by_op_type"][:4])
+        rows.append(["time by op type", top])
+    for fb in report.get("fallbacks") or []:
+        rows.append(["fallback", f"{fb.get('from')} -> {fb.get('to')}: {fb.get('reason')}"])
+    pred = report.get("prediction") or {}
+    for line in prediction_lines(pred):
+        rows.append(["prediction", line])
+    for c in (report.get("budgets") or {}).get("checks", []):
+        rows.append([f"budget {c['what']}", f"{c['status']}: {_fmt(c['value'])} / {_fmt(c['target'])} {c['unit']}"])
+    return table(rows, ["figure", "value"])
+
+
+def prediction_lines(pred: dict) -> list[str]:
+    if not pred:
+        return []
+    if pred.get("unavailable"):
+        return [pred["unavailable"]]
+    out = []
+    err = pred.get("error_pct") or {}
+    for key, unit, field in (("encoder", "ms", "latency_ms"), ("decode", "tok/s", "tok_s"),
+                             ("prefill", "tok/s", "tok_s")):
+        sec = pred.get(key)
+        if not sec:
+            continue
+        e = err.get(key)
+        tail = f", error {e:+.0f}% vs measured" if e is not None else ""
+        out.append(f"{pred['profile']} {key}: {_fmt(sec.get(field))} {unit} (bound {_fmt(sec.get('bound_ms') or sec.get('bound_tok_s'))}, "
+                   f"efficiency {_fmt(sec.get('efficiency'))}{tail})")
+    return out
+
+
+# ---------------------------------------------------------------- plots
+
+def plot_report(report: dict, path: str | os.PathLike) -> Path:
+    """One PNG: latency histogram, per-op-type time bars, tokens over time (the panels that have data)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise InputError("plots need matplotlib (pip install 'edgesdk[profiler]')") from exc
+    panels = []
+    if (report.get("latency_ms") or {}).get("samples"):
+        panels.append("hist")
+    if report.get("ort_profile"):
+        panels.append("ops")
+    if (report.get("llm") or {}).get("token_times_ms"):
+        panels.append("tokens")
+    if not panels:
+        raise InputError("nothing to plot: the report has no latency samples, per-op times or token times")
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+    title = f"{(report.get('bundle') or {}).get('model')} on {(report.get('runtime') or {}).get('device')}"
+    for ax, kind in zip(axes[0], panels):
+        if kind == "hist":
+            lat = report["latency_ms"]
+            ax.hist(lat["samples"], bins=40, color="#4472c4")
+            for q, style in (("p50", "-"), ("p99", "--")):
+                ax.axvline(lat[q], color="k", linestyle=style, label=f"{q} {lat[q]:.3g} ms")
+            ax.set_xlabel("latency (ms)")
+            ax.set_ylabel("calls")
+            ax.set_title("latency")
+            ax.legend()
+        elif kind == "ops":
+            rows = report["ort_profile"]["by_op_type"][:12][::-1]
+            ax.barh([r["op_type"] for r in rows], [r["total_us"] / 1e3 for r in rows], color="#ed7d31")
+            ax.set_xlabel("time per run (ms)")
+            ax.set_title("time by op type (onnxruntime profiler)")
+        else:
+            times = report["llm"]["token_times_ms"]
+            ax.plot(times, range(1, len(times) + 1), color="#70ad47")
+            ax.set_xlabel("time since request (ms)")
+            ax.set_ylabel("tokens generated")
+            ax.set_title("tokens over time")
+    fig.suptitle(title)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
