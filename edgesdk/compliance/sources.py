@@ -21,7 +21,8 @@ from edgesdk.compliance.findings import LicenseFinding
 from edgesdk.compliance.reuse import annotation_for, header_expression, list_files, load_reuse_toml
 from edgesdk.compliance.spdx import identify_text, normalize
 
-LICENSE_FILE = re.compile(r"^(LICEN[CS]E|COPYING)([-._][A-Za-z0-9.+-]*)?$", re.I)
+# LICENSE, COPYING.txt, LICENSE-MIT, LICENSE.APACHE2, COPYING.LESSER; not "license-list.md" (pitfall 7).
+LICENSE_FILE = re.compile(r"^(?i:LICEN[CS]E|COPYING)(?:[-._][A-Z0-9][A-Z0-9.+-]*)?(?i:\.(?:txt|md|rst))?$")
 WEIGHT_SUFFIXES = {".safetensors", ".bin", ".pt", ".pth", ".gguf", ".onnx", ".engine", ".plan", ".trt",
                    ".npz", ".npy", ".h5", ".tflite", ".ckpt", ".onnx_data", ".data", ".pb", ".mlmodel"}
 CODE_SUFFIXES = {".py", ".pyx", ".pxd", ".c", ".h", ".cc", ".cpp", ".cxx", ".hpp", ".cu", ".cuh", ".js",

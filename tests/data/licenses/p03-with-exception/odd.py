@@ -1,0 +1,2 @@
+# SPDX-License-Identifier: MIT WITH LicenseRef-made-up-exception
+print(3)
