@@ -22,6 +22,14 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 NEXT_PRECISION = {"int8": "fp16", "fp16": "fp32", "bf16": "fp32"}
 
 
+def _dist_of(module: str) -> str:
+    """The installed distribution that provides ``module`` (onnxruntime-gpu vs onnxruntime share one module)."""
+    import importlib.metadata as md
+
+    dists = md.packages_distributions().get(module) or [module]
+    return sorted(dists)[0]
+
+
 def _versions() -> dict:
     import onnx
     import onnxruntime
@@ -316,7 +324,7 @@ def build_onnx(ctx) -> None:
             ctx.add_artifact("1_Pooling/config.json", "config")
     ctx.manifest["io"] = _io_spec(final)
     ctx.manifest.setdefault("extras", {})["embedding"] = _embedding_info(src_dir) if src_dir else None
-    ctx.runtime_requires.extend(["onnxruntime", "numpy", "tokenizers"])
+    ctx.runtime_requires.extend([_dist_of("onnxruntime"), "numpy", "tokenizers"])
     ctx.tools.update(_versions())
     shutil.rmtree(work, ignore_errors=True)
 
