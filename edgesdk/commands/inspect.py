@@ -1,0 +1,54 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``edgesdk inspect capability MODEL.onnx --profile P``: which ops run where, before any engine build."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from edgesdk.commands._common import emit_json
+
+
+@click.group("inspect")
+def inspect_group() -> None:
+    """Inspect a model against a device profile."""
+
+
+@inspect_group.command("capability")
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--profile", "-p", "profile_name", required=True, help="Device profile name, alias or YAML path.")
+@click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16", "int8"]),
+              help="Precision to check for (default: the profile's first).")
+@click.option("--dla/--no-dla", "dla", default=None, help="Consider the DLA (default: when the profile has one).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
+@click.option("--strict", is_flag=True, help="Exit 2 when some op runs on no backend of the profile.")
+def capability_cmd(model: Path, profile_name: str, precision, dla, as_json: bool, strict: bool) -> int:
+    """Per-op support on TensorRT / DLA / CUDA EP / CPU EP, partitions, and what falls back where."""
+    from edgesdk.capability import check_capability, precision_report_from, render_table
+    from edgesdk.errors import VerdictError
+    from edgesdk.profiles import resolve_profile
+
+    profile = resolve_profile(profile_name)
+    report = check_capability(model, profile, precision, use_dla=dla)
+    prec = precision_report_from(report) if report.precision != "fp32" else None
+    if as_json:
+        data = report.to_dict()
+        data["precision_report"] = prec
+        emit_json(data)
+    else:
+        click.echo(render_table(report))
+        if prec:
+            click.echo("")
+            click.echo("\n".join(prec["explanation"]))
+    none = sorted({n.op_type for n in report.unsupported_everywhere()})
+    if none:
+        msg = f"no backend of {profile.name} runs {', '.join(none)} ({len(report.unsupported_everywhere())} nodes)"
+        if strict:
+            raise VerdictError(msg)
+        click.echo(f"warning: {msg}", err=True)
+    return 0
+
+
+def register(group: click.Group) -> None:
+    group.add_command(inspect_group)

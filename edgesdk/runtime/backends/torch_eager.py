@@ -1,0 +1,113 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Loader for ``format: torch`` bundles: a ``torch.export`` program run by PyTorch.
+
+Fast paths are taken only where the profile's kernel table allows them and the host can run them:
+FlashAttention (SDPA flash backend), ``torch.compile`` (needs Triton on GPU) and CUDA graphs. Each one
+not taken is a recorded fallback to the eager path with its reason (e.g. FlashAttention on sm_87, Triton
+on aarch64), and the report says what eager costs: measured here on the first runs, and estimated for
+a GPU from the FACTS.md H200 measurements.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from edgesdk.errors import BackendUnavailableError, ShapeError
+from edgesdk.runtime.fallback import eager_cost_estimate, fast_paths
+
+
+class TorchEagerBackend:
+    name = "torch"
+    provider = "pytorch"
+
+    def __init__(self, bundle, ctx):
+        try:
+            import torch
+        except ImportError as exc:
+            raise BackendUnavailableError("this bundle is a torch.export program: install torch on the device") \
+                from exc
+        self._torch = torch
+        path = bundle.artifact_path("exported-program")
+        try:
+            program = torch.export.load(str(path))
+        except Exception as exc:  # corrupt/foreign archive: torch raises RuntimeError/ValueError/KeyError
+            raise BackendUnavailableError(f"cannot load torch.export program {path.name}: "
+                                          f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}") from exc
+        cuda = bool(ctx.options.get("device", "auto") != "cpu" and torch.cuda.is_available())
+        self.device = "cuda:0" if cuda else "cpu"
+        self.paths = fast_paths(ctx.profile, device_is_cuda=cuda)
+        for feature, label in (("triton", "torch.compile"), ("cuda_graphs", "cuda-graphs"),
+                               ("flash_attention", "flash-attention")):
+            if not self.paths[feature]["use"]:
+                ctx.record_fallback(label, "eager", self.paths[feature]["reason"])
+        if cuda and not self.paths["flash_attention"]["use"]:
+            torch.backends.cuda.enable_flash_sdp(False)  # SDPA then picks the memory-efficient/math kernels
+        module = program.module()
+        if cuda:
+            module = module.to(self.device)
+        self.mode = "eager"
+        if self.paths["triton"]["use"]:
+            try:
+                mode = "reduce-overhead" if self.paths["cuda_graphs"]["use"] else "default"
+                module = torch.compile(module, mode=mode)
+                self.mode = f"torch.compile({mode})"
+            except Exception as exc:  # noqa: BLE001 - compile failing is itself a fallback to eager
+                ctx.record_fallback("torch.compile", "eager", f"compile failed: {type(exc).__name__}: {exc}"[:200])
+        self.module = module
+        io = bundle.manifest.get("io") or {}
+        self.input_specs = io.get("inputs") or []
+        self.inputs = {s["name"]: s for s in self.input_specs}
+        self.output_names = [o["name"] for o in io.get("outputs") or []]
+        self._extras = (bundle.manifest.get("extras") or {}).get("torch_fallback") or {}
+        self._times: list[float] = []
+        self._precision = bundle.precision or "fp32"
+
+    def check_feeds(self, feeds: dict) -> dict:
+        missing = [n for n in self.inputs if n not in feeds]
+        if missing:
+            raise ShapeError(f"inputs do not match the program: missing {missing} (expected {list(self.inputs)})")
+        out = {}
+        for name, spec in self.inputs.items():
+            arr = np.asarray(feeds[name])
+            if len(arr.shape) != len(spec["shape"]):
+                raise ShapeError(f"input {name!r}: expected rank {len(spec['shape'])} {spec['shape']}, got "
+                                 f"{list(arr.shape)}")
+            out[name] = arr
+        return out
+
+    def run(self, feeds: dict) -> dict:
+        torch = self._torch
+        args = [torch.from_numpy(np.ascontiguousarray(feeds[n])).to(self.device) for n in self.inputs]
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            result = self.module(*args)
+        if self.device != "cpu":
+            torch.cuda.synchronize()
+        self._times.append((time.perf_counter() - t0) * 1000)
+        outs = result if isinstance(result, (tuple, list)) else (result,)
+        names = self.output_names or [f"output_{i}" for i in range(len(outs))]
+        return {n: o.detach().cpu().numpy() for n, o in zip(names, outs)}
+
+    def report(self) -> dict:
+        steady = self._times[1:] or self._times
+        return {
+            "backend": self.name, "device": self.device, "mode": self.mode, "fast_paths": self.paths,
+            "why_eager": self._extras.get("reason"), "forcing_ops": self._extras.get("forcing_ops", []),
+            "cost": {
+                "measured_here_ms_p50": round(float(np.median(steady)), 4) if steady else None,
+                "runs_measured": len(steady), "device": self.device,
+                "built_on_host_ms_p50": ((self._extras.get("cost") or {}).get("measured_here") or {}).get(
+                    "eager_ms_p50"),
+                "estimated_gpu_penalty": eager_cost_estimate(self._precision),
+            },
+            "placement": {"source": "PyTorch eager: every op on " + self.device},
+        }
+
+    def close(self) -> None:
+        self.module = None
+
+
+def load_torch(bundle, ctx):
+    return TorchEagerBackend(bundle, ctx)
