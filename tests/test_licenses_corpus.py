@@ -64,9 +64,10 @@ def materialise(case: str, tmp_path: Path) -> tuple[Path, dict]:
 
 
 def by_file(result) -> dict:
-    """Map each covered file (and each subject) to its finding."""
+    """Map "layer:subject", each subject and each covered file to its finding."""
     out = {}
     for f in result.findings:
+        out[f"{f.layer}:{f.subject}"] = f
         out.setdefault(f.subject, f)
         for rel in f.files:
             out.setdefault(rel, f)
