@@ -73,6 +73,14 @@ def build_torch_fallback(ctx, export_error: BaseException) -> None:
         max_abs = max(float((a - b).abs().max()) for a, b in zip(ref_t, got_t))
         eager_ms = _time_ms(loaded, example)
     ctx.add_artifact("model.pt2", "exported-program")
+    declared = ctx.options.extra.get("license")
+    if declared:
+        # An in-memory module has no model card: write one stating the license the caller declared, so the
+        # license gate sees a model-level declaration (front matter, as on Hugging Face model cards).
+        card = (f"---\nlicense: {declared}\n---\n\n# {ctx.facts.name} (torch.export program)\n\n"
+                f"Kept as a torch.export program because ONNX export failed: {first_line}\n")
+        (ctx.staging / "README.md").write_text(card, encoding="utf-8")
+        ctx.add_artifact("README.md", "model-card")
     ops = forcing_ops(export_error)
     ctx.set_precision("fp32")  # the program runs in the module's own dtype
     ctx.manifest["format"] = "torch"

@@ -110,10 +110,12 @@ def eager_cost_estimate(precision: str = "fp32") -> dict:
     """What running eagerly costs vs compiled / compiled+CUDA graphs, scaled from the one measurement we
     have (FACTS.md: H200, MiniLM-shaped BERT, batch 1, seq 128). An estimate for other devices/models:
     small models at batch 1 are launch-bound everywhere, large ones much less so."""
-    data = tables.kernel_table()["eager_cost"]
+    table = tables.kernel_table()
+    data = table["eager_cost"]
     key = "fp16_ms" if precision in ("fp16", "bf16") else "fp32_ms"
     ms = data[key]
-    return {"measured_on": data["device"], "model": data["model"], "source": data["source"], "precision": key[:4],
+    return {"measured_on": data["device"], "model": data["model"],
+            "source": table["sources"].get(data["source"], data["source"]), "precision": key[:4],
             "eager_ms": ms["eager"], "compile_ms": ms["compile"], "compile_cuda_graphs_ms": ms["compile_cuda_graphs"],
             "eager_vs_compile": round(ms["eager"] / ms["compile"], 2),
             "eager_vs_compile_cuda_graphs": round(ms["eager"] / ms["compile_cuda_graphs"], 2)}
