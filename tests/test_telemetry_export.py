@@ -187,3 +187,31 @@ def test_console_exporter(clean_env, capsys):
     _one_request()
     telemetry.shutdown()
     assert '"name": "chat gemma-3-270m"' in capsys.readouterr().out
+
+
+def test_direct_json_encoder_matches_the_otlp_protobuf_json_mapping(clean_env):
+    """The file exporter's fast encoder must write exactly what OTLP protobuf -> JSON would."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from edgesdk.telemetry._exporters import to_otlp_json
+    from edgesdk.telemetry._span_json import export_request
+
+    memory = InMemorySpanExporter()
+    telemetry.configure(span_exporter=memory, capture_content=True)
+    with telemetry.inference("chat", "gemma", "llama.cpp", stream=True,
+                             request={"max_tokens": 8, "temperature": 0.5, "stop_sequences": ["\n", "END"]},
+                             attributes={"edgesdk.bundle.id": "", "edgesdk.flag": False}) as rec:
+        rec.set_input_tokens(3)
+        rec.chunk()
+        rec.capture_input("héllo")
+        telemetry.fallback_event("a", "b", "c", {"edgesdk.fallback.latency_ratio": float("nan")})
+        rec.finish(["stop"])
+    with pytest.raises(KeyError):
+        with telemetry.build_trace("m", "orin"):
+            with telemetry.build_stage("export"):
+                raise KeyError("x")
+    telemetry.force_flush()
+    spans = memory.get_finished_spans()
+    assert len(spans) == 3
+    assert export_request(spans) == to_otlp_json(encode_spans(spans))

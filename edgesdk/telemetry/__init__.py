@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +31,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from edgesdk.telemetry import _names as N
-from edgesdk.telemetry._recorder import NOOP_RECORDER, InferenceRecorder, Instruments
+from edgesdk.telemetry._recorder import NOOP_RECORDER, InferenceRecorder, Instruments, MetricsWorker
 from edgesdk.telemetry._setup import Counters, Settings, resolve_settings
 
 __all__ = ["configure", "shutdown", "force_flush", "stats", "build_trace", "build_stage", "inference",
@@ -48,6 +49,7 @@ class _State:
         self.settings: Settings | None = None
         self.tracer = None  # None = telemetry off: every call takes the no-op path
         self.instruments: Instruments | None = None
+        self.worker: MetricsWorker | None = None
         self.tracer_provider = None
         self.meter_provider = None
         self.counters = Counters()
@@ -57,6 +59,15 @@ class _State:
 
 
 _state = _State()
+
+
+def _after_fork_in_child() -> None:
+    if _state.worker is not None:
+        _state.worker.after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def configure(*, trace_file: str | Path | None = None, otlp_endpoint: str | None = None,
@@ -104,6 +115,7 @@ def configure(*, trace_file: str | Path | None = None, otlp_endpoint: str | None
         else:
             return
         _state.instruments = Instruments(meter)
+        _state.worker = MetricsWorker(_state.counters)
 
 
 def _application_has_sdk() -> bool:
@@ -130,6 +142,8 @@ def force_flush(timeout_millis: int = 5000) -> bool:
     """Export what is queued now (tests, before reading a trace file). Bounded by ``timeout_millis``."""
     ok = True
     with _state.lock:
+        if _state.worker is not None:
+            _state.worker.drain()
         for provider in (_state.tracer_provider, _state.meter_provider):
             if provider is not None:
                 ok = bool(provider.force_flush(timeout_millis)) and ok
@@ -138,8 +152,12 @@ def force_flush(timeout_millis: int = 5000) -> bool:
 
 def _shutdown_locked(timeout_s: float = 5.0) -> None:
     providers = [p for p in (_state.tracer_provider, _state.meter_provider) if p is not None]
+    worker = _state.worker
     _state.tracer = None
     _state.instruments = None
+    _state.worker = None
+    if worker is not None:
+        worker.stop()  # records what is pending before the meter provider's final export
     _state.tracer_provider = None
     _state.meter_provider = None
     _state.exporter_names = []
@@ -185,8 +203,8 @@ def inference(operation: str, model: str, provider: str, *, stream: bool = False
         _ensure_configured()
         if _state.tracer is None:
             return NOOP_RECORDER
-    return InferenceRecorder(_state.tracer, _state.instruments, _state.capture_content, operation, model,
-                             provider, stream, request, attributes)
+    return InferenceRecorder(_state.tracer, _state.instruments, _state.worker, _state.capture_content, operation,
+                             model, provider, stream, request, attributes)
 
 
 @contextlib.contextmanager

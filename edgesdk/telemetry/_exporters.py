@@ -17,12 +17,12 @@ from pathlib import Path
 
 from google.protobuf.json_format import MessageToDict
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
-from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from edgesdk.telemetry._setup import Counters
+from edgesdk.telemetry._span_json import export_request
 
 _ID_KEYS = ("traceId", "spanId", "parentSpanId")
 
@@ -86,7 +86,7 @@ class JsonLinesSpanExporter(SpanExporter):
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         try:
-            self._sink.write(to_otlp_json(encode_spans(spans)))
+            self._sink.write(export_request(spans))
         except OSError:
             return SpanExportResult.FAILURE
         return SpanExportResult.SUCCESS

@@ -125,6 +125,7 @@ class Counters:
     spans_exported: int = 0
     spans_failed: int = 0
     spans_dropped: int = 0
+    metrics_dropped: int = 0
     export_errors: int = 0
     warned: set = field(default_factory=set)
 
@@ -142,4 +143,5 @@ class Counters:
     def snapshot(self) -> dict:
         with self.lock:
             return {"spans_exported": self.spans_exported, "spans_failed": self.spans_failed,
-                    "spans_dropped": self.spans_dropped, "export_errors": self.export_errors}
+                    "spans_dropped": self.spans_dropped, "metrics_dropped": self.metrics_dropped,
+                    "export_errors": self.export_errors}

@@ -1,0 +1,130 @@
+# SPDX-License-Identifier: Apache-2.0
+"""SDK spans straight to the OTLP/JSON dict, without the protobuf round trip.
+
+Going through the OTLP protobuf encoder and ``MessageToDict`` costs ~130 us per span on this CPU
+(measured: encode 47 + to-dict 66 + dumps 18); the export thread competes with inference for the
+GIL, so the file exporter uses this direct encoder. Output is identical to
+``to_otlp_json(encode_spans(spans))`` — tests/test_telemetry_export.py compares the two — i.e. the
+protobuf JSON mapping: default-valued fields omitted, 64-bit integers as strings, enums as
+integers, ids as hex.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from collections.abc import Mapping, Sequence
+
+# SDK SpanKind (INTERNAL=0 ... CONSUMER=4) -> OTLP Span.SpanKind (UNSPECIFIED=0, INTERNAL=1 ...)
+_KIND_OFFSET = 1
+_HAS_IS_REMOTE = 0x100
+_IS_REMOTE = 0x200
+
+
+def any_value(value) -> dict:
+    if value is None:
+        return {}
+    if isinstance(value, bool):
+        return {"boolValue": value}
+    if isinstance(value, str):
+        return {"stringValue": value}
+    if isinstance(value, int):
+        return {"intValue": str(value)}
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return {"doubleValue": value}
+        return {"doubleValue": "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")}
+    if isinstance(value, bytes):
+        return {"bytesValue": base64.b64encode(value).decode("ascii")}
+    if isinstance(value, Sequence):
+        values = [any_value(v) for v in value]
+        return {"arrayValue": {"values": values} if values else {}}
+    if isinstance(value, Mapping):
+        pairs = [{"key": str(k), "value": any_value(v)} for k, v in value.items()]
+        return {"kvlistValue": {"values": pairs} if pairs else {}}
+    raise TypeError(f"unsupported attribute value type {type(value).__name__}")
+
+
+def _attributes(attributes) -> list[dict]:
+    return [{"key": key, "value": any_value(value)} for key, value in attributes.items()] if attributes else []
+
+
+def _flags(context) -> int:
+    return _HAS_IS_REMOTE | _IS_REMOTE if context is not None and context.is_remote else _HAS_IS_REMOTE
+
+
+def _put(out: dict, key: str, value) -> None:
+    if value:
+        out[key] = value
+
+
+def span_dict(span) -> dict:
+    ctx = span.get_span_context()
+    out: dict = {"traceId": format(ctx.trace_id, "032x"), "spanId": format(ctx.span_id, "016x")}
+    if ctx.trace_state:
+        out["traceState"] = ",".join(f"{k}={v}" for k, v in ctx.trace_state.items())
+    if span.parent is not None:
+        out["parentSpanId"] = format(span.parent.span_id, "016x")
+    out["name"] = span.name
+    out["kind"] = span.kind.value + _KIND_OFFSET
+    _put(out, "startTimeUnixNano", str(span.start_time) if span.start_time else "")
+    _put(out, "endTimeUnixNano", str(span.end_time) if span.end_time else "")
+    _put(out, "attributes", _attributes(span.attributes))
+    _put(out, "droppedAttributesCount", span.dropped_attributes)
+    events = []
+    for event in span.events:
+        item: dict = {}
+        _put(item, "timeUnixNano", str(event.timestamp) if event.timestamp else "")
+        _put(item, "name", event.name)
+        _put(item, "attributes", _attributes(event.attributes))
+        _put(item, "droppedAttributesCount", event.dropped_attributes)
+        events.append(item)
+    _put(out, "events", events)
+    _put(out, "droppedEventsCount", span.dropped_events)
+    links = []
+    for link in span.links:
+        item = {"traceId": format(link.context.trace_id, "032x"), "spanId": format(link.context.span_id, "016x")}
+        _put(item, "attributes", _attributes(link.attributes))
+        _put(item, "droppedAttributesCount", link.dropped_attributes)
+        item["flags"] = _flags(link.context)
+        links.append(item)
+    _put(out, "links", links)
+    _put(out, "droppedLinksCount", span.dropped_links)
+    status: dict = {}
+    if span.status is not None:
+        _put(status, "message", span.status.description)
+        _put(status, "code", span.status.status_code.value)
+    out["status"] = status
+    out["flags"] = _flags(span.parent)
+    return out
+
+
+def _scope_dict(scope) -> dict:
+    out: dict = {}
+    if scope is None:
+        return out
+    _put(out, "name", scope.name)
+    _put(out, "version", scope.version)
+    _put(out, "attributes", _attributes(scope.attributes))
+    return out
+
+
+def export_request(spans) -> dict:
+    """One ``ExportTraceServiceRequest`` in OTLP/JSON: spans grouped by resource, then by scope."""
+    groups: dict = {}
+    for span in spans:
+        scopes = groups.setdefault(span.resource, {})
+        scopes.setdefault(span.instrumentation_scope or None, []).append(span_dict(span))
+    resource_spans = []
+    for resource, scopes in groups.items():
+        scope_spans = []
+        for scope, encoded in scopes.items():
+            item: dict = {"scope": _scope_dict(scope), "spans": encoded}
+            _put(item, "schemaUrl", scope.schema_url if scope is not None else "")
+            scope_spans.append(item)
+        resource_dict: dict = {}
+        _put(resource_dict, "attributes", _attributes(resource.attributes))
+        entry: dict = {"resource": resource_dict, "scopeSpans": scope_spans}
+        _put(entry, "schemaUrl", resource.schema_url)
+        resource_spans.append(entry)
+    return {"resourceSpans": resource_spans}

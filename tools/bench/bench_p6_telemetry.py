@@ -1,0 +1,231 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Benchmark P6: what edgesdk telemetry costs per request and per generated token.
+
+Goal (issue 5): <= 50 us per request and <= 5 us per generated token with telemetry ON, against
+the same calls with telemetry disabled, in the same run.
+
+Method: the same instrumented call sequence runs with telemetry disabled (OTEL_SDK_DISABLED: the
+no-op recorder) and enabled (OTLP-JSON lines to a temp file through the batch processor — the CI
+setup; ``--exporter otlp-grpc`` sends to a real gRPC receiver on loopback instead). A request is
+``telemetry.inference("chat", ..., stream=True)`` with input/output token counts, finish reasons
+and ``rec.chunk()`` per token; the model's own work is left out, so the difference is telemetry
+alone. Rounds alternate off/on; each figure is the median over rounds of the per-request time.
+per_request = on(0 tokens) - off(0 tokens); per_token = (on(T) - off(T) - per_request) / T.
+Three clocks: wall (the budget is judged on it: it includes the export and metrics threads
+competing for the GIL, because this synthetic loop never releases it), caller-thread CPU (what
+lands on the inference thread when the model runs in native code and releases the GIL, as
+llama.cpp and onnxruntime do) and process CPU (all threads: the total CPU telemetry costs).
+
+Anchor, measured in the same run: the bare OTel SDK doing the minimum a GenAI span needs —
+``start_as_current_span`` with 10 attributes, batch processor, null exporter (FACTS.md: 21.8 us
+here) — and one histogram record (FACTS.md: 2.7 us). Printed as ratios.
+
+Usage: python tools/bench/bench_p6_telemetry.py [--requests 2000] [--tokens 128] [--rounds 7]
+Writes tools/bench/results/p6_telemetry.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results" / "p6_telemetry.json"
+BUDGET_REQUEST_US = 50.0
+BUDGET_TOKEN_US = 5.0
+
+
+def _set_telemetry(on: bool, exporter: str, trace_file: Path, endpoint: str | None) -> None:
+    from edgesdk import telemetry
+
+    telemetry.shutdown()
+    if not on:
+        os.environ["OTEL_SDK_DISABLED"] = "true"
+        telemetry.configure()
+        return
+    os.environ.pop("OTEL_SDK_DISABLED", None)
+    if exporter == "file":
+        telemetry.configure(trace_file=trace_file)
+    elif exporter == "null":
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+        from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+        class NullExporter(SpanExporter):
+            def export(self, spans):
+                return SpanExportResult.SUCCESS
+
+        telemetry.configure(span_exporter=NullExporter(), metric_reader=InMemoryMetricReader())
+    else:
+        telemetry.configure(otlp_endpoint=endpoint, otlp_protocol="grpc")
+
+
+def _requests(n: int, tokens: int) -> tuple[float, float, float]:
+    """Run n instrumented requests; return mean (wall, caller-thread CPU, process CPU) seconds per request."""
+    from edgesdk import telemetry
+
+    request = {"max_tokens": tokens or 1, "temperature": 0.7, "top_p": 0.95, "seed": 1}
+    attributes = {"edgesdk.backend": "llama.cpp", "edgesdk.device.profile": "cpu-x86", "edgesdk.precision": "q4_k_m",
+                  "edgesdk.bundle.id": "bench"}
+    gc.collect()
+    start, thread_start, process_start = time.perf_counter(), time.thread_time(), time.process_time()
+    for _ in range(n):
+        with telemetry.inference("chat", "gemma-3-270m", "llama.cpp", stream=True, request=request,
+                                 attributes=attributes) as rec:
+            rec.set_input_tokens(62)
+            for _ in range(tokens):
+                rec.chunk()
+            rec.set_output_tokens(tokens)
+            rec.finish(["length"])
+    telemetry.force_flush()  # pending metric records and span exports are part of the cost
+    return ((time.perf_counter() - start) / n, (time.thread_time() - thread_start) / n,
+            (time.process_time() - process_start) / n)
+
+
+def _anchor(n: int) -> dict:
+    """Bare OTel SDK: span with 10 GenAI attributes (batch processor, null exporter); one histogram record."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    class NullExporter(SpanExporter):
+        def export(self, spans):
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(NullExporter()))
+    tracer = provider.get_tracer("anchor")
+    attrs = {f"gen_ai.attr{i}": i for i in range(10)}
+    gc.collect()
+    start = time.perf_counter()
+    for _ in range(n):
+        with tracer.start_as_current_span("chat m", attributes=attrs):
+            pass
+    span_s = (time.perf_counter() - start) / n
+    provider.shutdown()
+    meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    hist = meter_provider.get_meter("anchor").create_histogram("h", unit="s")
+    point_attrs = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "llama.cpp"}
+    start = time.perf_counter()
+    for i in range(n * 10):
+        hist.record(i * 1e-4, point_attrs)
+    hist_s = (time.perf_counter() - start) / (n * 10)
+    meter_provider.shutdown()
+    return {"span_10_attrs_us": span_s * 1e6, "histogram_record_us": hist_s * 1e6}
+
+
+def _grpc_receiver():
+    from concurrent import futures
+
+    import grpc
+    from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+    class Receiver(trace_service_pb2_grpc.TraceServiceServicer, metrics_service_pb2_grpc.MetricsServiceServicer):
+        def Export(self, request, context):  # noqa: N802 - gRPC method name
+            if isinstance(request, trace_service_pb2.ExportTraceServiceRequest):
+                return trace_service_pb2.ExportTraceServiceResponse()
+            return metrics_service_pb2.ExportMetricsServiceResponse()
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Receiver(), server)
+    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Receiver(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    return server, f"http://127.0.0.1:{port}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--exporter", choices=["file", "otlp-grpc", "null"], default="file")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    for key in [k for k in os.environ if k.startswith("OTEL_") or k.startswith("EDGESDK_TRACE")]:
+        os.environ.pop(key)
+
+    from edgesdk import telemetry
+
+    server, endpoint = _grpc_receiver() if args.exporter == "otlp-grpc" else (None, None)
+    samples: dict[tuple[bool, int], list[tuple[float, float, float]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        trace_file = Path(tmp) / "bench.jsonl"
+        for on in (False, True):  # warm-up: imports, first provider build
+            _set_telemetry(on, args.exporter, trace_file, endpoint)
+            _requests(200, args.tokens)
+        for _ in range(args.rounds):
+            for on in (False, True):
+                _set_telemetry(on, args.exporter, trace_file, endpoint)
+                for tokens in (0, args.tokens):
+                    n = args.requests if tokens == 0 else max(args.requests // 4, 100)
+                    samples.setdefault((on, tokens), []).append(_requests(n, tokens))
+        _set_telemetry(True, args.exporter, trace_file, endpoint)
+        _requests(100, args.tokens)
+        dropped = telemetry.stats()["spans_dropped"]
+        telemetry.shutdown()
+        file_bytes = trace_file.stat().st_size if trace_file.exists() else 0
+    if server is not None:
+        server.stop(grace=None)
+    anchor = _anchor(args.requests)
+
+    clocks = ("wall", "caller_thread_cpu", "process_cpu")
+    med = {clock: {key: statistics.median(v[i] for v in values) * 1e6 for key, values in samples.items()}
+           for i, clock in enumerate(clocks)}
+    per_request = {c: med[c][(True, 0)] - med[c][(False, 0)] for c in clocks}
+    per_token = {c: (med[c][(True, args.tokens)] - med[c][(False, args.tokens)] - per_request[c]) / args.tokens
+                 for c in clocks}
+    result = {
+        "benchmark": "P6 telemetry overhead",
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "method": __doc__.split("Method: ")[1].split("\n\nAnchor")[0].replace("\n", " "),
+        "machine": {"platform": platform.platform(), "python": sys.version.split()[0], "cpus": os.cpu_count()},
+        "settings": {"requests": args.requests, "tokens": args.tokens, "rounds": args.rounds,
+                     "exporter": args.exporter},
+        "median_us_per_request": {c: {f"{'on' if on else 'off'}_{tokens}_tokens": round(v, 3)
+                                      for (on, tokens), v in sorted(med[c].items())} for c in clocks},
+        "per_request_overhead_us": {c: round(v, 2) for c, v in per_request.items()},
+        "per_token_overhead_us": {c: round(v, 3) for c, v in per_token.items()},
+        "budget": {"judged_on": "wall", "per_request_us": BUDGET_REQUEST_US, "per_token_us": BUDGET_TOKEN_US,
+                   "per_request_ok": per_request["wall"] <= BUDGET_REQUEST_US,
+                   "per_token_ok": per_token["wall"] <= BUDGET_TOKEN_US},
+        "anchor_same_run": {k: round(v, 2) for k, v in anchor.items()},
+        "ratios": {"per_request_vs_anchor_span": round(per_request["wall"] / anchor["span_10_attrs_us"], 2),
+                   "per_token_vs_anchor_histogram_record":
+                       round(per_token["wall"] / anchor["histogram_record_us"], 2),
+                   "per_request_vs_budget": round(per_request["wall"] / BUDGET_REQUEST_US, 2),
+                   "per_token_vs_budget": round(per_token["wall"] / BUDGET_TOKEN_US, 2)},
+        "spans_dropped_in_last_round": dropped,
+        "trace_file_bytes_last_round": file_bytes,
+        "versions": _versions(),
+    }
+    print(f"P6 telemetry ({args.exporter}), wall: per request {per_request['wall']:.1f} us (budget "
+          f"{BUDGET_REQUEST_US:.0f}; anchor span {anchor['span_10_attrs_us']:.1f} us, ratio "
+          f"{result['ratios']['per_request_vs_anchor_span']}); per token {per_token['wall']:.2f} us (budget "
+          f"{BUDGET_TOKEN_US:.0f}; anchor histogram record {anchor['histogram_record_us']:.2f} us, ratio "
+          f"{result['ratios']['per_token_vs_anchor_histogram_record']})")
+    print(f"  caller-thread CPU: {per_request['caller_thread_cpu']:.1f} us/request, "
+          f"{per_token['caller_thread_cpu']:.2f} us/token; process CPU: {per_request['process_cpu']:.1f} us/request, "
+          f"{per_token['process_cpu']:.2f} us/token")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0 if result["budget"]["per_request_ok"] and result["budget"]["per_token_ok"] else 1
+
+
+def _versions() -> dict:
+    from importlib.metadata import version
+
+    return {name: version(name) for name in ("opentelemetry-sdk", "opentelemetry-semantic-conventions", "edgesdk")}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
