@@ -115,9 +115,13 @@ def _check_attribute_names(span: Span, rules: dict, out: _Collector) -> None:
                     span=span, attribute=key)
         enum = rules["enums"].get(key)
         if enum is not None and attr.type == "string" and attr.value not in enum:
-            level = rules["enum_levels"].get(key, "information")
-            out.add(level, "undefined_enum_variant", f"{key}={attr.value!r} is not a defined value",
-                    span=span, attribute=key)
+            if attr.value in rules["custom_enum_values"].get(key, []):
+                out.add("information", "custom_enum_variant", f"{key}={attr.value!r} is an edgesdk custom value",
+                        span=span, attribute=key)
+            else:
+                level = rules["enum_levels"].get(key, "information")
+                out.add(level, "undefined_enum_variant", f"{key}={attr.value!r} is not a defined value",
+                        span=span, attribute=key)
 
 
 def _expected_name(template: str, attrs: dict[str, Attr]) -> str:
@@ -311,7 +315,7 @@ def _check_metrics(metrics: list[Metric], rules: dict, out: _Collector) -> None:
                     out.add("violation", "deprecated", f"{key} is deprecated; use {rules['deprecated_attributes'][key]}",
                             name=metric.name, attribute=key, line=metric.line)
                 enum = rules["enums"].get(key)
-                if enum is not None and attr.value not in enum:
+                if enum is not None and attr.value not in enum + rules["custom_enum_values"].get(key, []):
                     out.add(rules["enum_levels"].get(key, "information"), "undefined_enum_variant",
                             f"{key}={attr.value!r} is not a defined value", name=metric.name, attribute=key,
                             line=metric.line)

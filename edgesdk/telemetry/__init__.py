@@ -19,6 +19,7 @@ Nothing configured means nothing recorded: every call returns a shared no-op obj
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -99,6 +100,7 @@ def configure(*, trace_file: str | Path | None = None, otlp_endpoint: str | None
         if settings.disabled:
             return
         if settings.any_exporter or span_exporter is not None or metric_reader is not None:
+            _register_atexit()
             built = build_providers(settings, _state.counters, span_exporter=span_exporter,
                                     metric_reader=metric_reader)
             _state.tracer_provider, _state.meter_provider, _state.exporter_names = built
@@ -116,6 +118,16 @@ def configure(*, trace_file: str | Path | None = None, otlp_endpoint: str | None
             return
         _state.instruments = Instruments(meter)
         _state.worker = MetricsWorker(_state.counters)
+
+
+_atexit_registered = False
+
+
+def _register_atexit() -> None:
+    global _atexit_registered
+    if not _atexit_registered:
+        atexit.register(shutdown)
+        _atexit_registered = True
 
 
 def _application_has_sdk() -> bool:

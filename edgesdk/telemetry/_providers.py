@@ -53,7 +53,9 @@ def build_providers(settings: Settings, counters: Counters, *, span_exporter=Non
     """Return ``(tracer_provider, meter_provider, exporter_names)``. Nothing here touches the network."""
     resource = Resource.create({"service.name": settings.service_name, "telemetry.distro.name": "edgesdk",
                                 "telemetry.distro.version": __version__})
-    tracer_provider = TracerProvider(resource=resource)
+    # Not the SDK's own atexit hooks: telemetry.shutdown() (registered once at configure) must drain the
+    # metrics worker first and then shut both providers down in parallel, with a bound.
+    tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
     readers = []
     names = []
 
@@ -86,5 +88,5 @@ def build_providers(settings: Settings, counters: Counters, *, span_exporter=Non
         add_spans(span_exporter, type(span_exporter).__name__)
     if metric_reader is not None:
         readers.append(metric_reader)
-    meter_provider = MeterProvider(resource=resource, metric_readers=readers)
+    meter_provider = MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)
     return tracer_provider, meter_provider, names
