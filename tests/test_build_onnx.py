@@ -43,8 +43,12 @@ def test_onnx_input_taken_as_is_and_shape_errors(minilm_orin_bundle, tmp_path):
     import edgesdk
     from edgesdk.errors import ShapeError
 
+    import onnx
+
     src = tmp_path / "plain.onnx"
     src.write_bytes((minilm_orin_bundle / "model.onnx").read_bytes())
+    # The build stamped the card's license into the ONNX: a bare .onnx input still carries it.
+    assert {p.key: p.value for p in onnx.load(str(src)).metadata_props}.get("license") == "apache-2.0"
     out = build(src, "cpu", tmp_path / "b", BuildOptions(precision="fp32", progress=False, parity_samples=4,
                                                          calibration_samples=2))
     m = json.loads((out / "manifest.json").read_text())

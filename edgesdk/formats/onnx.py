@@ -122,7 +122,8 @@ def _random_feeds(ctx, input_names: list[str], n: int, offset: int) -> list[dict
     graph = onnx.load(str(src), load_external_data=False).graph
     rng = np.random.default_rng(1234 + offset)
     feeds = []
-    size = (ctx.facts.config.get("image_size") or 224) if ctx.facts.config else 224
+    text = "input_ids" in input_names
+    size = ctx.options.seq_len if text else ((ctx.facts.config or {}).get("image_size") or 224)
     for _ in range(n):
         feed = {}
         for inp in graph.input:
@@ -131,8 +132,13 @@ def _random_feeds(ctx, input_names: list[str], n: int, offset: int) -> list[dict
             t = inp.type.tensor_type
             shape = [d.dim_value if d.dim_value > 0 else (1 if i == 0 else size) for i, d in enumerate(t.shape.dim)]
             dtype = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type)
-            if np.issubdtype(dtype, np.integer):
-                feed[inp.name] = rng.integers(0, 100, size=shape).astype(dtype)
+            if "mask" in inp.name:
+                feed[inp.name] = np.ones(shape, dtype=dtype)
+            elif "type_ids" in inp.name or "position" in inp.name:
+                feed[inp.name] = np.zeros(shape, dtype=dtype)
+            elif np.issubdtype(dtype, np.integer):
+                # token ids: a low id range every vocabulary has
+                feed[inp.name] = rng.integers(100, 1000, size=shape).astype(dtype)
             else:
                 feed[inp.name] = rng.standard_normal(shape).astype(dtype)
         feeds.append(feed)
@@ -310,9 +316,14 @@ def build_onnx(ctx) -> None:
         precision = nxt
     ctx.set_precision(precision)
     ctx.manifest.setdefault("extras", {})["quantize"] = qinfo
-    ctx.add_artifact("model.onnx", "model")
-    src_dir = Path(ctx.source) if Path(str(ctx.source)).is_dir() else None
+    src_dir = Path(ctx.source) if ctx.facts.kind == "hf" else None
     if src_dir is not None:
+        _stamp_license(final, src_dir)
+    ctx.add_artifact("model.onnx", "model")
+    if src_dir is not None:
+        if (src_dir / "README.md").is_file():  # the model card carries the model's license: it ships along
+            shutil.copyfile(src_dir / "README.md", ctx.staging / "README.md")
+            ctx.add_artifact("README.md", "model-card")
         for name in TOKENIZER_FILES:
             if (src_dir / name).is_file():
                 shutil.copyfile(src_dir / name, ctx.staging / name)
@@ -327,6 +338,26 @@ def build_onnx(ctx) -> None:
     ctx.runtime_requires.extend([_dist_of("onnxruntime"), "numpy", "tokenizers"])
     ctx.tools.update(_versions())
     shutil.rmtree(work, ignore_errors=True)
+
+
+def _stamp_license(model_path: Path, src_dir: Path) -> None:
+    """Copy the model card's license fields into the ONNX metadata_props, so the file carries them."""
+    import onnx
+
+    from edgesdk.compliance.models import card_front_matter
+
+    card = src_dir / "README.md"
+    meta = card_front_matter(card) if card.is_file() else None
+    fields = {k: meta[k] for k in ("license", "license_name", "license_link") if meta and meta.get(k)}
+    if not fields:
+        return
+    model = onnx.load(str(model_path))
+    existing = {p.key for p in model.metadata_props}
+    for key, value in fields.items():
+        if key not in existing:
+            model.metadata_props.add(key=key, value=str(value if not isinstance(value, list) else
+                                                         " AND ".join(map(str, value))))
+    onnx.save(model, str(model_path))
 
 
 def _io_spec(path: Path) -> dict:
