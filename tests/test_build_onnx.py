@@ -40,10 +40,10 @@ def test_impossible_parity_fails_and_leaves_nothing(minilm_dir, tmp_path, monkey
 
 
 def test_onnx_input_taken_as_is_and_shape_errors(minilm_orin_bundle, tmp_path):
+    import onnx
+
     import edgesdk
     from edgesdk.errors import ShapeError
-
-    import onnx
 
     src = tmp_path / "plain.onnx"
     src.write_bytes((minilm_orin_bundle / "model.onnx").read_bytes())
