@@ -180,9 +180,11 @@ def read_jetson(root: Path, run_tools: bool = True) -> dict | None:
     compatible = [c for c in (compatible_raw or "").split("\0") if c.strip()]
     part = None
     part_source = None
-    for rel in ("proc/device-tree/chosen/ids", "proc/device-tree/chosen/plugin-manager/ids",
-                "etc/nv_boot_control.conf"):
-        part = parse_part_number(_read(root, rel) or "")
+    # The devkit compatible string carries the module ("nvidia,p3768-0000+p3767-0003"); older L4T put
+    # it in the plugin-manager ids; flashed systems also have it in the boot-control TNSPEC.
+    for rel in ("proc/device-tree/compatible", "proc/device-tree/chosen/ids",
+                "proc/device-tree/chosen/plugin-manager/ids", "etc/nv_boot_control.conf"):
+        part = parse_part_number((_read(root, rel) or "").replace("\0", " "))
         if part:
             part_source = rel
             break

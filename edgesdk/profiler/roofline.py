@@ -149,17 +149,14 @@ def onnx_work(path: str | Path, *, batch: int = 1, seq: int = 128) -> WorkFacts:
 def gguf_work(path: str | Path) -> WorkFacts:
     """Bytes streamed per decode step and KV bytes per cached position, from a GGUF file's header."""
     try:
-        from gguf import GGUFReader
+        from edgesdk.profiler.gguf_header import read_gguf_header
     except ImportError as exc:
         raise InputError("GGUF prediction needs the gguf package (pip install 'edgesdk[gguf]')") from exc
-    try:
-        reader = GGUFReader(str(path))
-    except (ValueError, IndexError, OSError) as exc:
-        raise ModelError(f"cannot read GGUF file {path}: {exc}") from exc
+    header = read_gguf_header(path)
 
     def field_value(key: str) -> Any:
-        f = reader.fields.get(key)
-        return f.contents() if f is not None else None
+        value = header.fields.get(key)
+        return None if isinstance(value, tuple) else value
 
     arch = field_value("general.architecture") or ""
     layers = field_value(f"{arch}.block_count")
@@ -168,18 +165,18 @@ def gguf_work(path: str | Path) -> WorkFacts:
     kv_heads = field_value(f"{arch}.attention.head_count_kv") or heads
     key_len = field_value(f"{arch}.attention.key_length") or (d_model // heads if d_model and heads else None)
     value_len = field_value(f"{arch}.attention.value_length") or key_len
-    names = {t.name for t in reader.tensors}
+    names = {t.name for t in header.tensors}
     tied = "output.weight" not in names
     weight_bytes = 0
     params = 0
     embed_params = 0
-    for t in reader.tensors:
-        params += int(t.n_elements)
+    for t in header.tensors:
+        params += t.n_elements
         if t.name == "token_embd.weight":
-            embed_params = int(t.n_elements)
+            embed_params = t.n_elements
             if not tied:   # an untied input embedding is a row lookup per token
                 continue
-        weight_bytes += int(t.n_bytes)
+        weight_bytes += t.n_bytes
     kv = None
     if layers and kv_heads and key_len:
         kv = int(layers * kv_heads * (key_len + value_len) * 2)   # llama.cpp caches K and V as F16 by default
@@ -188,14 +185,13 @@ def gguf_work(path: str | Path) -> WorkFacts:
         from gguf import LlamaFileType
 
         precision = LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_") if file_type is not None else None
-    except (ImportError, ValueError):
+    except ValueError:
         precision = None
     facts = WorkFacts(kind="llm", format="gguf", precision=precision, params=params, weight_bytes=weight_bytes,
                       kv_bytes_per_position=kv, layers=layers, d_model=d_model)
     facts.notes.append(f"architecture {arch}; {'tied' if tied else 'untied'} output embedding; "
                        f"{params - embed_params:,} non-embedding parameters")
-    facts.tokens = None
-    facts.flops = 2.0 * (params - (0 if tied else embed_params))   # per token, matmul FLOPs
+    facts.flops = 2.0 * (params - (0 if tied else embed_params))   # matmul FLOPs per token
     return facts
 
 

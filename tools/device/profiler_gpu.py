@@ -1,0 +1,151 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Run the device profiler for real on a GPU machine (the H200 here) and write reports to $OUT.
+
+1. Detection through NVML + device state (clocks, temperature, power) with edgesdk.profiler.device.
+2. Torch CUDA eager, MiniLM-shaped BERT (transformers BertConfig, RANDOM weights: the architecture and
+   shapes are real, the numbers are not; latency does not depend on them), batch 1, seq 128, FP32 and
+   FP16: latency/spread with the profiler's timed loop, the profiler-overhead check against a plain
+   loop (same run, interleaved), FLOPs from torch's FlopCounterMode, roofline prediction for the
+   ``h200`` profile with the efficiency table as committed (so the error is out-of-sample), and the
+   efficiency the measurement implies.
+3. GGUF (optional, when a CUDA llama-cpp-python and a GGUF bundle are present): ``edgesdk profiler
+   run`` on the bundle, prediction error for ``h200``.
+
+Usage (device machine, repo root): python3 tools/device/profiler_gpu.py [gguf_bundle_dir]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from edgesdk.profiler import roofline  # noqa: E402
+from edgesdk.profiler.bench import latency_stats, plain_loop_ms, timed_loop  # noqa: E402
+from edgesdk.profiler.device import detect_device, read_device_state  # noqa: E402
+from edgesdk.profiles import resolve_profile  # noqa: E402
+
+OUT = Path(os.environ.get("OUT", "/tmp/profiler_out"))
+OUT.mkdir(parents=True, exist_ok=True)
+
+
+def torch_encoder(dtype_name: str, iterations: int = 300, warmup: int = 30, rounds: int = 5) -> dict:
+    """Latency, overhead check and prediction for one dtype."""
+    import torch
+    import transformers
+    from torch.utils.flop_counter import FlopCounterMode
+
+    dtype = {"fp32": torch.float32, "fp16": torch.float16}[dtype_name]
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
+                                  intermediate_size=1536, max_position_embeddings=512)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"   # cpu: only to try the script without a GPU
+    model = transformers.BertModel(cfg).eval().to(dev, dtype=dtype)
+    ids = torch.full((1, 128), 1000, device=dev, dtype=torch.long)
+    mask = torch.ones_like(ids)
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+    if dev == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+
+    def call():
+        with torch.inference_mode():
+            model(input_ids=ids, attention_mask=mask)
+        sync()   # latency = until the GPU is done, not until launch returns
+
+    for _ in range(warmup):
+        call()
+    # Overhead check: the profiler's timed loop vs a bare loop, interleaved so drift hits both alike.
+    profiled_means, plain_means, samples = [], [], []
+    for _ in range(rounds):
+        s = timed_loop(call, iterations, progress=True, desc=f"torch {dtype_name}")
+        samples.extend(s)
+        profiled_means.append(sum(s) / len(s))
+        plain_means.append(plain_loop_ms(call, iterations))
+    with FlopCounterMode(display=False) as fc, torch.inference_mode():
+        model(input_ids=ids, attention_mask=mask)
+    emb = model.embeddings.word_embeddings.weight
+    total_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    # Embedding tables are row lookups: a pass reads 128 rows, not the table (same rule as for ONNX).
+    weight_bytes = total_bytes - emb.numel() * emb.element_size() + 128 * emb.shape[1] * emb.element_size()
+    facts = roofline.WorkFacts(kind="encoder", format="torch", precision=dtype_name,
+                               params=sum(p.numel() for p in model.parameters()), weight_bytes=weight_bytes,
+                               flops=float(fc.get_total_flops()), tokens=128)
+    stats = latency_stats(samples)
+    pred = roofline.predict(facts, resolve_profile("h200"), backend="torch")
+    enc = pred["encoder"]
+    overhead = 100.0 * (sum(profiled_means) / sum(plain_means) - 1.0)
+    return {
+        "what": f"MiniLM-shaped BERT (random weights), torch {torch.__version__} CUDA eager {dtype_name}, "
+                "batch 1, seq 128",
+        "latency_ms": {**stats, "samples": samples},
+        "overhead": {"profiled_round_means_ms": profiled_means, "plain_round_means_ms": plain_means,
+                     "overhead_pct": overhead,
+                     "method": f"{rounds} interleaved rounds x {iterations} calls: edgesdk timed_loop (per-call "
+                               "perf_counter_ns + tqdm) vs a bare loop timed at its ends"},
+        "device_memory_peak_mb": torch.cuda.max_memory_allocated() / 1e6 if dev == "cuda" else None,
+        "prediction": pred,
+        "prediction_error_pct": roofline.prediction_error(enc["latency_ms"], stats["p50"]),
+        "implied_efficiency": roofline.efficiency_from_measurement(enc["bound_ms"], stats["p50"], False),
+    }
+
+
+def gpu_bandwidth() -> dict:
+    """Device-to-device copy through torch: what a bandwidth-bound kernel can reach on this GPU."""
+    import torch
+
+    n = 1 << 30   # 1 GiB
+    src = torch.empty(n, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(10):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return {"value_gbps": 2 * n / best / 1e9, "method": "torch 1 GiB device-to-device copy, bytes read+written, "
+            "best of 10"}
+
+
+def main() -> None:
+    t_start = time.time()
+    results: dict = {"schema": "edgesdk.profiler.gpu-run/1",
+                     "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    det = detect_device()
+    results["detection"] = det.to_dict()
+    results["device_state_before"] = read_device_state()
+    print("detected:", det.best_match, det.confidence, det.evidence, flush=True)
+    import torch
+
+    results["versions"] = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": sys.version.split()[0],
+                           "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+    quick = not torch.cuda.is_available()
+    results["gpu_copy_bandwidth"] = gpu_bandwidth() if not quick else None
+    for dt in ("fp32",) if quick else ("fp32", "fp16"):
+        r = torch_encoder(dt, *((10, 2, 2) if quick else ()))
+        results[f"torch_eager_{dt}"] = r
+        print(f"{dt}: p50 {r['latency_ms']['p50']:.3f} ms, cv {r['latency_ms']['cv_pct']:.1f}%, overhead "
+              f"{r['overhead']['overhead_pct']:+.2f}%, predicted {r['prediction']['encoder']['latency_ms']:.3f} ms "
+              f"(error {r['prediction_error_pct']:+.0f}%), implied efficiency {r['implied_efficiency']:.5f}",
+              flush=True)
+    results["device_state_after"] = read_device_state()
+    results["wall_s"] = time.time() - t_start
+    (OUT / "profiler_h200_torch.json").write_text(json.dumps(results, indent=1, default=str))
+    if len(sys.argv) > 1 and Path(sys.argv[1]).is_dir():
+        from edgesdk.profiler.api import run_profiler
+        from edgesdk.profiler.bench import BenchOptions
+        from edgesdk.profiler.report import render_table, save_report
+
+        opts = BenchOptions(prompt_tokens=128, gen_tokens=128, llm_repeats=3, profile="h200", progress=True)
+        report = run_profiler(sys.argv[1], opts, log=print)
+        save_report(report, OUT / "profiler_h200_gguf.json")
+        print(render_table(report), flush=True)
+
+
+if __name__ == "__main__":
+    main()
