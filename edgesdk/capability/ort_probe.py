@@ -130,6 +130,11 @@ class OrtProbe:
             if "is not a registered function/op" in text:
                 return ProbeResult("no", f"{node.domain or 'ai.onnx'}::{node.op_type} is not a registered op "
                                          "in onnxruntime")
+            if "Exception during initialization" in text:
+                # The kernel exists but refuses this node's attributes (e.g. LSTM layout=1 on CPU).
+                detail = text.split(" was false. ", 1)[-1] if " was false. " in text else text
+                return ProbeResult("no", f"{self.provider} kernel rejects this node: "
+                                         f"{detail.splitlines()[0].split(' If you need')[0][:160]}")
             if "fallback to the CPU EP has been explicitly disabled" in text or "assigned to the default CPU" in text:
                 return ProbeResult("no", f"{self.provider} does not take {node.op_type} (would run on CPU)")
             return ProbeResult("unknown", f"probe inconclusive: {text.splitlines()[0][:140]}")

@@ -43,13 +43,35 @@ class _UnionFind:
             self.parent[max(ra, rb)] = min(ra, rb)
 
 
+def _stages(report) -> list[int]:
+    """Backend switches on the longest path to each node (ONNX nodes are stored in topological order).
+
+    Grouping by (placement, stage) before taking connected components keeps partitions acyclic: a region
+    that feeds a CPU node whose result flows back into the same region must be two engines, not one.
+    """
+    view, nodes = report.view, report.nodes
+    stage = [0] * len(nodes)
+    preds: dict[int, list[int]] = {}
+    for src, dst, _ in view.edges():
+        preds.setdefault(dst, []).append(src)
+    for n in nodes:
+        best = 0
+        for p in preds.get(n.index, []):
+            if nodes[p].placement == "folded":
+                continue
+            best = max(best, stage[p] + (nodes[p].placement != n.placement))
+        stage[n.index] = best
+    return stage
+
+
 def partition(report) -> list[Partition]:
-    """Connected components (over data edges) of nodes with the same placement, in graph order."""
+    """Acyclic connected components (over data edges) of nodes with the same placement, in graph order."""
     view = report.view
     nodes = report.nodes
+    stage = _stages(report)
     uf = _UnionFind(len(nodes))
     for src, dst, _ in view.edges():
-        if nodes[src].placement == nodes[dst].placement:
+        if nodes[src].placement == nodes[dst].placement and stage[src] == stage[dst]:
             uf.union(src, dst)
     by_root: dict[int, Partition] = {}
     node_part: dict[int, Partition] = {}
