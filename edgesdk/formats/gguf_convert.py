@@ -1,0 +1,310 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Hugging Face causal LM directory -> F16 GGUF (gguf-py), and llama.cpp's own quantizer.
+
+Conversion uses gguf-py's tensor-name maps (``gguf.get_tensor_name_map``) and vocab helpers
+(``gguf.BpeVocab``/``gguf.LlamaHfVocab`` + ``gguf.SpecialVocab`` for merges, special ids and the
+chat template), so tensor names and tokenizer metadata are the ones llama.cpp expects.
+
+Quantization runs ``llama_model_quantize`` in a child process: llama.cpp aborts (not raises) on
+some malformed inputs, and a build must never take the host process down with it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from edgesdk.errors import ExternalToolError, ModelError
+
+# HF architecture -> (gguf arch name, whether Q/K rows are permuted for llama.cpp's rope layout).
+# HF Llama applies rotary embedding with rotate_half (dims i and i+d/2 pair up); llama.cpp's LLAMA
+# arch uses the "normal" rope that pairs adjacent dims, so Q/K rows are re-ordered per head.
+# Qwen2 uses NEOX rope in llama.cpp, the same pairing as HF, so its rows stay as they are.
+SUPPORTED_ARCHITECTURES = {
+    "LlamaForCausalLM": ("llama", True),
+    "Qwen2ForCausalLM": ("qwen2", False),
+}
+
+# llama_ftype values (llama.h; same numbers as gguf.LlamaFileType) for the types we plan with.
+FTYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10, "Q3_K_S": 11,
+          "Q3_K_M": 12, "Q3_K_L": 13, "Q4_K_S": 14, "Q4_K_M": 15, "Q5_K_S": 16, "Q5_K_M": 17, "Q6_K": 18,
+          "BF16": 32}
+FTYPE_NAMES = {v: k for k, v in FTYPES.items()}
+
+
+def supported_list() -> str:
+    return ", ".join(sorted(SUPPORTED_ARCHITECTURES))
+
+
+def hf_arch(config: dict) -> tuple[str, str, bool]:
+    archs = config.get("architectures") or []
+    arch = archs[0] if archs else str(config.get("model_type"))
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ModelError(f"architecture {arch} not supported for GGUF conversion (supported: {supported_list()})")
+    gguf_arch, permute = SUPPORTED_ARCHITECTURES[arch]
+    return arch, gguf_arch, permute
+
+
+def _permute_rope_rows(weight: np.ndarray, n_head: int) -> np.ndarray:
+    """Re-order each head's rows from HF's half-split rope layout to llama.cpp's interleaved one:
+    new row 2j+h of a head is old row h*(d/2)+j."""
+    rows = weight.shape[0]
+    d = rows // n_head
+    return weight.reshape(n_head, 2, d // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def _load_vocab(directory: Path):
+    """gguf-py vocab for the directory's tokenizer, and the llama.cpp tokenizer model name."""
+    import gguf
+
+    tok_json = directory / "tokenizer.json"
+    if not tok_json.is_file() and not (directory / "tokenizer.model").is_file():
+        raise ModelError(f"{directory}: tokenizer missing (expected tokenizer.json or tokenizer.model)",
+                         hint="save the tokenizer next to the weights with tokenizer.save_pretrained()")
+    if tok_json.is_file():
+        spec = json.loads(tok_json.read_text(encoding="utf-8"))
+        model = spec.get("model", {})
+        if model.get("type") == "BPE" and not model.get("byte_fallback"):
+            return gguf.BpeVocab(directory), "gpt2", _bpe_pre_name(spec)
+    try:
+        return gguf.LlamaHfVocab(directory), "llama", "default"
+    except Exception as exc:  # noqa: BLE001 - gguf-py raises several types for tokenizers it cannot read
+        raise ModelError(f"{directory}: tokenizer not supported for GGUF ({type(exc).__name__}: {exc})") from exc
+
+
+# Pre-tokenizer regexes llama.cpp knows by name (llama-vocab.cpp). We match the tokenizer.json split
+# pattern against these; an unknown pattern falls back to "default" and the build records it.
+_QWEN2_HINT = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
+_LLAMA3_HINT = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"
+
+
+def _bpe_pre_name(spec: dict) -> str:
+    pre = spec.get("pre_tokenizer") or {}
+    subs = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
+    patterns = [(s.get("pattern") or {}).get("Regex", "") for s in subs if s.get("type") == "Split"]
+    if not patterns and any(s.get("type") == "ByteLevel" and s.get("use_regex", True) for s in subs):
+        return "gpt-2"  # plain GPT-2 byte-level regex
+    for pattern in patterns:
+        if pattern.startswith(_QWEN2_HINT):
+            return "qwen2"
+        if pattern.startswith(_LLAMA3_HINT):
+            return "llama-bpe"
+    return "default"
+
+
+def _tensor_arrays(directory: Path):
+    """(name, float32-or-float16 numpy array) for every tensor in the safetensors files."""
+    from safetensors import safe_open
+
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise ModelError(f"{directory}: no *.safetensors weights found")
+    for f in files:
+        with safe_open(str(f), framework="pt") as fh:
+            for name in fh.keys():  # noqa: SIM118 - safe_open has no __iter__
+                t = fh.get_tensor(name)
+                yield name, t.float().numpy() if t.dtype.is_floating_point else t.numpy()
+
+
+def convert_hf_to_gguf(directory: Path, out_path: Path, *, name: str | None = None) -> dict:
+    """Write an F16 GGUF for a llama/qwen2 HF directory; returns facts about what was written."""
+    import gguf
+
+    directory = Path(directory)
+    config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    arch, gguf_arch, permute = hf_arch(config)
+    rope_scaling = config.get("rope_scaling")
+    if rope_scaling and (rope_scaling.get("rope_type") or rope_scaling.get("type")) not in (None, "default"):
+        raise ModelError(f"{directory}: rope_scaling {rope_scaling.get('rope_type') or rope_scaling.get('type')!r} "
+                         "is not supported by this converter (supported: none/default)")
+    vocab, tok_model, tok_pre = _load_vocab(directory)
+    n_layer = int(config["num_hidden_layers"])
+    n_head = int(config["num_attention_heads"])
+    n_kv = int(config.get("num_key_value_heads") or n_head)
+    hidden = int(config["hidden_size"])
+    head_dim = int(config.get("head_dim") or hidden // n_head)
+    writer = gguf.GGUFWriter(str(out_path), gguf_arch)
+    # Model card / config metadata (name, license, ...) as gguf-py reads them, so the license gate and
+    # the device see the same general.license the HF model card declared.
+    meta = gguf.Metadata.load(None, directory, name or directory.name, 0)
+    meta.set_gguf_meta_model(writer)
+    writer.add_context_length(int(config.get("max_position_embeddings", 2048)))
+    writer.add_embedding_length(hidden)
+    writer.add_block_count(n_layer)
+    writer.add_feed_forward_length(int(config["intermediate_size"]))
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_kv)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_freq_base(float(config.get("rope_theta", 10000.0)))
+    writer.add_layer_norm_rms_eps(float(config.get("rms_norm_eps", 1e-6)))
+    writer.add_file_type(FTYPES["F16"])
+    if head_dim != hidden // n_head:
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+
+    tokens, scores, toktypes = [], [], []
+    for text, score, toktype in vocab.all_tokens():
+        tokens.append(text)
+        scores.append(score)
+        toktypes.append(toktype)
+    n_vocab = int(config.get("vocab_size", len(tokens)))
+    while len(tokens) < n_vocab:  # embedding rows beyond the tokenizer (padding): llama.cpp needs a token each
+        tokens.append(f"[PAD{len(tokens)}]")
+        scores.append(-1000.0)
+        toktypes.append(gguf.TokenType.UNUSED)
+    writer.add_tokenizer_model(tok_model)
+    writer.add_tokenizer_pre(tok_pre)
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(toktypes)
+    special = gguf.SpecialVocab(directory, load_merges=tok_model == "gpt2", n_vocab=len(tokens))
+    special.add_to_gguf(writer, quiet=True)
+
+    tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH[gguf_arch.upper()], n_layer)
+    tied = bool(config.get("tie_word_embeddings", False))
+    written = 0
+    for hf_name, data in _tensor_arrays(directory):
+        if hf_name.endswith(".rotary_emb.inv_freq"):
+            continue  # recomputed by llama.cpp from rope_freq_base
+        if tied and hf_name == "lm_head.weight":
+            continue  # llama.cpp reuses token_embd when output.weight is absent
+        new_name = tmap.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if new_name is None:
+            raise ModelError(f"{directory}: tensor {hf_name} has no GGUF name for {gguf_arch} "
+                             "(unexpected architecture variant)")
+        if permute and hf_name.endswith("q_proj.weight"):
+            data = _permute_rope_rows(data, n_head)
+        elif permute and hf_name.endswith("k_proj.weight"):
+            data = _permute_rope_rows(data, n_kv)
+        # 1-D tensors (norms, biases) stay F32 as llama.cpp expects; matrices go to F16.
+        data = data.astype(np.float32 if data.ndim == 1 else np.float16)
+        writer.add_tensor(new_name, data)
+        written += 1
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return {"architecture": arch, "gguf_architecture": gguf_arch, "tensors": written, "n_vocab": len(tokens),
+            "tokenizer_model": tok_model, "tokenizer_pre": tok_pre,
+            "chat_template": special.chat_template is not None}
+
+
+# ---------------------------------------------------------------------------------------------
+# Quantization with llama.cpp's own quantizer (in a child process)
+
+_QUANT_CHILD = """
+import sys, llama_cpp
+src, dst, ftype, nthread, requant = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1"
+params = llama_cpp.llama_model_quantize_default_params()
+params.ftype = ftype
+params.nthread = nthread
+params.allow_requantize = requant
+rc = llama_cpp.llama_model_quantize(src.encode(), dst.encode(), params)
+sys.exit(0 if rc == 0 else 3)
+"""
+
+
+def quantize(src: Path, dst: Path, quant_type: str, *, threads: int | None = None,
+             allow_requantize: bool = False, timeout_s: float = 3600) -> None:
+    """``llama_model_quantize(src -> dst, quant_type)`` in a subprocess; ExternalToolError on failure."""
+    if quant_type not in FTYPES:
+        raise ModelError(f"unknown GGUF quantization type {quant_type!r} (known: {', '.join(FTYPES)})")
+    threads = threads or max(1, os.cpu_count() or 1)
+    proc = subprocess.run([sys.executable, "-c", _QUANT_CHILD, str(src), str(dst), str(FTYPES[quant_type]),
+                           str(threads), "1" if allow_requantize else "0"],
+                          capture_output=True, text=True, timeout=timeout_s)
+    if proc.returncode != 0:
+        lines = [ln for ln in (proc.stderr or "").splitlines() if ln.strip()]
+        detail = lines[-1][:200] if lines else f"exit code {proc.returncode}"
+        raise ExternalToolError(f"llama.cpp quantize to {quant_type} failed: {detail}")
+    if not dst.is_file() or dst.stat().st_size == 0:
+        raise ExternalToolError(f"llama.cpp quantize to {quant_type} wrote no output")
+
+
+# ---------------------------------------------------------------------------------------------
+# Verification: HF logits vs GGUF, and perplexity with llama.cpp itself
+
+
+def _open_llama(path: Path, n_ctx: int, *, logits_all: bool = True, threads: int | None = None):
+    try:
+        from llama_cpp import Llama
+    except ImportError as exc:
+        raise ExternalToolError("llama-cpp-python is not installed (pip install 'edgesdk[gguf]')") from exc
+    try:
+        return Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=min(n_ctx, 512),
+                     logits_all=logits_all, n_gpu_layers=0, n_threads=threads, verbose=False)
+    except ValueError as exc:
+        raise ModelError(f"{path}: llama.cpp cannot load this GGUF ({exc})") from exc
+
+
+def _eval_logits(llm, tokens: list[int]) -> np.ndarray:
+    llm.reset()
+    llm.eval(tokens)
+    return np.array(llm.scores[: len(tokens)], dtype=np.float64)
+
+
+def sample_prompts(text: str, n: int = 4) -> list[str]:
+    paragraphs = [p.strip() for p in text.split("\n\n") if len(p.strip()) > 40]
+    return [p[:300] for p in paragraphs[:n]]
+
+
+def logits_parity(hf_dir: Path, gguf_path: Path, text: str) -> dict:
+    """Feed the same token ids (HF tokenizer) to the HF model (fp32, torch) and the F16 GGUF
+    (llama.cpp, CPU); compare next-token logits at every position."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(hf_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), torch_dtype=torch.float32)
+    model.eval()
+    prompts = sample_prompts(text)
+    token_lists = [tok(p, add_special_tokens=False)["input_ids"][:96] for p in prompts]
+    llm = _open_llama(gguf_path, n_ctx=128)
+    cos_min, max_abs, agree, positions, tok_match = 1.0, 0.0, 0, 0, 0
+    try:
+        for prompt, ids in zip(prompts, token_lists, strict=True):
+            with torch.no_grad():
+                ref = model(torch.tensor([ids])).logits[0].double().numpy()
+            got = _eval_logits(llm, ids)
+            num = (ref * got).sum(axis=1)
+            den = np.linalg.norm(ref, axis=1) * np.linalg.norm(got, axis=1)
+            cos_min = min(cos_min, float((num / np.clip(den, 1e-30, None)).min()))
+            max_abs = max(max_abs, float(np.abs(ref - got).max()))
+            agree += int((ref.argmax(axis=1) == got.argmax(axis=1)).sum())
+            positions += len(ids)
+            tok_match += int(llm.tokenize(prompt.encode(), add_bos=False, special=False) == ids)
+    finally:
+        llm.close()
+    return {"prompts": len(prompts), "positions": positions, "min_cosine": round(cos_min, 6),
+            "max_abs": round(max_abs, 6), "top1_agreement": round(agree / max(positions, 1), 4),
+            "tokenizer_agreement": f"{tok_match}/{len(prompts)} prompts tokenized identically by llama.cpp and HF"}
+
+
+def perplexity(path: Path, text: str, n_ctx: int = 256, *, threads: int | None = None) -> dict:
+    """exp(mean NLL of each next token) over consecutive windows of ``n_ctx`` tokens (llama.cpp, CPU)."""
+    llm = _open_llama(path, n_ctx=n_ctx, threads=threads)
+    try:
+        tokens = llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)
+        bos = llm.token_bos()
+        nll, count = 0.0, 0
+        step = n_ctx - 1
+        for start in range(0, max(len(tokens) - 1, 1), step):
+            window = tokens[start:start + step + 1]
+            if len(window) < 2:
+                break
+            ids = ([bos] if bos >= 0 else []) + window[:-1]
+            logits = _eval_logits(llm, ids)[-(len(window) - 1):]
+            shift = logits.max(axis=1, keepdims=True)
+            logprobs = logits - shift - np.log(np.exp(logits - shift).sum(axis=1, keepdims=True))
+            targets = np.asarray(window[1:])
+            nll -= float(logprobs[np.arange(len(targets)), targets].sum())
+            count += len(targets)
+    finally:
+        llm.close()
+    return {"ppl": round(math.exp(nll / max(count, 1)), 4), "tokens": count, "n_ctx": n_ctx}
