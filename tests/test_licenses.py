@@ -21,7 +21,7 @@ from edgesdk.compliance.sbom import validate_sbom
 from edgesdk.compliance.spdx import normalize
 from edgesdk.compliance.waivers import load_waivers
 from edgesdk.errors import ExternalToolError, InputError, LicenseGateError
-from tests.test_licenses_corpus import closed_loopback_url, write_gguf
+from tests.test_licenses_corpus import closed_loopback_url, write_gguf, write_onnx
 
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -124,11 +124,16 @@ def test_minilm_passes_with_both_licenses_recorded_and_valid_sbom(tmp_path: Path
     manifest = result.to_manifest()
     assert manifest["verdict"] == "pass" and manifest["model_license"] == "Apache-2.0"
     assert json.loads((stage / REPORT_NAME).read_text())["verdict"] == "pass"
-    # The bundle re-checks without the source: the model license comes from the recorded report.
+    # The bundle re-checks without the source: an exported .onnx carries no license field, so
+    # the model license comes from the report recorded at build time.
+    write_onnx(stage / "model.onnx", None)
     (stage / "manifest.json").write_text(json.dumps({"license": manifest}))
     again = scan_licenses(stage)
     assert again.mode == "bundle" and again.verdict == "pass"
     assert {f.spdx for f in again.findings if f.layer == "model"} == {"Apache-2.0"}
+    assert again.runtime_distributions == ["onnxruntime-gpu", "numpy"]  # read back from the manifest
+    (stage / REPORT_NAME).unlink()  # without that record, nothing declares the model's license
+    assert scan_licenses(stage).verdict == "deny"
 
 
 def _gemma_stage(tmp_path: Path) -> tuple[Path, Path]:

@@ -40,7 +40,7 @@ def write_gguf(path: Path, license_id: str) -> None:
     writer.close()
 
 
-def write_onnx(path: Path, license_id: str) -> None:
+def write_onnx(path: Path, license_id: str | None) -> None:
     import onnx
     from onnx import TensorProto, helper
 
@@ -48,7 +48,8 @@ def write_onnx(path: Path, license_id: str) -> None:
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
     model = helper.make_model(graph)
-    helper.set_model_props(model, {"license": license_id, "producer_note": "corpus"})
+    if license_id:
+        helper.set_model_props(model, {"license": license_id, "producer_note": "corpus"})
     onnx.save(model, str(path))
 
 

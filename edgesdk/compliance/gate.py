@@ -202,9 +202,9 @@ def scan_licenses(path: Path, *, model_source: Path | None = None, runtime_distr
         model += (gguf_findings if rel.endswith(".gguf") else onnx_findings)(root / rel, root)
     for rel in tree.cards:
         model += card_findings((root / rel).parent, root)
-    model = [m for m in model if m.spdx or not _declared_elsewhere(m, model)]
-    if is_bundle and not any(m.spdx for m in model):
+    if is_bundle and model_source is None and not any(m.spdx for m in model):
         model += _recorded_model_findings(root)
+    model = [m for m in model if m.spdx or not _declared_elsewhere(m, model)]
     if model_source is not None and (pkg := package_finding(Path(model_source), model)):
         model.append(pkg)
     if is_bundle and not model:

@@ -76,7 +76,7 @@ def to_summary(result: GateResult) -> str:
     gaps = result.without_own_info
     if gaps:
         lines.append(f"  {len(gaps)} file(s) carry no license information of their own (REUSE); covered by "
-                     "an enclosing LICENSE file or the declared license:")
+                     "an enclosing LICENSE file, the project's declared license, or (bundle) the model's:")
         lines.extend(textwrap.wrap(", ".join(sorted(gaps)), width=108, initial_indent="    ",
                                    subsequent_indent="    "))
     lines.append(f"  scanoss: {result.scanoss.note} ({result.scanoss.fingerprinted} files fingerprinted)")
