@@ -5,6 +5,7 @@ OTLP/HTTP (http.server + protobuf), a dead endpoint, a stalled exporter, the con
 from __future__ import annotations
 
 import http.server
+import json
 import logging
 import os
 import socket
@@ -195,7 +196,7 @@ def test_direct_json_encoder_matches_the_otlp_protobuf_json_mapping(clean_env):
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     from edgesdk.telemetry._exporters import to_otlp_json
-    from edgesdk.telemetry._span_json import export_request
+    from edgesdk.telemetry._span_json import export_request, export_request_json
 
     memory = InMemorySpanExporter()
     telemetry.configure(span_exporter=memory, capture_content=True)
@@ -214,4 +215,8 @@ def test_direct_json_encoder_matches_the_otlp_protobuf_json_mapping(clean_env):
     telemetry.force_flush()
     spans = memory.get_finished_spans()
     assert len(spans) == 3
-    assert export_request(spans) == to_otlp_json(encode_spans(spans))
+    reference = to_otlp_json(encode_spans(spans))
+    assert export_request(spans) == reference
+    assert json.loads(export_request_json(spans)) == reference
+    plain = [s for s in spans if not s.events]  # the text path's own branch (no events/links)
+    assert plain and json.loads(export_request_json(plain)) == to_otlp_json(encode_spans(plain))

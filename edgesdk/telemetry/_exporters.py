@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from edgesdk.telemetry._setup import Counters
-from edgesdk.telemetry._span_json import export_request
+from edgesdk.telemetry._span_json import export_request_json
 
 _ID_KEYS = ("traceId", "spanId", "parentSpanId")
 
@@ -60,8 +60,8 @@ class _JsonLinesFile:
         self._users = 0
         self._handle = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
 
-    def write(self, document: dict) -> None:
-        line = json.dumps(document, separators=(",", ":"))
+    def write(self, document: dict | str) -> None:
+        line = document if isinstance(document, str) else json.dumps(document, separators=(",", ":"))
         with self._lock:
             if self._handle.closed:
                 return
@@ -86,7 +86,7 @@ class JsonLinesSpanExporter(SpanExporter):
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         try:
-            self._sink.write(export_request(spans))
+            self._sink.write(export_request_json(spans))
         except OSError:
             return SpanExportResult.FAILURE
         return SpanExportResult.SUCCESS

@@ -12,6 +12,7 @@ integers, ids as hex.
 from __future__ import annotations
 
 import base64
+import json
 import math
 from collections.abc import Mapping, Sequence
 
@@ -128,3 +129,73 @@ def export_request(spans) -> dict:
         _put(entry, "schemaUrl", resource.schema_url)
         resource_spans.append(entry)
     return {"resourceSpans": resource_spans}
+
+
+# --- the same, written straight to JSON text (the file exporter's path) ---------------------------
+# Building the dict and then json.dumps costs twice what concatenating the text does; strings still
+# go through the json module's C escaper, and anything unusual falls back to json.dumps.
+_escape = json.encoder.encode_basestring_ascii
+
+
+def _value_text(value) -> str:
+    if value.__class__ is str:
+        return '{"stringValue":' + _escape(value) + "}"
+    if value.__class__ is bool:
+        return '{"boolValue":true}' if value else '{"boolValue":false}'
+    if value.__class__ is int:
+        return '{"intValue":"' + str(value) + '"}'
+    if value.__class__ is float and math.isfinite(value):
+        return '{"doubleValue":' + repr(value) + "}"
+    return json.dumps(any_value(value), separators=(",", ":"))
+
+
+def _attributes_text(attributes) -> str:
+    return ",".join('{"key":' + _escape(key) + ',"value":' + _value_text(value) + "}"
+                    for key, value in attributes.items())
+
+
+def _span_text(span) -> str:
+    if span.events or span.links or span.dropped_attributes or span.dropped_events or span.dropped_links \
+            or span.get_span_context().trace_state:
+        return json.dumps(span_dict(span), separators=(",", ":"))  # rare shapes: the dict path
+    ctx = span.get_span_context()
+    parts = ['{"traceId":"', format(ctx.trace_id, "032x"), '","spanId":"', format(ctx.span_id, "016x"), '"']
+    if span.parent is not None:
+        parts += [',"parentSpanId":"', format(span.parent.span_id, "016x"), '"']
+    parts += [',"name":', _escape(span.name), ',"kind":', str(span.kind.value + _KIND_OFFSET)]
+    if span.start_time:
+        parts += [',"startTimeUnixNano":"', str(span.start_time), '"']
+    if span.end_time:
+        parts += [',"endTimeUnixNano":"', str(span.end_time), '"']
+    if span.attributes:
+        parts += [',"attributes":[', _attributes_text(span.attributes), "]"]
+    status = span.status
+    status_parts = []
+    if status is not None and status.description:
+        status_parts.append('"message":' + _escape(status.description))
+    if status is not None and status.status_code.value:
+        status_parts.append('"code":' + str(status.status_code.value))
+    parts += [',"status":{', ",".join(status_parts), '},"flags":', str(_flags(span.parent)), "}"]
+    return "".join(parts)
+
+
+def export_request_json(spans) -> str:
+    """:func:`export_request` as compact JSON text, without building the span dicts."""
+    groups: dict = {}
+    for span in spans:
+        groups.setdefault(span.resource, {}).setdefault(span.instrumentation_scope or None, []).append(span)
+    resources = []
+    for resource, scopes in groups.items():
+        scope_texts = []
+        for scope, members in scopes.items():
+            head = '{"scope":' + json.dumps(_scope_dict(scope), separators=(",", ":"))
+            tail = ',"schemaUrl":' + _escape(scope.schema_url) if scope is not None and scope.schema_url else ""
+            scope_texts.append(head + ',"spans":[' + ",".join(_span_text(s) for s in members) + "]" + tail + "}")
+        resource_dict: dict = {}
+        _put(resource_dict, "attributes", _attributes(resource.attributes))
+        entry = '{"resource":' + json.dumps(resource_dict, separators=(",", ":")) + ',"scopeSpans":[' \
+            + ",".join(scope_texts) + "]"
+        if resource.schema_url:
+            entry += ',"schemaUrl":' + _escape(resource.schema_url)
+        resources.append(entry + "}")
+    return '{"resourceSpans":[' + ",".join(resources) + "]}"
