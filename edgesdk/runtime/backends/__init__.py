@@ -28,6 +28,7 @@ from collections.abc import Callable
 # format -> "module:function"; imported lazily so a device needs only its own backend's packages.
 LOADERS: dict[str, str] = {
     "onnx": "edgesdk.runtime.backends.onnxruntime:load_onnx",
+    "gguf": "edgesdk.runtime.backends.llamacpp:load_gguf",
     "tensorrt": "edgesdk.runtime.backends.tensorrt:load_tensorrt",
     "torch": "edgesdk.runtime.backends.torch_eager:load_torch",
 }
