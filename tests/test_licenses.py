@@ -249,3 +249,35 @@ def test_cli_exit_codes_and_formats(tmp_path: Path, capsys) -> None:
 def test_repository_itself_passes(capsys) -> None:
     code, out = _cli(["check", "licenses", str(REPO), "--summary"], capsys)
     assert code == 0, out
+
+
+def test_model_file_without_license_field_tree_vs_bundle(tmp_path: Path) -> None:
+    """In a source tree, a fixture model without a license field is covered by REUSE rules like
+    any file; in a bundle the model must declare a license somewhere, or the bundle is denied."""
+    tree = tmp_path / "tree"
+    (tree / "fixtures").mkdir(parents=True)
+    (tree / "pyproject.toml").write_text('[project]\nname="x"\nversion="0"\nlicense="MIT"\ndependencies=[]\n')
+    write_onnx(tree / "fixtures" / "tiny.onnx", None)
+    (tree / "fixtures" / "broken.gguf").write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 64)
+    result = scan_licenses(tree)
+    assert result.verdict == "pass"
+    assert result.without_own_info["fixtures/broken.gguf"] == "pyproject.toml [project].license"
+    bundle = tmp_path / "bundle"
+    shutil.copytree(tree / "fixtures", bundle)
+    (bundle / "manifest.json").write_text("{}")
+    denied = scan_licenses(bundle)
+    assert denied.verdict == "deny" and denied.worst().layer == "model"
+
+
+def test_sbom_lists_vendored_code_and_validates(tmp_path: Path) -> None:
+    from edgesdk.compliance.sbom import build_sbom
+
+    root = tmp_path / "case"
+    shutil.copytree(REPO / "tests" / "data" / "licenses" / "p06-vendored-gpl", root)
+    result = scan_licenses(root)
+    text = build_sbom("case", result.findings, result.weights, result.vendored, None)
+    assert validate_sbom(text) is None
+    vendored = [c for c in json.loads(text)["components"] if c["bom-ref"].startswith("vendored:")]
+    assert vendored == [{"bom-ref": "vendored:third_party/fastlib", "licenses": [{"expression": "GPL-2.0-only"}],
+                         "name": "third_party/fastlib", "type": "library",
+                         "properties": [{"name": "edgesdk:license-file", "value": "third_party/fastlib/COPYING"}]}]

@@ -204,7 +204,13 @@ def scan_licenses(path: Path, *, model_source: Path | None = None, runtime_distr
         model += card_findings((root / rel).parent, root)
     if is_bundle and model_source is None and not any(m.spdx for m in model):
         model += _recorded_model_findings(root)
-    model = [m for m in model if m.spdx or not _declared_elsewhere(m, model)]
+    if is_bundle:
+        model = [m for m in model if m.spdx or not _declared_elsewhere(m, model)]
+    else:
+        # In a source tree a model file without a license field (a test fixture, a broken file on
+        # purpose) is covered like any other file by REUSE rules. A model card that says
+        # `license: unknown` is a declaration and stays.
+        model = [m for m in model if m.spdx or "front matter" in m.source]
     if model_source is not None and (pkg := package_finding(Path(model_source), model)):
         model.append(pkg)
     if is_bundle and not model:
