@@ -24,6 +24,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -187,8 +188,9 @@ def _shutdown_locked(timeout_s: float = 5.0) -> None:
     threads = [threading.Thread(target=_close, args=(p,), daemon=True) for p in providers]
     for thread in threads:
         thread.start()
+    deadline = time.monotonic() + timeout_s
     for thread in threads:
-        thread.join(timeout_s)
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def shutdown() -> None:
@@ -255,8 +257,6 @@ def build_stage(stage: str, attributes: dict | None = None) -> Iterator[trace.Sp
 
 @contextlib.contextmanager
 def _finishing_span(span, *, outcome_attr: str, stage: str | None):
-    import time
-
     token = otel_context.attach(trace.set_span_in_context(span))
     start = time.perf_counter()
     outcome = "ok"
