@@ -163,6 +163,9 @@ def test_gemma_needs_review_and_accept_license_records_it(tmp_path: Path) -> Non
                               accepted=["gemma"])
     assert (result.verdict, result.policy_verdict) == ("pass", "review")
     assert result.to_manifest()["accepted"] == ["LicenseRef-gemma"]
+    # The GGUF on its own (a tree, no project license): its own metadata covers it.
+    alone = scan_licenses(source.parent)
+    assert alone.verdict == "review" and [f.layer for f in alone.findings] == ["model"]
     assert validate_sbom((stage / SBOM_NAME).read_text()) is None
 
 

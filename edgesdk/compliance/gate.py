@@ -216,7 +216,7 @@ def scan_licenses(path: Path, *, model_source: Path | None = None, runtime_distr
     if is_bundle and not model:
         model.append(LicenseFinding("model", root.name, "", "model card / GGUF / ONNX metadata", None,
                                     "the model declares no license anywhere we can read"))
-    findings = model + findings
+    findings = model + _drop_self_declared(findings, tree.without_own_info, model)
     findings += distribution_findings(dists, environment=environment)
     findings += scanoss_settings_findings(root, tree.scanoss_settings)
     scan = run_scanoss(root, tree.code_files, configured_url(scanoss_url), scanoss_api_key,
@@ -229,6 +229,27 @@ def scan_licenses(path: Path, *, model_source: Path | None = None, runtime_distr
     return GateResult(str(path), "bundle" if is_bundle else "tree", policy, findings, audit, accepted_ids, unused,
                       scan, tree.without_own_info, tree.vendored, tree.weights, dists, model_expr,
                       time.perf_counter() - start)
+
+
+def _drop_self_declared(findings: list[LicenseFinding], without_own_info: dict[str, str],
+                        model: list[LicenseFinding]) -> list[LicenseFinding]:
+    """A GGUF/ONNX file whose metadata declares a license is covered by that declaration, not by
+    the tree's fallback (or by nothing)."""
+    declared = {rel for m in model if m.spdx for rel in m.files}
+    if not declared:
+        return findings
+    out = []
+    for f in findings:
+        if f.layer == "source" and set(f.files) & declared:
+            f.files = [rel for rel in f.files if rel not in declared]
+            if not f.files:
+                continue
+            if len(f.files) == 1:
+                f.subject = f.files[0]
+        out.append(f)
+    for rel in declared:
+        without_own_info.pop(rel, None)
+    return out
 
 
 def _declared_elsewhere(finding: LicenseFinding, model: list[LicenseFinding]) -> bool:
