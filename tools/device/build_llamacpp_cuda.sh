@@ -31,6 +31,6 @@ echo "build_seconds=$(( $(date +%s) - start ))"
 ls -la "$WHEEL_DIR"
 if [ -n "${OUT:-}" ]; then
   whl=$(ls "$WHEEL_DIR"/llama_cpp_python-*.whl | head -1)
-  split -b 15M -d "$whl" "$OUT/$(basename "$whl").part"
+  [ "${SPLIT_WHEEL:-0}" = 1 ] && split -b 15M -d "$whl" "$OUT/$(basename "$whl").part"
   sha256sum "$whl" > "$OUT/wheel.sha256"
 fi
