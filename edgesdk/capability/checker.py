@@ -42,7 +42,7 @@ class NodeResult:
     op_type: str
     domain: str
     support: dict[str, Verdict]
-    placement: str = "none"
+    placement: str = "none"  # a backend, "folded", "unknown" (only unverifiable backends left) or "none"
     uncertain: bool = False  # an earlier backend in the chain could not be checked here
 
     def to_dict(self) -> dict:
@@ -277,7 +277,15 @@ def check_capability(onnx_path: str | os.PathLike, profile, precision: str | Non
                 break
             if status == "unknown":
                 res.uncertain = True
+        else:
+            # Nothing said yes. "none" only when every backend said no; a backend that could not be checked
+            # here (CUDA EP without CUDA libraries) may still take it on the device.
+            res.placement = "unknown" if res.uncertain else "none"
         results.append(res)
+    contrib = sorted({n.op_type for n in view.nodes if n.domain == "com.microsoft"})
+    if contrib and "tensorrt" in chain:
+        notes.append(f"onnxruntime contrib ops ({', '.join(contrib)}): this ONNX was fused for ONNX Runtime; "
+                     "TensorRT parses only standard ONNX ops, so export unfused ONNX for a TensorRT engine")
     report = CapabilityReport(model=str(view.path), profile=profile.name, tensorrt_version=trt_version,
                               precision=precision, opset=view.opset, chain=chain,
                               dynamic_inputs=view.dynamic_inputs(), nodes=results, view=view, notes=notes)

@@ -63,6 +63,10 @@ def render_table(report: CapabilityReport) -> str:
     uncertain = sum(1 for n in report.nodes if n.uncertain)
     if uncertain:
         lines.append(f"{uncertain} nodes placed after a backend that could not be checked here (marked ? above)")
+    unknown = sorted({n.op_type for n in report.nodes if n.placement == "unknown"})
+    if unknown:
+        lines.append(f"only unverifiable backends left for: {', '.join(unknown)} (runs on the device only if its "
+                     "CUDA EP has the kernel)")
     none = report.unsupported_everywhere()
     if none:
         lines.append(f"NO BACKEND runs: {', '.join(sorted({n.op_type for n in none}))}")
