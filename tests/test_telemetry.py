@@ -14,6 +14,7 @@ import sys
 import time
 
 import pytest
+from opentelemetry import trace
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -302,3 +303,49 @@ def test_bad_protocol_is_a_one_line_input_error(clean_env):
 
     with pytest.raises(InputError, match="unsupported OTLP protocol"):
         telemetry.configure(otlp_endpoint="http://127.0.0.1:4317", otlp_protocol="carrier-pigeon")
+
+
+def test_streaming_generator_closed_early_from_another_context(memory, caplog):
+    """A backend's stream() runs the recorder inside a generator; the consumer may stop early and the
+    generator may be closed elsewhere. That is a cancelled request, not an error, and no OTel errors."""
+    import contextvars
+    import logging
+
+    spans, _ = memory
+
+    def stream():
+        with telemetry.inference("text_completion", "gemma", "llama.cpp", stream=True) as rec:
+            n = 0
+            try:
+                for piece in ("a", "b", "c", "d"):
+                    rec.chunk()
+                    n += 1
+                    yield piece
+            finally:
+                rec.set_output_tokens(n)
+                rec.finish(["cancelled" if n < 4 else "stop"])
+
+    generator = stream()
+    assert next(generator) == "a"
+    with caplog.at_level(logging.ERROR):
+        contextvars.copy_context().run(generator.close)
+    assert "Failed to detach" not in caplog.text
+    (span,) = finished(spans)
+    assert span.attributes[N.RESPONSE_FINISH_REASONS] == ("cancelled",)
+    assert N.ERROR_TYPE not in span.attributes and span.status.status_code is StatusCode.UNSET
+    with telemetry.inference("chat", "m", "llama.cpp"):  # the stream's span did not leak into this context
+        pass
+    later = finished(spans)[1]
+    assert later.parent is None
+
+
+def test_stream_span_is_not_current_but_takes_events(memory):
+    spans, _ = memory
+    with telemetry.inference("chat", "outer", "llama.cpp"):
+        with telemetry.inference("chat", "m", "llama.cpp", stream=True) as rec:
+            rec.add_event("edgesdk.fallback", {"edgesdk.fallback.from": "cuda", "edgesdk.fallback.to": "cpu",
+                                               "edgesdk.fallback.reason": "OOM"})
+            assert trace.get_current_span() is not rec.span
+    by_name = {s.name: s for s in finished(spans)}
+    assert by_name["chat m"].parent.span_id == by_name["chat outer"].context.span_id
+    assert [e.name for e in by_name["chat m"].events] == ["edgesdk.fallback"]

@@ -206,7 +206,7 @@ def test_direct_json_encoder_matches_the_otlp_protobuf_json_mapping(clean_env):
         rec.set_input_tokens(3)
         rec.chunk()
         rec.capture_input("héllo")
-        telemetry.fallback_event("a", "b", "c", {"edgesdk.fallback.latency_ratio": float("nan")})
+        rec.add_event("edgesdk.fallback", {"edgesdk.fallback.latency_ratio": float("nan")})
         rec.finish(["stop"])
     with pytest.raises(KeyError):
         with telemetry.build_trace("m", "orin"):

@@ -151,6 +151,9 @@ class _NoopRecorder:
     def set_error(self, error_type):
         pass
 
+    def add_event(self, name, attributes=None):
+        pass
+
     def capture_input(self, messages_or_text):
         pass
 
@@ -208,13 +211,28 @@ class InferenceRecorder:
     def __enter__(self):
         name = f"{self._operation} {self._model}" if self._model else self._operation
         self._span = self._tracer.start_span(name, kind=SpanKind.INTERNAL, attributes=self._attrs)
-        self._token = otel_context.attach(trace.set_span_in_context(self._span))
+        if not self._stream:
+            # Current span while the request runs, so nested spans and fallback events attach to it.
+            # Not for streams: a streaming block lives in a generator across yields, where an attached
+            # context would leak into the consumer's code and may be closed from another context.
+            self._token = otel_context.attach(trace.set_span_in_context(self._span))
         self._t0 = perf_counter()
         return self
 
     def __exit__(self, exc_type, exc, tb):
         self._end = perf_counter()
-        otel_context.detach(self._token)
+        token = self._token
+        if token is not None:
+            var = getattr(token, "var", None)  # a contextvars.Token with the default runtime context
+            if var is None:
+                otel_context.detach(token)
+            else:
+                try:
+                    var.reset(token)
+                except ValueError:
+                    pass  # exited from another context (a generator closed elsewhere): nothing to restore
+        if exc_type is GeneratorExit:
+            exc = None  # the consumer stopped a stream early: cancelled, not failed
         span = self._span
         attrs = self._end_attrs or {}
         metric_attrs = self._metric_attrs
@@ -317,6 +335,11 @@ class InferenceRecorder:
     def set_error(self, error_type):
         """Mark the request failed without raising (error.type, span status ERROR)."""
         self._error_type = str(error_type)
+
+    def add_event(self, name, attributes=None):
+        """A span event on this request's span (streams are not the current span, so use this there)."""
+        if self._span is not None:
+            self._span.add_event(str(name), N.clean_attributes(attributes or {}))
 
     def capture_input(self, messages_or_text):
         if self._capture:
