@@ -269,6 +269,10 @@ def check_capability(onnx_path: str | os.PathLike, profile, precision: str | Non
                                      ("op" if pr.status == "no" else ""))
             else:
                 support[b] = Verdict("n/a", "not in this profile's chain")
+        cpu = support["cpu"]
+        if support["cuda_ep"].status == "unknown" and cpu.status == "no" and "not a registered op" in cpu.reason:
+            # Not in ONNX Runtime's op registry at all: no execution provider of this onnxruntime can run it.
+            support["cuda_ep"] = Verdict("no", cpu.reason, "op")
         res = NodeResult(i, view.names[i], node.op_type, node.domain, support)
         for b in chain:
             status = support[b].status
