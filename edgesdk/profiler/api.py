@@ -85,7 +85,11 @@ def run_profiler(path: str | os.PathLike, opts: BenchOptions, *, latency_budget_
                                                                                   opts.prompt_tokens),
                                         backend=(body.get("runtime") or {}).get("backend"),
                                         measured_host=host_figures() if profile.kind == "cpu" else None)
-            attach_measurement(prediction, body)
+            if profile.name == detection.best_match:
+                attach_measurement(prediction, body)
+            else:
+                prediction["notes"].append(f"measured on {detection.best_match}, predicted for {profile.name}: "
+                                           "no prediction error shown")
         except EdgeSDKError as exc:
             prediction = {"profile": profile.name, "unavailable": exc.one_line()}
     report = assemble(body, device=device, prediction=prediction, budgets=None)

@@ -21,6 +21,7 @@ import yaml
 from edgesdk.errors import InputError, ModelError
 
 EFFICIENCY_FILE = Path(__file__).resolve().parent.parent / "data" / "profiler" / "efficiency.yaml"
+_LOOKUP_OPS = {"Gather", "EmbedLayerNormalization"}
 _ONNX_DTYPE_BYTES = {1: 4, 2: 1, 3: 1, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 16: 2, 17: 1, 18: 1,
                      19: 1, 20: 1, 21: 1, 22: 1, 23: 1}
 
@@ -103,8 +104,8 @@ def onnx_work(path: str | Path, *, batch: int = 1, seq: int = 128) -> WorkFacts:
         n = _prod(init.dims)
         params += n
         nbytes = n * _ONNX_DTYPE_BYTES.get(init.data_type, 4)
-        # Embedding tables feed only Gather: a pass reads the rows it looks up, not the table.
-        if consumers.get(name) == {"Gather"} and len(init.dims) == 2:
+        # Embedding tables feed only lookups: a pass reads the rows it looks up, not the table.
+        if consumers.get(name) and consumers[name] <= _LOOKUP_OPS and len(init.dims) == 2:
             nbytes = min(nbytes, batch * seq * init.dims[1] * _ONNX_DTYPE_BYTES.get(init.data_type, 4))
         weight_bytes += nbytes
     shapes = _shape_table(_static_shapes(model, batch, seq))
@@ -129,6 +130,12 @@ def onnx_work(path: str | Path, *, batch: int = 1, seq: int = 128) -> WorkFacts:
                 trans_a = next((x.i for x in node.attribute if x.name == "transA"), 0)
                 k = a[0] if trans_a else a[1]
                 flops += 2.0 * _prod(out) * k
+            elif node.op_type == "Attention":   # com.microsoft fused attention: QKV projection + scores
+                x, w = ins[0], ins[1]
+                flops += 2.0 * _prod(x[:-1]) * w[0] * w[1] + 4.0 * x[0] * x[1] * x[1] * (w[1] // 3)
+            elif node.op_type == "MultiHeadAttention":   # scores and weighted sum over projected Q/K/V
+                q = ins[0]
+                flops += 4.0 * q[0] * q[1] * q[1] * q[2]
             elif node.op_type in ("Conv", "ConvInteger", "QLinearConv"):
                 w = ins[1] if node.op_type != "QLinearConv" else ins[3]
                 out = outs[0]
