@@ -284,3 +284,15 @@ def test_sbom_lists_vendored_code_and_validates(tmp_path: Path) -> None:
     assert vendored == [{"bom-ref": "vendored:third_party/fastlib", "licenses": [{"expression": "GPL-2.0-only"}],
                          "name": "third_party/fastlib", "type": "library",
                          "properties": [{"name": "edgesdk:license-file", "value": "third_party/fastlib/COPYING"}]}]
+
+
+def test_reuse_layout_reports_ids_without_license_text(tmp_path: Path) -> None:
+    (tmp_path / "LICENSES").mkdir()
+    (tmp_path / "LICENSES" / "MIT.txt").write_text("MIT text\n")
+    (tmp_path / "a.py").write_text("# SPDX-License-Identifier: MIT OR BSD-3-Clause\n")
+    (tmp_path / "b.json").write_text("{}\n")
+    (tmp_path / "b.json.license").write_text("SPDX-License-Identifier: Apache-2.0\n")
+    result = scan_licenses(tmp_path)
+    assert result.missing_license_texts == ["Apache-2.0", "BSD-3-Clause"]
+    sidecar = next(f for f in result.findings if f.subject == "b.json")
+    assert (sidecar.source, sidecar.spdx) == (".license sidecar", "Apache-2.0")

@@ -52,6 +52,7 @@ class GateResult:
     runtime_distributions: list[str] = field(default_factory=list)
     model_expression: str | None = None
     elapsed_s: float = 0.0
+    missing_license_texts: list[str] = field(default_factory=list)  # REUSE: ids with no LICENSES/<id>.txt
 
     @property
     def policy_verdict(self) -> str:
@@ -97,6 +98,7 @@ class GateResult:
                 "model_license": self.model_expression, "runtime_distributions": self.runtime_distributions,
                 "findings": [f.to_dict() for f in self.findings], "vendored": self.vendored,
                 "weights": self.weights, "files_without_own_license_info": self.without_own_info,
+                "missing_license_texts": self.missing_license_texts,
                 "scanoss": self.scanoss.to_dict(), "elapsed_s": round(self.elapsed_s, 3)}
 
 
@@ -228,7 +230,25 @@ def scan_licenses(path: Path, *, model_source: Path | None = None, runtime_distr
     model_expr = " AND ".join(f"({e})" if " " in e else e for e in exprs) or None
     return GateResult(str(path), "bundle" if is_bundle else "tree", policy, findings, audit, accepted_ids, unused,
                       scan, tree.without_own_info, tree.vendored, tree.weights, dists, model_expr,
-                      time.perf_counter() - start)
+                      time.perf_counter() - start, _missing_license_texts(root, findings))
+
+
+def _missing_license_texts(root: Path, findings: list[LicenseFinding]) -> list[str]:
+    """REUSE layout check: every id the tree's own files declare needs LICENSES/<id>.txt."""
+    texts = root / "LICENSES"
+    if not texts.is_dir():
+        return []
+    from edgesdk.compliance.spdx import licensing
+
+    have = {p.stem for p in texts.iterdir() if p.is_file()}
+    used: set[str] = set()
+    for f in findings:
+        if f.layer == "source" and f.spdx:
+            try:
+                used.update(licensing().license_keys(licensing().parse(f.spdx, validate=False)))
+            except Exception:  # noqa: BLE001 - already reported as unknown by the policy
+                continue
+    return sorted(used - have)
 
 
 def _drop_self_declared(findings: list[LicenseFinding], without_own_info: dict[str, str],

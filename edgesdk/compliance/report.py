@@ -79,6 +79,8 @@ def to_summary(result: GateResult) -> str:
                      "an enclosing LICENSE file, the project's declared license, or (bundle) the model's:")
         lines.extend(textwrap.wrap(", ".join(sorted(gaps)), width=108, initial_indent="    ",
                                    subsequent_indent="    "))
+    if result.missing_license_texts:
+        lines.append("  REUSE: no license text in LICENSES/ for " + ", ".join(result.missing_license_texts))
     lines.append(f"  scanoss: {result.scanoss.note} ({result.scanoss.fingerprinted} files fingerprinted)")
     return "\n".join(lines) + "\n"
 
