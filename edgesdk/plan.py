@@ -306,6 +306,10 @@ def _choose_precision(facts: ModelFacts, profile: Profile, options: BuildOptions
         return Decision("precision", "quantized", "GGUF quantization type is chosen by the memory arithmetic below")
     usable = [p for p in order if p in ("fp32", "fp16", "int8")]
     choice = usable[0] if usable else "fp32"
+    if choice == "int8" and facts.task in ("image-classification", "vision"):
+        return Decision("precision", "fp32", "the profile prefers INT8, but this model's compute is convolutions: "
+                        "accuracy-aware dynamic INT8 covers MatMul/Attention only, and static Conv INT8 needs "
+                        "calibration images from your data; pass --precision to override")
     if profile.is_gpu:
         why = (f"GPU profile: tensor cores run FP16 at {profile.figure('device.peak.fp16_tflops')} TFLOPS "
                f"(profile), twice FP32 throughput and half the bytes; first in the profile's order {order}")

@@ -131,6 +131,8 @@ def _random_feeds(ctx, input_names: list[str], n: int, offset: int) -> list[dict
                 continue
             t = inp.type.tensor_type
             shape = [d.dim_value if d.dim_value > 0 else (1 if i == 0 else size) for i, d in enumerate(t.shape.dim)]
+            if len(shape) == 4 and t.shape.dim[1].dim_value <= 0:  # NCHW image: channels from the config
+                shape[1] = int((ctx.facts.config or {}).get("num_channels", 3))
             dtype = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type)
             if "mask" in inp.name:
                 feed[inp.name] = np.ones(shape, dtype=dtype)
@@ -216,10 +218,14 @@ def _optimize(ctx, src: Path, out: Path) -> dict:
                                          hidden_size=int(cfg["hidden_size"]), use_gpu_fusions=ctx.profile.is_gpu)
         return {"tool": "onnxruntime.transformers.optimizer", **report}
     try:
+        import contextlib
+        import io
+
         import onnxslim
 
-        onnxslim.slim(str(src), str(out))
-        return {"tool": "onnxslim"}
+        with contextlib.redirect_stdout(io.StringIO()):  # onnxslim prints a summary table
+            onnxslim.slim(str(src), str(out))
+        return {"tool": "onnxslim", "version": onnxslim.__version__}
     except Exception as exc:  # noqa: BLE001 - optimization is optional; record why it did not apply
         shutil.copyfile(src, out)
         return {"tool": "none", "reason": f"onnxslim failed: {type(exc).__name__}: {exc}"[:200]}
