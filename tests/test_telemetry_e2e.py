@@ -79,3 +79,79 @@ def test_env_configured_otlp_file_from_cli(run_cli, minilm_orin_bundle, tmp_path
     res = run_cli("run", minilm_orin_bundle, "--input", "hi", "--json", env={"EDGESDK_TRACE_FILE": str(trace_file)})
     assert res.returncode == 0, res.stderr
     assert "embeddings" in trace_file.read_text()
+
+
+# --------------------------------------------------------------------------- GGUF LLM (llama.cpp)
+# The backend is built straight on the registry GGUF (a full `edgesdk build` of it takes ~75 s here,
+# mostly its perplexity verification): real llama.cpp decoding, real tokenizer counts.
+
+@pytest.fixture(scope="module")
+def gemma_backend(gemma_gguf):
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from edgesdk.runtime.backends.llamacpp import LlamaCppBackend
+
+    llm = llama_cpp.Llama(model_path=str(gemma_gguf), n_ctx=256, n_threads=2, n_threads_batch=2, verbose=False)
+    backend = LlamaCppBackend(llm, settings={"n_gpu_layers": 0}, report={}, model="gemma-3-270m",
+                              attributes={"edgesdk.backend": "llama.cpp", "edgesdk.precision": "q4_k_m"})
+    yield backend
+    backend.close()
+
+
+def test_gguf_generate_span_has_exact_tokens_and_timing(memory, gemma_backend):
+    spans, reader = memory
+    prompt = "The capital of France is"
+    text = gemma_backend.generate(prompt, max_tokens=8, seed=1, temperature=0.0)
+    assert telemetry.force_flush()
+    (span,) = spans.get_finished_spans()
+    attrs = dict(span.attributes)
+    last = gemma_backend.last
+    assert span.name == "text_completion gemma-3-270m"
+    assert attrs["gen_ai.provider.name"] == "llama.cpp" and attrs["gen_ai.request.max_tokens"] == 8
+    assert attrs["gen_ai.usage.input_tokens"] == len(gemma_backend.tokenize(prompt)) == last["input_tokens"]
+    assert attrs["gen_ai.usage.output_tokens"] == last["output_tokens"] > 0
+    assert attrs["gen_ai.response.finish_reasons"] == (last["finish_reason"],)
+    duration = (span.end_time - span.start_time) / 1e9
+    assert 0 < attrs["gen_ai.response.time_to_first_chunk"] < duration
+    assert not any(text.strip() and text.strip() in str(v) for v in attrs.values())  # no content by default
+    points = {m.name: m.data.data_points for rm in reader.get_metrics_data().resource_metrics
+              for sm in rm.scope_metrics for m in sm.metrics}
+    (per_chunk,) = points["gen_ai.client.operation.time_per_output_chunk"]
+    assert per_chunk.count >= last["output_tokens"] - 1
+    (tpot,) = points["gen_ai.server.time_per_output_token"]
+    assert tpot.count == 1 and 0 < tpot.sum < duration
+
+
+def test_gguf_stream_stopped_early_is_cancelled_not_failed(memory, gemma_backend):
+    spans, _ = memory
+    stream = gemma_backend.stream("Count: one, two,", max_tokens=32, seed=1)
+    first = next(stream)
+    assert isinstance(first, str)
+    stream.close()
+    assert telemetry.force_flush()
+    (span,) = spans.get_finished_spans()
+    assert span.attributes["gen_ai.request.stream"] is True
+    assert span.attributes["gen_ai.response.finish_reasons"] == ("cancelled",)
+    assert "error.type" not in span.attributes
+
+
+def test_gguf_content_capture_opt_in_records_the_real_output(monkeypatch, gemma_backend, tmp_path):
+    for key in list(os.environ):
+        if key.startswith("OTEL_"):
+            monkeypatch.delenv(key)
+    telemetry.shutdown()
+    trace_file = tmp_path / "gguf.jsonl"
+    monkeypatch.setenv("EDGESDK_CAPTURE_CONTENT", "1")
+    telemetry.configure(trace_file=trace_file)
+    try:
+        text = gemma_backend.generate("Paris is the capital of", max_tokens=6, seed=2, temperature=0.0)
+    finally:
+        telemetry.shutdown()
+    span = next(s for line in trace_file.read_text().splitlines() for rs in json.loads(line).get("resourceSpans", [])
+                for ss in rs["scopeSpans"] for s in ss["spans"])
+    attrs = {a["key"]: a["value"] for a in span["attributes"]}
+    output = json.loads(attrs["gen_ai.output.messages"]["stringValue"])
+    assert output[0]["parts"][0]["content"] == text
+    assert attrs["edgesdk.capture_content"] == {"boolValue": True}
+    report = check_trace_file(trace_file)
+    assert report.count("violation") == 0, report.findings
+    assert any(f.rule == "content_captured" for f in report.findings)
