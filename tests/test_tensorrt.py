@@ -220,3 +220,19 @@ def test_real_engine_build_and_run(capability_models, tmp_path):
 
     ref = ort.InferenceSession(str(capability_models["cnn"]), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     np.testing.assert_allclose(out, ref[0], rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.slow
+def test_inspect_capability_reads_a_bundle(deferred_bundle, run_cli):
+    res = run_cli("inspect", "capability", deferred_bundle, "--json")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["profile"] == "orin-nx-16gb" and data["precision"] == "fp16"
+    assert data["model"].endswith("model.onnx")
+
+
+def test_plan_explains_what_int8_leaves_in_fp16(capability_models):
+    plan = _plan(capability_models["bert"], "orin-agx-64gb", precision="int8")
+    decision = plan["precision_report"]
+    assert decision.value.startswith("17/") and "kept higher" in decision.value
+    assert "Softmax run FP16" in decision.reason and "reformat" in decision.reason

@@ -17,18 +17,32 @@ def inspect_group() -> None:
 
 @inspect_group.command("capability")
 @click.argument("model", type=click.Path(path_type=Path))
-@click.option("--profile", "-p", "profile_name", required=True, help="Device profile name, alias or YAML path.")
+@click.option("--profile", "-p", "profile_name", help="Device profile name, alias or YAML path (default for a "
+              "bundle: the profile it was built for).")
 @click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16", "int8"]),
               help="Precision to check for (default: the profile's first).")
 @click.option("--dla/--no-dla", "dla", default=None, help="Consider the DLA (default: when the profile has one).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
 @click.option("--strict", is_flag=True, help="Exit 2 when some op runs on no backend of the profile.")
 def capability_cmd(model: Path, profile_name: str, precision, dla, as_json: bool, strict: bool) -> int:
-    """Per-op support on TensorRT / DLA / CUDA EP / CPU EP, partitions, and what falls back where."""
+    """Per-op support on TensorRT / DLA / CUDA EP / CPU EP, partitions, and what falls back where.
+
+    MODEL is an .onnx file or a bundle directory (its ONNX artifact is checked)."""
     from edgesdk.capability import check_capability, precision_report_from, render_table
-    from edgesdk.errors import VerdictError
+    from edgesdk.errors import InputError, VerdictError
     from edgesdk.profiles import resolve_profile
 
+    if model.is_dir() and (model / "manifest.json").is_file():
+        from edgesdk.bundle import open_bundle
+
+        bundle = open_bundle(model)
+        if not bundle.has_artifact("model"):
+            raise InputError(f"bundle {model} has no ONNX model artifact (format {bundle.format})")
+        profile_name = profile_name or (bundle.manifest.get("profile") or {}).get("name")
+        precision = precision or (bundle.precision if bundle.precision in ("fp32", "fp16", "bf16", "int8") else None)
+        model = bundle.artifact_path("model")
+    if not profile_name:
+        raise InputError("--profile is required for an .onnx file")
     profile = resolve_profile(profile_name)
     report = check_capability(model, profile, precision, use_dla=dla)
     prec = precision_report_from(report) if report.precision != "fp32" else None

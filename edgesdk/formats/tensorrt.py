@@ -9,6 +9,7 @@ Runtime side: :mod:`edgesdk.runtime.backends.tensorrt`. Engine config/cache/buil
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from edgesdk.errors import InputError
@@ -143,6 +144,15 @@ def plan_tensorrt(facts, profile, options) -> list[Decision]:
                         "min/opt/max per dynamic input: opt at batch 1 and the planned sequence length "
                         f"({options.seq_len}), max bounded so the engine's workspace fits" if profiles
                         else "every input shape is static"))
+    if facts.kind == "onnx" and precision != "fp32":
+        from edgesdk.capability import precision_report
+
+        prec = precision_report(facts.source, profile, precision, use_dla=bool(dla and dla.value))
+        kept = sum(r["count"] for r in prec["kept_higher_precision"])
+        out.append(Decision("precision_report", f"{prec['float_nodes'] - kept}/{prec['float_nodes']} float ops in "
+                            f"{precision.upper()}, {kept} kept higher, {prec['precision_conversions']} reformats, "
+                            f"{prec['float_partition_crossings']} float partition crossings",
+                            " | ".join(prec["explanation"])))
     fields = {**{k: target[k] for k in ("sm", "tensorrt", "l4t", "jetpack")}, "precision": precision,
               "flags": flags, "dla": dla.value if dla is not None else None, "profiles": profiles}
     out.append(Decision("engine_cache_key", fields, "an engine is reused only when SM, TensorRT, L4T/JetPack, "
@@ -210,9 +220,14 @@ def build_tensorrt(ctx) -> None:
         if summary["unsupported_everywhere"]:
             ctx.progress(f"no backend runs {summary['unsupported_everywhere']} on {ctx.profile.name}")
         if not problems:
-            data, binfo = E.build_engine(config, onnx_path, ctx.staging / "tensorrt" / "_work", env)
+            work = ctx.staging / "tensorrt" / "_work"
+            data, binfo = E.build_engine(config, onnx_path, work, env)
             (ctx.staging / "tensorrt" / E.ENGINE_FILE).write_bytes(data)
             ctx.add_artifact(f"tensorrt/{E.ENGINE_FILE}", "engine")
+            if (work / E.TIMING_CACHE_FILE).is_file():
+                shutil.move(str(work / E.TIMING_CACHE_FILE), str(ctx.staging / "tensorrt" / E.TIMING_CACHE_FILE))
+                ctx.add_artifact(f"tensorrt/{E.TIMING_CACHE_FILE}", "timing-cache")
+            shutil.rmtree(work, ignore_errors=True)
             info["engine"] = {"built": True, "deferred": False, **binfo}
         else:
             info["engine"] = {"built": False, "deferred": True, "reason": "; ".join(problems),

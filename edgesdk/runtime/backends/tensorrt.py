@@ -91,7 +91,7 @@ class OrtFallbackBackend:
         self.inputs = inner.inputs
         self._pre = preflight_info
         self._bundle = bundle
-        self._placement_wanted = True
+        self._placement_wanted = bool(preflight_info.pop("placement", True))
 
     def check_feeds(self, feeds: dict) -> dict:
         return self.inner.check_feeds(feeds)
@@ -139,7 +139,9 @@ def load_tensorrt(bundle, ctx):
                                                                               "CPUExecutionProvider"])
     if ctx.options.get("providers"):
         chain = [ENGINE_STEP, *ctx.options["providers"]]
-    info: dict = {"host": {k: env.get(k) for k in ("tensorrt", "sm", "l4t", "platform", "gpu")}}
+    # placement=False skips the one profiled run that records where each node ran (first run only).
+    info: dict = {"host": {k: env.get(k) for k in ("tensorrt", "sm", "l4t", "platform", "gpu")},
+                  "placement": ctx.options.get("placement", True)}
     config = E.read_config(bundle.artifact_path("engine-config"))
     problems = preflight(config["target"], env)
     info["preflight"] = {"target": config["target"], "problems": problems, "ok": not problems}
