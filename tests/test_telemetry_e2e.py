@@ -17,6 +17,8 @@ import edgesdk
 from edgesdk import telemetry
 from edgesdk.compliance.traces import check_trace_file
 
+pytestmark = pytest.mark.slow  # real models: a bundle build (shared fixture) and llama.cpp decoding
+
 
 @pytest.fixture
 def memory(monkeypatch):
