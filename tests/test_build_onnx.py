@@ -93,3 +93,20 @@ def test_cli_bad_input_is_one_line_with_exit_code(run_cli, minilm_dir, tmp_path,
 def test_debug_flag_shows_traceback(run_cli, tmp_path):
     res = run_cli("--debug", "build", str(tmp_path / "missing"), "--profile", "orin", "-o", str(tmp_path / "x"))
     assert res.returncode != 0 and "Traceback" in res.stderr
+
+
+def test_parity_miss_falls_back_to_next_precision_when_asked(minilm_dir, tmp_path, monkeypatch):
+    import edgesdk.plan as plan_mod
+    from edgesdk.formats.onnx import next_precision
+
+    assert next_precision("int8", ["int8", "fp32"]) == "fp32"
+    assert next_precision("int8", ["fp16", "int8", "fp32"]) == "fp16"
+    assert next_precision("fp32", ["fp32"]) is None
+    monkeypatch.setitem(plan_mod.DEFAULT_PARITY, "fp16", {"min_cosine": 1.01, "max_abs": None})
+    out = build(minilm_dir, "orin-nx-16gb", tmp_path / "fb", BuildOptions(on_parity_fail="fallback", progress=False,
+                                                                         parity_samples=4, calibration_samples=2))
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["precision"] == "fp32" and m["plan"]["precision"] == "fp32"
+    assert not m["parity"]["fp16"]["passed"] and m["parity"]["fp32"]["passed"]
+    assert m["fallbacks"] == [{"from": "fp16", "to": "fp32", "reason": m["fallbacks"][0]["reason"], "stage": "verify"}]
+    assert "min cosine" in m["fallbacks"][0]["reason"]

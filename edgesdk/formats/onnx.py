@@ -19,7 +19,16 @@ from edgesdk.formats import parity as P
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
                    "config.json", "modules.json", "sentence_bert_config.json", "preprocessor_config.json")
-NEXT_PRECISION = {"int8": "fp16", "fp16": "fp32", "bf16": "fp32"}
+FIDELITY = ["int8", "fp16", "bf16", "fp32"]  # lowest to highest
+
+
+def next_precision(current: str, profile_order: list[str]) -> str | None:
+    """The next higher-fidelity precision the profile allows (fp32 always), for a parity fallback."""
+    higher = FIDELITY[FIDELITY.index(current) + 1:] if current in FIDELITY else []
+    for p in higher:
+        if p in profile_order or p == "fp32":
+            return p
+    return None
 
 
 def _dist_of(module: str) -> str:
@@ -314,7 +323,7 @@ def build_onnx(ctx) -> None:
                                                             "reference": reference_kind}
         if miss is None:
             break
-        nxt = NEXT_PRECISION.get(precision)
+        nxt = next_precision(precision, ctx.profile.policy["precision"])
         if ctx.options.on_parity_fail != "fallback" or nxt is None:
             raise ParityError(f"parity check failed at {precision}: {miss} over {metrics['samples']} samples",
                               hint="pass --on-parity-fail fallback to try the next precision")
