@@ -196,3 +196,22 @@ def test_data_files_carry_sources_and_versions():
         text = (tables.DATA_DIR / name).read_text()
         assert text.startswith("# SPDX-License-Identifier: Apache-2.0")
         assert "sources:" in text
+
+
+def test_integer_matmul_is_a_precision_limit(tmp_path):
+    """TensorRT documents MatMul for float types only; ONNX Runtime's CPU EP has an INT32 MatMul."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["c"])], "imm",
+                              [helper.make_tensor_value_info("a", TensorProto.INT32, [2, 3]),
+                               helper.make_tensor_value_info("b", TensorProto.INT32, [3, 4])],
+                              [helper.make_tensor_value_info("c", TensorProto.INT32, [2, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    path = tmp_path / "imm.onnx"
+    onnx.save(model, str(path))
+    node = check_capability(path, resolve_profile("a10"), "fp16").nodes[0]
+    assert node.support["tensorrt"].status == "no" and node.support["tensorrt"].category == "precision"
+    assert "input is INT32" in node.support["tensorrt"].reason
+    assert node.support["cpu"].status == "yes"

@@ -159,12 +159,37 @@ def failed_check(node, view: GraphView, check: dict) -> Verdict | None:
 
 # --------------------------------------------------------------------------------------------- backends
 
+# ONNX elem type -> the label the TensorRT operator tables use; only types whose absence means "cannot run".
+_TRT_TYPE = {6: "INT32", 7: "INT64", 16: "BF16"}
+# Ops whose first input is a shape/size or whose type column describes outputs, not input 0.
+_TYPE_EXEMPT = {"Shape", "Size", "ConstantOfShape", "Cast", "CastLike", "EyeLike", "RandomNormalLike",
+                "RandomUniformLike", "NonZero"}
+
+
+def _type_problem(node, view: GraphView, info, trt_version: str) -> Verdict | None:
+    if node.op_type in _TYPE_EXEMPT or not node.input or not node.input[0]:
+        return None
+    label = _TRT_TYPE.get(view.elem_type.get(node.input[0], 0))
+    if label is None or not info.types:
+        return None
+    major = tables.version_tuple(trt_version)[:1] or (10,)
+    if label == "INT64" and major[0] < 9:
+        label = "INT32"  # 8.x casts INT64 down to INT32 (onnx-tensorrt operators.md note)
+    if label not in info.types:
+        return Verdict("no", f"precision: TensorRT {trt_version} documents {node.op_type} for "
+                             f"{', '.join(info.types)}; input is {label}", "precision")
+    return None
+
+
 def _tensorrt_verdict(node, view: GraphView, trt_version: str, opset_problem: str | None) -> Verdict:
     info = tables.tensorrt_op(node.op_type, trt_version, node.domain)
     if not info.supported:
         return Verdict("no", info.reason, "op")
     if opset_problem:
         return Verdict("no", opset_problem, "op")
+    bad_type = _type_problem(node, view, info, trt_version)
+    if bad_type is not None:
+        return bad_type
     for check in info.checks:
         bad = failed_check(node, view, check)
         if bad is not None:
