@@ -349,3 +349,21 @@ def test_stream_span_is_not_current_but_takes_events(memory):
     by_name = {s.name: s for s in finished(spans)}
     assert by_name["chat m"].parent.span_id == by_name["chat outer"].context.span_id
     assert [e.name for e in by_name["chat m"].events] == ["edgesdk.fallback"]
+
+
+def test_unwritable_trace_file_is_a_one_line_input_error(clean_env, tmp_path):
+    from edgesdk.errors import InputError
+
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    with pytest.raises(InputError, match="cannot write trace file"):
+        telemetry.configure(trace_file=blocker / "t.jsonl")
+
+
+def test_bad_environment_disables_telemetry_instead_of_failing_inference(clean_env, caplog):
+    clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317")
+    clean_env.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "smoke-signals")
+    with telemetry.inference("chat", "m", "llama.cpp") as rec:  # must not raise
+        rec.chunk()
+    assert telemetry.stats()["enabled"] is False
+    assert "telemetry disabled" in caplog.text

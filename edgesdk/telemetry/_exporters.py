@@ -21,6 +21,7 @@ from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult,
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
+from edgesdk.errors import InputError
 from edgesdk.telemetry._setup import Counters
 from edgesdk.telemetry._span_json import export_request_json
 
@@ -55,10 +56,13 @@ class _JsonLinesFile:
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._users = 0
-        self._handle = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._handle = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        except OSError as exc:
+            raise InputError(f"cannot write trace file {self.path}: {exc.strerror or exc}") from exc
 
     def write(self, document: dict | str) -> None:
         line = document if isinstance(document, str) else json.dumps(document, separators=(",", ":"))

@@ -40,7 +40,7 @@ def _otlp_exporters(settings: Settings):
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    base = endpoint.rstrip("/")
+    base = endpoint.rstrip("/") if "://" in endpoint else "http://" + endpoint.rstrip("/")
     # OTLP/HTTP: a generic endpoint gets the per-signal paths appended (spec: "Endpoint URLs for OTLP/HTTP").
     traces_url = base if base.endswith("/v1/traces") else f"{base}/v1/traces"
     metrics_url = base[: -len("/v1/traces")] + "/v1/metrics" if base.endswith("/v1/traces") \
