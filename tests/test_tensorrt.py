@@ -104,6 +104,10 @@ def test_trtexec_command_and_config_validation(tmp_path):
     tampered = {**config, "cache_key_fields": {**config["cache_key_fields"], "sm": "8.6"}}
     with pytest.raises(BundleIntegrityError, match="cache_key does not match"):
         E.validate_config(tampered, "cfg")
+    with pytest.raises(BundleIntegrityError, match="escapes the bundle"):
+        E.validate_config({**config, "onnx": "../../etc/model.onnx"}, "cfg")
+    with pytest.raises(BundleIntegrityError, match="unknown precision flags"):
+        E.validate_config({**config, "precision_flags": ["fp16", "exportProfile=/tmp/x"]}, "cfg")
 
 
 def test_corrupt_engine_cache_is_evicted_and_reported(tmp_path):

@@ -25,6 +25,7 @@ CONFIG_SCHEMA = 1
 ENGINE_FILE = "model.engine"
 META_FILE = "engine.json"
 TIMING_CACHE_FILE = "timing.cache"
+ALLOWED_FLAGS = ("fp16", "bf16", "int8", "fp8")
 
 
 def cache_key(fields: dict) -> str:
@@ -74,6 +75,23 @@ def validate_config(config: object, where: str) -> dict:
             raise BundleIntegrityError(f"{where}: engine configuration lacks {key!r}")
     if cache_key(config["cache_key_fields"]) != config["cache_key"]:
         raise BundleIntegrityError(f"{where}: cache_key does not match cache_key_fields (edited by hand?)")
+    # The config drives a builder (and possibly trtexec): accept only values we could have written.
+    onnx_rel = Path(str(config["onnx"]))
+    if onnx_rel.is_absolute() or ".." in onnx_rel.parts:
+        raise BundleIntegrityError(f"{where}: onnx path {config['onnx']!r} escapes the bundle")
+    bad = [f for f in config["precision_flags"] if f not in ALLOWED_FLAGS]
+    if bad:
+        raise BundleIntegrityError(f"{where}: unknown precision flags {bad} (allowed: {', '.join(ALLOWED_FLAGS)})")
+    dla = config.get("dla")
+    if dla is not None and not (isinstance(dla, dict) and isinstance(dla.get("core"), int) and dla["core"] >= 0):
+        raise BundleIntegrityError(f"{where}: dla must be null or {{core: int >= 0, gpu_fallback: bool}}")
+    for prof in config["optimization_profiles"]:
+        for name, shapes in prof.items():
+            if not all(isinstance(shapes.get(k), list) and all(isinstance(d, int) and d > 0 for d in shapes[k])
+                       for k in ("min", "opt", "max")):
+                raise BundleIntegrityError(f"{where}: optimization profile for {name!r} needs positive int dims")
+    if not isinstance(config["workspace_mb"], int) or not isinstance(config["builder_optimization_level"], int):
+        raise BundleIntegrityError(f"{where}: workspace_mb and builder_optimization_level must be integers")
     return config
 
 
