@@ -367,3 +367,51 @@ def test_bad_environment_disables_telemetry_instead_of_failing_inference(clean_e
         rec.chunk()
     assert telemetry.stats()["enabled"] is False
     assert "telemetry disabled" in caplog.text
+
+
+def test_concurrent_requests_from_threads(memory):
+    import threading
+
+    spans, reader = memory
+
+    def worker(i):
+        for j in range(50):
+            with telemetry.inference("chat", f"m{i}", "llama.cpp", stream=True) as rec:
+                rec.set_input_tokens(j)
+                rec.chunk()
+                rec.chunk()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    done = finished(spans)
+    assert len(done) == 200 and all(s.parent is None for s in done)
+    durations = metric_points(reader)[N.CLIENT_OPERATION_DURATION]
+    assert sum(p.count for _, p in durations) == 200
+    assert telemetry.stats()["metrics_dropped"] == 0
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_forked_child_keeps_exporting(clean_env, tmp_path):
+    path = tmp_path / "fork.jsonl"
+    telemetry.configure(trace_file=path)
+    with telemetry.inference("chat", "parent", "llama.cpp"):
+        pass
+    pid = os.fork()
+    if pid == 0:  # child: inherited providers; the SDK's batch thread and our metrics thread restart
+        code = 1
+        try:
+            with telemetry.inference("chat", "child", "llama.cpp") as rec:
+                rec.set_input_tokens(1)
+            telemetry.shutdown()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    telemetry.shutdown()
+    names = [s["name"] for line in path.read_text().splitlines() for rs in json.loads(line).get("resourceSpans", [])
+             for ss in rs["scopeSpans"] for s in ss["spans"]]
+    assert sorted(names) == ["chat child", "chat parent"]
