@@ -25,10 +25,4 @@ COMMAND_MODULES = [
 
 def register_all(group: click.Group) -> None:
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"edgesdk.commands.{name}")
-        except ModuleNotFoundError as exc:  # TEMPORARY while the command modules are being written
-            if exc.name and exc.name.startswith("edgesdk.commands."):
-                continue
-            raise
-        module.register(group)
+        importlib.import_module(f"edgesdk.commands.{name}").register(group)

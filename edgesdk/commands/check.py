@@ -15,11 +15,5 @@ def check_group() -> None:
 
 def register(group: click.Group) -> None:
     for name in ("check_licenses", "check_traces"):
-        try:
-            module = importlib.import_module(f"edgesdk.commands.{name}")
-        except ModuleNotFoundError as exc:  # TEMPORARY while the check modules are being written
-            if exc.name == f"edgesdk.commands.{name}":
-                continue
-            raise
-        module.register(check_group)
+        importlib.import_module(f"edgesdk.commands.{name}").register(check_group)
     group.add_command(check_group)
