@@ -115,6 +115,7 @@ def configure(*, trace_file: str | Path | None = None, otlp_endpoint: str | None
             _state.tracer = trace.get_tracer("edgesdk", N.SDK_VERSION, schema_url=N.SCHEMA_URL)
             meter = metrics.get_meter("edgesdk", N.SDK_VERSION, schema_url=N.SCHEMA_URL)
             _state.exporter_names = ["application"]
+            _register_atexit()  # drains our metrics worker; the application's own hooks (registered earlier) run after
         else:
             return
         _state.instruments = Instruments(meter)
