@@ -2,11 +2,11 @@
 """The per-request inference recorder: one INTERNAL span plus GenAI metrics.
 
 Hot-path budget (benchmark P6): <= 50 us per request, <= 5 us per generated token. ``chunk()``
-only appends a timestamp. The span is created and ended on the caller's thread (it must be the
-current span while the request runs, so nested spans and fallback events attach to it); the
-histogram records — ~3 us each in the OTel SDK, 7 per streamed request plus one per chunk — are
-handed to :class:`MetricsWorker`, a background thread, so they overlap with the model's native
-compute instead of adding to request latency.
+only appends a timestamp. The span is created and ended on the caller's thread (for non-streaming
+requests it is the current span while the request runs, so nested spans and fallback events attach
+to it); the histogram records — ~3 us each in the OTel SDK, six per streamed request plus one per
+chunk after the first — are handed to :class:`MetricsWorker`, a background thread, so they overlap
+with the model's native compute instead of adding to request latency.
 """
 
 from __future__ import annotations
