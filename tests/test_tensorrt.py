@@ -240,3 +240,25 @@ def test_plan_explains_what_int8_leaves_in_fp16(capability_models):
     decision = plan["precision_report"]
     assert decision.value.startswith("17/") and "kept higher" in decision.value
     assert "Softmax run FP16" in decision.reason and "reformat" in decision.reason
+
+
+@pytest.mark.slow
+def test_fallbacks_are_telemetry_events(deferred_bundle):
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    import edgesdk
+    from edgesdk import telemetry
+
+    telemetry.shutdown()
+    spans = InMemorySpanExporter()
+    telemetry.configure(span_exporter=spans)
+    try:
+        with edgesdk.load(deferred_bundle) as session:
+            recorded = session.report()["fallbacks"]
+        assert telemetry.force_flush()
+        events = [dict(e.attributes) for s in spans.get_finished_spans() for e in s.events
+                  if e.name == "edgesdk.fallback"]
+    finally:
+        telemetry.shutdown()
+    assert len(events) == len(recorded) >= 1
+    assert [e["edgesdk.fallback.from"] for e in events] == [f["from"] for f in recorded]
