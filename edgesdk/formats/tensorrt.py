@@ -66,15 +66,15 @@ def optimization_profiles(inputs: dict[str, list], facts, options) -> list[dict]
     for name, dims in inputs.items():
         if all(isinstance(d, int) and d > 0 for d in dims):
             continue
-        lo, opt, hi = [], [], []
+        triples = []
         for i, d in enumerate(dims):
             if isinstance(d, int) and d > 0:
-                lo.append(d), opt.append(d), hi.append(d)
-            elif i == 0:
-                lo.append(1), opt.append(1), hi.append(max_batch)
-            else:
-                lo.append(1), opt.append(min(options.seq_len, max_seq)), hi.append(max_seq)
-        prof[name] = {"min": lo, "opt": opt, "max": hi}
+                triples.append((d, d, d))
+            elif i == 0:  # batch
+                triples.append((1, 1, max_batch))
+            else:  # sequence-like: opt at the planned length
+                triples.append((1, min(options.seq_len, max_seq), max_seq))
+        prof[name] = {k: [t[j] for t in triples] for j, k in enumerate(("min", "opt", "max"))}
     return [prof] if prof else []
 
 
