@@ -87,14 +87,17 @@ def test_our_own_exported_file_conforms(clean_env, tmp_path):
             with telemetry.build_stage(stage):
                 pass
         telemetry.fallback_event("tensorrt", "onnxruntime", "TensorRT not installed")
-    with telemetry.inference("chat", "gemma-3-270m", "llama.cpp", stream=True, request={"max_tokens": 8}) as rec:
+    ours = {"edgesdk.device.profile": "orin", "edgesdk.backend": "llama.cpp", "edgesdk.precision": "q4_k_m",
+            "edgesdk.bundle.id": "abc"}
+    with telemetry.inference("chat", "gemma-3-270m", "llama.cpp", stream=True, request={"max_tokens": 8},
+                             attributes=ours) as rec:
         rec.set_input_tokens(5)
         for _ in range(4):
             rec.chunk()
         rec.set_output_tokens(4)
         rec.finish(["stop"])
     with pytest.raises(ValueError):
-        with telemetry.inference("embeddings", "all-MiniLM-L6-v2", "onnxruntime") as rec:
+        with telemetry.inference("embeddings", "all-MiniLM-L6-v2", "onnxruntime", attributes=ours) as rec:
             rec.set_input_tokens(7)
             raise ValueError("bad shape")
     telemetry.shutdown()
@@ -102,6 +105,19 @@ def test_our_own_exported_file_conforms(clean_env, tmp_path):
     assert report.genai_spans == 2 and report.build_spans == 4 and report.metrics >= 5
     assert report.count("violation") == 0, [f for f in report.findings if f.level == "violation"]
     assert report.count("improvement") == 0, report.findings
+
+
+def test_edgesdk_spans_missing_where_they_ran_is_an_improvement(clean_env, tmp_path):
+    path = tmp_path / "bare.jsonl"
+    telemetry.configure(trace_file=path)
+    with telemetry.inference("chat", "m", "llama.cpp", attributes={"edgesdk.backend": "llama.cpp"}):
+        pass
+    telemetry.shutdown()
+    report = check_trace_file(path)
+    assert report.count("violation") == 0
+    assert {("edgesdk_convention", "edgesdk.device.profile"), ("edgesdk_convention", "edgesdk.precision"),
+            ("edgesdk_convention", "edgesdk.bundle.id")} == {
+        (f.rule, f.attribute) for f in report.findings if f.rule == "edgesdk_convention"}
 
 
 def test_other_tool_conforming_document_passes():

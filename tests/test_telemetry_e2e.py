@@ -71,6 +71,7 @@ def test_cli_run_trace_file_passes_check_traces(run_cli, minilm_orin_bundle, tmp
     report = check_trace_file(trace_file)
     assert report.genai_spans == 1
     assert report.count("violation") == 0, report.findings
+    assert not [f for f in report.findings if f.rule == "edgesdk_convention"], report.findings
     checked = run_cli("check", "traces", trace_file, "--json")
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert json.loads(checked.stdout)["conforming"] is True

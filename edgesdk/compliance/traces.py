@@ -184,6 +184,12 @@ def _check_tokens(span: Span, out: _Collector) -> None:
 
 def _check_genai_span(span: Span, rules: dict, out: _Collector) -> None:
     _check_attribute_names(span, rules, out)
+    ours = rules["edgesdk_inference"]
+    if span.scope == ours["scope"]:
+        for key in ours["expected"]:
+            if key not in span.attributes:
+                out.add("improvement", "edgesdk_convention", f"edgesdk inference spans carry {key}",
+                        span=span, attribute=key)
     for event in span.events:
         replacement = rules["deprecated_events"].get(event.name)
         if replacement:

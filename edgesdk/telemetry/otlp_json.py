@@ -54,6 +54,7 @@ class Span:
     start_ns: int
     end_ns: int
     line: int
+    scope: str = ""
 
 
 @dataclass
@@ -158,6 +159,7 @@ def _read_spans(document: dict, line: int, result: TelemetryFile) -> None:
         resource = _attributes((resource_spans.get("resource") or {}).get("attributes"))
         scopes = resource_spans.get("scopeSpans") or resource_spans.get("instrumentationLibrarySpans") or []
         for scope in scopes:
+            scope_name = str((scope.get("scope") or scope.get("instrumentationLibrary") or {}).get("name", ""))
             for raw in scope.get("spans") or []:
                 status = raw.get("status") or {}
                 result.spans.append(Span(
@@ -170,7 +172,7 @@ def _read_spans(document: dict, line: int, result: TelemetryFile) -> None:
                             for e in raw.get("events") or []],
                     status=_enum(status.get("code", 0), STATUS_CODES, "STATUS_CODE_"),
                     start_ns=_int(raw.get("startTimeUnixNano")), end_ns=_int(raw.get("endTimeUnixNano")),
-                    line=line))
+                    line=line, scope=scope_name))
 
 
 def _read_metrics(document: dict, line: int, result: TelemetryFile) -> None:
