@@ -415,3 +415,18 @@ def test_forked_child_keeps_exporting(clean_env, tmp_path):
     names = [s["name"] for line in path.read_text().splitlines() for rs in json.loads(line).get("resourceSpans", [])
              for ss in rs["scopeSpans"] for s in ss["spans"]]
     assert sorted(names) == ["chat child", "chat parent"]
+
+
+def test_license_deny_in_a_stage_is_denied_not_error(memory):
+    from edgesdk.errors import LicenseGateError
+
+    spans, _ = memory
+    with pytest.raises(LicenseGateError):
+        with telemetry.build_trace("m", "orin"):
+            with telemetry.build_stage("license_gate"):
+                raise LicenseGateError("license gate: deny: GPL-3.0-only in model.gguf")
+    by_name = {s.name: s for s in finished(spans)}
+    gate = by_name["edgesdk.build.license_gate"]
+    assert gate.attributes[N.BUILD_STAGE_OUTCOME] == "denied"
+    assert gate.attributes[N.ERROR_TYPE] == "edgesdk.errors.LicenseGateError"
+    assert by_name["edgesdk.build"].attributes[N.BUILD_OUTCOME] == "denied"

@@ -32,6 +32,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from edgesdk.errors import VerdictError
 from edgesdk.telemetry import _names as N
 from edgesdk.telemetry._recorder import NOOP_RECORDER, InferenceRecorder, Instruments, MetricsWorker
 from edgesdk.telemetry._setup import Counters, Settings, resolve_settings
@@ -265,7 +266,8 @@ def _finishing_span(span, *, outcome_attr: str, stage: str | None):
     try:
         yield span
     except BaseException as exc:
-        outcome = "error"
+        # A check that said no (license deny, parity verdict) is a decision, not a crash.
+        outcome = "denied" if isinstance(exc, VerdictError) else "error"
         error_type = N.error_type(exc)
         span.set_attribute(N.ERROR_TYPE, error_type)
         span.set_status(Status(StatusCode.ERROR, N.error_description(exc)))
@@ -273,7 +275,7 @@ def _finishing_span(span, *, outcome_attr: str, stage: str | None):
     finally:
         otel_context.detach(token)
         current = getattr(span, "attributes", None) or {}
-        if outcome == "error" or outcome_attr not in current:
+        if error_type is not None or outcome_attr not in current:
             span.set_attribute(outcome_attr, outcome)
         else:
             outcome = str(current.get(outcome_attr))
