@@ -163,6 +163,10 @@ def test_gemma_needs_review_and_accept_license_records_it(tmp_path: Path) -> Non
                               accepted=["gemma"])
     assert (result.verdict, result.policy_verdict) == ("pass", "review")
     assert result.to_manifest()["accepted"] == ["LicenseRef-gemma"]
+    # `check licenses` on the finished bundle honours (and reports) the acceptance recorded at build.
+    (stage / "manifest.json").write_text(json.dumps({"license": result.to_manifest()}))
+    rechecked = scan_licenses(stage)
+    assert (rechecked.verdict, rechecked.accepted_at_build) == ("pass", ["LicenseRef-gemma"])
     # The GGUF on its own (a tree, no project license): its own metadata covers it.
     alone = scan_licenses(source.parent)
     assert alone.verdict == "review" and [f.layer for f in alone.findings] == ["model"]

@@ -53,6 +53,7 @@ class GateResult:
     model_expression: str | None = None
     elapsed_s: float = 0.0
     missing_license_texts: list[str] = field(default_factory=list)  # REUSE: ids with no LICENSES/<id>.txt
+    accepted_at_build: list[str] = field(default_factory=list)  # read back from a bundle's manifest
 
     @property
     def policy_verdict(self) -> str:
@@ -94,7 +95,8 @@ class GateResult:
                 "verdict": self.verdict, "policy_verdict": self.policy_verdict, "counts": self.counts(),
                 "worst": worst.to_dict() if worst and self.verdict != "pass" else None,
                 "policy": {"id": self.policy.id, "sha256": self.policy.sha256, "sources": self.policy.sources},
-                "accepted": self.accepted, "unused_accepts": self.unused_accepts, "waivers": self.waiver_audit,
+                "accepted": self.accepted, "accepted_at_build": self.accepted_at_build,
+                "unused_accepts": self.unused_accepts, "waivers": self.waiver_audit,
                 "model_license": self.model_expression, "runtime_distributions": self.runtime_distributions,
                 "findings": [f.to_dict() for f in self.findings], "vendored": self.vendored,
                 "weights": self.weights, "files_without_own_license_info": self.without_own_info,
@@ -120,18 +122,19 @@ def _pyproject_license(root: Path) -> tuple[str | None, str] | None:
     return (str(lic) if lic else None, "pyproject.toml [project].license"), project.get("dependencies", [])
 
 
-def _manifest_distributions(manifest: dict) -> list[str] | None:
+def _manifest_license_section(manifest: dict) -> dict:
+    """The gate's own section of a bundle manifest (what :meth:`GateResult.to_manifest` wrote)."""
     stack = [manifest]
     while stack:
         node = stack.pop()
         if isinstance(node, dict):
             value = node.get("runtime_distributions")
             if isinstance(value, list) and all(isinstance(v, str) for v in value):
-                return value
+                return node
             stack.extend(node.values())
         elif isinstance(node, list):
             stack.extend(node)
-    return None
+    return {}
 
 
 def _recorded_model_findings(root: Path) -> list[LicenseFinding]:
@@ -179,12 +182,17 @@ def scan_licenses(path: Path, *, model_source: Path | None = None, runtime_distr
     is_bundle = (root / "manifest.json").is_file() if bundle is None else bundle
     dists = list(runtime_distributions or [])
     fallback = None
+    accepted_at_build: list[str] = []
     if is_bundle:
-        if not dists and (root / "manifest.json").is_file():
+        if (root / "manifest.json").is_file():
             try:
-                dists = _manifest_distributions(json.loads((root / "manifest.json").read_text("utf-8"))) or []
+                section = _manifest_license_section(json.loads((root / "manifest.json").read_text("utf-8")))
             except (OSError, ValueError) as exc:
                 raise InputError(f"{root / 'manifest.json'}: not readable JSON ({exc})") from exc
+            dists = dists or list(section.get("runtime_distributions", []))
+            # An --accept-license given at build time is a recorded decision: honour it, and say so.
+            accepted_at_build = [a for a in section.get("accepted", []) if isinstance(a, str)]
+            accepted = list(accepted) + [a for a in accepted_at_build if a not in accepted]
     else:
         declared = _pyproject_license(root)
         if declared:
@@ -230,7 +238,7 @@ def scan_licenses(path: Path, *, model_source: Path | None = None, runtime_distr
     model_expr = " AND ".join(f"({e})" if " " in e else e for e in exprs) or None
     return GateResult(str(path), "bundle" if is_bundle else "tree", policy, findings, audit, accepted_ids, unused,
                       scan, tree.without_own_info, tree.vendored, tree.weights, dists, model_expr,
-                      time.perf_counter() - start, _missing_license_texts(root, findings))
+                      time.perf_counter() - start, _missing_license_texts(root, findings), accepted_at_build)
 
 
 def _missing_license_texts(root: Path, findings: list[LicenseFinding]) -> list[str]:

@@ -71,6 +71,8 @@ def to_summary(result: GateResult) -> str:
     for key in ("expired", "unmatched"):
         for w in audit.get(key, []):
             lines.append(f"  waiver {w['id']} {key} (by {w['by']}, expires {w['expires']})")
+    if result.accepted_at_build:
+        lines.append("  accepted at build time (bundle manifest): " + ", ".join(result.accepted_at_build))
     for acc in result.unused_accepts:
         lines.append(f"  --accept-license {acc} matched no review finding")
     gaps = result.without_own_info
