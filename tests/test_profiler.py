@@ -243,3 +243,44 @@ def test_budgets_from_profile_and_unmeasured_is_not_a_pass(mlp_report):
     budgets = check_budgets(report, nano, latency_ms=1.0)
     assert {c["status"] for c in budgets["checks"]} >= {"unmeasured"}
     assert not math.isnan(budgets["checks"][0]["target"])
+
+
+# ---------------------------------------------------------------- LLM measurement
+
+def test_llm_metrics_from_chunk_times():
+    from edgesdk.profiler.bench import llm_metrics
+
+    runs = [{"chunk_times_ms": [100.0 + 10.0 * i for i in range(11)], "output_tokens": 11},
+            {"chunk_times_ms": [120.0 + 12.0 * i for i in range(11)], "output_tokens": 11}]
+    m = llm_metrics(50, runs)
+    assert m["ttft_ms"]["p50"] == pytest.approx(110.0)
+    assert m["tpot_ms"]["p50"] == pytest.approx(11.0)
+    assert m["decode_tok_s"] == pytest.approx(1000 / 11.0)
+    assert m["prefill_tok_s"] == pytest.approx(50 / 0.110)
+    assert m["generated_tokens"] == [11, 11]
+
+
+@pytest.mark.slow
+def test_profiler_run_on_real_gguf_bundle(gemma_gguf, tmp_path):
+    pytest.importorskip("llama_cpp")
+    from edgesdk.bundle import artifact_entry, write_manifest
+    from edgesdk.profiler.api import run_profiler
+    from edgesdk.profiler.bench import BenchOptions
+
+    bundle = tmp_path / "gemma"
+    bundle.mkdir()
+    (bundle / "model.gguf").symlink_to(gemma_gguf)
+    write_manifest(bundle, {"bundle_id": "gemma-test", "format": "gguf", "precision": "Q4_K_M",
+                            "model": {"name": "gemma-3-270m", "task": "text-generation"},
+                            "profile": {"name": "cpu-x86_64"},
+                            "artifacts": [artifact_entry(bundle, "model.gguf", "model")]})
+    report = run_profiler(bundle, BenchOptions(prompt_tokens=24, gen_tokens=8, llm_repeats=2, progress=False))
+    llm = report["llm"]
+    assert 20 <= llm["prompt_tokens"] <= 28
+    assert llm["repeats"] == 2 and all(0 < n <= 8 for n in llm["generated_tokens"])
+    assert llm["ttft_ms"]["p50"] > 0 and llm["decode_tok_s"] > 0 and llm["prefill_tok_s"] > 0
+    # TTFT covers the whole prompt: with a reused KV cache it would be about one TPOT.
+    assert llm["ttft_ms"]["p50"] > llm["tpot_ms"]["p50"]
+    assert report["runtime"]["backend"] == "llama.cpp"
+    pred = report["prediction"]
+    assert pred["decode"]["bound_tok_s"] > 0 and "decode" in pred["error_pct"]

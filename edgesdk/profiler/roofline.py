@@ -235,7 +235,8 @@ def load_efficiency_table(path: Path = EFFICIENCY_FILE) -> list[dict]:
 def pick_efficiency(table: list[dict], dev_class: str, workload: str, backend: str | None,
                     params: int | None, quant: str | None = None) -> dict | None:
     """Closest calibration entry: same class + workload; prefer same backend, quant, then nearest size."""
-    pool = [e for e in table if e["device_class"] == dev_class and e["workload"] == workload]
+    pool = [e for e in table if e["device_class"] == dev_class and e["workload"] == workload
+            and e.get("status") != "superseded"]
     if not pool:
         return None
 
@@ -303,12 +304,21 @@ def predict(facts: WorkFacts, profile, *, backend: str | None = None, prompt_tok
     kv = (facts.kv_bytes_per_position or 0) * ctx
     decode_bound = bw / (facts.weight_bytes + kv)
     eff_d = pick_efficiency(table, dev_class, "decode", backend, facts.params, quant)
+    # Small models on big GPUs are launch-bound: where the calibration has a per-layer launch cost,
+    # time per token = streaming time / efficiency + layers x launch cost.
+    launch_us = float(eff_d.get("launch_us_per_layer", 0.0)) if eff_d else 0.0
+    tpot_s = None
+    if eff_d:
+        tpot_s = 1.0 / (decode_bound * eff_d["efficiency"]) + (facts.layers or 0) * launch_us * 1e-6
     out["decode"] = {"bound_tok_s": decode_bound, "bytes_per_token": facts.weight_bytes + kv,
                      "kv_bytes_at_context": kv, "context": ctx,
                      "efficiency": eff_d["efficiency"] if eff_d else None,
+                     "launch_us_per_layer": launch_us or None,
                      "efficiency_source": eff_d["source"] if eff_d else None,
-                     "tok_s": decode_bound * eff_d["efficiency"] if eff_d else None}
-    out["decode"]["tpot_ms"] = 1e3 / out["decode"]["tok_s"] if out["decode"]["tok_s"] else None
+                     "tok_s": 1.0 / tpot_s if tpot_s else None,
+                     "tpot_ms": tpot_s * 1e3 if tpot_s else None,
+                     "model": "bytes / (bandwidth x efficiency) + layers x launch cost" if launch_us else
+                              "bandwidth / bytes per token x efficiency"}
     if peak and facts.flops:
         attn = 2.0 * (facts.layers or 0) * (facts.d_model or 0) * prompt_tokens ** 2
         flops = facts.flops * prompt_tokens + attn

@@ -8,10 +8,11 @@
    loop (same run, interleaved), FLOPs from torch's FlopCounterMode, roofline prediction for the
    ``h200`` profile with the efficiency table as committed (so the error is out-of-sample), and the
    efficiency the measurement implies.
-3. GGUF (optional, when a CUDA llama-cpp-python and a GGUF bundle are present): ``edgesdk profiler
-   run`` on the bundle, prediction error for ``h200``.
+3. GGUF (``--gguf``, needs a CUDA llama-cpp-python): a random-weight 16-layer llama converted by edgesdk,
+   Q4_K_M and F16 bundles, each measured by ``run_profiler`` (the code behind ``edgesdk profiler run``)
+   with the prediction error for ``h200``.
 
-Usage (device machine, repo root): python3 tools/device/profiler_gpu.py [gguf_bundle_dir]
+Usage (device machine, repo root): python3 tools/device/profiler_gpu.py [--gguf]   (see profiler_gpu.sh)
 """
 
 from __future__ import annotations
@@ -113,6 +114,10 @@ def gpu_bandwidth() -> dict:
 
 
 def main() -> None:
+    if "--skip-torch" in sys.argv:
+        if "--gguf" in sys.argv:
+            gguf_run(Path("/tmp/profiler-gguf"))
+        return
     t_start = time.time()
     results: dict = {"schema": "edgesdk.profiler.gpu-run/1",
                      "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -136,14 +141,53 @@ def main() -> None:
     results["device_state_after"] = read_device_state()
     results["wall_s"] = time.time() - t_start
     (OUT / "profiler_h200_torch.json").write_text(json.dumps(results, indent=1, default=str))
-    if len(sys.argv) > 1 and Path(sys.argv[1]).is_dir():
-        from edgesdk.profiler.api import run_profiler
-        from edgesdk.profiler.bench import BenchOptions
-        from edgesdk.profiler.report import render_table, save_report
+    if "--gguf" in sys.argv:
+        gguf_run(Path("/tmp/profiler-gguf"))
 
-        opts = BenchOptions(prompt_tokens=128, gen_tokens=128, llm_repeats=3, profile="h200", progress=True)
-        report = run_profiler(sys.argv[1], opts, log=print)
-        save_report(report, OUT / "profiler_h200_gguf.json")
+
+# A llama shape unlike the calibration's TinyLlama-1.1B (22 layers, hidden 2048), so the error is out-of-sample.
+SMALL_LLAMA = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=16, num_attention_heads=16,
+                   num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048, rms_norm_eps=1e-5)
+
+
+def gguf_run(work: Path) -> None:
+    """Random-weight llama -> edgesdk GGUF converter (F16) -> llama.cpp Q4_K_M -> bundle -> profiler run."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from bench_p4_h200 import make_model  # the GGUF developer's random-llama maker (transformers + BPE)
+
+    from edgesdk.bundle import artifact_entry, write_manifest
+    from edgesdk.formats import gguf_convert as conv
+    from edgesdk.profiler.api import run_profiler
+    from edgesdk.profiler.bench import BenchOptions
+    from edgesdk.profiler.report import plot_report, render_table, save_report
+
+    hf = work / "hf"
+    hf.mkdir(parents=True, exist_ok=True)
+    shape = SMALL_LLAMA
+    if os.environ.get("PROFILER_GPU_SHAPE") == "tiny":   # a seconds-long dry run of this path on a CPU host
+        shape = dict(SMALL_LLAMA, hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+                     num_key_value_heads=2, vocab_size=1024)
+    make_model(hf, shape)
+    f16 = work / "model-f16.gguf"
+    conv.convert_hf_to_gguf(hf, f16, name="llama-16l-1024h-random")
+    for quant in ("Q4_K_M", "F16"):
+        bundle = work / f"bundle-{quant}"
+        bundle.mkdir(parents=True, exist_ok=True)
+        if quant == "F16":
+            os.link(f16, bundle / "model.gguf")
+        else:
+            conv.quantize(f16, bundle / "model.gguf", quant, threads=os.cpu_count())
+        write_manifest(bundle, {"bundle_id": f"profiler-h200-{quant}", "format": "gguf", "precision": quant,
+                                "model": {"name": f"llama-16l-1024h-random-{quant}", "task": "text-generation"},
+                                "profile": {"name": "h200"},
+                                "artifacts": [artifact_entry(bundle, "model.gguf", "model")]})
+        opts = BenchOptions(prompt_tokens=128, gen_tokens=128, llm_repeats=5, profile="h200", progress=True)
+        report = run_profiler(bundle, opts, log=lambda m: print(m, flush=True))
+        report["model_note"] = ("random weights, llama 16 layers x hidden 1024 (transformers LlamaConfig "
+                                f"{shape}), converted by edgesdk.formats.gguf_convert, quantized by llama.cpp")
+        save_report(report, OUT / f"profiler_h200_gguf_{quant.lower()}.json")
+        if quant == "Q4_K_M":
+            plot_report(report, OUT / "profiler_h200_gguf_q4_k_m.png")
         print(render_table(report), flush=True)
 
 
