@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
+from test_licenses_corpus import closed_loopback_url, write_gguf, write_onnx  # same dir (pytest rootdir)
 
 from edgesdk.compliance.gate import REPORT_NAME, SBOM_NAME, run_license_gate, scan_licenses
 from edgesdk.compliance.models import read_gguf_license_fields
@@ -21,7 +22,6 @@ from edgesdk.compliance.sbom import validate_sbom
 from edgesdk.compliance.spdx import normalize
 from edgesdk.compliance.waivers import load_waivers
 from edgesdk.errors import ExternalToolError, InputError, LicenseGateError
-from tests.test_licenses_corpus import closed_loopback_url, write_gguf, write_onnx
 
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
