@@ -91,14 +91,15 @@ def test_otlp_grpc_receiver_gets_spans_and_metrics(clean_env, grpc_receiver, how
             "gen_ai.client.operation.time_per_output_chunk"} <= names
 
 
-def test_otlp_http_receiver_gets_spans(clean_env):
+@pytest.mark.parametrize("how", ["argument", "env-per-signal"])
+def test_otlp_http_receiver_gets_spans(clean_env, how):
     received: dict[str, list] = {"/v1/traces": [], "/v1/metrics": []}
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_POST(self):  # noqa: N802 - http.server API
             body = self.rfile.read(int(self.headers["Content-Length"]))
-            if self.path == "/v1/traces":
-                received[self.path].append(trace_service_pb2.ExportTraceServiceRequest.FromString(body))
+            if self.path in ("/v1/traces", "/custom/spans"):
+                received["/v1/traces"].append(trace_service_pb2.ExportTraceServiceRequest.FromString(body))
                 reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
             else:
                 received.setdefault(self.path, []).append(body)
@@ -115,9 +116,14 @@ def test_otlp_http_receiver_gets_spans(clean_env):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
     try:
-        telemetry.configure(otlp_endpoint=f"http://127.0.0.1:{server.server_address[1]}",
-                            otlp_protocol="http/protobuf")
+        if how == "argument":  # a base URL: /v1/traces and /v1/metrics are appended
+            telemetry.configure(otlp_endpoint=base, otlp_protocol="http/protobuf")
+        else:  # per-signal variables are used exactly as given (OTLP exporter spec)
+            clean_env.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+            clean_env.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"{base}/custom/spans")
+            clean_env.setenv("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", f"{base}/v1/metrics")
         _one_request()
         telemetry.shutdown()
     finally:

@@ -29,22 +29,22 @@ from edgesdk.telemetry._setup import (
 
 def _otlp_exporters(settings: Settings):
     timeout = settings.export_timeout_s
-    endpoint = settings.otlp_endpoint
+    if settings.otlp_endpoint_from_env:
+        traces_url = metrics_url = None  # let the SDK apply the OTEL_EXPORTER_OTLP_* rules
+    else:
+        base = settings.otlp_endpoint.rstrip("/")
+        base = base if "://" in base else "http://" + base
+        traces_url = metrics_url = base
+        if settings.otlp_protocol != "grpc":
+            # OTLP/HTTP: an endpoint given in code is the base URL; per-signal paths are appended.
+            root = base[: -len("/v1/traces")] if base.endswith("/v1/traces") else base
+            traces_url, metrics_url = f"{root}/v1/traces", f"{root}/v1/metrics"
     if settings.otlp_protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
-        insecure = endpoint.startswith("http://") or "://" not in endpoint
-        return (OTLPSpanExporter(endpoint=endpoint, insecure=insecure, timeout=timeout),
-                OTLPMetricExporter(endpoint=endpoint, insecure=insecure, timeout=timeout))
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-    base = endpoint.rstrip("/") if "://" in endpoint else "http://" + endpoint.rstrip("/")
-    # OTLP/HTTP: a generic endpoint gets the per-signal paths appended (spec: "Endpoint URLs for OTLP/HTTP").
-    traces_url = base if base.endswith("/v1/traces") else f"{base}/v1/traces"
-    metrics_url = base[: -len("/v1/traces")] + "/v1/metrics" if base.endswith("/v1/traces") \
-        else f"{base}/v1/metrics"
+    else:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     return (OTLPSpanExporter(endpoint=traces_url, timeout=timeout),
             OTLPMetricExporter(endpoint=metrics_url, timeout=timeout))
 

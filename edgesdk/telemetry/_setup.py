@@ -43,6 +43,9 @@ class Settings:
     disabled: bool = False
     trace_file: Path | None = None
     otlp_endpoint: str | None = None
+    # From OTEL_* variables: the SDK exporters resolve them themselves (per-signal endpoints are used
+    # as given, generic ones get /v1/traces and /v1/metrics appended for HTTP, insecure from the scheme).
+    otlp_endpoint_from_env: bool = False
     otlp_protocol: str = "grpc"
     console: bool = False
     capture_content: bool = False
@@ -100,6 +103,7 @@ def resolve_settings(*, trace_file, otlp_endpoint, otlp_protocol, console, captu
     if not endpoint and "otlp" in exporters:
         endpoint = "http://localhost:4317"
     settings.otlp_endpoint = endpoint or None
+    settings.otlp_endpoint_from_env = bool(endpoint) and not otlp_endpoint
     settings.otlp_protocol = _normalise_protocol(
         otlp_protocol or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
         or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL"), settings.otlp_endpoint)
