@@ -254,23 +254,54 @@ def sample_prompts(text: str, n: int = 4) -> list[str]:
     return [p[:300] for p in paragraphs[:n]]
 
 
+# The HF reference runs in a child process: torch's bundled CUDA libraries and a CUDA build of
+# llama.cpp in one process crashed with "free(): invalid pointer" on the H200 machine (P4 run).
+_HF_LOGITS_CHILD = """
+import json, sys
+import numpy as np, torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+hf_dir, prompts_file, out = sys.argv[1], sys.argv[2], sys.argv[3]
+prompts = json.load(open(prompts_file))
+tok = AutoTokenizer.from_pretrained(hf_dir)
+model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+arrays = {}
+for i, p in enumerate(prompts):
+    full = tok(p, add_special_tokens=False)["input_ids"]
+    ids = full[:96]
+    with torch.no_grad():
+        arrays[f"logits{i}"] = model(torch.tensor([ids])).logits[0].double().numpy()
+    arrays[f"ids{i}"] = np.asarray(ids)
+    arrays[f"full{i}"] = np.asarray(full)
+np.savez(out, **arrays)
+"""
+
+
+def hf_reference_logits(hf_dir: Path, prompts: list[str]) -> list[tuple[list[int], list[int], np.ndarray]]:
+    """(ids fed, full tokenization, fp32 logits) per prompt from the HF model, computed in a child process."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="edgesdk-hf-logits-") as tmp:
+        pfile, out = Path(tmp) / "prompts.json", Path(tmp) / "logits.npz"
+        pfile.write_text(json.dumps(prompts))
+        proc = subprocess.run([sys.executable, "-c", _HF_LOGITS_CHILD, str(hf_dir), str(pfile), str(out)],
+                              capture_output=True, text=True, timeout=3600)
+        if proc.returncode != 0 or not out.is_file():
+            lines = [ln for ln in (proc.stderr or "").splitlines() if ln.strip()]
+            raise ExternalToolError(f"HF reference logits failed: {lines[-1][:200] if lines else proc.returncode}")
+        with np.load(out) as data:
+            return [(data[f"ids{i}"].tolist(), data[f"full{i}"].tolist(), data[f"logits{i}"])
+                    for i in range(len(prompts))]
+
+
 def logits_parity(hf_dir: Path, gguf_path: Path, text: str) -> dict:
     """Feed the same token ids (HF tokenizer) to the HF model (fp32, torch) and the F16 GGUF
     (llama.cpp, CPU); compare next-token logits at every position."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(hf_dir))
-    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), torch_dtype=torch.float32)
-    model.eval()
     prompts = sample_prompts(text)
-    token_lists = [tok(p, add_special_tokens=False)["input_ids"][:96] for p in prompts]
+    refs = hf_reference_logits(hf_dir, prompts)
     llm = _open_llama(gguf_path, n_ctx=128)
     cos_min, max_abs, agree, positions, tok_match = 1.0, 0.0, 0, 0, 0
     try:
-        for prompt, ids in zip(prompts, token_lists, strict=True):
-            with torch.no_grad():
-                ref = model(torch.tensor([ids])).logits[0].double().numpy()
+        for prompt, (ids, full, ref) in zip(prompts, refs, strict=True):
             got = _eval_logits(llm, ids)
             num = (ref * got).sum(axis=1)
             den = np.linalg.norm(ref, axis=1) * np.linalg.norm(got, axis=1)
@@ -278,7 +309,7 @@ def logits_parity(hf_dir: Path, gguf_path: Path, text: str) -> dict:
             max_abs = max(max_abs, float(np.abs(ref - got).max()))
             agree += int((ref.argmax(axis=1) == got.argmax(axis=1)).sum())
             positions += len(ids)
-            tok_match += int(llm.tokenize(prompt.encode(), add_bos=False, special=False) == ids)
+            tok_match += int(llm.tokenize(prompt.encode(), add_bos=False, special=False) == full)
     finally:
         llm.close()
     return {"prompts": len(prompts), "positions": positions, "min_cosine": round(cos_min, 6),
@@ -299,11 +330,14 @@ def perplexity(path: Path, text: str, n_ctx: int = 256, *, threads: int | None =
             if len(window) < 2:
                 break
             ids = ([bos] if bos >= 0 else []) + window[:-1]
-            logits = _eval_logits(llm, ids)[-(len(window) - 1):]
-            shift = logits.max(axis=1, keepdims=True)
-            logprobs = logits - shift - np.log(np.exp(logits - shift).sum(axis=1, keepdims=True))
+            llm.reset()
+            llm.eval(ids)
+            # float32 view of llama.cpp's logits: a 262k vocabulary makes float64 copies cost seconds
+            logits = llm.scores[len(ids) - (len(window) - 1):len(ids)]
             targets = np.asarray(window[1:])
-            nll -= float(logprobs[np.arange(len(targets)), targets].sum())
+            shift = logits.max(axis=1)
+            lse = np.log(np.exp(logits - shift[:, None], dtype=np.float32).sum(axis=1, dtype=np.float64)) + shift
+            nll += float((lse - logits[np.arange(len(targets)), targets]).sum())
             count += len(targets)
     finally:
         llm.close()
