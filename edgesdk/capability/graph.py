@@ -79,6 +79,14 @@ def load_graph(path: str | os.PathLike) -> GraphView:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
     except Exception:  # noqa: BLE001 - inference is best effort: unknown types/shapes are reported as such
         inferred = model
+    if any(n.domain == "com.microsoft" for n in model.graph.node):
+        # onnx's inference stops at ONNX Runtime contrib ops; ONNX Runtime's own symbolic inference knows them.
+        try:
+            from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+            inferred = SymbolicShapeInference.infer_shapes(inferred, auto_merge=True, guess_output_rank=True)
+        except Exception:  # noqa: BLE001 - best effort, as above
+            pass
     g = inferred.graph
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     view = GraphView(path=path, model=model, opset=opset)

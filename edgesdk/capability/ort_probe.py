@@ -67,21 +67,29 @@ def _attr_key(node) -> str:
     return ";".join(parts)
 
 
-def _one_node_model(node, view) -> bytes:
+def _one_node_model(node, view, as_float32: bool = False) -> bytes:
+    """One-node model with the node's real input types; ``as_float32`` re-types FP16/BF16 tensors to FP32
+    (what ONNX Runtime's cast insertion does for a CPU node without a half-precision kernel)."""
     from onnx import ValueInfoProto, helper
+
+    known = [view.elem_type.get(n) for n in node.input if n and view.elem_type.get(n) in (1, 10, 16)]
+    fallback = known[0] if known else 1  # an unknown input (inference stopped) likely shares the float type
+
+    def typed(elem):
+        return 1 if as_float32 and elem in (10, 16) else elem
 
     inputs = []
     for name in node.input:
         if name and name not in {i.name for i in inputs}:
-            elem = view.elem_type.get(name) or 1
-            inputs.append(helper.make_tensor_value_info(name, elem, None))
+            elem = view.elem_type.get(name) or fallback
+            inputs.append(helper.make_tensor_value_info(name, typed(elem), None))
     outputs = []
     for name in node.output:
         if not name:
             continue
         elem = view.elem_type.get(name)
         if elem:
-            outputs.append(helper.make_tensor_value_info(name, elem, None))
+            outputs.append(helper.make_tensor_value_info(name, typed(elem), None))
         else:
             vi = ValueInfoProto()
             vi.name = name
@@ -110,11 +118,21 @@ class OrtProbe:
         return self._cache[key]
 
     def _probe(self, node, view) -> ProbeResult:
-        import onnxruntime as ort
-
         if any(a.type in (5, 10) for a in node.attribute):
             # Subgraphs (If/Loop/Scan) reference outer-scope tensors: a one-node copy is not a valid model.
             return ProbeResult("unknown", "control-flow op with subgraphs: not probed node by node")
+        result = self._session(node, view, as_float32=False)
+        half = any(view.elem_type.get(t) in (10, 16) for t in list(node.input) + list(node.output) if t)
+        if result.status == "no" and half and self.provider == "CPUExecutionProvider":
+            # ONNX Runtime inserts Casts around a CPU node that has no FP16/BF16 kernel: it runs, in FP32.
+            as32 = self._session(node, view, as_float32=True)
+            if as32.status == "yes":
+                return ProbeResult("yes", "no half-precision CPU kernel: runs in FP32 between inserted Casts")
+        return result
+
+    def _session(self, node, view, as_float32: bool) -> ProbeResult:
+        import onnxruntime as ort
+
         so = ort.SessionOptions()
         so.log_severity_level = 4
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -122,7 +140,7 @@ class OrtProbe:
         if self.provider != "CPUExecutionProvider":
             so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
         try:
-            ort.InferenceSession(_one_node_model(node, view), so, providers=providers)
+            ort.InferenceSession(_one_node_model(node, view, as_float32), so, providers=providers)
         except Exception as exc:  # noqa: BLE001 - classify ORT's error text below
             text = str(exc)
             if "NOT_IMPLEMENTED" in text or "Could not find an implementation" in text:
