@@ -230,12 +230,27 @@ def test_json_lines_and_single_document_read_the_same(tmp_path):
     assert len(read_otlp_json(listed).spans) == 2
 
 
+def test_gzip_and_bom_files_are_read(tmp_path):
+    import gzip
+
+    text = (DATA / "conforming_client_chat.json").read_text()
+    packed = tmp_path / "t.jsonl.gz"
+    packed.write_bytes(gzip.compress(text.encode()))
+    assert len(read_otlp_json(packed).spans) == 1
+    bom = tmp_path / "bom.json"
+    bom.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    assert len(read_otlp_json(bom).spans) == 1
+
+
 @pytest.mark.parametrize(("content", "message"), [
     (None, "not found"), ("", "empty"), ("{not json\n", "not JSON"), ('{"spans": []}', "not OTLP"),
+    (b"\x1f\x8b\x08\x00garbage", "cannot read"), (b"\xff\xfe\x00bad", "cannot read"),
 ])
 def test_unreadable_or_non_otlp_files_are_errors_with_exit_1(tmp_path, content, message):
     path = tmp_path / "bad.json"
-    if content is not None:
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
         path.write_text(content)
     with pytest.raises(TraceFileError, match=message) as info:
         check_trace_file(path)

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Read OTLP/JSON traces and metrics written by us or by other tools.
 
-Accepted layouts: JSON Lines (the Collector ``file`` exporter: one ``ExportTraceServiceRequest`` or
+Accepted layouts (plain or gzip-compressed, UTF-8 with or without BOM): JSON Lines (the Collector ``file`` exporter: one ``ExportTraceServiceRequest`` or
 ``ExportMetricsServiceRequest`` per line), or one JSON document (an export request, or a list of
 them). Keys may be camelCase (OTLP/JSON) or snake_case (protobuf field names); ids hex or base64;
 64-bit integers as strings or numbers; enums as integers or names; attribute values as the
@@ -10,6 +10,7 @@ them). Keys may be camelCase (OTLP/JSON) or snake_case (protobuf field names); i
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 from dataclasses import dataclass, field
@@ -214,10 +215,15 @@ def read_otlp_json(path: str | Path) -> TelemetryFile:
     """Parse a file; raises :class:`TraceFileError` (exit 1) if it is unreadable or not OTLP/JSON."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
+        if raw[:2] == b"\x1f\x8b":  # gzip (rotated collector files are often compressed)
+            raw = gzip.decompress(raw)
+        text = raw.decode("utf-8-sig")
     except FileNotFoundError as exc:
         raise TraceFileError(f"trace file not found: {path}") from exc
-    except (OSError, UnicodeDecodeError) as exc:
+    except IsADirectoryError as exc:
+        raise TraceFileError(f"{path} is a directory, not a trace file") from exc
+    except (OSError, EOFError, UnicodeDecodeError, gzip.BadGzipFile) as exc:
         raise TraceFileError(f"cannot read trace file {path}: {exc}") from exc
     result = TelemetryFile(path=str(path))
     if not text.strip():
