@@ -168,8 +168,9 @@ def test_gemma_needs_review_and_accept_license_records_it(tmp_path: Path) -> Non
     rechecked = scan_licenses(stage)
     assert (rechecked.verdict, rechecked.accepted_at_build) == ("pass", ["LicenseRef-gemma"])
     # The GGUF on its own (a tree, no project license): its own metadata covers it.
-    alone = scan_licenses(source.parent)
-    assert alone.verdict == "review" and [f.layer for f in alone.findings] == ["model"]
+    for target in (source.parent, source):  # the directory, or just the file
+        alone = scan_licenses(target)
+        assert alone.verdict == "review" and [f.layer for f in alone.findings] == ["model"]
     assert validate_sbom((stage / SBOM_NAME).read_text()) is None
 
 

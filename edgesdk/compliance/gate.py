@@ -200,7 +200,7 @@ def scan_licenses(path: Path, *, model_source: Path | None = None, runtime_distr
             if not dists:
                 dists = list(deps)
     tree = scan_tree(root, fallback=fallback, skip=GENERATED if is_bundle else frozenset(),
-                     payload_is_model=is_bundle)
+                     payload_is_model=is_bundle, only=[path.name] if path.is_file() else None)
     findings = list(tree.findings)
     model: list[LicenseFinding] = []
     if model_source is not None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from edgesdk.compliance.findings import LicenseFinding
 from edgesdk.compliance.reuse import annotation_for, header_expression, list_files, load_reuse_toml
 from edgesdk.compliance.spdx import identify_text, normalize
+from edgesdk.errors import InputError
 
 # LICENSE, COPYING.txt, LICENSE-MIT, LICENSE.APACHE2, COPYING.LESSER; not "license-list.md" (pitfall 7).
 LICENSE_FILE = re.compile(r"^(?i:LICEN[CS]E|COPYING)(?:[-._][A-Z0-9][A-Z0-9.+-]*)?(?i:\.(?:txt|md|rst))?$")
@@ -64,14 +65,14 @@ def _is_model_card(path: Path) -> bool:
 
 
 def scan_tree(root: Path, *, fallback: tuple[str | None, str] | None, skip: set[str] = frozenset(),
-              payload_is_model: bool = False) -> TreeScan:
+              payload_is_model: bool = False, only: list[str] | None = None) -> TreeScan:
     """Walk ``root``. ``fallback`` = (expression, where it was declared) for files no header,
     sidecar, annotation or LICENSE file covers. ``payload_is_model``: in a bundle, non-code files
     without their own declaration are the model's payload and covered by the model's license."""
     root = Path(root)
     scan = TreeScan(root)
     annotations = load_reuse_toml(root)
-    files = [f for f in list_files(root) if f not in skip]
+    files = [f for f in (only if only is not None else list_files(root)) if f not in skip]
     present = set(files)
     dir_license: dict[str, tuple[str, str | None]] = {}  # dir -> (license file, expression)
     groups: dict[tuple, LicenseFinding] = {}
@@ -99,11 +100,17 @@ def scan_tree(root: Path, *, fallback: tuple[str | None, str] | None, skip: set[
             scan.scanoss_settings.append(rel)
         suffix = path.suffix.lower()
         if suffix in WEIGHT_SUFFIXES:
-            scan.weights.append({"path": rel, "sha256": sha256_file(path), "bytes": path.stat().st_size})
+            try:
+                scan.weights.append({"path": rel, "sha256": sha256_file(path), "bytes": path.stat().st_size})
+            except OSError as exc:
+                raise InputError(f"cannot read {path}: {exc.strerror}") from exc
             if suffix in (".onnx", ".gguf"):
                 scan.model_files.append(rel)
         if LICENSE_FILE.match(name):
-            text = path.read_text(encoding="utf-8", errors="replace")
+            try:
+                text = path.read_text(encoding="utf-8", errors="replace")
+            except OSError as exc:
+                raise InputError(f"cannot read {path}: {exc.strerror}") from exc
             norm = identify_text(text)
             dir_license[parent] = (rel, norm.expression)
             scan.findings.append(LicenseFinding("license-file", rel, _first_line(text), "license file text",
@@ -144,7 +151,7 @@ def scan_tree(root: Path, *, fallback: tuple[str | None, str] | None, skip: set[
         elif payload_is_model and suffix not in CODE_SUFFIXES:
             scan.without_own_info[rel] = "model license (bundle payload)"
         elif fallback and fallback[0]:
-            group("source", "", fallback[0], fallback[1], normalize(fallback[0]).expression,
+            group("source", "(files without a header)", fallback[0], fallback[1], normalize(fallback[0]).expression,
                   "files without a header inherit the project's declared license", rel)
             scan.without_own_info[rel] = fallback[1]
         else:
