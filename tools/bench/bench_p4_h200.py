@@ -114,8 +114,43 @@ def measure(bundle_dir: Path, overrides: dict, n_prefill: int, n_decode: int, re
             "fallbacks": report["fallbacks"], "generated_chars": len(text)}
 
 
+def _child(args: list[str], timeout: float = 400) -> dict:
+    """Run one stage of this script in a child process and return its last JSON line.
+
+    Why children: torch's bundled CUDA libraries and a CUDA build of llama.cpp in one process
+    aborted with "free(): invalid pointer" on the H200 machine; and a crash in one configuration
+    must cost that configuration only (recorded with its signal), not the whole run."""
+    proc = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, timeout=timeout)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = [ln for ln in proc.stderr.splitlines() if ln.strip()][-3:]
+        return {"error": f"exit {proc.returncode}", "stderr_tail": tail}
+    return json.loads(lines[-1])
+
+
+def stage_prepare(work: Path, shape_name: str) -> dict:
+    from edgesdk.formats import gguf_convert as conv
+
+    times = {}
+    hf = work / "tinyllama-shaped"
+    t = time.perf_counter()
+    hf.mkdir(parents=True, exist_ok=True)
+    make_model(hf, TINYLLAMA if shape_name == "tinyllama" else TINY)
+    times["make_hf_model_s"] = round(time.perf_counter() - t, 1)
+    t = time.perf_counter()
+    conv.convert_hf_to_gguf(hf, work / "model-f16.gguf", name="tinyllama-1.1b-shaped-random")
+    times["convert_f16_s"] = round(time.perf_counter() - t, 1)
+    t = time.perf_counter()
+    conv.quantize(work / "model-f16.gguf", work / "model-q4_k_m.gguf", "Q4_K_M", threads=os.cpu_count())
+    times["quantize_q4_k_m_s"] = round(time.perf_counter() - t, 1)
+    return times
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--stage", choices=("all", "prepare", "measure"), default="all")
+    ap.add_argument("--bundle", default=None)
+    ap.add_argument("--overrides", default="{}")
     ap.add_argument("--out", default=str(REPO / "tools/bench/results/p4_h200.json"))
     ap.add_argument("--work", default=None)
     ap.add_argument("--prefill", type=int, default=512)
@@ -123,28 +158,23 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--shape", choices=("tinyllama", "tiny"), default="tinyllama")
     args = ap.parse_args()
-    import llama_cpp
-
-    from edgesdk.formats import gguf_convert as conv
+    work = Path(args.work or tempfile.mkdtemp(prefix="p4-"))
+    if args.stage == "prepare":
+        print(json.dumps(stage_prepare(work, args.shape)))
+        return 0
+    if args.stage == "measure":
+        print(json.dumps(measure(Path(args.bundle), json.loads(args.overrides), args.prefill, args.decode,
+                                 args.reps)))
+        return 0
     from edgesdk.plan import BuildOptions, inspect_model, plan_build
     from edgesdk.profiles import resolve_profile
 
-    work = Path(args.work or tempfile.mkdtemp(prefix="p4-"))
-    hf = work / "tinyllama-shaped"
-    times = {}
-    t = time.perf_counter()
-    hf.mkdir(parents=True, exist_ok=True)
     shape = TINYLLAMA if args.shape == "tinyllama" else TINY
-    make_model(hf, shape)
-    times["make_hf_model_s"] = round(time.perf_counter() - t, 1)
-    t = time.perf_counter()
-    f16 = work / "model-f16.gguf"
-    conv.convert_hf_to_gguf(hf, f16, name="tinyllama-1.1b-shaped-random")
-    times["convert_f16_s"] = round(time.perf_counter() - t, 1)
-    t = time.perf_counter()
-    q4 = work / "model-q4_k_m.gguf"
-    conv.quantize(f16, q4, "Q4_K_M", threads=os.cpu_count())
-    times["quantize_q4_k_m_s"] = round(time.perf_counter() - t, 1)
+    hf, f16, q4 = work / "tinyllama-shaped", work / "model-f16.gguf", work / "model-q4_k_m.gguf"
+    times = _child(["--stage", "prepare", "--work", str(work), "--shape", args.shape], timeout=900)
+    if "error" in times:
+        print("prepare failed:", times, flush=True)
+        return 1
     profile = resolve_profile("h200")
     facts = inspect_model(hf)
     results = {}
@@ -159,7 +189,18 @@ def main() -> int:
                    "fa_off_all": {"flash_attn": False, "n_gpu_layers": layers + 1},
                    "fa_on_half": {"flash_attn": True, "n_gpu_layers": layers // 2},
                    "fa_off_half": {"flash_attn": False, "n_gpu_layers": layers // 2}}
-        runs = {name: measure(bundle, ov, args.prefill, args.decode, args.reps) for name, ov in configs.items()}
+        common = ["--stage", "measure", "--bundle", str(bundle), "--prefill", str(args.prefill),
+                  "--decode", str(args.decode), "--reps", str(args.reps)]
+        runs = {name: {"overrides": ov, **_child([*common, "--overrides", json.dumps(ov)])}
+                for name, ov in configs.items()}
+        for name, r in runs.items():
+            if "error" in r:
+                print(f"  {name}: {r}", flush=True)
+        ok = {k: v for k, v in runs.items() if "error" not in v}
+        if "planner" not in ok or len(ok) < 2:
+            results[label] = {"planned": info, "runs": runs, "error": "planner run or all hand-tuned runs failed"}
+            continue
+        runs = ok
         hand = {k: v for k, v in runs.items() if k != "planner"}
         best_dec = max(hand.values(), key=lambda r: r["decode_tok_s"])
         best_pre = max(hand.values(), key=lambda r: r["prefill_tok_s"])
@@ -179,6 +220,8 @@ def main() -> int:
                               "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
     except OSError:
         smi = "no nvidia-smi (not a GPU host)"
+    import llama_cpp
+
     out = {"benchmark": "P4 (GGUF on H200): planner settings vs best hand-tuned, same run",
            "goal": "planner >= 0.98x best hand-tuned decode and prefill tok/s",
            "method": __doc__, "machine": {"gpu": smi, "cpu_count": os.cpu_count(), "python": platform.python_version(),
