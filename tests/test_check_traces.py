@@ -281,3 +281,5 @@ def test_real_cli_exit_codes(tmp_path):
     missing = run(str(tmp_path / "nope.jsonl"))
     assert missing.returncode == 1
     assert missing.stderr.startswith("error: trace file not found") and "Traceback" not in missing.stderr
+    directory = run(str(tmp_path))
+    assert directory.returncode == 1 and "is a directory" in directory.stderr

@@ -13,7 +13,7 @@ import click
 
 
 @click.command("traces")
-@click.argument("trace_file", type=click.Path(dir_okay=False, path_type=str))
+@click.argument("trace_file", type=click.Path(path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--fail-on", type=click.Choice(["violation", "improvement", "information"]), default="violation",
               show_default=True, help="Lowest finding level that makes the check fail (exit 2).")
