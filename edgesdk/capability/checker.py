@@ -88,13 +88,16 @@ class CapabilityReport:
         from edgesdk.capability.partition import boundary_summary
 
         placed: dict[str, int] = {}
+        ops_by: dict[str, set] = {}
         for n in self.nodes:
             placed[n.placement] = placed.get(n.placement, 0) + 1
+            ops_by.setdefault(n.placement, set()).add(n.op_type)
         return {
             "model": self.model, "profile": self.profile, "tensorrt_version": self.tensorrt_version,
             "precision": self.precision, "opset": self.opset, "chain": self.chain,
             "dynamic_inputs": self.dynamic_inputs, "notes": self.notes,
             "summary": {"nodes": len(self.nodes), "placement": placed,
+                        "ops_by_placement": {k: sorted(v) for k, v in ops_by.items() if k != "folded"},
                         "partitions": {b: sum(1 for p in self.partitions if p.backend == b) for b in placed if b != "folded"},
                         "uncertain": sum(1 for n in self.nodes if n.uncertain),
                         "unsupported_everywhere": sorted({n.op_type for n in self.unsupported_everywhere()}),
