@@ -301,3 +301,18 @@ def test_reuse_layout_reports_ids_without_license_text(tmp_path: Path) -> None:
     assert result.missing_license_texts == ["Apache-2.0", "BSD-3-Clause"]
     sidecar = next(f for f in result.findings if f.subject == "b.json")
     assert (sidecar.source, sidecar.spdx) == (".license sidecar", "Apache-2.0")
+
+
+def test_bundle_scan_ignores_gitignore_and_cache_dir_names(tmp_path: Path) -> None:
+    """Everything in a bundle ships: a .gitignore or a directory called build/ hides nothing."""
+    import subprocess
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    bundle = tmp_path / "bundle"
+    (bundle / "build").mkdir(parents=True)
+    (bundle / "manifest.json").write_text("{}")
+    (bundle / ".gitignore").write_text("*.py\nbuild/\n")
+    (bundle / "build" / "helper.py").write_text("# SPDX-License-Identifier: AGPL-3.0-only\n")
+    write_onnx(bundle / "model.onnx", "mit")
+    result = scan_licenses(bundle)
+    assert result.verdict == "deny" and result.worst().subject == "build/helper.py"

@@ -106,9 +106,12 @@ def header_expression(path: Path) -> str | None:
     return None
 
 
-def list_files(root: Path) -> list[str]:
+def list_files(root: Path, *, use_git: bool = True) -> list[str]:
     """Files under ``root`` as POSIX paths relative to it: git's view (tracked + untracked, not
-    ignored) inside a git work tree, else a walk that skips virtualenvs, caches and build output."""
+    ignored) inside a git work tree, else a walk that skips virtualenvs, caches and build output.
+    Bundles are always walked: a .gitignore must not hide a weight file from the gate."""
+    if not use_git:
+        return _walk(root, skip_dirs=False)  # everything in a bundle ships
     try:
         proc = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others",
                                "--exclude-standard", "--", "."], capture_output=True, timeout=60, check=False)
@@ -119,9 +122,14 @@ def list_files(root: Path) -> list[str]:
                 return files
     except (OSError, subprocess.SubprocessError):
         pass
+    return _walk(root)
+
+
+def _walk(root: Path, skip_dirs: bool = True) -> list[str]:
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in IGNORED_DIRS and not d.endswith(".egg-info"))
+        if skip_dirs:
+            dirnames[:] = sorted(d for d in dirnames if d not in IGNORED_DIRS and not d.endswith(".egg-info"))
         for name in filenames:
             rel = (Path(dirpath) / name).relative_to(root).as_posix()
             out.append(rel)

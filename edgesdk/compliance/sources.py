@@ -72,7 +72,8 @@ def scan_tree(root: Path, *, fallback: tuple[str | None, str] | None, skip: set[
     root = Path(root)
     scan = TreeScan(root)
     annotations = load_reuse_toml(root)
-    files = [f for f in (only if only is not None else list_files(root)) if f not in skip]
+    listed = only if only is not None else list_files(root, use_git=not payload_is_model)
+    files = [f for f in listed if f not in skip]
     present = set(files)
     dir_license: dict[str, tuple[str, str | None]] = {}  # dir -> (license file, expression)
     groups: dict[tuple, LicenseFinding] = {}
