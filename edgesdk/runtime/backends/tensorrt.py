@@ -32,7 +32,7 @@ class TensorRTEngineBackend:
     name = "tensorrt"
     provider = "tensorrt"
 
-    def __init__(self, engine_path: Path, env: dict, source: str):
+    def __init__(self, engine_path: Path, env: dict, source: str, dla_core: int | None = None):
         import tensorrt as trt
         import torch
 
@@ -40,6 +40,8 @@ class TensorRTEngineBackend:
             raise BackendUnavailableError("TensorRT engine needs CUDA buffers: torch has no CUDA device here")
         self._trt, self._torch = trt, torch
         runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+        if dla_core is not None:
+            runtime.DLA_core = int(dla_core)  # a DLA engine deserialises onto the core it was planned for
         self.engine = runtime.deserialize_cuda_engine(Path(engine_path).read_bytes())
         if self.engine is None:
             raise BackendUnavailableError(f"TensorRT could not deserialise {engine_path}")
@@ -150,7 +152,7 @@ def load_tensorrt(bundle, ctx):
     if ENGINE_STEP in chain and not problems:
         try:
             path, source = _engine_source(bundle, config, env, ctx)
-            return TensorRTEngineBackend(path, env, source)
+            return TensorRTEngineBackend(path, env, source, (config.get("dla") or {}).get("core"))
         except (ExternalToolError, BackendUnavailableError) as exc:
             ctx.record_fallback(ENGINE_STEP, next_step, exc.one_line())
         except Exception as exc:  # noqa: BLE001 - a native TensorRT error must become a fallback, not a crash
