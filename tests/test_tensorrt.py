@@ -262,3 +262,17 @@ def test_fallbacks_are_telemetry_events(deferred_bundle):
         telemetry.shutdown()
     assert len(events) == len(recorded) >= 1
     assert [e["edgesdk.fallback.from"] for e in events] == [f["from"] for f in recorded]
+
+
+@pytest.mark.slow
+def test_dla_build_config_carries_core_and_gpu_fallback(capability_models, tmp_path):
+    from edgesdk.build import build
+
+    out = build(str(capability_models["dla_cnn"]), "orin-agx-64gb", tmp_path / "dla",
+                BuildOptions(format="tensorrt", dla=True, progress=False, parity_samples=4, calibration_samples=2))
+    config = E.read_config(out / "tensorrt" / "engine_config.json")
+    assert config["dla"] == {"core": 0, "gpu_fallback": True}
+    assert config["cache_key_fields"]["dla"] == {"core": 0, "gpu_fallback": True}
+    assert "--useDLACore=0 --allowGPUFallback" in config["trtexec"]
+    summary = json.loads((out / "manifest.json").read_text())["extras"]["tensorrt"]["capability"]
+    assert set(summary["placement"]) <= {"dla", "tensorrt"} and summary["placement"].get("dla", 0) >= 3
