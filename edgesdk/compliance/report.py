@@ -96,7 +96,7 @@ def to_markdown(result: GateResult) -> str:
            f"| {c['deny']} | {c['review']} | {c['allow']} | {c['waived']} | {c['accepted']} |", ""]
     problems = [f for f in _sorted(result) if f.action != "allow"]
     if problems:
-        out += ["## Findings that need action", "",
+        out += ["## Findings the policy did not allow (with their resolution)", "",
                 "| layer | file / subject | license as found | SPDX | category | action | reason |",
                 "|---|---|---|---|---|---|---|"]
         for f in problems:
