@@ -46,9 +46,9 @@ from edgesdk.errors import InputError, ModelError, ParityError
 DEFAULT_SMOOTH_ALPHA = 0.7
 # A smoothing Mul costs a few microseconds per call; only pay it for a real error reduction.
 MIN_SMOOTH_GAIN = 0.85
-_SENSITIVITY_FEEDS = 4  # the worst feeds of the first INT8 attempt drive the min cosine
+_SENSITIVITY_FEEDS = 3  # the worst feeds of the first INT8 attempt drive the min cosine
 QUANTIZABLE_OPS = ("MatMul", "Attention")
-_ROWS_PER_FEED = 48  # rows kept per feed for the error simulation (the scale uses the whole tensor)
+_SIMULATED_ROWS = 512  # token rows kept per tensor for the error simulation (the scale uses whole tensors)
 
 
 @dataclass
@@ -143,8 +143,8 @@ def _session(model_or_path, threads: int, *, optimize: bool = True):
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
-    if not optimize:  # keep intermediate tensors exactly as named in the graph
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if not optimize:  # basic rewrites only: the probed intermediate tensors keep their values
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     source = model_or_path.SerializeToString() if hasattr(model_or_path, "SerializeToString") else str(model_or_path)
     return ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
 
@@ -162,7 +162,10 @@ class _Activation:
     """One quantizable node input, seen over the calibration feeds."""
 
     absmax: np.ndarray  # per input channel, over all rows of all feeds
-    samples: list[tuple[np.ndarray, np.ndarray, np.ndarray]]  # (rows kept, channel min, channel max) per feed
+    ch_min: np.ndarray  # [feeds, channels] per-feed channel minima (the runtime scale is per call)
+    ch_max: np.ndarray  # [feeds, channels]
+    rows: np.ndarray  # [feeds * rows_per_feed, channels] sampled rows of real (unpadded) tokens
+    rows_per_feed: int
 
 
 def _capture_activations(model, tensor_names: list[str], feeds, threads: int) -> dict[str, _Activation]:
@@ -172,28 +175,34 @@ def _capture_activations(model, tensor_names: list[str], feeds, threads: int) ->
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     present = {o.name for o in probe.graph.output}
+    graph_inputs = {i.name for i in probe.graph.input}
     for name in tensor_names:
-        if name not in present:
+        if name not in present and name not in graph_inputs:
             probe.graph.output.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
     session = _session(probe, threads, optimize=False)
+    probed = [n for n in tensor_names if n not in graph_inputs]
     rng = np.random.default_rng(0)
-    acts: dict[str, _Activation] = {}
+    rows_per_feed = max(4, _SIMULATED_ROWS // len(feeds))
+    seen: dict[str, tuple[list, list, list]] = {name: ([], [], []) for name in tensor_names}
     for feed in feeds:
-        outputs = session.run(tensor_names, _feed_for(session, feed))
+        ort_feed = _feed_for(session, feed)
+        values = dict(zip(probed, session.run(probed, ort_feed) if probed else []))
         mask = feed.get("attention_mask")
-        for name, value in zip(tensor_names, outputs):
+        for name in tensor_names:
+            value = values[name] if name in values else ort_feed[name]
             rows = value.reshape(-1, value.shape[-1])
             # Pooling ignores padded positions, so the error that matters is on real tokens; the
             # runtime scale, however, comes from the whole tensor (padding included).
             valid = rows[mask.reshape(-1) > 0] if mask is not None and mask.size == rows.shape[0] else rows
-            keep = valid[rng.choice(len(valid), min(_ROWS_PER_FEED, len(valid)), replace=False)]
-            absmax = np.abs(rows).max(axis=0)
-            sample = (keep.astype(np.float32), rows.min(axis=0), rows.max(axis=0))
-            if name in acts:
-                acts[name].absmax = np.maximum(acts[name].absmax, absmax)
-                acts[name].samples.append(sample)
-            else:
-                acts[name] = _Activation(absmax, [sample])
+            mins, maxs, kept = seen[name]
+            mins.append(rows.min(axis=0))
+            maxs.append(rows.max(axis=0))
+            kept.append(valid[rng.choice(len(valid), rows_per_feed, replace=len(valid) < rows_per_feed)])
+    acts = {}
+    for name, (mins, maxs, kept) in seen.items():
+        ch_min, ch_max = np.stack(mins), np.stack(maxs)
+        acts[name] = _Activation(np.maximum(np.abs(ch_min), np.abs(ch_max)).max(axis=0), ch_min, ch_max,
+                                 np.concatenate(kept).astype(np.float32), rows_per_feed)
     return acts
 
 
@@ -203,8 +212,8 @@ def _capture_activations(model, tensor_names: list[str], feeds, threads: int) ->
 def _quantize_rows_u8(rows: np.ndarray, lo: float, hi: float) -> np.ndarray:
     """What ORT's DynamicQuantizeLinear does to a tensor whose range is [lo, hi] (0 included)."""
     lo, hi = min(lo, 0.0), max(hi, 0.0)
-    scale = (hi - lo) / 255.0 or 1.0
-    zero_point = np.clip(np.round(-lo / scale), 0, 255)
+    scale = np.float32((hi - lo) / 255.0 or 1.0)
+    zero_point = np.float32(np.clip(np.round(-lo / scale), 0, 255))
     return (np.clip(np.round(rows / scale) + zero_point, 0, 255) - zero_point) * scale
 
 
@@ -215,21 +224,26 @@ def _quantize_weight_s8(weight: np.ndarray) -> np.ndarray:
     return np.clip(np.round(weight / scale), -127, 127) * scale
 
 
-def _simulated_error(act: _Activation, weights: list[np.ndarray], smooth: np.ndarray | None) -> list[float]:
-    """Relative output error ||XqWq - XW|| / ||XW|| of each consumer weight, over the kept rows."""
+def _simulated_error(act: _Activation, weights: list[np.ndarray], references: list[np.ndarray],
+                     smooth: np.ndarray | None) -> list[float]:
+    """Relative output error ||XqWq - XW|| / ||XW|| of each consumer weight, over the kept rows.
+
+    ``references[i]`` is ``act.rows @ weights[i]`` (computed once by the caller).
+    """
     inv = np.ones(weights[0].shape[0], np.float32) if smooth is None else (1.0 / smooth).astype(np.float32)
-    qweights = [_quantize_weight_s8(w if smooth is None else w * smooth[:, None]) for w in weights]
-    err = np.zeros(len(weights))
-    ref_norm = np.zeros(len(weights))
-    for rows, ch_min, ch_max in act.samples:
-        # the runtime scale comes from the whole (smoothed) tensor: its range is the extreme of
-        # the per-channel ranges after dividing by s (s > 0 keeps each channel's min/max order)
-        xq = _quantize_rows_u8(rows * inv, float(np.min(ch_min * inv)), float(np.max(ch_max * inv)))
-        for i, (w, wq) in enumerate(zip(weights, qweights)):
-            ref = rows @ w
-            err[i] += float(np.sum((xq @ wq - ref) ** 2))
-            ref_norm[i] += float(np.sum(ref**2))
-    return list(np.sqrt(err / np.maximum(ref_norm, 1e-30)))
+    # the runtime scale comes from each whole (smoothed) tensor: its range is the extreme of the
+    # per-channel ranges after dividing by s (s > 0 keeps each channel's min/max order)
+    lo = np.minimum(np.min(act.ch_min * inv, axis=1), 0.0)
+    hi = np.maximum(np.max(act.ch_max * inv, axis=1), 0.0)
+    scale = np.where(hi > lo, (hi - lo) / 255.0, 1.0)
+    zero_point = np.clip(np.round(-lo / scale), 0, 255)
+    row_scale, row_zp = np.repeat(scale, act.rows_per_feed)[:, None], np.repeat(zero_point, act.rows_per_feed)[:, None]
+    xq = (np.clip(np.round(act.rows * inv / row_scale) + row_zp, 0, 255) - row_zp) * row_scale
+    errors = []
+    for w, ref in zip(weights, references):
+        ws = w if smooth is None else w * smooth[:, None]
+        errors.append(float(np.linalg.norm(xq @ _quantize_weight_s8(ws) - ref) / max(np.linalg.norm(ref), 1e-30)))
+    return errors
 
 
 def _smooth_factors(act: _Activation, weights: list[np.ndarray], alpha: float) -> np.ndarray:
@@ -260,9 +274,10 @@ def _plan_smoothing(model, nodes, acts: dict[str, _Activation], alpha: float) ->
         weights = [numpy_helper.to_array(inits[n.input[1]]).astype(np.float32) for n in consumers]
         for n, w in zip(consumers, weights):
             plan.node_macs[n.name] = int(w.shape[0] * w.shape[1])
-        err = _simulated_error(acts[tensor], weights, None)
+        refs = [acts[tensor].rows @ w for w in weights]
+        err = _simulated_error(acts[tensor], weights, refs, None)
         s = _smooth_factors(acts[tensor], weights, alpha)
-        smoothed_err = _simulated_error(acts[tensor], weights, s)
+        smoothed_err = _simulated_error(acts[tensor], weights, refs, s)
         if sum(smoothed_err) < MIN_SMOOTH_GAIN * sum(err):
             plan.smooth[tensor] = (alpha, s)
             err = smoothed_err
@@ -313,8 +328,20 @@ def _apply_smoothing(model, nodes, plan: _Plan):
     return smoothed
 
 
-def _output_sensitivity(smoothed, nodes, plan: _Plan, feeds, references, parity_fn, threads: int) -> dict[str, float]:
+def _parity_on(parity_fn, references: list[np.ndarray], candidates: dict[int, np.ndarray]) -> float:
+    """Min cosine over the feeds in ``candidates``: the others are given their reference (cosine 1).
+
+    ``parity_fn`` always sees full, aligned lists, so a caller's per-feed data (attention masks for
+    pooling) stays in step with the references.
+    """
+    full = [candidates.get(i, ref) for i, ref in enumerate(references)]
+    return float(parity_fn(references, full)["min_cosine"])
+
+
+def _output_sensitivity(smoothed, nodes, plan: _Plan, all_feeds, picked: list[int], references, parity_fn,
+                        threads: int) -> dict[str, float]:
     """Per node: 1 - min cosine of the FP32 model when only that node carries its simulated INT8 error."""
+    feeds = [all_feeds[i] for i in picked]
     import onnx
     from onnx import helper, numpy_helper
 
@@ -323,9 +350,12 @@ def _output_sensitivity(smoothed, nodes, plan: _Plan, feeds, references, parity_
     x_names = sorted({n.input[0] for n in matmuls})
     probe = onnx.ModelProto()
     probe.CopyFrom(smoothed)
-    probe.graph.output.extend(helper.make_tensor_value_info(x, onnx.TensorProto.FLOAT, None) for x in x_names)
+    graph_inputs = {i.name for i in probe.graph.input}
+    probed = [x for x in x_names if x not in graph_inputs]
+    probe.graph.output.extend(helper.make_tensor_value_info(x, onnx.TensorProto.FLOAT, None) for x in probed)
     probe_session = _session(probe, threads, optimize=False)
-    inputs = [dict(zip(x_names, probe_session.run(x_names, _feed_for(probe_session, f)))) for f in feeds]
+    inputs = [{**f, **dict(zip(probed, probe_session.run(probed, _feed_for(probe_session, f)) if probed else []))}
+              for f in feeds]
 
     inject = onnx.ModelProto()
     inject.CopyFrom(smoothed)
@@ -349,14 +379,14 @@ def _output_sensitivity(smoothed, nodes, plan: _Plan, feeds, references, parity_
     for node in matmuls:
         w = numpy_helper.to_array(inits[node.input[1]]).astype(np.float32)
         wq = _quantize_weight_s8(w)
-        outputs = []
-        for f, xs in base:
+        outputs = {}
+        for feed_index, (f, xs) in zip(picked, base):
             x = xs[node.input[0]]
             rows = x.reshape(-1, x.shape[-1])
             xq = _quantize_rows_u8(rows, float(rows.min()), float(rows.max()))
             delta = (xq @ wq - rows @ w).reshape(*x.shape[:-1], w.shape[1]).astype(np.float32)
-            outputs.append(session.run(None, {**f, f"{node.name}_int8_error": delta})[0])
-        sensitivity[node.name] = max(0.0, 1.0 - float(parity_fn(references, outputs)["min_cosine"]))
+            outputs[feed_index] = session.run(None, {**f, f"{node.name}_int8_error": delta})[0]
+        sensitivity[node.name] = max(0.0, 1.0 - _parity_on(parity_fn, references, outputs))
     # fused Attention nodes cannot take an additive error on their projection: scale their local error
     # by the typical output-to-local ratio of the MatMuls
     ratios = [sensitivity[n] / plan.node_error[n] for n in sensitivity if plan.node_error[n] > 0]
@@ -369,15 +399,71 @@ def _output_sensitivity(smoothed, nodes, plan: _Plan, feeds, references, parity_
 # ------------------------------------------------------------------ quantize, measure, search
 
 
-def _quantize(smoothed_path: Path, out_path: Path, op_types: list[str], exclude: list[str]) -> None:
+def _int8_model(smoothed, nodes, exclude: set[str], out_path: Path) -> None:
+    """Write the INT8 model: MatMul -> DynamicQuantizeLinear + MatMulIntegerToFloat (per-column s8 weights).
+
+    Numerically what ``onnxruntime.quantization.quantize_dynamic(per_channel=True)`` produces after
+    ORT's own fusions, but vectorised: ORT's quantizer loops over channels in Python (seconds per
+    call), this takes milliseconds, which keeps the exclusion search cheap. Fused ``Attention`` nodes
+    go through ``quantize_dynamic`` (QAttention).
+    """
     import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.ModelProto()
+    model.CopyFrom(smoothed)
+    inits = {init.name: init for init in model.graph.initializer}
+    todo = {n.name for n in nodes if n.op_type == "MatMul" and n.name not in exclude}
+    users: dict[str, int] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            users[name] = users.get(name, 0) + 1
+    quantized_inputs: dict[str, tuple[str, str, str]] = {}
+    ordered = []
+    for node in model.graph.node:
+        if node.name not in todo:
+            ordered.append(node)
+            continue
+        x = node.input[0]
+        if x not in quantized_inputs:  # one DynamicQuantizeLinear per activation, shared by its consumers
+            names = (f"{x}_u8", f"{x}_scale", f"{x}_zero_point")
+            ordered.append(helper.make_node("DynamicQuantizeLinear", [x], list(names), name=f"{x}_DynamicQuantize"))
+            quantized_inputs[x] = names
+        x_u8, x_scale, x_zp = quantized_inputs[x]
+        w = numpy_helper.to_array(inits[node.input[1]]).astype(np.float32)
+        scale = (np.abs(w).max(axis=0) / 127.0).astype(np.float32)
+        scale[scale == 0] = 1.0
+        w_s8 = np.clip(np.round(w / scale), -127, 127).astype(np.int8)
+        base = f"{node.name}_int8"
+        model.graph.initializer.extend([
+            numpy_helper.from_array(w_s8, f"{base}_weight"),
+            numpy_helper.from_array(scale, f"{base}_weight_scale"),
+            numpy_helper.from_array(np.zeros_like(w_s8[0]), f"{base}_weight_zero_point"),
+        ])
+        ordered.append(helper.make_node(
+            "MatMulIntegerToFloat",
+            [x_u8, f"{base}_weight", x_scale, f"{base}_weight_scale", x_zp, f"{base}_weight_zero_point"],
+            list(node.output), name=base, domain="com.microsoft",
+        ))
+        users[node.input[1]] -= 1
+    del model.graph.node[:]
+    model.graph.node.extend(ordered)
+    unused = [init for init in model.graph.initializer if users.get(init.name, 1) == 0]
+    for init in unused:  # the FP32 weights that only quantized nodes used
+        model.graph.initializer.remove(init)
+    if not any(d.domain == "com.microsoft" for d in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    attention = [n.name for n in nodes if n.op_type == "Attention" and n.name not in exclude]
+    if not attention:
+        onnx.save(model, str(out_path))
+        return
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     quantize_dynamic(
-        smoothed_path, out_path, op_types_to_quantize=op_types, per_channel=True,
-        weight_type=QuantType.QInt8, nodes_to_exclude=list(exclude),
+        model, out_path, op_types_to_quantize=["Attention"], per_channel=True, weight_type=QuantType.QInt8,
+        nodes_to_quantize=attention,
         # contrib ops (fused Attention, SkipLayerNormalization) defeat ONNX shape inference
-        extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT, "MatMulConstBOnly": True},
+        extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
     )
 
 
@@ -387,7 +473,7 @@ def _run_first_output(path: Path, feeds, threads: int) -> list[np.ndarray]:
 
 
 def measure_latency_ms(paths: list[Path], feed: dict[str, np.ndarray], *, threads: int = 2,
-                       rounds: int = 15, runs_per_round: int = 3, warmup: int = 5) -> list[float]:
+                       rounds: int = 8, runs_per_round: int = 2, warmup: int = 3) -> list[float]:
     """p50 latency of each model on ``feed``; the models take turns so machine load hits all alike."""
     sessions = [_session(p, threads) for p in paths]
     feeds = [_feed_for(s, feed) for s in sessions]
@@ -420,9 +506,10 @@ def quantize_int8_accuracy_aware(
     """Dynamic INT8 with activation smoothing, keeping the costliest nodes in FP32 until parity holds.
 
     ``reference_outputs[i]`` is the source model's first output for ``calibration_feeds[i]``;
-    ``parity_fn(reference, candidate)`` returns at least ``{"min_cosine": float}``.
+    ``parity_fn(reference, candidate)`` returns at least ``{"min_cosine": float}`` and is always
+    called with full lists aligned with ``calibration_feeds`` (feeds not under test get their
+    reference as candidate), so it may index per-feed data such as attention masks by position.
     """
-    import onnx
 
     fp32_onnx, out_path = Path(fp32_onnx), Path(out_path)
     _require_model_file(fp32_onnx)
@@ -453,13 +540,10 @@ def quantize_int8_accuracy_aware(
     steps: list[dict] = []
 
     with tempfile.TemporaryDirectory(prefix="edgesdk-int8-") as tmp:
-        smoothed_path = Path(tmp) / "smoothed.onnx"
-        onnx.save(smoothed, str(smoothed_path))
-
         def attempt(n_excluded: int):
             candidate = Path(tmp) / f"int8_excl{n_excluded}.onnx"
             t0 = time.perf_counter()
-            _quantize(smoothed_path, candidate, op_types, order[:n_excluded])
+            _int8_model(smoothed, nodes, set(order[:n_excluded]), candidate)
             outputs = _run_first_output(candidate, calibration_feeds, intra_op_threads)
             parity = parity_fn(reference_outputs, outputs)
             ok = float(parity["min_cosine"]) >= min_cosine
@@ -473,11 +557,10 @@ def quantize_int8_accuracy_aware(
         best = (0, first[1], first[2]) if first[0] else None
         if best is None and max_excluded > 0:
             t0 = time.perf_counter()
-            per_feed = [parity_fn([r], [o])["min_cosine"] for r, o in zip(reference_outputs, first[3])]
-            worst = list(np.argsort(per_feed)[:_SENSITIVITY_FEEDS])
+            per_feed = [_parity_on(parity_fn, reference_outputs, {i: o}) for i, o in enumerate(first[3])]
+            worst = [int(i) for i in np.argsort(per_feed)[:_SENSITIVITY_FEEDS]]
             sensitivity = _output_sensitivity(
-                smoothed, nodes, plan, [calibration_feeds[i] for i in worst],
-                [reference_outputs[i] for i in worst], parity_fn, intra_op_threads,
+                smoothed, nodes, plan, calibration_feeds, worst, reference_outputs, parity_fn, intra_op_threads,
             )
             # damage to the output per MAC that INT8 would save: the cheapest accuracy first
             order.extend(sorted(sensitivity, key=lambda n: sensitivity[n] / plan.node_macs[n], reverse=True))
