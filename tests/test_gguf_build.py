@@ -1,0 +1,177 @@
+# SPDX-License-Identifier: Apache-2.0
+"""HF causal LM -> GGUF for real: small random-weight Llama and Qwen2 models built from transformers
+configs (real architectures, random numbers), with a real byte-level BPE tokenizer trained here on
+the built-in text (no hub). Converted files load in llama.cpp and match the HF logits.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("llama_cpp")
+pytest.importorskip("transformers")
+
+from edgesdk.errors import InputError, ModelError, ShapeError  # noqa: E402
+
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def make_tiny_causal_lm(directory: Path, family: str, *, tokenizer: bool = True, license_card: bool = True) -> Path:
+    """A 2-layer, hidden-256 model of ``family`` (llama|qwen2) with random weights and a BPE tokenizer."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        PreTrainedTokenizerFast,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
+
+    from edgesdk.formats.gguf import PPL_TEXT
+
+    directory.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(PPL_TEXT.read_text().split("\n"), trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<|bos|>", "<|end|>", "<|user|>", "<|assistant|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|end|>")
+    fast.chat_template = CHAT_TEMPLATE
+    if tokenizer:
+        fast.save_pretrained(directory)
+    kw = dict(vocab_size=len(tok.get_vocab()), hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+              bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**kw)) if family == "llama" else Qwen2ForCausalLM(Qwen2Config(**kw))
+    model.save_pretrained(directory, safe_serialization=True)
+    if license_card:
+        (directory / "README.md").write_text("---\nlicense: apache-2.0\n---\nRandom weights for tests.\n")
+    return directory
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory) -> Path:
+    return make_tiny_causal_lm(tmp_path_factory.mktemp("hf") / "tiny-llama", "llama")
+
+
+@pytest.fixture(scope="module")
+def tiny_llama_bundle(tiny_llama, tmp_path_factory) -> Path:
+    from edgesdk.build import build
+    from edgesdk.plan import BuildOptions
+
+    out = tmp_path_factory.mktemp("bundles") / "tiny-llama-nano"
+    return build(tiny_llama, "orin-nano-8gb", out, BuildOptions(progress=False))
+
+
+@pytest.mark.slow
+def test_llama_hf_to_gguf_bundle_matches_hf_logits_and_records_parity(tiny_llama_bundle):
+    m = json.loads((tiny_llama_bundle / "manifest.json").read_text())
+    assert m["format"] == "gguf" and m["precision"] == "Q8_0"  # first type of orin-nano-8gb's order fits
+    parity = m["parity"]
+    assert parity["logits_vs_hf"]["min_cosine"] >= 0.999 and parity["logits_vs_hf"]["top1_agreement"] >= 0.95
+    assert parity["logits_vs_hf"]["tokenizer_agreement"].startswith("4/4")
+    assert parity["reference"] == "F16 conversion" and parity["ppl_ratio"] <= parity["thresholds"]["ppl_ratio_max"]
+    llm = m["extras"]["llm"]
+    assert llm["chat_template"] and llm["n_gpu_layers"] == "all" and llm["flash_attn"] is False
+    assert "llama-cpp-python" in m["runtime"]["requires"]
+    assert [a["role"] for a in m["artifacts"]].count("model") == 1
+    assert m["license"]["verdict"] == "pass"
+
+
+@pytest.mark.slow
+def test_qwen2_converts_and_matches_hf_logits(tmp_path):
+    from edgesdk.formats import gguf_convert as conv
+    from edgesdk.formats.gguf import PPL_TEXT, gguf_facts
+
+    hf = make_tiny_causal_lm(tmp_path / "tiny-qwen2", "qwen2")
+    out = tmp_path / "qwen2-f16.gguf"
+    info = conv.convert_hf_to_gguf(hf, out)
+    assert info["gguf_architecture"] == "qwen2" and info["tokenizer_pre"] == "gpt-2"
+    facts = gguf_facts(out)
+    assert facts["architecture"] == "qwen2" and facts["file_type"] == "F16" and facts["license"] == "apache-2.0"
+    parity = conv.logits_parity(hf, out, PPL_TEXT.read_text())
+    assert parity["min_cosine"] >= 0.999 and parity["top1_agreement"] >= 0.95, parity
+    q4 = tmp_path / "qwen2-q4_k_m.gguf"
+    conv.quantize(out, q4, "Q4_K_M", threads=2)
+    assert gguf_facts(q4)["file_type"] == "Q4_K_M" and q4.stat().st_size < out.stat().st_size
+
+
+@pytest.mark.slow
+def test_chat_uses_the_models_own_template_and_stops_at_end_token(tiny_llama_bundle):
+    import edgesdk
+
+    with edgesdk.load(tiny_llama_bundle) as s:
+        msgs = [{"role": "user", "content": "hello"}]
+        s.chat(msgs, max_tokens=4, temperature=0)
+        last = s.backend.last
+        rendered = "<|user|>hello<|end|><|assistant|>"
+        assert last["input_tokens"] == len(s.backend._llm.tokenize(rendered.encode(), add_bos=True, special=True))
+        assert last["output_tokens"] <= 4
+        pieces = list(s.chat(msgs, max_tokens=4, temperature=0, stream=True))
+        assert "".join(pieces) == s.chat(msgs, max_tokens=4, temperature=0)
+        with pytest.raises(InputError, match="unknown generation option"):
+            s.chat(msgs, max_token=4)
+
+
+@pytest.mark.slow
+def test_gpu_profile_on_a_cpu_build_falls_back_and_says_why(tiny_llama_bundle):
+    import llama_cpp
+
+    import edgesdk
+
+    if llama_cpp.llama_supports_gpu_offload():
+        pytest.skip("this llama-cpp-python build offloads to a GPU")
+    with edgesdk.load(tiny_llama_bundle, profile="h200") as s:
+        rep = s.report()
+        assert rep["device"] == "cpu" and rep["backend_report"]["n_gpu_layers"] == 0
+        (fb,) = rep["fallbacks"]
+        assert "GPU" in fb["from"] and "flash attention on" in fb["from"] and "CPU" in fb["to"]
+        assert "no GPU offload" in fb["reason"]
+        assert rep["backend_report"]["probe"] == "in-process"  # sm_90 is not marked risky
+    with edgesdk.load(tiny_llama_bundle) as s:  # built for orin-nano-8gb: sm_87 probes in a child first
+        assert s.report()["backend_report"]["probe"].startswith("child process")
+        with pytest.raises(ShapeError, match=r"prompt is \d+ tokens; the context holds 512"):
+            s.generate("word " * 600, max_tokens=1)
+
+
+def test_unsupported_architecture_and_missing_tokenizer_via_cli(tmp_path, run_cli):
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    gpt2 = tmp_path / "gpt2-like"
+    gpt2.mkdir()
+    (gpt2 / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+                                                  "n_layer": 2, "vocab_size": 10}))
+    save_file({"wte.weight": np.zeros((10, 4), dtype=np.float32)}, str(gpt2 / "model.safetensors"))
+    proc = run_cli("build", gpt2, "--profile", "orin-nano-8gb", "-o", tmp_path / "o1", timeout=120)
+    assert proc.returncode == 3
+    assert proc.stderr.strip() == ("error: architecture GPT2LMHeadModel not supported for GGUF conversion "
+                                   "(supported: LlamaForCausalLM, Qwen2ForCausalLM)")
+    notok = tmp_path / "no-tokenizer"
+    notok.mkdir()
+    (notok / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                                                   "num_hidden_layers": 2, "num_attention_heads": 4,
+                                                   "hidden_size": 8, "vocab_size": 10,
+                                                   "max_position_embeddings": 64}))
+    save_file({"model.embed_tokens.weight": np.zeros((10, 8), dtype=np.float32)}, str(notok / "model.safetensors"))
+    proc = run_cli("build", notok, "--profile", "orin-nano-8gb", "-o", tmp_path / "o2", timeout=120)
+    assert proc.returncode == 3 and "tokenizer missing" in proc.stderr and len(proc.stderr.splitlines()) == 1
+    assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
+
+
+def test_rope_scaling_variant_is_rejected_by_the_converter(tmp_path):
+    from edgesdk.formats import gguf_convert as conv
+
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"],
+                                               "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}))
+    with pytest.raises(ModelError, match="rope_scaling 'llama3' is not supported"):
+        conv.convert_hf_to_gguf(d, tmp_path / "x.gguf")
