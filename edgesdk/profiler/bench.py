@@ -144,12 +144,30 @@ def peak_rss_bytes() -> int | None:
     return int(peak) * (1 if os.uname().sysname == "Darwin" else 1024)
 
 
-def device_memory() -> dict:
-    """This process's GPU memory: torch's allocator peak if torch used CUDA, else NVML's per-process use."""
+def nvml_device_used_bytes() -> int | None:
+    """Memory in use on all NVIDIA GPUs (NVML, device-wide), or None without NVML."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no NVML: unavailable, not zero
+        return None
+    try:
+        return sum(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).used
+                   for i in range(pynvml.nvmlDeviceGetCount()))
+    except Exception:  # noqa: BLE001
+        return None
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def device_memory(backend_name: str, used_before_load: int | None) -> dict:
+    """GPU memory of this run: torch's allocator peak for the torch backend; else NVML, this process's
+    entry if NVML lists it, else the device-wide growth since before the load (other processes included)."""
     import sys
 
     torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+    if backend_name == "torch" and torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
         return {"peak_mb": torch.cuda.max_memory_allocated() / 1e6,
                 "method": "torch.cuda.max_memory_allocated (allocator peak)"}
     try:
@@ -165,13 +183,17 @@ def device_memory() -> dict:
             for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
                 if proc.pid == os.getpid() and proc.usedGpuMemory is not None:
                     used = (used or 0) + proc.usedGpuMemory
-        if used is None:
-            return {"peak_mb": None, "method": "unavailable: NVML lists no memory for this process"}
-        return {"peak_mb": used / 1e6, "method": "NVML per-process used memory at the end of the run"}
-    except Exception as exc:  # noqa: BLE001
-        return {"peak_mb": None, "method": f"unavailable: NVML error {type(exc).__name__}"}
+    except Exception:  # noqa: BLE001 - per-process accounting unsupported (containers): try device-wide
+        used = None
     finally:
         pynvml.nvmlShutdown()
+    if used is not None:
+        return {"peak_mb": used / 1e6, "method": "NVML per-process used memory at the end of the run"}
+    now = nvml_device_used_bytes()
+    if now is None or used_before_load is None:
+        return {"peak_mb": None, "method": "unavailable: NVML lists no memory for this process"}
+    return {"peak_mb": max(0, now - used_before_load) / 1e6,
+            "method": "NVML device-wide used memory, end of run minus before load (per-process not listed)"}
 
 
 # ---------------------------------------------------------------- feeds
@@ -354,6 +376,7 @@ def measure_bundle(path: str | os.PathLike, opts: BenchOptions | None = None,
     _bundle_can_run_here(bundle)
     state_before = read_device_state()
     rss_before = host_rss_bytes()
+    gpu_before = nvml_device_used_bytes()
     load_kw: dict[str, Any] = {}
     if opts.threads:
         load_kw["threads"] = opts.threads
@@ -409,7 +432,7 @@ def measure_bundle(path: str | os.PathLike, opts: BenchOptions | None = None,
             "host_peak_rss_mb": peak / 1e6 if peak is not None else None,
             "host_rss_end_mb": (host_rss_bytes() or 0) / 1e6 or None,
             "host_method": "peak = getrusage ru_maxrss (process high-water mark, includes the interpreter)",
-            "device": device_memory(),
+            "device": device_memory(session.backend.name, gpu_before),
         }
         body["runtime"] = session.report()
         body["fallbacks"] = session.fallbacks

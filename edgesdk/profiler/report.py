@@ -169,8 +169,14 @@ def prediction_lines(pred: dict) -> list[str]:
             continue
         e = err.get(key)
         tail = f", error {e:+.0f}% vs measured" if e is not None else ""
-        out.append(f"{pred['profile']} {key}: {_fmt(sec.get(field))} {unit} (bound {_fmt(sec.get('bound_ms') or sec.get('bound_tok_s'))}, "
-                   f"efficiency {_fmt(sec.get('efficiency'))}{tail})")
+        bound = f"{_fmt(sec.get('bound_ms') or sec.get('bound_tok_s'))} {unit}"
+        if sec.get("efficiency") is None:
+            out.append(f"{pred['profile']} {key}: roofline bound {bound} only (no efficiency calibrated for "
+                       f"{pred.get('device_class')}/{key}: measure one device of this class to add one){tail}")
+            continue
+        launch = f", launch {sec['launch_us_per_layer']:.0f} us/layer" if sec.get("launch_us_per_layer") else ""
+        out.append(f"{pred['profile']} {key}: {_fmt(sec.get(field))} {unit} (bound {bound}, "
+                   f"efficiency {_fmt(sec.get('efficiency'))}{launch}{tail})")
     return out
 
 
