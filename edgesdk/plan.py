@@ -340,7 +340,7 @@ def plan_build(facts: ModelFacts, profile: Profile, options: BuildOptions | None
     if "CPUExecutionProvider" not in ep_chain:
         ep_chain.append("CPUExecutionProvider")
     if fmt.value in ("onnx", "tensorrt"):
-        decisions.extend(_plan_onnx(facts, profile, options, prec.value))
+        decisions.extend(_plan_onnx(facts, profile, options, prec.value, fmt.value))
         decisions.append(Decision("ep_chain", ep_chain, "profile's execution providers, best first; the runtime takes "
                                   "only those present and records each fallback; CPU is always last"))
     if fmt.value == "tensorrt":
@@ -351,9 +351,10 @@ def plan_build(facts: ModelFacts, profile: Profile, options: BuildOptions | None
         from edgesdk.formats.gguf import plan_gguf
 
         decisions.extend(plan_gguf(facts, profile, options))
-    parity = _parity(profile, prec.value)
+    onnx_precision = next((d.value for d in decisions if d.key == "onnx_precision"), prec.value)
+    parity = _parity(profile, onnx_precision)
     if fmt.value != "gguf":
-        decisions.append(Decision("parity", parity, f"{prec.value} thresholds vs the PyTorch/source outputs on "
+        decisions.append(Decision("parity", parity, f"{onnx_precision} thresholds vs the PyTorch/source outputs on "
                                   f"{options.parity_samples} sample inputs; a miss "
                                   + ("falls back to the next precision" if options.on_parity_fail == "fallback"
                                      else "fails the build")))
@@ -363,7 +364,8 @@ def plan_build(facts: ModelFacts, profile: Profile, options: BuildOptions | None
                 model=facts.to_dict(), profile=profile.name)
 
 
-def _plan_onnx(facts: ModelFacts, profile: Profile, options: BuildOptions, precision: str) -> list[Decision]:
+def _plan_onnx(facts: ModelFacts, profile: Profile, options: BuildOptions, precision: str,
+               fmt: str = "onnx") -> list[Decision]:
     out: list[Decision] = []
     if facts.kind == "hf":
         out.append(Decision("export", f"optimum ONNX exporter, opset {options.opset}, dynamic batch/sequence axes",
@@ -372,6 +374,12 @@ def _plan_onnx(facts: ModelFacts, profile: Profile, options: BuildOptions, preci
         out.append(Decision("export", f"torch.onnx.export, opset {options.opset}", "plain nn.Module source"))
     else:
         out.append(Decision("export", "none (ONNX taken as is)", "the source is already ONNX"))
+    if fmt == "tensorrt":
+        out.append(Decision("optimize", "onnxslim", "TensorRT parses standard ONNX only: onnxruntime's fused "
+                            "com.microsoft ops (Attention, SkipLayerNormalization) would split the engine"))
+        out.append(Decision("onnx_precision", "fp32", f"TensorRT applies {precision} itself when it builds the "
+                            "engine; FP16-converted or dynamic-INT8 ONNX ops would fall off TensorRT"))
+        return out
     fusion = FUSION_MODEL_TYPE.get(facts.family or "")
     if fusion and facts.kind == "hf":
         heads = facts.config.get("num_attention_heads")

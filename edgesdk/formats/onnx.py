@@ -309,7 +309,9 @@ def build_onnx(ctx) -> None:
         optimized = work / "optimized.onnx"
         ctx.manifest.setdefault("extras", {})["optimize"] = _optimize(ctx, exported, optimized)
     reference_kind = "pytorch" if ctx.facts.kind in ("hf", "torch") else "onnx-fp32"
-    precision = ctx.plan.precision
+    # The ONNX artifact's own precision: the bundle's, except for TensorRT (which converts at engine build).
+    artifact_precision = ctx.plan.decision("onnx_precision")
+    precision = artifact_precision or ctx.plan.precision
     final = ctx.staging / "model.onnx"
     while True:
         with ctx.stage("quantize", {"edgesdk.precision": precision}):
@@ -329,11 +331,14 @@ def build_onnx(ctx) -> None:
                               hint="pass --on-parity-fail fallback to try the next precision")
         ctx.record_precision_fallback(precision, nxt, miss)
         precision = nxt
-    ctx.set_precision(precision)
+    if artifact_precision is None:
+        ctx.set_precision(precision)
     ctx.manifest.setdefault("extras", {})["quantize"] = qinfo
     src_dir = Path(ctx.source) if ctx.facts.kind == "hf" else None
     if src_dir is not None:
-        _stamp_license(final, src_dir)
+        _stamp_license(final, _card_license(src_dir))
+    elif ctx.facts.kind == "torch" and ctx.options.extra.get("license"):
+        _stamp_license(final, {"license": str(ctx.options.extra["license"])})
     ctx.add_artifact("model.onnx", "model")
     if src_dir is not None:
         if (src_dir / "README.md").is_file():  # the model card carries the model's license: it ships along
@@ -355,15 +360,18 @@ def build_onnx(ctx) -> None:
     shutil.rmtree(work, ignore_errors=True)
 
 
-def _stamp_license(model_path: Path, src_dir: Path) -> None:
-    """Copy the model card's license fields into the ONNX metadata_props, so the file carries them."""
-    import onnx
-
+def _card_license(src_dir: Path) -> dict:
     from edgesdk.compliance.models import card_front_matter
 
     card = src_dir / "README.md"
     meta = card_front_matter(card) if card.is_file() else None
-    fields = {k: meta[k] for k in ("license", "license_name", "license_link") if meta and meta.get(k)}
+    return {k: meta[k] for k in ("license", "license_name", "license_link") if meta and meta.get(k)}
+
+
+def _stamp_license(model_path: Path, fields: dict) -> None:
+    """Write license fields (model card's, or the caller's for an nn.Module) into the ONNX metadata_props."""
+    import onnx
+
     if not fields:
         return
     model = onnx.load(str(model_path))
