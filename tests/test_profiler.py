@@ -284,3 +284,15 @@ def test_profiler_run_on_real_gguf_bundle(gemma_gguf, tmp_path):
     assert report["runtime"]["backend"] == "llama.cpp"
     pred = report["prediction"]
     assert pred["decode"]["bound_tok_s"] > 0 and "decode" in pred["error_pct"]
+
+
+def test_predict_cli_for_several_profiles(mlp_bundle, run_cli):
+    done = run_cli("profiler", "predict", mlp_bundle, "-p", "orin-nano-8gb", "-p", "orin-agx-64gb", "--json")
+    assert done.returncode == 0, done.stderr
+    nano, agx = json.loads(done.stdout)
+    assert (nano["profile"], agx["profile"]) == ("orin-nano-8gb", "orin-agx-64gb")
+    # Same work, faster device: the bound can only shrink.
+    assert agx["encoder"]["bound_ms"] < nano["encoder"]["bound_ms"]
+    assert nano["work"]["flops"] == 2 * (2 * SEQ * D * H)
+    done = run_cli("profiler", "predict", mlp_bundle, "-p", "no-such-device")
+    assert done.returncode == 3 and "unknown device profile" in done.stderr

@@ -312,7 +312,7 @@ def detect_device(root: str | os.PathLike = "/", *, profiles: list | None = None
     if result.candidates:
         best = result.candidates[0]
         result.best_match, result.confidence = best["profile"], best["confidence"]
-        result.evidence.extend(best["evidence"])
+        result.evidence.extend(e for e in best["evidence"] if e not in result.evidence)
     return result
 
 
