@@ -293,7 +293,9 @@ def predict(facts: WorkFacts, profile, *, backend: str | None = None, prompt_tok
         t_mem = facts.weight_bytes / bw
         t_cmp = (facts.flops or 0.0) / peak if peak else 0.0
         bound = max(t_mem, t_cmp)
-        eff = pick_efficiency(table, dev_class, "encoder", backend, facts.params)
+        # Launch-bound eager runs do not keep their efficiency across precisions: match it too.
+        prec = None if (facts.precision or "fp32").lower() == "fp32" else facts.precision.lower()
+        eff = pick_efficiency(table, dev_class, "encoder", backend, facts.params, prec)
         out["encoder"] = {"bound_ms": bound * 1e3, "memory_ms": t_mem * 1e3, "compute_ms": t_cmp * 1e3,
                           "limited_by": "memory" if t_mem >= t_cmp else "compute",
                           "efficiency": eff["efficiency"] if eff else None,
