@@ -65,6 +65,9 @@ _state = _State()
 
 
 def _after_fork_in_child() -> None:
+    # Locks another thread held at fork time stay locked in the child: replace them.
+    _state.lock = threading.RLock()
+    _state.counters.lock = threading.Lock()
     if _state.worker is not None:
         _state.worker.after_fork()
 

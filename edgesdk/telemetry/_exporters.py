@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import threading
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -47,6 +49,19 @@ def to_otlp_json(message) -> dict:
     return document
 
 
+_OPEN_SINKS: weakref.WeakSet = weakref.WeakSet()
+
+
+def _reinit_sink_locks_after_fork() -> None:
+    # A fork while the export thread held a lock would leave it locked forever in the child.
+    for sink in list(_OPEN_SINKS):
+        sink._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reinit_sink_locks_after_fork)
+
+
 class _JsonLinesFile:
     """One file shared by the span and metric exporters; a lock keeps lines whole.
 
@@ -63,6 +78,7 @@ class _JsonLinesFile:
             self._handle = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
         except OSError as exc:
             raise InputError(f"cannot write trace file {self.path}: {exc.strerror or exc}") from exc
+        _OPEN_SINKS.add(self)
 
     def write(self, document: dict | str) -> None:
         line = document if isinstance(document, str) else json.dumps(document, separators=(",", ":"))
@@ -158,8 +174,10 @@ class CountingSpanExporter(SpanExporter):
 class CountingBatchSpanProcessor(BatchSpanProcessor):
     """The SDK's batch processor, plus a count of spans lost to a full queue.
 
-    The SDK drops the oldest span when its bounded queue is full and only logs it; we count it so
-    ``telemetry.stats()`` can report loss without parsing logs.
+    The SDK drops the oldest span when its bounded queue is full and only logs it. While running,
+    ``spans_dropped`` is an estimate (the queue-full check races with the export thread's pops by a
+    span or two); at shutdown it becomes exact: every span that ended and was neither exported nor
+    failed was dropped.
     """
 
     def __init__(self, exporter: SpanExporter, counters: Counters, **kwargs):
@@ -170,7 +188,13 @@ class CountingBatchSpanProcessor(BatchSpanProcessor):
         self._queue_max = getattr(batch, "_max_queue_size", None)
 
     def on_end(self, span: ReadableSpan) -> None:
+        counters = self._counters
+        counters.add("spans_ended", 1)
         queue = self._queue
         if queue is not None and len(queue) >= self._queue_max:
-            self._counters.add("spans_dropped", 1)
+            counters.add("spans_dropped", 1)
         super().on_end(span)
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        self._counters.settle_drops()

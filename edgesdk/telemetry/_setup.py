@@ -133,6 +133,13 @@ class Counters:
     export_errors: int = 0
     warned: set = field(default_factory=set)
 
+    spans_ended: int = 0
+
+    def settle_drops(self) -> None:
+        """After shutdown nothing is queued: what ended and was not exported or failed was dropped."""
+        with self.lock:
+            self.spans_dropped = max(0, self.spans_ended - self.spans_exported - self.spans_failed)
+
     def add(self, name: str, n: int) -> None:
         with self.lock:
             setattr(self, name, getattr(self, name) + n)
