@@ -153,6 +153,6 @@ class Counters:
 
     def snapshot(self) -> dict:
         with self.lock:
-            return {"spans_exported": self.spans_exported, "spans_failed": self.spans_failed,
+            return {"spans_ended": self.spans_ended, "spans_exported": self.spans_exported, "spans_failed": self.spans_failed,
                     "spans_dropped": self.spans_dropped, "metrics_dropped": self.metrics_dropped,
                     "export_errors": self.export_errors}
