@@ -34,7 +34,7 @@ OUT = Path(os.environ.get("OUT", "/tmp/profiler_out"))
 OUT.mkdir(parents=True, exist_ok=True)
 
 
-def torch_encoder(dtype_name: str, iterations: int = 300, warmup: int = 30, rounds: int = 5) -> dict:
+def torch_encoder(dtype_name: str, iterations: int = 200, warmup: int = 30, rounds: int = 4) -> dict:
     """Latency, overhead check and prediction for one dtype."""
     import torch
     import transformers
@@ -183,8 +183,9 @@ def gguf_run(work: Path) -> None:
                                 "artifacts": [artifact_entry(bundle, "model.gguf", "model")]})
         opts = BenchOptions(prompt_tokens=128, gen_tokens=128, llm_repeats=5, profile="h200", progress=True)
         report = run_profiler(bundle, opts, log=lambda m: print(m, flush=True))
-        report["model_note"] = ("random weights, llama 16 layers x hidden 1024 (transformers LlamaConfig "
-                                f"{shape}), converted by edgesdk.formats.gguf_convert, quantized by llama.cpp")
+        report["model_note"] = (f"random weights, llama {shape['num_hidden_layers']} layers x hidden "
+                                f"{shape['hidden_size']} (transformers LlamaConfig {shape}), converted by "
+                                "edgesdk.formats.gguf_convert, quantized by llama.cpp")
         save_report(report, OUT / f"profiler_h200_gguf_{quant.lower()}.json")
         if quant == "Q4_K_M":
             plot_report(report, OUT / "profiler_h200_gguf_q4_k_m.png")
