@@ -200,6 +200,8 @@ def device_memory(backend_name: str, used_before_load: int | None) -> dict:
 
 _INT_TYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}
 _FLOAT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64}
+_MANIFEST_TYPES = {"int64": "tensor(int64)", "int32": "tensor(int32)", "float32": "tensor(float)",
+                   "float16": "tensor(float16)", "float64": "tensor(double)", "bool": "tensor(bool)"}
 
 
 def synthetic_feeds(inputs: dict, batch: int, seq: int, seed: int = 0) -> dict:
@@ -211,18 +213,22 @@ def synthetic_feeds(inputs: dict, batch: int, seq: int, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     feeds = {}
     for name, spec in inputs.items():
-        shape = [d if isinstance(d, int) and d > 0 else (batch if axis == 0 else seq)
-                 for axis, d in enumerate(spec.shape)]
-        if spec.type in _INT_TYPES:
-            dtype = _INT_TYPES[spec.type]
+        # ONNX Runtime NodeArg (.type "tensor(int64)", .shape) or a manifest io entry {"dtype", "shape"}
+        if isinstance(spec, dict):
+            dims, kind = spec.get("shape") or [], _MANIFEST_TYPES.get(str(spec.get("dtype")), str(spec.get("dtype")))
+        else:
+            dims, kind = spec.shape, spec.type
+        shape = [d if isinstance(d, int) and d > 0 else (batch if axis == 0 else seq) for axis, d in enumerate(dims)]
+        if kind in _INT_TYPES:
+            dtype = _INT_TYPES[kind]
             fill = 0 if "type" in name else (1 if "mask" in name else 1000)
             feeds[name] = np.full(shape, fill, dtype=dtype)
-        elif spec.type in _FLOAT_TYPES:
-            feeds[name] = rng.standard_normal(shape).astype(_FLOAT_TYPES[spec.type])
-        elif spec.type == "tensor(bool)":
+        elif kind in _FLOAT_TYPES:
+            feeds[name] = rng.standard_normal(shape).astype(_FLOAT_TYPES[kind])
+        elif kind == "tensor(bool)":
             feeds[name] = np.ones(shape, dtype=bool)
         else:
-            raise InputError(f"cannot make a synthetic value for input {name!r} of type {spec.type}")
+            raise InputError(f"cannot make a synthetic value for input {name!r} of type {kind}")
     return feeds
 
 
