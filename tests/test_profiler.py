@@ -296,3 +296,22 @@ def test_predict_cli_for_several_profiles(mlp_bundle, run_cli):
     assert nano["work"]["flops"] == 2 * (2 * SEQ * D * H)
     done = run_cli("profiler", "predict", mlp_bundle, "-p", "no-such-device")
     assert done.returncode == 3 and "unknown device profile" in done.stderr
+
+
+@pytest.mark.slow
+def test_real_minilm_bundle_flops_fallbacks_and_placement(minilm_orin_bundle):
+    from edgesdk.profiler.api import run_profiler
+    from edgesdk.profiler.bench import BenchOptions
+
+    facts = roofline.onnx_work(minilm_orin_bundle / "model.onnx", batch=1, seq=128)
+    # MiniLM-L6: per layer QKV + output (4 x 384^2) + FFN (2 x 384 x 1536) weights, x 2 FLOP x 128 tokens,
+    # plus attention scores and weighted sum (2 x 2 x 128^2 x 384) - whether fused into Attention or not.
+    analytic = 6 * (2 * 128 * (4 * 384 * 384 + 2 * 384 * 1536) + 4 * 128 * 128 * 384)
+    assert facts.flops == pytest.approx(analytic, rel=0.01)
+    report = run_profiler(minilm_orin_bundle, BenchOptions(warmup=2, iterations=10, ort_profile_runs=2,
+                                                           progress=False))
+    # Built for Orin (TensorRT/CUDA EPs first): here they cannot start, and the report says so.
+    assert report["fallbacks"] and all(f["to"] for f in report["fallbacks"])
+    assert set(report["ort_profile"]["placement"]) == {"CPUExecutionProvider"}
+    assert report["ort_profile"]["node_count"] == sum(report["ort_profile"]["placement"].values())
+    assert report["latency_ms"]["n"] == 10
