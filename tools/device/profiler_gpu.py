@@ -157,6 +157,8 @@ def gguf_run(work: Path) -> None:
 
     from edgesdk.bundle import artifact_entry, write_manifest
     from edgesdk.formats import gguf_convert as conv
+    from edgesdk.formats.gguf import gguf_facts
+    from edgesdk.plan import BuildOptions, inspect_model, plan_build
     from edgesdk.profiler.api import run_profiler
     from edgesdk.profiler.bench import BenchOptions
     from edgesdk.profiler.report import plot_report, render_table, save_report
@@ -168,8 +170,10 @@ def gguf_run(work: Path) -> None:
         shape = dict(SMALL_LLAMA, hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
                      num_key_value_heads=2, vocab_size=1024)
     make_model(hf, shape)
+    h200 = resolve_profile("h200")
+    hf_facts = inspect_model(hf)
     f16 = work / "model-f16.gguf"
-    conv.convert_hf_to_gguf(hf, f16, name="llama-16l-1024h-random")
+    conv.convert_hf_to_gguf(hf, f16, name=f"llama-{shape['num_hidden_layers']}l-random")
     for quant in ("Q4_K_M", "F16"):
         bundle = work / f"bundle-{quant}"
         bundle.mkdir(parents=True, exist_ok=True)
@@ -177,9 +181,17 @@ def gguf_run(work: Path) -> None:
             os.link(f16, bundle / "model.gguf")
         else:
             conv.quantize(f16, bundle / "model.gguf", quant, threads=os.cpu_count())
+        # Runtime settings as `edgesdk build` records them: the planner's decisions for the h200 profile.
+        plan = plan_build(hf_facts, h200, BuildOptions(quant_type=None if quant == "F16" else quant))
+        gf = gguf_facts(bundle / "model.gguf")
+        llm_info = {"n_ctx": plan.decision("gguf.context_length"), "n_gpu_layers": plan.decision("gguf.n_gpu_layers"),
+                    "flash_attn": plan.decision("gguf.flash_attn"), "threads": plan.decision("gguf.threads"),
+                    "layers": gf["layers"], "kv_heads": gf["kv_heads"], "head_dim": gf["head_dim"],
+                    "file_bytes": (bundle / "model.gguf").stat().st_size, "quant_type": gf["file_type"]}
         write_manifest(bundle, {"bundle_id": f"profiler-h200-{quant}", "format": "gguf", "precision": quant,
-                                "model": {"name": f"llama-16l-1024h-random-{quant}", "task": "text-generation"},
-                                "profile": {"name": "h200"},
+                                "model": {"name": f"llama-{shape['num_hidden_layers']}l-random-{quant}",
+                                          "task": "text-generation"},
+                                "profile": {"name": "h200"}, "plan": plan.to_dict(), "extras": {"llm": llm_info},
                                 "artifacts": [artifact_entry(bundle, "model.gguf", "model")]})
         opts = BenchOptions(prompt_tokens=128, gen_tokens=128, llm_repeats=5, profile="h200", progress=True)
         report = run_profiler(bundle, opts, log=lambda m: print(m, flush=True))
