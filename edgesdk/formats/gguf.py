@@ -244,10 +244,17 @@ def _candidate_types(facts, profile, options) -> tuple[list[str], str]:
     return order, why
 
 
+def _weight_bytes(facts, quant: str) -> tuple[float, str]:
+    """Weight bytes at ``quant``: the file's own tensor bytes when the GGUF source already is that type
+    (mixes keep embeddings/output at larger types, so bpw x params underestimates), else params x bpw."""
+    if facts.kind == "gguf" and facts.extra.get("file_type") == quant and facts.extra.get("tensor_bytes"):
+        return float(facts.extra["tensor_bytes"]), "tensor bytes of the source file"
+    return facts.params * BPW[quant] / 8, f"{int(facts.params):,} params x {BPW[quant]} bpw / 8"
+
+
 def plan_gguf(facts, profile, options) -> list[Decision]:
     """Quant type, context, offload, flash attention and threads for ``profile`` (see module docstring)."""
     info = _check_shape(facts)
-    params = int(facts.params)
     llm = profile.policy.get("llm") or {}
     ctx_train = int(info.get("ctx_train") or 4096)
     want_ctx = int(options.context_length or llm.get("context_length") or 4096)
@@ -263,18 +270,17 @@ def plan_gguf(facts, profile, options) -> list[Decision]:
     chosen, tried = None, []
     if budget_gb is None:
         chosen = order[0]
-        w = params * BPW[chosen] / 8
+        w, w_why = _weight_bytes(facts, chosen)
         mem_why = (f"profile {profile.name} has no memory figure (host-dependent; `edgesdk profiles detect --write` "
-                   f"records it): took the first type; {chosen} weights = {params:,} params x {BPW[chosen]} bpw / 8 "
-                   f"= {_gb(w)}, {kv_why}")
+                   f"records it): took the first type; {chosen} weights = {w_why} = {_gb(w)}, {kv_why}")
     else:
         budget = budget_gb * GB
         head = (f"budget {budget_gb} GB (profile {profile.name}: usable memory minus "
                 f"{profile.policy['memory_headroom_fraction']:.0%} headroom)")
         for q in order:
-            w = params * BPW[q] / 8
+            w, w_why = _weight_bytes(facts, q)
             total = w + kv + compute_bytes(info, w)
-            tried.append(f"{q}: {params:,} x {BPW[q]} bpw / 8 = {_gb(w)} weights + {_gb(kv)} KV + "
+            tried.append(f"{q}: {w_why} = {_gb(w)} weights + {_gb(kv)} KV + "
                          f"{_gb(compute_bytes(info, w))} compute = {_gb(total)}")
             if total <= budget:
                 chosen = q
@@ -285,7 +291,7 @@ def plan_gguf(facts, profile, options) -> list[Decision]:
                 mem_why += "; larger types did not fit: " + "; ".join(f"{t} > budget" for t in tried[:-1])
         else:
             q = order[-1]
-            w = params * BPW[q] / 8
+            w = _weight_bytes(facts, q)[0]
             spare = budget - w - compute_bytes(info, w)
             per_tok = kv_bytes(info, 1)
             fit_ctx = int(spare // per_tok) // 256 * 256 if spare > 0 else 0
@@ -315,6 +321,8 @@ def plan_gguf(facts, profile, options) -> list[Decision]:
     ref = "F16 conversion" if facts.kind == "hf" else "source GGUF"
     parity = {"ppl_ratio_max": PPL_RATIO_MAX.get(chosen, 1.1)}
     why = f"perplexity of the {chosen} file on the built-in text / that of the {ref} <= {parity['ppl_ratio_max']}"
+    if facts.kind == "gguf" and source_type == chosen:
+        parity, why = {}, "repackaged: the bytes are the source's (sha256 in the manifest); nothing to compare"
     if facts.kind == "hf":
         parity.update(logits_min_cosine=LOGITS_MIN_COSINE, logits_min_top1=LOGITS_MIN_TOP1)
         why += (f"; HF (fp32) vs F16 GGUF logits on sample prompts: min cosine >= {LOGITS_MIN_COSINE}, "
