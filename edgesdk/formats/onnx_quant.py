@@ -39,16 +39,22 @@ from pathlib import Path
 import numpy as np
 
 from edgesdk.errors import InputError, ModelError, ParityError
+from edgesdk.formats.onnx_calibration import (
+    apply_smoothing,
+    capture_activations,
+    feed_for,
+    ort_session,
+    output_sensitivity,
+    parity_on,
+    plan_smoothing,
+)
 
 # SmoothQuant migration strength. On all-MiniLM-L6-v2 (64 held-out sentences, docs/int8.md) 0.5 gave
 # min cosine 0.9888, 0.6 0.9962, 0.7 0.9970, 0.8 0.9942, 0.9 0.9899; picking alpha per tensor by the
 # local error simulation chose 0.8 mostly and generalised worse (0.9951), so one global value.
 DEFAULT_SMOOTH_ALPHA = 0.7
-# A smoothing Mul costs a few microseconds per call; only pay it for a real error reduction.
-MIN_SMOOTH_GAIN = 0.85
 _SENSITIVITY_FEEDS = 3  # the worst feeds of the first INT8 attempt drive the min cosine
 QUANTIZABLE_OPS = ("MatMul", "Attention")
-_SIMULATED_ROWS = 512  # token rows kept per tensor for the error simulation (the scale uses whole tensors)
 
 
 @dataclass
@@ -137,265 +143,6 @@ def _weight_nodes(model) -> list:
     ]
 
 
-def _session(model_or_path, threads: int, *, optimize: bool = True):
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    if not optimize:  # basic rewrites only: the probed intermediate tensors keep their values
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    source = model_or_path.SerializeToString() if hasattr(model_or_path, "SerializeToString") else str(model_or_path)
-    return ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
-
-
-def _feed_for(session, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    names = [i.name for i in session.get_inputs()]
-    missing = [n for n in names if n not in feed]
-    if missing:
-        raise InputError(f"calibration feed lacks model input(s) {', '.join(missing)}")
-    return {n: feed[n] for n in names}
-
-
-@dataclass
-class _Activation:
-    """One quantizable node input, seen over the calibration feeds."""
-
-    absmax: np.ndarray  # per input channel, over all rows of all feeds
-    ch_min: np.ndarray  # [feeds, channels] per-feed channel minima (the runtime scale is per call)
-    ch_max: np.ndarray  # [feeds, channels]
-    rows: np.ndarray  # [feeds * rows_per_feed, channels] sampled rows of real (unpadded) tokens
-    rows_per_feed: int
-
-
-def _capture_activations(model, tensor_names: list[str], feeds, threads: int) -> dict[str, _Activation]:
-    import onnx
-    from onnx import helper
-
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    present = {o.name for o in probe.graph.output}
-    graph_inputs = {i.name for i in probe.graph.input}
-    for name in tensor_names:
-        if name not in present and name not in graph_inputs:
-            probe.graph.output.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
-    session = _session(probe, threads, optimize=False)
-    probed = [n for n in tensor_names if n not in graph_inputs]
-    rng = np.random.default_rng(0)
-    rows_per_feed = max(4, _SIMULATED_ROWS // len(feeds))
-    seen: dict[str, tuple[list, list, list]] = {name: ([], [], []) for name in tensor_names}
-    for feed in feeds:
-        ort_feed = _feed_for(session, feed)
-        values = dict(zip(probed, session.run(probed, ort_feed) if probed else []))
-        mask = feed.get("attention_mask")
-        for name in tensor_names:
-            value = values[name] if name in values else ort_feed[name]
-            rows = value.reshape(-1, value.shape[-1])
-            # Pooling ignores padded positions, so the error that matters is on real tokens; the
-            # runtime scale, however, comes from the whole tensor (padding included).
-            valid = rows[mask.reshape(-1) > 0] if mask is not None and mask.size == rows.shape[0] else rows
-            mins, maxs, kept = seen[name]
-            mins.append(rows.min(axis=0))
-            maxs.append(rows.max(axis=0))
-            kept.append(valid[rng.choice(len(valid), rows_per_feed, replace=len(valid) < rows_per_feed)])
-    acts = {}
-    for name, (mins, maxs, kept) in seen.items():
-        ch_min, ch_max = np.stack(mins), np.stack(maxs)
-        acts[name] = _Activation(np.maximum(np.abs(ch_min), np.abs(ch_max)).max(axis=0), ch_min, ch_max,
-                                 np.concatenate(kept).astype(np.float32), rows_per_feed)
-    return acts
-
-
-# ----------------------------------------------------------------------- error simulation
-
-
-def _quantize_rows_u8(rows: np.ndarray, lo: float, hi: float) -> np.ndarray:
-    """What ORT's DynamicQuantizeLinear does to a tensor whose range is [lo, hi] (0 included)."""
-    lo, hi = min(lo, 0.0), max(hi, 0.0)
-    scale = np.float32((hi - lo) / 255.0 or 1.0)
-    zero_point = np.float32(np.clip(np.round(-lo / scale), 0, 255))
-    return (np.clip(np.round(rows / scale) + zero_point, 0, 255) - zero_point) * scale
-
-
-def _quantize_weight_s8(weight: np.ndarray) -> np.ndarray:
-    """Per-output-channel symmetric int8, as ORT's per_channel=True does for MatMul weights."""
-    scale = np.abs(weight).max(axis=0) / 127.0
-    scale[scale == 0] = 1.0
-    return np.clip(np.round(weight / scale), -127, 127) * scale
-
-
-def _simulated_error(act: _Activation, weights: list[np.ndarray], references: list[np.ndarray],
-                     smooth: np.ndarray | None) -> list[float]:
-    """Relative output error ||XqWq - XW|| / ||XW|| of each consumer weight, over the kept rows.
-
-    ``references[i]`` is ``act.rows @ weights[i]`` (computed once by the caller).
-    """
-    inv = np.ones(weights[0].shape[0], np.float32) if smooth is None else (1.0 / smooth).astype(np.float32)
-    # the runtime scale comes from each whole (smoothed) tensor: its range is the extreme of the
-    # per-channel ranges after dividing by s (s > 0 keeps each channel's min/max order)
-    lo = np.minimum(np.min(act.ch_min * inv, axis=1), 0.0)
-    hi = np.maximum(np.max(act.ch_max * inv, axis=1), 0.0)
-    scale = np.where(hi > lo, (hi - lo) / 255.0, 1.0)
-    zero_point = np.clip(np.round(-lo / scale), 0, 255)
-    row_scale, row_zp = np.repeat(scale, act.rows_per_feed)[:, None], np.repeat(zero_point, act.rows_per_feed)[:, None]
-    xq = (np.clip(np.round(act.rows * inv / row_scale) + row_zp, 0, 255) - row_zp) * row_scale
-    errors = []
-    for w, ref in zip(weights, references):
-        ws = w if smooth is None else w * smooth[:, None]
-        errors.append(float(np.linalg.norm(xq @ _quantize_weight_s8(ws) - ref) / max(np.linalg.norm(ref), 1e-30)))
-    return errors
-
-
-def _smooth_factors(act: _Activation, weights: list[np.ndarray], alpha: float) -> np.ndarray:
-    """SmoothQuant's s_j = max|X_j|^alpha / max|W_j|^(1-alpha), over every consumer's weight row j."""
-    w_max = np.max(np.stack([np.abs(w).max(axis=1) for w in weights]), axis=0)
-    s = np.maximum(act.absmax, 1e-5) ** alpha / np.maximum(w_max, 1e-5) ** (1.0 - alpha)
-    return s.astype(np.float32)
-
-
-@dataclass
-class _Plan:
-    """Per activation tensor: chosen smoothing and each consumer's simulated error."""
-
-    smooth: dict[str, tuple[float, np.ndarray]]  # tensor -> (alpha, s)
-    node_error: dict[str, float]  # node name -> simulated relative output error after smoothing
-    node_macs: dict[str, int]  # node name -> K*N, the work INT8 saves per token
-
-
-def _plan_smoothing(model, nodes, acts: dict[str, _Activation], alpha: float) -> _Plan:
-    from onnx import numpy_helper
-
-    inits = {init.name: init for init in model.graph.initializer}
-    by_input: dict[str, list] = {}
-    for node in nodes:
-        by_input.setdefault(node.input[0], []).append(node)
-    plan = _Plan({}, {}, {})
-    for tensor, consumers in by_input.items():
-        weights = [numpy_helper.to_array(inits[n.input[1]]).astype(np.float32) for n in consumers]
-        for n, w in zip(consumers, weights):
-            plan.node_macs[n.name] = int(w.shape[0] * w.shape[1])
-        refs = [acts[tensor].rows @ w for w in weights]
-        err = _simulated_error(acts[tensor], weights, refs, None)
-        s = _smooth_factors(acts[tensor], weights, alpha)
-        smoothed_err = _simulated_error(acts[tensor], weights, refs, s)
-        if sum(smoothed_err) < MIN_SMOOTH_GAIN * sum(err):
-            plan.smooth[tensor] = (alpha, s)
-            err = smoothed_err
-        for n, e in zip(consumers, err):
-            plan.node_error[n.name] = float(e)
-    return plan
-
-
-def _apply_smoothing(model, nodes, plan: _Plan):
-    """Return a copy of ``model`` with X/s (one Mul per tensor) feeding the consumers and W*s weights."""
-    import onnx
-    from onnx import helper, numpy_helper
-
-    smoothed = onnx.ModelProto()
-    smoothed.CopyFrom(model)
-    inits = {init.name: init for init in smoothed.graph.initializer}
-    node_names = {n.name for n in nodes}
-    consumers = [n for n in smoothed.graph.node if n.name in node_names and n.input[0] in plan.smooth]
-    weight_users: dict[str, int] = {}
-    for node in smoothed.graph.node:
-        for name in node.input:
-            weight_users[name] = weight_users.get(name, 0) + 1
-    muls = {}
-    for tensor, (_alpha, s) in plan.smooth.items():
-        inv_name, out_name = f"{tensor}_smooth_inv", f"{tensor}_smoothed"
-        smoothed.graph.initializer.append(numpy_helper.from_array((1.0 / s).astype(np.float32), inv_name))
-        muls[out_name] = helper.make_node("Mul", [tensor, inv_name], [out_name], name=f"{tensor}_SmoothMul")
-    for node in consumers:
-        _alpha, s = plan.smooth[node.input[0]]
-        weight_name = node.input[1]
-        w = numpy_helper.to_array(inits[weight_name]).astype(np.float32) * s[:, None]
-        if weight_users.get(weight_name, 0) > 1:  # a shared weight must not be scaled for everyone
-            weight_name = f"{weight_name}_smoothed_{node.name}"
-            smoothed.graph.initializer.append(numpy_helper.from_array(w, weight_name))
-            node.input[1] = weight_name
-        else:
-            inits[weight_name].CopyFrom(numpy_helper.from_array(w, weight_name))
-        node.input[0] = f"{node.input[0]}_smoothed"
-    # keep the node list topologically sorted: each Mul goes right before its first consumer
-    ordered = []
-    for node in smoothed.graph.node:
-        for name in list(node.input):
-            if name in muls:
-                ordered.append(muls.pop(name))
-        ordered.append(node)
-    del smoothed.graph.node[:]
-    smoothed.graph.node.extend(ordered)
-    return smoothed
-
-
-def _parity_on(parity_fn, references: list[np.ndarray], candidates: dict[int, np.ndarray]) -> float:
-    """Min cosine over the feeds in ``candidates``: the others are given their reference (cosine 1).
-
-    ``parity_fn`` always sees full, aligned lists, so a caller's per-feed data (attention masks for
-    pooling) stays in step with the references.
-    """
-    full = [candidates.get(i, ref) for i, ref in enumerate(references)]
-    return float(parity_fn(references, full)["min_cosine"])
-
-
-def _output_sensitivity(smoothed, nodes, plan: _Plan, all_feeds, picked: list[int], references, parity_fn,
-                        threads: int) -> dict[str, float]:
-    """Per node: 1 - min cosine of the FP32 model when only that node carries its simulated INT8 error."""
-    feeds = [all_feeds[i] for i in picked]
-    import onnx
-    from onnx import helper, numpy_helper
-
-    wanted = {n.name for n in nodes}
-    matmuls = [n for n in smoothed.graph.node if n.name in wanted and n.op_type == "MatMul"]
-    x_names = sorted({n.input[0] for n in matmuls})
-    probe = onnx.ModelProto()
-    probe.CopyFrom(smoothed)
-    graph_inputs = {i.name for i in probe.graph.input}
-    probed = [x for x in x_names if x not in graph_inputs]
-    probe.graph.output.extend(helper.make_tensor_value_info(x, onnx.TensorProto.FLOAT, None) for x in probed)
-    probe_session = _session(probe, threads, optimize=False)
-    inputs = [{**f, **dict(zip(probed, probe_session.run(probed, _feed_for(probe_session, f)) if probed else []))}
-              for f in feeds]
-
-    inject = onnx.ModelProto()
-    inject.CopyFrom(smoothed)
-    ordered = []
-    for node in inject.graph.node:
-        ordered.append(node)
-        if node.name in wanted and node.op_type == "MatMul":
-            clean, error = f"{node.output[0]}_fp32", f"{node.name}_int8_error"
-            ordered.append(helper.make_node("Add", [clean, error], [node.output[0]], name=f"{node.name}_inject"))
-            node.output[0] = clean
-            inject.graph.input.append(helper.make_tensor_value_info(error, onnx.TensorProto.FLOAT, None))
-    del inject.graph.node[:]
-    inject.graph.node.extend(ordered)
-    session = _session(inject, threads)
-    inits = {init.name: init for init in smoothed.graph.initializer}
-    base = []
-    for feed, xs in zip(feeds, inputs):
-        f = _feed_for(session, {**feed, **{f"{n.name}_int8_error": np.zeros(1, np.float32) for n in matmuls}})
-        base.append((f, xs))
-    sensitivity = {}
-    for node in matmuls:
-        w = numpy_helper.to_array(inits[node.input[1]]).astype(np.float32)
-        wq = _quantize_weight_s8(w)
-        outputs = {}
-        for feed_index, (f, xs) in zip(picked, base):
-            x = xs[node.input[0]]
-            rows = x.reshape(-1, x.shape[-1])
-            xq = _quantize_rows_u8(rows, float(rows.min()), float(rows.max()))
-            delta = (xq @ wq - rows @ w).reshape(*x.shape[:-1], w.shape[1]).astype(np.float32)
-            outputs[feed_index] = session.run(None, {**f, f"{node.name}_int8_error": delta})[0]
-        sensitivity[node.name] = max(0.0, 1.0 - _parity_on(parity_fn, references, outputs))
-    # fused Attention nodes cannot take an additive error on their projection: scale their local error
-    # by the typical output-to-local ratio of the MatMuls
-    ratios = [sensitivity[n] / plan.node_error[n] for n in sensitivity if plan.node_error[n] > 0]
-    scale = float(np.median(ratios)) if ratios else 1.0
-    for node in nodes:
-        sensitivity.setdefault(node.name, plan.node_error[node.name] * scale)
-    return sensitivity
-
-
 # ------------------------------------------------------------------ quantize, measure, search
 
 
@@ -468,15 +215,15 @@ def _int8_model(smoothed, nodes, exclude: set[str], out_path: Path) -> None:
 
 
 def _run_first_output(path: Path, feeds, threads: int) -> list[np.ndarray]:
-    session = _session(path, threads)
-    return [session.run(None, _feed_for(session, f))[0] for f in feeds]
+    session = ort_session(path, threads)
+    return [session.run(None, feed_for(session, f))[0] for f in feeds]
 
 
 def measure_latency_ms(paths: list[Path], feed: dict[str, np.ndarray], *, threads: int = 2,
                        rounds: int = 8, runs_per_round: int = 2, warmup: int = 3) -> list[float]:
     """p50 latency of each model on ``feed``; the models take turns so machine load hits all alike."""
-    sessions = [_session(p, threads) for p in paths]
-    feeds = [_feed_for(s, feed) for s in sessions]
+    sessions = [ort_session(p, threads) for p in paths]
+    feeds = [feed_for(s, feed) for s in sessions]
     for s, f in zip(sessions, feeds):
         for _ in range(warmup):
             s.run(None, f)
@@ -532,9 +279,9 @@ def quantize_int8_accuracy_aware(
     op_types = sorted({n.op_type for n in nodes})
 
     say(f"calibrating {len(nodes)} quantizable nodes on {len(calibration_feeds)} feeds")
-    acts = _capture_activations(model, sorted({n.input[0] for n in nodes}), calibration_feeds, intra_op_threads)
-    plan = _plan_smoothing(model, nodes, acts, smooth_alpha)
-    smoothed = _apply_smoothing(model, nodes, plan)
+    acts = capture_activations(model, sorted({n.input[0] for n in nodes}), calibration_feeds, intra_op_threads)
+    plan = plan_smoothing(model, nodes, acts, smooth_alpha)
+    smoothed = apply_smoothing(model, nodes, plan)
     max_excluded = int(max_excluded_fraction * len(nodes))
     order: list[str] = []  # exclusion order, decided after the first attempt if that one fails
     steps: list[dict] = []
@@ -557,9 +304,9 @@ def quantize_int8_accuracy_aware(
         best = (0, first[1], first[2]) if first[0] else None
         if best is None and max_excluded > 0:
             t0 = time.perf_counter()
-            per_feed = [_parity_on(parity_fn, reference_outputs, {i: o}) for i, o in enumerate(first[3])]
+            per_feed = [parity_on(parity_fn, reference_outputs, {i: o}) for i, o in enumerate(first[3])]
             worst = [int(i) for i in np.argsort(per_feed)[:_SENSITIVITY_FEEDS]]
-            sensitivity = _output_sensitivity(
+            sensitivity = output_sensitivity(
                 smoothed, nodes, plan, calibration_feeds, worst, reference_outputs, parity_fn, intra_op_threads,
             )
             # damage to the output per MAC that INT8 would save: the cheapest accuracy first
