@@ -152,9 +152,10 @@ SMALL_LLAMA = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=1
 
 def gguf_run(work: Path) -> None:
     """Random-weight llama -> edgesdk GGUF converter (F16) -> llama.cpp Q4_K_M -> bundle -> profiler run."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    from bench_p4_h200 import make_model  # the GGUF developer's random-llama maker (transformers + BPE)
+    import subprocess
 
+    bench_dir = Path(__file__).resolve().parents[1] / "bench"   # bench_p4_h200.make_model: the GGUF developer's
+    #                                                              random-llama maker (transformers + BPE tokenizer)
     from edgesdk.bundle import artifact_entry, write_manifest
     from edgesdk.formats import gguf_convert as conv
     from edgesdk.formats.gguf import gguf_facts
@@ -169,11 +170,18 @@ def gguf_run(work: Path) -> None:
     if os.environ.get("PROFILER_GPU_SHAPE") == "tiny":   # a seconds-long dry run of this path on a CPU host
         shape = dict(SMALL_LLAMA, hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
                      num_key_value_heads=2, vocab_size=1024)
-    make_model(hf, shape)
+    # torch and a CUDA llama.cpp in one process crash on the H200 machine ("free(): invalid pointer", P4
+    # attempt in tools/bench/results/p4_h200_attempt.json): the torch step runs in a child process.
+    # The F16 conversion reads safetensors with framework="pt" (torch), so it runs in that child too.
+    f16 = work / "model-f16.gguf"
+    subprocess.run([sys.executable, "-c", "import json, sys; from pathlib import Path; "
+                    f"sys.path.insert(0, {str(bench_dir)!r}); sys.path.insert(0, {str(bench_dir.parents[1])!r}); "
+                    "from bench_p4_h200 import make_model; from edgesdk.formats import gguf_convert as conv; "
+                    "make_model(Path(sys.argv[1]), json.loads(sys.argv[2])); "
+                    "conv.convert_hf_to_gguf(Path(sys.argv[1]), Path(sys.argv[3]), name=sys.argv[4])",
+                    str(hf), json.dumps(shape), str(f16), f"llama-{shape['num_hidden_layers']}l-random"], check=True)
     h200 = resolve_profile("h200")
     hf_facts = inspect_model(hf)
-    f16 = work / "model-f16.gguf"
-    conv.convert_hf_to_gguf(hf, f16, name=f"llama-{shape['num_hidden_layers']}l-random")
     for quant in ("Q4_K_M", "F16"):
         bundle = work / f"bundle-{quant}"
         bundle.mkdir(parents=True, exist_ok=True)
@@ -195,6 +203,7 @@ def gguf_run(work: Path) -> None:
                                 "artifacts": [artifact_entry(bundle, "model.gguf", "model")]})
         opts = BenchOptions(prompt_tokens=128, gen_tokens=128, llm_repeats=5, profile="h200", progress=True)
         report = run_profiler(bundle, opts, log=lambda m: print(m, flush=True))
+        report["torch_in_process"] = "torch" in sys.modules   # must be False (see the child process above)
         report["model_note"] = (f"random weights, llama {shape['num_hidden_layers']} layers x hidden "
                                 f"{shape['hidden_size']} (transformers LlamaConfig {shape}), converted by "
                                 "edgesdk.formats.gguf_convert, quantized by llama.cpp")
