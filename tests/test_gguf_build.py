@@ -175,3 +175,22 @@ def test_rope_scaling_variant_is_rejected_by_the_converter(tmp_path):
                                                "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}))
     with pytest.raises(ModelError, match="rope_scaling 'llama3' is not supported"):
         conv.convert_hf_to_gguf(d, tmp_path / "x.gguf")
+
+
+@pytest.mark.slow
+def test_corrupted_model_in_bundle_is_refused_or_fails_every_attempt_cleanly(tiny_llama_bundle, tmp_path):
+    import shutil
+
+    import edgesdk
+    from edgesdk.errors import BackendUnavailableError, BundleIntegrityError
+
+    copy = tmp_path / "bundle"
+    shutil.copytree(tiny_llama_bundle, copy)
+    model = copy / "model.gguf"
+    model.write_bytes(model.read_bytes()[: model.stat().st_size // 2])
+    with pytest.raises(BundleIntegrityError, match="size mismatch for model.gguf"):
+        edgesdk.load(copy)
+    # Skipping verification reaches llama.cpp itself: the child probe (orin profile: sm_87 is risky)
+    # and the in-process attempt fail with one line each, and this process survives to see it.
+    with pytest.raises(BackendUnavailableError, match=r"llama.cpp could not load .*failed in a child probe"):
+        edgesdk.load(copy, verify=False)
