@@ -194,3 +194,43 @@ def test_corrupted_model_in_bundle_is_refused_or_fails_every_attempt_cleanly(tin
     # and the in-process attempt fail with one line each, and this process survives to see it.
     with pytest.raises(BackendUnavailableError, match=r"llama.cpp could not load .*failed in a child probe"):
         edgesdk.load(copy, verify=False)
+
+
+def make_sentencepiece_style_llama(directory: Path) -> Path:
+    """Llama-2-style tokenizer.json (BPE with byte fallback, '▁' for spaces) + a tiny random llama."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, normalizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from edgesdk.formats.gguf import PPL_TEXT
+
+    directory.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    special = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)]
+    tok.train_from_iterator(PPL_TEXT.read_text().split("\n"), trainers.BpeTrainer(vocab_size=600,
+                                                                                   special_tokens=special))
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                            unk_token="<unk>").save_pretrained(directory)
+    torch.manual_seed(1)
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok.get_vocab()), hidden_size=256, intermediate_size=512,
+                                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                 max_position_embeddings=512, bos_token_id=1, eos_token_id=2)
+                     ).save_pretrained(directory)
+    return directory
+
+
+@pytest.mark.slow
+def test_sentencepiece_style_tokenizer_gets_merge_rank_scores_and_tokenizes_like_hf(tmp_path):
+    from edgesdk.formats import gguf_convert as conv
+    from edgesdk.formats.gguf import PPL_TEXT
+
+    hf = make_sentencepiece_style_llama(tmp_path / "sp-llama")
+    out = tmp_path / "f16.gguf"
+    assert conv.convert_hf_to_gguf(hf, out)["tokenizer_model"] == "llama"
+    parity = conv.logits_parity(hf, out, PPL_TEXT.read_text())
+    # without merge-rank scores (gguf-py gives every token -1000) llama.cpp tokenized 0 of 4 alike
+    assert parity["tokenizer_agreement"].startswith("4/4"), parity
+    assert parity["min_cosine"] >= 0.999

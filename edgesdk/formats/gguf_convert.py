@@ -78,6 +78,27 @@ def _load_vocab(directory: Path):
         raise ModelError(f"{directory}: tokenizer not supported for GGUF ({type(exc).__name__}: {exc})") from exc
 
 
+def _merge_rank_scores(directory: Path, tokens: list, scores: list[float]) -> list[float]:
+    """Scores for llama.cpp's SentencePiece-style tokenizer from a BPE tokenizer.json's merge list.
+
+    gguf-py's LlamaHfVocab gives every token -1000; llama.cpp's SPM tokenizer merges the adjacent
+    pair whose result has the highest score, so equal scores tokenize differently from HF. The token
+    made by merge number r gets score -r: earlier merges win, as in BPE."""
+    spec = json.loads((directory / "tokenizer.json").read_text(encoding="utf-8"))
+    rank: dict[str, int] = {}
+    for r, merge in enumerate(spec.get("model", {}).get("merges", [])):
+        left, right = merge.split(" ", 1) if isinstance(merge, str) else merge
+        rank.setdefault(left + right, r)
+    out = list(scores)
+    for i, tok in enumerate(tokens):
+        text = tok.decode("utf-8", errors="replace") if isinstance(tok, bytes) else str(tok)
+        if text in rank:
+            out[i] = -float(rank[text])
+        elif out[i] == -1000.0:
+            out[i] = 0.0  # single characters / bytes: never the result of a merge
+    return out
+
+
 # Pre-tokenizer regexes llama.cpp knows by name (llama-vocab.cpp). We match the tokenizer.json split
 # pattern against these; an unknown pattern falls back to "default" and the build records it.
 _QWEN2_HINT = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
@@ -153,6 +174,8 @@ def convert_hf_to_gguf(directory: Path, out_path: Path, *, name: str | None = No
         tokens.append(text)
         scores.append(score)
         toktypes.append(toktype)
+    if tok_model == "llama":
+        scores = _merge_rank_scores(directory, tokens, scores)
     n_vocab = int(config.get("vocab_size", len(tokens)))
     while len(tokens) < n_vocab:  # embedding rows beyond the tokenizer (padding): llama.cpp needs a token each
         tokens.append(f"[PAD{len(tokens)}]")
