@@ -24,12 +24,16 @@ MIN_SMOOTH_GAIN = 0.85  # a smoothing Mul costs a few microseconds per call; pay
 _SIMULATED_ROWS = 512  # token rows kept per tensor for the error simulation (the scale uses whole tensors)
 
 
-def ort_session(model_or_path, threads: int, *, optimize: bool = True):
+def ort_session(model_or_path, threads: int, *, optimize: bool = True, spin: bool = False):
+    """A CPU session. ``spin=False`` (calibration work): ORT's worker threads otherwise keep spinning
+    after each run and fight numpy, which runs in between, for the same cores."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
+    if not spin:
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if not optimize:  # basic rewrites only: the probed intermediate tensors keep their values
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     source = model_or_path.SerializeToString() if hasattr(model_or_path, "SerializeToString") else str(model_or_path)

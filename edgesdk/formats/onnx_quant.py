@@ -222,7 +222,7 @@ def _run_first_output(path: Path, feeds, threads: int) -> list[np.ndarray]:
 def measure_latency_ms(paths: list[Path], feed: dict[str, np.ndarray], *, threads: int = 2,
                        rounds: int = 8, runs_per_round: int = 2, warmup: int = 3) -> list[float]:
     """p50 latency of each model on ``feed``; the models take turns so machine load hits all alike."""
-    sessions = [ort_session(p, threads) for p in paths]
+    sessions = [ort_session(p, threads, spin=True) for p in paths]  # ORT's default, as deployed
     feeds = [feed_for(s, feed) for s in sessions]
     for s, f in zip(sessions, feeds):
         for _ in range(warmup):
