@@ -310,6 +310,8 @@ def quantize_int8_accuracy_aware(
     say = progress or (lambda _msg: None)
     started = time.perf_counter()
     model = _load_onnx(fp32_onnx)
+    if model.ByteSize() > 2_000_000_000:  # one protobuf: the rewrite does not write external data
+        raise ModelError(f"{fp32_onnx} is over 2 GB; the INT8 step handles single-file models only")
     for i, node in enumerate(model.graph.node):  # exclusion lists and smoothing address nodes by name
         if not node.name:
             node.name = f"{node.op_type}_{i}"
