@@ -94,7 +94,7 @@ def test_unreachable_threshold_raises_parity_error(minilm, tmp_path):
 
 
 @pytest.mark.slow
-def test_transformer_fusion_fires_on_the_optimum_export(minilm, tmp_path):
+def test_transformer_fusion_fires_and_the_fused_graph_quantizes(minilm, tmp_path):
     path, report = optimize_transformer(minilm["fp32"], tmp_path / "fused.onnx", model_type="bert",
                                         num_heads=12, hidden_size=384)
     assert report["applied"] and report["fused"]["Attention"] == 6
@@ -102,6 +102,18 @@ def test_transformer_fusion_fires_on_the_optimum_export(minilm, tmp_path):
     fused = P.compare(minilm["held_ref"], _first_outputs(path, minilm["held"]),
                       [f["attention_mask"] for f in minilm["held"]])
     assert fused["min_cosine"] > 0.99999
+    # the fused graph quantizes too (Attention -> QAttention), still within the threshold on held-out text
+    result = quantize_int8_accuracy_aware(
+        path, tmp_path / "int8.onnx", calibration_feeds=minilm["cal"], reference_outputs=minilm["cal_ref"],
+        parity_fn=_parity_fn(minilm["cal"]), min_cosine=0.995,
+    )
+    import onnx
+
+    ops = [n.op_type for n in onnx.load(str(result.path)).graph.node]
+    assert ops.count("QAttention") + len([n for n in result.excluded_nodes if "Attention" in n]) == 6
+    held = P.compare(minilm["held_ref"], _first_outputs(result.path, minilm["held"]),
+                     [f["attention_mask"] for f in minilm["held"]])
+    assert held["min_cosine"] >= 0.995, held
 
 
 def _tiny_matmul_model(path: Path) -> Path:
