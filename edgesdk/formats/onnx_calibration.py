@@ -41,6 +41,7 @@ def ort_session(model_or_path, threads: int, *, optimize: bool = True, spin: boo
 
 
 def feed_for(session, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The session's inputs picked from ``feed``; a missing one is the caller's error, in one line."""
     names = [i.name for i in session.get_inputs()]
     missing = [n for n in names if n not in feed]
     if missing:
@@ -154,6 +155,7 @@ class SmoothingPlan:
 
 
 def plan_smoothing(model, nodes, acts: dict[str, _Activation], alpha: float) -> SmoothingPlan:
+    """Smooth a node input tensor where that cuts its consumers' simulated error by >= 1 - MIN_SMOOTH_GAIN."""
     from onnx import numpy_helper
 
     inits = {init.name: init for init in model.graph.initializer}
@@ -231,11 +233,15 @@ def parity_on(parity_fn, references: list[np.ndarray], candidates: dict[int, np.
 
 def output_sensitivity(smoothed, nodes, plan: SmoothingPlan, all_feeds, picked: list[int], references, parity_fn,
                         threads: int) -> dict[str, float]:
-    """Per node: 1 - min cosine of the FP32 model when only that node carries its simulated INT8 error."""
-    feeds = [all_feeds[i] for i in picked]
+    """Per node: 1 - min cosine of the FP32 model when only that node carries its simulated INT8 error.
+
+    One session serves every node: each MatMul output gets an ``Add`` of an extra graph input, fed
+    with zeros except for the node under test, on the feeds in ``picked`` only.
+    """
     import onnx
     from onnx import helper, numpy_helper
 
+    feeds = [all_feeds[i] for i in picked]
     wanted = {n.name for n in nodes}
     matmuls = [n for n in smoothed.graph.node if n.name in wanted and n.op_type == "MatMul"]
     x_names = sorted({n.input[0] for n in matmuls})
