@@ -5,6 +5,30 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+
+def _preload_llama_cpp() -> None:
+    """Load libllama before numpy's OpenBLAS when llama-cpp-python is installed.
+
+    A CUDA build of llama-cpp-python 0.3.36 segfaulted at model load on the H200 machine whenever numpy
+    was imported first (bisected there: `import numpy; import llama_cpp; Llama(...)` crashes, the reverse
+    order works; tools/bench/results/p4_h200.json). Importing it first is cheap and harmless elsewhere.
+    Set EDGESDK_NO_LLAMA_PRELOAD=1 to skip.
+    """
+    import importlib.util
+    import os
+    import sys
+
+    if "numpy" in sys.modules or os.environ.get("EDGESDK_NO_LLAMA_PRELOAD") == "1":
+        return
+    try:
+        if importlib.util.find_spec("llama_cpp") is not None:
+            import llama_cpp  # noqa: F401
+    except Exception:  # noqa: BLE001 - a broken optional backend must not break `import edgesdk`
+        pass
+
+
+_preload_llama_cpp()
+
 __all__ = ["__version__", "load"]
 
 

@@ -69,3 +69,17 @@ def test_cli_run_embeds_and_reports(run_cli, minilm_orin_bundle):
     assert out["report"]["backend"] == "onnxruntime"
     res = run_cli("run", minilm_orin_bundle)
     assert res.returncode == 3 and res.stderr.startswith("error: nothing to run")
+
+
+def test_llama_cpp_is_loaded_before_numpy_unless_disabled():
+    # A CUDA llama-cpp-python build segfaulted at model load when numpy came first (H200 run, see
+    # edgesdk/__init__.py); torch processes must be able to opt out.
+    import subprocess
+    import sys
+
+    pytest.importorskip("llama_cpp")
+    code = "import edgesdk, sys; print('llama_cpp' in sys.modules)"
+    on = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**__import__("os").environ, "EDGESDK_NO_LLAMA_PRELOAD": "1"})
+    assert on.stdout.strip() == "True" and off.stdout.strip() == "False"

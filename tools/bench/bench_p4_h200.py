@@ -120,7 +120,11 @@ def _child(args: list[str], timeout: float = 400) -> dict:
     Why children: torch's bundled CUDA libraries and a CUDA build of llama.cpp in one process
     aborted with "free(): invalid pointer" on the H200 machine; and a crash in one configuration
     must cost that configuration only (recorded with its signal), not the whole run."""
-    proc = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, timeout=timeout)
+    # torch (prepare) must not share a process with a CUDA libllama loaded first, and the measuring children
+    # must load libllama before numpy: edgesdk preloads llama_cpp unless told not to (see edgesdk/__init__.py).
+    env = {**os.environ, "EDGESDK_NO_LLAMA_PRELOAD": "1" if "prepare" in args else "0"}
+    proc = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, timeout=timeout,
+                          env=env)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = [ln for ln in proc.stderr.splitlines() if ln.strip()][-3:]
