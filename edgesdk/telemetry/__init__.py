@@ -123,7 +123,9 @@ def configure(*, trace_file: str | Path | None = None, otlp_endpoint: str | None
         else:
             return
         _state.instruments = Instruments(meter)
-        _state.worker = MetricsWorker(_state.counters)
+        # With the application's providers, requests finish inline: the application flushes its own
+        # providers and expects every ended request's span there, not pending in our worker.
+        _state.worker = None if _state.exporter_names == ["application"] else MetricsWorker(_state.counters)
 
 
 _atexit_registered = False

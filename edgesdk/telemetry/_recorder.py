@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from time import perf_counter
+from time import perf_counter, time_ns
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -46,11 +46,11 @@ class Instruments:
 
 
 class MetricsWorker:
-    """Records finished requests' metrics on a background thread.
+    """Finishes requests on a background thread: end attributes, ``span.end``, histogram records.
 
-    ``submit`` is a deque append. The queue is bounded: when a stalled process lets it fill, the
-    request's metrics are dropped and counted (``metrics_dropped`` in ``telemetry.stats()``).
-    ``drain()`` (called by ``telemetry.force_flush`` and ``shutdown``) records everything pending.
+    ``submit`` is a deque append. The backlog is bounded: past ``MAX_PENDING`` the caller finishes
+    the request itself (counted as ``finished_inline`` in ``telemetry.stats()``), so nothing is lost.
+    ``drain()`` (called by ``telemetry.force_flush`` and ``shutdown``) finishes everything pending.
     """
 
     MAX_PENDING = 8192
@@ -67,7 +67,7 @@ class MetricsWorker:
         self._start()
 
     def _start(self):
-        self._thread = threading.Thread(target=self._run, name="edgesdk-telemetry-metrics", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="edgesdk-telemetry-finisher", daemon=True)
         self._thread.start()
 
     def after_fork(self):
@@ -78,14 +78,16 @@ class MetricsWorker:
         if not self._stopped:
             self._start()
 
-    def submit(self, recorder) -> None:
+    def submit(self, recorder) -> bool:
+        """Queue a finished request; False when the caller must finish it (backlog full, stopped)."""
         pending = self._pending
         if len(pending) >= self.MAX_PENDING or self._stopped:
-            self._counters.add("metrics_dropped", 1)
-            return
+            self._counters.add("finished_inline", 1)
+            return False
         pending.append(recorder)
         if len(pending) >= self.WAKE_AT:
             self._wake.set()
+        return True
 
     def _run(self):
         while not self._stopped:
@@ -98,12 +100,12 @@ class MetricsWorker:
             pending = self._pending
             while pending:
                 try:
-                    pending.popleft().record_metrics()
+                    pending.popleft().complete()
                 except IndexError:
                     return
-                except Exception as exc:  # noqa: BLE001 - a metrics bug must never surface in inference
+                except Exception as exc:  # noqa: BLE001 - a telemetry bug must never surface in inference
                     self._counters.add("export_errors", 1)
-                    self._counters.warn_once("metrics", f"telemetry: recording metrics failed: {exc!r}")
+                    self._counters.warn_once("finish", f"telemetry: finishing a request failed: {exc!r}")
 
     def stop(self, timeout_s: float = 2.0) -> None:
         self._stopped = True
@@ -169,10 +171,14 @@ NOOP_RECORDER = _NoopRecorder()
 
 
 class InferenceRecorder:
-    __slots__ = ("_tracer", "_instruments", "_worker", "_capture", "_operation", "_model", "_stream", "_attrs",
-                 "_metric_attrs", "_span", "_token", "_t0", "_end", "_first", "_times", "_input_tokens",
-                 "_output_tokens", "_reasons", "_response_model", "_input_content", "_output_content",
-                 "_error_type", "_end_attrs")
+    """One request. The caller's thread only starts the span (with the sampling-relevant attributes,
+    as the conventions ask) and takes timestamps; everything else — the other attributes, status,
+    ``span.end(end_time=...)`` and the histograms — happens in :meth:`complete` on the worker thread."""
+
+    __slots__ = ("_tracer", "_instruments", "_worker", "_capture", "_operation", "_model", "_provider",
+                 "_stream", "_request", "_attributes", "_span", "_token", "_t0", "_end", "_end_ns", "_first",
+                 "_times", "_input_tokens", "_output_tokens", "_reasons", "_response_model", "_input_content",
+                 "_output_content", "_error_type", "_error_text", "_end_attrs")
 
     def __init__(self, tracer, instruments, worker, capture, operation, model, provider, stream, request,
                  attributes):
@@ -182,18 +188,10 @@ class InferenceRecorder:
         self._capture = capture
         self._operation = operation
         self._model = model
+        self._provider = provider
         self._stream = stream
-        attrs = {N.OPERATION_NAME: operation, N.PROVIDER_NAME: provider}
-        if model:
-            attrs[N.REQUEST_MODEL] = model
-        self._metric_attrs = dict(attrs)
-        if stream:
-            attrs[N.REQUEST_STREAM] = True
-        if request:
-            attrs.update(N.request_attributes(request))
-        if attributes:
-            attrs.update(N.clean_attributes(attributes))
-        self._attrs = attrs
+        self._request = request
+        self._attributes = attributes
         self._first = None
         self._times = []
         self._input_tokens = None
@@ -203,14 +201,21 @@ class InferenceRecorder:
         self._input_content = None
         self._output_content = None
         self._error_type = None
+        self._error_text = None
         self._end_attrs = None
         self._span = None
         self._token = None
 
     # -- context manager --
     def __enter__(self):
-        name = f"{self._operation} {self._model}" if self._model else self._operation
-        self._span = self._tracer.start_span(name, kind=SpanKind.INTERNAL, attributes=self._attrs)
+        model = self._model
+        if model:
+            name = f"{self._operation} {model}"
+            start = {N.OPERATION_NAME: self._operation, N.PROVIDER_NAME: self._provider, N.REQUEST_MODEL: model}
+        else:
+            name = self._operation
+            start = {N.OPERATION_NAME: self._operation, N.PROVIDER_NAME: self._provider}
+        self._span = self._tracer.start_span(name, kind=SpanKind.INTERNAL, attributes=start)
         if not self._stream:
             # Current span while the request runs, so nested spans and fallback events attach to it.
             # Not for streams: a streaming block lives in a generator across yields, where an attached
@@ -221,6 +226,7 @@ class InferenceRecorder:
 
     def __exit__(self, exc_type, exc, tb):
         self._end = perf_counter()
+        self._end_ns = time_ns()
         token = self._token
         if token is not None:
             var = getattr(token, "var", None)  # a contextvars.Token with the default runtime context
@@ -231,22 +237,35 @@ class InferenceRecorder:
                     var.reset(token)
                 except ValueError:
                     pass  # exited from another context (a generator closed elsewhere): nothing to restore
-        if exc_type is GeneratorExit:
-            exc = None  # the consumer stopped a stream early: cancelled, not failed
+        if exc is not None and exc_type is not GeneratorExit:  # GeneratorExit: a stream stopped early
+            self._error_type = N.error_type(exc)
+            self._error_text = N.error_description(exc)
+        worker = self._worker
+        if worker is None or not worker.submit(self):
+            self.complete()
+        return False
+
+    def complete(self):
+        """Attributes, status, end and histograms of this finished request (normally on the worker)."""
         span = self._span
-        attrs = self._end_attrs or {}
-        metric_attrs = self._metric_attrs
+        attrs = {}
+        if self._stream:
+            attrs[N.REQUEST_STREAM] = True
+        if self._request:
+            attrs.update(N.request_attributes(self._request))
+        if self._attributes:
+            attrs.update(N.clean_attributes(self._attributes))
+        if self._end_attrs:
+            attrs.update(self._end_attrs)
+        metric_attrs = {N.OPERATION_NAME: self._operation, N.PROVIDER_NAME: self._provider}
+        if self._model:
+            metric_attrs[N.REQUEST_MODEL] = self._model
         if self._response_model:
             attrs[N.RESPONSE_MODEL] = self._response_model
             metric_attrs[N.RESPONSE_MODEL] = self._response_model
         error_type = self._error_type
-        if exc is not None:
-            error_type = N.error_type(exc)
-            span.set_status(Status(StatusCode.ERROR, N.error_description(exc)))
-        elif error_type is not None:
-            span.set_status(Status(StatusCode.ERROR, error_type))
         if error_type is not None:
-            self._error_type = error_type
+            span.set_status(Status(StatusCode.ERROR, self._error_text or error_type))
             attrs[N.ERROR_TYPE] = error_type
             metric_attrs[N.ERROR_TYPE] = error_type
         if self._input_tokens is not None:
@@ -263,12 +282,8 @@ class InferenceRecorder:
         if self._capture:
             self._add_content(attrs)
         span.set_attributes(attrs)
-        span.end()
-        if self._worker is not None:
-            self._worker.submit(self)
-        else:
-            self.record_metrics()
-        return False
+        span.end(end_time=self._end_ns)
+        self._record_metrics(metric_attrs)
 
     def _add_content(self, attrs):
         reason = self._reasons[0] if self._reasons else ("error" if self._error_type else "stop")
@@ -279,12 +294,11 @@ class InferenceRecorder:
         if self._input_content is not None or self._output_content is not None:
             attrs[N.CAPTURE_MARKER] = True
 
-    def record_metrics(self):
-        """Record this finished request's histograms (on the metrics worker thread)."""
+    def _record_metrics(self, metric_attrs):
         inst = self._instruments
         if inst is None:
             return
-        metric_attrs, first, times = self._metric_attrs, self._first, self._times
+        first, times = self._first, self._times
         inst.duration.record(self._end - self._t0, metric_attrs)
         if self._input_tokens is not None:
             inst.token_usage.record(self._input_tokens, {**metric_attrs, N.TOKEN_TYPE: "input"})

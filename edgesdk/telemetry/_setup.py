@@ -129,7 +129,7 @@ class Counters:
     spans_exported: int = 0
     spans_failed: int = 0
     spans_dropped: int = 0
-    metrics_dropped: int = 0
+    finished_inline: int = 0
     export_errors: int = 0
     warned: set = field(default_factory=set)
 
@@ -154,5 +154,5 @@ class Counters:
     def snapshot(self) -> dict:
         with self.lock:
             return {"spans_ended": self.spans_ended, "spans_exported": self.spans_exported, "spans_failed": self.spans_failed,
-                    "spans_dropped": self.spans_dropped, "metrics_dropped": self.metrics_dropped,
+                    "spans_dropped": self.spans_dropped, "finished_inline": self.finished_inline,
                     "export_errors": self.export_errors}
