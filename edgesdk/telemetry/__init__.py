@@ -34,7 +34,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from edgesdk.errors import VerdictError
 from edgesdk.telemetry import _names as N
-from edgesdk.telemetry._recorder import NOOP_RECORDER, InferenceRecorder, Instruments, MetricsWorker
+from edgesdk.telemetry._recorder import NOOP_RECORDER, FinishWorker, InferenceRecorder, Instruments
 from edgesdk.telemetry._setup import Counters, Settings, resolve_settings
 
 __all__ = ["configure", "shutdown", "force_flush", "stats", "build_trace", "build_stage", "inference",
@@ -52,7 +52,7 @@ class _State:
         self.settings: Settings | None = None
         self.tracer = None  # None = telemetry off: every call takes the no-op path
         self.instruments: Instruments | None = None
-        self.worker: MetricsWorker | None = None
+        self.worker: FinishWorker | None = None
         self.tracer_provider = None
         self.meter_provider = None
         self.counters = Counters()
@@ -125,7 +125,7 @@ def configure(*, trace_file: str | Path | None = None, otlp_endpoint: str | None
         _state.instruments = Instruments(meter)
         # With the application's providers, requests finish inline: the application flushes its own
         # providers and expects every ended request's span there, not pending in our worker.
-        _state.worker = None if _state.exporter_names == ["application"] else MetricsWorker(_state.counters)
+        _state.worker = None if _state.exporter_names == ["application"] else FinishWorker(_state.counters)
 
 
 _atexit_registered = False
