@@ -109,13 +109,14 @@ class _Samples:
         self.feeds, self.reference, self.masks = feeds, reference, masks
 
 
-def _make_samples(ctx, input_names: list[str], model: Any | None, n: int, offset: int = 0) -> _Samples:
+def _make_samples(ctx, input_names: list[str], model: Any | None, n: int, offset: int = 0,
+                  fixed_length: bool = True) -> _Samples:
     facts = ctx.facts
     if facts.task in ("feature-extraction", "text-classification") and facts.kind == "hf":
-        tok = P.load_tokenizer(Path(ctx.source), ctx.options.seq_len)
+        tok = P.load_tokenizer(Path(ctx.source), ctx.options.seq_len, fixed_length)
         feeds = P.encode_texts(tok, P.sample_sentences(n, offset), input_names)
     elif facts.kind == "onnx" and "input_ids" in input_names and (Path(ctx.source).parent / "tokenizer.json").exists():
-        tok = P.load_tokenizer(Path(ctx.source).parent, ctx.options.seq_len)
+        tok = P.load_tokenizer(Path(ctx.source).parent, ctx.options.seq_len, fixed_length)
         feeds = P.encode_texts(tok, P.sample_sentences(n, offset), input_names)
     else:
         feeds = _random_feeds(ctx, input_names, n, offset)
@@ -219,6 +220,9 @@ def _ort_outputs(path: Path, feeds: list[dict], threads: int = 2, chunk: int = 1
 
 def _optimize(ctx, src: Path, out: Path) -> dict:
     plan_opt = str(ctx.plan.decision("optimize", ""))
+    if plan_opt.startswith("none"):
+        shutil.copyfile(src, out)
+        return {"tool": "none", "reason": "plan: " + plan_opt}
     if plan_opt.startswith("onnxruntime transformer optimizer"):
         from edgesdk.formats.onnx_quant import optimize_transformer
 
@@ -299,7 +303,7 @@ def build_onnx(ctx) -> None:
         # Calibration and held-out parity samples, with the source model's outputs as the reference.
         samples = _make_samples(ctx, input_names, model, ctx.options.calibration_samples)
         held_out = _make_samples(ctx, input_names, model, ctx.options.parity_samples,
-                                 offset=ctx.options.calibration_samples)
+                                 offset=ctx.options.calibration_samples, fixed_length=False)
         if model is None:
             # No PyTorch source: the FP32 ONNX itself is the reference.
             samples.reference = _ort_outputs(exported, samples.feeds)

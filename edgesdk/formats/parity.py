@@ -22,8 +22,11 @@ def sample_sentences(n: int, offset: int = 0) -> list[str]:
     return [lines[(offset + i) % len(lines)] for i in range(n)]
 
 
-def load_tokenizer(model_dir: Path, seq_len: int):
-    """A fast tokenizer from tokenizer.json (``tokenizers`` only: no transformers on the device)."""
+def load_tokenizer(model_dir: Path, seq_len: int, fixed_length: bool = True):
+    """A fast tokenizer from tokenizer.json (``tokenizers`` only: no transformers on the device).
+
+    ``fixed_length`` pads every text to ``seq_len`` (calibration, latency); otherwise a batch is padded to
+    its longest text (parity checks: same numerics on the real tokens, a fraction of the compute)."""
     from tokenizers import Tokenizer
 
     tj = Path(model_dir) / "tokenizer.json"
@@ -34,7 +37,7 @@ def load_tokenizer(model_dir: Path, seq_len: int):
     if pad_id is None:
         pad_id = tok.token_to_id("<pad>") or 0
     tok.enable_truncation(max_length=seq_len)
-    tok.enable_padding(length=seq_len, pad_id=pad_id)
+    tok.enable_padding(length=seq_len if fixed_length else None, pad_id=pad_id)
     return tok
 
 
