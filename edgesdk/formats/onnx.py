@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from edgesdk.errors import ExternalToolError, InputError, ModelError, ParityError
+from edgesdk.errors import InputError, ModelError, ParityError
 from edgesdk.formats import parity as P
+from edgesdk.formats.onnx_export import run_export, save_feeds, stack, torch_reference
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
                    "config.json", "modules.json", "sentence_bert_config.json", "preprocessor_config.json")
@@ -40,53 +41,19 @@ def _dist_of(module: str) -> str:
 
 
 def _versions() -> dict:
-    import onnx
-    import onnxruntime
+    """Tool versions from distribution metadata (importing torch/transformers here would cost seconds)."""
+    import importlib.metadata as md
 
-    out = {"onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__}
-    for mod in ("torch", "transformers", "optimum", "onnxslim"):
+    out = {}
+    for dist in ("onnx", _dist_of("onnxruntime"), "torch", "transformers", "optimum", "optimum-onnx", "onnxslim"):
         try:
-            out[mod] = __import__(mod).__version__
-        except Exception:  # noqa: BLE001 - optional tool, version only
-            pass
+            out[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            continue
     return out
 
 
 # --------------------------------------------------------------------------------------------- export
-
-def _load_hf(ctx) -> Any:
-    try:
-        import torch
-        from transformers import AutoModel, AutoModelForImageClassification
-    except ImportError as exc:
-        raise ExternalToolError("exporting a Hugging Face model needs the [export] extra "
-                                "(pip install 'edgesdk[export]')") from exc
-    task = ctx.facts.task
-    cls = AutoModelForImageClassification if task == "image-classification" else AutoModel
-    try:
-        model = cls.from_pretrained(ctx.source, trust_remote_code=ctx.options.trust_remote_code,
-                                    use_safetensors=not ctx.facts.extra.get("pickle_weights"))
-    except Exception as exc:  # transformers raises OSError/ValueError/KeyError for broken dirs
-        raise ModelError(f"{ctx.source}: cannot load the model ({type(exc).__name__}: "
-                         f"{str(exc).splitlines()[0][:200]})") from exc
-    model.eval()
-    torch.set_grad_enabled(False)
-    return model
-
-
-def _export_hf(ctx, model, out: Path) -> None:
-    from optimum.exporters.onnx import export
-    from optimum.exporters.tasks import TasksManager
-
-    task = "image-classification" if ctx.facts.task == "image-classification" else "feature-extraction"
-    try:
-        ctor = TasksManager.get_exporter_config_constructor("onnx", model=model, task=task,
-                                                            library_name="transformers")
-    except Exception as exc:  # optimum raises ValueError/KeyError for unsupported architectures
-        raise ModelError(f"{ctx.facts.name}: architecture {ctx.facts.family!r} is not supported by the ONNX "
-                         f"exporter ({str(exc).splitlines()[0][:160]})") from exc
-    export(model, ctor(model.config), out, opset=ctx.options.opset)
-
 
 def _export_torch(ctx, module, out: Path) -> None:
     import torch
@@ -111,18 +78,54 @@ class _Samples:
 
 def _make_samples(ctx, input_names: list[str], model: Any | None, n: int, offset: int = 0,
                   fixed_length: bool = True) -> _Samples:
-    facts = ctx.facts
-    if facts.task in ("feature-extraction", "text-classification") and facts.kind == "hf":
-        tok = P.load_tokenizer(Path(ctx.source), ctx.options.seq_len, fixed_length)
-        feeds = P.encode_texts(tok, P.sample_sentences(n, offset), input_names)
-    elif facts.kind == "onnx" and "input_ids" in input_names and (Path(ctx.source).parent / "tokenizer.json").exists():
+    """Sample feeds for ONNX / nn.Module sources (tokenizer beside an .onnx file, else typed noise)."""
+    if "input_ids" in input_names and (Path(str(ctx.source)).parent / "tokenizer.json").exists():
         tok = P.load_tokenizer(Path(ctx.source).parent, ctx.options.seq_len, fixed_length)
         feeds = P.encode_texts(tok, P.sample_sentences(n, offset), input_names)
     else:
         feeds = _random_feeds(ctx, input_names, n, offset)
     masks = [f.get("attention_mask") for f in feeds]
-    reference = _torch_reference(model, feeds) if model is not None else None
+    reference = torch_reference(model, feeds) if model is not None else None
     return _Samples(feeds, reference, masks)
+
+
+def _hf_feeds(ctx, n: int, offset: int, fixed_length: bool) -> list[dict]:
+    """Sample feeds for a Hugging Face model before export: tokenizer for text, NCHW noise for images."""
+    task = ctx.facts.task
+    if task in ("feature-extraction", "text-classification"):
+        tok = P.load_tokenizer(Path(ctx.source), ctx.options.seq_len, fixed_length)
+        return P.encode_texts(tok, P.sample_sentences(n, offset), ["input_ids", "attention_mask", "token_type_ids"])
+    if task == "image-classification":
+        cfg = ctx.facts.config or {}
+        size = int(cfg.get("image_size") or 224)
+        rng = np.random.default_rng(1234 + offset)
+        shape = (1, int(cfg.get("num_channels", 3)), size, size)
+        return [{"pixel_values": rng.standard_normal(shape).astype(np.float32)} for _ in range(n)]
+    raise ModelError(f"{ctx.facts.name}: task {task!r} ({ctx.facts.architecture}) is not supported by the ONNX path "
+                     "(supported: feature-extraction, text-classification, image-classification)")
+
+
+def _export_hf_in_child(ctx, work: Path, exported: Path) -> tuple[_Samples, _Samples]:
+    """Export + PyTorch references in a child process (see edgesdk/formats/onnx_export.py)."""
+    import onnx
+
+    calib = _hf_feeds(ctx, ctx.options.calibration_samples, 0, fixed_length=True)
+    parity = _hf_feeds(ctx, ctx.options.parity_samples, ctx.options.calibration_samples, fixed_length=False)
+    files = [work / "feeds_calib.npz", work / "feeds_parity.npz"]
+    for f, feeds in zip(files, (calib, parity)):
+        save_feeds(f, feeds)
+    spec = {"source": str(ctx.source), "task": ctx.facts.task, "family": ctx.facts.family, "name": ctx.facts.name,
+            "trust_remote_code": ctx.options.trust_remote_code, "pickle_weights": bool(ctx.facts.extra.get(
+                "pickle_weights")), "opset": ctx.options.opset, "out": str(exported),
+            "feed_files": [str(f) for f in files], "reference_files": [str(work / "refs_calib.npz"),
+                                                                        str(work / "refs_parity.npz")]}
+    refs = run_export(spec, work)
+    names = {i.name for i in onnx.load(str(exported), load_external_data=False).graph.input}
+    out = []
+    for feeds, ref in zip((calib, parity), refs):
+        feeds = [{k: v for k, v in f.items() if k in names} for f in feeds]
+        out.append(_Samples(feeds, ref, [f.get("attention_mask") for f in feeds]))
+    return out[0], out[1]
 
 
 def _random_feeds(ctx, input_names: list[str], n: int, offset: int) -> list[dict]:
@@ -157,43 +160,6 @@ def _random_feeds(ctx, input_names: list[str], n: int, offset: int) -> list[dict
     return feeds
 
 
-def _stack(feeds: list[dict]) -> dict | None:
-    """Batch per-sample feeds when their shapes agree (same padded length), else None."""
-    keys = feeds[0].keys()
-    if any(f.keys() != keys or any(f[k].shape != feeds[0][k].shape for k in keys) for f in feeds):
-        return None
-    return {k: np.concatenate([f[k] for f in feeds], axis=0) for k in keys}
-
-
-def _first_output(res):
-    if isinstance(res, (tuple, list)):
-        return res[0]
-    if hasattr(res, "last_hidden_state"):
-        return res.last_hidden_state
-    if hasattr(res, "logits"):
-        return res.logits
-    return res
-
-
-def _torch_reference(model, feeds: list[dict], chunk: int = 16) -> list[np.ndarray]:
-    """Source-model outputs per sample, computed in batches (same numerics, a fraction of the time)."""
-    import torch
-
-    outs: list[np.ndarray] = []
-    positional = not hasattr(model, "config")
-    with torch.inference_mode():
-        for i in range(0, len(feeds), chunk):
-            part = feeds[i:i + chunk]
-            batch = _stack(part)
-            groups = [batch] if batch is not None else part
-            for g in groups:
-                kwargs = {k: torch.from_numpy(v) for k, v in g.items()}
-                res = _first_output(model(*kwargs.values()) if positional else model(**kwargs))
-                arr = res.float().numpy()
-                outs.extend(arr[j:j + 1] for j in range(arr.shape[0]))
-    return outs
-
-
 def _ort_outputs(path: Path, feeds: list[dict], threads: int = 2, chunk: int = 16) -> list[np.ndarray]:
     import onnxruntime as ort
 
@@ -204,7 +170,7 @@ def _ort_outputs(path: Path, feeds: list[dict], threads: int = 2, chunk: int = 1
     outs: list[np.ndarray] = []
     for i in range(0, len(feeds), chunk):
         part = feeds[i:i + chunk]
-        batch = _stack(part)
+        batch = stack(part)
         try:
             arr = sess.run(None, batch)[0] if batch is not None else None
         except Exception:  # noqa: BLE001 - a graph with a fixed batch of 1 cannot take a stacked batch
@@ -284,8 +250,7 @@ def build_onnx(ctx) -> None:
     model = None
     with ctx.stage("export"):
         if ctx.facts.kind == "hf":
-            model = _load_hf(ctx)
-            _export_hf(ctx, model, exported)
+            samples, held_out = _export_hf_in_child(ctx, work, exported)
         elif ctx.facts.kind == "torch":
             model = ctx.source
             try:
@@ -297,18 +262,19 @@ def build_onnx(ctx) -> None:
                 return
         else:
             shutil.copyfile(ctx.source, exported)
-        import onnx
+        if ctx.facts.kind != "hf":
+            import onnx
 
-        input_names = [i.name for i in onnx.load(str(exported), load_external_data=False).graph.input]
-        # Calibration and held-out parity samples, with the source model's outputs as the reference.
-        samples = _make_samples(ctx, input_names, model, ctx.options.calibration_samples)
-        held_out = _make_samples(ctx, input_names, model, ctx.options.parity_samples,
-                                 offset=ctx.options.calibration_samples, fixed_length=False)
-        if model is None:
+            input_names = [i.name for i in onnx.load(str(exported), load_external_data=False).graph.input]
+            # Calibration and held-out parity samples, with the source model's outputs as the reference.
+            samples = _make_samples(ctx, input_names, model, ctx.options.calibration_samples)
+            held_out = _make_samples(ctx, input_names, model, ctx.options.parity_samples,
+                                     offset=ctx.options.calibration_samples, fixed_length=False)
+        if model is None and ctx.facts.kind == "onnx":
             # No PyTorch source: the FP32 ONNX itself is the reference.
             samples.reference = _ort_outputs(exported, samples.feeds)
             held_out.reference = _ort_outputs(exported, held_out.feeds)
-        model = None  # free the PyTorch weights before optimization/quantization (peak RSS)
+        model = None  # drop the reference to an nn.Module source before optimization/quantization
     with ctx.stage("optimize"):
         optimized = work / "optimized.onnx"
         ctx.manifest.setdefault("extras", {})["optimize"] = _optimize(ctx, exported, optimized)
