@@ -337,6 +337,8 @@ def load_gguf(bundle, ctx) -> LlamaCppBackend:
                       "attempts": errors + [f"{_label(a_fa, a_ngl, layers)}: ok"], "notes": notes}
             settings = {"n_gpu_layers": a_ngl, "flash_attn": a_fa, "n_ctx": n_ctx, "threads": llm.n_threads}
             attrs = {"edgesdk.backend": "llama.cpp", "edgesdk.gguf.quant_type": info.get("quant_type", ""),
+                     "edgesdk.device.profile": profile.name if profile is not None else "",
+                     "edgesdk.precision": bundle.precision or info.get("quant_type", ""),
                      "edgesdk.gguf.n_gpu_layers": a_ngl, "edgesdk.gguf.flash_attn": a_fa,
                      "edgesdk.bundle.id": bundle.bundle_id}
             return LlamaCppBackend(llm, settings=settings, report=report, model=bundle.model_name, attributes=attrs)
