@@ -53,6 +53,7 @@ def test_onnx_encoder_embed_is_traced_with_real_token_counts(memory, minilm_orin
     for key in ("edgesdk.backend", "edgesdk.precision", "edgesdk.bundle.id", "edgesdk.device.profile"):
         assert attrs.get(key), key
     assert embeddings.shape[0] == 2 and np.isfinite(embeddings).all()
+    assert attrs["gen_ai.embeddings.dimension.count"] == embeddings.shape[1] == 384
     assert not any("SECRET" in str(v) for s in spans.get_finished_spans() for v in s.attributes.values())
     # the GPU execution providers this CPU machine lacks were recorded as fallbacks, not lost
     fallback_events = [e for s in spans.get_finished_spans() for e in s.events if e.name == "edgesdk.fallback"]
@@ -158,3 +159,26 @@ def test_gguf_content_capture_opt_in_records_the_real_output(monkeypatch, gemma_
     report = check_trace_file(trace_file)
     assert report.count("violation") == 0, report.findings
     assert any(f.rule == "content_captured" for f in report.findings)
+
+
+def test_gguf_chat_capture_records_messages_with_roles(monkeypatch, gemma_backend):
+    for key in list(os.environ):
+        if key.startswith("OTEL_"):
+            monkeypatch.delenv(key)
+    telemetry.shutdown()
+    spans = InMemorySpanExporter()
+    telemetry.configure(span_exporter=spans, capture_content=True)
+    try:
+        messages = [{"role": "user", "content": "Name one colour."}]
+        # This GGUF ships no chat template, so chat() refuses it; drive the same path chat() takes with
+        # a hand-formatted prompt and the messages it captures.
+        reply = "".join(gemma_backend._run("User: Name one colour.\nAssistant:", "chat", stream=False, special=False,
+                                           _capture_messages=messages, max_tokens=6, seed=3, temperature=0.0))
+        assert telemetry.force_flush()
+        (span,) = spans.get_finished_spans()
+    finally:
+        telemetry.shutdown()
+    assert span.name == "chat gemma-3-270m"
+    captured = json.loads(span.attributes["gen_ai.input.messages"])
+    assert captured == [{"role": "user", "parts": [{"type": "text", "content": "Name one colour."}]}]
+    assert json.loads(span.attributes["gen_ai.output.messages"])[0]["parts"][0]["content"] == reply

@@ -108,6 +108,7 @@ class Session:
         with telemetry.inference("embeddings", self._model, self.backend.provider, attributes=self._attrs) as rec:
             rec.set_input_tokens(int(feeds["attention_mask"].sum()))
             hidden = next(iter(self.backend.run(feeds).values()))
+            rec.set_attribute("gen_ai.embeddings.dimension.count", int(hidden.shape[-1]))  # semconv: recommended
         info = (self.bundle.manifest.get("extras") or {}).get("embedding") or {"pooling": "mean", "normalize": True}
         if hidden.ndim == 3:
             if info.get("pooling") == "cls":

@@ -134,7 +134,7 @@ class LlamaCppBackend:
         stop += [s for s in ([result.stop] if isinstance(result.stop, str) else (result.stop or [])) if s]
         stream = kw.pop("stream", False)
         gen = self._run(result.prompt, "chat", stream=stream, special=True, stop=stop,
-                        add_bos=not getattr(result, "added_special", False), **kw)
+                        add_bos=not getattr(result, "added_special", False), _capture_messages=messages, **kw)
         return gen if stream else "".join(gen)
 
     def _chat_formatter(self):
@@ -152,7 +152,8 @@ class LlamaCppBackend:
         return self._formatter
 
     def _run(self, prompt: str, operation: str, *, stream: bool, special: bool, max_tokens: int = 128,
-             stop: list[str] | str | None = None, seed: int | None = None, add_bos: bool = True, **sampling):
+             stop: list[str] | str | None = None, seed: int | None = None, add_bos: bool = True,
+             _capture_messages: list | None = None, **sampling):
         if not isinstance(prompt, str):
             raise InputError(f"prompt must be a string, got {type(prompt).__name__}")
         unknown = set(sampling) - set(DEFAULT_SAMPLING)
@@ -167,15 +168,15 @@ class LlamaCppBackend:
             self._llm.set_seed(int(seed))
         request = {"max_tokens": int(max_tokens), "temperature": params["temperature"], "top_p": params["top_p"],
                    "top_k": params["top_k"], "stop_sequences": stops or None, "seed": seed}
-        return self._decode(prompt, tokens, budget, stops, params, operation, stream, request)
+        return self._decode(prompt, tokens, budget, stops, params, operation, stream, request, _capture_messages)
 
-    def _decode(self, prompt, tokens, budget, stops, params, operation, stream, request):
+    def _decode(self, prompt, tokens, budget, stops, params, operation, stream, request, messages=None):
         llm = self._llm
         hold = max((len(s) for s in stops), default=1) - 1  # chars kept back while they may start a stop
         with telemetry.inference(operation, self._model, self.provider, stream=stream, request=request,
                                  attributes=self._attrs) as rec:
             rec.set_input_tokens(len(tokens))
-            rec.capture_input(prompt)
+            rec.capture_input(prompt if messages is None else messages)  # chat: the roles, not the template
             decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
             text, emitted, n_out, finish, cut_at_stop = "", 0, 0, "length", False
             chunk, is_eog, detok = rec.chunk, self._is_eog, llm.detokenize
