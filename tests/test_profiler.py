@@ -248,7 +248,7 @@ def test_budgets_from_profile_and_unmeasured_is_not_a_pass(mlp_report):
 # ---------------------------------------------------------------- LLM measurement
 
 def test_llm_metrics_from_chunk_times():
-    from edgesdk.profiler.bench import llm_metrics
+    from edgesdk.profiler.llm_bench import llm_metrics
 
     runs = [{"chunk_times_ms": [100.0 + 10.0 * i for i in range(11)], "output_tokens": 11},
             {"chunk_times_ms": [120.0 + 12.0 * i for i in range(11)], "output_tokens": 11}]

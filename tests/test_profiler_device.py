@@ -7,15 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from edgesdk.profiler.device import (
-    detect_device,
-    parse_l4t_release,
-    parse_nvpmodel,
-    parse_part_number,
-    parse_tegrastats,
-    read_device_state,
-    write_profile,
-)
+from edgesdk.profiler.device import detect_device, parse_l4t_release, parse_part_number, write_profile
+from edgesdk.profiler.sensors import parse_nvpmodel, parse_tegrastats, read_device_state
 from edgesdk.profiles import load_profile_file
 
 X86_CPUINFO = """processor\t: 0

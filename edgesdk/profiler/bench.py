@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import resource
-import statistics
 import tempfile
 import threading
 import time
@@ -27,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from edgesdk.errors import BackendUnavailableError, InputError
+from edgesdk.profiler.llm_bench import OPENERS, llm_metrics, llm_stream_once, prompt_of
 
 
 @dataclass
@@ -284,62 +284,6 @@ def summarize_ort_events(events: list[dict], total_runs: int, skip_first: bool =
             "top_nodes": nodes[:25], "node_count": len(nodes)}
 
 
-# ---------------------------------------------------------------- LLM
-
-_OPENERS = ("Yesterday", "Meanwhile", "Honestly", "Suddenly", "Later", "Eventually", "Often", "Perhaps", "Today",
-            "Tomorrow", "Somewhere", "Afterwards")
-
-
-def _prompt_of(session, target: int) -> tuple[str, int]:
-    """A natural-text prompt of about ``target`` tokens (binary search on words, real tokenizer)."""
-    text = (Path(__file__).resolve().parent.parent / "data" / "sample_sentences.txt").read_text(encoding="utf-8")
-    words = [w for line in text.splitlines() if not line.startswith("#") for w in line.split()]
-    while len(words) < target * 2:
-        words = words + words
-    lo, hi = 1, target * 2
-    target = max(1, target - 1)   # room for the opener word added per generation
-    best = (" ".join(words[:1]), len(session.tokenize(" ".join(words[:1]))))
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        prompt = " ".join(words[:mid])
-        n = len(session.tokenize(prompt))
-        if n <= target:
-            best = (prompt, n)
-            lo = mid + 1
-        else:
-            hi = mid - 1
-    return best
-
-
-def llm_stream_once(session, prompt: str, gen_tokens: int) -> dict:
-    """One streamed generation: chunk arrival times (ms from the request)."""
-    t0 = time.perf_counter_ns()
-    times: list[float] = []
-    for _chunk in session.stream(prompt, max_tokens=gen_tokens, temperature=0.0):
-        times.append((time.perf_counter_ns() - t0) / 1e6)
-    last = getattr(session.backend, "last", None) or {}
-    # Text chunks are not tokens (a partial UTF-8 byte yields nothing): take the backend's token count.
-    return {"chunk_times_ms": times, "output_tokens": last.get("output_tokens"),
-            "finish_reason": last.get("finish_reason")}
-
-
-def llm_metrics(prompt_tokens: int, runs: list[dict]) -> dict:
-    ttft = [r["chunk_times_ms"][0] for r in runs if r["chunk_times_ms"]]
-    gen = [r.get("output_tokens") or len(r["chunk_times_ms"]) for r in runs]
-    tpot = [(r["chunk_times_ms"][-1] - r["chunk_times_ms"][0]) / (n - 1)
-            for r, n in zip(runs, gen) if len(r["chunk_times_ms"]) > 1 and n > 1]
-    out = {"prompt_tokens": prompt_tokens, "generated_tokens": gen, "repeats": len(runs),
-           "ttft_ms": latency_stats(ttft), "tpot_ms": latency_stats(tpot),
-           "prefill_tok_s": prompt_tokens / (statistics.median(ttft) / 1e3) if ttft else None,
-           "decode_tok_s": 1e3 / statistics.median(tpot) if tpot else None,
-           "finish_reasons": [r.get("finish_reason") for r in runs],
-           "token_times_ms": runs[-1]["chunk_times_ms"] if runs else [],
-           "method": "session.stream: TTFT = first chunk; TPOT = (last - first chunk) / (tokens - 1), tokens "
-                     "as the backend counted them; "
-                     "prefill tok/s = prompt tokens / median TTFT (includes the first sampled token)"}
-    return out
-
-
 # ---------------------------------------------------------------- the whole measurement
 
 def _versions() -> dict:
@@ -373,7 +317,7 @@ def measure_bundle(path: str | os.PathLike, opts: BenchOptions | None = None,
     """Load a bundle with ``edgesdk.load`` and measure it; returns the report body (see report.py)."""
     import edgesdk
     from edgesdk.bundle import open_bundle
-    from edgesdk.profiler.device import read_device_state
+    from edgesdk.profiler.sensors import read_device_state
 
     opts = opts or BenchOptions()
     if opts.iterations < 1 or opts.warmup < 0 or opts.concurrency < 1:
@@ -396,20 +340,20 @@ def measure_bundle(path: str | os.PathLike, opts: BenchOptions | None = None,
     is_llm = hasattr(session.backend, "stream")
     try:
         if is_llm:
-            prompt, n_prompt = _prompt_of(session, opts.prompt_tokens)
+            prompt, n_prompt = prompt_of(session, opts.prompt_tokens)
             runs = []
             bar = _progress(opts.llm_repeats + 1, "generate", opts.progress)
             for i in range(opts.llm_repeats + 1):   # the first generation warms caches: not reported
                 # A different first word each time: llama-cpp-python reuses the KV cache of a repeated
                 # prompt prefix, which would turn TTFT into the time for one token.
-                r = llm_stream_once(session, f"{_OPENERS[i % len(_OPENERS)]} {prompt}", opts.gen_tokens)
+                r = llm_stream_once(session, f"{OPENERS[i % len(OPENERS)]} {prompt}", opts.gen_tokens)
                 if i:
                     runs.append(r)
                 if bar is not None:
                     bar.update(1)
             if bar is not None:
                 bar.close()
-            n_prompt = len(session.tokenize(f"{_OPENERS[1]} {prompt}"))
+            n_prompt = len(session.tokenize(f"{OPENERS[1]} {prompt}"))
             body["llm"] = llm_metrics(n_prompt, runs)
         else:
             feeds = synthetic_feeds(getattr(session.backend, "inputs", {}), opts.batch, opts.seq_len)

@@ -15,9 +15,6 @@ import datetime as _dt
 import os
 import platform
 import re
-import select
-import shutil
-import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,6 +23,7 @@ from typing import Any
 import yaml
 
 from edgesdk.errors import InputError, ProfileError
+from edgesdk.profiler.sensors import parse_nvpmodel, parse_tegrastats, read_under, run_tool, tegrastats_sample
 
 # ISA features worth naming in a profile (x86 and Arm spellings from /proc/cpuinfo).
 INTERESTING_FLAGS = (
@@ -59,15 +57,8 @@ class DetectionResult:
 
 # ---------------------------------------------------------------- readers (all below ``root``)
 
-def _read(root: Path, rel: str) -> str | None:
-    try:
-        return (root / rel.lstrip("/")).read_text(encoding="utf-8", errors="replace")
-    except (OSError, ValueError):
-        return None
-
-
 def read_cpu(root: Path) -> dict:
-    text = _read(root, "proc/cpuinfo") or ""
+    text = read_under(root, "proc/cpuinfo") or ""
     model = None
     flags: set[str] = set()
     logical = 0
@@ -90,7 +81,7 @@ def read_cpu(root: Path) -> dict:
 
 
 def read_memory(root: Path) -> dict:
-    text = _read(root, "proc/meminfo") or ""
+    text = read_under(root, "proc/meminfo") or ""
     values: dict[str, float] = {}
     for line in text.splitlines():
         m = re.match(r"(\w+):\s+(\d+)\s*kB", line)
@@ -114,67 +105,11 @@ def parse_l4t_release(text: str) -> str | None:
     return f"{m.group(1)}.{m.group(2)}" if m else None
 
 
-def parse_nvpmodel(text: str) -> dict | None:
-    """``nvpmodel -q`` prints ``NV Power Mode: 15W`` then the mode id."""
-    m = re.search(r"NV Power Mode:\s*(\S+)", text or "")
-    if not m:
-        return None
-    mode_id = re.search(r"^\s*(\d+)\s*$", text[m.end():], re.M)
-    return {"mode": m.group(1), "id": int(mode_id.group(1)) if mode_id else None}
-
-
-def parse_tegrastats(line: str) -> dict:
-    """One tegrastats line -> RAM, EMC/GR3D load and clock, temperatures, power rails (mW)."""
-    out: dict[str, Any] = {}
-    if m := re.search(r"RAM (\d+)/(\d+)MB", line):
-        out["ram_used_mb"], out["ram_total_mb"] = int(m.group(1)), int(m.group(2))
-    for name in ("EMC_FREQ", "GR3D_FREQ"):
-        if m := re.search(name + r" (\d+)%(?:@\[?(\d+)\]?)?", line):
-            out[name.lower()] = {"load_pct": int(m.group(1)),
-                                 "mhz": int(m.group(2)) if m.group(2) else None}
-    temps = {k.lower(): float(v) for k, v in re.findall(r"\b([A-Za-z0-9_]+)@(-?[\d.]+)C\b", line)}
-    if temps:
-        out["temperatures_c"] = temps
-    rails = {k: int(v) for k, v in re.findall(r"\b([A-Z][A-Z0-9_]+) (\d+)mW/\d+mW", line)}
-    if rails:
-        out["power_mw"] = rails
-    return out
-
-
-def _run_tool(argv: list[str], timeout: float = 3.0) -> str | None:
-    if not shutil.which(argv[0]):
-        return None
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout if done.returncode == 0 else None
-
-
-def _tegrastats_sample(timeout: float = 3.0) -> str | None:
-    """tegrastats never exits on its own: read its first line and stop it."""
-    if not shutil.which("tegrastats"):
-        return None
-    try:
-        proc = subprocess.Popen(["tegrastats", "--interval", "200"], stdout=subprocess.PIPE, text=True)
-    except OSError:
-        return None
-    try:
-        ready, _, _ = select.select([proc.stdout], [], [], timeout)
-        return (proc.stdout.readline() or None) if ready and proc.stdout else None
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
 def read_jetson(root: Path, run_tools: bool = True) -> dict | None:
     """Jetson identity from the device tree and L4T files; None when this is not a Jetson."""
-    compatible_raw = _read(root, "proc/device-tree/compatible")
-    model = _read(root, "proc/device-tree/model")
-    release = _read(root, "etc/nv_tegra_release")
+    compatible_raw = read_under(root, "proc/device-tree/compatible")
+    model = read_under(root, "proc/device-tree/model")
+    release = read_under(root, "etc/nv_tegra_release")
     if not (compatible_raw or release) or (compatible_raw and "nvidia," not in compatible_raw):
         return None
     compatible = [c for c in (compatible_raw or "").split("\0") if c.strip()]
@@ -184,7 +119,7 @@ def read_jetson(root: Path, run_tools: bool = True) -> dict | None:
     # it in the plugin-manager ids; flashed systems also have it in the boot-control TNSPEC.
     for rel in ("proc/device-tree/compatible", "proc/device-tree/chosen/ids",
                 "proc/device-tree/chosen/plugin-manager/ids", "etc/nv_boot_control.conf"):
-        part = parse_part_number((_read(root, rel) or "").replace("\0", " "))
+        part = parse_part_number((read_under(root, rel) or "").replace("\0", " "))
         if part:
             part_source = rel
             break
@@ -199,8 +134,8 @@ def read_jetson(root: Path, run_tools: bool = True) -> dict | None:
         "tegrastats": None,
     }
     if run_tools:
-        info["nvpmodel"] = parse_nvpmodel(_run_tool(["nvpmodel", "-q"]) or "")
-        sample = _tegrastats_sample()
+        info["nvpmodel"] = parse_nvpmodel(run_tool(["nvpmodel", "-q"]) or "")
+        sample = tegrastats_sample()
         info["tegrastats"] = parse_tegrastats(sample) if sample else None
     return info
 
@@ -443,60 +378,3 @@ def write_profile(result: DetectionResult, path: str | os.PathLike) -> Path:
     return path
 
 
-# ---------------------------------------------------------------- device state during a measurement
-
-def read_device_state(root: str | os.PathLike = "/") -> dict:
-    """Governor, clocks, temperatures and power mode now; each unreadable item is None (unavailable)."""
-    root = Path(root)
-    gov = _read(root, "sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")
-    freq = _read(root, "sys/devices/system/cpu/cpu0/cpufreq/scaling_cur_freq")
-    temps: dict[str, float] = {}
-    for zone in sorted((root / "sys/class/thermal").glob("thermal_zone*")):
-        t, kind = _read(zone, "temp"), _read(zone, "type")
-        if t and t.strip().lstrip("-").isdigit():
-            temps[(kind or zone.name).strip()] = int(t) / 1000
-    state: dict[str, Any] = {
-        "cpu_governor": gov.strip() if gov else None,
-        "cpu0_mhz": round(int(freq) / 1000) if freq and freq.strip().isdigit() else None,
-        "temperatures_c": temps or None,
-        "gpus": _nvml_state() if root.resolve() == Path("/") else None,
-        "jetson": None,
-    }
-    if root.resolve() == Path("/") and _read(root, "etc/nv_tegra_release"):
-        sample = _tegrastats_sample()
-        state["jetson"] = {"nvpmodel": parse_nvpmodel(_run_tool(["nvpmodel", "-q"]) or ""),
-                           "tegrastats": parse_tegrastats(sample) if sample else None}
-    return state
-
-
-def _nvml_state() -> list[dict] | None:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - no NVML here: state is unavailable, not zero
-        return None
-    out = []
-    try:
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            out.append({
-                "index": i,
-                "sm_clock_mhz": _nvml_try(pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_SM),
-                "mem_clock_mhz": _nvml_try(pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_MEM),
-                "temperature_c": _nvml_try(pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU),
-                "power_w": (lambda mw: mw / 1000 if mw is not None else None)(
-                    _nvml_try(pynvml.nvmlDeviceGetPowerUsage, h)),
-                "memory_used_gb": (lambda m: round(m.used / 1e9, 3) if m is not None else None)(
-                    _nvml_try(pynvml.nvmlDeviceGetMemoryInfo, h)),
-            })
-    finally:
-        pynvml.nvmlShutdown()
-    return out
-
-
-def _nvml_try(fn, *args):
-    try:
-        return fn(*args)
-    except Exception:  # noqa: BLE001 - sensor not supported on this GPU: unavailable
-        return None

@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from edgesdk.profiler import roofline  # noqa: E402
 from edgesdk.profiler.bench import latency_stats, plain_loop_ms, timed_loop  # noqa: E402
-from edgesdk.profiler.device import detect_device, read_device_state  # noqa: E402
+from edgesdk.profiler.device import detect_device  # noqa: E402
+from edgesdk.profiler.sensors import read_device_state  # noqa: E402
 from edgesdk.profiles import resolve_profile  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "/tmp/profiler_out"))

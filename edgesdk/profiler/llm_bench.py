@@ -1,0 +1,67 @@
+# SPDX-License-Identifier: Apache-2.0
+"""LLM measurement helpers: a prompt of a given token count, one streamed generation, the rates.
+
+TTFT is the first chunk; TPOT spreads the rest of the stream over the tokens the backend counted
+(text chunks are not tokens: a partial UTF-8 byte yields nothing).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+OPENERS = ("Yesterday", "Meanwhile", "Honestly", "Suddenly", "Later", "Eventually", "Often", "Perhaps", "Today",
+            "Tomorrow", "Somewhere", "Afterwards")
+
+
+def prompt_of(session, target: int) -> tuple[str, int]:
+    """A natural-text prompt of about ``target`` tokens (binary search on words, real tokenizer)."""
+    text = (Path(__file__).resolve().parent.parent / "data" / "sample_sentences.txt").read_text(encoding="utf-8")
+    words = [w for line in text.splitlines() if not line.startswith("#") for w in line.split()]
+    while len(words) < target * 2:
+        words = words + words
+    lo, hi = 1, target * 2
+    target = max(1, target - 1)   # room for the opener word added per generation
+    best = (" ".join(words[:1]), len(session.tokenize(" ".join(words[:1]))))
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        prompt = " ".join(words[:mid])
+        n = len(session.tokenize(prompt))
+        if n <= target:
+            best = (prompt, n)
+            lo = mid + 1
+        else:
+            hi = mid - 1
+    return best
+
+
+def llm_stream_once(session, prompt: str, gen_tokens: int) -> dict:
+    """One streamed generation: chunk arrival times (ms from the request)."""
+    t0 = time.perf_counter_ns()
+    times: list[float] = []
+    for _chunk in session.stream(prompt, max_tokens=gen_tokens, temperature=0.0):
+        times.append((time.perf_counter_ns() - t0) / 1e6)
+    last = getattr(session.backend, "last", None) or {}
+    # Text chunks are not tokens (a partial UTF-8 byte yields nothing): take the backend's token count.
+    return {"chunk_times_ms": times, "output_tokens": last.get("output_tokens"),
+            "finish_reason": last.get("finish_reason")}
+
+
+def llm_metrics(prompt_tokens: int, runs: list[dict]) -> dict:
+    from edgesdk.profiler.bench import latency_stats  # bench imports this module at load time
+
+    ttft = [r["chunk_times_ms"][0] for r in runs if r["chunk_times_ms"]]
+    gen = [r.get("output_tokens") or len(r["chunk_times_ms"]) for r in runs]
+    tpot = [(r["chunk_times_ms"][-1] - r["chunk_times_ms"][0]) / (n - 1)
+            for r, n in zip(runs, gen) if len(r["chunk_times_ms"]) > 1 and n > 1]
+    out = {"prompt_tokens": prompt_tokens, "generated_tokens": gen, "repeats": len(runs),
+           "ttft_ms": latency_stats(ttft), "tpot_ms": latency_stats(tpot),
+           "prefill_tok_s": prompt_tokens / (statistics.median(ttft) / 1e3) if ttft else None,
+           "decode_tok_s": 1e3 / statistics.median(tpot) if tpot else None,
+           "finish_reasons": [r.get("finish_reason") for r in runs],
+           "token_times_ms": runs[-1]["chunk_times_ms"] if runs else [],
+           "method": "session.stream: TTFT = first chunk; TPOT = (last - first chunk) / (tokens - 1), tokens "
+                     "as the backend counted them; "
+                     "prefill tok/s = prompt tokens / median TTFT (includes the first sampled token)"}
+    return out
