@@ -62,7 +62,12 @@ def detect_cmd(as_json: bool, write_path: str | None) -> None:
     click.echo(f"best match: {d.get('best_match')} (confidence {d.get('confidence')})")
     for ev in d.get("evidence", []):
         click.echo(f"  - {ev}")
+    others = [f"{c['profile']} {c['confidence']}" for c in d.get("candidates", [])[1:4]]
+    if others:
+        click.echo(f"other candidates: {', '.join(others)}")
     if write_path:
+        bw = d.get("bandwidth") or {}
+        click.echo(f"measured memory bandwidth: {bw.get('value_gbps')} GB/s ({bw.get('method')})")
         click.echo(f"wrote {write_path}")
 
 
