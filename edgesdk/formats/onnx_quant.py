@@ -260,8 +260,12 @@ def measure_latency_ms(paths: list[Path], feed: dict[str, np.ndarray], *, thread
 
 
 def latency_samples_ms(paths: list[Path], feed: dict[str, np.ndarray], *, threads: int = 2, rounds: int = 8,
-                       runs_per_round: int = 2, warmup: int = 3) -> list[list[float]]:
-    """Per model, one mean latency per round; round r of every model ran back to back."""
+                       runs_per_round: int = 2, warmup: int = 3, settle_s: float = 0.02) -> list[list[float]]:
+    """Per model, one mean latency per round; round r of every model ran back to back.
+
+    ``settle_s``: a pause before each model's turn so the previous session's spinning worker threads
+    (ORT's default) have gone idle; without it, on 2 cores, every model was timed ~2x slow and the
+    ratios drifted with the order (measured: FP32 23 ms interleaved vs 11 ms alone, same machine)."""
     sessions = [ort_session(p, threads, spin=True) for p in paths]  # ORT's default, as deployed
     feeds = [feed_for(s, feed) for s in sessions]
     for s, f in zip(sessions, feeds):
@@ -270,6 +274,7 @@ def latency_samples_ms(paths: list[Path], feed: dict[str, np.ndarray], *, thread
     samples: list[list[float]] = [[] for _ in sessions]
     for _ in range(rounds):
         for i, (s, f) in enumerate(zip(sessions, feeds)):
+            time.sleep(settle_s)
             start = time.perf_counter()
             for _ in range(runs_per_round):
                 s.run(None, f)

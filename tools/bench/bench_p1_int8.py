@@ -143,7 +143,7 @@ def main() -> int:
             results.setdefault(name, {}).update({"min_cosine": min(cos), "mean_cosine": float(np.mean(cos))})
         names = list(models)
         samples = latency_samples_ms([models[n] for n in names], eval_feeds[0], rounds=args.rounds,
-                                     runs_per_round=3, warmup=10)
+                                     runs_per_round=3, warmup=10, settle_s=0.05)
         base = np.asarray(samples[0])
         for name, rounds in zip(names, samples):
             rounds = np.asarray(rounds)
