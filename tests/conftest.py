@@ -50,6 +50,19 @@ def minilm_orin_bundle(minilm_dir, tmp_path_factory) -> Path:
 
 
 @pytest.fixture
+def clean_env(monkeypatch):
+    """No OTEL_*/EDGESDK_* telemetry settings, and telemetry shut down before and after the test."""
+    from edgesdk import telemetry
+
+    for key in list(os.environ):
+        if key.startswith("OTEL_") or key in ("EDGESDK_TRACE_FILE", "EDGESDK_CAPTURE_CONTENT"):
+            monkeypatch.delenv(key)
+    telemetry.shutdown()
+    yield monkeypatch
+    telemetry.shutdown()
+
+
+@pytest.fixture
 def run_cli():
     """Run the real `edgesdk` console entry point in a subprocess; returns CompletedProcess."""
 

@@ -9,7 +9,6 @@ OpenLLMetry's and vLLM's output and from small documents built here, one rule ea
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -67,16 +66,6 @@ GOOD = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "llama.cpp", "g
 
 def _rules(report, level="violation") -> set[tuple[str, str]]:
     return {(f.rule, f.attribute) for f in report.findings if f.level == level}
-
-
-@pytest.fixture
-def clean_env(monkeypatch):
-    for key in list(os.environ):
-        if key.startswith("OTEL_") or key in ("EDGESDK_TRACE_FILE", "EDGESDK_CAPTURE_CONTENT"):
-            monkeypatch.delenv(key)
-    telemetry.shutdown()
-    yield monkeypatch
-    telemetry.shutdown()
 
 
 def test_our_own_exported_file_conforms(clean_env, tmp_path):

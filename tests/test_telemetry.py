@@ -27,16 +27,6 @@ _OUR_ENV = ("EDGESDK_TRACE_FILE", "EDGESDK_CAPTURE_CONTENT")
 
 
 @pytest.fixture
-def clean_env(monkeypatch):
-    for key in list(os.environ):
-        if key.startswith("OTEL_") or key in _OUR_ENV:
-            monkeypatch.delenv(key)
-    telemetry.shutdown()
-    yield monkeypatch
-    telemetry.shutdown()
-
-
-@pytest.fixture
 def memory(clean_env):
     spans, reader = InMemorySpanExporter(), InMemoryMetricReader()
     telemetry.configure(span_exporter=spans, metric_reader=reader)

@@ -21,11 +21,7 @@ pytestmark = pytest.mark.slow  # real models: a bundle build (shared fixture) an
 
 
 @pytest.fixture
-def memory(monkeypatch):
-    for key in list(os.environ):
-        if key.startswith("OTEL_") or key in ("EDGESDK_TRACE_FILE", "EDGESDK_CAPTURE_CONTENT"):
-            monkeypatch.delenv(key)
-    telemetry.shutdown()
+def memory(clean_env):
     spans, reader = InMemorySpanExporter(), InMemoryMetricReader()
     telemetry.configure(span_exporter=spans, metric_reader=reader)
     yield spans, reader

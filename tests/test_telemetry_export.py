@@ -7,7 +7,6 @@ from __future__ import annotations
 import http.server
 import json
 import logging
-import os
 import socket
 import threading
 import time
@@ -20,16 +19,6 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from edgesdk import telemetry
-
-
-@pytest.fixture
-def clean_env(monkeypatch):
-    for key in list(os.environ):
-        if key.startswith("OTEL_") or key in ("EDGESDK_TRACE_FILE", "EDGESDK_CAPTURE_CONTENT"):
-            monkeypatch.delenv(key)
-    telemetry.shutdown()
-    yield monkeypatch
-    telemetry.shutdown()
 
 
 class _Receiver(trace_service_pb2_grpc.TraceServiceServicer, metrics_service_pb2_grpc.MetricsServiceServicer):
