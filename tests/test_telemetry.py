@@ -23,8 +23,6 @@ from opentelemetry.trace import SpanKind, StatusCode
 from edgesdk import telemetry
 from edgesdk.telemetry import _names as N
 
-_OUR_ENV = ("EDGESDK_TRACE_FILE", "EDGESDK_CAPTURE_CONTENT")
-
 
 @pytest.fixture
 def memory(clean_env):
