@@ -51,11 +51,11 @@ def build_cmd(model: Path, profile: str, output: Path | None, fmt, precision, qu
                            waivers=waivers, accept_licenses=tuple(accept), scanoss_url=scanoss_url,
                            progress=not no_progress and not as_json)
     plan = B.explain(model, profile, options)
-    if explain or plan_only:
-        if as_json:
-            emit_json(plan.to_dict()) if plan_only else None
-        else:
-            click.echo(plan.explain())
+    if plan_only and as_json:
+        emit_json(plan.to_dict())
+        return 0
+    if (explain or plan_only) and not as_json:
+        click.echo(plan.explain())
     if plan_only:
         return 0
     if output is None:
@@ -63,7 +63,7 @@ def build_cmd(model: Path, profile: str, output: Path | None, fmt, precision, qu
     out = B.build(model, profile, output, options)
     manifest = json.loads((out / "manifest.json").read_text())
     if as_json:
-        emit_json({"bundle": str(out), "manifest": manifest})
+        emit_json({"bundle": str(out), "plan": plan.to_dict(), "manifest": manifest})
         return 0
     click.echo(summarize(out, manifest))
     return 0
