@@ -25,8 +25,8 @@ demo: setup
 	$(BIN)/python examples/minilm/demo.py
 
 test: setup
-	$(BIN)/python -m pytest -q -ra
 	$(BIN)/edgesdk check licenses . --summary
+	$(BIN)/python -m pytest -q -ra
 
 lint: setup
 	$(BIN)/ruff check edgesdk tests tools examples
