@@ -115,10 +115,22 @@ def test_gguf_generate_span_has_exact_tokens_and_timing(memory, gemma_backend):
     assert not any(text.strip() and text.strip() in str(v) for v in attrs.values())  # no content by default
     points = {m.name: m.data.data_points for rm in reader.get_metrics_data().resource_metrics
               for sm in rm.scope_metrics for m in sm.metrics}
-    (per_chunk,) = points["gen_ai.client.operation.time_per_output_chunk"]
-    assert per_chunk.count >= last["output_tokens"] - 1
+    # Client chunk metrics are for streaming calls only (semconv: SHOULD NOT be reported otherwise).
+    assert "gen_ai.client.operation.time_per_output_chunk" not in points
+    assert "gen_ai.client.operation.time_to_first_chunk" not in points
     (tpot,) = points["gen_ai.server.time_per_output_token"]
     assert tpot.count == 1 and 0 < tpot.sum < duration
+
+
+def test_gguf_stream_records_one_chunk_metric_per_token(memory, gemma_backend):
+    _, reader = memory
+    pieces = list(gemma_backend.stream("The capital of France is", max_tokens=8, seed=1, temperature=0.0))
+    assert telemetry.force_flush()
+    points = {m.name: m.data.data_points for rm in reader.get_metrics_data().resource_metrics
+              for sm in rm.scope_metrics for m in sm.metrics}
+    (per_chunk,) = points["gen_ai.client.operation.time_per_output_chunk"]
+    (first,) = points["gen_ai.client.operation.time_to_first_chunk"]
+    assert first.count == 1 and per_chunk.count >= gemma_backend.last["output_tokens"] - 1 >= len(pieces) - 2
 
 
 def test_gguf_stream_stopped_early_is_cancelled_not_failed(memory, gemma_backend):

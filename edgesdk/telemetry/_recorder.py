@@ -308,14 +308,18 @@ class InferenceRecorder:
         if self._error_type is not None or first is None:
             return
         ttfc = first - self._t0
-        inst.ttfc.record(ttfc, metric_attrs)
         inst.server_ttft.record(ttfc, metric_attrs)
+        if self._stream:
+            # The client chunk metrics SHOULD be reported for streaming calls only (semconv), one record
+            # per chunk after the first; non-streaming requests skip that per-token cost entirely.
+            inst.ttfc.record(ttfc, metric_attrs)
+            if len(times) >= 2:
+                record = inst.tpoc.record
+                previous = times[0]
+                for now in times[1:]:
+                    record(now - previous, metric_attrs)
+                    previous = now
         if len(times) >= 2:
-            record = inst.tpoc.record
-            previous = times[0]
-            for now in times[1:]:
-                record(now - previous, metric_attrs)
-                previous = now
             inst.server_tpot.record((times[-1] - times[0]) / (len(times) - 1), metric_attrs)
 
     # -- recording API --

@@ -72,6 +72,9 @@ def _set_telemetry(on: bool, exporter: str, trace_file: Path, endpoint: str | No
         telemetry.configure(otlp_endpoint=endpoint, otlp_protocol="grpc")
 
 
+STREAM = True  # --no-stream: generate()-style requests (no client chunk metrics, per semconv)
+
+
 def _requests(n: int, tokens: int) -> tuple[float, float, float]:
     """Run n instrumented requests; return mean (wall, caller-thread CPU, process CPU) seconds per request."""
     from edgesdk import telemetry
@@ -82,7 +85,7 @@ def _requests(n: int, tokens: int) -> tuple[float, float, float]:
     gc.collect()
     start, thread_start, process_start = time.perf_counter(), time.thread_time(), time.process_time()
     for _ in range(n):
-        with telemetry.inference("chat", "gemma-3-270m", "llama.cpp", stream=True, request=request,
+        with telemetry.inference("chat", "gemma-3-270m", "llama.cpp", stream=STREAM, request=request,
                                  attributes=attributes) as rec:
             rec.set_input_tokens(62)
             for _ in range(tokens):
@@ -156,7 +159,10 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--exporter", choices=["file", "otlp-grpc", "null"], default="file")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--no-stream", action="store_true", help="non-streaming requests (generate())")
     args = parser.parse_args()
+    global STREAM
+    STREAM = not args.no_stream
     for key in [k for k in os.environ if k.startswith("OTEL_") or k.startswith("EDGESDK_TRACE")]:
         os.environ.pop(key)
 
@@ -198,7 +204,7 @@ def main() -> int:
         "method": __doc__.split("Method: ")[1].split("\n\nAnchor")[0].replace("\n", " "),
         "machine": {"platform": platform.platform(), "python": sys.version.split()[0], "cpus": os.cpu_count()},
         "settings": {"requests": args.requests, "tokens": args.tokens, "rounds": args.rounds,
-                     "exporter": args.exporter},
+                     "exporter": args.exporter, "stream": STREAM},
         "median_us_per_request": {c: {f"{'on' if on else 'off'}_{tokens}_tokens": round(v, 3)
                                       for (on, tokens), v in sorted(med[c].items())} for c in clocks},
         "per_request_overhead_us": {c: round(v, 2) for c, v in per_request.items()},
