@@ -55,20 +55,21 @@ class GateResult:
     missing_license_texts: list[str] = field(default_factory=list)  # REUSE: ids with no LICENSES/<id>.txt
     accepted_at_build: list[str] = field(default_factory=list)  # read back from a bundle's manifest
 
-    @property
-    def policy_verdict(self) -> str:
-        """Verdict from the policy alone, before waivers and --accept-license."""
+    def _worst(self, attr: str) -> str:
         action = "allow"
         for f in self.findings:
-            action = worse(action, f.action)
+            action = worse(action, getattr(f, attr))
         return _VERDICT[action]
 
     @property
+    def policy_verdict(self) -> str:
+        """Verdict from the policy alone, before waivers and --accept-license."""
+        return self._worst("action")
+
+    @property
     def verdict(self) -> str:
-        action = "allow"
-        for f in self.findings:
-            action = worse(action, f.effective_action)
-        return _VERDICT[action]
+        """Verdict after waivers and --accept-license."""
+        return self._worst("effective_action")
 
     def counts(self) -> dict[str, int]:
         c = {a: sum(1 for f in self.findings if f.action == a) for a in ACTIONS}

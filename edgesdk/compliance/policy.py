@@ -15,10 +15,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from edgesdk.compliance.findings import ACTIONS, worse
-from edgesdk.compliance.spdx import licensing, load_data, normalize
+from edgesdk.compliance.spdx import licensing, load_data, normalize, read_user_yaml
 from edgesdk.errors import InputError
 
 CATEGORIES = ("public-domain", "permissive", "file-copyleft", "weak-copyleft", "strong-copyleft",
@@ -135,12 +133,7 @@ def load_policy(path: Path | None = None) -> Policy:
     sources = ["edgesdk/data/licenses/default-policy.yaml"]
     if path is not None:
         path = Path(path)
-        try:
-            user = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except OSError as exc:
-            raise InputError(f"cannot read license policy {path}: {exc.strerror}") from exc
-        except yaml.YAMLError as exc:
-            raise InputError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from exc
+        user = read_user_yaml(path, "license policy")
         _check_policy(user, str(path))
         for key in ("categories", "licenses", "exceptions", "license_categories"):
             section = {}

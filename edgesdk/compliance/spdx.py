@@ -33,6 +33,21 @@ def load_data(name: str):
     return yaml.safe_load(text)
 
 
+def read_user_yaml(path, what: str):
+    """A user-supplied YAML file (policy, waivers); unreadable or invalid -> one-line InputError."""
+    from pathlib import Path
+
+    from edgesdk.errors import InputError
+
+    path = Path(path)
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except OSError as exc:
+        raise InputError(f"cannot read {what} {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise InputError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from exc
+
+
 @functools.lru_cache(maxsize=1)
 def licensing():
     from license_expression import get_spdx_licensing

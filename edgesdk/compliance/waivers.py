@@ -23,10 +23,8 @@ import fnmatch
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from edgesdk.compliance.findings import LAYERS, LicenseFinding
-from edgesdk.compliance.spdx import normalize
+from edgesdk.compliance.spdx import normalize, read_user_yaml
 from edgesdk.errors import InputError
 
 _REQUIRED = ("id", "by", "reason", "expires")
@@ -64,12 +62,7 @@ def load_waivers(path: Path | None) -> list[Waiver]:
     if path is None:
         return []
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except OSError as exc:
-        raise InputError(f"cannot read waivers file {path}: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise InputError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from exc
+    data = read_user_yaml(path, "waivers file")
     entries = data.get("waivers") if isinstance(data, dict) else None
     if not isinstance(entries, list):
         raise InputError(f"{path}: expected a top-level 'waivers:' list")
