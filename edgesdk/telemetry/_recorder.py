@@ -21,12 +21,15 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from edgesdk.telemetry import _names as N
+from edgesdk.telemetry._histograms import HistogramRecorder
 
 
 class Instruments:
     """Histograms with the advised bucket boundaries (the semconv helpers set name/unit only)."""
 
     def __init__(self, meter):
+        self.recorder = HistogramRecorder()
+
         def hist(name, unit, description, buckets):
             return meter.create_histogram(name, unit=unit, description=description,
                                           explicit_bucket_boundaries_advisory=buckets)
@@ -300,27 +303,24 @@ class InferenceRecorder:
         if inst is None:
             return
         first, times = self._first, self._times
-        inst.duration.record(self._end - self._t0, metric_attrs)
+        points = [(inst.duration, metric_attrs, (self._end - self._t0,))]
         if self._input_tokens is not None:
-            inst.token_usage.record(self._input_tokens, {**metric_attrs, N.TOKEN_TYPE: "input"})
+            points.append((inst.token_usage, {**metric_attrs, N.TOKEN_TYPE: "input"}, (self._input_tokens,)))
         if self._output_tokens is not None:
-            inst.token_usage.record(self._output_tokens, {**metric_attrs, N.TOKEN_TYPE: "output"})
-        if self._error_type is not None or first is None:
-            return
-        ttfc = first - self._t0
-        inst.server_ttft.record(ttfc, metric_attrs)
-        if self._stream:
-            # The client chunk metrics SHOULD be reported for streaming calls only (semconv), one record
-            # per chunk after the first; non-streaming requests skip that per-token cost entirely.
-            inst.ttfc.record(ttfc, metric_attrs)
+            points.append((inst.token_usage, {**metric_attrs, N.TOKEN_TYPE: "output"}, (self._output_tokens,)))
+        if self._error_type is None and first is not None:
+            ttfc = first - self._t0
+            points.append((inst.server_ttft, metric_attrs, (ttfc,)))
+            if self._stream:
+                # The client chunk metrics SHOULD be reported for streaming calls only (semconv): one
+                # value per chunk after the first.
+                points.append((inst.ttfc, metric_attrs, (ttfc,)))
+                if len(times) >= 2:
+                    points.append((inst.tpoc, metric_attrs, [now - before for before, now in zip(times, times[1:])]))
             if len(times) >= 2:
-                record = inst.tpoc.record
-                previous = times[0]
-                for now in times[1:]:
-                    record(now - previous, metric_attrs)
-                    previous = now
-        if len(times) >= 2:
-            inst.server_tpot.record((times[-1] - times[0]) / (len(times) - 1), metric_attrs)
+                points.append((inst.server_tpot, metric_attrs, ((times[-1] - times[0]) / (len(times) - 1),)))
+        # One batch: same data points as one Histogram.record per value, a fraction of the CPU (_histograms).
+        inst.recorder.record_points(points)
 
     # -- recording API --
     def set_input_tokens(self, n):

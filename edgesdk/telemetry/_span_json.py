@@ -149,9 +149,48 @@ def _value_text(value) -> str:
     return json.dumps(any_value(value), separators=(",", ":"))
 
 
+# Attribute keys and string values repeat on every span (model, provider, profile, ...): their JSON
+# text is made once. Bounded, so a stream of distinct values cannot grow them without limit.
+_KEY_PREFIXES: dict = {}  # key -> '{"key":"...","value":'
+_STRING_TEXTS: dict = {}  # str value -> '{"stringValue":"..."}'
+_CACHE_LIMIT = 4096
+
+
+def _key_prefix(key: str) -> str:
+    prefix = '{"key":' + _escape(key) + ',"value":'
+    if len(_KEY_PREFIXES) < _CACHE_LIMIT:
+        _KEY_PREFIXES[key] = prefix
+    return prefix
+
+
+def _string_text(value: str) -> str:
+    text = '{"stringValue":' + _escape(value) + "}"
+    if len(_STRING_TEXTS) < _CACHE_LIMIT and len(value) <= 256:
+        _STRING_TEXTS[value] = text
+    return text
+
+
 def _attributes_text(attributes) -> str:
-    return ",".join('{"key":' + _escape(key) + ',"value":' + _value_text(value) + "}"
-                    for key, value in attributes.items())
+    prefixes, strings = _KEY_PREFIXES, _STRING_TEXTS
+    out = []
+    for key, value in attributes.items():
+        prefix = prefixes.get(key) or _key_prefix(key)
+        cls = value.__class__
+        if cls is str:
+            text = strings.get(value) or _string_text(value)
+        elif cls is int:
+            text = '{"intValue":"' + str(value) + '"}'
+        else:
+            text = _value_text(value)
+        out.append(prefix + text + "}")
+    return ",".join(out)
+
+
+def _span_attributes(span):
+    """The span's attribute dict: the SDK's own when it is a plain dict inside (no copy, no lock
+    needed: the span has ended, so its attributes are frozen), else the public mapping."""
+    inner = getattr(getattr(span, "_attributes", None), "_dict", None)
+    return inner if isinstance(inner, dict) else span.attributes
 
 
 def _span_text(span) -> str:
@@ -167,8 +206,9 @@ def _span_text(span) -> str:
         parts += [',"startTimeUnixNano":"', str(span.start_time), '"']
     if span.end_time:
         parts += [',"endTimeUnixNano":"', str(span.end_time), '"']
-    if span.attributes:
-        parts += [',"attributes":[', _attributes_text(span.attributes), "]"]
+    attributes = _span_attributes(span)
+    if attributes:
+        parts += [',"attributes":[', _attributes_text(attributes), "]"]
     status = span.status
     status_parts = []
     if status is not None and status.description:
@@ -181,9 +221,20 @@ def _span_text(span) -> str:
 
 def export_request_json(spans) -> str:
     """:func:`export_request` as compact JSON text, without building the span dicts."""
-    groups: dict = {}
+    # Grouped by identity first: ``Resource.__hash__`` JSON-dumps its attributes on every call, which
+    # cost as much as encoding the span itself. Spans of one provider share one Resource object;
+    # equal-but-distinct objects are merged afterwards, so the grouping equals export_request's.
+    by_id: dict = {}
     for span in spans:
-        groups.setdefault(span.resource, {}).setdefault(span.instrumentation_scope or None, []).append(span)
+        resource, scope = span.resource, span.instrumentation_scope
+        key = (id(resource), id(scope))
+        group = by_id.get(key)
+        if group is None:
+            group = by_id[key] = (resource, scope or None, [])
+        group[2].append(span)
+    groups: dict = {}
+    for resource, scope, members in by_id.values():
+        groups.setdefault(resource, {}).setdefault(scope, []).extend(members)
     resources = []
     for resource, scopes in groups.items():
         scope_texts = []
