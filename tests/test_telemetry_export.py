@@ -215,3 +215,56 @@ def test_direct_json_encoder_matches_the_otlp_protobuf_json_mapping(clean_env):
     assert json.loads(export_request_json(spans)) == reference
     plain = [s for s in spans if not s.events]  # the text path's own branch (no events/links)
     assert plain and json.loads(export_request_json(plain)) == to_otlp_json(encode_spans(plain))
+
+
+def test_direct_json_encoder_caches_never_mix_up_equal_values_of_other_types():
+    """1, 1.0 and True are equal dict keys: the encoder's text caches must still keep their types."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from edgesdk.telemetry._exporters import to_otlp_json
+    from edgesdk.telemetry._span_json import export_request_json
+
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("t")
+    shapes = [
+        {"a": "1", "b": ("x", "y"), "c": "héllo\n\"q\"", "d": (), "e": 2**62, "f": float("inf")},
+        {"a": 1, "b": (1, 2), "c": True, "d": ("",), "e": -5, "f": 1.0},
+        {"a": True, "b": (True,), "c": 1.0, "d": (1.5, 2.5), "e": "2", "f": float("nan")},
+        {"a": 1.0, "b": ("x", "y"), "c": 1, "d": "", "e": 0, "f": False},
+    ]
+    for _ in range(2):  # the second pass is served from the caches
+        for attrs in shapes:
+            tracer.start_span("s", attributes=attrs).end()
+    spans = memory.get_finished_spans()
+    for span in spans:
+        assert json.loads(export_request_json([span])) == to_otlp_json(encode_spans([span]))
+    assert json.loads(export_request_json(spans)) == to_otlp_json(encode_spans(spans))
+
+
+def test_direct_json_encoder_pieces_over_resources_scopes_and_many_spans():
+    """Big batches are written in pieces; joined, they must equal the protobuf encoding."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from edgesdk.telemetry._exporters import to_otlp_json
+    from edgesdk.telemetry._span_json import export_request_json, export_request_parts
+
+    memory = InMemorySpanExporter()
+    tracers = []
+    for name in ("a", "b"):
+        provider = TracerProvider(resource=Resource.create({"service.name": name}))
+        provider.add_span_processor(SimpleSpanProcessor(memory))
+        tracers += [provider.get_tracer("scope-1"), provider.get_tracer("scope-2", schema_url="https://x/1.0")]
+    for i in range(150):
+        tracers[i % 3].start_span(f"s{i}", attributes={"i": i, "m": "model"}).end()
+    spans = memory.get_finished_spans()
+    assert len(export_request_parts(spans)) > 6
+    assert json.loads(export_request_json(spans)) == to_otlp_json(encode_spans(spans))

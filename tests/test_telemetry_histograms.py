@@ -172,3 +172,23 @@ def test_concurrent_records_and_delta_collects_lose_nothing():
     collector.join()
     collected.extend(_points(reader).values())
     assert sum(s["count"] for s in collected) == 4 * per_thread * batch
+
+
+def test_one_batch_of_many_requests_matches_sequential_records():
+    """The finishing worker hands over hundreds of requests' points at once, interleaved."""
+    _, fast_reader, fast_hists = _provider()
+    _, public_reader, public_hists = _provider()
+    rng = random.Random(3)
+    points, sequence = [], []
+    for i in range(300):
+        attrs = dict(ATTRS) if i % 4 else {**OTHER}  # fresh dicts per request, as the recorder makes
+        which = rng.randrange(2)
+        values = [rng.uniform(0, 2) for _ in range(rng.choice([1, 1, 7]))]
+        points.append((fast_hists[which], attrs, values))
+        sequence.append((public_hists[which], attrs, values))
+    HistogramRecorder().record_points(points)
+    for hist, attrs, values in sequence:
+        for v in values:
+            hist.record(v, attrs)
+    fast = _points(fast_reader)
+    assert len(fast) == 4 and fast == _points(public_reader)

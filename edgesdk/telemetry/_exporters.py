@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 
 from edgesdk.errors import InputError
 from edgesdk.telemetry._setup import Counters
-from edgesdk.telemetry._span_json import export_request_json
+from edgesdk.telemetry._span_json import export_request_parts
 
 _ID_KEYS = ("traceId", "spanId", "parentSpanId")
 
@@ -80,12 +80,18 @@ class _JsonLinesFile:
             raise InputError(f"cannot write trace file {self.path}: {exc.strerror or exc}") from exc
         _OPEN_SINKS.add(self)
 
-    def write(self, document: dict | str) -> None:
-        line = document if isinstance(document, str) else json.dumps(document, separators=(",", ":"))
+    def write(self, document: dict | str | list) -> None:
+        """One line: a JSON document, its text, or its text in pieces (written in order, not joined)."""
+        if isinstance(document, dict):
+            document = json.dumps(document, separators=(",", ":"))
+        parts = [document] if isinstance(document, str) else document
         with self._lock:
             if self._handle.closed:
                 return
-            self._handle.write(line + "\n")
+            write = self._handle.write
+            for part in parts:
+                write(part)
+            write("\n")
             self._handle.flush()
 
     def acquire(self) -> _JsonLinesFile:
@@ -106,7 +112,7 @@ class JsonLinesSpanExporter(SpanExporter):
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         try:
-            self._sink.write(export_request_json(spans))
+            self._sink.write(export_request_parts(spans))
         except OSError:
             return SpanExportResult.FAILURE
         return SpanExportResult.SUCCESS

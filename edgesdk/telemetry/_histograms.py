@@ -20,14 +20,17 @@ it off for good and every value goes through the public ``Histogram.record`` ins
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
+from bisect import bisect_left
 from time import time_ns
 
 from opentelemetry.context import get_current
 
 try:  # the SDK internals the shortcut needs; absent or moved -> public API only
     from opentelemetry.sdk.metrics._internal._view_instrument_match import _hash_attributes
+    from opentelemetry.sdk.metrics._internal.aggregation import _ExplicitBucketHistogramAggregation
     from opentelemetry.sdk.metrics._internal.exemplar.exemplar_filter import (
         AlwaysOffExemplarFilter,
         AlwaysOnExemplarFilter,
@@ -61,6 +64,32 @@ def _measurement(value, now, histogram, context, attributes):
 
 
 _INF = math.inf
+_NO_ATTRIBUTES: dict = {}
+
+
+def _fold_explicit(aggregation, values) -> None:
+    """``aggregation.aggregate(m, False)`` for each value, in one lock hold.
+
+    The same steps in the same order as the SDK's explicit-bucket ``aggregate`` (so the float sum
+    is bit-identical), for the default aggregation of every GenAI histogram. Every SDK attribute is
+    read before the first write, so a changed SDK fails before anything is counted.
+    """
+    with aggregation._lock:
+        counts = aggregation._value
+        if counts is None:
+            counts = aggregation._get_empty_bucket_counts()
+        bounds = aggregation._boundaries
+        total = aggregation._sum
+        min_max = aggregation._record_min_max
+        low, high = aggregation._min, aggregation._max
+        aggregation._value = counts
+        for value in values:
+            total += value
+            counts[bisect_left(bounds, value)] += 1
+        aggregation._sum = total
+        if min_max:
+            aggregation._min = min(low, min(values))
+            aggregation._max = max(high, max(values))
 
 
 class HistogramRecorder:
@@ -76,7 +105,17 @@ class HistogramRecorder:
         self.fast = _IMPORTED
         self.fallback_reason = None if _IMPORTED else "SDK internals not importable"
         self._routes = {}
+        self._attribute_ids = {}
+        self._ids = itertools.count()
         self._lock = threading.Lock()
+
+    def _new_attribute_id(self, items) -> int:
+        with self._lock:
+            if len(self._attribute_ids) >= _CACHE_LIMIT:
+                self._attribute_ids, self._routes = {}, {}
+            # Never reused (a counter, not the dict size): a route stored under an old id by another
+            # thread during a reset can never be found for a different attribute set.
+            return self._attribute_ids.setdefault(items, next(self._ids))
 
     def record(self, histogram, value, attributes) -> None:
         self.record_points([(histogram, attributes, (value,))])
@@ -100,75 +139,88 @@ class HistogramRecorder:
     def _disable(self, reason: str) -> None:
         self.fast = False
         self.fallback_reason = reason
-        self._routes = {}
+        self._routes, self._attribute_ids = {}, {}
 
-    def _route(self, histogram, attributes, attributes_key):
-        """(storages, histogram, [(view match, aggregation key, view-filtered attributes)], exemplar filter)."""
+    def _resolve(self, histogram, attributes, attributes_key):
+        """The route of one (instrument, attribute set): (reader storages, [(view match, aggregation
+        key, view-filtered attributes)], exemplar filter); None when the instrument is not the SDK's."""
+        if type(histogram) is not _SdkHistogram:
+            return None  # a proxy/no-op meter (telemetry off, or the global provider not set yet)
         consumer = histogram._measurement_consumer
+        if type(consumer) is not SynchronousMeasurementConsumer:
+            return None
         storages = consumer._reader_storages
-        key = (id(histogram), attributes_key)
-        route = self._routes.get(key)
-        if route is not None and route[0] is storages and route[1] is histogram:
-            return route
         matches = []
         for storage in storages.values():
             for match in storage._get_or_init_view_instrument_match(histogram):
                 keys = match._view._attribute_keys
                 kept = dict(attributes) if keys is None else {k: v for k, v in attributes.items() if k in keys}
                 matches.append((match, _hash_attributes(kept), kept))
-        route = (storages, histogram, matches, consumer._sdk_config.exemplar_filter)
+        route = (storages, matches, consumer._sdk_config.exemplar_filter)
         with self._lock:
             if len(self._routes) >= _CACHE_LIMIT:
                 self._routes = {}
-            self._routes[key] = route
+            self._routes[(histogram, attributes_key)] = route
         return route
 
     def _record_fast(self, points) -> list:
         """Record what can take the shortcut; return the points that must take the public path.
 
-        Every SDK attribute is read (routes resolved) before the first value is aggregated, so an
-        unexpected SDK shape raises before anything is recorded and the caller can redo the batch.
+        Every route is resolved before the first value is aggregated, so an unexpected SDK shape
+        raises before anything is recorded and the caller can redo the whole batch publicly.
         """
-        rest, work = [], []
+        rest, work = [], {}
+        routes = self._routes
         attribute_keys: dict = {}
         for point in points:
             histogram, attributes, values = point
-            if type(histogram) is not _SdkHistogram or \
-                    type(histogram._measurement_consumer) is not SynchronousMeasurementConsumer:
-                rest.append(point)  # a proxy/no-op meter (telemetry off, or the global provider not set yet)
-                continue
-            if not histogram._is_enabled():
-                continue  # the public record() drops these too
-            values = [v for v in values if 0 <= v < _INF]  # record() drops negative, NaN and infinite
-            if not values:
-                continue
-            attributes = attributes or {}
+            if attributes is None:
+                attributes = _NO_ATTRIBUTES
             attributes_key = attribute_keys.get(id(attributes))
             if attributes_key is None:
-                attributes_key = attribute_keys[id(attributes)] = tuple(attributes.items())
-            work.append((histogram, attributes, values, self._route(histogram, attributes, attributes_key)))
+                # A small int per distinct attribute set: route keys then hash in constant time.
+                items = tuple(attributes.items())
+                attributes_key = self._attribute_ids.get(items)
+                if attributes_key is None:
+                    attributes_key = self._new_attribute_id(items)
+                attribute_keys[id(attributes)] = attributes_key
+            route = routes.get((histogram, attributes_key))
+            # Reader storages are replaced (never mutated) when a reader is added or removed.
+            if route is None or route[0] is not histogram._measurement_consumer._reader_storages:
+                route = self._resolve(histogram, attributes, attributes_key)
+                if route is None:
+                    rest.append(point)
+                    continue
+            if not histogram._is_enabled():
+                continue  # the public record() drops these too
+            # Points of one instrument and attribute set are merged, in order: the aggregation sees
+            # the same values in the same sequence as one record() per value would give it.
+            group = work.get((histogram, attributes_key))
+            if group is None:
+                group = work[(histogram, attributes_key)] = (route, histogram, attributes, [])
+            if len(values) == 1:
+                if 0 <= values[0] < _INF:  # record() drops negative, NaN and infinite values
+                    group[3].append(values[0])
+            else:
+                group[3].extend([v for v in values if 0 <= v < _INF])
         if not work:
             return rest
         now = time_ns()
         context = get_current()
         decided_filter = decision = None
-        for histogram, attributes, values, (_storages, _hist, matches, exemplar_filter) in work:
-            if exemplar_filter is decided_filter:
-                samples = None
-            elif isinstance(exemplar_filter, _VALUE_INDEPENDENT_FILTERS):
-                decided_filter, decision = exemplar_filter, exemplar_filter.should_sample(
-                    values[0], now, attributes, context)
-                samples = None
+        for (_storages, matches, exemplar_filter), histogram, attributes, values in work.values():
+            if not values:
+                continue
+            if exemplar_filter is not decided_filter:
+                if isinstance(exemplar_filter, _VALUE_INDEPENDENT_FILTERS):
+                    decided_filter, decision = exemplar_filter, exemplar_filter.should_sample(
+                        values[0], now, attributes, context)
+                    samples = [decision] * len(values) if decision else None
+                else:
+                    samples = [exemplar_filter.should_sample(v, now, attributes, context) for v in values]
+                    samples = samples if any(samples) else None
             else:
-                samples = [exemplar_filter.should_sample(v, now, attributes, context) for v in values]
-            if samples is None and not decision:
-                # Aggregations only read ``.value`` when not sampling: one object, its value updated.
-                measurements = None
-                shared = _measurement(values[0], now, histogram, context, attributes)
-            else:
-                # An exemplar reservoir may keep the measurement: one object per value, as record() makes.
-                samples = samples or [True] * len(values)
-                measurements = [_measurement(v, now, histogram, context, attributes) for v in values]
+                samples = [decision] * len(values) if decision else None
             for match, aggr_key, kept in matches:
                 # Looked up every time (a dict get): delta readers swap the aggregation dict on collect.
                 # Held under the match's lock as the SDK does for delta readers, so no value lands in
@@ -177,12 +229,20 @@ class HistogramRecorder:
                     aggregation = match._attributes_aggregation.get(aggr_key)
                     if aggregation is None:
                         aggregation = match._get_or_create_aggregation(aggr_key, kept)
-                    aggregate = aggregation.aggregate
-                    if measurements is None:
+                    if samples is None:
+                        if type(aggregation) is _ExplicitBucketHistogramAggregation:
+                            _fold_explicit(aggregation, values)
+                            continue
+                        # Aggregations only read ``.value`` when not sampling: one object, value updated.
+                        shared = _measurement(values[0], now, histogram, context, attributes)
+                        aggregate = aggregation.aggregate
                         for value in values:
                             _set(shared, "value", value)
                             aggregate(shared, False)
                     else:
-                        for m, sample in zip(measurements, samples):
-                            aggregate(m, sample)
+                        # An exemplar reservoir may keep the measurement: one object per value, as
+                        # record() makes.
+                        aggregate = aggregation.aggregate
+                        for value, sample in zip(values, samples):
+                            aggregate(_measurement(value, now, histogram, context, attributes), sample)
         return rest

@@ -59,6 +59,7 @@ class FinishWorker:
 
     MAX_PENDING = 8192
     WAKE_AT = 256
+    BATCH = 256
     INTERVAL_S = 0.5
 
     def __init__(self, counters):
@@ -103,13 +104,25 @@ class FinishWorker:
         with self._drain_lock:
             pending = self._pending
             while pending:
-                try:
-                    pending.popleft().complete()
-                except IndexError:
-                    return
-                except Exception as exc:  # noqa: BLE001 - a telemetry bug must never surface in inference
-                    self._counters.add("export_errors", 1)
-                    self._counters.warn_once("finish", f"telemetry: finishing a request failed: {exc!r}")
+                # The histogram values of up to BATCH requests go to the SDK in one call, which merges
+                # the ones with the same instrument and attributes (see _histograms).
+                points: list = []
+                recorder = None
+                for _ in range(self.BATCH):
+                    try:
+                        recorder = pending.popleft()
+                    except IndexError:
+                        break
+                    self._guarded(recorder.complete, points)
+                if points:
+                    self._guarded(recorder.record_points, points)
+
+    def _guarded(self, step, points) -> None:
+        try:
+            step(points)
+        except Exception as exc:  # noqa: BLE001 - a telemetry bug must never surface in inference
+            self._counters.add("export_errors", 1)
+            self._counters.warn_once("finish", f"telemetry: finishing a request failed: {exc!r}")
 
     def stop(self, timeout_s: float = 2.0) -> None:
         self._stopped = True
@@ -249,8 +262,12 @@ class InferenceRecorder:
             self.complete()
         return False
 
-    def complete(self):
-        """Attributes, status, end and histograms of this finished request (normally on the worker)."""
+    def complete(self, points: list | None = None):
+        """Attributes, status, end and histograms of this finished request (normally on the worker).
+
+        With ``points`` the histogram values are appended there for the caller to record in one
+        batch (:meth:`record_points`); without, they are recorded now.
+        """
         span = self._span
         attrs = {}
         if self._stream:
@@ -287,7 +304,18 @@ class InferenceRecorder:
             self._add_content(attrs)
         span.set_attributes(attrs)
         span.end(end_time=self._end_ns)
-        self._record_metrics(metric_attrs)
+        if self._instruments is None:
+            return
+        if points is None:
+            points = []
+            self._metric_points(metric_attrs, points)
+            self.record_points(points)
+        else:
+            self._metric_points(metric_attrs, points)
+
+    def record_points(self, points: list) -> None:
+        # Same data points as one Histogram.record per value, a fraction of the CPU (_histograms).
+        self._instruments.recorder.record_points(points)
 
     def _add_content(self, attrs):
         reason = self._reasons[0] if self._reasons else ("error" if self._error_type else "stop")
@@ -298,29 +326,26 @@ class InferenceRecorder:
         if self._input_content is not None or self._output_content is not None:
             attrs[N.CAPTURE_MARKER] = True
 
-    def _record_metrics(self, metric_attrs):
+    def _metric_points(self, metric_attrs, points):
         inst = self._instruments
-        if inst is None:
-            return
         first, times = self._first, self._times
-        points = [(inst.duration, metric_attrs, (self._end - self._t0,))]
+        points.append((inst.duration, metric_attrs, (self._end - self._t0,)))
         if self._input_tokens is not None:
             points.append((inst.token_usage, {**metric_attrs, N.TOKEN_TYPE: "input"}, (self._input_tokens,)))
         if self._output_tokens is not None:
             points.append((inst.token_usage, {**metric_attrs, N.TOKEN_TYPE: "output"}, (self._output_tokens,)))
-        if self._error_type is None and first is not None:
-            ttfc = first - self._t0
-            points.append((inst.server_ttft, metric_attrs, (ttfc,)))
-            if self._stream:
-                # The client chunk metrics SHOULD be reported for streaming calls only (semconv): one
-                # value per chunk after the first.
-                points.append((inst.ttfc, metric_attrs, (ttfc,)))
-                if len(times) >= 2:
-                    points.append((inst.tpoc, metric_attrs, [now - before for before, now in zip(times, times[1:])]))
+        if self._error_type is not None or first is None:
+            return
+        ttfc = first - self._t0
+        points.append((inst.server_ttft, metric_attrs, (ttfc,)))
+        if self._stream:
+            # The client chunk metrics SHOULD be reported for streaming calls only (semconv): one
+            # value per chunk after the first.
+            points.append((inst.ttfc, metric_attrs, (ttfc,)))
             if len(times) >= 2:
-                points.append((inst.server_tpot, metric_attrs, ((times[-1] - times[0]) / (len(times) - 1),)))
-        # One batch: same data points as one Histogram.record per value, a fraction of the CPU (_histograms).
-        inst.recorder.record_points(points)
+                points.append((inst.tpoc, metric_attrs, [now - before for before, now in zip(times, times[1:])]))
+        if len(times) >= 2:
+            points.append((inst.server_tpot, metric_attrs, ((times[-1] - times[0]) / (len(times) - 1),)))
 
     # -- recording API --
     def set_input_tokens(self, n):

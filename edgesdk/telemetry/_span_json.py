@@ -149,11 +149,31 @@ def _value_text(value) -> str:
     return json.dumps(any_value(value), separators=(",", ":"))
 
 
-# Attribute keys and string values repeat on every span (model, provider, profile, ...): their JSON
-# text is made once. Bounded, so a stream of distinct values cannot grow them without limit.
-_KEY_PREFIXES: dict = {}  # key -> '{"key":"...","value":'
-_STRING_TEXTS: dict = {}  # str value -> '{"stringValue":"..."}'
+# Most attributes repeat on every span with the same value (model, provider, profile, request
+# parameters, ...): the JSON text of each (key, str value) pair is made once and looked up by the
+# ``(key, value)`` tuple that ``dict.items()`` yields anyway, in one C-level ``map``. Only str and
+# tuple-of-str values are cached, so a lookup can never hit a different-typed equal value (1, 1.0
+# and True are equal as dict keys). Bounded, so a stream of distinct values cannot grow it.
+_PAIR_TEXTS: dict = {}
 _CACHE_LIMIT = 4096
+_INF = math.inf
+
+
+def _pair_text(key: str, value) -> str:
+    cls = value.__class__
+    if cls is str:
+        text = '{"key":' + _escape(key) + ',"value":{"stringValue":' + _escape(value) + "}}"
+    elif cls is tuple and value and all(v.__class__ is str for v in value):
+        text = '{"key":' + _escape(key) + ',"value":{"arrayValue":{"values":[' \
+            + ",".join('{"stringValue":' + _escape(v) + "}" for v in value) + "]}}}"
+    else:
+        return '{"key":' + _escape(key) + ',"value":' + _value_text(value) + "}"
+    if len(_PAIR_TEXTS) < _CACHE_LIMIT and len(text) <= 512:
+        _PAIR_TEXTS[(key, value)] = text
+    return text
+
+
+_KEY_PREFIXES: dict = {}  # key -> '{"key":"...","value":' for the values not cached whole (numbers)
 
 
 def _key_prefix(key: str) -> str:
@@ -163,27 +183,25 @@ def _key_prefix(key: str) -> str:
     return prefix
 
 
-def _string_text(value: str) -> str:
-    text = '{"stringValue":' + _escape(value) + "}"
-    if len(_STRING_TEXTS) < _CACHE_LIMIT and len(value) <= 256:
-        _STRING_TEXTS[value] = text
-    return text
-
-
 def _attributes_text(attributes) -> str:
-    prefixes, strings = _KEY_PREFIXES, _STRING_TEXTS
-    out = []
-    for key, value in attributes.items():
-        prefix = prefixes.get(key) or _key_prefix(key)
-        cls = value.__class__
-        if cls is str:
-            text = strings.get(value) or _string_text(value)
-        elif cls is int:
-            text = '{"intValue":"' + str(value) + '"}'
-        else:
-            text = _value_text(value)
-        out.append(prefix + text + "}")
-    return ",".join(out)
+    items = list(attributes.items())
+    try:
+        texts = list(map(_PAIR_TEXTS.get, items))
+    except TypeError:  # an unhashable value (a list on a span not made by the SDK)
+        texts = [None] * len(items)
+    if None in texts:
+        prefixes = _KEY_PREFIXES
+        for i, text in enumerate(texts):
+            if text is None:
+                key, value = items[i]
+                cls = value.__class__
+                if cls is int:
+                    texts[i] = (prefixes.get(key) or _key_prefix(key)) + '{"intValue":"' + str(value) + '"}}'
+                elif cls is float and _INF > value > -_INF:
+                    texts[i] = (prefixes.get(key) or _key_prefix(key)) + '{"doubleValue":' + repr(value) + "}}"
+                else:
+                    texts[i] = _pair_text(key, value)
+    return ",".join(texts)
 
 
 def _span_attributes(span):
@@ -219,8 +237,17 @@ def _span_text(span) -> str:
     return "".join(parts)
 
 
-def export_request_json(spans) -> str:
-    """:func:`export_request` as compact JSON text, without building the span dicts."""
+_SPANS_PER_PIECE = 32
+
+
+def export_request_parts(spans) -> list[str]:
+    """:func:`export_request` as compact JSON text, in pieces of a few dozen spans.
+
+    The pieces concatenate to one ``ExportTraceServiceRequest``. Writing them one after another
+    instead of joining a 512-span batch into one string halves the export CPU here: each
+    half-megabyte string is a fresh allocation the kernel has to fault in (measured: 16 -> 8 us per
+    span, encode and write).
+    """
     # Grouped by identity first: ``Resource.__hash__`` JSON-dumps its attributes on every call, which
     # cost as much as encoding the span itself. Spans of one provider share one Resource object;
     # equal-but-distinct objects are merged afterwards, so the grouping equals export_request's.
@@ -235,18 +262,25 @@ def export_request_json(spans) -> str:
     groups: dict = {}
     for resource, scope, members in by_id.values():
         groups.setdefault(resource, {}).setdefault(scope, []).extend(members)
-    resources = []
-    for resource, scopes in groups.items():
-        scope_texts = []
-        for scope, members in scopes.items():
-            head = '{"scope":' + json.dumps(_scope_dict(scope), separators=(",", ":"))
-            tail = ',"schemaUrl":' + _escape(scope.schema_url) if scope is not None and scope.schema_url else ""
-            scope_texts.append(head + ',"spans":[' + ",".join(_span_text(s) for s in members) + "]" + tail + "}")
+    parts = ['{"resourceSpans":[']
+    for r, (resource, scopes) in enumerate(groups.items()):
         resource_dict: dict = {}
         _put(resource_dict, "attributes", _attributes(resource.attributes))
-        entry = '{"resource":' + json.dumps(resource_dict, separators=(",", ":")) + ',"scopeSpans":[' \
-            + ",".join(scope_texts) + "]"
-        if resource.schema_url:
-            entry += ',"schemaUrl":' + _escape(resource.schema_url)
-        resources.append(entry + "}")
-    return '{"resourceSpans":[' + ",".join(resources) + "]}"
+        parts.append(("," if r else "") + '{"resource":' + json.dumps(resource_dict, separators=(",", ":"))
+                     + ',"scopeSpans":[')
+        for i, (scope, members) in enumerate(scopes.items()):
+            parts.append(("," if i else "") + '{"scope":' + json.dumps(_scope_dict(scope), separators=(",", ":"))
+                         + ',"spans":[')
+            for start in range(0, len(members), _SPANS_PER_PIECE):
+                piece = ",".join([_span_text(s) for s in members[start:start + _SPANS_PER_PIECE]])
+                parts.append("," + piece if start else piece)
+            tail = ',"schemaUrl":' + _escape(scope.schema_url) if scope is not None and scope.schema_url else ""
+            parts.append("]" + tail + "}")
+        parts.append("]" + (',"schemaUrl":' + _escape(resource.schema_url) if resource.schema_url else "") + "}")
+    parts.append("]}")
+    return parts
+
+
+def export_request_json(spans) -> str:
+    """:func:`export_request` as one compact JSON text (``export_request_parts`` joined)."""
+    return "".join(export_request_parts(spans))
