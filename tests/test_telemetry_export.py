@@ -268,3 +268,49 @@ def test_direct_json_encoder_pieces_over_resources_scopes_and_many_spans():
     spans = memory.get_finished_spans()
     assert len(export_request_parts(spans)) > 6
     assert json.loads(export_request_json(spans)) == to_otlp_json(encode_spans(spans))
+
+
+def test_direct_protobuf_encoder_matches_the_sdk_encoder_byte_for_byte():
+    """The OTLP/gRPC exporter's request bytes must be what the SDK's encode_spans would send."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import SpanKind, Status, StatusCode
+
+    from edgesdk.telemetry._span_proto import export_request_bytes, grpc_span_exporter_class
+
+    memory = InMemorySpanExporter()
+    tracers = []
+    for name in ("a", "b"):
+        provider = TracerProvider(resource=Resource.create({"service.name": name, "n": 3, "f": 0.5}))
+        provider.add_span_processor(SimpleSpanProcessor(memory))
+        tracers += [provider.get_tracer("scope-1", "1.2"), provider.get_tracer("scope-2", schema_url="https://x/1.0")]
+    shapes = [
+        {"a": "1", "b": ("x", "y"), "c": "héllo\n\"q\"", "d": (), "e": 2**62, "f": float("inf")},
+        {"a": 1, "b": (1, 2), "c": True, "d": ("",), "e": -5, "f": 1.0, "g": b"\x00\xff"},
+        {"a": True, "b": (True,), "c": 1.0, "d": (1.5, 2.5), "e": "2", "f": float("nan"), "g": 2**63 - 1},
+        {"a": 1.0, "b": ("x", "y"), "c": 1, "d": "", "e": 0, "f": False, "g": -(2**63), "long": "x" * 300},
+    ]
+    for i in range(3):  # later passes are served from the caches
+        for j, attrs in enumerate(shapes):
+            tracer = tracers[(i + j) % len(tracers)]
+            with tracer.start_as_current_span("parent", kind=SpanKind.SERVER):
+                span = tracer.start_span("" if j == 3 else f"s{j}", attributes=attrs, kind=SpanKind(j % 5))
+                if j == 1:
+                    span.set_status(Status(StatusCode.ERROR, "boom"))
+                if j == 2:
+                    span.add_event("e", {"k": 1})  # rare shape: the SDK's own encoder, spliced in
+                span.end()
+    spans = memory.get_finished_spans()
+    reference = encode_spans(spans)
+    mine = ExportTraceServiceRequest.FromString(export_request_bytes(spans))
+    assert mine == reference
+    assert mine.SerializeToString(deterministic=True) == reference.SerializeToString(deterministic=True)
+    for span in spans:
+        one = ExportTraceServiceRequest.FromString(export_request_bytes([span]))
+        assert one.SerializeToString(deterministic=True) == encode_spans([span]).SerializeToString(deterministic=True)
+    exporter = grpc_span_exporter_class()(endpoint="http://127.0.0.1:9", insecure=True)
+    assert exporter._translate_data(spans) == reference

@@ -41,7 +41,10 @@ def _otlp_exporters(settings: Settings):
             traces_url, metrics_url = f"{root}/v1/traces", f"{root}/v1/metrics"
     if settings.otlp_protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        from edgesdk.telemetry._span_proto import grpc_span_exporter_class
+
+        OTLPSpanExporter = grpc_span_exporter_class()  # noqa: N806 - a class
     else:
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
