@@ -331,13 +331,24 @@ def test_streaming_generator_closed_early_from_another_context(memory, caplog):
 def test_stream_span_is_not_current_but_takes_events(memory):
     spans, _ = memory
     with telemetry.inference("chat", "outer", "llama.cpp"):
+        before = time.time_ns()
         with telemetry.inference("chat", "m", "llama.cpp", stream=True) as rec:
+            time.sleep(0.02)
             rec.add_event("edgesdk.fallback", {"edgesdk.fallback.from": "cuda", "edgesdk.fallback.to": "cpu",
                                                "edgesdk.fallback.reason": "OOM"})
+            time.sleep(0.02)
             assert trace.get_current_span() is not rec.span
+            assert not rec.span.get_span_context().is_valid  # created on the worker, at the end
+        after = time.time_ns()
     by_name = {s.name: s for s in finished(spans)}
-    assert by_name["chat m"].parent.span_id == by_name["chat outer"].context.span_id
-    assert [e.name for e in by_name["chat m"].events] == ["edgesdk.fallback"]
+    stream = by_name["chat m"]
+    assert stream.parent.span_id == by_name["chat outer"].context.span_id
+    assert stream.context.trace_id == by_name["chat outer"].context.trace_id
+    assert [e.name for e in stream.events] == ["edgesdk.fallback"]
+    # The span's times are the request's, not the worker's: start before the event, end after it.
+    assert before <= stream.start_time < stream.events[0].timestamp < stream.end_time <= after
+    assert stream.events[0].timestamp - stream.start_time >= 15_000_000
+    assert stream.attributes["gen_ai.operation.name"] == "chat" and stream.attributes["gen_ai.request.stream"]
 
 
 def test_unwritable_trace_file_is_a_one_line_input_error(clean_env, tmp_path):

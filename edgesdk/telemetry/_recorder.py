@@ -188,14 +188,22 @@ NOOP_RECORDER = _NoopRecorder()
 
 
 class InferenceRecorder:
-    """One request. The caller's thread only starts the span (with the sampling-relevant attributes,
-    as the conventions ask) and takes timestamps; everything else — the other attributes, status,
-    ``span.end(end_time=...)`` and the histograms — happens in :meth:`complete` on the worker thread."""
+    """One request. The caller's thread takes timestamps; the span's attributes, status, end and the
+    histograms happen in :meth:`complete` on the worker thread.
+
+    A non-streaming request starts its span on the caller's thread (with the sampling-relevant
+    attributes, as the conventions ask) and makes it the current span while the request runs, so
+    fallback events and nested spans attach to it. A streaming request is never the current span (its
+    block lives in a generator across yields), so nothing can attach to it while it runs: its span is
+    created on the worker, with the parent context and start time captured at the start and every
+    attribute at once — the same span, a third of the caller-thread cost. Until then ``span`` is the
+    invalid span and :meth:`add_event` keeps events (with their time) for the worker to add.
+    """
 
     __slots__ = ("_tracer", "_instruments", "_worker", "_capture", "_operation", "_model", "_provider",
                  "_stream", "_request", "_attributes", "_span", "_token", "_t0", "_end", "_end_ns", "_first",
                  "_times", "_input_tokens", "_output_tokens", "_reasons", "_response_model", "_input_content",
-                 "_output_content", "_error_type", "_error_text", "_end_attrs")
+                 "_output_content", "_error_type", "_error_text", "_end_attrs", "_parent", "_start_ns", "_events")
 
     def __init__(self, tracer, instruments, worker, capture, operation, model, provider, stream, request,
                  attributes):
@@ -222,21 +230,28 @@ class InferenceRecorder:
         self._end_attrs = None
         self._span = None
         self._token = None
+        self._parent = None
+        self._start_ns = None
+        self._events = None
+
+    def _name_and_start_attributes(self):
+        model = self._model
+        if model:
+            return f"{self._operation} {model}", {N.OPERATION_NAME: self._operation,
+                                                   N.PROVIDER_NAME: self._provider, N.REQUEST_MODEL: model}
+        return self._operation, {N.OPERATION_NAME: self._operation, N.PROVIDER_NAME: self._provider}
 
     # -- context manager --
     def __enter__(self):
-        model = self._model
-        if model:
-            name = f"{self._operation} {model}"
-            start = {N.OPERATION_NAME: self._operation, N.PROVIDER_NAME: self._provider, N.REQUEST_MODEL: model}
+        if self._stream:
+            # Deferred to the worker (see the class docstring). Not attached either: an attached
+            # context would leak into the consumer's code across yields and may be closed from
+            # another context.
+            self._parent = otel_context.get_current()
+            self._start_ns = time_ns()
         else:
-            name = self._operation
-            start = {N.OPERATION_NAME: self._operation, N.PROVIDER_NAME: self._provider}
-        self._span = self._tracer.start_span(name, kind=SpanKind.INTERNAL, attributes=start)
-        if not self._stream:
-            # Current span while the request runs, so nested spans and fallback events attach to it.
-            # Not for streams: a streaming block lives in a generator across yields, where an attached
-            # context would leak into the consumer's code and may be closed from another context.
+            name, start = self._name_and_start_attributes()
+            self._span = self._tracer.start_span(name, kind=SpanKind.INTERNAL, attributes=start)
             self._token = otel_context.attach(trace.set_span_in_context(self._span))
         self._t0 = perf_counter()
         return self
@@ -286,7 +301,6 @@ class InferenceRecorder:
             metric_attrs[N.RESPONSE_MODEL] = self._response_model
         error_type = self._error_type
         if error_type is not None:
-            span.set_status(Status(StatusCode.ERROR, self._error_text or error_type))
             attrs[N.ERROR_TYPE] = error_type
             metric_attrs[N.ERROR_TYPE] = error_type
         if self._input_tokens is not None:
@@ -302,7 +316,17 @@ class InferenceRecorder:
             attrs[N.RESPONSE_TIME_TO_FIRST_CHUNK] = self._first - self._t0
         if self._capture:
             self._add_content(attrs)
-        span.set_attributes(attrs)
+        if span is None:  # a stream: the whole span now, every attribute at creation
+            name, start = self._name_and_start_attributes()
+            start.update(attrs)
+            span = self._span = self._tracer.start_span(name, context=self._parent, kind=SpanKind.INTERNAL,
+                                                        attributes=start, start_time=self._start_ns)
+            for event_name, event_attrs, event_ns in self._events or ():
+                span.add_event(event_name, event_attrs, timestamp=event_ns)
+        else:
+            span.set_attributes(attrs)
+        if error_type is not None:
+            span.set_status(Status(StatusCode.ERROR, self._error_text or error_type))
         span.end(end_time=self._end_ns)
         if self._instruments is None:
             return
@@ -384,6 +408,10 @@ class InferenceRecorder:
         """A span event on this request's span (streams are not the current span, so use this there)."""
         if self._span is not None:
             self._span.add_event(str(name), N.clean_attributes(attributes or {}))
+        elif self._stream:
+            if self._events is None:
+                self._events = []
+            self._events.append((str(name), N.clean_attributes(attributes or {}), time_ns()))
 
     def capture_input(self, messages_or_text):
         if self._capture:
@@ -395,4 +423,5 @@ class InferenceRecorder:
 
     @property
     def span(self):
+        """The request's span; for a stream, the invalid span until the worker has created it."""
         return self._span if self._span is not None else trace.INVALID_SPAN

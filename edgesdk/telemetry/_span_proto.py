@@ -25,9 +25,12 @@ _IS_REMOTE = 0x200
 _CACHE_LIMIT = 4096
 
 
+_SMALL = [bytes((i,)) for i in range(0x80)]  # one-byte varints: most lengths and token counts
+
+
 def _varint(n: int) -> bytes:
     if n < 0x80:
-        return bytes((n,))
+        return _SMALL[n]
     out = bytearray()
     while n >= 0x80:
         out.append((n & 0x7F) | 0x80)
@@ -37,7 +40,8 @@ def _varint(n: int) -> bytes:
 
 
 def _len_field(tag: bytes, payload: bytes) -> bytes:
-    return tag + _varint(len(payload)) + payload
+    n = len(payload)
+    return tag + (_SMALL[n] if n < 0x80 else _varint(n)) + payload
 
 
 def _any_value(value) -> bytes | None:
@@ -120,7 +124,9 @@ def _attributes(tag: bytes, attributes) -> bytes:
             if field is None:
                 key, value = items[i]
                 cls = value.__class__
-                if cls is int and _INT64_MIN <= value <= _INT64_MAX:
+                if cls is int and 0 <= value < 0x80:
+                    any_value = b"\x18" + _SMALL[value]
+                elif cls is int and _INT64_MIN <= value <= _INT64_MAX:
                     any_value = b"\x18" + _varint(value & 0xFFFFFFFFFFFFFFFF)
                 elif cls is float:
                     any_value = b"\x21" + _pack_double(value)
@@ -129,8 +135,8 @@ def _attributes(tag: bytes, attributes) -> bytes:
                 else:
                     fields[i] = _attribute_field(tag, key, value)
                     continue
-                pair = (keys.get(key) or _key_bytes(key)) + b"\x12" + bytes((len(any_value),)) + any_value
-                fields[i] = b"\x4a" + _varint(len(pair)) + pair
+                pair = (keys.get(key) or _key_bytes(key)) + b"\x12" + _SMALL[len(any_value)] + any_value
+                fields[i] = _len_field(b"\x4a", pair)
     return b"".join(fields)
 
 
@@ -149,9 +155,23 @@ def _span_attributes(span):
     return inner if isinstance(inner, dict) else span.attributes
 
 
+_FLAGS_LOCAL = b"\x85\x01" + _pack_fixed32(_HAS_IS_REMOTE)
+_FLAGS_REMOTE = b"\x85\x01" + _pack_fixed32(_HAS_IS_REMOTE | _IS_REMOTE)
+_STATUS_UNSET = b"\x7a\x00"  # the SDK's encoder always sets status, empty when unset
+_NAMES: dict = {}  # span name -> its encoded name field (names repeat: "chat <model>")
+
+
 def _span_flags(parent) -> bytes:
-    flags = _HAS_IS_REMOTE | _IS_REMOTE if parent is not None and parent.is_remote else _HAS_IS_REMOTE
-    return b"\x85\x01" + _pack_fixed32(flags)
+    return _FLAGS_REMOTE if parent is not None and parent.is_remote else _FLAGS_LOCAL
+
+
+def _name_field(name: str) -> bytes:
+    field = _NAMES.get(name)
+    if field is None:
+        field = _len_field(b"\x2a", name.encode("utf-8"))
+        if len(_NAMES) < _CACHE_LIMIT:
+            _NAMES[name] = field
+    return field
 
 
 def _sdk_span_bytes(span) -> bytes:
@@ -171,15 +191,17 @@ def span_bytes(span) -> bytes:
     if parent is not None:
         parts += [b"\x22\x08", parent.span_id.to_bytes(8, "big")]
     if span.name:
-        parts.append(_len_field(b"\x2a", span.name.encode("utf-8")))
-    parts += [b"\x30", _varint(span.kind.value + 1)]
+        parts.append(_name_field(span.name))
+    parts += [b"\x30", _SMALL[span.kind.value + 1]]
     if span.start_time:
         parts += [b"\x39", _pack_fixed64(span.start_time)]
     if span.end_time:
         parts += [b"\x41", _pack_fixed64(span.end_time)]
     parts.append(_attributes(b"\x4a", _span_attributes(span)))
     status = span.status
-    if status is not None:
+    if status is not None and not status.description and not status.status_code.value:
+        parts.append(_STATUS_UNSET)
+    elif status is not None:
         body = b""
         if status.description:
             body += _len_field(b"\x12", status.description.encode("utf-8"))

@@ -11,9 +11,11 @@ setup; ``--exporter otlp-grpc`` sends to a real gRPC receiver on loopback instea
 and ``rec.chunk()`` per token; the model's own work is left out, so the difference is telemetry
 alone. Rounds alternate off/on; each figure is the median over rounds of the per-request time.
 per_request = on(0 tokens) - off(0 tokens); per_token = (on(T) - off(T) - per_request) / T.
-The budget is judged on caller-thread CPU; process CPU (total) is reported next to it with its
-own verdict. Three clocks: wall (loop plus a final flush: includes the export and metrics threads competing
-for the GIL, because this synthetic loop never releases it), caller-thread CPU (the loop only:
+The budget is judged on process CPU (everything telemetry costs, background threads included);
+caller-thread CPU is reported next to it. A one-token request is measured too (its chunk metrics
+and first-chunk attributes are a fixed cost the per-token slope spreads out). Three clocks: wall
+(loop plus a final flush: includes the export and metrics threads competing for the GIL, because
+this synthetic loop never releases it), caller-thread CPU (the loop only:
 what lands on the inference thread when the model runs in native code and releases the GIL, as
 llama.cpp and onnxruntime do) and process CPU (loop plus flush, all threads: the total CPU
 telemetry costs, export encoding included).
@@ -24,8 +26,9 @@ needs — ``start_as_current_span`` with 10 attributes, batch processor, null ex
 shared, so the ratio to the anchor is the load-independent figure; ``normalized_us`` rescales the
 wall figures to the FACTS.md anchors (an estimate for a quiet machine, labelled as such).
 
-Usage: python tools/bench/bench_p6_telemetry.py [--requests 2000] [--tokens 128] [--rounds 7]
-Writes tools/bench/results/p6_telemetry.json.
+Usage: python tools/bench/bench_p6_telemetry.py [--requests 2000] [--tokens 128] [--rounds 15]
+       [--exporter file|otlp-grpc|null] [--no-stream] [--out PATH]
+Writes tools/bench/results/p6_telemetry.json (or --out).
 """
 
 from __future__ import annotations
@@ -131,32 +134,49 @@ def _anchor(n: int) -> dict:
             "span_10_attrs_cpu_us": span_cpu_s * 1e6, "histogram_record_cpu_us": hist_cpu_s * 1e6}
 
 
+_RECEIVER = """
+import sys
+from concurrent import futures
+
+import grpc
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+
+class Receiver(trace_service_pb2_grpc.TraceServiceServicer, metrics_service_pb2_grpc.MetricsServiceServicer):
+    def Export(self, request, context):
+        if isinstance(request, trace_service_pb2.ExportTraceServiceRequest):
+            return trace_service_pb2.ExportTraceServiceResponse()
+        return metrics_service_pb2.ExportMetricsServiceResponse()
+
+
+server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Receiver(), server)
+metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Receiver(), server)
+port = server.add_insecure_port("127.0.0.1:0")
+server.start()
+print(port, flush=True)
+sys.stdin.read()  # until the benchmark closes our stdin
+server.stop(grace=None)
+"""
+
+
 def _grpc_receiver():
-    from concurrent import futures
+    """A real OTLP/gRPC receiver on loopback, in its own process (as a collector would be), so its
+    decoding does not count as the benchmark process's telemetry CPU."""
+    import subprocess
 
-    import grpc
-    from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
-    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
-
-    class Receiver(trace_service_pb2_grpc.TraceServiceServicer, metrics_service_pb2_grpc.MetricsServiceServicer):
-        def Export(self, request, context):  # noqa: N802 - gRPC method name
-            if isinstance(request, trace_service_pb2.ExportTraceServiceRequest):
-                return trace_service_pb2.ExportTraceServiceResponse()
-            return metrics_service_pb2.ExportMetricsServiceResponse()
-
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Receiver(), server)
-    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Receiver(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    return server, f"http://127.0.0.1:{port}"
+    child = subprocess.Popen([sys.executable, "-c", _RECEIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    port = int(child.stdout.readline())
+    return child, f"http://127.0.0.1:{port}"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--exporter", choices=["file", "otlp-grpc", "null"], default="file")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--no-stream", action="store_true", help="non-streaming requests (generate())")
@@ -179,8 +199,8 @@ def main() -> int:
         for _ in range(args.rounds):
             for on in (False, True):
                 _set_telemetry(on, args.exporter, trace_file, endpoint)
-                for tokens in (0, args.tokens):
-                    n = args.requests if tokens == 0 else max(args.requests // 4, 100)
+                for tokens in (0, 1, args.tokens):
+                    n = args.requests if tokens <= 1 else max(args.requests // 4, 100)
                     samples.setdefault((on, tokens), []).append(_requests(n, tokens))
             anchors.append(_anchor(args.requests // 2))
         _set_telemetry(True, args.exporter, trace_file, endpoint)
@@ -189,7 +209,8 @@ def main() -> int:
         telemetry.shutdown()
         file_bytes = trace_file.stat().st_size if trace_file.exists() else 0
     if server is not None:
-        server.stop(grace=None)
+        server.stdin.close()
+        server.wait(timeout=30)
     anchor = {key: statistics.median(a[key] for a in anchors) for key in anchors[0]}
 
     clocks = ("wall", "caller_thread_cpu", "process_cpu")
@@ -198,6 +219,15 @@ def main() -> int:
     per_request = {c: med[c][(True, 0)] - med[c][(False, 0)] for c in clocks}
     per_token = {c: (med[c][(True, args.tokens)] - med[c][(False, args.tokens)] - per_request[c]) / args.tokens
                  for c in clocks}
+    # A request that streams one token also records the chunk metrics and first-chunk attributes:
+    # its whole cost, for readers who want one number for a short request.
+    one_token = {c: med[c][(True, 1)] - med[c][(False, 1)] for c in clocks}
+    # Paired per round: that round's overhead over that round's bare-SDK span, both process CPU. The
+    # machine's speed drifts over seconds; a ratio taken within one round cancels most of it.
+    round_ratios = [((samples[(True, 0)][r][2] - samples[(False, 0)][r][2]) * 1e6) / anchors[r]["span_10_attrs_cpu_us"]
+                    for r in range(args.rounds)]
+    round_overheads = [round((samples[(True, 0)][r][2] - samples[(False, 0)][r][2]) * 1e6, 1)
+                       for r in range(args.rounds)]
     result = {
         "benchmark": "P6 telemetry overhead",
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -209,13 +239,20 @@ def main() -> int:
                                       for (on, tokens), v in sorted(med[c].items())} for c in clocks},
         "per_request_overhead_us": {c: round(v, 2) for c, v in per_request.items()},
         "per_token_overhead_us": {c: round(v, 3) for c, v in per_token.items()},
+        "one_token_request_overhead_us": {c: round(v, 2) for c, v in one_token.items()},
+        "per_round_process_cpu_per_request_us": round_overheads,
+        "per_round_anchor_span_cpu_us": [round(a["span_10_attrs_cpu_us"], 1) for a in anchors],
+        "per_request_over_anchor_span_paired": {
+            "median": round(statistics.median(round_ratios), 2), "min": round(min(round_ratios), 2),
+            "max": round(max(round_ratios), 2),
+            "how": "per round: (on - off, 0 tokens, process CPU) / bare SDK span CPU of the same round"},
         "budget": {"per_request_us": BUDGET_REQUEST_US, "per_token_us": BUDGET_TOKEN_US,
-                   "judged_on": "caller_thread_cpu: the cost on the inference call itself (export and metric "
-                                "recording run on background threads, as OTel's batch design intends)",
-                   "per_request_ok": per_request["caller_thread_cpu"] <= BUDGET_REQUEST_US,
-                   "per_token_ok": per_token["caller_thread_cpu"] <= BUDGET_TOKEN_US,
-                   "total_cpu_per_request_ok": per_request["process_cpu"] <= BUDGET_REQUEST_US,
-                   "total_cpu_per_token_ok": per_token["process_cpu"] <= BUDGET_TOKEN_US},
+                   "judged_on": "process_cpu: everything telemetry costs the process, background threads "
+                                "(finishing, metric recording, span encoding and export) included",
+                   "per_request_ok": per_request["process_cpu"] <= BUDGET_REQUEST_US,
+                   "per_token_ok": per_token["process_cpu"] <= BUDGET_TOKEN_US,
+                   "caller_thread_per_request_ok": per_request["caller_thread_cpu"] <= BUDGET_REQUEST_US,
+                   "caller_thread_per_token_ok": per_token["caller_thread_cpu"] <= BUDGET_TOKEN_US},
         "anchor_same_run": {k: round(v, 2) for k, v in anchor.items()},
         "anchor_facts_md": FACTS_ANCHOR,
         "normalized_us": {
@@ -227,6 +264,8 @@ def main() -> int:
         "normalized_how": "overhead x (FACTS.md anchor / same-run anchor on the same clock): quiet-machine estimate",
         "load_average_1m_at_end": round(os.getloadavg()[0], 2),
         "ratios": {"per_request_vs_anchor_span": round(per_request["wall"] / anchor["span_10_attrs_us"], 2),
+                   "process_cpu_per_request_vs_anchor_span_cpu":
+                       round(per_request["process_cpu"] / anchor["span_10_attrs_cpu_us"], 2),
                    "per_token_vs_anchor_histogram_record":
                        round(per_token["wall"] / anchor["histogram_record_us"], 2),
                    "per_request_vs_budget": round(per_request["wall"] / BUDGET_REQUEST_US, 2),
@@ -245,7 +284,12 @@ def main() -> int:
           + "; ".join(f"{c} {v['per_request']} us/request, {v['per_token']} us/token" for c, v in norm.items()))
     print(f"  caller-thread CPU: {per_request['caller_thread_cpu']:.1f} us/request, "
           f"{per_token['caller_thread_cpu']:.2f} us/token; process CPU: {per_request['process_cpu']:.1f} us/request, "
-          f"{per_token['process_cpu']:.2f} us/token")
+          f"{per_token['process_cpu']:.2f} us/token (one-token request: {one_token['process_cpu']:.1f} us); "
+          f"per request / bare SDK span, paired per round: "
+          f"{result['per_request_over_anchor_span_paired']['median']} "
+          f"({result['per_request_over_anchor_span_paired']['min']}-{result['per_request_over_anchor_span_paired']['max']})")
+    verdict = "met" if result["budget"]["per_request_ok"] and result["budget"]["per_token_ok"] else "NOT met"
+    print(f"  budget on process CPU (<= {BUDGET_REQUEST_US:.0f} us/request, <= {BUDGET_TOKEN_US:.0f} us/token): {verdict}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")
