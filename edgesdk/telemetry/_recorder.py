@@ -1,13 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """The per-request inference recorder: one INTERNAL span plus GenAI metrics.
 
-Hot-path budget (benchmark P6): <= 50 us per request, <= 5 us per generated token. On the caller's
-thread a request costs one ``start_span`` with the sampling-relevant attributes, a context attach
-(non-streaming requests are the current span while they run) and timestamps: ``chunk()`` only
-appends one. Everything else — the remaining attributes, status, ``span.end(end_time=...)`` and the
-histogram records (5-9 us each in the OTel Python SDK here; six per streamed request plus one per
-chunk) — runs in :class:`FinishWorker` on a background thread, overlapping with the model's native
-compute.
+Budget (benchmark P6): <= 50 us per request and <= 5 us per generated token of total process CPU.
+On the caller's thread a request costs timestamps (``chunk()`` appends one) and, for non-streaming
+requests only, ``start_span`` with the sampling-relevant attributes plus a context attach.
+Everything else — the span of a streaming request, the remaining attributes, status,
+``span.end(end_time=...)`` and the histogram values — happens in :class:`FinishWorker` on a
+background thread, overlapping with the model's native compute; the worker hands a whole drain's
+histogram values to the SDK in one batch (see ``_histograms``).
 """
 
 from __future__ import annotations
