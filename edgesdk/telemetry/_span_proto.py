@@ -16,6 +16,8 @@ from __future__ import annotations
 import struct
 from collections.abc import Mapping, Sequence
 
+from edgesdk.telemetry._span_json import cached_pairs, group_spans, rare_shape, span_attributes
+
 _pack_double = struct.Struct("<d").pack
 _pack_fixed64 = struct.Struct("<Q").pack
 _pack_fixed32 = struct.Struct("<I").pack
@@ -113,11 +115,7 @@ def _attributes(tag: bytes, attributes) -> bytes:
     if tag != b"\x4a":  # resource and scope: once per batch, no cache
         pairs = [_key_value(key, value) for key, value in attributes.items()]
         return b"".join(_len_field(tag, pair) for pair in pairs if pair is not None)
-    items = list(attributes.items())
-    try:
-        fields = list(map(_PAIRS.get, items))
-    except TypeError:  # an unhashable value
-        fields = [None] * len(items)
+    items, fields = cached_pairs(_PAIRS, attributes)
     if None in fields:
         keys = _KEYS
         for i, field in enumerate(fields):
@@ -150,11 +148,6 @@ def _key_bytes(key: str) -> bytes:
     return encoded
 
 
-def _span_attributes(span):
-    inner = getattr(getattr(span, "_attributes", None), "_dict", None)
-    return inner if isinstance(inner, dict) else span.attributes
-
-
 _FLAGS_LOCAL = b"\x85\x01" + _pack_fixed32(_HAS_IS_REMOTE)
 _FLAGS_REMOTE = b"\x85\x01" + _pack_fixed32(_HAS_IS_REMOTE | _IS_REMOTE)
 _STATUS_UNSET = b"\x7a\x00"  # the SDK's encoder always sets status, empty when unset
@@ -182,10 +175,9 @@ def _sdk_span_bytes(span) -> bytes:
 
 def span_bytes(span) -> bytes:
     """One ``Span`` message."""
-    ctx = span.get_span_context()
-    if span.events or span.links or span.dropped_attributes or span.dropped_events or span.dropped_links \
-            or ctx.trace_state:
+    if rare_shape(span):
         return _sdk_span_bytes(span)  # rare shapes: the SDK's own encoder
+    ctx = span.get_span_context()
     parts = [b"\x0a\x10", ctx.trace_id.to_bytes(16, "big"), b"\x12\x08", ctx.span_id.to_bytes(8, "big")]
     parent = span.parent
     if parent is not None:
@@ -197,7 +189,7 @@ def span_bytes(span) -> bytes:
         parts += [b"\x39", _pack_fixed64(span.start_time)]
     if span.end_time:
         parts += [b"\x41", _pack_fixed64(span.end_time)]
-    parts.append(_attributes(b"\x4a", _span_attributes(span)))
+    parts.append(_attributes(b"\x4a", span_attributes(span)))
     status = span.status
     if status is not None and not status.description and not status.status_code.value:
         parts.append(_STATUS_UNSET)
@@ -226,17 +218,7 @@ def _scope_bytes(scope) -> bytes:
 
 def export_request_bytes(spans) -> bytes:
     """A serialized ``ExportTraceServiceRequest``: spans grouped by resource, then scope (as the SDK does)."""
-    by_id: dict = {}
-    for span in spans:
-        resource, scope = span.resource, span.instrumentation_scope
-        key = (id(resource), id(scope))
-        group = by_id.get(key)
-        if group is None:
-            group = by_id[key] = (resource, scope or None, [])
-        group[2].append(span)
-    groups: dict = {}
-    for resource, scope, members in by_id.values():
-        groups.setdefault(resource, {}).setdefault(scope, []).extend(members)
+    groups = group_spans(spans)
     out = []
     for resource, scopes in groups.items():
         body = [_len_field(b"\x0a", _attributes(b"\x0a", resource.attributes))]
