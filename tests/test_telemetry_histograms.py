@@ -192,3 +192,13 @@ def test_one_batch_of_many_requests_matches_sequential_records():
             hist.record(v, attrs)
     fast = _points(fast_reader)
     assert len(fast) == 4 and fast == _points(public_reader)
+
+
+def test_stats_say_which_path_the_histogram_values_take(clean_env):
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader as Reader
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from edgesdk import telemetry
+
+    telemetry.configure(span_exporter=InMemorySpanExporter(), metric_reader=Reader())
+    assert telemetry.stats()["metrics_fast_path"] is True

@@ -212,6 +212,10 @@ def stats() -> dict:
     snapshot["enabled"] = _state.tracer is not None
     snapshot["exporters"] = list(_state.exporter_names)
     snapshot["capture_content"] = bool(_state.capture_content and _state.tracer is not None)
+    recorder = getattr(_state.instruments, "recorder", None)
+    # True: histogram values take the batched shortcut; else why not (see _histograms); None: no metrics.
+    snapshot["metrics_fast_path"] = None if recorder is None else (True if recorder.fast else
+                                                                  recorder.fallback_reason)
     return snapshot
 
 

@@ -12,10 +12,11 @@ value to the SDK's own aggregation objects — the ones ``Histogram.record`` wou
 filters keep working and the exported data points are identical (``tests/test_telemetry_histograms``
 checks that against the public API, value by value, for cumulative and delta readers).
 
-The shortcut uses SDK internals. It is taken only for the pinned SDK's classes and checked once
-per process; anything unexpected (another SDK version, a proxy meter, an attribute missing) turns
-it off for good and every value goes through the public ``Histogram.record`` instead.
-``telemetry.stats()["metrics_fast_path"]`` says which path is in use.
+The shortcut uses SDK internals. It is taken only for the pinned SDK's classes; anything
+unexpected (another SDK version, an attribute missing) turns it off for the process, before any
+value of that batch is recorded, and every value goes through the public ``Histogram.record``
+instead. Instruments that are not the SDK's (a no-op or proxy meter) simply take the public path.
+``telemetry.stats()["metrics_fast_path"]`` says which path is in use, and why not when it is off.
 """
 
 from __future__ import annotations

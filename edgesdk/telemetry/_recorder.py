@@ -196,8 +196,9 @@ class InferenceRecorder:
     fallback events and nested spans attach to it. A streaming request is never the current span (its
     block lives in a generator across yields), so nothing can attach to it while it runs: its span is
     created on the worker, with the parent context and start time captured at the start and every
-    attribute at once — the same span, a third of the caller-thread cost. Until then ``span`` is the
-    invalid span and :meth:`add_event` keeps events (with their time) for the worker to add.
+    attribute at once: the same span, at a seventh of the caller-thread cost (P6: 14 -> 2 us). Until
+    then ``span`` is the invalid span and :meth:`add_event` keeps events (with their time) for the
+    worker to add.
     """
 
     __slots__ = ("_tracer", "_instruments", "_worker", "_capture", "_operation", "_model", "_provider",
