@@ -202,3 +202,24 @@ def test_stats_say_which_path_the_histogram_values_take(clean_env):
 
     telemetry.configure(span_exporter=InMemorySpanExporter(), metric_reader=Reader())
     assert telemetry.stats()["metrics_fast_path"] is True
+
+
+def test_self_check_turns_the_shortcut_off_when_it_disagrees_with_the_sdk(monkeypatch):
+    assert _histograms.self_check() is None  # the pinned SDK: they agree
+
+    def wrong_fold(aggregation, values):  # forgets min/max, as a changed SDK might make us do
+        with aggregation._lock:
+            counts = aggregation._value or aggregation._get_empty_bucket_counts()
+            aggregation._value = counts
+            for v in values:
+                aggregation._sum += v
+                counts[_histograms.bisect_left(aggregation._boundaries, v)] += 1
+
+    monkeypatch.setattr(_histograms, "_fold_explicit", wrong_fold)
+    monkeypatch.setattr(_histograms, "_SELF_CHECK", [])
+    recorder = HistogramRecorder()
+    assert not recorder.fast and "self-check" in recorder.fallback_reason
+    _, reader, (hist, _) = _provider()
+    recorder.record_points([(hist, ATTRS, [0.1, 0.2])])
+    (summary,) = _points(reader).values()
+    assert summary["count"] == 2 and summary["min"] == 0.1 and summary["max"] == 0.2

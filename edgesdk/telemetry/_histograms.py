@@ -102,9 +102,13 @@ class HistogramRecorder:
     again. Values ``Histogram.record`` would drop (negative, NaN, infinite) are dropped here too.
     """
 
-    def __init__(self):
+    def __init__(self, *, check: bool = True):
         self.fast = _IMPORTED
         self.fallback_reason = None if _IMPORTED else "SDK internals not importable"
+        if self.fast and check:
+            reason = self_check()
+            if reason is not None:
+                self.fast, self.fallback_reason = False, reason
         self._routes = {}
         self._attribute_ids = {}
         self._ids = itertools.count()
@@ -131,7 +135,7 @@ class HistogramRecorder:
                 rest = self._record_fast(points)
             except (AttributeError, TypeError, KeyError) as exc:  # SDK internals not as expected
                 self._disable(f"{type(exc).__name__}: {exc}")
-                rest = points  # nothing of a failed batch is half-recorded: see _record_fast
+                rest = points  # redone publicly: see _record_fast for why nothing counts twice
         for histogram, attributes, values in rest:
             record = histogram.record
             for value in values:
@@ -167,8 +171,10 @@ class HistogramRecorder:
     def _record_fast(self, points) -> list:
         """Record what can take the shortcut; return the points that must take the public path.
 
-        Every route is resolved before the first value is aggregated, so an unexpected SDK shape
-        raises before anything is recorded and the caller can redo the whole batch publicly.
+        Every route is resolved before the first value is aggregated, and the first aggregation
+        touched reads every SDK attribute it needs before its first write; so an SDK of another
+        shape raises before anything is recorded and the caller redoes the batch publicly. (The
+        once-per-process :func:`self_check` normally turns the shortcut off before that.)
         """
         rest, work = [], {}
         routes = self._routes
@@ -247,3 +253,45 @@ class HistogramRecorder:
                         for value, sample in zip(values, samples):
                             aggregate(_measurement(value, now, histogram, context, attributes), sample)
         return rest
+
+
+_SELF_CHECK: list = []  # [result] once run: None (shortcut agrees with the SDK) or why not
+
+
+def self_check() -> str | None:
+    """Once per process: the shortcut and the public ``record()`` must give the same data point.
+
+    Runs on a private meter provider (a few milliseconds, at the first ``telemetry.configure``).
+    Returns None when they agree, else why the shortcut must stay off.
+    """
+    if _SELF_CHECK:
+        return _SELF_CHECK[0]
+    try:
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+        values = [0.0, 0.003, 0.5, 2.0, 7.25, 1e-9, 0.1]
+        attributes = {"gen_ai.operation.name": "chat", "n": 1}
+
+        def point(shortcut: bool):
+            reader = InMemoryMetricReader()
+            provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
+            hist = provider.get_meter("edgesdk.self_check").create_histogram(
+                "h", unit="s", explicit_bucket_boundaries_advisory=[0.001, 0.1, 1.0, 5.0])
+            if shortcut:
+                if HistogramRecorder(check=False)._record_fast([(hist, attributes, values)]):
+                    return "declined an SDK instrument"
+            else:
+                for value in values:
+                    hist.record(value, attributes)
+            p = reader.get_metrics_data().resource_metrics[0].scope_metrics[0].metrics[0].data.data_points[0]
+            provider.shutdown()
+            return (p.count, p.sum, tuple(p.bucket_counts), tuple(p.explicit_bounds), p.min, p.max,
+                    dict(p.attributes))
+
+        fast, public = point(True), point(False)
+        result = None if fast == public else f"self-check: shortcut gave {fast}, record() gave {public}"
+    except Exception as exc:  # noqa: BLE001 - any failure means: use the public path
+        result = f"self-check failed: {type(exc).__name__}: {exc}"
+    _SELF_CHECK.append(result)
+    return result
