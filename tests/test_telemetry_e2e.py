@@ -190,3 +190,26 @@ def test_gguf_chat_capture_records_messages_with_roles(monkeypatch, gemma_backen
     captured = json.loads(span.attributes["gen_ai.input.messages"])
     assert captured == [{"role": "user", "parts": [{"type": "text", "content": "Name one colour."}]}]
     assert json.loads(span.attributes["gen_ai.output.messages"])[0]["parts"][0]["content"] == reply
+
+
+def test_gguf_stream_trace_file_passes_check_traces(clean_env, gemma_backend, tmp_path):
+    """A streamed request's span is built on the finishing thread: it must still check clean, with
+    its time to first chunk inside its own duration and the request's token counts."""
+    trace_file = tmp_path / "stream.jsonl"
+    telemetry.configure(trace_file=trace_file)
+    try:
+        pieces = list(gemma_backend.stream("The capital of France is", max_tokens=8, seed=1, temperature=0.0))
+    finally:
+        telemetry.shutdown()
+    assert pieces
+    report = check_trace_file(trace_file)
+    assert report.genai_spans == 1
+    assert report.count("violation") == 0, report.findings
+    spans = [span for line in trace_file.read_text().splitlines() for rs in json.loads(line).get("resourceSpans", [])
+             for ss in rs["scopeSpans"] for span in ss["spans"]]
+    (span,) = spans
+    attrs = {a["key"]: next(iter(a["value"].values())) for a in span["attributes"]}
+    duration_s = (int(span["endTimeUnixNano"]) - int(span["startTimeUnixNano"])) / 1e9
+    assert attrs["gen_ai.request.stream"] is True
+    assert 0 < attrs["gen_ai.response.time_to_first_chunk"] <= duration_s
+    assert int(attrs["gen_ai.usage.output_tokens"]) == gemma_backend.last["output_tokens"]
