@@ -256,8 +256,16 @@ def test_llm_metrics_from_chunk_times():
     assert m["ttft_ms"]["p50"] == pytest.approx(110.0)
     assert m["tpot_ms"]["p50"] == pytest.approx(11.0)
     assert m["decode_tok_s"] == pytest.approx(1000 / 11.0)
-    assert m["prefill_tok_s"] == pytest.approx(50 / 0.110)
+    assert m["prefill_tok_s"] == pytest.approx(50 / 0.110) and m["prefill_source"] == "TTFT"
     assert m["generated_tokens"] == [11, 11]
+    # With the backend's own timers on every run, prefill is the prompt-eval rate, TTFT kept apart.
+    for r, ms in zip(runs, (40.0, 60.0)):
+        r["backend_timings"] = {"prompt_eval_tokens": 50, "prompt_eval_ms": ms, "eval_tokens": 10, "eval_ms": 80.0}
+    m = llm_metrics(50, runs)
+    assert m["prefill_tok_s"] == pytest.approx((1250.0 + 50 / 0.060) / 2)  # median of the two runs
+    assert m["prefill_source"] == "backend prompt-eval timer"
+    assert m["prefill_tok_s_from_ttft"] == pytest.approx(50 / 0.110)
+    assert m["decode_tok_s_backend"] == pytest.approx(125.0)
 
 
 @pytest.mark.slow
@@ -279,6 +287,9 @@ def test_profiler_run_on_real_gguf_bundle(gemma_gguf, tmp_path):
     assert 20 <= llm["prompt_tokens"] <= 28
     assert llm["repeats"] == 2 and all(0 < n <= 8 for n in llm["generated_tokens"])
     assert llm["ttft_ms"]["p50"] > 0 and llm["decode_tok_s"] > 0 and llm["prefill_tok_s"] > 0
+    # llama.cpp's own prompt-eval timer: the model's rate, so at least the TTFT-based one.
+    assert llm["prefill_source"] == "backend prompt-eval timer"
+    assert llm["prefill_tok_s"] >= llm["prefill_tok_s_from_ttft"] * 0.98 and llm["decode_tok_s_backend"] > 0
     # TTFT covers the whole prompt: with a reused KV cache it would be about one TPOT.
     assert llm["ttft_ms"]["p50"] > llm["tpot_ms"]["p50"]
     assert report["runtime"]["backend"] == "llama.cpp"

@@ -45,7 +45,7 @@ def llm_stream_once(session, prompt: str, gen_tokens: int) -> dict:
     last = getattr(session.backend, "last", None) or {}
     # Text chunks are not tokens (a partial UTF-8 byte yields nothing): take the backend's token count.
     return {"chunk_times_ms": times, "output_tokens": last.get("output_tokens"),
-            "finish_reason": last.get("finish_reason")}
+            "finish_reason": last.get("finish_reason"), "backend_timings": last.get("llama_cpp_timings") or {}}
 
 
 def llm_metrics(prompt_tokens: int, runs: list[dict]) -> dict:
@@ -55,13 +55,27 @@ def llm_metrics(prompt_tokens: int, runs: list[dict]) -> dict:
     gen = [r.get("output_tokens") or len(r["chunk_times_ms"]) for r in runs]
     tpot = [(r["chunk_times_ms"][-1] - r["chunk_times_ms"][0]) / (n - 1)
             for r, n in zip(runs, gen) if len(r["chunk_times_ms"]) > 1 and n > 1]
+    prefill_ttft = prompt_tokens / (statistics.median(ttft) / 1e3) if ttft else None
+    # The backend's own timers (llama.cpp's prompt-eval and eval counters, as llama-bench reports
+    # them), when every run has them: the rate of the model itself, without the stream's Python,
+    # sampling and detokenising, which on a fast GPU can be most of a short prompt's TTFT.
+    timings = [r.get("backend_timings") or {} for r in runs]
+    prompt_rates = [t["prompt_eval_tokens"] / t["prompt_eval_ms"] * 1e3 for t in timings if t.get("prompt_eval_ms")]
+    eval_rates = [t["eval_tokens"] / t["eval_ms"] * 1e3 for t in timings if t.get("eval_ms")]
+    backend_prefill = statistics.median(prompt_rates) if runs and len(prompt_rates) == len(runs) else None
     out = {"prompt_tokens": prompt_tokens, "generated_tokens": gen, "repeats": len(runs),
            "ttft_ms": latency_stats(ttft), "tpot_ms": latency_stats(tpot),
-           "prefill_tok_s": prompt_tokens / (statistics.median(ttft) / 1e3) if ttft else None,
+           "prefill_tok_s": backend_prefill or prefill_ttft,
+           "prefill_source": "backend prompt-eval timer" if backend_prefill else "TTFT",
+           "prefill_tok_s_from_ttft": prefill_ttft,
            "decode_tok_s": 1e3 / statistics.median(tpot) if tpot else None,
+           "decode_tok_s_backend": statistics.median(eval_rates) if runs and len(eval_rates) == len(runs) else None,
            "finish_reasons": [r.get("finish_reason") for r in runs],
            "token_times_ms": runs[-1]["chunk_times_ms"] if runs else [],
            "method": "session.stream: TTFT = first chunk; TPOT = (last - first chunk) / (tokens - 1), tokens "
-                     "as the backend counted them; "
-                     "prefill tok/s = prompt tokens / median TTFT (includes the first sampled token)"}
+                     "as the backend counted them; decode tok/s = 1 / median TPOT (as a user sees the stream). "
+                     "prefill tok/s = median over runs of the backend's prompt-eval timer (llama.cpp: tokens "
+                     "evaluated / prompt-eval time, as llama-bench reports) when every run has it, else prompt "
+                     "tokens / median TTFT (which also holds the first sampled token and the stream's setup); "
+                     "both kept: prefill_tok_s_from_ttft, decode_tok_s_backend"}
     return out

@@ -133,7 +133,9 @@ def render_table(report: dict) -> str:
         rows.append(["prompt / generated", f"{llm['prompt_tokens']} / {llm['generated_tokens']} tokens"])
         rows.append(["TTFT p50", f"{_fmt(llm['ttft_ms'].get('p50'))} ms"])
         rows.append(["TPOT p50", f"{_fmt(llm['tpot_ms'].get('p50'))} ms"])
-        rows.append(["prefill / decode", f"{_fmt(llm['prefill_tok_s'])} / {_fmt(llm['decode_tok_s'])} tok/s"])
+        rows.append(["prefill / decode", f"{_fmt(llm['prefill_tok_s'])} / {_fmt(llm['decode_tok_s'])} tok/s"
+                                         + (f" (prefill from {llm['prefill_source']})" if llm.get("prefill_source")
+                                            else "")])
     mem = report.get("memory") or {}
     rows.append(["host peak RSS", f"{_fmt(mem.get('host_peak_rss_mb'))} MB"])
     d = mem.get("device") or {}

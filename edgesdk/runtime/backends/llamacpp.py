@@ -87,7 +87,31 @@ class LlamaCppBackend:
 
         vocab = llm._model.vocab
         self._is_eog = lambda tok: llama_cpp.llama_vocab_is_eog(vocab, tok)
+        # llama.cpp's own per-context timers (what llama-bench reports): prompt evaluation and
+        # token-by-token evaluation, without Python, sampling or detokenising in between.
+        perf, reset = getattr(llama_cpp, "llama_perf_context", None), getattr(llama_cpp, "llama_perf_context_reset", None)
+        self._perf = (perf, reset) if perf and reset else None
         self.last: dict = {}
+
+    def _perf_reset(self) -> None:
+        if self._perf is not None:
+            with contextlib.suppress(Exception):
+                self._perf[1](self._llm.ctx)
+
+    def _perf_read(self) -> dict:
+        """Prompt-eval and eval time/tokens of the last request, from llama.cpp (empty when unavailable)."""
+        if self._perf is None:
+            return {}
+        try:
+            data = self._perf[0](self._llm.ctx)
+        except Exception:  # noqa: BLE001 - timing is a bonus, never a failure
+            return {}
+        out = {}
+        if data.n_p_eval > 0 and data.t_p_eval_ms > 0:
+            out["prompt_eval_tokens"], out["prompt_eval_ms"] = int(data.n_p_eval), round(float(data.t_p_eval_ms), 3)
+        if data.n_eval > 0 and data.t_eval_ms > 0:
+            out["eval_tokens"], out["eval_ms"] = int(data.n_eval), round(float(data.t_eval_ms), 3)
+        return out
 
     # ------------------------------------------------------------------ tokens
     def tokenize(self, text: str, *, special: bool = False) -> list[int]:
@@ -180,6 +204,7 @@ class LlamaCppBackend:
             decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
             text, emitted, n_out, finish, cut_at_stop = "", 0, 0, "length", False
             chunk, is_eog, detok = rec.chunk, self._is_eog, llm.detokenize
+            self._perf_reset()
             t0 = perf_counter()
             t_first = None
             try:
@@ -222,7 +247,8 @@ class LlamaCppBackend:
                 self.last = {"input_tokens": len(tokens), "output_tokens": n_out, "finish_reason": finish,
                              "ttft_s": round(t_first - t0, 6) if t_first else None,
                              "decode_tok_s": round((n_out - 1) / (t_end - t_first), 2)
-                             if t_first and n_out > 1 and t_end > t_first else None}
+                             if t_first and n_out > 1 and t_end > t_first else None,
+                             "llama_cpp_timings": self._perf_read()}
 
     # ------------------------------------------------------------------ report / close
     def report(self) -> dict:
