@@ -266,6 +266,14 @@ def test_llm_metrics_from_chunk_times():
     assert m["prefill_source"] == "backend prompt-eval timer"
     assert m["prefill_tok_s_from_ttft"] == pytest.approx(50 / 0.110)
     assert m["decode_tok_s_backend"] == pytest.approx(125.0)
+    assert m["timing_source"] == "text chunks"
+    # Token instants from the backend win over text chunks (a token may yield no text).
+    for r in runs:
+        r["first_token_ms"], r["last_token_ms"] = 20.0, 20.0 + 5.0 * 10
+    m = llm_metrics(50, runs)
+    assert m["timing_source"] == "tokens (backend loop)"
+    assert m["ttft_ms"]["p50"] == pytest.approx(20.0) and m["tpot_ms"]["p50"] == pytest.approx(5.0)
+    assert m["decode_tok_s"] == pytest.approx(200.0)
 
 
 @pytest.mark.slow
@@ -288,7 +296,7 @@ def test_profiler_run_on_real_gguf_bundle(gemma_gguf, tmp_path):
     assert llm["repeats"] == 2 and all(0 < n <= 8 for n in llm["generated_tokens"])
     assert llm["ttft_ms"]["p50"] > 0 and llm["decode_tok_s"] > 0 and llm["prefill_tok_s"] > 0
     # llama.cpp's own prompt-eval timer: the model's rate, so at least the TTFT-based one.
-    assert llm["prefill_source"] == "backend prompt-eval timer"
+    assert llm["prefill_source"] == "backend prompt-eval timer" and llm["timing_source"] == "tokens (backend loop)"
     assert llm["prefill_tok_s"] >= llm["prefill_tok_s_from_ttft"] * 0.98 and llm["decode_tok_s_backend"] > 0
     # TTFT covers the whole prompt: with a reused KV cache it would be about one TPOT.
     assert llm["ttft_ms"]["p50"] > llm["tpot_ms"]["p50"]

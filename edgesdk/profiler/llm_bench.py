@@ -1,8 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """LLM measurement helpers: a prompt of a given token count, one streamed generation, the rates.
 
-TTFT is the first chunk; TPOT spreads the rest of the stream over the tokens the backend counted
-(text chunks are not tokens: a partial UTF-8 byte yields nothing).
+TTFT and TPOT come from token instants the backend reports (text chunks are not tokens: a partial
+UTF-8 byte, or a token with no text, yields nothing, so chunk times can lag far behind — on a
+random-weight model the first text chunk came ~90 ms after the first token on the H200); the
+chunk times are the fallback. Prefill and the model's own decode rate come from the backend's
+timers where it has them (llama.cpp's prompt-eval and eval counters).
 """
 
 from __future__ import annotations
@@ -37,24 +40,38 @@ def prompt_of(session, target: int) -> tuple[str, int]:
 
 
 def llm_stream_once(session, prompt: str, gen_tokens: int) -> dict:
-    """One streamed generation: chunk arrival times (ms from the request)."""
-    t0 = time.perf_counter_ns()
+    """One streamed generation: chunk arrival times (ms from the request), and token times when the
+    backend reports them (its loop's first/last token instants, on the same perf_counter clock)."""
+    t0 = time.perf_counter()
     times: list[float] = []
     for _chunk in session.stream(prompt, max_tokens=gen_tokens, temperature=0.0):
-        times.append((time.perf_counter_ns() - t0) / 1e6)
+        times.append((time.perf_counter() - t0) * 1e3)
     last = getattr(session.backend, "last", None) or {}
-    # Text chunks are not tokens (a partial UTF-8 byte yields nothing): take the backend's token count.
+    first_at, last_at = last.get("first_token_at"), last.get("last_token_at")
+    # Text chunks are not tokens (a partial UTF-8 byte, or a token with no text, yields nothing): take
+    # the backend's token count, and its token instants when it has them.
     return {"chunk_times_ms": times, "output_tokens": last.get("output_tokens"),
+            "first_token_ms": (first_at - t0) * 1e3 if first_at else None,
+            "last_token_ms": (last_at - t0) * 1e3 if first_at and last_at else None,
             "finish_reason": last.get("finish_reason"), "backend_timings": last.get("llama_cpp_timings") or {}}
 
 
 def llm_metrics(prompt_tokens: int, runs: list[dict]) -> dict:
     from edgesdk.profiler.bench import latency_stats  # bench imports this module at load time
 
-    ttft = [r["chunk_times_ms"][0] for r in runs if r["chunk_times_ms"]]
     gen = [r.get("output_tokens") or len(r["chunk_times_ms"]) for r in runs]
-    tpot = [(r["chunk_times_ms"][-1] - r["chunk_times_ms"][0]) / (n - 1)
-            for r, n in zip(runs, gen) if len(r["chunk_times_ms"]) > 1 and n > 1]
+    if runs and all(r.get("first_token_ms") is not None for r in runs):
+        # Token instants from the backend: a token that yields no text (a split UTF-8 character; most
+        # tokens of a random-weight model) delays the next text chunk, not the token.
+        timing_source = "tokens (backend loop)"
+        ttft = [r["first_token_ms"] for r in runs]
+        tpot = [(r["last_token_ms"] - r["first_token_ms"]) / (n - 1) for r, n in zip(runs, gen)
+                if n > 1 and r.get("last_token_ms") is not None]
+    else:
+        timing_source = "text chunks"
+        ttft = [r["chunk_times_ms"][0] for r in runs if r["chunk_times_ms"]]
+        tpot = [(r["chunk_times_ms"][-1] - r["chunk_times_ms"][0]) / (n - 1)
+                for r, n in zip(runs, gen) if len(r["chunk_times_ms"]) > 1 and n > 1]
     prefill_ttft = prompt_tokens / (statistics.median(ttft) / 1e3) if ttft else None
     # The backend's own timers (llama.cpp's prompt-eval and eval counters, as llama-bench reports
     # them), when every run has them: the rate of the model itself, without the stream's Python,
@@ -64,7 +81,7 @@ def llm_metrics(prompt_tokens: int, runs: list[dict]) -> dict:
     eval_rates = [t["eval_tokens"] / t["eval_ms"] * 1e3 for t in timings if t.get("eval_ms")]
     backend_prefill = statistics.median(prompt_rates) if runs and len(prompt_rates) == len(runs) else None
     out = {"prompt_tokens": prompt_tokens, "generated_tokens": gen, "repeats": len(runs),
-           "ttft_ms": latency_stats(ttft), "tpot_ms": latency_stats(tpot),
+           "ttft_ms": latency_stats(ttft), "tpot_ms": latency_stats(tpot), "timing_source": timing_source,
            "prefill_tok_s": backend_prefill or prefill_ttft,
            "prefill_source": "backend prompt-eval timer" if backend_prefill else "TTFT",
            "prefill_tok_s_from_ttft": prefill_ttft,
@@ -72,8 +89,9 @@ def llm_metrics(prompt_tokens: int, runs: list[dict]) -> dict:
            "decode_tok_s_backend": statistics.median(eval_rates) if runs and len(eval_rates) == len(runs) else None,
            "finish_reasons": [r.get("finish_reason") for r in runs],
            "token_times_ms": runs[-1]["chunk_times_ms"] if runs else [],
-           "method": "session.stream: TTFT = first chunk; TPOT = (last - first chunk) / (tokens - 1), tokens "
-                     "as the backend counted them; decode tok/s = 1 / median TPOT (as a user sees the stream). "
+           "method": "session.stream: TTFT = first generated token (the backend loop's instant; first text "
+                     "chunk when the backend has none: timing_source); TPOT = (last - first token) / (tokens - 1), "
+                     "tokens as the backend counted them; decode tok/s = 1 / median TPOT (the stream's rate). "
                      "prefill tok/s = median over runs of the backend's prompt-eval timer (llama.cpp: tokens "
                      "evaluated / prompt-eval time, as llama-bench reports) when every run has it, else prompt "
                      "tokens / median TTFT (which also holds the first sampled token and the stream's setup); "

@@ -28,7 +28,11 @@ for s in $STEPS; do
         step p4; timeout "${P4_S:-150}" python3 tools/bench/bench_p4_h200.py --out "$OUT/p4_h200.json" --work /tmp/p4 \
           --reps 2 2>&1 | filter | tee -a "$LOG"
       else
-        step gguf; timeout "${GGUF_S:-150}" python3 tools/device/profiler_gpu.py --gguf --skip-torch 2>&1 | filter | tee -a "$LOG"
+        # One process per quant type, no plot: a SIGSEGV after the first report (2026-12-02) lost the second.
+        for q in Q4_K_M F16; do
+          step "gguf $q"; timeout "${GGUF_S:-150}" python3 tools/device/profiler_gpu.py --gguf --skip-torch \
+            --quant=$q --no-plot 2>&1 | filter | tee -a "$LOG"
+        done
       fi ;;
   esac
 done

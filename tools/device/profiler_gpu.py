@@ -12,7 +12,8 @@
    Q4_K_M and F16 bundles, each measured by ``run_profiler`` (the code behind ``edgesdk profiler run``)
    with the prediction error for ``h200``.
 
-Usage (device machine, repo root): python3 tools/device/profiler_gpu.py [--gguf]   (see profiler_gpu.sh)
+Usage (device machine, repo root): python3 tools/device/profiler_gpu.py [--gguf] [--skip-torch]
+       [--quant=Q4_K_M|F16 ...] [--no-plot]   (see profiler_gpu.sh, gpu_session.sh)
 """
 
 from __future__ import annotations
@@ -184,7 +185,8 @@ def gguf_run(work: Path) -> None:
                    env={**os.environ, "EDGESDK_NO_LLAMA_PRELOAD": "1"})  # torch child: no libllama preload
     h200 = resolve_profile("h200")
     hf_facts = inspect_model(hf)
-    for quant in ("Q4_K_M", "F16"):
+    quants = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--quant=")] or ["Q4_K_M", "F16"]
+    for quant in quants:
         bundle = work / f"bundle-{quant}"
         bundle.mkdir(parents=True, exist_ok=True)
         if quant == "F16":
@@ -210,9 +212,11 @@ def gguf_run(work: Path) -> None:
                                 f"{shape['hidden_size']} (transformers LlamaConfig {shape}), converted by "
                                 "edgesdk.formats.gguf_convert, quantized by llama.cpp")
         save_report(report, OUT / f"profiler_h200_gguf_{quant.lower()}.json")
-        if quant == "Q4_K_M":
-            plot_report(report, OUT / "profiler_h200_gguf_q4_k_m.png")
         print(render_table(report), flush=True)
+        if quant == "Q4_K_M" and "--no-plot" not in sys.argv:
+            # 2026-12-02: this process died with SIGSEGV right after the Q4_K_M report was saved, with
+            # the CUDA llama.cpp loaded; --no-plot (and one process per --quant=) keeps the numbers.
+            plot_report(report, OUT / "profiler_h200_gguf_q4_k_m.png")
 
 
 if __name__ == "__main__":

@@ -248,6 +248,9 @@ class LlamaCppBackend:
                              "ttft_s": round(t_first - t0, 6) if t_first else None,
                              "decode_tok_s": round((n_out - 1) / (t_end - t_first), 2)
                              if t_first and n_out > 1 and t_end > t_first else None,
+                             # perf_counter() instants, for callers timing tokens (not text chunks:
+                             # a token may yield no text, so chunk times can lag token times).
+                             "first_token_at": t_first, "last_token_at": t_end if t_first else None,
                              "llama_cpp_timings": self._perf_read()}
 
     # ------------------------------------------------------------------ report / close
