@@ -122,12 +122,6 @@ class HistogramRecorder:
             # thread during a reset can never be found for a different attribute set.
             return self._attribute_ids.setdefault(items, next(self._ids))
 
-    def record(self, histogram, value, attributes) -> None:
-        self.record_points([(histogram, attributes, (value,))])
-
-    def record_many(self, histogram, values, attributes) -> None:
-        self.record_points([(histogram, attributes, values)])
-
     def record_points(self, points) -> None:
         rest = points
         if self.fast:
