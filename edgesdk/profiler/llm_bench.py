@@ -85,6 +85,9 @@ def llm_metrics(prompt_tokens: int, runs: list[dict]) -> dict:
            "prefill_tok_s": backend_prefill or prefill_ttft,
            "prefill_source": "backend prompt-eval timer" if backend_prefill else "TTFT",
            "prefill_tok_s_from_ttft": prefill_ttft,
+           # llama-cpp-python keeps the KV of a prefix shared with the last request (here the BOS
+           # token), so the timer may count a token or so fewer than prompt_tokens: say how many.
+           "prefill_eval_tokens": [t["prompt_eval_tokens"] for t in timings] if backend_prefill else None,
            "decode_tok_s": 1e3 / statistics.median(tpot) if tpot else None,
            "decode_tok_s_backend": statistics.median(eval_rates) if runs and len(eval_rates) == len(runs) else None,
            "finish_reasons": [r.get("finish_reason") for r in runs],
