@@ -4,6 +4,7 @@ OTLP/HTTP (http.server + protobuf), a dead endpoint, a stalled exporter, the con
 
 from __future__ import annotations
 
+import gzip
 import http.server
 import json
 import logging
@@ -80,45 +81,116 @@ def test_otlp_grpc_receiver_gets_spans_and_metrics(clean_env, grpc_receiver, how
             "gen_ai.client.operation.time_per_output_chunk"} <= names
 
 
-@pytest.mark.parametrize("how", ["argument", "env-per-signal"])
-def test_otlp_http_receiver_gets_spans(clean_env, how):
-    received: dict[str, list] = {"/v1/traces": [], "/v1/metrics": []}
+class _HTTPReceiver(http.server.ThreadingHTTPServer):
+    """An OTLP/HTTP receiver: keeps (path, headers, raw body) of every POST; ``status`` is its answer."""
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 - http.server API
-            body = self.rfile.read(int(self.headers["Content-Length"]))
-            if self.path in ("/v1/traces", "/custom/spans"):
-                received["/v1/traces"].append(trace_service_pb2.ExportTraceServiceRequest.FromString(body))
-                reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
-            else:
-                received.setdefault(self.path, []).append(body)
-                reply = metrics_service_pb2.ExportMetricsServiceResponse().SerializeToString()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/x-protobuf")
-            self.send_header("Content-Length", str(len(reply)))
-            self.end_headers()
-            self.wfile.write(reply)
+    def __init__(self):
+        self.posts: list[tuple[str, dict, bytes]] = []
+        self.status = 200
+        receiver = self
 
-        def log_message(self, *args):
-            pass
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - http.server API
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                receiver.posts.append((self.path, {k.lower(): v for k, v in self.headers.items()}, body))
+                reply = b"" if receiver.status != 200 else (
+                    metrics_service_pb2.ExportMetricsServiceResponse() if "metrics" in self.path
+                    else trace_service_pb2.ExportTraceServiceResponse()).SerializeToString()
+                self.send_response(receiver.status)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+            def log_message(self, *args):
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+
+    def traces(self, path_part: str = "spans") -> list:
+        out = []
+        for path, headers, body in self.posts:
+            if path_part in path or path.endswith("/v1/traces"):
+                if headers.get("content-encoding") == "gzip":
+                    body = gzip.decompress(body)
+                out.append(trace_service_pb2.ExportTraceServiceRequest.FromString(body))
+        return out
+
+
+@pytest.fixture
+def http_receiver():
+    server = _HTTPReceiver()
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    base = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
-        if how == "argument":  # a base URL: /v1/traces and /v1/metrics are appended
-            telemetry.configure(otlp_endpoint=base, otlp_protocol="http/protobuf")
-        else:  # per-signal variables are used exactly as given (OTLP exporter spec)
-            clean_env.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
-            clean_env.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"{base}/custom/spans")
-            clean_env.setenv("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", f"{base}/v1/metrics")
-        _one_request()
-        telemetry.shutdown()
-    finally:
-        server.shutdown()
-    assert _span_names(received["/v1/traces"]) == ["chat gemma-3-270m"]
-    assert received["/v1/metrics"], "metrics were not posted to /v1/metrics"
+    yield server, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("how", ["argument", "env-per-signal"])
+def test_otlp_http_receiver_gets_spans(clean_env, how, http_receiver):
+    receiver, base = http_receiver
+    if how == "argument":  # a base URL: /v1/traces and /v1/metrics are appended
+        telemetry.configure(otlp_endpoint=base, otlp_protocol="http/protobuf")
+    else:  # per-signal variables are used exactly as given (OTLP exporter spec)
+        clean_env.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+        clean_env.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"{base}/custom/spans")
+        clean_env.setenv("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", f"{base}/v1/metrics")
+    _one_request()
+    telemetry.shutdown()
+    assert _span_names(receiver.traces()) == ["chat gemma-3-270m"]
+    assert [p for p, _, _ in receiver.posts if p == "/v1/metrics"], "metrics were not posted to /v1/metrics"
+
+
+def test_otlp_http_exporter_posts_the_sdk_request(http_receiver, caplog):
+    """Our OTLP/HTTP exporter posts bytes that parse to exactly what the SDK's encoder builds, through
+    the SDK's client: gzip, headers, an HTTP error and the size limit behave as the SDK's own export."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.exporter.otlp.proto.http import Compression
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from edgesdk.telemetry._span_proto import http_span_exporter_class
+
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "edge", "n": 3}))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("edgesdk", "1.0")
+    for i in range(40):
+        span = tracer.start_span(f"chat m{i % 3}", attributes={"gen_ai.usage.output_tokens": i, "x": ("a", "b")})
+        if i == 7:
+            span.add_event("edgesdk.fallback", {"edgesdk.fallback.from": "cuda"})
+        span.end()
+    spans = memory.get_finished_spans()
+    receiver, base = http_receiver
+    fast_class = http_span_exporter_class()
+    for compression in (Compression.NoCompression, Compression.Gzip):
+        exporter = fast_class(endpoint=f"{base}/v1/traces", compression=compression, headers={"x-fleet": "orin-7"})
+        assert exporter.fast_path
+        assert exporter.export(spans) is SpanExportResult.SUCCESS
+        stock = OTLPSpanExporter(endpoint=f"{base}/v1/traces", compression=compression, headers={"x-fleet": "orin-7"})
+        assert stock.export(spans) is SpanExportResult.SUCCESS
+    (mine_path, mine_headers, _), (_, stock_headers, _) = receiver.posts[0], receiver.posts[1]
+    assert mine_path == "/v1/traces" and mine_headers["x-fleet"] == "orin-7"
+    assert mine_headers["content-type"] == stock_headers["content-type"] == "application/x-protobuf"
+    assert receiver.posts[2][1].get("content-encoding") == "gzip"
+    reference = encode_spans(spans)
+    assert receiver.traces() == [reference] * 4
+    # A receiver that refuses (HTTP 400: not retried) fails the batch, as the SDK's export does.
+    receiver.status = 400
+    assert fast_class(endpoint=f"{base}/v1/traces").export(spans) is SpanExportResult.FAILURE
+    # Over max_request_size: dropped before sending, with the SDK's warning.
+    receiver.status, before = 200, len(receiver.posts)
+    small = fast_class(endpoint=f"{base}/v1/traces", max_request_size=100)
+    with caplog.at_level(logging.WARNING):
+        assert small.export(spans) is SpanExportResult.FAILURE
+    assert len(receiver.posts) == before and "exceeds max_request_size" in caplog.text
+    # Shut down: the SDK's own refusal.
+    small.shutdown()
+    assert small.export(spans) is SpanExportResult.FAILURE
 
 
 def _closed_port() -> int:

@@ -47,7 +47,10 @@ def _otlp_exporters(settings: Settings):
         OTLPSpanExporter = grpc_span_exporter_class()  # noqa: N806 - a class
     else:
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        from edgesdk.telemetry._span_proto import http_span_exporter_class
+
+        OTLPSpanExporter = http_span_exporter_class()  # noqa: N806 - a class
     return (OTLPSpanExporter(endpoint=traces_url, timeout=timeout),
             OTLPMetricExporter(endpoint=metrics_url, timeout=timeout))
 

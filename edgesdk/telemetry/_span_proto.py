@@ -1,18 +1,19 @@
 # SPDX-License-Identifier: Apache-2.0
-"""SDK spans straight to OTLP protobuf bytes (``ExportTraceServiceRequest``), for the OTLP/gRPC exporter.
+"""SDK spans straight to OTLP protobuf bytes (``ExportTraceServiceRequest``), for the OTLP exporters.
 
 The SDK's ``encode_spans`` builds one Python protobuf object per span, attribute and value: about
 49 us per GenAI span on this CPU, twice everything else telemetry does per request (benchmark P6).
 This encoder writes the wire format directly — the same fields the SDK's encoder sets, with the
-same presence rules — and the exporter parses the bytes back into the request message in C
-(``FromString``), so the SDK's gRPC exporter (retries, headers, TLS, compression, ``OTEL_*``
-settings) is used unchanged. Spans of rare shapes (events, links, trace state, dropped counts)
+same presence rules. The gRPC exporter parses the bytes back into the request message in C
+(``FromString``); the HTTP exporter posts them as they are. Either way the SDK's transport (retries,
+headers, TLS, compression, ``OTEL_*`` settings) is used unchanged. Spans of rare shapes (events, links, trace state, dropped counts)
 are encoded by the SDK itself and spliced in. ``tests/test_telemetry_export.py`` checks the result
 equals ``encode_spans`` byte for byte after re-serialisation, over every value type.
 """
 
 from __future__ import annotations
 
+import logging
 import struct
 from collections.abc import Mapping, Sequence
 
@@ -25,6 +26,7 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _HAS_IS_REMOTE = 0x100
 _IS_REMOTE = 0x200
 _CACHE_LIMIT = 4096
+_logger = logging.getLogger(__name__)
 
 
 _SMALL = [bytes((i,)) for i in range(0x80)]  # one-byte varints: most lengths and token counts
@@ -246,5 +248,59 @@ def grpc_span_exporter_class():
     class FastOTLPSpanExporter(OTLPSpanExporter):
         def _translate_data(self, data):
             return ExportTraceServiceRequest.FromString(export_request_bytes(data))
+
+    return FastOTLPSpanExporter
+
+
+_HTTP_PARTS = ("_client", "_metrics", "_max_request_size", "_shutdown")
+
+
+def http_span_exporter_class():
+    """The SDK's OTLP/HTTP span exporter, posting :func:`export_request_bytes` instead of ``encode_spans``.
+
+    The HTTP exporter has no encoding hook: its ``export()`` encodes, checks the size and hands the
+    bytes to its HTTP client, which does the retries, timeouts, headers and compression. This
+    ``export()`` is the same three steps with our bytes; if the SDK's exporter is not shaped as
+    expected (another version), it is the SDK's ``export()`` that runs.
+    """
+    from opentelemetry.exporter.otlp.proto.http import _common
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    too_large = getattr(_common, "_is_request_too_large", None)
+    too_large_error = getattr(_common, "RequestPayloadTooLargeError", None)
+
+    class FastOTLPSpanExporter(OTLPSpanExporter):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.fast_path = (too_large is not None and too_large_error is not None
+                              and all(hasattr(self, name) for name in _HTTP_PARTS)
+                              and callable(getattr(self._client, "export", None))
+                              and callable(getattr(self._metrics, "export_operation", None)))
+
+        def export(self, spans):
+            if not self.fast_path or self._shutdown:
+                return super().export(spans)
+            with self._metrics.export_operation(len(spans)) as result:
+                try:
+                    data = export_request_bytes(spans)
+                except Exception as error:  # noqa: BLE001 - as the SDK: a batch that cannot be encoded fails
+                    _logger.error("Failed to encode span batch: %s", error)
+                    result.error = error
+                    return SpanExportResult.FAILURE
+                if too_large(data, self._max_request_size):
+                    _logger.warning(
+                        "Dropping span batch: serialized size %d bytes exceeds max_request_size %d bytes.",
+                        len(data), self._max_request_size)
+                    result.error = too_large_error(f"Serialized span request size {len(data)} bytes exceeds "
+                                                   f"max_request_size {self._max_request_size} bytes.")
+                    return SpanExportResult.FAILURE
+                sent = self._client.export(data)
+                if not sent.success:
+                    result.error = sent.error
+                    if sent.status_code is not None:
+                        result.error_attrs = {"http.response.status_code": sent.status_code}
+                    return SpanExportResult.FAILURE
+            return SpanExportResult.SUCCESS
 
     return FastOTLPSpanExporter

@@ -6,7 +6,7 @@ the same calls with telemetry disabled, in the same run.
 
 Method: the same instrumented call sequence runs with telemetry disabled (OTEL_SDK_DISABLED: the
 no-op recorder) and enabled (OTLP-JSON lines to a temp file through the batch processor — the CI
-setup; ``--exporter otlp-grpc`` sends to a real gRPC receiver on loopback instead). A request is
+setup; ``--exporter otlp-grpc`` / ``otlp-http`` send to a real OTLP receiver on loopback instead). A request is
 ``telemetry.inference("chat", ..., stream=True)`` with input/output token counts, finish reasons
 and ``rec.chunk()`` per token; the model's own work is left out, so the difference is telemetry
 alone. Rounds alternate off/on; each figure is the median over rounds of the per-request time.
@@ -27,7 +27,7 @@ shared, so the ratio to the anchor is the load-independent figure; ``normalized_
 wall figures to the FACTS.md anchors (an estimate for a quiet machine, labelled as such).
 
 Usage: python tools/bench/bench_p6_telemetry.py [--requests 2000] [--tokens 128] [--rounds 15]
-       [--exporter file|otlp-grpc|null] [--no-stream] [--out PATH]
+       [--exporter file|otlp-grpc|otlp-http|null] [--no-stream] [--out PATH]
 Writes tools/bench/results/p6_telemetry.json (or --out).
 """
 
@@ -72,7 +72,7 @@ def _set_telemetry(on: bool, exporter: str, trace_file: Path, endpoint: str | No
 
         telemetry.configure(span_exporter=NullExporter(), metric_reader=InMemoryMetricReader())
     else:
-        telemetry.configure(otlp_endpoint=endpoint, otlp_protocol="grpc")
+        telemetry.configure(otlp_endpoint=endpoint, otlp_protocol="grpc" if exporter == "otlp-grpc" else "http/protobuf")
 
 
 DROPPED = [0]  # spans dropped by a full export queue, over every measured batch
@@ -164,13 +164,50 @@ sys.stdin.read()  # until the benchmark closes our stdin
 server.stop(grace=None)
 """
 
+_HTTP_RECEIVER = """
+import http.server
+import sys
+import threading
 
-def _grpc_receiver():
-    """A real OTLP/gRPC receiver on loopback, in its own process (as a collector would be), so its
-    decoding does not count as the benchmark process's telemetry CPU."""
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as a collector's receiver
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        if "traces" in self.path:
+            trace_service_pb2.ExportTraceServiceRequest.FromString(body)
+            reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+        else:
+            metrics_service_pb2.ExportMetricsServiceRequest.FromString(body)
+            reply = metrics_service_pb2.ExportMetricsServiceResponse().SerializeToString()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+
+    def log_message(self, *args):
+        pass
+
+
+server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+print(server.server_address[1], flush=True)
+sys.stdin.read()  # until the benchmark closes our stdin
+server.shutdown()
+"""
+
+
+def _receiver(exporter: str):
+    """A real OTLP receiver (gRPC, or HTTP that parses each request) on loopback, in its own process
+    (as a collector would be), so its decoding does not count as the benchmark process's telemetry CPU."""
     import subprocess
 
-    child = subprocess.Popen([sys.executable, "-c", _RECEIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    child = subprocess.Popen([sys.executable, "-c", _RECEIVER if exporter == "otlp-grpc" else _HTTP_RECEIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              text=True)
     port = int(child.stdout.readline())
     return child, f"http://127.0.0.1:{port}"
@@ -181,7 +218,7 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--exporter", choices=["file", "otlp-grpc", "null"], default="file")
+    parser.add_argument("--exporter", choices=["file", "otlp-grpc", "otlp-http", "null"], default="file")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--no-stream", action="store_true", help="non-streaming requests (generate())")
     args = parser.parse_args()
@@ -192,7 +229,7 @@ def main() -> int:
 
     from edgesdk import telemetry
 
-    server, endpoint = _grpc_receiver() if args.exporter == "otlp-grpc" else (None, None)
+    server, endpoint = _receiver(args.exporter) if args.exporter.startswith("otlp") else (None, None)
     samples: dict[tuple[bool, int], list[tuple[float, float, float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         trace_file = Path(tmp) / "bench.jsonl"
