@@ -53,6 +53,7 @@ class _State:
         self.tracer = None  # None = telemetry off: every call takes the no-op path
         self.instruments: Instruments | None = None
         self.worker: FinishWorker | None = None
+        self.direct = None  # _direct_spans.DirectSpans on our own provider
         self.tracer_provider = None
         self.meter_provider = None
         self.counters = Counters()
@@ -112,6 +113,11 @@ def configure(*, trace_file: str | Path | None = None, otlp_endpoint: str | None
             _state.tracer = _state.tracer_provider.get_tracer("edgesdk", N.SDK_VERSION,
                                                                schema_url=N.SCHEMA_URL)
             meter = _state.meter_provider.get_meter("edgesdk", N.SDK_VERSION, schema_url=N.SCHEMA_URL)
+            from edgesdk.telemetry._direct_spans import DirectSpans
+            from edgesdk.telemetry._exporters import CountingBatchSpanProcessor
+
+            _state.direct = DirectSpans(_state.tracer, getattr(_state.tracer, "_span_limits", None),
+                                        (CountingBatchSpanProcessor,))
         elif _application_has_sdk():
             # The host application installed its own SDK providers: emit into them.
             from opentelemetry import metrics
@@ -176,6 +182,7 @@ def _shutdown_locked(timeout_s: float = 5.0) -> None:
     _state.tracer = None
     _state.instruments = None
     _state.worker = None
+    _state.direct = None
     if worker is not None:
         worker.stop()  # records what is pending before the meter provider's final export
     _state.tracer_provider = None
@@ -216,6 +223,9 @@ def stats() -> dict:
     # True: histogram values take the batched shortcut; else why not (see _histograms); None: no metrics.
     snapshot["metrics_fast_path"] = None if recorder is None else (True if recorder.fast else
                                                                   recorder.fallback_reason)
+    # True: streamed requests' spans are made in one step (see _direct_spans); else why not; None: no provider of ours.
+    direct = _state.direct
+    snapshot["direct_spans"] = None if direct is None else (True if direct.reason is None else direct.reason)
     return snapshot
 
 
@@ -228,8 +238,10 @@ def inference(operation: str, model: str, provider: str, *, stream: bool = False
         _ensure_configured()
         if _state.tracer is None:
             return NOOP_RECORDER
+    direct = _state.direct
     return InferenceRecorder(_state.tracer, _state.instruments, _state.worker, _state.capture_content, operation,
-                             model, provider, stream, request, attributes)
+                             model, provider, stream, request, attributes,
+                             direct if direct is not None and direct.reason is None else None)
 
 
 @contextlib.contextmanager

@@ -7,7 +7,8 @@ requests only, ``start_span`` with the sampling-relevant attributes plus a conte
 Everything else — the span of a streaming request, the remaining attributes, status,
 ``span.end(end_time=...)`` and the histogram values — happens in :class:`FinishWorker` on a
 background thread, overlapping with the model's native compute; the worker hands a whole drain's
-histogram values to the SDK in one batch (see ``_histograms``).
+histogram values to the SDK in one batch (see ``_histograms``) and, on edgesdk's own provider, makes a
+stream's ended span in one step (see ``_direct_spans``).
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from time import perf_counter, time_ns
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import NonRecordingSpan, SpanKind, Status, StatusCode
 
 from edgesdk.telemetry import _names as N
 from edgesdk.telemetry._histograms import HistogramRecorder
+
+_UNSET = Status(StatusCode.UNSET)
 
 
 class Instruments:
@@ -204,11 +207,13 @@ class InferenceRecorder:
     __slots__ = ("_tracer", "_instruments", "_worker", "_capture", "_operation", "_model", "_provider",
                  "_stream", "_request", "_attributes", "_span", "_token", "_t0", "_end", "_end_ns", "_first",
                  "_times", "_input_tokens", "_output_tokens", "_reasons", "_response_model", "_input_content",
-                 "_output_content", "_error_type", "_error_text", "_end_attrs", "_parent", "_start_ns", "_events")
+                 "_output_content", "_error_type", "_error_text", "_end_attrs", "_parent", "_start_ns", "_events",
+                 "_direct")
 
     def __init__(self, tracer, instruments, worker, capture, operation, model, provider, stream, request,
-                 attributes):
+                 attributes, direct=None):
         self._tracer = tracer
+        self._direct = direct  # _direct_spans.DirectSpans on edgesdk's own provider, else None
         self._instruments = instruments
         self._worker = worker
         self._capture = capture
@@ -317,18 +322,29 @@ class InferenceRecorder:
             attrs[N.RESPONSE_TIME_TO_FIRST_CHUNK] = self._first - self._t0
         if self._capture:
             self._add_content(attrs)
+        status = Status(StatusCode.ERROR, self._error_text or error_type) if error_type is not None else None
         if span is None:  # a stream: the whole span now, every attribute at creation
             name, start = self._name_and_start_attributes()
             start.update(attrs)
-            span = self._span = self._tracer.start_span(name, context=self._parent, kind=SpanKind.INTERNAL,
-                                                        attributes=start, start_time=self._start_ns)
-            for event_name, event_attrs, event_ns in self._events or ():
-                span.add_event(event_name, event_attrs, timestamp=event_ns)
+            direct = self._direct
+            context = None
+            if direct is not None and not self._events:  # the SDK's span in one step (_direct_spans)
+                context = direct.emit(name, self._parent, start, self._start_ns, self._end_ns, status or _UNSET)
+            if context is not None:
+                self._span = NonRecordingSpan(context)
+            else:
+                span = self._span = self._tracer.start_span(name, context=self._parent, kind=SpanKind.INTERNAL,
+                                                            attributes=start, start_time=self._start_ns)
+                for event_name, event_attrs, event_ns in self._events or ():
+                    span.add_event(event_name, event_attrs, timestamp=event_ns)
+                if status is not None:
+                    span.set_status(status)
+                span.end(end_time=self._end_ns)
         else:
             span.set_attributes(attrs)
-        if error_type is not None:
-            span.set_status(Status(StatusCode.ERROR, self._error_text or error_type))
-        span.end(end_time=self._end_ns)
+            if status is not None:
+                span.set_status(status)
+            span.end(end_time=self._end_ns)
         if self._instruments is None:
             return
         if points is None:
@@ -424,5 +440,6 @@ class InferenceRecorder:
 
     @property
     def span(self):
-        """The request's span; for a stream, the invalid span until the worker has created it."""
+        """The request's span; for a stream, the invalid span until the worker has created it (then a
+        non-recording span with its context when it was made in one step: it has ended anyway)."""
         return self._span if self._span is not None else trace.INVALID_SPAN

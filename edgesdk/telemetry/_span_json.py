@@ -215,7 +215,10 @@ def _attributes_text(attributes) -> str:
 def span_attributes(span):
     """The span's attribute dict: the SDK's own when it is a plain dict inside (no copy, no lock
     needed: the span has ended, so its attributes are frozen), else the public mapping."""
-    inner = getattr(getattr(span, "_attributes", None), "_dict", None)
+    outer = getattr(span, "_attributes", None)
+    if type(outer) is dict:  # made in one step (_direct_spans)
+        return outer
+    inner = getattr(outer, "_dict", None)
     return inner if isinstance(inner, dict) else span.attributes
 
 
