@@ -109,7 +109,7 @@ def _fields(span) -> dict:
             "state": span.context.trace_state, "parent": span.parent, "attributes": dict(span.attributes),
             "kind": span.kind, "status": (span.status.status_code, span.status.description),
             "times": (span.start_time, span.end_time), "resource": span.resource.attributes,
-            "scope": span.instrumentation_scope, "events": tuple(span.events), "links": tuple(span.links),
+            "scope": span.instrumentation_scope, "events": [(e.name, dict(e.attributes), e.timestamp) for e in span.events], "links": tuple(span.links),
             "dropped": (span.dropped_attributes, span.dropped_events, span.dropped_links)}
 
 
@@ -234,3 +234,87 @@ def test_value_length_limit_turns_it_off(clean_env):
     assert telemetry.force_flush()
     (span,) = memory.get_finished_spans()
     assert dict(span.attributes)["edgesdk.backend"] == "llama"  # truncated by the SDK, as configured
+
+
+START = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "onnxruntime", "gen_ai.request.model": "minilm"}
+
+
+def _deferred_cases():
+    """(label, end attributes, what is done to the span while the request runs)."""
+    end = {k: v for k, v in ATTRS.items() if k not in START}
+    return [
+        ("untouched", end, None),
+        ("a start key set again", {**end, "gen_ai.request.model": "minilm-int8"}, None),
+        ("an event (a runtime fallback)", end, lambda s: s.add_event("edgesdk.fallback", {"edgesdk.fallback.to": "cpu"},
+                                                                      timestamp=1_500)),
+        ("an attribute and a new name", end, lambda s: (s.set_attribute("app.k", [1, 2]), s.update_name("chat x"))),
+        ("a value the SDK cleans", {**end, "edgesdk.raw": b"\x00\x01"}, None),
+    ]
+
+
+@pytest.mark.parametrize("sampler_name", ["always_on", "parent_based", "tagging"])
+def test_deferred_span_of_a_non_streaming_request_is_the_sdk_span(sampler_name):
+    sampler = {"always_on": ALWAYS_ON, "parent_based": ParentBased(ALWAYS_ON), "tagging": _TaggingSampler()}[sampler_name]
+    ids, memory, _, tracer = _setup(sampler)
+    direct = DirectSpans(tracer, tracer._span_limits, (SimpleSpanProcessor,))
+    compared = 0
+    for parent_name, parent in _parents().items():
+        for label, end_attrs, touch in _deferred_cases():
+            for status in (None, Status(StatusCode.ERROR, "OSError: device lost")):
+                mark, calls = ids.n, getattr(sampler, "calls", 0)
+                memory.clear()
+                token = otel_context.attach(parent)
+                try:
+                    sdk = tracer.start_span("chat minilm", kind=SpanKind.INTERNAL, attributes=START, start_time=1_000)
+                    if touch:
+                        touch(sdk)
+                    sdk.set_attributes(end_attrs)
+                    if status is not None:
+                        sdk.set_status(status)
+                    sdk.end(end_time=9_000)
+                    sdk_spans = memory.get_finished_spans()
+                    ids.rewind(mark)
+                    if isinstance(sampler, _TaggingSampler):
+                        sampler.calls = calls
+                    memory.clear()
+                    mine = direct.start("chat minilm", START)
+                finally:
+                    otel_context.detach(token)
+                assert mine.get_span_context() == sdk.get_span_context(), (parent_name, label)
+                if isinstance(mine, NonRecordingSpan):  # the sampler dropped it, as for the SDK
+                    assert not sdk.is_recording() and not sdk_spans
+                    continue
+                mine.start_ns = 1_000  # the request's start instant, fixed for the comparison
+                assert mine.is_recording()
+                if touch:
+                    touch(mine)
+                mine.finish(end_attrs, 9_000, status)
+                assert not mine.is_recording()
+                mine.add_event("too late")  # after the end: ignored, as by the SDK's ended span
+                direct_spans = memory.get_finished_spans()
+                assert [_fields(s) for s in direct_spans] == [_fields(s) for s in sdk_spans], (parent_name, label)
+                if direct_spans:
+                    compared += 1
+                    one_step = type(direct_spans[0]._attributes) is dict
+                    assert one_step == (touch is None and label != "a value the SDK cleans"), label
+                    assert encode_spans(direct_spans) == encode_spans(sdk_spans)
+                    assert export_request_bytes(direct_spans) == export_request_bytes(sdk_spans)
+    assert compared > 0
+
+
+def test_non_streaming_requests_use_it_and_fallback_events_land(clean_env):
+    memory = InMemorySpanExporter()
+    telemetry.configure(span_exporter=memory)
+    with telemetry.inference("embeddings", "minilm", "onnxruntime", attributes={"edgesdk.backend": "onnxruntime"}) as rec:
+        assert trace.get_current_span() is rec.span and rec.span.is_recording()
+        rec.set_input_tokens(7)
+    with telemetry.inference("embeddings", "minilm", "onnxruntime") as rec:
+        telemetry.fallback_event("cuda", "cpu", "no CUDA device")
+        rec.set_input_tokens(7)
+    assert telemetry.force_flush()
+    plain, with_event = memory.get_finished_spans()
+    assert type(plain._attributes) is dict and dict(plain.attributes)["gen_ai.usage.input_tokens"] == 7
+    assert type(with_event._attributes) is not dict  # became the SDK's span for the event
+    assert [e.name for e in with_event.events] == ["edgesdk.fallback"]
+    assert dict(with_event.attributes)["gen_ai.usage.input_tokens"] == 7
+    assert plain.name == with_event.name == "embeddings minilm"

@@ -22,6 +22,7 @@ from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanKind, Status, StatusCode
 
 from edgesdk.telemetry import _names as N
+from edgesdk.telemetry._direct_spans import DeferredSpan
 from edgesdk.telemetry._histograms import HistogramRecorder
 
 _UNSET = Status(StatusCode.UNSET)
@@ -257,7 +258,10 @@ class InferenceRecorder:
             self._start_ns = time_ns()
         else:
             name, start = self._name_and_start_attributes()
-            self._span = self._tracer.start_span(name, kind=SpanKind.INTERNAL, attributes=start)
+            direct = self._direct
+            span = direct.start(name, start) if direct is not None else None  # decided now, made at the end
+            self._span = span if span is not None else self._tracer.start_span(name, kind=SpanKind.INTERNAL,
+                                                                               attributes=start)
             self._token = otel_context.attach(trace.set_span_in_context(self._span))
         self._t0 = perf_counter()
         return self
@@ -340,6 +344,8 @@ class InferenceRecorder:
                 if status is not None:
                     span.set_status(status)
                 span.end(end_time=self._end_ns)
+        elif type(span) is DeferredSpan:
+            span.finish(attrs, self._end_ns, status)
         else:
             span.set_attributes(attrs)
             if status is not None:
