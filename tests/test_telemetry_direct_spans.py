@@ -188,6 +188,14 @@ def test_keys_limits_and_foreign_processors_take_the_sdk_path():
     assert "length limit" in DirectSpans(truncating, truncating._span_limits, (SimpleSpanProcessor,)).reason
     assert "processors" in DirectSpans(tracer, tracer._span_limits, (type(None),)).reason
 
+    class Starting(SimpleSpanProcessor):  # a processor of the accepted type that acts on start
+        def on_start(self, span, parent_context=None):
+            span.set_attribute("started", True)
+
+    _, _, starting_provider, starting = _setup(ALWAYS_ON)
+    starting_provider.add_span_processor(Starting(InMemorySpanExporter()))
+    assert "start" in DirectSpans(starting, starting._span_limits, (SimpleSpanProcessor,)).reason
+
 
 def _stream_once(attributes=None):
     with telemetry.inference("chat", "gemma", "llama.cpp", stream=True, request={"max_tokens": 4},

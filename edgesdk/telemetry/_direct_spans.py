@@ -70,6 +70,19 @@ def plain_attributes(attributes) -> dict | None:
     return out
 
 
+# The SDK's processors whose start and ending hooks are empty (``pass``): skipping them changes nothing.
+_EMPTY_HOOKS = frozenset(f"{cls}.{hook}" for cls in ("SpanProcessor", "BatchSpanProcessor", "SimpleSpanProcessor")
+                         for hook in ("on_start", "_on_ending"))
+
+
+def _does_nothing(cls, hook: str) -> bool:
+    method = getattr(cls, hook, None)
+    if method is None:
+        return hook == "_on_ending"  # an SDK without the hook
+    return (getattr(method, "__module__", "").startswith("opentelemetry.sdk.trace")
+            and getattr(method, "__qualname__", "") in _EMPTY_HOOKS)
+
+
 class DirectSpans:
     """See the module docstring. ``reason`` is None when usable, else why not."""
 
@@ -86,6 +99,8 @@ class DirectSpans:
         elif not isinstance(processors, tuple) or not processors or not all(
                 isinstance(p, own_processor_types) for p in processors):
             self.reason = "span processors other than edgesdk's"
+        elif not all(_does_nothing(type(p), "on_start") and _does_nothing(type(p), "_on_ending") for p in processors):
+            self.reason = "a span processor acts on span start or ending"
         elif NoOpTracerMetrics is None or not isinstance(getattr(tracer, "_tracer_metrics", None), NoOpTracerMetrics):
             self.reason = "SDK self-metrics are on"
         elif (_SdkSpan is None or getattr(tracer, "_instrumentation_scope", None) is None
