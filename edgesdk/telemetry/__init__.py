@@ -223,7 +223,7 @@ def stats() -> dict:
     # True: histogram values take the batched shortcut; else why not (see _histograms); None: no metrics.
     snapshot["metrics_fast_path"] = None if recorder is None else (True if recorder.fast else
                                                                   recorder.fallback_reason)
-    # True: streamed requests' spans are made in one step (see _direct_spans); else why not; None: no provider of ours.
+    # True: inference spans are made in one step when they end (see _direct_spans); else why not; None: no provider of ours.
     direct = _state.direct
     snapshot["direct_spans"] = None if direct is None else (True if direct.reason is None else direct.reason)
     return snapshot

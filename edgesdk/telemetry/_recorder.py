@@ -3,12 +3,13 @@
 
 Budget (benchmark P6): <= 50 us per request and <= 5 us per generated token of total process CPU.
 On the caller's thread a request costs timestamps (``chunk()`` appends one) and, for non-streaming
-requests only, ``start_span`` with the sampling-relevant attributes plus a context attach.
+requests only, deciding the span with the sampling-relevant attributes (``start_span``, or
+``DirectSpans.start`` on edgesdk's own provider) plus a context attach.
 Everything else — the span of a streaming request, the remaining attributes, status,
 ``span.end(end_time=...)`` and the histogram values — happens in :class:`FinishWorker` on a
 background thread, overlapping with the model's native compute; the worker hands a whole drain's
-histogram values to the SDK in one batch (see ``_histograms``) and, on edgesdk's own provider, makes a
-stream's ended span in one step (see ``_direct_spans``).
+histogram values to the SDK in one batch (see ``_histograms``) and, on edgesdk's own provider, makes
+each ended span in one step (see ``_direct_spans``).
 """
 
 from __future__ import annotations
@@ -335,19 +336,18 @@ class InferenceRecorder:
             if direct is not None and not self._events:  # the SDK's span in one step (_direct_spans)
                 context = direct.emit(name, self._parent, start, self._start_ns, self._end_ns, status or _UNSET)
             if context is not None:
-                self._span = NonRecordingSpan(context)
+                self._span, span = NonRecordingSpan(context), None
             else:
                 span = self._span = self._tracer.start_span(name, context=self._parent, kind=SpanKind.INTERNAL,
                                                             attributes=start, start_time=self._start_ns)
                 for event_name, event_attrs, event_ns in self._events or ():
                     span.add_event(event_name, event_attrs, timestamp=event_ns)
-                if status is not None:
-                    span.set_status(status)
-                span.end(end_time=self._end_ns)
-        elif type(span) is DeferredSpan:
+        elif type(span) is DeferredSpan:  # decided at the start, made now (or the SDK's, if it was used)
             span.finish(attrs, self._end_ns, status)
+            span = None
         else:
             span.set_attributes(attrs)
+        if span is not None:
             if status is not None:
                 span.set_status(status)
             span.end(end_time=self._end_ns)
