@@ -120,6 +120,10 @@ class DirectSpans:
         self._limits = span_limits
         self._max_attributes = span_limits.max_span_attributes
 
+    def _storable(self, attributes) -> dict | None:
+        """``plain_attributes`` within the span attribute limit; None: the SDK must store them."""
+        return plain_attributes(attributes) if len(attributes) <= self._max_attributes else None
+
     def usable(self) -> bool:
         """Still the provider seen at setup (processors unchanged) and the tracer enabled."""
         return self._multi._span_processors is self._processors and self._tracer._is_enabled()
@@ -146,17 +150,16 @@ class DirectSpans:
     def _hand_over(self, name, context, parent, attrs, start_ns, end_ns, status) -> None:
         """The ended span, as ``Span.end`` builds it, to every processor."""
         span = ReadableSpan(name=name, context=context, parent=parent, resource=self._resource, attributes=attrs,
-                            kind=SpanKind.INTERNAL, instrumentation_info=self._info, status=status,
+                            kind=SpanKind.INTERNAL, instrumentation_info=self._info, status=status or _UNSET,
                             start_time=start_ns, end_time=end_ns, instrumentation_scope=self._scope)
         for on_end in self._on_end:
             on_end(span)
 
-    def emit(self, name: str, parent_context, attributes: dict, start_ns: int, end_ns: int, status) -> SpanContext | None:
+    def emit(self, name: str, parent_context, attributes: dict, start_ns: int, end_ns: int,
+             status=None) -> SpanContext | None:
         """Sample, build and hand one ended INTERNAL span to the processors; its context, or None
         when the SDK must do it (nothing was done then)."""
-        if not self.usable() or len(attributes) > self._max_attributes:
-            return None
-        attrs = plain_attributes(attributes)
+        attrs = self._storable(attributes) if self.usable() else None
         if attrs is None:
             return None
         parent, context, result = self._decide(name, parent_context, attributes)
@@ -166,8 +169,8 @@ class DirectSpans:
         if sampled is not None and sampled != attributes:
             # A sampler that changed the attributes (the SDK's own samplers pass them through): its
             # set, if that is plain too; else the SDK's path (which asks the sampler again).
-            attrs = plain_attributes(sampled)
-            if attrs is None or len(attrs) > self._max_attributes:
+            attrs = self._storable(sampled)
+            if attrs is None:
                 return None
         self._hand_over(name, context, parent, attrs, start_ns, end_ns, status)
         return context
@@ -267,10 +270,9 @@ class DeferredSpan(trace_api.Span):
             for key, value in attributes.items():  # BoundedAttributes order: a re-set key moves last
                 merged.pop(key, None)
                 merged[key] = value
-            attrs = plain_attributes(merged) if len(merged) <= direct._max_attributes else None
+            attrs = direct._storable(merged)
             if attrs is not None:
-                direct._hand_over(self.name, self.context, self.parent, attrs, self.start_ns, end_ns,
-                                  status or _UNSET)
+                direct._hand_over(self.name, self.context, self.parent, attrs, self.start_ns, end_ns, status)
                 return
         if sdk is None:
             with self._lock:

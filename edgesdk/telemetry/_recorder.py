@@ -26,8 +26,6 @@ from edgesdk.telemetry import _names as N
 from edgesdk.telemetry._direct_spans import DeferredSpan
 from edgesdk.telemetry._histograms import HistogramRecorder
 
-_UNSET = Status(StatusCode.UNSET)
-
 
 class Instruments:
     """Histograms with the advised bucket boundaries (the semconv helpers set name/unit only)."""
@@ -334,7 +332,7 @@ class InferenceRecorder:
             direct = self._direct
             context = None
             if direct is not None and not self._events:  # the SDK's span in one step (_direct_spans)
-                context = direct.emit(name, self._parent, start, self._start_ns, self._end_ns, status or _UNSET)
+                context = direct.emit(name, self._parent, start, self._start_ns, self._end_ns, status)
             if context is not None:
                 self._span, span = NonRecordingSpan(context), None
             else:
