@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from edgesdk.capability.checker import BACKEND_LABEL, BACKENDS, CapabilityReport
 from edgesdk.capability.partition import boundary_summary
+from edgesdk.textable import format_table
 
 
 def _cell(stats: dict, count: int) -> str:
@@ -24,21 +25,17 @@ def render_table(report: CapabilityReport) -> str:
     cols = [b for b in BACKENDS if any(n.support[b].status != "n/a" for n in report.nodes)]
     rows = report.op_summary()
     header = ["op", "count"] + [BACKEND_LABEL[b] for b in cols] + ["runs on"]
-    table = [header]
+    table = []
     for r in rows:
         runs = ", ".join(f"{BACKEND_LABEL.get(k, k)} {v}" if len(r["placement"]) > 1 else BACKEND_LABEL.get(k, k)
                          for k, v in sorted(r["placement"].items(), key=lambda kv: -kv[1]))
         table.append([r["op_type"], str(r["count"])] + [_cell(r[b], r["count"]) for b in cols] + [runs])
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     lines = [f"capability of {report.model} on {report.profile} (TensorRT {report.tensorrt_version or '-'}, "
              f"{report.precision}, opset {report.opset}, {len(report.nodes)} nodes)"]
     if report.dynamic_inputs:
         lines.append("dynamic inputs: " + ", ".join(f"{k}{v}" for k, v in report.dynamic_inputs.items()))
     lines.append("")
-    for i, row in enumerate(table):
-        lines.append("  ".join(c.ljust(widths[j]) for j, c in enumerate(row)).rstrip())
-        if i == 0:
-            lines.append("  ".join("-" * w for w in widths))
+    lines.append(format_table(table, header))
     grouped: dict[tuple[str, str], list[str]] = {}
     for r in rows:
         for b in cols:

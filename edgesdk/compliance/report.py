@@ -7,6 +7,8 @@ import json
 import textwrap
 from typing import TYPE_CHECKING
 
+from edgesdk.textable import format_table
+
 if TYPE_CHECKING:
     from edgesdk.compliance.gate import GateResult
 
@@ -37,14 +39,14 @@ def _action_text(f) -> str:
 
 
 def to_table(result: GateResult, *, only_problems: bool = False) -> str:
-    rows = [("FILE / SUBJECT", "LICENSE AS FOUND", "SPDX", "CATEGORY", "ACTION")]
+    rows = []
     for f in _sorted(result):
         if only_problems and f.action == "allow":
             continue
         rows.append((_cell(f"[{f.layer}] {_row_subject(f)}", 60), _cell(f.found, 34),
                      _cell(f.chosen or f.spdx, 34), f.category, _action_text(f)))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    lines = ["  ".join(r[i].ljust(widths[i]) for i in range(4)) + "  " + r[4] for r in rows]
+    lines = [format_table(rows, ("FILE / SUBJECT", "LICENSE AS FOUND", "SPDX", "CATEGORY", "ACTION"),
+                          rule=False, rstrip=False)]
     lines.append("")
     lines.append(summary_line(result))
     return "\n".join(lines) + "\n"

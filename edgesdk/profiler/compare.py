@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from edgesdk.textable import format_table
+
 # (label, path into the report, spread path or None, True if higher is better)
 METRICS: list[tuple[str, tuple[str, ...], tuple[str, ...] | None, bool]] = [
     ("latency p50 (ms)", ("latency_ms", "p50"), ("latency_ms", "iqr"), False),
@@ -90,8 +92,6 @@ def compare_reports(base: dict, new: dict, max_regression: float | None = None) 
 
 
 def render_comparison(result: dict) -> str:
-    from edgesdk.commands._common import table
-
     def f(v):
         return "-" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))
 
@@ -99,7 +99,7 @@ def render_comparison(result: dict) -> str:
              "-" if r["worse_pct"] is None else f"{r['worse_pct']:+.1f}%",
              "-" if r["noise_pct"] is None else f"±{r['noise_pct']:.1f}%",
              "REGRESSION" if r["regression"] else ""] for r in result["rows"]]
-    text = table(rows, ["metric", "base", "new", "new/base", "worse by", "noise", ""])
+    text = format_table(rows, ["metric", "base", "new", "new/base", "worse by", "noise", ""])
     if result["base_device"] != result["new_device"]:
         text += f"\nnote: the reports come from different devices ({result['base_device']} vs {result['new_device']})"
     return text

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from edgesdk.errors import InputError, VerdictError
+from edgesdk.textable import format_table
 
 SCHEMA = "edgesdk.profiler.report/1"
 
@@ -110,8 +111,6 @@ def _fmt(v: Any, digits: int = 3) -> str:
 
 
 def render_table(report: dict) -> str:
-    from edgesdk.commands._common import table
-
     rows: list[list] = []
     b = report.get("bundle") or {}
     rows.append(["bundle", f"{b.get('model')} ({b.get('format')}, {b.get('precision')}), built for "
@@ -154,7 +153,7 @@ def render_table(report: dict) -> str:
         rows.append(["prediction", line])
     for c in (report.get("budgets") or {}).get("checks", []):
         rows.append([f"budget {c['what']}", f"{c['status']}: {_fmt(c['value'])} / {_fmt(c['target'])} {c['unit']}"])
-    return table(rows, ["figure", "value"])
+    return format_table(rows, ["figure", "value"])
 
 
 def prediction_lines(pred: dict) -> list[str]:
