@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from edgesdk.errors import InputError
+from edgesdk.resources import data_file
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "capability"
+DATA_DIR = data_file("capability")
 CHECK_KINDS = ("const_input", "zero_input", "no_output", "attr_in", "attr_not_contains", "spatial_rank",
                "static_shape")
 

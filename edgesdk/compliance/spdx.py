@@ -12,9 +12,10 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
-from importlib import resources
 
 import yaml
+
+from edgesdk.resources import read_data_text
 
 _MAX_ID_TEXT = 120  # longer than any license name: treat as a license text, not as an id
 
@@ -29,7 +30,7 @@ class Normalized:
 @functools.cache
 def load_data(name: str):
     """Load one YAML file from edgesdk/data/licenses/."""
-    text = resources.files("edgesdk").joinpath("data", "licenses", name).read_text(encoding="utf-8")
+    text = read_data_text("licenses", name)
     return yaml.safe_load(text)
 
 

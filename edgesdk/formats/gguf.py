@@ -19,6 +19,7 @@ from pathlib import Path
 from edgesdk.errors import InputError, ModelError, ParityError, ResourceError
 from edgesdk.formats import gguf_convert as conv
 from edgesdk.plan import Decision
+from edgesdk.resources import data_file
 
 # Bits per weight. Plain block types follow from the block layout in ggml-common.h (e.g. Q8_0 is
 # 32 int8 + one f16 scale = 34 bytes / 32 weights = 8.5; Q6_K is 210 bytes / 256 = 6.5625). The
@@ -40,7 +41,7 @@ LOGITS_MIN_COSINE = 0.999
 LOGITS_MIN_TOP1 = 0.95
 KV_BYTES_PER_ELEMENT = 2  # llama.cpp's default KV cache type is F16
 N_UBATCH = 512  # llama.cpp's default micro-batch: sizes the compute buffer
-PPL_TEXT = Path(__file__).resolve().parent.parent / "data" / "ppl_text.txt"
+PPL_TEXT = data_file("ppl_text.txt")
 GB = 1e9
 
 
@@ -401,15 +402,9 @@ def build_gguf(ctx) -> None:
 
 
 def _tool_versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
+    from edgesdk.host import tool_versions
 
-    out = {}
-    for dist in ("llama-cpp-python", "gguf", "transformers", "torch"):
-        try:
-            out[dist] = version(dist)
-        except PackageNotFoundError:
-            pass
-    return out
+    return tool_versions(("llama-cpp-python", "gguf", "transformers", "torch"))
 
 
 def _verify(ctx, reference: Path, final: Path, quant: str, n_ctx: int, *, changed: bool) -> dict:

@@ -7,17 +7,17 @@ sentence embedding (sentence-transformers' pooling), by cosine; the raw output b
 
 from __future__ import annotations
 
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
 
 from edgesdk.errors import ModelError
+from edgesdk.resources import read_data_text
 
 
 def sample_sentences(n: int, offset: int = 0) -> list[str]:
     """``n`` built-in English sentences (edgesdk/data/sample_sentences.txt), cycled if needed."""
-    text = resources.files("edgesdk").joinpath("data/sample_sentences.txt").read_text(encoding="utf-8")
+    text = read_data_text("sample_sentences.txt")
     lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
     return [lines[(offset + i) % len(lines)] for i in range(n)]
 

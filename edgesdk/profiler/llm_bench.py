@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from pathlib import Path
+
+from edgesdk.resources import read_data_text
 
 OPENERS = ("Yesterday", "Meanwhile", "Honestly", "Suddenly", "Later", "Eventually", "Often", "Perhaps", "Today",
             "Tomorrow", "Somewhere", "Afterwards")
@@ -20,7 +21,7 @@ OPENERS = ("Yesterday", "Meanwhile", "Honestly", "Suddenly", "Later", "Eventuall
 
 def prompt_of(session, target: int) -> tuple[str, int]:
     """A natural-text prompt of about ``target`` tokens (binary search on words, real tokenizer)."""
-    text = (Path(__file__).resolve().parent.parent / "data" / "sample_sentences.txt").read_text(encoding="utf-8")
+    text = read_data_text("sample_sentences.txt")
     words = [w for line in text.splitlines() if not line.startswith("#") for w in line.split()]
     while len(words) < target * 2:
         words = words + words

@@ -19,8 +19,9 @@ from typing import Any
 import yaml
 
 from edgesdk.errors import InputError, ModelError
+from edgesdk.resources import Traversable, data_file
 
-EFFICIENCY_FILE = Path(__file__).resolve().parent.parent / "data" / "profiler" / "efficiency.yaml"
+EFFICIENCY_FILE = data_file("profiler", "efficiency.yaml")
 _LOOKUP_OPS = {"Gather", "EmbedLayerNormalization"}
 _ONNX_DTYPE_BYTES = {1: 4, 2: 1, 3: 1, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 16: 2, 17: 1, 18: 1,
                      19: 1, 20: 1, 21: 1, 22: 1, 23: 1}
@@ -225,8 +226,8 @@ def device_class(profile) -> str:
     return {"jetson": "jetson", "gpu": "gpu", "cpu": "cpu"}[profile.kind]
 
 
-def load_efficiency_table(path: Path = EFFICIENCY_FILE) -> list[dict]:
-    data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+def load_efficiency_table(path: str | Path | Traversable = EFFICIENCY_FILE) -> list[dict]:
+    data = yaml.safe_load((Path(path) if isinstance(path, str) else path).read_text(encoding="utf-8"))
     if not isinstance(data, dict) or data.get("schema") != "edgesdk.profiler.efficiency/1":
         raise InputError(f"{path}: not an edgesdk efficiency table (schema edgesdk.profiler.efficiency/1)")
     return list(data["entries"])
