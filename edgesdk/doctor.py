@@ -1,24 +1,26 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Probe this machine for every backend the runtime can use, and say why each missing one is missing."""
+"""Probe this machine for every backend the runtime can use, and say why each missing one is missing.
+
+Host facts (GPUs, Jetson, TensorRT, ``trtexec``, versions) come from :func:`edgesdk.host.probe`; what is
+added here is the diagnosis: whether each runtime library actually imports and each listed ONNX
+Runtime execution provider actually initialises.
+"""
 
 from __future__ import annotations
 
 import importlib
-import importlib.metadata as md
 import platform
 import shutil
 
+from edgesdk.host import HostFacts, probe, tool_versions
+
 
 def _dist_version(*names: str) -> str | None:
-    for n in names:
-        try:
-            return md.version(n)
-        except md.PackageNotFoundError:
-            continue
-    return None
+    found = tool_versions(names)
+    return next((found[n] for n in names if n in found), None)
 
 
-def _ort_checks() -> list[dict]:
+def _ort_checks(host: HostFacts) -> list[dict]:
     out = []
     try:
         import onnxruntime as ort
@@ -26,7 +28,7 @@ def _ort_checks() -> list[dict]:
         return [{"component": "onnxruntime", "available": False, "version": None,
                  "detail": f"not importable: {exc}"}]
     version = ort.__version__
-    listed = ort.get_available_providers()
+    listed = list(host.onnxruntime_providers)
     out.append({"component": "onnxruntime", "available": True, "version": version,
                 "detail": f"providers built in: {', '.join(listed)}"})
     from edgesdk.runtime.backends.onnxruntime import probe_provider
@@ -44,22 +46,21 @@ def _ort_checks() -> list[dict]:
     return out
 
 
-def _nvidia() -> dict:
+def _nvidia(host: HostFacts) -> dict:
+    if host.jetson is not None:
+        j = host.jetson
+        return {"component": "NVIDIA GPU", "available": True, "version": f"L4T {j.l4t}" if j.l4t else None,
+                "detail": f"Jetson {j.model or j.platform or 'unknown model'}"
+                          + (f", sm_{j.sm} ({j.sm_source})" if j.sm else "")}
+    if host.gpus:
+        return {"component": "NVIDIA GPU", "available": True, "version": host.gpus[0].driver,
+                "detail": ", ".join(f"{g.name} (sm_{g.sm})" for g in host.gpus)}
     smi = shutil.which("nvidia-smi")
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        n = pynvml.nvmlDeviceGetCount()
-        names = [pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(n)]
-        return {"component": "NVIDIA GPU", "available": n > 0, "version": pynvml.nvmlSystemGetDriverVersion(),
-                "detail": ", ".join(map(str, names)) or "NVML reports no GPU"}
-    except Exception as exc:  # noqa: BLE001 - NVML missing or no driver: both mean "no GPU here"
-        why = "nvidia-ml-py not installed" if isinstance(exc, ImportError) else f"NVML: {exc}"
-        tegra = platform.machine() == "aarch64" and shutil.which("tegrastats")
-        return {"component": "NVIDIA GPU", "available": bool(tegra), "version": None,
-                "detail": "Jetson (tegrastats present; NVML is limited on Orin)" if tegra else
-                f"none found ({why}{'; nvidia-smi present' if smi else '; no nvidia-smi, no driver'})"}
+    why = "nvidia-ml-py not installed" if "nvidia-ml-py" not in host.versions else "NVML unavailable or reports none"
+    tegra = platform.machine() == "aarch64" and shutil.which("tegrastats")
+    return {"component": "NVIDIA GPU", "available": bool(tegra), "version": None,
+            "detail": "Jetson (tegrastats present; NVML is limited on Orin)" if tegra else
+            f"none found ({why}{'; nvidia-smi present' if smi else '; no nvidia-smi, no driver'})"}
 
 
 def _module(component: str, module: str, dists: tuple[str, ...], missing_hint: str) -> dict:
@@ -74,17 +75,23 @@ def _module(component: str, module: str, dists: tuple[str, ...], missing_hint: s
     return {"component": component, "available": True, "version": _dist_version(*dists), "detail": "importable"}
 
 
-def diagnose() -> list[dict]:
-    checks = _ort_checks()
-    checks.append(_module("TensorRT (Python API)", "tensorrt", ("tensorrt", "tensorrt-cu12", "tensorrt-cu13"),
-                          "not installed: TensorRT ships with JetPack and NVIDIA containers, not PyPI; "
-                          "bundles defer the engine build to the device"))
-    trtexec = shutil.which("trtexec")
-    checks.append({"component": "trtexec", "available": bool(trtexec), "version": None,
-                   "detail": trtexec or "not on PATH"})
+def diagnose(host: HostFacts | None = None) -> list[dict]:
+    """One row per component: usable here or not, its version, and why."""
+    host = host if host is not None else probe()
+    checks = _ort_checks(host)
+    if host.tensorrt:
+        checks.append({"component": "TensorRT (Python API)", "available": True, "version": host.tensorrt,
+                       "detail": "importable"})
+    else:
+        checks.append({"component": "TensorRT (Python API)", "available": False,
+                       "version": _dist_version("tensorrt", "tensorrt-cu12", "tensorrt-cu13"),
+                       "detail": ("TensorRT ships with JetPack and NVIDIA containers, not PyPI; bundles defer the "
+                                  f"engine build to the device ({host.tensorrt_reason})")[:200]})
+    checks.append({"component": "trtexec", "available": bool(host.trtexec), "version": None,
+                   "detail": host.trtexec or "not on PATH nor at /usr/src/tensorrt/bin/trtexec"})
     checks.append(_module("llama.cpp (llama-cpp-python)", "llama_cpp", ("llama-cpp-python",),
                           "not installed: pip install 'edgesdk[gguf]' with CMAKE_ARGS=-DGGML_NATIVE=OFF"))
     checks.append(_module("PyTorch (eager backend, exporters)", "torch", ("torch",),
                           "not installed: pip install 'edgesdk[export]'"))
-    checks.append(_nvidia())
+    checks.append(_nvidia(host))
     return checks

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper  # noqa: E402
 
 from edgesdk.capability.graph import load_graph  # noqa: E402
 from edgesdk.capability.ort_probe import OrtProbe, provider_usable  # noqa: E402
-from edgesdk.runtime.fallback import host_env  # noqa: E402
+from edgesdk.host import host_env  # noqa: E402
 
 
 def _save(tmp_path, nodes, inputs, outputs, opsets=(("", 18),)):

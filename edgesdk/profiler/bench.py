@@ -146,19 +146,16 @@ def peak_rss_bytes() -> int | None:
 
 def nvml_device_used_bytes() -> int | None:
     """Memory in use on all NVIDIA GPUs (NVML, device-wide), or None without NVML."""
-    try:
-        import pynvml
+    from edgesdk.host import nvml
 
-        pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - no NVML: unavailable, not zero
-        return None
-    try:
-        return sum(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).used
-                   for i in range(pynvml.nvmlDeviceGetCount()))
-    except Exception:  # noqa: BLE001
-        return None
-    finally:
-        pynvml.nvmlShutdown()
+    with nvml() as pynvml:
+        if pynvml is None:  # no NVML: unavailable, not zero
+            return None
+        try:
+            return sum(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).used
+                       for i in range(pynvml.nvmlDeviceGetCount()))
+        except Exception:  # noqa: BLE001
+            return None
 
 
 def device_memory(backend_name: str, used_before_load: int | None) -> dict:
@@ -170,23 +167,20 @@ def device_memory(backend_name: str, used_before_load: int | None) -> dict:
     if backend_name == "torch" and torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
         return {"peak_mb": torch.cuda.max_memory_allocated() / 1e6,
                 "method": "torch.cuda.max_memory_allocated (allocator peak)"}
-    try:
-        import pynvml
+    from edgesdk.host import nvml
 
-        pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - no NVML: unavailable, not zero
-        return {"peak_mb": None, "method": "unavailable: no NVML / no NVIDIA driver"}
-    try:
-        used = None
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
-                if proc.pid == os.getpid() and proc.usedGpuMemory is not None:
-                    used = (used or 0) + proc.usedGpuMemory
-    except Exception:  # noqa: BLE001 - per-process accounting unsupported (containers): try device-wide
-        used = None
-    finally:
-        pynvml.nvmlShutdown()
+    with nvml() as pynvml:
+        if pynvml is None:  # no NVML: unavailable, not zero
+            return {"peak_mb": None, "method": "unavailable: no NVML / no NVIDIA driver"}
+        try:
+            used = None
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                h = pynvml.nvmlDeviceGetHandleByIndex(i)
+                for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
+                    if proc.pid == os.getpid() and proc.usedGpuMemory is not None:
+                        used = (used or 0) + proc.usedGpuMemory
+        except Exception:  # noqa: BLE001 - per-process accounting unsupported (containers): try device-wide
+            used = None
     if used is not None:
         return {"peak_mb": used / 1e6, "method": "NVML per-process used memory at the end of the run"}
     now = nvml_device_used_bytes()
@@ -288,16 +282,12 @@ def summarize_ort_events(events: list[dict], total_runs: int, skip_first: bool =
 
 def _versions() -> dict:
     import platform
-    from importlib import metadata
 
-    out = {"python": platform.python_version(), "platform": platform.platform()}
-    for dist in ("edgesdk", "numpy", "onnx", "onnxruntime", "onnxruntime-gpu", "llama_cpp_python", "torch",
-                 "transformers", "tensorrt", "nvidia-ml-py", "psutil"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return out
+    from edgesdk.host import tool_versions
+
+    return {"python": platform.python_version(), "platform": platform.platform(),
+            **tool_versions(("edgesdk", "numpy", "onnx", "onnxruntime", "onnxruntime-gpu", "llama_cpp_python",
+                             "torch", "transformers", "tensorrt", "nvidia-ml-py", "psutil"))}
 
 
 def _bundle_can_run_here(bundle) -> None:

@@ -22,17 +22,15 @@ from typing import Any
 
 import yaml
 
+from edgesdk import host
 from edgesdk.errors import InputError, ProfileError
-from edgesdk.profiler.sensors import parse_nvpmodel, parse_tegrastats, read_under, run_tool, tegrastats_sample
+from edgesdk.host import parse_l4t_release, parse_part_number, read_cpu, read_under
+from edgesdk.profiler.sensors import parse_nvpmodel, parse_tegrastats, run_tool, tegrastats_sample
 
-# ISA features worth naming in a profile (x86 and Arm spellings from /proc/cpuinfo).
-INTERESTING_FLAGS = (
-    "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512_fp16",
-    "amx_tile", "amx_int8", "amx_bf16", "asimd", "asimddp", "asimdhp", "sve", "sve2", "i8mm", "bf16",
-)
-# Module part numbers (specs/devices.md): the middle field of a TNSPEC ("3701-500-0005") is optional.
-_PART_RE = re.compile(r"\b[pP]?(3701|3767)-(?:\d{3}-)?(\d{4})\b")
-_L4T_RE = re.compile(r"#\s*R(\d+)\s*\(release\),\s*REVISION:\s*([\d.]+)")
+# Re-exported: the parsers and the CPU reader live in edgesdk.host (one reader of each file).
+__all__ = ["DetectionResult", "build_profile_data", "detect_device", "measure_cpu_peak_flops",
+           "measure_memory_bandwidth", "parse_l4t_release", "parse_part_number", "read_cpu", "read_jetson",
+           "read_memory", "read_nvml", "write_profile"]
 
 
 @dataclass
@@ -57,29 +55,6 @@ class DetectionResult:
 
 # ---------------------------------------------------------------- readers (all below ``root``)
 
-def read_cpu(root: Path) -> dict:
-    text = read_under(root, "proc/cpuinfo") or ""
-    model = None
-    flags: set[str] = set()
-    logical = 0
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        key = key.strip().lower()
-        if key == "processor":
-            logical += 1
-        elif key in ("model name", "hardware", "cpu model") and not model:
-            model = value.strip() or None
-        elif key in ("flags", "features"):
-            flags.update(value.split())
-    cores = logical or os.cpu_count()
-    return {
-        "model": model,
-        "logical_cores": cores,
-        "flags": sorted(f for f in flags if f in INTERESTING_FLAGS),
-        "source": "proc/cpuinfo" if text else "unavailable",
-    }
-
-
 def read_memory(root: Path) -> dict:
     text = read_under(root, "proc/meminfo") or ""
     values: dict[str, float] = {}
@@ -94,44 +69,15 @@ def read_memory(root: Path) -> dict:
     }
 
 
-def parse_part_number(text: str) -> str | None:
-    m = _PART_RE.search(text or "")
-    return f"p{m.group(1)}-{m.group(2)}" if m else None
-
-
-def parse_l4t_release(text: str) -> str | None:
-    """``# R36 (release), REVISION: 4.3, ...`` -> ``36.4.3``."""
-    m = _L4T_RE.search(text or "")
-    return f"{m.group(1)}.{m.group(2)}" if m else None
-
-
 def read_jetson(root: Path, run_tools: bool = True) -> dict | None:
-    """Jetson identity from the device tree and L4T files; None when this is not a Jetson."""
-    compatible_raw = read_under(root, "proc/device-tree/compatible")
-    model = read_under(root, "proc/device-tree/model")
-    release = read_under(root, "etc/nv_tegra_release")
-    if not (compatible_raw or release) or (compatible_raw and "nvidia," not in compatible_raw):
+    """Jetson identity (:func:`edgesdk.host.read_jetson_identity`) plus power mode and a tegrastats sample."""
+    ident = host.read_jetson_identity(root)
+    if ident is None:
         return None
-    compatible = [c for c in (compatible_raw or "").split("\0") if c.strip()]
-    part = None
-    part_source = None
-    # The devkit compatible string carries the module ("nvidia,p3768-0000+p3767-0003"); older L4T put
-    # it in the plugin-manager ids; flashed systems also have it in the boot-control TNSPEC.
-    for rel in ("proc/device-tree/compatible", "proc/device-tree/chosen/ids",
-                "proc/device-tree/chosen/plugin-manager/ids", "etc/nv_boot_control.conf"):
-        part = parse_part_number((read_under(root, rel) or "").replace("\0", " "))
-        if part:
-            part_source = rel
-            break
     info: dict[str, Any] = {
-        "model": model.strip("\0\n ") if model else None,
-        "compatible": compatible,
-        "platform": next((c.split(",", 1)[1] for c in compatible if c.startswith("nvidia,tegra")), None),
-        "module_part_number": part,
-        "part_number_source": part_source,
-        "l4t": parse_l4t_release(release or ""),
-        "nvpmodel": None,
-        "tegrastats": None,
+        "model": ident.model, "compatible": list(ident.compatible), "platform": ident.platform,
+        "module_part_number": ident.module_part_number, "part_number_source": ident.part_number_source,
+        "l4t": ident.l4t, "sm": ident.sm, "nvpmodel": None, "tegrastats": None,
     }
     if run_tools:
         info["nvpmodel"] = parse_nvpmodel(run_tool(["nvpmodel", "-q"]) or "")
@@ -141,33 +87,10 @@ def read_jetson(root: Path, run_tools: bool = True) -> dict | None:
 
 
 def read_nvml() -> list[dict]:
-    """Discrete GPUs via NVML (nvidia-ml-py). Empty when NVML or a driver is absent."""
-    try:
-        import pynvml
-    except ImportError:
-        return []
-    try:
-        pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - NVMLError_LibraryNotFound / DriverNotLoaded: no GPU here
-        return []
-    gpus = []
-    try:
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            name = pynvml.nvmlDeviceGetName(h)
-            name = name.decode() if isinstance(name, bytes) else name
-            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-            try:
-                major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
-                sm = f"{major}.{minor}"
-            except Exception:  # noqa: BLE001 - older drivers
-                sm = None
-            driver = pynvml.nvmlSystemGetDriverVersion()
-            gpus.append({"index": i, "name": name, "sm": sm, "memory_total_gb": round(mem.total / 1e9, 2),
-                         "driver": driver.decode() if isinstance(driver, bytes) else driver, "source": "nvml"})
-    finally:
-        pynvml.nvmlShutdown()
-    return gpus
+    """Discrete GPUs (:func:`edgesdk.host.read_gpus`) in the profile's units. Empty without NVML."""
+    return [{"index": g.index, "name": g.name, "sm": g.sm,
+             "memory_total_gb": round(g.memory_bytes / 1e9, 2) if g.memory_bytes is not None else None,
+             "driver": g.driver, "source": g.source} for g in host.probe().gpus]
 
 
 # ---------------------------------------------------------------- matching

@@ -14,12 +14,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-
-def read_under(root: Path, rel: str) -> str | None:
-    try:
-        return (root / rel.lstrip("/")).read_text(encoding="utf-8", errors="replace")
-    except (OSError, ValueError):
-        return None
+from edgesdk import host
+from edgesdk.host import read_under
 
 
 def parse_nvpmodel(text: str) -> dict | None:
@@ -97,7 +93,7 @@ def read_device_state(root: str | os.PathLike = "/") -> dict:
         "gpus": _nvml_state() if root.resolve() == Path("/") else None,
         "jetson": None,
     }
-    if root.resolve() == Path("/") and read_under(root, "etc/nv_tegra_release"):
+    if root.resolve() == Path("/") and host.probe().is_jetson:
         sample = tegrastats_sample()
         state["jetson"] = {"nvpmodel": parse_nvpmodel(run_tool(["nvpmodel", "-q"]) or ""),
                            "tegrastats": parse_tegrastats(sample) if sample else None}
@@ -105,28 +101,26 @@ def read_device_state(root: str | os.PathLike = "/") -> dict:
 
 
 def _nvml_state() -> list[dict] | None:
-    try:
-        import pynvml
+    with host.nvml() as pynvml:
+        if pynvml is None:  # no NVML here: state is unavailable, not zero
+            return None
+        return _nvml_readings(pynvml)
 
-        pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - no NVML here: state is unavailable, not zero
-        return None
+
+def _nvml_readings(pynvml: Any) -> list[dict]:
     out = []
-    try:
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            out.append({
-                "index": i,
-                "sm_clock_mhz": _nvml_try(pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_SM),
-                "mem_clock_mhz": _nvml_try(pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_MEM),
-                "temperature_c": _nvml_try(pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU),
-                "power_w": (lambda mw: mw / 1000 if mw is not None else None)(
-                    _nvml_try(pynvml.nvmlDeviceGetPowerUsage, h)),
-                "memory_used_gb": (lambda m: round(m.used / 1e9, 3) if m is not None else None)(
-                    _nvml_try(pynvml.nvmlDeviceGetMemoryInfo, h)),
-            })
-    finally:
-        pynvml.nvmlShutdown()
+    for i in range(pynvml.nvmlDeviceGetCount()):
+        h = pynvml.nvmlDeviceGetHandleByIndex(i)
+        out.append({
+            "index": i,
+            "sm_clock_mhz": _nvml_try(pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_SM),
+            "mem_clock_mhz": _nvml_try(pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_MEM),
+            "temperature_c": _nvml_try(pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU),
+            "power_w": (lambda mw: mw / 1000 if mw is not None else None)(
+                _nvml_try(pynvml.nvmlDeviceGetPowerUsage, h)),
+            "memory_used_gb": (lambda m: round(m.used / 1e9, 3) if m is not None else None)(
+                _nvml_try(pynvml.nvmlDeviceGetMemoryInfo, h)),
+        })
     return out
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import codecs
 import contextlib
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -36,22 +35,16 @@ llm.eval(llm.tokenize(b"Hello", add_bos=True))
 
 def _free_device_bytes() -> tuple[int | None, str]:
     """Free memory llama.cpp can offload into: NVML on discrete GPUs, MemAvailable on Jetson (unified)."""
-    if os.path.exists("/etc/nv_tegra_release"):
+    from edgesdk import host
+
+    if host.probe().is_jetson:
         with contextlib.suppress(OSError, ValueError, StopIteration):
             with open("/proc/meminfo") as fh:
                 kb = next(int(line.split()[1]) for line in fh if line.startswith("MemAvailable:"))
             return kb * 1024, "MemAvailable (Jetson unified memory)"
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0))
-            return int(info.free), "NVML free memory of GPU 0"
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # noqa: BLE001 - NVML absent or no GPU: try nvidia-smi
-        pass
+    free = host.gpu_free_bytes(0)
+    if free is not None:
+        return free, "NVML free memory of GPU 0"
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits", "-i", "0"],
                              capture_output=True, text=True, timeout=10)

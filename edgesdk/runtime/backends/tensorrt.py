@@ -21,7 +21,7 @@ import numpy as np
 
 from edgesdk.errors import BackendUnavailableError, ExternalToolError
 from edgesdk.formats import tensorrt_engine as E
-from edgesdk.runtime.fallback import host_env, preflight
+from edgesdk.host import host_env, preflight
 
 ENGINE_STEP = "tensorrt-engine"
 

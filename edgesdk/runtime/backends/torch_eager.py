@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 from edgesdk.errors import BackendUnavailableError, ShapeError
-from edgesdk.runtime.fallback import eager_cost_estimate, fast_paths
+from edgesdk.runtime.fastpaths import eager_cost_estimate, fast_paths
 
 
 class TorchEagerBackend:
