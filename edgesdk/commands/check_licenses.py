@@ -2,7 +2,8 @@
 """``edgesdk check licenses PATH``: license findings for a bundle or any source tree.
 
 Exit codes (the ``check`` group's convention): 0 pass, 2 violation (deny, or review not cleared
-by --accept-license / a waiver), 1 error (unreadable input, scanner configured but failing).
+by --accept-license / a waiver), 1 error (unreadable input), 10 a configured scanner failed or
+timed out (the gate fails closed).
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from edgesdk.errors import EdgeSDKError
               help="Accept review-level findings of this license id (repeatable), e.g. gemma.")
 @click.option("--scanoss-url", default=None, help="SCANOSS API base URL (default: $SCANOSS_SCAN_URL; none: "
               "fingerprints only).")
+@click.option("--scanoss-timeout", type=float, default=None, metavar="SECONDS",
+              help="Seconds one SCANOSS request may take in all (default: $EDGESDK_SCANOSS_TIMEOUT or 30); "
+              "slower is an error (exit 10).")
 @click.option("--model-source", type=click.Path(path_type=Path), default=None,
               help="The original model (HF dir, .onnx, .gguf) whose card/metadata applies.")
 @click.option("--dist", "dists", multiple=True, metavar="NAME",
@@ -37,11 +41,11 @@ from edgesdk.errors import EdgeSDKError
               help="Also write the JSON report to this file.")
 def check_licenses_command(path: Path, as_json: bool, markdown: bool, summary: bool, policy_path: Path | None,
                            waivers_path: Path | None, accepted: tuple[str, ...], scanoss_url: str | None,
-                           model_source: Path | None, dists: tuple[str, ...], environment: bool,
+                           scanoss_timeout: float | None, model_source: Path | None, dists: tuple[str, ...], environment: bool,
                            output: Path | None) -> int:
     """License findings for a bundle (dir with manifest.json) or any source tree.
 
-    Exit 0 pass, 2 violation, 1 error.
+    Exit 0 pass, 2 violation, 1 error, 10 configured scanner failed.
     """
     from edgesdk.compliance.gate import scan_licenses
     from edgesdk.compliance.report import to_json, to_markdown, to_summary, to_table
@@ -49,12 +53,14 @@ def check_licenses_command(path: Path, as_json: bool, markdown: bool, summary: b
     try:
         result = scan_licenses(path, model_source=model_source, runtime_distributions=list(dists) or None,
                                environment=environment, policy_path=policy_path, waivers_path=waivers_path,
-                               accepted=accepted, scanoss_url=scanoss_url)
+                               accepted=accepted, scanoss_url=scanoss_url, scanoss_timeout=scanoss_timeout)
         if output is not None:
             output.write_text(to_json(result), encoding="utf-8")
     except EdgeSDKError as exc:
+        from edgesdk.errors import ExternalToolError
+
         click.echo(f"error: {exc.one_line()}", err=True)
-        return 1
+        return exc.exit_code if isinstance(exc, ExternalToolError) else 1  # a failed scanner: 10
     if as_json:
         click.echo(to_json(result), nl=False)
     elif markdown:

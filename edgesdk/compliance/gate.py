@@ -171,7 +171,7 @@ def _judge(findings: list[LicenseFinding], policy: Policy, accepted: Sequence[st
 def scan_licenses(path: Path, *, model_source: Path | None = None, runtime_distributions: Sequence[str] | None = None,
                   environment: bool = False, policy_path: Path | None = None, waivers_path: Path | None = None,
                   accepted: Sequence[str] = (), scanoss_url: str | None = None, bundle: bool | None = None,
-                  scanoss_api_key: str | None = None) -> GateResult:
+                  scanoss_api_key: str | None = None, scanoss_timeout: float | None = None) -> GateResult:
     """Scan ``path`` (a bundle or staging dir, or any source tree) and judge every finding."""
     start = time.perf_counter()
     path = Path(path)
@@ -231,7 +231,7 @@ def scan_licenses(path: Path, *, model_source: Path | None = None, runtime_distr
     findings += distribution_findings(dists, environment=environment)
     findings += scanoss_settings_findings(root, tree.scanoss_settings)
     scan = run_scanoss(root, tree.code_files, configured_url(scanoss_url), scanoss_api_key,
-                       weight_files=[w["path"] for w in tree.weights])
+                       weight_files=[w["path"] for w in tree.weights], timeout=scanoss_timeout)
     findings += scan.findings
     accepted_ids, unused = _judge(findings, policy, accepted)
     audit = apply_waivers(findings, waivers)
@@ -290,7 +290,7 @@ def _declared_elsewhere(finding: LicenseFinding, model: list[LicenseFinding]) ->
 def run_license_gate(staging_dir: Path, *, model_source: Path, runtime_distributions: list[str],
                      policy_path: Path | None = None, waivers_path: Path | None = None,
                      accepted: Sequence[str] = (), scanoss_url: str | None = None,
-                     report_path: Path) -> GateResult:
+                     report_path: Path, scanoss_timeout: float | None = None) -> GateResult:
     """Gate packaging. On pass, writes ``sbom.cdx.json`` and ``license-report.json`` into
     ``staging_dir``. On deny, or review not cleared by ``accepted``/a waiver, writes the report to
     ``report_path`` and raises :class:`LicenseGateError`. A configured scanner that fails raises
@@ -301,7 +301,7 @@ def run_license_gate(staging_dir: Path, *, model_source: Path, runtime_distribut
     staging_dir = Path(staging_dir)
     result = scan_licenses(staging_dir, model_source=model_source, runtime_distributions=runtime_distributions,
                            policy_path=policy_path, waivers_path=waivers_path, accepted=accepted,
-                           scanoss_url=scanoss_url, bundle=True)
+                           scanoss_url=scanoss_url, bundle=True, scanoss_timeout=scanoss_timeout)
     result.scanned = staging_dir.name
     if result.verdict != "pass":
         report_path = Path(report_path)
@@ -310,7 +310,8 @@ def run_license_gate(staging_dir: Path, *, model_source: Path, runtime_distribut
         worst = result.worst()
         raise LicenseGateError(f"license gate: {result.verdict}: {worst.headline()} (report: {report_path})",
                                hint="clear review findings with --accept-license ID or a waiver"
-                               if result.verdict == "review" else None)
+                               if result.verdict == "review" else
+                               "a deny needs a policy change (--license-policy); waivers cannot clear it")
     sbom = build_sbom(Path(model_source).name, result.findings, result.weights, result.vendored,
                       result.model_expression)
     (staging_dir / SBOM_NAME).write_text(sbom, encoding="utf-8")

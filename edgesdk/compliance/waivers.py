@@ -14,6 +14,20 @@ File format (YAML)::
         by: jane@example.com         # who
         reason: "linked dynamically; relink instructions in docs/relink.md"   # why
         expires: 2027-03-31          # until when (ISO date)
+
+Waivers must name what they waive (docs/licenses.md "Waivers"):
+
+- a ``subject`` without a ``license`` must contain a literal letter or digit (outside ``*``, ``?``,
+  ``[...]``): ``?*``, ``***``, ``*.*``, ``**/*`` name nothing;
+- a ``subject`` glob is tried on :data:`PROBE_SUBJECTS`, synthetic subjects of every shape the gate
+  reports (files at several depths and with many suffixes, ``name==version`` distributions, model
+  names, ``.``); one that matches more than :data:`MAX_PROBE_FRACTION` of them (``*``, ``?*``,
+  ``[!x]*``, ``*e*`` ...) is refused unless the waiver also names a ``license``;
+- a waiver without a ``license`` that matches more than :data:`MAX_SUBJECT_MATCHES` findings of
+  one scan is refused (name the license, or narrow the glob);
+- a deny-level finding (strong/network copyleft, non-commercial, proprietary, unknown) is never
+  waived: clearing one is a policy change (``--policy``), reviewed like one. Such a waiver is listed
+  as ``refused`` in the audit and the finding stays denied.
 """
 
 from __future__ import annotations
@@ -28,6 +42,17 @@ from edgesdk.compliance.spdx import normalize, read_user_yaml
 from edgesdk.errors import InputError
 
 _REQUIRED = ("id", "by", "reason", "expires")
+# Synthetic finding subjects of every shape the gate produces; a subject glob is tried on them.
+PROBE_SUBJECTS = (
+    ".", "a", "Z", "_", "0", "x.py", "setup.py", "lib.c", "util.h", "main.rs", "index.js", "run.sh",
+    "README.md", "LICENSE", "COPYING.LESSER", "model.onnx", "model.gguf", "weights.safetensors",
+    "tokenizer.json", "config.yaml", "data.bin", "notes.txt", "Makefile", ".hidden", "src/a.py",
+    "src/pkg/mod.py", "vendor/lib/x.c", "third_party/fastlib/COPYING", "a/b/c/d/e.cpp", "docs/index.md",
+    "numpy==2.1.0", "crc32c==2.7", "onnxruntime==1.20.1", "my-pkg==0.0.1", "gemma-3-270m", "minilm-cpu",
+    "all-MiniLM-L6-v2", "(files without a header)", "Qwen2.5-0.5B", "9lives",
+)
+MAX_PROBE_FRACTION = 0.25  # a subject glob matching more than a quarter of the probes is too broad
+MAX_SUBJECT_MATCHES = 10  # a waiver without a license may match at most this many findings
 _ALLOWED = set(_REQUIRED) | {"license", "subject", "layer"}
 
 
@@ -58,6 +83,29 @@ class Waiver:
                 "license": self.license, "subject": self.subject, "layer": self.layer}
 
 
+def _literal_chars(pattern: str) -> str:
+    """The characters a glob matches literally (outside ``*``, ``?`` and ``[...]`` sets)."""
+    out, i, n = [], 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        i += 1
+        if c in "*?":
+            continue
+        if c == "[":
+            j = i
+            if j < n and pattern[j] == "!":
+                j += 1
+            if j < n and pattern[j] == "]":
+                j += 1
+            while j < n and pattern[j] != "]":
+                j += 1
+            if j < n:  # a complete set: matches one character of a class, names nothing
+                i = j + 1
+                continue
+        out.append(c)
+    return "".join(out)
+
+
 def load_waivers(path: Path | None) -> list[Waiver]:
     if path is None:
         return []
@@ -79,8 +127,21 @@ def load_waivers(path: Path | None) -> list[Waiver]:
             raise InputError(f"{where}: unknown key(s) {sorted(extra)}")
         if not entry.get("license") and not entry.get("subject"):
             raise InputError(f"{where} ({entry['id']}) names neither license nor subject: it would waive everything")
-        if entry.get("subject") in ("*", "**") and not entry.get("license"):
-            raise InputError(f"{where} ({entry['id']}) subject '*' without a license would waive everything")
+        subject = entry.get("subject")
+        if subject is not None and (not isinstance(subject, str) or not subject.strip()):
+            raise InputError(f"{where} ({entry['id']}): subject must be a non-empty string (a file, "
+                             "name==version or model name, globs allowed)")
+        if subject and not entry.get("license"):
+            if not any(c.isalnum() for c in _literal_chars(subject)):
+                raise InputError(f"{where} ({entry['id']}) subject {subject!r} without a license would waive "
+                                 "everything: it names nothing (only wildcards); name the file or package it "
+                                 "waives, or add the license")
+            hits = [p for p in PROBE_SUBJECTS if fnmatch.fnmatchcase(p, subject)]
+            if len(hits) > MAX_PROBE_FRACTION * len(PROBE_SUBJECTS):
+                raise InputError(f"{where} ({entry['id']}) subject {subject!r} without a license would waive "
+                                 f"everything: it matches {len(hits)} of {len(PROBE_SUBJECTS)} sample subjects "
+                                 f"(limit {int(MAX_PROBE_FRACTION * len(PROBE_SUBJECTS))}); name the file or "
+                                 "package it waives, or add the license")
         if entry.get("layer") and entry["layer"] not in LAYERS:
             raise InputError(f"{where}: layer {entry['layer']!r} is not one of {list(LAYERS)}")
         expires = entry["expires"]
@@ -94,6 +155,8 @@ def load_waivers(path: Path | None) -> list[Waiver]:
             raise InputError(f"{where}: duplicate waiver id {wid}")
         seen.add(wid)
         lic = normalize(str(entry["license"])).expression if entry.get("license") else None
+        if entry.get("license") and not lic:
+            raise InputError(f"{where} ({wid}): license {entry['license']!r} is not a license expression")
         waivers.append(Waiver(wid, str(entry["by"]), str(entry["reason"]), expires, lic,
                               entry.get("subject"), entry.get("layer")))
     return waivers
@@ -103,17 +166,27 @@ def apply_waivers(findings: list[LicenseFinding], waivers: list[Waiver],
                   today: dt.date | None = None) -> dict:
     """Mark waived findings; return the audit record {applied, expired, unmatched}."""
     today = today or dt.date.today()
-    applied, expired, unmatched = [], [], []
+    applied, expired, unmatched, refused = [], [], [], []
     for waiver in waivers:
         hits = [f for f in findings if f.action != "allow" and waiver.matches(f)]
+        if not waiver.license and len(hits) > MAX_SUBJECT_MATCHES:
+            raise InputError(f"waiver {waiver.id}: subject {waiver.subject!r} without a license matches "
+                             f"{len(hits)} findings (limit {MAX_SUBJECT_MATCHES}); waivers must name what they "
+                             "waive: narrow the subject or add the license")
         if waiver.expired(today):
             expired.append({**waiver.to_dict(), "would_match": [f.subject for f in hits]})
             continue
+        denied = [f for f in hits if f.action == "deny"]
+        if denied:
+            refused.append({**waiver.to_dict(), "refused": [f"{f.layer}:{f.subject}" for f in denied],
+                            "why": "deny-level findings cannot be waived: change the policy (--policy) instead"})
+        hits = [f for f in hits if f.action != "deny"]
         if not hits:
-            unmatched.append(waiver.to_dict())
+            if not denied:
+                unmatched.append(waiver.to_dict())
             continue
         for finding in hits:
             if not finding.waived_by:
                 finding.waived_by = waiver.id
         applied.append({**waiver.to_dict(), "matched": [f"{f.layer}:{f.subject}" for f in hits]})
-    return {"applied": applied, "expired": expired, "unmatched": unmatched}
+    return {"applied": applied, "expired": expired, "unmatched": unmatched, "refused": refused}
