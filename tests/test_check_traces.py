@@ -18,8 +18,8 @@ from click.testing import CliRunner
 
 from edgesdk import telemetry
 from edgesdk.commands.check_traces import traces_command
-from edgesdk.compliance.traces import check_trace_file
-from edgesdk.telemetry.otlp_json import TraceFileError, read_otlp_json
+from edgesdk.tracecheck import check_trace_file
+from edgesdk.tracecheck.otlp_json import TraceFileError, read_otlp_json
 
 DATA = Path(__file__).parent / "data" / "traces"
 
@@ -272,3 +272,79 @@ def test_real_cli_exit_codes(tmp_path):
     assert missing.stderr.startswith("error: trace file not found") and "Traceback" not in missing.stderr
     directory = run(str(tmp_path))
     assert directory.returncode == 1 and "is a directory" in directory.stderr
+
+
+def _big_jsonl(path: Path, lines: int, spans_per_line: int = 20, opener=open) -> int:
+    """A JSON-lines trace of ``lines`` export requests (distinct span ids); returns its size in bytes."""
+    attrs = [{"key": k, "value": _value(v)} for k, v in {**GOOD, "edgesdk.padding": "x" * 400}.items()]
+    size = 0
+    with opener(path, "wt", encoding="utf-8") as out:
+        for i in range(lines):
+            spans = [{"traceId": f"{i:032x}", "spanId": f"{i * spans_per_line + j + 1:016x}", "name": "chat gemma",
+                      "kind": 1, "startTimeUnixNano": "1", "endTimeUnixNano": "2", "attributes": attrs}
+                     for j in range(spans_per_line)]
+            line = json.dumps({"resourceSpans": [{"scopeSpans": [{"scope": {"name": "t"}, "spans": spans}]}]})
+            size += len(line) + 1
+            out.write(line + "\n")
+    return size
+
+
+def test_large_trace_is_checked_as_a_stream(tmp_path):
+    """Memory follows one line and the per-span id index, not the file: a 200 MB trace must not need GBs."""
+    import tracemalloc
+
+    path = tmp_path / "big.jsonl"
+    size = _big_jsonl(path, lines=1000)
+    assert size > 20 * 1024**2
+    tracemalloc.start()
+    try:
+        report = check_trace_file(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert report.spans == report.genai_spans == 20_000 and report.count("violation") == 0
+    # Reading it whole and parsing it takes several times its size; the stream a small fraction.
+    assert peak < size / 4, f"peak {peak / 2**20:.1f} MiB for a {size / 2**20:.1f} MiB file"
+
+
+def test_gzip_trace_is_streamed_with_a_size_bound(tmp_path):
+    import gzip
+    import tracemalloc
+
+    packed = tmp_path / "big.jsonl.gz"
+    size = _big_jsonl(packed, lines=200, opener=gzip.open)
+    assert check_trace_file(packed).spans == 4000
+    # Past the bound on decompressed bytes: a one-line error, found while streaming.
+    with pytest.raises(TraceFileError, match="larger than") as info:
+        check_trace_file(packed, max_bytes=size // 2)
+    assert info.value.exit_code == 1
+    # A gzip bomb (256 MiB of blanks in a few hundred KiB) stops at the bound, without holding it.
+    bomb = tmp_path / "bomb.jsonl.gz"
+    with gzip.open(bomb, "wb", compresslevel=9) as out:
+        line = json.dumps({"resourceSpans": []}).encode() + b" " * (1024**2 - 20) + b"\n"
+        for _ in range(256):
+            out.write(line)
+    assert bomb.stat().st_size < 2 * 1024**2
+    tracemalloc.start()
+    try:
+        with pytest.raises(TraceFileError, match="larger than"):
+            check_trace_file(bomb, max_bytes=32 * 1024**2)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * 1024**2
+
+
+def test_build_stage_parent_is_checked_in_either_order(tmp_path):
+    """The SDK exports a parent after its children; a reordered file has it first: both are checked."""
+    root = _span("edgesdk.build", {"edgesdk.build.model": "m", "edgesdk.device.profile": "orin",
+                                   "edgesdk.build.outcome": "ok"}, span_id="00000000000000aa")
+    wrong = _span("other", {}, span_id="00000000000000bb")
+    stage = {"edgesdk.build.stage": "export", "edgesdk.build.stage.outcome": "ok"}
+    for order in ((0, 1), (1, 0)):
+        for parent, expect in ((root, False), (wrong, True)):
+            child = _span("edgesdk.build.export", stage, span_id="00000000000000cc", parent=parent["spanId"])
+            spans = [child, parent]
+            report = check_trace_file(_write(tmp_path, spans=[spans[i] for i in order]))
+            found = any("parent should be" in f.message for f in report.findings)
+            assert found is expect, (order, parent["name"], report.findings)

@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
+from test_telemetry import _NO_SDK  # tests/ is on sys.path (rootdir conftest)
 
 import edgesdk
 from edgesdk import telemetry
-from edgesdk.compliance.traces import check_trace_file
+from edgesdk.tracecheck import check_trace_file
 
 pytestmark = pytest.mark.slow  # real models: a bundle build (shared fixture) and llama.cpp decoding
 
@@ -213,3 +216,28 @@ def test_gguf_stream_trace_file_passes_check_traces(clean_env, gemma_backend, tm
     assert attrs["gen_ai.request.stream"] is True
     assert 0 < attrs["gen_ai.response.time_to_first_chunk"] <= duration_s
     assert int(attrs["gen_ai.usage.output_tokens"]) == gemma_backend.last["output_tokens"]
+
+
+def test_base_install_runs_a_session_and_configure_fails_clearly(clean_env, tmp_path, minilm_orin_bundle):
+    script = _NO_SDK + f"""
+import numpy as np
+from edgesdk import telemetry
+from edgesdk.errors import InputError
+from edgesdk import load
+session = load({str(minilm_orin_bundle)!r})
+out = session.embed(["hello edge"])
+assert np.asarray(out).shape[0] == 1
+with telemetry.inference("chat", "m", "llama.cpp", stream=True) as rec:
+    rec.chunk()
+try:
+    telemetry.configure(trace_file={str(tmp_path / "t.jsonl")!r})
+except InputError as exc:
+    print("ERROR", exc.one_line())
+print(sorted(m for m in sys.modules if m.startswith(("opentelemetry.sdk", "opentelemetry.semconv"))))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert lines[-2].startswith("ERROR exporting telemetry needs the OpenTelemetry SDK")
+    assert "pip install 'edgesdk[otel]'" in lines[-2]
+    assert lines[-1] == "[]"

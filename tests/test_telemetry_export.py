@@ -142,55 +142,25 @@ def test_otlp_http_receiver_gets_spans(clean_env, how, http_receiver):
     assert [p for p, _, _ in receiver.posts if p == "/v1/metrics"], "metrics were not posted to /v1/metrics"
 
 
-def test_otlp_http_exporter_posts_the_sdk_request(http_receiver, caplog):
-    """Our OTLP/HTTP exporter posts bytes that parse to exactly what the SDK's encoder builds, through
-    the SDK's client: gzip, headers, an HTTP error and the size limit behave as the SDK's own export."""
+def test_otlp_http_receiver_gets_what_the_sdk_encoder_builds(clean_env, http_receiver):
+    """The stock OTLP/HTTP exporter, as configured by edgesdk, posts exactly encode_spans(...) of the
+    spans the SDK finished (the same spans reach a caller's in-memory exporter)."""
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-    from opentelemetry.exporter.otlp.proto.http import Compression
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from edgesdk.telemetry._span_proto import http_span_exporter_class
-
-    memory = InMemorySpanExporter()
-    provider = TracerProvider(resource=Resource.create({"service.name": "edge", "n": 3}))
-    provider.add_span_processor(SimpleSpanProcessor(memory))
-    tracer = provider.get_tracer("edgesdk", "1.0")
-    for i in range(40):
-        span = tracer.start_span(f"chat m{i % 3}", attributes={"gen_ai.usage.output_tokens": i, "x": ("a", "b")})
-        if i == 7:
-            span.add_event("edgesdk.fallback", {"edgesdk.fallback.from": "cuda"})
-        span.end()
-    spans = memory.get_finished_spans()
     receiver, base = http_receiver
-    fast_class = http_span_exporter_class()
-    for compression in (Compression.NoCompression, Compression.Gzip):
-        exporter = fast_class(endpoint=f"{base}/v1/traces", compression=compression, headers={"x-fleet": "orin-7"})
-        assert exporter.fast_path
-        assert exporter.export(spans) is SpanExportResult.SUCCESS
-        stock = OTLPSpanExporter(endpoint=f"{base}/v1/traces", compression=compression, headers={"x-fleet": "orin-7"})
-        assert stock.export(spans) is SpanExportResult.SUCCESS
-    (mine_path, mine_headers, _), (_, stock_headers, _) = receiver.posts[0], receiver.posts[1]
-    assert mine_path == "/v1/traces" and mine_headers["x-fleet"] == "orin-7"
-    assert mine_headers["content-type"] == stock_headers["content-type"] == "application/x-protobuf"
-    assert receiver.posts[2][1].get("content-encoding") == "gzip"
-    reference = encode_spans(spans)
-    assert receiver.traces() == [reference] * 4
-    # A receiver that refuses (HTTP 400: not retried) fails the batch, as the SDK's export does.
-    receiver.status = 400
-    assert fast_class(endpoint=f"{base}/v1/traces").export(spans) is SpanExportResult.FAILURE
-    # Over max_request_size: dropped before sending, with the SDK's warning.
-    receiver.status, before = 200, len(receiver.posts)
-    small = fast_class(endpoint=f"{base}/v1/traces", max_request_size=100)
-    with caplog.at_level(logging.WARNING):
-        assert small.export(spans) is SpanExportResult.FAILURE
-    assert len(receiver.posts) == before and "exceeds max_request_size" in caplog.text
-    # Shut down: the SDK's own refusal.
-    small.shutdown()
-    assert small.export(spans) is SpanExportResult.FAILURE
+    memory = InMemorySpanExporter()
+    telemetry.configure(otlp_endpoint=base, otlp_protocol="http/protobuf", span_exporter=memory)
+    assert telemetry.stats()["exporters"][0] == f"otlp-http/protobuf:{base}"
+    for _ in range(3):
+        _one_request()
+    telemetry.shutdown()
+    posted = [span for request in receiver.traces() for rs in request.resource_spans for ss in rs.scope_spans
+              for span in ss.spans]
+    reference = [span for rs in encode_spans(memory.get_finished_spans()).resource_spans for ss in rs.scope_spans
+                 for span in ss.spans]
+    assert len(posted) == 3 and sorted(posted, key=lambda s: s.span_id) == sorted(reference, key=lambda s: s.span_id)
+    assert telemetry.stats()["spans_exported"] == 6  # both exporters, counted
 
 
 def _closed_port() -> int:
@@ -257,16 +227,33 @@ def test_console_exporter(clean_env, capsys):
     assert '"name": "chat gemma-3-270m"' in capsys.readouterr().out
 
 
-def test_direct_json_encoder_matches_the_otlp_protobuf_json_mapping(clean_env):
-    """The file exporter's fast encoder must write exactly what OTLP protobuf -> JSON would."""
+def _reference_otlp_json(spans) -> list[dict]:
+    """OTLP/JSON of SDK spans written out here, independently of edgesdk: the SDK exporter's encoder,
+    protobuf's JSON mapping, then OTLP/JSON's hex ids (the OTLP spec's one change to that mapping)."""
+    import base64
+
+    from google.protobuf.json_format import MessageToDict
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    out = []
+    for rs in MessageToDict(encode_spans(spans), use_integers_for_enums=True)["resourceSpans"]:
+        for ss in rs["scopeSpans"]:
+            for span in ss["spans"]:
+                for key in ("traceId", "spanId", "parentSpanId"):
+                    if key in span:
+                        span[key] = base64.b64decode(span[key]).hex()
+                out.append(span)
+    return sorted(out, key=lambda span: span["spanId"])
+
+
+def test_trace_file_lines_are_the_exporter_encoding_in_otlp_json(clean_env, tmp_path):
+    """The JSON-lines file holds exactly the OTLP/JSON of the SDK's spans: the exporter package's
+    public encoder and protobuf's json_format, ids in hex, enums as integers, 64-bit ints as strings."""
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from edgesdk.telemetry._exporters import to_otlp_json
-    from edgesdk.telemetry._span_json import export_request, export_request_json
-
+    path = tmp_path / "t.jsonl"
     memory = InMemorySpanExporter()
-    telemetry.configure(span_exporter=memory, capture_content=True)
+    telemetry.configure(trace_file=path, span_exporter=memory, capture_content=True)
     with telemetry.inference("chat", "gemma", "llama.cpp", stream=True,
                              request={"max_tokens": 8, "temperature": 0.5, "stop_sequences": ["\n", "END"]},
                              attributes={"edgesdk.bundle.id": "", "edgesdk.flag": False}) as rec:
@@ -279,110 +266,19 @@ def test_direct_json_encoder_matches_the_otlp_protobuf_json_mapping(clean_env):
         with telemetry.build_trace("m", "orin"):
             with telemetry.build_stage("export"):
                 raise KeyError("x")
-    telemetry.force_flush()
+    telemetry.shutdown()
     spans = memory.get_finished_spans()
     assert len(spans) == 3
-    reference = to_otlp_json(encode_spans(spans))
-    assert export_request(spans) == reference
-    assert json.loads(export_request_json(spans)) == reference
-    plain = [s for s in spans if not s.events]  # the text path's own branch (no events/links)
-    assert plain and json.loads(export_request_json(plain)) == to_otlp_json(encode_spans(plain))
-
-
-def test_direct_json_encoder_caches_never_mix_up_equal_values_of_other_types():
-    """1, 1.0 and True are equal dict keys: the encoder's text caches must still keep their types."""
-    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-    from edgesdk.telemetry._exporters import to_otlp_json
-    from edgesdk.telemetry._span_json import export_request_json
-
-    memory = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(memory))
-    tracer = provider.get_tracer("t")
-    shapes = [
-        {"a": "1", "b": ("x", "y"), "c": "héllo\n\"q\"", "d": (), "e": 2**62, "f": float("inf")},
-        {"a": 1, "b": (1, 2), "c": True, "d": ("",), "e": -5, "f": 1.0},
-        {"a": True, "b": (True,), "c": 1.0, "d": (1.5, 2.5), "e": "2", "f": float("nan")},
-        {"a": 1.0, "b": ("x", "y"), "c": 1, "d": "", "e": 0, "f": False},
-    ]
-    for _ in range(2):  # the second pass is served from the caches
-        for attrs in shapes:
-            tracer.start_span("s", attributes=attrs).end()
-    spans = memory.get_finished_spans()
-    for span in spans:
-        assert json.loads(export_request_json([span])) == to_otlp_json(encode_spans([span]))
-    assert json.loads(export_request_json(spans)) == to_otlp_json(encode_spans(spans))
-
-
-def test_direct_json_encoder_pieces_over_resources_scopes_and_many_spans():
-    """Big batches are written in pieces; joined, they must equal the protobuf encoding."""
-    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-    from edgesdk.telemetry._exporters import to_otlp_json
-    from edgesdk.telemetry._span_json import export_request_json, export_request_parts
-
-    memory = InMemorySpanExporter()
-    tracers = []
-    for name in ("a", "b"):
-        provider = TracerProvider(resource=Resource.create({"service.name": name}))
-        provider.add_span_processor(SimpleSpanProcessor(memory))
-        tracers += [provider.get_tracer("scope-1"), provider.get_tracer("scope-2", schema_url="https://x/1.0")]
-    for i in range(150):
-        tracers[i % 3].start_span(f"s{i}", attributes={"i": i, "m": "model"}).end()
-    spans = memory.get_finished_spans()
-    assert len(export_request_parts(spans)) > 6
-    assert json.loads(export_request_json(spans)) == to_otlp_json(encode_spans(spans))
-
-
-def test_direct_protobuf_encoder_matches_the_sdk_encoder_byte_for_byte():
-    """The OTLP/gRPC exporter's request bytes must be what the SDK's encode_spans would send."""
-    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-    from opentelemetry.trace import SpanKind, Status, StatusCode
-
-    from edgesdk.telemetry._span_proto import export_request_bytes, grpc_span_exporter_class
-
-    memory = InMemorySpanExporter()
-    tracers = []
-    for name in ("a", "b"):
-        provider = TracerProvider(resource=Resource.create({"service.name": name, "n": 3, "f": 0.5}))
-        provider.add_span_processor(SimpleSpanProcessor(memory))
-        tracers += [provider.get_tracer("scope-1", "1.2"), provider.get_tracer("scope-2", schema_url="https://x/1.0")]
-    shapes = [
-        {"a": "1", "b": ("x", "y"), "c": "héllo\n\"q\"", "d": (), "e": 2**62, "f": float("inf")},
-        {"a": 1, "b": (1, 2), "c": True, "d": ("",), "e": -5, "f": 1.0, "g": b"\x00\xff"},
-        {"a": True, "b": (True,), "c": 1.0, "d": (1.5, 2.5), "e": "2", "f": float("nan"), "g": 2**63 - 1},
-        {"a": 1.0, "b": ("x", "y"), "c": 1, "d": "", "e": 0, "f": False, "g": -(2**63), "long": "x" * 300},
-    ]
-    for i in range(3):  # later passes are served from the caches
-        for j, attrs in enumerate(shapes):
-            tracer = tracers[(i + j) % len(tracers)]
-            with tracer.start_as_current_span("parent", kind=SpanKind.SERVER):
-                span = tracer.start_span("" if j == 3 else f"s{j}", attributes=attrs, kind=SpanKind(j % 5))
-                if j == 1:
-                    span.set_status(Status(StatusCode.ERROR, "boom"))
-                if j == 2:
-                    span.add_event("e", {"k": 1})  # rare shape: the SDK's own encoder, spliced in
-                span.end()
-    spans = memory.get_finished_spans()
-    reference = encode_spans(spans)
-    mine = ExportTraceServiceRequest.FromString(export_request_bytes(spans))
-    assert mine == reference
-    assert mine.SerializeToString(deterministic=True) == reference.SerializeToString(deterministic=True)
-    for span in spans:
-        one = ExportTraceServiceRequest.FromString(export_request_bytes([span]))
-        assert one.SerializeToString(deterministic=True) == encode_spans([span]).SerializeToString(deterministic=True)
-    exporter = grpc_span_exporter_class()(endpoint="http://127.0.0.1:9", insecure=True)
-    assert exporter._translate_data(spans) == reference
+    docs = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    written = sorted((span for doc in docs for rs in doc.get("resourceSpans", []) for ss in rs["scopeSpans"]
+                      for span in ss["spans"]), key=lambda span: span["spanId"])
+    assert written == _reference_otlp_json(spans)
+    chat = next(span for span in written if span["name"] == "chat gemma")
+    attrs = {a["key"]: a["value"] for a in chat["attributes"]}
+    assert len(chat["traceId"]) == 32 and int(chat["traceId"], 16) and chat["kind"] == 1
+    assert attrs["gen_ai.usage.input_tokens"] == {"intValue": "3"}
+    assert attrs["gen_ai.request.stop_sequences"] == {"arrayValue": {"values": [{"stringValue": "\n"},
+                                                                               {"stringValue": "END"}]}}
+    assert chat["events"][0]["attributes"][0]["value"] == {"doubleValue": "NaN"}
+    assert "héllo" in json.dumps(attrs["gen_ai.input.messages"], ensure_ascii=False)
+    assert any("resourceMetrics" in doc for doc in docs)

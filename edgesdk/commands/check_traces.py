@@ -19,7 +19,7 @@ import click
               show_default=True, help="Lowest finding level that makes the check fail (exit 2).")
 def traces_command(trace_file: str, as_json: bool, fail_on: str) -> int:
     """Check OTLP/JSON traces/metrics (file-exporter lines or one document) against GenAI semconv v1.41.1."""
-    from edgesdk.compliance.traces import check_trace_file, render_table
+    from edgesdk.tracecheck import check_trace_file, render_table
 
     report = check_trace_file(trace_file)
     if as_json:

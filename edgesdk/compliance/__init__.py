@@ -1,3 +1,3 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Compliance checks that read bundles and trace files: the license gate (:mod:`.gate`) and
-OpenTelemetry trace checks (:mod:`.traces`)."""
+"""Compliance checks that read bundles: the license gate (:mod:`.gate`). Trace files are checked by
+:mod:`edgesdk.tracecheck`."""

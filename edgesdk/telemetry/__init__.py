@@ -32,9 +32,9 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from edgesdk.errors import VerdictError
+from edgesdk.errors import InputError, VerdictError
 from edgesdk.telemetry import _names as N
-from edgesdk.telemetry._recorder import NOOP_RECORDER, FinishWorker, InferenceRecorder, Instruments
+from edgesdk.telemetry._recorder import NOOP_RECORDER, InferenceRecorder, Instruments
 from edgesdk.telemetry._setup import Counters, Settings, resolve_settings
 
 __all__ = ["configure", "shutdown", "force_flush", "stats", "build_trace", "build_stage", "inference",
@@ -52,13 +52,13 @@ class _State:
         self.settings: Settings | None = None
         self.tracer = None  # None = telemetry off: every call takes the no-op path
         self.instruments: Instruments | None = None
-        self.worker: FinishWorker | None = None
-        self.direct = None  # _direct_spans.DirectSpans on our own provider
+        self.adoptable = False  # nothing of ours configured: use the application's providers once it has some
         self.tracer_provider = None
         self.meter_provider = None
         self.counters = Counters()
         self.exporter_names: list[str] = []
         self.capture_content = False
+        self.chunk_metric = True
         self.config_key = None
 
 
@@ -69,8 +69,6 @@ def _after_fork_in_child() -> None:
     # Locks another thread held at fork time stay locked in the child: replace them.
     _state.lock = threading.RLock()
     _state.counters.lock = threading.Lock()
-    if _state.worker is not None:
-        _state.worker.after_fork()
 
 
 if hasattr(os, "register_at_fork"):
@@ -84,12 +82,13 @@ def configure(*, trace_file: str | Path | None = None, otlp_endpoint: str | None
 
     Arguments override the standard environment (``OTEL_EXPORTER_OTLP_ENDPOINT``,
     ``OTEL_EXPORTER_OTLP_PROTOCOL``, ``OTEL_TRACES_EXPORTER``, ``OTEL_SDK_DISABLED``,
-    ``OTEL_SERVICE_NAME``) and ``EDGESDK_TRACE_FILE`` / ``EDGESDK_CAPTURE_CONTENT``.
-    ``span_exporter`` / ``metric_reader`` add a caller-owned exporter or reader (embedding apps, tests).
-    Calling with different settings replaces the previous providers (they are flushed and shut down).
+    ``OTEL_SERVICE_NAME``) and ``EDGESDK_TRACE_FILE`` / ``EDGESDK_CAPTURE_CONTENT`` /
+    ``EDGESDK_CHUNK_METRIC``. ``span_exporter`` / ``metric_reader`` add a caller-owned exporter or
+    reader (embedding apps, tests). With an exporter to set up, edgesdk builds its own SDK providers
+    (they need the ``edgesdk[otel]`` extra) and never touches the global ones; without, it records
+    into the application's global providers, if it has set any. Calling with different settings
+    replaces the previous providers (they are flushed and shut down).
     """
-    from edgesdk.telemetry._providers import build_providers
-
     settings = resolve_settings(trace_file=trace_file, otlp_endpoint=otlp_endpoint, otlp_protocol=otlp_protocol,
                                 console=console, capture_content=capture_content, service_name=service_name)
     key = (repr(settings), id(span_exporter) if span_exporter else None,
@@ -102,36 +101,35 @@ def configure(*, trace_file: str | Path | None = None, otlp_endpoint: str | None
         _state.config_key = key
         _state.settings = settings
         _state.capture_content = settings.capture_content
+        _state.chunk_metric = settings.chunk_metric
         _state.counters = Counters()
         if settings.disabled:
             return
-        if settings.any_exporter or span_exporter is not None or metric_reader is not None:
-            _register_atexit()
-            built = build_providers(settings, _state.counters, span_exporter=span_exporter,
-                                    metric_reader=metric_reader)
-            _state.tracer_provider, _state.meter_provider, _state.exporter_names = built
-            _state.tracer = _state.tracer_provider.get_tracer("edgesdk", N.SDK_VERSION,
-                                                               schema_url=N.SCHEMA_URL)
-            meter = _state.meter_provider.get_meter("edgesdk", N.SDK_VERSION, schema_url=N.SCHEMA_URL)
-            from edgesdk.telemetry._direct_spans import DirectSpans
-            from edgesdk.telemetry._exporters import CountingBatchSpanProcessor
-
-            _state.direct = DirectSpans(_state.tracer, getattr(_state.tracer, "_span_limits", None),
-                                        (CountingBatchSpanProcessor,))
-        elif _application_has_sdk():
-            # The host application installed its own SDK providers: emit into them.
-            from opentelemetry import metrics
-
-            _state.tracer = trace.get_tracer("edgesdk", N.SDK_VERSION, schema_url=N.SCHEMA_URL)
-            meter = metrics.get_meter("edgesdk", N.SDK_VERSION, schema_url=N.SCHEMA_URL)
-            _state.exporter_names = ["application"]
-            _register_atexit()  # drains our metrics worker; the application's own hooks (registered earlier) run after
-        else:
+        if not (settings.any_exporter or span_exporter is not None or metric_reader is not None):
+            _state.adoptable = True
+            if _application_has_sdk():
+                _adopt_application_locked()
             return
+        try:
+            from edgesdk.telemetry._providers import build_providers
+        except ImportError as exc:
+            raise InputError(f"exporting telemetry needs the OpenTelemetry SDK and exporters ({exc.name} is "
+                             "not installed)", hint="pip install 'edgesdk[otel]'") from exc
+        _register_atexit()
+        built = build_providers(settings, _state.counters, span_exporter=span_exporter, metric_reader=metric_reader)
+        _state.tracer_provider, _state.meter_provider, _state.exporter_names = built
+        _state.tracer = _state.tracer_provider.get_tracer("edgesdk", N.SDK_VERSION, schema_url=N.SCHEMA_URL)
+        meter = _state.meter_provider.get_meter("edgesdk", N.SDK_VERSION, schema_url=N.SCHEMA_URL)
         _state.instruments = Instruments(meter)
-        # With the application's providers, requests finish inline: the application flushes its own
-        # providers and expects every ended request's span there, not pending in our worker.
-        _state.worker = None if _state.exporter_names == ["application"] else FinishWorker(_state.counters)
+
+
+def _adopt_application_locked() -> None:
+    """Record into the application's global providers (the API's; no SDK import of ours)."""
+    from opentelemetry import metrics
+
+    _state.tracer = trace.get_tracer("edgesdk", N.SDK_VERSION, schema_url=N.SCHEMA_URL)
+    _state.instruments = Instruments(metrics.get_meter("edgesdk", N.SDK_VERSION, schema_url=N.SCHEMA_URL))
+    _state.exporter_names = ["application"]
 
 
 _atexit_registered = False
@@ -158,18 +156,29 @@ def _ensure_configured() -> None:
                 _state.configured = True
 
 
+def _tracer():
+    """The tracer to record with, or None (telemetry off). Cheap when off: two attribute reads."""
+    tracer = _state.tracer
+    if tracer is not None:
+        return tracer
+    if not _state.configured:
+        _ensure_configured()
+    if _state.adoptable and _state.tracer is None and _application_has_sdk():
+        with _state.lock:  # the application installed its providers after our first call
+            if _state.adoptable and _state.tracer is None:
+                _adopt_application_locked()
+    return _state.tracer
+
+
 def capture_enabled() -> bool:
     """True when prompt/output content capture is opted in (spans carry gen_ai.*.messages)."""
-    _ensure_configured()
-    return _state.capture_content and _state.tracer is not None
+    return _state.capture_content and _tracer() is not None
 
 
 def force_flush(timeout_millis: int = 5000) -> bool:
     """Export what is queued now (tests, before reading a trace file). Bounded by ``timeout_millis``."""
     ok = True
     with _state.lock:
-        if _state.worker is not None:
-            _state.worker.drain()
         for provider in (_state.tracer_provider, _state.meter_provider):
             if provider is not None:
                 ok = bool(provider.force_flush(timeout_millis)) and ok
@@ -178,13 +187,9 @@ def force_flush(timeout_millis: int = 5000) -> bool:
 
 def _shutdown_locked(timeout_s: float = 5.0) -> None:
     providers = [p for p in (_state.tracer_provider, _state.meter_provider) if p is not None]
-    worker = _state.worker
     _state.tracer = None
     _state.instruments = None
-    _state.worker = None
-    _state.direct = None
-    if worker is not None:
-        worker.stop()  # records what is pending before the meter provider's final export
+    _state.adoptable = False
     _state.tracer_provider = None
     _state.meter_provider = None
     _state.exporter_names = []
@@ -208,47 +213,36 @@ def _shutdown_locked(timeout_s: float = 5.0) -> None:
 
 
 def shutdown() -> None:
-    """Flush and shut down exporters (the CLI calls this at exit). Safe to call more than once."""
+    """Flush and shut down edgesdk's own exporters (the CLI calls this at exit). Safe to call more than
+    once; an application's own providers are left alone."""
     with _state.lock:
         _shutdown_locked()
 
 
 def stats() -> dict:
-    """Export bookkeeping: spans exported / failed / dropped (queue full), exporter errors, exporters."""
+    """Export bookkeeping of edgesdk's own exporters: spans ended / exported / failed / dropped (a full
+    queue; settled at shutdown), exporter errors, the exporters, whether content is captured."""
     snapshot = _state.counters.snapshot()
     snapshot["enabled"] = _state.tracer is not None
     snapshot["exporters"] = list(_state.exporter_names)
     snapshot["capture_content"] = bool(_state.capture_content and _state.tracer is not None)
-    recorder = getattr(_state.instruments, "recorder", None)
-    # True: histogram values take the batched shortcut; else why not (see _histograms); None: no metrics.
-    snapshot["metrics_fast_path"] = None if recorder is None else (True if recorder.fast else
-                                                                  recorder.fallback_reason)
-    # True: inference spans are made in one step when they end (see _direct_spans); else why not; None: no provider of ours.
-    direct = _state.direct
-    snapshot["direct_spans"] = None if direct is None else (True if direct.reason is None else direct.reason)
     return snapshot
 
 
 def inference(operation: str, model: str, provider: str, *, stream: bool = False,
               request: dict | None = None, attributes: dict | None = None):
     """Context manager for one inference request; yields a recorder (see module docstring)."""
-    if _state.tracer is None:
-        if _state.configured:
-            return NOOP_RECORDER
-        _ensure_configured()
-        if _state.tracer is None:
-            return NOOP_RECORDER
-    direct = _state.direct
-    return InferenceRecorder(_state.tracer, _state.instruments, _state.worker, _state.capture_content, operation,
-                             model, provider, stream, request, attributes,
-                             direct if direct is not None and direct.reason is None else None)
+    tracer = _state.tracer or _tracer()
+    if tracer is None:
+        return NOOP_RECORDER
+    return InferenceRecorder(tracer, _state.instruments, _state.capture_content, operation, model, provider,
+                             stream, request, attributes, _state.chunk_metric)
 
 
 @contextlib.contextmanager
 def build_trace(model: str, profile: str, attributes: dict | None = None) -> Iterator[trace.Span]:
     """Root span of one build (a new trace): ``edgesdk.build``; stages nest under it."""
-    _ensure_configured()
-    tracer = _state.tracer
+    tracer = _tracer()
     if tracer is None:
         yield trace.INVALID_SPAN
         return
@@ -265,8 +259,7 @@ def build_trace(model: str, profile: str, attributes: dict | None = None) -> Ite
 @contextlib.contextmanager
 def build_stage(stage: str, attributes: dict | None = None) -> Iterator[trace.Span]:
     """Child span per build stage ``edgesdk.build.{stage}`` with duration and outcome."""
-    _ensure_configured()
-    tracer = _state.tracer
+    tracer = _tracer()
     if tracer is None:
         yield trace.INVALID_SPAN
         return
@@ -315,8 +308,7 @@ def fallback_event(from_: str, to: str, reason: str, attributes: dict | None = N
     With no recording span current (e.g. at load time, before any inference), a short
     ``edgesdk.fallback`` span carries the event so it is not lost.
     """
-    _ensure_configured()
-    tracer = _state.tracer
+    tracer = _tracer()
     if tracer is None:
         return
     attrs = {N.FALLBACK_FROM: str(from_), N.FALLBACK_TO: str(to), N.FALLBACK_REASON: str(reason)}

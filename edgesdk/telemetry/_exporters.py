@@ -19,13 +19,13 @@ from pathlib import Path
 
 from google.protobuf.json_format import MessageToDict
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from edgesdk.errors import InputError
 from edgesdk.telemetry._setup import Counters
-from edgesdk.telemetry._span_json import export_request_parts
 
 _ID_KEYS = ("traceId", "spanId", "parentSpanId")
 
@@ -44,6 +44,7 @@ def _hex_ids(node) -> None:
 
 
 def to_otlp_json(message) -> dict:
+    """An OTLP export request (protobuf) as its OTLP/JSON document."""
     document = MessageToDict(message, use_integers_for_enums=True)
     _hex_ids(document)
     return document
@@ -80,19 +81,13 @@ class _JsonLinesFile:
             raise InputError(f"cannot write trace file {self.path}: {exc.strerror or exc}") from exc
         _OPEN_SINKS.add(self)
 
-    def write(self, document: dict | str | list) -> None:
-        """One line: a JSON document, its text, or its text in pieces (written in order, not joined)."""
-        if isinstance(document, dict):
-            document = json.dumps(document, separators=(",", ":"))
-        parts = [document] if isinstance(document, str) else document
+    def write(self, document: dict) -> None:
+        """One JSON document as one line."""
+        line = json.dumps(document, separators=(",", ":"), ensure_ascii=False) + "\n"
         with self._lock:
-            if self._handle.closed:
-                return
-            write = self._handle.write
-            for part in parts:
-                write(part)
-            write("\n")
-            self._handle.flush()
+            if not self._handle.closed:
+                self._handle.write(line)
+                self._handle.flush()
 
     def acquire(self) -> _JsonLinesFile:
         with self._lock:
@@ -112,7 +107,7 @@ class JsonLinesSpanExporter(SpanExporter):
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         try:
-            self._sink.write(export_request_parts(spans))
+            self._sink.write(to_otlp_json(encode_spans(spans)))
         except OSError:
             return SpanExportResult.FAILURE
         return SpanExportResult.SUCCESS
@@ -178,27 +173,19 @@ class CountingSpanExporter(SpanExporter):
 
 
 class CountingBatchSpanProcessor(BatchSpanProcessor):
-    """The SDK's batch processor, plus a count of spans lost to a full queue.
+    """The SDK's batch processor, plus a count of the spans it was given.
 
-    The SDK drops the oldest span when its bounded queue is full and only logs it. While running,
-    ``spans_dropped`` is an estimate (the queue-full check races with the export thread's pops by a
-    span or two); at shutdown it becomes exact: every span that ended and was neither exported nor
-    failed was dropped.
+    The SDK drops the oldest span when its bounded queue is full and only logs it. At shutdown
+    nothing is queued any more, so every span that ended and was neither exported nor failed was
+    dropped: ``spans_dropped`` is settled then (and reads 0 before).
     """
 
     def __init__(self, exporter: SpanExporter, counters: Counters, **kwargs):
         super().__init__(exporter, **kwargs)
         self._counters = counters
-        batch = getattr(self, "_batch_processor", None)
-        self._queue = getattr(batch, "_queue", None)
-        self._queue_max = getattr(batch, "_max_queue_size", None)
 
     def on_end(self, span: ReadableSpan) -> None:
-        counters = self._counters
-        counters.add("spans_ended", 1)
-        queue = self._queue
-        if queue is not None and len(queue) >= self._queue_max:
-            counters.add("spans_dropped", 1)
+        self._counters.add("spans_ended", 1)
         super().on_end(span)
 
     def shutdown(self) -> None:

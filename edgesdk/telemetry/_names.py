@@ -1,59 +1,60 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Attribute and metric names: the semantic-conventions package's constants where they exist,
-our ``edgesdk.*`` names otherwise, and the advised histogram buckets (semconv v1.41.1)."""
+"""Attribute and metric names of the GenAI semantic conventions v1.41.1 as plain strings, our
+``edgesdk.*`` names, and the advised histogram buckets.
+
+Plain strings, not the ``opentelemetry-semantic-conventions`` constants: the base install depends
+on ``opentelemetry-api`` only (tests/test_telemetry.py checks these against that package's
+``gen_ai_attributes`` / ``gen_ai_metrics`` when it is installed).
+"""
 
 from __future__ import annotations
 
 import json
 
-from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as G
-from opentelemetry.semconv._incubating.metrics import gen_ai_metrics as M
-from opentelemetry.semconv.attributes import error_attributes, server_attributes
-
 from edgesdk import __version__ as SDK_VERSION  # noqa: F401 - re-exported for the tracer/meter scope
 
 SCHEMA_URL = "https://opentelemetry.io/schemas/1.41.1"
 
-# --- GenAI span attributes (constants from opentelemetry-semantic-conventions 0.66b2) ---
-OPERATION_NAME = G.GEN_AI_OPERATION_NAME
-PROVIDER_NAME = G.GEN_AI_PROVIDER_NAME
-REQUEST_MODEL = G.GEN_AI_REQUEST_MODEL
-REQUEST_STREAM = G.GEN_AI_REQUEST_STREAM
-RESPONSE_MODEL = G.GEN_AI_RESPONSE_MODEL
-RESPONSE_FINISH_REASONS = G.GEN_AI_RESPONSE_FINISH_REASONS
-RESPONSE_ID = G.GEN_AI_RESPONSE_ID
-RESPONSE_TIME_TO_FIRST_CHUNK = G.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK
-USAGE_INPUT_TOKENS = G.GEN_AI_USAGE_INPUT_TOKENS
-USAGE_OUTPUT_TOKENS = G.GEN_AI_USAGE_OUTPUT_TOKENS
-TOKEN_TYPE = G.GEN_AI_TOKEN_TYPE
-INPUT_MESSAGES = G.GEN_AI_INPUT_MESSAGES
-OUTPUT_MESSAGES = G.GEN_AI_OUTPUT_MESSAGES
-EMBEDDINGS_DIMENSION_COUNT = G.GEN_AI_EMBEDDINGS_DIMENSION_COUNT
-ERROR_TYPE = error_attributes.ERROR_TYPE
-SERVER_ADDRESS = server_attributes.SERVER_ADDRESS
-SERVER_PORT = server_attributes.SERVER_PORT
+# --- GenAI span attributes ---
+OPERATION_NAME = "gen_ai.operation.name"
+PROVIDER_NAME = "gen_ai.provider.name"
+REQUEST_MODEL = "gen_ai.request.model"
+REQUEST_STREAM = "gen_ai.request.stream"
+RESPONSE_MODEL = "gen_ai.response.model"
+RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
+RESPONSE_ID = "gen_ai.response.id"
+RESPONSE_TIME_TO_FIRST_CHUNK = "gen_ai.response.time_to_first_chunk"
+USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+TOKEN_TYPE = "gen_ai.token.type"
+INPUT_MESSAGES = "gen_ai.input.messages"
+OUTPUT_MESSAGES = "gen_ai.output.messages"
+EMBEDDINGS_DIMENSION_COUNT = "gen_ai.embeddings.dimension.count"
+ERROR_TYPE = "error.type"
+SERVER_ADDRESS = "server.address"
+SERVER_PORT = "server.port"
 
 # request dict key -> (attribute, python type). top_k is a double in the conventions.
 REQUEST_PARAMS = {
-    "max_tokens": (G.GEN_AI_REQUEST_MAX_TOKENS, int),
-    "temperature": (G.GEN_AI_REQUEST_TEMPERATURE, float),
-    "top_p": (G.GEN_AI_REQUEST_TOP_P, float),
-    "top_k": (G.GEN_AI_REQUEST_TOP_K, float),
-    "seed": (G.GEN_AI_REQUEST_SEED, int),
-    "frequency_penalty": (G.GEN_AI_REQUEST_FREQUENCY_PENALTY, float),
-    "presence_penalty": (G.GEN_AI_REQUEST_PRESENCE_PENALTY, float),
-    "stop_sequences": (G.GEN_AI_REQUEST_STOP_SEQUENCES, list),
-    "choice_count": (G.GEN_AI_REQUEST_CHOICE_COUNT, int),
-    "encoding_formats": (G.GEN_AI_REQUEST_ENCODING_FORMATS, list),
+    "max_tokens": ("gen_ai.request.max_tokens", int),
+    "temperature": ("gen_ai.request.temperature", float),
+    "top_p": ("gen_ai.request.top_p", float),
+    "top_k": ("gen_ai.request.top_k", float),
+    "seed": ("gen_ai.request.seed", int),
+    "frequency_penalty": ("gen_ai.request.frequency_penalty", float),
+    "presence_penalty": ("gen_ai.request.presence_penalty", float),
+    "stop_sequences": ("gen_ai.request.stop_sequences", list),
+    "choice_count": ("gen_ai.request.choice.count", int),
+    "encoding_formats": ("gen_ai.request.encoding_formats", list),
 }
 
 # --- metrics ---
-CLIENT_OPERATION_DURATION = M.GEN_AI_CLIENT_OPERATION_DURATION
-CLIENT_TOKEN_USAGE = M.GEN_AI_CLIENT_TOKEN_USAGE
-CLIENT_TIME_TO_FIRST_CHUNK = M.GEN_AI_CLIENT_OPERATION_TIME_TO_FIRST_CHUNK
-CLIENT_TIME_PER_OUTPUT_CHUNK = M.GEN_AI_CLIENT_OPERATION_TIME_PER_OUTPUT_CHUNK
-SERVER_TIME_TO_FIRST_TOKEN = M.GEN_AI_SERVER_TIME_TO_FIRST_TOKEN
-SERVER_TIME_PER_OUTPUT_TOKEN = M.GEN_AI_SERVER_TIME_PER_OUTPUT_TOKEN
+CLIENT_OPERATION_DURATION = "gen_ai.client.operation.duration"
+CLIENT_TOKEN_USAGE = "gen_ai.client.token.usage"
+CLIENT_TIME_TO_FIRST_CHUNK = "gen_ai.client.operation.time_to_first_chunk"
+CLIENT_TIME_PER_OUTPUT_CHUNK = "gen_ai.client.operation.time_per_output_chunk"
+SERVER_TIME_TO_FIRST_TOKEN = "gen_ai.server.time_to_first_token"
+SERVER_TIME_PER_OUTPUT_TOKEN = "gen_ai.server.time_per_output_token"
 
 # Advised bucket boundaries (semconv v1.41.1, docs/gen-ai/gen-ai-metrics.md).
 DURATION_BUCKETS = [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92]

@@ -1,5 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Build the SDK TracerProvider and MeterProvider for resolved :class:`Settings`."""
+"""Build the SDK TracerProvider and MeterProvider for resolved :class:`Settings`.
+
+The only module that imports the OpenTelemetry SDK and exporters (the ``edgesdk[otel]`` extra);
+it is imported when edgesdk itself configures exporting (the CLI, ``--trace-file``, ``OTEL_*``).
+"""
 
 from __future__ import annotations
 
@@ -41,16 +45,10 @@ def _otlp_exporters(settings: Settings):
             traces_url, metrics_url = f"{root}/v1/traces", f"{root}/v1/metrics"
     if settings.otlp_protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-
-        from edgesdk.telemetry._span_proto import grpc_span_exporter_class
-
-        OTLPSpanExporter = grpc_span_exporter_class()  # noqa: N806 - a class
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
     else:
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-
-        from edgesdk.telemetry._span_proto import http_span_exporter_class
-
-        OTLPSpanExporter = http_span_exporter_class()  # noqa: N806 - a class
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     return (OTLPSpanExporter(endpoint=traces_url, timeout=timeout),
             OTLPMetricExporter(endpoint=metrics_url, timeout=timeout))
 

@@ -52,6 +52,10 @@ class Settings:
     service_name: str = "edgesdk"
     export_timeout_s: float = DEFAULT_EXPORT_TIMEOUT_S
     otlp_metrics: bool = True
+    # One gen_ai.client.operation.time_per_output_chunk value per streamed chunk (semconv: recommended
+    # for streams); EDGESDK_CHUNK_METRIC=0 turns it off on devices where a histogram record per token
+    # is too much. The span, TTFT and the per-request time per output token stay.
+    chunk_metric: bool = True
 
     @property
     def any_exporter(self) -> bool:
@@ -118,6 +122,7 @@ def resolve_settings(*, trace_file, otlp_endpoint, otlp_protocol, console, captu
         except ValueError as exc:
             raise InputError(f"OTEL_EXPORTER_OTLP_TIMEOUT is not a number: {timeout!r}") from exc
     settings.otlp_metrics = os.environ.get("OTEL_METRICS_EXPORTER", "").strip().lower() != "none"
+    settings.chunk_metric = env_flag("EDGESDK_CHUNK_METRIC") is not False
     return settings
 
 
@@ -129,7 +134,6 @@ class Counters:
     spans_exported: int = 0
     spans_failed: int = 0
     spans_dropped: int = 0
-    finished_inline: int = 0
     export_errors: int = 0
     warned: set = field(default_factory=set)
 
@@ -154,5 +158,4 @@ class Counters:
     def snapshot(self) -> dict:
         with self.lock:
             return {"spans_ended": self.spans_ended, "spans_exported": self.spans_exported, "spans_failed": self.spans_failed,
-                    "spans_dropped": self.spans_dropped, "finished_inline": self.finished_inline,
-                    "export_errors": self.export_errors}
+                    "spans_dropped": self.spans_dropped, "export_errors": self.export_errors}

@@ -4,11 +4,17 @@
 Rules come from ``edgesdk/data/semconv/gen_ai_v1.41.1.yaml``. Findings carry Weaver's levels:
 ``violation`` (fails CI), ``improvement`` and ``information``. Identical findings are grouped
 with a count; the first occurrence gives the file line, trace and span id.
+
+The file is checked as it is read, one export request at a time: what stays in memory is the
+grouped findings and, per span, its trace/span id and name (to check a build stage's parent, which
+an SDK exports after its children), not the spans themselves.
 """
 
 from __future__ import annotations
 
 import re
+import sys
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from importlib import resources
@@ -16,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from edgesdk.telemetry.otlp_json import Attr, Metric, Span, TelemetryFile, read_otlp_json
+from edgesdk.tracecheck.otlp_json import MAX_BYTES, Attr, Metric, Span, TelemetryFile, iter_otlp_json
 
 LEVELS = ("violation", "improvement", "information")
 RULES_FILE = "gen_ai_v1.41.1.yaml"
@@ -244,54 +250,58 @@ def _check_genai_span(span: Span, rules: dict, out: _Collector) -> None:
     _check_tokens(span, out)
 
 
-def _check_build_spans(spans: list[Span], rules: dict, out: _Collector) -> int:
+def _check_build_span(span: Span, rules: dict, out: _Collector, stages: list[Span]) -> int:
+    """Checks one span against the build conventions; a stage whose parent is to be checked goes to
+    ``stages`` (see :func:`_check_stage_parents`). Returns 1 for a build or stage span."""
     conv = rules["edgesdk_build"]
-    by_id = {(s.trace_id, s.span_id): s for s in spans}
-    count = 0
-    for span in spans:
-        for event in span.events:
-            if event.name == conv["fallback_event"]:
-                for key in conv["fallback_required"]:
-                    if key not in event.attributes:
-                        out.add("violation", "build_convention", f"{event.name} event lacks {key}",
-                                span=span, attribute=key)
-        if span.name == conv["root_span"]:
-            count += 1
-            for key in conv["root_required"]:
-                if key not in span.attributes:
-                    out.add("violation", "build_convention", f"build span lacks {key}", span=span, attribute=key)
-            if span.parent_span_id:
-                out.add("violation", "build_convention", "a build span must be a trace root (one trace per build)",
-                        span=span)
-            continue
-        if not span.name.startswith(conv["stage_prefix"]) or span.name.count(".") < 2:
-            continue
-        count += 1
-        stage = span.name[len(conv["stage_prefix"]):]
-        for key in conv["stage_required"]:
+    for event in span.events:
+        if event.name == conv["fallback_event"]:
+            for key in conv["fallback_required"]:
+                if key not in event.attributes:
+                    out.add("violation", "build_convention", f"{event.name} event lacks {key}",
+                            span=span, attribute=key)
+    if span.name == conv["root_span"]:
+        for key in conv["root_required"]:
             if key not in span.attributes:
-                out.add("violation", "build_convention", f"build stage span lacks {key}", span=span, attribute=key)
-        if _value(span, "edgesdk.build.stage") not in (None, stage):
-            out.add("violation", "build_convention", f"edgesdk.build.stage does not match the span name ({stage})",
-                    span=span, attribute="edgesdk.build.stage")
-        if stage not in conv["stages"]:
-            out.add("information", "build_stage_unknown", f"stage {stage!r} is not one of {conv['stages']}",
+                out.add("violation", "build_convention", f"build span lacks {key}", span=span, attribute=key)
+        if span.parent_span_id:
+            out.add("violation", "build_convention", "a build span must be a trace root (one trace per build)",
                     span=span)
-        outcome = _value(span, "edgesdk.build.stage.outcome")
-        if outcome is not None and outcome not in conv["outcomes"]:
-            out.add("violation", "build_convention", f"outcome {outcome!r} is not one of {conv['outcomes']}",
-                    span=span, attribute="edgesdk.build.stage.outcome")
-        if outcome == "error" and "error.type" not in span.attributes:
-            out.add("violation", "missing_attribute", "error.type is required on a failed stage", span=span,
-                    attribute="error.type")
-        parent = by_id.get((span.trace_id, span.parent_span_id))
-        if not span.parent_span_id:
-            out.add("violation", "build_convention", "a build stage span must have the build span as parent",
-                    span=span)
-        elif parent is not None and parent.name != conv["root_span"]:
+        return 1
+    if not span.name.startswith(conv["stage_prefix"]) or span.name.count(".") < 2:
+        return 0
+    stage = span.name[len(conv["stage_prefix"]):]
+    for key in conv["stage_required"]:
+        if key not in span.attributes:
+            out.add("violation", "build_convention", f"build stage span lacks {key}", span=span, attribute=key)
+    if _value(span, "edgesdk.build.stage") not in (None, stage):
+        out.add("violation", "build_convention", f"edgesdk.build.stage does not match the span name ({stage})",
+                span=span, attribute="edgesdk.build.stage")
+    if stage not in conv["stages"]:
+        out.add("information", "build_stage_unknown", f"stage {stage!r} is not one of {conv['stages']}",
+                span=span)
+    outcome = _value(span, "edgesdk.build.stage.outcome")
+    if outcome is not None and outcome not in conv["outcomes"]:
+        out.add("violation", "build_convention", f"outcome {outcome!r} is not one of {conv['outcomes']}",
+                span=span, attribute="edgesdk.build.stage.outcome")
+    if outcome == "error" and "error.type" not in span.attributes:
+        out.add("violation", "missing_attribute", "error.type is required on a failed stage", span=span,
+                attribute="error.type")
+    if not span.parent_span_id:
+        out.add("violation", "build_convention", "a build stage span must have the build span as parent",
+                span=span)
+    else:
+        stages.append(span)
+    return 1
+
+
+def _check_stage_parents(stages: list[Span], names: dict[str, str], rules: dict, out: _Collector) -> None:
+    root = rules["edgesdk_build"]["root_span"]
+    for span in stages:
+        parent = names.get(span.trace_id + span.parent_span_id)
+        if parent is not None and parent != root:
             out.add("violation", "build_convention",
-                    f"a build stage's parent should be {conv['root_span']}, found {parent.name!r}", span=span)
-    return count
+                    f"a build stage's parent should be {root}, found {parent!r}", span=span)
 
 
 def _check_metrics(metrics: list[Metric], rules: dict, out: _Collector) -> None:
@@ -357,22 +367,35 @@ def _is_genai(span: Span, rules: dict) -> bool:
     return any(event.name in rules["deprecated_events"] for event in span.events)
 
 
-def check_telemetry(data: TelemetryFile) -> Report:
+def check_telemetry(data: TelemetryFile | Iterable[TelemetryFile], path: str = "") -> Report:
+    """Check a parsed file, or the parts :func:`~edgesdk.tracecheck.otlp_json.iter_otlp_json` yields."""
     rules = load_rules()
     out = _Collector()
-    genai = [s for s in data.spans if _is_genai(s, rules)]
-    for span in genai:
-        _check_genai_span(span, rules, out)
-    builds = _check_build_spans(data.spans, rules, out)
-    _check_metrics(data.metrics, rules, out)
+    parts = [data] if isinstance(data, TelemetryFile) else data
+    names: dict[str, str] = {}  # trace id + span id -> span name, for the stage-parent check
+    stages: list[Span] = []
+    spans = genai = builds = metrics = 0
+    for part in parts:
+        path = path or part.path
+        for span in part.spans:
+            spans += 1
+            names[span.trace_id + span.span_id] = sys.intern(span.name)
+            if _is_genai(span, rules):
+                genai += 1
+                _check_genai_span(span, rules, out)
+            builds += _check_build_span(span, rules, out, stages)
+        metrics += len(part.metrics)
+        _check_metrics(part.metrics, rules, out)
+    _check_stage_parents(stages, names, rules, out)
     if not genai and not builds:
         out.add("information", "no_genai_spans", "no GenAI or edgesdk build spans in the file")
-    return Report(data.path, len(data.spans), len(genai), builds, len(data.metrics), out.findings())
+    return Report(path, spans, genai, builds, metrics, out.findings())
 
 
-def check_trace_file(path: str | Path) -> Report:
-    """Read and check one file. Raises TraceFileError (exit 1) when it is not readable OTLP/JSON."""
-    return check_telemetry(read_otlp_json(path))
+def check_trace_file(path: str | Path, *, max_bytes: int = MAX_BYTES) -> Report:
+    """Read and check one file as a stream. Raises TraceFileError (exit 1) when it is not readable
+    OTLP/JSON or holds more than ``max_bytes`` of (decompressed) text."""
+    return check_telemetry(iter_otlp_json(path, max_bytes=max_bytes), str(path))
 
 
 def render_table(report: Report, fail_on: str = "violation") -> str:

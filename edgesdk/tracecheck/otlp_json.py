@@ -1,18 +1,27 @@
 # SPDX-License-Identifier: Apache-2.0
 """Read OTLP/JSON traces and metrics written by us or by other tools.
 
-Accepted layouts (plain or gzip-compressed, UTF-8 with or without BOM): JSON Lines (the Collector ``file`` exporter: one ``ExportTraceServiceRequest`` or
-``ExportMetricsServiceRequest`` per line), or one JSON document (an export request, or a list of
-them). Keys may be camelCase (OTLP/JSON) or snake_case (protobuf field names); ids hex or base64;
+Accepted layouts (plain or gzip-compressed, UTF-8 with or without BOM): JSON Lines (the Collector
+``file`` exporter: one ``ExportTraceServiceRequest`` or ``ExportMetricsServiceRequest`` per line),
+or one JSON document (an export request, or a list of them).
+
+JSON Lines are read as a stream, one line at a time (:func:`iter_otlp_json`): memory follows the
+longest line, not the file. A gzip file is decompressed as it is read, and reading stops with an
+error past ``max_bytes`` of decompressed text (a gzip bomb cannot fill the disk or the memory). A
+file that is one multi-line JSON document is read whole, up to ``MAX_DOCUMENT_BYTES``. Keys may be camelCase (OTLP/JSON) or snake_case (protobuf field names); ids hex or base64;
 64-bit integers as strings or numbers; enums as integers or names; attribute values as the
 ``AnyValue`` union (string/bool/int/double/array/kvlist/bytes).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import io
 import json
 import re
+import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +33,11 @@ class TraceFileError(EdgeSDKError):
 
     exit_code = 1
 
+
+# Decompressed text read from one file at most (every layout), and the size of a file that is one
+# multi-line JSON document (that layout must be parsed whole).
+MAX_BYTES = 16 * 1024**3
+MAX_DOCUMENT_BYTES = 512 * 1024**2
 
 SPAN_KINDS = {0: "UNSPECIFIED", 1: "INTERNAL", 2: "SERVER", 3: "CLIENT", 4: "PRODUCER", 5: "CONSUMER"}
 STATUS_CODES = {0: "UNSET", 1: "OK", 2: "ERROR"}
@@ -211,41 +225,93 @@ def _add_document(document, line: int, result: TelemetryFile) -> bool:
     return "resourceLogs" in document  # a logs line from the collector's file exporter: valid, not checked
 
 
-def read_otlp_json(path: str | Path) -> TelemetryFile:
-    """Parse a file; raises :class:`TraceFileError` (exit 1) if it is unreadable or not OTLP/JSON."""
-    path = Path(path)
+class _Bounded(io.RawIOBase):
+    """A read-only stream that fails past ``limit`` bytes (counts what the decompressor produced)."""
+
+    def __init__(self, inner, limit: int, path: Path):
+        self._inner, self._left, self._limit, self._path = inner, limit, limit, path
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        n = self._inner.readinto(buffer)
+        self._left -= n
+        if self._left < 0:
+            raise TraceFileError(f"{self._path} is larger than {self._limit} bytes uncompressed",
+                                 hint="split it, or raise max_bytes")
+        return n
+
+
+def _open_text(path: Path, limit: int) -> io.TextIOWrapper:
+    raw = path.open("rb")
+    magic = raw.peek(2)[:2] if hasattr(raw, "peek") else b""
+    stream = gzip.GzipFile(fileobj=raw, mode="rb") if magic == b"\x1f\x8b" else raw  # rotated collector files
+    return io.TextIOWrapper(io.BufferedReader(_Bounded(stream, limit, path), 1 << 20), encoding="utf-8-sig")
+
+
+@contextlib.contextmanager
+def _read_errors(path: Path) -> Iterator[None]:
+    """Turn I/O and decoding failures into one-line TraceFileErrors."""
     try:
-        raw = path.read_bytes()
-        if raw[:2] == b"\x1f\x8b":  # gzip (rotated collector files are often compressed)
-            raw = gzip.decompress(raw)
-        text = raw.decode("utf-8-sig")
+        yield
     except FileNotFoundError as exc:
         raise TraceFileError(f"trace file not found: {path}") from exc
     except IsADirectoryError as exc:
         raise TraceFileError(f"{path} is a directory, not a trace file") from exc
-    except (OSError, EOFError, UnicodeDecodeError, gzip.BadGzipFile) as exc:
+    except (OSError, EOFError, UnicodeDecodeError, zlib.error) as exc:
         raise TraceFileError(f"cannot read trace file {path}: {exc}") from exc
-    result = TelemetryFile(path=str(path))
-    if not text.strip():
+
+
+def iter_otlp_json(path: str | Path, *, max_bytes: int = MAX_BYTES) -> Iterator[TelemetryFile]:
+    """Yield the file's content one export request (line) at a time, each as a small TelemetryFile.
+
+    Raises :class:`TraceFileError` (exit 1) when the file is unreadable or not OTLP/JSON, at the
+    point where that shows (a bad line 1000 is found after 999 good ones were yielded).
+    """
+    path = Path(path)
+    found, empty = False, True
+    with _read_errors(path), _open_text(path, max_bytes) as text:
+        for number, line in enumerate(text, start=1):
+            if not line.strip():
+                continue
+            try:
+                document = json.loads(line)
+            except json.JSONDecodeError as exc:
+                if empty:  # line 1 is not a whole document: maybe the file is one multi-line document
+                    yield _whole_document(path, min(max_bytes, MAX_DOCUMENT_BYTES), number, exc)
+                    return
+                raise TraceFileError(f"{path}:{number}: not JSON ({exc.msg})",
+                                     hint="expected OTLP/JSON lines or one OTLP/JSON document") from exc
+            empty = False
+            part = TelemetryFile(path=str(path))
+            if _add_document(document, number, part):
+                found = True
+                yield part
+    if empty:
         raise TraceFileError(f"trace file is empty: {path}")
-    try:
-        whole = json.loads(text)
-    except json.JSONDecodeError:
-        whole = None
-    if whole is not None:
-        if not _add_document(whole, 1, result):
-            raise TraceFileError(f"{path} is JSON but not OTLP (no resourceSpans or resourceMetrics)")
-        return result
-    found = False
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            document = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise TraceFileError(f"{path}:{number}: not JSON ({exc.msg})",
-                                 hint="expected OTLP/JSON lines or one OTLP/JSON document") from exc
-        found = _add_document(document, number, result) or found
     if not found:
         raise TraceFileError(f"{path} is JSON but not OTLP (no resourceSpans or resourceMetrics)")
+
+
+def _whole_document(path: Path, limit: int, number: int, line_error: json.JSONDecodeError) -> TelemetryFile:
+    with _read_errors(path), _open_text(path, limit) as text:
+        try:
+            document = json.loads(text.read())
+        except json.JSONDecodeError:
+            raise TraceFileError(f"{path}:{number}: not JSON ({line_error.msg})",
+                                 hint="expected OTLP/JSON lines or one OTLP/JSON document") from line_error
+    result = TelemetryFile(path=str(path))
+    if not _add_document(document, number, result):
+        raise TraceFileError(f"{path} is JSON but not OTLP (no resourceSpans or resourceMetrics)")
+    return result
+
+
+def read_otlp_json(path: str | Path, *, max_bytes: int = MAX_BYTES) -> TelemetryFile:
+    """Parse a whole file into memory (small files, tests); :func:`iter_otlp_json` streams."""
+    result = TelemetryFile(path=str(path))
+    for part in iter_otlp_json(path, max_bytes=max_bytes):
+        result.spans.extend(part.spans)
+        result.metrics.extend(part.metrics)
+        result.requests += part.requests
     return result
