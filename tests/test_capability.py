@@ -23,12 +23,12 @@ def capability_models(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def jetpack5_profile(tmp_path_factory) -> Path:
-    """AGX Orin on JetPack 5.1 (L4T 35, TensorRT 8.5.2): same board, older TensorRT (specs/devices.md)."""
+    """AGX Orin on JetPack 5.1 (L4T 35, TensorRT 8.5.2): same board, older TensorRT (docs/devices.md)."""
     data = yaml.safe_load(resolve_profile("orin-agx-64gb").path.read_text())
     data["name"] = "orin-agx-64gb-jp5"
     data["aliases"] = []
     data["software"] = {"jetpack": "5.1", "l4t": "35.3", "cuda": "11.4", "tensorrt": "8.5",
-                        "source": "specs/devices.md: JetPack 5.1 = L4T 35, CUDA 11.4, TensorRT 8.5.2"}
+                        "source": "docs/devices.md: JetPack 5.1 = L4T 35, CUDA 11.4, TensorRT 8.5.2"}
     path = tmp_path_factory.mktemp("profiles") / "orin-jp5.yaml"
     path.write_text(yaml.safe_dump(data))
     return path

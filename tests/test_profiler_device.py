@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Device detection on directory trees holding a Jetson's / a PC's files (formats per specs/devices.md)."""
+"""Device detection on directory trees holding a Jetson's / a PC's files (formats per docs/devices.md)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 """TensorRT path: planning, the deferred engine build up to the point TensorRT is needed, pre-flight,
 engine cache, and the runtime fallback chain exercised for real with ONNX Runtime on this CPU.
 
-TensorRT cannot be installed on these machines (FACTS.md): tests that need it carry the ``tensorrt``
+TensorRT cannot be installed on these machines (docs/versions.md): tests that need it carry the ``tensorrt``
 marker and skip with that reason. Nothing here imitates TensorRT.
 """
 
@@ -24,7 +24,7 @@ from edgesdk.host import host_env, preflight, tensorrt_python
 
 TRT_VERSION, TRT_WHY = tensorrt_python()
 needs_tensorrt = pytest.mark.skipif(TRT_VERSION is None, reason=f"needs a real TensorRT: {TRT_WHY} "
-                                    "(not installable on these machines, FACTS.md)")
+                                    "(not installable on these machines, docs/versions.md)")
 
 
 @pytest.fixture(scope="session")

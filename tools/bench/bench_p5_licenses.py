@@ -3,7 +3,7 @@
 
 Goal (issue 6): <= 5 s wall for ours. Anchor, measured in the same run on the same inputs:
 ScanCode Toolkit (`scancode --license --package`), installed in a separate throwaway venv
-(FACTS.md: `scancode-toolkit-mini` needs `pluggy<1.6`; never in the project's .venv).
+(docs/versions.md: `scancode-toolkit-mini` needs `pluggy<1.6`; never in the project's .venv).
 
 Inputs: a bundle directory (default: the newest `edgesdk build` output given with --bundle; if
 none is given, the MiniLM model directory copied to a temp dir with no manifest, which is said

@@ -21,10 +21,10 @@ llama.cpp and onnxruntime do) and process CPU (loop plus flush, all threads: the
 telemetry costs, export encoding included).
 
 Anchor, measured in every round of the same run: the bare OTel SDK doing the minimum a GenAI span
-needs — ``start_as_current_span`` with 10 attributes, batch processor, null exporter (FACTS.md:
-21.8 us on this CPU when quiet) — and one histogram record (FACTS.md: 2.7 us). The machine is
+needs — ``start_as_current_span`` with 10 attributes, batch processor, null exporter (docs/devices.md:
+21.8 us on this CPU when quiet) — and one histogram record (docs/devices.md: 2.7 us). The machine is
 shared, so the ratio to the anchor is the load-independent figure; ``normalized_us`` rescales the
-wall figures to the FACTS.md anchors (an estimate for a quiet machine, labelled as such).
+wall figures to the docs/devices.md anchors (an estimate for a quiet machine, labelled as such).
 
 Usage: python tools/bench/bench_p6_telemetry.py [--requests 2000] [--tokens 128] [--rounds 15]
        [--exporter file|otlp-grpc|otlp-http|null] [--no-stream] [--out PATH]
@@ -47,7 +47,7 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results" / "p6_telemetry.json"
 BUDGET_REQUEST_US = 50.0
 BUDGET_TOKEN_US = 5.0
-# FACTS.md, "Measured anchors": SDK 1.45.2 on this CPU, batch processor, null exporter.
+# docs/devices.md, "Measured anchors": SDK 1.45.2 on this CPU, batch processor, null exporter.
 FACTS_ANCHOR = {"span_10_attrs_us": 21.8, "histogram_record_us": 2.7}
 
 
@@ -302,7 +302,7 @@ def main() -> int:
                     "per_token": round(per_token[clock] * FACTS_ANCHOR["histogram_record_us"]
                                        / anchor["histogram_record" + suffix], 2)}
             for clock, suffix in (("wall", "_us"), ("process_cpu", "_cpu_us"), ("caller_thread_cpu", "_cpu_us"))},
-        "normalized_how": "overhead x (FACTS.md anchor / same-run anchor on the same clock): quiet-machine estimate",
+        "normalized_how": "overhead x (docs/devices.md anchor / same-run anchor on the same clock): quiet-machine estimate",
         "load_average_1m_at_end": round(os.getloadavg()[0], 2),
         "ratios": {"per_request_vs_anchor_span": round(per_request["wall"] / anchor["span_10_attrs_us"], 2),
                    "process_cpu_per_request_vs_anchor_span_cpu":
@@ -322,7 +322,7 @@ def main() -> int:
           f"{BUDGET_TOKEN_US:.0f}; anchor histogram record {anchor['histogram_record_us']:.2f} us, ratio "
           f"{result['ratios']['per_token_vs_anchor_histogram_record']})")
     norm = result["normalized_us"]
-    print("  normalized to the FACTS.md anchors (quiet-machine estimate): "
+    print("  normalized to the docs/devices.md anchors (quiet-machine estimate): "
           + "; ".join(f"{c} {v['per_request']} us/request, {v['per_token']} us/token" for c, v in norm.items()))
     print(f"  caller-thread CPU: {per_request['caller_thread_cpu']:.1f} us/request, "
           f"{per_token['caller_thread_cpu']:.2f} us/token; process CPU: {per_request['process_cpu']:.1f} us/request, "

@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-ANCHOR_FACTS_MS = 15.0   # FACTS.md: MiniLM ONNX Runtime CPU seq 128 batch 1 2 threads FP32 p50 (another host)
+ANCHOR_FACTS_MS = 15.0   # docs/devices.md: MiniLM ONNX Runtime CPU seq 128 batch 1 2 threads FP32 p50 (another host)
 
 
 def main() -> int:
@@ -101,7 +101,7 @@ def main() -> int:
                           "p50_min_ms": min(p50s), "p50_max_ms": max(p50s),
                           "p50_range_pct": 100 * (max(p50s) - min(p50s)) / statistics.median(p50s)},
         "vs_facts_anchor": {"anchor_ms": ANCHOR_FACTS_MS, "ratio_p50": statistics.median(p50s) / ANCHOR_FACTS_MS,
-                            "note": "FACTS.md anchor was measured on another (uncontended) host: context only"},
+                            "note": "docs/devices.md anchor was measured on another (uncontended) host: context only"},
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")

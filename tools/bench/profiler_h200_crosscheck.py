@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Leave-one-out check of the h200 decode/prefill calibration against the H200 measurements in FACTS.md.
+"""Leave-one-out check of the h200 decode/prefill calibration against the H200 measurements in docs/devices.md.
 
-The H200 measurements available to this project (FACTS.md, an earlier session; random-weight
+The H200 measurements available to this project (docs/devices.md, an earlier session; random-weight
 TinyLlama-1.1B-shaped llama, llama.cpp CUDA, flash-attention on, batch 1): decode 724 tok/s F16 and
 810 tok/s Q4_K_M, prefill 6.7k and 17.8k tok/s. Each calibration entry is fitted to one of them; here
 each measurement is predicted from the table WITHOUT its own entry (so the error is out-of-sample),
@@ -62,7 +62,7 @@ def main() -> int:
                             "error_pct": roofline.prediction_error(pred["prefill"]["tok_s"], measured["prefill"]),
                             "calibration_used": pred["prefill"]["efficiency_source"]},
         })
-    out = {"check": "h200 calibration, leave-one-out against FACTS.md H200 measurements",
+    out = {"check": "h200 calibration, leave-one-out against docs/devices.md H200 measurements",
            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "method": __doc__, "context_positions": CONTEXT, "rows": rows}
     dest = REPO / "tools/bench/results/profiler_h200_crosscheck.json"

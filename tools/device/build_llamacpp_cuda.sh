@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # Build llama-cpp-python with CUDA (sm_90) on the GPU machine from the stripped sdist carried in .llamacpp/.
-# Why a script: the machine has no internet, so the sdist travels with the call (FACTS.md recipe), and the
+# Why a script: the machine has no internet, so the sdist travels with the call (recipe in docs/versions.md), and the
 # built wheel is kept in .llamacpp/ (reused while the machine stays warm) and split into <=15 MiB parts in $OUT.
 # Usage (on the device machine, repo root): bash tools/device/build_llamacpp_cuda.sh [cuda_arch]
 set -euo pipefail

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """When ONNX export fails on an op without an ONNX symbolic, keep the model anyway: a ``torch.export``
 program (``model.pt2``) that the runtime's torch backend runs eagerly, with a report of which ops forced
-it and what it costs (measured here, estimated for the target from the FACTS.md H200 figures).
+it and what it costs (measured here, estimated for the target from the docs/devices.md H200 figures).
 """
 
 from __future__ import annotations

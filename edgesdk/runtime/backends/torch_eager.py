@@ -5,7 +5,7 @@ Fast paths are taken only where the profile's kernel table allows them and the h
 FlashAttention (SDPA flash backend), ``torch.compile`` (needs Triton on GPU) and CUDA graphs. Each one
 not taken is a recorded fallback to the eager path with its reason (e.g. FlashAttention on sm_87, Triton
 on aarch64), and the report says what eager costs: measured here on the first runs, and estimated for
-a GPU from the FACTS.md H200 measurements.
+a GPU from the docs/devices.md H200 measurements.
 """
 
 from __future__ import annotations
