@@ -56,7 +56,7 @@ def run_cmd(bundle: Path, texts, npz, prompt, max_tokens, stream, profile, threa
             result["text"] = "".join(pieces)
         else:
             out = session.generate(prompt, max_tokens=max_tokens)
-            result["text"] = out if isinstance(out, str) else getattr(out, "text", out)
+            result["text"] = out  # LLMBackend.generate returns the completion text
             if not as_json:
                 click.echo(result["text"])
     elif texts:

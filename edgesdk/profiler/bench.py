@@ -308,6 +308,8 @@ def measure_bundle(path: str | os.PathLike, opts: BenchOptions | None = None,
     import edgesdk
     from edgesdk.bundle import open_bundle
     from edgesdk.profiler.sensors import read_device_state
+    from edgesdk.runtime.backend import LLMBackend, check_feeds
+    from edgesdk.runtime.backends.onnxruntime import OnnxRuntimeBackend
 
     opts = opts or BenchOptions()
     if opts.iterations < 1 or opts.warmup < 0 or opts.concurrency < 1:
@@ -327,7 +329,7 @@ def measure_bundle(path: str | os.PathLike, opts: BenchOptions | None = None,
         f"in {load_s * 1e3:.0f} ms")
     body: dict[str, Any] = {"settings": opts.to_dict(), "load": {"time_ms": load_s * 1e3,
                                                                  "method": "wall time of edgesdk.load()"}}
-    is_llm = hasattr(session.backend, "stream")
+    is_llm = isinstance(session.backend, LLMBackend)
     try:
         if is_llm:
             prompt, n_prompt = prompt_of(session, opts.prompt_tokens)
@@ -346,7 +348,8 @@ def measure_bundle(path: str | os.PathLike, opts: BenchOptions | None = None,
             n_prompt = len(session.tokenize(f"{OPENERS[1]} {prompt}"))
             body["llm"] = llm_metrics(n_prompt, runs)
         else:
-            feeds = synthetic_feeds(getattr(session.backend, "inputs", {}), opts.batch, opts.seq_len)
+            feeds = synthetic_feeds({s.name: {"dtype": s.dtype, "shape": list(s.shape or [])}
+                                     for s in session.backend.inputs}, opts.batch, opts.seq_len)
             call = lambda: session.run(feeds)  # noqa: E731
             for _ in range(opts.warmup):
                 call()
@@ -360,11 +363,11 @@ def measure_bundle(path: str | os.PathLike, opts: BenchOptions | None = None,
                 conc = concurrent_throughput(call, opts.iterations, opts.concurrency)
                 conc["items_per_s"] = conc["per_s"] * opts.batch
                 body["throughput"].append(conc)
-            model_path = getattr(session.backend, "model_path", None)
-            if opts.ort_profile_runs and bundle.format == "onnx" and model_path is not None:
+            if opts.ort_profile_runs and bundle.format == "onnx" and isinstance(session.backend, OnnxRuntimeBackend):
+                model_path = session.backend.model_path
                 log("per-node profile (onnxruntime profiler, separate session)")
                 body["ort_profile"] = ort_node_profile(model_path, list(session.backend.providers_active),
-                                                       session.backend.check_feeds(feeds), opts.ort_profile_runs,
+                                                       check_feeds(session.backend.inputs, feeds), opts.ort_profile_runs,
                                                        opts.threads)
         peak = peak_rss_bytes()
         body["memory"] = {

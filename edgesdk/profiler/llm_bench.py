@@ -14,6 +14,7 @@ import statistics
 import time
 
 from edgesdk.resources import read_data_text
+from edgesdk.runtime.backend import LLMBackend
 
 OPENERS = ("Yesterday", "Meanwhile", "Honestly", "Suddenly", "Later", "Eventually", "Often", "Perhaps", "Today",
             "Tomorrow", "Somewhere", "Afterwards")
@@ -47,7 +48,7 @@ def llm_stream_once(session, prompt: str, gen_tokens: int) -> dict:
     times: list[float] = []
     for _chunk in session.stream(prompt, max_tokens=gen_tokens, temperature=0.0):
         times.append((time.perf_counter() - t0) * 1e3)
-    last = getattr(session.backend, "last", None) or {}
+    last = session.backend.last if isinstance(session.backend, LLMBackend) else {}
     first_at, last_at = last.get("first_token_at"), last.get("last_token_at")
     # Text chunks are not tokens (a partial UTF-8 byte, or a token with no text, yields nothing): take
     # the backend's token count, and its token instants when it has them.

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,27 +19,16 @@ from edgesdk import telemetry
 from edgesdk.bundle import Bundle, open_bundle
 from edgesdk.errors import BackendUnavailableError, ShapeError
 from edgesdk.profiles import Profile, resolve_profile
+from edgesdk.runtime.backend import Backend, LLMBackend, LoadContext, check_feeds
 from edgesdk.runtime.backends import get_loader
 
-
-@dataclass
-class LoadContext:
-    """What a loader gets: the target profile, options, and the fallback recorder."""
-
-    profile: Profile | None
-    options: dict
-    fallbacks: list[dict] = field(default_factory=list)
-
-    def record_fallback(self, from_: str, to: str, reason: str, **extra: Any) -> None:
-        entry = {"from": from_, "to": to, "reason": reason, **extra}
-        self.fallbacks.append(entry)
-        telemetry.fallback_event(from_, to, reason)
+__all__ = ["LoadContext", "Session", "load"]  # LoadContext lives in runtime/backend.py
 
 
 class Session:
     """A loaded bundle. ``run`` for raw tensors; ``embed`` for text encoders; LLM calls for GGUF bundles."""
 
-    def __init__(self, bundle: Bundle, backend: Any, ctx: LoadContext, load_s: float):
+    def __init__(self, bundle: Bundle, backend: Backend, ctx: LoadContext, load_s: float):
         self.bundle = bundle
         self.backend = backend
         self._ctx = ctx
@@ -58,10 +46,7 @@ class Session:
     # ------------------------------------------------------------------ generic tensors
     def run(self, inputs: dict[str, Any]) -> dict[str, np.ndarray]:
         """One inference on named inputs; shapes/dtypes are checked against the model first."""
-        if not isinstance(inputs, dict):
-            raise ShapeError(f"inputs must be a mapping of input name to array, got {type(inputs).__name__}")
-        check = getattr(self.backend, "check_feeds", None)
-        feeds = check(inputs) if check else inputs
+        feeds = check_feeds(self.backend.inputs, inputs)
         with telemetry.inference(self._operation, self._model, self.backend.provider, attributes=self._attrs) as rec:
             out = self.backend.run(feeds)
             ids = feeds.get("input_ids")
@@ -100,7 +85,7 @@ class Session:
             raise ShapeError("embed() takes a non-empty string or list of strings")
         tok = self._text_tokenizer()
         encs = tok.encode_batch(texts)
-        names = set(self.backend.inputs) if hasattr(self.backend, "inputs") else {"input_ids", "attention_mask"}
+        names = {spec.name for spec in self.backend.inputs}
         feeds = {"input_ids": np.asarray([e.ids for e in encs], dtype=np.int64),
                  "attention_mask": np.asarray([e.attention_mask for e in encs], dtype=np.int64),
                  "token_type_ids": np.asarray([e.type_ids for e in encs], dtype=np.int64)}
@@ -123,24 +108,23 @@ class Session:
         return emb.astype(np.float32)
 
     # ------------------------------------------------------------------ LLMs (delegated)
-    def _llm(self, what: str):
-        fn = getattr(self.backend, what, None)
-        if fn is None:
+    def _llm(self, what: str) -> LLMBackend:
+        if not isinstance(self.backend, LLMBackend):
             raise BackendUnavailableError(f"{what}() needs an LLM bundle; this bundle is "
                                           f"{self.bundle.format}/{self.bundle.manifest.get('model', {}).get('task')}")
-        return fn
+        return self.backend
 
-    def generate(self, prompt: str, **kwargs):
-        return self._llm("generate")(prompt, **kwargs)
+    def generate(self, prompt: str, **kwargs: Any) -> Any:
+        return self._llm("generate").generate(prompt, **kwargs)
 
-    def stream(self, prompt: str, **kwargs):
-        return self._llm("stream")(prompt, **kwargs)
+    def stream(self, prompt: str, **kwargs: Any) -> Any:
+        return self._llm("stream").stream(prompt, **kwargs)
 
-    def chat(self, messages: list[dict], **kwargs):
-        return self._llm("chat")(messages, **kwargs)
+    def chat(self, messages: list[dict], **kwargs: Any) -> Any:
+        return self._llm("chat").chat(messages, **kwargs)
 
     def tokenize(self, text: str) -> list[int]:
-        return self._llm("tokenize")(text)
+        return self._llm("tokenize").tokenize(text)
 
     # ------------------------------------------------------------------ report
     @property
@@ -189,6 +173,6 @@ def load(path: str | Path, *, profile: str | Profile | None = None, verify: bool
             prof = resolve_profile(name) if name else None
         except Exception:  # noqa: BLE001 - a custom profile file may not exist on the device
             prof = None
-    ctx = LoadContext(profile=prof, options=options)
+    ctx = LoadContext(bundle=bundle, profile=prof, options=options)
     backend = get_loader(bundle.format)(bundle, ctx)
     return Session(bundle, backend, ctx, time.perf_counter() - t0)

@@ -1,23 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """Backends and the loader registry.
 
-The backend contract (every backend implements it; CPU is always the last resort):
-
-``name``      runtime name: ``onnxruntime``, ``llama.cpp``, ``tensorrt``, ``torch``
-``provider``  the ``gen_ai.provider.name`` telemetry reports
-``device``    where it runs, e.g. ``CPUExecutionProvider`` or ``cuda:0``
-``run(feeds) -> dict[str, ndarray]``  one inference on named inputs
-``report() -> dict``                  what ran where (placement, settings), for ``session.report()``
-``close()``                           release native resources
-
-LLM backends add ``generate``, ``stream``, ``chat`` and ``tokenize``.
-
-A loader takes ``(bundle, ctx)`` and returns a backend, walking its own fallback chain and calling
-``ctx.record_fallback(from_, to, reason)`` for every step down. Example::
-
-    def load_onnx(bundle, ctx):
-        backend = OnnxRuntimeBackend(bundle.artifact_path("model"), chain, ctx)
-        return backend
+The backend contract is code: :mod:`edgesdk.runtime.backend` defines the ``Backend`` and ``LLMBackend``
+protocols, ``TensorSpec``, ``LoadContext`` and ``Loader``, with a complete worked example of a backend
+and its loader in its module docstring (run by ``tests/test_backend.py``). Each module here implements
+it for one runtime; CPU is always the last resort of every chain.
 """
 
 from __future__ import annotations

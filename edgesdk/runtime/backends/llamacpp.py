@@ -20,6 +20,7 @@ from time import perf_counter
 
 from edgesdk import telemetry
 from edgesdk.errors import BackendUnavailableError, InputError, ShapeError
+from edgesdk.runtime.backend import TensorSpec
 
 RISKY_SMS = {"8.7"}  # llama.cpp FA/offload crashes reported on Orin (docs/devices.md)
 GPU_RESERVE_BYTES = 512 * 1024 * 1024  # CUDA context + cuBLAS workspace, kept free when sizing offload
@@ -76,6 +77,9 @@ class LlamaCppBackend:
         self._eos = llm.token_eos()
         self._formatter = None
         self.device = "cpu" if settings["n_gpu_layers"] == 0 else f"cuda:0 ({report['placement']})"
+        # run(): token ids of any rank (flattened) -> the last position's logits.
+        self.inputs = (TensorSpec("input_ids", "int64", None),)
+        self.outputs = (TensorSpec("logits", "float32", (1, int(llm.n_vocab()))),)
         import llama_cpp
 
         vocab = llm._model.vocab

@@ -13,14 +13,12 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
-
-from edgesdk.errors import BackendUnavailableError, ShapeError
+from edgesdk.errors import BackendUnavailableError
+from edgesdk.runtime.backend import LoadContext, TensorSpec
 
 _EP_LIBS = {"TensorrtExecutionProvider": ("nvinfer", "TensorRT"),
             "CUDAExecutionProvider": ("cudart", "CUDA runtime"),
             "DmlExecutionProvider": ("directml", "DirectML")}
-_NP = {"int64": np.int64, "int32": np.int32, "float32": np.float32, "float16": np.float16, "bool": np.bool_}
 
 
 def _why_unavailable(ep: str) -> str:
@@ -31,6 +29,10 @@ def _why_unavailable(ep: str) -> str:
 
 
 _PROBED: dict[str, tuple[bool, str]] = {}
+# y = Relu(x), x and y float[1], opset 17, IR 8: onnx.helper.make_model(...).SerializeToString(), kept as
+# bytes so probing needs only onnxruntime (the `onnx` package is a build-side extra).
+_PROBE_MODEL = (b"\x08\x08:7\n\x0c\n\x01x\x12\x01y\"\x04Relu\x12\x05probeZ\x0f\n\x01x\x12\n\n\x08\x08\x01\x12\x04"
+                b"\n\x02\x08\x01b\x0f\n\x01y\x12\n\n\x08\x08\x01\x12\x04\n\x02\x08\x01B\x04\n\x00\x10\x11")
 
 
 def probe_provider(ep: str) -> tuple[bool, str]:
@@ -38,22 +40,16 @@ def probe_provider(ep: str) -> tuple[bool, str]:
     whose CUDA/TensorRT libraries are absent). Cached per process."""
     if ep in _PROBED:
         return _PROBED[ep]
-    import onnx
     import onnxruntime as ort
-    from onnx import TensorProto, helper
 
     if ep not in ort.get_available_providers():
         _PROBED[ep] = (False, f"not built into this onnxruntime ({ort.__version__})")
         return _PROBED[ep]
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "probe", [x], [y])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     so = ort.SessionOptions()
     so.log_severity_level = 4
     with _captured_fds() as log:
         try:
-            sess = ort.InferenceSession(model.SerializeToString(), so, providers=[ep, "CPUExecutionProvider"])
+            sess = ort.InferenceSession(_PROBE_MODEL, so, providers=[ep, "CPUExecutionProvider"])
             ok = sess.get_providers()[0] == ep
             err = None
         except Exception as exc:  # noqa: BLE001 - any init failure means "not usable here"
@@ -65,7 +61,6 @@ def probe_provider(ep: str) -> tuple[bool, str]:
                                                                            log.text)
         detail = found.group(1).strip() if found else err
         _PROBED[ep] = (False, f"failed to initialise: {detail}" if detail else _why_unavailable(ep))
-    del onnx
     return _PROBED[ep]
 
 
@@ -97,6 +92,8 @@ def _captured_fds():
 
 
 class OnnxRuntimeBackend:
+    """An ONNX Runtime session on the first execution provider of ``chain`` that really initialises."""
+
     name = "onnxruntime"
     provider = "onnxruntime"
 
@@ -135,36 +132,11 @@ class OnnxRuntimeBackend:
         self.providers_requested = requested
         self.providers_active = active
         self.device = active[0]
-        self.inputs = {i.name: i for i in self.session.get_inputs()}
-        self.output_names = [o.name for o in self.session.get_outputs()]
+        # ONNX Runtime says "tensor(float)"; TensorSpec normalises that to "float32".
+        self.inputs = tuple(TensorSpec(i.name, i.type, i.shape) for i in self.session.get_inputs())
+        self.outputs = tuple(TensorSpec(o.name, o.type, o.shape) for o in self.session.get_outputs())
+        self.output_names = [o.name for o in self.outputs]
         self._placement: dict | None = None
-
-    def check_feeds(self, feeds: dict) -> dict:
-        """Validate names/rank/dtype against the graph: a ShapeError names the input and the expectation."""
-        missing = [n for n in self.inputs if n not in feeds]
-        extra = [n for n in feeds if n not in self.inputs]
-        if missing or extra:
-            raise ShapeError(f"inputs do not match the model: missing {missing or '-'}, unexpected {extra or '-'} "
-                             f"(expected {list(self.inputs)})")
-        out = {}
-        for name, value in feeds.items():
-            spec = self.inputs[name]
-            arr = np.asarray(value)
-            want = _NP.get(spec.type[7:-1] if spec.type.startswith("tensor(") else "", None)
-            if len(arr.shape) != len(spec.shape):
-                raise ShapeError(f"input {name!r}: expected rank {len(spec.shape)} {spec.shape}, got shape "
-                                 f"{list(arr.shape)}")
-            for dim, (got, exp) in enumerate(zip(arr.shape, spec.shape)):
-                if isinstance(exp, int) and exp > 0 and got != exp:
-                    raise ShapeError(f"input {name!r}: dimension {dim} must be {exp}, got {got} "
-                                     f"(shape {list(arr.shape)})")
-            if want is not None and arr.dtype != want:
-                if np.issubdtype(arr.dtype, np.number) and np.can_cast(arr.dtype, want, casting="same_kind"):
-                    arr = arr.astype(want)
-                else:
-                    raise ShapeError(f"input {name!r}: expected dtype {np.dtype(want).name}, got {arr.dtype}")
-            out[name] = arr
-        return out
 
     def run(self, feeds: dict) -> dict:
         return dict(zip(self.output_names, self.session.run(self.output_names, feeds)))

@@ -20,8 +20,9 @@ from pathlib import Path
 import numpy as np
 
 from edgesdk.errors import BackendUnavailableError, ExternalToolError
-from edgesdk.formats import tensorrt_engine as E
-from edgesdk.host import host_env, preflight
+from edgesdk.formats.tensorrt import engine as E
+from edgesdk.host import preflight
+from edgesdk.runtime.backend import LoadContext, TensorSpec
 
 ENGINE_STEP = "tensorrt-engine"
 
@@ -48,7 +49,11 @@ class TensorRTEngineBackend:
         self.context = self.engine.create_execution_context()
         self.device = f"cuda:0 (sm_{env.get('sm')})"
         self.names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
-        self.inputs = {n: n for n in self.names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT}
+        specs = [TensorSpec(n, np.dtype(trt.nptype(self.engine.get_tensor_dtype(n))).name,
+                            tuple(self.engine.get_tensor_shape(n))) for n in self.names]  # -1: dynamic -> None
+        is_input = {n: self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT for n in self.names}
+        self.inputs = tuple(s for s in specs if is_input[s.name])
+        self.outputs = tuple(s for s in specs if not is_input[s.name])
         self._report = {"backend": self.name, "engine": str(engine_path), "engine_source": source,
                         "tensorrt": env.get("tensorrt"), "placement": {"source": "whole graph in one engine"}}
 
@@ -56,15 +61,13 @@ class TensorRTEngineBackend:
         trt, torch = self._trt, self._torch
         stream = torch.cuda.current_stream()
         keep = []
-        for name in self.inputs:
+        for name in (spec.name for spec in self.inputs):
             t = torch.from_numpy(np.ascontiguousarray(feeds[name])).cuda()
             keep.append(t)
             self.context.set_input_shape(name, tuple(t.shape))
             self.context.set_tensor_address(name, t.data_ptr())
         outputs = {}
-        for name in self.names:
-            if name in self.inputs:
-                continue
+        for name in (spec.name for spec in self.outputs):
             shape = tuple(self.context.get_tensor_shape(name))
             dtype = torch.from_numpy(np.empty(0, dtype=trt.nptype(self.engine.get_tensor_dtype(name)))).dtype
             outputs[name] = torch.empty(shape, dtype=dtype, device="cuda")
@@ -91,12 +94,10 @@ class OrtFallbackBackend:
         self.provider = inner.provider
         self.device = inner.device
         self.inputs = inner.inputs
+        self.outputs = inner.outputs
         self._pre = preflight_info
         self._bundle = bundle
         self._placement_wanted = bool(preflight_info.pop("placement", True))
-
-    def check_feeds(self, feeds: dict) -> dict:
-        return self.inner.check_feeds(feeds)
 
     def run(self, feeds: dict) -> dict:
         if self._placement_wanted:
@@ -132,10 +133,11 @@ def _engine_source(bundle, config: dict, env: dict, ctx) -> tuple[Path | None, s
     return path, "cache or deferred build on this device"
 
 
-def load_tensorrt(bundle, ctx):
+def load_tensorrt(bundle, ctx: LoadContext) -> TensorRTEngineBackend | OrtFallbackBackend:
     from edgesdk.runtime.backends.onnxruntime import OnnxRuntimeBackend
 
-    env = ctx.options.get("host_env") or host_env()
+    # ``host_env=`` (a dict as HostFacts.tensorrt_env() gives) lets a caller load as if on another host.
+    env = ctx.options.get("host_env") or ctx.host_facts().tensorrt_env()
     chain = list(bundle.manifest.get("runtime", {}).get("backend_chain") or [ENGINE_STEP, "TensorrtExecutionProvider",
                                                                               "CUDAExecutionProvider",
                                                                               "CPUExecutionProvider"])

@@ -14,15 +14,18 @@ import time
 
 import numpy as np
 
-from edgesdk.errors import BackendUnavailableError, ShapeError
+from edgesdk.errors import BackendUnavailableError
+from edgesdk.runtime.backend import LoadContext, TensorSpec
 from edgesdk.runtime.fastpaths import eager_cost_estimate, fast_paths
 
 
 class TorchEagerBackend:
+    """A ``torch.export`` program, compiled where the profile and host allow, else eager."""
+
     name = "torch"
     provider = "pytorch"
 
-    def __init__(self, bundle, ctx):
+    def __init__(self, bundle, ctx: LoadContext):
         try:
             import torch
         except ImportError as exc:
@@ -57,29 +60,16 @@ class TorchEagerBackend:
                 ctx.record_fallback("torch.compile", "eager", f"compile failed: {type(exc).__name__}: {exc}"[:200])
         self.module = module
         io = bundle.manifest.get("io") or {}
-        self.input_specs = io.get("inputs") or []
-        self.inputs = {s["name"]: s for s in self.input_specs}
-        self.output_names = [o["name"] for o in io.get("outputs") or []]
+        self.inputs = tuple(TensorSpec.from_manifest(s) for s in io.get("inputs") or [])
+        self.outputs = tuple(TensorSpec.from_manifest(o) for o in io.get("outputs") or [])
+        self.output_names = [o.name for o in self.outputs]
         self._extras = (bundle.manifest.get("extras") or {}).get("torch_fallback") or {}
         self._times: list[float] = []
         self._precision = bundle.precision or "fp32"
 
-    def check_feeds(self, feeds: dict) -> dict:
-        missing = [n for n in self.inputs if n not in feeds]
-        if missing:
-            raise ShapeError(f"inputs do not match the program: missing {missing} (expected {list(self.inputs)})")
-        out = {}
-        for name, spec in self.inputs.items():
-            arr = np.asarray(feeds[name])
-            if len(arr.shape) != len(spec["shape"]):
-                raise ShapeError(f"input {name!r}: expected rank {len(spec['shape'])} {spec['shape']}, got "
-                                 f"{list(arr.shape)}")
-            out[name] = arr
-        return out
-
     def run(self, feeds: dict) -> dict:
         torch = self._torch
-        args = [torch.from_numpy(np.ascontiguousarray(feeds[n])).to(self.device) for n in self.inputs]
+        args = [torch.from_numpy(np.ascontiguousarray(feeds[spec.name])).to(self.device) for spec in self.inputs]
         t0 = time.perf_counter()
         with torch.no_grad():
             result = self.module(*args)
@@ -109,5 +99,5 @@ class TorchEagerBackend:
         self.module = None
 
 
-def load_torch(bundle, ctx):
+def load_torch(bundle, ctx: LoadContext) -> TorchEagerBackend:
     return TorchEagerBackend(bundle, ctx)

@@ -1,0 +1,247 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The backend contract: what every runtime backend implements, and what its loader is given.
+
+A *backend* runs one loaded model on one device. ``edgesdk.load(bundle)`` finds the bundle format's
+*loader* (a ``Loader``: ``(bundle, ctx) -> Backend``), which walks its own fallback chain (GPU
+engine -> GPU provider -> CPU; the CPU is always the last resort) and calls
+``ctx.record_fallback(from_, to, reason)`` for every step down. The session checks inputs against
+``backend.inputs`` (:func:`check_feeds`, written once here) before it calls ``backend.run``, so a
+backend never validates feeds itself.
+
+Members (:class:`Backend`):
+
+``name``        runtime name: ``onnxruntime``, ``llama.cpp``, ``tensorrt``, ``torch``
+``provider``    the ``gen_ai.provider.name`` telemetry reports
+``device``      where it runs, e.g. ``CPUExecutionProvider`` or ``cuda:0``
+``inputs``      :class:`TensorSpec` per input (dynamic dims ``None`` or a symbolic name)
+``outputs``     :class:`TensorSpec` per output
+``run(feeds)``  one inference on checked feeds -> ``{output name: ndarray}``
+``report()``    what ran where (placement, settings), for ``session.report()``
+``close()``     release native resources
+
+:class:`LLMBackend` adds ``generate``, ``stream``, ``chat``, ``tokenize`` and ``last`` (the last
+request's token counts and timings).
+
+Example -- a complete backend (``y = x * scale`` in numpy) and its loader; ``tests/test_backend.py``
+runs this very text::
+
+    import numpy as np
+
+    from edgesdk.runtime.backend import Backend, LoadContext, TensorSpec, check_feeds
+
+
+    class ScaleBackend:
+        name = "numpy"
+        provider = "numpy"
+        device = "cpu"
+
+        def __init__(self, scale: float):
+            self.scale = np.float32(scale)
+            self.inputs = (TensorSpec("x", "float32", (None, 4)),)     # batch is dynamic, 4 features
+            self.outputs = (TensorSpec("y", "float32", (None, 4)),)
+            self.calls = 0
+
+        def run(self, feeds):
+            self.calls += 1
+            return {"y": feeds["x"] * self.scale}
+
+        def report(self):
+            return {"backend": self.name, "calls": self.calls, "placement": {"source": "numpy on the CPU"}}
+
+        def close(self):
+            self.scale = None
+
+
+    def load_scale(bundle, ctx: LoadContext) -> Backend:
+        # A real loader reads its artifact from ``bundle`` (``bundle.artifact_path("model")``) and tries
+        # the faster device first; here the "GPU" step is absent, so it records the step down.
+        ctx.record_fallback("numpy-gpu", "numpy", "no GPU build of numpy here")
+        return ScaleBackend(float(ctx.options.get("scale", 2.0)))
+
+
+    ctx = LoadContext(bundle=None, profile=None, options={"scale": 3.0}, on_fallback=None)
+    backend = load_scale(None, ctx)
+    assert isinstance(backend, Backend)
+    feeds = check_feeds(backend.inputs, {"x": [[1, 2, 3, 4]]})     # ints cast to float32, rank checked
+    assert backend.run(feeds)["y"].tolist() == [[3.0, 6.0, 9.0, 12.0]]
+    assert ctx.fallbacks == [{"from": "numpy-gpu", "to": "numpy", "reason": "no GPU build of numpy here"}]
+    backend.close()
+
+To ship it, add the loader to the format's registry entry (``edgesdk/formats``); ``edgesdk.load``
+then returns a session whose ``run``, ``report`` and telemetry work unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from edgesdk.errors import ShapeError
+
+if TYPE_CHECKING:
+    from edgesdk.bundle import Bundle
+    from edgesdk.host import HostFacts
+    from edgesdk.profiles import Profile
+
+Dim = int | str | None
+
+# ONNX Runtime spells element types "tensor(float)"; manifests and numpy say "float32".
+_ORT_TYPES = {"float": "float32", "double": "float64", "float16": "float16", "bfloat16": "bfloat16",
+              "int64": "int64", "int32": "int32", "int16": "int16", "int8": "int8", "uint8": "uint8",
+              "uint16": "uint16", "uint32": "uint32", "uint64": "uint64", "bool": "bool", "string": "str"}
+
+
+def normalize_dtype(dtype: Any) -> str:
+    """One spelling for element types: ``tensor(float)``, ``float``, ``np.float32`` -> ``float32``."""
+    text = str(dtype.__name__ if isinstance(dtype, type) else dtype)
+    if text.startswith("tensor(") and text.endswith(")"):
+        text = text[7:-1]
+    text = _ORT_TYPES.get(text, text)
+    try:
+        return "bool" if text == "bool" else np.dtype(text).name
+    except TypeError:
+        return text  # a type numpy does not know (bfloat16, str): kept as written
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output: name, element type (numpy name) and shape.
+
+    ``shape`` dims are ints (static), ``None`` or a symbolic name (dynamic); ``shape=None`` means the
+    rank itself is unknown.
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[Dim, ...] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
+        if self.shape is not None:
+            dims = tuple(d if isinstance(d, str) or d is None else (int(d) if int(d) > 0 else None)
+                         for d in self.shape)
+            object.__setattr__(self, "shape", dims)
+
+    @classmethod
+    def from_manifest(cls, entry: Mapping[str, Any]) -> TensorSpec:
+        """A manifest ``io`` entry ``{"name", "dtype", "shape"}``."""
+        shape = entry.get("shape")
+        return cls(str(entry["name"]), str(entry.get("dtype") or "float32"),
+                   tuple(shape) if shape is not None else None)
+
+
+def check_feeds(specs: Sequence[TensorSpec], feeds: Any) -> dict[str, np.ndarray]:
+    """Feeds checked against ``specs``: names, rank, static dims, dtype (numeric values cast within their
+    kind, e.g. int32 -> int64). Anything else is a one-line :class:`~edgesdk.errors.ShapeError` (exit 3)."""
+    if not isinstance(feeds, Mapping):
+        raise ShapeError(f"inputs must be a mapping of input name to array, got {type(feeds).__name__}")
+    names = [s.name for s in specs]
+    missing = [n for n in names if n not in feeds]
+    extra = [n for n in feeds if n not in names]
+    if missing or extra:
+        raise ShapeError(f"inputs do not match the model: missing {missing or '-'}, unexpected {extra or '-'} "
+                         f"(expected {names})")
+    out = {}
+    for spec in specs:
+        arr = np.asarray(feeds[spec.name])
+        if spec.shape is not None:
+            if arr.ndim != len(spec.shape):
+                raise ShapeError(f"input {spec.name!r}: expected rank {len(spec.shape)} {list(spec.shape)}, got "
+                                 f"shape {list(arr.shape)}")
+            for axis, (got, want) in enumerate(zip(arr.shape, spec.shape)):
+                if isinstance(want, int) and got != want:
+                    raise ShapeError(f"input {spec.name!r}: dimension {axis} must be {want}, got {got} "
+                                     f"(shape {list(arr.shape)})")
+        try:
+            want_dtype = np.dtype(spec.dtype)
+        except TypeError:
+            want_dtype = None
+        if want_dtype is not None and arr.dtype != want_dtype:
+            if np.issubdtype(arr.dtype, np.number) and np.can_cast(arr.dtype, want_dtype, casting="same_kind"):
+                arr = arr.astype(want_dtype)
+            else:
+                raise ShapeError(f"input {spec.name!r}: expected dtype {want_dtype.name}, got {arr.dtype}")
+        out[spec.name] = arr
+    return out
+
+
+# ---------------------------------------------------------------- the protocols
+
+@runtime_checkable
+class Backend(Protocol):
+    """One loaded model on one device (see the module docstring for an example)."""
+
+    name: str
+    provider: str
+    device: str
+    inputs: Sequence[TensorSpec]
+    outputs: Sequence[TensorSpec]
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+    def report(self) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class LLMBackend(Backend, Protocol):
+    """A backend that generates text. ``last`` holds the last request's counts and token instants."""
+
+    last: Mapping[str, Any]
+
+    def generate(self, prompt: str, **kwargs: Any) -> str: ...
+
+    def stream(self, prompt: str, **kwargs: Any) -> Iterator[str]: ...
+
+    def chat(self, messages: list[dict], **kwargs: Any) -> Any: ...
+
+    def tokenize(self, text: str) -> list[int]: ...
+
+
+def _telemetry_fallback(from_: str, to: str, reason: str) -> None:
+    from edgesdk import telemetry
+
+    telemetry.fallback_event(from_, to, reason)
+
+
+@dataclass
+class LoadContext:
+    """What a loader gets: the bundle, the device profile, options, this host, and the fallback recorder.
+
+    ``on_fallback`` is the telemetry hook each recorded step also goes to (a span event on the current
+    span by default; ``None`` records only).
+    """
+
+    bundle: Bundle | None
+    profile: Profile | None
+    options: dict[str, Any] = field(default_factory=dict)
+    host: HostFacts | None = None
+    on_fallback: Callable[[str, str, str], None] | None = _telemetry_fallback
+    fallbacks: list[dict] = field(default_factory=list)
+
+    def record_fallback(self, from_: str, to: str, reason: str, **extra: Any) -> None:
+        self.fallbacks.append({"from": from_, "to": to, "reason": reason, **extra})
+        if self.on_fallback is not None:
+            self.on_fallback(from_, to, reason)
+
+    def host_facts(self) -> HostFacts:
+        """This host (probed once per process unless the caller passed facts in)."""
+        if self.host is None:
+            from edgesdk.host import probe
+
+            self.host = probe()
+        return self.host
+
+    @property
+    def manifest(self) -> Mapping[str, Any]:
+        """The bundle's manifest: the plan's decisions, io, runtime chain."""
+        return self.bundle.manifest if self.bundle is not None else {}
+
+
+Loader = Callable[["Bundle", LoadContext], Backend]
+
+__all__ = ["Backend", "LLMBackend", "LoadContext", "Loader", "TensorSpec", "check_feeds", "normalize_dtype"]
