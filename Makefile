@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-# Two entry points (README quick start):  `make demo`  and  `make test`.
+# Entry points (README quick start): `make demo`, `make test` (what CI runs), `make test-fast` (inner loop:
+# no slow tier), `make typecheck` (mypy, configured in pyproject.toml).
 PY     ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -9,7 +10,7 @@ export CMAKE_ARGS ?= -DGGML_NATIVE=OFF
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test test-fast typecheck lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -27,6 +28,16 @@ demo: setup
 test: setup
 	$(BIN)/edgesdk check licenses . --summary
 	$(BIN)/python -m pytest -q -ra
+
+# The inner loop: everything but the tests marked slow (real model builds); under a minute.
+test-fast: setup
+	$(BIN)/python -m pytest -q -ra -m "not slow"
+
+# mypy with the [tool.mypy] settings of pyproject.toml (strict on plan, types, bundle, profiles, formats,
+# runtime). MYPY can name a mypy outside the venv: make typecheck MYPY="/path/mypy --python-executable $(BIN)/python"
+MYPY ?= $(BIN)/mypy
+typecheck: setup
+	$(MYPY)
 
 lint: setup
 	$(BIN)/ruff check edgesdk tests tools examples

@@ -54,9 +54,9 @@ def render_table(report: CapabilityReport) -> str:
         lines.append(f"  #{p.id} {BACKEND_LABEL.get(p.backend, p.backend)}: {len(p.nodes)} nodes ({top})")
     if len(report.partitions) > 30:
         lines.append(f"  ... {len(report.partitions) - 30} more")
-    b = boundary_summary(report)
-    lines.append(f"boundary crossings: {b['boundary_crossings']} "
-                 + (str(b["boundary_crossings_by_backend"]) if b["boundary_crossings"] else ""))
+    crossings = boundary_summary(report)
+    lines.append(f"boundary crossings: {crossings['boundary_crossings']} "
+                 + (str(crossings["boundary_crossings_by_backend"]) if crossings["boundary_crossings"] else ""))
     uncertain = sum(1 for n in report.nodes if n.uncertain)
     if uncertain:
         lines.append(f"{uncertain} nodes placed after a backend that could not be checked here (marked ? above)")

@@ -13,7 +13,7 @@ from typing import Any
 from edgesdk.textable import format_table
 
 # (label, path into the report, spread path or None, True if higher is better)
-METRICS: list[tuple[str, tuple[str, ...], tuple[str, ...] | None, bool]] = [
+METRICS: list[tuple[str, tuple[str | int, ...], tuple[str | int, ...] | None, bool]] = [
     ("latency p50 (ms)", ("latency_ms", "p50"), ("latency_ms", "iqr"), False),
     ("latency p90 (ms)", ("latency_ms", "p90"), ("latency_ms", "iqr"), False),
     ("latency p99 (ms)", ("latency_ms", "p99"), ("latency_ms", "iqr"), False),
