@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Run a plan stage by stage into a staging directory, gate on licenses, then commit atomically.
 
-``build()`` is what ``edgesdk build`` calls. Nothing is written at ``out_dir`` until every stage
+``make_plan()`` inspects the model, probes the host once and plans; ``build()`` executes that plan
+(``edgesdk build`` shows the plan it then executes, never a second one). Nothing is written at ``out_dir`` until every stage
 (export, optimize, quantize, verify, license gate, package) has passed; on any failure the
 staging directory is removed, so no partial bundle can exist.
 """
@@ -21,12 +22,11 @@ from typing import Any
 from edgesdk import __version__, telemetry
 from edgesdk import bundle as B
 from edgesdk.errors import InputError
-from edgesdk.plan import BuildOptions, ModelFacts, Plan, inspect_model, plan_build
+from edgesdk.formats import get_format
+from edgesdk.inspect import inspect_model
+from edgesdk.plan import plan_build
 from edgesdk.profiles import Profile, resolve_profile
-
-STAGES = {"onnx": ["export", "optimize", "quantize", "verify", "license_gate", "package"],
-          "tensorrt": ["export", "optimize", "quantize", "verify", "engine", "license_gate", "package"],
-          "gguf": ["convert", "quantize", "verify", "license_gate", "package"]}
+from edgesdk.types import BuildOptions, ModelFacts, Plan, parity_thresholds
 
 
 class _Progress:
@@ -98,9 +98,7 @@ class BuildContext:
         self._artifacts[rel] = B.artifact_entry(self.staging, rel, role)
 
     def thresholds_for(self, precision: str) -> dict:
-        from edgesdk.plan import _parity
-
-        return _parity(self.profile, precision)
+        return parity_thresholds(self.profile, precision)
 
     def set_precision(self, precision: str) -> None:
         self.precision = precision
@@ -115,28 +113,20 @@ class BuildContext:
         return list(self._artifacts.values())
 
 
-def _builder(fmt: str):
-    if fmt == "onnx":
-        from edgesdk.formats.onnx import build_onnx
+def make_plan(source: Any, profile: str | Profile, options: BuildOptions | None = None, host: Any = None) -> Plan:
+    """Inspect ``source`` (headers only), probe this host once, and plan: what ``--explain`` prints
+    and what :func:`build` executes. ``host`` overrides the probe (a :class:`edgesdk.host.HostFacts`)."""
+    from edgesdk.host import probe
 
-        return build_onnx
-    if fmt == "tensorrt":
-        from edgesdk.formats.tensorrt import build_tensorrt
-
-        return build_tensorrt
-    if fmt == "gguf":
-        from edgesdk.formats.gguf import build_gguf
-
-        return build_gguf
-    raise InputError(f"unknown format {fmt!r} (expected onnx, tensorrt or gguf)")
+    options = options or BuildOptions()
+    prof = profile if isinstance(profile, Profile) else resolve_profile(profile)
+    facts = inspect_model(source, options)
+    return plan_build(facts, prof, options, host if host is not None else probe())
 
 
 def explain(source: Any, profile: str | Profile, options: BuildOptions | None = None) -> Plan:
     """Plan only (no heavy I/O): what ``edgesdk build --explain`` prints."""
-    options = options or BuildOptions()
-    prof = profile if isinstance(profile, Profile) else resolve_profile(profile)
-    facts = inspect_model(source, options)
-    return plan_build(facts, prof, options)
+    return make_plan(source, profile, options)
 
 
 def _license_gate(ctx: BuildContext, out_dir: Path) -> dict:
@@ -159,21 +149,28 @@ def _license_gate(ctx: BuildContext, out_dir: Path) -> dict:
     return result.to_manifest()
 
 
-def build(source: Any, profile: str | Profile, out_dir: str | Path, options: BuildOptions | None = None) -> Path:
-    """Build ``source`` for ``profile`` into the bundle directory ``out_dir`` (atomically)."""
+def build(source: Any, profile: str | Profile, out_dir: str | Path, options: BuildOptions | None = None, *,
+          plan: Plan | None = None) -> Path:
+    """Build ``source`` for ``profile`` into the bundle directory ``out_dir`` (atomically).
+
+    ``plan``: execute this plan (from :func:`make_plan` with the same source and options) instead of
+    planning again, so what was shown is what is built."""
     options = options or BuildOptions()
     out_dir = Path(out_dir)
-    prof = profile if isinstance(profile, Profile) else resolve_profile(profile)
-    facts = inspect_model(source, options)
-    plan = plan_build(facts, prof, options)
+    if plan is None:
+        plan = make_plan(source, profile, options)
+    if plan.facts is None or plan.target is None:
+        raise InputError("build(plan=...) needs a plan made by make_plan() or plan_build() (it carries the facts)")
+    facts, prof = plan.facts, plan.target
+    fmt = get_format(plan.format)
     staging = B.make_staging(out_dir, options.force)
-    progress = _Progress(STAGES.get(plan.format, []), options.progress)
+    progress = _Progress(list(fmt.stages), options.progress)
     t_start = time.perf_counter()
     try:
         with telemetry.build_trace(facts.name, prof.name, {"edgesdk.build.format": plan.format,
                                                             "edgesdk.precision": plan.precision}):
             ctx = BuildContext(source, facts, prof, plan, options, staging, progress)
-            _builder(plan.format)(ctx)
+            fmt.build(ctx)
             with ctx.stage("license_gate"):
                 license_summary = _license_gate(ctx, out_dir)
             with ctx.stage("package"):

@@ -32,7 +32,7 @@ def make_tiny_causal_lm(directory: Path, family: str, *, tokenizer: bool = True,
         Qwen2ForCausalLM,
     )
 
-    from edgesdk.formats.gguf import PPL_TEXT
+    from edgesdk.formats.gguf.build import PPL_TEXT
 
     directory.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(models.BPE())
@@ -87,8 +87,9 @@ def test_llama_hf_to_gguf_bundle_matches_hf_logits_and_records_parity(tiny_llama
 
 @pytest.mark.slow
 def test_qwen2_converts_and_matches_hf_logits(tmp_path):
-    from edgesdk.formats import gguf_convert as conv
-    from edgesdk.formats.gguf import PPL_TEXT, gguf_facts
+    from edgesdk.formats.gguf import convert as conv
+    from edgesdk.formats.gguf.build import PPL_TEXT
+    from edgesdk.formats.gguf.facts import gguf_facts
 
     hf = make_tiny_causal_lm(tmp_path / "tiny-qwen2", "qwen2")
     out = tmp_path / "qwen2-f16.gguf"
@@ -167,7 +168,7 @@ def test_unsupported_architecture_and_missing_tokenizer_via_cli(tmp_path, run_cl
 
 
 def test_rope_scaling_variant_is_rejected_by_the_converter(tmp_path):
-    from edgesdk.formats import gguf_convert as conv
+    from edgesdk.formats.gguf import convert as conv
 
     d = tmp_path / "m"
     d.mkdir()
@@ -202,7 +203,7 @@ def make_sentencepiece_style_llama(directory: Path) -> Path:
     from tokenizers import Tokenizer, decoders, models, normalizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    from edgesdk.formats.gguf import PPL_TEXT
+    from edgesdk.formats.gguf.build import PPL_TEXT
 
     directory.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
@@ -224,8 +225,8 @@ def make_sentencepiece_style_llama(directory: Path) -> Path:
 
 @pytest.mark.slow
 def test_sentencepiece_style_tokenizer_gets_merge_rank_scores_and_tokenizes_like_hf(tmp_path):
-    from edgesdk.formats import gguf_convert as conv
-    from edgesdk.formats.gguf import PPL_TEXT
+    from edgesdk.formats.gguf import convert as conv
+    from edgesdk.formats.gguf.build import PPL_TEXT
 
     hf = make_sentencepiece_style_llama(tmp_path / "sp-llama")
     out = tmp_path / "f16.gguf"

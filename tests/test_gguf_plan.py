@@ -14,7 +14,8 @@ import sys
 import pytest
 
 from edgesdk.errors import InputError, ModelError, ResourceError
-from edgesdk.formats import gguf as G
+from edgesdk.formats.gguf import facts as F
+from edgesdk.formats.gguf import plan as G
 from edgesdk.plan import BuildOptions, ModelFacts, plan_build
 from edgesdk.profiles import resolve_profile
 
@@ -131,7 +132,7 @@ def test_unsupported_architecture_and_missing_tokenizer_fail_at_plan_time():
 
 
 def test_gguf_facts_of_gemma(gemma_gguf):
-    f = G.gguf_facts(gemma_gguf)
+    f = F.gguf_facts(gemma_gguf)
     assert f["architecture"] == "gemma3" and f["file_type"] == "Q4_K_M" and f["license"] == "gemma"
     assert f["layers"] == 18 and f["n_vocab"] == 262144 and 2.5e8 < f["params"] < 2.9e8
     assert f["tensor_bytes"] <= os.path.getsize(gemma_gguf)
@@ -162,15 +163,15 @@ def truncated_gguf(gemma_gguf, tmp_path_factory):
 
 def test_truncated_and_random_files_are_one_line_model_errors(truncated_gguf, tmp_path):
     with pytest.raises(ModelError, match="truncated GGUF file"):
-        G.gguf_facts(truncated_gguf)
+        F.gguf_facts(truncated_gguf)
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(os.urandom(4096))
     with pytest.raises(ModelError, match="not a valid GGUF file"):
-        G.gguf_facts(junk)
+        F.gguf_facts(junk)
     header_only = tmp_path / "header.gguf"
     header_only.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + (2**40).to_bytes(8, "little") * 2)
     with pytest.raises(ModelError, match="implausible header"):
-        G.gguf_facts(header_only)
+        F.gguf_facts(header_only)
 
 
 def test_cli_build_of_truncated_gguf_exits_3_with_one_line_and_no_bundle(truncated_gguf, tmp_path, run_cli):

@@ -21,7 +21,7 @@ from edgesdk.compliance.policy import load_policy
 from edgesdk.compliance.sbom import validate_sbom
 from edgesdk.compliance.spdx import normalize
 from edgesdk.compliance.waivers import load_waivers
-from edgesdk.errors import ExternalToolError, InputError, LicenseGateError
+from edgesdk.errors import ExternalToolError, InputError, LicenseGateError, ModelError
 
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -91,7 +91,7 @@ def test_gguf_header_walk_agrees_with_gguf_py(tmp_path: Path) -> None:
     theirs = GGUFReader(str(path)).get_field("general.license").contents()
     assert ours == {"general.license": theirs} == {"general.license": "llama3"}
     path.write_bytes(path.read_bytes()[:200])  # truncated inside the token array
-    with pytest.raises(ValueError):
+    with pytest.raises(ModelError, match="not a valid GGUF file"):
         read_gguf_license_fields(path)
 
 

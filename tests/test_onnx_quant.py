@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Accuracy-aware INT8 (edgesdk.formats.onnx_quant) on the real all-MiniLM-L6-v2 export."""
+"""Accuracy-aware INT8 (edgesdk.formats.onnx.quant) on the real all-MiniLM-L6-v2 export."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from edgesdk.errors import InputError, ModelError, ParityError
-from edgesdk.formats import parity as P
-from edgesdk.formats.onnx_quant import optimize_transformer, quantize_int8_accuracy_aware
+from edgesdk.formats.onnx import parity as P
+from edgesdk.formats.onnx.quant import optimize_transformer, quantize_int8_accuracy_aware
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 SEQ = 128

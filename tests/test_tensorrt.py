@@ -16,11 +16,11 @@ import pytest
 import test_capability_models as models
 
 from edgesdk.errors import BundleIntegrityError, ExternalToolError, InputError
-from edgesdk.formats import tensorrt_engine as E
-from edgesdk.formats.tensorrt import plan_tensorrt
+from edgesdk.formats.tensorrt import engine as E
+from edgesdk.formats.tensorrt.plan import plan_tensorrt
+from edgesdk.host import host_env, preflight, tensorrt_python
 from edgesdk.plan import BuildOptions, inspect_model
 from edgesdk.profiles import resolve_profile
-from edgesdk.host import host_env, preflight, tensorrt_python
 
 TRT_VERSION, TRT_WHY = tensorrt_python()
 needs_tensorrt = pytest.mark.skipif(TRT_VERSION is None, reason=f"needs a real TensorRT: {TRT_WHY} "

@@ -118,7 +118,7 @@ def test_corrupt_program_is_a_one_line_backend_error(torch_bundle, tmp_path):
 
 
 def test_export_failure_without_example_inputs_is_a_model_error(tmp_path):
-    from edgesdk.formats.torch_export import build_torch_fallback
+    from edgesdk.formats.torch.export import build_torch_fallback
 
     class Ctx:  # the smallest context build_torch_fallback reads before giving up
         options = BuildOptions(extra={"module": CumMaxHead()})

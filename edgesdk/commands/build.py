@@ -9,13 +9,14 @@ from pathlib import Path
 import click
 
 from edgesdk.commands._common import emit_json
+from edgesdk.formats import format_names
 
 
 @click.command("build")
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("--profile", "-p", "profile", required=True, help="Device profile name, alias or YAML path.")
 @click.option("--output", "-o", "output", type=click.Path(path_type=Path), help="Bundle directory to write.")
-@click.option("--format", "fmt", type=click.Choice(["onnx", "tensorrt", "gguf"]), help="Override the planned format.")
+@click.option("--format", "fmt", type=click.Choice(format_names(selectable=True)), help="Override the planned format.")
 @click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16", "int8"]), help="Override the precision.")
 @click.option("--quant-type", help="GGUF quantization type (e.g. Q4_K_M) instead of the planned one.")
 @click.option("--context-length", type=int, help="LLM context length to plan memory for.")
@@ -41,7 +42,7 @@ def build_cmd(model: Path, profile: str, output: Path | None, fmt, precision, qu
     from edgesdk import build as B
     from edgesdk import telemetry
     from edgesdk.errors import InputError
-    from edgesdk.plan import BuildOptions
+    from edgesdk.types import BuildOptions
 
     if trace_file:
         telemetry.configure(trace_file=trace_file)
@@ -50,7 +51,7 @@ def build_cmd(model: Path, profile: str, output: Path | None, fmt, precision, qu
                            quant_type=quant_type, context_length=context_length, license_policy=license_policy,
                            waivers=waivers, accept_licenses=tuple(accept), scanoss_url=scanoss_url,
                            progress=not no_progress and not as_json)
-    plan = B.explain(model, profile, options)
+    plan = B.make_plan(model, profile, options)
     if plan_only and as_json:
         emit_json(plan.to_dict())
         return 0
@@ -60,7 +61,7 @@ def build_cmd(model: Path, profile: str, output: Path | None, fmt, precision, qu
         return 0
     if output is None:
         raise InputError("--output/-o is required (or pass --plan-only)")
-    out = B.build(model, profile, output, options)
+    out = B.build(model, profile, output, options, plan=plan)
     manifest = json.loads((out / "manifest.json").read_text())
     if as_json:
         emit_json({"bundle": str(out), "plan": plan.to_dict(), "manifest": manifest})

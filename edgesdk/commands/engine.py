@@ -21,7 +21,7 @@ def engine_group() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
 def engine_build_cmd(bundle: Path, force: bool, as_json: bool) -> int:
     """Pre-flight this host against the bundle's target, then build the engine into the engine cache."""
-    from edgesdk.formats.tensorrt import build_bundle_engine
+    from edgesdk.formats.tensorrt.build import build_bundle_engine
 
     result = build_bundle_engine(bundle, force=force)
     if as_json:
@@ -35,7 +35,7 @@ def engine_build_cmd(bundle: Path, force: bool, as_json: bool) -> int:
 @click.argument("bundle", type=click.Path(path_type=Path))
 def engine_show_cmd(bundle: Path) -> int:
     """Print the bundle's engine build configuration, this host's pre-flight and the trtexec equivalent."""
-    from edgesdk.formats.tensorrt import describe_bundle_engine
+    from edgesdk.formats.tensorrt.build import describe_bundle_engine
 
     emit_json(describe_bundle_engine(bundle))
     return 0

@@ -5,8 +5,6 @@ ONNX ``metadata_props``, and the Python distribution that shipped the model file
 from __future__ import annotations
 
 import importlib.metadata as md
-import mmap
-import struct
 import sys
 from pathlib import Path
 
@@ -14,6 +12,7 @@ import yaml
 
 from edgesdk.compliance.findings import LicenseFinding
 from edgesdk.compliance.spdx import normalize
+from edgesdk.errors import ModelError
 
 _CARD_NAMES = ("README.md", "readme.md", "MODEL_CARD.md")
 
@@ -64,73 +63,25 @@ def card_findings(model_dir: Path, root: Path) -> list[LicenseFinding]:
     return []
 
 
-_GGUF_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q",
-                12: "<d"}  # GGUF value type -> struct format (GGUF spec; type 8 string, 9 array)
-_GGUF_STRING, _GGUF_ARRAY = 8, 9
 _GGUF_KEYS = ("general.license", "general.license.name", "general.license.link")
 
 
 def read_gguf_license_fields(path: Path) -> dict[str, str]:
-    """The ``general.license*`` key/values of a GGUF file.
+    """The ``general.license*`` string values of a GGUF file (the header reader stops once it has
+    them). Raises :class:`~edgesdk.errors.ModelError` on a malformed or unreadable header."""
+    from edgesdk.formats.gguf.header import read_gguf_header
 
-    gguf-py's ``GGUFReader`` materialises every array element (8.5 s for Gemma-3's 262k-token
-    vocabulary, measured here), so we walk the key/value header ourselves: scalars and strings
-    are read, arrays are skipped by length. Raises ValueError on a malformed header."""
-    with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        if buf[:4] != b"GGUF":
-            raise ValueError("not a GGUF file (bad magic)")
-        version, _tensors, kv_count = struct.unpack_from("<IQQ", buf, 4)
-        if version not in (2, 3):
-            raise ValueError(f"unsupported GGUF version {version}")
-        offset = 24
-        size = len(buf)
-
-        def read_str(off: int) -> tuple[str, int]:
-            (n,) = struct.unpack_from("<Q", buf, off)
-            if off + 8 + n > size:
-                raise ValueError("string runs past the end of the file")
-            return buf[off + 8: off + 8 + n].decode("utf-8", errors="replace"), off + 8 + n
-
-        def skip_value(vtype: int, off: int) -> int:
-            if vtype in _GGUF_SCALAR:
-                return off + struct.calcsize(_GGUF_SCALAR[vtype])
-            if vtype == _GGUF_STRING:
-                return read_str(off)[1]
-            if vtype == _GGUF_ARRAY:
-                etype, count = struct.unpack_from("<IQ", buf, off)
-                off += 12
-                if etype in _GGUF_SCALAR:
-                    return off + count * struct.calcsize(_GGUF_SCALAR[etype])
-                for _ in range(count):
-                    off = skip_value(etype, off)
-                    if off > size:
-                        raise ValueError("array runs past the end of the file")
-                return off
-            raise ValueError(f"unknown GGUF value type {vtype}")
-
-        found: dict[str, str] = {}
-        if kv_count > 1_000_000:
-            raise ValueError(f"absurd key/value count {kv_count}")
-        for _ in range(kv_count):
-            key, offset = read_str(offset)
-            (vtype,) = struct.unpack_from("<I", buf, offset)
-            offset += 4
-            if key in _GGUF_KEYS and vtype == _GGUF_STRING:
-                found[key], offset = read_str(offset)
-            else:
-                offset = skip_value(vtype, offset)
-            if len(found) == len(_GGUF_KEYS):
-                break
-        return found
+    header = read_gguf_header(path, keys=_GGUF_KEYS)
+    return {k: v for k in _GGUF_KEYS if isinstance(v := header.fields.get(k), str)}
 
 
 def gguf_findings(path: Path, root: Path) -> list[LicenseFinding]:
     rel = _rel(path, root)
     try:
         fields = read_gguf_license_fields(path)
-    except (ValueError, OSError, struct.error) as exc:
+    except ModelError as exc:
         return [LicenseFinding("model", rel, "", "GGUF metadata", None,
-                               f"unreadable GGUF ({type(exc).__name__}: {exc}): license unknown", [rel])]
+                               f"unreadable GGUF ({exc.message}): license unknown", [rel])]
     found, value = _join(fields.get("general.license"), fields.get("general.license.name"),
                          fields.get("general.license.link"))
     return [_finding(rel, found, "GGUF general.license*", value, [rel])]

@@ -1,2 +1,119 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Output formats, one module each: ``onnx``, ``tensorrt``, ``gguf``. Each exposes ``build_<fmt>(ctx)``."""
+"""Output formats as plugins: one package per format, one line per format in :data:`BUILTIN`.
+
+A format is an object implementing :class:`Format`: its name, how it takes part in the plan
+(:meth:`Format.check_source`, :meth:`Format.claims`, :meth:`Format.plan_precision`, :meth:`Format.plan`),
+its build stages and :meth:`Format.build`, and where the runtime finds its loader
+(``runtime_loader``, a ``"module:function"`` string imported only when a bundle of that format is
+loaded, so a device needs only its own backend's packages). The planner, the build, the runtime's
+loader lookup, ``edgesdk build --format`` and the profiler all ask this registry; nothing else
+lists formats.
+
+Adding a format: a package ``edgesdk/formats/<name>/`` whose ``__init__`` defines ``FORMAT`` (keep
+that module light: import heavy libraries inside ``plan``/``build``), plus its line in
+:data:`BUILTIN`; or, from outside edgesdk, :func:`register` an object at import time.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from edgesdk.errors import InputError
+
+if TYPE_CHECKING:
+    from edgesdk.build import BuildContext
+    from edgesdk.host import HostFacts
+    from edgesdk.profiles import Profile
+    from edgesdk.types import BuildOptions, Decision, ModelFacts
+
+
+@runtime_checkable
+class Format(Protocol):
+    """What every output format provides (see the module docstring)."""
+
+    name: str
+    #: build stages in order (a progress bar's steps); ``license_gate`` and ``package`` end every build
+    stages: tuple[str, ...]
+    #: ``"module:function"`` of the runtime loader ``(bundle, ctx) -> backend``
+    runtime_loader: str
+    #: (importable module, what to install) the runtime needs on the device, for a one-line refusal
+    runtime_requires: tuple[str, str]
+    #: the backend the profiler's roofline prediction assumes (None: no prediction for this format)
+    profiler_backend: str | None
+    #: offered by ``edgesdk build --format`` (False for formats a build falls back to by itself)
+    selectable: bool
+
+    def check_source(self, facts: ModelFacts) -> None:
+        """Raise :class:`~edgesdk.errors.InputError` when ``--format <name>`` cannot take this source."""
+        ...
+
+    def claims(self, facts: ModelFacts, profile: Profile) -> Decision | None:
+        """The ``format`` decision when this format is the natural choice for the model, else None."""
+        ...
+
+    def plan_precision(self, facts: ModelFacts, profile: Profile, options: BuildOptions) -> Decision | None:
+        """A format-specific ``precision`` decision (None: the profile's precision order decides)."""
+        ...
+
+    def plan(self, facts: ModelFacts, profile: Profile, options: BuildOptions, host: HostFacts,
+             precision: str) -> list[Decision]:
+        """This format's decisions. Pure: no file, device or network access."""
+        ...
+
+    def build(self, ctx: BuildContext) -> None:
+        """Fill ``ctx.staging`` with the artifacts and ``ctx.manifest`` with what was done."""
+        ...
+
+
+# name -> module whose FORMAT attribute is the format; imported on first use. One line per format.
+BUILTIN: dict[str, str] = {
+    "onnx": "edgesdk.formats.onnx",
+    "tensorrt": "edgesdk.formats.tensorrt",
+    "gguf": "edgesdk.formats.gguf",
+    "torch": "edgesdk.formats.torch",
+}
+
+_registered: dict[str, Format] = {}
+
+
+def register(fmt: Format) -> Format:
+    """Add (or replace) a format; returns it, so it can be used as ``FORMAT = register(MyFormat())``."""
+    if not isinstance(fmt, Format):
+        raise TypeError(f"{fmt!r} does not implement edgesdk.formats.Format")
+    _registered[fmt.name] = fmt
+    return fmt
+
+
+def unregister(name: str) -> None:
+    _registered.pop(name, None)
+
+
+def find_format(name: str) -> Format | None:
+    """The format called ``name``, or None."""
+    if name not in _registered and name in BUILTIN:
+        _registered[name] = importlib.import_module(BUILTIN[name]).FORMAT
+    return _registered.get(name)
+
+
+def format_names(*, selectable: bool | None = None) -> list[str]:
+    """Known format names, built-in ones first (``selectable=True``: those ``--format`` offers)."""
+    names = list(dict.fromkeys([*BUILTIN, *_registered]))
+    if selectable is None:
+        return names
+    return [n for n in names if (fmt := find_format(n)) is not None and fmt.selectable == selectable]
+
+
+def get_format(name: str) -> Format:
+    fmt = find_format(name)
+    if fmt is None:
+        raise InputError(f"unknown format {name!r} (known: {', '.join(format_names(selectable=True))})")
+    return fmt
+
+
+def all_formats() -> list[Format]:
+    return [f for n in format_names() if (f := find_format(n)) is not None]
+
+
+__all__ = ["BUILTIN", "Format", "all_formats", "find_format", "format_names", "get_format", "register",
+           "unregister"]

@@ -50,12 +50,14 @@ def predict_bundle(path: str | os.PathLike, profile_name: str, *, batch: int = 1
                    prompt_tokens: int = 128, backend: str | None = None, measured: dict | None = None,
                    measured_host: dict | None = None) -> dict:
     from edgesdk.bundle import open_bundle
+    from edgesdk.formats import find_format
     from edgesdk.profiles import resolve_profile
 
     bundle = open_bundle(path)
     profile = resolve_profile(profile_name)
     facts = roofline.bundle_work(bundle, batch=batch, seq=seq)
-    default_backend = {"gguf": "llama.cpp", "onnx": "onnxruntime", "tensorrt": "tensorrt"}.get(bundle.format)
+    fmt = find_format(bundle.format)
+    default_backend = fmt.profiler_backend if fmt is not None else None
     pred = roofline.predict(facts, profile, backend=backend or default_backend, prompt_tokens=prompt_tokens,
                             measured_host=measured_host)
     if measured is not None:

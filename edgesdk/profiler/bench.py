@@ -294,9 +294,10 @@ def _bundle_can_run_here(bundle) -> None:
     """Name the missing runtime before loading, so the error says what to install."""
     import importlib.util
 
-    need = {"gguf": ("llama_cpp", "llama-cpp-python (pip install 'edgesdk[gguf]')"),
-            "tensorrt": ("tensorrt", "TensorRT (JetPack or an NVIDIA container)"),
-            "onnx": ("onnxruntime", "onnxruntime"), "torch": ("torch", "torch")}.get(bundle.format)
+    from edgesdk.formats import find_format
+
+    fmt = find_format(bundle.format)
+    need = fmt.runtime_requires if fmt is not None else None
     if need and importlib.util.find_spec(need[0]) is None:
         raise BackendUnavailableError(f"cannot profile a {bundle.format} bundle on this machine: {need[1]} is "
                                       "not installed")

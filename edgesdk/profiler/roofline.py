@@ -156,10 +156,8 @@ def onnx_work(path: str | Path, *, batch: int = 1, seq: int = 128) -> WorkFacts:
 
 def gguf_work(path: str | Path) -> WorkFacts:
     """Bytes streamed per decode step and KV bytes per cached position, from a GGUF file's header."""
-    try:
-        from edgesdk.profiler.gguf_header import read_gguf_header
-    except ImportError as exc:
-        raise InputError("GGUF prediction needs the gguf package (pip install 'edgesdk[gguf]')") from exc
+    from edgesdk.formats.gguf.header import FTYPE_NAMES, read_gguf_header
+
     header = read_gguf_header(path)
 
     def field_value(key: str) -> Any:
@@ -193,8 +191,8 @@ def gguf_work(path: str | Path) -> WorkFacts:
         from gguf import LlamaFileType
 
         precision = LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_") if file_type is not None else None
-    except ValueError:
-        precision = None
+    except (ImportError, ValueError):  # no gguf-py on a bare install, or a file type it does not name
+        precision = FTYPE_NAMES.get(int(file_type)) if file_type is not None else None
     facts = WorkFacts(kind="llm", format="gguf", precision=precision, params=params, weight_bytes=weight_bytes,
                       kv_bytes_per_position=kv, layers=layers, d_model=d_model)
     facts.notes.append(f"architecture {arch}; {'tied' if tied else 'untied'} output embedding; "

@@ -33,7 +33,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from edgesdk.formats.onnx_quant import (  # noqa: E402
+from edgesdk.formats.onnx.quant import (  # noqa: E402
     latency_samples_ms,
     optimize_transformer,
     quantize_int8_accuracy_aware,

@@ -61,7 +61,7 @@ def make_model(directory: Path, shape: dict) -> None:
 
 def make_bundle(gguf: Path, bundle_dir: Path, plan, info: dict) -> Path:
     from edgesdk import bundle as B
-    from edgesdk.formats.gguf import gguf_facts
+    from edgesdk.formats.gguf.facts import gguf_facts
 
     bundle_dir.mkdir(parents=True, exist_ok=True)
     target = bundle_dir / "model.gguf"
@@ -133,7 +133,7 @@ def _child(args: list[str], timeout: float = 400) -> dict:
 
 
 def stage_prepare(work: Path, shape_name: str) -> dict:
-    from edgesdk.formats import gguf_convert as conv
+    from edgesdk.formats.gguf import convert as conv
 
     times = {}
     hf = work / "tinyllama-shaped"

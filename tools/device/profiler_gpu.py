@@ -159,8 +159,8 @@ def gguf_run(work: Path) -> None:
     bench_dir = Path(__file__).resolve().parents[1] / "bench"   # bench_p4_h200.make_model: the GGUF developer's
     #                                                              random-llama maker (transformers + BPE tokenizer)
     from edgesdk.bundle import artifact_entry, write_manifest
-    from edgesdk.formats import gguf_convert as conv
-    from edgesdk.formats.gguf import gguf_facts
+    from edgesdk.formats.gguf import convert as conv
+    from edgesdk.formats.gguf.facts import gguf_facts
     from edgesdk.plan import BuildOptions, inspect_model, plan_build
     from edgesdk.profiler.api import run_profiler
     from edgesdk.profiler.bench import BenchOptions
@@ -178,7 +178,7 @@ def gguf_run(work: Path) -> None:
     f16 = work / "model-f16.gguf"
     subprocess.run([sys.executable, "-c", "import json, sys; from pathlib import Path; "
                     f"sys.path.insert(0, {str(bench_dir)!r}); sys.path.insert(0, {str(bench_dir.parents[1])!r}); "
-                    "from bench_p4_h200 import make_model; from edgesdk.formats import gguf_convert as conv; "
+                    "from bench_p4_h200 import make_model; from edgesdk.formats.gguf import convert as conv; "
                     "make_model(Path(sys.argv[1]), json.loads(sys.argv[2])); "
                     "conv.convert_hf_to_gguf(Path(sys.argv[1]), Path(sys.argv[3]), name=sys.argv[4])",
                     str(hf), json.dumps(shape), str(f16), f"llama-{shape['num_hidden_layers']}l-random"], check=True,
@@ -210,7 +210,7 @@ def gguf_run(work: Path) -> None:
         report["torch_in_process"] = "torch" in sys.modules   # must be False (see the child process above)
         report["model_note"] = (f"random weights, llama {shape['num_hidden_layers']} layers x hidden "
                                 f"{shape['hidden_size']} (transformers LlamaConfig {shape}), converted by "
-                                "edgesdk.formats.gguf_convert, quantized by llama.cpp")
+                                "edgesdk.formats.gguf.convert, quantized by llama.cpp")
         save_report(report, OUT / f"profiler_h200_gguf_{quant.lower()}.json")
         print(render_table(report), flush=True)
         if quant == "Q4_K_M" and "--no-plot" not in sys.argv:

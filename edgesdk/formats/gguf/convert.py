@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from edgesdk.errors import ExternalToolError, ModelError
+from edgesdk.formats.gguf.header import FTYPES
 
 # HF architecture -> (gguf arch name, whether Q/K rows are permuted for llama.cpp's rope layout).
 # HF Llama applies rotary embedding with rotate_half (dims i and i+d/2 pair up); llama.cpp's LLAMA
@@ -31,11 +32,6 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen2ForCausalLM": ("qwen2", False),
 }
 
-# llama_ftype values (llama.h; same numbers as gguf.LlamaFileType) for the types we plan with.
-FTYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10, "Q3_K_S": 11,
-          "Q3_K_M": 12, "Q3_K_L": 13, "Q4_K_S": 14, "Q4_K_M": 15, "Q5_K_S": 16, "Q5_K_M": 17, "Q6_K": 18,
-          "BF16": 32}
-FTYPE_NAMES = {v: k for k, v in FTYPES.items()}
 
 
 def supported_list() -> str:

@@ -1,24 +1,54 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Read a GGUF file's header (metadata + tensor table) without touching tensor data.
+"""The one GGUF header reader: key/values and the tensor table, never tensor data.
 
-Why not gguf-py's GGUFReader: it builds numpy views of every field, which takes ~30 s on a
-262k-token vocabulary on a 2-core host; prediction only needs scalars and tensor sizes. Layout per
-the GGUF spec (ggml docs/gguf.md): magic, version, tensor count, kv count, kv pairs, tensor infos.
-Block sizes of quantized types come from gguf-py's constants.
+Used by the planner (model facts), the profiler (roofline work) and the license scan, so it
+depends on nothing but the standard library: no gguf-py, no llama-cpp-python (a bare install
+reads GGUF headers too).
+
+Why not gguf-py's ``GGUFReader``: it materialises every array element (21 s for Gemma-3's
+262k-token vocabulary on a 2-core host); arrays are skipped here and reported by length.
+Layout per the GGUF specification (ggml ``docs/gguf.md``): magic, version, tensor count, key/value
+count, key/value pairs, tensor infos, then the aligned data section.
 """
 
 from __future__ import annotations
 
 import mmap
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from edgesdk.errors import ModelError
 
+# GGUF value type -> struct format (GGUF spec; 8 is a string, 9 an array).
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
 _MAX_DIMS = 8
+_MAX_COUNT = 1_000_000  # tensors or keys: beyond this the header is corrupt, not a model
+
+# ggml type id -> (elements per block, bytes per block), as ggml's type traits (ggml/src/ggml.c) and
+# gguf-py's GGML_QUANT_SIZES give them; QK_K = 256 for the k-quants.
+GGML_BLOCK_SIZES: dict[int, tuple[int, int]] = {
+    0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34), 9: (32, 40),
+    10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210), 15: (256, 292),
+    16: (256, 66), 17: (256, 74), 18: (256, 98), 19: (256, 50), 20: (32, 18), 21: (256, 110), 22: (256, 82),
+    23: (256, 136), 24: (1, 1), 25: (1, 2), 26: (1, 4), 27: (1, 8), 28: (1, 8), 29: (256, 56), 30: (1, 2),
+    34: (256, 54), 35: (256, 66), 39: (32, 17),
+}
+
+# llama_ftype values (llama.h; the same numbers as gguf-py's LlamaFileType) for the types we plan with.
+FTYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10, "Q3_K_S": 11,
+          "Q3_K_M": 12, "Q3_K_L": 13, "Q4_K_S": 14, "Q4_K_M": 15, "Q5_K_S": 16, "Q5_K_M": 17, "Q6_K": 18,
+          "BF16": 32}
+FTYPE_NAMES = {v: k for k, v in FTYPES.items()}
+
+
+class GGUFArray(NamedTuple):
+    """An array value, by element type and length (its elements are skipped, not read)."""
+
+    element_type: int
+    length: int
 
 
 @dataclass
@@ -26,6 +56,7 @@ class TensorInfo:
     name: str
     shape: tuple[int, ...]
     ggml_type: int
+    offset: int  # from the start of the data section
     n_elements: int
     n_bytes: int
 
@@ -33,39 +64,57 @@ class TensorInfo:
 @dataclass
 class GGUFHeader:
     version: int
-    fields: dict          # scalars and strings; arrays as ("array", element_type, length)
-    tensors: list[TensorInfo]
+    fields: dict[str, Any]  # scalars and strings; arrays as GGUFArray
+    tensors: list[TensorInfo] = field(default_factory=list)
+    data_start: int = 0  # byte offset of the (aligned) tensor data section
+
+    def scalar(self, key: str) -> Any:
+        """A scalar or string field, None when absent or an array."""
+        value = self.fields.get(key)
+        return None if isinstance(value, GGUFArray) else value
+
+    def array_length(self, key: str) -> int | None:
+        value = self.fields.get(key)
+        return value.length if isinstance(value, GGUFArray) else None
 
 
 class _Cursor:
-    def __init__(self, buf, path: Path):
-        self.buf, self.pos, self.path = buf, 0, path
+    def __init__(self, buf: mmap.mmap, path: Path):
+        self.buf, self.pos, self.path, self.size = buf, 0, path, len(buf)
 
-    def take(self, fmt: str):
+    def _bad(self, what: str) -> ModelError:
+        return ModelError(f"{self.path}: not a valid GGUF file ({what})")
+
+    def take(self, fmt: str) -> Any:
         size = struct.calcsize(fmt)
-        if self.pos + size > len(self.buf):
-            raise ModelError(f"{self.path}: GGUF header truncated at byte {self.pos}")
+        if self.pos + size > self.size:
+            raise self._bad(f"header truncated at byte {self.pos}")
         (value,) = struct.unpack_from(fmt, self.buf, self.pos)
         self.pos += size
         return value
 
     def string(self) -> str:
         n = self.take("<Q")
-        if n > len(self.buf) - self.pos:
-            raise ModelError(f"{self.path}: GGUF string length {n} runs past the end of the file")
+        if n > self.size - self.pos:
+            raise self._bad("string runs past the end of the file")
         raw = self.buf[self.pos:self.pos + n]
         self.pos += n
         return bytes(raw).decode("utf-8", errors="replace")
 
-    def skip_value(self, vtype: int):
-        if vtype == _STRING:
-            self.string()
-        elif vtype in _SCALARS:
+    def skip(self, vtype: int) -> None:
+        if vtype in _SCALARS:
             self.pos += struct.calcsize(_SCALARS[vtype])
+        elif vtype == _STRING:
+            n = self.take("<Q")  # (not `self.pos += self.take(...)`: take() moves pos first)
+            self.pos += n
+        elif vtype == _ARRAY:
+            self.value(vtype)
         else:
-            raise ModelError(f"{self.path}: unknown GGUF value type {vtype}")
+            raise self._bad(f"unknown value type {vtype}")
+        if self.pos > self.size:
+            raise self._bad("value runs past the end of the file")
 
-    def value(self, vtype: int):
+    def value(self, vtype: int) -> Any:
         if vtype in _SCALARS:
             return self.take(_SCALARS[vtype])
         if vtype == _STRING:
@@ -73,50 +122,64 @@ class _Cursor:
         if vtype == _ARRAY:
             etype, n = self.take("<I"), self.take("<Q")
             if etype in _SCALARS:
-                self.pos += n * struct.calcsize(_SCALARS[etype])
+                self.pos = self.pos + n * struct.calcsize(_SCALARS[etype])
             else:
                 for _ in range(n):
-                    self.skip_value(etype)
-            return ("array", etype, n)
-        raise ModelError(f"{self.path}: unknown GGUF value type {vtype}")
+                    self.skip(etype)
+            if self.pos > self.size:
+                raise self._bad("array runs past the end of the file")
+            return GGUFArray(etype, n)
+        raise self._bad(f"unknown value type {vtype}")
 
 
-def read_gguf_header(path: str | Path) -> GGUFHeader:
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+def read_gguf_header(path: str | Path, *, keys: tuple[str, ...] | None = None) -> GGUFHeader:
+    """Read the header of the GGUF file at ``path``.
 
+    With ``keys``, stop as soon as those keys were read and skip the tensor table (the license
+    scan reads three keys of files it does not otherwise need). Any malformed, truncated or
+    unreadable file is a one-line :class:`~edgesdk.errors.ModelError`.
+    """
     path = Path(path)
     try:
         with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            cur = _Cursor(buf, path)
-            if bytes(buf[:4]) != b"GGUF":
-                raise ModelError(f"{path}: not a GGUF file (bad magic)")
-            cur.pos = 4
-            version, n_tensors, n_kv = cur.take("<I"), cur.take("<Q"), cur.take("<Q")
-            if n_tensors > 1_000_000 or n_kv > 1_000_000:
-                raise ModelError(f"{path}: implausible GGUF header ({n_tensors} tensors, {n_kv} keys)")
-            fields = {}
-            for _ in range(n_kv):
-                key = cur.string()
-                fields[key] = cur.value(cur.take("<I"))
-            tensors = []
-            for _ in range(n_tensors):
-                name = cur.string()
-                n_dims = cur.take("<I")
-                if n_dims > _MAX_DIMS:
-                    raise ModelError(f"{path}: tensor {name} has {n_dims} dimensions")
-                shape = tuple(cur.take("<Q") for _ in range(n_dims))
-                ggml_type = cur.take("<I")
-                cur.take("<Q")   # data offset
-                n = 1
-                for d in shape:
-                    n *= d
-                try:
-                    block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
-                except (ValueError, KeyError) as exc:
-                    raise ModelError(f"{path}: tensor {name} has unknown ggml type {ggml_type}") from exc
-                tensors.append(TensorInfo(name, shape, ggml_type, n, n // block * type_size))
+            return _read(_Cursor(buf, path), keys)
     except OSError as exc:
         raise ModelError(f"cannot read GGUF file {path}: {exc.strerror or exc}") from exc
-    except ValueError as exc:   # mmap of an empty file
-        raise ModelError(f"{path}: not a GGUF file ({exc})") from exc
-    return GGUFHeader(version, fields, tensors)
+    except ValueError as exc:  # mmap of an empty file
+        raise ModelError(f"{path}: not a valid GGUF file ({exc})") from exc
+
+
+def _read(cur: _Cursor, keys: tuple[str, ...] | None) -> GGUFHeader:
+    if cur.size < 24 or bytes(cur.buf[:4]) != b"GGUF":
+        raise cur._bad("bad magic")
+    cur.pos = 4
+    version, n_tensors, n_kv = cur.take("<I"), cur.take("<Q"), cur.take("<Q")
+    if version not in (2, 3) or n_tensors > _MAX_COUNT or n_kv > _MAX_COUNT:
+        raise cur._bad(f"implausible header: version {version}, {n_tensors} tensors, {n_kv} keys")
+    fields: dict[str, Any] = {}
+    wanted = set(keys) if keys is not None else None
+    for _ in range(n_kv):
+        key = cur.string()
+        fields[key] = cur.value(cur.take("<I"))
+        if wanted is not None and wanted <= fields.keys():
+            return GGUFHeader(version, fields)
+    if wanted is not None:
+        return GGUFHeader(version, fields)
+    tensors = []
+    for _ in range(n_tensors):
+        name = cur.string()
+        n_dims = cur.take("<I")
+        if n_dims > _MAX_DIMS:
+            raise cur._bad(f"tensor {name} has {n_dims} dimensions")
+        shape = tuple(cur.take("<Q") for _ in range(n_dims))
+        ggml_type, offset = cur.take("<I"), cur.take("<Q")
+        n = 1
+        for d in shape:
+            n *= d
+        block = GGML_BLOCK_SIZES.get(ggml_type)
+        if block is None:
+            raise ModelError(f"{cur.path}: tensor {name} has unknown ggml type {ggml_type}")
+        tensors.append(TensorInfo(name, shape, ggml_type, offset, n, n // block[0] * block[1]))
+    align = fields.get("general.alignment", 32)
+    align = align if isinstance(align, int) and align > 0 else 32
+    return GGUFHeader(version, fields, tensors, (cur.pos + align - 1) // align * align)

@@ -1,25 +1,22 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The GGUF path: model facts, the memory-driven quantization plan, and the build stages.
+"""The GGUF plan: the memory-driven quantization type, context, offload, flash attention and threads.
 
 ``plan_gguf`` picks the first type in the profile's ``policy.llm.quant_order`` whose weights plus
 KV cache at the planned context fit the profile's memory budget, else a shorter context (down to
 ``min_context_length``), else :class:`ResourceError` with the numbers. Every reason string shows
-the arithmetic (``edgesdk build --explain`` prints it). ``build_gguf`` converts (HF -> F16 GGUF with
-gguf-py), quantizes with llama.cpp's quantizer, and verifies: HF logits vs the F16 GGUF, and the
-quantized file's perplexity on ``edgesdk/data/ppl_text.txt`` relative to its reference.
+the arithmetic (``edgesdk build --explain`` prints it). Pure: it reads the facts and the profile only.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import shutil
-from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from edgesdk.errors import InputError, ModelError, ParityError, ResourceError
-from edgesdk.formats import gguf_convert as conv
-from edgesdk.plan import Decision
-from edgesdk.resources import data_file
+from edgesdk.errors import InputError, ModelError, ResourceError
+from edgesdk.formats.gguf.header import FTYPES
+from edgesdk.types import BuildOptions, Decision, ModelFacts
+
+if TYPE_CHECKING:
+    from edgesdk.profiles import Profile
 
 # Bits per weight. Plain block types follow from the block layout in ggml-common.h (e.g. Q8_0 is
 # 32 int8 + one f16 scale = 34 bytes / 32 weights = 8.5; Q6_K is 210 bytes / 256 = 6.5625). The
@@ -41,146 +38,7 @@ LOGITS_MIN_COSINE = 0.999
 LOGITS_MIN_TOP1 = 0.95
 KV_BYTES_PER_ELEMENT = 2  # llama.cpp's default KV cache type is F16
 N_UBATCH = 512  # llama.cpp's default micro-batch: sizes the compute buffer
-PPL_TEXT = data_file("ppl_text.txt")
 GB = 1e9
-
-
-# ---------------------------------------------------------------------------------------------
-# Facts
-
-
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_STRING, _ARRAY = 8, 9  # GGUF value types (GGUF spec)
-
-
-def read_gguf_header(path: Path) -> tuple[dict, list[tuple[str, list[int], int, int]], int]:
-    """(key/values, tensor infos (name, shape, ggml type, offset), data start) of a GGUF file.
-
-    Arrays are returned as their length only: gguf-py's GGUFReader materialises every array
-    element, which took 21 s for Gemma-3's 262k-token vocabulary on this 2-core host. Raises
-    ValueError/struct.error on malformed input."""
-    import mmap
-    import struct
-
-    with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        size = len(buf)
-        if size < 24 or buf[:4] != b"GGUF":
-            raise ValueError("bad magic (not a GGUF file)")
-        version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
-        if version not in (2, 3) or n_tensors > 1_000_000 or n_kv > 1_000_000:
-            raise ValueError(f"implausible header (version {version}, {n_tensors} tensors, {n_kv} keys)")
-        off = 24
-
-        def string(o: int) -> tuple[str, int]:
-            (n,) = struct.unpack_from("<Q", buf, o)
-            if o + 8 + n > size:
-                raise ValueError("string runs past the end of the file")
-            return buf[o + 8:o + 8 + n].decode("utf-8", errors="replace"), o + 8 + n
-
-        def value(vtype: int, o: int):
-            if vtype in _SCALARS:
-                return struct.unpack_from(_SCALARS[vtype], buf, o)[0], o + struct.calcsize(_SCALARS[vtype])
-            if vtype == _STRING:
-                return string(o)
-            if vtype == _ARRAY:
-                etype, count = struct.unpack_from("<IQ", buf, o)
-                o += 12
-                if etype in _SCALARS:
-                    o += count * struct.calcsize(_SCALARS[etype])
-                else:
-                    for _ in range(count):
-                        o = value(etype, o)[1]
-                if o > size:
-                    raise ValueError("array runs past the end of the file")
-                return [count], o
-            raise ValueError(f"unknown value type {vtype}")
-
-        kv: dict = {}
-        for _ in range(n_kv):
-            key, off = string(off)
-            (vtype,) = struct.unpack_from("<I", buf, off)
-            val, off = value(vtype, off + 4)
-            kv[key] = {"length": val[0]} if vtype == _ARRAY else val
-        tensors = []
-        for _ in range(n_tensors):
-            name, off = string(off)
-            (n_dims,) = struct.unpack_from("<I", buf, off)
-            if n_dims > 8:
-                raise ValueError(f"tensor {name}: {n_dims} dimensions")
-            shape = list(struct.unpack_from(f"<{n_dims}Q", buf, off + 4))
-            ttype, t_off = struct.unpack_from("<IQ", buf, off + 4 + 8 * n_dims)
-            off += 4 + 8 * n_dims + 12
-            tensors.append((name, shape, ttype, t_off))
-        align = int(kv.get("general.alignment", 32) or 32)
-        return kv, tensors, (off + align - 1) // align * align
-
-
-def gguf_facts(path: str | Path) -> dict:
-    """Header facts of a GGUF file (no tensor data is read). ModelError if truncated or corrupt."""
-    from gguf import GGML_QUANT_SIZES
-
-    path = Path(path)
-    try:
-        kv, tensors, data_start = read_gguf_header(path)
-    except Exception as exc:  # noqa: BLE001 - struct.error/ValueError/OSError on bad files: one line
-        raise ModelError(f"{path}: not a valid GGUF file ({type(exc).__name__}: {str(exc)[:120]})") from exc
-    size = path.stat().st_size
-    params, end = 0, data_start
-    for name, shape, ttype, t_off in tensors:
-        n = math.prod(shape)
-        if ttype not in GGML_QUANT_SIZES:
-            raise ModelError(f"{path}: tensor {name} has unknown ggml type {ttype}")
-        block, type_size = GGML_QUANT_SIZES[ttype]
-        params += n
-        end = max(end, data_start + t_off + n // block * type_size)
-    if end > size or not tensors:
-        raise ModelError(f"{path}: truncated GGUF file (tensor data needs {end} bytes, file has {size})")
-    arch = kv.get("general.architecture")
-    if not arch:
-        raise ModelError(f"{path}: GGUF file has no general.architecture")
-
-    def one(v):
-        return v if not isinstance(v, dict) else None
-
-    heads = one(kv.get(f"{arch}.attention.head_count"))
-    hidden = kv.get(f"{arch}.embedding_length")
-    file_type = kv.get("general.file_type")
-    return {
-        "architecture": arch, "name": kv.get("general.name"), "params": int(params),
-        "layers": kv.get(f"{arch}.block_count"), "heads": heads,
-        "kv_heads": one(kv.get(f"{arch}.attention.head_count_kv", heads)),
-        "head_dim": kv.get(f"{arch}.attention.key_length") or (hidden // heads if hidden and heads else None),
-        "hidden": hidden, "ffn": one(kv.get(f"{arch}.feed_forward_length")),
-        "ctx_train": kv.get(f"{arch}.context_length"),
-        "n_vocab": (kv.get("tokenizer.ggml.tokens") or {}).get("length"),
-        "file_type": conv.FTYPE_NAMES.get(file_type, f"ftype {file_type}") if file_type is not None else None,
-        "license": kv.get("general.license"), "license_name": kv.get("general.license.name"),
-        "license_link": kv.get("general.license.link"),
-        "chat_template": "tokenizer.chat_template" in kv, "tensor_bytes": int(end),
-    }
-
-
-def hf_causal_lm_facts(directory: str | Path) -> dict:
-    """Facts the GGUF planner needs from a HF causal-LM directory's config.json and tokenizer files."""
-    directory = Path(directory)
-    cfg = json.loads((directory / "config.json").read_text(encoding="utf-8"))
-    archs = cfg.get("architectures") or []
-    heads = cfg.get("num_attention_heads")
-    hidden = cfg.get("hidden_size")
-    tok_cfg = directory / "tokenizer_config.json"
-    chat = (directory / "chat_template.jinja").is_file() or (
-        tok_cfg.is_file() and "chat_template" in json.loads(tok_cfg.read_text(encoding="utf-8")))
-    return {
-        "architecture": archs[0] if archs else cfg.get("model_type"),
-        "gguf_supported": bool(archs) and archs[0] in conv.SUPPORTED_ARCHITECTURES,
-        "layers": cfg.get("num_hidden_layers"), "heads": heads,
-        "kv_heads": cfg.get("num_key_value_heads") or heads, "hidden": hidden,
-        "head_dim": cfg.get("head_dim") or (hidden // heads if hidden and heads else None),
-        "ffn": cfg.get("intermediate_size"), "ctx_train": cfg.get("max_position_embeddings"),
-        "n_vocab": cfg.get("vocab_size"), "tied_embeddings": bool(cfg.get("tie_word_embeddings", False)),
-        "tokenizer_files": [f for f in ("tokenizer.json", "tokenizer.model") if (directory / f).is_file()],
-        "chat_template": chat,
-    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,11 +65,13 @@ def compute_bytes(info: dict, weight_bytes: float) -> float:
 
 
 def _check_shape(facts) -> dict:
+    from edgesdk.formats.gguf.convert import supported_list
+
     info = facts.extra
     if facts.kind == "hf":
         if not info.get("gguf_supported"):
             raise ModelError(f"architecture {info.get('architecture')} not supported for GGUF conversion "
-                             f"(supported: {conv.supported_list()})")
+                             f"(supported: {supported_list()})")
         if not info.get("tokenizer_files"):
             raise ModelError(f"{facts.source}: tokenizer missing (expected tokenizer.json or tokenizer.model)",
                              hint="save the tokenizer next to the weights with tokenizer.save_pretrained()")
@@ -226,9 +86,9 @@ def _candidate_types(facts, profile, options) -> tuple[list[str], str]:
     source_type = facts.extra.get("file_type") if facts.kind == "gguf" else None
     if options.quant_type:
         q = options.quant_type.upper()
-        if q not in conv.FTYPES or q not in BPW:
+        if q not in FTYPES or q not in BPW:
             raise InputError(f"unknown GGUF quantization type {options.quant_type!r} "
-                             f"(known: {', '.join(t for t in BPW if t in conv.FTYPES)})")
+                             f"(known: {', '.join(t for t in BPW if t in FTYPES)})")
         order, why = [q], f"requested with --quant-type {q}"
     else:
         why = f"profile {profile.name} quant_order {order}"
@@ -253,7 +113,7 @@ def _weight_bytes(facts, quant: str) -> tuple[float, str]:
     return facts.params * BPW[quant] / 8, f"{int(facts.params):,} params x {BPW[quant]} bpw / 8"
 
 
-def plan_gguf(facts, profile, options) -> list[Decision]:
+def plan_gguf(facts: ModelFacts, profile: Profile, options: BuildOptions) -> list[Decision]:
     """Quant type, context, offload, flash attention and threads for ``profile`` (see module docstring)."""
     info = _check_shape(facts)
     llm = profile.policy.get("llm") or {}
@@ -332,7 +192,7 @@ def plan_gguf(facts, profile, options) -> list[Decision]:
     return out
 
 
-def _runtime_decisions(profile, info: dict) -> list[Decision]:
+def _runtime_decisions(profile: Profile, info: dict[str, Any]) -> list[Decision]:
     out = []
     if profile.is_gpu:
         out.append(Decision("gguf.n_gpu_layers", "all", f"weights + KV fit the budget, so all {info['layers']} "
@@ -348,94 +208,3 @@ def _runtime_decisions(profile, info: dict) -> list[Decision]:
     out.append(Decision("gguf.threads", cores or "auto", f"profile lists {cores} CPU cores" if cores else
                         "profile lists no core count: the runtime uses the physical cores it finds"))
     return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Build
-
-
-def build_gguf(ctx) -> None:
-    """Convert / quantize / verify into ``ctx.staging/model.gguf`` and fill the manifest."""
-    facts, plan = ctx.facts, ctx.plan
-    quant = plan.decision("gguf.quant_type")
-    n_ctx = int(plan.decision("gguf.context_length"))
-    work = ctx.staging / "_work"
-    work.mkdir(parents=True, exist_ok=True)
-    final = ctx.staging / "model.gguf"
-    reference: Path | None = None
-    convert_info: dict = {}
-    try:
-        with ctx.stage("convert", {"edgesdk.gguf.quant_type": quant}):
-            if facts.kind == "hf":
-                ctx.progress("converting HF weights to F16 GGUF (gguf-py)")
-                reference = work / "model-f16.gguf"
-                convert_info = conv.convert_hf_to_gguf(Path(facts.source), reference, name=facts.name)
-            else:
-                reference = Path(facts.source)
-        with ctx.stage("quantize"):
-            source_type = "F16" if facts.kind == "hf" else facts.extra.get("file_type")
-            if quant == source_type:
-                shutil.copyfile(reference, final)
-            else:
-                ctx.progress(f"llama.cpp quantize {source_type} -> {quant}")
-                conv.quantize(reference, final, quant, allow_requantize=facts.kind == "gguf")
-        with ctx.stage("verify"):
-            parity = _verify(ctx, reference, final, quant, n_ctx, changed=quant != source_type)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    ctx.add_artifact("model.gguf", "model")
-    out_facts = gguf_facts(final)
-    ctx.manifest["parity"] = parity
-    ctx.manifest["io"] = {"inputs": [{"name": "prompt", "type": "text"}, {"name": "messages", "type": "chat"}],
-                          "outputs": [{"name": "text", "type": "text"}], "n_vocab": out_facts.get("n_vocab")}
-    ctx.manifest["extras"]["llm"] = {
-        "n_ctx": n_ctx, "n_gpu_layers": plan.decision("gguf.n_gpu_layers"),
-        "flash_attn": plan.decision("gguf.flash_attn"), "threads": plan.decision("gguf.threads"),
-        "quant_type": quant, "architecture": out_facts["architecture"], "layers": out_facts["layers"],
-        "kv_heads": out_facts["kv_heads"], "head_dim": out_facts["head_dim"], "params": out_facts["params"],
-        "chat_template": out_facts["chat_template"], "file_bytes": final.stat().st_size,
-        "converted": convert_info or None}
-    ctx.manifest["backend_chain"] = ["llama.cpp (GPU offload)", "llama.cpp (CPU)"]
-    ctx.runtime_requires.append("llama-cpp-python")
-    ctx.tools.update(_tool_versions())
-    ctx.set_precision(quant)
-
-
-def _tool_versions() -> dict:
-    from edgesdk.host import tool_versions
-
-    return tool_versions(("llama-cpp-python", "gguf", "transformers", "torch"))
-
-
-def _verify(ctx, reference: Path, final: Path, quant: str, n_ctx: int, *, changed: bool) -> dict:
-    facts = ctx.facts
-    thresholds = ctx.plan.decision("parity") or {}
-    text = PPL_TEXT.read_text(encoding="utf-8")
-    result: dict = {"method": "llama.cpp perplexity on edgesdk/data/ppl_text.txt (windows of up to 256 tokens)",
-                    "thresholds": thresholds}
-    ppl_ctx = min(256, n_ctx)
-    if facts.kind == "hf":
-        ctx.progress("parity: HF logits vs F16 GGUF")
-        logits = conv.logits_parity(Path(facts.source), reference, text)
-        result["logits_vs_hf"] = logits
-        if logits["min_cosine"] < thresholds.get("logits_min_cosine", LOGITS_MIN_COSINE) or \
-                logits["top1_agreement"] < thresholds.get("logits_min_top1", LOGITS_MIN_TOP1):
-            raise ParityError(f"F16 GGUF logits differ from the HF model: min cosine {logits['min_cosine']:.5f}, "
-                              f"top-1 agreement {logits['top1_agreement']:.3f} over {logits['positions']} positions")
-    if not changed:
-        # Repackaged: the bytes are the source's (the bundle records their sha256), so there is nothing
-        # to compare; a perplexity run of a large-vocabulary model costs a minute on a 2-core host.
-        result["reference"] = "none: output is the source file unchanged (repackaged)"
-        return result
-    ppl_out = conv.perplexity(final, text, ppl_ctx)
-    result["ppl"] = ppl_out
-    ppl_ref = conv.perplexity(reference, text, ppl_ctx)
-    ratio = ppl_out["ppl"] / ppl_ref["ppl"]
-    result.update(ppl_reference=ppl_ref, ppl_ratio=round(ratio, 5),
-                  reference="F16 conversion" if facts.kind == "hf" else f"source {facts.extra.get('file_type')}")
-    limit = thresholds.get("ppl_ratio_max", PPL_RATIO_MAX.get(quant, 1.1))
-    if not math.isfinite(ratio) or ratio > limit:
-        raise ParityError(f"{quant} perplexity {ppl_out['ppl']:.3f} is {ratio:.4f}x the reference's "
-                          f"{ppl_ref['ppl']:.3f} (limit {limit}x)")
-    return result
-

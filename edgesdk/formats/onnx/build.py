@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 
 from edgesdk.errors import InputError, ModelError, ParityError
-from edgesdk.formats import parity as P
-from edgesdk.formats.onnx_export import run_export, save_feeds, stack, torch_reference
+from edgesdk.formats.onnx import parity as P
+from edgesdk.formats.onnx.export import run_export, save_feeds, stack, torch_reference
+from edgesdk.types import OptimizeMethod
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
                    "config.json", "modules.json", "sentence_bert_config.json", "preprocessor_config.json")
@@ -32,25 +33,12 @@ def next_precision(current: str, profile_order: list[str]) -> str | None:
     return None
 
 
-def _dist_of(module: str) -> str:
-    """The installed distribution that provides ``module`` (onnxruntime-gpu vs onnxruntime share one module)."""
-    import importlib.metadata as md
-
-    dists = md.packages_distributions().get(module) or [module]
-    return sorted(dists)[0]
-
-
 def _versions() -> dict:
     """Tool versions from distribution metadata (importing torch/transformers here would cost seconds)."""
-    import importlib.metadata as md
+    from edgesdk.host import dist_of, tool_versions
 
-    out = {}
-    for dist in ("onnx", _dist_of("onnxruntime"), "torch", "transformers", "optimum", "optimum-onnx", "onnxslim"):
-        try:
-            out[dist] = md.version(dist)
-        except md.PackageNotFoundError:
-            continue
-    return out
+    return tool_versions(("onnx", dist_of("onnxruntime"), "torch", "transformers", "optimum", "optimum-onnx",
+                          "onnxslim"))
 
 
 # --------------------------------------------------------------------------------------------- export
@@ -58,11 +46,11 @@ def _versions() -> dict:
 def _export_torch(ctx, module, out: Path) -> None:
     import torch
 
-    example = ctx.options.extra.get("example_inputs")
+    example = ctx.options.option("example_inputs")
     if example is None:
-        raise InputError("building an nn.Module needs example inputs (BuildOptions.extra['example_inputs'])")
+        raise InputError("building an nn.Module needs example inputs (BuildOptions.example_inputs)")
     example = example if isinstance(example, tuple) else (example,)
-    names = ctx.options.extra.get("input_names") or [f"input_{i}" for i in range(len(example))]
+    names = ctx.options.option("input_names") or [f"input_{i}" for i in range(len(example))]
     torch.onnx.export(module.eval(), example, str(out), input_names=names, opset_version=ctx.options.opset,
                       dynamo=False, dynamic_axes={n: {0: "batch"} for n in names})
 
@@ -185,12 +173,12 @@ def _ort_outputs(path: Path, feeds: list[dict], threads: int = 2, chunk: int = 1
 # --------------------------------------------------------------------------------------------- stages
 
 def _optimize(ctx, src: Path, out: Path) -> dict:
-    plan_opt = str(ctx.plan.decision("optimize", ""))
-    if plan_opt.startswith("none"):
+    method = OptimizeMethod(ctx.plan.decision("optimize", OptimizeMethod.ONNXSLIM))
+    if method is OptimizeMethod.NONE:
         shutil.copyfile(src, out)
-        return {"tool": "none", "reason": "plan: " + plan_opt}
-    if plan_opt.startswith("onnxruntime transformer optimizer"):
-        from edgesdk.formats.onnx_quant import optimize_transformer
+        return {"tool": "none", "reason": "plan: none (plain export; ONNX Runtime's session optimizer runs at load)"}
+    if method is OptimizeMethod.ORT_TRANSFORMER:
+        from edgesdk.formats.onnx.quant import optimize_transformer
 
         cfg = ctx.facts.config
         _, report = optimize_transformer(src, out, model_type="bert", num_heads=int(cfg["num_attention_heads"]),
@@ -228,7 +216,7 @@ def _quantize(ctx, precision: str, src: Path, out: Path, samples: _Samples) -> d
     if precision in ("fp16", "bf16"):
         return _to_fp16(src, out)
     if precision == "int8":
-        from edgesdk.formats.onnx_quant import quantize_int8_accuracy_aware
+        from edgesdk.formats.onnx.quant import quantize_int8_accuracy_aware
 
         def parity_fn(ref, cand):
             return P.compare(ref, cand, samples.masks[: len(ref)])
@@ -256,7 +244,7 @@ def build_onnx(ctx) -> None:
             try:
                 _export_torch(ctx, model, exported)
             except Exception as exc:  # an op without an ONNX symbolic: keep a torch.export program instead
-                from edgesdk.formats.torch_export import build_torch_fallback
+                from edgesdk.formats.torch.export import build_torch_fallback
 
                 build_torch_fallback(ctx, exc)
                 return
@@ -307,8 +295,8 @@ def build_onnx(ctx) -> None:
     src_dir = Path(ctx.source) if ctx.facts.kind == "hf" else None
     if src_dir is not None:
         _stamp_license(final, _card_license(src_dir))
-    elif ctx.facts.kind == "torch" and ctx.options.extra.get("license"):
-        _stamp_license(final, {"license": str(ctx.options.extra["license"])})
+    elif ctx.facts.kind == "torch" and ctx.options.option("license"):
+        _stamp_license(final, {"license": str(ctx.options.option("license"))})
     ctx.add_artifact("model.onnx", "model")
     if src_dir is not None:
         if (src_dir / "README.md").is_file():  # the model card carries the model's license: it ships along
@@ -325,7 +313,9 @@ def build_onnx(ctx) -> None:
             ctx.add_artifact("1_Pooling/config.json", "config")
     ctx.manifest["io"] = _io_spec(final)
     ctx.manifest.setdefault("extras", {})["embedding"] = _embedding_info(src_dir) if src_dir else None
-    ctx.runtime_requires.extend([_dist_of("onnxruntime"), "numpy", "tokenizers"])
+    from edgesdk.host import dist_of
+
+    ctx.runtime_requires.extend([dist_of("onnxruntime"), "numpy", "tokenizers"])
     ctx.tools.update(_versions())
     shutil.rmtree(work, ignore_errors=True)
 

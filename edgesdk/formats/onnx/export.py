@@ -7,7 +7,7 @@ stages (optimization, INT8 calibration, parity runs), and torch's libraries neve
 a CUDA llama.cpp. The parent writes the sample feeds; the child writes the ONNX file and the reference
 outputs, or a JSON error the parent re-raises as the same EdgeSDKError class.
 
-Usage (internal): python -m edgesdk.formats.onnx_export SPEC.json
+Usage (internal): python -m edgesdk.formats.onnx.export SPEC.json
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def run_export(spec: dict, work: Path) -> list[list[np.ndarray]]:
     spec_path = work / "export_spec.json"
     spec_path.write_text(json.dumps(spec))
     env = {**os.environ, "EDGESDK_NO_LLAMA_PRELOAD": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run([sys.executable, "-m", "edgesdk.formats.onnx_export", str(spec_path)],
+    proc = subprocess.run([sys.executable, "-m", "edgesdk.formats.onnx.export", str(spec_path)],
                           capture_output=True, text=True, env=env)
     err_path = work / "export_error.json"
     if err_path.is_file():

@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from edgesdk.errors import InputError, ModelError, ParityError
-from edgesdk.formats.onnx_calibration import (
+from edgesdk.formats.onnx.calibration import (
     apply_smoothing,
     capture_activations,
     feed_for,

@@ -46,15 +46,15 @@ def build_torch_fallback(ctx, export_error: BaseException) -> None:
     """Save ``torch.export`` of the module as the bundle's model (format ``torch``) and record why."""
     import torch
 
-    from edgesdk.runtime.fallback import eager_cost_estimate
+    from edgesdk.runtime.fastpaths import eager_cost_estimate
 
-    module = ctx.options.extra.get("module")
-    example = ctx.options.extra.get("example_inputs")
+    module = ctx.options.option("module")
+    example = ctx.options.option("example_inputs")
     if module is None or example is None:
         raise ModelError(f"ONNX export failed ({str(export_error).splitlines()[0][:160]}) and there is no module "
                          "with example inputs to keep as a torch.export program")
     example = example if isinstance(example, tuple) else (example,)
-    names = ctx.options.extra.get("input_names") or [f"input_{i}" for i in range(len(example))]
+    names = ctx.options.option("input_names") or [f"input_{i}" for i in range(len(example))]
     first_line = str(export_error).splitlines()[0][:300]
     ctx.progress(f"ONNX export failed ({first_line}); keeping a torch.export program instead")
     with torch.no_grad():
@@ -73,7 +73,7 @@ def build_torch_fallback(ctx, export_error: BaseException) -> None:
         max_abs = max(float((a - b).abs().max()) for a, b in zip(ref_t, got_t))
         eager_ms = _time_ms(loaded, example)
     ctx.add_artifact("model.pt2", "exported-program")
-    declared = ctx.options.extra.get("license")
+    declared = ctx.options.option("license")
     if declared:
         # An in-memory module has no model card: write one stating the license the caller declared, so the
         # license gate sees a model-level declaration (front matter, as on Hugging Face model cards).

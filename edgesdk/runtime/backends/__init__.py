@@ -12,21 +12,15 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
-# format -> "module:function"; imported lazily so a device needs only its own backend's packages.
-LOADERS: dict[str, str] = {
-    "onnx": "edgesdk.runtime.backends.onnxruntime:load_onnx",
-    "gguf": "edgesdk.runtime.backends.llamacpp:load_gguf",
-    "tensorrt": "edgesdk.runtime.backends.tensorrt:load_tensorrt",
-    "torch": "edgesdk.runtime.backends.torch_eager:load_torch",
-}
-
 
 def get_loader(fmt: str) -> Callable:
+    """The runtime loader of bundle format ``fmt`` (the format plugin's ``runtime_loader``, imported now)."""
     from edgesdk.errors import BackendUnavailableError
+    from edgesdk.formats import find_format, format_names
 
-    target = LOADERS.get(fmt)
-    if target is None:
+    spec = find_format(fmt)
+    if spec is None:
         raise BackendUnavailableError(f"no runtime backend for bundle format {fmt!r}",
-                                      hint=f"known formats: {', '.join(sorted(LOADERS))}")
-    module, func = target.split(":")
+                                      hint=f"known formats: {', '.join(sorted(format_names()))}")
+    module, func = spec.runtime_loader.split(":")
     return getattr(importlib.import_module(module), func)

@@ -1,0 +1,59 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The GGUF format (llama.cpp): causal LMs as one file with weights, tokenizer and chat template.
+
+Modules: :mod:`.header` (the one GGUF header reader; standard library only), :mod:`.facts`
+(planner facts from a GGUF header or a HF causal-LM config), :mod:`.plan` (memory-driven
+quantization plan), :mod:`.build` (stages), :mod:`.convert` (HF -> GGUF, llama.cpp quantize,
+perplexity). Light on import (see formats/).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from edgesdk.errors import InputError
+from edgesdk.types import Decision
+
+if TYPE_CHECKING:
+    from edgesdk.build import BuildContext
+    from edgesdk.host import HostFacts
+    from edgesdk.profiles import Profile
+    from edgesdk.types import BuildOptions, ModelFacts
+
+
+class GGUFFormat:
+    name = "gguf"
+    stages = ("convert", "quantize", "verify", "license_gate", "package")
+    runtime_loader = "edgesdk.runtime.backends.llamacpp:load_gguf"
+    runtime_requires = ("llama_cpp", "llama-cpp-python (pip install 'edgesdk[gguf]')")
+    profiler_backend: str | None = "llama.cpp"
+    selectable = True
+
+    def check_source(self, facts: ModelFacts) -> None:
+        if facts.task != "text-generation":
+            raise InputError(f"--format gguf needs a causal language model; {facts.name} is {facts.task}")
+
+    def claims(self, facts: ModelFacts, profile: Profile) -> Decision | None:
+        if facts.kind != "gguf" and facts.task != "text-generation":
+            return None
+        if "gguf" not in profile.policy["formats"]:
+            raise InputError(f"profile {profile.name} does not list gguf; pass --format to override")
+        return Decision("format", "gguf", "causal LM: llama.cpp is the runtime Jetson and CPU hosts use for LLMs; "
+                                          "GGUF carries weights, tokenizer and chat template in one file")
+
+    def plan_precision(self, facts: ModelFacts, profile: Profile, options: BuildOptions) -> Decision | None:
+        return Decision("precision", "quantized", "GGUF quantization type is chosen by the memory arithmetic below")
+
+    def plan(self, facts: ModelFacts, profile: Profile, options: BuildOptions, host: HostFacts,
+             precision: str) -> list[Decision]:
+        from edgesdk.formats.gguf.plan import plan_gguf
+
+        return plan_gguf(facts, profile, options)
+
+    def build(self, ctx: BuildContext) -> None:
+        from edgesdk.formats.gguf.build import build_gguf
+
+        build_gguf(ctx)
+
+
+FORMAT = GGUFFormat()

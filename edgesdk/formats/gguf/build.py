@@ -1,0 +1,106 @@
+# SPDX-License-Identifier: Apache-2.0
+"""GGUF build stages: convert (HF -> F16 GGUF with gguf-py), quantize with llama.cpp's quantizer, and
+verify: HF logits vs the F16 GGUF, and the quantized file's perplexity on ``edgesdk/data/ppl_text.txt``
+relative to its reference. The plan it executes comes from :mod:`edgesdk.formats.gguf.plan`.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+
+from edgesdk.errors import ParityError
+from edgesdk.formats.gguf import convert as conv
+from edgesdk.formats.gguf.facts import gguf_facts
+from edgesdk.formats.gguf.plan import LOGITS_MIN_COSINE, LOGITS_MIN_TOP1, PPL_RATIO_MAX
+from edgesdk.resources import data_file
+
+PPL_TEXT = data_file("ppl_text.txt")
+
+
+def build_gguf(ctx) -> None:
+    """Convert / quantize / verify into ``ctx.staging/model.gguf`` and fill the manifest."""
+    facts, plan = ctx.facts, ctx.plan
+    quant = plan.decision("gguf.quant_type")
+    n_ctx = int(plan.decision("gguf.context_length"))
+    work = ctx.staging / "_work"
+    work.mkdir(parents=True, exist_ok=True)
+    final = ctx.staging / "model.gguf"
+    reference: Path | None = None
+    convert_info: dict = {}
+    try:
+        with ctx.stage("convert", {"edgesdk.gguf.quant_type": quant}):
+            if facts.kind == "hf":
+                ctx.progress("converting HF weights to F16 GGUF (gguf-py)")
+                reference = work / "model-f16.gguf"
+                convert_info = conv.convert_hf_to_gguf(Path(facts.source), reference, name=facts.name)
+            else:
+                reference = Path(facts.source)
+        with ctx.stage("quantize"):
+            source_type = "F16" if facts.kind == "hf" else facts.extra.get("file_type")
+            if quant == source_type:
+                shutil.copyfile(reference, final)
+            else:
+                ctx.progress(f"llama.cpp quantize {source_type} -> {quant}")
+                conv.quantize(reference, final, quant, allow_requantize=facts.kind == "gguf")
+        with ctx.stage("verify"):
+            parity = _verify(ctx, reference, final, quant, n_ctx, changed=quant != source_type)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    ctx.add_artifact("model.gguf", "model")
+    out_facts = gguf_facts(final)
+    ctx.manifest["parity"] = parity
+    ctx.manifest["io"] = {"inputs": [{"name": "prompt", "type": "text"}, {"name": "messages", "type": "chat"}],
+                          "outputs": [{"name": "text", "type": "text"}], "n_vocab": out_facts.get("n_vocab")}
+    ctx.manifest["extras"]["llm"] = {
+        "n_ctx": n_ctx, "n_gpu_layers": plan.decision("gguf.n_gpu_layers"),
+        "flash_attn": plan.decision("gguf.flash_attn"), "threads": plan.decision("gguf.threads"),
+        "quant_type": quant, "architecture": out_facts["architecture"], "layers": out_facts["layers"],
+        "kv_heads": out_facts["kv_heads"], "head_dim": out_facts["head_dim"], "params": out_facts["params"],
+        "chat_template": out_facts["chat_template"], "file_bytes": final.stat().st_size,
+        "converted": convert_info or None}
+    ctx.manifest["backend_chain"] = ["llama.cpp (GPU offload)", "llama.cpp (CPU)"]
+    ctx.runtime_requires.append("llama-cpp-python")
+    ctx.tools.update(_tool_versions())
+    ctx.set_precision(quant)
+
+
+def _tool_versions() -> dict:
+    from edgesdk.host import tool_versions
+
+    return tool_versions(("llama-cpp-python", "gguf", "transformers", "torch"))
+
+
+def _verify(ctx, reference: Path, final: Path, quant: str, n_ctx: int, *, changed: bool) -> dict:
+    facts = ctx.facts
+    thresholds = ctx.plan.decision("parity") or {}
+    text = PPL_TEXT.read_text(encoding="utf-8")
+    result: dict = {"method": "llama.cpp perplexity on edgesdk/data/ppl_text.txt (windows of up to 256 tokens)",
+                    "thresholds": thresholds}
+    ppl_ctx = min(256, n_ctx)
+    if facts.kind == "hf":
+        ctx.progress("parity: HF logits vs F16 GGUF")
+        logits = conv.logits_parity(Path(facts.source), reference, text)
+        result["logits_vs_hf"] = logits
+        if logits["min_cosine"] < thresholds.get("logits_min_cosine", LOGITS_MIN_COSINE) or \
+                logits["top1_agreement"] < thresholds.get("logits_min_top1", LOGITS_MIN_TOP1):
+            raise ParityError(f"F16 GGUF logits differ from the HF model: min cosine {logits['min_cosine']:.5f}, "
+                              f"top-1 agreement {logits['top1_agreement']:.3f} over {logits['positions']} positions")
+    if not changed:
+        # Repackaged: the bytes are the source's (the bundle records their sha256), so there is nothing
+        # to compare; a perplexity run of a large-vocabulary model costs a minute on a 2-core host.
+        result["reference"] = "none: output is the source file unchanged (repackaged)"
+        return result
+    ppl_out = conv.perplexity(final, text, ppl_ctx)
+    result["ppl"] = ppl_out
+    ppl_ref = conv.perplexity(reference, text, ppl_ctx)
+    ratio = ppl_out["ppl"] / ppl_ref["ppl"]
+    result.update(ppl_reference=ppl_ref, ppl_ratio=round(ratio, 5),
+                  reference="F16 conversion" if facts.kind == "hf" else f"source {facts.extra.get('file_type')}")
+    limit = thresholds.get("ppl_ratio_max", PPL_RATIO_MAX.get(quant, 1.1))
+    if not math.isfinite(ratio) or ratio > limit:
+        raise ParityError(f"{quant} perplexity {ppl_out['ppl']:.3f} is {ratio:.4f}x the reference's "
+                          f"{ppl_ref['ppl']:.3f} (limit {limit}x)")
+    return result
+

@@ -1,0 +1,60 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The ONNX format: export (optimum exporters / torch.onnx), optimize, quantize, verify parity.
+
+Modules: :mod:`.plan` (decisions), :mod:`.build` (stages), :mod:`.export` (the exporter child
+process), :mod:`.quant` + :mod:`.calibration` (accuracy-aware INT8), :mod:`.parity` (sample inputs
+and output comparison). This module stays light: the registry imports it on every CLI start.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from edgesdk.errors import InputError
+from edgesdk.types import Decision
+
+if TYPE_CHECKING:
+    from edgesdk.build import BuildContext
+    from edgesdk.host import HostFacts
+    from edgesdk.profiles import Profile
+    from edgesdk.types import BuildOptions, ModelFacts
+
+
+class OnnxFormat:
+    name = "onnx"
+    stages = ("export", "optimize", "quantize", "verify", "license_gate", "package")
+    runtime_loader = "edgesdk.runtime.backends.onnxruntime:load_onnx"
+    runtime_requires = ("onnxruntime", "onnxruntime")
+    profiler_backend: str | None = "onnxruntime"
+    selectable = True
+
+    def check_source(self, facts: ModelFacts) -> None:
+        if facts.kind == "gguf":
+            raise InputError(f"--format {self.name} cannot take a GGUF source; use --format gguf")
+
+    def claims(self, facts: ModelFacts, profile: Profile) -> Decision | None:
+        if facts.kind == "gguf" or facts.task == "text-generation":
+            return None  # causal LMs go to a format with a KV cache and a sampler (GGUF)
+        allowed = profile.policy["formats"]
+        if "tensorrt" in allowed and profile.is_gpu:
+            return Decision("format", "onnx", "portable ONNX: the runtime takes TensorRT EP -> CUDA EP -> CPU EP, "
+                                              "whichever the device has; pass --format tensorrt for a native engine "
+                                              "(built on the device, deferred when this host cannot build it)")
+        return Decision("format", "onnx", f"profile {profile.name} prefers {allowed[0]}; ONNX Runtime is its runtime")
+
+    def plan_precision(self, facts: ModelFacts, profile: Profile, options: BuildOptions) -> Decision | None:
+        return None
+
+    def plan(self, facts: ModelFacts, profile: Profile, options: BuildOptions, host: HostFacts,
+             precision: str) -> list[Decision]:
+        from edgesdk.formats.onnx.plan import plan_onnx
+
+        return plan_onnx(facts, profile, options, precision)
+
+    def build(self, ctx: BuildContext) -> None:
+        from edgesdk.formats.onnx.build import build_onnx
+
+        build_onnx(ctx)
+
+
+FORMAT = OnnxFormat()

@@ -1,0 +1,56 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The TensorRT format: the ONNX artifact plus a native engine, built here when this host is the
+target, else deferred to the device with the exact build configuration.
+
+Modules: :mod:`.plan` (decisions), :mod:`.build` (stages and the ``edgesdk engine`` commands),
+:mod:`.engine` (engine config, cache and trtexec/TensorRT builds). Light on import (see formats/).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from edgesdk.errors import InputError
+
+if TYPE_CHECKING:
+    from edgesdk.build import BuildContext
+    from edgesdk.host import HostFacts
+    from edgesdk.profiles import Profile
+    from edgesdk.types import BuildOptions, Decision, ModelFacts
+
+
+class TensorRTFormat:
+    name = "tensorrt"
+    stages = ("export", "optimize", "quantize", "verify", "engine", "license_gate", "package")
+    runtime_loader = "edgesdk.runtime.backends.tensorrt:load_tensorrt"
+    runtime_requires = ("tensorrt", "TensorRT (JetPack or an NVIDIA container)")
+    profiler_backend: str | None = "tensorrt"
+    selectable = True
+
+    def check_source(self, facts: ModelFacts) -> None:
+        if facts.kind == "gguf":
+            raise InputError(f"--format {self.name} cannot take a GGUF source; use --format gguf")
+
+    def claims(self, facts: ModelFacts, profile: Profile) -> Decision | None:
+        return None  # never automatic: ONNX with the TensorRT EP first in its chain is the portable default
+
+    def plan_precision(self, facts: ModelFacts, profile: Profile, options: BuildOptions) -> Decision | None:
+        return None
+
+    def plan(self, facts: ModelFacts, profile: Profile, options: BuildOptions, host: HostFacts,
+             precision: str) -> list[Decision]:
+        from edgesdk.formats.onnx.plan import ep_chain_decision, export_decisions, parity_decision
+        from edgesdk.formats.tensorrt.plan import plan_tensorrt
+
+        onnx = export_decisions(facts, profile, options, precision, fmt=self.name)
+        onnx_precision = next((d.value for d in onnx if d.key == "onnx_precision"), precision)
+        return [*onnx, ep_chain_decision(profile), *plan_tensorrt(facts, profile, options, host),
+                parity_decision(profile, options, onnx_precision)]
+
+    def build(self, ctx: BuildContext) -> None:
+        from edgesdk.formats.tensorrt.build import build_tensorrt
+
+        build_tensorrt(ctx)
+
+
+FORMAT = TensorRTFormat()

@@ -1,0 +1,168 @@
+# SPDX-License-Identifier: Apache-2.0
+"""TensorRT plan: target, precision flags, DLA, optimization profiles, engine cache key, and where the
+engine is built (this host, or deferred to the device). Pure given the host facts passed in.
+
+Build: :mod:`edgesdk.formats.tensorrt.build`. Engine config/cache/build: :mod:`edgesdk.formats.tensorrt.engine`.
+Runtime side: :mod:`edgesdk.runtime.backends.tensorrt`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from edgesdk.errors import InputError
+from edgesdk.types import BuildOptions, Decision, ModelFacts
+
+if TYPE_CHECKING:
+    from edgesdk.host import HostFacts
+    from edgesdk.profiles import Profile
+
+RUNTIME_CHAIN = ["tensorrt-engine", "TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
+PRECISION_FLAGS = {"fp32": [], "fp16": ["fp16"], "bf16": ["bf16"], "int8": ["int8", "fp16"], "fp8": ["fp8", "fp16"]}
+DLA_MIN_NATIVE_SHARE = 0.8  # below this, DLA<->GPU transitions eat the DLA's power/throughput advantage
+DEFAULT_MAX_BATCH = 8
+
+
+def _precision(profile, options) -> str:
+    if options.precision:
+        return options.precision
+    return next((p for p in profile.policy["precision"] if p in ("fp16", "int8", "fp32")), "fp32")
+
+
+def _target(profile) -> dict:
+    sw = profile.software
+    return {"profile": profile.name, "sm": profile.sm, "tensorrt": sw.get("tensorrt"), "l4t": sw.get("l4t"),
+            "jetpack": sw.get("jetpack"), "cuda": sw.get("cuda")}
+
+
+def _dynamic_inputs(facts, options) -> dict[str, list]:
+    """Input name -> dims (int static, str/None dynamic) as far as planning can know without exporting."""
+    if facts.kind == "onnx":
+        from edgesdk.capability.graph import load_graph
+
+        view = load_graph(facts.source)
+        return {n: view.shape.get(n) or [None] for n in view.inputs}
+    if facts.kind == "hf":
+        names = ["input_ids", "attention_mask"]
+        if facts.config.get("type_vocab_size", 0) and facts.family in ("bert", "electra", "albert", "mpnet"):
+            names.append("token_type_ids")
+        if facts.task == "image-classification":
+            size = int(facts.config.get("image_size") or 224)
+            return {"pixel_values": ["batch", int(facts.config.get("num_channels") or 3), size, size]}
+        return {n: ["batch", "sequence"] for n in names}
+    names = options.option("input_names") or []
+    example = options.option("example_inputs")
+    example = example if isinstance(example, tuple) else ((example,) if example is not None else ())
+    names = names or [f"input_{i}" for i in range(len(example))]
+    return {n: ["batch", *list(getattr(t, "shape", ()))[1:]] for n, t in zip(names, example)}
+
+
+def optimization_profiles(inputs: dict[str, list], facts, options) -> list[dict]:
+    """One min/opt/max profile over the dynamic dims: batch 1/1/max_batch, sequence 1/seq_len/max_seq."""
+    max_batch = int(options.option("max_batch") or DEFAULT_MAX_BATCH)
+    max_seq = int(options.option("max_seq_len") or facts.config.get("max_position_embeddings") or
+                  max(512, options.seq_len))
+    prof: dict[str, dict] = {}
+    for name, dims in inputs.items():
+        if all(isinstance(d, int) and d > 0 for d in dims):
+            continue
+        triples = []
+        for i, d in enumerate(dims):
+            if isinstance(d, int) and d > 0:
+                triples.append((d, d, d))
+            elif i == 0:  # batch
+                triples.append((1, 1, max_batch))
+            else:  # sequence-like: opt at the planned length
+                triples.append((1, min(options.seq_len, max_seq), max_seq))
+        prof[name] = {k: [t[j] for t in triples] for j, k in enumerate(("min", "opt", "max"))}
+    return [prof] if prof else []
+
+
+def _dla_decision(facts, profile, options, precision: str) -> Decision | None:
+    from edgesdk.capability import tables
+
+    trt = profile.software.get("tensorrt") or ""
+    if options.dla:
+        if profile.dla_cores <= 0:
+            raise InputError(f"--dla requested but profile {profile.name} has no DLA",
+                             hint="DLA exists on Jetson AGX Orin and Orin NX only")
+        ok, why = tables.dla_available(trt)
+        if not ok:
+            raise InputError(f"--dla requested but {why}")
+        if precision not in ("fp16", "int8"):
+            raise InputError(f"--dla requested with precision {precision}: the DLA runs FP16/INT8 only")
+    if profile.dla_cores <= 0 or options.dla is False or not tables.dla_available(trt)[0]:
+        return None
+    if options.dla:
+        return Decision("dla", {"core": 0, "gpu_fallback": True}, "requested with --dla; layers the DLA lacks run "
+                        "on the GPU (GPU fallback on)")
+    if facts.kind != "onnx":
+        return Decision("dla", None, "not chosen automatically: the model is not ONNX yet, and transformer exports "
+                        "have dynamic shapes the DLA cannot take; pass --dla to force it")
+    if precision not in ("fp16", "int8"):
+        return Decision("dla", None, f"plan precision {precision}: the DLA runs FP16/INT8 only")
+    from edgesdk.capability import check_capability
+
+    report = check_capability(facts.source, profile, precision, use_dla=True)
+    compute = [n for n in report.nodes if n.placement != "folded"]
+    on_dla = sum(1 for n in compute if n.placement == "dla")
+    share = on_dla / len(compute) if compute else 0.0
+    if report.dynamic_inputs:
+        return Decision("dla", None, f"dynamic inputs {list(report.dynamic_inputs)}: the DLA needs static shapes")
+    if share < DLA_MIN_NATIVE_SHARE:
+        return Decision("dla", None, f"only {on_dla}/{len(compute)} nodes are DLA-native ({share:.0%} < "
+                        f"{DLA_MIN_NATIVE_SHARE:.0%}); DLA<->GPU transitions would cost more than the DLA saves")
+    return Decision("dla", {"core": 0, "gpu_fallback": True},
+                    f"{on_dla}/{len(compute)} nodes DLA-native with static shapes; DLA core 0 frees the GPU, the "
+                    f"rest runs on the GPU ({len(report.partitions)} partitions)")
+
+
+def plan_tensorrt(facts: ModelFacts, profile: Profile, options: BuildOptions, host: HostFacts | None = None,
+                  ) -> list[Decision]:
+    """TensorRT decisions: target, precision flags, DLA, optimization profiles, engine cache key, where built."""
+    if not profile.is_gpu:
+        raise InputError(f"--format tensorrt needs an NVIDIA GPU profile; {profile.name} is a {profile.kind} "
+                         "profile", hint="use --format onnx for CPU hosts")
+    target = _target(profile)
+    if not target["tensorrt"]:
+        raise InputError(f"profile {profile.name} names no TensorRT version (software.tensorrt)")
+    precision = _precision(profile, options)
+    if precision == "fp8" and not profile.kernels.get("fp8", {}).get("supported"):
+        raise InputError(f"precision fp8 is not available on {profile.name} "
+                         f"({profile.kernels.get('fp8', {}).get('source')})")
+    out = [Decision("tensorrt_target", target, f"engines load only on the SM/TensorRT that built them "
+                    f"({profile.software.get('source')})")]
+    flags = PRECISION_FLAGS.get(precision, [])
+    out.append(Decision("tensorrt_precision_flags", flags or ["(none: FP32)"],
+                        "INT8 keeps FP16 enabled so layers without INT8 kernels do not drop to FP32"
+                        if precision == "int8" else f"plan precision {precision}"))
+    dla = _dla_decision(facts, profile, options, precision)
+    if dla is not None:
+        out.append(dla)
+    inputs = _dynamic_inputs(facts, options)
+    profiles = optimization_profiles(inputs, facts, options)
+    out.append(Decision("tensorrt_optimization_profiles", profiles or "static shapes: none needed",
+                        "min/opt/max per dynamic input: opt at batch 1 and the planned sequence length "
+                        f"({options.seq_len}), max bounded so the engine's workspace fits" if profiles
+                        else "every input shape is static"))
+    if facts.kind == "onnx" and precision != "fp32":
+        from edgesdk.capability import precision_report
+
+        prec = precision_report(facts.source, profile, precision, use_dla=bool(dla and dla.value))
+        kept = sum(r["count"] for r in prec["kept_higher_precision"])
+        out.append(Decision("precision_report", f"{prec['float_nodes'] - kept}/{prec['float_nodes']} float ops in "
+                            f"{precision.upper()}, {kept} kept higher, {prec['precision_conversions']} reformats, "
+                            f"{prec['float_partition_crossings']} float partition crossings",
+                            " | ".join(prec["explanation"])))
+    fields = {**{k: target[k] for k in ("sm", "tensorrt", "l4t", "jetpack")}, "precision": precision,
+              "flags": flags, "dla": dla.value if dla is not None else None, "profiles": profiles}
+    out.append(Decision("engine_cache_key", fields, "an engine is reused only when SM, TensorRT, L4T/JetPack, "
+                        "precision, DLA and shapes all match (the model hash is added at build time)"))
+    from edgesdk.host import HostFacts, preflight
+
+    problems = preflight(target, host if host is not None else HostFacts())
+    where = "this host" if not problems else "deferred to the device"
+    out.append(Decision("engine_build", where, "this host matches the target" if not problems else
+                        "; ".join(problems) + ": the bundle carries the ONNX and the exact build configuration; "
+                        "`edgesdk engine build BUNDLE` or the first load on the device builds and caches it"))
+    return out
