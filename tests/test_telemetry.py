@@ -464,7 +464,8 @@ sys.meta_path.insert(0, _Blocker())
 def test_base_install_cli_trace_file_is_a_one_line_error(clean_env, tmp_path):
     script = _NO_SDK + f"""
 from edgesdk.cli import main
-sys.argv = ["edgesdk", "run", {str(tmp_path / "missing-bundle")!r}, "--trace-file", {str(tmp_path / "t.jsonl")!r}]
+sys.argv = ["edgesdk", "run", {str(tmp_path / "missing-bundle")!r}, "--input", "hi",
+            "--trace-file", {str(tmp_path / "t.jsonl")!r}]
 main()
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
