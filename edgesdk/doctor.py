@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import platform
 import shutil
+from typing import Any
 
 from edgesdk.host import HostFacts, probe, tool_versions
 
@@ -20,15 +21,22 @@ def _dist_version(*names: str) -> str | None:
     return next((found[n] for n in names if n in found), None)
 
 
-def _ort_checks(host: HostFacts) -> list[dict]:
+def _ort_checks(host: HostFacts) -> list[dict[str, Any]]:
     out = []
     try:
         import onnxruntime as ort
     except ImportError as exc:
         return [{"component": "onnxruntime", "available": False, "version": None,
                  "detail": f"not importable: {exc}"}]
+    from edgesdk.errors import EdgeSDKError
+    from edgesdk.extras import check_onnxruntime
+
     version = ort.__version__
     listed = list(host.onnxruntime_providers)
+    try:
+        check_onnxruntime()
+    except EdgeSDKError as exc:  # two ONNX Runtime builds installed: `run` refuses, say why here too
+        return [{"component": "onnxruntime", "available": False, "version": version, "detail": exc.one_line()}]
     out.append({"component": "onnxruntime", "available": True, "version": version,
                 "detail": f"providers built in: {', '.join(listed)}"})
     from edgesdk.runtime.backends.onnxruntime import probe_provider
@@ -46,7 +54,7 @@ def _ort_checks(host: HostFacts) -> list[dict]:
     return out
 
 
-def _nvidia(host: HostFacts) -> dict:
+def _nvidia(host: HostFacts) -> dict[str, Any]:
     if host.jetson is not None:
         j = host.jetson
         return {"component": "NVIDIA GPU", "available": True, "version": f"L4T {j.l4t}" if j.l4t else None,
@@ -63,7 +71,7 @@ def _nvidia(host: HostFacts) -> dict:
             f"none found ({why}{'; nvidia-smi present' if smi else '; no nvidia-smi, no driver'})"}
 
 
-def _module(component: str, module: str, dists: tuple[str, ...], missing_hint: str) -> dict:
+def _module(component: str, module: str, dists: tuple[str, ...], missing_hint: str) -> dict[str, Any]:
     try:
         importlib.import_module(module)
     except ImportError as exc:
@@ -75,7 +83,7 @@ def _module(component: str, module: str, dists: tuple[str, ...], missing_hint: s
     return {"component": component, "available": True, "version": _dist_version(*dists), "detail": "importable"}
 
 
-def diagnose(host: HostFacts | None = None) -> list[dict]:
+def diagnose(host: HostFacts | None = None) -> list[dict[str, Any]]:
     """One row per component: usable here or not, its version, and why."""
     host = host if host is not None else probe()
     checks = _ort_checks(host)
@@ -92,6 +100,6 @@ def diagnose(host: HostFacts | None = None) -> list[dict]:
     checks.append(_module("llama.cpp (llama-cpp-python)", "llama_cpp", ("llama-cpp-python",),
                           "not installed: pip install 'edgesdk[gguf]' with CMAKE_ARGS=-DGGML_NATIVE=OFF"))
     checks.append(_module("PyTorch (eager backend, exporters)", "torch", ("torch",),
-                          "not installed: pip install 'edgesdk[export]'"))
+                          "not installed: pip install 'edgesdk[build]'"))
     checks.append(_nvidia(host))
     return checks

@@ -196,9 +196,10 @@ def test_runtime_chain_falls_back_to_cpu_for_real(deferred_bundle):
 def test_engine_for_another_gpu_is_refused_before_deserialising(deferred_bundle):
     """The host claims an A10 with TensorRT 10.3: pre-flight must stop at the SM before touching TensorRT."""
     import edgesdk
+    from edgesdk.host import GpuInfo, HostFacts
 
-    a10_host = {"tensorrt": "10.3.0", "sm": "8.6", "l4t": None, "platform": None, "gpu": "NVIDIA A10"}
-    with edgesdk.load(deferred_bundle, host_env=a10_host) as session:
+    a10_host = HostFacts(tensorrt="10.3.0", gpus=(GpuInfo(index=0, name="NVIDIA A10", sm="8.6"),))
+    with edgesdk.load(deferred_bundle, host=a10_host) as session:
         first = session.report()["fallbacks"][0]
     assert first["from"] == "tensorrt-engine"
     assert first["reason"] == "pre-flight: engine targets sm_8.7, this GPU is sm_8.6"

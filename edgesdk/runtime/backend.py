@@ -197,7 +197,7 @@ class LLMBackend(Backend, Protocol):
 
     def stream(self, prompt: str, **kwargs: Any) -> Iterator[str]: ...
 
-    def chat(self, messages: list[dict], **kwargs: Any) -> Any: ...
+    def chat(self, messages: list[dict[str, Any]], **kwargs: Any) -> Any: ...
 
     def tokenize(self, text: str) -> list[int]: ...
 
@@ -221,7 +221,7 @@ class LoadContext:
     options: dict[str, Any] = field(default_factory=dict)
     host: HostFacts | None = None
     on_fallback: Callable[[str, str, str], None] | None = _telemetry_fallback
-    fallbacks: list[dict] = field(default_factory=list)
+    fallbacks: list[dict[str, Any]] = field(default_factory=list)
 
     def record_fallback(self, from_: str, to: str, reason: str, **extra: Any) -> None:
         self.fallbacks.append({"from": from_, "to": to, "reason": reason, **extra})

@@ -15,13 +15,13 @@ from edgesdk.capability import tables
 FAST_PATHS = ("flash_attention", "cuda_graphs", "triton")
 
 
-def fast_paths(profile: Any, *, device_is_cuda: bool) -> dict[str, dict]:
+def fast_paths(profile: Any, *, device_is_cuda: bool) -> dict[str, dict[str, Any]]:
     """Per fast path (flash_attention, cuda_graphs, triton/torch.compile): take it or not, and why.
 
     The profile's kernel table decides (it carries the device's sources); without a CUDA device here,
     none of them can run regardless of the profile.
     """
-    out: dict[str, dict] = {}
+    out: dict[str, dict[str, Any]] = {}
     kernels = profile.kernels if profile is not None else {}
     for feature in FAST_PATHS:
         entry = kernels.get(feature) or {}
@@ -37,7 +37,7 @@ def fast_paths(profile: Any, *, device_is_cuda: bool) -> dict[str, dict]:
     return out
 
 
-def eager_cost_estimate(precision: str = "fp32") -> dict:
+def eager_cost_estimate(precision: str = "fp32") -> dict[str, Any]:
     """What running eagerly costs vs compiled / compiled+CUDA graphs, scaled from the one measurement in
     the kernel table (its ``eager_cost`` entry names the device, model and source). An estimate for other
     devices/models: small models at batch 1 are launch-bound everywhere, large ones much less so."""

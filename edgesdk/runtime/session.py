@@ -55,7 +55,7 @@ class Session:
             return out
 
     # ------------------------------------------------------------------ text encoders
-    def _text_tokenizer(self):
+    def _text_tokenizer(self) -> Any:
         if self._tokenizer is None:
             from tokenizers import Tokenizer
 
@@ -120,7 +120,7 @@ class Session:
     def stream(self, prompt: str, **kwargs: Any) -> Any:
         return self._llm("stream").stream(prompt, **kwargs)
 
-    def chat(self, messages: list[dict], **kwargs: Any) -> Any:
+    def chat(self, messages: list[dict[str, Any]], **kwargs: Any) -> Any:
         return self._llm("chat").chat(messages, **kwargs)
 
     def tokenize(self, text: str) -> list[int]:
@@ -128,10 +128,10 @@ class Session:
 
     # ------------------------------------------------------------------ report
     @property
-    def fallbacks(self) -> list[dict]:
+    def fallbacks(self) -> list[dict[str, Any]]:
         return list(self._ctx.fallbacks)
 
-    def report(self) -> dict:
+    def report(self) -> dict[str, Any]:
         m = self.bundle.manifest
         return {
             "bundle": str(self.bundle.path),
@@ -151,10 +151,10 @@ class Session:
     def close(self) -> None:
         self.backend.close()
 
-    def __enter__(self):
+    def __enter__(self) -> Session:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -162,7 +162,8 @@ def load(path: str | Path, *, profile: str | Profile | None = None, verify: bool
     """Open and verify a bundle, then load it with the best backend present (see module docstring).
 
     ``profile`` overrides the device profile used for kernel decisions (default: the one the bundle was
-    built for). Options go to the loader, e.g. ``providers=[...]``, ``threads=2``, ``n_gpu_layers=...``.
+    built for). ``host`` (an :class:`edgesdk.host.HostFacts`) replaces this machine's probed facts.
+    Options go to the loader, e.g. ``providers=[...]``, ``threads=2``, ``n_gpu_layers=...``.
     """
     t0 = time.perf_counter()
     bundle = open_bundle(path, verify=verify)
@@ -173,6 +174,7 @@ def load(path: str | Path, *, profile: str | Profile | None = None, verify: bool
             prof = resolve_profile(name) if name else None
         except Exception:  # noqa: BLE001 - a custom profile file may not exist on the device
             prof = None
-    ctx = LoadContext(bundle=bundle, profile=prof, options=options)
+    host = options.pop("host", None)  # HostFacts to load as if on another host (tests, what-if reports)
+    ctx = LoadContext(bundle=bundle, profile=prof, options=options, host=host)
     backend = get_loader(bundle.format)(bundle, ctx)
     return Session(bundle, backend, ctx, time.perf_counter() - t0)

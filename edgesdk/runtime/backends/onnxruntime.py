@@ -11,10 +11,17 @@ import re
 import sys
 import tempfile
 from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from edgesdk.errors import BackendUnavailableError
 from edgesdk.runtime.backend import LoadContext, TensorSpec
+
+if TYPE_CHECKING:
+    from edgesdk.bundle import Bundle
 
 _EP_LIBS = {"TensorrtExecutionProvider": ("nvinfer", "TensorRT"),
             "CUDAExecutionProvider": ("cudart", "CUDA runtime"),
@@ -69,7 +76,7 @@ class _Captured:
 
 
 @contextlib.contextmanager
-def _captured_fds():
+def _captured_fds() -> Iterator[_Captured]:
     """Capture what native code writes to fds 1/2 (ORT logs EP load failures there, not via Python)."""
     cap = _Captured()
     sys.stdout.flush()
@@ -97,8 +104,8 @@ class OnnxRuntimeBackend:
     name = "onnxruntime"
     provider = "onnxruntime"
 
-    def __init__(self, model_path: Path, chain: list[str], record_fallback, *, threads: int | None = None,
-                 io_spec: dict | None = None):
+    def __init__(self, model_path: Path, chain: list[str], record_fallback: Callable[[str, str, str], None], *,
+                 threads: int | None = None, io_spec: dict[str, Any] | None = None):
         import onnxruntime as ort
 
         self.model_path = Path(model_path)
@@ -136,12 +143,12 @@ class OnnxRuntimeBackend:
         self.inputs = tuple(TensorSpec(i.name, i.type, i.shape) for i in self.session.get_inputs())
         self.outputs = tuple(TensorSpec(o.name, o.type, o.shape) for o in self.session.get_outputs())
         self.output_names = [o.name for o in self.outputs]
-        self._placement: dict | None = None
+        self._placement: dict[str, Any] | None = None
 
-    def run(self, feeds: dict) -> dict:
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         return dict(zip(self.output_names, self.session.run(self.output_names, feeds)))
 
-    def placement(self, feeds: dict) -> dict:
+    def placement(self, feeds: Mapping[str, np.ndarray]) -> dict[str, Any]:
         """Per-node execution provider from ONNX Runtime's profiler (one profiled run on a twin session)."""
         import onnxruntime as ort
 
@@ -164,7 +171,7 @@ class OnnxRuntimeBackend:
                            "nodes": nodes}
         return self._placement
 
-    def report(self) -> dict:
+    def report(self) -> dict[str, Any]:
         return {"backend": self.name, "model": self.model_path.name,
                 "providers_requested": self.providers_requested, "providers_active": self.providers_active,
                 "placement": self._placement}

@@ -15,7 +15,9 @@ the fallback path is what runs on CPU hosts and is tested for real.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,6 +25,10 @@ from edgesdk.errors import BackendUnavailableError, ExternalToolError
 from edgesdk.formats.tensorrt import engine as E
 from edgesdk.host import preflight
 from edgesdk.runtime.backend import LoadContext, TensorSpec
+
+if TYPE_CHECKING:
+    from edgesdk.bundle import Bundle
+    from edgesdk.runtime.backends.onnxruntime import OnnxRuntimeBackend
 
 ENGINE_STEP = "tensorrt-engine"
 
@@ -33,7 +39,7 @@ class TensorRTEngineBackend:
     name = "tensorrt"
     provider = "tensorrt"
 
-    def __init__(self, engine_path: Path, env: dict, source: str, dla_core: int | None = None):
+    def __init__(self, engine_path: Path, env: Mapping[str, Any], source: str, dla_core: int | None = None):
         import tensorrt as trt
         import torch
 
@@ -57,7 +63,7 @@ class TensorRTEngineBackend:
         self._report = {"backend": self.name, "engine": str(engine_path), "engine_source": source,
                         "tensorrt": env.get("tensorrt"), "placement": {"source": "whole graph in one engine"}}
 
-    def run(self, feeds: dict) -> dict:
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         trt, torch = self._trt, self._torch
         stream = torch.cuda.current_stream()
         keep = []
@@ -77,7 +83,7 @@ class TensorRTEngineBackend:
         stream.synchronize()
         return {k: v.cpu().numpy() for k, v in outputs.items()}
 
-    def report(self) -> dict:
+    def report(self) -> dict[str, Any]:
         return dict(self._report)
 
     def close(self) -> None:
@@ -88,7 +94,7 @@ class TensorRTEngineBackend:
 class OrtFallbackBackend:
     """The ONNX Runtime backend plus what the TensorRT loader learnt: pre-flight, capability, placement."""
 
-    def __init__(self, inner, preflight_info: dict, bundle):
+    def __init__(self, inner: OnnxRuntimeBackend, preflight_info: dict[str, Any], bundle: Bundle):
         self.inner = inner
         self.name = inner.name
         self.provider = inner.provider
@@ -99,7 +105,7 @@ class OrtFallbackBackend:
         self._bundle = bundle
         self._placement_wanted = bool(preflight_info.pop("placement", True))
 
-    def run(self, feeds: dict) -> dict:
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self._placement_wanted:
             # Where each node actually ran, from ONNX Runtime's own profiler (one extra profiled run, once).
             self._placement_wanted = False
@@ -109,7 +115,7 @@ class OrtFallbackBackend:
                 self._pre["placement_error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
         return self.inner.run(feeds)
 
-    def report(self) -> dict:
+    def report(self) -> dict[str, Any]:
         rep = self.inner.report()
         trt = (self._bundle.manifest.get("extras") or {}).get("tensorrt") or {}
         rep["tensorrt"] = {**self._pre, "planned_capability": trt.get("capability"),
@@ -120,7 +126,7 @@ class OrtFallbackBackend:
         self.inner.close()
 
 
-def _engine_source(bundle, config: dict, env: dict, ctx) -> tuple[Path | None, str]:
+def _engine_source(bundle: Bundle, config: dict[str, Any], env: dict[str, Any], ctx: LoadContext) -> tuple[Path, str]:
     """Prebuilt engine from the bundle, else the cache, else build it here (deferred build)."""
     if bundle.has_artifact("engine"):
         return bundle.artifact_path("engine"), "bundle"
@@ -133,18 +139,18 @@ def _engine_source(bundle, config: dict, env: dict, ctx) -> tuple[Path | None, s
     return path, "cache or deferred build on this device"
 
 
-def load_tensorrt(bundle, ctx: LoadContext) -> TensorRTEngineBackend | OrtFallbackBackend:
+def load_tensorrt(bundle: Bundle, ctx: LoadContext) -> TensorRTEngineBackend | OrtFallbackBackend:
     from edgesdk.runtime.backends.onnxruntime import OnnxRuntimeBackend
 
-    # ``host_env=`` (a dict as HostFacts.tensorrt_env() gives) lets a caller load as if on another host.
-    env = ctx.options.get("host_env") or ctx.host_facts().tensorrt_env()
+    # edgesdk.load(..., host=HostFacts(...)) loads as if on another host (ctx.host_facts() returns it).
+    env = ctx.host_facts().tensorrt_env()
     chain = list(bundle.manifest.get("runtime", {}).get("backend_chain") or [ENGINE_STEP, "TensorrtExecutionProvider",
                                                                               "CUDAExecutionProvider",
                                                                               "CPUExecutionProvider"])
     if ctx.options.get("providers"):
         chain = [ENGINE_STEP, *ctx.options["providers"]]
     # placement=False skips the one profiled run that records where each node ran (first run only).
-    info: dict = {"host": {k: env.get(k) for k in ("tensorrt", "sm", "l4t", "platform", "gpu")},
+    info: dict[str, Any] = {"host": {k: env.get(k) for k in ("tensorrt", "sm", "l4t", "platform", "gpu")},
                   "placement": ctx.options.get("placement", True)}
     config = E.read_config(bundle.artifact_path("engine-config"))
     problems = preflight(config["target"], env)

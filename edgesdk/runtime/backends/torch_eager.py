@@ -11,12 +11,17 @@ a GPU from the docs/devices.md H200 measurements.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edgesdk.errors import BackendUnavailableError
 from edgesdk.runtime.backend import LoadContext, TensorSpec
 from edgesdk.runtime.fastpaths import eager_cost_estimate, fast_paths
+
+if TYPE_CHECKING:
+    from edgesdk.bundle import Bundle
 
 
 class TorchEagerBackend:
@@ -25,7 +30,7 @@ class TorchEagerBackend:
     name = "torch"
     provider = "pytorch"
 
-    def __init__(self, bundle, ctx: LoadContext):
+    def __init__(self, bundle: Bundle, ctx: LoadContext):
         try:
             import torch
         except ImportError as exc:
@@ -47,7 +52,7 @@ class TorchEagerBackend:
                 ctx.record_fallback(label, "eager", self.paths[feature]["reason"])
         if cuda and not self.paths["flash_attention"]["use"]:
             torch.backends.cuda.enable_flash_sdp(False)  # SDPA then picks the memory-efficient/math kernels
-        module = program.module()
+        module: Any = program.module()
         if cuda:
             module = module.to(self.device)
         self.mode = "eager"
@@ -58,7 +63,7 @@ class TorchEagerBackend:
                 self.mode = f"torch.compile({mode})"
             except Exception as exc:  # noqa: BLE001 - compile failing is itself a fallback to eager
                 ctx.record_fallback("torch.compile", "eager", f"compile failed: {type(exc).__name__}: {exc}"[:200])
-        self.module = module
+        self.module: Any = module
         io = bundle.manifest.get("io") or {}
         self.inputs = tuple(TensorSpec.from_manifest(s) for s in io.get("inputs") or [])
         self.outputs = tuple(TensorSpec.from_manifest(o) for o in io.get("outputs") or [])
@@ -67,7 +72,7 @@ class TorchEagerBackend:
         self._times: list[float] = []
         self._precision = bundle.precision or "fp32"
 
-    def run(self, feeds: dict) -> dict:
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         torch = self._torch
         args = [torch.from_numpy(np.ascontiguousarray(feeds[spec.name])).to(self.device) for spec in self.inputs]
         t0 = time.perf_counter()
@@ -80,7 +85,7 @@ class TorchEagerBackend:
         names = self.output_names or [f"output_{i}" for i in range(len(outs))]
         return {n: o.detach().cpu().numpy() for n, o in zip(names, outs)}
 
-    def report(self) -> dict:
+    def report(self) -> dict[str, Any]:
         steady = self._times[1:] or self._times
         return {
             "backend": self.name, "device": self.device, "mode": self.mode, "fast_paths": self.paths,
@@ -99,5 +104,5 @@ class TorchEagerBackend:
         self.module = None
 
 
-def load_torch(bundle, ctx: LoadContext) -> TorchEagerBackend:
+def load_torch(bundle: Bundle, ctx: LoadContext) -> TorchEagerBackend:
     return TorchEagerBackend(bundle, ctx)
