@@ -98,3 +98,18 @@ def test_nvml_block_yields_none_without_a_driver():
             pytest.skip("NVML works on this host")
         assert nv is None
     assert host.gpu_free_bytes(0) is None
+
+
+def test_doctor_reports_from_the_facts_it_is_given():
+    from edgesdk.doctor import diagnose
+
+    orin = HostFacts(jetson=JetsonFacts(model="Jetson AGX Orin", platform="tegra234", l4t="36.4.3", sm="8.7",
+                                        sm_source="test"), trtexec="/usr/src/tensorrt/bin/trtexec",
+                     tensorrt_reason="TensorRT Python API not importable (test)")
+    rows = {r["component"]: r for r in diagnose(orin)}
+    gpu = rows["NVIDIA GPU"]
+    assert gpu["available"] and gpu["version"] == "L4T 36.4.3" and "sm_8.7" in gpu["detail"]
+    assert rows["trtexec"] == {"component": "trtexec", "available": True, "version": None,
+                               "detail": "/usr/src/tensorrt/bin/trtexec"}
+    trt = rows["TensorRT (Python API)"]
+    assert not trt["available"] and "(test)" in trt["detail"]
