@@ -28,13 +28,13 @@ _MAX_DIMS = 8
 _MAX_COUNT = 1_000_000  # tensors or keys: beyond this the header is corrupt, not a model
 
 # ggml type id -> (elements per block, bytes per block), as ggml's type traits (ggml/src/ggml.c) and
-# gguf-py's GGML_QUANT_SIZES give them; QK_K = 256 for the k-quants.
+# gguf-py's GGML_QUANT_SIZES give them (checked against gguf-py 0.19.0 by tests); QK_K = 256 for the k-quants.
 GGML_BLOCK_SIZES: dict[int, tuple[int, int]] = {
     0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34), 9: (32, 40),
     10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210), 15: (256, 292),
     16: (256, 66), 17: (256, 74), 18: (256, 98), 19: (256, 50), 20: (32, 18), 21: (256, 110), 22: (256, 82),
     23: (256, 136), 24: (1, 1), 25: (1, 2), 26: (1, 4), 27: (1, 8), 28: (1, 8), 29: (256, 56), 30: (1, 2),
-    34: (256, 54), 35: (256, 66), 39: (32, 17),
+    34: (256, 54), 35: (256, 66), 39: (32, 17), 40: (64, 36), 41: (128, 18),
 }
 
 # llama_ftype values (llama.h; the same numbers as gguf-py's LlamaFileType) for the types we plan with.

@@ -1,0 +1,206 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The format registry: a toy format registered here is planned, built and loaded through the same
+paths as the built-in ones; the planner is pure; the GGUF header reader needs no gguf-py."""
+
+from __future__ import annotations
+
+import builtins
+import io
+import json
+import sys
+
+import numpy as np
+import pytest
+
+import edgesdk
+from edgesdk import formats
+from edgesdk.build import build, make_plan
+from edgesdk.errors import InputError
+from edgesdk.host import HostFacts
+from edgesdk.inspect import inspect_model
+from edgesdk.plan import plan_build
+from edgesdk.profiles import resolve_profile
+from edgesdk.runtime.backends import get_loader
+from edgesdk.types import BuildOptions, Decision
+
+
+class _ToyBackend:
+    name, provider, device = "toy", "toy", "cpu"
+
+    def __init__(self, scale: float):
+        from edgesdk.runtime.backend import TensorSpec
+
+        self.scale = scale
+        self.inputs = (TensorSpec("x", "float32", (None,)),)
+        self.outputs = (TensorSpec("y", "float32", (None,)),)
+
+    def run(self, feeds):
+        return {"y": feeds["x"] * np.float32(self.scale)}
+
+    def report(self):
+        return {"backend": "toy"}
+
+    def close(self):
+        pass
+
+
+def load_toy(bundle, ctx):
+    return _ToyBackend(json.loads(bundle.artifact_path("model").read_text())["scale"])
+
+
+class ToyFormat:
+    name = "toy"
+    stages = ("write", "license_gate", "package")
+    runtime_loader = f"{__name__}:load_toy"
+    runtime_requires = ("numpy", "numpy")
+    profiler_backend = None
+    selectable = True
+
+    def check_source(self, facts):
+        if facts.kind != "onnx":
+            raise InputError("toy takes ONNX sources only")
+
+    def claims(self, facts, profile):
+        return None
+
+    def plan_precision(self, facts, profile, options):
+        return Decision("precision", "fp32", "toys are exact")
+
+    def plan(self, facts, profile, options, host, precision):
+        return [Decision("toy.scale", 2.0, "doubling is easy to check")]
+
+    def build(self, ctx):
+        with ctx.stage("write"):
+            (ctx.staging / "toy.json").write_text(json.dumps({"scale": ctx.plan.decision("toy.scale")}))
+            ctx.add_artifact("toy.json", "model")
+            ctx.manifest["io"] = {"inputs": [{"name": "x", "dtype": "float32", "shape": [None]}],
+                                  "outputs": [{"name": "y", "dtype": "float32", "shape": [None]}]}
+
+
+@pytest.fixture
+def toy_format():
+    fmt = formats.register(ToyFormat())
+    yield fmt
+    formats.unregister("toy")
+
+
+@pytest.fixture
+def tiny_onnx(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None])])
+    path = tmp_path / "relu.onnx"
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9  # what the installed onnxruntime loads (onnx writes a newer IR by default)
+    model.metadata_props.add(key="license", value="apache-2.0")  # the license gate needs a declared license
+    onnx.save(model, str(path))
+    return path
+
+
+def test_builtin_formats_are_listed_by_the_registry():
+    assert formats.format_names(selectable=True) == ["onnx", "tensorrt", "gguf"]
+    assert "torch" in formats.format_names()
+    for fmt in formats.all_formats():
+        assert isinstance(fmt, formats.Format) and fmt.stages[-2:] == ("license_gate", "package")
+    with pytest.raises(InputError, match="unknown format 'nope'"):
+        formats.get_format("nope")
+
+
+def test_a_registered_format_is_planned_built_and_loaded(toy_format, tiny_onnx, tmp_path):
+    assert "toy" in formats.format_names(selectable=True)
+    plan = make_plan(tiny_onnx, "cpu", BuildOptions(format="toy", progress=False))
+    assert plan.format == "toy" and plan.precision == "fp32" and plan.decision("toy.scale") == 2.0
+    out = build(tiny_onnx, "cpu", tmp_path / "b", BuildOptions(format="toy", progress=False), plan=plan)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["format"] == "toy" and {"write", "license_gate"} <= set(manifest["build"]["stage_s"])
+    assert get_loader("toy") is load_toy
+    with edgesdk.load(out) as session:
+        res = session.run({"x": np.array([1.0, -2.0], dtype=np.float32)})
+    assert res["y"].tolist() == [2.0, -4.0]
+
+
+def test_a_registered_format_checks_its_source(toy_format, minilm_dir):
+    with pytest.raises(InputError, match="toy takes ONNX sources only"):
+        plan_build(inspect_model(minilm_dir), resolve_profile("cpu"), BuildOptions(format="toy"))
+
+
+def test_cli_format_choice_comes_from_the_registry(run_cli):
+    res = run_cli("build", "--help")
+    assert "[onnx|tensorrt|gguf]" in res.stdout
+
+
+@pytest.mark.parametrize("profile,fmt", [("cpu-x86_64", None), ("orin", None), ("orin", "tensorrt"),
+                                         ("h200", None)])
+def test_plan_build_reads_no_file_and_probes_nothing(minilm_dir, monkeypatch, profile, fmt):
+    facts = inspect_model(minilm_dir)
+    prof = resolve_profile(profile)
+    expected = plan_build(facts, prof, BuildOptions(format=fmt), HostFacts()).to_dict()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"plan_build opened a file: {args[:1]}")
+
+    monkeypatch.setattr(builtins, "open", refuse)
+    monkeypatch.setattr(io, "open", refuse)
+    monkeypatch.setattr("pathlib.Path.open", refuse)
+    monkeypatch.setattr("edgesdk.host.probe", refuse)
+    assert plan_build(facts, prof, BuildOptions(format=fmt), HostFacts()).to_dict() == expected
+
+
+def test_tensorrt_engine_build_follows_the_host_facts_passed_in(minilm_dir):
+    from edgesdk.host import GpuInfo
+
+    facts, orin = inspect_model(minilm_dir), resolve_profile("orin")
+    here = plan_build(facts, orin, BuildOptions(format="tensorrt"), HostFacts())
+    assert here.decision("engine_build") == "deferred to the device"
+    a_matching_host = HostFacts(tensorrt="10.3.0", gpus=(GpuInfo(index=0, name="Orin", sm="8.7"),))
+    assert plan_build(facts, orin, BuildOptions(format="tensorrt"), a_matching_host).decision("engine_build") \
+        == "this host"
+
+
+def test_cli_build_plans_once_and_builds_the_plan_it_showed(tiny_onnx, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    import edgesdk.build as B
+    from edgesdk.cli import cli
+
+    calls = []
+    real = B.plan_build
+    monkeypatch.setattr(B, "plan_build", lambda *a, **k: calls.append(1) or real(*a, **k))
+    out = tmp_path / "b"
+    res = CliRunner().invoke(cli, ["build", str(tiny_onnx), "--profile", "cpu", "--precision", "fp32", "-o", str(out),
+                                   "--explain", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert len(calls) == 1
+    manifest = json.loads((out / "manifest.json").read_text())
+    shown = [line.split()[0] for line in res.output.splitlines() if line.startswith("  ") and
+             not line.strip().startswith("because")]
+    assert shown == [d["key"] for d in manifest["plan"]["decisions"]]
+
+
+def test_gguf_header_reader_needs_no_gguf_package(gemma_gguf, monkeypatch):
+    monkeypatch.setitem(sys.modules, "gguf", None)  # import gguf -> ImportError
+    for name in [m for m in sys.modules if m.startswith("edgesdk.formats.gguf")]:
+        monkeypatch.delitem(sys.modules, name)
+    from edgesdk.formats.gguf.facts import gguf_facts
+    from edgesdk.formats.gguf.header import read_gguf_header
+
+    header = read_gguf_header(gemma_gguf)
+    assert header.scalar("general.architecture") == "gemma3" and header.array_length("tokenizer.ggml.tokens")
+    assert gguf_facts(gemma_gguf)["file_type"] == "Q4_K_M"
+
+
+def test_ggml_block_sizes_match_gguf_py():
+    gguf = pytest.importorskip("gguf")
+    from edgesdk.formats.gguf.header import FTYPES, GGML_BLOCK_SIZES
+
+    theirs = {int(t): tuple(v) for t, v in gguf.GGML_QUANT_SIZES.items()}
+    assert {t: v for t, v in GGML_BLOCK_SIZES.items() if t in theirs} == \
+        {t: v for t, v in theirs.items() if t in GGML_BLOCK_SIZES}
+    assert set(theirs) - set(GGML_BLOCK_SIZES) == set(), "a ggml type gguf-py knows is missing here"
+    assert all(gguf.LlamaFileType(v).name.removeprefix("MOSTLY_").removeprefix("ALL_") == k for k, v in FTYPES.items())
+
+
+
