@@ -94,7 +94,7 @@ def _hf_feeds(ctx, n: int, offset: int, fixed_length: bool) -> list[dict]:
 
 
 def _export_hf_in_child(ctx, work: Path, exported: Path) -> tuple[_Samples, _Samples]:
-    """Export + PyTorch references in a child process (see edgesdk/formats/onnx_export.py)."""
+    """Export + PyTorch references in a child process (see edgesdk/formats/onnx/export.py)."""
     import onnx
 
     calib = _hf_feeds(ctx, ctx.options.calibration_samples, 0, fixed_length=True)

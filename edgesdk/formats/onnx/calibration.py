@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Calibration for :mod:`edgesdk.formats.onnx_quant`: activation capture, SmoothQuant, node sensitivity.
+"""Calibration for :mod:`edgesdk.formats.onnx.quant`: activation capture, SmoothQuant, node sensitivity.
 
 Everything here works on an FP32 ONNX model and the caller's calibration feeds:
 
