@@ -86,3 +86,13 @@ class ExternalToolError(EdgeSDKError):
     """A required external tool or service failed or is unreachable (scanner, TensorRT, exporter)."""
 
     exit_code = 10
+
+
+class MissingExtraError(ExternalToolError):
+    """An optional part of edgesdk is not installed; the message names the pip extra that adds it
+    (``edgesdk build needs the build extra: pip install 'edgesdk[build]'``). Raised by
+    :func:`edgesdk.extras.require`."""
+
+    def __init__(self, message: str, *, hint: str | None = None, extra: str):
+        super().__init__(message, hint=hint)
+        self.extra = extra

@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import os
 from dataclasses import dataclass, field
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -257,15 +258,29 @@ class Profile:
         }
 
 
+PROFILES_PACKAGE = "edgesdk.profiles_data"  # the top-level profiles/ directory, mapped by setup.py
+
+
 def profiles_dir() -> Path:
-    """Where the shipped profiles live: $EDGESDK_PROFILES_DIR, the repo's profiles/, or package data."""
+    """Where the shipped profiles live: ``$EDGESDK_PROFILES_DIR`` if set, else the package data.
+
+    The YAML files are in the repository's top-level ``profiles/``; the wheel ships them as the
+    package ``edgesdk.profiles_data`` and an editable install maps that package onto the same
+    directory, so :mod:`importlib.resources` finds them in both.
+    """
     env = os.environ.get("EDGESDK_PROFILES_DIR")
     if env:
         return Path(env)
-    repo = Path(__file__).resolve().parent.parent / "profiles"
-    if repo.is_dir():
-        return repo
-    return Path(__file__).resolve().parent / "data" / "profiles"
+    try:
+        return Path(str(files(PROFILES_PACKAGE)))
+    except ModuleNotFoundError as exc:
+        # An editable install made before the profiles became package data does not map the package
+        # yet (`pip install -e .` again fixes it); a source checkout still has the directory.
+        checkout = Path(__file__).resolve().parent.parent / "profiles"
+        if (checkout / "__init__.py").is_file():
+            return checkout
+        raise ProfileError(f"the device profiles are not installed (no package {PROFILES_PACKAGE})",
+                           hint="reinstall edgesdk") from exc
 
 
 def load_profile_file(path: Path, resolved_from: str | None = None) -> Profile:

@@ -469,8 +469,9 @@ sys.argv = ["edgesdk", "run", {str(tmp_path / "missing-bundle")!r}, "--input", "
 main()
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 3, done.stdout + done.stderr
-    assert done.stderr.startswith("error: exporting telemetry needs the OpenTelemetry SDK")
+    assert done.returncode == 10, done.stdout + done.stderr  # MissingExtraError (docs/exit-codes.md)
+    assert done.stderr.startswith("error: exporting telemetry (--trace-file, OTEL_EXPORTER_OTLP_*) needs the otel "
+                                  "extra: pip install 'edgesdk[otel]'")
     assert "Traceback" not in done.stderr
 
 

@@ -222,7 +222,7 @@ def test_base_install_runs_a_session_and_configure_fails_clearly(clean_env, tmp_
     script = _NO_SDK + f"""
 import numpy as np
 from edgesdk import telemetry
-from edgesdk.errors import InputError
+from edgesdk.errors import MissingExtraError
 from edgesdk import load
 session = load({str(minilm_orin_bundle)!r})
 out = session.embed(["hello edge"])
@@ -231,13 +231,13 @@ with telemetry.inference("chat", "m", "llama.cpp", stream=True) as rec:
     rec.chunk()
 try:
     telemetry.configure(trace_file={str(tmp_path / "t.jsonl")!r})
-except InputError as exc:
+except MissingExtraError as exc:
     print("ERROR", exc.one_line())
 print(sorted(m for m in sys.modules if m.startswith(("opentelemetry.sdk", "opentelemetry.semconv"))))
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.strip().splitlines()
-    assert lines[-2].startswith("ERROR exporting telemetry needs the OpenTelemetry SDK")
+    assert lines[-2].startswith("ERROR exporting telemetry (--trace-file, OTEL_EXPORTER_OTLP_*) needs the otel extra")
     assert "pip install 'edgesdk[otel]'" in lines[-2]
     assert lines[-1] == "[]"

@@ -42,8 +42,10 @@ def build_cmd(model: Path, profile: str, output: Path | None, fmt, precision, qu
     from edgesdk import build as B
     from edgesdk import telemetry
     from edgesdk.errors import InputError
+    from edgesdk.extras import BUILD_MODULES, require
     from edgesdk.types import BuildOptions
 
+    require("build", BUILD_MODULES, "edgesdk build")
     if trace_file:
         telemetry.configure(trace_file=trace_file)
     options = BuildOptions(format=fmt, precision=precision, force=force, allow_pickle=allow_pickle,

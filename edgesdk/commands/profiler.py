@@ -41,6 +41,11 @@ def run_cmd(bundle, warmup, iterations, concurrency, batch, seq_len, prompt_toke
             op_profile_runs, profile, latency_budget_ms, memory_budget_gb, fail_on_budget, as_json, output, plot,
             no_progress) -> int:
     """Measure BUNDLE on this device: latency, throughput, memory, LLM rates, per-op time, fallbacks."""
+    from edgesdk.extras import require
+
+    if plot:
+        require("profiler", "matplotlib", "--plot")
+    require("profiler", "onnx", "edgesdk profiler run")
     from edgesdk.profiler.api import run_profiler
     from edgesdk.profiler.bench import BenchOptions
     from edgesdk.profiler.report import enforce_budgets, plot_report, render_table, save_report
@@ -81,6 +86,9 @@ def run_cmd(bundle, warmup, iterations, concurrency, batch, seq_len, prompt_toke
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def predict_cmd(bundle, profiles, batch, seq_len, prompt_tokens, report_path, as_json) -> int:
     """Roofline prediction of BUNDLE on device profiles (bandwidth, peak rates, calibrated efficiency)."""
+    from edgesdk.extras import require
+
+    require("profiler", "onnx", "edgesdk profiler predict")
     from edgesdk.profiler.api import predict_bundle
     from edgesdk.profiler.report import load_report, prediction_lines
 

@@ -23,6 +23,25 @@ def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+# Builds of ONNX Runtime that install the same `onnxruntime` module. A bundle records the one on the
+# build host (onnxruntime-gpu on a CUDA workstation); the device may run it on another (plain
+# onnxruntime on a CPU host, NVIDIA's onnxruntime-gpu on a Jetson): the one installed here is the
+# one whose license applies.
+ONNXRUNTIME_FLAVOURS = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-directml", "onnxruntime-openvino",
+                        "onnxruntime-qnn")
+
+
+def _installed_equivalent(name: str) -> md.Distribution | None:
+    if canonical(name) not in ONNXRUNTIME_FLAVOURS:
+        return None
+    for flavour in ONNXRUNTIME_FLAVOURS:
+        try:
+            return md.distribution(flavour)
+        except md.PackageNotFoundError:
+            continue
+    return None
+
+
 def _license_files(dist: md.Distribution) -> list:
     declared = dist.metadata.get_all("License-File") or []
     out = []
@@ -112,9 +131,11 @@ def closure(roots: list[str]) -> tuple[list[md.Distribution], list[str]]:
         try:
             dist = found.get(key) or md.distribution(name)
         except md.PackageNotFoundError:
-            if name not in missing:
-                missing.append(name)
-            continue
+            dist = _installed_equivalent(name)
+            if dist is None:
+                if name not in missing:
+                    missing.append(name)
+                continue
         found[key] = dist
         for req in _requirements(dist, seen_extras[key]):
             queue.append((req.name, set(req.extras)))

@@ -87,16 +87,95 @@ def gguf_findings(path: Path, root: Path) -> list[LicenseFinding]:
     return [_finding(rel, found, "GGUF general.license*", value, [rel])]
 
 
+# ONNX ModelProto (onnx/onnx.proto): metadata_props is field 14, a StringStringEntryProto {key = 1, value = 2}.
+_ONNX_METADATA_FIELD = 14
+
+
+def _varint(f) -> int | None:
+    """One protobuf varint from a binary file, or None at a clean end of file."""
+    shift = result = 0
+    while True:
+        byte = f.read(1)
+        if not byte:
+            if shift:
+                raise ValueError("truncated varint")
+            return None
+        result |= (byte[0] & 0x7F) << shift
+        if not byte[0] & 0x80:
+            return result
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint longer than 10 bytes")
+
+
+def _fields(f, end: int):
+    """(field number, bytes or None) for each top-level field of a message read from ``f`` up to ``end``.
+
+    Length-delimited fields other than metadata are skipped with a seek, so a multi-gigabyte graph is
+    never read."""
+    while f.tell() < end:
+        tag = _varint(f)
+        if tag is None:
+            return
+        number, wire = tag >> 3, tag & 7
+        if number == 0:
+            raise ValueError("field number 0: not a protobuf message")
+        if wire == 0:
+            _varint(f)
+        elif wire == 1 or wire == 5:
+            f.seek(8 if wire == 1 else 4, 1)
+        elif wire == 2:
+            length = _varint(f)
+            if length is None or f.tell() + length > end:
+                raise ValueError(f"field {number} runs past the end of the file")
+            if number == _ONNX_METADATA_FIELD:
+                yield number, f.read(length)
+            else:
+                f.seek(length, 1)
+        else:
+            raise ValueError(f"unexpected protobuf wire type {wire} (field {number})")
+
+
+def read_onnx_metadata(path: Path) -> dict[str, str]:
+    """An ONNX file's ``metadata_props`` read straight from the protobuf wire format.
+
+    ``check licenses`` runs on devices that have onnxruntime but not the ``onnx`` package, and the
+    license fields are all it needs: no graph is parsed. Raises ValueError on a file that is not a
+    protobuf message."""
+    import io
+
+    props: dict[str, str] = {}
+    with open(path, "rb") as f:
+        size = f.seek(0, 2)
+        f.seek(0)
+        for _, data in _fields(f, size):
+            entry = io.BytesIO(data)
+            kv = {n: b for n, b in _entry_fields(entry, len(data))}
+            props[kv.get(1, b"").decode("utf-8", "replace")] = kv.get(2, b"").decode("utf-8", "replace")
+    return props
+
+
+def _entry_fields(f, end: int):
+    while f.tell() < end:
+        tag = _varint(f)
+        if tag is None:
+            return
+        number, wire = tag >> 3, tag & 7
+        if wire != 2:
+            raise ValueError("metadata entry: expected string fields")
+        length = _varint(f)
+        if length is None or f.tell() + length > end:
+            raise ValueError("metadata entry runs past its end")
+        yield number, f.read(length)
+
+
 def onnx_findings(path: Path, root: Path) -> list[LicenseFinding]:
     rel = _rel(path, root)
     try:
-        import onnx
-
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as exc:  # noqa: BLE001 - protobuf decode errors have no common base
+        props = {k.lower(): v for k, v in read_onnx_metadata(path).items()}
+    except (ValueError, OSError) as exc:
         return [LicenseFinding("model", rel, "", "ONNX metadata_props", None,
-                               f"unreadable ONNX ({type(exc).__name__}): license unknown", [rel])]
-    props = {p.key.lower(): p.value for p in model.metadata_props}
+                               f"unreadable ONNX ({type(exc).__name__}: {exc}): license unknown", [rel])]
     found, value = _join(props.get("license"), props.get("license_name") or props.get("license.name"),
                          props.get("license_link") or props.get("license.link"))
     if value is None:

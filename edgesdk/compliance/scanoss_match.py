@@ -207,12 +207,10 @@ def _check_answer(answer, batch: list[tuple[str, str]], url: str) -> dict:
 
 
 def match(blocks: list[tuple[str, str]], url: str, api_key: str | None, timeout: float | None = None) -> dict:
-    try:
-        import requests  # noqa: F401 - scanoss-py's HTTP library, installed with it
-        import scanoss  # noqa: F401
-    except ImportError as exc:
-        raise ExternalToolError("a SCANOSS API is configured but scanoss is not installed",
-                                hint="pip install 'edgesdk[scanoss]'") from exc
+    from edgesdk.extras import require
+
+    # requests: scanoss-py's HTTP library, installed with it.
+    require("build", ("scanoss", "requests"), "a configured SCANOSS API")
     timeout = configured_timeout(timeout)
     endpoint = _scan_endpoint(url)
     api_key = api_key or os.environ.get("SCANOSS_API_KEY")
@@ -272,7 +270,7 @@ def run_scanoss(root: Path, code_files: list[str], url: str | None, api_key: str
     if blocks:
         result.wfp_sha256 = hashlib.sha256("".join(w for _, w in blocks).encode()).hexdigest()
     if not available:
-        result.note = "scanoss not installed: no fingerprints (pip install 'edgesdk[scanoss]')"
+        result.note = "scanoss not installed: no fingerprints (pip install 'edgesdk[build]')"
         if url:
             match([], url, api_key, timeout)  # raises the clear "not installed" error: fail closed
         return result

@@ -185,13 +185,13 @@ def prediction_lines(pred: dict) -> list[str]:
 
 def plot_report(report: dict, path: str | os.PathLike) -> Path:
     """One PNG: latency histogram, per-op-type time bars, tokens over time (the panels that have data)."""
-    try:
-        import matplotlib
+    from edgesdk.extras import require
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise InputError("plots need matplotlib (pip install 'edgesdk[profiler]')") from exc
+    require("profiler", "matplotlib", "--plot")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     panels = []
     if (report.get("latency_ms") or {}).get("samples"):
         panels.append("hist")

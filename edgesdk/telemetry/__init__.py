@@ -32,7 +32,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from edgesdk.errors import InputError, VerdictError
+from edgesdk.errors import VerdictError
 from edgesdk.telemetry import _names as N
 from edgesdk.telemetry._recorder import NOOP_RECORDER, InferenceRecorder, Instruments
 from edgesdk.telemetry._setup import Counters, Settings, resolve_settings
@@ -110,11 +110,10 @@ def configure(*, trace_file: str | Path | None = None, otlp_endpoint: str | None
             if _application_has_sdk():
                 _adopt_application_locked()
             return
-        try:
-            from edgesdk.telemetry._providers import build_providers
-        except ImportError as exc:
-            raise InputError(f"exporting telemetry needs the OpenTelemetry SDK and exporters ({exc.name} is "
-                             "not installed)", hint="pip install 'edgesdk[otel]'") from exc
+        from edgesdk.extras import require
+
+        require("otel", "opentelemetry.sdk", "exporting telemetry (--trace-file, OTEL_EXPORTER_OTLP_*)")
+        from edgesdk.telemetry._providers import build_providers
         _register_atexit()
         built = build_providers(settings, _state.counters, span_exporter=span_exporter, metric_reader=metric_reader)
         _state.tracer_provider, _state.meter_provider, _state.exporter_names = built

@@ -251,10 +251,10 @@ def quantize(src: Path, dst: Path, quant_type: str, *, threads: int | None = Non
 
 
 def _open_llama(path: Path, n_ctx: int, *, logits_all: bool = True, threads: int | None = None):
-    try:
-        from llama_cpp import Llama
-    except ImportError as exc:
-        raise ExternalToolError("llama-cpp-python is not installed (pip install 'edgesdk[gguf]')") from exc
+    from edgesdk.extras import require
+
+    require("gguf", "llama_cpp", "a GGUF build (llama.cpp quantizes and checks parity)")
+    from llama_cpp import Llama
     try:
         return Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=min(n_ctx, 512),
                      logits_all=logits_all, n_gpu_layers=0, n_threads=threads, verbose=False)

@@ -59,13 +59,11 @@ def run_export(spec: dict, work: Path) -> list[list[np.ndarray]]:
 # ------------------------------------------------------------------------------------------- the child
 
 def _load(spec: dict):
-    try:
-        import torch
-        from transformers import AutoModel, AutoModelForImageClassification
-    except ImportError as exc:
-        raise E.ExternalToolError("exporting a Hugging Face model needs the [export] extra "
-                                  "(pip install 'edgesdk[export]')") from exc
-    from transformers import AutoModelForSequenceClassification
+    from edgesdk.extras import EXPORT_MODULES, require
+
+    require("build", EXPORT_MODULES, "exporting a Hugging Face model")
+    import torch
+    from transformers import AutoModel, AutoModelForImageClassification, AutoModelForSequenceClassification
 
     cls = {"image-classification": AutoModelForImageClassification,
            "text-classification": AutoModelForSequenceClassification}.get(spec["task"], AutoModel)

@@ -180,7 +180,10 @@ class OnnxRuntimeBackend:
         self.session = None
 
 
-def load_onnx(bundle, ctx):
+def load_onnx(bundle: Bundle, ctx: LoadContext) -> OnnxRuntimeBackend:
+    from edgesdk.extras import check_onnxruntime
+
+    check_onnxruntime()
     chain = ctx.options.get("providers") or bundle.manifest.get("runtime", {}).get("backend_chain") or [
         "CPUExecutionProvider"]
     return OnnxRuntimeBackend(bundle.artifact_path("model"), list(chain), ctx.record_fallback,
