@@ -17,6 +17,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch first, pinned: an unpinned resolve pulls a multi-GB CUDA build (docs/versions.md)
 	$(BIN)/python -m pip install torch==2.13.0
+	# onnxruntime (CPU, in the base) and onnxruntime-gpu share files: an older set-up had the GPU one, so
+	# remove both and let the next line install the CPU one cleanly (README: GPU hosts)
+	$(BIN)/python -m pip uninstall -y -q onnxruntime-gpu onnxruntime 2>/dev/null || true
 	$(BIN)/python -m pip install -e '.[all,dev]'
 	touch $@
 
