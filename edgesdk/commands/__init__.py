@@ -20,6 +20,7 @@ COMMAND_MODULES = [
     "inspect",
     "engine",
     "profiler",
+    "serve",
 ]
 
 

@@ -1,0 +1,62 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``edgesdk serve BUNDLE...``: an OpenAI-compatible server over bundles (docs/serve.md)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+
+@click.command("serve")
+@click.argument("bundles", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--name", "names", multiple=True,
+              help="Model name for the bundle in the same position (default: the bundle directory name).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback unless given).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True)
+@click.option("--api-key", envvar="EDGESDK_API_KEY", help="Require 'Authorization: Bearer KEY' "
+              "(or set EDGESDK_API_KEY).")
+@click.option("--max-queue", type=click.IntRange(0), default=16, show_default=True,
+              help="LLM requests allowed to wait behind the running one; more get 429.")
+@click.option("--max-batch", type=click.IntRange(1), default=32, show_default=True,
+              help="Embeddings: most inputs in one dynamic batch.")
+@click.option("--max-wait-ms", type=click.FloatRange(0), default=5.0, show_default=True,
+              help="Embeddings: longest wait for a batch to fill.")
+@click.option("--max-body-bytes", type=click.IntRange(1), default=1 << 20, show_default=True,
+              help="Largest request body; larger gets 413.")
+@click.option("--shutdown-timeout", type=click.FloatRange(0), default=30.0, show_default=True,
+              help="Seconds in-flight requests get to finish after SIGTERM.")
+@click.option("--profile", help="Device profile to run under (default: the one each bundle was built for).")
+@click.option("--threads", type=int, help="CPU threads per backend.")
+@click.option("--trace-file", type=click.Path(dir_okay=False), help="Write traces/metrics as OTLP-JSON lines.")
+@click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
+              show_default=True)
+def serve_cmd(bundles, names, host, port, api_key, max_queue, max_batch, max_wait_ms, max_body_bytes,
+              shutdown_timeout, profile, threads, trace_file, log_level) -> int:
+    """Serve BUNDLES over the OpenAI API: chat/completions for GGUF bundles, embeddings for text encoders."""
+    from edgesdk import telemetry
+    from edgesdk.extras import require
+
+    require("serve", ("starlette", "uvicorn"), "edgesdk serve")
+    from edgesdk.serve import ServeConfig, load_models, run
+
+    if trace_file:
+        telemetry.configure(trace_file=trace_file, service_name="edgesdk-serve")
+    entries = load_models(list(bundles), list(names), profile=profile, threads=threads)
+    config = ServeConfig(host=host, port=port, api_key=api_key or os.environ.get("EDGESDK_API_KEY") or None,
+                         max_body_bytes=max_body_bytes, max_queue=max_queue, max_batch=max_batch,
+                         max_wait_ms=max_wait_ms)
+    for e in entries:
+        what = "chat/completions, completions" if e.kind == "llm" else "embeddings"
+        click.echo(f"model {e.name}: {e.provider} ({what})", err=True)
+    if host not in ("127.0.0.1", "localhost", "::1") and not config.api_key:
+        click.echo(f"warning: listening on {host} without --api-key: anyone who can reach it can use it", err=True)
+    run(entries, config, shutdown_timeout_s=shutdown_timeout, log_level=log_level)
+    for e in entries:
+        e.session.close()
+    return 0
+
+
+def register(group: click.Group) -> None:
+    group.add_command(serve_cmd)

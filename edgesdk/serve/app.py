@@ -1,0 +1,651 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The ASGI application (Starlette): OpenAI-compatible routes over loaded edgesdk sessions.
+
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (LLM bundles; ``"stream": true`` is
+Server-Sent Events), ``POST /v1/embeddings`` (text-encoder bundles), ``GET /v1/models``,
+``GET /v1/models/{id}``, ``GET /health``, ``GET /metrics`` (Prometheus text). Errors use OpenAI's
+shape ``{"error": {"message", "type", "param", "code"}}``.
+
+Nothing in a request names a file: ``model`` is looked up in the table of bundles given at start-up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hmac
+import json
+import time
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from opentelemetry import propagate, trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from edgesdk import __version__
+from edgesdk.errors import EdgeSDKError, InputError, ShapeError
+from edgesdk.serve.metrics import ServerMetrics
+from edgesdk.serve.workers import EmbeddingBatcher, Job, LLMWorker, Saturated
+
+# Documented defaults (docs/serve.md); a bundle's manifest may lower/raise them with a "serve" table.
+DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB of JSON per request
+DEFAULT_MAX_TOKENS_CAP = 2048  # most tokens one request may ask for
+DEFAULT_MAX_TOKENS = 256  # when the request gives none
+DEFAULT_QUEUE = 16  # LLM requests waiting behind the running one
+MAX_EMBEDDING_INPUTS = 2048  # inputs per embeddings request (as OpenAI)
+MAX_STOP_SEQUENCES = 16
+
+
+@dataclass
+class ServeConfig:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    api_key: str | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_queue: int = DEFAULT_QUEUE
+    max_batch: int = 32
+    max_wait_ms: float = 5.0
+    max_pending_embeddings: int = 1024
+    tracer_provider: Any = None  # None: edgesdk.telemetry's provider when it offers one, else the global one
+
+
+@dataclass
+class ModelEntry:
+    """A bundle served under ``name``: ``kind`` is "llm" (GGUF) or "embedding" (text encoder)."""
+
+    name: str
+    session: Any
+    kind: str
+    max_tokens_cap: int = DEFAULT_MAX_TOKENS_CAP
+    default_max_tokens: int = DEFAULT_MAX_TOKENS
+    created: int = field(default_factory=lambda: int(time.time()))
+    worker: LLMWorker | None = None
+    batcher: EmbeddingBatcher | None = None
+
+    @property
+    def provider(self) -> str:
+        return str(getattr(getattr(self.session, "backend", None), "provider", "edgesdk"))
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+        self.headers = headers or {}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse({"error": {"message": self.message, "type": self.type, "param": self.param,
+                                       "code": self.code}}, status_code=self.status, headers=self.headers)
+
+
+def _saturated(exc: Saturated) -> APIError:
+    if exc.draining:
+        return APIError(503, str(exc), "service_unavailable", code="server_shutting_down",
+                        headers={"Retry-After": str(exc.retry_after)})
+    return APIError(429, str(exc), "rate_limit_error", code="queue_full", headers={"Retry-After": str(exc.retry_after)})
+
+
+def _from_backend(exc: BaseException) -> APIError:
+    if isinstance(exc, ShapeError) and "context holds" in str(exc):
+        return APIError(400, str(exc), param="messages", code="context_length_exceeded")
+    if isinstance(exc, InputError):
+        return APIError(400, str(exc))
+    if isinstance(exc, asyncio.CancelledError):
+        return APIError(503, "request cancelled", "service_unavailable", code="cancelled")
+    if isinstance(exc, EdgeSDKError):
+        return APIError(500, exc.one_line(), "server_error")
+    return APIError(500, f"{type(exc).__name__}: {exc}", "server_error")
+
+
+# ------------------------------------------------------------------------------ request parsing
+async def _read_json(request: Request, limit: int) -> dict:
+    length = request.headers.get("content-length")
+    if length is not None:
+        try:
+            if int(length) > limit:
+                raise APIError(413, f"request body is {int(length)} bytes; the limit is {limit}",
+                               code="request_too_large")
+        except ValueError:
+            raise APIError(400, "invalid Content-Length header") from None
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise APIError(413, f"request body exceeds the limit of {limit} bytes", code="request_too_large")
+    try:
+        data = json.loads(bytes(body) or b"null")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise APIError(400, f"request body is not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise APIError(400, "request body must be a JSON object")
+    return data
+
+
+def _number(body: dict, key: str, lo: float, hi: float) -> float | None:
+    v = body.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
+        raise APIError(400, f"'{key}' must be a number between {lo} and {hi}, got {v!r}", param=key)
+    return float(v)
+
+
+def _integer(body: dict, key: str, lo: int | None = None, hi: int | None = None) -> int | None:
+    v = body.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise APIError(400, f"'{key}' must be an integer, got {v!r}", param=key)
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        raise APIError(400, f"'{key}' must be between {lo} and {hi}, got {v}", param=key)
+    return v
+
+
+def _generation_options(body: dict, entry: ModelEntry) -> dict:
+    n = _integer(body, "n", 1)
+    if n not in (None, 1):
+        raise APIError(400, "only n=1 is supported", param="n")
+    key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = _integer(body, key, 1)
+    if max_tokens is not None and max_tokens > entry.max_tokens_cap:
+        raise APIError(400, f"'{key}' is {max_tokens}; this server allows at most {entry.max_tokens_cap} "
+                       f"for {entry.name!r}", param=key)
+    opts: dict = {"max_tokens": max_tokens or entry.default_max_tokens}
+    temperature = _number(body, "temperature", 0.0, 2.0)
+    if temperature is not None:
+        opts["temperature"] = temperature
+    top_p = _number(body, "top_p", 0.0, 1.0)
+    if top_p is not None:
+        opts["top_p"] = top_p
+    seed = _integer(body, "seed")
+    if seed is not None:
+        opts["seed"] = seed
+    stop = body.get("stop")
+    if stop is not None:
+        stops = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops) \
+                or len(stops) > MAX_STOP_SEQUENCES:
+            raise APIError(400, f"'stop' must be a string or a list of at most {MAX_STOP_SEQUENCES} strings",
+                           param="stop")
+        if stops:
+            opts["stop"] = stops
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise APIError(400, "'stream' must be a boolean", param="stream")
+    return opts
+
+
+def _messages(body: dict) -> list[dict]:
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise APIError(400, "'messages' must be a non-empty list", param="messages")
+    out = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise APIError(400, f"messages[{i}] must be an object with a 'role'", param=f"messages[{i}]")
+        content = m.get("content")
+        if isinstance(content, list):  # content parts: text only
+            texts = []
+            for part in content:
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise APIError(400, f"messages[{i}].content: only text parts are supported",
+                                   param=f"messages[{i}].content")
+                texts.append(part["text"])
+            content = "".join(texts)
+        if content is None:
+            content = ""
+        if not isinstance(content, str):
+            raise APIError(400, f"messages[{i}].content must be a string or a list of text parts",
+                           param=f"messages[{i}].content")
+        out.append({"role": m["role"], "content": content})
+    return out
+
+
+# ------------------------------------------------------------------------------ spans
+class _Span:
+    """The request's SERVER span: GenAI attributes plus the HTTP server ones, parent from ``traceparent``."""
+
+    def __init__(self, tracer, request: Request, operation: str, model: str, provider: str, route: str,
+                 stream: bool | None = None):
+        parent = propagate.extract(request.headers)
+        server = request.scope.get("server") or (None, None)
+        attrs = {"gen_ai.operation.name": operation, "gen_ai.request.model": model, "gen_ai.provider.name": provider,
+                 "http.request.method": request.method, "http.route": route, "url.path": request.url.path,
+                 "url.scheme": request.url.scheme}
+        if server[0]:
+            attrs["server.address"] = str(server[0])
+            attrs["server.port"] = int(server[1])
+        if stream:
+            attrs["gen_ai.request.stream"] = True
+        self.span = tracer.start_span(f"{operation} {model}", context=parent, kind=SpanKind.SERVER, attributes=attrs)
+        self.ctx = trace.set_span_in_context(self.span, parent)
+        self._ended = False
+
+    def set(self, key: str, value) -> None:
+        if value is not None:
+            self.span.set_attribute(key, value)
+
+    def end(self, status: int, error_type: str | None = None, message: str | None = None) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        self.span.set_attribute("http.response.status_code", int(status))
+        if error_type:
+            self.span.set_attribute("error.type", error_type)
+            self.span.set_status(Status(StatusCode.ERROR, message or error_type))
+        self.span.end()
+
+
+def _tracer(provider=None):
+    if provider is None:
+        from edgesdk import telemetry
+
+        getter = getattr(telemetry, "tracer_provider", None)
+        provider = getter() if callable(getter) else None
+    return trace.get_tracer("edgesdk.serve", __version__, tracer_provider=provider)
+
+
+# ------------------------------------------------------------------------------ the app
+class _Server:
+    def __init__(self, entries: list[ModelEntry], config: ServeConfig):
+        self.models = {e.name: e for e in entries}
+        self.config = config
+        self.metrics = ServerMetrics()
+        self.draining = False
+        self.tracer = _tracer(config.tracer_provider)
+        self._api_key = config.api_key.encode("utf-8") if config.api_key else None
+
+    # -- lifecycle
+    def start(self) -> None:
+        for e in self.models.values():
+            if e.kind == "llm" and e.worker is None:
+                e.worker = LLMWorker(e.name, e.session, self.config.max_queue,
+                                     on_depth=lambda d, n=e.name: self.metrics.queue_depth.set(d, model=n))
+            elif e.kind == "embedding" and e.batcher is None:
+                e.batcher = EmbeddingBatcher(e.name, e.session, max_batch=self.config.max_batch,
+                                             max_wait_ms=self.config.max_wait_ms,
+                                             max_pending=self.config.max_pending_embeddings,
+                                             on_batch=lambda k, n=e.name: self.metrics.batch_size.observe(k, model=n))
+
+    async def stop(self, timeout_s: float = 10.0) -> None:
+        self.draining = True
+        for e in self.models.values():
+            if e.worker is not None:
+                await asyncio.get_running_loop().run_in_executor(None, e.worker.close, timeout_s)
+            if e.batcher is not None:
+                await e.batcher.close()
+        from edgesdk import telemetry
+
+        telemetry.force_flush()
+        flush = getattr(self.config.tracer_provider, "force_flush", None)
+        if callable(flush):
+            flush()
+
+    # -- helpers
+    def authorized(self, headers: dict) -> bool:
+        if self._api_key is None:
+            return True
+        auth = headers.get("authorization", "")
+        scheme, _, token = auth.partition(" ")
+        given = token.strip() if scheme.lower() == "bearer" else ""
+        return hmac.compare_digest(given.encode("utf-8"), self._api_key)
+
+    def entry(self, body: dict, kind: str) -> ModelEntry:
+        name = body.get("model")
+        if not isinstance(name, str) or not name:
+            raise APIError(400, "'model' is required (GET /v1/models lists them)", param="model")
+        entry = self.models.get(name)
+        if entry is None:
+            raise APIError(404, f"The model '{name}' does not exist (served: {', '.join(sorted(self.models))})",
+                           param="model", code="model_not_found")
+        if entry.kind != kind:
+            want = "an LLM (GGUF) bundle" if kind == "llm" else "a text-embedding bundle"
+            raise APIError(400, f"model {name!r} is a {entry.kind} bundle; this endpoint needs {want}", param="model")
+        return entry
+
+    def _count(self, route: str, model: str, status: int) -> None:
+        self.metrics.requests.inc(route=route, model=model, status=str(status))
+
+    # -- routes
+    async def health(self, request: Request) -> Response:
+        depth = {n: (e.worker.depth if e.worker else e.batcher.depth if e.batcher else 0)
+                 for n, e in self.models.items()}
+        status = 503 if self.draining else 200
+        return JSONResponse({"status": "draining" if self.draining else "ok", "models": depth}, status_code=status)
+
+    async def prom(self, request: Request) -> Response:
+        return PlainTextResponse(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def list_models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [self._model_card(e) for e in self.models.values()]})
+
+    async def get_model(self, request: Request) -> Response:
+        e = self.models.get(request.path_params["model"])
+        if e is None:
+            return APIError(404, f"The model '{request.path_params['model']}' does not exist", param="model",
+                            code="model_not_found").response()
+        return JSONResponse(self._model_card(e))
+
+    @staticmethod
+    def _model_card(e: ModelEntry) -> dict:
+        return {"id": e.name, "object": "model", "created": e.created, "owned_by": "edgesdk",
+                "edgesdk": {"kind": e.kind, "backend": e.provider}}
+
+    async def chat(self, request: Request) -> Response:
+        return await self._generate(request, "chat", "/v1/chat/completions")
+
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, "text_completion", "/v1/completions")
+
+    async def _generate(self, request: Request, operation: str, route: str) -> Response:
+        t0 = time.perf_counter()
+        model = ""
+        span = None
+        try:
+            body = await _read_json(request, self.config.max_body_bytes)
+            entry = self.entry(body, "llm")
+            model = entry.name
+            opts = _generation_options(body, entry)
+            stream = bool(body.get("stream", False))
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage")) if stream else False
+            if operation == "chat":
+                messages = _messages(body)
+                session = entry.session
+
+                def start(m=messages, o=opts):
+                    return session.chat(m, stream=True, **o)
+            else:
+                prompt = body.get("prompt")
+                if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+                    prompt = prompt[0]
+                if not isinstance(prompt, str):
+                    raise APIError(400, "'prompt' must be a string (or a list of one string)", param="prompt")
+                if body.get("echo"):
+                    raise APIError(400, "'echo' is not supported", param="echo")
+                session = entry.session
+
+                def start(p=prompt, o=opts):
+                    return session.stream(p, **o)
+            span = _Span(self.tracer, request, operation, model, entry.provider, route, stream)
+            span.set("gen_ai.request.max_tokens", opts["max_tokens"])
+            span.set("gen_ai.request.temperature", opts.get("temperature"))
+            span.set("gen_ai.request.top_p", opts.get("top_p"))
+            span.set("gen_ai.request.seed", opts.get("seed"))
+            loop = asyncio.get_running_loop()
+            job = Job(start=start, loop=loop, events=asyncio.Queue(), otel_ctx=span.ctx)
+            try:
+                entry.worker.submit(job)
+            except Saturated as exc:
+                self.metrics.rejected.inc(model=model, reason="draining" if exc.draining else "queue_full")
+                raise _saturated(exc) from None
+            try:
+                kind, value = await job.events.get()  # "started", or "error" before the first token
+            except asyncio.CancelledError:
+                job.cancel.set()
+                span.end(499, "cancelled")
+                raise
+            if kind == "error":
+                raise _from_backend(value)
+            rid = ("chatcmpl-" if operation == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+            span.set("gen_ai.response.id", rid)
+            if stream:
+                return StreamingResponse(self._sse(job, entry, operation, rid, span, t0, include_usage, route),
+                                         media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            pieces: list[str] = []
+            t_first = None
+            try:
+                while True:
+                    kind, value = await job.events.get()
+                    if kind == "chunk":
+                        t_first = t_first or time.perf_counter()
+                        pieces.append(value)
+                    elif kind == "error":
+                        raise _from_backend(value)
+                    else:
+                        last = value
+                        break
+            except asyncio.CancelledError:
+                job.cancel.set()
+                span.end(499, "cancelled")
+                raise
+            usage = self._finish(entry, operation, span, last, t0)
+            text = "".join(pieces)
+            finish = _finish_reason(last)
+            created = int(time.time())
+            if operation == "chat":
+                choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                          "finish_reason": finish}
+                obj = "chat.completion"
+            else:
+                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+                obj = "text_completion"
+            span.end(200)
+            self._count(route, model, 200)
+            return JSONResponse({"id": rid, "object": obj, "created": created, "model": model,
+                                 "system_fingerprint": f"edgesdk-{__version__}", "choices": [choice], "usage": usage})
+        except APIError as exc:
+            if span is not None:
+                span.end(exc.status, exc.code or exc.type, exc.message)
+            self._count(route, model, exc.status)
+            return exc.response()
+
+    def _finish(self, entry: ModelEntry, operation: str, span: _Span, last: dict, t0: float) -> dict:
+        n_in, n_out = int(last.get("input_tokens") or 0), int(last.get("output_tokens") or 0)
+        span.set("gen_ai.usage.input_tokens", n_in)
+        span.set("gen_ai.usage.output_tokens", n_out)
+        span.set("gen_ai.response.finish_reasons", [_finish_reason(last)])
+        span.set("gen_ai.response.model", entry.name)
+        m, labels = self.metrics, {"gen_ai_operation_name": operation, "gen_ai_request_model": entry.name}
+        m.duration.observe(time.perf_counter() - t0, **labels)
+        first, end = last.get("first_token_at"), last.get("last_token_at")
+        if first:
+            m.ttft.observe(max(0.0, first - t0), **labels)
+            if end and n_out > 1:
+                m.tpot.observe((end - first) / (n_out - 1), **labels)
+        m.tokens.inc(n_in, gen_ai_request_model=entry.name, gen_ai_token_type="input")
+        m.tokens.inc(n_out, gen_ai_request_model=entry.name, gen_ai_token_type="output")
+        return {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}
+
+    async def _sse(self, job: Job, entry: ModelEntry, operation: str, rid: str, span: _Span, t0: float,
+                   include_usage: bool, route: str):
+        created = int(time.time())
+        model = entry.name
+        obj = "chat.completion.chunk" if operation == "chat" else "text_completion"
+        base = {"id": rid, "object": obj, "created": created, "model": model,
+                "system_fingerprint": f"edgesdk-{__version__}"}
+
+        def event(choice_delta: dict | None, finish=None, usage=None) -> bytes:
+            if operation == "chat":
+                choices = [] if choice_delta is None else [{"index": 0, "delta": choice_delta, "logprobs": None,
+                                                            "finish_reason": finish}]
+            else:
+                choices = [] if choice_delta is None else [{"index": 0, "text": choice_delta.get("content", ""),
+                                                            "logprobs": None, "finish_reason": finish}]
+            payload = {**base, "choices": choices}
+            if include_usage:
+                payload["usage"] = usage
+            return b"data: " + json.dumps(payload, separators=(",", ":")).encode("utf-8") + b"\n\n"
+
+        finished = False
+        try:
+            if operation == "chat":
+                yield event({"role": "assistant", "content": ""})
+            first_chunk = True
+            while True:
+                kind, value = await job.events.get()
+                if kind == "chunk":
+                    if first_chunk:
+                        span.set("gen_ai.response.time_to_first_chunk", time.perf_counter() - t0)
+                        first_chunk = False
+                    yield event({"content": value})
+                elif kind == "error":
+                    err = _from_backend(value)
+                    payload = {"error": {"message": err.message, "type": err.type, "param": err.param,
+                                         "code": err.code}}
+                    yield b"data: " + json.dumps(payload).encode("utf-8") + b"\n\n"
+                    span.end(err.status, err.code or err.type, err.message)
+                    self._count(route, model, err.status)
+                    finished = True
+                    return
+                else:
+                    usage = self._finish(entry, operation, span, value, t0)
+                    yield event({}, finish=_finish_reason(value))
+                    if include_usage:
+                        yield b"data: " + json.dumps({**base, "choices": [], "usage": usage},
+                                                     separators=(",", ":")).encode("utf-8") + b"\n\n"
+                    yield b"data: [DONE]\n\n"
+                    finished = True
+                    span.end(200)
+                    self._count(route, model, 200)
+                    return
+        finally:
+            if not finished:  # the client went away (or the server is cancelling): stop generating
+                job.cancel.set()
+                self.metrics.cancelled.inc(model=model)
+                span.end(499, "cancelled", "client disconnected before the end of the stream")
+                self._count(route, model, 499)
+
+    async def embeddings(self, request: Request) -> Response:
+        route = "/v1/embeddings"
+        t0 = time.perf_counter()
+        model = ""
+        span = None
+        try:
+            body = await _read_json(request, self.config.max_body_bytes)
+            entry = self.entry(body, "embedding")
+            model = entry.name
+            inputs = body.get("input")
+            if isinstance(inputs, str):
+                inputs = [inputs]
+            if not isinstance(inputs, list) or not inputs:
+                raise APIError(400, "'input' must be a non-empty string or list of strings", param="input")
+            if not all(isinstance(t, str) for t in inputs):
+                raise APIError(400, "'input' must be text: token-id input is not supported", param="input")
+            if any(not t for t in inputs):
+                raise APIError(400, "'input' must not contain empty strings", param="input")
+            if len(inputs) > MAX_EMBEDDING_INPUTS:
+                raise APIError(400, f"'input' holds {len(inputs)} items; the limit is {MAX_EMBEDDING_INPUTS}",
+                               param="input")
+            fmt = body.get("encoding_format") or "float"
+            if fmt not in ("float", "base64"):
+                raise APIError(400, "'encoding_format' must be 'float' or 'base64'", param="encoding_format")
+            dims = _integer(body, "dimensions", 1)
+            span = _Span(self.tracer, request, "embeddings", model, entry.provider, route)
+            try:
+                emb, counts = await entry.batcher.embed(inputs, otel_ctx=span.ctx)
+            except Saturated as exc:
+                self.metrics.rejected.inc(model=model, reason="draining" if exc.draining else "queue_full")
+                raise _saturated(exc) from None
+            except EdgeSDKError as exc:
+                raise _from_backend(exc) from None
+            if dims is not None and dims != emb.shape[1]:
+                raise APIError(400, f"'dimensions' must be {emb.shape[1]} for {model!r} (no truncation)",
+                               param="dimensions")
+            n_tokens = int(sum(counts))
+            data = []
+            for i, vec in enumerate(np.asarray(emb, dtype=np.float32)):
+                value = (base64.b64encode(vec.astype("<f4").tobytes()).decode("ascii") if fmt == "base64"
+                         else vec.tolist())
+                data.append({"object": "embedding", "index": i, "embedding": value})
+            span.set("gen_ai.usage.input_tokens", n_tokens)
+            span.set("gen_ai.embeddings.dimension.count", int(emb.shape[1]))
+            span.set("gen_ai.response.model", model)
+            self.metrics.duration.observe(time.perf_counter() - t0, gen_ai_operation_name="embeddings",
+                                          gen_ai_request_model=model)
+            self.metrics.tokens.inc(n_tokens, gen_ai_request_model=model, gen_ai_token_type="input")
+            span.end(200)
+            self._count(route, model, 200)
+            return JSONResponse({"object": "list", "data": data, "model": model,
+                                 "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}})
+        except APIError as exc:
+            if span is not None:
+                span.end(exc.status, exc.code or exc.type, exc.message)
+            self._count(route, model, exc.status)
+            return exc.response()
+
+
+def _finish_reason(last: dict) -> str:
+    reason = last.get("finish_reason")
+    return "length" if reason == "length" else "stop"
+
+
+class _Guard:
+    """Pure ASGI middleware: API key (constant-time compare), draining (503), and a catch-all 500 in OpenAI shape."""
+
+    OPEN = ("/health",)
+
+    def __init__(self, app, server: _Server):
+        self.app, self.server = app, server
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
+        if path not in self.OPEN:
+            if not self.server.authorized(headers):
+                err = APIError(401, "Incorrect API key provided (send 'Authorization: Bearer <key>')",
+                               code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+                return await err.response()(scope, receive, send)
+            if self.server.draining and path.startswith("/v1/"):
+                err = APIError(503, "the server is shutting down", "service_unavailable",
+                               code="server_shutting_down", headers={"Retry-After": "5"})
+                return await err.response()(scope, receive, send)
+        started = False
+
+        async def tracking_send(message):
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:  # noqa: BLE001 - never a traceback to the client
+            if started:
+                raise
+            await APIError(500, f"internal error: {type(exc).__name__}", "server_error").response()(
+                scope, receive, send)
+
+
+def create_app(entries: list[ModelEntry], config: ServeConfig | None = None) -> Starlette:
+    """The ASGI app serving ``entries``. Workers start with the app's lifespan and stop (draining) with it."""
+    config = config or ServeConfig()
+    server = _Server(entries, config)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        server.start()
+        try:
+            yield
+        finally:
+            await server.stop()
+
+    async def not_found(request: Request, exc) -> Response:
+        status = getattr(exc, "status_code", 404)
+        kind = "not found" if status == 404 else "method not allowed" if status == 405 else "error"
+        return APIError(status, f"{request.method} {request.url.path}: {kind}", code=str(status)).response()
+
+    routes = [
+        Route("/v1/chat/completions", server.chat, methods=["POST"]),
+        Route("/v1/completions", server.completions, methods=["POST"]),
+        Route("/v1/embeddings", server.embeddings, methods=["POST"]),
+        Route("/v1/models", server.list_models, methods=["GET"]),
+        Route("/v1/models/{model:path}", server.get_model, methods=["GET"]),
+        Route("/health", server.health, methods=["GET"]),
+        Route("/metrics", server.prom, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_found},
+                    middleware=[Middleware(_Guard, server=server)])
+    app.state.server = server
+    return app

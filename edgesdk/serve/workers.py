@@ -1,0 +1,256 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Per-model execution: one thread per LLM with a bounded queue, and a dynamic batcher for embeddings.
+
+A llama.cpp context holds one sequence's KV cache, so requests to one LLM bundle run one after
+another on its own thread (never interleaved); the queue in front of it is bounded and a full queue
+is refused at once (the HTTP layer answers 429 with ``Retry-After``). Generated pieces travel back
+to the event loop with ``call_soon_threadsafe``; a client that goes away sets the job's cancel flag,
+which the worker checks between tokens, so the next request starts within about one token's time.
+
+Embedding requests are gathered for at most ``max_wait_ms`` or until ``max_batch`` inputs are
+waiting, then run as one ``Session.embed`` call and split back per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry import context as otel_context
+
+
+class Saturated(Exception):
+    """The model's queue is full (or the server is draining); ``retry_after`` is a whole-second hint."""
+
+    def __init__(self, message: str, retry_after: int, draining: bool = False):
+        super().__init__(message)
+        self.retry_after = max(1, int(retry_after))
+        self.draining = draining
+
+
+@dataclass
+class Job:
+    """One generation: ``start()`` returns a text iterator (raising if the request is bad)."""
+
+    start: Callable[[], Any]
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue
+    otel_ctx: Any = None
+    cancel: threading.Event = field(default_factory=threading.Event)
+    submitted: float = field(default_factory=time.perf_counter)
+
+    def emit(self, kind: str, value: Any = None) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is listening any more
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+
+
+class LLMWorker:
+    """Runs jobs for one LLM session on one thread; at most ``max_queue`` jobs wait behind the running one."""
+
+    def __init__(self, name: str, session, max_queue: int, on_depth: Callable[[int], None] | None = None):
+        self.name = name
+        self.session = session
+        self.max_queue = int(max_queue)
+        self._jobs: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._depth = 0  # waiting + running
+        self._closing = False
+        self._mean_s = 2.0  # running mean of job time, for Retry-After
+        self._on_depth = on_depth
+        self._thread = threading.Thread(target=self._loop, name=f"edgesdk-serve-{name}", daemon=True)
+        self._thread.start()
+
+    @property
+    def depth(self) -> int:
+        return self._depth
+
+    def _set_depth(self, delta: int) -> None:
+        self._depth += delta
+        if self._on_depth is not None:
+            self._on_depth(self._depth)
+
+    def submit(self, job: Job) -> None:
+        with self._lock:
+            if self._closing:
+                raise Saturated(f"model {self.name!r} is shutting down", retry_after=5, draining=True)
+            if self._depth >= self.max_queue + 1:
+                raise Saturated(f"model {self.name!r} is busy: {self._depth - 1} requests are queued "
+                                f"(limit {self.max_queue})", retry_after=self._mean_s * self._depth)
+            self._set_depth(+1)
+        self._jobs.put(job)
+
+    def _loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            t0 = time.perf_counter()
+            try:
+                if job.cancel.is_set():
+                    job.emit("error", asyncio.CancelledError())
+                else:
+                    self._run(job)
+            finally:
+                with self._lock:
+                    self._set_depth(-1)
+                self._mean_s = 0.8 * self._mean_s + 0.2 * (time.perf_counter() - t0)
+
+    def _run(self, job: Job) -> None:
+        token = otel_context.attach(job.otel_ctx) if job.otel_ctx is not None else None
+        try:
+            try:
+                pieces = job.start()
+            except Exception as exc:  # noqa: BLE001 - bad input (context overflow, template) goes back to the client
+                job.emit("error", exc)
+                return
+            job.emit("started", time.perf_counter())
+            cancelled = False
+            try:
+                for piece in pieces:
+                    if job.cancel.is_set():
+                        cancelled = True
+                        break
+                    job.emit("chunk", piece)
+            except Exception as exc:  # noqa: BLE001 - a failure mid-generation ends this request only
+                job.emit("error", exc)
+                return
+            finally:
+                close = getattr(pieces, "close", None)
+                if close is not None:
+                    close()  # GeneratorExit inside the backend: its span ends as "cancelled"
+            last = dict(getattr(getattr(self.session, "backend", None), "last", None) or {})
+            if cancelled:
+                last["finish_reason"] = "cancelled"
+            job.emit("done", last)
+        finally:
+            if token is not None:
+                otel_context.detach(token)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Refuse new jobs, let queued ones finish (bounded), stop the thread."""
+        with self._lock:
+            self._closing = True
+        self._jobs.put(None)
+        self._thread.join(timeout_s)
+
+
+@dataclass
+class _EmbedRequest:
+    texts: list[str]
+    future: asyncio.Future
+    otel_ctx: Any = None
+
+
+class EmbeddingBatcher:
+    """Gathers embedding requests into batches of at most ``max_batch`` inputs, waiting at most ``max_wait_ms``."""
+
+    def __init__(self, name: str, session, *, max_batch: int = 32, max_wait_ms: float = 5.0,
+                 max_pending: int = 1024, on_batch: Callable[[int], None] | None = None):
+        self.name = name
+        self.session = session
+        self.max_batch = max(1, int(max_batch))
+        self.max_wait_s = max(0.0, float(max_wait_ms)) / 1000.0
+        self.max_pending = int(max_pending)
+        self._on_batch = on_batch
+        self._queue: asyncio.Queue | None = None
+        self._pending = 0
+        self._task: asyncio.Task | None = None
+        self._closing = False
+        # One thread: ONNX Runtime sessions parallelise inside a run; batches run one at a time.
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"edgesdk-embed-{name}")
+
+    @property
+    def depth(self) -> int:
+        return self._pending
+
+    async def embed(self, texts: list[str], otel_ctx=None):
+        """Embeddings for ``texts`` (numpy [n, dim]) and the token count, batched with concurrent callers."""
+        if self._closing:
+            raise Saturated(f"model {self.name!r} is shutting down", retry_after=5, draining=True)
+        if self._pending + len(texts) > self.max_pending:
+            raise Saturated(f"model {self.name!r} is busy: {self._pending} inputs are queued "
+                            f"(limit {self.max_pending})", retry_after=1)
+        if self._task is None:
+            self._queue = asyncio.Queue()
+            self._task = asyncio.get_running_loop().create_task(self._run())
+        fut = asyncio.get_running_loop().create_future()
+        self._pending += len(texts)
+        try:
+            self._queue.put_nowait(_EmbedRequest(list(texts), fut, otel_ctx))
+            return await fut
+        finally:
+            self._pending -= len(texts)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        carry: _EmbedRequest | None = None
+        while True:
+            first = carry or await self._queue.get()
+            carry = None
+            batch, n = [first], len(first.texts)
+            deadline = loop.time() + self.max_wait_s
+            while n < self.max_batch:
+                timeout = deadline - loop.time()
+                try:
+                    nxt = self._queue.get_nowait() if timeout <= 0 else await asyncio.wait_for(self._queue.get(),
+                                                                                              timeout)
+                except (asyncio.QueueEmpty, asyncio.TimeoutError):
+                    break
+                if n + len(nxt.texts) > self.max_batch:
+                    carry = nxt  # starts the next batch: a batch never exceeds max_batch unless one request does
+                    break
+                batch.append(nxt)
+                n += len(nxt.texts)
+            batch = [r for r in batch if not r.future.done()]  # callers that went away
+            if not batch:
+                continue
+            texts = [t for r in batch for t in r.texts]
+            try:
+                emb, counts = await loop.run_in_executor(self._executor, self._embed, texts, batch[0].otel_ctx)
+            except Exception as exc:  # noqa: BLE001 - every request in the batch gets the error
+                for r in batch:
+                    if not r.future.done():
+                        r.future.set_exception(exc)
+                continue
+            if self._on_batch is not None:
+                self._on_batch(len(texts))
+            i = 0
+            for r in batch:
+                k = len(r.texts)
+                if not r.future.done():
+                    r.future.set_result((emb[i:i + k], counts[i:i + k]))
+                i += k
+
+    def _embed(self, texts: list[str], otel_ctx):
+        token = otel_context.attach(otel_ctx) if otel_ctx is not None else None
+        try:
+            emb = self.session.embed(texts)
+            return emb, token_counts(self.session, texts)
+        finally:
+            if token is not None:
+                otel_context.detach(token)
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        self._executor.shutdown(wait=True)
+
+
+def token_counts(session, texts: list[str]) -> list[int]:
+    """Tokens per input as the encoder saw them (after truncation, without padding)."""
+    counter = getattr(session, "count_tokens", None)
+    if callable(counter):
+        return [int(c) for c in counter(texts)]
+    tok = session._text_tokenizer()  # the session's own tokenizer (truncation as embed() applies it)
+    return [int(sum(e.attention_mask)) for e in tok.encode_batch(texts)]

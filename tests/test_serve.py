@@ -1,0 +1,467 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`edgesdk serve` against a real uvicorn server on loopback: the real `openai` client (sync, async,
+streaming) and curl, on the real Gemma-3-270M GGUF bundle and a real MiniLM ONNX bundle.
+
+The Gemma GGUF on the registry carries no chat template; the chat fixture adds Gemma's turn format
+(``<start_of_turn>user ... <end_of_turn>``) with gguf-py's ``gguf_new_metadata`` before building.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llama_cpp")
+pytest.importorskip("uvicorn")
+pytest.importorskip("starlette")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+pytestmark = pytest.mark.slow
+
+GEMMA_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'assistant' %}<start_of_turn>model\n"
+    "{% else %}<start_of_turn>user\n{% endif %}{{ m['content'] }}<end_of_turn>\n{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+MESSAGES = [{"role": "user", "content": "Write one sentence about the sea."}]
+
+
+# ------------------------------------------------------------------------------ fixtures
+@pytest.fixture(scope="module")
+def gemma_chat_bundle(gemma_gguf, tmp_path_factory) -> Path:
+    from edgesdk.build import build
+    from edgesdk.plan import BuildOptions
+
+    work = tmp_path_factory.mktemp("gemma-chat")
+    tpl = work / "chat_template.jinja"
+    tpl.write_text(GEMMA_CHAT_TEMPLATE)
+    gguf = work / "gemma-3-270m-chat-q4_k_m.gguf"
+    proc = subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(gemma_gguf), str(gguf),
+                           "--chat-template-file", str(tpl)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return build(gguf, "cpu-x86_64", work / "gemma-chat",
+                 BuildOptions(progress=False, accept_licenses=("LicenseRef-gemma",)))
+
+
+@pytest.fixture(scope="module")
+def minilm_cpu_bundle(minilm_dir, tmp_path_factory) -> Path:
+    from edgesdk.build import build
+    from edgesdk.plan import BuildOptions
+
+    out = tmp_path_factory.mktemp("serve-bundles") / "minilm-cpu"
+    return build(minilm_dir, "cpu-x86_64", out, BuildOptions(precision="fp32", progress=False, parity_samples=4))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """`python -m edgesdk serve ...` on a free loopback port, ready when /health answers."""
+
+    def __init__(self, args: list, tmp: Path, env: dict | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tmp / f"serve-{self.port}.log"
+        self._fh = open(self.log, "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen([sys.executable, "-m", "edgesdk", "serve", *map(str, args), "--port",
+                                      str(self.port), "--threads", "2", "--log-level", "warning"],
+                                     stdout=self._fh, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited {self.proc.returncode}: {self.log.read_text()[-3000:]}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        self.stop()
+        raise AssertionError(f"server did not start: {self.log.read_text()[-3000:]}")
+
+    def stop(self, timeout: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._fh.close()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="module")
+def server(gemma_chat_bundle, minilm_cpu_bundle, tmp_path_factory):
+    srv = ServerProcess([gemma_chat_bundle, minilm_cpu_bundle, "--name", "gemma", "--name", "minilm"],
+                        tmp_path_factory.mktemp("serve"))
+    yield srv
+    assert srv.stop() == 0, srv.log.read_text()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def gemma_session(gemma_chat_bundle):
+    import edgesdk
+
+    with edgesdk.load(gemma_chat_bundle, threads=2) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def minilm_session(minilm_cpu_bundle):
+    import edgesdk
+
+    with edgesdk.load(minilm_cpu_bundle) as s:
+        yield s
+
+
+@pytest.fixture
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def curl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    if shutil.which("curl") is None:
+        pytest.skip("curl is not installed")
+    return subprocess.run(["curl", "-sS", *args], capture_output=True, text=True, timeout=timeout)
+
+
+# ------------------------------------------------------------------------------ API with the openai client
+def test_models_and_health(server, client):
+    assert sorted(m.id for m in client.models.list().data) == ["gemma", "minilm"]
+    assert client.models.retrieve("gemma").id == "gemma"
+    health = httpx.get(server.url + "/health").json()
+    assert health["status"] == "ok" and set(health["models"]) == {"gemma", "minilm"}
+
+
+def test_chat_greedy_is_token_identical_to_the_session(client, gemma_session):
+    r = client.chat.completions.create(model="gemma", messages=MESSAGES, max_tokens=24, temperature=0)
+    direct = gemma_session.chat(MESSAGES, max_tokens=24, temperature=0)
+    last = gemma_session.backend.last
+    assert r.choices[0].message.content == direct and direct.strip()
+    assert r.choices[0].message.role == "assistant" and r.object == "chat.completion"
+    assert r.usage.prompt_tokens == last["input_tokens"] and r.usage.completion_tokens == last["output_tokens"]
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    assert r.choices[0].finish_reason == ("length" if last["finish_reason"] == "length" else "stop")
+
+
+def test_chat_streaming_matches_non_streaming(client):
+    full = client.chat.completions.create(model="gemma", messages=MESSAGES, max_tokens=16, temperature=0)
+    stream = client.chat.completions.create(model="gemma", messages=MESSAGES, max_tokens=16, temperature=0,
+                                            stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) > 1  # really streamed
+    assert text == full.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == full.choices[0].finish_reason
+    assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+
+
+def test_completions_with_stop_and_seed(client, gemma_session):
+    prompt = "The capital of France is"
+    r = client.completions.create(model="gemma", prompt=prompt, max_tokens=8, temperature=0)
+    assert r.choices[0].text == gemma_session.generate(prompt, max_tokens=8, temperature=0)
+    words = r.choices[0].text.split()
+    if len(words) >= 2:
+        stop = " " + words[1]
+        cut = client.completions.create(model="gemma", prompt=prompt, max_tokens=8, temperature=0, stop=[stop])
+        assert cut.choices[0].text == r.choices[0].text[:r.choices[0].text.index(stop)]
+        assert cut.choices[0].finish_reason == "stop"
+    a = client.completions.create(model="gemma", prompt=prompt, max_tokens=8, temperature=0.9, seed=7)
+    b = client.completions.create(model="gemma", prompt=prompt, max_tokens=8, temperature=0.9, seed=7)
+    assert a.choices[0].text == b.choices[0].text  # same seed, same sample
+
+
+def test_embeddings_equal_the_session(client, minilm_session):
+    texts = ["A cat sits on the mat.", "Edge devices run small models.", "hi"]
+    r = client.embeddings.create(model="minilm", input=texts)  # the client asks for base64 by default
+    got = np.asarray([d.embedding for d in r.data], dtype=np.float32)
+    ref = minilm_session.embed(texts)
+    cos = (got * ref).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(ref, axis=1)
+    assert got.shape == ref.shape and cos.min() > 0.9999
+    assert [d.index for d in r.data] == [0, 1, 2] and r.usage.prompt_tokens > len(texts)
+    single = client.embeddings.create(model="minilm", input="hi", encoding_format="float")
+    assert np.dot(single.data[0].embedding, ref[2]) > 0.9999
+
+
+def test_async_client_concurrent_chat_and_embeddings(server):
+    import asyncio
+
+    async def main():
+        a = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        chats = [a.chat.completions.create(model="gemma", messages=MESSAGES, max_tokens=6, temperature=0)
+                 for _ in range(4)]
+        embs = [a.embeddings.create(model="minilm", input=f"sentence number {i}") for i in range(16)]
+        return await asyncio.gather(*chats, *embs)
+
+    results = asyncio.run(main())
+    texts = {r.choices[0].message.content for r in results[:4]}
+    assert len(texts) == 1  # serialised on one context: the same greedy reply each time
+    assert all(len(r.data[0].embedding) == 384 for r in results[4:])
+    metrics = httpx.get(server.url + "/metrics").text
+    batches = _sample(metrics, 'edgesdk_serve_embedding_batch_size_count{model="minilm"}')
+    inputs = _sample(metrics, 'edgesdk_serve_embedding_batch_size_sum{model="minilm"}')
+    assert inputs >= 16 and batches < inputs  # concurrent requests shared batches
+
+
+# ------------------------------------------------------------------------------ curl, errors, metrics
+def test_curl_chat_stream_is_server_sent_events(server):
+    body = json.dumps({"model": "gemma", "messages": MESSAGES, "max_tokens": 6, "temperature": 0, "stream": True})
+    out = curl("-N", server.url + "/v1/chat/completions", "-H", "Content-Type: application/json", "-d", body)
+    events = [line[len("data: "):] for line in out.stdout.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert chunks[-1]["choices"][0]["finish_reason"] in ("length", "stop")
+
+
+def test_curl_completions_and_embeddings(server):
+    out = curl(server.url + "/v1/completions", "-d", json.dumps({"model": "gemma", "prompt": "Hello",
+                                                                 "max_tokens": 4, "temperature": 0}))
+    r = json.loads(out.stdout)
+    assert r["object"] == "text_completion" and r["usage"]["completion_tokens"] <= 4
+    out = curl(server.url + "/v1/embeddings", "-d", json.dumps({"model": "minilm", "input": ["hi", "there"]}))
+    r = json.loads(out.stdout)
+    assert len(r["data"]) == 2 and len(r["data"][1]["embedding"]) == 384
+
+
+@pytest.mark.parametrize("path,body,status,code,param", [
+    ("/v1/chat/completions", {"model": "nope", "messages": MESSAGES}, 404, "model_not_found", "model"),
+    ("/v1/chat/completions", {"messages": MESSAGES}, 400, None, "model"),
+    ("/v1/chat/completions", {"model": "gemma", "messages": []}, 400, None, "messages"),
+    ("/v1/chat/completions", {"model": "gemma", "messages": MESSAGES, "max_tokens": 10 ** 6}, 400, None,
+     "max_tokens"),
+    ("/v1/chat/completions", {"model": "gemma", "messages": MESSAGES, "temperature": 5}, 400, None, "temperature"),
+    ("/v1/chat/completions", {"model": "gemma", "messages": MESSAGES, "n": 2}, 400, None, "n"),
+    ("/v1/chat/completions", {"model": "minilm", "messages": MESSAGES}, 400, None, "model"),
+    ("/v1/chat/completions", {"model": "gemma", "messages": [{"role": "user", "content": "word " * 5000}]}, 400,
+     "context_length_exceeded", "messages"),
+    ("/v1/embeddings", {"model": "gemma", "input": "x"}, 400, None, "model"),
+    ("/v1/embeddings", {"model": "minilm", "input": [1, 2, 3]}, 400, None, "input"),
+    ("/v1/embeddings", {"model": "minilm", "input": ""}, 400, None, "input"),
+    ("/v1/embeddings", {"model": "minilm", "input": "x", "dimensions": 12}, 400, None, "dimensions"),
+])
+def test_errors_have_openai_shape_and_status(server, path, body, status, code, param):
+    r = httpx.post(server.url + path, json=body, timeout=120)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    assert err["code"] == code and err["param"] == param
+
+
+def test_bad_json_too_large_body_and_unknown_route(server):
+    r = httpx.post(server.url + "/v1/chat/completions", content=b"{not json", timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    big = json.dumps({"model": "gemma", "messages": [{"role": "user", "content": "x" * (2 << 20)}]})
+    r = httpx.post(server.url + "/v1/chat/completions", content=big, timeout=30)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+    r = httpx.get(server.url + "/v1/nothing-here", timeout=30)
+    assert r.status_code == 404 and "error" in r.json()
+
+
+def test_openai_client_raises_typed_errors(client):
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="nope", messages=MESSAGES)
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="gemma", messages=MESSAGES, max_tokens=10 ** 6)
+
+
+_PROM_LINE = re.compile(r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*",?)*\})? '
+                        r'(-?[0-9.e+-]+|\+Inf|-Inf|NaN)$')
+
+
+def _sample(text: str, series: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{series} not in /metrics")
+
+
+def test_metrics_are_prometheus_text(server, client):
+    before = httpx.get(server.url + "/metrics").text
+    n0 = _sample(before, 'edgesdk_serve_requests_total{route="/v1/completions",model="gemma",status="200"}') \
+        if 'route="/v1/completions",model="gemma",status="200"' in before else 0
+    client.completions.create(model="gemma", prompt="Hi", max_tokens=3, temperature=0)
+    r = httpx.get(server.url + "/metrics")
+    assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
+    lines = [ln for ln in r.text.splitlines() if ln and not ln.startswith("#")]
+    assert lines and all(_PROM_LINE.match(ln) for ln in lines), [ln for ln in lines if not _PROM_LINE.match(ln)]
+    assert _sample(r.text, 'edgesdk_serve_requests_total{route="/v1/completions",model="gemma",status="200"}') \
+        == n0 + 1
+    # Histogram buckets are cumulative and end at +Inf == _count.
+    series = 'gen_ai_server_request_duration_seconds_count{gen_ai_operation_name="text_completion",' \
+             'gen_ai_request_model="gemma"}'
+    count = _sample(r.text, series)
+    inf = _sample(r.text, 'gen_ai_server_request_duration_seconds_bucket{gen_ai_operation_name="text_completion",'
+                          'gen_ai_request_model="gemma",le="+Inf"}')
+    assert count == inf >= 1
+
+
+# ------------------------------------------------------------------------------ back-pressure, auth, shutdown
+@pytest.fixture(scope="module")
+def small_server(gemma_chat_bundle, tmp_path_factory):
+    """One LLM, no waiting room (--max-queue 0), an API key from the environment."""
+    srv = ServerProcess([gemma_chat_bundle, "--name", "gemma", "--max-queue", "0"],
+                        tmp_path_factory.mktemp("serve-small"), env={"EDGESDK_API_KEY": "s3cret"})
+    yield srv
+    srv.stop()
+
+
+AUTH = {"Authorization": "Bearer s3cret"}
+
+
+def test_api_key_is_required_except_for_health(small_server):
+    url = small_server.url
+    assert httpx.get(url + "/health").status_code == 200
+    r = httpx.get(url + "/v1/models")
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.get(url + "/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert httpx.get(url + "/v1/models", headers=AUTH).status_code == 200
+    c = openai.OpenAI(base_url=url + "/v1", api_key="s3cret", max_retries=0)
+    assert c.models.list().data[0].id == "gemma"
+
+
+def _long_stream(url: str):
+    # Greedy "Once upon a time" runs to max_tokens on this model (no early end of sequence).
+    body = {"model": "gemma", "prompt": "Once upon a time", "max_tokens": 400, "temperature": 0, "stream": True}
+    return httpx.stream("POST", url + "/v1/completions", json=body, headers=AUTH, timeout=120)
+
+
+def test_full_queue_answers_429_with_retry_after(small_server):
+    _wait_idle(small_server.url)
+    with _long_stream(small_server.url) as resp:
+        assert resp.status_code == 200
+        next(resp.iter_lines())  # generating now
+        r = httpx.post(small_server.url + "/v1/completions", headers=AUTH, timeout=30,
+                       json={"model": "gemma", "prompt": "Hi", "max_tokens": 2})
+        assert r.status_code == 429, r.text
+        assert int(r.headers["Retry-After"]) >= 1 and r.json()["error"]["type"] == "rate_limit_error"
+
+
+def _wait_idle(url: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while httpx.get(url + "/health").json()["models"]["gemma"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def test_client_disconnect_cancels_the_generation(small_server):
+    url = small_server.url
+    _wait_idle(url)
+    with _long_stream(url) as resp:
+        assert resp.status_code == 200
+        lines = resp.iter_lines()
+        while not next(lines).startswith("data: "):
+            pass
+    # 400 tokens would take several seconds; the next request must be accepted almost at once.
+    t0 = time.monotonic()
+    while True:
+        r = httpx.post(url + "/v1/completions", headers=AUTH, timeout=60,
+                       json={"model": "gemma", "prompt": "Hi", "max_tokens": 2, "temperature": 0})
+        if r.status_code != 429 or time.monotonic() - t0 > 3:
+            break
+        time.sleep(0.02)
+    accepted_after = time.monotonic() - t0
+    assert r.status_code == 200, r.text
+    assert accepted_after < 1.5, f"next request accepted only after {accepted_after:.2f} s"
+    metrics = httpx.get(url + "/metrics", headers=AUTH).text
+    assert _sample(metrics, 'edgesdk_serve_cancelled_total{model="gemma"}') >= 1
+
+
+def test_sigterm_finishes_the_stream_in_flight(gemma_chat_bundle, tmp_path):
+    trace = tmp_path / "traces.jsonl"
+    srv = ServerProcess([gemma_chat_bundle, "--name", "gemma", "--trace-file", trace, "--shutdown-timeout", "60"],
+                        tmp_path)
+    try:
+        body = {"model": "gemma", "prompt": "Once upon a time", "max_tokens": 40, "temperature": 0, "stream": True}
+        with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=120) as resp:
+            lines = resp.iter_lines()
+            first = next(line for line in lines if line.startswith("data: "))
+            srv.proc.send_signal(signal.SIGTERM)
+            rest = [line for line in lines if line.startswith("data: ")]
+        assert rest[-1] == "data: [DONE]"
+        done = [json.loads(x[6:]) for x in [first, *rest[:-1]]]
+        assert done[-1]["choices"][0]["finish_reason"] in ("length", "stop")
+        assert srv.proc.wait(60) == 0
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(srv.url + "/health", timeout=2)
+    finally:
+        srv.stop()
+    # The stream's inference span reached the trace file before the process exited.
+    spans = [s for line in trace.read_text().splitlines() for rs in json.loads(line).get("resourceSpans", [])
+             for ss in rs["scopeSpans"] for s in ss["spans"]]
+    assert any(s["name"].startswith("text_completion") for s in spans), [s["name"] for s in spans]
+
+
+# ------------------------------------------------------------------------------ telemetry (in-process server)
+def test_server_span_joins_the_client_trace(gemma_chat_bundle, minilm_cpu_bundle, clean_env):
+    import threading
+
+    import uvicorn
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import SpanKind
+
+    from edgesdk import telemetry
+    from edgesdk.serve import ServeConfig, create_app, load_models
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    telemetry.configure(span_exporter=exporter)
+    entries = load_models([gemma_chat_bundle, minilm_cpu_bundle], ["gemma", "minilm"], threads=2)
+    port = free_port()
+    app = create_app(entries, ServeConfig(port=port, tracer_provider=provider))
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not srv.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        trace_id, parent_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+        headers = {"traceparent": f"00-{trace_id}-{parent_id}-01"}
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0,
+                          default_headers=headers)
+        r = c.chat.completions.create(model="gemma", messages=MESSAGES, max_tokens=5, temperature=0, stream=True)
+        assert "".join(ch.choices[0].delta.content or "" for ch in r if ch.choices)
+        c.embeddings.create(model="minilm", input=["hello"])
+    finally:
+        srv.should_exit = True
+        thread.join(30)
+        for e in entries:
+            e.session.close()
+    assert telemetry.force_flush()
+    spans = exporter.get_finished_spans()
+    servers = [s for s in spans if s.kind == SpanKind.SERVER]
+    by_op = {s.attributes["gen_ai.operation.name"]: s for s in servers}
+    chat = by_op["chat"]
+    assert chat.name == "chat gemma" and format(chat.context.trace_id, "032x") == trace_id
+    assert format(chat.parent.span_id, "016x") == parent_id
+    a = chat.attributes
+    assert a["gen_ai.request.model"] == "gemma" and a["gen_ai.provider.name"] == "llama.cpp"
+    assert a["server.address"] == "127.0.0.1" and a["server.port"] == port
+    assert a["gen_ai.usage.output_tokens"] >= 1 and a["gen_ai.usage.input_tokens"] > 1
+    assert a["gen_ai.request.stream"] is True and a["http.response.status_code"] == 200
+    # The backend's own inference span is a child of the server span.
+    inner = [s for s in spans if s.kind != SpanKind.SERVER and s.context.trace_id == chat.context.trace_id
+             and s.parent is not None and s.parent.span_id == chat.context.span_id]
+    assert inner, [(s.name, s.kind) for s in spans]
+    emb = by_op["embeddings"]
+    assert emb.attributes["gen_ai.embeddings.dimension.count"] == 384
+    assert emb.attributes["gen_ai.usage.input_tokens"] == 3
