@@ -27,6 +27,7 @@ def test_orin_bundle_manifest(minilm_orin_bundle):
     assert set(m["build"]["stage_s"]) >= {"export", "optimize", "quantize", "verify", "license_gate"}
 
 
+@pytest.mark.slow
 def test_impossible_parity_fails_and_leaves_nothing(minilm_dir, tmp_path, monkeypatch):
     import edgesdk.plan as plan_mod
 
@@ -95,6 +96,7 @@ def test_debug_flag_shows_traceback(run_cli, tmp_path):
     assert res.returncode != 0 and "Traceback" in res.stderr
 
 
+@pytest.mark.slow
 def test_parity_miss_falls_back_to_next_precision_when_asked(minilm_dir, tmp_path, monkeypatch):
     import edgesdk.plan as plan_mod
     from edgesdk.formats.onnx.build import next_precision

@@ -167,6 +167,7 @@ def test_corrupt_and_missing_models_are_one_line_errors(tmp_path):
         check_capability(tmp_path / "missing.onnx", resolve_profile("orin"))
 
 
+@pytest.mark.slow
 def test_cli_table_json_and_strict(capability_models, run_cli):
     res = run_cli("inspect", "capability", capability_models["cnn"], "--profile", "orin-agx-64gb")
     assert res.returncode == 0, res.stderr

@@ -289,6 +289,7 @@ def _big_jsonl(path: Path, lines: int, spans_per_line: int = 20, opener=open) ->
     return size
 
 
+@pytest.mark.slow
 def test_large_trace_is_checked_as_a_stream(tmp_path):
     """Memory follows one line and the per-span id index, not the file: a 200 MB trace must not need GBs."""
     import tracemalloc

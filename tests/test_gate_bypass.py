@@ -244,6 +244,7 @@ def test_api_that_never_answers_times_out(code_tree: Path, scan_api, mode: str) 
     assert time.monotonic() - start < 10
 
 
+@pytest.mark.slow
 def test_cli_exit_10_on_malformed_answer_and_on_timeout(code_tree: Path, scan_api, tmp_path: Path, run_cli) -> None:
     cwd = tmp_path / "cwd"
     cwd.mkdir()

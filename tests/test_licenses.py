@@ -104,6 +104,7 @@ def _minilm_stage(tmp_path: Path) -> tuple[Path, Path]:
     return source, stage
 
 
+@pytest.mark.slow
 def test_minilm_passes_with_both_licenses_recorded_and_valid_sbom(tmp_path: Path) -> None:
     source, stage = _minilm_stage(tmp_path)
     result = run_license_gate(stage, model_source=source, runtime_distributions=["onnxruntime-gpu", "numpy"],

@@ -44,6 +44,7 @@ def test_repackaged_bundle_manifest(gemma_bundle):
         == "repackage: source is already Q4_K_M"
 
 
+@pytest.mark.slow
 def test_greedy_generate_and_stream_agree(session):
     text = session.generate(PROMPT, max_tokens=8, temperature=0)
     assert isinstance(text, str) and text.strip()
@@ -52,6 +53,7 @@ def test_greedy_generate_and_stream_agree(session):
     assert len(pieces) > 1 and "".join(pieces) == text  # streamed piece by piece, same greedy text
 
 
+@pytest.mark.slow
 def test_stop_sequence_cuts_the_text_and_reports_stop(session):
     text = session.generate(PROMPT, max_tokens=10, temperature=0)
     words = text.split()
@@ -63,6 +65,7 @@ def test_stop_sequence_cuts_the_text_and_reports_stop(session):
     assert session.backend.last["finish_reason"] == "stop"
 
 
+@pytest.mark.slow
 def test_telemetry_span_has_exact_token_counts_and_ttft(session):
     spans = InMemorySpanExporter()
     telemetry.shutdown()
@@ -93,6 +96,7 @@ def test_chat_without_a_template_says_so(session):
         session.chat([{"role": "user", "content": "hi"}])
 
 
+@pytest.mark.slow
 def test_cli_run_prompt(gemma_bundle, run_cli):
     proc = run_cli("run", gemma_bundle, "--prompt", PROMPT, "--max-tokens", "4", "--json", timeout=300)
     assert proc.returncode == 0, proc.stderr

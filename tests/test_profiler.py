@@ -159,6 +159,7 @@ def test_profiler_run_report(mlp_report):
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_fail_on_budget_exits_2(mlp_bundle, run_cli):
     done = run_cli("profiler", "run", mlp_bundle, "--iterations", "5", "--warmup", "1", "--op-profile-runs", "0",
                    "--no-progress", "--latency-budget-ms", "0.000001", "--fail-on-budget", "--json")
@@ -311,6 +312,7 @@ def test_profiler_run_on_real_gguf_bundle(gemma_gguf, tmp_path):
     assert pred["decode"]["bound_tok_s"] > 0 and "decode" in pred["error_pct"]
 
 
+@pytest.mark.slow
 def test_predict_cli_for_several_profiles(mlp_bundle, run_cli):
     done = run_cli("profiler", "predict", mlp_bundle, "-p", "orin-nano-8gb", "-p", "orin-agx-64gb", "--json")
     assert done.returncode == 0, done.stderr

@@ -33,6 +33,7 @@ def test_resnet_plans_fp16_on_orin_and_fp32_on_cpu(resnet_dir):
     assert "convolutions" in next(d.reason for d in cpu.decisions if d.key == "precision")
 
 
+@pytest.mark.slow
 def test_resnet_build_and_run_from_cli(resnet_dir, tmp_path, run_cli):
     out = tmp_path / "rn-orin"
     res = run_cli("build", resnet_dir, "--profile", "orin", "-o", out, "--no-progress")
