@@ -21,44 +21,158 @@ def _load_npz(path: Path) -> dict:
         raise InputError(f"{path}: not a readable .npz of named arrays ({exc})") from exc
 
 
+_SAMPLING_FLAGS = ("temperature", "seed", "top_k", "top_p", "min_p", "repeat_penalty")
+
+
+def _usage(last: dict) -> dict:
+    """Usage numbers of the last LLM request, named as llama.cpp users know them."""
+    return {"prompt_tokens": last.get("input_tokens"), "completion_tokens": last.get("output_tokens"),
+            "ttft_ms": round(last["ttft_s"] * 1000, 2) if last.get("ttft_s") is not None else None,
+            "tokens_per_s": last.get("decode_tok_s"), "finish_reason": last.get("finish_reason")}
+
+
+def _usage_line(u: dict) -> str:
+    ttft = f"{u['ttft_ms']:.1f} ms" if u["ttft_ms"] is not None else "-"
+    rate = f"{u['tokens_per_s']:.1f} tok/s" if u["tokens_per_s"] is not None else "- tok/s"
+    return (f"usage: prompt {u['prompt_tokens']} tokens, completion {u['completion_tokens']} tokens, "
+            f"TTFT {ttft}, decode {rate}, finish {u['finish_reason']}")
+
+
+def _interactive_chat(session, system, gen_kw) -> list[dict]:
+    """Chat loop on a terminal: one line per user turn, replies streamed; Ctrl-D or /exit ends it."""
+    history = [{"role": "system", "content": system}] if system else []
+    click.echo("chat: type a message, Ctrl-D or /exit to end", err=True)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            click.echo(err=True)
+            return history
+        if line.strip() in ("/exit", "/quit"):
+            return history
+        if not line.strip():
+            continue
+        history.append({"role": "user", "content": line})
+        pieces = []
+        for piece in session.chat(history, stream=True, **gen_kw):
+            click.echo(piece, nl=False)
+            pieces.append(piece)
+        click.echo()
+        history.append({"role": "assistant", "content": "".join(pieces)})
+
+
 @click.command("run")
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.option("--input", "-i", "texts", multiple=True, help="Text to embed (text encoders; repeatable).")
 @click.option("--inputs", "npz", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help=".npz file of named input arrays (any model).")
-@click.option("--prompt", help="Prompt for an LLM bundle.")
-@click.option("--max-tokens", type=int, default=64, show_default=True, help="LLM: tokens to generate.")
+@click.option("--prompt", "-p", help="Prompt for an LLM bundle (with --chat: the user message).")
+@click.option("--max-tokens", "-n", type=int, default=64, show_default=True, help="LLM: tokens to generate (>= 1).")
 @click.option("--stream", is_flag=True, help="LLM: print tokens as they are generated.")
+@click.option("--temperature", "--temp", "temperature", type=float, default=None,
+              help="LLM sampling temperature (0 = greedy; default 0.8).")
+@click.option("--seed", type=int, default=None, help="LLM sampling seed (same seed, same settings: same text).")
+@click.option("--top-k", type=int, default=None, help="LLM top-k (0 = off; default 40).")
+@click.option("--top-p", type=float, default=None, help="LLM top-p, in (0, 1] (default 0.95).")
+@click.option("--min-p", type=float, default=None, help="LLM min-p, in [0, 1] (default 0.05).")
+@click.option("--repeat-penalty", type=float, default=None, help="LLM repeat penalty, > 0 (default 1.0 = off).")
+@click.option("--stop", "stops", multiple=True, metavar="TEXT", help="LLM: stop before this text (repeatable).")
+@click.option("--chat", is_flag=True, help="LLM: format the prompt as a chat turn (one turn with --prompt or piped "
+              "stdin; an interactive loop when stdin is a terminal).")
+@click.option("--system", default=None, help="LLM chat: system message (implies --chat).")
+@click.option("--chat-template", default=None, metavar="NAME|FILE",
+              help="LLM chat template for GGUFs that carry none: gemma, llama-3, chatml, llama-2, mistral, phi-3, "
+              "or a Jinja file.")
 @click.option("--profile", help="Device profile to run under (default: the one the bundle was built for).")
 @click.option("--threads", type=int, help="CPU threads for the backend.")
-@click.option("--report", "show_report", is_flag=True, help="Print the session report (backend, fallbacks).")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--report", "show_report", is_flag=True,
+              help="Print the session report (backend, fallbacks) and, for LLMs, usage (tokens, TTFT, tok/s).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (LLMs: text and usage).")
+@click.option("--verbose", "-v", is_flag=True, help="Show the backend's own log lines (llama.cpp) on stderr.")
 @click.option("--trace-file", type=click.Path(dir_okay=False), help="Write traces/metrics as OTLP-JSON lines.")
-def run_cmd(bundle: Path, texts, npz, prompt, max_tokens, stream, profile, threads, show_report, as_json,
+def run_cmd(bundle: Path, texts, npz, prompt, max_tokens, stream, temperature, seed, top_k, top_p, min_p,
+            repeat_penalty, stops, chat, system, chat_template, profile, threads, show_report, as_json, verbose,
             trace_file) -> int:
-    """Run BUNDLE on this machine: embed text, run tensors, or generate from a prompt."""
+    """Run BUNDLE on this machine: embed text, run tensors, or generate from a prompt / chat."""
     import edgesdk
     from edgesdk import telemetry
     from edgesdk.errors import InputError
 
+    chat = chat or system is not None or chat_template is not None
+    llm = prompt is not None or chat
+    given = [f"--{k.replace('_', '-')}" for k, v in zip(_SAMPLING_FLAGS, (temperature, seed, top_k, top_p, min_p,
+                                                                          repeat_penalty)) if v is not None]
+    given += ["--stop"] if stops else []
+    if (texts or npz is not None) and llm:
+        raise InputError("--input/--inputs run encoders and tensors; --prompt/--chat/--system/--chat-template "
+                         "run LLMs: pass one kind")
+    if texts and npz is not None:
+        raise InputError("pass --input TEXT or --inputs FILE.npz, not both")
+    if not (texts or npz is not None or llm):
+        raise InputError("nothing to run: pass --input TEXT, --inputs FILE.npz, --prompt TEXT or --chat")
+    if given and not llm:
+        raise InputError(f"{', '.join(given)} apply to LLM generation: add --prompt TEXT or --chat")
+    if chat_template is not None:
+        from edgesdk.runtime.backends.llamacpp import resolve_chat_template
+
+        resolve_chat_template(chat_template)  # a bad name or file: exit 3 before loading the model
     if trace_file:
         telemetry.configure(trace_file=trace_file)
-    options = {"threads": threads} if threads else {}
+    options: dict = {"threads": threads} if threads else {}
+    if verbose:
+        options["verbose"] = True
     session = edgesdk.load(bundle, profile=profile, **options)
+    try:
+        return _run_loaded(session, texts, npz, prompt, max_tokens, stream, stops, chat, system, chat_template,
+                           show_report, as_json, {"seed": seed, "temperature": temperature, "top_k": top_k,
+                                                   "top_p": top_p, "min_p": min_p, "repeat_penalty": repeat_penalty})
+    finally:
+        session.close()
+
+
+def _run_loaded(session, texts, npz, prompt, max_tokens, stream, stops, chat, system, chat_template, show_report,
+                as_json, sampling) -> int:
+    import sys
+
+    from edgesdk.errors import InputError
+    from edgesdk.runtime.backend import LLMBackend
+
+    llm = prompt is not None or chat
+    is_llm = isinstance(session.backend, LLMBackend)
+    what = f"{session.bundle.format} bundle"
+    if llm and not is_llm:
+        raise InputError(f"--prompt/--chat need an LLM bundle; this is a {what}: use --input TEXT or --inputs FILE.npz")
+    if texts and is_llm:
+        raise InputError(f"--input embeds text with an encoder; this is an LLM ({what}): use --prompt TEXT or --chat")
     result: dict = {}
-    if prompt is not None:
-        if stream and not as_json:
-            pieces = []
-            for piece in session.stream(prompt, max_tokens=max_tokens):
-                click.echo(piece, nl=False)
-                pieces.append(piece)
-            click.echo()
-            result["text"] = "".join(pieces)
+    gen_kw = {"max_tokens": max_tokens, "stop": list(stops) or None, **sampling}
+    if llm:
+        if chat:
+            gen_kw["chat_template"] = chat_template
+            if prompt is None and sys.stdin.isatty() and not as_json:
+                result["messages"] = _interactive_chat(session, system, gen_kw)
+            else:
+                user = prompt if prompt is not None else sys.stdin.read()
+                if not user.strip():
+                    raise InputError("--chat needs a message: --prompt TEXT, piped stdin, or a terminal")
+                messages = ([{"role": "system", "content": system}] if system else []) + \
+                    [{"role": "user", "content": user}]
+                call = lambda **kw: session.chat(messages, **kw)  # noqa: E731
         else:
-            out = session.generate(prompt, max_tokens=max_tokens)
-            result["text"] = out  # LLMBackend.generate returns the completion text
-            if not as_json:
-                click.echo(result["text"])
+            call = lambda **kw: session.generate(prompt, **kw)  # noqa: E731
+        if "messages" not in result:
+            if stream and not as_json:
+                pieces = []
+                for piece in call(stream=True, **gen_kw):
+                    click.echo(piece, nl=False)
+                    pieces.append(piece)
+                click.echo()
+                result["text"] = "".join(pieces)
+            else:
+                result["text"] = call(**gen_kw)  # LLMBackend.generate/chat return the completion text
+                if not as_json:
+                    click.echo(result["text"])
+            result["usage"] = _usage(session.backend.last)
     elif texts:
         emb = session.embed(list(texts))
         result["embeddings"] = {"shape": list(emb.shape), "norms": np.linalg.norm(emb, axis=1).round(4).tolist()}
@@ -78,8 +192,6 @@ def run_cmd(bundle: Path, texts, npz, prompt, max_tokens, stream, profile, threa
         if not as_json:
             for k, v in outs.items():
                 click.echo(f"{k}: shape {list(v.shape)} {v.dtype}  first values {np.ravel(v)[:4].round(4).tolist()}")
-    else:
-        raise InputError("nothing to run: pass --input TEXT, --inputs FILE.npz or --prompt TEXT")
     rep = session.report()
     if as_json:
         emit_json({**result, "report": rep})
@@ -87,7 +199,8 @@ def run_cmd(bundle: Path, texts, npz, prompt, max_tokens, stream, profile, threa
         click.echo(f"ran on {rep['backend']} ({rep['device']}), load {rep['load_s']} s")
         for f in rep["fallbacks"]:
             click.echo(f"  fallback: {f['from']} -> {f['to']}: {f['reason']}")
-    session.close()
+        if show_report and "usage" in result:
+            click.echo(_usage_line(result["usage"]))
     return 0
 
 

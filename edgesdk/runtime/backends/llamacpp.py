@@ -13,8 +13,13 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import ctypes
+import itertools
+import logging
+import re
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from time import perf_counter
 
@@ -62,32 +67,152 @@ def _layers_that_fit(llm_info: dict, n_ctx: int, free: int) -> int:
     return max(0, min(layers + 1, int((free - GPU_RESERVE_BYTES) // per_layer)))
 
 
+_log = logging.getLogger("edgesdk.llama_cpp")
+_LOG_TO_STDERR = [False]  # set by load_gguf(verbose=...): the last load decides (one process-wide callback)
+_LOG_CALLBACK: list = []  # keeps the ctypes callback alive for as long as llama.cpp may call it
+
+
+def route_llama_logs(verbose: bool) -> None:
+    """llama.cpp's own log lines (``llama_kv_cache_iswa: ...``, model loading) reach stderr only when
+    ``verbose``; otherwise they go to the ``edgesdk.llama_cpp`` logger at DEBUG. Uses the public
+    ``llama_log_set`` callback (llama-cpp-python prints level-3 lines even with ``verbose=False``)."""
+    import llama_cpp
+
+    _LOG_TO_STDERR[0] = bool(verbose)
+    if _LOG_CALLBACK:
+        return
+
+    @llama_cpp.llama_log_callback
+    def _on_log(level, text, user_data):  # noqa: ARG001 - ggml_log_callback signature
+        msg = text.decode("utf-8", "replace") if text else ""
+        if _LOG_TO_STDERR[0]:
+            sys.stderr.write(msg)
+            sys.stderr.flush()
+        elif msg.strip():
+            _log.debug("%s", msg.rstrip("\n"))
+
+    _LOG_CALLBACK.append(_on_log)
+    llama_cpp.llama_log_set(_on_log, ctypes.c_void_p(0))
+
+
+# ------------------------------------------------------------------ chat templates
+
+_TEMPLATE_ALIASES = {"llama3": "llama-3", "llama-3.1": "llama-3", "llama2": "llama-2", "qwen": "chatml",
+                     "qwen2": "chatml", "phi3": "phi-3", "gemma3": "gemma", "gemma-3": "gemma"}
+_STOP_MARK = re.compile(r"\{#-?\s*edgesdk-stop:\s*(.*?)\s*-?#\}")
+
+
+def chat_template_names() -> list[str]:
+    """Named chat templates shipped in ``edgesdk/data/chat_templates`` (``NAME.jinja``)."""
+    from edgesdk.resources import data_file
+
+    return sorted(p.name[:-len(".jinja")] for p in data_file("chat_templates").iterdir()
+                  if p.name.endswith(".jinja"))
+
+
+def resolve_chat_template(spec: str) -> tuple[str, str, list[str]]:
+    """``NAME`` (a shipped template) or a path to a Jinja file -> (label, template text, stop strings).
+
+    A template's stop strings come from ``{# edgesdk-stop: TEXT #}`` lines in it (besides the model's
+    end-of-generation tokens, which always stop)."""
+    from pathlib import Path
+
+    from edgesdk.resources import data_file
+
+    if not isinstance(spec, str) or not spec.strip():
+        raise InputError("chat_template must be a template name or a path to a Jinja file")
+    name = _TEMPLATE_ALIASES.get(spec.strip().lower(), spec.strip().lower())
+    shipped = data_file("chat_templates", f"{name}.jinja")
+    if "/" not in spec and shipped.is_file():
+        label, text = name, shipped.read_text(encoding="utf-8")
+    else:
+        path = Path(spec).expanduser()
+        if not path.is_file():
+            raise InputError(f"chat template {spec!r} is neither a shipped name ({', '.join(chat_template_names())}) "
+                             "nor a readable file")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputError(f"chat template {path}: not readable UTF-8 text ({exc})") from exc
+        label = str(path)
+    stops = [s for s in _STOP_MARK.findall(text) if s]
+    return label, text, stops
+
+
+class SupersededStreamError(InputError):
+    """A stream was paused while another request used the session's llama.cpp context."""
+
+
+# ------------------------------------------------------------------ sampling options
+
+_SAMPLING_ALIASES = {"temp": "temperature"}
+
+
+def _check_sampling(max_tokens, seed, params: dict) -> tuple[int, int | None]:
+    """Range-check generation options at the boundary: a bad value is one InputError (exit 3)."""
+    def number(name, value, lo=None, hi=None, lo_open=False, integer=False):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not float(value).is_integer()):
+            raise InputError(f"{name} must be {'an integer' if integer else 'a number'}, got {value!r}")
+        if value != value or value in (float("inf"), float("-inf")):
+            raise InputError(f"{name} must be finite, got {value!r}")
+        if lo is not None and (value <= lo if lo_open else value < lo):
+            raise InputError(f"{name} must be {'>' if lo_open else '>='} {lo}, got {value!r}")
+        if hi is not None and value > hi:
+            raise InputError(f"{name} must be <= {hi}, got {value!r}")
+
+    number("max_tokens", max_tokens, lo=1, integer=True)
+    number("temperature", params["temperature"], lo=0)
+    number("top_k", params["top_k"], lo=0, integer=True)
+    number("top_p", params["top_p"], lo=0, hi=1, lo_open=True)
+    number("min_p", params["min_p"], lo=0, hi=1)
+    number("repeat_penalty", params["repeat_penalty"], lo=0, lo_open=True)
+    if seed is not None:
+        number("seed", seed, lo=0, hi=0xFFFFFFFE, integer=True)  # 0xFFFFFFFF is llama.cpp's "random"
+    return int(max_tokens), (int(seed) if seed is not None else None)
+
+
 class LlamaCppBackend:
-    """One loaded GGUF model. ``generate``/``stream``/``chat`` go through ``telemetry.inference``."""
+    """One loaded GGUF model. ``generate``/``stream``/``chat`` go through ``telemetry.inference``.
+
+    Thread safety: one llama.cpp context serves every request, so access to it is serialised by one
+    lock. ``generate``/``chat`` hold it for the whole request; a ``stream`` holds it for each step
+    (one token: decode, sample, detokenise), so other requests may run between its tokens. A request
+    that runs while a stream is paused takes over the context (its KV cache, sampler, token history);
+    the paused stream's next ``next()`` then raises :class:`SupersededStreamError` instead of
+    continuing on foreign state. Concurrent callers therefore never crash the process or mix
+    outputs; they wait for each other. For concurrent streams, load one session per stream.
+    """
 
     name = "llama.cpp"
     provider = "llama.cpp"
 
-    def __init__(self, llm, *, settings: dict, report: dict, model: str, attributes: dict):
+    def __init__(self, llm, *, settings: dict, report: dict, model: str, attributes: dict,
+                 chat_template: str | None = None):
+        import llama_cpp
+
         self._llm = llm
         self.settings = settings
         self._report = report
         self._model = model
         self._attrs = attributes
         self._eos = llm.token_eos()
-        self._formatter = None
+        self._formatters: dict = {}
+        self._default_template = chat_template
         self.device = "cpu" if settings["n_gpu_layers"] == 0 else f"cuda:0 ({report['placement']})"
         # run(): token ids of any rank (flattened) -> the last position's logits.
         self.inputs = (TensorSpec("input_ids", "int64", None),)
         self.outputs = (TensorSpec("logits", "float32", (1, int(llm.n_vocab()))),)
-        import llama_cpp
-
-        vocab = llm._model.vocab
+        self._vocab = llama_cpp.llama_model_get_vocab(llm.model)
+        vocab = self._vocab
         self._is_eog = lambda tok: llama_cpp.llama_vocab_is_eog(vocab, tok)
+        self._random_seed = int(llama_cpp.LLAMA_DEFAULT_SEED)
         # llama.cpp's own per-context timers (what llama-bench reports): prompt evaluation and
         # token-by-token evaluation, without Python, sampling or detokenising in between.
         perf, reset = getattr(llama_cpp, "llama_perf_context", None), getattr(llama_cpp, "llama_perf_context_reset", None)
         self._perf = (perf, reset) if perf and reset else None
+        self._lock = threading.RLock()  # the context; see the class docstring
+        self._owner = 0  # id of the request that last used the context
+        self._next_id = itertools.count(1)
         self.last: dict = {}
 
     def _perf_reset(self) -> None:
@@ -112,7 +237,10 @@ class LlamaCppBackend:
 
     # ------------------------------------------------------------------ tokens
     def tokenize(self, text: str, *, special: bool = False) -> list[int]:
-        return self._llm.tokenize(text.encode("utf-8"), add_bos=True, special=special)
+        if not isinstance(text, str):
+            raise InputError(f"text must be a string, got {type(text).__name__}")
+        with self._lock:
+            return self._llm.tokenize(text.encode("utf-8"), add_bos=True, special=special)
 
     def run(self, feeds: dict) -> dict:
         """Raw forward pass: ``{"input_ids": [...]}`` -> ``{"logits": last-position logits}``."""
@@ -122,10 +250,17 @@ class LlamaCppBackend:
         if ids is None:
             raise ShapeError("llama.cpp run() takes {'input_ids': token ids}")
         ids = [int(t) for t in np.asarray(ids).reshape(-1)]
+        if not ids:
+            raise ShapeError("llama.cpp run() needs at least one token id")
+        n_vocab = int(self._llm.n_vocab())
+        if min(ids) < 0 or max(ids) >= n_vocab:
+            raise ShapeError(f"token ids must be in [0, {n_vocab}), got {min(ids)}..{max(ids)}")
         self._check_fits(len(ids), 0)
-        self._llm.reset()
-        self._llm.eval(ids)
-        return {"logits": np.asarray(self._llm.scores[len(ids) - 1], dtype=np.float32)[None, :]}
+        with self._lock:
+            self._owner = next(self._next_id)
+            self._llm.reset()
+            self._llm.eval(ids)
+            return {"logits": np.asarray(self._llm.scores[len(ids) - 1], dtype=np.float32)[None, :]}
 
     def _check_fits(self, n_prompt: int, max_tokens: int) -> int:
         n_ctx = self._llm.n_ctx()
@@ -139,61 +274,116 @@ class LlamaCppBackend:
         """Completion text for ``prompt`` (``stream=True`` returns an iterator of text pieces)."""
         if kw.pop("stream", False):
             return self.stream(prompt, **kw)
-        return "".join(self._run(prompt, "text_completion", stream=False, special=False, **kw))
+        return self._complete(self._run(prompt, "text_completion", stream=False, special=False, **kw))
 
     def stream(self, prompt: str, **kw) -> Iterator[str]:
         return self._run(prompt, "text_completion", stream=True, special=False, **kw)
 
-    def chat(self, messages: list[dict], **kw):
-        """Reply to ``messages`` formatted with the model's own chat template (GGUF tokenizer.chat_template)."""
-        fmt = self._chat_formatter()
+    def chat(self, messages: list[dict], *, chat_template: str | None = None, **kw):
+        """Reply to ``messages``, formatted with ``chat_template`` (a shipped name or a Jinja file), else the
+        session's default (``load(..., chat_template=)``), else the GGUF's own ``tokenizer.chat_template``."""
+        _check_messages(messages)
+        fmt, extra_stops = self._chat_formatter(chat_template or self._default_template)
         try:
             result = fmt(messages=messages)
         except Exception as exc:  # noqa: BLE001 - jinja errors on malformed messages: one line
             raise InputError(f"chat template failed on these messages ({type(exc).__name__}: {exc})") from exc
-        stop = list(kw.pop("stop", None) or [])
+        stop = kw.pop("stop", None)
+        stop = [stop] if isinstance(stop, str) else list(stop or [])
         stop += [s for s in ([result.stop] if isinstance(result.stop, str) else (result.stop or [])) if s]
+        stop += extra_stops
         stream = kw.pop("stream", False)
         gen = self._run(result.prompt, "chat", stream=stream, special=True, stop=stop,
                         add_bos=not getattr(result, "added_special", False), _capture_messages=messages, **kw)
-        return gen if stream else "".join(gen)
+        return gen if stream else self._complete(gen)
 
-    def _chat_formatter(self):
-        if self._formatter is None:
-            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+    def _chat_formatter(self, spec: str | None):
+        if spec in self._formatters:
+            return self._formatters[spec]
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
+        if spec is None:
             template = self._llm.metadata.get("tokenizer.chat_template")
             if not template:
                 raise InputError(f"{self._model} has no chat template in its GGUF (tokenizer.chat_template): "
-                                 "use generate() with your own prompt format")
-            piece = self._llm._model.token_get_text
-            self._formatter = Jinja2ChatFormatter(template=template, eos_token=piece(self._eos),
-                                                  bos_token=piece(self._llm.token_bos()),
-                                                  stop_token_ids=[self._eos])
-        return self._formatter
+                                 f"pass chat_template= one of {', '.join(chat_template_names())} or a Jinja file "
+                                 "(CLI: --chat-template), or use generate() with your own prompt format")
+            extra: list[str] = []
+        else:
+            _, template, extra = resolve_chat_template(spec)
+        import llama_cpp
+
+        def piece(tok: int) -> str:
+            text = llama_cpp.llama_vocab_get_text(self._vocab, tok)
+            return text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text or "")
+
+        try:
+            fmt = Jinja2ChatFormatter(template=template, eos_token=piece(self._eos), bos_token=piece(self._llm.token_bos()),
+                                      stop_token_ids=[self._eos])
+        except Exception as exc:  # noqa: BLE001 - jinja syntax errors: one line
+            raise InputError(f"chat template {spec or '(GGUF)'} is not valid Jinja ({type(exc).__name__}: {exc})") from exc
+        self._formatters[spec] = (fmt, extra)
+        return fmt, extra
+
+    def _complete(self, gen) -> str:
+        """A non-streaming request: the whole generation under the context lock."""
+        with self._lock:
+            return "".join(gen)
 
     def _run(self, prompt: str, operation: str, *, stream: bool, special: bool, max_tokens: int = 128,
              stop: list[str] | str | None = None, seed: int | None = None, add_bos: bool = True,
              _capture_messages: list | None = None, **sampling):
         if not isinstance(prompt, str):
             raise InputError(f"prompt must be a string, got {type(prompt).__name__}")
+        sampling = {_SAMPLING_ALIASES.get(k, k): v for k, v in sampling.items()}
         unknown = set(sampling) - set(DEFAULT_SAMPLING)
         if unknown:
             raise InputError(f"unknown generation option(s): {', '.join(sorted(unknown))} "
                              f"(known: max_tokens, stop, seed, stream, {', '.join(DEFAULT_SAMPLING)})")
-        params = {**DEFAULT_SAMPLING, **sampling}
-        stops = [stop] if isinstance(stop, str) else [s for s in (stop or []) if s]
-        tokens = self._llm.tokenize(prompt.encode("utf-8"), add_bos=add_bos, special=special)
-        budget = self._check_fits(len(tokens), int(max_tokens))
-        if seed is not None:
-            self._llm.set_seed(int(seed))
-        request = {"max_tokens": int(max_tokens), "temperature": params["temperature"], "top_p": params["top_p"],
+        params = {**DEFAULT_SAMPLING, **{k: v for k, v in sampling.items() if v is not None}}
+        max_tokens, seed = _check_sampling(max_tokens, seed, params)
+        if stop is not None and not isinstance(stop, str) and not (
+                isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop)):
+            raise InputError("stop must be a string or a list of strings")
+        stops = [stop] if isinstance(stop, str) and stop else [s for s in (stop or []) if s]
+        with self._lock:
+            tokens = self._llm.tokenize(prompt.encode("utf-8"), add_bos=add_bos, special=special)
+        budget = self._check_fits(len(tokens), max_tokens)
+        request = {"max_tokens": max_tokens, "temperature": params["temperature"], "top_p": params["top_p"],
                    "top_k": params["top_k"], "stop_sequences": stops or None, "seed": seed}
-        return self._decode(prompt, tokens, budget, stops, params, operation, stream, request, _capture_messages)
+        body = self._decode(prompt, tokens, budget, stops, params, operation, stream, request, seed,
+                            _capture_messages)
+        return self._stepwise(body) if stream else body
 
-    def _decode(self, prompt, tokens, budget, stops, params, operation, stream, request, messages=None):
+    def _stepwise(self, body) -> Iterator[str]:
+        """A stream: each step of ``body`` runs under the context lock, released between pieces."""
+        try:
+            while True:
+                with self._lock:
+                    try:
+                        piece = next(body)
+                    except StopIteration:
+                        return
+                yield piece
+        finally:
+            with self._lock:
+                body.close()
+
+    def _decode(self, prompt, tokens, budget, stops, params, operation, stream, request, seed, messages=None):
         llm = self._llm
+        me = next(self._next_id)
         hold = max((len(s) for s in stops), default=1) - 1  # chars kept back while they may start a stop
+        superseded = False
+
+        def check_owner():
+            nonlocal superseded
+            if self._owner != me:
+                superseded = True
+                raise SupersededStreamError(
+                    "this stream was superseded: another request on the same session used the llama.cpp "
+                    "context while the stream was paused, so it cannot continue (finish or close a stream "
+                    "before the next request, or load one session per concurrent stream)")
+
         with telemetry.inference(operation, self._model, self.provider, stream=stream, request=request,
                                  attributes=self._attrs) as rec:
             rec.set_input_tokens(len(tokens))
@@ -201,34 +391,45 @@ class LlamaCppBackend:
             decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
             text, emitted, n_out, finish, cut_at_stop = "", 0, 0, "length", False
             chunk, is_eog, detok = rec.chunk, self._is_eog, llm.detokenize
+            self._owner = me  # from here on this request owns the context
+            llm.set_seed(seed if seed is not None else self._random_seed)  # the sampler is built at first next()
+            # The whole prompt is evaluated for every request (no KV reuse from the previous one): llama.cpp's
+            # logits differ in the last bits between a prompt evaluated whole and a cached prefix + the rest,
+            # enough to flip greedy tokens, so reuse would make a request's text depend on what ran before.
+            llm.reset()
             self._perf_reset()
             t0 = perf_counter()
             t_first = None
             try:
                 if budget > 0:
-                    for tok in llm.generate(tokens, top_k=params["top_k"], top_p=params["top_p"],
-                                            min_p=params["min_p"], temp=params["temperature"],
-                                            repeat_penalty=params["repeat_penalty"]):
-                        chunk()
-                        if t_first is None:
-                            t_first = perf_counter()
-                            rec.first_chunk()
-                        if is_eog(tok):
-                            finish = "stop"
-                            break
-                        n_out += 1
-                        text += decoder.decode(detok([tok]))
-                        if stops:
-                            cut = min((i for i in (text.find(s, max(0, emitted - len(s))) for s in stops)
-                                       if i >= 0), default=-1)
-                            if cut >= 0:
-                                text, finish, cut_at_stop = text[:cut], "stop", True
+                    gen = llm.generate(tokens, top_k=int(params["top_k"]), top_p=float(params["top_p"]),
+                                       min_p=float(params["min_p"]), temp=float(params["temperature"]),
+                                       repeat_penalty=float(params["repeat_penalty"]))
+                    try:
+                        for tok in gen:
+                            chunk()
+                            if t_first is None:
+                                t_first = perf_counter()
+                                rec.first_chunk()
+                            if is_eog(tok):
+                                finish = "stop"
                                 break
-                        if n_out >= budget:
-                            break
-                        if stream and len(text) - hold > emitted:
-                            yield text[emitted:len(text) - hold]
-                            emitted = len(text) - hold
+                            n_out += 1
+                            text += decoder.decode(detok([tok]))
+                            if stops:
+                                cut = min((i for i in (text.find(s, max(0, emitted - len(s))) for s in stops)
+                                           if i >= 0), default=-1)
+                                if cut >= 0:
+                                    text, finish, cut_at_stop = text[:cut], "stop", True
+                                    break
+                            if n_out >= budget:
+                                break
+                            if stream and len(text) - hold > emitted:
+                                yield text[emitted:len(text) - hold]
+                                emitted = len(text) - hold
+                                check_owner()  # resumed: was the context used by another request meanwhile?
+                    finally:
+                        gen.close()
                 if not cut_at_stop:
                     text += decoder.decode(b"", final=True)
                 if len(text) > emitted:
@@ -236,27 +437,41 @@ class LlamaCppBackend:
             except GeneratorExit:
                 finish = "cancelled"
                 raise
+            except SupersededStreamError:
+                finish = "error"
+                raise
             finally:
                 t_end = perf_counter()
                 rec.set_output_tokens(n_out)
                 rec.finish([finish])
                 rec.capture_output(text)
-                self.last = {"input_tokens": len(tokens), "output_tokens": n_out, "finish_reason": finish,
-                             "ttft_s": round(t_first - t0, 6) if t_first else None,
-                             "decode_tok_s": round((n_out - 1) / (t_end - t_first), 2)
-                             if t_first and n_out > 1 and t_end > t_first else None,
-                             # perf_counter() instants, for callers timing tokens (not text chunks:
-                             # a token may yield no text, so chunk times can lag token times).
-                             "first_token_at": t_first, "last_token_at": t_end if t_first else None,
-                             "llama_cpp_timings": self._perf_read()}
+                if not superseded and self._owner == me:  # else self.last holds a later request's figures
+                    self.last = {"input_tokens": len(tokens), "output_tokens": n_out, "finish_reason": finish,
+                                 "ttft_s": round(t_first - t0, 6) if t_first else None,
+                                 "decode_tok_s": round((n_out - 1) / (t_end - t_first), 2)
+                                 if t_first and n_out > 1 and t_end > t_first else None,
+                                 # perf_counter() instants, for callers timing tokens (not text chunks:
+                                 # a token may yield no text, so chunk times can lag token times).
+                                 "first_token_at": t_first, "last_token_at": t_end if t_first else None,
+                                 "llama_cpp_timings": self._perf_read()}
 
     # ------------------------------------------------------------------ report / close
     def report(self) -> dict:
         return {**self._report, "last_request": dict(self.last)}
 
     def close(self) -> None:
-        with contextlib.suppress(Exception):
+        with self._lock, contextlib.suppress(Exception):
             self._llm.close()
+
+
+def _check_messages(messages) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise InputError("messages must be a non-empty list of {'role': ..., 'content': ...} mappings")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise InputError(f"messages[{i}] must be a mapping with string 'role' and 'content'")
+        if not m["role"]:
+            raise InputError(f"messages[{i}]: empty role")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -300,13 +515,19 @@ def _label(fa: bool, ngl: int, layers: int) -> str:
 
 def load_gguf(bundle, ctx) -> LlamaCppBackend:
     """Loader registered for format ``gguf`` (see edgesdk.runtime.backends)."""
+    from edgesdk.extras import require
+
+    require("gguf", "llama_cpp", "a GGUF bundle")
     try:
         import llama_cpp
-    except ImportError as exc:
-        raise BackendUnavailableError("llama-cpp-python is not installed (pip install 'edgesdk[gguf]'; build it "
-                                      "with CMAKE_ARGS=-DGGML_CUDA=on on GPU hosts)") from exc
+    except (ImportError, OSError) as exc:  # installed, but its native library does not load
+        raise BackendUnavailableError(f"llama-cpp-python is installed but does not load: {exc}") from exc
     info = dict((bundle.manifest.get("extras") or {}).get("llm") or {})
     opts = dict(ctx.options or {})
+    route_llama_logs(bool(opts.get("verbose")))
+    chat_template = opts.get("chat_template")
+    if chat_template is not None:
+        resolve_chat_template(chat_template)  # a bad name/file fails at load (exit 3), not at the first chat
     path = str(bundle.artifact_path("model"))
     layers = int(info.get("layers") or 0)
     n_ctx = int(opts.get("n_ctx") or info.get("n_ctx") or 2048)
@@ -368,7 +589,8 @@ def load_gguf(bundle, ctx) -> LlamaCppBackend:
                      "edgesdk.precision": bundle.precision or info.get("quant_type", ""),
                      "edgesdk.gguf.n_gpu_layers": a_ngl, "edgesdk.gguf.flash_attn": a_fa,
                      "edgesdk.bundle.id": bundle.bundle_id}
-            return LlamaCppBackend(llm, settings=settings, report=report, model=bundle.model_name, attributes=attrs)
+            return LlamaCppBackend(llm, settings=settings, report=report, model=bundle.model_name, attributes=attrs,
+                                   chat_template=chat_template)
         errors.append(f"{_label(a_fa, a_ngl, layers)}: {why}")
         if i + 1 < len(tried):
             ctx.record_fallback(_label(a_fa, a_ngl, layers), _label(*tried[i + 1], layers), why)
