@@ -107,3 +107,26 @@ def test_cli_profiles_list_json_and_unknown(run_cli):
     res = run_cli("profiles", "show", "orinn-nano")
     assert res.returncode == 3
     assert res.stderr.startswith("error: unknown device profile") and "Traceback" not in res.stderr
+
+
+def test_profiles_are_package_data_mapped_onto_the_top_level_directory(monkeypatch):
+    """The YAML files stay in the repository's profiles/ and are found through importlib.resources as
+    the package edgesdk.profiles_data (setup.py maps it), in the wheel and in an editable install;
+    tests/test_wheel_install.py checks the installed wheel."""
+    from pathlib import Path
+
+    from edgesdk.profiles import PROFILES_PACKAGE, profiles_dir
+
+    repo_profiles = Path(__file__).resolve().parent.parent / "profiles"
+    monkeypatch.delenv("EDGESDK_PROFILES_DIR", raising=False)
+    assert profiles_dir().resolve() == repo_profiles
+    assert {p.stem for p in repo_profiles.glob("*.yaml")} == {p.name for p in list_profiles()} == REQUIRED
+    setup_py = (repo_profiles.parent / "setup.py").read_text()
+    assert PROFILES_PACKAGE in setup_py and '"profiles"' in setup_py
+
+
+def test_profiles_dir_override(tmp_path, monkeypatch):
+    src = next(iter(list_profiles()))
+    (tmp_path / "mine.yaml").write_text(src.path.read_text().replace(f"name: {src.name}", "name: mine", 1))
+    monkeypatch.setenv("EDGESDK_PROFILES_DIR", str(tmp_path))
+    assert [p.name for p in list_profiles()] == ["mine"]

@@ -121,9 +121,11 @@ def _fields(f, end: int):
         if number == 0:
             raise ValueError("field number 0: not a protobuf message")
         if wire == 0:
-            _varint(f)
+            if _varint(f) is None:
+                raise ValueError(f"field {number} is cut off at the end of the file")
         elif wire == 1 or wire == 5:
-            f.seek(8 if wire == 1 else 4, 1)
+            if f.seek(8 if wire == 1 else 4, 1) > end:
+                raise ValueError(f"field {number} runs past the end of the file")
         elif wire == 2:
             length = _varint(f)
             if length is None or f.tell() + length > end:
