@@ -8,7 +8,9 @@ from pathlib import Path
 import click
 import numpy as np
 
-from edgesdk.commands._common import emit_json
+from edgesdk.commands._common import emit_json, info, is_verbose, set_verbosity
+
+OUTPUT_SUFFIXES = (".npy", ".npz", ".json", ".txt")
 
 
 def _load_npz(path: Path) -> dict:
@@ -19,6 +21,61 @@ def _load_npz(path: Path) -> dict:
             return {k: data[k] for k in data.files}
     except (OSError, ValueError) as exc:
         raise InputError(f"{path}: not a readable .npz of named arrays ({exc})") from exc
+
+
+def _check_output_path(path: Path, force: bool) -> None:
+    """Before loading anything: a known suffix, and no silent overwrite (exit 4 without --force)."""
+    from edgesdk.errors import InputError, OutputExistsError
+
+    if path.suffix.lower() not in OUTPUT_SUFFIXES:
+        raise InputError(f"--output {path}: unknown file type {path.suffix or '(none)'}",
+                         hint=".npy (one output), .npz (all outputs), .json (all outputs), .txt (LLM text)")
+    if path.is_dir():
+        raise InputError(f"--output {path} is a directory; name a file")
+    if path.exists() and not force:
+        raise OutputExistsError(f"output file exists: {path}", hint="pass --force to overwrite it")
+
+
+def _arrays_json(arrays: dict) -> dict:
+    return {k: {"shape": list(v.shape), "dtype": str(v.dtype), "values": v.tolist()} for k, v in arrays.items()}
+
+
+def write_outputs(path: Path, arrays: dict, extra: dict | None = None) -> None:
+    """Write run outputs: ``.npy`` one array, ``.npz`` every array by name, ``.json`` arrays as nested lists
+    (+ ``extra``: LLM text/usage, input texts), ``.txt`` LLM text. Atomic (temp file + rename)."""
+    import json
+    import os
+    import tempfile
+
+    from edgesdk.errors import InputError
+
+    suffix = path.suffix.lower()
+    if suffix == ".npy" and len(arrays) != 1:
+        raise InputError(f"--output {path}: .npy holds one array and this run has "
+                         f"{len(arrays) or 'no'} output arrays ({', '.join(arrays) or 'text only'})",
+                         hint="use .npz or .json")
+    if suffix == ".npz" and not arrays:
+        raise InputError(f"--output {path}: this run produced text, not arrays", hint="use .json or .txt")
+    if suffix == ".txt" and (arrays or not extra or "text" not in extra):
+        raise InputError(f"--output {path}: .txt holds LLM text; this run produced arrays", hint="use .npy, .npz "
+                         "or .json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            if suffix == ".npy":
+                np.save(fh, next(iter(arrays.values())), allow_pickle=False)
+            elif suffix == ".npz":
+                np.savez(fh, **arrays)
+            elif suffix == ".txt":
+                fh.write(str(extra["text"]).encode("utf-8"))
+            else:
+                body = {**(extra or {}), **({"outputs": _arrays_json(arrays)} if arrays else {})}
+                fh.write(json.dumps(body, indent=2, default=str).encode("utf-8"))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 _SAMPLING_FLAGS = ("temperature", "seed", "top_k", "top_p", "min_p", "repeat_penalty")
@@ -87,12 +144,18 @@ def _interactive_chat(session, system, gen_kw) -> list[dict]:
 @click.option("--threads", type=int, help="CPU threads for the backend.")
 @click.option("--report", "show_report", is_flag=True,
               help="Print the session report (backend, fallbacks) and, for LLMs, usage (tokens, TTFT, tok/s).")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (LLMs: text and usage).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Machine-readable output: the vectors/arrays (or, with --output, the file's name); LLMs: text "
+              "and usage.")
+@click.option("--output", "-o", "output", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the outputs to FILE: .npy (the one output), .npz (all outputs), .json (all outputs as "
+              "lists; LLMs: text and usage), .txt (LLM text).")
+@click.option("--force", is_flag=True, help="Overwrite an existing --output file.")
 @click.option("--verbose", "-v", is_flag=True, help="Show the backend's own log lines (llama.cpp) on stderr.")
 @click.option("--trace-file", type=click.Path(dir_okay=False), help="Write traces/metrics as OTLP-JSON lines.")
 def run_cmd(bundle: Path, texts, npz, prompt, max_tokens, stream, temperature, seed, top_k, top_p, min_p,
-            repeat_penalty, stops, chat, system, chat_template, profile, threads, show_report, as_json, verbose,
-            trace_file) -> int:
+            repeat_penalty, stops, chat, system, chat_template, profile, threads, show_report, as_json, output, force,
+            verbose, trace_file) -> int:
     """Run BUNDLE on this machine: embed text, run tensors, or generate from a prompt / chat."""
     import edgesdk
     from edgesdk import telemetry
@@ -108,10 +171,21 @@ def run_cmd(bundle: Path, texts, npz, prompt, max_tokens, stream, temperature, s
                          "run LLMs: pass one kind")
     if texts and npz is not None:
         raise InputError("pass --input TEXT or --inputs FILE.npz, not both")
-    if not (texts or npz is not None or llm):
-        raise InputError("nothing to run: pass --input TEXT, --inputs FILE.npz, --prompt TEXT or --chat")
     if given and not llm:
         raise InputError(f"{', '.join(given)} apply to LLM generation: add --prompt TEXT or --chat")
+    if not (texts or npz is not None or llm):
+        raise InputError("nothing to run: pass --input TEXT, --inputs FILE.npz, --prompt TEXT or --chat")
+    if stream and as_json:
+        raise InputError("--stream prints tokens as text and --json prints one object at the end: pass one")
+    if stream and not llm:
+        raise InputError("--stream applies to LLM generation: add --prompt TEXT or --chat")
+    if force and output is None:
+        raise InputError("--force overwrites an --output file: pass --output FILE")
+    if output is not None:
+        _check_output_path(output, force)
+    if verbose:
+        set_verbosity(1)
+    verbose = verbose or is_verbose()
     if chat_template is not None:
         from edgesdk.runtime.backends.llamacpp import resolve_chat_template
 
@@ -125,13 +199,14 @@ def run_cmd(bundle: Path, texts, npz, prompt, max_tokens, stream, temperature, s
     try:
         return _run_loaded(session, texts, npz, prompt, max_tokens, stream, stops, chat, system, chat_template,
                            show_report, as_json, {"seed": seed, "temperature": temperature, "top_k": top_k,
-                                                   "top_p": top_p, "min_p": min_p, "repeat_penalty": repeat_penalty})
+                                                   "top_p": top_p, "min_p": min_p, "repeat_penalty": repeat_penalty},
+                           output)
     finally:
         session.close()
 
 
 def _run_loaded(session, texts, npz, prompt, max_tokens, stream, stops, chat, system, chat_template, show_report,
-                as_json, sampling) -> int:
+                as_json, sampling, output: Path | None = None) -> int:
     import sys
 
     from edgesdk.errors import InputError
@@ -175,7 +250,11 @@ def _run_loaded(session, texts, npz, prompt, max_tokens, stream, stops, chat, sy
             result["usage"] = _usage(session.backend.last)
     elif texts:
         emb = session.embed(list(texts))
-        result["embeddings"] = {"shape": list(emb.shape), "norms": np.linalg.norm(emb, axis=1).round(4).tolist()}
+        arrays = {"embeddings": emb}
+        result["embeddings"] = {"shape": list(emb.shape), "dtype": str(emb.dtype),
+                                "norms": np.linalg.norm(emb, axis=1).round(4).tolist()}
+        if as_json and output is None:
+            result["embeddings"]["values"] = emb.tolist()
         if len(texts) > 1:
             result["cosine_similarity"] = np.round(emb @ emb.T, 4).tolist()
         if not as_json:
@@ -188,10 +267,21 @@ def _run_loaded(session, texts, npz, prompt, max_tokens, stream, stops, chat, sy
                     click.echo("  " + "  ".join(f"{x:.3f}" for x in row))
     elif npz is not None:
         outs = session.run(_load_npz(npz))
-        result["outputs"] = {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in outs.items()}
+        arrays = {k: np.asarray(v) for k, v in outs.items()}
+        result["outputs"] = {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in arrays.items()}
+        if as_json and output is None:
+            result["outputs"] = _arrays_json(arrays)
         if not as_json:
             for k, v in outs.items():
                 click.echo(f"{k}: shape {list(v.shape)} {v.dtype}  first values {np.ravel(v)[:4].round(4).tolist()}")
+    if output is not None:
+        if llm:
+            write_outputs(output, {}, {k: result[k] for k in ("text", "usage", "messages") if k in result})
+        else:
+            write_outputs(output, arrays, {"inputs": list(texts)} if texts else None)
+        result["output_file"] = str(output)
+        if not as_json:
+            info(f"wrote {output}")
     rep = session.report()
     if as_json:
         emit_json({**result, "report": rep})
