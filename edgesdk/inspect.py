@@ -20,14 +20,46 @@ ENCODER_MODEL_TYPES = {"bert", "roberta", "distilbert", "xlm-roberta", "mpnet", 
                        "deberta-v2"}
 SAFE_WEIGHTS = ("*.safetensors",)
 PICKLE_WEIGHTS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.ckpt", "model*.bin")
+# JSON files of a model directory the build or the runtime reads, and the top-level type each must have.
+JSON_FILES: dict[str, type] = {"tokenizer.json": dict, "tokenizer_config.json": dict, "special_tokens_map.json": dict,
+                               "generation_config.json": dict, "preprocessor_config.json": dict,
+                               "modules.json": list, "sentence_bert_config.json": dict, "1_Pooling/config.json": dict}
+# config.json keys that size the model: when present (and not null) each must be a positive integer.
+CONFIG_INTS = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size",
+               "max_position_embeddings", "num_key_value_heads", "head_dim", "num_channels", "type_vocab_size",
+               "n_positions", "n_embd", "n_layer", "n_head")
 
 
-
-def _read_json(path: Path) -> dict:
+def _read_json(path: Path, expect: type = dict) -> Any:
+    """A JSON file of the model source, parsed, with the top-level type ``expect``; else ModelError naming it."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ModelError(f"{path}: cannot read JSON ({exc})") from exc
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ModelError(f"{path}: cannot read JSON ({type(exc).__name__}: {str(exc)[:120]})") from exc
+    if not isinstance(data, expect):
+        want = "an object" if expect is dict else "a list"
+        raise ModelError(f"{path}: expected {want} at the top level, got {type(data).__name__}")
+    return data
+
+
+def _check_config(config: dict, path: Path) -> None:
+    """Range-check the numbers that size the model, and the shape of the keys the planner reads."""
+    for key in CONFIG_INTS:
+        value = config.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ModelError(f"{path}: {key} must be a positive integer, got {value!r}"[:200])
+    size = config.get("image_size")
+    sizes = size if isinstance(size, list) else [size]
+    if size is not None and not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes):
+        raise ModelError(f"{path}: image_size must be a positive integer, got {size!r}"[:200])
+    archs = config.get("architectures")
+    if archs is not None and (not isinstance(archs, list) or not all(isinstance(a, str) for a in archs)):
+        raise ModelError(f"{path}: architectures must be a list of strings, got {archs!r}"[:200])
+    model_type = config.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise ModelError(f"{path}: model_type must be a string, got {model_type!r}"[:200])
 
 
 def _hf_task(config: dict, directory: Path) -> tuple[str, str | None]:
@@ -49,6 +81,10 @@ def _hf_facts(directory: Path, options: BuildOptions | None) -> ModelFacts:
     if not cfg_path.is_file():
         raise ModelError(f"{directory}: not a Hugging Face model directory (config.json missing)")
     config = _read_json(cfg_path)
+    _check_config(config, cfg_path)
+    for rel, expect in JSON_FILES.items():
+        if (directory / rel).is_file():
+            _read_json(directory / rel, expect)
     safe = [p for pat in SAFE_WEIGHTS for p in directory.glob(pat)]
     pickles = [p for pat in PICKLE_WEIGHTS for p in directory.glob(pat)]
     if not safe and not pickles:
@@ -87,27 +123,73 @@ def _safetensors_params(files: list[Path]) -> int | None:
                 if n <= 0 or n > 100 * 1024 * 1024:
                     raise ModelError(f"{f}: corrupt safetensors header")
                 header = json.loads(fh.read(n))
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ModelError(f"{f}: corrupt safetensors file ({exc})") from exc
+        except (OSError, ValueError, RecursionError) as exc:
+            raise ModelError(f"{f}: corrupt safetensors file ({type(exc).__name__})") from exc
+        if not isinstance(header, dict):
+            raise ModelError(f"{f}: corrupt safetensors header (not a JSON object)")
         for key, meta in header.items():
             if key == "__metadata__":
                 continue
+            shape = meta.get("shape", []) if isinstance(meta, dict) else None
+            if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                                      for d in shape):
+                raise ModelError(f"{f}: corrupt safetensors header (tensor {str(key)[:60]!r} has no valid shape)")
             count = 1
-            for dim in meta.get("shape", []):
-                count *= int(dim)
+            for dim in shape:
+                count *= dim
             total += count
     return total
+
+
+def onnx_external_files(model: Any, path: Path) -> list[str]:
+    """The external-data files an ONNX model's initializers name, relative to its directory, checked:
+    a plain relative path that stays inside the model's directory, a regular file (no symlink, FIFO or
+    device), and every tensor's ``offset + length`` inside it. Anything else is a :class:`ModelError`."""
+    from onnx import TensorProto
+
+    base = path.resolve().parent
+    sizes: dict[str, int] = {}
+    tensors = list(model.graph.initializer)
+    tensors += [a.t for n in model.graph.node for a in n.attribute if a.HasField("t")]
+    for t in tensors:
+        if t.data_location != TensorProto.EXTERNAL:
+            continue
+        info = {e.key: e.value for e in t.external_data}
+        loc = info.get("location", "")
+        rel = Path(loc)
+        if not loc or rel.is_absolute() or ".." in rel.parts or "\\" in loc or ":" in loc:
+            raise ModelError(f"{path}: tensor {t.name[:60]!r} names external data {loc[:80]!r} outside the "
+                             "model's directory", hint="external data must be a file beside the .onnx")
+        target = base / rel
+        if target.is_symlink() or not target.is_file():
+            raise ModelError(f"{path}: external data file {loc[:80]!r} of tensor {t.name[:60]!r} is missing "
+                             "or not a regular file", hint="keep the .data file beside the .onnx")
+        if target.resolve().parent != base and base not in target.resolve().parents:
+            raise ModelError(f"{path}: external data {loc[:80]!r} resolves outside the model's directory")
+        size = sizes.setdefault(rel.as_posix(), target.stat().st_size)
+        try:
+            offset, length = int(info.get("offset", 0) or 0), int(info.get("length", 0) or 0)
+        except ValueError as exc:
+            raise ModelError(f"{path}: tensor {t.name[:60]!r} has a non-numeric external data offset/length") \
+                from exc
+        if offset < 0 or length < 0 or offset + length > size:
+            raise ModelError(f"{path}: tensor {t.name[:60]!r} reads bytes {offset}..{offset + length} of "
+                             f"{loc[:80]!r}, which has {size} (truncated external data)")
+    return sorted(sizes)
 
 
 def _onnx_facts(path: Path) -> ModelFacts:
     import onnx
 
+    if not path.is_file():
+        raise ModelError(f"{path}: not a regular file")
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # onnx raises DecodeError / google.protobuf errors for corrupt files
         raise ModelError(f"{path}: not a valid ONNX model ({type(exc).__name__})") from exc
     if not model.graph.node:
         raise ModelError(f"{path}: ONNX model has an empty graph")
+    external = onnx_external_files(model, path)
     params = 0
     for init in model.graph.initializer:
         n = 1
@@ -121,8 +203,9 @@ def _onnx_facts(path: Path) -> ModelFacts:
     if task == "other" and any(op in ops for op in ("Conv", "ConvTranspose")):
         task = "vision"
     return ModelFacts(source=str(path), kind="onnx", task=task, name=path.stem, architecture=None,
-                      family=meta.get("model_type"), params=params, weight_bytes=path.stat().st_size,
-                      extra={"inputs": inputs, "outputs": [o.name for o in model.graph.output], "opset":
+                      family=meta.get("model_type"), params=params,
+                      weight_bytes=path.stat().st_size + sum((path.parent / f).stat().st_size for f in external),
+                      extra={"external_data": external, "inputs": inputs, "outputs": [o.name for o in model.graph.output], "opset":
                              max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=None),
                              "metadata": meta, "op_types": ops})
 
@@ -145,6 +228,8 @@ def inspect_model(source: str | os.PathLike | Any, options: BuildOptions | None 
         raise ModelError(f"model not found: {path}")
     if path.is_dir():
         return _hf_facts(path, options)
+    if not path.is_file():  # a FIFO or device named *.onnx would block the reader forever
+        raise ModelError(f"{path}: not a regular file")
     suffix = path.suffix.lower()
     if suffix == ".onnx":
         return _onnx_facts(path)

@@ -168,14 +168,93 @@ def _check(value: Any, expected: Any, key: str, errors: list[str]) -> None:
         errors.append(f"{key}: expected {_type_name(expected)}, got {type(value).__name__} {value!r}")
 
 
+# policy.parity: per precision, the thresholds a build may override (numbers; null = not checked).
+PARITY_KEYS = ("min_cosine", "max_abs", "ppl_ratio_max", "logits_min_cosine", "logits_min_top1")
+PARITY_PRECISIONS = ("fp32", "fp16", "bf16", "fp8", "int8")
+MAX_CONTEXT_LENGTH = 1 << 24  # 16M tokens: more than any model's trained context
+
+
+def _is_num(value: Any) -> bool:
+    import math
+
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_ranges(data: dict, errors: list[str]) -> None:
+    """Ranges of the numbers the planner computes with (types were checked by the schema)."""
+    from edgesdk.formats.gguf.plan import BPW  # lazy: keeps `import edgesdk.profiles` light
+
+    def positive(key: str, value: Any, *, allow_zero: bool = False) -> None:
+        if value is None:
+            return
+        if not _is_num(value) or value < 0 or (value == 0 and not allow_zero):
+            errors.append(f"{key}: expected a {'non-negative' if allow_zero else 'positive'} number, got {value!r}")
+
+    memory = data["device"]["memory"]
+    for name in ("total_gb", "usable_gb", "bandwidth_gbps"):
+        fig = memory.get(name)
+        if isinstance(fig, dict):
+            positive(f"device.memory.{name}.value", fig.get("value"))
+    for name, fig in (data["device"].get("peak") or {}).items():
+        if isinstance(fig, dict) and fig.get("value") is not None:
+            positive(f"device.peak.{name}.value", fig.get("value"))
+    cpu = data["device"].get("cpu") or {}
+    if "cores" in cpu and cpu["cores"] < 1:
+        errors.append(f"device.cpu.cores: expected a positive integer, got {cpu['cores']!r}")
+    dla = data["device"].get("dla") or {}
+    if "cores" in dla and dla["cores"] < 0:
+        errors.append(f"device.dla.cores: expected a non-negative integer, got {dla['cores']!r}")
+    policy = data["policy"]
+    for key in ("formats", "precision", "execution_providers"):
+        if not policy[key]:
+            errors.append(f"policy.{key}: expected a non-empty list")
+    for i, ep in enumerate(policy["execution_providers"]):
+        if not ep.endswith("ExecutionProvider") or not ep.isidentifier():
+            errors.append(f"policy.execution_providers[{i}]: expected an ONNX Runtime provider name "
+                          f"(...ExecutionProvider), got {ep!r}")
+    frac = policy["memory_headroom_fraction"]
+    if not _is_num(frac) or not 0 <= frac < 1:
+        errors.append(f"policy.memory_headroom_fraction: expected a number in [0, 1), got {frac!r}")
+    positive("policy.memory_budget_gb", policy.get("memory_budget_gb"))
+    positive("policy.latency_target_ms", policy.get("latency_target_ms"))
+    llm = policy.get("llm")
+    if llm:
+        for i, q in enumerate(llm["quant_order"]):
+            if q.upper() not in BPW:
+                errors.append(f"policy.llm.quant_order[{i}]: unknown GGUF type {q!r} (known: {', '.join(BPW)})")
+        if not llm["quant_order"]:
+            errors.append("policy.llm.quant_order: expected a non-empty list")
+        for key in ("context_length", "min_context_length"):
+            if key in llm and not 1 <= llm[key] <= MAX_CONTEXT_LENGTH:
+                errors.append(f"policy.llm.{key}: expected an integer in [1, {MAX_CONTEXT_LENGTH}], got {llm[key]!r}")
+        if llm.get("min_context_length", 1) > llm["context_length"]:
+            errors.append(f"policy.llm.min_context_length: {llm['min_context_length']} is larger than "
+                          f"context_length {llm['context_length']}")
+    parity = policy.get("parity") or {}
+    for prec, table in parity.items():
+        if prec not in PARITY_PRECISIONS:
+            errors.append(f"policy.parity.{prec}: unknown precision (expected one of {', '.join(PARITY_PRECISIONS)})")
+            continue
+        if not isinstance(table, dict):
+            errors.append(f"policy.parity.{prec}: expected a mapping, got {type(table).__name__}")
+            continue
+        for key, value in table.items():
+            if key not in PARITY_KEYS:
+                errors.append(f"policy.parity.{prec}.{key}: unknown key (expected one of {', '.join(PARITY_KEYS)})")
+            elif value is not None:
+                positive(f"policy.parity.{prec}.{key}", value)
+
+
 def validate_profile_data(data: Any, source: str) -> None:
-    """Raise :class:`ProfileError` naming file, key and expected type for the first problems found."""
+    """Raise :class:`ProfileError` naming file, key and expected type (or range) for the first problems found."""
     if not isinstance(data, dict):
         raise ProfileError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
     errors: list[str] = []
     _check(data, _SCHEMA, "", errors)
     if not errors and data["schema_version"] != SCHEMA_VERSION:
         errors.append(f"schema_version: expected {SCHEMA_VERSION}, got {data['schema_version']}")
+    if not errors:
+        _check_ranges(data, errors)
     if errors:
         more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
         raise ProfileError(f"{source}: invalid profile: {errors[0]}{more}")

@@ -118,6 +118,9 @@ def plan_gguf(facts: ModelFacts, profile: Profile, options: BuildOptions) -> lis
     info = _check_shape(facts)
     llm = profile.policy.get("llm") or {}
     ctx_train = int(info.get("ctx_train") or 4096)
+    if options.context_length is not None and (isinstance(options.context_length, bool) or not isinstance(
+            options.context_length, int) or options.context_length < 1):
+        raise InputError(f"context length must be a positive integer, got {options.context_length!r}")
     want_ctx = int(options.context_length or llm.get("context_length") or 4096)
     n_ctx = min(want_ctx, ctx_train)
     min_ctx = min(int(llm.get("min_context_length") or 512), n_ctx)

@@ -66,38 +66,49 @@ def mean_pool(hidden: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
 
 def compare(reference: list[np.ndarray], candidate: list[np.ndarray],
             masks: list[np.ndarray | None] | None = None) -> dict:
-    """Parity of candidate vs reference outputs (one array per sample): max-abs and min/mean cosine."""
+    """Parity of candidate vs reference outputs (one array per sample): max-abs and min/mean cosine.
+
+    Non-finite candidate values (a NaN-producing model) are counted and reported, never warned about:
+    numpy's RuntimeWarnings are silenced here so the one-line parity error is all the user sees."""
     if len(reference) != len(candidate):
         raise ValueError("reference and candidate sample counts differ")
     masks = masks or [None] * len(reference)
     max_abs = 0.0
     cosines = []
-    for ref, cand, mask in zip(reference, candidate, masks):
-        ref = np.asarray(ref, dtype=np.float32)
-        cand = np.asarray(cand, dtype=np.float32)
-        if ref.shape != cand.shape:
-            raise ValueError(f"output shapes differ: {ref.shape} vs {cand.shape}")
-        if mask is not None and ref.ndim == 3:
-            sel = mask.astype(bool)[..., None]
-            diff = np.abs(np.where(sel, ref - cand, 0.0))
-        else:
-            diff = np.abs(ref - cand)
-        max_abs = max(max_abs, float(diff.max()))
-        a = mean_pool(ref, mask).ravel() if ref.ndim == 3 else ref.ravel()
-        b = mean_pool(cand, mask).ravel() if cand.ndim == 3 else cand.ravel()
-        denom = float(np.linalg.norm(a) * np.linalg.norm(b))
-        cosines.append(float(a @ b / denom) if denom > 0 else (1.0 if np.allclose(a, b) else 0.0))
+    nonfinite = 0
+    with np.errstate(all="ignore"):
+        for ref, cand, mask in zip(reference, candidate, masks):
+            ref = np.asarray(ref, dtype=np.float32)
+            cand = np.asarray(cand, dtype=np.float32)
+            if ref.shape != cand.shape:
+                raise ValueError(f"output shapes differ: {ref.shape} vs {cand.shape}")
+            bad = int(np.count_nonzero(~np.isfinite(cand)))
+            nonfinite += bad
+            if mask is not None and ref.ndim == 3:
+                sel = mask.astype(bool)[..., None]
+                diff = np.abs(np.where(sel, ref - cand, 0.0))
+            else:
+                diff = np.abs(ref - cand)
+            max_abs = max(max_abs, float(diff.max()) if not bad else float("inf"))
+            a = mean_pool(ref, mask).ravel() if ref.ndim == 3 else ref.ravel()
+            b = mean_pool(cand, mask).ravel() if cand.ndim == 3 else cand.ravel()
+            denom = float(np.linalg.norm(a) * np.linalg.norm(b))
+            cos = float(a @ b / denom) if denom > 0 else (1.0 if np.allclose(a, b) else 0.0)
+            cosines.append(cos if bad == 0 and np.isfinite(cos) else 0.0)
     return {
         "samples": len(reference),
         "max_abs": max_abs,
         "min_cosine": float(min(cosines)) if cosines else None,
         "mean_cosine": float(np.mean(cosines)) if cosines else None,
+        "nonfinite": nonfinite,
         "metric": "cosine of mask-aware mean-pooled output (rank-3) or flattened output; max-abs over valid tokens",
     }
 
 
 def check_thresholds(metrics: dict, thresholds: dict) -> str | None:
     """Return a one-line reason when a threshold is missed, else None."""
+    if metrics.get("nonfinite"):
+        return f"the output has {metrics['nonfinite']} non-finite values (NaN/Inf)"
     min_cos = thresholds.get("min_cosine")
     if min_cos is not None and metrics["min_cosine"] is not None and metrics["min_cosine"] < min_cos:
         return f"min cosine {metrics['min_cosine']:.5f} < {min_cos}"
