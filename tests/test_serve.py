@@ -337,8 +337,8 @@ def test_api_key_is_required_except_for_health(small_server):
 
 
 def _long_stream(url: str):
-    # Greedy "Once upon a time" runs to max_tokens on this model (no early end of sequence).
-    body = {"model": "gemma", "prompt": "Once upon a time", "max_tokens": 400, "temperature": 0, "stream": True}
+    # Greedy counting runs to max_tokens on this model (no early end of sequence).
+    body = {"model": "gemma", "prompt": "1, 2, 3, 4, 5, 6, 7,", "max_tokens": 400, "temperature": 0, "stream": True}
     return httpx.stream("POST", url + "/v1/completions", json=body, headers=AUTH, timeout=120)
 
 
@@ -347,6 +347,7 @@ def test_full_queue_answers_429_with_retry_after(small_server):
     with _long_stream(small_server.url) as resp:
         assert resp.status_code == 200
         next(resp.iter_lines())  # generating now
+        assert httpx.get(small_server.url + "/health").json()["models"]["gemma"] == 1
         r = httpx.post(small_server.url + "/v1/completions", headers=AUTH, timeout=30,
                        json={"model": "gemma", "prompt": "Hi", "max_tokens": 2})
         assert r.status_code == 429, r.text
