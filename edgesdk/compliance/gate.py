@@ -17,11 +17,14 @@ from pathlib import Path
 from edgesdk.compliance.distributions import distribution_findings
 from edgesdk.compliance.findings import ACTIONS, LicenseFinding, worse
 from edgesdk.compliance.models import (
+    DECLARED_SOURCE,
     card_findings,
+    declared_finding,
     gguf_findings,
     model_findings,
     onnx_findings,
     package_finding,
+    parse_model_license,
 )
 from edgesdk.compliance.policy import Policy, load_policy
 from edgesdk.compliance.scanoss_match import ScanossResult, configured_url, run_scanoss
@@ -54,6 +57,7 @@ class GateResult:
     elapsed_s: float = 0.0
     missing_license_texts: list[str] = field(default_factory=list)  # REUSE: ids with no LICENSES/<id>.txt
     accepted_at_build: list[str] = field(default_factory=list)  # read back from a bundle's manifest
+    model_license_declared: str | None = None  # --model-license at build (also read back from a manifest)
 
     def _worst(self, attr: str) -> str:
         action = "allow"
@@ -87,8 +91,8 @@ class GateResult:
         return {"verdict": self.verdict, "policy_verdict": self.policy_verdict, "counts": self.counts(),
                 "accepted": self.accepted, "waivers_used": [w["id"] for w in self.waiver_audit["applied"]],
                 "policy": {"id": self.policy.id, "sha256": self.policy.sha256},
-                "model_license": self.model_expression, "runtime_distributions": self.runtime_distributions,
-                "sbom": SBOM_NAME, "report": REPORT_NAME}
+                "model_license": self.model_expression, "model_license_declared": self.model_license_declared,
+                "runtime_distributions": self.runtime_distributions, "sbom": SBOM_NAME, "report": REPORT_NAME}
 
     def to_report(self) -> dict:
         worst = self.worst()
@@ -98,8 +102,8 @@ class GateResult:
                 "policy": {"id": self.policy.id, "sha256": self.policy.sha256, "sources": self.policy.sources},
                 "accepted": self.accepted, "accepted_at_build": self.accepted_at_build,
                 "unused_accepts": self.unused_accepts, "waivers": self.waiver_audit,
-                "model_license": self.model_expression, "runtime_distributions": self.runtime_distributions,
-                "findings": [f.to_dict() for f in self.findings], "vendored": self.vendored,
+                "model_license": self.model_expression, "model_license_declared": self.model_license_declared,
+                "runtime_distributions": self.runtime_distributions, "findings": [f.to_dict() for f in self.findings], "vendored": self.vendored,
                 "weights": self.weights, "files_without_own_license_info": self.without_own_info,
                 "missing_license_texts": self.missing_license_texts,
                 "scanoss": self.scanoss.to_dict(), "elapsed_s": round(self.elapsed_s, 3)}
@@ -146,6 +150,8 @@ def _recorded_model_findings(root: Path) -> list[LicenseFinding]:
         return []
     out = []
     for f in report.get("findings", []):
+        if f.get("source") == DECLARED_SOURCE:
+            continue  # the manifest's model_license_declared is the record of that one
         if f.get("layer") in ("model", "model-package") and isinstance(f.get("subject"), str):
             out.append(LicenseFinding(f["layer"], f["subject"], str(f.get("found", "")),
                                       f"recorded in {REPORT_NAME} at build ({f.get('source', '')})",
@@ -171,8 +177,12 @@ def _judge(findings: list[LicenseFinding], policy: Policy, accepted: Sequence[st
 def scan_licenses(path: Path, *, model_source: Path | None = None, runtime_distributions: Sequence[str] | None = None,
                   environment: bool = False, policy_path: Path | None = None, waivers_path: Path | None = None,
                   accepted: Sequence[str] = (), scanoss_url: str | None = None, bundle: bool | None = None,
-                  scanoss_api_key: str | None = None, scanoss_timeout: float | None = None) -> GateResult:
-    """Scan ``path`` (a bundle or staging dir, or any source tree) and judge every finding."""
+                  scanoss_api_key: str | None = None, scanoss_timeout: float | None = None,
+                  model_license: str | None = None) -> GateResult:
+    """Scan ``path`` (a bundle or staging dir, or any source tree) and judge every finding.
+
+    ``model_license``: a license the builder declares for the model (``--model-license``), judged by
+    the same policy and added to what the model itself declares; a bundle's manifest carries it."""
     start = time.perf_counter()
     path = Path(path)
     if not path.exists():
@@ -194,6 +204,9 @@ def scan_licenses(path: Path, *, model_source: Path | None = None, runtime_distr
             # An --accept-license given at build time is a recorded decision: honour it, and say so.
             accepted_at_build = [a for a in section.get("accepted", []) if isinstance(a, str)]
             accepted = list(accepted) + [a for a in accepted_at_build if a not in accepted]
+            recorded = section.get("model_license_declared")
+            if model_license is None and isinstance(recorded, str) and recorded:
+                model_license = recorded
     else:
         declared = _pyproject_license(root)
         if declared:
@@ -215,6 +228,9 @@ def scan_licenses(path: Path, *, model_source: Path | None = None, runtime_distr
         model += card_findings((root / rel).parent, root)
     if is_bundle and model_source is None and not any(m.spdx for m in model):
         model += _recorded_model_findings(root)
+    if model_license is not None:
+        model_license = parse_model_license(model_license)
+        model.append(declared_finding(model_license, Path(model_source).name if model_source else root.name))
     if is_bundle:
         model = [m for m in model if m.spdx or not _declared_elsewhere(m, model)]
     else:
@@ -239,7 +255,8 @@ def scan_licenses(path: Path, *, model_source: Path | None = None, runtime_distr
     model_expr = " AND ".join(f"({e})" if " " in e else e for e in exprs) or None
     return GateResult(str(path), "bundle" if is_bundle else "tree", policy, findings, audit, accepted_ids, unused,
                       scan, tree.without_own_info, tree.vendored, tree.weights, dists, model_expr,
-                      time.perf_counter() - start, _missing_license_texts(root, findings), accepted_at_build)
+                      time.perf_counter() - start, _missing_license_texts(root, findings), accepted_at_build,
+                      model_license)
 
 
 def _missing_license_texts(root: Path, findings: list[LicenseFinding]) -> list[str]:
@@ -287,10 +304,36 @@ def _declared_elsewhere(finding: LicenseFinding, model: list[LicenseFinding]) ->
     return any(m.spdx for m in model if m is not finding) and "unreadable" not in finding.note
 
 
+def unlisted_license_refs(expression: str | None, policy: Policy) -> list[str]:
+    """The ``LicenseRef-*`` ids in ``expression`` that the policy neither lists nor categorises."""
+    if not expression:
+        return []
+    import re
+
+    refs = dict.fromkeys(re.findall(r"LicenseRef-[A-Za-z0-9.\-]+", expression))
+    return [r for r in refs if r not in (policy.data.get("licenses") or {}) and policy.category(r) == "unknown"]
+
+
+def gate_hint(verdict: str, worst: LicenseFinding | None, policy: Policy) -> str:
+    """What clears a gate failure; for an unlisted LicenseRef (a company's own license) the policy entry."""
+    if verdict == "review":
+        return "clear review findings with --accept-license ID or a waiver"
+    refs = unlisted_license_refs(worst.spdx if worst else None, policy)
+    if refs:
+        entries = ", ".join(f"{r}: allow" for r in refs)
+        return (f"{' and '.join(refs)} {'is' if len(refs) == 1 else 'are'} in no policy: allow it in a policy file "
+                f"(licenses: {{{entries}}}) passed with --license-policy FILE; waivers cannot clear a deny")
+    if worst is not None and worst.layer == "model" and not worst.spdx:
+        return ("declare the model's license with --model-license SPDX-OR-LicenseRef, or change the policy "
+                "(--license-policy); waivers cannot clear a deny")
+    return "a deny needs a policy change (--license-policy); waivers cannot clear it"
+
+
 def run_license_gate(staging_dir: Path, *, model_source: Path, runtime_distributions: list[str],
                      policy_path: Path | None = None, waivers_path: Path | None = None,
                      accepted: Sequence[str] = (), scanoss_url: str | None = None,
-                     report_path: Path, scanoss_timeout: float | None = None) -> GateResult:
+                     report_path: Path, scanoss_timeout: float | None = None,
+                     model_license: str | None = None, model_name: str | None = None) -> GateResult:
     """Gate packaging. On pass, writes ``sbom.cdx.json`` and ``license-report.json`` into
     ``staging_dir``. On deny, or review not cleared by ``accepted``/a waiver, writes the report to
     ``report_path`` and raises :class:`LicenseGateError`. A configured scanner that fails raises
@@ -301,7 +344,8 @@ def run_license_gate(staging_dir: Path, *, model_source: Path, runtime_distribut
     staging_dir = Path(staging_dir)
     result = scan_licenses(staging_dir, model_source=model_source, runtime_distributions=runtime_distributions,
                            policy_path=policy_path, waivers_path=waivers_path, accepted=accepted,
-                           scanoss_url=scanoss_url, bundle=True, scanoss_timeout=scanoss_timeout)
+                           scanoss_url=scanoss_url, bundle=True, scanoss_timeout=scanoss_timeout,
+                           model_license=model_license)
     result.scanned = staging_dir.name
     if result.verdict != "pass":
         report_path = Path(report_path)
@@ -309,11 +353,9 @@ def run_license_gate(staging_dir: Path, *, model_source: Path, runtime_distribut
         report_path.write_text(to_json(result), encoding="utf-8")
         worst = result.worst()
         raise LicenseGateError(f"license gate: {result.verdict}: {worst.headline()} (report: {report_path})",
-                               hint="clear review findings with --accept-license ID or a waiver"
-                               if result.verdict == "review" else
-                               "a deny needs a policy change (--license-policy); waivers cannot clear it")
-    sbom = build_sbom(Path(model_source).name, result.findings, result.weights, result.vendored,
-                      result.model_expression)
+                               hint=gate_hint(result.verdict, worst, result.policy))
+    sbom = build_sbom(model_name or Path(model_source).name, result.findings, result.weights, result.vendored,
+                      result.model_expression, declared=result.model_license_declared)
     (staging_dir / SBOM_NAME).write_text(sbom, encoding="utf-8")
     (staging_dir / REPORT_NAME).write_text(to_json(result), encoding="utf-8")
     return result

@@ -50,6 +50,34 @@ def _finding(subject: str, found: str, source: str, value, files: list[str]) -> 
     return LicenseFinding("model", subject, found[:200], source, norm.expression, norm.note, files)
 
 
+DECLARED_SOURCE = "--model-license (declared by whoever built the bundle)"
+
+
+def parse_model_license(value: str) -> str:
+    """A license the builder declares for the model (``--model-license``) as an SPDX expression.
+
+    Accepts SPDX ids and expressions (``Apache-2.0``, ``MIT OR Apache-2.0``, case as users type it)
+    and ``LicenseRef-<idstring>`` for licenses SPDX does not list (a company's own terms). Free text
+    is refused rather than turned into a made-up id: the declaration is recorded in the manifest and
+    the SBOM as written here."""
+    from edgesdk.errors import InputError
+
+    norm = normalize(value)
+    if norm.expression is None or norm.made_up:
+        raise InputError(f"--model-license {value!r} is not an SPDX license expression or LicenseRef-<id>",
+                         hint="e.g. Apache-2.0, MIT OR Apache-2.0, LicenseRef-acme-proprietary "
+                              "(https://spdx.org/licenses/)")
+    return norm.expression
+
+
+def declared_finding(expression: str, subject: str) -> LicenseFinding:
+    """The builder's declaration as a model-level finding, judged by the same policy as the rest.
+
+    It adds to what the model itself declares (card, GGUF or ONNX metadata); it never replaces it."""
+    return LicenseFinding("model", subject, expression, DECLARED_SOURCE, expression,
+                          "declared with --model-license", [])
+
+
 def card_findings(model_dir: Path, root: Path) -> list[LicenseFinding]:
     for name in _CARD_NAMES:
         card = model_dir / name

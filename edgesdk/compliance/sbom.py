@@ -17,8 +17,9 @@ def _licenses(expression: str | None):
 
 
 def build_sbom(name: str, findings: list[LicenseFinding], weights: list[dict], vendored: list[dict],
-               model_expression: str | None) -> str:
-    """Return the SBOM as a JSON string (CycloneDX 1.6)."""
+               model_expression: str | None, *, declared: str | None = None) -> str:
+    """Return the SBOM as a JSON string (CycloneDX 1.6). ``declared``: the builder's ``--model-license``
+    (part of ``model_expression``), recorded as a property of the model component too."""
     from cyclonedx.model import HashAlgorithm, HashType, Property
     from cyclonedx.model.bom import Bom
     from cyclonedx.model.component import Component, ComponentType
@@ -32,7 +33,8 @@ def build_sbom(name: str, findings: list[LicenseFinding], weights: list[dict], v
                      properties=[Property(name="edgesdk:version", value=__version__)])
     bom.metadata.component = root
     model = Component(name=f"{name} model", type=ComponentType.MACHINE_LEARNING_MODEL, bom_ref="model",
-                      licenses=_licenses(model_expression))
+                      licenses=_licenses(model_expression),
+                      properties=[Property(name="edgesdk:model-license-declared", value=declared)] if declared else [])
     bom.components.add(model)
     children = [model]
     for w in weights:
