@@ -249,8 +249,7 @@ def _tracer(provider=None):
     if provider is None:
         from edgesdk import telemetry
 
-        getter = getattr(telemetry, "tracer_provider", None)
-        provider = getter() if callable(getter) else None
+        provider = telemetry.tracer_provider()
     return trace.get_tracer("edgesdk.serve", __version__, tracer_provider=provider)
 
 

@@ -37,7 +37,7 @@ from edgesdk.telemetry import _names as N
 from edgesdk.telemetry._recorder import NOOP_RECORDER, InferenceRecorder, Instruments
 from edgesdk.telemetry._setup import Counters, Settings, resolve_settings
 
-__all__ = ["configure", "shutdown", "force_flush", "stats", "build_trace", "build_stage", "inference",
+__all__ = ["configure", "tracer_provider", "shutdown", "force_flush", "stats", "build_trace", "build_stage", "inference",
            "fallback_event", "capture_enabled", "BUILD_STAGES"]
 
 _log = logging.getLogger("edgesdk.telemetry")
@@ -167,6 +167,15 @@ def _tracer():
             if _state.adoptable and _state.tracer is None:
                 _adopt_application_locked()
     return _state.tracer
+
+
+def tracer_provider():
+    """The tracer provider edgesdk records with: its own when it configured exporting, the application's
+    when adopted, or None when telemetry is off. Components that make their own spans (the server's
+    SERVER spans) use it so their spans reach the same exporters as the runtime's."""
+    if _tracer() is None:
+        return None
+    return _state.tracer_provider if _state.tracer_provider is not None else trace.get_tracer_provider()
 
 
 def capture_enabled() -> bool:
