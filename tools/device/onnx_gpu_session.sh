@@ -12,6 +12,8 @@
 #   ...
 #   bash tools/device/onnx_gpu_session.sh stage N ort      carry [".gpupN", ".whl"]   (assemble, install, run)
 #   bash tools/device/onnx_gpu_session.sh torch            (torch.compile variants; machine still warm)
+# A later session (payload: the fused and the standard-op h200 MiniLM bundles + references) ends with
+#   bash tools/device/onnx_gpu_session.sh stage N product  (tools/device/onnx_gpu_product.py)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 REPO="$(pwd)"
@@ -57,6 +59,9 @@ case "$1" in
     step assemble
     assemble 2>&1 | tee -a "$LOG" || { echo "assemble failed" | tee -a "$LOG"; exit 1; }
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$REPO"/.whl/*.whl 2>&1 | tail -2
+    # edgesdk refuses to load ONNX bundles while both onnxruntime and onnxruntime-gpu are installed (they share
+    # the module): drop the image's CPU build on this throwaway machine (2026-12-02 run: the check fired)
+    python3 -m pip uninstall -y -q onnxruntime 2>&1 | tail -1
     # onnxruntime-gpu FIRST on PYTHONPATH, ahead of the image's CPU-only onnxruntime 1.30
     export PYTHONPATH=/tmp/ortgpu:/tmp/site
     cd "$ST" || exit 1
@@ -87,6 +92,20 @@ EOF
     step "bench: ORT CUDA EP variants + torch eager"
     timeout "${ORT_S:-330}" python3 "$REPO/tools/device/onnx_gpu_bench.py" ort --stage "$ST" --out "$OUTD" \
       --iters "${ITERS:-300}" 2>&1 | grep -v '^\s*$' | tee -a "$LOG"
+    rm -f "$OUTD"/ortprof_*.json
+    ;;
+  product)
+    step assemble
+    assemble 2>&1 | tee -a "$LOG" || { echo "assemble failed" | tee -a "$LOG"; exit 1; }
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$REPO"/.whl/*.whl 2>&1 | tail -2
+    # edgesdk refuses to load ONNX bundles while both onnxruntime and onnxruntime-gpu are installed (they share
+    # the module): drop the image's CPU build on this throwaway machine (2026-12-02 run: the check fired)
+    python3 -m pip uninstall -y -q onnxruntime 2>&1 | tail -1
+    export PYTHONPATH=/tmp/ortgpu:/tmp/site
+    cd "$ST" || exit 1
+    step "optimize decision (fused vs standard-op graph on the CUDA EP) + the product's CUDA-graph buckets"
+    timeout "${PRODUCT_S:-300}" python3 "$REPO/tools/device/onnx_gpu_product.py" --stage "$ST" --out "$OUTD" \
+      --profile "$REPO/profiles/h200.yaml" --iters "${ITERS:-300}" 2>&1 | grep -v '^\s*$' | tee -a "$LOG"
     rm -f "$OUTD"/ortprof_*.json
     ;;
   torch)
