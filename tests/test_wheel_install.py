@@ -59,18 +59,19 @@ def runtime_venv(tmp_path_factory) -> Path:
     site = Path(_run([bindir / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]
                      ).stdout.strip())
     total = _du_mb(site)
-    tooling = sum(_du_mb(p) for p in site.iterdir() if p.name.split("-")[0] in ("pip", "setuptools", "pkg_resources",
-                                                                                 "_distutils_hack"))
+    tooling_paths = [p for p in site.iterdir()
+                     if p.name.split("-")[0] in ("pip", "setuptools", "pkg_resources", "_distutils_hack")]
+    tooling = _du_mb(*tooling_paths) if tooling_paths else 0.0
     print(f"\nruntime-only venv: site-packages {total:.0f} MB ({total - tooling:.0f} MB without pip/setuptools, "
           f"which `python -m venv` puts there); {sysconfig.get_platform()}, Python {sys.version.split()[0]}")
     return bindir
 
 
-def _du_mb(path: Path) -> float:
-    """Disk use in MB as `du -sm` reports it (docs/benchmarks.md uses the same method)."""
+def _du_mb(*paths: Path) -> float:
+    """Disk use in MB of ``paths`` together, as `du -smc` reports it (docs/benchmarks.md uses the same)."""
     if shutil.which("du"):
-        return float(_run(["du", "-sm", path], timeout=120).stdout.split()[0])
-    files = [path] if path.is_file() else [f for f in path.rglob("*") if f.is_file() and not f.is_symlink()]
+        return float(_run(["du", "-smc", *paths], timeout=120).stdout.splitlines()[-1].split()[0])
+    files = [f for p in paths for f in ([p] if p.is_file() else p.rglob("*")) if f.is_file() and not f.is_symlink()]
     return sum(f.stat().st_size for f in files) / 2**20
 
 
