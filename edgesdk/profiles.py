@@ -180,7 +180,7 @@ def _is_num(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _check_ranges(data: dict, errors: list[str]) -> None:
+def _check_ranges(data: dict[str, Any], errors: list[str]) -> None:
     """Ranges of the numbers the planner computes with (types were checked by the schema)."""
     from edgesdk.formats.gguf.plan import BPW  # lazy: keeps `import edgesdk.profiles` light
 
@@ -266,32 +266,36 @@ class Profile:
 
     name: str
     path: Path
-    data: dict = field(repr=False)
+    data: dict[str, Any] = field(repr=False)
     resolved_from: str | None = None  # the alias the user typed, if any
 
     @property
     def kind(self) -> str:
-        return self.data["device"]["kind"]
+        return str(self.data["device"]["kind"])
 
     @property
     def is_gpu(self) -> bool:
         return self.kind in ("jetson", "gpu")
 
     @property
-    def policy(self) -> dict:
-        return self.data["policy"]
+    def policy(self) -> dict[str, Any]:
+        section: dict[str, Any] = self.data["policy"]
+        return section
 
     @property
-    def kernels(self) -> dict:
-        return self.data["kernels"]
+    def kernels(self) -> dict[str, Any]:
+        section: dict[str, Any] = self.data["kernels"]
+        return section
 
     @property
     def sm(self) -> str | None:
-        return (self.data["device"].get("gpu") or {}).get("sm")
+        sm = (self.data["device"].get("gpu") or {}).get("sm")
+        return None if sm is None else str(sm)
 
     @property
-    def software(self) -> dict:
-        return self.data["software"]
+    def software(self) -> dict[str, Any]:
+        section: dict[str, Any] = self.data["software"]
+        return section
 
     @property
     def dla_cores(self) -> int:
@@ -304,9 +308,8 @@ class Profile:
             if not isinstance(node, dict) or part not in node:
                 return None
             node = node[part]
-        if isinstance(node, dict) and "value" in node:
-            return node["value"]
-        return node
+        value: float | None = node["value"] if isinstance(node, dict) and "value" in node else node
+        return value
 
     def memory_budget_gb(self) -> float | None:
         """Memory the model may use: explicit policy budget, else usable (or total) memory minus headroom."""
@@ -318,7 +321,7 @@ class Profile:
             return None
         return round(float(usable) * (1.0 - float(self.policy["memory_headroom_fraction"])), 2)
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "display_name": self.data["display_name"],
@@ -394,7 +397,7 @@ def _alias_table(profiles: list[Profile]) -> dict[str, Profile]:
     return table
 
 
-def resolve_profile(name_or_path: str | os.PathLike) -> Profile:
+def resolve_profile(name_or_path: str | os.PathLike[str]) -> Profile:
     """Name, alias or path to a YAML file -> validated :class:`Profile`.
 
     Unknown names raise :class:`ProfileError` suggesting the closest known names.
