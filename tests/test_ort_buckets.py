@@ -81,8 +81,8 @@ def test_padded_masked_equals_unpadded_on_minilm(minilm_orin_bundle):
 def test_backend_routes_through_buckets_and_reports(minilm_orin_bundle, monkeypatch):
     """The CUDA-graph path with the capture session injected (no GPU here): requests inside a bucket go
     through it padded, larger ones run plain, and report() says which buckets were captured and why."""
-    from edgesdk.runtime.session import load
     from edgesdk.runtime.backends import ort_buckets
+    from edgesdk.runtime.session import load
 
     class FakeGraphs:  # stands in for the CUDA-graph session: runs the probe (plain session) on padded feeds
         def __init__(self, model_path, plan, output_names, probe, session_options=None, device_id=0):
