@@ -1,0 +1,110 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A tiny LLaVA-style vision-language model with RANDOM weights, and a generated test image set.
+
+No real VLM weights are installable offline, so the model is built from ``transformers`` configs:
+``LlavaConfig`` = ``CLIPVisionConfig`` (64x64 images, 16x16 patches -> 16 image tokens, 2 layers,
+hidden 64) + ``LlamaConfig`` (2 layers, hidden 64) + the LLaVA-1.5 two-layer MLP projector. The
+architecture and the whole export path are real; the numbers are random, so the model describes
+nothing. It is saved as a Hugging Face directory with its processor (``CLIPImageProcessor`` +
+a byte-level BPE tokenizer trained here on the built-in text, with an ``<image>`` token) and a
+model card declaring Apache-2.0 and saying the weights are random.
+
+The text model's ``initializer_range`` is raised to 0.2 (transformers' default is 0.02) so the
+random logits have clear winners: greedy decoding then picks the same tokens in PyTorch (FP32)
+and in llama.cpp (F16) instead of flipping on near-ties, which makes token equality a strict test.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+IMAGE_SIZE = 64
+PATCH_SIZE = 16
+IMAGE_TOKENS = (IMAGE_SIZE // PATCH_SIZE) ** 2
+CHAT_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'user' %}USER: "
+                 "{% if m['content'] is string %}{{ m['content'] }}{% else %}"
+                 "{% for c in m['content'] %}{% if c['type'] == 'image' %}<image>\n{% endif %}{% endfor %}"
+                 "{% for c in m['content'] %}{% if c['type'] == 'text' %}{{ c['text'] }}{% endif %}{% endfor %}"
+                 "{% endif %} {% else %}ASSISTANT: {{ m['content'] if m['content'] is string else "
+                 "m['content'][0]['text'] }}<|end|>{% endif %}{% endfor %}"
+                 "{% if add_generation_prompt %}ASSISTANT:{% endif %}")
+
+
+def make_tiny_llava(directory: Path, *, seed: int = 0) -> Path:
+    """Save the random-weight tiny LLaVA (weights, config, processor, tokenizer, model card) in ``directory``."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import (
+        CLIPImageProcessor,
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaProcessor,
+        PreTrainedTokenizerFast,
+    )
+
+    from edgesdk.formats.gguf.build import PPL_TEXT
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(PPL_TEXT.read_text().split("\n"), trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<|bos|>", "<|end|>", "<image>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|end|>",
+                                   extra_special_tokens={"image_token": "<image>"})
+    image_processor = CLIPImageProcessor(
+        size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+        do_center_crop=True, do_resize=True, resample=3, do_rescale=True, rescale_factor=1 / 255,
+        do_normalize=True, image_mean=[0.48145466, 0.4578275, 0.40821073],
+        image_std=[0.26862954, 0.26130258, 0.27577711], do_convert_rgb=True)
+    processor = LlavaProcessor(image_processor=image_processor, tokenizer=fast, patch_size=PATCH_SIZE,
+                               vision_feature_select_strategy="default", image_token="<image>",
+                               num_additional_image_tokens=1, chat_template=CHAT_TEMPLATE)
+    processor.save_pretrained(directory)
+    vision = CLIPVisionConfig(image_size=IMAGE_SIZE, patch_size=PATCH_SIZE, hidden_size=64, intermediate_size=128,
+                              num_hidden_layers=2, num_attention_heads=4, projection_dim=64, hidden_act="quick_gelu")
+    text = LlamaConfig(vocab_size=len(tok.get_vocab()), hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                       bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id, initializer_range=0.2)
+    config = LlavaConfig(vision_config=vision, text_config=text, image_token_index=fast.convert_tokens_to_ids("<image>"),
+                         projector_hidden_act="gelu", vision_feature_select_strategy="default",
+                         vision_feature_layer=-2, image_seq_length=IMAGE_TOKENS)
+    torch.manual_seed(seed)
+    model = LlavaForConditionalGeneration(config).eval()
+    model.save_pretrained(directory, safe_serialization=True)
+    (directory / "README.md").write_text(
+        "---\nlicense: apache-2.0\n---\n# tiny-llava (random weights)\n\nA LLaVA-style model built from "
+        "transformers configs with RANDOM weights for tests: it describes nothing.\n", encoding="utf-8")
+    return directory
+
+
+def make_test_images(directory: Path) -> list[Path]:
+    """A few synthetic images (Pillow): gradient, checkerboard, shapes, and a non-square photo-like one."""
+    import numpy as np
+    from PIL import Image, ImageDraw
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    out = []
+    y, x = np.mgrid[0:96, 0:96]
+    grad = np.stack([x * 255 // 95, y * 255 // 95, (x + y) * 255 // 190], axis=-1).astype(np.uint8)
+    out.append(directory / "gradient.png")
+    Image.fromarray(grad).save(out[-1])
+    checker = (((x // 12) + (y // 12)) % 2 * 255).astype(np.uint8)
+    out.append(directory / "checker.png")
+    Image.fromarray(np.stack([checker, 255 - checker, checker // 2], axis=-1)).save(out[-1])
+    shapes = Image.new("RGB", (120, 80), (30, 60, 90))
+    draw = ImageDraw.Draw(shapes)
+    draw.ellipse((10, 10, 60, 60), fill=(240, 200, 20))
+    draw.rectangle((70, 20, 110, 70), fill=(200, 30, 30))
+    out.append(directory / "shapes.jpg")
+    shapes.save(out[-1], quality=95)
+    rng = np.random.default_rng(7)
+    noise = rng.integers(0, 256, size=(50, 70, 3), dtype=np.uint8)
+    out.append(directory / "noise.png")
+    Image.fromarray(noise).save(out[-1])
+    return out
