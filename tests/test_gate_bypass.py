@@ -101,6 +101,10 @@ def test_deny_level_finding_cannot_be_waived(tmp_path: Path) -> None:
     assert refused["id"] == "W-GPL" and refused["refused"] == ["source:gpl.py"]
     assert "policy" in refused["why"]
     assert [w["id"] for w in result.waiver_audit["applied"]] == ["W-LGPL"]
+    from edgesdk.compliance.report import to_markdown, to_summary
+
+    assert "waiver W-GPL refused for source:gpl.py" in to_summary(result)
+    assert "**refused** `W-GPL`" in to_markdown(result)
     # The documented way through is a policy change.
     policy = tmp_path / "p.yaml"
     policy.write_text("licenses:\n  GPL-3.0-only: allow\n")

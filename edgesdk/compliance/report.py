@@ -73,6 +73,8 @@ def to_summary(result: GateResult) -> str:
     for key in ("expired", "unmatched"):
         for w in audit.get(key, []):
             lines.append(f"  waiver {w['id']} {key} (by {w['by']}, expires {w['expires']})")
+    for w in audit.get("refused", []):
+        lines.append(f"  waiver {w['id']} refused for {', '.join(w['refused'])}: {w['why']}")
     if result.accepted_at_build:
         lines.append("  accepted at build time (bundle manifest): " + ", ".join(result.accepted_at_build))
     for acc in result.unused_accepts:
@@ -108,7 +110,7 @@ def to_markdown(result: GateResult) -> str:
     audit = result.waiver_audit
     if any(audit.values()):
         out += ["## Waivers", ""]
-        for key in ("applied", "expired", "unmatched"):
+        for key in ("applied", "expired", "unmatched", "refused"):
             for w in audit.get(key, []):
                 out.append(f"- **{key}** `{w['id']}` by {w['by']}, expires {w['expires']}: {_md(w['reason'])}")
         out.append("")
