@@ -14,12 +14,14 @@ OUTPUT_SUFFIXES = (".npy", ".npz", ".json", ".txt")
 
 
 def _load_npz(path: Path) -> dict:
+    import zipfile
+
     from edgesdk.errors import InputError
 
     try:
         with np.load(path, allow_pickle=False) as data:
             return {k: data[k] for k in data.files}
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:  # a .npz is a zip archive
         raise InputError(f"{path}: not a readable .npz of named arrays ({exc})") from exc
 
 

@@ -277,6 +277,8 @@ def iter_otlp_json(path: str | Path, *, max_bytes: int = MAX_BYTES) -> Iterator[
                 continue
             try:
                 document = json.loads(line)
+            except RecursionError as exc:
+                raise TraceFileError(f"{path}:{number}: JSON nested too deeply to be OTLP") from exc
             except json.JSONDecodeError as exc:
                 if empty:  # line 1 is not a whole document: maybe the file is one multi-line document
                     yield _whole_document(path, min(max_bytes, MAX_DOCUMENT_BYTES), number, exc)
@@ -298,6 +300,8 @@ def _whole_document(path: Path, limit: int, number: int, line_error: json.JSONDe
     with _read_errors(path), _open_text(path, limit) as text:
         try:
             document = json.loads(text.read())
+        except RecursionError as exc:
+            raise TraceFileError(f"{path}: JSON nested too deeply to be OTLP") from exc
         except json.JSONDecodeError:
             raise TraceFileError(f"{path}:{number}: not JSON ({line_error.msg})",
                                  hint="expected OTLP/JSON lines or one OTLP/JSON document") from line_error
