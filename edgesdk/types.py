@@ -102,6 +102,7 @@ class BuildOptions:
     waivers: str | None = None
     accept_licenses: tuple[str, ...] = ()
     scanoss_url: str | None = None
+    model_license: str | None = None  # --model-license: SPDX expression or LicenseRef-*, judged by the policy
     progress: bool = True
     # nn.Module sources only (Python API): example inputs, their names, the module, a license id.
     example_inputs: Any = None
@@ -111,6 +112,10 @@ class BuildOptions:
     # TensorRT optimization-profile bounds (None: batch 8, the model's max positions or >= 512).
     max_batch: int | None = None
     max_seq_len: int | None = None
+    # TensorRT optimization profiles given by the user (--shapes NAME:MIN:OPT:MAX): name -> {min, opt, max} dims.
+    shapes: dict[str, dict[str, list[int]]] | None = None
+    # The model's name in spans, manifest, SBOM and reports (--name); default: the source's file/directory name.
+    name: str | None = None
     # Deprecated spelling of the nn.Module fields above ({"example_inputs": ...}); read through option().
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -162,7 +162,7 @@ def test_engine_build_cli_refuses_off_target(deferred_bundle, run_cli):
     assert res.returncode == ExternalToolError.exit_code
     assert res.stderr.strip().splitlines() == [res.stderr.strip()]  # one line, no traceback
     assert "cannot build this bundle's engine here" in res.stderr
-    shown = json.loads(run_cli("engine", "show", deferred_bundle).stdout)
+    shown = json.loads(run_cli("engine", "show", deferred_bundle, "--json").stdout)
     assert shown["preflight_problems"] and shown["cache"]["engine"] is None
 
 

@@ -1,16 +1,27 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Helpers shared by commands: JSON output and tables (the renderer is ``edgesdk.textable``)."""
+"""Helpers shared by commands: JSON output, tables (the renderer is ``edgesdk.textable``), verbosity and
+progress gating.
+
+Verbosity is process-wide: ``-q/--quiet`` and ``-v/--verbose`` are accepted by the ``edgesdk`` group and by
+every command (``edgesdk -q build ...`` and ``edgesdk build ... -q`` are the same). Quiet: no progress bars,
+no informational or warning lines on stderr (errors still print). Verbose: the ``edgesdk`` loggers at INFO
+and backends' own log lines (llama.cpp).
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import sys
 
 import click
 
 from edgesdk.textable import format_table as table
 
-__all__ = ["emit_json", "stderr_is_tty", "table"]
+__all__ = ["emit_json", "info", "is_quiet", "is_verbose", "progress_enabled", "set_verbosity", "stderr_is_tty",
+           "table", "warn"]
+
+_state = {"level": 0}  # -1 quiet, 0 normal, 1 verbose
 
 
 def emit_json(data) -> None:
@@ -19,3 +30,76 @@ def emit_json(data) -> None:
 
 def stderr_is_tty() -> bool:
     return sys.stderr.isatty()
+
+
+def set_verbosity(level: int) -> None:
+    """-1 quiet, 0 normal, 1 verbose. Quiet wins over verbose when both are given."""
+    if _state["level"] == -1 and level > 0:
+        return
+    _state["level"] = level
+    log = logging.getLogger("edgesdk")
+    if level < 0:
+        log.setLevel(logging.ERROR)
+    elif level > 0:
+        log.setLevel(logging.INFO)
+        if not log.handlers:
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+            log.addHandler(handler)
+
+
+def is_quiet() -> bool:
+    return _state["level"] < 0
+
+
+def is_verbose() -> bool:
+    return _state["level"] > 0
+
+
+def progress_enabled(requested: bool = True) -> bool:
+    """Progress bars only when asked for, not quiet, and stderr is a terminal (never into CI logs)."""
+    return bool(requested) and not is_quiet() and stderr_is_tty()
+
+
+def info(msg: str) -> None:
+    """An informational line on stderr (suppressed by -q)."""
+    if not is_quiet():
+        click.echo(msg, err=True)
+
+
+def warn(msg: str) -> None:
+    """``warning: ...`` on stderr (suppressed by -q)."""
+    if not is_quiet():
+        click.echo(f"warning: {msg}", err=True)
+
+
+def _quiet_cb(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:
+        set_verbosity(-1)
+
+
+def _verbose_cb(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:
+        set_verbosity(1)
+
+
+def quiet_option() -> click.Option:
+    return click.Option(["-q", "--quiet"], is_flag=True, expose_value=False, is_eager=True, callback=_quiet_cb,
+                        help="No progress bars, informational or warning lines on stderr (errors still print).")
+
+
+def verbose_option() -> click.Option:
+    return click.Option(["-v", "--verbose"], is_flag=True, expose_value=False, is_eager=True, callback=_verbose_cb,
+                        help="More detail on stderr: edgesdk's INFO log lines and backends' own logs (llama.cpp).")
+
+
+def add_verbosity_options(cmd: click.Command) -> None:
+    """Give ``cmd`` (and every subcommand of a group) ``-q/--quiet`` and ``-v/--verbose`` unless it has them."""
+    if isinstance(cmd, click.Group):
+        for sub in cmd.commands.values():
+            add_verbosity_options(sub)
+    taken = {o for p in cmd.params for o in getattr(p, "opts", [])}
+    if "-q" not in taken and "--quiet" not in taken:
+        cmd.params.append(quiet_option())
+    if "-v" not in taken and "--verbose" not in taken:
+        cmd.params.append(verbose_option())

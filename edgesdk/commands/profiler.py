@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from edgesdk.commands._common import emit_json
+from edgesdk.commands._common import emit_json, info, progress_enabled, warn
 
 
 @click.group("profiler")
@@ -53,8 +53,8 @@ def run_cmd(bundle, warmup, iterations, concurrency, batch, seq_len, prompt_toke
     opts = BenchOptions(warmup=warmup, iterations=iterations, concurrency=concurrency, batch=batch, seq_len=seq_len,
                         prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, llm_repeats=repeats,
                         ort_profile_runs=op_profile_runs, threads=threads, profile=profile,
-                        progress=not no_progress and not as_json)
-    log = (lambda _m: None) if as_json else (lambda m: click.echo(m, err=True))
+                        progress=progress_enabled(not no_progress and not as_json))
+    log = (lambda _m: None) if as_json else info
     report = run_profiler(bundle, opts, latency_budget_ms=latency_budget_ms, memory_budget_gb=memory_budget_gb,
                           log=log)
     if output:
@@ -70,7 +70,7 @@ def run_cmd(bundle, warmup, iterations, concurrency, batch, seq_len, prompt_toke
         if plot:
             click.echo(f"plot: {plot}")
     for msg in enforce_budgets(report["budgets"], fail=fail_on_budget):
-        click.echo(f"warning: {msg}", err=True)
+        warn(msg)
     return 0
 
 

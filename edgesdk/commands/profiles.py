@@ -47,12 +47,23 @@ def show_cmd(name: str, as_json: bool) -> None:
 
 @profiles_group.command("detect")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option("--write", "write_path", type=click.Path(dir_okay=False), help="Write a profile for this machine.")
-def detect_cmd(as_json: bool, write_path: str | None) -> None:
+@click.option("--write", "write_path", type=click.Path(dir_okay=False),
+              help="Write a profile for this machine: its measured CPU ISA, memory, budget and bandwidth.")
+@click.option("--force", is_flag=True, help="Overwrite an existing --write file.")
+@click.option("--root", type=click.Path(exists=True, file_okay=False), default="/", hidden=True,
+              help="Read /proc, /etc and the device tree below this directory (a captured device's files).")
+def detect_cmd(as_json: bool, write_path: str | None, force: bool, root: str) -> None:
     """Detect this device and match it to a profile (with confidence and evidence)."""
+    from pathlib import Path
+
+    from edgesdk.errors import InputError, OutputExistsError
     from edgesdk.profiler.device import detect_device, write_profile
 
-    result = detect_device()
+    if force and not write_path:
+        raise InputError("--force overwrites a --write file: pass --write FILE")
+    if write_path and Path(write_path).exists() and not force:
+        raise OutputExistsError(f"profile file exists: {write_path}", hint="pass --force to overwrite it")
+    result = detect_device(root)
     if write_path:
         write_profile(result, write_path)
     if as_json:

@@ -237,6 +237,19 @@ def measure_cpu_peak_flops(n: int = 1024, repeats: int = 5) -> dict:
             "method": f"{how}, float32 {n}x{n}x{n}, best of {repeats}, all cores"}
 
 
+# Profile ISA names (device.cpu.isa) and the /proc/cpuinfo flags that show each one.
+ISA_FLAGS = {"avx2": ("avx2",), "avx512f": ("avx512f",), "avx512_vnni": ("avx512_vnni",),
+             "avx512_bf16": ("avx512_bf16",), "avx512_fp16": ("avx512_fp16",), "avx_vnni": ("avx_vnni",),
+             "amx": ("amx_tile",), "neon": ("asimd",), "dotprod": ("asimddp",), "sve": ("sve",), "sve2": ("sve2",),
+             "i8mm": ("i8mm",)}
+
+
+def measured_isa(flags) -> list[str]:
+    """The profile ISA names this CPU's flags show (AMX only with amx_tile; nothing copied from a base)."""
+    have = set(flags or ())
+    return [isa for isa, need in ISA_FLAGS.items() if all(f in have for f in need)]
+
+
 def _figure(value: Any, source: str, status: str = "measured") -> dict:
     return {"value": value, "source": source, "status": status}
 
@@ -262,11 +275,19 @@ def build_profile_data(result: DetectionResult, name: str) -> dict:
         if result.cpu.get("logical_cores"):
             cpu["cores"] = int(result.cpu["logical_cores"])
         cpu["flags"] = list(result.cpu.get("flags") or [])
+        if result.cpu.get("flags"):  # what this CPU has, not the base profile's list (no AMX on an AMD host)
+            cpu["isa"] = measured_isa(result.cpu["flags"])
     mem = dev["memory"]
     if result.memory.get("total_gb"):
         mem["total_gb"] = _figure(result.memory["total_gb"], f"measured: /proc/meminfo MemTotal on {when}")
     if result.memory.get("available_gb"):
         mem["usable_gb"] = _figure(result.memory["available_gb"], f"measured: /proc/meminfo MemAvailable on {when}")
+    usable = result.memory.get("available_gb") or result.memory.get("total_gb")
+    if usable and result.kind == "cpu":
+        # The base's budget is a placeholder for an unknown host; here the memory was measured, so the budget is
+        # what Profile.memory_budget_gb() derives from it: usable memory minus the policy's headroom.
+        headroom = float(data["policy"].get("memory_headroom_fraction", 0.3))
+        data["policy"]["memory_budget_gb"] = round(float(usable) * (1.0 - headroom), 1)
     if result.kind == "cpu" and not dev["peak"].get("fp32_tflops"):
         peak = measure_cpu_peak_flops()
         dev["peak"]["fp32_tflops"] = _figure(peak["value_tflops"], f"measured: {peak['method']} on {when}")

@@ -21,6 +21,78 @@ RUNTIME_CHAIN = ["tensorrt-engine", "TensorrtExecutionProvider", "CUDAExecutionP
 PRECISION_FLAGS = {"fp32": [], "fp16": ["fp16"], "bf16": ["bf16"], "int8": ["int8", "fp16"], "fp8": ["fp8", "fp16"]}
 DLA_MIN_NATIVE_SHARE = 0.8  # below this, DLA<->GPU transitions eat the DLA's power/throughput advantage
 DEFAULT_MAX_BATCH = 8
+DEFAULT_IMAGE_SIZE = 224  # H/W of an image input whose model states none (ImageNet-style classifiers)
+IMAGE_INPUT_NAMES = ("pixel_values", "images", "image", "input_image")
+
+
+def parse_shapes(specs) -> dict[str, dict[str, list[int]]]:
+    """``--shapes NAME:MIN:OPT:MAX`` (trtexec's triple, dims joined by ``x``) -> {name: {min, opt, max}}.
+
+    Each triple must have one rank, positive dims, and min <= opt <= max per dim; a name given twice is an
+    error. Pure: the model's inputs are checked against it when planning."""
+    out: dict[str, dict[str, list[int]]] = {}
+    for spec in specs:
+        parts = str(spec).rsplit(":", 3)
+        if len(parts) != 4 or not parts[0]:
+            raise InputError(f"--shapes {spec!r}: expected NAME:MIN:OPT:MAX, e.g. "
+                             "pixel_values:1x3x224x224:4x3x224x224:8x3x224x224")
+        name, *triple = parts
+        dims = []
+        for which, text in zip(("min", "opt", "max"), triple):
+            try:
+                d = [int(x) for x in text.lower().split("x")]
+            except ValueError:
+                raise InputError(f"--shapes {spec!r}: {which} {text!r} is not dims joined by 'x' "
+                                 "(e.g. 1x3x224x224)") from None
+            if not d or any(x <= 0 for x in d):
+                raise InputError(f"--shapes {spec!r}: {which} dims must be positive integers")
+            dims.append(d)
+        if len({len(d) for d in dims}) != 1:
+            raise InputError(f"--shapes {spec!r}: min, opt and max must have the same rank")
+        if any(not (a <= b <= c) for a, b, c in zip(*dims)):
+            raise InputError(f"--shapes {spec!r}: each dim needs min <= opt <= max")
+        if name in out:
+            raise InputError(f"--shapes: input {name!r} given twice")
+        out[name] = {"min": dims[0], "opt": dims[1], "max": dims[2]}
+    return out
+
+
+def _image_hw(facts) -> tuple[int | None, str]:
+    """(H/W, where it came from) for image inputs: config.json image_size, preprocessor_config.json size."""
+    import json
+    from pathlib import Path
+
+    config = dict(facts.config or {})
+    where = "config.json"
+    if facts.kind == "onnx" and not config:
+        for name in ("config.json", "preprocessor_config.json"):
+            f = Path(str(facts.source)).with_name(name)
+            try:
+                data = json.loads(f.read_text(encoding="utf-8")) if f.is_file() else {}
+            except (OSError, ValueError):
+                data = {}
+            if isinstance(data, dict) and data:
+                config, where = data, name
+                break
+    size = config.get("image_size")
+    if size is None and isinstance(config.get("size"), dict):  # preprocessor_config.json
+        size = config["size"].get("height") or config["size"].get("shortest_edge")
+    elif size is None and isinstance(config.get("size"), int):
+        size = config["size"]
+    if isinstance(size, list) and size:
+        size = size[0]
+    return (int(size), where) if isinstance(size, int) and size > 0 else (None, "")
+
+
+def _image_channels(view, name: str) -> int | None:
+    """Input channels of the first Conv that reads ``name`` (weight [M, C/group, kH, kW])."""
+    for node in view.nodes:
+        if node.op_type == "Conv" and node.input and node.input[0] == name and len(node.input) > 1:
+            w = view.shape.get(node.input[1])
+            group = next((a.i for a in node.attribute if a.name == "group"), 1) or 1
+            if w and len(w) == 4 and isinstance(w[1], int) and w[1] > 0:
+                return int(w[1]) * int(group)
+    return None
 
 
 def _precision(profile, options) -> str:
@@ -41,13 +113,22 @@ def _dynamic_inputs(facts, options) -> dict[str, list]:
         from edgesdk.capability.graph import load_graph
 
         view = load_graph(facts.source)
-        return {n: view.shape.get(n) or [None] for n in view.inputs}
+        dims = {n: list(view.shape.get(n) or [None]) for n in view.inputs}
+        for n, d in dims.items():  # image inputs: batch stays dynamic, C/H/W come from the model
+            if len(d) == 4 and (n in IMAGE_INPUT_NAMES or _image_channels(view, n)):
+                if not (isinstance(d[1], int) and d[1] > 0):
+                    d[1] = _image_channels(view, n) or 3
+                hw, _ = _image_hw(facts)
+                for i in (2, 3):
+                    if not (isinstance(d[i], int) and d[i] > 0):
+                        d[i] = hw or DEFAULT_IMAGE_SIZE
+        return dims
     if facts.kind == "hf":
         names = ["input_ids", "attention_mask"]
         if facts.config.get("type_vocab_size", 0) and facts.family in ("bert", "electra", "albert", "mpnet"):
             names.append("token_type_ids")
         if facts.task == "image-classification":
-            size = int(facts.config.get("image_size") or 224)
+            size = _image_hw(facts)[0] or DEFAULT_IMAGE_SIZE
             return {"pixel_values": ["batch", int(facts.config.get("num_channels") or 3), size, size]}
         return {n: ["batch", "sequence"] for n in names}
     names = options.option("input_names") or []
@@ -57,13 +138,40 @@ def _dynamic_inputs(facts, options) -> dict[str, list]:
     return {n: ["batch", *list(getattr(t, "shape", ()))[1:]] for n, t in zip(names, example)}
 
 
+def _user_shapes(options) -> dict[str, dict[str, list[int]]]:
+    shapes = options.option("shapes") or {}
+    if isinstance(shapes, (list, tuple)):  # Python API: the CLI's strings
+        shapes = parse_shapes(shapes)
+    return shapes
+
+
+def _check_user_shapes(user: dict, inputs: dict[str, list]) -> None:
+    for name, triple in user.items():
+        if name not in inputs:
+            raise InputError(f"--shapes names input {name!r}; the model's inputs are "
+                             f"{', '.join(inputs) or '(unknown before export)'}")
+        dims = inputs[name]
+        if dims and dims != [None] and len(dims) != len(triple["min"]):
+            raise InputError(f"--shapes {name}: rank {len(triple['min'])}, but the input has rank {len(dims)} "
+                             f"({'x'.join(str(d) for d in dims)})")
+        for i, d in enumerate(dims if dims != [None] else []):
+            if isinstance(d, int) and d > 0 and {triple[k][i] for k in ("min", "opt", "max")} != {d}:
+                raise InputError(f"--shapes {name}: dim {i} of the input is static {d}; min/opt/max must all be {d}")
+
+
 def optimization_profiles(inputs: dict[str, list], facts, options) -> list[dict]:
-    """One min/opt/max profile over the dynamic dims: batch 1/1/max_batch, sequence 1/seq_len/max_seq."""
+    """One min/opt/max profile over the dynamic dims: batch 1/1/max_batch, sequence 1/seq_len/max_seq; inputs
+    named in ``options.shapes`` (``--shapes``) take the user's triple instead."""
     max_batch = int(options.option("max_batch") or DEFAULT_MAX_BATCH)
     max_seq = int(options.option("max_seq_len") or facts.config.get("max_position_embeddings") or
                   max(512, options.seq_len))
+    user = _user_shapes(options)
+    _check_user_shapes(user, inputs)
     prof: dict[str, dict] = {}
     for name, dims in inputs.items():
+        if name in user:
+            prof[name] = {k: list(v) for k, v in user[name].items()}
+            continue
         if all(isinstance(d, int) and d > 0 for d in dims):
             continue
         triples = []
@@ -141,10 +249,17 @@ def plan_tensorrt(facts: ModelFacts, profile: Profile, options: BuildOptions, ho
         out.append(dla)
     inputs = _dynamic_inputs(facts, options)
     profiles = optimization_profiles(inputs, facts, options)
+    user = sorted(_user_shapes(options))
+    images = [n for n, d in inputs.items() if len(d) == 4 and n not in user and profiles and n in profiles[0]]
+    why = ("min/opt/max per dynamic input: opt at batch 1 and the planned sequence length "
+           f"({options.seq_len}, --seq-len), max batch {int(options.option('max_batch') or DEFAULT_MAX_BATCH)} "
+           "and the sequence bound (--max-seq-len) so the engine's workspace fits")
+    if images:
+        why += f"; image inputs {images}: batch dynamic, C/H/W from the model"
+    if user:
+        why = f"{', '.join(user)} from --shapes" + ("" if set(user) >= set(profiles[0]) else f"; others: {why}")
     out.append(Decision("tensorrt_optimization_profiles", profiles or "static shapes: none needed",
-                        "min/opt/max per dynamic input: opt at batch 1 and the planned sequence length "
-                        f"({options.seq_len}), max bounded so the engine's workspace fits" if profiles
-                        else "every input shape is static"))
+                        why if profiles else "every input shape is static"))
     if facts.kind == "onnx" and precision != "fp32":
         from edgesdk.capability import precision_report
 
