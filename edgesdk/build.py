@@ -14,16 +14,21 @@ import datetime as _dt
 import hashlib
 import json
 import platform
+import shutil
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from edgesdk import __version__, telemetry
 from edgesdk import bundle as B
-from edgesdk.errors import InputError
+from edgesdk.errors import DiskFullError, EdgeSDKError, InputError, Terminated
 from edgesdk.formats import get_format
 from edgesdk.inspect import inspect_model
+from edgesdk.manifest import Artifact, Manifest, ModelInfo, ProfileRef, RuntimeInfo
 from edgesdk.plan import plan_build
 from edgesdk.profiles import Profile, resolve_profile
 from edgesdk.types import BuildOptions, ModelFacts, Plan, parity_thresholds
@@ -73,11 +78,13 @@ class BuildContext:
         self.plan = plan
         self.options = options
         self.staging = staging
-        self.manifest: dict = {"extras": {}}
+        # What the format builder records (typed): io, parity, embedding/llm settings, extras, and
+        # format / runtime.backend_chain when they differ from the plan's. build() completes the rest.
+        self.manifest = Manifest()
         self.runtime_requires: list[str] = []
         self.tools: dict[str, str] = {}
         self.stage_times: dict[str, float] = {}
-        self._artifacts: dict[str, dict] = {}
+        self._artifacts: dict[str, Artifact] = {}
         self._progress = progress
         self.precision = plan.precision
         self.fallbacks: list[dict] = []
@@ -109,7 +116,7 @@ class BuildContext:
         self.progress(f"parity miss at {from_} ({reason}); falling back to {to}")
 
     @property
-    def artifacts(self) -> list[dict]:
+    def artifacts(self) -> list[Artifact]:
         return list(self._artifacts.values())
 
 
@@ -121,6 +128,8 @@ def make_plan(source: Any, profile: str | Profile, options: BuildOptions | None 
     options = options or BuildOptions()
     prof = profile if isinstance(profile, Profile) else resolve_profile(profile)
     facts = inspect_model(source, options)
+    if options.name:  # --name: the model's name in spans, manifest, SBOM and reports
+        facts.name = options.name
     return plan_build(facts, prof, options, host if host is not None else probe())
 
 
@@ -142,6 +151,8 @@ def _license_gate(ctx: BuildContext, out_dir: Path) -> dict:
         accepted=tuple(opts.accept_licenses),
         scanoss_url=opts.scanoss_url,
         report_path=out_dir.with_name(out_dir.name + ".license-report.json"),
+        model_name=ctx.facts.name,
+        model_license=opts.model_license,
     )
     for rel, role in (("sbom.cdx.json", "sbom"), ("license-report.json", "license-report")):
         if (ctx.staging / rel).is_file():
@@ -163,54 +174,106 @@ def build(source: Any, profile: str | Profile, out_dir: str | Path, options: Bui
         raise InputError("build(plan=...) needs a plan made by make_plan() or plan_build() (it carries the facts)")
     facts, prof = plan.facts, plan.target
     fmt = get_format(plan.format)
-    staging = B.make_staging(out_dir, options.force)
-    progress = _Progress(list(fmt.stages), options.progress)
-    t_start = time.perf_counter()
-    try:
-        with telemetry.build_trace(facts.name, prof.name, {"edgesdk.build.format": plan.format,
-                                                            "edgesdk.precision": plan.precision}):
-            ctx = BuildContext(source, facts, prof, plan, options, staging, progress)
-            fmt.build(ctx)
-            with ctx.stage("license_gate"):
-                license_summary = _license_gate(ctx, out_dir)
-            with ctx.stage("package"):
-                manifest = _manifest(ctx, license_summary, time.perf_counter() - t_start)
-                B.write_manifest(staging, manifest)
-                B.commit_staging(staging, out_dir, options.force)
-    except BaseException:
-        B.discard_staging(staging)
-        raise
-    finally:
-        progress.close()
+    with _sigterm_as_interrupt(), B.output_lock(out_dir):
+        staging = B.make_staging(out_dir, options.force)
+        progress = _Progress(list(fmt.stages), options.progress)
+        t_start = time.perf_counter()
+        try:
+            with telemetry.build_trace(facts.name, prof.name, {"edgesdk.build.format": plan.format,
+                                                                "edgesdk.precision": plan.precision}):
+                ctx = BuildContext(source, facts, prof, plan, options, staging, progress)
+                fmt.build(ctx)
+                with ctx.stage("license_gate"):
+                    license_summary = _license_gate(ctx, out_dir)
+                with ctx.stage("package"):
+                    manifest = _manifest(ctx, license_summary, time.perf_counter() - t_start)
+                    B.write_manifest(staging, manifest)
+                    B.commit_staging(staging, out_dir, options.force)
+        except Exception as exc:
+            full = _disk_full(exc, staging)
+            B.discard_staging(staging)
+            if full is not None:
+                raise full from exc
+            raise
+        except BaseException:
+            B.discard_staging(staging)
+            raise
+        finally:
+            progress.close()
     return out_dir
 
 
-def _manifest(ctx: BuildContext, license_summary: dict, wall_s: float) -> dict:
+DISK_FULL_FREE_BYTES = 16 << 20  # an unexplained failure with less free than this at the output is "disk full"
+
+
+def _disk_full(exc: Exception, staging: Path) -> DiskFullError | None:
+    """A clear error for a full disk: ENOSPC/EDQUOT anywhere in the chain, or a non-edgesdk failure (a
+    child's half-written JSON, a truncated file) while the output's file system is (nearly) full."""
+    if isinstance(exc, EdgeSDKError) and not B.is_disk_full(exc):
+        return None
+    try:
+        free = shutil.disk_usage(staging.parent).free
+    except OSError:
+        free = -1
+    if not B.is_disk_full(exc) and not (0 <= free < DISK_FULL_FREE_BYTES):
+        return None
+    return DiskFullError(f"no space left on the device while writing the bundle in {staging.parent} "
+                         f"({free / 2**20:.1f} MiB free; {type(exc).__name__}: {str(exc)[:120]})",
+                         hint="free space or build into another directory; nothing was written at the output")
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (docker stop, systemd, CI cancellation) unwinds the build like Ctrl-C: the staging
+    directory is removed and the CLI prints one ``error:`` line (exit 143). Only in the main thread,
+    and only where nobody installed a SIGTERM handler of their own."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
+        yield
+        return
+
+    def _raise(signum: int, frame: object) -> None:
+        raise Terminated("terminated by SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _manifest(ctx: BuildContext, license_summary: dict, wall_s: float) -> Manifest:
+    """Complete the builder's record (``ctx.manifest``) into the bundle's manifest."""
     facts = ctx.facts
+    rec = ctx.manifest
     source_sha = B.sha256_tree(Path(facts.source)) if facts.kind != "torch" else None
-    artifacts = sorted(ctx.artifacts, key=lambda a: a["path"])
+    artifacts = sorted(ctx.artifacts, key=lambda a: a.path)
     plan = ctx.plan.to_dict()
     plan["precision"] = ctx.precision
-    id_seed = json.dumps([source_sha, ctx.profile.name, ctx.precision, [a["sha256"] for a in artifacts]])
+    id_seed = json.dumps([source_sha, ctx.profile.name, ctx.precision, [a.sha256 for a in artifacts]])
     tools = {"edgesdk": __version__, "python": platform.python_version(), **ctx.tools}
-    return {
-        "bundle_id": hashlib.sha256(id_seed.encode()).hexdigest()[:16],
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "model": {**facts.to_dict(), "source_sha256": source_sha, **ctx.manifest.get("model", {})},
-        "profile": {"name": ctx.profile.name, "sha256": B.sha256_file(ctx.profile.path),
-                    "summary": ctx.profile.summary()},
-        "format": ctx.manifest.get("format", ctx.plan.format),
-        "precision": ctx.precision,
-        "plan": plan,
-        "fallbacks": ctx.fallbacks,
-        "artifacts": artifacts,
-        "runtime": {"backend_chain": ctx.manifest.get("backend_chain", ctx.plan.ep_chain),
-                    "requires": sorted(set(ctx.runtime_requires))},
-        "io": ctx.manifest.get("io", {}),
-        "parity": ctx.manifest.get("parity", {}),
-        "license": license_summary,
-        "tools": tools,
-        "build": {"host": platform.node(), "machine": platform.machine(), "wall_s": round(wall_s, 2),
-                  "stage_s": ctx.stage_times},
-        "extras": ctx.manifest.get("extras", {}),
-    }
+    model = ModelInfo.from_dict({**facts.to_dict(), "source_sha256": source_sha, **rec.model.details},
+                                "model")
+    return Manifest(
+        bundle_id=hashlib.sha256(id_seed.encode()).hexdigest()[:16],
+        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        model=model,
+        profile=ProfileRef(name=ctx.profile.name, sha256=B.sha256_file(ctx.profile.path),
+                           summary=ctx.profile.summary()),
+        format=rec.format or ctx.plan.format,
+        precision=ctx.precision,
+        plan=plan,
+        fallbacks=ctx.fallbacks,
+        artifacts=artifacts,
+        runtime=RuntimeInfo(backend_chain=list(rec.runtime.backend_chain or ctx.plan.ep_chain),
+                            requires=sorted(set(ctx.runtime_requires))),
+        io=rec.io,
+        parity=rec.parity,
+        license=license_summary,
+        tools=tools,
+        build={"host": platform.node(), "machine": platform.machine(), "wall_s": round(wall_s, 2),
+               "stage_s": ctx.stage_times},
+        embedding=rec.embedding,
+        llm=rec.llm,
+        extras=rec.extras,
+    )

@@ -78,6 +78,19 @@ class ResourceError(EdgeSDKError):
     exit_code = 8
 
 
+class DiskFullError(EdgeSDKError):
+    """The output's file system ran out of space (ENOSPC/EDQUOT) while writing; nothing was written."""
+
+    exit_code = 11
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``docker stop``, systemd, CI cancellation) during a build: unwound like Ctrl-C (staging
+    removed). A ``KeyboardInterrupt`` so that no ``except Exception`` in a stage can swallow it."""
+
+    exit_code = 143
+
+
 class LicenseGateError(VerdictError):
     """The license gate denied packaging (report written next to the would-be bundle)."""
 

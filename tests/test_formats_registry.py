@@ -73,7 +73,7 @@ class ToyFormat:
         with ctx.stage("write"):
             (ctx.staging / "toy.json").write_text(json.dumps({"scale": ctx.plan.decision("toy.scale")}))
             ctx.add_artifact("toy.json", "model")
-            ctx.manifest["io"] = {"inputs": [{"name": "x", "dtype": "float32", "shape": [None]}],
+            ctx.manifest.io = {"inputs": [{"name": "x", "dtype": "float32", "shape": [None]}],
                                   "outputs": [{"name": "y", "dtype": "float32", "shape": [None]}]}
 
 

@@ -38,7 +38,7 @@ def capability_cmd(model: Path, profile_name: str, precision, dla, as_json: bool
         bundle = open_bundle(model)
         if not bundle.has_artifact("model"):
             raise InputError(f"bundle {model} has no ONNX model artifact (format {bundle.format})")
-        profile_name = profile_name or (bundle.manifest.get("profile") or {}).get("name")
+        profile_name = profile_name or bundle.manifest.profile.name
         precision = precision or (bundle.precision if bundle.precision in ("fp32", "fp16", "bf16", "int8") else None)
         model = bundle.artifact_path("model")
     if not profile_name:

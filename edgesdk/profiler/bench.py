@@ -386,6 +386,6 @@ def measure_bundle(path: str | os.PathLike, opts: BenchOptions | None = None,
     body["versions"] = _versions()
     body["bundle"] = {"path": str(bundle.path), "bundle_id": bundle.bundle_id, "format": bundle.format,
                       "precision": bundle.precision, "model": bundle.model_name,
-                      "built_for": (bundle.manifest.get("profile") or {}).get("name"),
-                      "task": (bundle.manifest.get("model") or {}).get("task")}
+                      "built_for": bundle.manifest.profile.name,
+                      "task": bundle.manifest.model.task}
     return body

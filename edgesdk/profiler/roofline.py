@@ -203,18 +203,18 @@ def gguf_work(path: str | Path) -> WorkFacts:
 
 def bundle_work(bundle, *, batch: int = 1, seq: int = 128) -> WorkFacts:
     """WorkFacts for an opened bundle (format from the manifest, artifact found by role or suffix)."""
-    fmt = bundle.manifest.get("format")
-    arts = bundle.manifest.get("artifacts", [])
+    fmt = bundle.manifest.format
+    arts = bundle.manifest.artifacts
     suffix = {"onnx": ".onnx", "gguf": ".gguf"}.get(fmt)
     if suffix is None:
         raise InputError(f"prediction supports ONNX and GGUF bundles; this bundle is {fmt!r}")
-    chosen = next((a for a in arts if a.get("role") == "model" and a["path"].endswith(suffix)), None) or next(
-        (a for a in arts if a["path"].endswith(suffix)), None)
+    chosen = next((a for a in arts if a.role == "model" and a.path.endswith(suffix)), None) or next(
+        (a for a in arts if a.path.endswith(suffix)), None)
     if chosen is None:
         raise InputError(f"bundle {bundle.path} lists no {suffix} artifact")
-    path = Path(bundle.path) / chosen["path"]
+    path = Path(bundle.path) / chosen.path
     facts = onnx_work(path, batch=batch, seq=seq) if fmt == "onnx" else gguf_work(path)
-    facts.precision = bundle.manifest.get("precision") or facts.precision
+    facts.precision = bundle.manifest.precision or facts.precision
     return facts
 
 

@@ -80,6 +80,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from edgesdk.errors import ShapeError
+from edgesdk.manifest import Manifest
 
 if TYPE_CHECKING:
     from edgesdk.bundle import Bundle
@@ -237,9 +238,9 @@ class LoadContext:
         return self.host
 
     @property
-    def manifest(self) -> Mapping[str, Any]:
-        """The bundle's manifest: the plan's decisions, io, runtime chain."""
-        return self.bundle.manifest if self.bundle is not None else {}
+    def manifest(self) -> Manifest:
+        """The bundle's manifest: the plan's decisions, io, runtime chain (empty without a bundle)."""
+        return self.bundle.manifest if self.bundle is not None else Manifest()
 
 
 Loader = Callable[["Bundle", LoadContext], Backend]

@@ -18,6 +18,7 @@ import numpy as np
 from edgesdk import telemetry
 from edgesdk.bundle import Bundle, open_bundle
 from edgesdk.errors import BackendUnavailableError, ShapeError
+from edgesdk.manifest import EmbeddingConfig
 from edgesdk.profiles import Profile, resolve_profile
 from edgesdk.runtime.backend import Backend, LLMBackend, LoadContext, check_feeds
 from edgesdk.runtime.backends import get_loader
@@ -36,12 +37,11 @@ class Session:
         self.profile = ctx.profile
         self._tokenizer = None
         m = bundle.manifest
-        self._attrs = {"edgesdk.device.profile": (ctx.profile.name if ctx.profile else
-                                                  m.get("profile", {}).get("name", "")),
+        self._attrs = {"edgesdk.device.profile": (ctx.profile.name if ctx.profile else m.profile.name or ""),
                        "edgesdk.backend": backend.name, "edgesdk.backend.device": str(backend.device),
                        "edgesdk.precision": bundle.precision, "edgesdk.bundle.id": bundle.bundle_id}
         self._model = bundle.model_name
-        self._operation = "embeddings" if m.get("model", {}).get("task") == "feature-extraction" else "predict"
+        self._operation = "embeddings" if m.model.task == "feature-extraction" else "predict"
 
     # ------------------------------------------------------------------ generic tensors
     def run(self, inputs: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -59,18 +59,20 @@ class Session:
         if self._tokenizer is None:
             from tokenizers import Tokenizer
 
-            path = self.bundle.path / "tokenizer.json"
-            if not path.is_file():
+            # Only through the bundle API: a file the manifest does not list is refused (exit 7), and
+            # the bytes are hashed again as they are read.
+            raw = self.bundle.read_bytes("tokenizer.json")
+            if raw is None:
                 raise BackendUnavailableError(f"bundle {self.bundle.path} has no tokenizer.json: use run() with "
                                               "token ids")
-            tok = Tokenizer.from_file(str(path))
+            tok = Tokenizer.from_str(raw.decode("utf-8"))
             max_len = 512
-            cfg = self.bundle.path / "tokenizer_config.json"
-            if cfg.is_file():
-                max_len = min(int(json.loads(cfg.read_text()).get("model_max_length", 512) or 512), 8192)
-            st = self.bundle.path / "sentence_bert_config.json"
-            if st.is_file():
-                max_len = min(max_len, int(json.loads(st.read_text()).get("max_seq_length", max_len)))
+            cfg = self.bundle.read_bytes("tokenizer_config.json")
+            if cfg is not None:
+                max_len = min(int(json.loads(cfg).get("model_max_length", 512) or 512), 8192)
+            st = self.bundle.read_bytes("sentence_bert_config.json")
+            if st is not None:
+                max_len = min(max_len, int(json.loads(st).get("max_seq_length", max_len)))
             pad = tok.token_to_id("[PAD]")
             tok.enable_truncation(max_length=max_len)
             tok.enable_padding(pad_id=0 if pad is None else pad)
@@ -94,16 +96,16 @@ class Session:
             rec.set_input_tokens(int(feeds["attention_mask"].sum()))
             hidden = next(iter(self.backend.run(feeds).values()))
             rec.set_attribute("gen_ai.embeddings.dimension.count", int(hidden.shape[-1]))  # semconv: recommended
-        info = (self.bundle.manifest.get("extras") or {}).get("embedding") or {"pooling": "mean", "normalize": True}
+        info = self.bundle.manifest.embedding or EmbeddingConfig()  # steering: covered by manifest_sha256
         if hidden.ndim == 3:
-            if info.get("pooling") == "cls":
+            if info.pooling == "cls":
                 emb = hidden[:, 0, :]
             else:
                 mask = feeds["attention_mask"][..., None].astype(np.float32)
                 emb = (hidden * mask).sum(axis=1) / np.clip(mask.sum(axis=1), 1e-9, None)
         else:
             emb = hidden
-        if normalize if normalize is not None else info.get("normalize", True):
+        if normalize if normalize is not None else info.normalize:
             emb = emb / np.clip(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12, None)
         return emb.astype(np.float32)
 
@@ -111,7 +113,7 @@ class Session:
     def _llm(self, what: str) -> LLMBackend:
         if not isinstance(self.backend, LLMBackend):
             raise BackendUnavailableError(f"{what}() needs an LLM bundle; this bundle is "
-                                          f"{self.bundle.format}/{self.bundle.manifest.get('model', {}).get('task')}")
+                                          f"{self.bundle.format}/{self.bundle.manifest.model.task}")
         return self.backend
 
     def generate(self, prompt: str, **kwargs: Any) -> Any:
@@ -139,7 +141,7 @@ class Session:
             "model": self._model,
             "format": self.bundle.format,
             "precision": self.bundle.precision,
-            "built_for": m.get("profile", {}).get("name"),
+            "built_for": m.profile.name,
             "profile": self.profile.name if self.profile else None,
             "backend": self.backend.name,
             "device": str(self.backend.device),
@@ -169,7 +171,7 @@ def load(path: str | Path, *, profile: str | Profile | None = None, verify: bool
     bundle = open_bundle(path, verify=verify)
     prof = profile if isinstance(profile, Profile) or profile is None else resolve_profile(profile)
     if prof is None:
-        name = bundle.manifest.get("profile", {}).get("name")
+        name = bundle.manifest.profile.name
         try:
             prof = resolve_profile(name) if name else None
         except Exception:  # noqa: BLE001 - a custom profile file may not exist on the device

@@ -46,7 +46,7 @@ def serve_limits(manifest: dict) -> dict:
 def model_entry(name: str, session) -> ModelEntry:
     """Wrap a loaded session: GGUF bundles are LLMs; feature-extraction bundles are embedding models."""
     bundle = session.bundle
-    task = (bundle.manifest.get("model") or {}).get("task")
+    task = bundle.manifest.model.task
     if bundle.format == "gguf":
         kind = "llm"
     elif task == "feature-extraction":
@@ -54,7 +54,7 @@ def model_entry(name: str, session) -> ModelEntry:
     else:
         raise InputError(f"bundle {bundle.path} ({bundle.format}, task {task!r}) is neither an LLM (GGUF) nor a "
                          "text-embedding model: edgesdk serve answers chat/completions and embeddings only")
-    limits = serve_limits(bundle.manifest)
+    limits = serve_limits(bundle.manifest.to_dict())
     if kind == "llm":
         n_ctx = int((getattr(session.backend, "settings", None) or {}).get("n_ctx") or limits["max_tokens_cap"])
         limits["max_tokens_cap"] = min(limits["max_tokens_cap"], n_ctx)

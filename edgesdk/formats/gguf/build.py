@@ -14,6 +14,7 @@ from edgesdk.errors import ParityError
 from edgesdk.formats.gguf import convert as conv
 from edgesdk.formats.gguf.facts import gguf_facts
 from edgesdk.formats.gguf.plan import LOGITS_MIN_COSINE, LOGITS_MIN_TOP1, PPL_RATIO_MAX
+from edgesdk.manifest import LLMConfig
 from edgesdk.resources import data_file
 
 PPL_TEXT = data_file("ppl_text.txt")
@@ -50,17 +51,17 @@ def build_gguf(ctx) -> None:
         shutil.rmtree(work, ignore_errors=True)
     ctx.add_artifact("model.gguf", "model")
     out_facts = gguf_facts(final)
-    ctx.manifest["parity"] = parity
-    ctx.manifest["io"] = {"inputs": [{"name": "prompt", "type": "text"}, {"name": "messages", "type": "chat"}],
-                          "outputs": [{"name": "text", "type": "text"}], "n_vocab": out_facts.get("n_vocab")}
-    ctx.manifest["extras"]["llm"] = {
-        "n_ctx": n_ctx, "n_gpu_layers": plan.decision("gguf.n_gpu_layers"),
-        "flash_attn": plan.decision("gguf.flash_attn"), "threads": plan.decision("gguf.threads"),
-        "quant_type": quant, "architecture": out_facts["architecture"], "layers": out_facts["layers"],
-        "kv_heads": out_facts["kv_heads"], "head_dim": out_facts["head_dim"], "params": out_facts["params"],
-        "chat_template": out_facts["chat_template"], "file_bytes": final.stat().st_size,
-        "converted": convert_info or None}
-    ctx.manifest["backend_chain"] = ["llama.cpp (GPU offload)", "llama.cpp (CPU)"]
+    ctx.manifest.parity = parity
+    ctx.manifest.io = {"inputs": [{"name": "prompt", "type": "text"}, {"name": "messages", "type": "chat"}],
+                       "outputs": [{"name": "text", "type": "text"}], "n_vocab": out_facts.get("n_vocab")}
+    ctx.manifest.llm = LLMConfig(
+        n_ctx=n_ctx, n_gpu_layers=plan.decision("gguf.n_gpu_layers"), flash_attn=bool(plan.decision("gguf.flash_attn")),
+        threads=plan.decision("gguf.threads"), quant_type=quant,
+        details={"architecture": out_facts["architecture"], "layers": out_facts["layers"],
+                 "kv_heads": out_facts["kv_heads"], "head_dim": out_facts["head_dim"], "params": out_facts["params"],
+                 "chat_template": out_facts["chat_template"], "file_bytes": final.stat().st_size,
+                 "converted": convert_info or None})
+    ctx.manifest.runtime.backend_chain = ["llama.cpp (GPU offload)", "llama.cpp (CPU)"]
     ctx.runtime_requires.append("llama-cpp-python")
     ctx.tools.update(_tool_versions())
     ctx.set_precision(quant)

@@ -17,6 +17,7 @@ import numpy as np
 from edgesdk.errors import InputError, ModelError, ParityError
 from edgesdk.formats.onnx import parity as P
 from edgesdk.formats.onnx.export import run_export, save_feeds, stack, torch_reference
+from edgesdk.manifest import EmbeddingConfig
 from edgesdk.types import OptimizeMethod
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
@@ -265,7 +266,7 @@ def build_onnx(ctx) -> None:
         model = None  # drop the reference to an nn.Module source before optimization/quantization
     with ctx.stage("optimize"):
         optimized = work / "optimized.onnx"
-        ctx.manifest.setdefault("extras", {})["optimize"] = _optimize(ctx, exported, optimized)
+        ctx.manifest.extras["optimize"] = _optimize(ctx, exported, optimized)
     reference_kind = "pytorch" if ctx.facts.kind in ("hf", "torch") else "onnx-fp32"
     # The ONNX artifact's own precision: the bundle's, except for TensorRT (which converts at engine build).
     artifact_precision = ctx.plan.decision("onnx_precision")
@@ -279,7 +280,7 @@ def build_onnx(ctx) -> None:
             metrics = P.compare(held_out.reference, outputs, held_out.masks)
             thresholds = ctx.thresholds_for(precision)
             miss = P.check_thresholds(metrics, thresholds)
-        ctx.manifest.setdefault("parity", {})[precision] = {**metrics, "thresholds": thresholds, "passed": miss is None,
+        ctx.manifest.parity[precision] = {**metrics, "thresholds": thresholds, "passed": miss is None,
                                                             "reference": reference_kind}
         if miss is None:
             break
@@ -291,7 +292,7 @@ def build_onnx(ctx) -> None:
         precision = nxt
     if artifact_precision is None:
         ctx.set_precision(precision)
-    ctx.manifest.setdefault("extras", {})["quantize"] = qinfo
+    ctx.manifest.extras["quantize"] = qinfo
     src_dir = Path(ctx.source) if ctx.facts.kind == "hf" else None
     if src_dir is not None:
         _stamp_license(final, _card_license(src_dir))
@@ -311,8 +312,8 @@ def build_onnx(ctx) -> None:
             (ctx.staging / "1_Pooling").mkdir(exist_ok=True)
             shutil.copyfile(pooling, ctx.staging / "1_Pooling" / "config.json")
             ctx.add_artifact("1_Pooling/config.json", "config")
-    ctx.manifest["io"] = _io_spec(final)
-    ctx.manifest.setdefault("extras", {})["embedding"] = _embedding_info(src_dir) if src_dir else None
+    ctx.manifest.io = _io_spec(final)
+    ctx.manifest.embedding = _embedding_info(src_dir) if src_dir else None
     from edgesdk.host import dist_of
 
     ctx.runtime_requires.extend([dist_of("onnxruntime"), "numpy", "tokenizers"])
@@ -356,7 +357,7 @@ def _io_spec(path: Path) -> dict:
     return {"inputs": [spec(i) for i in g.input], "outputs": [spec(o) for o in g.output]}
 
 
-def _embedding_info(src_dir: Path) -> dict | None:
+def _embedding_info(src_dir: Path) -> EmbeddingConfig | None:
     modules = src_dir / "modules.json"
     if not modules.is_file():
         return None
@@ -367,4 +368,4 @@ def _embedding_info(src_dir: Path) -> dict | None:
     if pcfg.is_file():
         pooling = json.loads(pcfg.read_text())
     mode = "cls" if pooling.get("pooling_mode_cls_token") else "mean"
-    return {"pooling": mode, "normalize": any(t.endswith("Normalize") for t in types)}
+    return EmbeddingConfig(pooling=mode, normalize=any(t.endswith("Normalize") for t in types))

@@ -47,7 +47,7 @@ def build_tensorrt(ctx) -> None:
     from edgesdk.host import host_env, preflight
 
     build_onnx(ctx)
-    if ctx.manifest.get("format") == "torch":  # ONNX export failed; the torch.export fallback took over
+    if ctx.manifest.format == "torch":  # ONNX export failed; the torch.export fallback took over
         return
     onnx_path = ctx.staging / "model.onnx"
     with ctx.stage("engine"):
@@ -55,7 +55,7 @@ def build_tensorrt(ctx) -> None:
         report = check_capability(onnx_path, ctx.profile, ctx.precision, use_dla=use_dla)
         summary = report.to_dict()["summary"]
         prec = precision_report_from(report) if ctx.precision != "fp32" else None
-        sha = next(a["sha256"] for a in ctx.artifacts if a["path"] == "model.onnx")
+        sha = next(a.sha256 for a in ctx.artifacts if a.path == "model.onnx")
         config = engine_config(ctx, "model.onnx", sha)
         (ctx.staging / "tensorrt").mkdir(exist_ok=True)
         (ctx.staging / "tensorrt" / "engine_config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
@@ -81,8 +81,8 @@ def build_tensorrt(ctx) -> None:
             info["engine"] = {"built": False, "deferred": True, "reason": "; ".join(problems),
                               "how": "edgesdk engine build BUNDLE (on the device), or the first edgesdk.load there"}
             ctx.progress(f"TensorRT engine deferred: {'; '.join(problems)}")
-        ctx.manifest.setdefault("extras", {})["tensorrt"] = info
-        ctx.manifest["backend_chain"] = list(RUNTIME_CHAIN)
+        ctx.manifest.extras["tensorrt"] = info
+        ctx.manifest.runtime.backend_chain = list(RUNTIME_CHAIN)
 
 
 # --------------------------------------------------------------------------------------------- on the device

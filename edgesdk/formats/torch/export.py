@@ -83,16 +83,16 @@ def build_torch_fallback(ctx, export_error: BaseException) -> None:
         ctx.add_artifact("README.md", "model-card")
     ops = forcing_ops(export_error)
     ctx.set_precision("fp32")  # the program runs in the module's own dtype
-    ctx.manifest["format"] = "torch"
-    ctx.manifest["backend_chain"] = ["torch-eager"]
-    ctx.manifest["io"] = {
+    ctx.manifest.format = "torch"
+    ctx.manifest.runtime.backend_chain = ["torch-eager"]
+    ctx.manifest.io = {
         "inputs": [{"name": n, "dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape)}
                    for n, t in zip(names, example)],
         "outputs": [{"name": f"output_{i}", "dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape)}
                     for i, t in enumerate(ref_t)]}
-    ctx.manifest.setdefault("parity", {})["torch-export"] = {"max_abs_diff": max_abs, "samples": 1,
+    ctx.manifest.parity["torch-export"] = {"max_abs_diff": max_abs, "samples": 1,
                                                              "reference": "the nn.Module itself"}
-    ctx.manifest.setdefault("extras", {})["torch_fallback"] = {
+    ctx.manifest.extras["torch_fallback"] = {
         "reason": f"ONNX export failed: {first_line}",
         "forcing_ops": ops,
         "graph_ops": _aten_ops(ep),

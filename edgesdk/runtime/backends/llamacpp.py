@@ -522,7 +522,7 @@ def load_gguf(bundle, ctx) -> LlamaCppBackend:
         import llama_cpp
     except (ImportError, OSError) as exc:  # installed, but its native library does not load
         raise BackendUnavailableError(f"llama-cpp-python is installed but does not load: {exc}") from exc
-    info = dict((bundle.manifest.get("extras") or {}).get("llm") or {})
+    info = bundle.manifest.llm.to_dict() if bundle.manifest.llm is not None else {}
     opts = dict(ctx.options or {})
     route_llama_logs(bool(opts.get("verbose")))
     chat_template = opts.get("chat_template")

@@ -225,7 +225,7 @@ def load_onnx(bundle: Bundle, ctx: LoadContext) -> OnnxRuntimeBackend:
     from edgesdk.extras import check_onnxruntime
 
     check_onnxruntime()
-    chain = ctx.options.get("providers") or bundle.manifest.get("runtime", {}).get("backend_chain") or [
+    chain = ctx.options.get("providers") or bundle.manifest.runtime.backend_chain or [
         "CPUExecutionProvider"]
     backend = OnnxRuntimeBackend(bundle.artifact_path("model"), list(chain), ctx.record_fallback,
                                  threads=ctx.options.get("threads"))
@@ -242,7 +242,7 @@ def _cuda_graph_choice(bundle: Bundle, option: bool | None, profile: Any = None)
     built for: its ``kernels.cuda_graphs.recommended``."""
     if option is not None:
         return bool(option), f"cuda_graphs={'on' if option else 'off'} (option)"
-    name = profile.name if profile is not None else (bundle.manifest.get("profile") or {}).get("name")
+    name = profile.name if profile is not None else bundle.manifest.profile.name
     try:
         if profile is None and name:
             from edgesdk.profiles import resolve_profile

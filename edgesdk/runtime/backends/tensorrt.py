@@ -117,7 +117,7 @@ class OrtFallbackBackend:
 
     def report(self) -> dict[str, Any]:
         rep = self.inner.report()
-        trt = (self._bundle.manifest.get("extras") or {}).get("tensorrt") or {}
+        trt = self._bundle.manifest.extras.get("tensorrt") or {}
         rep["tensorrt"] = {**self._pre, "planned_capability": trt.get("capability"),
                            "precision_report": (trt.get("precision_report") or {}).get("explanation")}
         return rep
@@ -144,7 +144,7 @@ def load_tensorrt(bundle: Bundle, ctx: LoadContext) -> TensorRTEngineBackend | O
 
     # edgesdk.load(..., host=HostFacts(...)) loads as if on another host (ctx.host_facts() returns it).
     env = ctx.host_facts().tensorrt_env()
-    chain = list(bundle.manifest.get("runtime", {}).get("backend_chain") or [ENGINE_STEP, "TensorrtExecutionProvider",
+    chain = list(bundle.manifest.runtime.backend_chain or [ENGINE_STEP, "TensorrtExecutionProvider",
                                                                               "CUDAExecutionProvider",
                                                                               "CPUExecutionProvider"])
     if ctx.options.get("providers"):

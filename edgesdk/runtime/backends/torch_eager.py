@@ -64,11 +64,11 @@ class TorchEagerBackend:
             except Exception as exc:  # noqa: BLE001 - compile failing is itself a fallback to eager
                 ctx.record_fallback("torch.compile", "eager", f"compile failed: {type(exc).__name__}: {exc}"[:200])
         self.module: Any = module
-        io = bundle.manifest.get("io") or {}
+        io = bundle.manifest.io
         self.inputs = tuple(TensorSpec.from_manifest(s) for s in io.get("inputs") or [])
         self.outputs = tuple(TensorSpec.from_manifest(o) for o in io.get("outputs") or [])
         self.output_names = [o.name for o in self.outputs]
-        self._extras = (bundle.manifest.get("extras") or {}).get("torch_fallback") or {}
+        self._extras = bundle.manifest.extras.get("torch_fallback") or {}
         self._times: list[float] = []
         self._precision = bundle.precision or "fp32"
 

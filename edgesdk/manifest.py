@@ -1,0 +1,417 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The bundle manifest as dataclasses: what ``manifest.json`` holds, typed and checked.
+
+``Manifest.from_dict`` is the only way a manifest is read: it checks every field's type (a malformed
+manifest is :class:`~edgesdk.errors.BundleIntegrityError`, exit 7, naming the file and the field), the
+``schema_version`` (a newer major version is refused with one line; older minors of the same major are
+read), and the self-hash ``manifest_sha256`` over every other field, so a manifest edited after the
+build (the pooling mode, the backend chain, the chat settings) is refused like a changed artifact.
+
+Format builders fill a :class:`Manifest` (``ctx.manifest``); ``edgesdk/build.py`` completes it and
+:func:`edgesdk.bundle.write_manifest` writes it. The JSON Schema ``edgesdk/data/manifest.schema.json``
+documents the same layout (a test checks that the two agree); the runtime wheel does not need
+``jsonschema``: these dataclasses are the validator.
+
+Steering fields (what changes the runtime's behaviour) are typed: ``format``, ``precision``,
+``runtime.backend_chain``, ``io``, ``embedding`` (pooling, normalize) and ``llm`` (context, offload,
+threads, flash attention). Format-specific records that only describe the build stay JSON under
+``extras``; all of it is covered by ``manifest_sha256``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field, fields
+from pathlib import PurePosixPath
+from typing import Any
+
+from edgesdk.errors import BundleIntegrityError
+
+SCHEMA = "edgesdk.bundle/1"
+SCHEMA_VERSION = "1.0"
+MANIFEST_MAJOR = 1
+HASH_FIELD = "manifest_sha256"
+MAX_MANIFEST_BYTES = 16 << 20  # a manifest is a few KiB; anything this big is not one of ours
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_VERSION = re.compile(r"^(\d+)\.(\d+)$")
+POOLING_MODES = ("mean", "cls")
+
+
+class ManifestFieldError(Exception):
+    """A field of the wrong type or value (``where`` is the dotted field name)."""
+
+    def __init__(self, where: str, message: str):
+        super().__init__(f"{where}: {message}")
+        self.where = where
+
+
+def _type_name(value: object) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "an integer",
+            float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _obj(data: Any, where: str) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise ManifestFieldError(where, f"expected an object, got {_type_name(data)}")
+    return data
+
+
+def _str(data: Any, where: str, *, optional: bool = False) -> Any:
+    if data is None and optional:
+        return None
+    if not isinstance(data, str):
+        raise ManifestFieldError(where, f"expected a string, got {_type_name(data)}")
+    return data
+
+
+def _int(data: Any, where: str, *, minimum: int | None = None, optional: bool = False) -> Any:
+    if data is None and optional:
+        return None
+    if not isinstance(data, int) or isinstance(data, bool):
+        raise ManifestFieldError(where, f"expected an integer, got {_type_name(data)}")
+    if minimum is not None and data < minimum:
+        raise ManifestFieldError(where, f"expected an integer >= {minimum}, got {data}")
+    return data
+
+
+def _bool(data: Any, where: str) -> bool:
+    if not isinstance(data, bool):
+        raise ManifestFieldError(where, f"expected a boolean, got {_type_name(data)}")
+    return data
+
+
+def _str_list(data: Any, where: str) -> list[str]:
+    if not isinstance(data, list):
+        raise ManifestFieldError(where, f"expected an array of strings, got {_type_name(data)}")
+    return [_str(v, f"{where}[{i}]") for i, v in enumerate(data)]
+
+
+def _obj_list(data: Any, where: str) -> list[dict[str, Any]]:
+    if not isinstance(data, list):
+        raise ManifestFieldError(where, f"expected an array of objects, got {_type_name(data)}")
+    return [_obj(v, f"{where}[{i}]") for i, v in enumerate(data)]
+
+
+def safe_relpath(rel: Any, where: str) -> str:
+    """A bundle-relative POSIX path that stays inside the bundle (no absolute, ``..``, ``\\``, or empty)."""
+    rel = _str(rel, where)
+    p = PurePosixPath(rel)
+    if not rel or rel.startswith("/") or "\\" in rel or ".." in p.parts or "\x00" in rel or str(p) in ("", "."):
+        raise ManifestFieldError(where, f"artifact path escapes the bundle: {rel}")
+    return str(p)
+
+
+# --------------------------------------------------------------------------------------------- sections
+
+@dataclass(frozen=True)
+class Artifact:
+    """One file of the bundle: bundle-relative path, role, sha256, size."""
+
+    path: str
+    role: str
+    sha256: str
+    bytes: int
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "artifacts[]") -> Artifact:
+        d = _obj(data, where)
+        for key in ("path", "sha256"):
+            if key not in d:
+                raise ManifestFieldError(where, f"missing {key!r}")
+        sha = _str(d["sha256"], f"{where}.sha256")
+        if not _HEX64.match(sha):
+            raise ManifestFieldError(f"{where}.sha256", "expected 64 lowercase hex digits")
+        return cls(path=safe_relpath(d["path"], f"{where}.path"), role=_str(d.get("role", ""), f"{where}.role"),
+                   sha256=sha, bytes=_int(d.get("bytes", 0), f"{where}.bytes", minimum=0))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "role": self.role, "sha256": self.sha256, "bytes": self.bytes}
+
+
+@dataclass
+class ModelInfo:
+    """What was built: name and task (typed), the source's hash, and the inspected facts (``details``)."""
+
+    name: str = ""
+    task: str | None = None
+    source_sha256: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "model") -> ModelInfo:
+        d = dict(_obj(data, where))
+        return cls(name=_str(d.pop("name", ""), f"{where}.name", optional=True) or "",
+                   task=_str(d.pop("task", None), f"{where}.task", optional=True),
+                   source_sha256=_str(d.pop("source_sha256", None), f"{where}.source_sha256", optional=True),
+                   details=d)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.details, "name": self.name, "task": self.task, "source_sha256": self.source_sha256}
+
+
+@dataclass
+class ProfileRef:
+    """The device profile the bundle was built for."""
+
+    name: str | None = None
+    sha256: str | None = None
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "profile") -> ProfileRef:
+        d = _obj(data, where)
+        return cls(name=_str(d.get("name"), f"{where}.name", optional=True),
+                   sha256=_str(d.get("sha256"), f"{where}.sha256", optional=True),
+                   summary=_obj(d.get("summary") or {}, f"{where}.summary"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "sha256": self.sha256, "summary": self.summary}
+
+
+@dataclass
+class RuntimeInfo:
+    """The backend chain the runtime walks, and the distributions it needs."""
+
+    backend_chain: list[str] = field(default_factory=list)
+    requires: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "runtime") -> RuntimeInfo:
+        d = _obj(data, where)
+        return cls(backend_chain=_str_list(d.get("backend_chain") or [], f"{where}.backend_chain"),
+                   requires=_str_list(d.get("requires") or [], f"{where}.requires"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"backend_chain": list(self.backend_chain), "requires": list(self.requires)}
+
+
+@dataclass
+class EmbeddingConfig:
+    """How a text encoder's token states become one vector (steers ``Session.embed``)."""
+
+    pooling: str = "mean"
+    normalize: bool = True
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "extras.embedding") -> EmbeddingConfig:
+        d = _obj(data, where)
+        pooling = _str(d.get("pooling", "mean"), f"{where}.pooling")
+        if pooling not in POOLING_MODES:
+            raise ManifestFieldError(f"{where}.pooling", f"expected one of {', '.join(POOLING_MODES)}, got {pooling!r}")
+        return cls(pooling=pooling, normalize=_bool(d.get("normalize", True), f"{where}.normalize"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pooling": self.pooling, "normalize": self.normalize}
+
+
+@dataclass
+class LLMConfig:
+    """llama.cpp settings the plan chose (steer the GGUF runtime); ``details`` describes the file."""
+
+    n_ctx: int = 2048
+    n_gpu_layers: int | str = 0  # an integer or "all"
+    flash_attn: bool = False
+    threads: int | str = "auto"  # an integer or "auto"
+    quant_type: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "extras.llm") -> LLMConfig:
+        d = dict(_obj(data, where))
+        ngl = d.pop("n_gpu_layers", 0)
+        if ngl != "all":
+            _int(ngl, f"{where}.n_gpu_layers", minimum=0)
+        threads = d.pop("threads", "auto")
+        if threads != "auto":
+            _int(threads, f"{where}.threads", minimum=1)
+        return cls(n_ctx=_int(d.pop("n_ctx", 2048), f"{where}.n_ctx", minimum=1), n_gpu_layers=ngl,
+                   flash_attn=_bool(d.pop("flash_attn", False), f"{where}.flash_attn"), threads=threads,
+                   quant_type=_str(d.pop("quant_type", ""), f"{where}.quant_type"), details=d)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"n_ctx": self.n_ctx, "n_gpu_layers": self.n_gpu_layers, "flash_attn": self.flash_attn,
+                "threads": self.threads, "quant_type": self.quant_type, **self.details}
+
+
+def _io(data: Any, where: str = "io") -> dict[str, Any]:
+    d = _obj(data, where)
+    for key in ("inputs", "outputs"):
+        if key in d:
+            for i, entry in enumerate(_obj_list(d[key], f"{where}.{key}")):
+                _str(entry.get("name"), f"{where}.{key}[{i}].name")
+    return d
+
+
+# --------------------------------------------------------------------------------------------- manifest
+
+# Top-level keys this version reads; any other key (a newer minor's addition) is kept in ``other``.
+_KNOWN = ("schema", "schema_version", HASH_FIELD, "bundle_id", "created", "model", "profile", "format",
+          "precision", "plan", "fallbacks", "artifacts", "runtime", "io", "parity", "license", "tools", "build",
+          "extras")
+
+
+@dataclass
+class Manifest:
+    """``manifest.json``. Builders fill the steering fields; ``edgesdk/build.py`` the rest."""
+
+    format: str = ""
+    precision: str = ""
+    bundle_id: str = ""
+    created: str = ""
+    model: ModelInfo = field(default_factory=ModelInfo)
+    profile: ProfileRef = field(default_factory=ProfileRef)
+    plan: dict[str, Any] = field(default_factory=dict)
+    fallbacks: list[dict[str, Any]] = field(default_factory=list)
+    artifacts: list[Artifact] = field(default_factory=list)
+    runtime: RuntimeInfo = field(default_factory=RuntimeInfo)
+    io: dict[str, Any] = field(default_factory=dict)
+    parity: dict[str, Any] = field(default_factory=dict)
+    license: dict[str, Any] = field(default_factory=dict)
+    tools: dict[str, Any] = field(default_factory=dict)
+    build: dict[str, Any] = field(default_factory=dict)
+    embedding: EmbeddingConfig | None = None  # JSON: extras.embedding
+    llm: LLMConfig | None = None  # JSON: extras.llm
+    extras: dict[str, Any] = field(default_factory=dict)  # format-specific records (describe, never steer)
+    schema_version: str = SCHEMA_VERSION
+    manifest_sha256: str = ""  # over every other field; set by to_json()
+    other: dict[str, Any] = field(default_factory=dict)  # top-level keys of a newer minor version
+
+    # ------------------------------------------------------------------ queries
+    def artifacts_with(self, role: str | None = None) -> list[Artifact]:
+        return [a for a in self.artifacts if role is None or a.role == role]
+
+    def artifact(self, rel: str) -> Artifact | None:
+        return next((a for a in self.artifacts if a.path == rel), None)
+
+    # ------------------------------------------------------------------ JSON
+    def to_dict(self) -> dict[str, Any]:
+        extras = dict(self.extras)
+        if self.embedding is not None:
+            extras["embedding"] = self.embedding.to_dict()
+        if self.llm is not None:
+            extras["llm"] = self.llm.to_dict()
+        d: dict[str, Any] = {
+            "schema": SCHEMA, "schema_version": self.schema_version, "bundle_id": self.bundle_id,
+            "created": self.created, "model": self.model.to_dict(), "profile": self.profile.to_dict(),
+            "format": self.format, "precision": self.precision, "plan": self.plan, "fallbacks": self.fallbacks,
+            "artifacts": [a.to_dict() for a in sorted(self.artifacts, key=lambda a: a.path)],
+            "runtime": self.runtime.to_dict(), "io": self.io, "parity": self.parity, "license": self.license,
+            "tools": self.tools, "build": self.build, "extras": extras, **self.other,
+        }
+        return d
+
+    def to_json(self) -> str:
+        """The file's text, with ``manifest_sha256`` computed over everything else."""
+        body = json.loads(json.dumps(self.to_dict(), default=str))  # tuples -> lists, paths -> str
+        body[HASH_FIELD] = self.manifest_sha256 = content_hash(body)
+        return json.dumps(body, indent=2) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "manifest.json") -> Manifest:
+        """Check and read a parsed manifest; every problem is one BundleIntegrityError naming ``where``."""
+        try:
+            return cls._from_dict(data)
+        except ManifestFieldError as exc:
+            raise BundleIntegrityError(f"{where}: invalid manifest: {exc}",
+                                       hint="the bundle was damaged or edited; rebuild it") from None
+        except RecursionError:
+            raise BundleIntegrityError(f"{where}: invalid manifest: nested too deeply") from None
+
+    @classmethod
+    def _from_dict(cls, data: Any) -> Manifest:
+        d = _obj(data, "manifest")
+        if d.get("schema") != SCHEMA:
+            raise ManifestFieldError("schema", f"unknown manifest schema {d.get('schema')!r} (expected {SCHEMA})")
+        check_version(d.get("schema_version"))
+        extras = dict(_obj(d.get("extras") or {}, "extras"))
+        emb, llm = extras.pop("embedding", None), extras.pop("llm", None)
+        artifacts = [Artifact.from_dict(a, f"artifacts[{i}]") for i, a in enumerate(_list(d.get("artifacts"),
+                                                                                              "artifacts"))]
+        seen: set[str] = set()
+        for a in artifacts:
+            if a.path in seen or a.path == "manifest.json":
+                raise ManifestFieldError("artifacts", f"{a.path} listed twice (or is the manifest itself)")
+            seen.add(a.path)
+        if HASH_FIELD not in d:
+            raise ManifestFieldError(HASH_FIELD, "missing (every manifest of schema 1.x carries its own hash)")
+        sha = _str(d[HASH_FIELD], HASH_FIELD)
+        return cls(
+            format=_str(d.get("format", ""), "format"), precision=_str(d.get("precision") or "", "precision"),
+            bundle_id=_str(d.get("bundle_id", ""), "bundle_id"), created=_str(d.get("created", ""), "created"),
+            model=ModelInfo.from_dict(d.get("model") or {}), profile=ProfileRef.from_dict(d.get("profile") or {}),
+            plan=_obj(d.get("plan") or {}, "plan"), fallbacks=_obj_list(d.get("fallbacks") or [], "fallbacks"),
+            artifacts=artifacts, runtime=RuntimeInfo.from_dict(d.get("runtime") or {}),
+            io=_io(d.get("io") or {}), parity=_obj(d.get("parity") or {}, "parity"),
+            license=_obj(d.get("license") or {}, "license"), tools=_obj(d.get("tools") or {}, "tools"),
+            build=_obj(d.get("build") or {}, "build"),
+            embedding=EmbeddingConfig.from_dict(emb) if emb is not None else None,
+            llm=LLMConfig.from_dict(llm) if llm is not None else None, extras=extras,
+            schema_version=d["schema_version"], manifest_sha256=sha,
+            other={k: v for k, v in d.items() if k not in _KNOWN})
+
+
+def _list(data: Any, where: str) -> list[Any]:
+    if not isinstance(data, list):
+        raise ManifestFieldError(where, f"expected an array, got {_type_name(data)}" if data is not None
+                                 else "missing")
+    return data
+
+
+def check_version(version: Any) -> None:
+    """Accept ``1.x`` (older or newer minors); refuse a missing version, a newer major, or nonsense."""
+    if version is None:
+        raise ManifestFieldError("schema_version", "missing (the bundle was written by an edgesdk older than "
+                                 "manifest schema 1.0, before manifests were hashed): rebuild the bundle")
+    m = _VERSION.match(version) if isinstance(version, str) else None
+    if m is None:
+        raise ManifestFieldError("schema_version", f"expected \"MAJOR.MINOR\", got {version!r}")
+    major = int(m.group(1))
+    if major > MANIFEST_MAJOR:
+        raise ManifestFieldError("schema_version", f"{version} is newer than this edgesdk reads "
+                                 f"({MANIFEST_MAJOR}.x): upgrade edgesdk to load this bundle")
+    if major < MANIFEST_MAJOR:
+        raise ManifestFieldError("schema_version", f"{version} is older than {MANIFEST_MAJOR}.x: rebuild the bundle")
+
+
+def content_hash(body: dict[str, Any]) -> str:
+    """sha256 of the canonical JSON (sorted keys, compact) of ``body`` without ``manifest_sha256``."""
+    rest = {k: v for k, v in body.items() if k != HASH_FIELD}
+    canon = json.dumps(rest, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canon.encode("utf-8")).hexdigest()
+
+
+def parse_manifest(text: bytes, where: str) -> Manifest:
+    """Bytes of ``manifest.json`` -> a checked :class:`Manifest` whose self-hash matches (else exit 7)."""
+    if len(text) > MAX_MANIFEST_BYTES:
+        raise BundleIntegrityError(f"{where}: manifest is {len(text)} bytes (limit {MAX_MANIFEST_BYTES})")
+    try:
+        data = json.loads(text.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+        raise BundleIntegrityError(f"{where}: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise BundleIntegrityError(f"{where}: not valid JSON (nested too deeply)") from None
+    manifest = Manifest.from_dict(data, where)
+    try:
+        actual = content_hash(data)
+    except (RecursionError, ValueError) as exc:
+        raise BundleIntegrityError(f"{where}: manifest cannot be hashed ({exc})") from None
+    if actual != manifest.manifest_sha256:
+        raise BundleIntegrityError(f"{where}: manifest_sha256 mismatch (the manifest was edited after the build)",
+                                   hint="rebuild the bundle")
+    return manifest
+
+
+def manifest_field_names() -> list[str]:
+    """Top-level JSON keys a manifest of this version writes (the schema test compares them)."""
+    names = [f.name for f in fields(Manifest) if f.name not in ("embedding", "llm", "other")]
+    return sorted([*names, "schema"])
+
+
+def json_schema() -> dict[str, Any]:
+    """The shipped JSON Schema of this manifest version (``edgesdk/data/manifest.schema.json``)."""
+    from edgesdk.resources import read_data_text
+
+    schema: dict[str, Any] = json.loads(read_data_text("manifest.schema.json"))
+    return schema
