@@ -115,6 +115,10 @@ def _check_policy(data: dict, path: str) -> None:
     unknown = set(data) - _POLICY_KEYS
     if unknown:
         raise InputError(f"{path}: unknown policy key(s) {sorted(unknown)}; expected {sorted(_POLICY_KEYS)}")
+    for key in ("categories", "licenses", "exceptions", "license_categories"):
+        section = data.get(key)
+        if section is not None and (not isinstance(section, dict) or not all(isinstance(k, str) for k in section)):
+            raise InputError(f"{path}: {key} must be a mapping of names to values, got {type(section).__name__}")
     for key in ("categories", "licenses", "exceptions"):
         for name, action in (data.get(key) or {}).items():
             if action not in ACTIONS:

@@ -47,6 +47,8 @@ def read_user_yaml(path, what: str):
         raise InputError(f"cannot read {what} {path}: {exc.strerror}") from exc
     except yaml.YAMLError as exc:
         raise InputError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from exc
+    except (UnicodeDecodeError, RecursionError) as exc:
+        raise InputError(f"{path}: not a readable YAML {what} ({type(exc).__name__})") from exc
 
 
 @functools.lru_cache(maxsize=1)

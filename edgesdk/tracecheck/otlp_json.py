@@ -113,7 +113,7 @@ def _normalise(node):
 def _int(value, default: int = 0) -> int:
     try:
         return int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: int(float("inf"))
         return default
 
 
@@ -216,12 +216,17 @@ def _add_document(document, line: int, result: TelemetryFile) -> bool:
         return found
     if not isinstance(document, dict):
         return False
-    document = _normalise(document)
-    if "resourceSpans" in document or "resourceMetrics" in document:
-        result.requests += 1
-        _read_spans(document, line, result)
-        _read_metrics(document, line, result)
-        return True
+    try:
+        document = _normalise(document)
+        if "resourceSpans" in document or "resourceMetrics" in document:
+            result.requests += 1
+            _read_spans(document, line, result)
+            _read_metrics(document, line, result)
+            return True
+    except (AttributeError, TypeError, ValueError, OverflowError, RecursionError) as exc:
+        # A field of the wrong JSON type (a span that is null, attributes that are a string, ...)
+        raise TraceFileError(f"{result.path}:{line}: not OTLP/JSON ({type(exc).__name__}: {str(exc)[:80]})",
+                             hint="expected OTLP/JSON lines or one OTLP/JSON document") from exc
     return "resourceLogs" in document  # a logs line from the collector's file exporter: valid, not checked
 
 
