@@ -23,7 +23,11 @@ from edgesdk.profiles import Profile, resolve_profile
 from edgesdk.runtime.backend import Backend, LLMBackend, LoadContext, check_feeds
 from edgesdk.runtime.backends import get_loader
 
-__all__ = ["LoadContext", "Session", "load"]  # LoadContext lives in runtime/backend.py
+# embed() runs at most this many texts per backend call: memory grows with batch x padded length^2
+# (attention), so one call with 1,000 texts would otherwise be one huge batch.
+EMBED_MAX_BATCH = 32
+
+__all__ = ["EMBED_MAX_BATCH", "LoadContext", "Session", "load"]  # LoadContext lives in runtime/backend.py
 
 
 class Session:
@@ -79,32 +83,44 @@ class Session:
             self._tokenizer = tok
         return self._tokenizer
 
-    def embed(self, texts: str | list[str], *, normalize: bool | None = None) -> np.ndarray:
-        """Sentence embeddings (pooling as the model's sentence-transformers config says), shape [n, dim]."""
+    def embed(self, texts: str | list[str], *, normalize: bool | None = None,
+              max_batch: int = EMBED_MAX_BATCH) -> np.ndarray:
+        """Sentence embeddings (pooling as the model's sentence-transformers config says), shape [n, dim].
+
+        Texts run in batches of at most ``max_batch`` (default :data:`EMBED_MAX_BATCH`), each padded to its
+        own longest text, so memory is bounded by one batch whatever the number of texts."""
         if isinstance(texts, str):
             texts = [texts]
         if not texts or not all(isinstance(t, str) for t in texts):
             raise ShapeError("embed() takes a non-empty string or list of strings")
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            raise ShapeError(f"embed(max_batch=...) must be a positive integer, got {max_batch!r}")
         tok = self._text_tokenizer()
-        encs = tok.encode_batch(texts)
         names = {spec.name for spec in self.backend.inputs}
-        feeds = {"input_ids": np.asarray([e.ids for e in encs], dtype=np.int64),
-                 "attention_mask": np.asarray([e.attention_mask for e in encs], dtype=np.int64),
-                 "token_type_ids": np.asarray([e.type_ids for e in encs], dtype=np.int64)}
-        feeds = {k: v for k, v in feeds.items() if k in names}
-        with telemetry.inference("embeddings", self._model, self.backend.provider, attributes=self._attrs) as rec:
-            rec.set_input_tokens(int(feeds["attention_mask"].sum()))
-            hidden = next(iter(self.backend.run(feeds).values()))
-            rec.set_attribute("gen_ai.embeddings.dimension.count", int(hidden.shape[-1]))  # semconv: recommended
         info = self.bundle.manifest.embedding or EmbeddingConfig()  # steering: covered by manifest_sha256
-        if hidden.ndim == 3:
-            if info.pooling == "cls":
-                emb = hidden[:, 0, :]
+        parts = []
+        for start in range(0, len(texts), max_batch):
+            encs = tok.encode_batch(texts[start:start + max_batch])
+            feeds = {"input_ids": np.asarray([e.ids for e in encs], dtype=np.int64),
+                     "attention_mask": np.asarray([e.attention_mask for e in encs], dtype=np.int64),
+                     "token_type_ids": np.asarray([e.type_ids for e in encs], dtype=np.int64)}
+            mask_all = feeds["attention_mask"]
+            feeds = {k: v for k, v in feeds.items() if k in names}
+            with telemetry.inference("embeddings", self._model, self.backend.provider,
+                                     attributes=self._attrs) as rec:
+                rec.set_input_tokens(int(mask_all.sum()))
+                hidden = next(iter(self.backend.run(feeds).values()))
+                rec.set_attribute("gen_ai.embeddings.dimension.count", int(hidden.shape[-1]))  # semconv: recommended
+            if hidden.ndim == 3:
+                if info.pooling == "cls":
+                    emb = hidden[:, 0, :]
+                else:
+                    mask = mask_all[..., None].astype(np.float32)
+                    emb = (hidden * mask).sum(axis=1) / np.clip(mask.sum(axis=1), 1e-9, None)
             else:
-                mask = feeds["attention_mask"][..., None].astype(np.float32)
-                emb = (hidden * mask).sum(axis=1) / np.clip(mask.sum(axis=1), 1e-9, None)
-        else:
-            emb = hidden
+                emb = hidden
+            parts.append(np.asarray(emb, dtype=np.float32))
+        emb = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
         if normalize if normalize is not None else info.normalize:
             emb = emb / np.clip(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12, None)
         return emb.astype(np.float32)

@@ -18,6 +18,33 @@ from edgesdk.manifest import LLMConfig
 from edgesdk.resources import data_file
 
 PPL_TEXT = data_file("ppl_text.txt")
+SANITY_PROMPT = "The quick brown fox jumps over the lazy dog. Edge devices run small language models"
+SANITY_MAX_TOKENS = 24
+
+
+def sanity_check(path: Path, label: str | None = None) -> dict:
+    """Load the built GGUF with llama.cpp and evaluate a fixed prompt: every logit must be finite and the
+    logits must not be constant (weights of NaN, Inf or zeros fail here). Runs on every GGUF build,
+    a repackaged one included; a prompt of <= 24 tokens costs well under a second for small models."""
+    import numpy as np
+
+    llm = conv._open_llama(path, n_ctx=64, logits_all=True)
+    try:
+        tokens = llm.tokenize(SANITY_PROMPT.encode("utf-8"), add_bos=True, special=False)[:SANITY_MAX_TOKENS]
+        logits = conv._eval_logits(llm, tokens)
+    finally:
+        llm.close()
+    with np.errstate(all="ignore"):
+        bad = int(np.count_nonzero(~np.isfinite(logits)))
+        spread = float(np.nanmax(logits) - np.nanmin(logits)) if bad < logits.size else 0.0
+    result = {"prompt_tokens": len(tokens), "nonfinite_logits": bad, "logit_range": round(spread, 4)}
+    if bad:
+        raise ParityError(f"{label or path}: {bad} of {logits.size} logits on the sanity prompt are NaN/Inf "
+                          "(the weights are broken)", hint="rebuild the GGUF from a good source")
+    if spread == 0.0:
+        raise ParityError(f"{label or path}: every logit on the sanity prompt is the same value (the weights are "
+                          "broken)", hint="rebuild the GGUF from a good source")
+    return result
 
 
 def build_gguf(ctx) -> None:
@@ -88,6 +115,8 @@ def _verify(ctx, reference: Path, final: Path, quant: str, n_ctx: int, *, change
                 logits["top1_agreement"] < thresholds.get("logits_min_top1", LOGITS_MIN_TOP1):
             raise ParityError(f"F16 GGUF logits differ from the HF model: min cosine {logits['min_cosine']:.5f}, "
                               f"top-1 agreement {logits['top1_agreement']:.3f} over {logits['positions']} positions")
+    ctx.progress("sanity: finite, non-constant logits on a fixed prompt")
+    result["sanity"] = sanity_check(final, f"{quant} GGUF built from {facts.source}")
     if not changed:
         # Repackaged: the bytes are the source's (the bundle records their sha256), so there is nothing
         # to compare; a perplexity run of a large-vocabulary model costs a minute on a 2-core host.

@@ -23,6 +23,57 @@ from edgesdk.types import OptimizeMethod
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
                    "config.json", "modules.json", "sentence_bert_config.json", "preprocessor_config.json")
 FIDELITY = ["int8", "fp16", "bf16", "fp32"]  # lowest to highest
+# Protobuf's 2 GiB limit on one message: larger models keep their weights in "<model>.onnx.data" beside.
+INLINE_MAX_BYTES = 1_800_000_000
+
+
+def _has_external(model) -> bool:
+    from onnx import TensorProto
+
+    return any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer)
+
+
+def save_onnx(model, out: Path, *, external: bool | None = None) -> None:
+    """Save ``model`` (weights loaded) to ``out``; weights go to ``out.name + ".data"`` beside it when the
+    model is too large for one protobuf (or ``external``), which is how ONNX stores models over 2 GB."""
+    import onnx
+
+    data = out.with_name(out.name + ".data")
+    if data.exists():
+        data.unlink()
+    if external is None:
+        external = model.ByteSize() > INLINE_MAX_BYTES
+    if external:
+        onnx.save(model, str(out), save_as_external_data=True, all_tensors_to_one_file=True, location=data.name,
+                  size_threshold=0)
+    else:
+        onnx.save(model, str(out))
+
+
+def copy_onnx(src: Path, out: Path) -> None:
+    """Copy an ONNX model with its external data (if any) to ``out`` (+ ``out.onnx.data``)."""
+    import onnx
+
+    head = onnx.load(str(src), load_external_data=False)
+    if not _has_external(head):
+        shutil.copyfile(src, out)
+        return
+    save_onnx(onnx.load(str(src)), out, external=True)
+
+
+def check_ort_loads(path: Path) -> None:
+    """ONNX Runtime must accept the source graph; a graph it rejects is bad input (exit 3) naming the file."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 4
+    try:
+        ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001 - ORT raises its own Fail/InvalidGraph/NotImplemented classes
+        detail = " ".join(str(exc).split())
+        detail = detail.split(" : ", 3)[-1] if " : " in detail else detail
+        detail = detail.split("failed:", 1)[-1] if detail.startswith("Load model from") else detail
+        raise ModelError(f"{path}: ONNX Runtime rejects the model ({type(exc).__name__}: {detail[:200]})") from exc
 
 
 def next_precision(current: str, profile_order: list[str]) -> str | None:
@@ -176,7 +227,7 @@ def _ort_outputs(path: Path, feeds: list[dict], threads: int = 2, chunk: int = 1
 def _optimize(ctx, src: Path, out: Path) -> dict:
     method = OptimizeMethod(ctx.plan.decision("optimize", OptimizeMethod.ONNXSLIM))
     if method is OptimizeMethod.NONE:
-        shutil.copyfile(src, out)
+        copy_onnx(src, out)
         return {"tool": "none", "reason": "plan: none (plain export; ONNX Runtime's session optimizer runs at load)"}
     if method is OptimizeMethod.ORT_TRANSFORMER:
         from edgesdk.formats.onnx.quant import optimize_transformer
@@ -195,7 +246,7 @@ def _optimize(ctx, src: Path, out: Path) -> dict:
             onnxslim.slim(str(src), str(out))
         return {"tool": "onnxslim", "version": onnxslim.__version__}
     except Exception as exc:  # noqa: BLE001 - optimization is optional; record why it did not apply
-        shutil.copyfile(src, out)
+        copy_onnx(src, out)
         return {"tool": "none", "reason": f"onnxslim failed: {type(exc).__name__}: {exc}"[:200]}
 
 
@@ -206,13 +257,13 @@ def _to_fp16(src: Path, out: Path) -> dict:
     model = onnx.load(str(src))
     # Keep graph inputs/outputs FP32 so callers need no casts; keep ops that overflow in FP16 in FP32.
     m16 = convert_float_to_float16(model, keep_io_types=True, op_block_list=["SimplifiedLayerNormalization"])
-    onnx.save(m16, str(out))
+    save_onnx(m16, out)
     return {"method": "onnxruntime.transformers.float16 (keep_io_types)"}
 
 
 def _quantize(ctx, precision: str, src: Path, out: Path, samples: _Samples) -> dict:
     if precision == "fp32":
-        shutil.copyfile(src, out)
+        copy_onnx(src, out)
         return {"method": "none"}
     if precision in ("fp16", "bf16"):
         return _to_fp16(src, out)
@@ -250,7 +301,8 @@ def build_onnx(ctx) -> None:
                 build_torch_fallback(ctx, exc)
                 return
         else:
-            shutil.copyfile(ctx.source, exported)
+            check_ort_loads(Path(ctx.source))
+            copy_onnx(Path(ctx.source), exported)
         if ctx.facts.kind != "hf":
             import onnx
 
@@ -298,7 +350,13 @@ def build_onnx(ctx) -> None:
         _stamp_license(final, _card_license(src_dir))
     elif ctx.facts.kind == "torch" and ctx.options.option("license"):
         _stamp_license(final, {"license": str(ctx.options.option("license"))})
+    if ctx.facts.extra.get("external_data") and not (ctx.staging / "model.onnx.data").is_file():
+        import onnx  # the source kept its weights beside it: so does the bundle (a > 2 GB model must)
+
+        save_onnx(onnx.load(str(final)), final, external=True)
     ctx.add_artifact("model.onnx", "model")
+    if (ctx.staging / "model.onnx.data").is_file():  # weights of a model over 2 GB, beside it: hashed too
+        ctx.add_artifact("model.onnx.data", "model-data")
     if src_dir is not None:
         if (src_dir / "README.md").is_file():  # the model card carries the model's license: it ships along
             shutil.copyfile(src_dir / "README.md", ctx.staging / "README.md")
@@ -312,6 +370,10 @@ def build_onnx(ctx) -> None:
             (ctx.staging / "1_Pooling").mkdir(exist_ok=True)
             shutil.copyfile(pooling, ctx.staging / "1_Pooling" / "config.json")
             ctx.add_artifact("1_Pooling/config.json", "config")
+        if ctx.plan.decision("eager_fallback"):  # GPU profiles: weights for the runtime's eager CUDA fallback
+            from edgesdk.formats.torch.eager import write_eager_weights
+
+            ctx.manifest.extras["eager_fallback"] = write_eager_weights(ctx, src_dir, ctx.precision)
     ctx.manifest.io = _io_spec(final)
     ctx.manifest.embedding = _embedding_info(src_dir) if src_dir else None
     from edgesdk.host import dist_of
@@ -341,7 +403,7 @@ def _stamp_license(model_path: Path, fields: dict) -> None:
         if key not in existing:
             model.metadata_props.add(key=key, value=str(value if not isinstance(value, list) else
                                                          " AND ".join(map(str, value))))
-    onnx.save(model, str(model_path))
+    save_onnx(model, model_path, external=(model_path.with_name(model_path.name + ".data")).is_file() or None)
 
 
 def _io_spec(path: Path) -> dict:
