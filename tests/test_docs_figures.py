@@ -1,0 +1,148 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Figures quoted in the docs agree with the results files they cite (tools/bench/results/*.json).
+
+One row per figure: (doc, regex whose group 1 is the number as the doc prints it, results file, key path).
+The first match in the doc must equal the file's value rounded to the digits the doc shows. A regex that no longer
+matches fails too: when a doc is reworded or a benchmark re-run, update the doc from the file and this
+table with it. Rows whose results file does not exist are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "tools" / "bench" / "results"
+
+N = r"([0-9]+(?:\.[0-9]+)?)"  # a figure as printed
+
+# (doc, regex with the figure as group 1, results file, key path in the JSON; "-key" negates)
+FIGURES: list[tuple[str, str, str, str]] = [
+    # P1: INT8 MiniLM vs FP32 ORT
+    ("docs/benchmarks.md", rf"\| \*\*P1\*\* \|[^\n]*?\| \*\*{N}×\*\*", "p1_int8.json", "results.ours_unfused.ratio_vs_fp32"),
+    ("docs/benchmarks.md", rf"\| \*\*P1\*\* \|[^\n]*?\(paired {N}×\)", "p1_int8.json",
+     "results.ours_unfused.paired_ratio_vs_fp32"),
+    ("docs/benchmarks.md", rf"\| \*\*P1\*\* \|[^\n]*?at \*\*min cosine {N}\*\*", "p1_int8.json",
+     "results.ours_unfused.min_cosine"),
+    ("docs/benchmarks.md", rf"\| \*\*P1\*\* \|[^\n]*?preset in the same run: {N}×", "p1_int8.json",
+     "results.optimum_avx512_vnni.ratio_vs_fp32"),
+    ("docs/benchmarks.md", rf"\| \*\*P1\*\* \|[^\n]*?preset in the same run: [\d.]+× at {N}", "p1_int8.json",
+     "results.optimum_avx512_vnni.min_cosine"),
+    ("docs/benchmarks.md", rf"the same models then measure {N} ms \(FP32\)", "p1_int8.json", "results.fp32.p50_ms"),
+    ("docs/benchmarks.md", rf"the same models then measure [\d.]+ ms \(FP32\) and {N} ms \(INT8\)", "p1_int8.json",
+     "results.ours_unfused.p50_ms"),
+    ("README.md", rf"\| P1 [^\n]*?\| {N}×", "p1_int8.json", "results.ours_unfused.ratio_vs_fp32"),
+    ("README.md", rf"\| P1 [^\n]*?\| [\d.]+× at min cosine {N}", "p1_int8.json", "results.ours_unfused.min_cosine"),
+    ("README.md", rf"\| P1 [^\n]*?optimum preset: {N}×", "p1_int8.json", "results.optimum_avx512_vnni.ratio_vs_fp32"),
+    ("README.md", rf"\| P1 [^\n]*?optimum preset: [\d.]+× at {N}", "p1_int8.json",
+     "results.optimum_avx512_vnni.min_cosine"),
+    ("docs/int8.md", rf"\*\*edgesdk INT8\*\*[^\n]*?\| {N} \|", "p1_int8.json", "results.ours_unfused.p50_ms"),
+    ("docs/int8.md", rf"\*\*edgesdk INT8\*\*[^\n]*?\| [\d.]+ \| \*\*{N}\*\*", "p1_int8.json",
+     "results.ours_unfused.ratio_vs_fp32"),
+    ("docs/int8.md", rf"\*\*edgesdk INT8\*\*[^\n]*?\| [\d.]+ \| \*\*[\d.]+\*\* \| {N} \|", "p1_int8.json",
+     "results.ours_unfused.paired_ratio_vs_fp32"),
+    ("docs/int8.md", rf"\*\*edgesdk INT8\*\*[^\n]*?\|[^\n]*?\|[^\n]*?\|[^\n]*?\| \*\*{N}\*\*", "p1_int8.json",
+     "results.ours_unfused.min_cosine"),
+    ("docs/int8.md", rf"\| FP32, optimum export \| {N} \| 1\.000", "p1_int8.json", "results.fp32.p50_ms"),
+    # P2: runtime overhead, ONNX and GGUF
+    ("docs/benchmarks.md", rf"\| \*\*P2\*\* \(ONNX\) \|[^\n]*?\| \*\*{N}×\*\*", "p2_onnx.json", "ratio"),
+    ("docs/benchmarks.md", rf"\| \*\*P2\*\* \(ONNX\) \|[^\n]*?\(p50 {N} vs", "p2_onnx.json", "edgesdk_p50_ms"),
+    ("docs/benchmarks.md", rf"\| \*\*P2\*\* \(ONNX\) \|[^\n]*?\(p50 [\d.]+ vs {N} ms", "p2_onnx.json", "bare_ort_p50_ms"),
+    ("docs/benchmarks.md", rf"\| \*\*P2\*\* \(GGUF\) \|[^\n]*?\| \*\*{N}×\*\*", "p2_gguf.json", "ratio_vs_anchor"),
+    ("docs/benchmarks.md", rf"\| \*\*P2\*\* \(GGUF\) \|[^\n]*?per generated token \({N} interleaved rounds", "p2_gguf.json",
+     "rounds"),
+    ("README.md", rf"\| P2 [^\n]*?\| ONNX {N}×", "p2_onnx.json", "ratio"),
+    ("README.md", rf"\| P2 [^\n]*?GGUF \(telemetry on\) {N}×", "p2_gguf.json", "ratio_vs_anchor"),
+    ("docs/gguf.md", rf"\*\*P2 \(GGUF half\)\*\*.*?\*\*{N}× the faster bare variant\*\*", "p2_gguf.json",
+     "ratio_vs_anchor"),
+    ("docs/gguf.md", rf"\*\*P2 \(GGUF half\)\*\*.*?OTLP-JSON lines {N} ms/token", "p2_gguf.json",
+     "median_ms_per_token.edgesdk"),
+    ("docs/gguf.md", rf"\*\*P2 \(GGUF half\)\*\*.*?bare `create_completion`\s+{N}", "p2_gguf.json",
+     "median_ms_per_token.bare_completion"),
+    ("docs/gguf.md", rf"\*\*P2 \(GGUF half\)\*\*.*?bare\s+`Llama.generate` loop {N}", "p2_gguf.json",
+     "median_ms_per_token.bare_generate"),
+    ("docs/gguf.md", rf"\*\*P2 \(GGUF half\)\*\*.*?per request, {N} interleaved rounds", "p2_gguf.json", "rounds"),
+    # P3: build wall / RSS vs optimum
+    ("docs/benchmarks.md", rf"\| \*\*P3\*\* \|[^\n]*?\| \*\*{N}× wall\*\*", "p3_build.json", "wall_ratio"),
+    ("docs/benchmarks.md", rf"\| \*\*P3\*\* \|[^\n]*?wall\*\* \({N} vs", "p3_build.json", "edgesdk.wall_s"),
+    ("docs/benchmarks.md", rf"\| \*\*P3\*\* \|[^\n]*?wall\*\* \([\d.]+ vs {N} s\)", "p3_build.json", "optimum.wall_s"),
+    ("docs/benchmarks.md", rf"\| \*\*P3\*\* \|[^\n]*?\*\*{N}× peak RSS\*\*", "p3_build.json", "rss_ratio"),
+    ("docs/benchmarks.md", rf"\| \*\*P3\*\* \|[^\n]*?peak RSS\*\* \({N} vs", "p3_build.json", "edgesdk.peak_rss_gb"),
+    ("docs/benchmarks.md", rf"\| \*\*P3\*\* \|[^\n]*?peak RSS\*\* \([\d.]+ vs {N} GB\)", "p3_build.json",
+     "optimum.peak_rss_gb"),
+    ("README.md", rf"\| P3 [^\n]*?\| {N}× wall", "p3_build.json", "wall_ratio"),
+    ("README.md", rf"\| P3 [^\n]*?\| [\d.]+× wall, {N}× peak RSS", "p3_build.json", "rss_ratio"),
+    # P4: planner vs best hand-tuned on the H200
+    ("docs/benchmarks.md", rf"\| \*\*P4\*\* \|[^\n]*?F16: decode \*\*{N}×\*\*", "p4_h200.json", "results.F16.p4_decode_ratio"),
+    ("docs/benchmarks.md", rf"\| \*\*P4\*\* \|[^\n]*?F16: decode[^;]*prefill \*\*{N}×\*\*", "p4_h200.json",
+     "results.F16.p4_prefill_ratio"),
+    ("docs/benchmarks.md", rf"\| \*\*P4\*\* \|[^\n]*?Q4_K_M: decode \*\*{N}×\*\*", "p4_h200.json",
+     "results.Q4_K_M.p4_decode_ratio"),
+    ("docs/benchmarks.md", rf"\| \*\*P4\*\* \|[^\n]*?Q4_K_M: decode[^\n]*?prefill \*\*{N}×\*\*", "p4_h200.json",
+     "results.Q4_K_M.p4_prefill_ratio"),
+    ("docs/benchmarks.md", rf"\| \*\*P4\*\* \|[^\n]*?F16: decode \*\*[\d.]+×\*\* \({N} tok/s\)", "p4_h200.json",
+     "results.F16.runs.planner.decode_tok_s"),
+    # P5: license check vs ScanCode
+    ("docs/benchmarks.md", rf"\| \*\*P5\*\* \|[^\n]*?\| \*\*{N} s\*\* \(median of 3\)", "p5_licenses.json",
+     "ours.median_wall_s"),
+    ("docs/benchmarks.md", rf"\| \*\*P5\*\* \|[^\n]*?\(median of 3\) vs {N} s", "p5_licenses.json", "scancode.wall_s"),
+    ("docs/benchmarks.md", rf"\| \*\*P5\*\* \|[^\n]*?MiniLM bundle \+ {N} installed distributions", "p5_licenses.json",
+     "inputs.distributions"),
+    ("README.md", rf"\| P5 [^\n]*?\| {N} s vs", "p5_licenses.json", "ours.median_wall_s"),
+    ("README.md", rf"\| P5 [^\n]*?\| [\d.]+ s vs {N} s", "p5_licenses.json", "scancode.wall_s"),
+    # the profiler on the H200
+    ("docs/profiler.md", rf"Torch\s+eager, batch 1, seq 128: FP32 p50 {N} ms", "profiler_h200_torch.json",
+     "torch_eager_fp32.latency_ms.p50"),
+    ("docs/profiler.md", rf"Torch\s+eager, batch 1, seq 128: FP32 p50 [\d.]+ ms, FP16 {N} ms", "profiler_h200_torch.json",
+     "torch_eager_fp16.latency_ms.p50"),
+    ("docs/profiler.md", rf"profiler overhead −{N} %", "profiler_h200_torch.json", "-torch_eager_fp32.overhead.overhead_pct"),
+    ("docs/profiler.md", rf"profiler overhead −[\d.]+ % / −{N} %", "profiler_h200_torch.json",
+     "-torch_eager_fp16.overhead.overhead_pct"),
+    # profiler overhead, eager fallback
+    ("docs/benchmarks.md", rf"\| profiler \|[^\n]*?\| \*\*\+{N} %\*\*", "profiler_overhead.json", "overhead_pct"),
+    ("docs/profiler.md", rf"profiler_overhead\.json`: profiler overhead.*?\+{N} %", "profiler_overhead.json",
+     "overhead_pct"),
+    ("docs/benchmarks.md", rf"\| eager \|[^\n]*?\| \*\*{N}×\*\* slower", "eager_fallback.json", "ratio_eager_vs_anchor_p50"),
+    ("docs/benchmarks.md", rf"\| eager \|[^\n]*?slower \({N} vs", "eager_fallback.json", "torch_export_eager_ms.p50"),
+    ("docs/benchmarks.md", rf"\| eager \|[^\n]*?slower \([\d.]+ vs {N} ms", "eager_fallback.json", "anchor_ort_cpu_ms.p50"),
+]
+
+
+def _value(data, path: str):
+    """The number at ``a.b.0.c``; a leading ``-`` negates it (the doc prints the sign as text: "−6.6 %")."""
+    if path.startswith("-"):
+        return -_value(data, path[1:])
+    for part in path.split("."):
+        data = data[int(part)] if isinstance(data, list) else data[part]
+    return data
+
+
+@pytest.mark.parametrize("doc,pattern,results,key", FIGURES,
+                         ids=[f"{d}:{r}:{k}" for d, _, r, k in FIGURES])
+def test_doc_figure_matches_results_file(doc: str, pattern: str, results: str, key: str):
+    path = RESULTS / results
+    if not path.exists():
+        pytest.skip(f"{results} is not in tools/bench/results")
+    text = (REPO / doc).read_text(encoding="utf-8")
+    match = re.search(pattern, text, flags=re.S)
+    assert match, (f"{doc} no longer quotes this figure ({pattern!r}): update the doc from {results} "
+                   "and this row of tests/test_docs_figures.py")
+    value = float(_value(json.loads(path.read_text()), key))
+    shown = match.group(1)
+    digits = len(shown.partition(".")[2])
+    assert abs(float(shown) - value) <= 0.5 * 10 ** -digits + 1e-9, (
+        f"{doc} says {shown}, {results} {key} = {value} (would print {value:.{digits}f})")
+
+
+def test_every_cited_results_file_exists():
+    """A doc that names tools/bench/results/X cites a file that is there."""
+    missing = []
+    for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for name in re.findall(r"tools/bench/results/([\w.-]+\.(?:json|md))", doc.read_text(encoding="utf-8")):
+            if not (RESULTS / name).exists():
+                missing.append(f"{doc.relative_to(REPO)}: {name}")
+    assert not missing, missing
