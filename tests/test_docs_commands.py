@@ -570,3 +570,28 @@ def test_synopsis_options_exist(doc: str, line: int, text: str):
     shown = re.findall(r"(?<![\w.-])(--?[A-Za-z][\w-]*)", text)
     missing = [o for o in shown if o not in opts]
     assert not missing, f"{doc}:{line}: `{name}` has no option(s) {missing} (it has {sorted(opts)})"
+
+
+def _inline_spans() -> list[tuple[str, int, str]]:
+    found = []
+    for path in DOCS:
+        text = path.read_text(encoding="utf-8")
+        prose = re.sub(r"^\s*(`{3,}|~{3,}).*?^\s*\1", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S | re.M)
+        for m in re.finditer(r"`(edgesdk [^`\n]+)`", prose):
+            found.append((str(path.relative_to(REPO)), prose[:m.start()].count("\n") + 1, m.group(1)))
+    return found
+
+
+INLINE = _inline_spans()
+
+
+def test_inline_commands_name_real_options():
+    """`edgesdk ...` in running text: the command exists and every option shown is one of its options."""
+    bad = []
+    for doc, line, span in INLINE:
+        words = re.findall(r"[^\s\[\]|]+", span)[1:]
+        cmd, used, name = cli_command(words)
+        missing = [o for o in re.findall(r"(?<![\w.-])(--?[A-Za-z][\w-]*)", span) if o not in option_table(cmd)]
+        if missing or (used == 0 and words and not words[0].startswith("-")):
+            bad.append(f"{doc}:{line}: `{span}`: " + (f"`{name}` has no {missing}" if missing else "no such command"))
+    assert INLINE and not bad, "\n".join(bad)
