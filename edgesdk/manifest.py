@@ -112,7 +112,7 @@ class Artifact:
     path: str
     role: str
     sha256: str
-    bytes: int
+    bytes: int | None  # None: not recorded (the sha256 still decides)
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "artifacts[]") -> Artifact:
@@ -124,7 +124,7 @@ class Artifact:
         if not _HEX64.match(sha):
             raise ManifestFieldError(f"{where}.sha256", "expected 64 lowercase hex digits")
         return cls(path=safe_relpath(d["path"], f"{where}.path"), role=_str(d.get("role", ""), f"{where}.role"),
-                   sha256=sha, bytes=_int(d.get("bytes", 0), f"{where}.bytes", minimum=0))
+                   sha256=sha, bytes=_int(d.get("bytes"), f"{where}.bytes", minimum=0, optional=True))
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": self.path, "role": self.role, "sha256": self.sha256, "bytes": self.bytes}
