@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edgesdk.errors import BackendUnavailableError, ExternalToolError
+from edgesdk.errors import BackendUnavailableError, BundleIntegrityError, ExternalToolError
 from edgesdk.formats.tensorrt import engine as E
 from edgesdk.host import preflight
 from edgesdk.runtime.backend import LoadContext, TensorSpec
@@ -126,6 +126,15 @@ class OrtFallbackBackend:
         self.inner.close()
 
 
+def _listed_onnx(bundle: Bundle, config: dict[str, Any]) -> Path:
+    """The ONNX file the engine configuration names: only one the manifest lists (and so verified)."""
+    path = bundle.file(str(config.get("onnx")))
+    if path is None:
+        raise BundleIntegrityError(f"bundle {bundle.path}: the engine configuration names {config.get('onnx')!r}, "
+                                   "which the manifest does not list")
+    return path
+
+
 def _engine_source(bundle: Bundle, config: dict[str, Any], env: dict[str, Any], ctx: LoadContext) -> tuple[Path, str]:
     """Prebuilt engine from the bundle, else the cache, else build it here (deferred build)."""
     if bundle.has_artifact("engine"):
@@ -135,7 +144,7 @@ def _engine_source(bundle: Bundle, config: dict[str, Any], env: dict[str, Any], 
         if "corrupt" in msg:
             ctx.record_fallback("engine-cache", "engine-rebuild", msg)
 
-    path = E.engine_for(config, bundle.path / config["onnx"], env, record=note)
+    path = E.engine_for(config, _listed_onnx(bundle, config), env, record=note)
     return path, "cache or deferred build on this device"
 
 
@@ -167,6 +176,6 @@ def load_tensorrt(bundle: Bundle, ctx: LoadContext) -> TensorRTEngineBackend | O
             ctx.record_fallback(ENGINE_STEP, next_step, f"TensorRT failed: {type(exc).__name__}: {str(exc)[:160]}")
     elif ENGINE_STEP in chain:
         ctx.record_fallback(ENGINE_STEP, next_step, "pre-flight: " + "; ".join(problems))
-    inner = OnnxRuntimeBackend(bundle.path / config["onnx"], ep_chain or ["CPUExecutionProvider"], ctx.record_fallback,
+    inner = OnnxRuntimeBackend(_listed_onnx(bundle, config), ep_chain or ["CPUExecutionProvider"], ctx.record_fallback,
                                threads=ctx.options.get("threads"))
     return OrtFallbackBackend(inner, info, bundle)
