@@ -67,8 +67,31 @@ def memory_decision(facts: ModelFacts, profile: Profile, precision: str) -> Deci
 
 
 def plan_onnx(facts: ModelFacts, profile: Profile, options: BuildOptions, precision: str) -> list[Decision]:
-    return [*export_decisions(facts, profile, options, precision), memory_decision(facts, profile, precision),
-            ep_chain_decision(profile), parity_decision(profile, options, precision)]
+    out = [*export_decisions(facts, profile, options, precision), memory_decision(facts, profile, precision),
+           ep_chain_decision(profile), parity_decision(profile, options, precision)]
+    eager = eager_fallback_decision(facts, profile, precision)
+    return out + ([eager] if eager is not None else [])
+
+
+def eager_fallback_decision(facts: ModelFacts, profile: Profile, precision: str) -> Decision | None:
+    """GPU profiles: ship the weights for an eager CUDA fallback (safetensors + config, not torch.export).
+
+    Where no GPU execution provider initialises (the CPU-only onnxruntime of a GPU host) but PyTorch sees
+    a CUDA device, the runtime measures the CPU EP against eager CUDA at load and runs the faster."""
+    if not profile.is_gpu:
+        return None
+    if facts.kind != "hf":
+        return Decision("eager_fallback", None, f"GPU profile, but the source is {facts.kind!r}: no Hugging Face "
+                        "safetensors + config to rebuild the module from, so a device without a GPU execution "
+                        "provider runs this bundle on the CPU EP")
+    size = (facts.weight_bytes or 0) * PRECISION_BYTES.get(precision, 1.0)
+    return Decision("eager_fallback", "safetensors+config", f"GPU profile: the bundle also carries the weights "
+                    f"({precision} safetensors, ~{_size(size)}) and config.json, so where no GPU execution provider "
+                    "initialises but PyTorch sees a CUDA device (e.g. a GPU server with the CPU-only onnxruntime) the "
+                    "runtime measures CPU EP vs eager CUDA at load (a few warm runs, batch 1) and runs the faster, "
+                    "with both figures in the fallback record. Safetensors + config rather than a torch.export "
+                    "program: the same weight bytes, but loadable by any torch/transformers version, dynamic "
+                    "batch/sequence, no pickle; a .pt2 adds a graph traced at one shape for one torch release")
 
 
 def export_decisions(facts: ModelFacts, profile: Profile, options: BuildOptions, precision: str,

@@ -146,6 +146,7 @@ class OnnxRuntimeBackend:
         self._placement: dict[str, Any] | None = None
         self._graphs: Any = None
         self._graph_report: dict[str, Any] = {"enabled": False, "reason": "not requested"}
+        self.eager_fallback: dict[str, Any] | None = None  # set by torch_eager.choose_eager_fallback
 
     def enable_cuda_graphs(self, reason: str, *, seq_buckets: tuple[int, ...] | None = None,
                            batch_buckets: tuple[int, ...] | None = None, max_seq: int | None = None) -> bool:
@@ -209,7 +210,8 @@ class OnnxRuntimeBackend:
     def report(self) -> dict[str, Any]:
         return {"backend": self.name, "model": self.model_path.name,
                 "providers_requested": self.providers_requested, "providers_active": self.providers_active,
-                "placement": self._placement, "cuda_graphs": self._cuda_graph_report()}
+                "placement": self._placement, "cuda_graphs": self._cuda_graph_report(),
+                "eager_fallback": self.eager_fallback}
 
     def _cuda_graph_report(self) -> dict[str, Any]:
         if self._graphs is None:
@@ -221,7 +223,7 @@ class OnnxRuntimeBackend:
         self.session = None
 
 
-def load_onnx(bundle: Bundle, ctx: LoadContext) -> OnnxRuntimeBackend:
+def load_onnx(bundle: Bundle, ctx: LoadContext) -> Any:
     from edgesdk.extras import check_onnxruntime
 
     check_onnxruntime()
@@ -234,7 +236,10 @@ def load_onnx(bundle: Bundle, ctx: LoadContext) -> OnnxRuntimeBackend:
         backend.enable_cuda_graphs(reason, max_seq=_max_positions(bundle))
     else:
         backend._graph_report = {"enabled": False, "reason": reason}
-    return backend
+    # No GPU EP initialised on a GPU bundle: eager CUDA where torch sees a GPU, if it measures faster
+    from edgesdk.runtime.backends.torch_eager import choose_eager_fallback
+
+    return choose_eager_fallback(bundle, ctx, backend, list(chain))
 
 
 def _cuda_graph_choice(bundle: Bundle, option: bool | None, profile: Any = None) -> tuple[bool, str]:
