@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from edgesdk.commands._common import emit_json
+from edgesdk.commands._common import emit_json, warn
 
 
 @click.group("inspect")
@@ -60,7 +60,7 @@ def capability_cmd(model: Path, profile_name: str, precision, dla, as_json: bool
         msg = f"no backend of {profile.name} runs {', '.join(none)} ({len(report.unsupported_everywhere())} nodes)"
         if strict:
             raise VerdictError(msg)
-        click.echo(f"warning: {msg}", err=True)
+        warn(msg)
     return 0
 
 

@@ -64,7 +64,10 @@ def latency_stats(samples_ms: list[float]) -> dict:
 
 
 def _progress(total: int, desc: str, enabled: bool):
-    if not enabled:
+    """A tqdm bar on stderr, only when asked for and stderr is a terminal (never into CI logs)."""
+    import sys
+
+    if not enabled or not sys.stderr.isatty():
         return None
     from tqdm import tqdm
 

@@ -89,12 +89,14 @@ def build_tensorrt(ctx) -> None:
 
 def _bundle_config(path):
     from edgesdk.bundle import open_bundle
-    from edgesdk.errors import BundleIntegrityError
+    from edgesdk.errors import BundleIntegrityError, InputError
 
     bundle = open_bundle(path)
-    if bundle.format != "tensorrt" or not bundle.has_artifact("engine-config"):
-        raise BundleIntegrityError(f"{bundle.path} is a {bundle.format or 'unknown'} bundle without a TensorRT "
-                                   "engine configuration (build it with --format tensorrt)")
+    if bundle.format != "tensorrt":  # a usage mistake (exit 3), not a damaged bundle
+        raise InputError(f"{bundle.path} is a {bundle.format or 'unknown'}-format bundle; `edgesdk engine` works on "
+                         "TensorRT bundles", hint="build one with --format tensorrt")
+    if not bundle.has_artifact("engine-config"):
+        raise BundleIntegrityError(f"{bundle.path}: TensorRT bundle without tensorrt/engine_config.json")
     return bundle, E.read_config(bundle.artifact_path("engine-config"))
 
 
