@@ -67,6 +67,8 @@ def _hf_task(config: dict, directory: Path) -> tuple[str, str | None]:
     arch = archs[0] if archs else None
     if arch and arch.endswith(("ForCausalLM", "LMHeadModel")):
         return "text-generation", arch
+    if arch == "LlavaForConditionalGeneration":
+        return "image-text-to-text", arch
     if arch and arch.endswith("ForImageClassification"):
         return "image-classification", arch
     if arch and arch.endswith("ForSequenceClassification"):
@@ -110,6 +112,10 @@ def _hf_facts(directory: Path, options: BuildOptions | None) -> ModelFacts:
         from edgesdk.formats.gguf.facts import hf_causal_lm_facts
 
         facts.extra.update(hf_causal_lm_facts(directory))
+    elif task == "image-text-to-text":
+        from edgesdk.formats.vlm.facts import hf_vlm_facts
+
+        facts.extra.update(hf_vlm_facts(directory))
     return facts
 
 

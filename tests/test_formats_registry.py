@@ -101,7 +101,7 @@ def tiny_onnx(tmp_path):
 
 
 def test_builtin_formats_are_listed_by_the_registry():
-    assert formats.format_names(selectable=True) == ["onnx", "tensorrt", "gguf"]
+    assert formats.format_names(selectable=True) == ["onnx", "tensorrt", "gguf", "vlm"]
     assert "torch" in formats.format_names()
     for fmt in formats.all_formats():
         assert isinstance(fmt, formats.Format) and fmt.stages[-2:] == ("license_gate", "package")
@@ -129,7 +129,7 @@ def test_a_registered_format_checks_its_source(toy_format, minilm_dir):
 
 def test_cli_format_choice_comes_from_the_registry(run_cli):
     res = run_cli("build", "--help")
-    assert "[onnx|tensorrt|gguf]" in res.stdout
+    assert "[onnx|tensorrt|gguf|vlm]" in res.stdout
 
 
 @pytest.mark.parametrize("profile,fmt", [("cpu-x86_64", None), ("orin", None), ("orin", "tensorrt"),

@@ -2,10 +2,10 @@
 """A tiny LLaVA-style vision-language model with RANDOM weights, and a generated test image set.
 
 No real VLM weights are installable offline, so the model is built from ``transformers`` configs:
-``LlavaConfig`` = ``CLIPVisionConfig`` (64x64 images, 16x16 patches -> 16 image tokens, 2 layers,
-hidden 64) + ``LlamaConfig`` (2 layers, hidden 64) + the LLaVA-1.5 two-layer MLP projector. The
+``LlavaConfig`` = ``SiglipVisionConfig`` (or ``CLIPVisionConfig``; 64x64 images, 16x16 patches ->
+16 image tokens, 2 layers, hidden 64) + ``LlamaConfig`` (2 layers, hidden 64) + the LLaVA-1.5 two-layer MLP projector. The
 architecture and the whole export path are real; the numbers are random, so the model describes
-nothing. It is saved as a Hugging Face directory with its processor (``CLIPImageProcessor`` +
+nothing. It is saved as a Hugging Face directory with its processor (its image processor +
 a byte-level BPE tokenizer trained here on the built-in text, with an ``<image>`` token) and a
 model card declaring Apache-2.0 and saying the weights are random.
 
@@ -30,8 +30,11 @@ CHAT_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'user' %}USER: "
                  "{% if add_generation_prompt %}ASSISTANT:{% endif %}")
 
 
-def make_tiny_llava(directory: Path, *, seed: int = 0) -> Path:
-    """Save the random-weight tiny LLaVA (weights, config, processor, tokenizer, model card) in ``directory``."""
+def make_tiny_llava(directory: Path, *, vision: str = "siglip", seed: int = 0) -> Path:
+    """Save the random-weight tiny LLaVA (weights, config, processor, tokenizer, model card) in ``directory``.
+
+    ``vision``: ``siglip`` (SigLIP tower, all patch features: what llama.cpp's LLaVA graph reproduces) or
+    ``clip`` (CLIP tower with a class token, LLaVA-1.5's ``default`` feature selection)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import (
@@ -42,6 +45,8 @@ def make_tiny_llava(directory: Path, *, seed: int = 0) -> Path:
         LlavaForConditionalGeneration,
         LlavaProcessor,
         PreTrainedTokenizerFast,
+        SiglipImageProcessor,
+        SiglipVisionConfig,
     )
 
     from edgesdk.formats.gguf.build import PPL_TEXT
@@ -56,22 +61,29 @@ def make_tiny_llava(directory: Path, *, seed: int = 0) -> Path:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|end|>",
                                    extra_special_tokens={"image_token": "<image>"})
-    image_processor = CLIPImageProcessor(
+    clip = vision == "clip"
+    image_processor = SiglipImageProcessor(
+        size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}, resample=2, do_resize=True, do_rescale=True,
+        rescale_factor=1 / 255, do_normalize=True, image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5],
+        do_convert_rgb=True) if not clip else CLIPImageProcessor(
         size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
         do_center_crop=True, do_resize=True, resample=3, do_rescale=True, rescale_factor=1 / 255,
         do_normalize=True, image_mean=[0.48145466, 0.4578275, 0.40821073],
         image_std=[0.26862954, 0.26130258, 0.27577711], do_convert_rgb=True)
     processor = LlavaProcessor(image_processor=image_processor, tokenizer=fast, patch_size=PATCH_SIZE,
-                               vision_feature_select_strategy="default", image_token="<image>",
-                               num_additional_image_tokens=1, chat_template=CHAT_TEMPLATE)
+                               vision_feature_select_strategy="default" if clip else "full",
+                               image_token="<image>", num_additional_image_tokens=1 if clip else 0, chat_template=CHAT_TEMPLATE)
     processor.save_pretrained(directory)
-    vision = CLIPVisionConfig(image_size=IMAGE_SIZE, patch_size=PATCH_SIZE, hidden_size=64, intermediate_size=128,
-                              num_hidden_layers=2, num_attention_heads=4, projection_dim=64, hidden_act="quick_gelu")
+    vcfg = dict(image_size=IMAGE_SIZE, patch_size=PATCH_SIZE, hidden_size=64, intermediate_size=128,
+                num_hidden_layers=2, num_attention_heads=4)
+    vision_cfg = CLIPVisionConfig(**vcfg, projection_dim=64, hidden_act="quick_gelu") if clip else \
+        SiglipVisionConfig(**vcfg, hidden_act="gelu_pytorch_tanh", vision_use_head=False)
     text = LlamaConfig(vocab_size=len(tok.get_vocab()), hidden_size=64, intermediate_size=160, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                        bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id, initializer_range=0.2)
-    config = LlavaConfig(vision_config=vision, text_config=text, image_token_index=fast.convert_tokens_to_ids("<image>"),
-                         projector_hidden_act="gelu", vision_feature_select_strategy="default",
+    config = LlavaConfig(vision_config=vision_cfg, text_config=text, image_token_index=fast.convert_tokens_to_ids("<image>"),
+                         projector_hidden_act="gelu",
+                         vision_feature_select_strategy="default" if clip else "full",
                          vision_feature_layer=-2, image_seq_length=IMAGE_TOKENS)
     torch.manual_seed(seed)
     model = LlavaForConditionalGeneration(config).eval()

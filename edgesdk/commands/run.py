@@ -126,6 +126,8 @@ def _interactive_chat(session, system, gen_kw) -> list[dict]:
 @click.option("--inputs", "npz", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help=".npz file of named input arrays (any model).")
 @click.option("--prompt", "-p", help="Prompt for an LLM bundle (with --chat: the user message).")
+@click.option("--image", "images", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="VLM: an image the prompt is about (repeatable; needs --prompt).")
 @click.option("--max-tokens", "-n", type=int, default=64, show_default=True, help="LLM: tokens to generate (>= 1).")
 @click.option("--stream", is_flag=True, help="LLM: print tokens as they are generated.")
 @click.option("--temperature", "--temp", "temperature", type=float, default=None,
@@ -157,7 +159,7 @@ def _interactive_chat(session, system, gen_kw) -> list[dict]:
 @click.option("--trace-file", type=click.Path(dir_okay=False), help="Write traces/metrics as OTLP-JSON lines.")
 def run_cmd(bundle: Path, texts, npz, prompt, max_tokens, stream, temperature, seed, top_k, top_p, min_p,
             repeat_penalty, stops, chat, system, chat_template, profile, threads, show_report, as_json, output, force,
-            verbose, trace_file) -> int:
+            verbose, trace_file, images=()) -> int:
     """Run BUNDLE on this machine: embed text, run tensors, or generate from a prompt / chat."""
     import edgesdk
     from edgesdk import telemetry
@@ -173,6 +175,8 @@ def run_cmd(bundle: Path, texts, npz, prompt, max_tokens, stream, temperature, s
                          "run LLMs: pass one kind")
     if texts and npz is not None:
         raise InputError("pass --input TEXT or --inputs FILE.npz, not both")
+    if images and prompt is None:
+        raise InputError("--image needs --prompt TEXT (the question about the image)")
     if given and not llm:
         raise InputError(f"{', '.join(given)} apply to LLM generation: add --prompt TEXT or --chat")
     if not (texts or npz is not None or llm):
@@ -202,13 +206,13 @@ def run_cmd(bundle: Path, texts, npz, prompt, max_tokens, stream, temperature, s
         return _run_loaded(session, texts, npz, prompt, max_tokens, stream, stops, chat, system, chat_template,
                            show_report, as_json, {"seed": seed, "temperature": temperature, "top_k": top_k,
                                                    "top_p": top_p, "min_p": min_p, "repeat_penalty": repeat_penalty},
-                           output)
+                           output, images=images)
     finally:
         session.close()
 
 
 def _run_loaded(session, texts, npz, prompt, max_tokens, stream, stops, chat, system, chat_template, show_report,
-                as_json, sampling, output: Path | None = None) -> int:
+                as_json, sampling, output: Path | None = None, images=()) -> int:
     import sys
 
     from edgesdk.errors import InputError
@@ -235,6 +239,8 @@ def _run_loaded(session, texts, npz, prompt, max_tokens, stream, stops, chat, sy
                 messages = ([{"role": "system", "content": system}] if system else []) + \
                     [{"role": "user", "content": user}]
                 call = lambda **kw: session.chat(messages, **kw)  # noqa: E731
+        elif images:
+            call = lambda **kw: session.generate(prompt, images=list(images), **kw)  # noqa: E731
         else:
             call = lambda **kw: session.generate(prompt, **kw)  # noqa: E731
         if "messages" not in result:

@@ -72,6 +72,7 @@ BUILTIN: dict[str, str] = {
     "tensorrt": "edgesdk.formats.tensorrt",
     "gguf": "edgesdk.formats.gguf",
     "torch": "edgesdk.formats.torch",
+    "vlm": "edgesdk.formats.vlm",
 }
 
 _registered: dict[str, Format] = {}

@@ -33,8 +33,8 @@ class OnnxFormat:
             raise InputError(f"--format {self.name} cannot take a GGUF source; use --format gguf")
 
     def claims(self, facts: ModelFacts, profile: Profile) -> Decision | None:
-        if facts.kind == "gguf" or facts.task == "text-generation":
-            return None  # causal LMs go to a format with a KV cache and a sampler (GGUF)
+        if facts.kind == "gguf" or facts.task in ("text-generation", "image-text-to-text"):
+            return None  # causal LMs and VLMs go to a format with a KV cache and a sampler (GGUF, VLM)
         allowed = profile.policy["formats"]
         if "tensorrt" in allowed and profile.is_gpu:
             return Decision("format", "onnx", "portable ONNX: the runtime takes TensorRT EP -> CUDA EP -> CPU EP, "

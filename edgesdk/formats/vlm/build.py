@@ -1,0 +1,211 @@
+# SPDX-License-Identifier: Apache-2.0
+"""VLM build stages: convert (decoder HF -> F16 GGUF with the GGUF converter; vision encoder +
+projector -> F16 mmproj GGUF), quantize the decoder with llama.cpp, verify per component and end
+to end against PyTorch:
+
+* decoder: HF logits vs the F16 GGUF (as the GGUF path), sanity logits, perplexity ratio when quantized;
+* encoder + projector: image features from llama.cpp (mtmd, F16 mmproj) vs PyTorch's
+  ``get_image_features`` on generated test images, min cosine per image token;
+* end to end: the first greedy tokens of the F16 decoder + mmproj pipeline equal PyTorch's
+  ``generate`` (greedy) for the same image and prompt.
+The PyTorch reference runs in a child process (as in the GGUF path).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from edgesdk.errors import ExternalToolError, ParityError
+from edgesdk.formats.gguf import convert as gconv
+from edgesdk.formats.gguf.build import PPL_TEXT, sanity_check
+from edgesdk.formats.gguf.facts import gguf_facts
+from edgesdk.formats.gguf.plan import LOGITS_MIN_COSINE, LOGITS_MIN_TOP1, PPL_RATIO_MAX
+from edgesdk.formats.vlm import convert as vconv
+from edgesdk.formats.vlm.plan import ENCODER_MIN_COSINE, GREEDY_TOKENS
+from edgesdk.manifest import LLMConfig
+
+PARITY_PROMPT = "Describe the image."
+
+
+def test_images(directory: Path) -> list[Path]:
+    """Three deterministic synthetic images (gradient, checkerboard, noise) for parity."""
+    from PIL import Image
+
+    directory.mkdir(parents=True, exist_ok=True)
+    y, x = np.mgrid[0:80, 0:100]
+    imgs = [np.stack([x * 255 // 99, y * 255 // 79, (x + y) * 255 // 178], axis=-1),
+            np.stack([((x // 10 + y // 10) % 2) * 255] * 3, axis=-1),
+            np.random.default_rng(0).integers(0, 256, size=(72, 72, 3))]
+    out = []
+    for i, a in enumerate(imgs):
+        out.append(directory / f"parity{i}.png")
+        Image.fromarray(a.astype(np.uint8)).save(out[-1])
+    return out
+
+
+_HF_CHILD = """
+import json, sys
+import numpy as np, torch
+from PIL import Image
+from transformers import AutoProcessor, LlavaForConditionalGeneration
+hf_dir, spec_file, out = sys.argv[1], sys.argv[2], sys.argv[3]
+spec = json.load(open(spec_file))
+proc = AutoProcessor.from_pretrained(hf_dir)
+model = LlavaForConditionalGeneration.from_pretrained(hf_dir, dtype=torch.float32).eval()
+cfg = model.config
+arrays = {}
+for i, path in enumerate(spec["images"]):
+    img = Image.open(path).convert("RGB")
+    inputs = proc(images=img, text=spec["prompt"], return_tensors="pt")
+    inputs.pop("token_type_ids", None)
+    with torch.no_grad():
+        f = model.get_image_features(pixel_values=inputs["pixel_values"], vision_feature_layer=cfg.vision_feature_layer,
+                                     vision_feature_select_strategy=cfg.vision_feature_select_strategy)
+        f = f[0] if isinstance(f, (list, tuple)) else f
+        arrays[f"features{i}"] = f.reshape(-1, f.shape[-1]).double().numpy()
+        g = model.generate(**inputs, max_new_tokens=spec["n"], do_sample=False)
+    toks = g[0, inputs["input_ids"].shape[1]:].tolist()
+    eos = cfg.text_config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [eos])
+    cut = next((j for j, t in enumerate(toks) if t in eos), len(toks))
+    arrays[f"tokens{i}"] = np.asarray(toks[:cut], dtype=np.int64)
+    arrays[f"input_ids{i}"] = inputs["input_ids"][0].numpy()
+np.savez(out, **arrays)
+"""
+
+
+def hf_vlm_reference(hf_dir: Path, images: list[Path], prompt: str, n_tokens: int) -> list[dict]:
+    """Per image: PyTorch image features, greedy tokens and input ids (child process)."""
+    with tempfile.TemporaryDirectory(prefix="edgesdk-vlm-ref-") as tmp:
+        spec, out = Path(tmp) / "spec.json", Path(tmp) / "ref.npz"
+        spec.write_text(json.dumps({"images": [str(p) for p in images], "prompt": prompt, "n": n_tokens}))
+        proc = subprocess.run([sys.executable, "-c", _HF_CHILD, str(hf_dir), str(spec), str(out)],
+                              capture_output=True, text=True, timeout=3600)
+        if proc.returncode != 0 or not out.is_file():
+            lines = [ln for ln in (proc.stderr or "").splitlines() if ln.strip()]
+            raise ExternalToolError(f"PyTorch VLM reference failed: {lines[-1][:200] if lines else proc.returncode}")
+        with np.load(out) as d:
+            return [{"features": d[f"features{i}"], "tokens": d[f"tokens{i}"].tolist(),
+                     "input_ids": d[f"input_ids{i}"].tolist()} for i in range(len(images))]
+
+
+def component_parity(hf_dir: Path, decoder: Path, mmproj: Path, *, n_tokens: int = GREEDY_TOKENS,
+                     prompt: str = PARITY_PROMPT, work: Path | None = None) -> dict:
+    """Encoder + projector features (llama.cpp F16 mmproj vs PyTorch) and greedy tokens end to end."""
+    from edgesdk.runtime.backends.vlm import VLMBackend, VLMPipeline
+
+    work = Path(work or tempfile.mkdtemp(prefix="edgesdk-vlm-"))
+    images = test_images(work / "images")
+    refs = hf_vlm_reference(hf_dir, images, "USER: <image>\n" + prompt + " ASSISTANT:", n_tokens)
+    pre = json.loads((Path(hf_dir) / "preprocessor_config.json").read_text(encoding="utf-8"))
+    cfg = vconv.read_config(hf_dir)
+    pre["_image_size"] = cfg["vision_config"]["image_size"]
+    pipe = VLMPipeline(decoder, mmproj, pre, n_ctx=256)
+    backend = VLMBackend(pipe, report={}, model="parity", attributes={})
+    cos_min, equal, per_image = 1.0, 0, []
+    try:
+        for path, ref in zip(images, refs, strict=True):
+            got = backend.image_features(path).astype(np.float64)
+            want = ref["features"]
+            if got.shape != want.shape:
+                raise ParityError(f"image features shape {list(got.shape)} from llama.cpp vs {list(want.shape)} "
+                                  "from PyTorch")
+            cos = (got * want).sum(1) / np.clip(np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1), 1e-30, None)
+            backend.generate(prompt, images=[path], max_tokens=n_tokens, temperature=0.0, seed=0)
+            ours = backend.last["output_ids"]
+            same = ours == ref["tokens"]  # both stop at an end-of-generation token or after n_tokens
+            equal += int(same)
+            cos_min = min(cos_min, float(cos.min()))
+            per_image.append({"image": path.name, "min_cosine": round(float(cos.min()), 6),
+                              "max_abs": round(float(np.abs(got - want).max()), 6), "tokens_ours": ours,
+                              "tokens_pytorch": ref["tokens"], "input_tokens_ours": backend.last["input_tokens"],
+                              "input_tokens_pytorch": len(ref["input_ids"])})
+    finally:
+        backend.close()
+    return {"images": len(images), "encoder_min_cosine": round(cos_min, 6), "greedy_equal": f"{equal}/{len(images)}",
+            "greedy_tokens": n_tokens, "per_image": per_image}
+
+
+def build_vlm(ctx) -> None:
+    facts, plan = ctx.facts, ctx.plan
+    src = Path(facts.source)
+    quant = plan.decision("gguf.quant_type")
+    n_ctx = int(plan.decision("gguf.context_length"))
+    thresholds = plan.decision("parity") or {}
+    work = ctx.staging / "_work"
+    work.mkdir(parents=True, exist_ok=True)
+    final, mmproj, f16 = ctx.staging / "model.gguf", ctx.staging / "mmproj.gguf", work / "decoder-f16.gguf"
+    parity: dict = {"thresholds": thresholds}
+    try:
+        with ctx.stage("convert", {"edgesdk.gguf.quant_type": quant}):
+            ctx.progress("decoder: language_model -> F16 GGUF (gguf-py); encoder + projector -> F16 mmproj")
+            text_dir = vconv.write_text_model_dir(src, work / "text")
+            dec_info = gconv.convert_hf_to_gguf(text_dir, f16, name=facts.name)
+            mm_info = vconv.write_mmproj(src, mmproj, name=facts.name)
+        with ctx.stage("quantize"):
+            if quant == "F16":
+                shutil.copyfile(f16, final)
+            else:
+                ctx.progress(f"llama.cpp quantize decoder F16 -> {quant}")
+                gconv.quantize(f16, final, quant)
+        with ctx.stage("verify"):
+            text = PPL_TEXT.read_text(encoding="utf-8")
+            logits = gconv.logits_parity(text_dir, f16, text)
+            parity["decoder_logits_vs_hf"] = logits
+            if logits["min_cosine"] < LOGITS_MIN_COSINE or logits["top1_agreement"] < LOGITS_MIN_TOP1:
+                raise ParityError(f"F16 decoder logits differ from PyTorch: min cosine {logits['min_cosine']:.5f}, "
+                                  f"top-1 {logits['top1_agreement']:.3f}")
+            parity["decoder_sanity"] = sanity_check(final, f"{quant} decoder of {facts.name}")
+            if quant != "F16":
+                ppl_out, ppl_ref = gconv.perplexity(final, text, min(256, n_ctx)), gconv.perplexity(f16, text, min(256, n_ctx))
+                ratio = ppl_out["ppl"] / ppl_ref["ppl"]
+                parity.update(decoder_ppl=ppl_out, decoder_ppl_reference=ppl_ref, decoder_ppl_ratio=round(ratio, 5))
+                if ratio > PPL_RATIO_MAX.get(quant, 1.1):
+                    raise ParityError(f"{quant} decoder perplexity is {ratio:.4f}x the F16 one "
+                                      f"(limit {PPL_RATIO_MAX.get(quant, 1.1)}x)")
+            ctx.progress("parity: image features (llama.cpp mmproj vs PyTorch) and greedy tokens end to end (F16)")
+            comp = component_parity(src, f16, mmproj, n_tokens=int(thresholds.get("greedy_tokens", GREEDY_TOKENS)),
+                                    work=work)
+            parity["vision"] = comp
+            if comp["encoder_min_cosine"] < thresholds.get("encoder_min_cosine", ENCODER_MIN_COSINE):
+                raise ParityError(f"image features from the F16 mmproj differ from PyTorch: min cosine "
+                                  f"{comp['encoder_min_cosine']:.5f} per image token")
+            n_eq, n_img = (int(x) for x in comp["greedy_equal"].split("/"))
+            if n_eq != n_img:
+                raise ParityError(f"greedy tokens of the F16 build differ from PyTorch's on {n_img - n_eq} of "
+                                  f"{n_img} test images")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    shutil.copyfile(src / "preprocessor_config.json", ctx.staging / "preprocessor_config.json")
+    for rel, role in (("model.gguf", "model"), ("mmproj.gguf", "mmproj"), ("preprocessor_config.json", "config")):
+        ctx.add_artifact(rel, role)
+    out_facts = gguf_facts(final)
+    ctx.manifest.parity = parity
+    ctx.manifest.io = {"inputs": [{"name": "prompt", "type": "text"}, {"name": "images", "type": "image"},
+                                  {"name": "messages", "type": "chat"}],
+                       "outputs": [{"name": "text", "type": "text"}], "n_vocab": out_facts.get("n_vocab")}
+    ctx.manifest.llm = LLMConfig(
+        n_ctx=n_ctx, n_gpu_layers=plan.decision("gguf.n_gpu_layers"), flash_attn=bool(plan.decision("gguf.flash_attn")),
+        threads=plan.decision("gguf.threads"), quant_type=quant,
+        details={"architecture": out_facts["architecture"], "layers": out_facts["layers"],
+                 "kv_heads": out_facts["kv_heads"], "head_dim": out_facts["head_dim"], "params": out_facts["params"],
+                 "file_bytes": final.stat().st_size, "converted": dec_info})
+    ctx.manifest.extras["vlm"] = {
+        "components": {"vision_encoder": {"artifact": "mmproj.gguf", "precision": "F16"},
+                       "projector": {"artifact": "mmproj.gguf", "precision": "F16", "type": "mlp"},
+                       "decoder": {"artifact": "model.gguf", "precision": quant}},
+        "image_size": mm_info["image_size"], "image_tokens": mm_info["image_tokens"], "mmproj": mm_info,
+        "mmproj_bytes": mmproj.stat().st_size}
+    ctx.manifest.runtime.backend_chain = ["llama.cpp + libmtmd (GPU offload)", "llama.cpp + libmtmd (CPU)"]
+    ctx.runtime_requires.extend(["llama-cpp-python", "pillow"])
+    from edgesdk.host import tool_versions
+
+    ctx.tools.update(tool_versions(("llama-cpp-python", "gguf", "transformers", "torch", "pillow")))
+    ctx.set_precision(f"mixed (encoder F16, decoder {quant})")

@@ -1,0 +1,216 @@
+# SPDX-License-Identifier: Apache-2.0
+"""HF LLaVA directory (SigLIP vision tower + llama) -> two GGUF files: the language decoder and the multimodal projector (``mmproj``).
+
+* **Decoder.** The checkpoint's ``text_config`` and its ``language_model.*`` tensors are written out as
+  a plain Hugging Face causal-LM directory (config, tokenizer, safetensors) and converted by the GGUF
+  format's own converter (:func:`edgesdk.formats.gguf.convert.convert_hf_to_gguf`), then quantized
+  by llama.cpp like any other GGUF.
+* **mmproj.** The CLIP vision tower + the LLaVA MLP projector as one F16 GGUF (``general.architecture``
+  ``clip``) in the layout llama.cpp's multimodal library (``tools/mtmd/clip.cpp``) loads: keys
+  ``clip.projector_type = mlp``, ``clip.vision.*`` (image size, patch size, widths, block count,
+  heads, layer-norm epsilon, image mean/std from the model's ``preprocessor_config.json``, feature
+  layer); tensors ``v.*`` named by gguf-py's ``MODEL_ARCH.MMPROJ`` tensor map, projector ``mm.0``
+  (linear_1) and ``mm.2`` (linear_2), which is how clip.cpp's LLaVA-1.5 graph reads a two-layer MLP.
+  The vision tower's ``post_layernorm`` is left out: LLaVA takes the features of an inner layer
+  (``vision_feature_layer``, -2 for LLaVA-1.5) before any final norm.
+
+Matrices are F16, 1-D tensors (norms, biases, the class embedding) F32, as llama.cpp expects.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgesdk.errors import ModelError
+
+# HF prefixes of the three parts, in the layouts transformers has saved (<= 4.51 and >= 4.52).
+_TEXT_PREFIXES = ("language_model.model.", "model.language_model.")
+_LM_HEAD = ("language_model.lm_head.", "lm_head.")
+_VISION_PREFIXES = ("vision_tower.", "model.vision_tower.")
+_PROJ_PREFIXES = ("multi_modal_projector.", "model.multi_modal_projector.")
+_PROJ_NAMES = {"linear_1": "mm.0", "linear_2": "mm.2"}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "chat_template.jinja", "generation_config.json", "README.md", "LICENSE")
+SUPPORTED_VISION = {"siglip_vision_model"}
+# Why CLIP towers are refused: llama.cpp's LLaVA graph (tools/mtmd/models/llava.cpp in the llama.cpp that
+# llama-cpp-python 0.3.36 vendors) appends the class token AFTER the patches, gives positions 0..N in that
+# order and keeps rows 1..N, while CLIP puts the class token first (position 0) and LLaVA keeps the N
+# patch rows. Measured on a random CLIP-LLaVA: per-token cosine vs PyTorch 0.45-0.99, rows shifted by one.
+CLIP_REFUSAL = ("CLIP vision towers with a class token are not supported: llama.cpp's LLaVA graph orders the "
+                "class token after the patches and keeps a shifted row set, so its image features differ from "
+                "PyTorch's (docs/vlm.md); SigLIP towers (no class token) are supported")
+SUPPORTED_TEXT = {"llama"}
+ACT_GELU = {"gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast"}
+SKIPPED_VISION = ("post_layernorm", "position_ids", ".head.")
+
+
+def read_config(directory: Path) -> dict[str, Any]:
+    return json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
+
+
+def check_supported(config: dict[str, Any], directory: Path) -> None:
+    vision, text = config.get("vision_config") or {}, config.get("text_config") or {}
+    vt, tt = vision.get("model_type"), text.get("model_type", "llama")
+    if vt == "clip_vision_model":
+        raise ModelError(f"{directory}: {CLIP_REFUSAL}")
+    if vt not in SUPPORTED_VISION:
+        raise ModelError(f"{directory}: vision tower {vt!r} is not supported for the llama.cpp mmproj "
+                         f"(supported: {', '.join(sorted(SUPPORTED_VISION))})")
+    if tt not in SUPPORTED_TEXT:
+        raise ModelError(f"{directory}: language model {tt!r} is not supported (supported: "
+                         f"{', '.join(sorted(SUPPORTED_TEXT))})")
+    if config.get("vision_feature_select_strategy", "default") != "full":
+        raise ModelError(f"{directory}: vision_feature_select_strategy "
+                         f"{config.get('vision_feature_select_strategy')!r} is not supported for a SigLIP tower "
+                         "(supported: full, every patch feature)")
+    layer = config.get("vision_feature_layer", -2)
+    if not isinstance(layer, int):
+        raise ModelError(f"{directory}: vision_feature_layer {layer!r}: only one feature layer is supported")
+    size = vision.get("image_size")
+    if not isinstance(size, int) or not isinstance(vision.get("patch_size"), int) or size % vision["patch_size"]:
+        raise ModelError(f"{directory}: vision image_size must be a multiple of patch_size")
+    if int(vision.get("intermediate_size", 0)) == int(vision.get("hidden_size", -1)):
+        # clip.cpp swaps ffn_up/ffn_down of "mlp" projectors when ffn_down's input width equals the
+        # embedding width (a fix for old conversions), which a square FFN would trigger wrongly.
+        raise ModelError(f"{directory}: a vision FFN as wide as the embedding is not supported by llama.cpp's loader")
+
+
+def _arrays(directory: Path):
+    from safetensors import safe_open
+
+    files = sorted(Path(directory).glob("*.safetensors"))
+    if not files:
+        raise ModelError(f"{directory}: no *.safetensors weights found")
+    for f in files:
+        with safe_open(str(f), framework="pt") as fh:
+            for name in fh.keys():  # noqa: SIM118 - safe_open has no __iter__
+                t = fh.get_tensor(name)
+                yield name, t.float().numpy() if t.dtype.is_floating_point else t.numpy()
+
+
+def _strip(name: str, prefixes: tuple[str, ...]) -> str | None:
+    for p in prefixes:
+        if name.startswith(p):
+            return name[len(p):]
+    return None
+
+
+def write_text_model_dir(directory: Path, out_dir: Path) -> Path:
+    """The language model as a plain HF ``LlamaForCausalLM`` directory (config, tokenizer, weights)."""
+    from safetensors.numpy import save_file
+
+    config = read_config(directory)
+    text = dict(config.get("text_config") or {})
+    text["architectures"] = ["LlamaForCausalLM"]
+    text.setdefault("model_type", "llama")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.json").write_text(json.dumps(text, indent=2), encoding="utf-8")
+    for name in TOKENIZER_FILES:
+        if (Path(directory) / name).is_file():
+            shutil.copyfile(Path(directory) / name, out_dir / name)
+    tensors: dict[str, np.ndarray] = {}
+    for name, data in _arrays(directory):
+        rest = _strip(name, _TEXT_PREFIXES)
+        if rest is not None:
+            tensors["model." + rest] = np.ascontiguousarray(data)
+            continue
+        rest = _strip(name, _LM_HEAD)
+        if rest is not None:
+            tensors["lm_head." + rest] = np.ascontiguousarray(data)
+    if not any(k.startswith("model.embed_tokens") for k in tensors):
+        raise ModelError(f"{directory}: no language-model tensors (expected language_model.model.*)")
+    save_file(tensors, str(out_dir / "model.safetensors"))
+    return out_dir
+
+
+def _preprocessor(directory: Path) -> dict[str, Any]:
+    path = Path(directory) / "preprocessor_config.json"
+    if not path.is_file():
+        raise ModelError(f"{directory}: preprocessor_config.json missing (the image size and mean/std come from it)",
+                         hint="save the processor next to the weights with processor.save_pretrained()")
+    pre = json.loads(path.read_text(encoding="utf-8"))
+    for key in ("image_mean", "image_std"):
+        v = pre.get(key)
+        if not (isinstance(v, list) and len(v) == 3 and all(isinstance(x, (int, float)) for x in v)):
+            raise ModelError(f"{path}: {key} must be a list of 3 numbers, got {v!r}"[:200])
+    return pre
+
+
+def feature_layer(config: dict[str, Any]) -> int:
+    """HF's ``vision_feature_layer`` (an index into hidden_states: 0 = embeddings, -1 = last layer) as
+    the non-negative index clip.cpp's ``clip.vision.feature_layer`` takes (layers run before the features)."""
+    n_layer = int(config["vision_config"]["num_hidden_layers"])
+    layer = int(config.get("vision_feature_layer", -2))
+    return layer if layer >= 0 else n_layer + 1 + layer
+
+
+def write_mmproj(directory: Path, out_path: Path, *, name: str | None = None) -> dict[str, Any]:
+    """Write the vision tower + projector of a HF LLaVA directory as an F16 llama.cpp mmproj GGUF."""
+    import gguf
+
+    directory = Path(directory)
+    config = read_config(directory)
+    check_supported(config, directory)
+    vision, text = config["vision_config"], config.get("text_config") or {}
+    pre = _preprocessor(directory)
+    n_layer = int(vision["num_hidden_layers"])
+    writer = gguf.GGUFWriter(str(out_path), "clip")
+    meta = gguf.Metadata.load(None, directory, (name or directory.name) + " mmproj", 0)
+    meta.set_gguf_meta_model(writer)
+    writer.add_file_type(1)  # mostly F16
+    writer.add_clip_has_vision_encoder(True)
+    writer.add_clip_projector_type("mlp")
+    writer.add_vision_image_size(int(vision["image_size"]))
+    writer.add_vision_patch_size(int(vision["patch_size"]))
+    writer.add_vision_embedding_length(int(vision["hidden_size"]))
+    writer.add_vision_feed_forward_length(int(vision["intermediate_size"]))
+    writer.add_vision_block_count(n_layer)
+    writer.add_vision_projection_dim(int(text["hidden_size"]))
+    writer.add_vision_head_count(int(vision["num_attention_heads"]))
+    writer.add_vision_attention_layernorm_eps(float(vision.get("layer_norm_eps", 1e-5)))
+    writer.add_vision_image_mean([float(x) for x in pre["image_mean"]])
+    writer.add_vision_image_std([float(x) for x in pre["image_std"]])
+    writer.add_array("clip.vision.feature_layer", [feature_layer(config)])
+    act = vision.get("hidden_act", "quick_gelu")
+    if act in ACT_GELU:
+        writer.add_vision_use_gelu(True)
+    elif act != "quick_gelu":
+        raise ModelError(f"{directory}: vision hidden_act {act!r} is not supported (quick_gelu, gelu)")
+    if config.get("projector_hidden_act", "gelu") not in ACT_GELU:
+        raise ModelError(f"{directory}: projector_hidden_act {config.get('projector_hidden_act')!r} is not "
+                         "supported (llama.cpp's LLaVA projector applies GELU)")
+    tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MMPROJ, n_layer)
+    written, skipped = 0, []
+    for hf_name, data in _arrays(directory):
+        v = _strip(hf_name, _VISION_PREFIXES)
+        p = _strip(hf_name, _PROJ_PREFIXES)
+        if v is not None:
+            if any(k in v for k in SKIPPED_VISION):
+                skipped.append(hf_name)
+                continue
+            new = tmap.get_name("vision_tower." + v, try_suffixes=(".weight", ".bias"))
+            if new is None:
+                raise ModelError(f"{directory}: vision tensor {hf_name} has no mmproj GGUF name")
+        elif p is not None:
+            layer, _, suffix = p.partition(".")
+            if layer not in _PROJ_NAMES:
+                raise ModelError(f"{directory}: projector tensor {hf_name} is not a LLaVA-1.5 two-layer MLP")
+            new = f"{_PROJ_NAMES[layer]}.{suffix}"
+        else:
+            continue
+        data = data.astype(np.float32 if data.ndim <= 1 else np.float16)
+        writer.add_tensor(new, data)
+        written += 1
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return {"tensors": written, "skipped": skipped, "projector_type": "mlp",
+            "image_size": int(vision["image_size"]), "patch_size": int(vision["patch_size"]),
+            "image_tokens": (int(vision["image_size"]) // int(vision["patch_size"])) ** 2,
+            "feature_layer": feature_layer(config), "image_mean": pre["image_mean"], "image_std": pre["image_std"]}

@@ -1,0 +1,61 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Planner facts of a HF vision-language directory: per-component parameter counts from the
+safetensors headers (no tensor data) and the decoder's shape from ``text_config``. Headers only."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+VLM_ARCHITECTURES = {"LlavaForConditionalGeneration"}
+_COMPONENTS = (("vision_encoder", ("vision_tower.", "model.vision_tower.")),
+               ("projector", ("multi_modal_projector.", "model.multi_modal_projector.")),
+               ("decoder", ("language_model.", "model.language_model.", "lm_head.")))
+
+
+def component_params(files: list[Path]) -> dict[str, int]:
+    """Parameters per component (vision_encoder, projector, decoder) from safetensors headers."""
+    out = {name: 0 for name, _ in _COMPONENTS}
+    for f in files:
+        with open(f, "rb") as fh:
+            n = int.from_bytes(fh.read(8), "little")
+            header = json.loads(fh.read(n))
+        for key, meta in header.items():
+            if key == "__metadata__" or not isinstance(meta, dict):
+                continue
+            count = 1
+            for d in meta.get("shape", []):
+                count *= int(d)
+            for name, prefixes in _COMPONENTS:
+                if key.startswith(prefixes):
+                    out[name] += count
+                    break
+    return out
+
+
+def hf_vlm_facts(directory: str | Path) -> dict[str, Any]:
+    """What the VLM planner needs: architecture, component params, vision and decoder shapes."""
+    directory = Path(directory)
+    cfg = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    vision, text = cfg.get("vision_config") or {}, cfg.get("text_config") or {}
+    heads = text.get("num_attention_heads")
+    hidden = text.get("hidden_size")
+    size, patch = vision.get("image_size"), vision.get("patch_size")
+    files = sorted(directory.glob("*.safetensors"))
+    image_tokens = (size // patch) ** 2 if isinstance(size, int) and isinstance(patch, int) and patch else None
+    return {
+        "architecture": (cfg.get("architectures") or [None])[0], "vision_model_type": vision.get("model_type"),
+        "text_model_type": text.get("model_type", "llama"), "image_size": size, "patch_size": patch,
+        "image_tokens": image_tokens, "vision_hidden": vision.get("hidden_size"),
+        "vision_layers": vision.get("num_hidden_layers"), "feature_select": cfg.get("vision_feature_select_strategy"),
+        "component_params": component_params(files) if files else {},
+        "preprocessor": (directory / "preprocessor_config.json").is_file(),
+        # the decoder as the GGUF planner sees a causal LM
+        "gguf_supported": text.get("model_type", "llama") == "llama", "layers": text.get("num_hidden_layers"),
+        "heads": heads, "kv_heads": text.get("num_key_value_heads") or heads, "hidden": hidden,
+        "head_dim": text.get("head_dim") or (hidden // heads if hidden and heads else None),
+        "ffn": text.get("intermediate_size"), "ctx_train": text.get("max_position_embeddings"),
+        "n_vocab": text.get("vocab_size"),
+        "tokenizer_files": [f for f in ("tokenizer.json", "tokenizer.model") if (directory / f).is_file()],
+    }

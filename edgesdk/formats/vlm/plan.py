@@ -1,0 +1,103 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The VLM plan: a vision-language model as three components, each with its own format and precision.
+
+* vision encoder + projector -> one F16 ``mmproj`` GGUF for llama.cpp's multimodal library. F16, not
+  the decoder's type: quantizing a vision encoder degrades its features far more than a decoder's
+  text quality (the survey behind issue 15: FP16 encoder + 4-bit decoder kept BLEU-4 at 30.6 vs 32.1
+  all-FP16, while quantized encoders "collapse" visual features), and the encoder is a small share
+  of the weights, so 4 bits there would save little memory.
+* language decoder -> the GGUF planner's memory-driven quantization type (the profile's
+  ``policy.llm.quant_order``), context, offload, flash attention and threads, computed on the
+  decoder's own parameters.
+* memory: decoder weights + KV + compute (as the GGUF plan) + encoder weights at F16 + the encoder's
+  activations for one image, against the profile's budget.
+Pure: reads the facts and the profile only.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING
+
+from edgesdk.errors import ModelError, ResourceError
+from edgesdk.formats.gguf.plan import GB, _gb, compute_bytes, kv_bytes, plan_gguf
+from edgesdk.types import BuildOptions, Decision, ModelFacts
+
+if TYPE_CHECKING:
+    from edgesdk.profiles import Profile
+
+ENCODER_MIN_COSINE = 0.999  # F16 mmproj image features vs the PyTorch (FP32) encoder + projector
+GREEDY_TOKENS = 8  # end to end: first greedy tokens of the F16 build equal to PyTorch's
+
+
+def decoder_facts(facts: ModelFacts) -> ModelFacts:
+    """The language decoder as the GGUF planner sees a HF causal LM."""
+    params = int((facts.extra.get("component_params") or {}).get("decoder") or 0)
+    out = copy.deepcopy(facts)
+    out.task, out.params = "text-generation", params or None
+    out.extra = {**facts.extra, "architecture": "LlamaForCausalLM (language_model of "
+                 f"{facts.extra.get('architecture')})"}
+    return out
+
+
+def plan_vlm(facts: ModelFacts, profile: Profile, options: BuildOptions) -> list[Decision]:
+    from edgesdk.formats.vlm.convert import CLIP_REFUSAL, SUPPORTED_VISION
+
+    info = facts.extra
+    vt = info.get("vision_model_type")
+    if vt == "clip_vision_model":
+        raise ModelError(f"{facts.source}: {CLIP_REFUSAL}")
+    if vt not in SUPPORTED_VISION:
+        raise ModelError(f"{facts.source}: vision tower {vt!r} is not supported (supported: SigLIP)")
+    if not info.get("preprocessor"):
+        raise ModelError(f"{facts.source}: preprocessor_config.json missing (image size, mean/std come from it)",
+                         hint="save the processor next to the weights with processor.save_pretrained()")
+    cp = info.get("component_params") or {}
+    enc, proj, dec = int(cp.get("vision_encoder", 0)), int(cp.get("projector", 0)), int(cp.get("decoder", 0))
+    if not (enc and proj and dec):
+        raise ModelError(f"{facts.source}: cannot find the three components in the weights "
+                         f"(vision encoder {enc:,}, projector {proj:,}, decoder {dec:,} params)")
+    out = [Decision("vlm.components", ["vision encoder", "projector", "language decoder"],
+                    f"{info.get('architecture')}: {vt} encoder {enc:,} params ({info.get('image_size')} px, "
+                    f"patch {info.get('patch_size')} -> {info.get('image_tokens')} image tokens), MLP projector "
+                    f"{proj:,} params, {info.get('text_model_type')} decoder {dec:,} params")]
+    mm_bytes = (enc + proj) * 2
+    out.append(Decision("vlm.encoder", {"format": "gguf-mmproj", "precision": "F16", "runtime": "llama.cpp mtmd"},
+                        f"encoder + projector as one F16 mmproj GGUF for llama.cpp's multimodal library "
+                        f"({enc + proj:,} params x 2 B = {_gb(mm_bytes)}): quantized vision encoders lose visual "
+                        f"features while the decoder tolerates 4 bits, and the encoder is "
+                        f"{(enc + proj) / (enc + proj + dec):.0%} of the weights"))
+    dec_decisions = plan_gguf(decoder_facts(facts), profile, options)
+    quant = next(d.value for d in dec_decisions if d.key == "gguf.quant_type")
+    n_ctx = int(next(d.value for d in dec_decisions if d.key == "gguf.context_length"))
+    for d in dec_decisions:
+        if d.key == "parity":
+            continue
+        out.append(d)
+    from edgesdk.formats.gguf.plan import BPW
+
+    dec_w = dec * BPW[quant] / 8
+    kv = kv_bytes(info, n_ctx)
+    comp = compute_bytes(info, dec_w)
+    n_img = int(info.get("image_tokens") or 0)
+    width = int(info.get("vision_hidden") or 0)
+    enc_act = (n_img + 1) * width * 4 * 8  # one image's activations in F32, ~8 live tensors
+    total = dec_w + kv + comp + mm_bytes + enc_act
+    budget = profile.memory_budget_gb()
+    arith = (f"decoder {quant} {dec:,} x {BPW[quant]} bpw / 8 = {_gb(dec_w)} + KV {_gb(kv)} at {n_ctx} ctx + "
+             f"compute {_gb(comp)} + mmproj F16 {_gb(mm_bytes)} + encoder activations {_gb(enc_act)} "
+             f"= {_gb(total)}")
+    if budget is not None and total > budget * GB:
+        raise ResourceError(f"{facts.name} does not fit profile {profile.name}: {arith} > budget {budget} GB")
+    out.append(Decision("vlm.memory", round(total / GB, 4),
+                        f"{arith} {'<= budget ' + str(budget) + ' GB' if budget is not None else '(profile has no memory figure)'}"))
+    out.append(Decision("vlm.image_prefix_reuse", True,
+                        "image features cached per (image sha256, mmproj sha256): a second question about the same "
+                        "image skips the encoder; the decoder's KV prefix up to the end of the image is kept"))
+    parity = {"encoder_min_cosine": ENCODER_MIN_COSINE, "greedy_tokens": GREEDY_TOKENS}
+    out.append(Decision("parity", parity,
+                        f"image features (F16 mmproj via llama.cpp vs PyTorch encoder + projector): min cosine per "
+                        f"image token >= {ENCODER_MIN_COSINE}; first {GREEDY_TOKENS} greedy tokens of the F16 "
+                        f"decoder + mmproj equal to PyTorch's on the test images; decoder logits and perplexity as "
+                        f"in the GGUF path"))
+    return out

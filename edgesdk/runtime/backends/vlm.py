@@ -1,0 +1,596 @@
+# SPDX-License-Identifier: Apache-2.0
+"""VLM backend: image decode + preprocessing (the model's own processor config), the vision encoder +
+projector (F16 mmproj) and the quantized GGUF decoder, all through llama.cpp's multimodal library
+(libmtmd, via llama-cpp-python's public ``llama_cpp.mtmd_cpp`` bindings).
+
+One request: preprocess (Pillow: decode, RGB, resize / center-crop as ``preprocessor_config.json``
+says) -> encode (``mtmd_encode_chunk``; skipped when the image's features are cached) -> prefill
+(text chunks with ``Llama.eval``, image chunks with ``mtmd_helper_decode_image_chunk`` from the
+cached features) -> decode (``Llama.generate`` sampling). Image-prefix reuse: features are cached by
+(image sha256, mmproj sha256), and the decoder's KV cache is kept up to the longest common prefix of
+the previous request (text tokens and image hashes), so a second question about the same image
+evaluates only its own text. Telemetry: one GenAI span per request (``telemetry.inference``) with the
+stage times as ``edgesdk.vlm.{preprocess,encode,prefill}_s`` attributes; image tokens are counted in ``gen_ai.usage.input_tokens`` and separately as
+``edgesdk.vlm.image_tokens``.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import ctypes
+import hashlib
+import io
+import json
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from pathlib import Path
+from time import perf_counter
+from typing import Any
+
+import numpy as np
+
+from edgesdk import telemetry
+from edgesdk.errors import BackendUnavailableError, InputError, ShapeError
+from edgesdk.runtime.backend import TensorSpec
+
+PROMPT_TEMPLATE = "USER: {images}{text} ASSISTANT:"  # LLaVA-1.5 conversation format
+FEATURE_CACHE_SIZE = 16  # images whose features are kept
+DEFAULT_SAMPLING = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.0}
+
+
+# ------------------------------------------------------------------ preprocessing
+
+class ImagePreprocessor:
+    """The model's own image preprocessing (``preprocessor_config.json``): RGB, then either a resize to
+    ``size.height x size.width`` (SigLIP) or a shortest-edge resize + center crop (CLIP), with the
+    processor's resampling filter, in Pillow as transformers does. The result is the uint8 image the
+    encoder sees; mean/std normalisation happens in llama.cpp from the mmproj's ``clip.vision.image_mean/std``
+    (written from the same file at build time)."""
+
+    def __init__(self, config: dict[str, Any], image_size: int):
+        self.config = config
+        self.image_size = int(image_size)
+        self.resample = int(config.get("resample", 3))
+        size = config.get("size") or {}
+        self.shortest_edge = size.get("shortest_edge") if isinstance(size, dict) else None
+        crop = config.get("crop_size") or {}
+        self.crop = (int(crop.get("height", image_size)), int(crop.get("width", image_size))) \
+            if config.get("do_center_crop") else None
+
+    def load(self, image: Any) -> tuple[bytes, Any]:
+        """(raw bytes for hashing, decoded PIL image) from a path, bytes, a PIL image or an HxWx3 array."""
+        from PIL import Image, UnidentifiedImageError
+
+        if isinstance(image, dict):
+            image = image.get("path") or image.get("image") or image.get("url") or image.get("image_url")
+        if isinstance(image, (str, Path)):
+            path = Path(str(image).removeprefix("file://"))
+            if not path.is_file():
+                raise InputError(f"image not found: {path}")
+            raw = path.read_bytes()
+        elif isinstance(image, (bytes, bytearray)):
+            raw = bytes(image)
+        elif isinstance(image, np.ndarray):
+            arr = np.ascontiguousarray(image.astype(np.uint8))
+            if arr.ndim != 3 or arr.shape[2] != 3:
+                raise InputError(f"image arrays must be HxWx3 uint8, got shape {list(arr.shape)}")
+            return arr.tobytes() + str(arr.shape).encode(), Image.fromarray(arr)
+        elif hasattr(image, "convert") and hasattr(image, "size"):
+            buf = io.BytesIO()
+            image.save(buf, format="PNG")
+            return buf.getvalue(), image
+        else:
+            raise InputError(f"an image must be a path, bytes, a PIL image or an array, got {type(image).__name__}")
+        try:
+            img = Image.open(io.BytesIO(raw))
+            img.load()
+        except (UnidentifiedImageError, OSError, ValueError) as exc:
+            raise InputError(f"not a readable image ({type(exc).__name__}: {str(exc)[:100]})") from exc
+        return raw, img
+
+    def __call__(self, img: Any) -> np.ndarray:
+        img = img.convert("RGB")
+        if self.shortest_edge:
+            w, h = img.size
+            edge = int(self.shortest_edge)
+            short, long = (w, h) if w <= h else (h, w)
+            new_short, new_long = edge, int(edge * long / short)
+            img = img.resize((new_short, new_long) if w <= h else (new_long, new_short), self.resample)
+            if self.crop:
+                ch, cw = self.crop
+                left, top = int(round((img.width - cw) / 2.0)), int(round((img.height - ch) / 2.0))
+                img = img.crop((left, top, left + cw, top + ch))
+        else:
+            size = self.config.get("size") or {}
+            h, w = int(size.get("height", self.image_size)), int(size.get("width", self.image_size))
+            img = img.resize((w, h), self.resample)
+        return np.ascontiguousarray(np.asarray(img, dtype=np.uint8))
+
+
+# ------------------------------------------------------------------ the pipeline
+
+_log = logging.getLogger("edgesdk.llama_cpp.mtmd")
+_MTMD_LOG: list = []  # keeps the ctypes callback alive
+
+
+def _route_mtmd_logs(mtmd, llama_cpp) -> None:
+    """libmtmd's log lines (clip loader, image slicing) go to the ``edgesdk.llama_cpp.mtmd`` logger at
+    DEBUG instead of stderr (public ``mtmd_log_set`` / ``mtmd_helper_log_set``)."""
+    if _MTMD_LOG:
+        return
+
+    @llama_cpp.llama_log_callback
+    def _on_log(level, text, user_data):  # noqa: ARG001 - ggml_log_callback signature
+        msg = text.decode("utf-8", "replace") if text else ""
+        if msg.strip():
+            _log.debug("%s", msg.rstrip("\n"))
+
+    _MTMD_LOG.append(_on_log)
+    mtmd.mtmd_log_set(_on_log, ctypes.c_void_p(0))
+    mtmd.mtmd_helper_log_set(_on_log, ctypes.c_void_p(0))
+
+class VLMPipeline:
+    """Decoder GGUF + mmproj GGUF in one llama.cpp context (see the module docstring)."""
+
+    def __init__(self, decoder: str | Path, mmproj: str | Path, preprocessor: dict[str, Any], *, n_ctx: int = 512,
+                 n_gpu_layers: int = 0, threads: int | None = None, flash_attn: bool = False, use_gpu: bool = False):
+        import llama_cpp
+        import llama_cpp.mtmd_cpp as mtmd
+
+        self._mtmd = mtmd
+        self._llama_cpp = llama_cpp
+        _route_mtmd_logs(mtmd, llama_cpp)
+        try:
+            self.llm = llama_cpp.Llama(model_path=str(decoder), n_ctx=n_ctx, n_gpu_layers=n_gpu_layers,
+                                       n_threads=threads, n_threads_batch=threads, flash_attn=flash_attn,
+                                       verbose=False)
+        except ValueError as exc:
+            raise BackendUnavailableError(f"llama.cpp cannot load the decoder {decoder}: {exc}") from exc
+        params = mtmd.mtmd_context_params_default()
+        params.use_gpu = bool(use_gpu)
+        params.n_threads = int(threads or self.llm.n_threads)
+        params.print_timings = False
+        params.warmup = False
+        self.mctx = mtmd.mtmd_init_from_file(str(mmproj).encode(), self.llm.model, params)
+        if not self.mctx:
+            self.llm.close()
+            raise BackendUnavailableError(f"llama.cpp's multimodal library cannot load the mmproj {mmproj} "
+                                          "(mtmd_init_from_file returned NULL; run with verbose=True for its log)")
+        if not mtmd.mtmd_support_vision(self.mctx):
+            self.close()
+            raise BackendUnavailableError(f"{mmproj} has no vision encoder")
+        self.mmproj_sha256 = hashlib.sha256(Path(mmproj).read_bytes()).hexdigest()
+        self.n_embd = int(llama_cpp.llama_model_n_embd(self.llm.model))
+        self.marker = mtmd.mtmd_default_marker().decode("utf-8")
+        cfg_size = int(preprocessor.get("_image_size") or 0)
+        self.pre = ImagePreprocessor(preprocessor, cfg_size)
+        self.features: OrderedDict[str, np.ndarray] = OrderedDict()
+        self.encoder_runs = 0
+        self._kv: list[Any] = []  # what the KV cache holds now: text token ids and ("img", hash, n) entries
+        self.last_stages: dict[str, float] = {}
+
+    # ---------------------------------------------------------------- images
+    def _features(self, key: str, chunk) -> tuple[np.ndarray, bool]:
+        cached = self.features.get(key)
+        if cached is not None:
+            self.features.move_to_end(key)
+            return cached, True
+        mtmd = self._mtmd
+        n = int(mtmd.mtmd_input_chunk_get_n_tokens(chunk))
+        rc = mtmd.mtmd_encode_chunk(self.mctx, chunk)
+        if rc != 0:
+            raise BackendUnavailableError(f"llama.cpp's vision encoder failed (mtmd_encode_chunk returned {rc})")
+        self.encoder_runs += 1
+        ptr = mtmd.mtmd_get_output_embd(self.mctx)
+        feats = np.ctypeslib.as_array(ptr, shape=(n * self.n_embd,)).reshape(n, self.n_embd).copy()
+        self.features[key] = feats
+        while len(self.features) > FEATURE_CACHE_SIZE:
+            self.features.popitem(last=False)
+        return feats, False
+
+    def image_features(self, image: Any) -> np.ndarray:
+        """The encoder + projector output for one image (n_image_tokens x n_embd), as the decoder gets it."""
+        chunks, keys, _ = self._tokenize(self.marker, [image])
+        try:
+            for i in range(self._mtmd.mtmd_input_chunks_size(chunks)):
+                chunk = self._mtmd.mtmd_input_chunks_get(chunks, i)
+                if self._mtmd.mtmd_input_chunk_get_type(chunk) == self._mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE:
+                    return self._features(keys[0], chunk)[0]
+        finally:
+            self._mtmd.mtmd_input_chunks_free(chunks)
+        raise BackendUnavailableError("llama.cpp produced no image chunk")
+
+    def _tokenize(self, text: str, images: list[Any]):
+        mtmd = self._mtmd
+        keys, bitmaps = [], []
+        t0 = perf_counter()
+        try:
+            for image in images:
+                raw, img = self.pre.load(image)
+                pixels = self.pre(img)
+                h, w = pixels.shape[:2]
+                buf = (ctypes.c_uint8 * pixels.size).from_buffer_copy(pixels.tobytes())
+                bm = mtmd.mtmd_bitmap_init(w, h, buf)
+                if not bm:
+                    raise BackendUnavailableError("mtmd_bitmap_init failed")
+                bitmaps.append(bm)
+                key = hashlib.sha256(pixels.tobytes() + f"{w}x{h}".encode()).hexdigest() + ":" + self.mmproj_sha256
+                keys.append(key)
+                mtmd.mtmd_bitmap_set_id(bm, key[:64].encode())
+            self.last_stages["preprocess_s"] = perf_counter() - t0
+            data = text.encode("utf-8")
+            inp = mtmd.mtmd_input_text()
+            inp.text, inp.text_len, inp.add_special, inp.parse_special = data, len(data), True, True
+            chunks = mtmd.mtmd_input_chunks_init()
+            arr = (mtmd.mtmd_bitmap_p_ctypes * max(1, len(bitmaps)))(*bitmaps)
+            rc = mtmd.mtmd_tokenize(self.mctx, chunks, ctypes.byref(inp), arr, len(bitmaps))
+            if rc != 0:
+                mtmd.mtmd_input_chunks_free(chunks)
+                why = {1: "the number of images does not match the image markers in the prompt",
+                       2: "image preprocessing failed"}.get(rc, f"error {rc}")
+                raise InputError(f"cannot tokenize the prompt with its images: {why}")
+            return chunks, keys, len(data)
+        finally:
+            for bm in bitmaps:
+                mtmd.mtmd_bitmap_free(bm)
+
+    # ---------------------------------------------------------------- prefill
+    def prefill(self, text: str, images: list[Any]) -> dict[str, Any]:
+        """Evaluate the prompt up to (not including) its last token, reusing the KV prefix; returns the
+        last token id, the token/image counts and stage timings. The caller samples from there."""
+        mtmd, llm = self._mtmd, self.llm
+        self.last_stages = {}
+        chunks, keys, _ = self._tokenize(text, images)
+        plan: list[tuple[str, Any]] = []  # ("text", [ids]) | ("image", (key, chunk, n))
+        try:
+            img_i = 0
+            for i in range(mtmd.mtmd_input_chunks_size(chunks)):
+                chunk = mtmd.mtmd_input_chunks_get(chunks, i)
+                kind = mtmd.mtmd_input_chunk_get_type(chunk)
+                if kind == mtmd.MTMD_INPUT_CHUNK_TYPE_TEXT:
+                    n_out = ctypes.c_size_t()
+                    ptr = mtmd.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n_out))
+                    plan.append(("text", [int(ptr[j]) for j in range(n_out.value)]))
+                elif kind == mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE:
+                    plan.append(("image", (keys[img_i], chunk, int(mtmd.mtmd_input_chunk_get_n_pos(chunk)))))
+                    img_i += 1
+                else:
+                    raise InputError("only images are supported as media")
+            if not plan or plan[-1][0] != "text" or not plan[-1][1]:
+                plan.append(("text", []))
+            # the sequence as KV entries: one per position
+            seq: list[Any] = []
+            for kind, val in plan:
+                if kind == "text":
+                    seq.extend(val)
+                else:
+                    seq.extend([("img", val[0], j) for j in range(val[2])])
+            if not seq or isinstance(seq[-1], tuple):
+                raise InputError("the prompt must end with text after its images")
+            n_total = len(seq)
+            if n_total >= llm.n_ctx():
+                raise ShapeError(f"prompt is {n_total} tokens (images included); the context holds {llm.n_ctx()}")
+            # encode every image first (cached features are reused)
+            t0 = perf_counter()
+            feats: dict[str, np.ndarray] = {}
+            reused = 0
+            for kind, val in plan:
+                if kind == "image":
+                    feats[val[0]], hit = self._features(val[0], val[1])
+                    reused += int(hit)
+            self.last_stages["encode_s"] = perf_counter() - t0
+            # longest common prefix with what the KV cache holds; keep it, but never the last token
+            keep = 0
+            for a, b in zip(self._kv, seq[:-1]):
+                if a != b:
+                    break
+                keep += 1
+            # an image is kept whole or not at all
+            while keep > 0 and isinstance(seq[keep - 1], tuple) and keep < n_total - 1 and \
+                    isinstance(seq[keep], tuple) and seq[keep][1] == seq[keep - 1][1]:
+                keep -= 1
+            t0 = perf_counter()
+            mem = self._llama_cpp.llama_get_memory(llm.ctx)
+            self._llama_cpp.llama_memory_seq_rm(mem, -1, keep, -1)
+            llm.n_tokens = keep
+            self._kv = list(seq[:keep])
+            pos = 0
+            for kind, val in plan:
+                if kind == "text":
+                    ids = val if pos + len(val) < n_total else val[:-1]
+                    start = max(0, keep - pos)
+                    todo = ids[start:]
+                    if todo:
+                        llm.eval(todo)
+                        self._kv.extend(todo)
+                    pos += len(val)
+                else:
+                    key, chunk, n = val
+                    if pos >= keep:
+                        f = np.ascontiguousarray(feats[key], dtype=np.float32)
+                        new_n_past = self._llama_cpp.llama_pos(0)
+                        rc = mtmd.mtmd_helper_decode_image_chunk(
+                            self.mctx, llm.ctx, chunk, f.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+                            self._llama_cpp.llama_pos(pos), self._llama_cpp.llama_seq_id(0), llm.n_batch,
+                            ctypes.byref(new_n_past), mtmd.mtmd_helper_post_decode_callback(), None)
+                        if rc != 0:
+                            raise BackendUnavailableError(f"llama.cpp could not decode the image (error {rc})")
+                        llm.n_tokens = int(new_n_past.value)
+                        self._kv.extend(("img", key, j) for j in range(n))
+                    pos += n
+            self.last_stages["prefill_s"] = perf_counter() - t0
+            return {"last_token": seq[-1], "input_tokens": n_total, "image_tokens": sum(
+                        1 for s in seq if isinstance(s, tuple)), "images": len(keys), "images_cached": reused,
+                    "kv_reused_tokens": keep}
+        finally:
+            mtmd.mtmd_input_chunks_free(chunks)
+
+    def note_generated(self, last_token: int, generated: list[int]) -> None:
+        """Record what the KV cache holds after generation (the prompt's last token + generated ones,
+        except the very last sampled token, which llama.cpp has not evaluated)."""
+        self._kv.append(last_token)
+        self._kv.extend(generated[:-1])
+        self._kv = self._kv[: self.llm.n_tokens]
+
+    def close(self) -> None:
+        if getattr(self, "mctx", None):
+            self._mtmd.mtmd_free(self.mctx)
+            self.mctx = None
+        with contextlib.suppress(Exception):
+            self.llm.close()
+
+
+# ------------------------------------------------------------------ the backend
+
+def _split_content(messages: list[dict[str, Any]]) -> tuple[str, list[Any]]:
+    """LLaVA-1.5 conversation text with image markers, and the images in order, from OpenAI-style messages
+    (content a string, or parts ``{"type": "text", "text"}`` / ``{"type": "image", "path"|"image"}`` /
+    ``{"type": "image_url", "image_url": {"url": "file://..."}}``)."""
+    if not isinstance(messages, list) or not messages:
+        raise InputError("messages must be a non-empty list of {'role': ..., 'content': ...} mappings")
+    parts_out, images = [], []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise InputError(f"messages[{i}] must be a mapping with a string 'role'")
+        content = m.get("content")
+        texts, imgs = [], []
+        if isinstance(content, str):
+            texts.append(content)
+        elif isinstance(content, list):
+            for j, part in enumerate(content):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind == "text" and isinstance(part.get("text"), str):
+                    texts.append(part["text"])
+                elif kind == "image":
+                    imgs.append(part.get("path") or part.get("image") or part.get("url"))
+                elif kind == "image_url":
+                    url = part.get("image_url")
+                    url = url.get("url") if isinstance(url, dict) else url
+                    if not isinstance(url, str) or url.startswith(("http://", "https://")):
+                        raise InputError(f"messages[{i}].content[{j}]: image_url must be a local path or "
+                                         "file:// URL (no network access on the device)")
+                    imgs.append(url)
+                else:
+                    raise InputError(f"messages[{i}].content[{j}]: expected a text or image part")
+        else:
+            raise InputError(f"messages[{i}]: content must be a string or a list of parts")
+        images.extend(imgs)
+        parts_out.append((m["role"], "".join(texts), len(imgs)))
+    return parts_out, images  # type: ignore[return-value]
+
+
+class VLMBackend:
+    """One loaded VLM bundle: ``generate(prompt, images=[...])``, ``stream``, ``chat`` with image parts."""
+
+    name = "llama.cpp+mtmd"
+    provider = "llama.cpp"
+
+    def __init__(self, pipe: VLMPipeline, *, report: dict, model: str, attributes: dict):
+        self.pipe = pipe
+        self._report = report
+        self._model = model
+        self._attrs = attributes
+        self.device = "cpu" if report.get("n_gpu_layers", 0) == 0 else "cuda:0"
+        self.inputs = (TensorSpec("input_ids", "int64", None),)
+        self.outputs = (TensorSpec("logits", "float32", None),)
+        self._lock = threading.RLock()
+        self.last: dict = {}
+        import llama_cpp
+
+        vocab = llama_cpp.llama_model_get_vocab(pipe.llm.model)
+        self._is_eog = lambda tok: llama_cpp.llama_vocab_is_eog(vocab, tok)
+
+    def tokenize(self, text: str) -> list[int]:
+        with self._lock:
+            return self.pipe.llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)
+
+    def run(self, feeds: dict) -> dict:
+        raise ShapeError("a VLM bundle runs generate(prompt, images=[...]) or chat(messages)")
+
+    def image_features(self, image: Any) -> np.ndarray:
+        with self._lock:
+            return self.pipe.image_features(image)
+
+    def _prompt(self, prompt: str, images: list[Any]) -> str:
+        marker = self.pipe.marker
+        if marker in prompt or "<image>" in prompt:
+            return prompt.replace("<image>", marker)
+        return PROMPT_TEMPLATE.format(images="".join(marker + "\n" for _ in images), text=prompt)
+
+    def generate(self, prompt: str, images: list[Any] | None = None, **kw):
+        """Answer ``prompt`` about ``images`` (paths, bytes, PIL images or arrays). A prompt without
+        ``<image>`` markers is wrapped in LLaVA's ``USER: <image>\\n... ASSISTANT:`` format."""
+        if not isinstance(prompt, str):
+            raise InputError(f"prompt must be a string, got {type(prompt).__name__}")
+        images = list(images or [])
+        text = self._prompt(prompt, images)
+        stream = kw.pop("stream", False)
+        gen = self._run(text, images, "chat", prompt, stream=stream, **kw)
+        return gen if stream else self._complete(gen)
+
+    def stream(self, prompt: str, images: list[Any] | None = None, **kw) -> Iterator[str]:
+        return self.generate(prompt, images, stream=True, **kw)
+
+    def chat(self, messages: list[dict[str, Any]], **kw):
+        turns, images = _split_content(messages)
+        marker = self.pipe.marker
+        text = ""
+        for role, body, n_img in turns:
+            if role == "system":
+                text += body + "\n"
+            elif role == "user":
+                text += "USER: " + (marker + "\n") * n_img + body + " "
+            else:
+                text += "ASSISTANT: " + body + "\n"
+        text += "ASSISTANT:"
+        stream = kw.pop("stream", False)
+        gen = self._run(text, images, "chat", messages, stream=stream, **kw)
+        return gen if stream else self._complete(gen)
+
+    def _complete(self, gen) -> str:
+        with self._lock:
+            return "".join(gen)
+
+    def _run(self, text, images, operation, capture, *, stream, max_tokens: int = 128, stop=None,
+             seed: int | None = None, **sampling):
+        from edgesdk.runtime.backends.llamacpp import _check_sampling
+
+        sampling = {("temperature" if k == "temp" else k): v for k, v in sampling.items()}
+        unknown = set(sampling) - set(DEFAULT_SAMPLING)
+        if unknown:
+            raise InputError(f"unknown generation option(s): {', '.join(sorted(unknown))}")
+        params = {**DEFAULT_SAMPLING, **{k: v for k, v in sampling.items() if v is not None}}
+        max_tokens, seed = _check_sampling(max_tokens, seed, params)
+        stops = [stop] if isinstance(stop, str) and stop else [s for s in (stop or []) if s]
+        request = {"max_tokens": max_tokens, "temperature": params["temperature"], "top_p": params["top_p"],
+                   "top_k": params["top_k"], "stop_sequences": stops or None, "seed": seed}
+        body = self._decode(text, images, operation, capture, stream, request, params, max_tokens, stops, seed)
+        return self._stepwise(body) if stream else body
+
+    def _stepwise(self, body) -> Iterator[str]:
+        try:
+            while True:
+                with self._lock:
+                    try:
+                        piece = next(body)
+                    except StopIteration:
+                        return
+                yield piece
+        finally:
+            with self._lock:
+                body.close()
+
+    def _decode(self, text, images, operation, capture, stream, request, params, max_tokens, stops, seed):
+        pipe, llm = self.pipe, self.pipe.llm
+        with telemetry.inference(operation, self._model, self.provider, stream=stream, request=request,
+                                 attributes=self._attrs) as rec:
+            rec.capture_input(capture)
+            t0 = perf_counter()
+            info = pipe.prefill(text, images)
+            for k, v in pipe.last_stages.items():
+                rec.set_attribute(f"edgesdk.vlm.{k}", round(v, 6))
+            rec.set_input_tokens(info["input_tokens"])
+            rec.set_attribute("edgesdk.vlm.image_tokens", info["image_tokens"])
+            rec.set_attribute("edgesdk.vlm.images", info["images"])
+            rec.set_attribute("edgesdk.vlm.images_cached", info["images_cached"])
+            rec.set_attribute("edgesdk.vlm.kv_reused_tokens", info["kv_reused_tokens"])
+            budget = min(max_tokens, llm.n_ctx() - info["input_tokens"])
+            decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            out_text, emitted, generated, finish, t_first = "", 0, [], "length", None
+            llm.set_seed(seed if seed is not None else 0xFFFFFFFF)
+            hold = max((len(s) for s in stops), default=1) - 1
+            gen = llm.generate([info["last_token"]], reset=False, top_k=int(params["top_k"]),
+                               top_p=float(params["top_p"]), min_p=float(params["min_p"]),
+                               temp=float(params["temperature"]), repeat_penalty=float(params["repeat_penalty"]))
+            try:
+                for tok in gen:
+                    rec.chunk()
+                    if t_first is None:
+                        t_first = perf_counter()
+                        rec.first_chunk()
+                    if self._is_eog(tok):
+                        finish = "stop"
+                        break
+                    generated.append(int(tok))
+                    out_text += decoder.decode(llm.detokenize([tok]))
+                    cut = min((i for i in (out_text.find(s) for s in stops) if i >= 0), default=-1)
+                    if cut >= 0:
+                        out_text, finish = out_text[:cut], "stop"
+                        break
+                    if len(generated) >= budget:
+                        break
+                    if stream and len(out_text) - hold > emitted:
+                        yield out_text[emitted:len(out_text) - hold]
+                        emitted = len(out_text) - hold
+                if len(out_text) > emitted:
+                    yield out_text[emitted:]
+            except GeneratorExit:
+                finish = "cancelled"
+                raise
+            finally:
+                gen.close()
+                t_end = perf_counter()
+                pipe.note_generated(info["last_token"], generated)
+                rec.set_output_tokens(len(generated))
+                rec.finish([finish])
+                rec.capture_output(out_text)
+                self.last = {"input_tokens": info["input_tokens"], "image_tokens": info["image_tokens"],
+                             "output_tokens": len(generated), "output_ids": list(generated), "finish_reason": finish,
+                             "images_cached": info["images_cached"], "kv_reused_tokens": info["kv_reused_tokens"],
+                             "encoder_runs": pipe.encoder_runs,
+                             "stages_s": {**{k: round(v, 6) for k, v in pipe.last_stages.items()},
+                                          "decode_s": round(t_end - (t_first or t_end), 6)},
+                             "ttft_s": round(t_first - t0, 6) if t_first else None,
+                             "decode_tok_s": round((len(generated) - 1) / (t_end - t_first), 2)
+                             if t_first and len(generated) > 1 and t_end > t_first else None}
+
+    def report(self) -> dict:
+        return {**self._report, "encoder_runs": self.pipe.encoder_runs,
+                "cached_images": len(self.pipe.features), "last_request": dict(self.last)}
+
+    def close(self) -> None:
+        with self._lock:
+            self.pipe.close()
+
+
+def load_vlm(bundle, ctx) -> VLMBackend:
+    """Loader registered for format ``vlm``."""
+    from edgesdk.extras import require
+
+    require("gguf", "llama_cpp", "a VLM bundle")
+    try:
+        import llama_cpp
+    except (ImportError, OSError) as exc:
+        raise BackendUnavailableError(f"llama-cpp-python is installed but does not load: {exc}") from exc
+    from edgesdk.runtime.backends.llamacpp import route_llama_logs
+
+    opts = dict(ctx.options or {})
+    route_llama_logs(bool(opts.get("verbose")))
+    info = bundle.manifest.llm.to_dict() if bundle.manifest.llm is not None else {}
+    raw = bundle.read_bytes("preprocessor_config.json")
+    if raw is None:
+        raise BackendUnavailableError(f"bundle {bundle.path} has no preprocessor_config.json")
+    pre = json.loads(raw)
+    pre["_image_size"] = (bundle.manifest.extras.get("vlm") or {}).get("image_size")
+    ngl = opts.get("n_gpu_layers", info.get("n_gpu_layers", 0))
+    ngl = int(info.get("layers", 0)) + 1 if ngl in ("all", -1) else int(ngl)
+    if ngl and not llama_cpp.llama_supports_gpu_offload():
+        ctx.record_fallback("llama.cpp (GPU offload)", "llama.cpp (CPU)",
+                            "this llama-cpp-python build has no GPU offload")
+        ngl = 0
+    threads = opts.get("threads") or (info.get("threads") if isinstance(info.get("threads"), int) else None)
+    t0 = perf_counter()
+    pipe = VLMPipeline(bundle.artifact_path("model"), bundle.artifact_path("mmproj"), pre,
+                       n_ctx=int(opts.get("n_ctx") or info.get("n_ctx") or 512), n_gpu_layers=ngl, threads=threads,
+                       use_gpu=ngl > 0)
+    report = {"runtime": f"llama-cpp-python {llama_cpp.__version__} (libmtmd)", "n_gpu_layers": ngl,
+              "n_ctx": pipe.llm.n_ctx(), "threads": pipe.llm.n_threads, "load_s": round(perf_counter() - t0, 4),
+              "mmap": "llama.cpp memory-maps the decoder GGUF (use_mmap default)",
+              "components": {"decoder": info.get("quant_type"), "mmproj": "F16"}}
+    attrs = {"edgesdk.backend": "llama.cpp+mtmd", "edgesdk.gguf.quant_type": info.get("quant_type", ""),
+             "edgesdk.precision": bundle.precision, "edgesdk.bundle.id": bundle.bundle_id,
+             "edgesdk.device.profile": ctx.profile.name if ctx.profile is not None else ""}
+    return VLMBackend(pipe, report=report, model=bundle.model_name, attributes=attrs)

@@ -1,0 +1,112 @@
+# SPDX-License-Identifier: Apache-2.0
+"""VLM bundles end to end on a tiny LLaVA-style model with RANDOM weights (tests/vlm_fixtures.py): plan
+as components, build (decoder GGUF + F16 mmproj), per-component and greedy parity vs PyTorch,
+generate/chat/CLI with images through llama.cpp's libmtmd, image-prefix reuse."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from vlm_fixtures import make_test_images, make_tiny_llava  # noqa: E402  (tests/ is on sys.path)
+
+from edgesdk.build import make_plan  # noqa: E402
+from edgesdk.errors import ModelError  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny_llava(tmp_path_factory) -> Path:
+    return make_tiny_llava(tmp_path_factory.mktemp("vlm") / "tiny-llava")
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory) -> list[Path]:
+    return make_test_images(tmp_path_factory.mktemp("images"))
+
+
+@pytest.mark.parametrize("profile", ["orin-nx-16gb", "cpu-x86_64"])
+def test_plan_treats_a_llava_as_components_with_memory_arithmetic(tiny_llava, profile):
+    plan = make_plan(tiny_llava, profile)
+    assert plan.format == "vlm" and plan.precision == "mixed"
+    assert plan.model["task"] == "image-text-to-text"
+    assert plan.decision("vlm.components") == ["vision encoder", "projector", "language decoder"]
+    assert plan.decision("vlm.encoder")["precision"] == "F16"
+    assert plan.decision("gguf.quant_type") in ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q3_K_M")
+    text = plan.explain()
+    assert "mmproj F16" in text and "<= budget" in text and "16 image tokens" in text
+
+
+def test_quant_type_override_applies_to_the_decoder_only(tiny_llava):
+    from edgesdk.plan import BuildOptions
+
+    plan = make_plan(tiny_llava, "orin-nx-16gb", BuildOptions(quant_type="Q4_K_M"))
+    assert plan.decision("gguf.quant_type") == "Q4_K_M" and plan.decision("vlm.encoder")["precision"] == "F16"
+
+
+def test_clip_tower_is_refused_with_the_reason(tmp_path):
+    clip = make_tiny_llava(tmp_path / "clip-llava", vision="clip")
+    with pytest.raises(ModelError, match="class token"):
+        make_plan(clip, "cpu-x86_64")
+
+
+@pytest.fixture(scope="module")
+def vlm_bundle(tiny_llava, tmp_path_factory) -> Path:
+    from edgesdk.build import build
+    from edgesdk.plan import BuildOptions
+
+    out = tmp_path_factory.mktemp("bundles") / "vlm-f16"
+    return build(tiny_llava, "cpu-x86_64", out, BuildOptions(progress=False, quant_type="F16"))
+
+
+@pytest.mark.slow
+def test_f16_build_matches_pytorch_per_component_and_end_to_end(vlm_bundle):
+    m = json.loads((vlm_bundle / "manifest.json").read_text())
+    assert m["format"] == "vlm" and m["license"]["verdict"] == "pass"
+    roles = {a["role"] for a in m["artifacts"]}
+    assert {"model", "mmproj", "config", "sbom"} <= roles
+    vision = m["parity"]["vision"]
+    assert vision["encoder_min_cosine"] >= 0.999
+    assert vision["greedy_equal"] == "3/3"
+    assert all(p["tokens_ours"] == p["tokens_pytorch"] for p in vision["per_image"])
+    assert m["parity"]["decoder_logits_vs_hf"]["min_cosine"] >= 0.999
+
+
+@pytest.mark.slow
+def test_generate_chat_and_image_prefix_reuse(vlm_bundle, images):
+    import edgesdk
+
+    s = edgesdk.load(vlm_bundle)
+    try:
+        a = s.generate("What is on the table?", images=[images[2]], max_tokens=6, temperature=0)
+        first = dict(s.backend.last)
+        assert first["image_tokens"] == 16 and first["encoder_runs"] == 1 and first["images_cached"] == 0
+        b = s.generate("And what colour is it?", images=[images[2]], max_tokens=6, temperature=0)
+        second = dict(s.backend.last)
+        assert second["encoder_runs"] == 1 and second["images_cached"] == 1  # the encoder did not run again
+        assert second["kv_reused_tokens"] >= 16 + 2  # BOS/"USER: " + the image stayed in the KV cache
+        chat = s.chat([{"role": "user", "content": [{"type": "image", "path": str(images[2])},
+                                                    {"type": "text", "text": "What is on the table?"}]}],
+                      max_tokens=6, temperature=0)
+        assert chat == a and s.backend.last["encoder_runs"] == 1
+    finally:
+        s.close()
+    fresh = edgesdk.load(vlm_bundle)
+    try:  # a cold session answers question 2 with the same tokens: reuse does not change the output
+        assert fresh.generate("And what colour is it?", images=[images[2]], max_tokens=6, temperature=0) == b
+    finally:
+        fresh.close()
+
+
+@pytest.mark.slow
+def test_cli_run_with_images(vlm_bundle, images, run_cli):
+    proc = run_cli("run", str(vlm_bundle), "--image", str(images[0]), "--image", str(images[1]), "--prompt",
+                   "Compare them", "-n", "4", "--temp", "0", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["report"]["backend_report"]["last_request"]["image_tokens"] == 32
+    bad = run_cli("run", str(vlm_bundle), "--image", str(images[0]))
+    assert bad.returncode == 3 and "--image needs --prompt" in bad.stderr
