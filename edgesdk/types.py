@@ -10,10 +10,17 @@ from __future__ import annotations
 
 import enum
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 if TYPE_CHECKING:
     from edgesdk.profiles import Profile
+
+# JSON data (manifest sections, reports, facts read from config.json). ``JSON`` is any JSON value;
+# ``JSONObject`` is a JSON object whose values callers index and convert themselves (json.load's own
+# result type is Any, so the values stay loosely typed; the name says what they are).
+JSONScalar: TypeAlias = "str | int | float | bool | None"
+JSON: TypeAlias = "JSONScalar | list[JSON] | dict[str, JSON]"
+JSONObject: TypeAlias = "dict[str, Any]"
 
 # Parity thresholds per precision (min cosine of the pooled output, max abs error of the raw output).
 # FP16 and INT8 figures follow what an embedding user notices: a cosine drop below ~0.995 reorders

@@ -34,7 +34,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from edgesdk.errors import VerdictError
 from edgesdk.telemetry import _names as N
-from edgesdk.telemetry._recorder import NOOP_RECORDER, InferenceRecorder, Instruments
+from edgesdk.telemetry._recorder import NOOP_RECORDER, InferenceRecorder, Instruments, _NoopRecorder
 from edgesdk.telemetry._setup import Counters, Settings, resolve_settings
 
 __all__ = ["configure", "tracer_provider", "shutdown", "force_flush", "stats", "build_trace", "build_stage", "inference",
@@ -238,7 +238,7 @@ def stats() -> dict:
 
 
 def inference(operation: str, model: str, provider: str, *, stream: bool = False,
-              request: dict | None = None, attributes: dict | None = None):
+              request: dict | None = None, attributes: dict | None = None) -> InferenceRecorder | _NoopRecorder:
     """Context manager for one inference request; yields a recorder (see module docstring)."""
     tracer = _state.tracer or _tracer()
     if tracer is None:

@@ -9,7 +9,10 @@ nothing else runs per token. Budget and measurements: docs/benchmarks.md (P6).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from time import perf_counter
+from types import TracebackType
+from typing import Any, Literal, SupportsInt
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -46,13 +49,14 @@ class _NoopRecorder:
 
     __slots__ = ()
 
-    def __enter__(self):
+    def __enter__(self) -> _NoopRecorder:
         return self
 
-    def __exit__(self, exc_type, exc, tb):
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> Literal[False]:
         return False
 
-    def _nothing(self, *args, **kwargs):
+    def _nothing(self, *args: object, **kwargs: object) -> None:
         pass
 
     set_input_tokens = set_output_tokens = first_chunk = chunk = finish = _nothing
@@ -60,7 +64,7 @@ class _NoopRecorder:
     capture_input = capture_output = _nothing
 
     @property
-    def span(self):
+    def span(self) -> trace.Span:
         return trace.INVALID_SPAN
 
 
@@ -97,7 +101,7 @@ class InferenceRecorder:
         self._span = (tracer, request, attributes)  # the span starts in __enter__
 
     # -- context manager --
-    def __enter__(self):
+    def __enter__(self) -> InferenceRecorder:
         tracer, request, attributes = self._span
         model = self._model
         attrs = {N.OPERATION_NAME: self._operation, N.PROVIDER_NAME: self._provider}
@@ -116,7 +120,8 @@ class InferenceRecorder:
         self._t0 = perf_counter()
         return self
 
-    def __exit__(self, exc_type, exc, tb):
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> Literal[False]:
         end = perf_counter()
         if self._token is not None:
             otel_context.detach(self._token)
@@ -188,51 +193,51 @@ class InferenceRecorder:
             attrs[N.CAPTURE_MARKER] = True
 
     # -- recording API --
-    def set_input_tokens(self, n):
+    def set_input_tokens(self, n: SupportsInt) -> None:
         self._input_tokens = int(n)
 
-    def set_output_tokens(self, n):
+    def set_output_tokens(self, n: SupportsInt) -> None:
         self._output_tokens = int(n)
 
-    def first_chunk(self):
+    def first_chunk(self) -> None:
         if self._first is None:
             self._first = perf_counter()
 
-    def chunk(self):
+    def chunk(self) -> None:
         self._times.append(perf_counter())
 
-    def finish(self, reasons):
+    def finish(self, reasons: str | Iterable[object]) -> None:
         self._reasons = [reasons] if isinstance(reasons, str) else [str(r) for r in reasons]
 
-    def set_response_model(self, name):
+    def set_response_model(self, name: object) -> None:
         self._response_model = str(name)
 
-    def set_response_id(self, response_id):
+    def set_response_id(self, response_id: object) -> None:
         self.set_attribute(N.RESPONSE_ID, str(response_id))
 
-    def set_attribute(self, key, value):
+    def set_attribute(self, key: str, value: Any) -> None:
         """Any extra span attribute, set at the end (e.g. gen_ai.embeddings.dimension.count)."""
         if self._end_attrs is None:
             self._end_attrs = {}
         self._end_attrs.update(N.clean_attributes({key: value}))
 
-    def set_error(self, error_type):
+    def set_error(self, error_type: object) -> None:
         """Mark the request failed without raising (error.type, span status ERROR)."""
         self._error_type = str(error_type)
 
-    def add_event(self, name, attributes=None):
+    def add_event(self, name: str, attributes: dict[str, Any] | None = None) -> None:
         """A span event on this request's span (streams are not the current span, so use this there)."""
         self.span.add_event(str(name), N.clean_attributes(attributes or {}))
 
-    def capture_input(self, messages_or_text):
+    def capture_input(self, messages_or_text: object) -> None:
         if self._capture:
             self._input_content = messages_or_text
 
-    def capture_output(self, text):
+    def capture_output(self, text: str) -> None:
         if self._capture:
             self._output_content = text
 
     @property
-    def span(self):
+    def span(self) -> trace.Span:
         """The request's span (recording until the request ends; the invalid span before it starts)."""
         return self._span if not isinstance(self._span, tuple) else trace.INVALID_SPAN

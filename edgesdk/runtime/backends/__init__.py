@@ -10,10 +10,13 @@ it for one runtime; CPU is always the last resort of every chain.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    from edgesdk.runtime.backend import Loader
 
 
-def get_loader(fmt: str) -> Callable:
+def get_loader(fmt: str) -> Loader:
     """The runtime loader of bundle format ``fmt`` (the format plugin's ``runtime_loader``, imported now)."""
     from edgesdk.errors import BackendUnavailableError
     from edgesdk.formats import find_format, format_names
@@ -23,4 +26,4 @@ def get_loader(fmt: str) -> Callable:
         raise BackendUnavailableError(f"no runtime backend for bundle format {fmt!r}",
                                       hint=f"known formats: {', '.join(sorted(format_names()))}")
     module, func = spec.runtime_loader.split(":")
-    return getattr(importlib.import_module(module), func)
+    return cast("Loader", getattr(importlib.import_module(module), func))

@@ -20,16 +20,26 @@ import re
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from time import perf_counter
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
 
 from edgesdk import telemetry
 from edgesdk.errors import BackendUnavailableError, InputError, ShapeError
-from edgesdk.runtime.backend import TensorSpec
+from edgesdk.runtime.backend import LoadContext, TensorSpec
+
+if TYPE_CHECKING:
+    from llama_cpp import Llama
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+    from llama_cpp.llama_types import ChatCompletionRequestMessage
+
+    from edgesdk.bundle import Bundle
 
 RISKY_SMS = {"8.7"}  # llama.cpp FA/offload crashes reported on Orin (docs/devices.md)
 GPU_RESERVE_BYTES = 512 * 1024 * 1024  # CUDA context + cuBLAS workspace, kept free when sizing offload
-DEFAULT_SAMPLING = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.0}
+DEFAULT_SAMPLING: dict[str, float] = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.0}
 
 _PROBE_CHILD = """
 import sys, llama_cpp
@@ -59,7 +69,7 @@ def _free_device_bytes() -> tuple[int | None, str]:
         return None, "free device memory unknown (no NVML, nvidia-smi or Jetson meminfo)"
 
 
-def _layers_that_fit(llm_info: dict, n_ctx: int, free: int) -> int:
+def _layers_that_fit(llm_info: Mapping[str, Any], n_ctx: int, free: int) -> int:
     """Transformer layers whose weights + KV fit in ``free`` bytes (output layer counted as one)."""
     layers = int(llm_info["layers"])
     kv_per_layer = 2 * int(llm_info["kv_heads"]) * int(llm_info["head_dim"]) * n_ctx * 2
@@ -69,7 +79,7 @@ def _layers_that_fit(llm_info: dict, n_ctx: int, free: int) -> int:
 
 _log = logging.getLogger("edgesdk.llama_cpp")
 _LOG_TO_STDERR = [False]  # set by load_gguf(verbose=...): the last load decides (one process-wide callback)
-_LOG_CALLBACK: list = []  # keeps the ctypes callback alive for as long as llama.cpp may call it
+_LOG_CALLBACK: list[object] = []  # keeps the ctypes callback alive for as long as llama.cpp may call it
 
 
 def route_llama_logs(verbose: bool) -> None:
@@ -82,8 +92,7 @@ def route_llama_logs(verbose: bool) -> None:
     if _LOG_CALLBACK:
         return
 
-    @llama_cpp.llama_log_callback
-    def _on_log(level, text, user_data):  # noqa: ARG001 - ggml_log_callback signature
+    def _on_log_py(level: int, text: bytes | None, user_data: object) -> None:  # noqa: ARG001 - ggml_log_callback
         msg = text.decode("utf-8", "replace") if text else ""
         if _LOG_TO_STDERR[0]:
             sys.stderr.write(msg)
@@ -91,6 +100,7 @@ def route_llama_logs(verbose: bool) -> None:
         elif msg.strip():
             _log.debug("%s", msg.rstrip("\n"))
 
+    _on_log = llama_cpp.llama_log_callback(_on_log_py)
     _LOG_CALLBACK.append(_on_log)
     llama_cpp.llama_log_set(_on_log, ctypes.c_void_p(0))
 
@@ -148,9 +158,10 @@ class SupersededStreamError(InputError):
 _SAMPLING_ALIASES = {"temp": "temperature"}
 
 
-def _check_sampling(max_tokens, seed, params: dict) -> tuple[int, int | None]:
+def _check_sampling(max_tokens: int, seed: int | None, params: Mapping[str, float]) -> tuple[int, int | None]:
     """Range-check generation options at the boundary: a bad value is one InputError (exit 3)."""
-    def number(name, value, lo=None, hi=None, lo_open=False, integer=False):
+    def number(name: str, value: object, lo: float | None = None, hi: float | None = None, lo_open: bool = False,
+               integer: bool = False) -> None:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not float(value).is_integer()):
             raise InputError(f"{name} must be {'an integer' if integer else 'a number'}, got {value!r}")
         if value != value or value in (float("inf"), float("-inf")):
@@ -186,8 +197,8 @@ class LlamaCppBackend:
     name = "llama.cpp"
     provider = "llama.cpp"
 
-    def __init__(self, llm, *, settings: dict, report: dict, model: str, attributes: dict,
-                 chat_template: str | None = None):
+    def __init__(self, llm: Llama, *, settings: dict[str, Any], report: dict[str, Any], model: str,
+                 attributes: dict[str, Any], chat_template: str | None = None) -> None:
         import llama_cpp
 
         self._llm = llm
@@ -196,7 +207,7 @@ class LlamaCppBackend:
         self._model = model
         self._attrs = attributes
         self._eos = llm.token_eos()
-        self._formatters: dict = {}
+        self._formatters: dict[str | None, tuple[Jinja2ChatFormatter, list[str]]] = {}
         self._default_template = chat_template
         self.device = "cpu" if settings["n_gpu_layers"] == 0 else f"cuda:0 ({report['placement']})"
         # run(): token ids of any rank (flattened) -> the last position's logits.
@@ -204,7 +215,7 @@ class LlamaCppBackend:
         self.outputs = (TensorSpec("logits", "float32", (1, int(llm.n_vocab()))),)
         self._vocab = llama_cpp.llama_model_get_vocab(llm.model)
         vocab = self._vocab
-        self._is_eog = lambda tok: llama_cpp.llama_vocab_is_eog(vocab, tok)
+        self._is_eog: Callable[[int], bool] = lambda tok: llama_cpp.llama_vocab_is_eog(vocab, tok)
         self._random_seed = int(llama_cpp.LLAMA_DEFAULT_SEED)
         # llama.cpp's own per-context timers (what llama-bench reports): prompt evaluation and
         # token-by-token evaluation, without Python, sampling or detokenising in between.
@@ -213,14 +224,14 @@ class LlamaCppBackend:
         self._lock = threading.RLock()  # the context; see the class docstring
         self._owner = 0  # id of the request that last used the context
         self._next_id = itertools.count(1)
-        self.last: dict = {}
+        self.last: dict[str, Any] = {}
 
     def _perf_reset(self) -> None:
         if self._perf is not None:
             with contextlib.suppress(Exception):
                 self._perf[1](self._llm.ctx)
 
-    def _perf_read(self) -> dict:
+    def _perf_read(self) -> dict[str, float]:
         """Prompt-eval and eval time/tokens of the last request, from llama.cpp (empty when unavailable)."""
         if self._perf is None:
             return {}
@@ -228,7 +239,7 @@ class LlamaCppBackend:
             data = self._perf[0](self._llm.ctx)
         except Exception:  # noqa: BLE001 - timing is a bonus, never a failure
             return {}
-        out = {}
+        out: dict[str, float] = {}
         if data.n_p_eval > 0 and data.t_p_eval_ms > 0:
             out["prompt_eval_tokens"], out["prompt_eval_ms"] = int(data.n_p_eval), round(float(data.t_p_eval_ms), 3)
         if data.n_eval > 0 and data.t_eval_ms > 0:
@@ -242,14 +253,12 @@ class LlamaCppBackend:
         with self._lock:
             return self._llm.tokenize(text.encode("utf-8"), add_bos=True, special=special)
 
-    def run(self, feeds: dict) -> dict:
+    def run(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """Raw forward pass: ``{"input_ids": [...]}`` -> ``{"logits": last-position logits}``."""
-        import numpy as np
-
-        ids = feeds.get("input_ids")
-        if ids is None:
+        raw = feeds.get("input_ids")
+        if raw is None:
             raise ShapeError("llama.cpp run() takes {'input_ids': token ids}")
-        ids = [int(t) for t in np.asarray(ids).reshape(-1)]
+        ids = [int(t) for t in np.asarray(raw).reshape(-1)]
         if not ids:
             raise ShapeError("llama.cpp run() needs at least one token id")
         n_vocab = int(self._llm.n_vocab())
@@ -270,22 +279,23 @@ class LlamaCppBackend:
         return min(max_tokens, n_ctx - n_prompt)
 
     # ------------------------------------------------------------------ generation
-    def generate(self, prompt: str, **kw):
+    def generate(self, prompt: str, **kw: Any) -> str | Iterator[str]:
         """Completion text for ``prompt`` (``stream=True`` returns an iterator of text pieces)."""
         if kw.pop("stream", False):
             return self.stream(prompt, **kw)
         return self._complete(self._run(prompt, "text_completion", stream=False, special=False, **kw))
 
-    def stream(self, prompt: str, **kw) -> Iterator[str]:
+    def stream(self, prompt: str, **kw: Any) -> Iterator[str]:
         return self._run(prompt, "text_completion", stream=True, special=False, **kw)
 
-    def chat(self, messages: list[dict], *, chat_template: str | None = None, **kw):
+    def chat(self, messages: list[dict[str, str]], *, chat_template: str | None = None,
+             **kw: Any) -> str | Iterator[str]:
         """Reply to ``messages``, formatted with ``chat_template`` (a shipped name or a Jinja file), else the
         session's default (``load(..., chat_template=)``), else the GGUF's own ``tokenizer.chat_template``."""
         _check_messages(messages)
         fmt, extra_stops = self._chat_formatter(chat_template or self._default_template)
         try:
-            result = fmt(messages=messages)
+            result = fmt(messages=cast("list[ChatCompletionRequestMessage]", messages))  # checked above
         except Exception as exc:  # noqa: BLE001 - jinja errors on malformed messages: one line
             raise InputError(f"chat template failed on these messages ({type(exc).__name__}: {exc})") from exc
         stop = kw.pop("stop", None)
@@ -297,7 +307,7 @@ class LlamaCppBackend:
                         add_bos=not getattr(result, "added_special", False), _capture_messages=messages, **kw)
         return gen if stream else self._complete(gen)
 
-    def _chat_formatter(self, spec: str | None):
+    def _chat_formatter(self, spec: str | None) -> tuple[Jinja2ChatFormatter, list[str]]:
         if spec in self._formatters:
             return self._formatters[spec]
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
@@ -325,22 +335,23 @@ class LlamaCppBackend:
         self._formatters[spec] = (fmt, extra)
         return fmt, extra
 
-    def _complete(self, gen) -> str:
+    def _complete(self, gen: Iterable[str]) -> str:
         """A non-streaming request: the whole generation under the context lock."""
         with self._lock:
             return "".join(gen)
 
     def _run(self, prompt: str, operation: str, *, stream: bool, special: bool, max_tokens: int = 128,
              stop: list[str] | str | None = None, seed: int | None = None, add_bos: bool = True,
-             _capture_messages: list | None = None, **sampling):
+             _capture_messages: list[dict[str, str]] | None = None,
+             **sampling: float | None) -> Iterator[str]:
         if not isinstance(prompt, str):
             raise InputError(f"prompt must be a string, got {type(prompt).__name__}")
-        sampling = {_SAMPLING_ALIASES.get(k, k): v for k, v in sampling.items()}
-        unknown = set(sampling) - set(DEFAULT_SAMPLING)
+        named = {_SAMPLING_ALIASES.get(k, k): v for k, v in sampling.items()}
+        unknown = set(named) - set(DEFAULT_SAMPLING)
         if unknown:
             raise InputError(f"unknown generation option(s): {', '.join(sorted(unknown))} "
                              f"(known: max_tokens, stop, seed, stream, {', '.join(DEFAULT_SAMPLING)})")
-        params = {**DEFAULT_SAMPLING, **{k: v for k, v in sampling.items() if v is not None}}
+        params = {**DEFAULT_SAMPLING, **{k: v for k, v in named.items() if v is not None}}
         max_tokens, seed = _check_sampling(max_tokens, seed, params)
         if stop is not None and not isinstance(stop, str) and not (
                 isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop)):
@@ -349,13 +360,13 @@ class LlamaCppBackend:
         with self._lock:
             tokens = self._llm.tokenize(prompt.encode("utf-8"), add_bos=add_bos, special=special)
         budget = self._check_fits(len(tokens), max_tokens)
-        request = {"max_tokens": max_tokens, "temperature": params["temperature"], "top_p": params["top_p"],
+        request: dict[str, Any] = {"max_tokens": max_tokens, "temperature": params["temperature"], "top_p": params["top_p"],
                    "top_k": params["top_k"], "stop_sequences": stops or None, "seed": seed}
         body = self._decode(prompt, tokens, budget, stops, params, operation, stream, request, seed,
                             _capture_messages)
         return self._stepwise(body) if stream else body
 
-    def _stepwise(self, body) -> Iterator[str]:
+    def _stepwise(self, body: Generator[str, None, None]) -> Iterator[str]:
         """A stream: each step of ``body`` runs under the context lock, released between pieces."""
         try:
             while True:
@@ -369,13 +380,15 @@ class LlamaCppBackend:
             with self._lock:
                 body.close()
 
-    def _decode(self, prompt, tokens, budget, stops, params, operation, stream, request, seed, messages=None):
+    def _decode(self, prompt: str, tokens: list[int], budget: int, stops: list[str], params: Mapping[str, float],
+                operation: str, stream: bool, request: dict[str, Any], seed: int | None,
+                messages: list[dict[str, str]] | None = None) -> Generator[str, None, None]:
         llm = self._llm
         me = next(self._next_id)
         hold = max((len(s) for s in stops), default=1) - 1  # chars kept back while they may start a stop
         superseded = False
 
-        def check_owner():
+        def check_owner() -> None:
             nonlocal superseded
             if self._owner != me:
                 superseded = True
@@ -399,7 +412,7 @@ class LlamaCppBackend:
             llm.reset()
             self._perf_reset()
             t0 = perf_counter()
-            t_first = None
+            t_first: float | None = None
             try:
                 if budget > 0:
                     gen = llm.generate(tokens, top_k=int(params["top_k"]), top_p=float(params["top_p"]),
@@ -456,7 +469,7 @@ class LlamaCppBackend:
                                  "llama_cpp_timings": self._perf_read()}
 
     # ------------------------------------------------------------------ report / close
-    def report(self) -> dict:
+    def report(self) -> dict[str, Any]:
         return {**self._report, "last_request": dict(self.last)}
 
     def close(self) -> None:
@@ -464,7 +477,7 @@ class LlamaCppBackend:
             self._llm.close()
 
 
-def _check_messages(messages) -> None:
+def _check_messages(messages: object) -> None:
     if not isinstance(messages, list) or not messages:
         raise InputError("messages must be a non-empty list of {'role': ..., 'content': ...} mappings")
     for i, m in enumerate(messages):
@@ -513,7 +526,7 @@ def _label(fa: bool, ngl: int, layers: int) -> str:
     return f"llama.cpp ({where}, flash attention {'on' if fa else 'off'})"
 
 
-def load_gguf(bundle, ctx) -> LlamaCppBackend:
+def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
     """Loader registered for format ``gguf`` (see edgesdk.runtime.backends)."""
     from edgesdk.extras import require
 
@@ -559,7 +572,7 @@ def load_gguf(bundle, ctx) -> LlamaCppBackend:
         else:
             notes.append(how)
     risky = bool(opts.get("probe_in_child")) or bool(profile is not None and profile.sm in RISKY_SMS)
-    errors = []
+    errors: list[str] = []
     tried = _attempts(fa, ngl)
     for i, (a_fa, a_ngl) in enumerate(tried):
         why = _probe_in_child(path, a_ngl, a_fa, n_ctx) if risky else None
@@ -591,6 +604,7 @@ def load_gguf(bundle, ctx) -> LlamaCppBackend:
                      "edgesdk.bundle.id": bundle.bundle_id}
             return LlamaCppBackend(llm, settings=settings, report=report, model=bundle.model_name, attributes=attrs,
                                    chat_template=chat_template)
+        assert why is not None  # set whenever the attempt did not load
         errors.append(f"{_label(a_fa, a_ngl, layers)}: {why}")
         if i + 1 < len(tried):
             ctx.record_fallback(_label(a_fa, a_ngl, layers), _label(*tried[i + 1], layers), why)
