@@ -35,7 +35,9 @@ def profiler_group() -> None:
 @click.option("--fail-on-budget", is_flag=True, help="Exit 2 when a budget is missed (default: warn).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON instead of a table.")
 @click.option("--output", "-o", type=click.Path(dir_okay=False), help="Write the JSON report here.")
-@click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG (latency histogram, op times, tokens).")
+@click.option("--plot", type=click.Path(dir_okay=False),
+              help="Write a PNG: latency histogram and op times (encoders); TTFT, prefill and decode of every "
+                   "repeat (LLMs).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def run_cmd(bundle, warmup, iterations, concurrency, batch, seq_len, prompt_tokens, gen_tokens, repeats, threads,
             op_profile_runs, profile, latency_budget_ms, memory_budget_gb, fail_on_budget, as_json, output, plot,
@@ -48,7 +50,8 @@ def run_cmd(bundle, warmup, iterations, concurrency, batch, seq_len, prompt_toke
     require("profiler", "onnx", "edgesdk profiler run")
     from edgesdk.profiler.api import run_profiler
     from edgesdk.profiler.bench import BenchOptions
-    from edgesdk.profiler.report import enforce_budgets, plot_report, render_table, save_report
+    from edgesdk.profiler.plots import plot_report
+    from edgesdk.profiler.report import enforce_budgets, render_table, save_report
 
     opts = BenchOptions(warmup=warmup, iterations=iterations, concurrency=concurrency, batch=batch, seq_len=seq_len,
                         prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, llm_repeats=repeats,
@@ -84,17 +87,27 @@ def run_cmd(bundle, warmup, iterations, concurrency, batch, seq_len, prompt_toke
 @click.option("--report", "report_path", type=click.Path(dir_okay=False),
               help="A measured report: show the prediction error for the profile it was measured on.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def predict_cmd(bundle, profiles, batch, seq_len, prompt_tokens, report_path, as_json) -> int:
+@click.option("--plot", type=click.Path(dir_okay=False),
+              help="Write a roofline PNG per profile: roofs, the model's arithmetic intensity, bound, prediction, "
+                   "measured point (with --report).")
+def predict_cmd(bundle, profiles, batch, seq_len, prompt_tokens, report_path, as_json, plot) -> int:
     """Roofline prediction of BUNDLE on device profiles (bandwidth, peak rates, calibrated efficiency)."""
     from edgesdk.extras import require
 
+    if plot:
+        require("profiler", "matplotlib", "--plot")
     require("profiler", "onnx", "edgesdk profiler predict")
     from edgesdk.profiler.api import predict_bundle
     from edgesdk.profiler.report import load_report, prediction_lines
 
     measured = load_report(report_path) if report_path else None
     results = [predict_bundle(bundle, name, batch=batch, seq=seq_len, prompt_tokens=prompt_tokens,
-                              measured=measured) for name in profiles]
+                              measured=measured, measured_host=_host_figures_of(measured, name))
+               for name in profiles]
+    if plot:
+        from edgesdk.profiler.plots import plot_roofline
+
+        plot_roofline(results, plot, measured)
     if as_json:
         emit_json(results)
         return 0
@@ -106,7 +119,24 @@ def predict_cmd(bundle, profiles, batch, seq_len, prompt_tokens, report_path, as
                 click.echo(f"  {sec} efficiency from: {pred[sec]['efficiency_source']}")
         for note in pred.get("notes", []):
             click.echo(f"  note: {note}")
+    if plot:
+        click.echo(f"plot: {plot}")
     return 0
+
+
+def _host_figures_of(measured: dict | None, profile_name: str) -> dict | None:
+    """The bandwidth and peak a report measured on its host (``profiler run`` does this for generic CPU
+    profiles), to fill the same profile's missing figures when predicting for it with ``--report``."""
+    from edgesdk.profiles import resolve_profile
+
+    if not measured or (measured.get("device") or {}).get("best_match") != resolve_profile(profile_name).name:
+        return None
+    pred = measured.get("prediction") or {}
+    if not pred.get("bandwidth_gbps"):
+        return None
+    return {"bandwidth_gbps": pred["bandwidth_gbps"], "peak_flops": pred.get("peak_flops"),
+            "method": "as measured on this host by the report's run", "peak_method": "as measured on this host by "
+            "the report's run"}
 
 
 @profiler_group.command("compare")
@@ -115,17 +145,29 @@ def predict_cmd(bundle, profiles, batch, seq_len, prompt_tokens, report_path, as
 @click.option("--max-regression", help="Exit 2 if a gated metric is worse by more than this (e.g. 5%) and "
                                        "by more than the runs' noise.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def compare_cmd(base, new, max_regression, as_json) -> int:
+@click.option("--plot", type=click.Path(dir_okay=False),
+              help="Write a PNG: base vs new bars of each key metric (p50 with p99 marked).")
+def compare_cmd(base, new, max_regression, as_json, plot) -> int:
     """Two reports side by side with ratios and noise; a regression gate for CI."""
     from edgesdk.errors import VerdictError
+    from edgesdk.extras import require
     from edgesdk.profiler.compare import compare_reports, parse_threshold, render_comparison
     from edgesdk.profiler.report import load_report
 
-    result = compare_reports(load_report(base), load_report(new), parse_threshold(max_regression))
+    if plot:
+        require("profiler", "matplotlib", "--plot")
+    base_report, new_report = load_report(base), load_report(new)
+    result = compare_reports(base_report, new_report, parse_threshold(max_regression))
+    if plot:
+        from edgesdk.profiler.plots import plot_comparison
+
+        plot_comparison(base_report, new_report, result, plot)
     if as_json:
         emit_json(result)
     else:
         click.echo(render_comparison(result))
+        if plot:
+            click.echo(f"plot: {plot}")
     if result["regressions"]:
         raise VerdictError(f"performance regression beyond {result['max_regression_pct']:.3g}% and noise: "
                            + ", ".join(result["regressions"]))

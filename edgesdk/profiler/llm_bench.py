@@ -94,6 +94,7 @@ def llm_metrics(prompt_tokens: int, runs: list[dict]) -> dict:
            "decode_tok_s_backend": statistics.median(eval_rates) if runs and len(eval_rates) == len(runs) else None,
            "finish_reasons": [r.get("finish_reason") for r in runs],
            "token_times_ms": runs[-1]["chunk_times_ms"] if runs else [],
+           "per_repeat": [_repeat_phases(r, n) for r, n in zip(runs, gen)],
            "method": "session.stream: TTFT = first generated token (the backend loop's instant; first text "
                      "chunk when the backend has none: timing_source); TPOT = (last - first token) / (tokens - 1), "
                      "tokens as the backend counted them; decode tok/s = 1 / median TPOT (the stream's rate). "
@@ -102,3 +103,16 @@ def llm_metrics(prompt_tokens: int, runs: list[dict]) -> dict:
                      "tokens / median TTFT (which also holds the first sampled token and the stream's setup); "
                      "both kept: prefill_tok_s_from_ttft, decode_tok_s_backend"}
     return out
+
+
+def _repeat_phases(run: dict, tokens: int) -> dict:
+    """One generation's phases (ms from the request): TTFT, the backend's prompt-eval time inside it,
+    the decode span (first to last token) and its text-chunk instants (what ``--plot`` draws)."""
+    chunks = run["chunk_times_ms"]
+    first = run.get("first_token_ms") if run.get("first_token_ms") is not None else (chunks[0] if chunks else None)
+    last = run.get("last_token_ms") if run.get("first_token_ms") is not None else (chunks[-1] if chunks else None)
+    timings = run.get("backend_timings") or {}
+    decode = last - first if first is not None and last is not None else None
+    return {"ttft_ms": first, "prompt_eval_ms": timings.get("prompt_eval_ms"), "decode_ms": decode,
+            "tokens": tokens, "tpot_ms": decode / (tokens - 1) if decode is not None and tokens > 1 else None,
+            "chunk_times_ms": chunks}

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Profiler reports: assemble, check budgets, save/load (versioned schema), terminal table, PNG plots.
+"""Profiler reports: assemble, check budgets, save/load (versioned schema), terminal table (PNGs: plots.py).
 
 The schema is documented in docs/profiler.md. A report of another schema version is refused with a
 one-line error rather than misread.
@@ -184,50 +184,7 @@ def prediction_lines(pred: dict) -> list[str]:
 # ---------------------------------------------------------------- plots
 
 def plot_report(report: dict, path: str | os.PathLike) -> Path:
-    """One PNG: latency histogram, per-op-type time bars, tokens over time (the panels that have data)."""
-    from edgesdk.extras import require
+    """One PNG of a run report (edgesdk/profiler/plots.py draws it)."""
+    from edgesdk.profiler.plots import plot_report as draw
 
-    require("profiler", "matplotlib", "--plot")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    panels = []
-    if (report.get("latency_ms") or {}).get("samples"):
-        panels.append("hist")
-    if report.get("ort_profile"):
-        panels.append("ops")
-    if (report.get("llm") or {}).get("token_times_ms"):
-        panels.append("tokens")
-    if not panels:
-        raise InputError("nothing to plot: the report has no latency samples, per-op times or token times")
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
-    title = f"{(report.get('bundle') or {}).get('model')} on {(report.get('runtime') or {}).get('device')}"
-    for ax, kind in zip(axes[0], panels):
-        if kind == "hist":
-            lat = report["latency_ms"]
-            ax.hist(lat["samples"], bins=40, color="#4472c4")
-            for q, style in (("p50", "-"), ("p99", "--")):
-                ax.axvline(lat[q], color="k", linestyle=style, label=f"{q} {lat[q]:.3g} ms")
-            ax.set_xlabel("latency (ms)")
-            ax.set_ylabel("calls")
-            ax.set_title("latency")
-            ax.legend()
-        elif kind == "ops":
-            rows = report["ort_profile"]["by_op_type"][:12][::-1]
-            ax.barh([r["op_type"] for r in rows], [r["total_us"] / 1e3 for r in rows], color="#ed7d31")
-            ax.set_xlabel("time per run (ms)")
-            ax.set_title("time by op type (onnxruntime profiler)")
-        else:
-            times = report["llm"]["token_times_ms"]
-            ax.plot(times, range(1, len(times) + 1), color="#70ad47")
-            ax.set_xlabel("time since request (ms)")
-            ax.set_ylabel("tokens generated")
-            ax.set_title("tokens over time")
-    fig.suptitle(title)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return draw(report, path)
