@@ -220,6 +220,14 @@ def bundle_work(bundle, *, batch: int = 1, seq: int = 128) -> WorkFacts:
 
 # ---------------------------------------------------------------- efficiency + prediction
 
+def backend_class(backend: str | None, dev_class: str) -> str | None:
+    """Calibration class of a runtime backend on a device class: ONNX Runtime splits into its CPU EP and its
+    CUDA EP (what a GPU/Jetson ONNX bundle runs on where TensorRT is absent; TensorRT is not calibrated)."""
+    if backend == "onnxruntime":
+        return "onnxruntime-cpu" if dev_class == "cpu" else "onnxruntime-cuda"
+    return backend
+
+
 def device_class(profile) -> str:
     return {"jetson": "jetson", "gpu": "gpu", "cpu": "cpu"}[profile.kind]
 
@@ -294,12 +302,19 @@ def predict(facts: WorkFacts, profile, *, backend: str | None = None, prompt_tok
         bound = max(t_mem, t_cmp)
         # Launch-bound eager runs do not keep their efficiency across precisions: match it too.
         prec = None if (facts.precision or "fp32").lower() == "fp32" else facts.precision.lower()
-        eff = pick_efficiency(table, dev_class, "encoder", backend, facts.params, prec)
+        cls = backend_class(backend, dev_class)
+        eff = pick_efficiency(table, dev_class, "encoder", cls, facts.params, prec)
+        if eff is not None and eff.get("backend") != cls:
+            notes.append(f"no {dev_class} encoder calibration for backend {cls}: used {eff.get('backend')}'s")
+        overhead_ms = (facts.nodes or 0) * float(eff.get("overhead_us_per_node", 0.0)) / 1e3 if eff else 0.0
         out["encoder"] = {"bound_ms": bound * 1e3, "memory_ms": t_mem * 1e3, "compute_ms": t_cmp * 1e3,
-                          "limited_by": "memory" if t_mem >= t_cmp else "compute",
+                          "limited_by": "memory" if t_mem >= t_cmp else "compute", "backend_class": cls,
                           "efficiency": eff["efficiency"] if eff else None,
+                          "overhead_us_per_node": eff.get("overhead_us_per_node") if eff else None,
+                          "overhead_ms": overhead_ms if eff else None,
                           "efficiency_source": eff["source"] if eff else None,
-                          "latency_ms": bound * 1e3 / eff["efficiency"] if eff else None}
+                          "model": "nodes x overhead per node + bound / efficiency",
+                          "latency_ms": overhead_ms + bound * 1e3 / eff["efficiency"] if eff else None}
         return out
     ctx = context if context is not None else prompt_tokens
     kv = (facts.kv_bytes_per_position or 0) * ctx
