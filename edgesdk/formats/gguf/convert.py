@@ -16,12 +16,18 @@ import math
 import os
 import subprocess
 import sys
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edgesdk.errors import ExternalToolError, ModelError
 from edgesdk.formats.gguf.header import FTYPES
+
+if TYPE_CHECKING:
+    from gguf.vocab import Vocab
+    from llama_cpp import Llama
 
 # HF architecture -> (gguf arch name, whether Q/K rows are permuted for llama.cpp's rope layout).
 # HF Llama applies rotary embedding with rotate_half (dims i and i+d/2 pair up); llama.cpp's LLAMA
@@ -38,7 +44,7 @@ def supported_list() -> str:
     return ", ".join(sorted(SUPPORTED_ARCHITECTURES))
 
 
-def hf_arch(config: dict) -> tuple[str, str, bool]:
+def hf_arch(config: Mapping[str, Any]) -> tuple[str, str, bool]:
     archs = config.get("architectures") or []
     arch = archs[0] if archs else str(config.get("model_type"))
     if arch not in SUPPORTED_ARCHITECTURES:
@@ -52,10 +58,11 @@ def _permute_rope_rows(weight: np.ndarray, n_head: int) -> np.ndarray:
     new row 2j+h of a head is old row h*(d/2)+j."""
     rows = weight.shape[0]
     d = rows // n_head
-    return weight.reshape(n_head, 2, d // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+    out: np.ndarray = weight.reshape(n_head, 2, d // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+    return out
 
 
-def _load_vocab(directory: Path):
+def _load_vocab(directory: Path) -> tuple[Vocab, str, str]:
     """gguf-py vocab for the directory's tokenizer, and the llama.cpp tokenizer model name."""
     import gguf
 
@@ -74,7 +81,7 @@ def _load_vocab(directory: Path):
         raise ModelError(f"{directory}: tokenizer not supported for GGUF ({type(exc).__name__}: {exc})") from exc
 
 
-def _merge_rank_scores(directory: Path, tokens: list, scores: list[float]) -> list[float]:
+def _merge_rank_scores(directory: Path, tokens: Sequence[object], scores: list[float]) -> list[float]:
     """Scores for llama.cpp's SentencePiece-style tokenizer from a BPE tokenizer.json's merge list.
 
     gguf-py's LlamaHfVocab gives every token -1000; llama.cpp's SPM tokenizer merges the adjacent
@@ -101,7 +108,7 @@ _QWEN2_HINT = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}
 _LLAMA3_HINT = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"
 
 
-def _bpe_pre_name(spec: dict) -> str:
+def _bpe_pre_name(spec: Mapping[str, Any]) -> str:
     pre = spec.get("pre_tokenizer") or {}
     subs = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
     patterns = [(s.get("pattern") or {}).get("Regex", "") for s in subs if s.get("type") == "Split"]
@@ -115,7 +122,7 @@ def _bpe_pre_name(spec: dict) -> str:
     return "default"
 
 
-def _tensor_arrays(directory: Path):
+def _tensor_arrays(directory: Path) -> Iterator[tuple[str, np.ndarray]]:
     """(name, float32-or-float16 numpy array) for every tensor in the safetensors files."""
     from safetensors import safe_open
 
@@ -129,7 +136,7 @@ def _tensor_arrays(directory: Path):
                 yield name, t.float().numpy() if t.dtype.is_floating_point else t.numpy()
 
 
-def convert_hf_to_gguf(directory: Path, out_path: Path, *, name: str | None = None) -> dict:
+def convert_hf_to_gguf(directory: Path, out_path: Path, *, name: str | None = None) -> dict[str, Any]:
     """Write an F16 GGUF for a llama/qwen2 HF directory; returns facts about what was written."""
     import gguf
 
@@ -165,7 +172,9 @@ def convert_hf_to_gguf(directory: Path, out_path: Path, *, name: str | None = No
         writer.add_key_length(head_dim)
         writer.add_value_length(head_dim)
 
-    tokens, scores, toktypes = [], [], []
+    tokens: list[bytes] = []
+    scores: list[float] = []
+    toktypes: list[gguf.TokenType] = []
     for text, score, toktype in vocab.all_tokens():
         tokens.append(text)
         scores.append(score)
@@ -174,7 +183,7 @@ def convert_hf_to_gguf(directory: Path, out_path: Path, *, name: str | None = No
         scores = _merge_rank_scores(directory, tokens, scores)
     n_vocab = int(config.get("vocab_size", len(tokens)))
     while len(tokens) < n_vocab:  # embedding rows beyond the tokenizer (padding): llama.cpp needs a token each
-        tokens.append(f"[PAD{len(tokens)}]")
+        tokens.append(f"[PAD{len(tokens)}]".encode())  # the writer stores str and bytes alike (UTF-8)
         scores.append(-1000.0)
         toktypes.append(gguf.TokenType.UNUSED)
     writer.add_tokenizer_model(tok_model)
@@ -250,7 +259,7 @@ def quantize(src: Path, dst: Path, quant_type: str, *, threads: int | None = Non
 # Verification: HF logits vs GGUF, and perplexity with llama.cpp itself
 
 
-def _open_llama(path: Path, n_ctx: int, *, logits_all: bool = True, threads: int | None = None):
+def _open_llama(path: Path, n_ctx: int, *, logits_all: bool = True, threads: int | None = None) -> Llama:
     from edgesdk.extras import require
 
     require("gguf", "llama_cpp", "a GGUF build (llama.cpp quantizes and checks parity)")
@@ -262,7 +271,7 @@ def _open_llama(path: Path, n_ctx: int, *, logits_all: bool = True, threads: int
         raise ModelError(f"{path}: llama.cpp cannot load this GGUF ({exc})") from exc
 
 
-def _eval_logits(llm, tokens: list[int]) -> np.ndarray:
+def _eval_logits(llm: Llama, tokens: list[int]) -> np.ndarray:
     llm.reset()
     llm.eval(tokens)
     return np.array(llm.scores[: len(tokens)], dtype=np.float64)
@@ -312,7 +321,7 @@ def hf_reference_logits(hf_dir: Path, prompts: list[str]) -> list[tuple[list[int
                     for i in range(len(prompts))]
 
 
-def logits_parity(hf_dir: Path, gguf_path: Path, text: str) -> dict:
+def logits_parity(hf_dir: Path, gguf_path: Path, text: str) -> dict[str, Any]:
     """Feed the same token ids (HF tokenizer) to the HF model (fp32, torch) and the F16 GGUF
     (llama.cpp, CPU); compare next-token logits at every position."""
     prompts = sample_prompts(text)
@@ -336,7 +345,7 @@ def logits_parity(hf_dir: Path, gguf_path: Path, text: str) -> dict:
             "tokenizer_agreement": f"{tok_match}/{len(prompts)} prompts tokenized identically by llama.cpp and HF"}
 
 
-def perplexity(path: Path, text: str, n_ctx: int = 256, *, threads: int | None = None) -> dict:
+def perplexity(path: Path, text: str, n_ctx: int = 256, *, threads: int | None = None) -> dict[str, float]:
     """exp(mean NLL of each next token) over consecutive windows of ``n_ctx`` tokens (llama.cpp, CPU)."""
     llm = _open_llama(path, n_ctx=n_ctx, threads=threads)
     try:

@@ -9,6 +9,7 @@ the arithmetic (``edgesdk build --explain`` prints it). Pure: it reads the facts
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from edgesdk.errors import InputError, ModelError, ResourceError
@@ -51,12 +52,12 @@ def _gb(n_bytes: float) -> str:
     return f"{n_bytes / GB:.2f} GB"
 
 
-def kv_bytes(info: dict, n_ctx: int) -> int:
+def kv_bytes(info: Mapping[str, Any], n_ctx: int) -> int:
     """KV cache bytes: 2 (K and V) x layers x kv_heads x head_dim x context x 2 bytes (F16)."""
     return 2 * int(info["layers"]) * int(info["kv_heads"]) * int(info["head_dim"]) * n_ctx * KV_BYTES_PER_ELEMENT
 
 
-def compute_bytes(info: dict, weight_bytes: float) -> float:
+def compute_bytes(info: Mapping[str, Any], weight_bytes: float) -> float:
     """Compute-buffer estimate: one micro-batch of the widest activations in F32
     (n_ubatch x (n_vocab + ffn + 4 x hidden) x 4 B) plus 5 % of the weights for allocator slack."""
     width = int(info.get("n_vocab") or 32000) + int(info.get("ffn") or 4 * (info.get("hidden") or 0)) \
@@ -64,7 +65,7 @@ def compute_bytes(info: dict, weight_bytes: float) -> float:
     return N_UBATCH * width * 4 + 0.05 * weight_bytes
 
 
-def _check_shape(facts) -> dict:
+def _check_shape(facts: ModelFacts) -> dict[str, Any]:
     from edgesdk.formats.gguf.convert import supported_list
 
     info = facts.extra
@@ -81,7 +82,7 @@ def _check_shape(facts) -> dict:
     return info
 
 
-def _candidate_types(facts, profile, options) -> tuple[list[str], str]:
+def _candidate_types(facts: ModelFacts, profile: Profile, options: BuildOptions) -> tuple[list[str], str]:
     order = list((profile.policy.get("llm") or {}).get("quant_order") or ["Q8_0", "Q4_K_M"])
     source_type = facts.extra.get("file_type") if facts.kind == "gguf" else None
     if options.quant_type:
@@ -105,12 +106,13 @@ def _candidate_types(facts, profile, options) -> tuple[list[str], str]:
     return order, why
 
 
-def _weight_bytes(facts, quant: str) -> tuple[float, str]:
+def _weight_bytes(facts: ModelFacts, quant: str) -> tuple[float, str]:
     """Weight bytes at ``quant``: the file's own tensor bytes when the GGUF source already is that type
     (mixes keep embeddings/output at larger types, so bpw x params underestimates), else params x bpw."""
     if facts.kind == "gguf" and facts.extra.get("file_type") == quant and facts.extra.get("tensor_bytes"):
         return float(facts.extra["tensor_bytes"]), "tensor bytes of the source file"
-    return facts.params * BPW[quant] / 8, f"{int(facts.params):,} params x {BPW[quant]} bpw / 8"
+    params = facts.params or 0  # _check_shape refused a model without a parameter count
+    return params * BPW[quant] / 8, f"{int(params):,} params x {BPW[quant]} bpw / 8"
 
 
 def plan_gguf(facts: ModelFacts, profile: Profile, options: BuildOptions) -> list[Decision]:

@@ -17,9 +17,15 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from edgesdk.errors import BundleIntegrityError, ExternalToolError
+from edgesdk.types import JSONObject
+
+# The engine configuration (tensorrt/engine_config.json) is JSON: a JSONObject checked by validate_config().
+EngineConfig = JSONObject
 
 CONFIG_SCHEMA = 1
 ENGINE_FILE = "model.engine"
@@ -28,7 +34,7 @@ TIMING_CACHE_FILE = "timing.cache"
 ALLOWED_FLAGS = ("fp16", "bf16", "int8", "fp8")
 
 
-def cache_key(fields: dict) -> str:
+def cache_key(fields: Mapping[str, Any]) -> str:
     """Stable key over what makes an engine valid: SM, TensorRT, L4T/JetPack, precision, shapes, DLA, model."""
     canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:24]
@@ -42,15 +48,15 @@ def engine_cache_root() -> Path:
     return Path(base) / "edgesdk" / "engines"
 
 
-def _shape_arg(profiles: list[dict], which: str) -> str:
-    parts = []
+def _shape_arg(profiles: list[dict[str, dict[str, list[int]]]], which: str) -> str:
+    parts: list[str] = []
     for prof in profiles[:1]:  # trtexec takes one optimization profile per flag set
         for name, shapes in prof.items():
             parts.append(f"{name}:{'x'.join(str(d) for d in shapes[which])}")
     return ",".join(parts)
 
 
-def trtexec_command(config: dict, onnx_path: Path, engine_path: Path, timing_cache: Path) -> list[str]:
+def trtexec_command(config: EngineConfig, onnx_path: Path, engine_path: Path, timing_cache: Path) -> list[str]:
     """The ``trtexec`` command line equivalent to ``config`` (also written into the bundle for users)."""
     cmd = ["trtexec", f"--onnx={onnx_path}", f"--saveEngine={engine_path}", f"--timingCacheFile={timing_cache}",
            f"--memPoolSize=workspace:{int(config['workspace_mb'])}M",
@@ -66,7 +72,7 @@ def trtexec_command(config: dict, onnx_path: Path, engine_path: Path, timing_cac
     return cmd
 
 
-def validate_config(config: object, where: str) -> dict:
+def validate_config(config: object, where: str) -> EngineConfig:
     if not isinstance(config, dict) or config.get("schema") != CONFIG_SCHEMA:
         raise BundleIntegrityError(f"{where}: not a TensorRT engine configuration (schema {CONFIG_SCHEMA})")
     for key in ("onnx", "precision_flags", "target", "cache_key_fields", "cache_key", "workspace_mb",
@@ -95,7 +101,7 @@ def validate_config(config: object, where: str) -> dict:
     return config
 
 
-def read_config(path: Path) -> dict:
+def read_config(path: Path) -> EngineConfig:
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -103,7 +109,7 @@ def read_config(path: Path) -> dict:
     return validate_config(data, str(path))
 
 
-def cached_engine(config: dict, root: Path | None = None) -> tuple[Path | None, str]:
+def cached_engine(config: EngineConfig, root: Path | None = None) -> tuple[Path | None, str]:
     """The cached engine for ``config`` if present and intact, else (None, why)."""
     d = (root or engine_cache_root()) / config["cache_key"]
     engine, meta = d / ENGINE_FILE, d / META_FILE
@@ -119,8 +125,8 @@ def cached_engine(config: dict, root: Path | None = None) -> tuple[Path | None, 
     return engine, "cached"
 
 
-def store_engine(config: dict, engine_bytes: bytes, build_info: dict, root: Path | None = None) -> Path:
-    d = (root or engine_cache_root()) / config["cache_key"]
+def store_engine(config: EngineConfig, engine_bytes: bytes, build_info: Mapping[str, Any], root: Path | None = None) -> Path:
+    d: Path = (root or engine_cache_root()) / config["cache_key"]
     d.mkdir(parents=True, exist_ok=True)
     tmp = d / (ENGINE_FILE + ".tmp")
     tmp.write_bytes(engine_bytes)
@@ -131,13 +137,13 @@ def store_engine(config: dict, engine_bytes: bytes, build_info: dict, root: Path
     return d / ENGINE_FILE
 
 
-def evict(config: dict, root: Path | None = None) -> None:
+def evict(config: EngineConfig, root: Path | None = None) -> None:
     d = (root or engine_cache_root()) / config["cache_key"]
     for name in (ENGINE_FILE, META_FILE):
         (d / name).unlink(missing_ok=True)
 
 
-def _build_with_python_api(config: dict, onnx_path: Path, timing_cache: Path) -> bytes:
+def _build_with_python_api(config: EngineConfig, onnx_path: Path, timing_cache: Path) -> bytes:
     import tensorrt as trt
 
     logger = trt.Logger(trt.Logger.WARNING)
@@ -175,7 +181,8 @@ def _build_with_python_api(config: dict, onnx_path: Path, timing_cache: Path) ->
     return bytes(serialized)
 
 
-def build_engine(config: dict, onnx_path: Path, work_dir: Path, env: dict) -> tuple[bytes, dict]:
+def build_engine(config: EngineConfig, onnx_path: Path, work_dir: Path,
+                 env: Mapping[str, Any]) -> tuple[bytes, dict[str, Any]]:
     """Build the engine on this host (TensorRT Python API, else trtexec). Returns (engine bytes, info)."""
     work_dir.mkdir(parents=True, exist_ok=True)
     timing_cache = work_dir / TIMING_CACHE_FILE
@@ -200,7 +207,8 @@ def build_engine(config: dict, onnx_path: Path, work_dir: Path, env: dict) -> tu
                   "host_tensorrt": env.get("tensorrt"), "host_l4t": env.get("l4t")}
 
 
-def engine_for(config: dict, onnx_path: Path, env: dict, *, record=None, root: Path | None = None) -> Path:
+def engine_for(config: EngineConfig, onnx_path: Path, env: Mapping[str, Any], *,
+               record: Callable[[str], object] | None = None, root: Path | None = None) -> Path:
     """Cached engine for ``config``, building (and caching) it when absent or corrupt. ``record(msg)`` hears
     about cache misses/corruption so the caller can report them."""
     path, why = cached_engine(config, root)

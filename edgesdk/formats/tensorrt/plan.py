@@ -8,36 +8,41 @@ Runtime side: :mod:`edgesdk.runtime.backends.tensorrt`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from edgesdk.errors import InputError
 from edgesdk.types import BuildOptions, Decision, ModelFacts
 
 if TYPE_CHECKING:
+    from edgesdk.capability.graph import GraphView
     from edgesdk.host import HostFacts
     from edgesdk.profiles import Profile
 
+Dims = list[Any]  # one input's dims: int static, str (a named axis) or None dynamic
+ShapeTriple = dict[str, list[int]]  # {"min": dims, "opt": dims, "max": dims}
+
 RUNTIME_CHAIN = ["tensorrt-engine", "TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
-PRECISION_FLAGS = {"fp32": [], "fp16": ["fp16"], "bf16": ["bf16"], "int8": ["int8", "fp16"], "fp8": ["fp8", "fp16"]}
+PRECISION_FLAGS: dict[str, list[str]] = {"fp32": [], "fp16": ["fp16"], "bf16": ["bf16"], "int8": ["int8", "fp16"], "fp8": ["fp8", "fp16"]}
 DLA_MIN_NATIVE_SHARE = 0.8  # below this, DLA<->GPU transitions eat the DLA's power/throughput advantage
 DEFAULT_MAX_BATCH = 8
 DEFAULT_IMAGE_SIZE = 224  # H/W of an image input whose model states none (ImageNet-style classifiers)
 IMAGE_INPUT_NAMES = ("pixel_values", "images", "image", "input_image")
 
 
-def parse_shapes(specs) -> dict[str, dict[str, list[int]]]:
+def parse_shapes(specs: Iterable[object]) -> dict[str, ShapeTriple]:
     """``--shapes NAME:MIN:OPT:MAX`` (trtexec's triple, dims joined by ``x``) -> {name: {min, opt, max}}.
 
     Each triple must have one rank, positive dims, and min <= opt <= max per dim; a name given twice is an
     error. Pure: the model's inputs are checked against it when planning."""
-    out: dict[str, dict[str, list[int]]] = {}
+    out: dict[str, ShapeTriple] = {}
     for spec in specs:
         parts = str(spec).rsplit(":", 3)
         if len(parts) != 4 or not parts[0]:
             raise InputError(f"--shapes {spec!r}: expected NAME:MIN:OPT:MAX, e.g. "
                              "pixel_values:1x3x224x224:4x3x224x224:8x3x224x224")
         name, *triple = parts
-        dims = []
+        dims: list[list[int]] = []
         for which, text in zip(("min", "opt", "max"), triple):
             try:
                 d = [int(x) for x in text.lower().split("x")]
@@ -57,7 +62,7 @@ def parse_shapes(specs) -> dict[str, dict[str, list[int]]]:
     return out
 
 
-def _image_hw(facts) -> tuple[int | None, str]:
+def _image_hw(facts: ModelFacts) -> tuple[int | None, str]:
     """(H/W, where it came from) for image inputs: config.json image_size, preprocessor_config.json size."""
     import json
     from pathlib import Path
@@ -84,7 +89,7 @@ def _image_hw(facts) -> tuple[int | None, str]:
     return (int(size), where) if isinstance(size, int) and size > 0 else (None, "")
 
 
-def _image_channels(view, name: str) -> int | None:
+def _image_channels(view: GraphView, name: str) -> int | None:
     """Input channels of the first Conv that reads ``name`` (weight [M, C/group, kH, kW])."""
     for node in view.nodes:
         if node.op_type == "Conv" and node.input and node.input[0] == name and len(node.input) > 1:
@@ -95,25 +100,25 @@ def _image_channels(view, name: str) -> int | None:
     return None
 
 
-def _precision(profile, options) -> str:
+def _precision(profile: Profile, options: BuildOptions) -> str:
     if options.precision:
         return options.precision
-    return next((p for p in profile.policy["precision"] if p in ("fp16", "int8", "fp32")), "fp32")
+    return str(next((p for p in profile.policy["precision"] if p in ("fp16", "int8", "fp32")), "fp32"))
 
 
-def _target(profile) -> dict:
+def _target(profile: Profile) -> dict[str, Any]:
     sw = profile.software
     return {"profile": profile.name, "sm": profile.sm, "tensorrt": sw.get("tensorrt"), "l4t": sw.get("l4t"),
             "jetpack": sw.get("jetpack"), "cuda": sw.get("cuda")}
 
 
-def _dynamic_inputs(facts, options) -> dict[str, list]:
+def _dynamic_inputs(facts: ModelFacts, options: BuildOptions) -> dict[str, Dims]:
     """Input name -> dims (int static, str/None dynamic) as far as planning can know without exporting."""
     if facts.kind == "onnx":
         from edgesdk.capability.graph import load_graph
 
         view = load_graph(facts.source)
-        dims = {n: list(view.shape.get(n) or [None]) for n in view.inputs}
+        dims: dict[str, Dims] = {n: list(view.shape.get(n) or [None]) for n in view.inputs}
         for n, d in dims.items():  # image inputs: batch stays dynamic, C/H/W come from the model
             if len(d) == 4 and (n in IMAGE_INPUT_NAMES or _image_channels(view, n)):
                 if not (isinstance(d[1], int) and d[1] > 0):
@@ -138,14 +143,14 @@ def _dynamic_inputs(facts, options) -> dict[str, list]:
     return {n: ["batch", *list(getattr(t, "shape", ()))[1:]] for n, t in zip(names, example)}
 
 
-def _user_shapes(options) -> dict[str, dict[str, list[int]]]:
+def _user_shapes(options: BuildOptions) -> dict[str, ShapeTriple]:
     shapes = options.option("shapes") or {}
     if isinstance(shapes, (list, tuple)):  # Python API: the CLI's strings
-        shapes = parse_shapes(shapes)
-    return shapes
+        return parse_shapes(shapes)
+    return dict(shapes)
 
 
-def _check_user_shapes(user: dict, inputs: dict[str, list]) -> None:
+def _check_user_shapes(user: dict[str, ShapeTriple], inputs: dict[str, Dims]) -> None:
     for name, triple in user.items():
         if name not in inputs:
             raise InputError(f"--shapes names input {name!r}; the model's inputs are "
@@ -159,7 +164,7 @@ def _check_user_shapes(user: dict, inputs: dict[str, list]) -> None:
                 raise InputError(f"--shapes {name}: dim {i} of the input is static {d}; min/opt/max must all be {d}")
 
 
-def optimization_profiles(inputs: dict[str, list], facts, options) -> list[dict]:
+def optimization_profiles(inputs: dict[str, Dims], facts: ModelFacts, options: BuildOptions) -> list[dict[str, ShapeTriple]]:
     """One min/opt/max profile over the dynamic dims: batch 1/1/max_batch, sequence 1/seq_len/max_seq; inputs
     named in ``options.shapes`` (``--shapes``) take the user's triple instead."""
     max_batch = int(options.option("max_batch") or DEFAULT_MAX_BATCH)
@@ -167,14 +172,14 @@ def optimization_profiles(inputs: dict[str, list], facts, options) -> list[dict]
                   max(512, options.seq_len))
     user = _user_shapes(options)
     _check_user_shapes(user, inputs)
-    prof: dict[str, dict] = {}
+    prof: dict[str, ShapeTriple] = {}
     for name, dims in inputs.items():
         if name in user:
             prof[name] = {k: list(v) for k, v in user[name].items()}
             continue
         if all(isinstance(d, int) and d > 0 for d in dims):
             continue
-        triples = []
+        triples: list[tuple[int, int, int]] = []
         for i, d in enumerate(dims):
             if isinstance(d, int) and d > 0:
                 triples.append((d, d, d))
@@ -186,7 +191,7 @@ def optimization_profiles(inputs: dict[str, list], facts, options) -> list[dict]
     return [prof] if prof else []
 
 
-def _dla_decision(facts, profile, options, precision: str) -> Decision | None:
+def _dla_decision(facts: ModelFacts, profile: Profile, options: BuildOptions, precision: str) -> Decision | None:
     from edgesdk.capability import tables
 
     trt = profile.software.get("tensorrt") or ""
@@ -238,7 +243,7 @@ def plan_tensorrt(facts: ModelFacts, profile: Profile, options: BuildOptions, ho
     if precision == "fp8" and not profile.kernels.get("fp8", {}).get("supported"):
         raise InputError(f"precision fp8 is not available on {profile.name} "
                          f"({profile.kernels.get('fp8', {}).get('source')})")
-    out = [Decision("tensorrt_target", target, f"engines load only on the SM/TensorRT that built them "
+    out: list[Decision] = [Decision("tensorrt_target", target, f"engines load only on the SM/TensorRT that built them "
                     f"({profile.software.get('source')})")]
     flags = PRECISION_FLAGS.get(precision, [])
     out.append(Decision("tensorrt_precision_flags", flags or ["(none: FP32)"],
