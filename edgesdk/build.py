@@ -154,7 +154,7 @@ def _license_gate(ctx: BuildContext, out_dir: Path) -> dict:
         model_name=ctx.facts.name,
         model_license=opts.model_license,
     )
-    for rel, role in (("sbom.cdx.json", "sbom"), ("license-report.json", "license-report")):
+    for rel, role in (("sbom.cdx.json", "sbom"), ("sbom.spdx.json", "sbom-spdx"), ("license-report.json", "license-report")):
         if (ctx.staging / rel).is_file():
             ctx.add_artifact(rel, role)
     return result.to_manifest()

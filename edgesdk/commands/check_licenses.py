@@ -39,23 +39,28 @@ from edgesdk.errors import EdgeSDKError
               help="Scan every distribution installed in this Python environment.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="Also write the JSON report to this file.")
+@click.option("--html", "html_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Also write a self-contained HTML report (verdict, findings by level, waivers) to this file.")
+@click.option("--spdx", "spdx_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Also write an SPDX 2.3 JSON SBOM of what was scanned to this file.")
 def check_licenses_command(path: Path, as_json: bool, markdown: bool, summary: bool, policy_path: Path | None,
                            waivers_path: Path | None, accepted: tuple[str, ...], scanoss_url: str | None,
                            scanoss_timeout: float | None, model_source: Path | None, dists: tuple[str, ...], environment: bool,
-                           output: Path | None) -> int:
+                           output: Path | None, html_path: Path | None, spdx_path: Path | None) -> int:
     """License findings for a bundle (dir with manifest.json) or any source tree.
 
     Exit 0 pass, 2 violation, 1 error, 10 configured scanner failed.
     """
     from edgesdk.compliance.gate import scan_licenses
-    from edgesdk.compliance.report import to_json, to_markdown, to_summary, to_table
+    from edgesdk.compliance.report import to_html, to_json, to_markdown, to_summary, to_table
 
     try:
         result = scan_licenses(path, model_source=model_source, runtime_distributions=list(dists) or None,
                                environment=environment, policy_path=policy_path, waivers_path=waivers_path,
                                accepted=accepted, scanoss_url=scanoss_url, scanoss_timeout=scanoss_timeout)
-        if output is not None:
-            output.write_text(to_json(result), encoding="utf-8")
+        for dest, render in ((output, to_json), (html_path, to_html), (spdx_path, _spdx_of)):
+            if dest is not None:
+                _write(dest, render(result))
     except EdgeSDKError as exc:
         from edgesdk.errors import ExternalToolError
 
@@ -70,6 +75,23 @@ def check_licenses_command(path: Path, as_json: bool, markdown: bool, summary: b
     else:
         click.echo(to_table(result), nl=False)
     return 0 if result.verdict == "pass" else 2
+
+
+def _spdx_of(result) -> str:
+    from edgesdk.compliance.sbom import build_spdx
+
+    name = Path(result.scanned).name or str(result.scanned)
+    return build_spdx(name, result.findings, result.weights, result.vendored, result.model_expression,
+                      declared=result.model_license_declared)
+
+
+def _write(dest: Path, text: str) -> None:
+    from edgesdk.errors import InputError
+
+    try:
+        dest.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"cannot write {dest}: {exc.strerror or exc}") from exc
 
 
 def register(group: click.Group) -> None:

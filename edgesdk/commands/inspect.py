@@ -24,7 +24,13 @@ def inspect_group() -> None:
 @click.option("--dla/--no-dla", "dla", default=None, help="Consider the DLA (default: when the profile has one).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
 @click.option("--strict", is_flag=True, help="Exit 2 when some op runs on no backend of the profile.")
-def capability_cmd(model: Path, profile_name: str, precision, dla, as_json: bool, strict: bool) -> int:
+@click.option("--html", "html_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="Also write a self-contained HTML page of the partitions (coloured by placement) and crossings.")
+@click.option("--dot", "dot_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="Also write a Graphviz DOT graph: one cluster per partition, nodes coloured by placement, "
+                   "boundary crossings in red (render: dot -Tsvg FILE).")
+def capability_cmd(model: Path, profile_name: str, precision, dla, as_json: bool, strict: bool,
+                   html_path: Path | None, dot_path: Path | None) -> int:
     """Per-op support on TensorRT / DLA / CUDA EP / CPU EP, partitions, and what falls back where.
 
     MODEL is an .onnx file or a bundle directory (its ONNX artifact is checked)."""
@@ -46,6 +52,14 @@ def capability_cmd(model: Path, profile_name: str, precision, dla, as_json: bool
     profile = resolve_profile(profile_name)
     report = check_capability(model, profile, precision, use_dla=dla)
     prec = precision_report_from(report) if report.precision != "fp32" else None
+    from edgesdk.capability.render import render_dot, render_html
+
+    for dest, render in ((html_path, render_html), (dot_path, render_dot)):
+        if dest is not None:
+            try:
+                dest.write_text(render(report), encoding="utf-8")
+            except OSError as exc:
+                raise InputError(f"cannot write {dest}: {exc.strerror or exc}") from exc
     if as_json:
         data = report.to_dict()
         data["precision_report"] = prec

@@ -27,6 +27,7 @@ from edgesdk.compliance.models import (
     parse_model_license,
 )
 from edgesdk.compliance.policy import Policy, load_policy
+from edgesdk.compliance.sbom import SPDX_NAME, build_spdx
 from edgesdk.compliance.scanoss_match import ScanossResult, configured_url, run_scanoss
 from edgesdk.compliance.sources import scan_tree, scanoss_settings_findings
 from edgesdk.compliance.spdx import normalize
@@ -35,7 +36,7 @@ from edgesdk.errors import InputError, LicenseGateError
 
 REPORT_NAME = "license-report.json"
 SBOM_NAME = "sbom.cdx.json"
-GENERATED = {"manifest.json", SBOM_NAME, REPORT_NAME, "license-report.md"}
+GENERATED = {"manifest.json", SBOM_NAME, SPDX_NAME, REPORT_NAME, "license-report.md"}
 _VERDICT = {"allow": "pass", "review": "review", "deny": "deny"}
 
 
@@ -357,5 +358,6 @@ def run_license_gate(staging_dir: Path, *, model_source: Path, runtime_distribut
     sbom = build_sbom(model_name or Path(model_source).name, result.findings, result.weights, result.vendored,
                       result.model_expression, declared=result.model_license_declared)
     (staging_dir / SBOM_NAME).write_text(sbom, encoding="utf-8")
+    (staging_dir / SPDX_NAME).write_text(build_spdx(model_name or Path(model_source).name, result.findings, result.weights, result.vendored, result.model_expression, declared=result.model_license_declared), encoding="utf-8")
     (staging_dir / REPORT_NAME).write_text(to_json(result), encoding="utf-8")
     return result

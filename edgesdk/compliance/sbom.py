@@ -77,3 +77,116 @@ def validate_sbom(text: str) -> str | None:
 def write_sbom(path: Path, text: str) -> Path:
     path.write_text(text, encoding="utf-8")
     return path
+
+
+# ---------------------------------------------------------------- SPDX 2.3
+
+SPDX_NAME = "sbom.spdx.json"
+#: Document-level fields SPDX 2.3 requires (spec clause 6), and each package's (clause 7).
+SPDX_REQUIRED = ("spdxVersion", "dataLicense", "SPDXID", "name", "documentNamespace", "creationInfo")
+SPDX_PACKAGE_REQUIRED = ("SPDXID", "name", "downloadLocation")
+
+
+def _spdx_id(kind: str, text: str) -> str:
+    """``SPDXRef-<kind>-<text>`` with only the characters SPDX allows (letters, digits, '.', '-')."""
+    import re
+
+    return f"SPDXRef-{kind}-" + (re.sub(r"[^A-Za-z0-9.-]+", "-", text).strip("-") or "x")
+
+
+def _spdx_license(expression: str | None) -> str:
+    return expression or "NOASSERTION"
+
+
+def build_spdx(name: str, findings: list[LicenseFinding], weights: list[dict], vendored: list[dict],
+               model_expression: str | None, *, declared: str | None = None, created: str | None = None) -> str:
+    """The same inventory as :func:`build_sbom` as an SPDX 2.3 JSON document: the bundle package
+    DESCRIBES-d by the document, CONTAINS the model, its weight files (packages of purpose FILE with
+    their SHA-256, so no SHA-1 per file is needed) and vendored code, DEPENDS_ON the runtime's Python
+    distributions (with their purl). Every ``LicenseRef-*`` used gets a ``hasExtractedLicensingInfos``
+    entry, as SPDX requires."""
+    import datetime as dt
+    import json
+    import re
+    import uuid
+
+    from edgesdk import __version__
+
+    created = created or dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    root_id = _spdx_id("Package", f"bundle-{name}")
+    model_id = _spdx_id("Package", f"model-{name}")
+    packages: list[dict] = [
+        {"SPDXID": root_id, "name": name, "versionInfo": __version__, "downloadLocation": "NOASSERTION",
+         "filesAnalyzed": False, "licenseConcluded": "NOASSERTION", "licenseDeclared": "NOASSERTION",
+         "copyrightText": "NOASSERTION", "primaryPackagePurpose": "APPLICATION",
+         "comment": f"edgesdk bundle (edgesdk {__version__})"},
+        {"SPDXID": model_id, "name": f"{name} model", "downloadLocation": "NOASSERTION", "filesAnalyzed": False,
+         "licenseConcluded": _spdx_license(model_expression), "licenseDeclared": _spdx_license(model_expression),
+         "copyrightText": "NOASSERTION", "primaryPackagePurpose": "OTHER",
+         "comment": "machine-learning model" + (f"; license declared at build (--model-license): {declared}"
+                                                if declared else "")},
+    ]
+    rels = [{"spdxElementId": "SPDXRef-DOCUMENT", "relationshipType": "DESCRIBES", "relatedSpdxElement": root_id},
+            {"spdxElementId": root_id, "relationshipType": "CONTAINS", "relatedSpdxElement": model_id}]
+    for w in weights:
+        wid = _spdx_id("File", w["path"])
+        packages.append({"SPDXID": wid, "name": w["path"], "downloadLocation": "NOASSERTION", "filesAnalyzed": False,
+                         "checksums": [{"algorithm": "SHA256", "checksumValue": w["sha256"]}],
+                         "licenseConcluded": _spdx_license(model_expression),
+                         "licenseDeclared": _spdx_license(model_expression), "copyrightText": "NOASSERTION",
+                         "primaryPackagePurpose": "FILE", "comment": f"{w['bytes']} bytes"})
+        rels.append({"spdxElementId": model_id, "relationshipType": "CONTAINS", "relatedSpdxElement": wid})
+    for f in findings:
+        if f.layer != "distribution" or "==" not in f.subject:
+            continue
+        dist, version = f.subject.split("==", 1)
+        did = _spdx_id("Package", f"pypi-{dist}-{version}")
+        packages.append({"SPDXID": did, "name": dist, "versionInfo": version,
+                         "downloadLocation": f"https://pypi.org/project/{dist}/{version}/", "filesAnalyzed": False,
+                         "licenseConcluded": _spdx_license(f.chosen or f.spdx), "licenseDeclared": _spdx_license(f.spdx),
+                         "copyrightText": "NOASSERTION", "primaryPackagePurpose": "LIBRARY",
+                         "externalRefs": [{"referenceCategory": "PACKAGE-MANAGER", "referenceType": "purl",
+                                           "referenceLocator": f"pkg:pypi/{dist.lower()}@{version}"}]})
+        rels.append({"spdxElementId": root_id, "relationshipType": "DEPENDS_ON", "relatedSpdxElement": did})
+    for v in vendored:
+        vid = _spdx_id("Package", f"vendored-{v['path']}")
+        packages.append({"SPDXID": vid, "name": v["path"], "downloadLocation": "NOASSERTION", "filesAnalyzed": False,
+                         "licenseConcluded": _spdx_license(v["spdx"]), "licenseDeclared": _spdx_license(v["spdx"]),
+                         "copyrightText": "NOASSERTION", "primaryPackagePurpose": "LIBRARY",
+                         "comment": f"vendored code; license file {v['license_file']}"})
+        rels.append({"spdxElementId": root_id, "relationshipType": "CONTAINS", "relatedSpdxElement": vid})
+    refs = sorted({m for p in packages for key in ("licenseConcluded", "licenseDeclared")
+                   for m in re.findall(r"LicenseRef-[A-Za-z0-9.-]+", p[key])})
+    slug = re.sub(r"[^A-Za-z0-9.-]+", "-", name).strip("-") or "bundle"
+    doc = {"spdxVersion": "SPDX-2.3", "dataLicense": "CC0-1.0", "SPDXID": "SPDXRef-DOCUMENT",
+           "name": f"{name} bundle", "documentNamespace": f"https://spdx.org/spdxdocs/edgesdk-{slug}-{uuid.uuid4()}",
+           "creationInfo": {"created": created, "creators": [f"Tool: edgesdk-{__version__}"]},
+           "documentDescribes": [root_id], "packages": packages, "relationships": rels}
+    if refs:
+        doc["hasExtractedLicensingInfos"] = [
+            {"licenseId": r, "name": r.removeprefix("LicenseRef-"),
+             "extractedText": f"{r}: a license with no SPDX identifier, named as the license scan found it; "
+                              "see license-report.json for where it was found."} for r in refs]
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def check_spdx(doc: dict) -> list[str]:
+    """What an SPDX 2.3 JSON document lacks of the required fields, and relationships to unknown
+    elements (empty: complete). A structural check, not a license-expression parser."""
+    problems = [f"missing {k}" for k in SPDX_REQUIRED if not doc.get(k)]
+    if doc.get("spdxVersion") not in (None, "SPDX-2.3"):
+        problems.append(f"spdxVersion {doc['spdxVersion']!r} is not SPDX-2.3")
+    if doc.get("dataLicense") not in (None, "CC0-1.0"):
+        problems.append("dataLicense must be CC0-1.0")
+    info = doc.get("creationInfo") or {}
+    if not info.get("created") or not info.get("creators"):
+        problems.append("creationInfo needs created and creators")
+    ids = {"SPDXRef-DOCUMENT"}
+    for i, p in enumerate(doc.get("packages") or []):
+        problems += [f"package {i} missing {k}" for k in SPDX_PACKAGE_REQUIRED if not p.get(k)]
+        ids.add(p.get("SPDXID"))
+    for r in doc.get("relationships") or []:
+        for k in ("spdxElementId", "relatedSpdxElement"):
+            if r.get(k) not in ids:
+                problems.append(f"relationship to unknown element {r.get(k)!r}")
+    return problems
