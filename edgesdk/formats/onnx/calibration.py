@@ -14,17 +14,30 @@ Everything here works on an FP32 ONNX model and the caller's calibration feeds:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edgesdk.errors import InputError
 
+if TYPE_CHECKING:
+    import os
+
+    from onnx import ModelProto, NodeProto
+    from onnxruntime import InferenceSession  # untyped package: Any to mypy
+
+Feed = Mapping[str, np.ndarray]  # one calibration/parity input: graph input name -> array
+# parity_fn(references, candidates) -> metrics with "min_cosine" (edgesdk.formats.onnx.parity.compare)
+ParityFn = Callable[[list[np.ndarray], list[np.ndarray]], Mapping[str, Any]]
+
 MIN_SMOOTH_GAIN = 0.85  # a smoothing Mul costs a few microseconds per call; pay it only for a real gain
 _SIMULATED_ROWS = 512  # token rows kept per tensor for the error simulation (the scale uses whole tensors)
 
 
-def ort_session(model_or_path, threads: int, *, optimize: bool = True, spin: bool = False):
+def ort_session(model_or_path: ModelProto | str | os.PathLike[str], threads: int, *, optimize: bool = True,
+                spin: bool = False) -> InferenceSession:
     """A CPU session. ``spin=False`` (calibration work): ORT's worker threads otherwise keep spinning
     after each run and fight numpy, which runs in between, for the same cores."""
     import onnxruntime as ort
@@ -40,7 +53,7 @@ def ort_session(model_or_path, threads: int, *, optimize: bool = True, spin: boo
     return ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
 
 
-def feed_for(session, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def feed_for(session: InferenceSession, feed: Feed) -> dict[str, np.ndarray]:
     """The session's inputs picked from ``feed``; a missing one is the caller's error, in one line."""
     names = [i.name for i in session.get_inputs()]
     missing = [n for n in names if n not in feed]
@@ -60,7 +73,8 @@ class _Activation:
     rows_per_feed: int
 
 
-def capture_activations(model, tensor_names: list[str], feeds, threads: int) -> dict[str, _Activation]:
+def capture_activations(model: ModelProto, tensor_names: list[str], feeds: Sequence[Feed],
+                        threads: int) -> dict[str, _Activation]:
     import onnx
     from onnx import helper
 
@@ -75,7 +89,7 @@ def capture_activations(model, tensor_names: list[str], feeds, threads: int) -> 
     probed = [n for n in tensor_names if n not in graph_inputs]
     rng = np.random.default_rng(0)
     rows_per_feed = max(4, _SIMULATED_ROWS // len(feeds))
-    seen: dict[str, tuple[list, list, list]] = {name: ([], [], []) for name in tensor_names}
+    seen: dict[str, tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]] = {name: ([], [], []) for name in tensor_names}
     for feed in feeds:
         ort_feed = feed_for(session, feed)
         values = dict(zip(probed, session.run(probed, ort_feed) if probed else []))
@@ -90,7 +104,7 @@ def capture_activations(model, tensor_names: list[str], feeds, threads: int) -> 
             mins.append(rows.min(axis=0))
             maxs.append(rows.max(axis=0))
             kept.append(valid[rng.choice(len(valid), rows_per_feed, replace=len(valid) < rows_per_feed)])
-    acts = {}
+    acts: dict[str, _Activation] = {}
     for name, (mins, maxs, kept) in seen.items():
         ch_min, ch_max = np.stack(mins), np.stack(maxs)
         acts[name] = _Activation(np.maximum(np.abs(ch_min), np.abs(ch_max)).max(axis=0), ch_min, ch_max,
@@ -106,14 +120,16 @@ def _quantize_rows_u8(rows: np.ndarray, lo: float, hi: float) -> np.ndarray:
     lo, hi = min(lo, 0.0), max(hi, 0.0)
     scale = np.float32((hi - lo) / 255.0 or 1.0)
     zero_point = np.float32(np.clip(np.round(-lo / scale), 0, 255))
-    return (np.clip(np.round(rows / scale) + zero_point, 0, 255) - zero_point) * scale
+    out: np.ndarray = (np.clip(np.round(rows / scale) + zero_point, 0, 255) - zero_point) * scale
+    return out
 
 
 def _quantize_weight_s8(weight: np.ndarray) -> np.ndarray:
     """Per-output-channel symmetric int8, as ORT's per_channel=True does for MatMul weights."""
     scale = np.abs(weight).max(axis=0) / 127.0
     scale[scale == 0] = 1.0
-    return np.clip(np.round(weight / scale), -127, 127) * scale
+    out: np.ndarray = np.clip(np.round(weight / scale), -127, 127) * scale
+    return out
 
 
 def _simulated_error(act: _Activation, weights: list[np.ndarray], references: list[np.ndarray],
@@ -131,7 +147,7 @@ def _simulated_error(act: _Activation, weights: list[np.ndarray], references: li
     zero_point = np.clip(np.round(-lo / scale), 0, 255)
     row_scale, row_zp = np.repeat(scale, act.rows_per_feed)[:, None], np.repeat(zero_point, act.rows_per_feed)[:, None]
     xq = (np.clip(np.round(act.rows * inv / row_scale) + row_zp, 0, 255) - row_zp) * row_scale
-    errors = []
+    errors: list[float] = []
     for w, ref in zip(weights, references):
         ws = w if smooth is None else w * smooth[:, None]
         errors.append(float(np.linalg.norm(xq @ _quantize_weight_s8(ws) - ref) / max(np.linalg.norm(ref), 1e-30)))
@@ -142,7 +158,8 @@ def _smooth_factors(act: _Activation, weights: list[np.ndarray], alpha: float) -
     """SmoothQuant's s_j = max|X_j|^alpha / max|W_j|^(1-alpha), over every consumer's weight row j."""
     w_max = np.max(np.stack([np.abs(w).max(axis=1) for w in weights]), axis=0)
     s = np.maximum(act.absmax, 1e-5) ** alpha / np.maximum(w_max, 1e-5) ** (1.0 - alpha)
-    return s.astype(np.float32)
+    out: np.ndarray = s.astype(np.float32)
+    return out
 
 
 @dataclass
@@ -154,12 +171,13 @@ class SmoothingPlan:
     node_macs: dict[str, int]  # node name -> K*N, the work INT8 saves per token
 
 
-def plan_smoothing(model, nodes, acts: dict[str, _Activation], alpha: float) -> SmoothingPlan:
+def plan_smoothing(model: ModelProto, nodes: Sequence[NodeProto], acts: dict[str, _Activation],
+                   alpha: float) -> SmoothingPlan:
     """Smooth a node input tensor where that cuts its consumers' simulated error by >= 1 - MIN_SMOOTH_GAIN."""
     from onnx import numpy_helper
 
     inits = {init.name: init for init in model.graph.initializer}
-    by_input: dict[str, list] = {}
+    by_input: dict[str, list[NodeProto]] = {}
     for node in nodes:
         by_input.setdefault(node.input[0], []).append(node)
     plan = SmoothingPlan({}, {}, {})
@@ -179,7 +197,7 @@ def plan_smoothing(model, nodes, acts: dict[str, _Activation], alpha: float) -> 
     return plan
 
 
-def apply_smoothing(model, nodes, plan: SmoothingPlan):
+def apply_smoothing(model: ModelProto, nodes: Sequence[NodeProto], plan: SmoothingPlan) -> ModelProto:
     """Return a copy of ``model`` with X/s (one Mul per tensor) feeding the consumers and W*s weights."""
     import onnx
     from onnx import helper, numpy_helper
@@ -193,7 +211,7 @@ def apply_smoothing(model, nodes, plan: SmoothingPlan):
     for node in smoothed.graph.node:
         for name in node.input:
             weight_users[name] = weight_users.get(name, 0) + 1
-    muls = {}
+    muls: dict[str, NodeProto] = {}
     for tensor, (_alpha, s) in plan.smooth.items():
         inv_name, out_name = f"{tensor}_smooth_inv", f"{tensor}_smoothed"
         smoothed.graph.initializer.append(numpy_helper.from_array((1.0 / s).astype(np.float32), inv_name))
@@ -210,7 +228,7 @@ def apply_smoothing(model, nodes, plan: SmoothingPlan):
             inits[weight_name].CopyFrom(numpy_helper.from_array(w, weight_name))
         node.input[0] = f"{node.input[0]}_smoothed"
     # keep the node list topologically sorted: each Mul goes right before its first consumer
-    ordered = []
+    ordered: list[NodeProto] = []
     for node in smoothed.graph.node:
         for name in list(node.input):
             if name in muls:
@@ -221,7 +239,7 @@ def apply_smoothing(model, nodes, plan: SmoothingPlan):
     return smoothed
 
 
-def parity_on(parity_fn, references: list[np.ndarray], candidates: dict[int, np.ndarray]) -> float:
+def parity_on(parity_fn: ParityFn, references: list[np.ndarray], candidates: dict[int, np.ndarray]) -> float:
     """Min cosine over the feeds in ``candidates``: the others are given their reference (cosine 1).
 
     ``parity_fn`` always sees full, aligned lists, so a caller's per-feed data (attention masks for
@@ -231,8 +249,9 @@ def parity_on(parity_fn, references: list[np.ndarray], candidates: dict[int, np.
     return float(parity_fn(references, full)["min_cosine"])
 
 
-def output_sensitivity(smoothed, nodes, plan: SmoothingPlan, all_feeds, picked: list[int], references, parity_fn,
-                        threads: int) -> dict[str, float]:
+def output_sensitivity(smoothed: ModelProto, nodes: Sequence[NodeProto], plan: SmoothingPlan,
+                       all_feeds: Sequence[Feed], picked: list[int], references: list[np.ndarray],
+                       parity_fn: ParityFn, threads: int) -> dict[str, float]:
     """Per node: 1 - min cosine of the FP32 model when only that node carries its simulated INT8 error.
 
     One session serves every node: each MatMul output gets an ``Add`` of an extra graph input, fed
@@ -256,7 +275,7 @@ def output_sensitivity(smoothed, nodes, plan: SmoothingPlan, all_feeds, picked: 
 
     inject = onnx.ModelProto()
     inject.CopyFrom(smoothed)
-    ordered = []
+    ordered: list[NodeProto] = []
     for node in inject.graph.node:
         ordered.append(node)
         if node.name in wanted and node.op_type == "MatMul":
@@ -268,15 +287,15 @@ def output_sensitivity(smoothed, nodes, plan: SmoothingPlan, all_feeds, picked: 
     inject.graph.node.extend(ordered)
     session = ort_session(inject, threads)
     inits = {init.name: init for init in smoothed.graph.initializer}
-    base = []
+    base: list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]] = []
     for feed, xs in zip(feeds, inputs):
         f = feed_for(session, {**feed, **{f"{n.name}_int8_error": np.zeros(1, np.float32) for n in matmuls}})
         base.append((f, xs))
-    sensitivity = {}
+    sensitivity: dict[str, float] = {}
     for node in matmuls:
         w = numpy_helper.to_array(inits[node.input[1]]).astype(np.float32)
         wq = _quantize_weight_s8(w)
-        outputs = {}
+        outputs: dict[int, np.ndarray] = {}
         for feed_index, (f, xs) in zip(picked, base):
             x = xs[node.input[0]]
             rows = x.reshape(-1, x.shape[-1])

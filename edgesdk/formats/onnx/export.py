@@ -16,15 +16,23 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from edgesdk import errors as E
+from edgesdk.types import JSONObject
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel
 
 
 def save_feeds(path: Path, feeds: list[dict[str, np.ndarray]]) -> None:
-    np.savez(path, **{f"{i}/{k}": v for i, feed in enumerate(feeds) for k, v in feed.items()})
+    arrays = {f"{i}/{k}": v for i, feed in enumerate(feeds) for k, v in feed.items()}
+    np.savez(path, **arrays)  # type: ignore[arg-type]  # numpy's stub: a **dict might hold allow_pickle
 
 
 def load_arrays(path: Path) -> list[dict[str, np.ndarray]]:
@@ -36,7 +44,7 @@ def load_arrays(path: Path) -> list[dict[str, np.ndarray]]:
     return [out[i] for i in sorted(out)]
 
 
-def run_export(spec: dict, work: Path) -> list[list[np.ndarray]]:
+def run_export(spec: JSONObject, work: Path) -> list[list[np.ndarray]]:
     """Run the child; return the reference outputs per feed file, in order. Raises the child's error."""
     spec_path = work / "export_spec.json"
     spec_path.write_text(json.dumps(spec))
@@ -58,7 +66,7 @@ def run_export(spec: dict, work: Path) -> list[list[np.ndarray]]:
 
 # ------------------------------------------------------------------------------------------- the child
 
-def _load(spec: dict):
+def _load(spec: JSONObject) -> PreTrainedModel:
     from edgesdk.extras import EXPORT_MODULES, require
 
     require("build", EXPORT_MODULES, "exporting a Hugging Face model")
@@ -68,16 +76,17 @@ def _load(spec: dict):
     cls = {"image-classification": AutoModelForImageClassification,
            "text-classification": AutoModelForSequenceClassification}.get(spec["task"], AutoModel)
     try:
-        model = cls.from_pretrained(spec["source"], trust_remote_code=spec["trust_remote_code"],
+        model: PreTrainedModel = cls.from_pretrained(spec["source"], trust_remote_code=spec["trust_remote_code"],
                                     use_safetensors=not spec["pickle_weights"])
     except Exception as exc:  # transformers raises OSError/ValueError/KeyError for broken dirs
         raise E.ModelError(f"{spec['source']}: cannot load the model ({type(exc).__name__}: "
                            f"{str(exc).splitlines()[0][:200]})") from exc
     torch.set_grad_enabled(False)
-    return model.eval()
+    model.eval()  # in place
+    return model
 
 
-def _export(spec: dict, model) -> None:
+def _export(spec: JSONObject, model: PreTrainedModel) -> None:
     from optimum.exporters.onnx import export
     from optimum.exporters.tasks import TasksManager
 
@@ -91,7 +100,7 @@ def _export(spec: dict, model) -> None:
     export(model, ctor(model.config), Path(spec["out"]), opset=spec["opset"])
 
 
-def torch_reference(model, feeds: list[dict], chunk: int = 16) -> list[np.ndarray]:
+def torch_reference(model: torch.nn.Module, feeds: list[dict[str, np.ndarray]], chunk: int = 16) -> list[np.ndarray]:
     """Source-model first output per sample, computed in batches of equally shaped feeds."""
     import torch
 
@@ -109,7 +118,7 @@ def torch_reference(model, feeds: list[dict], chunk: int = 16) -> list[np.ndarra
     return outs
 
 
-def stack(feeds: list[dict]) -> dict | None:
+def stack(feeds: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray] | None:
     """Batch per-sample feeds when their shapes agree (same padded length), else None."""
     keys = feeds[0].keys()
     if any(f.keys() != keys or any(f[k].shape != feeds[0][k].shape for k in keys) for f in feeds):
@@ -117,14 +126,16 @@ def stack(feeds: list[dict]) -> dict | None:
     return {k: np.concatenate([f[k] for f in feeds], axis=0) for k in keys}
 
 
-def first_output(res):
+def first_output(res: object) -> torch.Tensor:
+    """A model call's first output: a tuple's first item, a ModelOutput's last_hidden_state or logits."""
+    out: object = res
     if isinstance(res, (tuple, list)):
-        return res[0]
-    if hasattr(res, "last_hidden_state"):
-        return res.last_hidden_state
-    if hasattr(res, "logits"):
-        return res.logits
-    return res
+        out = res[0]
+    elif hasattr(res, "last_hidden_state"):
+        out = res.last_hidden_state
+    elif hasattr(res, "logits"):
+        out = res.logits
+    return cast("torch.Tensor", out)
 
 
 def _child(spec_path: Path) -> int:

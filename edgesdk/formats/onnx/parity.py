@@ -7,12 +7,17 @@ sentence embedding (sentence-transformers' pooling), by cosine; the raw output b
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edgesdk.errors import ModelError
 from edgesdk.resources import read_data_text
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 
 def sample_sentences(n: int, offset: int = 0) -> list[str]:
@@ -22,7 +27,7 @@ def sample_sentences(n: int, offset: int = 0) -> list[str]:
     return [lines[(offset + i) % len(lines)] for i in range(n)]
 
 
-def load_tokenizer(model_dir: Path, seq_len: int, fixed_length: bool = True):
+def load_tokenizer(model_dir: Path, seq_len: int, fixed_length: bool = True) -> Tokenizer:
     """A fast tokenizer from tokenizer.json (``tokenizers`` only: no transformers on the device).
 
     ``fixed_length`` pads every text to ``seq_len`` (calibration, latency); otherwise a batch is padded to
@@ -41,9 +46,9 @@ def load_tokenizer(model_dir: Path, seq_len: int, fixed_length: bool = True):
     return tok
 
 
-def encode_texts(tok, texts: list[str], input_names: list[str]) -> list[dict[str, np.ndarray]]:
+def encode_texts(tok: Tokenizer, texts: list[str], input_names: Sequence[str]) -> list[dict[str, np.ndarray]]:
     """One feed per text (batch 1), int64, only the inputs the graph declares."""
-    feeds = []
+    feeds: list[dict[str, np.ndarray]] = []
     for enc in tok.encode_batch(texts):
         full = {
             "input_ids": np.asarray([enc.ids], dtype=np.int64),
@@ -59,13 +64,15 @@ def mean_pool(hidden: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
     if hidden.ndim == 2:
         return hidden
     if mask is None:
-        return hidden.mean(axis=1)
+        mean: np.ndarray = hidden.mean(axis=1)
+        return mean
     m = mask.astype(np.float32)[..., None]
-    return (hidden * m).sum(axis=1) / np.clip(m.sum(axis=1), 1e-9, None)
+    pooled: np.ndarray = (hidden * m).sum(axis=1) / np.clip(m.sum(axis=1), 1e-9, None)
+    return pooled
 
 
 def compare(reference: list[np.ndarray], candidate: list[np.ndarray],
-            masks: list[np.ndarray | None] | None = None) -> dict:
+            masks: Sequence[np.ndarray | None] | None = None) -> dict[str, Any]:
     """Parity of candidate vs reference outputs (one array per sample): max-abs and min/mean cosine.
 
     Non-finite candidate values (a NaN-producing model) are counted and reported, never warned about:
@@ -74,7 +81,7 @@ def compare(reference: list[np.ndarray], candidate: list[np.ndarray],
         raise ValueError("reference and candidate sample counts differ")
     masks = masks or [None] * len(reference)
     max_abs = 0.0
-    cosines = []
+    cosines: list[float] = []
     nonfinite = 0
     with np.errstate(all="ignore"):
         for ref, cand, mask in zip(reference, candidate, masks):
@@ -105,7 +112,7 @@ def compare(reference: list[np.ndarray], candidate: list[np.ndarray],
     }
 
 
-def check_thresholds(metrics: dict, thresholds: dict) -> str | None:
+def check_thresholds(metrics: Mapping[str, Any], thresholds: Mapping[str, Any]) -> str | None:
     """Return a one-line reason when a threshold is missed, else None."""
     if metrics.get("nonfinite"):
         return f"the output has {metrics['nonfinite']} non-finite values (NaN/Inf)"

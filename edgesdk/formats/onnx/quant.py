@@ -32,9 +32,10 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -48,6 +49,14 @@ from edgesdk.formats.onnx.calibration import (
     parity_on,
     plan_smoothing,
 )
+
+if TYPE_CHECKING:
+    from onnx import ModelProto, NodeProto, TensorProto
+
+    from edgesdk.formats.onnx.calibration import Feed
+
+# One INT8 attempt: (parity passed, model path, parity metrics).
+_Attempt = tuple[bool, Path, dict[str, Any]]
 
 # SmoothQuant migration strength. On all-MiniLM-L6-v2 (64 held-out sentences, docs/int8.md) 0.5 gave
 # min cosine 0.9888, 0.6 0.9962, 0.7 0.9970, 0.8 0.9942, 0.9 0.9899; picking alpha per tensor by the
@@ -64,9 +73,9 @@ class QuantResult:
     path: Path
     method: str
     excluded_nodes: list[str]
-    parity: dict
-    latency_ms: dict
-    steps: list[dict] = field(default_factory=list)
+    parity: dict[str, Any]
+    latency_ms: dict[str, Any]
+    steps: list[dict[str, Any]] = field(default_factory=list)
     reason: str = ""
 
 
@@ -81,7 +90,7 @@ def optimize_transformer(
     num_heads: int,
     hidden_size: int,
     use_gpu_fusions: bool = False,
-) -> tuple[Path, dict]:
+) -> tuple[Path, dict[str, Any]]:
     """Fuse attention / LayerNorm / GELU subgraphs with ONNX Runtime's transformer optimizer.
 
     Returns ``(path, report)``; ``report["fused"]`` counts each fused op. Only the optimizer's
@@ -104,7 +113,7 @@ def optimize_transformer(
     except Exception as exc:  # the optimizer raises bare exceptions on graphs it cannot parse
         raise ModelError(f"graph fusion failed on {fp32_onnx}: {type(exc).__name__}: {exc}") from exc
     fused = {op: n for op, n in model.get_fused_operator_statistics().items() if n}
-    report = {"fused": fused, "model_type": model_type, "num_heads": num_heads, "hidden_size": hidden_size}
+    report: dict[str, Any] = {"fused": fused, "model_type": model_type, "num_heads": num_heads, "hidden_size": hidden_size}
     out_path.parent.mkdir(parents=True, exist_ok=True)
     if not fused:
         shutil.copyfile(fp32_onnx, out_path)
@@ -125,7 +134,7 @@ def _require_model_file(path: Path) -> None:
         raise ModelError(f"ONNX model not found: {path}")
 
 
-def _load_onnx(path: Path):
+def _load_onnx(path: Path) -> ModelProto:
     import onnx
 
     try:
@@ -134,7 +143,7 @@ def _load_onnx(path: Path):
         raise ModelError(f"cannot parse ONNX model {path}: {type(exc).__name__}") from exc
 
 
-def _weight_nodes(model) -> list:
+def _weight_nodes(model: ModelProto) -> list[NodeProto]:
     """Nodes ORT's dynamic INT8 can quantize: MatMul / fused Attention with a 2-D constant weight."""
     shapes = {init.name: tuple(init.dims) for init in model.graph.initializer}
     return [
@@ -146,7 +155,7 @@ def _weight_nodes(model) -> list:
 # ------------------------------------------------------------------ quantize, measure, search
 
 
-def _int8_model(smoothed, nodes, exclude: set[str], out_path: Path) -> None:
+def _int8_model(smoothed: ModelProto, nodes: list[NodeProto], exclude: set[str], out_path: Path) -> None:
     """Write the INT8 model: MatMul -> DynamicQuantizeLinear + MatMulIntegerToFloat (per-column s8 weights).
 
     Numerically what ``onnxruntime.quantization.quantize_dynamic(per_channel=True)`` produces after
@@ -168,7 +177,7 @@ def _int8_model(smoothed, nodes, exclude: set[str], out_path: Path) -> None:
     biases = _foldable_bias_adds(model, todo, inits)
     folded = {id(add) for add, _ in biases.values()}
     quantized_inputs: dict[str, tuple[str, str, str]] = {}
-    ordered = []
+    ordered: list[NodeProto] = []
     for node in model.graph.node:
         if id(node) in folded:
             continue
@@ -220,19 +229,20 @@ def _int8_model(smoothed, nodes, exclude: set[str], out_path: Path) -> None:
     )
 
 
-def _foldable_bias_adds(model, todo: set[str], inits) -> dict[str, tuple]:
+def _foldable_bias_adds(model: ModelProto, todo: set[str],
+                        inits: dict[str, TensorProto]) -> dict[str, tuple[NodeProto, str]]:
     """MatMul name -> (Add node, bias name) where the MatMul's only consumer adds a constant [N] bias.
 
     Folding it into MatMulIntegerToFloat's bias input saves one elementwise pass per MatMul. (Fusing
     the residual Add + LayerNorm into SkipLayerNormalization as well was tried: ORT 1.31's CPU
     kernel took 1.4 ms for 12 of them against 0.3 ms for the unfused pair, so it is not done.)
     """
-    consumers: dict[str, list] = {}
+    consumers: dict[str, list[NodeProto]] = {}
     for node in model.graph.node:
         for name in node.input:
             consumers.setdefault(name, []).append(node)
     graph_outputs = {o.name for o in model.graph.output}
-    found = {}
+    found: dict[str, tuple[NodeProto, str]] = {}
     for node in model.graph.node:
         if node.name not in todo or node.output[0] in graph_outputs:
             continue
@@ -247,7 +257,7 @@ def _foldable_bias_adds(model, todo: set[str], inits) -> dict[str, tuple]:
     return found
 
 
-def _run_first_output(path: Path, feeds, threads: int) -> list[np.ndarray]:
+def _run_first_output(path: Path, feeds: Sequence[Feed], threads: int) -> list[np.ndarray]:
     session = ort_session(path, threads)
     return [session.run(None, feed_for(session, f))[0] for f in feeds]
 
@@ -288,7 +298,7 @@ def quantize_int8_accuracy_aware(
     *,
     calibration_feeds: list[dict[str, np.ndarray]],
     reference_outputs: list[np.ndarray],
-    parity_fn: Callable[[list[np.ndarray], list[np.ndarray]], dict],
+    parity_fn: Callable[[list[np.ndarray], list[np.ndarray]], dict[str, Any]],
     min_cosine: float = 0.995,
     max_excluded_fraction: float = 0.5,
     intra_op_threads: int = 2,
@@ -331,10 +341,10 @@ def quantize_int8_accuracy_aware(
     smoothed = apply_smoothing(model, nodes, plan)
     max_excluded = int(max_excluded_fraction * len(nodes))
     order: list[str] = []  # exclusion order, decided after the first attempt if that one fails
-    steps: list[dict] = []
+    steps: list[dict[str, Any]] = []
 
     with tempfile.TemporaryDirectory(prefix="edgesdk-int8-") as tmp:
-        def attempt(n_excluded: int):
+        def attempt(n_excluded: int) -> tuple[bool, Path, dict[str, Any], list[np.ndarray]]:
             candidate = Path(tmp) / f"int8_excl{n_excluded}.onnx"
             t0 = time.perf_counter()
             _int8_model(smoothed, nodes, set(order[:n_excluded]), candidate)
@@ -348,7 +358,7 @@ def quantize_int8_accuracy_aware(
             return ok, candidate, parity, outputs
 
         first = attempt(0)
-        best = (0, first[1], first[2]) if first[0] else None
+        best: tuple[int, Path, dict[str, Any]] | None = (0, first[1], first[2]) if first[0] else None
         if best is None and max_excluded > 0:
             t0 = time.perf_counter()
             per_feed = [parity_on(parity_fn, reference_outputs, {i: o}) for i, o in enumerate(first[3])]
@@ -394,7 +404,8 @@ def quantize_int8_accuracy_aware(
     )
 
 
-def _search_exclusions(attempt, max_excluded: int):
+def _search_exclusions(attempt: Callable[[int], _Attempt],
+                       max_excluded: int) -> tuple[int, Path, dict[str, Any]] | None:
     """Smallest k in 1..max_excluded (1, 2, 4, ... then bisection) whose INT8 model passes, else None.
 
     Assumes k = 0 already failed; parity grows with k in the usual case, which bisection relies on.
