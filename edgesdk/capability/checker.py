@@ -169,7 +169,7 @@ _TYPE_EXEMPT = {"Shape", "Size", "ConstantOfShape", "Cast", "CastLike", "EyeLike
                 "RandomUniformLike", "NonZero"}
 
 
-def _type_problem(node, view: GraphView, info, trt_version: str) -> Verdict | None:
+def _type_problem(node, view: GraphView, info, trt_version: str | None) -> Verdict | None:
     if node.op_type in _TYPE_EXEMPT or not node.input or not node.input[0]:
         return None
     label = _TRT_TYPE.get(view.elem_type.get(node.input[0], 0))
@@ -184,7 +184,7 @@ def _type_problem(node, view: GraphView, info, trt_version: str) -> Verdict | No
     return None
 
 
-def _tensorrt_verdict(node, view: GraphView, trt_version: str, opset_problem: str | None) -> Verdict:
+def _tensorrt_verdict(node, view: GraphView, trt_version: str | None, opset_problem: str | None) -> Verdict:
     info = tables.tensorrt_op(node.op_type, trt_version, node.domain)
     if not info.supported:
         return Verdict("no", info.reason, "op")

@@ -7,8 +7,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from edgesdk.errors import ModelError
+
+if TYPE_CHECKING:
+    from onnx import TensorProto
 
 FLOAT_TYPES = {1: "fp32", 10: "fp16", 11: "fp64", 16: "bf16"}  # onnx.TensorProto elem types
 
@@ -22,8 +26,8 @@ class GraphView:
     names: list[str] = field(default_factory=list)
     producer: dict[str, int] = field(default_factory=dict)
     consumers: dict[str, list[int]] = field(default_factory=dict)
-    initializers: dict[str, object] = field(default_factory=dict)  # name -> TensorProto
-    constant_outputs: dict[str, object] = field(default_factory=dict)  # Constant node output -> TensorProto
+    initializers: dict[str, TensorProto] = field(default_factory=dict)
+    constant_outputs: dict[str, TensorProto] = field(default_factory=dict)  # Constant node output -> value
     elem_type: dict[str, int] = field(default_factory=dict)
     shape: dict[str, list] = field(default_factory=dict)  # dims: int, str (symbolic) or None (unknown)
     inputs: list[str] = field(default_factory=list)

@@ -78,7 +78,7 @@ def _one_node_model(node, view, as_float32: bool = False) -> bytes:
     def typed(elem):
         return 1 if as_float32 and elem in (10, 16) else elem
 
-    inputs = []
+    inputs: list[ValueInfoProto] = []
     for name in node.input:
         if name and name not in {i.name for i in inputs}:
             elem = view.elem_type.get(name) or fallback

@@ -12,6 +12,7 @@ on small models those, not the math, set the latency.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from edgesdk.capability import tables
 from edgesdk.capability.checker import CapabilityReport, check_capability
@@ -80,7 +81,7 @@ def precision_report_from(report: CapabilityReport) -> dict:
         p, why = _effective(node, n.placement, requested, report.tensorrt_version, view)
         if p is not None and node.op_type in PRECISION_NEUTRAL and n.placement in ("tensorrt", "dla"):
             src = next((view.producer[t] for t in node.input if t in view.producer), None)
-            eff[n.index] = eff.get(src) or p  # follows its input; not counted as compute
+            eff[n.index] = (eff.get(src) if src is not None else None) or p  # follows its input; not counted as compute
             continue
         eff[n.index] = p
         if p is None:
@@ -96,11 +97,11 @@ def precision_report_from(report: CapabilityReport) -> dict:
         if a is None or b is None or a == b or not view.is_float(tensor) or (tensor, dst) in seen:
             continue
         seen.add((tensor, dst))
-        key = f"{a}->{b}"
-        reformats[key] = reformats.get(key, 0) + 1
+        edge = f"{a}->{b}"
+        reformats[edge] = reformats.get(edge, 0) + 1
     cross = crossings(report)
     float_cross = [c for c in cross if c["float"]]
-    kept_rows = [{"op_type": op, "count": c, "runs_in": p, "reason": why}
+    kept_rows: list[dict[str, Any]] = [{"op_type": op, "count": c, "runs_in": p, "reason": why}
                  for (op, p, why), c in sorted(kept.items(), key=lambda kv: -kv[1])]
     n_float = sum(counts.values())
     n_kept = sum(r["count"] for r in kept_rows)

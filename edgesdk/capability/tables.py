@@ -97,7 +97,7 @@ class TrtOpSupport:
     source: str = ""
 
 
-def tensorrt_op(op_type: str, trt_version: str, domain: str = "") -> TrtOpSupport:
+def tensorrt_op(op_type: str, trt_version: str | None, domain: str = "") -> TrtOpSupport:
     """What the TensorRT ONNX parser of ``trt_version`` documents for ``op_type`` (default domain only)."""
     table = tensorrt_table()
     if domain not in ("", "ai.onnx"):

@@ -113,8 +113,9 @@ def onnx_work(path: str | Path, *, batch: int = 1, seq: int = 128) -> WorkFacts:
     flops = 0.0
     uncounted = 0
     for node in model.graph.node:
-        ins = [shapes.get(n) for n in node.input]
-        outs = [shapes.get(n) for n in node.output]
+        # Any: a missing shape or symbolic dim raises TypeError below, counted as uncounted
+        ins: list[Any] = [shapes.get(n) for n in node.input]
+        outs: list[Any] = [shapes.get(n) for n in node.output]
         try:
             if node.op_type in ("MatMul", "MatMulInteger", "MatMulNBits", "QLinearMatMul"):
                 a, b = (ins[0], ins[1]) if node.op_type != "QLinearMatMul" else (ins[0], ins[3])
@@ -301,7 +302,7 @@ def predict(facts: WorkFacts, profile, *, backend: str | None = None, prompt_tok
         t_cmp = (facts.flops or 0.0) / peak if peak else 0.0
         bound = max(t_mem, t_cmp)
         # Launch-bound eager runs do not keep their efficiency across precisions: match it too.
-        prec = None if (facts.precision or "fp32").lower() == "fp32" else facts.precision.lower()
+        prec = None if (facts.precision or "fp32").lower() == "fp32" else (facts.precision or "fp32").lower()
         cls = backend_class(backend, dev_class)
         eff = pick_efficiency(table, dev_class, "encoder", cls, facts.params, prec)
         if eff is not None and eff.get("backend") != cls:
