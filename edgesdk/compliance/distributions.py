@@ -53,13 +53,19 @@ def _license_files(dist: md.Distribution) -> list:
     return out
 
 
+def _meta_field(meta: md.PackageMetadata, name: str) -> str | None:
+    """The first value of a METADATA field, None when absent (``PackageMetadata.get`` is typed from 3.12 only)."""
+    values = meta.get_all(name)
+    return values[0] if values else None
+
+
 def distribution_license(dist: md.Distribution) -> tuple[str, str, Normalized]:
     """(as found, where found, normalised) for one installed distribution."""
     meta = dist.metadata
-    expression = meta.get("License-Expression")
+    expression = _meta_field(meta, "License-Expression")
     if expression:
         return expression, "METADATA License-Expression", normalize(expression)
-    field = (meta.get("License") or "").strip()
+    field = (_meta_field(meta, "License") or "").strip()
     if field and field.upper() not in ("UNKNOWN", "NONE"):
         norm = normalize(field)
         if norm.expression and not norm.made_up:
@@ -71,7 +77,7 @@ def distribution_license(dist: md.Distribution) -> tuple[str, str, Normalized]:
     texts = []
     for f in _license_files(dist):
         try:
-            text = Path(dist.locate_file(f)).read_text(encoding="utf-8", errors="replace")
+            text = Path(str(dist.locate_file(f))).read_text(encoding="utf-8", errors="replace")
             texts.append((f.as_posix(), text))
         except (OSError, UnicodeError):
             continue
@@ -128,6 +134,7 @@ def closure(roots: list[str]) -> tuple[list[md.Distribution], list[str]]:
         if key in seen_extras and extras <= seen_extras[key]:
             continue
         seen_extras.setdefault(key, set()).update(extras)
+        dist: md.Distribution | None
         try:
             dist = found.get(key) or md.distribution(name)
         except md.PackageNotFoundError:

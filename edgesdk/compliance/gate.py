@@ -110,7 +110,8 @@ class GateResult:
                 "scanoss": self.scanoss.to_dict(), "elapsed_s": round(self.elapsed_s, 3)}
 
 
-def _pyproject_license(root: Path) -> tuple[str | None, str] | None:
+def _pyproject_license(root: Path) -> tuple[tuple[str | None, str], list[str]] | None:
+    """((license expression, where declared), dependencies) from pyproject.toml [project], else None."""
     path = root / "pyproject.toml"
     if not path.is_file():
         return None
@@ -193,7 +194,7 @@ def scan_licenses(path: Path, *, model_source: Path | None = None, runtime_distr
     root = path if path.is_dir() else path.parent
     is_bundle = (root / "manifest.json").is_file() if bundle is None else bundle
     dists = list(runtime_distributions or [])
-    fallback = None
+    fallback: tuple[str | None, str] | None = None
     accepted_at_build: list[str] = []
     if is_bundle:
         if (root / "manifest.json").is_file():
@@ -353,7 +354,8 @@ def run_license_gate(staging_dir: Path, *, model_source: Path, runtime_distribut
         report_path.parent.mkdir(parents=True, exist_ok=True)
         report_path.write_text(to_json(result), encoding="utf-8")
         worst = result.worst()
-        raise LicenseGateError(f"license gate: {result.verdict}: {worst.headline()} (report: {report_path})",
+        headline = worst.headline() if worst is not None else "no finding"  # a non-pass verdict has one
+        raise LicenseGateError(f"license gate: {result.verdict}: {headline} (report: {report_path})",
                                hint=gate_hint(result.verdict, worst, result.policy))
     sbom = build_sbom(model_name or Path(model_source).name, result.findings, result.weights, result.vendored,
                       result.model_expression, declared=result.model_license_declared)

@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,8 +70,9 @@ def fingerprint(root: Path, rels: list[str]) -> tuple[list[tuple[str, str]], boo
     return blocks, True
 
 
-def _batches(blocks: list[tuple[str, str]]):
-    batch, size = [], 0
+def _batches(blocks: list[tuple[str, str]]) -> Iterator[list[tuple[str, str]]]:
+    batch: list[tuple[str, str]] = []
+    size = 0
     for rel, wfp in blocks:
         if batch and size + len(wfp) > _BATCH_BYTES:
             yield batch
@@ -264,7 +266,7 @@ def _whole_file_blocks(root: Path, rels: list[str]) -> list[tuple[str, str]]:
 
 
 def run_scanoss(root: Path, code_files: list[str], url: str | None, api_key: str | None = None,
-                weight_files: list[str] = (), timeout: float | None = None) -> ScanossResult:
+                weight_files: Sequence[str] = (), timeout: float | None = None) -> ScanossResult:
     blocks, available = fingerprint(root, code_files)
     result = ScanossResult(available=available, fingerprinted=len(blocks), api_url=url)
     if blocks:

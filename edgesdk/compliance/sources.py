@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,7 +65,7 @@ def _is_model_card(path: Path) -> bool:
     return head.startswith("---") and re.search(r"^license(_name)?\s*:", head, re.M) is not None
 
 
-def scan_tree(root: Path, *, fallback: tuple[str | None, str] | None, skip: set[str] = frozenset(),
+def scan_tree(root: Path, *, fallback: tuple[str | None, str] | None, skip: AbstractSet[str] = frozenset(),
               payload_is_model: bool = False, only: list[str] | None = None) -> TreeScan:
     """Walk ``root``. ``fallback`` = (expression, where it was declared) for files no header,
     sidecar, annotation or LICENSE file covers. ``payload_is_model``: in a bundle, non-code files
