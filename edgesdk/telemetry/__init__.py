@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -36,6 +37,10 @@ from edgesdk.errors import VerdictError
 from edgesdk.telemetry import _names as N
 from edgesdk.telemetry._recorder import NOOP_RECORDER, InferenceRecorder, Instruments, _NoopRecorder
 from edgesdk.telemetry._setup import Counters, Settings, resolve_settings
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.trace import TracerProvider
 
 __all__ = ["configure", "tracer_provider", "shutdown", "force_flush", "stats", "build_trace", "build_stage", "inference",
            "fallback_event", "capture_enabled", "BUILD_STAGES"]
@@ -50,16 +55,16 @@ class _State:
         self.lock = threading.RLock()
         self.configured = False
         self.settings: Settings | None = None
-        self.tracer = None  # None = telemetry off: every call takes the no-op path
+        self.tracer: trace.Tracer | None = None  # None = telemetry off: every call takes the no-op path
         self.instruments: Instruments | None = None
         self.adoptable = False  # nothing of ours configured: use the application's providers once it has some
-        self.tracer_provider = None
-        self.meter_provider = None
+        self.tracer_provider: TracerProvider | None = None  # ours (the SDK's), when edgesdk configured exporting
+        self.meter_provider: MeterProvider | None = None
         self.counters = Counters()
         self.exporter_names: list[str] = []
         self.capture_content = False
         self.chunk_metric = True
-        self.config_key = None
+        self.config_key: tuple[str, int | None, int | None] | None = None
 
 
 _state = _State()
@@ -116,9 +121,10 @@ def configure(*, trace_file: str | Path | None = None, otlp_endpoint: str | None
         from edgesdk.telemetry._providers import build_providers
         _register_atexit()
         built = build_providers(settings, _state.counters, span_exporter=span_exporter, metric_reader=metric_reader)
-        _state.tracer_provider, _state.meter_provider, _state.exporter_names = built
-        _state.tracer = _state.tracer_provider.get_tracer("edgesdk", N.SDK_VERSION, schema_url=N.SCHEMA_URL)
-        meter = _state.meter_provider.get_meter("edgesdk", N.SDK_VERSION, schema_url=N.SCHEMA_URL)
+        tracer_provider, meter_provider, _state.exporter_names = built
+        _state.tracer_provider, _state.meter_provider = tracer_provider, meter_provider
+        _state.tracer = tracer_provider.get_tracer("edgesdk", N.SDK_VERSION, schema_url=N.SCHEMA_URL)
+        meter = meter_provider.get_meter("edgesdk", N.SDK_VERSION, schema_url=N.SCHEMA_URL)
         _state.instruments = Instruments(meter)
 
 

@@ -10,6 +10,8 @@ on ``opentelemetry-api`` only (tests/test_telemetry.py checks these against that
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from typing import Any
 
 from edgesdk import __version__ as SDK_VERSION  # noqa: F401 - re-exported for the tracer/meter scope
 
@@ -83,9 +85,9 @@ FALLBACK_REASON = "edgesdk.fallback.reason"
 _SCALARS = (str, bool, int, float)
 
 
-def clean_attributes(attributes: dict) -> dict:
+def clean_attributes(attributes: Mapping[str, Any]) -> dict[str, Any]:
     """Keep OTel-valid values: scalars and homogeneous sequences; anything else becomes its str()."""
-    out = {}
+    out: dict[str, Any] = {}
     for key, value in attributes.items():
         if value is None:
             continue
@@ -100,8 +102,8 @@ def clean_attributes(attributes: dict) -> dict:
     return out
 
 
-def request_attributes(request: dict) -> dict:
-    out = {}
+def request_attributes(request: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
     for key, value in request.items():
         if value is None:
             continue

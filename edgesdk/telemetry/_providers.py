@@ -36,7 +36,7 @@ def _otlp_exporters(settings: Settings):
     if settings.otlp_endpoint_from_env:
         traces_url = metrics_url = None  # let the SDK apply the OTEL_EXPORTER_OTLP_* rules
     else:
-        base = settings.otlp_endpoint.rstrip("/")
+        base = (settings.otlp_endpoint or "").rstrip("/")  # called only with an endpoint
         base = base if "://" in base else "http://" + base
         traces_url = metrics_url = base
         if settings.otlp_protocol != "grpc":
@@ -44,11 +44,16 @@ def _otlp_exporters(settings: Settings):
             root = base[: -len("/v1/traces")] if base.endswith("/v1/traces") else base
             traces_url, metrics_url = f"{root}/v1/traces", f"{root}/v1/metrics"
     if settings.otlp_protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-    else:
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
+            OTLPMetricExporter as GrpcMetricExporter,
+        )
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
+
+        return (GrpcSpanExporter(endpoint=traces_url, timeout=timeout),
+                GrpcMetricExporter(endpoint=metrics_url, timeout=timeout))
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
     return (OTLPSpanExporter(endpoint=traces_url, timeout=timeout),
             OTLPMetricExporter(endpoint=metrics_url, timeout=timeout))
 
