@@ -70,7 +70,7 @@ def write_outputs(path: Path, arrays: dict, extra: dict | None = None) -> None:
             elif suffix == ".npz":
                 np.savez(fh, **arrays)
             elif suffix == ".txt":
-                fh.write(str(extra["text"]).encode("utf-8"))
+                fh.write(str((extra or {})["text"]).encode("utf-8"))  # checked above: extra holds text
             else:
                 body = {**(extra or {}), **({"outputs": _arrays_json(arrays)} if arrays else {})}
                 fh.write(json.dumps(body, indent=2, default=str).encode("utf-8"))

@@ -63,9 +63,12 @@ def tegrastats_sample(timeout: float = 3.0) -> str | None:
         proc = subprocess.Popen(["tegrastats", "--interval", "200"], stdout=subprocess.PIPE, text=True)
     except OSError:
         return None
+    out = proc.stdout  # the pipe (stdout=PIPE)
     try:
-        ready, _, _ = select.select([proc.stdout], [], [], timeout)
-        return (proc.stdout.readline() or None) if ready and proc.stdout else None
+        if out is None:
+            return None
+        ready, _, _ = select.select([out], [], [], timeout)
+        return (out.readline() or None) if ready else None
     finally:
         proc.terminate()
         try:

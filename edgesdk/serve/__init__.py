@@ -100,9 +100,10 @@ def run(entries: list[ModelEntry], config: ServeConfig, *, shutdown_timeout_s: f
             state.draining = True
             super().handle_exit(sig, frame)
 
+    # uvicorn annotates timeout_graceful_shutdown as int; it goes to asyncio.timeout(), which takes a float
     ucfg = uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
-                          timeout_graceful_shutdown=shutdown_timeout_s, access_log=log_level == "debug",
-                          server_header=False, lifespan="on")
+                          timeout_graceful_shutdown=shutdown_timeout_s,  # type: ignore[arg-type]
+                          access_log=log_level == "debug", server_header=False, lifespan="on")
     server = _Uvicorn(ucfg)
     # uvicorn re-raises the signal it handled once it has shut down; a quiet handler here lets the
     # command return normally (exit code 0, atexit telemetry flush) after a graceful SIGTERM.

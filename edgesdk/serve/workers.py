@@ -28,7 +28,7 @@ from opentelemetry import context as otel_context
 class Saturated(Exception):
     """The model's queue is full (or the server is draining); ``retry_after`` is a whole-second hint."""
 
-    def __init__(self, message: str, retry_after: int, draining: bool = False):
+    def __init__(self, message: str, retry_after: float, draining: bool = False):
         super().__init__(message)
         self.retry_after = max(1, int(retry_after))
         self.draining = draining
@@ -158,7 +158,7 @@ class EmbeddingBatcher:
         self.max_wait_s = max(0.0, float(max_wait_ms)) / 1000.0
         self.max_pending = int(max_pending)
         self._on_batch = on_batch
-        self._queue: asyncio.Queue | None = None
+        self._queue: asyncio.Queue[_EmbedRequest] | None = None
         self._pending = 0
         self._task: asyncio.Task | None = None
         self._closing = False
@@ -180,28 +180,29 @@ class EmbeddingBatcher:
                             f"(limit {self.max_pending})", retry_after=1)
         if self._task is None:
             self._queue = asyncio.Queue()
-            self._task = asyncio.get_running_loop().create_task(self._run())
+            self._task = asyncio.get_running_loop().create_task(self._run(self._queue))
+        queue = self._queue
+        assert queue is not None  # created with the task, once
         fut = asyncio.get_running_loop().create_future()
         self._pending += len(texts)
         try:
-            self._queue.put_nowait(_EmbedRequest(list(texts), fut, otel_ctx))
+            queue.put_nowait(_EmbedRequest(list(texts), fut, otel_ctx))
             return await fut
         finally:
             self._pending -= len(texts)
 
-    async def _run(self) -> None:
+    async def _run(self, queue: asyncio.Queue[_EmbedRequest]) -> None:
         loop = asyncio.get_running_loop()
         carry: _EmbedRequest | None = None
         while True:
-            first = carry or await self._queue.get()
+            first = carry or await queue.get()
             carry = None
             batch, n = [first], len(first.texts)
             deadline = loop.time() + self.max_wait_s
             while n < self.max_batch:
                 timeout = deadline - loop.time()
                 try:
-                    nxt = self._queue.get_nowait() if timeout <= 0 else await asyncio.wait_for(self._queue.get(),
-                                                                                              timeout)
+                    nxt = queue.get_nowait() if timeout <= 0 else await asyncio.wait_for(queue.get(), timeout)
                 except (asyncio.QueueEmpty, asyncio.TimeoutError):
                     break
                 if n + len(nxt.texts) > self.max_batch:
