@@ -29,7 +29,7 @@ def inspect_group() -> None:
 @click.option("--dot", "dot_path", type=click.Path(path_type=Path, dir_okay=False),
               help="Also write a Graphviz DOT graph: one cluster per partition, nodes coloured by placement, "
                    "boundary crossings in red (render: dot -Tsvg FILE).")
-def capability_cmd(model: Path, profile_name: str, precision, dla, as_json: bool, strict: bool,
+def capability_cmd(model: Path, profile_name: str | None, precision, dla, as_json: bool, strict: bool,
                    html_path: Path | None, dot_path: Path | None) -> int:
     """Per-op support on TensorRT / DLA / CUDA EP / CPU EP, partitions, and what falls back where.
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from edgesdk.errors import ParityError
 from edgesdk.formats.gguf import convert as conv
@@ -17,12 +18,15 @@ from edgesdk.formats.gguf.plan import LOGITS_MIN_COSINE, LOGITS_MIN_TOP1, PPL_RA
 from edgesdk.manifest import LLMConfig
 from edgesdk.resources import data_file
 
+if TYPE_CHECKING:
+    from edgesdk.build import BuildContext
+
 PPL_TEXT = data_file("ppl_text.txt")
 SANITY_PROMPT = "The quick brown fox jumps over the lazy dog. Edge devices run small language models"
 SANITY_MAX_TOKENS = 24
 
 
-def sanity_check(path: Path, label: str | None = None) -> dict:
+def sanity_check(path: Path, label: str | None = None) -> dict[str, Any]:
     """Load the built GGUF with llama.cpp and evaluate a fixed prompt: every logit must be finite and the
     logits must not be constant (weights of NaN, Inf or zeros fail here). Runs on every GGUF build,
     a repackaged one included; a prompt of <= 24 tokens costs well under a second for small models."""
@@ -47,7 +51,7 @@ def sanity_check(path: Path, label: str | None = None) -> dict:
     return result
 
 
-def build_gguf(ctx) -> None:
+def build_gguf(ctx: BuildContext) -> None:
     """Convert / quantize / verify into ``ctx.staging/model.gguf`` and fill the manifest."""
     facts, plan = ctx.facts, ctx.plan
     quant = plan.decision("gguf.quant_type")
@@ -56,7 +60,7 @@ def build_gguf(ctx) -> None:
     work.mkdir(parents=True, exist_ok=True)
     final = ctx.staging / "model.gguf"
     reference: Path | None = None
-    convert_info: dict = {}
+    convert_info: dict[str, Any] = {}
     try:
         with ctx.stage("convert", {"edgesdk.gguf.quant_type": quant}):
             if facts.kind == "hf":
@@ -94,17 +98,18 @@ def build_gguf(ctx) -> None:
     ctx.set_precision(quant)
 
 
-def _tool_versions() -> dict:
+def _tool_versions() -> dict[str, str]:
     from edgesdk.host import tool_versions
 
     return tool_versions(("llama-cpp-python", "gguf", "transformers", "torch"))
 
 
-def _verify(ctx, reference: Path, final: Path, quant: str, n_ctx: int, *, changed: bool) -> dict:
+def _verify(ctx: BuildContext, reference: Path, final: Path, quant: str, n_ctx: int, *,
+            changed: bool) -> dict[str, Any]:
     facts = ctx.facts
     thresholds = ctx.plan.decision("parity") or {}
     text = PPL_TEXT.read_text(encoding="utf-8")
-    result: dict = {"method": "llama.cpp perplexity on edgesdk/data/ppl_text.txt (windows of up to 256 tokens)",
+    result: dict[str, Any] = {"method": "llama.cpp perplexity on edgesdk/data/ppl_text.txt (windows of up to 256 tokens)",
                     "thresholds": thresholds}
     ppl_ctx = min(256, n_ctx)
     if facts.kind == "hf":

@@ -6,21 +6,28 @@ else a deferred engine build configuration; and the device-side ``edgesdk engine
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from edgesdk.formats.tensorrt import engine as E
 from edgesdk.formats.tensorrt.plan import PRECISION_FLAGS, RUNTIME_CHAIN
 
+if TYPE_CHECKING:
+    from edgesdk.build import BuildContext
+    from edgesdk.bundle import Bundle
+    from edgesdk.profiles import Profile
+
 WORKSPACE_FRACTION = 0.25  # of the profile's memory budget, capped below
 
 
-def _workspace_mb(profile) -> int:
+def _workspace_mb(profile: Profile) -> int:
     budget = profile.memory_budget_gb() or 4.0
     return int(max(256, min(4096, budget * 1024 * WORKSPACE_FRACTION)))
 
 
-def engine_config(ctx, onnx_rel: str, onnx_sha256: str) -> dict:
+def engine_config(ctx: BuildContext, onnx_rel: str, onnx_sha256: str) -> E.EngineConfig:
     plan = ctx.plan
     fields = dict(plan.decision("engine_cache_key") or {})
     fields["precision"] = ctx.precision  # after any parity fallback
@@ -40,7 +47,7 @@ def engine_config(ctx, onnx_rel: str, onnx_sha256: str) -> dict:
     return config
 
 
-def build_tensorrt(ctx) -> None:
+def build_tensorrt(ctx: BuildContext) -> None:
     """ONNX artifact first (the lead's ONNX stages), then the engine here or a deferred build config."""
     from edgesdk.capability import check_capability, precision_report_from
     from edgesdk.formats.onnx.build import build_onnx
@@ -62,7 +69,7 @@ def build_tensorrt(ctx) -> None:
         ctx.add_artifact("tensorrt/engine_config.json", "engine-config")
         env = host_env()
         problems = preflight(config["target"], env)
-        info: dict = {"config": "tensorrt/engine_config.json", "cache_key": config["cache_key"],
+        info: dict[str, Any] = {"config": "tensorrt/engine_config.json", "cache_key": config["cache_key"],
                       "capability": summary, "precision_report": prec, "host": {k: env[k] for k in
                                                                                 ("tensorrt", "sm", "l4t", "trtexec")}}
         if summary["unsupported_everywhere"]:
@@ -87,7 +94,7 @@ def build_tensorrt(ctx) -> None:
 
 # --------------------------------------------------------------------------------------------- on the device
 
-def _bundle_config(path):
+def _bundle_config(path: str | os.PathLike[str]) -> tuple[Bundle, E.EngineConfig]:
     from edgesdk.bundle import open_bundle
     from edgesdk.errors import BundleIntegrityError, InputError
 
@@ -100,7 +107,7 @@ def _bundle_config(path):
     return bundle, E.read_config(bundle.artifact_path("engine-config"))
 
 
-def describe_bundle_engine(path) -> dict:
+def describe_bundle_engine(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The engine configuration, this host's pre-flight against it, and the cache state."""
     from edgesdk.host import host_env, preflight
 
@@ -114,7 +121,7 @@ def describe_bundle_engine(path) -> dict:
                       else None, "state": why}}
 
 
-def build_bundle_engine(path, *, force: bool = False) -> dict:
+def build_bundle_engine(path: str | os.PathLike[str], *, force: bool = False) -> dict[str, Any]:
     """``edgesdk engine build``: refuse (one line) where the host is not the target; else build and cache."""
     from edgesdk.errors import ExternalToolError
     from edgesdk.host import host_env, preflight

@@ -8,16 +8,23 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from edgesdk.errors import ModelError
 
+if TYPE_CHECKING:
+    from torch.export import ExportedProgram
+
+    from edgesdk.build import BuildContext
+
 _OP_RE = re.compile(r"operator '([\w:.]+)'")
 
 
-def _aten_ops(ep) -> list[str]:
-    ops = []
+def _aten_ops(ep: ExportedProgram) -> list[str]:
+    ops: list[str] = []
     for node in ep.graph.nodes:
         if node.op == "call_function":
             name = getattr(node.target, "name", None)
@@ -32,7 +39,7 @@ def forcing_ops(export_error: BaseException) -> list[str]:
     return list(dict.fromkeys(_OP_RE.findall(str(export_error))))
 
 
-def _time_ms(fn, args, runs: int = 10) -> float:
+def _time_ms(fn: Callable[..., object], args: Sequence[object], runs: int = 10) -> float:
     fn(*args)
     samples = []
     for _ in range(runs):
@@ -42,7 +49,7 @@ def _time_ms(fn, args, runs: int = 10) -> float:
     return round(float(np.median(samples)), 4)
 
 
-def build_torch_fallback(ctx, export_error: BaseException) -> None:
+def build_torch_fallback(ctx: BuildContext, export_error: BaseException) -> None:
     """Save ``torch.export`` of the module as the bundle's model (format ``torch``) and record why."""
     import torch
 

@@ -22,6 +22,7 @@ from edgesdk.runtime.backend import LoadContext, TensorSpec
 
 if TYPE_CHECKING:
     from edgesdk.bundle import Bundle
+    from edgesdk.runtime.backends.ort_buckets import CudaGraphBuckets
 
 _EP_LIBS = {"TensorrtExecutionProvider": ("nvinfer", "TensorRT"),
             "CUDAExecutionProvider": ("cudart", "CUDA runtime"),
@@ -144,7 +145,7 @@ class OnnxRuntimeBackend:
         self.outputs = tuple(TensorSpec(o.name, o.type, o.shape) for o in self.session.get_outputs())
         self.output_names = [o.name for o in self.outputs]
         self._placement: dict[str, Any] | None = None
-        self._graphs: Any = None
+        self._graphs: CudaGraphBuckets | None = None
         self._graph_report: dict[str, Any] = {"enabled": False, "reason": "not requested"}
         self.eager_fallback: dict[str, Any] | None = None  # set by torch_eager.choose_eager_fallback
 
