@@ -81,7 +81,8 @@ def precision_report_from(report: CapabilityReport) -> dict:
         p, why = _effective(node, n.placement, requested, report.tensorrt_version, view)
         if p is not None and node.op_type in PRECISION_NEUTRAL and n.placement in ("tensorrt", "dla"):
             src = next((view.producer[t] for t in node.input if t in view.producer), None)
-            eff[n.index] = (eff.get(src) if src is not None else None) or p  # follows its input; not counted as compute
+            # follows its input; not counted as compute
+            eff[n.index] = (eff.get(src) if src is not None else None) or p
             continue
         eff[n.index] = p
         if p is None:

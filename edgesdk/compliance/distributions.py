@@ -54,7 +54,7 @@ def _license_files(dist: md.Distribution) -> list:
 
 
 def _meta_field(meta: md.PackageMetadata, name: str) -> str | None:
-    """The first value of a METADATA field, None when absent (``PackageMetadata.get`` is typed from 3.12 only)."""
+    """The first value of a METADATA field, None when absent (``PackageMetadata.get``: typed from 3.12)."""
     values = meta.get_all(name)
     return values[0] if values else None
 

@@ -58,7 +58,8 @@ class _State:
         self.tracer: trace.Tracer | None = None  # None = telemetry off: every call takes the no-op path
         self.instruments: Instruments | None = None
         self.adoptable = False  # nothing of ours configured: use the application's providers once it has some
-        self.tracer_provider: TracerProvider | None = None  # ours (the SDK's), when edgesdk configured exporting
+        # ours (the SDK's), when edgesdk configured exporting
+        self.tracer_provider: TracerProvider | None = None
         self.meter_provider: MeterProvider | None = None
         self.counters = Counters()
         self.exporter_names: list[str] = []
@@ -244,7 +245,8 @@ def stats() -> dict:
 
 
 def inference(operation: str, model: str, provider: str, *, stream: bool = False,
-              request: dict | None = None, attributes: dict | None = None) -> InferenceRecorder | _NoopRecorder:
+              request: dict | None = None,
+              attributes: dict | None = None) -> InferenceRecorder | _NoopRecorder:
     """Context manager for one inference request; yields a recorder (see module docstring)."""
     tracer = _state.tracer or _tracer()
     if tracer is None:

@@ -109,8 +109,9 @@ def _verify(ctx: BuildContext, reference: Path, final: Path, quant: str, n_ctx: 
     facts = ctx.facts
     thresholds = ctx.plan.decision("parity") or {}
     text = PPL_TEXT.read_text(encoding="utf-8")
-    result: dict[str, Any] = {"method": "llama.cpp perplexity on edgesdk/data/ppl_text.txt (windows of up to 256 tokens)",
-                    "thresholds": thresholds}
+    result: dict[str, Any] = {
+        "method": "llama.cpp perplexity on edgesdk/data/ppl_text.txt (windows of up to 256 tokens)",
+        "thresholds": thresholds}
     ppl_ctx = min(256, n_ctx)
     if facts.kind == "hf":
         ctx.progress("parity: HF logits vs F16 GGUF")

@@ -58,7 +58,8 @@ def _permute_rope_rows(weight: np.ndarray, n_head: int) -> np.ndarray:
     new row 2j+h of a head is old row h*(d/2)+j."""
     rows = weight.shape[0]
     d = rows // n_head
-    out: np.ndarray = weight.reshape(n_head, 2, d // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+    out: np.ndarray = (weight.reshape(n_head, 2, d // 2, *weight.shape[1:]).swapaxes(1, 2)
+                       .reshape(weight.shape))
     return out
 
 

@@ -76,8 +76,9 @@ def _load(spec: JSONObject) -> PreTrainedModel:
     cls = {"image-classification": AutoModelForImageClassification,
            "text-classification": AutoModelForSequenceClassification}.get(spec["task"], AutoModel)
     try:
-        model: PreTrainedModel = cls.from_pretrained(spec["source"], trust_remote_code=spec["trust_remote_code"],
-                                    use_safetensors=not spec["pickle_weights"])
+        model: PreTrainedModel = cls.from_pretrained(
+            spec["source"], trust_remote_code=spec["trust_remote_code"],
+            use_safetensors=not spec["pickle_weights"])
     except Exception as exc:  # transformers raises OSError/ValueError/KeyError for broken dirs
         raise E.ModelError(f"{spec['source']}: cannot load the model ({type(exc).__name__}: "
                            f"{str(exc).splitlines()[0][:200]})") from exc
@@ -100,7 +101,8 @@ def _export(spec: JSONObject, model: PreTrainedModel) -> None:
     export(model, ctor(model.config), Path(spec["out"]), opset=spec["opset"])
 
 
-def torch_reference(model: torch.nn.Module, feeds: list[dict[str, np.ndarray]], chunk: int = 16) -> list[np.ndarray]:
+def torch_reference(model: torch.nn.Module, feeds: list[dict[str, np.ndarray]],
+                    chunk: int = 16) -> list[np.ndarray]:
     """Source-model first output per sample, computed in batches of equally shaped feeds."""
     import torch
 

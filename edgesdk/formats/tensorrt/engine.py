@@ -56,7 +56,8 @@ def _shape_arg(profiles: list[dict[str, dict[str, list[int]]]], which: str) -> s
     return ",".join(parts)
 
 
-def trtexec_command(config: EngineConfig, onnx_path: Path, engine_path: Path, timing_cache: Path) -> list[str]:
+def trtexec_command(config: EngineConfig, onnx_path: Path, engine_path: Path,
+                    timing_cache: Path) -> list[str]:
     """The ``trtexec`` command line equivalent to ``config`` (also written into the bundle for users)."""
     cmd = ["trtexec", f"--onnx={onnx_path}", f"--saveEngine={engine_path}", f"--timingCacheFile={timing_cache}",
            f"--memPoolSize=workspace:{int(config['workspace_mb'])}M",
@@ -125,7 +126,8 @@ def cached_engine(config: EngineConfig, root: Path | None = None) -> tuple[Path 
     return engine, "cached"
 
 
-def store_engine(config: EngineConfig, engine_bytes: bytes, build_info: Mapping[str, Any], root: Path | None = None) -> Path:
+def store_engine(config: EngineConfig, engine_bytes: bytes, build_info: Mapping[str, Any],
+                 root: Path | None = None) -> Path:
     d: Path = (root or engine_cache_root()) / config["cache_key"]
     d.mkdir(parents=True, exist_ok=True)
     tmp = d / (ENGINE_FILE + ".tmp")

@@ -23,7 +23,8 @@ Dims = list[Any]  # one input's dims: int static, str (a named axis) or None dyn
 ShapeTriple = dict[str, list[int]]  # {"min": dims, "opt": dims, "max": dims}
 
 RUNTIME_CHAIN = ["tensorrt-engine", "TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
-PRECISION_FLAGS: dict[str, list[str]] = {"fp32": [], "fp16": ["fp16"], "bf16": ["bf16"], "int8": ["int8", "fp16"], "fp8": ["fp8", "fp16"]}
+PRECISION_FLAGS: dict[str, list[str]] = {"fp32": [], "fp16": ["fp16"], "bf16": ["bf16"], "int8": ["int8", "fp16"],
+                                         "fp8": ["fp8", "fp16"]}
 DLA_MIN_NATIVE_SHARE = 0.8  # below this, DLA<->GPU transitions eat the DLA's power/throughput advantage
 DEFAULT_MAX_BATCH = 8
 DEFAULT_IMAGE_SIZE = 224  # H/W of an image input whose model states none (ImageNet-style classifiers)
@@ -164,7 +165,8 @@ def _check_user_shapes(user: dict[str, ShapeTriple], inputs: dict[str, Dims]) ->
                 raise InputError(f"--shapes {name}: dim {i} of the input is static {d}; min/opt/max must all be {d}")
 
 
-def optimization_profiles(inputs: dict[str, Dims], facts: ModelFacts, options: BuildOptions) -> list[dict[str, ShapeTriple]]:
+def optimization_profiles(inputs: dict[str, Dims], facts: ModelFacts,
+                          options: BuildOptions) -> list[dict[str, ShapeTriple]]:
     """One min/opt/max profile over the dynamic dims: batch 1/1/max_batch, sequence 1/seq_len/max_seq; inputs
     named in ``options.shapes`` (``--shapes``) take the user's triple instead."""
     max_batch = int(options.option("max_batch") or DEFAULT_MAX_BATCH)
@@ -191,7 +193,8 @@ def optimization_profiles(inputs: dict[str, Dims], facts: ModelFacts, options: B
     return [prof] if prof else []
 
 
-def _dla_decision(facts: ModelFacts, profile: Profile, options: BuildOptions, precision: str) -> Decision | None:
+def _dla_decision(facts: ModelFacts, profile: Profile, options: BuildOptions,
+                  precision: str) -> Decision | None:
     from edgesdk.capability import tables
 
     trt = profile.software.get("tensorrt") or ""

@@ -111,7 +111,8 @@ def pad_feeds(plan: BucketPlan, feeds: Mapping[str, np.ndarray], bucket: Bucket)
     return out
 
 
-def cut_outputs(outputs: Mapping[str, np.ndarray], bucket: Bucket, batch: int, seq: int | None) -> dict[str, np.ndarray]:
+def cut_outputs(outputs: Mapping[str, np.ndarray], bucket: Bucket, batch: int,
+                seq: int | None) -> dict[str, np.ndarray]:
     """Cut padded outputs back to the request: axis 0 of bucket.batch -> batch, axis 1 of bucket.seq -> seq."""
     res: dict[str, np.ndarray] = {}
     for name, arr in outputs.items():

@@ -345,13 +345,14 @@ class VLMPipeline:
 
 # ------------------------------------------------------------------ the backend
 
-def _split_content(messages: list[dict[str, Any]]) -> tuple[str, list[Any]]:
+def _split_content(messages: list[dict[str, Any]]) -> tuple[list[tuple[str, str, int]], list[Any]]:
     """LLaVA-1.5 conversation text with image markers, and the images in order, from OpenAI-style messages
     (content a string, or parts ``{"type": "text", "text"}`` / ``{"type": "image", "path"|"image"}`` /
     ``{"type": "image_url", "image_url": {"url": "file://..."}}``)."""
     if not isinstance(messages, list) or not messages:
         raise InputError("messages must be a non-empty list of {'role': ..., 'content': ...} mappings")
-    parts_out, images = [], []
+    parts_out: list[tuple[str, str, int]] = []
+    images: list[Any] = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise InputError(f"messages[{i}] must be a mapping with a string 'role'")
@@ -379,7 +380,7 @@ def _split_content(messages: list[dict[str, Any]]) -> tuple[str, list[Any]]:
             raise InputError(f"messages[{i}]: content must be a string or a list of parts")
         images.extend(imgs)
         parts_out.append((m["role"], "".join(texts), len(imgs)))
-    return parts_out, images  # type: ignore[return-value]
+    return parts_out, images
 
 
 class VLMBackend:
