@@ -80,6 +80,7 @@ _SCHEMA: dict[str, Any] = {
             "quant_order": [str],
             "context_length": int,
             "min_context_length?": int,
+            "prompt_cache_mb?": _NUM,  # edgesdk serve's prompt prefix cache per LLM (docs/serve.md)
         },
     },
     "measured?": dict,

@@ -466,3 +466,126 @@ def test_server_span_joins_the_client_trace(gemma_chat_bundle, minilm_cpu_bundle
     emb = by_op["embeddings"]
     assert emb.attributes["gen_ai.embeddings.dimension.count"] == 384
     assert emb.attributes["gen_ai.usage.input_tokens"] == 3
+
+
+# ------------------------------------------------------------------------------ trace file, prompt cache
+TRACE_ID, PARENT_ID = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+
+
+def _spans(path: Path) -> list[dict]:
+    out = []
+    for line in path.read_text().splitlines():
+        for rs in json.loads(line).get("resourceSpans", []):
+            for ss in rs["scopeSpans"]:
+                for s in ss["spans"]:
+                    s["attrs"] = {a["key"]: next(iter(a["value"].values())) for a in s.get("attributes", [])}
+                    out.append(s)
+    return out
+
+
+def test_trace_file_holds_server_spans_that_pass_check_traces(gemma_chat_bundle, minilm_cpu_bundle, tmp_path):
+    trace = tmp_path / "traces.jsonl"
+    srv = ServerProcess([gemma_chat_bundle, minilm_cpu_bundle, "--name", "gemma", "--name", "minilm",
+                         "--trace-file", trace, "--prompt-cache-mb", "32"], tmp_path)
+    try:
+        c = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+        tp = {"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"}
+        history = [{"role": "system", "content": "You answer in one short sentence about the sea and ships."},
+                   {"role": "user", "content": "Name a sea."}]
+        first = c.chat.completions.create(model="gemma", messages=history, max_tokens=8, temperature=0,
+                                          extra_headers=tp)
+        history += [{"role": "assistant", "content": first.choices[0].message.content},
+                    {"role": "user", "content": "And another one?"}]
+        stream = c.chat.completions.create(model="gemma", messages=history, max_tokens=8, temperature=0,
+                                           stream=True, stream_options={"include_usage": True})
+        chunks = list(stream)
+        c.embeddings.create(model="minilm", input=["hello"], extra_headers=tp)
+        with pytest.raises(openai.NotFoundError):
+            c.chat.completions.create(model="nope", messages=history, extra_headers=tp)
+        # The second turn reused the first turn's KV state (prompt cache on), and says so in usage.
+        assert first.usage.prompt_tokens_details.cached_tokens == 0
+        assert chunks[-1].usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
+    finally:
+        assert srv.stop() == 0, srv.log.read_text()[-3000:]
+    spans = _spans(trace)
+    servers = [s for s in spans if s["kind"] == 2]
+    assert len(servers) == 4, [(s["name"], s["kind"]) for s in spans]
+    by_name = {}
+    for s in servers:
+        by_name.setdefault(s["name"], []).append(s)
+    chat = by_name["chat gemma"][0]
+    assert chat["traceId"] == TRACE_ID and chat["parentSpanId"] == PARENT_ID
+    a = chat["attrs"]
+    assert a["http.request.method"] == "POST" and a["http.route"] == "/v1/chat/completions"
+    assert a["url.path"] == "/v1/chat/completions" and a["url.scheme"] == "http"
+    assert int(a["http.response.status_code"]) == 200 and a["network.protocol.version"] == "1.1"
+    assert a["server.address"] == "127.0.0.1" and int(a["server.port"]) == srv.port
+    assert a["gen_ai.operation.name"] == "chat" and a["gen_ai.request.model"] == "gemma"
+    assert a["gen_ai.provider.name"] == "llama.cpp" and int(a["gen_ai.usage.output_tokens"]) >= 1
+    assert int(a["gen_ai.usage.cache_read.input_tokens"]) == 0
+    second = by_name["chat gemma"][1]["attrs"]
+    assert int(second["gen_ai.usage.cache_read.input_tokens"]) > 0 and second["gen_ai.request.stream"] is True
+    assert by_name["chat gemma"][1]["traceId"] != TRACE_ID  # no traceparent: a trace of its own
+    emb = by_name["embeddings minilm"][0]
+    assert emb["traceId"] == TRACE_ID and int(emb["attrs"]["http.response.status_code"]) == 200
+    refused = by_name["chat"][0]  # unknown model: the client's string is not put in the span name
+    assert int(refused["attrs"]["http.response.status_code"]) == 404 and refused["traceId"] == TRACE_ID
+    assert refused.get("status", {}).get("code", 0) in (0, "STATUS_CODE_UNSET")  # 4xx: status left unset
+    # The runtime's inference span is a child of the SERVER span.
+    inner = [s for s in spans if s["kind"] != 2 and s.get("parentSpanId") == chat["spanId"]]
+    assert inner and inner[0]["traceId"] == TRACE_ID
+    proc = subprocess.run([sys.executable, "-m", "edgesdk", "check", "traces", str(trace)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_prompt_cache_restores_exactly_what_llama_cpp_prefix_reuse_computes(gemma_chat_bundle):
+    """The cache restores the KV state bit for bit: a prompt sharing a prefix with an earlier request
+    gives the same greedy tokens as llama-cpp-python continuing from that prefix in a live context,
+    even after an unrelated request ran in between. (Whole-prompt evaluation may differ: docs/serve.md.)"""
+    import llama_cpp
+
+    import edgesdk
+    from edgesdk.serve.prompt_cache import PromptCache
+
+    pre = "Here is a story that a grandmother told her grandchildren on a cold winter evening by the fire. "
+    p1, p2 = pre + "Once upon a time", pre + "def fibonacci(n):"
+    with edgesdk.load(gemma_chat_bundle, threads=2) as s:
+        gguf = str(s.bundle.artifact_path("model"))
+        n_ctx = s.backend.settings["n_ctx"]
+        cache = PromptCache(64 << 20)
+        s.backend.prompt_cache = cache
+        s.generate(p1, max_tokens=12, temperature=0)
+        assert s.backend.last["cached_tokens"] == 0
+        s.generate("Completely unrelated words", max_tokens=4, temperature=0)
+        got = s.generate(p2, max_tokens=16, temperature=0)
+        reused = s.backend.last["cached_tokens"]
+        assert reused >= 20 and cache.stats()["hits"] == 1
+        s.backend.prompt_cache = None
+    llm = llama_cpp.Llama(model_path=gguf, n_ctx=n_ctx, n_threads=2, n_threads_batch=2, verbose=False)
+    try:
+        llm.create_completion(p1, max_tokens=12, temperature=0)  # the live context keeps p1 + its reply
+        ref = llm.create_completion(p2, max_tokens=16, temperature=0)["choices"][0]["text"]  # prefix reuse
+    finally:
+        llm.close()
+    assert got == ref
+
+
+def test_prompt_cache_stays_within_its_budget(gemma_chat_bundle):
+    import edgesdk
+    from edgesdk.serve.prompt_cache import PromptCache
+
+    with edgesdk.load(gemma_chat_bundle, threads=2) as s:
+        one = PromptCache(64 << 20)
+        s.backend.prompt_cache = one
+        s.generate("A prompt about rivers and lakes in the north", max_tokens=2, temperature=0)
+        size = one.stats()["bytes"]
+        assert size > 0
+        small = PromptCache(int(size * 1.5))  # room for one entry of this size, not two
+        s.backend.prompt_cache = small
+        for topic in ("rivers and lakes in the north", "mountains and valleys in the south",
+                      "deserts and dunes in the east"):
+            s.generate(f"A prompt about {topic}", max_tokens=2, temperature=0)
+        st = small.stats()
+        assert st["entries"] == 1 and st["bytes"] <= small.budget_bytes and st["evictions"] == 2
+        s.backend.prompt_cache = None

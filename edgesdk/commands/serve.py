@@ -27,13 +27,16 @@ import click
               help="Largest request body; larger gets 413.")
 @click.option("--shutdown-timeout", type=click.FloatRange(0), default=30.0, show_default=True,
               help="Seconds in-flight requests get to finish after SIGTERM.")
+@click.option("--prompt-cache-mb", type=click.FloatRange(0), default=None,
+              help="Per LLM: keep the KV state of recent prompts (up to this many MiB) and reuse the longest "
+              "shared token prefix. Default: the profile's policy.llm.prompt_cache_mb, else off (0).")
 @click.option("--profile", help="Device profile to run under (default: the one each bundle was built for).")
 @click.option("--threads", type=int, help="CPU threads per backend.")
 @click.option("--trace-file", type=click.Path(dir_okay=False), help="Write traces/metrics as OTLP-JSON lines.")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
 def serve_cmd(bundles, names, host, port, api_key, max_queue, max_batch, max_wait_ms, max_body_bytes,
-              shutdown_timeout, profile, threads, trace_file, log_level) -> int:
+              shutdown_timeout, prompt_cache_mb, profile, threads, trace_file, log_level) -> int:
     """Serve BUNDLES over the OpenAI API: chat/completions for GGUF bundles, embeddings for text encoders."""
     from edgesdk import telemetry
     from edgesdk.extras import require
@@ -46,9 +49,14 @@ def serve_cmd(bundles, names, host, port, api_key, max_queue, max_batch, max_wai
     entries = load_models(list(bundles), list(names), profile=profile, threads=threads)
     config = ServeConfig(host=host, port=port, api_key=api_key or os.environ.get("EDGESDK_API_KEY") or None,
                          max_body_bytes=max_body_bytes, max_queue=max_queue, max_batch=max_batch,
-                         max_wait_ms=max_wait_ms)
+                         max_wait_ms=max_wait_ms, prompt_cache_mb=prompt_cache_mb)
     for e in entries:
         what = "chat/completions, completions" if e.kind == "llm" else "embeddings"
+        if e.kind == "llm":
+            from edgesdk.serve.app import prompt_cache_mb as _cache_mb
+
+            mb = _cache_mb(e.session, config.prompt_cache_mb)
+            what += f"; prompt cache {mb:g} MiB" if mb > 0 else "; prompt cache off"
         click.echo(f"model {e.name}: {e.provider} ({what})", err=True)
     if host not in ("127.0.0.1", "localhost", "::1") and not config.api_key:
         click.echo(f"warning: listening on {host} without --api-key: anyone who can reach it can use it", err=True)

@@ -55,6 +55,7 @@ class ServeConfig:
     max_wait_ms: float = 5.0
     max_pending_embeddings: int = 1024
     tracer_provider: Any = None  # None: edgesdk.telemetry's provider when it offers one, else the global one
+    prompt_cache_mb: float | None = None  # per LLM; None: the profile's policy.llm.prompt_cache_mb, else off; 0: off
 
 
 @dataclass
@@ -69,6 +70,7 @@ class ModelEntry:
     created: int = field(default_factory=lambda: int(time.time()))
     worker: LLMWorker | None = None
     batcher: EmbeddingBatcher | None = None
+    prompt_cache: Any = None  # edgesdk.serve.prompt_cache.PromptCache when enabled
 
     @property
     def provider(self) -> str:
@@ -212,37 +214,81 @@ def _messages(body: dict) -> list[dict]:
 
 # ------------------------------------------------------------------------------ spans
 class _Span:
-    """The request's SERVER span: GenAI attributes plus the HTTP server ones, parent from ``traceparent``."""
+    """The request's SERVER span: HTTP server attributes (HTTP semantic conventions) and GenAI ones, parent
+    from the client's ``traceparent``. It starts when the request arrives, before its body is read, so a
+    request refused with 4xx has a span too; its name is ``{operation} {model}`` once the model is known.
 
-    def __init__(self, tracer, request: Request, operation: str, model: str, provider: str, route: str,
-                 stream: bool | None = None):
+    Status follows the HTTP conventions for SERVER spans: 4xx leaves it unset (the server did its job),
+    5xx and a request that ended before its response was complete (client gone, ``error.type:
+    cancelled``) set it to ERROR with ``error.type``."""
+
+    def __init__(self, tracer, request: Request, operation: str, route: str, provider: str):
         parent = propagate.extract(request.headers)
-        server = request.scope.get("server") or (None, None)
-        attrs = {"gen_ai.operation.name": operation, "gen_ai.request.model": model, "gen_ai.provider.name": provider,
-                 "http.request.method": request.method, "http.route": route, "url.path": request.url.path,
-                 "url.scheme": request.url.scheme}
+        scope = request.scope
+        server = scope.get("server") or (None, None)
+        client = scope.get("client") or (None, None)
+        self.operation = operation
+        # The provider is known before the model only when one serves this kind; else "edgesdk" until then.
+        attrs: dict = {"gen_ai.operation.name": operation, "gen_ai.provider.name": provider,
+                       "http.request.method": request.method,
+                       "http.route": route, "url.path": request.url.path, "url.scheme": request.url.scheme}
+        if scope.get("http_version"):
+            attrs["network.protocol.version"] = str(scope["http_version"])
         if server[0]:
             attrs["server.address"] = str(server[0])
             attrs["server.port"] = int(server[1])
-        if stream:
-            attrs["gen_ai.request.stream"] = True
-        self.span = tracer.start_span(f"{operation} {model}", context=parent, kind=SpanKind.SERVER, attributes=attrs)
+        if client[0]:
+            attrs["client.address"] = str(client[0])
+            if client[1]:
+                attrs["client.port"] = int(client[1])
+        agent = request.headers.get("user-agent")
+        if agent:
+            attrs["user_agent.original"] = agent[:256]
+        self.span = tracer.start_span(operation, context=parent, kind=SpanKind.SERVER, attributes=attrs)
         self.ctx = trace.set_span_in_context(self.span, parent)
         self._ended = False
+
+    def model(self, name: str, provider: str, stream: bool | None = None) -> None:
+        self.span.update_name(f"{self.operation} {name}")
+        self.span.set_attribute("gen_ai.request.model", name)
+        self.span.set_attribute("gen_ai.provider.name", provider)
+        if stream:
+            self.span.set_attribute("gen_ai.request.stream", True)
 
     def set(self, key: str, value) -> None:
         if value is not None:
             self.span.set_attribute(key, value)
 
-    def end(self, status: int, error_type: str | None = None, message: str | None = None) -> None:
+    def end(self, status: int | None, code: str | None = None, message: str | None = None,
+            cancelled: bool = False, error_type: str | None = None) -> None:
+        """``status``: the HTTP status sent (None when none was); ``code``: the OpenAI error code;
+        ``error_type``: the request failed after its status was sent (a stream that broke off)."""
         if self._ended:
             return
         self._ended = True
-        self.span.set_attribute("http.response.status_code", int(status))
+        if status is not None:
+            self.span.set_attribute("http.response.status_code", int(status))
+        if code:
+            self.span.set_attribute("edgesdk.serve.error_code", code)
+        error_type = "cancelled" if cancelled else error_type
         if error_type:
             self.span.set_attribute("error.type", error_type)
             self.span.set_status(Status(StatusCode.ERROR, message or error_type))
+        elif status is not None and status >= 500:
+            self.span.set_attribute("error.type", str(status))
+            self.span.set_status(Status(StatusCode.ERROR, message or str(status)))
         self.span.end()
+
+
+def prompt_cache_mb(session, configured: float | None) -> float:
+    """The prompt cache budget in MiB: ``configured`` when given, else the session's profile
+    ``policy.llm.prompt_cache_mb``, else 0 (off)."""
+    if configured is not None:
+        return max(0.0, float(configured))
+    profile = getattr(session, "profile", None)
+    llm = ((getattr(profile, "policy", None) or {}).get("llm") or {}) if profile is not None else {}
+    value = llm.get("prompt_cache_mb") if isinstance(llm, dict) else None
+    return max(0.0, float(value)) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
 
 
 def _tracer(provider=None):
@@ -266,6 +312,13 @@ class _Server:
     # -- lifecycle
     def start(self) -> None:
         for e in self.models.values():
+            if e.kind == "llm" and e.prompt_cache is None:
+                mb = prompt_cache_mb(e.session, self.config.prompt_cache_mb)
+                backend = getattr(e.session, "backend", None)
+                if mb > 0 and backend is not None and hasattr(backend, "prompt_cache"):
+                    from edgesdk.serve.prompt_cache import PromptCache
+
+                    e.prompt_cache = backend.prompt_cache = PromptCache(int(mb * (1 << 20)))
             if e.kind == "llm" and e.worker is None:
                 e.worker = LLMWorker(e.name, e.session, self.config.max_queue,
                                      on_depth=lambda d, n=e.name: self.metrics.queue_depth.set(d, model=n))
@@ -311,6 +364,10 @@ class _Server:
             raise APIError(400, f"model {name!r} is a {entry.kind} bundle; this endpoint needs {want}", param="model")
         return entry
 
+    def _provider(self, kind: str) -> str:
+        found = {e.provider for e in self.models.values() if e.kind == kind}
+        return found.pop() if len(found) == 1 else "edgesdk"
+
     def _count(self, route: str, model: str, status: int) -> None:
         self.metrics.requests.inc(route=route, model=model, status=str(status))
 
@@ -348,13 +405,14 @@ class _Server:
     async def _generate(self, request: Request, operation: str, route: str) -> Response:
         t0 = time.perf_counter()
         model = ""
-        span = None
+        span = _Span(self.tracer, request, operation, route, self._provider("llm"))
         try:
             body = await _read_json(request, self.config.max_body_bytes)
             entry = self.entry(body, "llm")
             model = entry.name
+            stream = body.get("stream", False) is True
+            span.model(model, entry.provider, stream)
             opts = _generation_options(body, entry)
-            stream = bool(body.get("stream", False))
             include_usage = bool((body.get("stream_options") or {}).get("include_usage")) if stream else False
             if operation == "chat":
                 messages = _messages(body)
@@ -374,7 +432,6 @@ class _Server:
 
                 def start(p=prompt, o=opts):
                     return session.stream(p, **o)
-            span = _Span(self.tracer, request, operation, model, entry.provider, route, stream)
             span.set("gen_ai.request.max_tokens", opts["max_tokens"])
             span.set("gen_ai.request.temperature", opts.get("temperature"))
             span.set("gen_ai.request.top_p", opts.get("top_p"))
@@ -390,7 +447,7 @@ class _Server:
                 kind, value = await job.events.get()  # "started", or "error" before the first token
             except asyncio.CancelledError:
                 job.cancel.set()
-                span.end(499, "cancelled")
+                span.end(None, "cancelled", "client disconnected before the response", cancelled=True)
                 raise
             if kind == "error":
                 raise _from_backend(value)
@@ -415,7 +472,7 @@ class _Server:
                         break
             except asyncio.CancelledError:
                 job.cancel.set()
-                span.end(499, "cancelled")
+                span.end(None, "cancelled", "client disconnected before the response", cancelled=True)
                 raise
             usage = self._finish(entry, operation, span, last, t0)
             text = "".join(pieces)
@@ -433,10 +490,12 @@ class _Server:
             return JSONResponse({"id": rid, "object": obj, "created": created, "model": model,
                                  "system_fingerprint": f"edgesdk-{__version__}", "choices": [choice], "usage": usage})
         except APIError as exc:
-            if span is not None:
-                span.end(exc.status, exc.code or exc.type, exc.message)
+            span.end(exc.status, exc.code or exc.type, exc.message)
             self._count(route, model, exc.status)
             return exc.response()
+        except Exception as exc:  # the guard answers 500: the span says so
+            span.end(500, "server_error", f"{type(exc).__name__}: {exc}")
+            raise
 
     def _finish(self, entry: ModelEntry, operation: str, span: _Span, last: dict, t0: float) -> dict:
         n_in, n_out = int(last.get("input_tokens") or 0), int(last.get("output_tokens") or 0)
@@ -453,7 +512,14 @@ class _Server:
                 m.tpot.observe((end - first) / (n_out - 1), **labels)
         m.tokens.inc(n_in, gen_ai_request_model=entry.name, gen_ai_token_type="input")
         m.tokens.inc(n_out, gen_ai_request_model=entry.name, gen_ai_token_type="output")
-        return {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}
+        usage: dict = {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}
+        if entry.prompt_cache is not None:
+            cached = int(last.get("cached_tokens") or 0)
+            usage["prompt_tokens_details"] = {"cached_tokens": cached}  # OpenAI's field for reused prompt tokens
+            span.set("gen_ai.usage.cache_read.input_tokens", cached)
+            m.cached_tokens.inc(cached, model=entry.name)
+            m.cache_bytes.set(entry.prompt_cache.stats()["bytes"], model=entry.name)
+        return usage
 
     async def _sse(self, job: Job, entry: ModelEntry, operation: str, rid: str, span: _Span, t0: float,
                    include_usage: bool, route: str):
@@ -492,7 +558,7 @@ class _Server:
                     payload = {"error": {"message": err.message, "type": err.type, "param": err.param,
                                          "code": err.code}}
                     yield b"data: " + json.dumps(payload).encode("utf-8") + b"\n\n"
-                    span.end(err.status, err.code or err.type, err.message)
+                    span.end(200, err.code or err.type, err.message, error_type=err.code or err.type)
                     self._count(route, model, err.status)
                     finished = True
                     return
@@ -511,18 +577,19 @@ class _Server:
             if not finished:  # the client went away (or the server is cancelling): stop generating
                 job.cancel.set()
                 self.metrics.cancelled.inc(model=model)
-                span.end(499, "cancelled", "client disconnected before the end of the stream")
+                span.end(200, "cancelled", "client disconnected before the end of the stream", cancelled=True)
                 self._count(route, model, 499)
 
     async def embeddings(self, request: Request) -> Response:
         route = "/v1/embeddings"
         t0 = time.perf_counter()
         model = ""
-        span = None
+        span = _Span(self.tracer, request, "embeddings", route, self._provider("embedding"))
         try:
             body = await _read_json(request, self.config.max_body_bytes)
             entry = self.entry(body, "embedding")
             model = entry.name
+            span.model(model, entry.provider)
             inputs = body.get("input")
             if isinstance(inputs, str):
                 inputs = [inputs]
@@ -539,7 +606,6 @@ class _Server:
             if fmt not in ("float", "base64"):
                 raise APIError(400, "'encoding_format' must be 'float' or 'base64'", param="encoding_format")
             dims = _integer(body, "dimensions", 1)
-            span = _Span(self.tracer, request, "embeddings", model, entry.provider, route)
             try:
                 emb, counts = await entry.batcher.embed(inputs, otel_ctx=span.ctx)
             except Saturated as exc:
@@ -567,10 +633,12 @@ class _Server:
             return JSONResponse({"object": "list", "data": data, "model": model,
                                  "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}})
         except APIError as exc:
-            if span is not None:
-                span.end(exc.status, exc.code or exc.type, exc.message)
+            span.end(exc.status, exc.code or exc.type, exc.message)
             self._count(route, model, exc.status)
             return exc.response()
+        except Exception as exc:  # the guard answers 500: the span says so
+            span.end(500, "server_error", f"{type(exc).__name__}: {exc}")
+            raise
 
 
 def _finish_reason(last: dict) -> str:

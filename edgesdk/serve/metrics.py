@@ -156,10 +156,13 @@ class ServerMetrics:
         self.batch_size = Histogram("edgesdk_serve_embedding_batch_size",
                                     "Inputs per embedding batch run by the dynamic batcher.", ("model",),
                                     BATCH_BUCKETS)
+        self.cached_tokens = Counter("edgesdk_serve_prompt_cache_reused_tokens_total",
+                                     "Prompt tokens restored from the prompt cache instead of evaluated.", ("model",))
+        self.cache_bytes = Gauge("edgesdk_serve_prompt_cache_bytes", "Bytes held by the prompt cache.", ("model",))
 
     def render(self) -> str:
         lines: list[str] = []
         for metric in (self.requests, self.rejected, self.cancelled, self.duration, self.ttft, self.tpot,
-                       self.tokens, self.queue_depth, self.batch_size):
+                       self.tokens, self.queue_depth, self.batch_size, self.cached_tokens, self.cache_bytes):
             lines += metric.render()
         return "\n".join(lines) + "\n"

@@ -221,8 +221,10 @@ def _check_genai_span(span: Span, rules: dict, out: _Collector) -> None:
         if key not in span.attributes and key != "gen_ai.operation.name":
             out.add("violation", "missing_attribute", f"{key} is required for {operation} spans",
                     span=span, attribute=key)
+    status_code = _value(span, "http.response.status_code")
+    refused = isinstance(status_code, int) and status_code >= 400  # a server refused it: no usage to report
     for key in spec["recommended"]:
-        if key not in span.attributes:
+        if key not in span.attributes and not refused:
             out.add("improvement", "recommended_attribute_missing", f"{key} is recommended for {operation}",
                     span=span, attribute=key)
     if span.status == "ERROR" and "error.type" not in span.attributes:
@@ -244,10 +246,48 @@ def _check_genai_span(span: Span, rules: dict, out: _Collector) -> None:
             out.add("violation", "missing_attribute",
                     "gen_ai.request.model is conditionally required (the model is known: it is in the span name)",
                     span=span, attribute="gen_ai.request.model")
-    if span.kind not in spec["kinds"]:
+    http = rules["http_server_span"]
+    if span.kind == "SERVER" and http["marker"] in span.attributes:
+        _check_http_server_span(span, http, out)
+    elif span.kind not in spec["kinds"]:
+        hint = f" (a SERVER span must be an HTTP server span: {http['marker']} missing)" \
+            if span.kind == "SERVER" else ""
         out.add("violation", "span_kind_unexpected",
-                f"{operation} spans should be {' or '.join(spec['kinds'])}, found {span.kind}", span=span)
+                f"{operation} spans should be {' or '.join(spec['kinds'])}, found {span.kind}{hint}", span=span)
     _check_tokens(span, out)
+
+
+def _check_http_server_span(span: Span, http: dict, out: _Collector) -> None:
+    """A GenAI SERVER span is an HTTP server span too: its attributes and status by the HTTP conventions."""
+    for key in http["required"]:
+        if key not in span.attributes:
+            out.add("violation", "missing_attribute", f"{key} is required on HTTP server spans",
+                    span=span, attribute=key)
+    for key in http["recommended"]:
+        if key not in span.attributes and not (key == "http.response.status_code" and span.status == "ERROR"):
+            out.add("improvement", "recommended_attribute_missing", f"{key} is recommended on HTTP server spans",
+                    span=span, attribute=key)
+    for key, expected in http["attributes"].items():
+        attr = span.attributes.get(key)
+        if attr is not None and not _type_ok(expected, attr):
+            out.add("violation", "attribute_type_mismatch", f"{key} should be {expected}, found {attr.type}",
+                    span=span, attribute=key)
+    method = _value(span, "http.request.method")
+    if isinstance(method, str) and method not in http["methods"]:
+        out.add("violation", "undefined_enum_variant",
+                f"http.request.method={method!r} is not a known method (use _OTHER)", span=span,
+                attribute="http.request.method")
+    status = _value(span, "http.response.status_code")
+    if isinstance(status, int) and not 100 <= status <= 599:
+        out.add("violation", "value_inconsistent", f"http.response.status_code {status} is not an HTTP status",
+                span=span, attribute="http.response.status_code")
+    elif isinstance(status, int) and 400 <= status < 500 and span.status == "ERROR" \
+            and _value(span, "error.type") in (None, str(status)):
+        out.add("violation", "span_status", f"a SERVER span answering {status} must leave its status unset "
+                "(HTTP conventions: 4xx is the client's error)", span=span, attribute="http.response.status_code")
+    elif isinstance(status, int) and status >= 500 and span.status != "ERROR":
+        out.add("improvement", "span_status", f"a SERVER span answering {status} should have status ERROR",
+                span=span, attribute="http.response.status_code")
 
 
 def _check_build_span(span: Span, rules: dict, out: _Collector, stages: list[Span]) -> int:

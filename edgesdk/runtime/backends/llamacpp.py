@@ -225,6 +225,9 @@ class LlamaCppBackend:
         self._owner = 0  # id of the request that last used the context
         self._next_id = itertools.count(1)
         self.last: dict[str, Any] = {}
+        # Opt-in prompt prefix cache (edgesdk.serve.prompt_cache.PromptCache or None): restore(llm, tokens)
+        # after the reset, save(llm) after a request. With it, outputs may differ in the last bits (below).
+        self.prompt_cache: Any = None
 
     def _perf_reset(self) -> None:
         if self._perf is not None:
@@ -410,6 +413,8 @@ class LlamaCppBackend:
             # logits differ in the last bits between a prompt evaluated whole and a cached prefix + the rest,
             # enough to flip greedy tokens, so reuse would make a request's text depend on what ran before.
             llm.reset()
+            cache = self.prompt_cache
+            cached = cache.restore(llm, tokens) if cache is not None else 0
             self._perf_reset()
             t0 = perf_counter()
             t_first: float | None = None
@@ -459,6 +464,8 @@ class LlamaCppBackend:
                 rec.finish([finish])
                 rec.capture_output(text)
                 if not superseded and self._owner == me:  # else self.last holds a later request's figures
+                    if cache is not None and finish in ("stop", "length", "cancelled"):
+                        cache.save(llm)
                     self.last = {"input_tokens": len(tokens), "output_tokens": n_out, "finish_reason": finish,
                                  "ttft_s": round(t_first - t0, 6) if t_first else None,
                                  "decode_tok_s": round((n_out - 1) / (t_end - t_first), 2)
@@ -466,7 +473,7 @@ class LlamaCppBackend:
                                  # perf_counter() instants, for callers timing tokens (not text chunks:
                                  # a token may yield no text, so chunk times can lag token times).
                                  "first_token_at": t_first, "last_token_at": t_end if t_first else None,
-                                 "llama_cpp_timings": self._perf_read()}
+                                 "llama_cpp_timings": self._perf_read(), "cached_tokens": cached}
 
     # ------------------------------------------------------------------ report / close
     def report(self) -> dict[str, Any]:
