@@ -26,8 +26,30 @@ from edgesdk.runtime.backends import get_loader
 # embed() runs at most this many texts per backend call: memory grows with batch x padded length^2
 # (attention), so one call with 1,000 texts would otherwise be one huge batch.
 EMBED_MAX_BATCH = 32
+# ... and a batch never mixes texts whose token counts differ by more than this factor. INT8 bundles
+# quantize activations with one scale per tensor, i.e. per batch: a 256-token neighbour widened the
+# scale of a short text's rows and took MiniLM INT8 from min cosine 0.997 (alone) to 0.994
+# (docs/int8.md, "Padding and batching"). Grouping by length also skips most of the padded compute.
+EMBED_MAX_LENGTH_RATIO = 2.0
 
-__all__ = ["EMBED_MAX_BATCH", "LoadContext", "Session", "load"]  # LoadContext lives in runtime/backend.py
+
+def plan_embed_batches(lengths: list[int], max_batch: int = EMBED_MAX_BATCH,
+                       max_ratio: float = EMBED_MAX_LENGTH_RATIO) -> list[list[int]]:
+    """Indices of ``lengths`` (token counts) grouped as :meth:`Session.embed` runs them: sorted by length,
+    at most ``max_batch`` per batch, the longest at most ``max_ratio`` x the shortest of its batch."""
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda j: lengths[j]):
+        if current and (len(current) >= max_batch or lengths[i] > max_ratio * max(lengths[current[0]], 1)):
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+
+__all__ = ["EMBED_MAX_BATCH", "EMBED_MAX_LENGTH_RATIO", "LoadContext", "Session", "load", "plan_embed_batches"]  # LoadContext lives in runtime/backend.py
 
 
 class Session:
@@ -88,7 +110,9 @@ class Session:
         """Sentence embeddings (pooling as the model's sentence-transformers config says), shape [n, dim].
 
         Texts run in batches of at most ``max_batch`` (default :data:`EMBED_MAX_BATCH`), each padded to its
-        own longest text, so memory is bounded by one batch whatever the number of texts."""
+        own longest text, so memory is bounded by one batch whatever the number of texts. Batches group texts
+        of similar length (:func:`plan_embed_batches`), so a text's embedding does not depend on a much
+        longer neighbour; results come back in the order of ``texts``."""
         if isinstance(texts, str):
             texts = [texts]
         if not texts or not all(isinstance(t, str) for t in texts):
@@ -98,12 +122,15 @@ class Session:
         tok = self._text_tokenizer()
         names = {spec.name for spec in self.backend.inputs}
         info = self.bundle.manifest.embedding or EmbeddingConfig()  # steering: covered by manifest_sha256
-        parts = []
-        for start in range(0, len(texts), max_batch):
-            encs = tok.encode_batch(texts[start:start + max_batch])
-            feeds = {"input_ids": np.asarray([e.ids for e in encs], dtype=np.int64),
-                     "attention_mask": np.asarray([e.attention_mask for e in encs], dtype=np.int64),
-                     "token_type_ids": np.asarray([e.type_ids for e in encs], dtype=np.int64)}
+        encs = tok.encode_batch(texts)  # padded on the right to the longest: each batch slices its own length
+        lengths = [int(sum(e.attention_mask)) for e in encs]
+        parts, order = [], []
+        for rows in plan_embed_batches(lengths, max_batch):
+            width = max(max(lengths[i] for i in rows), 1)
+            feeds = {"input_ids": np.asarray([encs[i].ids[:width] for i in rows], dtype=np.int64),
+                     "attention_mask": np.asarray([encs[i].attention_mask[:width] for i in rows], dtype=np.int64),
+                     "token_type_ids": np.asarray([encs[i].type_ids[:width] for i in rows], dtype=np.int64)}
+            order.extend(rows)
             mask_all = feeds["attention_mask"]
             feeds = {k: v for k, v in feeds.items() if k in names}
             with telemetry.inference("embeddings", self._model, self.backend.provider,
@@ -120,7 +147,8 @@ class Session:
             else:
                 emb = hidden
             parts.append(np.asarray(emb, dtype=np.float32))
-        emb = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+        emb = np.empty_like(parts[0], shape=(len(texts), parts[0].shape[-1]))
+        emb[np.asarray(order)] = np.concatenate(parts, axis=0)
         if normalize if normalize is not None else info.normalize:
             emb = emb / np.clip(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12, None)
         return emb.astype(np.float32)

@@ -123,3 +123,108 @@ def check_thresholds(metrics: Mapping[str, Any], thresholds: Mapping[str, Any]) 
     if max_abs is not None and metrics["max_abs"] > max_abs:
         return f"max abs error {metrics['max_abs']:.4g} > {max_abs}"
     return None
+
+
+# ------------------------------------------------------------------ padded, batched inputs (as embed() runs them)
+
+def embed_max_length(model_dir: Path) -> int:
+    """The truncation length :meth:`edgesdk.runtime.session.Session.embed` uses for this model's texts:
+    tokenizer_config's ``model_max_length`` (512 if absent), capped by sentence_bert_config's
+    ``max_seq_length`` and config.json's ``max_position_embeddings``."""
+    import json
+
+    def field(name: str, key: str) -> int | None:
+        path = Path(model_dir) / name
+        try:
+            value = json.loads(path.read_text()).get(key) if path.is_file() else None
+            return int(value) if value else None
+        except (ValueError, TypeError, AttributeError, OSError):
+            return None
+
+    limit = min(field("tokenizer_config.json", "model_max_length") or 512, 8192)
+    for name, key in (("sentence_bert_config.json", "max_seq_length"), ("config.json", "max_position_embeddings")):
+        limit = min(limit, field(name, key) or limit)
+    return limit
+
+
+def long_feeds(model_dir: Path, max_len: int, input_names: Sequence[str], n: int = 4,
+               offset: int = 200) -> list[dict[str, np.ndarray]]:
+    """``n`` batch-1 feeds of long texts (sample sentences run together): half of them ``max_len`` tokens,
+    half about 0.8x that, the lengths that widened a short neighbour's INT8 scale the most."""
+    tok = load_tokenizer(Path(model_dir), max_len, fixed_length=False)
+    text = " ".join(sample_sentences(400, offset))
+    feeds = []
+    for i in range(n):
+        words = text.split()
+        start = (i * 97) % max(len(words) - 1, 1)
+        target = max_len if i % 2 == 0 else max(int(0.8 * max_len), 8)
+        tok.enable_truncation(max_length=target)
+        feeds.extend(encode_texts(tok, [" ".join(words[start:] + words[:start])], input_names))
+    return feeds
+
+
+def _right_pad(feeds: Sequence[Mapping[str, np.ndarray]], pad_id: int) -> dict[str, np.ndarray]:
+    """Batch-1 feeds stacked into one batch, right-padded to the longest (pad id, mask 0, type 0)."""
+    width = max(f["input_ids"].shape[1] for f in feeds)
+    batch: dict[str, np.ndarray] = {}
+    for key in feeds[0]:
+        fill = pad_id if key == "input_ids" else 0
+        batch[key] = np.stack([np.pad(f[key][0], (0, width - f[key].shape[1]), constant_values=fill) for f in feeds])
+    return batch
+
+
+def padded_batches(feeds: Sequence[Mapping[str, np.ndarray]], extra: Sequence[Mapping[str, np.ndarray]],
+                   pad_id: int, *, how: str, max_batch: int | None = None) -> list[tuple[dict[str, np.ndarray], list[int]]]:
+    """Padded batches of the batch-1 text ``feeds`` (plus ``extra`` long texts as neighbours).
+
+    ``how="embed"``: grouped exactly as ``Session.embed`` groups texts (:func:`plan_embed_batches`).
+    ``how="pairs"``: every feed beside one long text, one batch each (a caller batching by itself).
+    Returns ``(batch feed, rows)``; ``rows[j]`` is the index in ``feeds`` of row ``j`` (-1: a long text)."""
+    from edgesdk.runtime.session import EMBED_MAX_BATCH, plan_embed_batches
+
+    pool = list(feeds) + list(extra)
+    owner = list(range(len(feeds))) + [-1] * len(extra)
+    if how == "pairs":
+        if not extra:
+            return []
+        groups = [[i, len(feeds) + i % len(extra)] for i in range(len(feeds))]
+    elif how == "embed":
+        groups = plan_embed_batches([int(f["attention_mask"].sum()) for f in pool], max_batch or EMBED_MAX_BATCH)
+    else:
+        raise ValueError(f"unknown batching {how!r}")
+    return [(_right_pad([pool[i] for i in g], pad_id), [owner[i] for i in g]) for g in groups]
+
+
+def batched_parity(reference: Sequence[np.ndarray], masks: Sequence[np.ndarray | None],
+                   batches: Sequence[tuple[Mapping[str, np.ndarray], list[int]]], run: Any) -> dict[str, Any]:
+    """Cosine of each text's mean-pooled output inside its padded batch vs its batch-1 reference.
+
+    ``run(feed) -> first output [batch, seq, dim]``; ``reference[i]``/``masks[i]`` are feed i's reference
+    output and mask (batch 1, unpadded)."""
+    cosines: list[float] = []
+    nonfinite = 0
+    with np.errstate(all="ignore"):
+        for feed, rows in batches:
+            hidden = np.asarray(run(feed), dtype=np.float32)
+            pooled = mean_pool(hidden, feed.get("attention_mask"))
+            for j, i in enumerate(rows):
+                if i < 0:
+                    continue
+                a = mean_pool(np.asarray(reference[i], dtype=np.float32), masks[i]).ravel()
+                b = pooled[j].ravel()
+                bad = int(np.count_nonzero(~np.isfinite(b)))
+                nonfinite += bad
+                denom = float(np.linalg.norm(a) * np.linalg.norm(b))
+                cos = float(a @ b / denom) if denom > 0 and not bad else 0.0
+                cosines.append(cos if np.isfinite(cos) else 0.0)
+    sizes = [len(rows) for _, rows in batches]
+    widths = [int(feed["input_ids"].shape[1]) for feed, _ in batches]
+    return {
+        "samples": len(cosines),
+        "min_cosine": float(min(cosines)) if cosines else None,
+        "mean_cosine": float(np.mean(cosines)) if cosines else None,
+        "nonfinite": nonfinite,
+        "batches": len(batches),
+        "batch_size_max": max(sizes, default=0),
+        "padded_length_max": max(widths, default=0),
+    }
