@@ -132,6 +132,26 @@ def test_manifest_reports_padded_batch_parity(int8_bundle):
     assert padded["padded_length_max"] == 256 and max(padded["long_texts"]) == 256  # embed()'s truncation length
     assert padded["min_cosine"] >= p["thresholds"]["min_cosine"] and p["passed"]
     assert padded["pairs"]["samples"] == 16 and padded["pairs"]["min_cosine"] is not None
+    # batches of 32 first, then fewer until min_cosine holds; embed() then uses that batch size
+    tried = padded["min_cosine_by_max_batch"]
+    assert padded["embed_max_batch"] in (1, 2, 4, 8, 16, 32) and list(tried)[-1] == str(padded["embed_max_batch"])
+    assert all(v < p["thresholds"]["min_cosine"] for v in list(tried.values())[:-1])
+
+
+@pytest.mark.slow
+def test_embed_uses_the_batch_size_the_build_verified(int8_bundle, monkeypatch):
+    import edgesdk
+
+    verified = json.loads((int8_bundle / "manifest.json").read_text())["parity"]["int8"]["padded"]["embed_max_batch"]
+    with edgesdk.load(int8_bundle) as session:
+        sizes = []
+        run = session.backend.run
+        monkeypatch.setattr(session.backend, "run", lambda feeds: sizes.append(len(feeds["input_ids"])) or run(feeds))
+        session.embed(["one two three"] * 40)
+        assert max(sizes) == min(verified, 32) and sum(sizes) == 40
+        sizes.clear()
+        session.embed(["one two three"] * 5, max_batch=5)  # the caller's choice wins
+        assert sizes == [5]
 
 
 @pytest.mark.slow

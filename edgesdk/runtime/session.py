@@ -106,10 +106,11 @@ class Session:
         return self._tokenizer
 
     def embed(self, texts: str | list[str], *, normalize: bool | None = None,
-              max_batch: int = EMBED_MAX_BATCH) -> np.ndarray:
+              max_batch: int | None = None) -> np.ndarray:
         """Sentence embeddings (pooling as the model's sentence-transformers config says), shape [n, dim].
 
-        Texts run in batches of at most ``max_batch`` (default :data:`EMBED_MAX_BATCH`), each padded to its
+        Texts run in batches of at most ``max_batch`` (default: the largest batch the build verified,
+        ``parity.<precision>.padded.embed_max_batch`` in the manifest, else :data:`EMBED_MAX_BATCH`), each padded to its
         own longest text, so memory is bounded by one batch whatever the number of texts. Batches group texts
         of similar length (:func:`plan_embed_batches`), so a text's embedding does not depend on a much
         longer neighbour; results come back in the order of ``texts``."""
@@ -117,6 +118,8 @@ class Session:
             texts = [texts]
         if not texts or not all(isinstance(t, str) for t in texts):
             raise ShapeError("embed() takes a non-empty string or list of strings")
+        if max_batch is None:
+            max_batch = self._verified_max_batch()
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise ShapeError(f"embed(max_batch=...) must be a positive integer, got {max_batch!r}")
         tok = self._text_tokenizer()
@@ -152,6 +155,16 @@ class Session:
         if normalize if normalize is not None else info.normalize:
             emb = emb / np.clip(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12, None)
         return emb.astype(np.float32)
+
+    def _verified_max_batch(self) -> int:
+        """The largest embed() batch whose parity the build measured to hold (INT8 activation scales are per
+        batch, so neighbours matter): manifest ``parity.<precision>.padded.embed_max_batch``."""
+        entry = self.bundle.manifest.parity.get(self.bundle.precision)
+        padded = entry.get("padded") if isinstance(entry, dict) else None
+        value = padded.get("embed_max_batch") if isinstance(padded, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            return min(value, EMBED_MAX_BATCH)
+        return EMBED_MAX_BATCH
 
     # ------------------------------------------------------------------ LLMs (delegated)
     def _llm(self, what: str) -> LLMBackend:

@@ -14,7 +14,9 @@ Calibration: sentences 65-96 of edgesdk/data/sample_sentences.txt; evaluation: s
 last_hidden_state (as sentence-transformers does), ONNX vs PyTorch FP32 eager. Padded-batch cosine (the
 same 64 sentences vs the same references, issue 14): ``padded_pairs_min_cosine``: each sentence beside one
 long text (256 or 204 tokens) in one padded batch; ``embed_batches_min_cosine``: the 64 sentences plus
-the 4 long texts grouped as ``Session.embed`` groups them (length-grouped, <= 32 per batch). Latency: every model
+the 4 long texts grouped as ``Session.embed`` groups them (length-grouped, <= 32 per batch);
+``embed_max_batch``: the largest of 32, 16, ... 1 texts per batch at which the min cosine holds, as the
+build's verify step decides it for ``Session.embed``. Latency: every model
 gets its own session (CPU EP, 2 intra-op threads, 1 inter-op thread); the models take turns round by
 round (3 runs per turn) so that load from other processes hits all of them alike; p50 over rounds.
 """
@@ -161,6 +163,10 @@ def main() -> int:
                 batched = P.batched_parity(eval_ref, masks, batch_sets[how], run)
                 results[name][f"{column}_min_cosine"] = batched["min_cosine"]
                 results[name][f"{column}_mean_cosine"] = batched["mean_cosine"]
+            # as the build's verify step decides embed()'s batch size: largest of 32, 16, ... 1 that holds
+            search = P.embed_batch_parity(eval_ref, masks, plain, long_feeds, int(tok.pad_token_id), run, GOAL_COSINE)
+            results[name]["embed_max_batch"] = search["embed_max_batch"]
+            results[name]["embed_min_cosine_by_max_batch"] = search["min_cosine_by_max_batch"]
         names = list(models)
         samples = latency_samples_ms([models[n] for n in names], eval_feeds[0], rounds=args.rounds,
                                      runs_per_round=3, warmup=10, settle_s=0.05)
@@ -178,11 +184,11 @@ def main() -> int:
     for name in names:
         r = results[name]
         r["meets_p1"] = r["ratio_vs_fp32"] <= GOAL_RATIO and r["min_cosine"] >= GOAL_COSINE
-        r["min_cosine_holds_in_embed_batches"] = r["embed_batches_min_cosine"] >= GOAL_COSINE
         print(f"{name:22s} p50 {r['p50_ms']:7.2f} ms  ratio {r['ratio_vs_fp32']:.3f} "
               f"(paired {r['paired_ratio_vs_fp32']:.3f})  "
               f"min cos {r['min_cosine']:.5f} padded pairs {r['padded_pairs_min_cosine']:.5f} "
-              f"embed batches {r['embed_batches_min_cosine']:.5f}  {'MEETS P1' if r['meets_p1'] else ''}")
+              f"embed batches of 32 {r['embed_batches_min_cosine']:.5f} (holds up to {r['embed_max_batch']})  "
+              f"{'MEETS P1' if r['meets_p1'] else ''}")
     doc = {
         "benchmark": "P1 MiniLM INT8 CPU vs FP32 ONNX Runtime (issue 2)",
         "goal": {"latency_ratio_max": GOAL_RATIO, "min_cosine": GOAL_COSINE},

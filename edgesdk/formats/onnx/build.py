@@ -222,12 +222,18 @@ def _ort_outputs(path: Path, feeds: list[dict], threads: int = 2, chunk: int = 1
     return outs
 
 
-def _padded_parity(ctx, path: Path, held_out: _Samples) -> dict | None:
+_PAIRS = 16
+
+
+def _padded_parity(ctx, path: Path, held_out: _Samples, min_cosine: float | None) -> dict | None:
     """The held-out texts in padded batches: grouped as ``Session.embed`` groups them (gated), and each one
     beside a long text in its own batch (``pairs``: recorded, not gated; embed() never forms such batches).
 
-    INT8 scales are per batch, so a text's embedding can depend on its neighbours (docs/int8.md). Text
-    encoders with a tokenizer only; None otherwise."""
+    INT8 scales are per tensor, i.e. per batch, so a text's embedding depends on its neighbours
+    (docs/int8.md). Batches of ``EMBED_MAX_BATCH`` texts are tried first, then fewer, down to 1 (each text
+    alone); the largest batch that keeps ``min_cosine`` is recorded as ``embed_max_batch``, which
+    ``Session.embed`` then uses. Text encoders with a tokenizer only; None otherwise."""
+
     feeds, ref = held_out.feeds, held_out.reference
     if not feeds or ref is None or any("input_ids" not in f or "attention_mask" not in f for f in feeds) \
             or any(np.ndim(r) != 3 for r in ref):
@@ -251,8 +257,9 @@ def _padded_parity(ctx, path: Path, held_out: _Samples) -> dict | None:
     def run(feed):
         return sess.run(None, dict(feed))[0]
 
-    out = P.batched_parity(ref, held_out.masks, P.padded_batches(feeds, extra, pad_id, how="embed"), run)
-    pairs = P.batched_parity(ref, held_out.masks, P.padded_batches(feeds, extra, pad_id, how="pairs"), run)
+    out = P.embed_batch_parity(ref, held_out.masks, feeds, extra, pad_id, run, min_cosine)
+    # the ungated worst case on the first _PAIRS texts only: each pair runs 2 x embed()'s full length
+    pairs = P.batched_parity(ref, held_out.masks, P.padded_batches(feeds[:_PAIRS], extra, pad_id, how="pairs"), run)
     out["long_texts"] = [int(f["attention_mask"].sum()) for f in extra]
     out["how"] = ("each held-out text's mean-pooled output inside a padded batch vs its batch-1 reference; batches "
                   "as Session.embed forms them (length-grouped) from the held-out texts plus the long texts")
@@ -372,7 +379,7 @@ def build_onnx(ctx) -> None:
             metrics = P.compare(held_out.reference, outputs, held_out.masks)
             thresholds = ctx.thresholds_for(precision)
             miss = P.check_thresholds(metrics, thresholds)
-            padded = _padded_parity(ctx, final, held_out)
+            padded = _padded_parity(ctx, final, held_out, thresholds.get("min_cosine"))
             if padded is not None:  # the held-out texts in padded batches, as embed() runs them
                 metrics["padded"] = padded
                 padded_miss = P.check_thresholds(padded, {"min_cosine": thresholds.get("min_cosine")})

@@ -228,3 +228,24 @@ def batched_parity(reference: Sequence[np.ndarray], masks: Sequence[np.ndarray |
         "batch_size_max": max(sizes, default=0),
         "padded_length_max": max(widths, default=0),
     }
+
+
+def embed_batch_parity(reference: Sequence[np.ndarray], masks: Sequence[np.ndarray | None],
+                       feeds: Sequence[Mapping[str, np.ndarray]], extra: Sequence[Mapping[str, np.ndarray]],
+                       pad_id: int, run: Any, min_cosine: float | None) -> dict[str, Any]:
+    """:func:`batched_parity` of ``feeds`` (+ ``extra``) batched as ``Session.embed`` batches them, with at
+    most 32, 16, ... 1 texts per batch: the first size whose min cosine reaches ``min_cosine`` is kept
+    (``embed_max_batch``; 1 means each text alone), with every size tried in ``min_cosine_by_max_batch``."""
+    from edgesdk.runtime.session import EMBED_MAX_BATCH
+
+    tried: dict[str, float | None] = {}
+    out: dict[str, Any] = {}
+    size = EMBED_MAX_BATCH
+    for size in sorted({EMBED_MAX_BATCH, 16, 8, 4, 2, 1}, reverse=True):
+        out = batched_parity(reference, masks, padded_batches(feeds, extra, pad_id, how="embed", max_batch=size), run)
+        tried[str(size)] = out["min_cosine"]
+        if min_cosine is None or (out["min_cosine"] is not None and out["min_cosine"] >= min_cosine):
+            break
+    out["embed_max_batch"] = size
+    out["min_cosine_by_max_batch"] = tried
+    return out
