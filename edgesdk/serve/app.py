@@ -236,7 +236,8 @@ class _Span:
             attrs["network.protocol.version"] = str(scope["http_version"])
         if server[0]:
             attrs["server.address"] = str(server[0])
-            attrs["server.port"] = int(server[1])
+            if server[1] is not None:
+                attrs["server.port"] = int(server[1])
         if client[0]:
             attrs["client.address"] = str(client[0])
             if client[1]:

@@ -1,0 +1,341 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`edgesdk serve` on a GGUF bundle vs llama-cpp-python's own server and a bare `Llama` loop.
+
+Same GGUF file, same settings everywhere: n_ctx (the bundle's, as `edgesdk.load` picks it), the
+same thread count for prompt and decode, greedy decoding (temperature 0), `max_tokens` fixed.
+
+1. Throughput: C concurrent asyncio httpx clients (C in --concurrency) send streaming
+   `/v1/completions` requests, every prompt different from its first token (a number sequence the
+   model continues to max_tokens). Per server: completion tokens/s over the wall time, TTFT
+   (request sent -> first non-empty text chunk) p50/p99, request latency p50/p99, errors. The two
+   servers run at the same time (the idle one costs nothing) and are measured in turns, A B B A per
+   concurrency, so machine noise hits both alike. llama_cpp.server runs with
+   `--interrupt_requests False`: its default stops a streaming response as soon as another request
+   waits, which truncates completions under concurrency. Completion tokens are counted on the
+   client by tokenising the returned text with the model's own tokenizer (llama_cpp.server's stream
+   has no usage). The bare loop runs the same prompts one after another in this process
+   (`Llama.reset()` + `create_completion(stream=True)`), in turns between the servers' turns: the
+   ceiling without HTTP.
+2. Multi-turn prompt reuse: one conversation (a fixed system prompt + growing history, replies
+   greedy) through `/v1/chat/completions` on `edgesdk serve` with `--prompt-cache-mb 0` and with the
+   cache on; TTFT per turn, and whether every reply is token-identical. Needs a GGUF with a chat
+   template.
+
+    python tools/bench/bench_serve_llm.py BUNDLE --threads 2 --max-tokens 32
+
+Writes tools/bench/results/serve_llm.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _measure import RESULTS, machine  # noqa: E402
+from bench_serve import free_port  # noqa: E402
+
+SYSTEM = ("You are a concise assistant for engineers who deploy small language models on edge devices such "
+          "as Jetson boards and x86 servers. Answer in one or two sentences, name concrete tools where it "
+          "helps, and say when you are unsure. Prefer numbers to adjectives. ") * 3
+QUESTIONS = ["What is a GGUF file?", "Why would I quantize a model to 4 bits?", "What does the KV cache hold?",
+             "How many CPU threads should llama.cpp use?", "What is prefill, compared with decode?",
+             "How do I measure time to first token?", "What limits decode speed on a CPU?",
+             "Should I batch requests on a single-core device?"]
+
+
+def prompt(i: int) -> str:
+    start = 100 + 37 * i
+    return ", ".join(str(start + k) for k in range(12)) + ","
+
+
+def pct(values: list[float], q: float) -> float:
+    xs = sorted(values)
+    return xs[min(len(xs) - 1, max(0, int(round(q * (len(xs) - 1)))))]
+
+
+def wait_ready(proc: subprocess.Popen, url: str, what: str, path: str) -> None:
+    for _ in range(900):
+        if proc.poll() is not None:
+            raise SystemExit(f"{what} exited {proc.returncode}")
+        try:
+            if httpx.get(url + path, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"{what} did not start")
+
+
+def start_edgesdk(bundle: str, threads: int, extra: list[str]) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "edgesdk", "serve", bundle, "--name", "m", "--port", str(port),
+                             "--threads", str(threads), "--log-level", "warning", *extra],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    wait_ready(proc, url, "edgesdk serve", "/health")
+    return proc, url
+
+
+def start_llama_cpp_server(gguf: str, threads: int, n_ctx: int) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--model_alias", "m",
+                             "--n_ctx", str(n_ctx), "--n_threads", str(threads), "--n_threads_batch", str(threads),
+                             "--interrupt_requests", "False", "--verbose", "False", "--host", "127.0.0.1",
+                             "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    wait_ready(proc, url, "llama_cpp.server", "/v1/models")
+    return proc, url
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+async def one_request(client: httpx.AsyncClient, url: str, body: dict, route: str) -> dict:
+    t0 = time.perf_counter()
+    first = None
+    text = ""
+    done = False
+    try:
+        async with client.stream("POST", url + route, json=body) as resp:
+            if resp.status_code != 200:
+                await resp.aread()
+                return {"error": f"HTTP {resp.status_code}"}
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[6:]
+                if data == "[DONE]":
+                    done = True
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    return {"error": str(chunk["error"])[:200]}
+                for choice in chunk.get("choices") or []:
+                    piece = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+                    if piece and first is None:
+                        first = time.perf_counter()
+                    text += piece
+    except httpx.HTTPError as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    end = time.perf_counter()
+    if not done:
+        return {"error": "stream ended without [DONE]"}
+    return {"ttft_s": (first or end) - t0, "latency_s": end - t0, "text": text}
+
+
+async def load(url: str, concurrency: int, n: int, offset: int, max_tokens: int, count) -> dict:
+    todo = iter(range(n))
+    results: list[dict] = []
+    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=concurrency + 2)) as client:
+        async def worker():
+            for i in todo:
+                body = {"model": "m", "prompt": prompt(offset + i), "max_tokens": max_tokens, "temperature": 0,
+                        "stream": True}
+                results.append(await one_request(client, url, body, "/v1/completions"))
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*[worker() for _ in range(concurrency)])
+        wall = time.perf_counter() - t0
+    ok = [r for r in results if "error" not in r]
+    tokens = sum(count(r["text"]) for r in ok)
+    return {"requests": n, "wall_s": round(wall, 3), "completion_tokens": tokens,
+            "tok_per_s": round(tokens / wall, 2),
+            "ttft_p50_ms": round(1000 * pct([r["ttft_s"] for r in ok], 0.5), 1) if ok else None,
+            "ttft_p99_ms": round(1000 * pct([r["ttft_s"] for r in ok], 0.99), 1) if ok else None,
+            "latency_p50_ms": round(1000 * pct([r["latency_s"] for r in ok], 0.5), 1) if ok else None,
+            "latency_p99_ms": round(1000 * pct([r["latency_s"] for r in ok], 0.99), 1) if ok else None,
+            "errors": len(results) - len(ok), "error_examples": sorted({r["error"] for r in results
+                                                                         if "error" in r})[:3]}
+
+
+def merge(runs: list[dict]) -> dict:
+    """Two turns of the same measurement: sums for throughput, the worse (max) of the percentiles."""
+    wall = sum(r["wall_s"] for r in runs)
+    tokens = sum(r["completion_tokens"] for r in runs)
+    out = {"requests": sum(r["requests"] for r in runs), "wall_s": round(wall, 3), "completion_tokens": tokens,
+           "tok_per_s": round(tokens / wall, 2), "errors": sum(r["errors"] for r in runs),
+           "turns_tok_per_s": [r["tok_per_s"] for r in runs]}
+    for key in ("ttft_p50_ms", "latency_p50_ms"):
+        vals = [r[key] for r in runs if r[key] is not None]
+        out[key] = round(statistics.median(vals), 1) if vals else None
+    for key in ("ttft_p99_ms", "latency_p99_ms"):
+        vals = [r[key] for r in runs if r[key] is not None]
+        out[key] = max(vals) if vals else None
+    return out
+
+
+class BareLoop:
+    """Bare llama-cpp-python in this process, the same GGUF and settings: `reset()` + streaming
+    `create_completion` per request, one after another. Measured in turns between the servers' turns."""
+
+    def __init__(self, gguf: str, threads: int, n_ctx: int, max_tokens: int, count):
+        import llama_cpp
+
+        self.llm = llama_cpp.Llama(model_path=gguf, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                                   verbose=False)
+        self.max_tokens, self.count = max_tokens, count
+        self.ttft: list[float] = []
+        self.lat: list[float] = []
+        self.tokens = 0
+        self.wall = 0.0
+        self.requests = 0
+        for _ in self.llm.create_completion(prompt(9000), max_tokens=4, temperature=0, stream=True):  # warm-up
+            pass
+
+    def turn(self, offset: int, n: int) -> None:
+        t_all = time.perf_counter()
+        for i in range(offset, offset + n):
+            self.llm.reset()
+            t0 = time.perf_counter()
+            first, text = None, ""
+            for chunk in self.llm.create_completion(prompt(i), max_tokens=self.max_tokens, temperature=0,
+                                                    stream=True):
+                piece = chunk["choices"][0]["text"]
+                if piece and first is None:
+                    first = time.perf_counter()
+                text += piece
+            end = time.perf_counter()
+            self.ttft.append((first or end) - t0)
+            self.lat.append(end - t0)
+            self.tokens += self.count(text)
+        self.wall += time.perf_counter() - t_all
+        self.requests += n
+
+    def result(self) -> dict:
+        self.llm.close()
+        return {"requests": self.requests, "wall_s": round(self.wall, 3), "completion_tokens": self.tokens,
+                "tok_per_s": round(self.tokens / self.wall, 2),
+                "ttft_p50_ms": round(1000 * pct(self.ttft, 0.5), 1), "ttft_p99_ms": round(1000 * pct(self.ttft, 0.99), 1),
+                "latency_p50_ms": round(1000 * pct(self.lat, 0.5), 1),
+                "latency_p99_ms": round(1000 * pct(self.lat, 0.99), 1), "errors": 0}
+
+
+async def conversation(url: str, max_tokens: int, turns: int) -> list[dict]:
+    msgs = [{"role": "system", "content": SYSTEM}]
+    out = []
+    async with httpx.AsyncClient(timeout=600) as client:
+        for q in QUESTIONS[:turns]:
+            msgs.append({"role": "user", "content": q})
+            body = {"model": "m", "messages": msgs, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+            r = await one_request(client, url, body, "/v1/chat/completions")
+            if "error" in r:
+                raise SystemExit(f"multi-turn request failed: {r['error']}")
+            out.append({"ttft_ms": round(1000 * r["ttft_s"], 1), "reply": r["text"]})
+            msgs.append({"role": "assistant", "content": r["text"]})
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("bundle", help="a GGUF bundle directory (with a chat template for the multi-turn part)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--concurrency", default="1,4,16")
+    ap.add_argument("--requests-per-client", type=int, default=1,
+                    help="requests per client per turn (at least 4 per turn); 2 turns per server")
+    ap.add_argument("--turns", type=int, default=6, help="multi-turn conversation length")
+    ap.add_argument("--prompt-cache-mb", type=float, default=256)
+    ap.add_argument("--out", default=str(RESULTS / "serve_llm.json"))
+    args = ap.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import llama_cpp
+
+    import edgesdk
+
+    bundle = Path(args.bundle)
+    with edgesdk.load(bundle, threads=args.threads) as s:  # the GGUF and n_ctx exactly as the server loads them
+        n_ctx = int(s.backend.settings["n_ctx"])
+        gguf = str(s.bundle.artifact_path("model"))
+    vocab = llama_cpp.Llama(model_path=gguf, vocab_only=True, verbose=False)
+
+    def count(text: str) -> int:
+        return len(vocab.tokenize(text.encode("utf-8"), add_bos=False, special=False)) if text else 0
+
+    levels = [int(c) for c in args.concurrency.split(",")]
+    settings = {"n_ctx": n_ctx, "threads": args.threads, "max_tokens": args.max_tokens, "temperature": 0,
+                "n_batch": 512, "requests_per_turn": {c: max(4, c * args.requests_per_client) for c in levels}}
+    print(f"settings: {settings}", flush=True)
+    bare_loop = BareLoop(gguf, args.threads, n_ctx, args.max_tokens, count)
+    ours_p, ours = start_edgesdk(str(bundle), args.threads, ["--max-queue", str(max(levels))])
+    theirs_p, theirs = start_llama_cpp_server(gguf, args.threads, n_ctx)
+    throughput: dict = {}
+    try:
+        for url in (ours, theirs):  # warm-up: first decodes allocate
+            asyncio.run(load(url, 1, 2, 9000, args.max_tokens, count))
+        for c in levels:
+            n = max(4, c * args.requests_per_client)
+            runs: dict = {"edgesdk": [], "llama_cpp_server": []}
+            for turn, (name, url) in enumerate([("edgesdk", ours), ("llama_cpp_server", theirs),
+                                                ("llama_cpp_server", theirs), ("edgesdk", ours)]):
+                offset = 1000 * c + (turn // 2) * n  # the same prompts for both servers in each half
+                runs[name].append(asyncio.run(load(url, c, n, offset, args.max_tokens, count)))
+                if turn in (0, 2):  # the bare loop between the servers' turns: same machine conditions
+                    bare_loop.turn(offset, 2)
+            e, llm_srv = merge(runs["edgesdk"]), merge(runs["llama_cpp_server"])
+            ratio = round(e["tok_per_s"] / llm_srv["tok_per_s"], 3) if llm_srv["tok_per_s"] else None
+            throughput[str(c)] = {"edgesdk": e, "llama_cpp_server": llm_srv, "throughput_ratio": ratio}
+            print(f"c={c:>2}: edgesdk {e['tok_per_s']} tok/s (TTFT p50 {e['ttft_p50_ms']} p99 {e['ttft_p99_ms']} ms, "
+                  f"latency p50 {e['latency_p50_ms']} p99 {e['latency_p99_ms']} ms, errors {e['errors']}) | "
+                  f"llama_cpp.server {llm_srv['tok_per_s']} tok/s (TTFT p50 {llm_srv['ttft_p50_ms']} p99 "
+                  f"{llm_srv['ttft_p99_ms']} ms, latency p50 {llm_srv['latency_p50_ms']} p99 "
+                  f"{llm_srv['latency_p99_ms']} ms, errors {llm_srv['errors']}) | ratio {ratio}x", flush=True)
+    finally:
+        stop(ours_p)
+        stop(theirs_p)
+    bare = bare_loop.result()
+    print(f"bare Llama loop (sequential, {bare['requests']} requests in turns between the servers'): "
+          f"{bare['tok_per_s']} tok/s (TTFT p50 {bare['ttft_p50_ms']} ms, latency p50 {bare['latency_p50_ms']} ms)",
+          flush=True)
+    for row in throughput.values():
+        row["ratio_vs_bare_loop"] = round(row["edgesdk"]["tok_per_s"] / bare["tok_per_s"], 3)
+
+    multi: dict = {}
+    for label, mb in (("cache_off", 0), ("cache_on", args.prompt_cache_mb)):
+        proc, url = start_edgesdk(str(bundle), args.threads, ["--prompt-cache-mb", str(mb)])
+        try:
+            asyncio.run(load(url, 1, 1, 9000, 4, count))  # warm-up
+            multi[label] = asyncio.run(conversation(url, args.max_tokens, args.turns))
+        finally:
+            stop(proc)
+    off, on = multi["cache_off"], multi["cache_on"]
+    later_off = statistics.median(t["ttft_ms"] for t in off[1:])
+    later_on = statistics.median(t["ttft_ms"] for t in on[1:])
+    identical = [a["reply"] == b["reply"] for a, b in zip(off, on, strict=True)]
+    multi_turn = {"turns": args.turns, "prompt_cache_mb": args.prompt_cache_mb,
+                  "ttft_ms_per_turn": {"cache_off": [t["ttft_ms"] for t in off], "cache_on": [t["ttft_ms"] for t in on]},
+                  "ttft_p50_turns_2_on_ms": {"cache_off": later_off, "cache_on": later_on},
+                  "ttft_reduction": round(later_off / later_on, 2), "replies_identical": identical,
+                  "replies": {"cache_off": [t["reply"] for t in off], "cache_on": [t["reply"] for t in on]}}
+    print(f"multi-turn TTFT (turns 2..{args.turns}, p50): cache off {later_off} ms, on {later_on} ms -> "
+          f"{multi_turn['ttft_reduction']}x lower; replies identical: {sum(identical)}/{len(identical)}", flush=True)
+    out = {"what": "edgesdk serve vs llama_cpp.server vs a bare Llama loop, streaming /v1/completions, greedy; "
+                   "multi-turn chat TTFT with the prompt cache off/on",
+           "bundle": bundle.name, "gguf": Path(gguf).name, "machine": machine(),
+           "llama_cpp_python": llama_cpp.__version__, "settings": settings,
+           "note": "clients run on the same machine as the servers; the machine's cores were shared with other "
+                   "work during the run: compare ratios, not absolute figures",
+           "throughput": throughput, "bare_llama_loop": bare, "multi_turn": multi_turn}
+    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
