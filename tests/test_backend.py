@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import textwrap
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -45,7 +46,7 @@ def test_example_backend_served_through_a_session(tmp_path, monkeypatch):
     backend = scope["load_scale"](None, ctx)
 
     class _Bundle:  # just what Session reads from a bundle
-        manifest = {"model": {"task": "feature-extraction"}, "profile": {"name": "cpu"}}
+        manifest = SimpleNamespace(model=SimpleNamespace(task="feature-extraction"), profile=SimpleNamespace(name="cpu"))
         precision, bundle_id, model_name, format, path = "fp32", "b1", "scale", "numpy", tmp_path
 
     session = Session(_Bundle(), backend, ctx, 0.0)
