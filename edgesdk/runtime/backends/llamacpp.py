@@ -182,6 +182,22 @@ def _check_sampling(max_tokens: int, seed: int | None, params: Mapping[str, floa
     return int(max_tokens), (int(seed) if seed is not None else None)
 
 
+
+def stepwise(body: Generator[str, None, None], lock: threading.Lock | threading.RLock) -> Iterator[str]:
+    """A stream: each step of ``body`` runs under the context lock, released between pieces (so other
+    requests can interleave whole steps, never half a llama.cpp call)."""
+    try:
+        while True:
+            with lock:
+                try:
+                    piece = next(body)
+                except StopIteration:
+                    return
+            yield piece
+    finally:
+        with lock:
+            body.close()
+
 class LlamaCppBackend:
     """One loaded GGUF model. ``generate``/``stream``/``chat`` go through ``telemetry.inference``.
 
@@ -370,18 +386,7 @@ class LlamaCppBackend:
         return self._stepwise(body) if stream else body
 
     def _stepwise(self, body: Generator[str, None, None]) -> Iterator[str]:
-        """A stream: each step of ``body`` runs under the context lock, released between pieces."""
-        try:
-            while True:
-                with self._lock:
-                    try:
-                        piece = next(body)
-                    except StopIteration:
-                        return
-                yield piece
-        finally:
-            with self._lock:
-                body.close()
+        return stepwise(body, self._lock)
 
     def _decode(self, prompt: str, tokens: list[int], budget: int, stops: list[str], params: Mapping[str, float],
                 operation: str, stream: bool, request: dict[str, Any], seed: int | None,

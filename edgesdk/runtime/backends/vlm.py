@@ -472,17 +472,9 @@ class VLMBackend:
         return self._stepwise(body) if stream else body
 
     def _stepwise(self, body) -> Iterator[str]:
-        try:
-            while True:
-                with self._lock:
-                    try:
-                        piece = next(body)
-                    except StopIteration:
-                        return
-                yield piece
-        finally:
-            with self._lock:
-                body.close()
+        from edgesdk.runtime.backends.llamacpp import stepwise
+
+        return stepwise(body, self._lock)
 
     def _decode(self, text, images, operation, capture, stream, request, params, max_tokens, stops, seed):
         pipe, llm = self.pipe, self.pipe.llm
