@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import hmac
 import json
 import time
@@ -322,12 +323,12 @@ class _Server:
                     e.prompt_cache = backend.prompt_cache = PromptCache(int(mb * (1 << 20)))
             if e.kind == "llm" and e.worker is None:
                 e.worker = LLMWorker(e.name, e.session, self.config.max_queue,
-                                     on_depth=lambda d, n=e.name: self.metrics.queue_depth.set(d, model=n))
+                                     on_depth=functools.partial(self.metrics.queue_depth.set, model=e.name))
             elif e.kind == "embedding" and e.batcher is None:
                 e.batcher = EmbeddingBatcher(e.name, e.session, max_batch=self.config.max_batch,
                                              max_wait_ms=self.config.max_wait_ms,
                                              max_pending=self.config.max_pending_embeddings,
-                                             on_batch=lambda k, n=e.name: self.metrics.batch_size.observe(k, model=n))
+                                             on_batch=functools.partial(self.metrics.batch_size.observe, model=e.name))
 
     async def stop(self, timeout_s: float = 10.0) -> None:
         self.draining = True
@@ -439,6 +440,7 @@ class _Server:
             span.set("gen_ai.request.seed", opts.get("seed"))
             loop = asyncio.get_running_loop()
             job = Job(start=start, loop=loop, events=asyncio.Queue(), otel_ctx=span.ctx)
+            assert entry.worker is not None  # created in start() for every llm entry
             try:
                 entry.worker.submit(job)
             except Saturated as exc:
@@ -607,6 +609,7 @@ class _Server:
             if fmt not in ("float", "base64"):
                 raise APIError(400, "'encoding_format' must be 'float' or 'base64'", param="encoding_format")
             dims = _integer(body, "dimensions", 1)
+            assert entry.batcher is not None  # created in start() for every embedding entry
             try:
                 emb, counts = await entry.batcher.embed(inputs, otel_ctx=span.ctx)
             except Saturated as exc:

@@ -43,7 +43,7 @@ class Finding:
 
 @lru_cache(maxsize=1)
 def load_rules() -> dict:
-    text = resources.files("edgesdk").joinpath("data", "semconv", RULES_FILE).read_text(encoding="utf-8")
+    text = (resources.files("edgesdk") / "data" / "semconv" / RULES_FILE).read_text(encoding="utf-8")
     return yaml.safe_load(text)
 
 
@@ -149,9 +149,10 @@ def _value(span: Span, key: str):
 
 
 def _check_tokens(span: Span, out: _Collector) -> None:
-    numbers = {}
+    numbers: dict[str, int] = {}
     for key, attr in span.attributes.items():
-        if attr.type == "int" and (key.startswith("gen_ai.usage.") or key.startswith("llm.usage.")):
+        # an "int" attribute's value is always an int (otlp_json); isinstance tells mypy so
+        if attr.type == "int" and isinstance(attr.value, int) and (key.startswith("gen_ai.usage.") or key.startswith("llm.usage.")):
             numbers[key] = attr.value
             if attr.value < 0:
                 out.add("violation", "token_count_negative", f"{key} is negative ({attr.value})",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -18,7 +18,14 @@ from edgesdk.errors import InputError, ModelError, ParityError
 from edgesdk.formats.onnx import parity as P
 from edgesdk.formats.onnx.export import run_export, save_feeds, stack, torch_reference
 from edgesdk.manifest import EmbeddingConfig
-from edgesdk.types import OptimizeMethod
+from edgesdk.types import JSONObject, OptimizeMethod
+
+if TYPE_CHECKING:
+    from onnx import ModelProto, ValueInfoProto
+
+    from edgesdk.build import BuildContext
+
+Feed = dict[str, np.ndarray]  # one model input: graph input name -> array
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
                    "config.json", "modules.json", "sentence_bert_config.json", "preprocessor_config.json")
@@ -27,13 +34,13 @@ FIDELITY = ["int8", "fp16", "bf16", "fp32"]  # lowest to highest
 INLINE_MAX_BYTES = 1_800_000_000
 
 
-def _has_external(model) -> bool:
+def _has_external(model: ModelProto) -> bool:
     from onnx import TensorProto
 
     return any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer)
 
 
-def save_onnx(model, out: Path, *, external: bool | None = None) -> None:
+def save_onnx(model: ModelProto, out: Path, *, external: bool | None = None) -> None:
     """Save ``model`` (weights loaded) to ``out``; weights go to ``out.name + ".data"`` beside it when the
     model is too large for one protobuf (or ``external``), which is how ONNX stores models over 2 GB."""
     import onnx
@@ -85,7 +92,7 @@ def next_precision(current: str, profile_order: list[str]) -> str | None:
     return None
 
 
-def _versions() -> dict:
+def _versions() -> dict[str, str]:
     """Tool versions from distribution metadata (importing torch/transformers here would cost seconds)."""
     from edgesdk.host import dist_of, tool_versions
 
@@ -95,7 +102,7 @@ def _versions() -> dict:
 
 # --------------------------------------------------------------------------------------------- export
 
-def _export_torch(ctx, module, out: Path) -> None:
+def _export_torch(ctx: BuildContext, module: Any, out: Path) -> None:
     import torch
 
     example = ctx.options.option("example_inputs")
@@ -112,11 +119,12 @@ def _export_torch(ctx, module, out: Path) -> None:
 class _Samples:
     """Sample feeds for parity and calibration plus the reference outputs from the source model."""
 
-    def __init__(self, feeds: list[dict], reference: list[np.ndarray] | None, masks: list | None):
+    def __init__(self, feeds: list[Feed], reference: list[np.ndarray] | None,
+                 masks: list[np.ndarray | None]) -> None:
         self.feeds, self.reference, self.masks = feeds, reference, masks
 
 
-def _make_samples(ctx, input_names: list[str], model: Any | None, n: int, offset: int = 0,
+def _make_samples(ctx: BuildContext, input_names: list[str], model: Any | None, n: int, offset: int = 0,
                   fixed_length: bool = True) -> _Samples:
     """Sample feeds for ONNX / nn.Module sources (tokenizer beside an .onnx file, else typed noise)."""
     if "input_ids" in input_names and (Path(str(ctx.source)).parent / "tokenizer.json").exists():
@@ -129,7 +137,7 @@ def _make_samples(ctx, input_names: list[str], model: Any | None, n: int, offset
     return _Samples(feeds, reference, masks)
 
 
-def _hf_feeds(ctx, n: int, offset: int, fixed_length: bool) -> list[dict]:
+def _hf_feeds(ctx: BuildContext, n: int, offset: int, fixed_length: bool) -> list[Feed]:
     """Sample feeds for a Hugging Face model before export: tokenizer for text, NCHW noise for images."""
     task = ctx.facts.task
     if task in ("feature-extraction", "text-classification"):
@@ -145,7 +153,7 @@ def _hf_feeds(ctx, n: int, offset: int, fixed_length: bool) -> list[dict]:
                      "(supported: feature-extraction, text-classification, image-classification)")
 
 
-def _export_hf_in_child(ctx, work: Path, exported: Path) -> tuple[_Samples, _Samples]:
+def _export_hf_in_child(ctx: BuildContext, work: Path, exported: Path) -> tuple[_Samples, _Samples]:
     """Export + PyTorch references in a child process (see edgesdk/formats/onnx/export.py)."""
     import onnx
 
@@ -168,7 +176,7 @@ def _export_hf_in_child(ctx, work: Path, exported: Path) -> tuple[_Samples, _Sam
     return out[0], out[1]
 
 
-def _random_feeds(ctx, input_names: list[str], n: int, offset: int) -> list[dict]:
+def _random_feeds(ctx: BuildContext, input_names: list[str], n: int, offset: int) -> list[Feed]:
     import onnx
 
     src = ctx.staging / "_work" / "export.onnx"
@@ -200,7 +208,7 @@ def _random_feeds(ctx, input_names: list[str], n: int, offset: int) -> list[dict
     return feeds
 
 
-def _ort_outputs(path: Path, feeds: list[dict], threads: int = 2, chunk: int = 16) -> list[np.ndarray]:
+def _ort_outputs(path: Path, feeds: list[Feed], threads: int = 2, chunk: int = 16) -> list[np.ndarray]:
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -225,7 +233,8 @@ def _ort_outputs(path: Path, feeds: list[dict], threads: int = 2, chunk: int = 1
 _PAIRS = 16
 
 
-def _padded_parity(ctx, path: Path, held_out: _Samples, min_cosine: float | None) -> dict | None:
+def _padded_parity(ctx: BuildContext, path: Path, held_out: _Samples,
+                   min_cosine: float | None) -> JSONObject | None:
     """The held-out texts in padded batches: grouped as ``Session.embed`` groups them (gated), and each one
     beside a long text in its own batch (``pairs``: recorded, not gated; embed() never forms such batches).
 
@@ -254,8 +263,9 @@ def _padded_parity(ctx, path: Path, held_out: _Samples, min_cosine: float | None
     if any(isinstance(d, int) for i in sess.get_inputs() for d in i.shape[:2]):
         return None  # a fixed batch or sequence length: no padded batches to run
 
-    def run(feed):
-        return sess.run(None, dict(feed))[0]
+    def run(feed: Feed) -> np.ndarray:
+        first: np.ndarray = sess.run(None, dict(feed))[0]
+        return first
 
     out = P.embed_batch_parity(ref, held_out.masks, feeds, extra, pad_id, run, min_cosine)
     # the ungated worst case on the first _PAIRS texts only: each pair runs 2 x embed()'s full length
@@ -271,7 +281,7 @@ def _padded_parity(ctx, path: Path, held_out: _Samples, min_cosine: float | None
 
 # --------------------------------------------------------------------------------------------- stages
 
-def _optimize(ctx, src: Path, out: Path) -> dict:
+def _optimize(ctx: BuildContext, src: Path, out: Path) -> JSONObject:
     method = OptimizeMethod(ctx.plan.decision("optimize", OptimizeMethod.ONNXSLIM))
     if method is OptimizeMethod.NONE:
         copy_onnx(src, out)
@@ -297,7 +307,7 @@ def _optimize(ctx, src: Path, out: Path) -> dict:
         return {"tool": "none", "reason": f"onnxslim failed: {type(exc).__name__}: {exc}"[:200]}
 
 
-def _to_fp16(src: Path, out: Path) -> dict:
+def _to_fp16(src: Path, out: Path) -> JSONObject:
     import onnx
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
@@ -308,7 +318,7 @@ def _to_fp16(src: Path, out: Path) -> dict:
     return {"method": "onnxruntime.transformers.float16 (keep_io_types)"}
 
 
-def _quantize(ctx, precision: str, src: Path, out: Path, samples: _Samples) -> dict:
+def _quantize(ctx: BuildContext, precision: str, src: Path, out: Path, samples: _Samples) -> JSONObject:
     if precision == "fp32":
         copy_onnx(src, out)
         return {"method": "none"}
@@ -317,9 +327,10 @@ def _quantize(ctx, precision: str, src: Path, out: Path, samples: _Samples) -> d
     if precision == "int8":
         from edgesdk.formats.onnx.quant import quantize_int8_accuracy_aware
 
-        def parity_fn(ref, cand):
+        def parity_fn(ref: list[np.ndarray], cand: list[np.ndarray]) -> JSONObject:
             return P.compare(ref, cand, samples.masks[: len(ref)])
 
+        assert samples.reference is not None  # set in build_onnx's export stage
         res = quantize_int8_accuracy_aware(
             src, out, calibration_feeds=samples.feeds, reference_outputs=samples.reference,
             parity_fn=parity_fn, min_cosine=float(ctx.plan.parity.get("min_cosine") or 0.995),
@@ -329,7 +340,7 @@ def _quantize(ctx, precision: str, src: Path, out: Path, samples: _Samples) -> d
     raise InputError(f"precision {precision!r} is not supported for ONNX")
 
 
-def build_onnx(ctx) -> None:
+def build_onnx(ctx: BuildContext) -> None:
     """Fill ``ctx.staging`` with model.onnx at the plan's precision, tokenizer files and parity figures."""
     work = ctx.staging / "_work"
     work.mkdir(exist_ok=True)
@@ -376,6 +387,7 @@ def build_onnx(ctx) -> None:
             qinfo = _quantize(ctx, precision, optimized, final, samples)
         with ctx.stage("verify", {"edgesdk.precision": precision}):
             outputs = _ort_outputs(final, held_out.feeds)
+            assert held_out.reference is not None  # set in the export stage above
             metrics = P.compare(held_out.reference, outputs, held_out.masks)
             thresholds = ctx.thresholds_for(precision)
             miss = P.check_thresholds(metrics, thresholds)
@@ -436,7 +448,7 @@ def build_onnx(ctx) -> None:
     shutil.rmtree(work, ignore_errors=True)
 
 
-def _card_license(src_dir: Path) -> dict:
+def _card_license(src_dir: Path) -> JSONObject:
     from edgesdk.compliance.models import card_front_matter
 
     card = src_dir / "README.md"
@@ -444,7 +456,7 @@ def _card_license(src_dir: Path) -> dict:
     return {k: meta[k] for k in ("license", "license_name", "license_link") if meta and meta.get(k)}
 
 
-def _stamp_license(model_path: Path, fields: dict) -> None:
+def _stamp_license(model_path: Path, fields: JSONObject) -> None:
     """Write license fields (model card's, or the caller's for an nn.Module) into the ONNX metadata_props."""
     import onnx
 
@@ -459,12 +471,12 @@ def _stamp_license(model_path: Path, fields: dict) -> None:
     save_onnx(model, model_path, external=(model_path.with_name(model_path.name + ".data")).is_file() or None)
 
 
-def _io_spec(path: Path) -> dict:
+def _io_spec(path: Path) -> JSONObject:
     import onnx
 
     g = onnx.load(str(path), load_external_data=False).graph
 
-    def spec(v):
+    def spec(v: ValueInfoProto) -> JSONObject:
         t = v.type.tensor_type
         return {"name": v.name, "dtype": onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name,
                 "shape": [d.dim_value if d.dim_value > 0 else (d.dim_param or None) for d in t.shape.dim]}
