@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import math
 from pathlib import Path
 
@@ -287,7 +288,7 @@ def test_profiler_run_on_real_gguf_bundle(gemma_gguf, tmp_path):
 
     bundle = tmp_path / "gemma"
     bundle.mkdir()
-    (bundle / "model.gguf").symlink_to(gemma_gguf)
+    shutil.copyfile(gemma_gguf, bundle / "model.gguf")  # bundles hold regular files only (no symlinks)
     write_manifest(bundle, {"bundle_id": "gemma-test", "format": "gguf", "precision": "Q4_K_M",
                             "model": {"name": "gemma-3-270m", "task": "text-generation"},
                             "profile": {"name": "cpu-x86_64"},
