@@ -30,6 +30,8 @@ demo: setup
 
 test: setup
 	$(BIN)/edgesdk check licenses . --summary
+	$(BIN)/ruff check edgesdk tests tools examples
+	$(MYPY)
 	$(BIN)/python -m pytest -q -ra
 
 # The inner loop: everything but the tests marked slow (real model builds); under a minute.

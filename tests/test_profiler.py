@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import json
-import shutil
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
