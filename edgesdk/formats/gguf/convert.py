@@ -123,7 +123,7 @@ def _bpe_pre_name(spec: Mapping[str, Any]) -> str:
     return "default"
 
 
-def _tensor_arrays(directory: Path) -> Iterator[tuple[str, np.ndarray]]:
+def tensor_arrays(directory: Path) -> Iterator[tuple[str, np.ndarray]]:
     """(name, float32-or-float16 numpy array) for every tensor in the safetensors files."""
     from safetensors import safe_open
 
@@ -198,7 +198,7 @@ def convert_hf_to_gguf(directory: Path, out_path: Path, *, name: str | None = No
     tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH[gguf_arch.upper()], n_layer)
     tied = bool(config.get("tie_word_embeddings", False))
     written = 0
-    for hf_name, data in _tensor_arrays(directory):
+    for hf_name, data in tensor_arrays(directory):
         if hf_name.endswith(".rotary_emb.inv_freq"):
             continue  # recomputed by llama.cpp from rope_freq_base
         if tied and hf_name == "lm_head.weight":

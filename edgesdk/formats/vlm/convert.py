@@ -81,16 +81,9 @@ def check_supported(config: dict[str, Any], directory: Path) -> None:
 
 
 def _arrays(directory: Path):
-    from safetensors import safe_open
+    from edgesdk.formats.gguf.convert import tensor_arrays  # the one safetensors walker
 
-    files = sorted(Path(directory).glob("*.safetensors"))
-    if not files:
-        raise ModelError(f"{directory}: no *.safetensors weights found")
-    for f in files:
-        with safe_open(str(f), framework="pt") as fh:
-            for name in fh.keys():  # noqa: SIM118 - safe_open has no __iter__
-                t = fh.get_tensor(name)
-                yield name, t.float().numpy() if t.dtype.is_floating_point else t.numpy()
+    return tensor_arrays(Path(directory))
 
 
 def _strip(name: str, prefixes: tuple[str, ...]) -> str | None:
