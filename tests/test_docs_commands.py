@@ -105,6 +105,8 @@ PLACEHOLDERS: dict[str, Source | Made | Same | Text | RepoRoot] = {
     "out/x": Made("edgesdk build MODEL --profile orin -o out/x"),
     # files
     "traces.jsonl": Made('edgesdk run out/minilm --input "hello" --trace-file traces.jsonl', "traces.jsonl"),
+    "base.json": Made("edgesdk profiler run out/minilm-orin --iterations 20 -o base.json", "base.json"),
+    "new.json": Same("base.json"),  # compare a report with itself: the command and the plot are what is checked
     "p.yaml": Text(POLICY_YAML),
     "w.yaml": Text(WAIVERS_YAML),
     "my-template.jinja": Text(JINJA),
@@ -112,7 +114,7 @@ PLACEHOLDERS: dict[str, Source | Made | Same | Text | RepoRoot] = {
 }
 
 #: options whose value is written, not read: never looked up in PLACEHOLDERS
-OUTPUT_OPTIONS = {"-o", "--output", "--out", "--trace-file", "--write", "--plot", "--html", "--dot"}
+OUTPUT_OPTIONS = {"-o", "--output", "--out", "--trace-file", "--write", "--plot", "--html", "--dot", "--spdx"}
 
 
 def _gpu() -> tuple[bool, str]:

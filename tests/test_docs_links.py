@@ -32,6 +32,7 @@ NOT_OURS = {
     "docs/Changelog.md": "onnx/onnx-tensorrt",
     "docs/build.md": "ggml-org/llama.cpp",
     "docs/gen-ai/gen-ai-metrics.md": "open-telemetry/semantic-conventions",
+    "docs/http/http-spans.md": "open-telemetry/semantic-conventions",
     "docs/relink.md": "the shipping project's own notes, in an example waiver",
     "docs/index.md": "an example path a waiver pattern is matched against",
     "MODEL_CARD.md": "a model card file name looked for in model directories",
