@@ -85,13 +85,9 @@ def build_gguf(ctx: BuildContext) -> None:
     ctx.manifest.parity = parity
     ctx.manifest.io = {"inputs": [{"name": "prompt", "type": "text"}, {"name": "messages", "type": "chat"}],
                        "outputs": [{"name": "text", "type": "text"}], "n_vocab": out_facts.get("n_vocab")}
-    ctx.manifest.llm = LLMConfig(
-        n_ctx=n_ctx, n_gpu_layers=plan.decision("gguf.n_gpu_layers"), flash_attn=bool(plan.decision("gguf.flash_attn")),
-        threads=plan.decision("gguf.threads"), quant_type=quant,
-        details={"architecture": out_facts["architecture"], "layers": out_facts["layers"],
-                 "kv_heads": out_facts["kv_heads"], "head_dim": out_facts["head_dim"], "params": out_facts["params"],
-                 "chat_template": out_facts["chat_template"], "file_bytes": final.stat().st_size,
-                 "converted": convert_info or None})
+    ctx.manifest.llm = llm_config(plan, out_facts, final, n_ctx=n_ctx, quant=quant,
+                                  extra={"chat_template": out_facts["chat_template"]},
+                                  converted=convert_info or None)
     ctx.manifest.runtime.backend_chain = ["llama.cpp (GPU offload)", "llama.cpp (CPU)"]
     ctx.runtime_requires.append("llama-cpp-python")
     ctx.tools.update(_tool_versions())
@@ -140,3 +136,13 @@ def _verify(ctx: BuildContext, reference: Path, final: Path, quant: str, n_ctx: 
                           f"{ppl_ref['ppl']:.3f} (limit {limit}x)")
     return result
 
+
+def llm_config(plan: Any, out_facts: Any, final: Path, *, n_ctx: int, quant: str, converted: Any,
+               extra: dict[str, Any] | None = None) -> LLMConfig:
+    """The manifest's llama.cpp settings for a built GGUF (shared by the GGUF and VLM formats)."""
+    details = {"architecture": out_facts["architecture"], "layers": out_facts["layers"],
+               "kv_heads": out_facts["kv_heads"], "head_dim": out_facts["head_dim"], "params": out_facts["params"],
+               **(extra or {}), "file_bytes": final.stat().st_size, "converted": converted}
+    return LLMConfig(n_ctx=n_ctx, n_gpu_layers=plan.decision("gguf.n_gpu_layers"),
+                     flash_attn=bool(plan.decision("gguf.flash_attn")), threads=plan.decision("gguf.threads"),
+                     quant_type=quant, details=details)

@@ -29,7 +29,6 @@ from edgesdk.formats.gguf.facts import gguf_facts
 from edgesdk.formats.gguf.plan import LOGITS_MIN_COSINE, LOGITS_MIN_TOP1, PPL_RATIO_MAX
 from edgesdk.formats.vlm import convert as vconv
 from edgesdk.formats.vlm.plan import ENCODER_MIN_COSINE, GREEDY_TOKENS
-from edgesdk.manifest import LLMConfig
 
 PARITY_PROMPT = "Describe the image."
 
@@ -191,12 +190,9 @@ def build_vlm(ctx) -> None:
     ctx.manifest.io = {"inputs": [{"name": "prompt", "type": "text"}, {"name": "images", "type": "image"},
                                   {"name": "messages", "type": "chat"}],
                        "outputs": [{"name": "text", "type": "text"}], "n_vocab": out_facts.get("n_vocab")}
-    ctx.manifest.llm = LLMConfig(
-        n_ctx=n_ctx, n_gpu_layers=plan.decision("gguf.n_gpu_layers"), flash_attn=bool(plan.decision("gguf.flash_attn")),
-        threads=plan.decision("gguf.threads"), quant_type=quant,
-        details={"architecture": out_facts["architecture"], "layers": out_facts["layers"],
-                 "kv_heads": out_facts["kv_heads"], "head_dim": out_facts["head_dim"], "params": out_facts["params"],
-                 "file_bytes": final.stat().st_size, "converted": dec_info})
+    from edgesdk.formats.gguf.build import llm_config
+
+    ctx.manifest.llm = llm_config(plan, out_facts, final, n_ctx=n_ctx, quant=quant, converted=dec_info)
     ctx.manifest.extras["vlm"] = {
         "components": {"vision_encoder": {"artifact": "mmproj.gguf", "precision": "F16"},
                        "projector": {"artifact": "mmproj.gguf", "precision": "F16", "type": "mlp"},
