@@ -6,6 +6,8 @@ Usage::
     from edgesdk import telemetry
     telemetry.configure(trace_file="traces.jsonl")          # or OTEL_* / EDGESDK_TRACE_FILE env vars
     with telemetry.inference("chat", "gemma-3-270m", "llama.cpp", stream=True) as rec:
+        with rec.stage("prefill"):                          # stage child spans: preprocess,
+            n_prompt = evaluate(prompt)                      # encode, prefill, decode
         rec.set_input_tokens(n_prompt)
         for token in generate():
             rec.chunk()
@@ -35,7 +37,14 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from edgesdk.errors import VerdictError
 from edgesdk.telemetry import _names as N
-from edgesdk.telemetry._recorder import NOOP_RECORDER, InferenceRecorder, Instruments, _NoopRecorder
+from edgesdk.telemetry._recorder import (
+    NOOP_RECORDER,
+    NOOP_STAGE,
+    InferenceRecorder,
+    Instruments,
+    StageSpan,
+    _NoopRecorder,
+)
 from edgesdk.telemetry._setup import Counters, Settings, resolve_settings
 
 if TYPE_CHECKING:
@@ -43,11 +52,13 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
 
 __all__ = ["configure", "tracer_provider", "shutdown", "force_flush", "stats", "build_trace", "build_stage", "inference",
-           "fallback_event", "capture_enabled", "BUILD_STAGES"]
+           "fallback_event", "capture_enabled", "BUILD_STAGES", "INFERENCE_STAGES", "InferenceRecorder", "StageSpan",
+           "NOOP_RECORDER", "NOOP_STAGE"]
 
 _log = logging.getLogger("edgesdk.telemetry")
 
 BUILD_STAGES = N.BUILD_STAGES
+INFERENCE_STAGES = N.INFERENCE_STAGES  # InferenceRecorder.stage(name): child spans of a request's span
 
 
 class _State:

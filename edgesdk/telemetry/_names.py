@@ -81,6 +81,11 @@ FALLBACK_EVENT = "edgesdk.fallback"
 FALLBACK_FROM = "edgesdk.fallback.from"
 FALLBACK_TO = "edgesdk.fallback.to"
 FALLBACK_REASON = "edgesdk.fallback.reason"
+# Inference-stage child spans (InferenceRecorder.stage): INTERNAL spans named after the stage, under
+# the request's GenAI span; not GenAI operations themselves, so they carry no gen_ai.* attribute.
+INFERENCE_STAGE = "edgesdk.inference.stage"
+INFERENCE_STAGE_TOKENS = "edgesdk.inference.stage.tokens"
+INFERENCE_STAGES = ("preprocess", "encode", "prefill", "decode")
 
 _SCALARS = (str, bool, int, float)
 

@@ -5,6 +5,10 @@ Plain OpenTelemetry API calls only: ``tracer.start_span`` when the request start
 attribute known then, so samplers see them), ``span.set_attributes`` / ``set_status`` / ``end`` and
 one ``Histogram.record`` per value when it ends. During a stream ``chunk()`` appends a timestamp;
 nothing else runs per token. Budget and measurements: docs/benchmarks.md (P6).
+
+:meth:`InferenceRecorder.stage` starts an inference-stage child span (``preprocess``, ``encode``,
+``prefill``, ``decode``) under the request's span with ``tracer.start_span(context=...)``: the parent
+is passed explicitly and the stage is never made current, so it works for streams too.
 """
 
 from __future__ import annotations
@@ -44,6 +48,80 @@ class Instruments:
                                          N.DURATION_BUCKETS)
 
 
+class StageSpan:
+    """One inference stage of a request: an INTERNAL child span of the request's GenAI span.
+
+    Use it as a context manager (``with rec.stage("prefill"):``) or end it yourself (``end()``, which
+    is idempotent: a stage ended in a ``finally`` after an explicit ``end(exc)`` stays as it was)."""
+
+    __slots__ = ("_span", "_ended")
+
+    def __init__(self, span: trace.Span):
+        self._span = span
+        self._ended = False
+
+    @property
+    def span(self) -> trace.Span:
+        return self._span
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        if not self._ended:
+            self._span.set_attributes(N.clean_attributes({key: value}))
+
+    def add_event(self, name: str, attributes: dict[str, Any] | None = None) -> None:
+        if not self._ended:
+            self._span.add_event(str(name), N.clean_attributes(attributes or {}))
+
+    def end(self, error: BaseException | None = None) -> None:
+        """End the stage; with ``error`` (not a stream's GeneratorExit) its status is ERROR with error.type."""
+        if self._ended:
+            return
+        self._ended = True
+        if error is not None and not isinstance(error, GeneratorExit):
+            self._span.set_attribute(N.ERROR_TYPE, N.error_type(error))
+            self._span.set_status(Status(StatusCode.ERROR, N.error_description(error)))
+        self._span.end()
+
+    def __enter__(self) -> StageSpan:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> Literal[False]:
+        self.end(exc)
+        return False
+
+
+class _NoopStage:
+    """A stage when telemetry is off (or the request span is not recording): does nothing."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> _NoopStage:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> Literal[False]:
+        return False
+
+    def _nothing(self, *args: object, **kwargs: object) -> None:
+        pass
+
+    set_attribute = add_event = end = _nothing
+
+    @property
+    def span(self) -> trace.Span:
+        return trace.INVALID_SPAN
+
+
+NOOP_STAGE = _NoopStage()
+
+
+def _check_stage(name: str) -> str:
+    if name not in N.INFERENCE_STAGES:
+        raise ValueError(f"unknown inference stage {name!r} (known: {', '.join(N.INFERENCE_STAGES)})")
+    return name
+
+
 class _NoopRecorder:
     """Returned when telemetry is off: every method does nothing, so callers need no branches."""
 
@@ -63,6 +141,9 @@ class _NoopRecorder:
     set_response_model = set_response_id = set_attribute = set_error = add_event = _nothing
     capture_input = capture_output = _nothing
 
+    def stage(self, name: str, attributes: dict[str, Any] | None = None) -> _NoopStage:
+        return NOOP_STAGE
+
     @property
     def span(self) -> trace.Span:
         return trace.INVALID_SPAN
@@ -80,12 +161,13 @@ class InferenceRecorder:
     may be closed from another context). Use :meth:`add_event` for events on a stream's span.
     """
 
-    __slots__ = ("_instruments", "_capture", "_operation", "_model", "_provider", "_stream", "_chunk_metric",
+    __slots__ = ("_tracer", "_instruments", "_capture", "_operation", "_model", "_provider", "_stream", "_chunk_metric",
                  "_span", "_token", "_t0", "_first", "_times", "_input_tokens", "_output_tokens", "_reasons",
                  "_response_model", "_input_content", "_output_content", "_error_type", "_end_attrs")
 
     def __init__(self, tracer, instruments, capture, operation, model, provider, stream, request, attributes,
                  chunk_metric=True):
+        self._tracer = tracer
         self._instruments = instruments
         self._capture = capture
         self._operation = operation
@@ -236,6 +318,21 @@ class InferenceRecorder:
     def capture_output(self, text: str) -> None:
         if self._capture:
             self._output_content = text
+
+    def stage(self, name: str, attributes: dict[str, Any] | None = None) -> StageSpan | _NoopStage:
+        """Start the inference stage ``name`` (one of ``INFERENCE_STAGES``) as an INTERNAL child span of
+        this request's span, named ``name`` with ``edgesdk.inference.stage``; end it with ``end()`` or a
+        ``with`` block, before the request ends. The no-op stage when the request's span is not
+        recording (sampled out, or the request not started / already ended)."""
+        _check_stage(name)
+        span = self.span
+        if not span.is_recording():
+            return NOOP_STAGE
+        attrs = {N.INFERENCE_STAGE: name}
+        if attributes:
+            attrs.update(N.clean_attributes(attributes))
+        return StageSpan(self._tracer.start_span(name, context=trace.set_span_in_context(span),
+                                                 kind=SpanKind.INTERNAL, attributes=attrs))
 
     @property
     def span(self) -> trace.Span:

@@ -7,7 +7,13 @@ with a count; the first occurrence gives the file line, trace and span id.
 
 The file is checked as it is read, one export request at a time: what stays in memory is the
 grouped findings and, per span, its trace/span id and name (to check a build stage's parent, which
-an SDK exports after its children), not the spans themselves.
+an SDK exports after its children), per GenAI span its start and end (for inference-stage children),
+not the spans themselves.
+
+Inference-stage spans (``edgesdk.inference.stage`` set: ``preprocess``, ``encode``, ``prefill``,
+``decode``) are children of a request's GenAI span, not GenAI operations: they are held to their own
+rules (known stage, name = stage, INTERNAL, no ``gen_ai.*`` attribute, non-negative duration, a
+GenAI parent in the same trace, within the parent's time span), all violations.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import yaml
 from edgesdk.tracecheck.otlp_json import MAX_BYTES, Attr, Metric, Span, TelemetryFile, iter_otlp_json
 
 LEVELS = ("violation", "improvement", "information")
+_MASK64 = (1 << 64) - 1
 RULES_FILE = "gen_ai_v1.41.1.yaml"
 
 
@@ -47,11 +54,24 @@ def load_rules() -> dict:
     return yaml.safe_load(text)
 
 
+@dataclass
+class _StageRef:
+    """What the parent check needs of an inference-stage span (checked once the whole file is read)."""
+
+    name: str
+    trace_id: str
+    span_id: str
+    parent_span_id: str
+    start_ns: int
+    end_ns: int
+    line: int
+
+
 class _Collector:
     def __init__(self) -> None:
         self.groups: dict[tuple, Finding] = {}
 
-    def add(self, level: str, rule: str, message: str, *, span: Span | None = None, name: str = "",
+    def add(self, level: str, rule: str, message: str, *, span: Span | _StageRef | None = None, name: str = "",
             attribute: str = "", line: int = 0) -> None:
         span_name = span.name if span is not None else name
         key = (level, rule, span_name, attribute, message)
@@ -345,6 +365,59 @@ def _check_stage_parents(stages: list[Span], names: dict[str, str], rules: dict,
                     f"a build stage's parent should be {root}, found {parent!r}", span=span)
 
 
+def _check_inference_stage(span: Span, rules: dict, out: _Collector, stages: list[_StageRef]) -> None:
+    conv = rules["edgesdk_inference_stage"]
+    marker = conv["marker"]
+    stage = _value(span, marker)
+
+    def bad(message: str, attribute: str = "") -> None:
+        out.add("violation", "inference_stage", message, span=span, attribute=attribute)
+
+    if stage not in conv["stages"]:
+        bad(f"{marker}={stage!r} is not a known stage ({', '.join(conv['stages'])})", marker)
+    elif span.name != stage:
+        bad(f"an inference-stage span is named after its stage ({stage!r}), found {span.name!r}", marker)
+    if span.kind not in conv["kinds"]:
+        bad(f"inference-stage spans are {' or '.join(conv['kinds'])}, found {span.kind}")
+    for key in span.attributes:
+        if key.startswith("gen_ai."):
+            bad(f"{key} on an inference-stage span: stages are not GenAI operations (the request span "
+                "carries the gen_ai.* attributes)", key)
+    tokens = _value(span, conv["tokens"])
+    if isinstance(tokens, int | float) and tokens < 0:
+        bad(f"{conv['tokens']} is negative ({tokens})", conv["tokens"])
+    if span.end_ns < span.start_ns:
+        bad(f"the stage ends before it starts ({(span.end_ns - span.start_ns) / 1e9:.6g} s)")
+    if span.status == "ERROR" and "error.type" not in span.attributes:
+        out.add("violation", "missing_attribute", "error.type is required when a stage failed", span=span,
+                attribute="error.type")
+    if not span.parent_span_id:
+        bad("an inference-stage span must be a child of its request's GenAI span (it has no parent)")
+        return
+    stages.append(_StageRef(sys.intern(span.name), span.trace_id, span.span_id, span.parent_span_id,
+                            span.start_ns, span.end_ns, span.line))
+
+
+def _check_inference_stage_parents(stages: list[_StageRef], genai: dict[str, int],
+                                   names: dict[str, str], out: _Collector) -> None:
+    for ref in stages:
+        key = ref.trace_id + ref.parent_span_id
+        window = genai.get(key)
+        if window is None:
+            other = names.get(key)
+            message = (f"the parent of an inference-stage span must be a GenAI span, found {other!r}"
+                       if other is not None else
+                       f"the parent span {ref.parent_span_id} is not in trace {ref.trace_id} of this file "
+                       "(an inference stage needs its request's GenAI span)")
+            out.add("violation", "inference_stage", message, span=ref)
+            continue
+        start, end = window >> 64, window & _MASK64
+        if ref.start_ns < start or ref.end_ns > end:
+            out.add("violation", "inference_stage",
+                    f"the stage runs outside its request's span ({(ref.start_ns - start) / 1e9:+.6g} s .. "
+                    f"{(ref.end_ns - end) / 1e9:+.6g} s relative to its start .. end)", span=ref)
+
+
 def _check_metrics(metrics: list[Metric], rules: dict, out: _Collector) -> None:
     known = rules["metrics"]
     for metric in metrics:
@@ -386,6 +459,7 @@ class Report:
     build_spans: int
     metrics: int
     findings: list[Finding]
+    stage_spans: int = 0  # inference-stage child spans (edgesdk.inference.stage)
 
     def count(self, level: str) -> int:
         return sum(f.count for f in self.findings if f.level == level)
@@ -398,7 +472,7 @@ class Report:
         return {"file": self.path, "semconv_version": load_rules()["semconv_version"],
                 "conforming": not self.fails(fail_on), "fail_on": fail_on,
                 "summary": {"spans": self.spans, "genai_spans": self.genai_spans, "build_spans": self.build_spans,
-                            "metrics": self.metrics, **{level: self.count(level) for level in LEVELS}},
+                            "stage_spans": self.stage_spans, "metrics": self.metrics, **{level: self.count(level) for level in LEVELS}},
                 "findings": [asdict(f) for f in self.findings]}
 
 
@@ -415,22 +489,33 @@ def check_telemetry(data: TelemetryFile | Iterable[TelemetryFile], path: str = "
     parts = [data] if isinstance(data, TelemetryFile) else data
     names: dict[str, str] = {}  # trace id + span id -> span name, for the stage-parent check
     stages: list[Span] = []
-    spans = genai = builds = metrics = 0
+    # trace id + span id of each GenAI span -> its start and end packed in one int (start << 64 | end):
+    # a stage's parent may come before or after it in the file, so every GenAI span is kept, compactly
+    genai_windows: dict[str, int] = {}
+    inference_stages: list[_StageRef] = []
+    marker = rules["edgesdk_inference_stage"]["marker"]
+    spans = genai = builds = metrics = stage_spans = 0
     for part in parts:
         path = path or part.path
         for span in part.spans:
             spans += 1
-            names[span.trace_id + span.span_id] = sys.intern(span.name)
-            if _is_genai(span, rules):
+            key = span.trace_id + span.span_id
+            names[key] = sys.intern(span.name)
+            if marker in span.attributes:
+                stage_spans += 1
+                _check_inference_stage(span, rules, out, inference_stages)
+            elif _is_genai(span, rules):
                 genai += 1
+                genai_windows[key] = (max(span.start_ns, 0) << 64) | (max(span.end_ns, 0) & _MASK64)
                 _check_genai_span(span, rules, out)
             builds += _check_build_span(span, rules, out, stages)
         metrics += len(part.metrics)
         _check_metrics(part.metrics, rules, out)
     _check_stage_parents(stages, names, rules, out)
+    _check_inference_stage_parents(inference_stages, genai_windows, names, out)
     if not genai and not builds:
         out.add("information", "no_genai_spans", "no GenAI or edgesdk build spans in the file")
-    return Report(path, spans, genai, builds, metrics, out.findings())
+    return Report(path, spans, genai, builds, metrics, out.findings(), stage_spans)
 
 
 def check_trace_file(path: str | Path, *, max_bytes: int = MAX_BYTES) -> Report:
@@ -450,6 +535,8 @@ def render_table(report: Report, fail_on: str = "violation") -> str:
         lines.extend(fmt.format(*(c[:40] for c in row[:5]), row[5]) for row in rows)
     verdict = "FAIL" if report.fails(fail_on) else "OK"
     lines.append(f"{verdict}: {report.path}: {report.spans} spans ({report.genai_spans} GenAI, "
-                 f"{report.build_spans} build), {report.metrics} metrics; "
+                 f"{report.build_spans} build"
+                 + (f", {report.stage_spans} inference-stage" if report.stage_spans else "")
+                 + f"), {report.metrics} metrics; "
                  + ", ".join(f"{report.count(level)} {level}" for level in LEVELS))
     return "\n".join(lines)
