@@ -16,8 +16,11 @@ import base64
 import functools
 import hmac
 import json
+import os
+import re
 import time
 import uuid
+from collections.abc import Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +32,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import Match, Route
 
 from edgesdk import __version__
 from edgesdk.errors import EdgeSDKError, InputError, ShapeError
@@ -57,6 +60,7 @@ class ServeConfig:
     max_pending_embeddings: int = 1024
     tracer_provider: Any = None  # None: edgesdk.telemetry's provider when it offers one, else the global one
     prompt_cache_mb: float | None = None  # per LLM; None: the profile's policy.llm.prompt_cache_mb, else off; 0: off
+    untraced: tuple[str, ...] | None = None  # URL regexes with no plain HTTP span; None: see untraced_patterns()
 
 
 @dataclass
@@ -214,6 +218,82 @@ def _messages(body: dict) -> list[dict]:
 
 
 # ------------------------------------------------------------------------------ spans
+HTTP_METHODS = frozenset({"CONNECT", "DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT", "TRACE", "QUERY"})
+DEFAULT_UNTRACED = ("/health$",)  # probes: a span per liveness/readiness check is noise (docs/serve.md)
+
+
+def _http_attributes(scope: Mapping[str, Any], user_agent: str | None) -> dict:
+    """HTTP server span attributes (OpenTelemetry HTTP semantic conventions) of an ASGI request scope.
+    A method outside the conventions' list is recorded as ``_OTHER`` with the original alongside."""
+    method = str(scope.get("method") or "")
+    attrs: dict = {"http.request.method": method if method in HTTP_METHODS else "_OTHER",
+                   "url.path": str(scope.get("path") or "/"), "url.scheme": str(scope.get("scheme") or "http")}
+    if method not in HTTP_METHODS:
+        attrs["http.request.method_original"] = method[:64]
+    if scope.get("http_version"):
+        attrs["network.protocol.version"] = str(scope["http_version"])
+    server = scope.get("server") or (None, None)
+    client = scope.get("client") or (None, None)
+    if server[0]:
+        attrs["server.address"] = str(server[0])
+        if server[1] is not None:
+            attrs["server.port"] = int(server[1])
+    if client[0]:
+        attrs["client.address"] = str(client[0])
+        if client[1]:
+            attrs["client.port"] = int(client[1])
+    if user_agent:
+        attrs["user_agent.original"] = user_agent[:256]
+    return attrs
+
+
+def untraced_patterns(configured: tuple[str, ...] | None = None) -> tuple[re.Pattern, ...]:
+    """Which requests get no plain HTTP span: ``configured`` when given, else the comma-separated regular
+    expressions of ``OTEL_PYTHON_STARLETTE_EXCLUDED_URLS`` / ``OTEL_PYTHON_EXCLUDED_URLS`` (the
+    variables OpenTelemetry's Python instrumentations read; set and empty: nothing excluded), else
+    ``/health$``. Each is searched in the request URL without its query (``http://host:port/path``)."""
+    if configured is None:
+        names = ("OTEL_PYTHON_STARLETTE_EXCLUDED_URLS", "OTEL_PYTHON_EXCLUDED_URLS")
+        value = next((os.environ[v] for v in names if os.environ.get(v, "").strip()), None)
+        if value is None:
+            value = "" if any(v in os.environ for v in names) else ",".join(DEFAULT_UNTRACED)
+        configured = tuple(x.strip() for x in value.split(",") if x.strip())
+    out = []
+    for pattern in configured:
+        try:
+            out.append(re.compile(pattern))
+        except re.error as exc:
+            raise InputError(f"excluded URL pattern {pattern!r} is not a regular expression ({exc})") from None
+    return tuple(out)
+
+
+class _HTTPSpan:
+    """A SERVER span for a request that is not a GenAI operation: ``/health``, ``/metrics``,
+    ``/v1/models``, an unknown path (404), a wrong method (405), and a GenAI route refused before its
+    handler ran (401 without the API key, 503 while draining). Named ``{method} {http.route}``, or
+    ``{method}`` when no route matched (the HTTP conventions: the path of an unknown URL is not a
+    low-cardinality name); status as :class:`_Span`: 4xx unset, 5xx ERROR with ``error.type``."""
+
+    def __init__(self, tracer, scope: dict, headers: dict, route: str | None):
+        attrs = _http_attributes(scope, headers.get("user-agent"))
+        if route:
+            attrs["http.route"] = route
+        method = attrs["http.request.method"]
+        name = "HTTP" if method == "_OTHER" else method
+        self.span = tracer.start_span(f"{name} {route}" if route else name, context=propagate.extract(headers),
+                                      kind=SpanKind.SERVER, attributes=attrs)
+
+    def end(self, status: int | None, error_type: str | None = None) -> None:
+        if status is not None:
+            self.span.set_attribute("http.response.status_code", int(status))
+        if error_type is None and status is not None and status >= 500:
+            error_type = str(status)
+        if error_type:
+            self.span.set_attribute("error.type", error_type)
+            self.span.set_status(Status(StatusCode.ERROR, error_type))
+        self.span.end()
+
+
 class _Span:
     """The request's SERVER span: HTTP server attributes (HTTP semantic conventions) and GenAI ones, parent
     from the client's ``traceparent``. It starts when the request arrives, before its body is read, so a
@@ -225,27 +305,11 @@ class _Span:
 
     def __init__(self, tracer, request: Request, operation: str, route: str, provider: str):
         parent = propagate.extract(request.headers)
-        scope = request.scope
-        server = scope.get("server") or (None, None)
-        client = scope.get("client") or (None, None)
         self.operation = operation
         # The provider is known before the model only when one serves this kind; else "edgesdk" until then.
         attrs: dict = {"gen_ai.operation.name": operation, "gen_ai.provider.name": provider,
-                       "http.request.method": request.method,
-                       "http.route": route, "url.path": request.url.path, "url.scheme": request.url.scheme}
-        if scope.get("http_version"):
-            attrs["network.protocol.version"] = str(scope["http_version"])
-        if server[0]:
-            attrs["server.address"] = str(server[0])
-            if server[1] is not None:
-                attrs["server.port"] = int(server[1])
-        if client[0]:
-            attrs["client.address"] = str(client[0])
-            if client[1]:
-                attrs["client.port"] = int(client[1])
-        agent = request.headers.get("user-agent")
-        if agent:
-            attrs["user_agent.original"] = agent[:256]
+                       **_http_attributes(request.scope, request.headers.get("user-agent"))}
+        attrs["http.route"] = route
         self.span = tracer.start_span(operation, context=parent, kind=SpanKind.SERVER, attributes=attrs)
         self.ctx = trace.set_span_in_context(self.span, parent)
         self._ended = False
@@ -309,6 +373,7 @@ class _Server:
         self.metrics = ServerMetrics()
         self.draining = False
         self.tracer = _tracer(config.tracer_provider)
+        self.untraced = untraced_patterns(config.untraced)
         self._api_key = config.api_key.encode("utf-8") if config.api_key else None
 
     # -- lifecycle
@@ -651,42 +716,88 @@ def _finish_reason(last: dict) -> str:
 
 
 class _Guard:
-    """Pure ASGI middleware: API key (constant-time compare), draining (503), and a catch-all 500 in OpenAI shape."""
+    """Pure ASGI middleware: API key (constant-time compare), draining (503), a catch-all 500 in OpenAI
+    shape, and the SERVER span of every request that no GenAI handler traces itself (:class:`_HTTPSpan`)."""
 
     OPEN = ("/health",)
 
-    def __init__(self, app, server: _Server):
-        self.app, self.server = app, server
+    def __init__(self, app, server: _Server, routes: list[Route], genai: frozenset[str]):
+        self.app, self.server, self.routes, self.genai = app, server, routes, genai
+
+    def _route(self, scope: dict) -> str | None:
+        """The matched route's template (``/v1/models/{model}``), also for a 405 (path matched, method
+        not); None for an unknown path."""
+        partial = None
+        for route in self.routes:
+            match, _ = route.matches(scope)
+            if match == Match.FULL:
+                return _template(route.path)
+            if match == Match.PARTIAL and partial is None:
+                partial = _template(route.path)
+        return partial
+
+    def _http_span(self, scope: dict, headers: dict) -> _HTTPSpan | None:
+        url = f"{scope.get('scheme') or 'http'}://{headers.get('host', '')}{scope.get('path', '')}"
+        if any(p.search(url) for p in self.server.untraced):
+            return None
+        return _HTTPSpan(self.server.tracer, scope, headers, self._route(scope))
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = scope.get("path", "")
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
+        refusal = None
         if path not in self.OPEN:
             if not self.server.authorized(headers):
-                err = APIError(401, "Incorrect API key provided (send 'Authorization: Bearer <key>')",
-                               code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
-                return await err.response()(scope, receive, send)
-            if self.server.draining and path.startswith("/v1/"):
-                err = APIError(503, "the server is shutting down", "service_unavailable",
-                               code="server_shutting_down", headers={"Retry-After": "5"})
-                return await err.response()(scope, receive, send)
-        started = False
+                refusal = APIError(401, "Incorrect API key provided (send 'Authorization: Bearer <key>')",
+                                   code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+            elif self.server.draining and path.startswith("/v1/"):
+                refusal = APIError(503, "the server is shutting down", "service_unavailable",
+                                   code="server_shutting_down", headers={"Retry-After": "5"})
+        # A GenAI handler that will run starts its own span (with the GenAI attributes); all else gets one here.
+        traced_by_handler = refusal is None and scope.get("method") == "POST" and path in self.genai
+        span = None if traced_by_handler else self._http_span(scope, headers)
+        if refusal is not None:
+            await refusal.response()(scope, receive, send)
+            if span is not None:
+                span.end(refusal.status)
+            return
+        status: int | None = None
 
         async def tracking_send(message):
-            nonlocal started
+            nonlocal status
             if message["type"] == "http.response.start":
-                started = True
+                status = int(message["status"])
             await send(message)
 
         try:
             await self.app(scope, receive, tracking_send)
         except Exception as exc:  # noqa: BLE001 - never a traceback to the client
-            if started:
+            if span is not None:
+                span.end(status or 500, _error_type(exc))
+            if status is not None:
                 raise
             await APIError(500, f"internal error: {type(exc).__name__}", "server_error").response()(
                 scope, receive, send)
+            return
+        except BaseException:  # cancelled (shutdown, client gone): no status sent is the truth
+            if span is not None:
+                span.end(status, "cancelled")
+            raise
+        if span is not None:
+            span.end(status)
+
+
+def _template(path: str) -> str:
+    """A Starlette route path as an ``http.route`` template: ``{model:path}`` -> ``{model}``."""
+    return re.sub(r"\{(\w+):\w+\}", r"{\1}", path)
+
+
+def _error_type(exc: BaseException) -> str:
+    """``error.type`` for an exception: its fully qualified class name (HTTP conventions)."""
+    cls = type(exc)
+    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
 
 
 def create_app(entries: list[ModelEntry], config: ServeConfig | None = None) -> Starlette:
@@ -716,7 +827,8 @@ def create_app(entries: list[ModelEntry], config: ServeConfig | None = None) -> 
         Route("/health", server.health, methods=["GET"]),
         Route("/metrics", server.prom, methods=["GET"]),
     ]
+    genai = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})  # spans of their own
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_found},
-                    middleware=[Middleware(_Guard, server=server)])
+                    middleware=[Middleware(_Guard, server=server, routes=routes, genai=genai)])
     app.state.server = server
     return app

@@ -37,9 +37,28 @@ import statistics
 import subprocess
 import sys
 import time
+from importlib.util import find_spec
 from pathlib import Path
 
-import httpx
+# Modules this script and llama_cpp.server (llama-cpp-python's [server] extra) import, and their packages:
+# edgesdk's `bench` extra installs them all.
+BENCH_MODULES = {"llama_cpp": "llama-cpp-python", "httpx": "httpx", "uvicorn": "uvicorn", "fastapi": "fastapi",
+                 "sse_starlette": "sse-starlette", "starlette_context": "starlette-context",
+                 "pydantic_settings": "pydantic-settings", "yaml": "PyYAML"}
+
+
+def require_bench_extra() -> None:
+    missing = [pkg for mod, pkg in BENCH_MODULES.items() if find_spec(mod) is None]
+    if missing:
+        raise SystemExit(f"bench_serve_llm.py needs {', '.join(missing)} (llama_cpp.server's dependencies): "
+                         "install the bench extra, e.g. pip install -e '.[bench]' (llama-cpp-python: build it "
+                         "with CMAKE_ARGS=\"-DGGML_NATIVE=OFF\", see the Makefile)")
+
+
+if __name__ == "__main__":
+    require_bench_extra()  # before the imports below, so a missing package is one line naming the extra
+
+import httpx  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _measure import RESULTS, machine  # noqa: E402
