@@ -9,9 +9,11 @@ says) -> encode (``mtmd_encode_chunk``; skipped when the image's features are ca
 cached features) -> decode (``Llama.generate`` sampling). Image-prefix reuse: features are cached by
 (image sha256, mmproj sha256), and the decoder's KV cache is kept up to the longest common prefix of
 the previous request (text tokens and image hashes), so a second question about the same image
-evaluates only its own text. Telemetry: one GenAI span per request (``telemetry.inference``) with the
-stage times as ``edgesdk.vlm.{preprocess,encode,prefill}_s`` attributes; image tokens are counted in ``gen_ai.usage.input_tokens`` and separately as
-``edgesdk.vlm.image_tokens``.
+evaluates only its own text. Telemetry: one GenAI span per request (``telemetry.inference``) with
+stage child spans ``preprocess``, ``encode`` (only when the encoder runs; a cached image is an
+``edgesdk.vlm.image_cached`` event), ``prefill`` and ``decode`` (``rec.stage``), and the stage times as
+``edgesdk.vlm.{preprocess,encode,prefill}_s`` attributes; image tokens are counted in
+``gen_ai.usage.input_tokens`` and separately as ``edgesdk.vlm.image_tokens``.
 """
 
 from __future__ import annotations
@@ -203,10 +205,11 @@ class VLMPipeline:
             self._mtmd.mtmd_input_chunks_free(chunks)
         raise BackendUnavailableError("llama.cpp produced no image chunk")
 
-    def _tokenize(self, text: str, images: list[Any]):
+    def _tokenize(self, text: str, images: list[Any], rec: Any = telemetry.NOOP_RECORDER):
         mtmd = self._mtmd
         keys, bitmaps = [], []
         t0 = perf_counter()
+        stage = rec.stage("preprocess", {"edgesdk.vlm.images": len(images)}) if images else telemetry.NOOP_STAGE
         try:
             for image in images:
                 raw, img = self.pre.load(image)
@@ -221,6 +224,7 @@ class VLMPipeline:
                 keys.append(key)
                 mtmd.mtmd_bitmap_set_id(bm, key[:64].encode())
             self.last_stages["preprocess_s"] = perf_counter() - t0
+            stage.end()
             data = text.encode("utf-8")
             inp = mtmd.mtmd_input_text()
             inp.text, inp.text_len, inp.add_special, inp.parse_special = data, len(data), True, True
@@ -233,17 +237,22 @@ class VLMPipeline:
                        2: "image preprocessing failed"}.get(rc, f"error {rc}")
                 raise InputError(f"cannot tokenize the prompt with its images: {why}")
             return chunks, keys, len(data)
+        except BaseException as exc:
+            stage.end(exc)  # no-op when preprocessing finished and tokenizing failed
+            raise
         finally:
             for bm in bitmaps:
                 mtmd.mtmd_bitmap_free(bm)
 
     # ---------------------------------------------------------------- prefill
-    def prefill(self, text: str, images: list[Any]) -> dict[str, Any]:
+    def prefill(self, text: str, images: list[Any], rec: Any = telemetry.NOOP_RECORDER) -> dict[str, Any]:
         """Evaluate the prompt up to (not including) its last token, reusing the KV prefix; returns the
-        last token id, the token/image counts and stage timings. The caller samples from there."""
+        last token id, the token/image counts and stage timings. The caller samples from there.
+        ``rec``: the request's telemetry recorder (stage child spans preprocess, encode, prefill)."""
         mtmd, llm = self._mtmd, self.llm
         self.last_stages = {}
-        chunks, keys, _ = self._tokenize(text, images)
+        chunks, keys, _ = self._tokenize(text, images, rec)
+        prefill_stage: Any = telemetry.NOOP_STAGE
         plan: list[tuple[str, Any]] = []  # ("text", [ids]) | ("image", (key, chunk, n))
         try:
             img_i = 0
@@ -279,7 +288,13 @@ class VLMPipeline:
             reused = 0
             for kind, val in plan:
                 if kind == "image":
-                    feats[val[0]], hit = self._features(val[0], val[1])
+                    cached = val[0] in self.features  # a cached image gets an event, not an encode span
+                    with telemetry.NOOP_STAGE if cached else rec.stage(
+                            "encode", {"edgesdk.inference.stage.tokens": val[2]}):
+                        feats[val[0]], hit = self._features(val[0], val[1])
+                    if hit:
+                        rec.add_event("edgesdk.vlm.image_cached", {"edgesdk.vlm.image.sha256": val[0][:64],
+                                                                   "edgesdk.vlm.image_tokens": val[2]})
                     reused += int(hit)
             self.last_stages["encode_s"] = perf_counter() - t0
             # longest common prefix with what the KV cache holds; keep it, but never the last token
@@ -293,6 +308,8 @@ class VLMPipeline:
                     isinstance(seq[keep], tuple) and seq[keep][1] == seq[keep - 1][1]:
                 keep -= 1
             t0 = perf_counter()
+            prefill_stage = rec.stage("prefill", {"edgesdk.inference.stage.tokens": n_total - 1 - keep,
+                                                  "edgesdk.vlm.kv_reused_tokens": keep})
             mem = self._llama_cpp.llama_get_memory(llm.ctx)
             self._llama_cpp.llama_memory_seq_rm(mem, -1, keep, -1)
             llm.n_tokens = keep
@@ -322,9 +339,13 @@ class VLMPipeline:
                         self._kv.extend(("img", key, j) for j in range(n))
                     pos += n
             self.last_stages["prefill_s"] = perf_counter() - t0
+            prefill_stage.end()
             return {"last_token": seq[-1], "input_tokens": n_total, "image_tokens": sum(
                         1 for s in seq if isinstance(s, tuple)), "images": len(keys), "images_cached": reused,
                     "kv_reused_tokens": keep}
+        except BaseException as exc:
+            prefill_stage.end(exc)
+            raise
         finally:
             mtmd.mtmd_input_chunks_free(chunks)
 
@@ -482,7 +503,7 @@ class VLMBackend:
                                  attributes=self._attrs) as rec:
             rec.capture_input(capture)
             t0 = perf_counter()
-            info = pipe.prefill(text, images)
+            info = pipe.prefill(text, images, rec)
             for k, v in pipe.last_stages.items():
                 rec.set_attribute(f"edgesdk.vlm.{k}", round(v, 6))
             rec.set_input_tokens(info["input_tokens"])
@@ -495,6 +516,8 @@ class VLMBackend:
             out_text, emitted, generated, finish, t_first = "", 0, [], "length", None
             llm.set_seed(seed if seed is not None else 0xFFFFFFFF)
             hold = max((len(s) for s in stops), default=1) - 1
+            # decode: from evaluating the prompt's last token to the last sampled one
+            decode_stage = rec.stage("decode")
             gen = llm.generate([info["last_token"]], reset=False, top_k=int(params["top_k"]),
                                top_p=float(params["top_p"]), min_p=float(params["min_p"]),
                                temp=float(params["temperature"]), repeat_penalty=float(params["repeat_penalty"]))
@@ -523,9 +546,14 @@ class VLMBackend:
             except GeneratorExit:
                 finish = "cancelled"
                 raise
+            except BaseException as exc:
+                decode_stage.end(exc)
+                raise
             finally:
                 gen.close()
                 t_end = perf_counter()
+                decode_stage.set_attribute("edgesdk.inference.stage.tokens", len(generated))
+                decode_stage.end()
                 pipe.note_generated(info["last_token"], generated)
                 rec.set_output_tokens(len(generated))
                 rec.finish([finish])
