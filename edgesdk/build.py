@@ -139,6 +139,7 @@ def explain(source: Any, profile: str | Profile, options: BuildOptions | None = 
 
 
 def _license_gate(ctx: BuildContext, out_dir: Path) -> dict:
+    from edgesdk.compliance.components import component_labels
     from edgesdk.compliance.gate import run_license_gate
 
     opts = ctx.options
@@ -153,6 +154,7 @@ def _license_gate(ctx: BuildContext, out_dir: Path) -> dict:
         report_path=out_dir.with_name(out_dir.name + ".license-report.json"),
         model_name=ctx.facts.name,
         model_license=opts.model_license,
+        components=component_labels(ctx.manifest.extras, ctx.artifacts),  # per-file license + sha256 in the SBOMs
     )
     for rel, role in (("sbom.cdx.json", "sbom"), ("sbom.spdx.json", "sbom-spdx"), ("license-report.json", "license-report")):
         if (ctx.staging / rel).is_file():

@@ -81,7 +81,7 @@ def _spdx_of(result) -> str:
     from edgesdk.compliance.sbom import build_spdx
 
     name = Path(result.scanned).name or str(result.scanned)
-    return build_spdx(name, result.findings, result.weights, result.vendored, result.model_expression,
+    return build_spdx(name, result.findings, result.components, result.vendored, result.model_expression,
                       declared=result.model_license_declared)
 
 

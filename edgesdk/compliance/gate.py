@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from edgesdk.compliance.components import component_labels, file_components
 from edgesdk.compliance.distributions import distribution_findings
 from edgesdk.compliance.findings import ACTIONS, LicenseFinding, worse
 from edgesdk.compliance.models import (
@@ -59,6 +60,8 @@ class GateResult:
     missing_license_texts: list[str] = field(default_factory=list)  # REUSE: ids with no LICENSES/<id>.txt
     accepted_at_build: list[str] = field(default_factory=list)  # read back from a bundle's manifest
     model_license_declared: str | None = None  # --model-license at build (also read back from a manifest)
+    # each component file with its own license and sha256 (compliance/components.py)
+    components: list[dict] = field(default_factory=list)
 
     def _worst(self, attr: str) -> str:
         action = "allow"
@@ -105,7 +108,8 @@ class GateResult:
                 "unused_accepts": self.unused_accepts, "waivers": self.waiver_audit,
                 "model_license": self.model_expression, "model_license_declared": self.model_license_declared,
                 "runtime_distributions": self.runtime_distributions, "findings": [f.to_dict() for f in self.findings], "vendored": self.vendored,
-                "weights": self.weights, "files_without_own_license_info": self.without_own_info,
+                "weights": self.weights, "components": self.components,
+                "files_without_own_license_info": self.without_own_info,
                 "missing_license_texts": self.missing_license_texts,
                 "scanoss": self.scanoss.to_dict(), "elapsed_s": round(self.elapsed_s, 3)}
 
@@ -180,11 +184,13 @@ def scan_licenses(path: Path, *, model_source: Path | None = None, runtime_distr
                   environment: bool = False, policy_path: Path | None = None, waivers_path: Path | None = None,
                   accepted: Sequence[str] = (), scanoss_url: str | None = None, bundle: bool | None = None,
                   scanoss_api_key: str | None = None, scanoss_timeout: float | None = None,
-                  model_license: str | None = None) -> GateResult:
+                  model_license: str | None = None, components: Mapping[str, str] | None = None) -> GateResult:
     """Scan ``path`` (a bundle or staging dir, or any source tree) and judge every finding.
 
     ``model_license``: a license the builder declares for the model (``--model-license``), judged by
-    the same policy and added to what the model itself declares; a bundle's manifest carries it."""
+    the same policy and added to what the model itself declares; a bundle's manifest carries it.
+    ``components``: bundle path -> what the file is (:func:`~edgesdk.compliance.components.component_labels`);
+    read from a bundle's manifest when not given."""
     start = time.perf_counter()
     path = Path(path)
     if not path.exists():
@@ -199,9 +205,14 @@ def scan_licenses(path: Path, *, model_source: Path | None = None, runtime_distr
     if is_bundle:
         if (root / "manifest.json").is_file():
             try:
-                section = _manifest_license_section(json.loads((root / "manifest.json").read_text("utf-8")))
+                manifest = json.loads((root / "manifest.json").read_text("utf-8"))
+                section = _manifest_license_section(manifest)
             except (OSError, ValueError) as exc:
                 raise InputError(f"{root / 'manifest.json'}: not readable JSON ({exc})") from exc
+            if components is None and isinstance(manifest, dict):
+                artifacts = [a for a in manifest.get("artifacts") or [] if isinstance(a, dict)]
+                extras = manifest.get("extras")
+                components = component_labels(extras if isinstance(extras, dict) else None, artifacts)
             dists = dists or list(section.get("runtime_distributions", []))
             # An --accept-license given at build time is a recorded decision: honour it, and say so.
             accepted_at_build = [a for a in section.get("accepted", []) if isinstance(a, str)]
@@ -255,10 +266,14 @@ def scan_licenses(path: Path, *, model_source: Path | None = None, runtime_distr
     audit = apply_waivers(findings, waivers)
     exprs = list(dict.fromkeys(m.spdx for m in model if m.spdx and m.layer == "model"))
     model_expr = " AND ".join(f"({e})" if " " in e else e for e in exprs) or None
+    labels = {rel: label for rel, label in (components or {}).items() if rel not in GENERATED}
+    if path.is_file():
+        labels = {rel: label for rel, label in labels.items() if rel == path.name}
+    parts = file_components(root, labels, tree.weights, findings, model_expr)
     return GateResult(str(path), "bundle" if is_bundle else "tree", policy, findings, audit, accepted_ids, unused,
                       scan, tree.without_own_info, tree.vendored, tree.weights, dists, model_expr,
                       time.perf_counter() - start, _missing_license_texts(root, findings), accepted_at_build,
-                      model_license)
+                      model_license, parts)
 
 
 def _missing_license_texts(root: Path, findings: list[LicenseFinding]) -> list[str]:
@@ -335,7 +350,8 @@ def run_license_gate(staging_dir: Path, *, model_source: Path, runtime_distribut
                      policy_path: Path | None = None, waivers_path: Path | None = None,
                      accepted: Sequence[str] = (), scanoss_url: str | None = None,
                      report_path: Path, scanoss_timeout: float | None = None,
-                     model_license: str | None = None, model_name: str | None = None) -> GateResult:
+                     model_license: str | None = None, model_name: str | None = None,
+                     components: Mapping[str, str] | None = None) -> GateResult:
     """Gate packaging. On pass, writes ``sbom.cdx.json`` and ``license-report.json`` into
     ``staging_dir``. On deny, or review not cleared by ``accepted``/a waiver, writes the report to
     ``report_path`` and raises :class:`LicenseGateError`. A configured scanner that fails raises
@@ -347,7 +363,7 @@ def run_license_gate(staging_dir: Path, *, model_source: Path, runtime_distribut
     result = scan_licenses(staging_dir, model_source=model_source, runtime_distributions=runtime_distributions,
                            policy_path=policy_path, waivers_path=waivers_path, accepted=accepted,
                            scanoss_url=scanoss_url, bundle=True, scanoss_timeout=scanoss_timeout,
-                           model_license=model_license)
+                           model_license=model_license, components=components)
     result.scanned = staging_dir.name
     if result.verdict != "pass":
         report_path = Path(report_path)
@@ -357,9 +373,12 @@ def run_license_gate(staging_dir: Path, *, model_source: Path, runtime_distribut
         headline = worst.headline() if worst is not None else "no finding"  # a non-pass verdict has one
         raise LicenseGateError(f"license gate: {result.verdict}: {headline} (report: {report_path})",
                                hint=gate_hint(result.verdict, worst, result.policy))
-    sbom = build_sbom(model_name or Path(model_source).name, result.findings, result.weights, result.vendored,
+    name = model_name or Path(model_source).name
+    sbom = build_sbom(name, result.findings, result.components, result.vendored,
                       result.model_expression, declared=result.model_license_declared)
     (staging_dir / SBOM_NAME).write_text(sbom, encoding="utf-8")
-    (staging_dir / SPDX_NAME).write_text(build_spdx(model_name or Path(model_source).name, result.findings, result.weights, result.vendored, result.model_expression, declared=result.model_license_declared), encoding="utf-8")
+    (staging_dir / SPDX_NAME).write_text(build_spdx(name, result.findings, result.components, result.vendored,
+                                                    result.model_expression, declared=result.model_license_declared),
+                                         encoding="utf-8")
     (staging_dir / REPORT_NAME).write_text(to_json(result), encoding="utf-8")
     return result

@@ -114,6 +114,13 @@ def to_markdown(result: GateResult) -> str:
             for w in audit.get(key, []):
                 out.append(f"- **{key}** `{w['id']}` by {w['by']}, expires {w['expires']}: {_md(w['reason'])}")
         out.append("")
+    if result.components:
+        out += ["## Components (each file with its own license and SHA-256)", "",
+                "| file | component | license | license from | sha256 | bytes |", "|---|---|---|---|---|---|"]
+        for comp in result.components:
+            out.append(f"| `{comp['path']}` | {_md(comp['component'])} | `{comp['license'] or 'NOASSERTION'}` | "
+                       f"{_md(comp['license_source'])} | `{comp['sha256']}` | {comp['bytes']} |")
+        out.append("")
     out += ["## All findings", "", "| layer | file / subject | license as found | SPDX | category | action |",
             "|---|---|---|---|---|---|"]
     for f in _sorted(result):
@@ -175,6 +182,14 @@ def to_html(result: GateResult) -> str:
                    f"<td><code>{e(f.chosen or f.spdx or '-')}</code></td><td>{e(f.category)}</td>"
                    f'<td class="action">{e(_action_text(f))}</td><td>{e(f.reason)}</td></tr>')
     out.append("</table>")
+    if result.components:
+        out += ["<h2>Components</h2>", '<table id="components"><tr><th>file</th><th>component</th><th>license</th>'
+                "<th>license from</th><th>sha256</th><th>bytes</th></tr>"]
+        for comp in result.components:
+            out.append(f"<tr><td><code>{e(comp['path'])}</code></td><td>{e(comp['component'])}</td>"
+                       f"<td><code>{e(comp['license'] or 'NOASSERTION')}</code></td><td>{e(comp['license_source'])}</td>"
+                       f"<td><code>{e(comp['sha256'])}</code></td><td>{comp['bytes']}</td></tr>")
+        out.append("</table>")
     audit = result.waiver_audit
     out += ["<h2>Waivers</h2>"]
     listed = [(k, w) for k in ("applied", "expired", "unmatched") for w in audit.get(k, [])]

@@ -1,6 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """CycloneDX 1.6 SBOM of a bundle: the model (MACHINE_LEARNING_MODEL), the runtime's Python
-distributions, vendored code directories and the weight files, each with its license."""
+distributions, vendored code directories and the component files (weights, and in a multi-file
+bundle every file that is part of the model, e.g. a VLM's mmproj, decoder and preprocessor config),
+each with its own license and SHA-256.
+
+The ``weights`` argument of both builders takes the entries of
+:func:`~edgesdk.compliance.components.file_components` (``path``, ``sha256``, ``bytes``, ``component``,
+``license``, ``license_source``) or plain weight entries (``path``, ``sha256``, ``bytes``: the
+model's license applies)."""
 
 from __future__ import annotations
 
@@ -38,10 +45,15 @@ def build_sbom(name: str, findings: list[LicenseFinding], weights: list[dict], v
     bom.components.add(model)
     children = [model]
     for w in weights:
+        props = [Property(name="edgesdk:bytes", value=str(w["bytes"]))]
+        if w.get("component"):
+            props.append(Property(name="edgesdk:component", value=str(w["component"])))
+        if w.get("license_source"):
+            props.append(Property(name="edgesdk:license-source", value=str(w["license_source"])))
         comp = Component(name=w["path"], type=ComponentType.FILE, bom_ref=f"file:{w['path']}",
                          hashes=[HashType(alg=HashAlgorithm.SHA_256, content=w["sha256"])],
-                         licenses=_licenses(model_expression),
-                         properties=[Property(name="edgesdk:bytes", value=str(w["bytes"]))])
+                         licenses=_licenses(_file_license(w, model_expression)),
+                         description=str(w["component"]) if w.get("component") else None, properties=props)
         model.components.add(comp)
     for f in findings:
         if f.layer != "distribution" or "==" not in f.subject:
@@ -98,6 +110,11 @@ def _spdx_license(expression: str | None) -> str:
     return expression or "NOASSERTION"
 
 
+def _file_license(entry: dict, model_expression: str | None) -> str | None:
+    """A component file's own license (components.file_components), else the model's."""
+    return entry["license"] if "license" in entry else model_expression
+
+
 def build_spdx(name: str, findings: list[LicenseFinding], weights: list[dict], vendored: list[dict],
                model_expression: str | None, *, declared: str | None = None, created: str | None = None) -> str:
     """The same inventory as :func:`build_sbom` as an SPDX 2.3 JSON document: the bundle package
@@ -130,11 +147,16 @@ def build_spdx(name: str, findings: list[LicenseFinding], weights: list[dict], v
             {"spdxElementId": root_id, "relationshipType": "CONTAINS", "relatedSpdxElement": model_id}]
     for w in weights:
         wid = _spdx_id("File", w["path"])
-        packages.append({"SPDXID": wid, "name": w["path"], "downloadLocation": "NOASSERTION", "filesAnalyzed": False,
-                         "checksums": [{"algorithm": "SHA256", "checksumValue": w["sha256"]}],
-                         "licenseConcluded": _spdx_license(model_expression),
-                         "licenseDeclared": _spdx_license(model_expression), "copyrightText": "NOASSERTION",
-                         "primaryPackagePurpose": "FILE", "comment": f"{w['bytes']} bytes"})
+        lic = _spdx_license(_file_license(w, model_expression))
+        entry = {"SPDXID": wid, "name": w["path"], "downloadLocation": "NOASSERTION", "filesAnalyzed": False,
+                 "checksums": [{"algorithm": "SHA256", "checksumValue": w["sha256"]}],
+                 "licenseConcluded": lic, "licenseDeclared": lic, "copyrightText": "NOASSERTION",
+                 "primaryPackagePurpose": "FILE",
+                 "comment": f"{w['bytes']} bytes" + (f"; license from {w['license_source']}"
+                                                     if w.get("license_source") else "")}
+        if w.get("component"):
+            entry["summary"] = f"component: {w['component']}"
+        packages.append(entry)
         rels.append({"spdxElementId": model_id, "relationshipType": "CONTAINS", "relatedSpdxElement": wid})
     for f in findings:
         if f.layer != "distribution" or "==" not in f.subject:

@@ -196,7 +196,9 @@ def build_vlm(ctx) -> None:
     ctx.manifest.extras["vlm"] = {
         "components": {"vision_encoder": {"artifact": "mmproj.gguf", "precision": "F16"},
                        "projector": {"artifact": "mmproj.gguf", "precision": "F16", "type": "mlp"},
-                       "decoder": {"artifact": "model.gguf", "precision": quant}},
+                       "decoder": {"artifact": "model.gguf", "precision": quant},
+                       # the model's own image preprocessing (size, mean/std, resampling) the runtime applies
+                       "image_preprocessor": {"artifact": "preprocessor_config.json"}},
         "image_size": mm_info["image_size"], "image_tokens": mm_info["image_tokens"], "mmproj": mm_info,
         "mmproj_bytes": mmproj.stat().st_size}
     ctx.manifest.runtime.backend_chain = ["llama.cpp + libmtmd (GPU offload)", "llama.cpp + libmtmd (CPU)"]
