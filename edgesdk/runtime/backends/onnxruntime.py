@@ -150,7 +150,8 @@ class OnnxRuntimeBackend:
         self.eager_fallback: dict[str, Any] | None = None  # set by torch_eager.choose_eager_fallback
 
     def enable_cuda_graphs(self, reason: str, *, seq_buckets: tuple[int, ...] | None = None,
-                           batch_buckets: tuple[int, ...] | None = None, max_seq: int | None = None) -> bool:
+                           batch_buckets: tuple[int, ...] | None = None, max_seq: int | None = None,
+                           source: str = "runtime defaults") -> bool:
         """IO binding + one captured CUDA graph per static shape bucket (requests padded to the bucket and
         masked; see ort_buckets.py). Only on the CUDA EP; the outcome and its reason land in report()."""
         from edgesdk.runtime.backends import ort_buckets as ob
@@ -161,7 +162,7 @@ class OnnxRuntimeBackend:
             return False
         plan = ob.plan_buckets(self.inputs, seq_buckets=seq_buckets or ob.DEFAULT_SEQ_BUCKETS,
                                batch_buckets=batch_buckets or ob.DEFAULT_BATCH_BUCKETS, max_seq=max_seq,
-                               reason=reason)
+                               reason=reason, source=source)
         try:
             self._graphs = ob.CudaGraphBuckets(str(self.model_path), plan, self.output_names,
                                                probe=lambda f: dict(zip(self.output_names,
@@ -234,7 +235,10 @@ def load_onnx(bundle: Bundle, ctx: LoadContext) -> Any:
                                  threads=ctx.options.get("threads"))
     want, reason = _cuda_graph_choice(bundle, ctx.options.get("cuda_graphs"), ctx.profile)
     if want:
-        backend.enable_cuda_graphs(reason, max_seq=_max_positions(bundle))
+        from edgesdk.runtime.backends.ort_buckets import bucket_options
+
+        # The planner's shape_buckets decision; bundles without one: the defaults up to the model's positions
+        backend.enable_cuda_graphs(reason, **bucket_options(bundle.manifest.plan, _max_positions(bundle)))
     else:
         backend._graph_report = {"enabled": False, "reason": reason}
     # No GPU EP initialised on a GPU bundle: eager CUDA where torch sees a GPU, if it measures faster

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+# Used for bundles built before the planner recorded a ``shape_buckets`` decision (see bucket_options).
 DEFAULT_SEQ_BUCKETS = (32, 128, 256, 512)
 DEFAULT_BATCH_BUCKETS = (1, 8)
 _MASK_NAMES = ("attention_mask",)
@@ -44,6 +45,7 @@ class BucketPlan:
     mask_input: str | None
     reason: str
     skipped: list[str] = field(default_factory=list)
+    source: str = "runtime defaults"  # or "plan": the bundle's shape_buckets decision
 
     def choose(self, batch: int, seq: int | None) -> Bucket | None:
         """Smallest bucket holding (batch, seq); None when the request is larger than every bucket."""
@@ -54,16 +56,44 @@ class BucketPlan:
     def as_dict(self) -> dict[str, Any]:
         return {"buckets": [b.key for b in self.buckets], "padding": "upper bound + attention mask"
                 if self.mask_input else "batch only (no attention mask input)", "reason": self.reason,
-                "skipped": self.skipped}
+                "source": self.source, "skipped": self.skipped}
 
 
 def _dynamic(dim: Any) -> bool:
     return not (isinstance(dim, int) and dim > 0)
 
 
+def _positive_ints(value: Any) -> list[int] | None:
+    if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                                                 for v in value):
+        return sorted(set(value))
+    return None
+
+
+def bucket_options(plan: Mapping[str, Any] | None, max_positions: int | None = None) -> dict[str, Any]:
+    """Keyword arguments for :func:`plan_buckets` from a bundle manifest's ``plan``: the planner's
+    ``shape_buckets`` decision when the bundle records one (``source="plan"``), else today's defaults
+    capped at ``max_positions`` (bundles built before the decision existed, or whose profile had no CUDA EP).
+    A recorded decision without sequence buckets (no token axis planned) keeps the default sequence ladder
+    for a model that turns out to have one."""
+    decisions = (plan or {}).get("decisions") if isinstance(plan, Mapping) else None
+    value = next((d.get("value") for d in decisions or [] if isinstance(d, Mapping) and d.get("key") ==
+                  "shape_buckets"), None)
+    batch = _positive_ints(value.get("batch")) if isinstance(value, Mapping) else None
+    if batch is None:
+        return {"seq_buckets": DEFAULT_SEQ_BUCKETS, "batch_buckets": DEFAULT_BATCH_BUCKETS, "max_seq": max_positions,
+                "source": "runtime defaults (the bundle records no shape_buckets decision)"}
+    assert isinstance(value, Mapping)
+    seq = _positive_ints(value.get("seq"))
+    if seq is None:
+        return {"seq_buckets": DEFAULT_SEQ_BUCKETS, "batch_buckets": tuple(batch), "max_seq": max_positions,
+                "source": "plan (batch); sequence: runtime defaults"}
+    return {"seq_buckets": tuple(seq), "batch_buckets": tuple(batch), "max_seq": max(seq), "source": "plan"}
+
+
 def plan_buckets(inputs: Sequence[Any], *, seq_buckets: Sequence[int] = DEFAULT_SEQ_BUCKETS,
                  batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS, max_seq: int | None = None,
-                 reason: str = "") -> BucketPlan:
+                 reason: str = "", source: str = "runtime defaults") -> BucketPlan:
     """Buckets for a model whose inputs are ``inputs`` (objects with ``name`` and ``shape``).
 
     Axis 0 dynamic -> batch axis; axis 1 dynamic on a rank-2 input -> sequence axis. Sequence padding is only
@@ -81,7 +111,7 @@ def plan_buckets(inputs: Sequence[Any], *, seq_buckets: Sequence[int] = DEFAULT_
         seqs.append(max_seq)
     batches = list(batch_buckets) if batch_inputs else [1]
     return BucketPlan([Bucket(b, s) for b in batches for s in seqs], batch_inputs, seq_inputs, mask, reason,
-                      skipped)
+                      skipped, source)
 
 
 def request_shape(plan: BucketPlan, feeds: Mapping[str, np.ndarray]) -> tuple[int, int | None]:
