@@ -120,3 +120,83 @@ def make_test_images(directory: Path) -> list[Path]:
     out.append(directory / "noise.png")
     Image.fromarray(noise).save(out[-1])
     return out
+
+
+# ------------------------------------------------------------------ SmolVLM / Idefics3 (random weights)
+
+IDEFICS3_IMAGE_SIZE = 64
+IDEFICS3_PATCH_SIZE = 8
+IDEFICS3_SCALE_FACTOR = 2
+IDEFICS3_IMAGE_TOKENS = (IDEFICS3_IMAGE_SIZE // IDEFICS3_PATCH_SIZE) ** 2 // IDEFICS3_SCALE_FACTOR ** 2
+# SmolVLM's chat format (its processor's DEFAULT_CHAT_TEMPLATE, without the video branch)
+IDEFICS3_CHAT_TEMPLATE = (
+    "<|im_start|>{% for message in messages %}{{message['role'] | capitalize}}"
+    "{% if message['content'][0]['type'] == 'image' %}{{':'}}{% else %}{{': '}}{% endif %}"
+    "{% for line in message['content'] %}{% if line['type'] == 'text' %}{{line['text']}}"
+    "{% elif line['type'] == 'image' %}{{ '<image>' }}{% endif %}{% endfor %}<end_of_utterance>\n{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}")
+
+
+def make_tiny_idefics3(directory: Path, *, seed: int = 0) -> Path:
+    """Save a random-weight tiny SmolVLM-style ``Idefics3ForConditionalGeneration`` (the architecture of
+    the SmolVLM checkpoints) in ``directory``: SigLIP-style vision tower (64 px, 8 px patches, 2 layers,
+    hidden 64) + pixel-shuffle connector (scale factor 2 -> 16 image tokens, one bias-free linear) +
+    llama decoder (2 layers, hidden 64). RANDOM weights: it describes nothing.
+
+    The tokenizer (byte-level BPE trained here) carries the family's special tokens: ``<|im_start|>``
+    (BOS), ``<end_of_utterance>`` (EOS), ``<fake_token_around_image>``, ``<image>``, ``<global-img>`` and
+    ``<row_R_col_C>``; ``\\n`` and ``\\n\\n`` are single tokens, as llama.cpp's Idefics3 template looks
+    them up. The processor does not split images (``do_image_splitting=False``): one image is one
+    64x64 global image of 16 tokens, the layout the edgesdk runtime reproduces."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import (
+        Idefics3Config,
+        Idefics3ForConditionalGeneration,
+        Idefics3ImageProcessor,
+        Idefics3Processor,
+        LlamaConfig,
+        PreTrainedTokenizerFast,
+    )
+
+    from edgesdk.formats.gguf.build import PPL_TEXT
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    specials = ["<|im_start|>", "<|im_end|>", "<end_of_utterance>", "<fake_token_around_image>", "<image>",
+                "<global-img>"] + [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    lines = PPL_TEXT.read_text().split("\n")
+    corpus = lines + ["\n\n".join(lines[i:i + 3]) for i in range(0, len(lines), 3)] + ["User:", "Assistant:"] * 20
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=420, special_tokens=specials,
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<end_of_utterance>",
+                                   pad_token="<|im_end|>", additional_special_tokens=specials[2:])
+    assert len(fast("\n\n", add_special_tokens=False)["input_ids"]) == 1, "\\n\\n must be one token"
+    image_processor = Idefics3ImageProcessor(
+        do_convert_rgb=True, do_resize=True, size={"longest_edge": IDEFICS3_IMAGE_SIZE}, resample=1,
+        do_rescale=True, rescale_factor=1 / 255, do_normalize=True, image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5], do_pad=True, do_image_splitting=False,
+        max_image_size={"longest_edge": IDEFICS3_IMAGE_SIZE})
+    processor = Idefics3Processor(image_processor=image_processor, tokenizer=fast,
+                                  image_seq_len=IDEFICS3_IMAGE_TOKENS, chat_template=IDEFICS3_CHAT_TEMPLATE)
+    processor.save_pretrained(directory)
+    text = LlamaConfig(vocab_size=len(fast), hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                       bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id,
+                       pad_token_id=fast.pad_token_id, initializer_range=0.2)
+    vision = {"image_size": IDEFICS3_IMAGE_SIZE, "patch_size": IDEFICS3_PATCH_SIZE, "hidden_size": 64,
+              "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "hidden_act": "gelu_pytorch_tanh", "layer_norm_eps": 1e-6}
+    config = Idefics3Config(vision_config=vision, text_config=text.to_dict(), scale_factor=IDEFICS3_SCALE_FACTOR,
+                            image_token_id=fast.convert_tokens_to_ids("<image>"), tie_word_embeddings=False,
+                            pad_token_id=fast.pad_token_id)
+    torch.manual_seed(seed)
+    model = Idefics3ForConditionalGeneration(config).eval()
+    model.save_pretrained(directory, safe_serialization=True)
+    (directory / "README.md").write_text(
+        "---\nlicense: apache-2.0\n---\n# tiny-smolvlm (random weights)\n\nA SmolVLM-style (Idefics3) model built "
+        "from transformers configs with RANDOM weights for tests: it describes nothing.\n", encoding="utf-8")
+    return directory

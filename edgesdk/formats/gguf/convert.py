@@ -182,6 +182,15 @@ def convert_hf_to_gguf(directory: Path, out_path: Path, *, name: str | None = No
         toktypes.append(toktype)
     if tok_model == "llama":
         scores = _merge_rank_scores(directory, tokens, scores)
+    elif tok_model == "gpt2":
+        # gguf-py's BpeVocab types an added token NORMAL when it is also in the base vocab, so llama.cpp
+        # would not parse it as special; llama.cpp's own converter types special added tokens CONTROL and
+        # other added tokens USER_DEFINED wherever they sit (convert_hf_to_gguf.py, get_vocab_base).
+        spec = json.loads((directory / "tokenizer.json").read_text(encoding="utf-8"))
+        for item in spec.get("added_tokens") or []:
+            i = item.get("id")
+            if isinstance(i, int) and 0 <= i < len(toktypes) and toktypes[i] == gguf.TokenType.NORMAL:
+                toktypes[i] = gguf.TokenType.CONTROL if item.get("special") else gguf.TokenType.USER_DEFINED
     n_vocab = int(config.get("vocab_size", len(tokens)))
     while len(tokens) < n_vocab:  # embedding rows beyond the tokenizer (padding): llama.cpp needs a token each
         tokens.append(f"[PAD{len(tokens)}]".encode())  # the writer stores str and bytes alike (UTF-8)

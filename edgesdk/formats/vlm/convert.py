@@ -1,5 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""HF LLaVA directory (SigLIP vision tower + llama) -> two GGUF files: the language decoder and the multimodal projector (``mmproj``).
+"""HF vision-language directory -> two GGUF files: the language decoder and the multimodal projector (``mmproj``).
+
+Two families (:func:`family`): ``llava`` (``LlavaForConditionalGeneration``: SigLIP vision tower + the
+LLaVA-1.5 MLP projector + llama) and ``idefics3`` (``Idefics3ForConditionalGeneration`` /
+``SmolVLMForConditionalGeneration``, the SmolVLM architecture: SigLIP-style vision tower with its final
+``post_layernorm`` + pixel-shuffle connector with one bias-free linear ``modality_projection.proj`` + llama).
 
 * **Decoder.** The checkpoint's ``text_config`` and its ``language_model.*`` tensors are written out as
   a plain Hugging Face causal-LM directory (config, tokenizer, safetensors) and converted by the GGUF
@@ -29,7 +34,7 @@ import numpy as np
 from edgesdk.errors import ModelError
 
 # HF prefixes of the three parts, in the layouts transformers has saved (<= 4.51 and >= 4.52).
-_TEXT_PREFIXES = ("language_model.model.", "model.language_model.")
+_TEXT_PREFIXES = ("language_model.model.", "model.language_model.", "model.text_model.")
 _LM_HEAD = ("language_model.lm_head.", "lm_head.")
 _VISION_PREFIXES = ("vision_tower.", "model.vision_tower.")
 _PROJ_PREFIXES = ("multi_modal_projector.", "model.multi_modal_projector.")
@@ -47,6 +52,20 @@ CLIP_REFUSAL = ("CLIP vision towers with a class token are not supported: llama.
 SUPPORTED_TEXT = {"llama"}
 ACT_GELU = {"gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast"}
 SKIPPED_VISION = ("post_layernorm", "position_ids", ".head.")
+FAMILIES = {"LlavaForConditionalGeneration": "llava", "Idefics3ForConditionalGeneration": "idefics3",
+            "SmolVLMForConditionalGeneration": "idefics3"}
+IDEFICS3_VISION = {"idefics3_vision", "smolvlm_vision"}
+_IDEFICS3_VISION_PREFIX = "model.vision_model."
+_IDEFICS3_PROJ = "model.connector.modality_projection.proj."
+
+
+def family(config: dict[str, Any]) -> str:
+    """``llava`` or ``idefics3`` from ``architectures`` (LLaVA when the config names none)."""
+    arch = (config.get("architectures") or ["LlavaForConditionalGeneration"])[0]
+    if arch not in FAMILIES:
+        raise ModelError(f"architecture {arch!r} is not a supported vision-language family "
+                         f"(supported: {', '.join(sorted(FAMILIES))})")
+    return FAMILIES[arch]
 
 
 def read_config(directory: Path) -> dict[str, Any]:
@@ -54,6 +73,8 @@ def read_config(directory: Path) -> dict[str, Any]:
 
 
 def check_supported(config: dict[str, Any], directory: Path) -> None:
+    if family(config) == "idefics3":
+        return check_idefics3(config, directory)
     vision, text = config.get("vision_config") or {}, config.get("text_config") or {}
     vt, tt = vision.get("model_type"), text.get("model_type", "llama")
     if vt == "clip_vision_model":
@@ -78,6 +99,32 @@ def check_supported(config: dict[str, Any], directory: Path) -> None:
         # clip.cpp swaps ffn_up/ffn_down of "mlp" projectors when ffn_down's input width equals the
         # embedding width (a fix for old conversions), which a square FFN would trigger wrongly.
         raise ModelError(f"{directory}: a vision FFN as wide as the embedding is not supported by llama.cpp's loader")
+
+
+def check_idefics3(config: dict[str, Any], directory: Path) -> None:
+    vision, text = config.get("vision_config") or {}, config.get("text_config") or {}
+    vt, tt = vision.get("model_type"), text.get("model_type", "llama")
+    if vt not in IDEFICS3_VISION:
+        raise ModelError(f"{directory}: vision tower {vt!r} is not an Idefics3/SmolVLM vision model")
+    if tt not in SUPPORTED_TEXT:
+        raise ModelError(f"{directory}: language model {tt!r} is not supported (supported: "
+                         f"{', '.join(sorted(SUPPORTED_TEXT))})")
+    size, patch, scale = vision.get("image_size"), vision.get("patch_size"), config.get("scale_factor", 2)
+    if not all(isinstance(v, int) and v > 0 for v in (size, patch, scale)) or size % patch or (size // patch) % scale:
+        raise ModelError(f"{directory}: image_size / patch_size must be a multiple of scale_factor "
+                         f"(got {size}, {patch}, {scale})")
+    if scale < 2:
+        raise ModelError(f"{directory}: scale_factor {scale} is not supported by llama.cpp's pixel shuffle (>= 2)")
+    if vision.get("hidden_act", "gelu_pytorch_tanh") not in ACT_GELU:
+        raise ModelError(f"{directory}: vision hidden_act {vision.get('hidden_act')!r} is not supported (gelu)")
+    if int(vision.get("intermediate_size", 0)) == int(vision.get("hidden_size", -1)):
+        raise ModelError(f"{directory}: a vision FFN as wide as the embedding is not supported by llama.cpp's loader")
+
+
+def idefics3_image_tokens(config: dict[str, Any]) -> int:
+    """Image tokens per image: patches per side squared, divided by the pixel shuffle's scale factor squared."""
+    vision = config["vision_config"]
+    return (int(vision["image_size"]) // int(vision["patch_size"])) ** 2 // int(config.get("scale_factor", 2)) ** 2
 
 
 def _arrays(directory: Path):
@@ -149,6 +196,8 @@ def write_mmproj(directory: Path, out_path: Path, *, name: str | None = None) ->
     directory = Path(directory)
     config = read_config(directory)
     check_supported(config, directory)
+    if family(config) == "idefics3":
+        return write_mmproj_idefics3(directory, out_path, config, name=name)
     vision, text = config["vision_config"], config.get("text_config") or {}
     pre = _preprocessor(directory)
     n_layer = int(vision["num_hidden_layers"])
@@ -203,7 +252,75 @@ def write_mmproj(directory: Path, out_path: Path, *, name: str | None = None) ->
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return {"tensors": written, "skipped": skipped, "projector_type": "mlp",
+    return {"tensors": written, "skipped": skipped, "projector_type": "mlp", "family": "llava",
             "image_size": int(vision["image_size"]), "patch_size": int(vision["patch_size"]),
             "image_tokens": (int(vision["image_size"]) // int(vision["patch_size"])) ** 2,
             "feature_layer": feature_layer(config), "image_mean": pre["image_mean"], "image_std": pre["image_std"]}
+
+
+def write_mmproj_idefics3(directory: Path, out_path: Path, config: dict[str, Any], *,
+                          name: str | None = None) -> dict[str, Any]:
+    """The Idefics3 / SmolVLM vision tower + connector as an F16 mmproj GGUF in the layout of clip.cpp's
+    ``idefics3`` projector (llama.cpp vendored by llama-cpp-python 0.3.36: ``tools/mtmd/clip.cpp``,
+    ``models/siglip.cpp``): ``clip.projector_type = idefics3``, ``clip.vision.projector.scale_factor``
+    (the pixel shuffle), ``clip.vision.preproc_image_size`` and the ``v.*`` tower tensors including
+    ``v.post_ln`` (Idefics3 takes the tower's last layer after its final norm), the connector's linear as
+    ``mm.model.fc.weight``. The embeddings stay F32 (as llama.cpp's own SmolVLM converter keeps them).
+
+    ``preproc_image_size`` is the encoder's tile (``max_image_size.longest_edge``), not the processor's
+    ``size.longest_edge``: the edgesdk runtime gives llama.cpp one image resized to the tile (no image
+    splitting, docs/vlm.md), and with this value libmtmd's own resize is a copy."""
+    import gguf
+
+    vision, text = config["vision_config"], config.get("text_config") or {}
+    pre = _preprocessor(directory)
+    tile = int((pre.get("max_image_size") or {}).get("longest_edge", vision["image_size"]))
+    if tile != int(vision["image_size"]):
+        raise ModelError(f"{directory}: max_image_size.longest_edge {tile} differs from the vision image_size "
+                         f"{vision['image_size']}")
+    n_layer = int(vision["num_hidden_layers"])
+    scale = int(config.get("scale_factor", 2))
+    writer = gguf.GGUFWriter(str(out_path), "clip")
+    meta = gguf.Metadata.load(None, directory, (name or directory.name) + " mmproj", 0)
+    meta.set_gguf_meta_model(writer)
+    writer.add_file_type(1)  # mostly F16
+    writer.add_clip_has_vision_encoder(True)
+    writer.add_clip_projector_type("idefics3")
+    writer.add_vision_image_size(int(vision["image_size"]))
+    writer.add_vision_patch_size(int(vision["patch_size"]))
+    writer.add_vision_embedding_length(int(vision["hidden_size"]))
+    writer.add_vision_feed_forward_length(int(vision["intermediate_size"]))
+    writer.add_vision_block_count(n_layer)
+    writer.add_vision_projection_dim(int(text["hidden_size"]))
+    writer.add_vision_head_count(int(vision["num_attention_heads"]))
+    writer.add_vision_attention_layernorm_eps(float(vision.get("layer_norm_eps", 1e-6)))
+    writer.add_vision_image_mean([float(x) for x in pre["image_mean"]])
+    writer.add_vision_image_std([float(x) for x in pre["image_std"]])
+    writer.add_vision_use_gelu(True)
+    writer.add_vision_projector_scale_factor(scale)
+    writer.add_vision_preproc_image_size(tile)
+    tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MMPROJ, n_layer)
+    written, skipped = 0, []
+    for hf_name, data in _arrays(directory):
+        if hf_name.startswith(_IDEFICS3_PROJ):
+            new = "mm.model.fc." + hf_name[len(_IDEFICS3_PROJ):]
+        elif hf_name.startswith(_IDEFICS3_VISION_PREFIX):
+            if "position_ids" in hf_name:
+                skipped.append(hf_name)
+                continue
+            new = tmap.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+            if new is None:
+                raise ModelError(f"{directory}: vision tensor {hf_name} has no mmproj GGUF name")
+        else:
+            continue
+        f32 = data.ndim <= 1 or ".embeddings." in hf_name
+        writer.add_tensor(new, data.astype(np.float32 if f32 else np.float16))
+        written += 1
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return {"tensors": written, "skipped": skipped, "projector_type": "idefics3", "family": "idefics3",
+            "image_size": int(vision["image_size"]), "patch_size": int(vision["patch_size"]),
+            "scale_factor": scale, "image_tokens": idefics3_image_tokens(config),
+            "image_mean": pre["image_mean"], "image_std": pre["image_std"]}

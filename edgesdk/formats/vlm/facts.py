@@ -8,10 +8,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-VLM_ARCHITECTURES = {"LlavaForConditionalGeneration"}
-_COMPONENTS = (("vision_encoder", ("vision_tower.", "model.vision_tower.")),
-               ("projector", ("multi_modal_projector.", "model.multi_modal_projector.")),
-               ("decoder", ("language_model.", "model.language_model.", "lm_head.")))
+# architecture -> family (LLaVA; SmolVLM, whose checkpoints are Idefics3ForConditionalGeneration)
+VLM_FAMILIES = {"LlavaForConditionalGeneration": "llava", "Idefics3ForConditionalGeneration": "idefics3",
+                "SmolVLMForConditionalGeneration": "idefics3"}
+VLM_ARCHITECTURES = set(VLM_FAMILIES)
+_COMPONENTS = (("vision_encoder", ("vision_tower.", "model.vision_tower.", "model.vision_model.")),
+               ("projector", ("multi_modal_projector.", "model.multi_modal_projector.", "model.connector.")),
+               ("decoder", ("language_model.", "model.language_model.", "model.text_model.", "lm_head.")))
 
 
 def component_params(files: list[Path]) -> dict[str, int]:
@@ -43,9 +46,14 @@ def hf_vlm_facts(directory: str | Path) -> dict[str, Any]:
     hidden = text.get("hidden_size")
     size, patch = vision.get("image_size"), vision.get("patch_size")
     files = sorted(directory.glob("*.safetensors"))
-    image_tokens = (size // patch) ** 2 if isinstance(size, int) and isinstance(patch, int) and patch else None
+    arch = (cfg.get("architectures") or [None])[0]
+    family = VLM_FAMILIES.get(arch or "", "llava")
+    scale = cfg.get("scale_factor", 2) if family == "idefics3" else 1  # Idefics3's pixel shuffle
+    image_tokens = (size // patch) ** 2 // (scale * scale) if isinstance(size, int) and isinstance(patch, int) \
+        and patch and isinstance(scale, int) and scale > 0 else None
     return {
-        "architecture": (cfg.get("architectures") or [None])[0], "vision_model_type": vision.get("model_type"),
+        "architecture": arch, "family": family, "scale_factor": scale if family == "idefics3" else None,
+        "vision_model_type": vision.get("model_type"),
         "text_model_type": text.get("model_type", "llama"), "image_size": size, "patch_size": patch,
         "image_tokens": image_tokens, "vision_hidden": vision.get("hidden_size"),
         "vision_layers": vision.get("num_hidden_layers"), "feature_select": cfg.get("vision_feature_select_strategy"),
