@@ -104,6 +104,7 @@ class BuildOptions:
     opset: int = 17
     dla: bool | None = None
     quant_type: str | None = None  # GGUF quantization type override
+    vision_runtime: str | None = None  # VLM vision encoder: auto | onnx (also an FP16 ONNX graph) | gguf (mmproj only)
     context_length: int | None = None
     license_policy: str | None = None
     waivers: str | None = None

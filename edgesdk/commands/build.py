@@ -19,6 +19,8 @@ from edgesdk.formats import format_names
 @click.option("--format", "fmt", type=click.Choice(format_names(selectable=True)), help="Override the planned format.")
 @click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16", "int8"]), help="Override the precision.")
 @click.option("--quant-type", help="GGUF quantization type (e.g. Q4_K_M) instead of the planned one.")
+@click.option("--vision-runtime", type=click.Choice(["auto", "onnx", "gguf"]), help="VLM vision encoder: also an "
+              "FP16 ONNX graph for TensorRT/CUDA (onnx), the F16 mmproj only (gguf), or by the profile (auto).")
 @click.option("--context-length", type=click.IntRange(min=1), help="LLM context length to plan memory for.")
 @click.option("--name", "model_name", help="Model name in spans, manifest, SBOM and reports (default: the source's "
               "file or directory name).")
@@ -49,7 +51,8 @@ from edgesdk.formats import format_names
 @click.option("--scanoss-url", help="SCANOSS API to match fingerprints against (else offline only).")
 @click.option("--trace-file", type=click.Path(dir_okay=False), help="Write the build trace as OTLP-JSON lines.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-def build_cmd(model: Path, profile: str, output: Path | None, fmt, precision, quant_type, context_length, dla,
+def build_cmd(model: Path, profile: str, output: Path | None, fmt, precision, quant_type, vision_runtime,
+              context_length, dla,
               explain: bool, plan_only: bool, as_json: bool, force: bool, on_parity_fail: str, allow_pickle: bool,
               trust_remote_code: bool, license_policy, waivers, accept, model_license, scanoss_url, trace_file, no_progress,
               model_name, seq_len, max_seq_len, max_batch, shapes) -> int:
@@ -74,7 +77,8 @@ def build_cmd(model: Path, profile: str, output: Path | None, fmt, precision, qu
         telemetry.configure(trace_file=trace_file)
     options = BuildOptions(format=fmt, precision=precision, force=force, allow_pickle=allow_pickle,
                            trust_remote_code=trust_remote_code, on_parity_fail=on_parity_fail, dla=dla,
-                           quant_type=quant_type, context_length=context_length, license_policy=license_policy,
+                           quant_type=quant_type, vision_runtime=vision_runtime, context_length=context_length,
+                           license_policy=license_policy,
                            waivers=waivers, accept_licenses=tuple(accept), scanoss_url=scanoss_url,
                            model_license=check_model_license(model_license, license_policy),
                            progress=progress_enabled(not no_progress and not as_json), **extra_opts)

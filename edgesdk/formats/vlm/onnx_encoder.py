@@ -1,0 +1,189 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The VLM vision encoder + projector as one FP16 ONNX graph (the second vision runtime of issue 15).
+
+What is exported is exactly what the decoder consumes: LLaVA's ``get_image_features(pixel_values)``
+(the vision tower's ``vision_feature_layer`` hidden states, the feature selection, the MLP projector),
+one image at the checkpoint's static size:
+
+* input ``pixel_values`` float32 ``[1, 3, H, W]``, already normalised with the processor's
+  ``rescale_factor`` / ``image_mean`` / ``image_std`` (:func:`normalise`, shared with the runtime);
+* output ``image_features`` float32 ``[1, n_image_tokens, n_embd]``.
+
+``torch.onnx.export`` with the TorchScript exporter (``dynamo=False``) traces one static shape with
+eager attention, so the graph has no control flow (no If/Loop) and only static shapes: what
+TensorRT's ONNX parser builds an engine from. The FP32 graph is converted to FP16 by
+``onnxruntime.transformers.float16`` with ``keep_io_types=True`` (inputs and outputs stay float32:
+callers need no casts, the weights and every inner op are FP16). The export runs in a child process
+(torch stays out of the build process, as the PyTorch reference does).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgesdk.errors import ExternalToolError
+
+ONNX_OPSET = 17  # ONNX Runtime 1.1x+ and TensorRT 8.6/10.x (JetPack 6) both parse opset 17
+INPUT_NAME, OUTPUT_NAME = "pixel_values", "image_features"
+# Ops TensorRT-friendly graphs must not have: data-dependent control flow.
+CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})
+
+_EXPORT_CHILD = """
+import json, sys
+import torch
+from transformers import LlavaForConditionalGeneration
+hf_dir, out, opset = sys.argv[1], sys.argv[2], int(sys.argv[3])
+model = LlavaForConditionalGeneration.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="eager").eval()
+cfg = model.config
+size = int(cfg.vision_config.image_size)
+
+class Encoder(torch.nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, pixel_values):
+        f = self.m.get_image_features(pixel_values=pixel_values, vision_feature_layer=cfg.vision_feature_layer,
+                                      vision_feature_select_strategy=cfg.vision_feature_select_strategy)
+        f = f[0] if isinstance(f, (list, tuple)) else f
+        return f.reshape(1, -1, f.shape[-1])
+
+enc = Encoder(model).eval()
+x = torch.zeros(1, 3, size, size)
+with torch.no_grad():
+    n = enc(x).shape
+    torch.onnx.export(enc, (x,), out, input_names=["pixel_values"], output_names=["image_features"],
+                      opset_version=opset, dynamo=False, do_constant_folding=True)
+print(json.dumps({"image_size": size, "image_tokens": int(n[1]), "n_embd": int(n[2]),
+                  "torch": torch.__version__}))
+"""
+
+
+def normalise(pixels: np.ndarray, preprocessor: dict[str, Any]) -> np.ndarray:
+    """HxWx3 uint8 (the resized image) -> float32 ``[1, 3, H, W]`` as the processor does it: times
+    ``rescale_factor`` (when ``do_rescale``), minus ``image_mean``, over ``image_std`` (when ``do_normalize``)."""
+    x = pixels.astype(np.float32)
+    if preprocessor.get("do_rescale", True):
+        x = x * np.float32(preprocessor.get("rescale_factor", 1 / 255))
+    if preprocessor.get("do_normalize", True):
+        mean = np.asarray(preprocessor.get("image_mean", [0.5, 0.5, 0.5]), dtype=np.float32)
+        std = np.asarray(preprocessor.get("image_std", [0.5, 0.5, 0.5]), dtype=np.float32)
+        x = (x - mean) / std
+    return np.ascontiguousarray(x.transpose(2, 0, 1)[None], dtype=np.float32)
+
+
+def export_encoder(hf_dir: Path, fp32: Path, fp16: Path, *, opset: int = ONNX_OPSET) -> dict[str, Any]:
+    """Export encoder + projector to ``fp32`` (child process), convert it to FP16 at ``fp16``; returns facts
+    for the manifest (opset, sizes, op census, control-flow check)."""
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    proc = subprocess.run([sys.executable, "-c", _EXPORT_CHILD, str(hf_dir), str(fp32), str(opset)],
+                          capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0 or not fp32.is_file():
+        lines = [ln for ln in (proc.stderr or "").splitlines() if ln.strip()]
+        raise ExternalToolError(f"ONNX export of the vision encoder failed: {lines[-1][:200] if lines else proc.returncode}")
+    info = json.loads(proc.stdout.strip().splitlines()[-1])
+    model = onnx.load(str(fp32))
+    m16 = convert_float_to_float16(model, keep_io_types=True)
+    topological_sort(m16.graph)  # the converter appends its input casts last; TensorRT's parser wants order
+    onnx.checker.check_model(m16)
+    onnx.save(m16, str(fp16))
+    ops = sorted({n.op_type for n in m16.graph.node})
+    flow = sorted(CONTROL_FLOW_OPS & set(ops))
+    if flow:
+        raise ExternalToolError(f"the exported vision encoder has control flow ({', '.join(flow)}): not "
+                                "TensorRT-friendly")
+    return {**info, "opset": opset, "exporter": "torch.onnx.export (TorchScript, static shape, eager attention)",
+            "fp16": "onnxruntime.transformers.float16 (keep_io_types: float32 input/output)",
+            "input": {"name": INPUT_NAME, "dtype": "float32", "shape": [1, 3, info["image_size"], info["image_size"]]},
+            "output": {"name": OUTPUT_NAME, "dtype": "float32",
+                       "shape": [1, info["image_tokens"], info["n_embd"]]},
+            "nodes": len(m16.graph.node), "op_types": ops, "control_flow": flow,
+            "bytes_fp32": fp32.stat().st_size, "bytes": fp16.stat().st_size}
+
+
+def topological_sort(graph: Any) -> None:
+    """Reorder ``graph.node`` in place so every node comes after the producers of its inputs."""
+    produced = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
+    pending, ordered = list(graph.node), []
+    while pending:
+        rest = []
+        for node in pending:
+            if all(i in produced for i in node.input):
+                ordered.append(node)
+                produced.update(node.output)
+            else:
+                rest.append(node)
+        if len(rest) == len(pending):
+            raise ExternalToolError(f"the exported vision encoder has a cycle or a dangling input at node "
+                                    f"{rest[0].name or rest[0].op_type}")
+        pending = rest
+    copies = [type(n)() for n in ordered]
+    for c, n in zip(copies, ordered, strict=True):
+        c.CopyFrom(n)
+    del graph.node[:]
+    graph.node.extend(copies)
+
+
+def onnx_features(path: Path, pixels: list[np.ndarray], preprocessor: dict[str, Any]) -> list[np.ndarray]:
+    """Image features from the ONNX encoder on CPU for a list of resized HxWx3 uint8 images."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    out = []
+    for p in pixels:
+        f = sess.run([OUTPUT_NAME], {INPUT_NAME: normalise(p, preprocessor)})[0]
+        out.append(f.reshape(-1, f.shape[-1]))
+    return out
+
+
+def min_token_cosine(got: np.ndarray, want: np.ndarray) -> float:
+    got, want = got.astype(np.float64), want.astype(np.float64)
+    cos = (got * want).sum(1) / np.clip(np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1), 1e-30, None)
+    return float(cos.min())
+
+
+def onnx_parity(decoder: Path, mmproj: Path, onnx: Path, preprocessor: dict[str, Any], images: list[Path],
+                refs: list[dict], mmproj_results: list[dict], *, n_ctx: int, n_tokens: int, prompt: str,
+                mmproj_encode_s: list[float]) -> dict[str, Any]:
+    """The FP16 ONNX encoder through the runtime's own path (VLMPipeline with the encoder forced onto the CPU
+    provider): features vs PyTorch and vs the mmproj's, and greedy tokens vs the mmproj path and PyTorch.
+    ``mmproj_results``: per image ``features`` and ``tokens`` from the mmproj pipeline."""
+    from edgesdk.runtime.backends.vlm import VLMBackend, VLMPipeline
+    from edgesdk.runtime.backends.vlm_onnx import OnnxImageEncoder
+
+    enc = OnnxImageEncoder(onnx, preprocessor, "CPUExecutionProvider")
+    pipe = VLMPipeline(decoder, mmproj, preprocessor, n_ctx=n_ctx, image_encoder=enc)
+    backend = VLMBackend(pipe, report={}, model="parity", attributes={})
+    per_image, cos_min, cos_mm_min, eq_pt, eq_mm = [], 1.0, 1.0, 0, 0
+    try:
+        for path, ref, mm in zip(images, refs, mmproj_results, strict=True):
+            got = backend.image_features(path)
+            c_pt, c_mm = min_token_cosine(got, ref["features"]), min_token_cosine(got, mm["features"])
+            backend.generate(prompt, images=[path], max_tokens=n_tokens, temperature=0.0, seed=0)
+            toks = backend.last["output_ids"]
+            eq_pt, eq_mm = eq_pt + int(toks == ref["tokens"]), eq_mm + int(toks == mm["tokens"])
+            cos_min, cos_mm_min = min(cos_min, c_pt), min(cos_mm_min, c_mm)
+            per_image.append({"image": path.name, "min_cosine": round(c_pt, 6), "min_cosine_vs_mmproj": round(c_mm, 6),
+                              "max_abs": round(float(np.abs(got - ref["features"]).max()), 6), "tokens_onnx": toks})
+    finally:
+        backend.close()
+
+    def ms(v: list[float]) -> float | None:  # the first run (session warm-up) left out when there are more
+        return round(float(np.median(v[1:] or v)) * 1e3, 3) if v else None
+
+    n = len(images)
+    return {"provider": "CPUExecutionProvider (build host; the runtime prefers TensorRT > CUDA)",
+            "encoder_min_cosine": round(cos_min, 6), "min_cosine_vs_mmproj": round(cos_mm_min, 6),
+            "greedy_equal_pytorch": f"{eq_pt}/{n}", "greedy_equal_mmproj": f"{eq_mm}/{n}",
+            "encode_ms_median": {"onnx_cpu": ms(pipe.encode_s["onnx"]), "mmproj_cpu": ms(mmproj_encode_s)},
+            "per_image": per_image}
