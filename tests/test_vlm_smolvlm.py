@@ -130,3 +130,16 @@ def test_generate_chat_reuse_and_cli(smol_bundle, images, run_cli):
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["report"]["backend_report"]["last_request"]["image_tokens"] == IDEFICS3_IMAGE_TOKENS
+
+
+@pytest.mark.slow
+def test_smolvlm2_class_builds_with_parity(tmp_path):
+    """``SmolVLMForConditionalGeneration`` (SmolVLM2's class): same layout, same parity."""
+    from edgesdk.build import build
+    from edgesdk.plan import BuildOptions
+
+    src = make_tiny_idefics3(tmp_path / "tiny-smolvlm2", arch="smolvlm")
+    assert json.loads((src / "config.json").read_text())["vision_config"]["model_type"] == "smolvlm_vision"
+    bundle = build(src, "cpu-x86_64", tmp_path / "out", BuildOptions(progress=False, quant_type="F16"))
+    vision = json.loads((bundle / "manifest.json").read_text())["parity"]["vision"]
+    assert vision["encoder_min_cosine"] >= 0.999 and vision["greedy_equal"] == "3/3"

@@ -137,7 +137,7 @@ IDEFICS3_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}")
 
 
-def make_tiny_idefics3(directory: Path, *, seed: int = 0) -> Path:
+def make_tiny_idefics3(directory: Path, *, seed: int = 0, arch: str = "idefics3") -> Path:
     """Save a random-weight tiny SmolVLM-style ``Idefics3ForConditionalGeneration`` (the architecture of
     the SmolVLM checkpoints) in ``directory``: SigLIP-style vision tower (64 px, 8 px patches, 2 layers,
     hidden 64) + pixel-shuffle connector (scale factor 2 -> 16 image tokens, one bias-free linear) +
@@ -147,7 +147,10 @@ def make_tiny_idefics3(directory: Path, *, seed: int = 0) -> Path:
     (BOS), ``<end_of_utterance>`` (EOS), ``<fake_token_around_image>``, ``<image>``, ``<global-img>`` and
     ``<row_R_col_C>``; ``\\n`` and ``\\n\\n`` are single tokens, as llama.cpp's Idefics3 template looks
     them up. The processor does not split images (``do_image_splitting=False``): one image is one
-    64x64 global image of 16 tokens, the layout the edgesdk runtime reproduces."""
+    64x64 global image of 16 tokens, the layout the edgesdk runtime reproduces.
+
+    ``arch="smolvlm"`` saves the same model as ``SmolVLMForConditionalGeneration`` (SmolVLM2's class,
+    vision ``smolvlm_vision``) with the same Idefics3 processor (SmolVLM2's own processor needs torchvision)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import (
@@ -190,11 +193,16 @@ def make_tiny_idefics3(directory: Path, *, seed: int = 0) -> Path:
     vision = {"image_size": IDEFICS3_IMAGE_SIZE, "patch_size": IDEFICS3_PATCH_SIZE, "hidden_size": 64,
               "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
               "hidden_act": "gelu_pytorch_tanh", "layer_norm_eps": 1e-6}
-    config = Idefics3Config(vision_config=vision, text_config=text.to_dict(), scale_factor=IDEFICS3_SCALE_FACTOR,
-                            image_token_id=fast.convert_tokens_to_ids("<image>"), tie_word_embeddings=False,
-                            pad_token_id=fast.pad_token_id)
+    config_cls, model_cls = (Idefics3Config, Idefics3ForConditionalGeneration)
+    if arch == "smolvlm":
+        from transformers import SmolVLMConfig, SmolVLMForConditionalGeneration
+
+        config_cls, model_cls = SmolVLMConfig, SmolVLMForConditionalGeneration
+    config = config_cls(vision_config=vision, text_config=text.to_dict(), scale_factor=IDEFICS3_SCALE_FACTOR,
+                        image_token_id=fast.convert_tokens_to_ids("<image>"), tie_word_embeddings=False,
+                        pad_token_id=fast.pad_token_id)
     torch.manual_seed(seed)
-    model = Idefics3ForConditionalGeneration(config).eval()
+    model = model_cls(config).eval()
     model.save_pretrained(directory, safe_serialization=True)
     (directory / "README.md").write_text(
         "---\nlicense: apache-2.0\n---\n# tiny-smolvlm (random weights)\n\nA SmolVLM-style (Idefics3) model built "
