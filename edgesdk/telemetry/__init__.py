@@ -45,15 +45,15 @@ from edgesdk.telemetry._recorder import (
     StageSpan,
     _NoopRecorder,
 )
-from edgesdk.telemetry._setup import Counters, Settings, resolve_settings
+from edgesdk.telemetry._setup import Counters, resolve_settings
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.trace import TracerProvider
 
-__all__ = ["configure", "tracer_provider", "shutdown", "force_flush", "stats", "build_trace", "build_stage", "inference",
-           "fallback_event", "capture_enabled", "BUILD_STAGES", "INFERENCE_STAGES", "InferenceRecorder", "StageSpan",
-           "NOOP_RECORDER", "NOOP_STAGE"]
+__all__ = ["configure", "tracer_provider", "shutdown", "force_flush", "stats", "build_trace", "build_stage",
+           "inference", "fallback_event", "capture_enabled", "BUILD_STAGES", "INFERENCE_STAGES",
+           "InferenceRecorder", "StageSpan", "NOOP_RECORDER", "NOOP_STAGE"]
 
 _log = logging.getLogger("edgesdk.telemetry")
 
@@ -65,7 +65,7 @@ class _State:
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.configured = False
-        self.settings: Settings | None = None
+        self.atexit_registered = False
         self.tracer: trace.Tracer | None = None  # None = telemetry off: every call takes the no-op path
         self.instruments: Instruments | None = None
         self.adoptable = False  # nothing of ours configured: use the application's providers once it has some
@@ -95,16 +95,11 @@ if hasattr(os, "register_at_fork"):
 def configure(*, trace_file: str | Path | None = None, otlp_endpoint: str | None = None,
               otlp_protocol: str | None = None, console: bool = False, capture_content: bool | None = None,
               service_name: str = "edgesdk", span_exporter=None, metric_reader=None) -> None:
-    """Set up tracing and metrics. Idempotent: the same settings twice is a no-op.
+    """Set up tracing and metrics; the same settings twice is a no-op, others replace the providers.
 
-    Arguments override the standard environment (``OTEL_EXPORTER_OTLP_ENDPOINT``,
-    ``OTEL_EXPORTER_OTLP_PROTOCOL``, ``OTEL_TRACES_EXPORTER``, ``OTEL_SDK_DISABLED``,
-    ``OTEL_SERVICE_NAME``) and ``EDGESDK_TRACE_FILE`` / ``EDGESDK_CAPTURE_CONTENT`` /
-    ``EDGESDK_CHUNK_METRIC``. ``span_exporter`` / ``metric_reader`` add a caller-owned exporter or
-    reader (embedding apps, tests). With an exporter to set up, edgesdk builds its own SDK providers
-    (they need the ``edgesdk[otel]`` extra) and never touches the global ones; without, it records
-    into the application's global providers, if it has set any. Calling with different settings
-    replaces the previous providers (they are flushed and shut down).
+    Arguments override the ``OTEL_*`` / ``EDGESDK_*`` environment (docs/telemetry.md). With an
+    exporter to set up (``span_exporter`` / ``metric_reader``: caller-owned), edgesdk builds its own
+    SDK providers and never touches the global ones; without, it records into the application's.
     """
     settings = resolve_settings(trace_file=trace_file, otlp_endpoint=otlp_endpoint, otlp_protocol=otlp_protocol,
                                 console=console, capture_content=capture_content, service_name=service_name)
@@ -116,7 +111,6 @@ def configure(*, trace_file: str | Path | None = None, otlp_endpoint: str | None
         _shutdown_locked()
         _state.configured = True
         _state.config_key = key
-        _state.settings = settings
         _state.capture_content = settings.capture_content
         _state.chunk_metric = settings.chunk_metric
         _state.counters = Counters()
@@ -130,8 +124,11 @@ def configure(*, trace_file: str | Path | None = None, otlp_endpoint: str | None
         from edgesdk.extras import require
 
         require("otel", "opentelemetry.sdk", "exporting telemetry (--trace-file, OTEL_EXPORTER_OTLP_*)")
-        from edgesdk.telemetry._providers import build_providers
-        _register_atexit()
+        from edgesdk.telemetry._exporters import build_providers
+
+        if not _state.atexit_registered:
+            atexit.register(shutdown)
+            _state.atexit_registered = True
         built = build_providers(settings, _state.counters, span_exporter=span_exporter, metric_reader=metric_reader)
         tracer_provider, meter_provider, _state.exporter_names = built
         _state.tracer_provider, _state.meter_provider = tracer_provider, meter_provider
@@ -149,28 +146,8 @@ def _adopt_application_locked() -> None:
     _state.exporter_names = ["application"]
 
 
-_atexit_registered = False
-
-
-def _register_atexit() -> None:
-    global _atexit_registered
-    if not _atexit_registered:
-        atexit.register(shutdown)
-        _atexit_registered = True
-
-
 def _application_has_sdk() -> bool:
     return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider)
-
-
-def _ensure_configured() -> None:
-    if not _state.configured:
-        try:
-            configure()
-        except Exception as exc:  # noqa: BLE001 - bad telemetry env must not stop a build or inference
-            _log.warning("telemetry disabled: %s", exc)
-            with _state.lock:
-                _state.configured = True
 
 
 def _tracer():
@@ -179,7 +156,12 @@ def _tracer():
     if tracer is not None:
         return tracer
     if not _state.configured:
-        _ensure_configured()
+        try:
+            configure()
+        except Exception as exc:  # noqa: BLE001 - bad telemetry env must not stop a build or inference
+            _log.warning("telemetry disabled: %s", exc)
+            with _state.lock:
+                _state.configured = True
     if _state.adoptable and _state.tracer is None and _application_has_sdk():
         with _state.lock:  # the application installed its providers after our first call
             if _state.adoptable and _state.tracer is None:
@@ -188,9 +170,8 @@ def _tracer():
 
 
 def tracer_provider():
-    """The tracer provider edgesdk records with: its own when it configured exporting, the application's
-    when adopted, or None when telemetry is off. Components that make their own spans (the server's
-    SERVER spans) use it so their spans reach the same exporters as the runtime's."""
+    """The tracer provider edgesdk records with (its own, the application's, or None when off), for
+    components that make their own spans (the server's SERVER spans) to reach the same exporters."""
     if _tracer() is None:
         return None
     return _state.tracer_provider if _state.tracer_provider is not None else trace.get_tracer_provider()
@@ -266,40 +247,29 @@ def inference(operation: str, model: str, provider: str, *, stream: bool = False
                              stream, request, attributes, _state.chunk_metric)
 
 
-@contextlib.contextmanager
-def build_trace(model: str, profile: str, attributes: dict | None = None) -> Iterator[trace.Span]:
+def build_trace(model: str, profile: str,
+                attributes: dict | None = None) -> contextlib.AbstractContextManager[trace.Span]:
     """Root span of one build (a new trace): ``edgesdk.build``; stages nest under it."""
-    tracer = _tracer()
-    if tracer is None:
-        yield trace.INVALID_SPAN
-        return
-    attrs = {N.BUILD_MODEL: str(model), N.DEVICE_PROFILE: str(profile)}
-    if attributes:
-        attrs.update(N.clean_attributes(attributes))
     # context=Context(): always a new trace, even when called inside another span.
-    span = tracer.start_span(N.BUILD_SPAN, context=otel_context.Context(), kind=SpanKind.INTERNAL,
-                             attributes=attrs)
-    with _finishing_span(span, outcome_attr=N.BUILD_OUTCOME, stage=None):
-        yield span
+    return _build_span(N.BUILD_SPAN, {N.BUILD_MODEL: str(model), N.DEVICE_PROFILE: str(profile)}, attributes,
+                       N.BUILD_OUTCOME, None, otel_context.Context())
+
+
+def build_stage(stage: str, attributes: dict | None = None) -> contextlib.AbstractContextManager[trace.Span]:
+    """Child span per build stage ``edgesdk.build.{stage}`` with duration and outcome."""
+    return _build_span(f"{N.BUILD_SPAN}.{stage}", {N.BUILD_STAGE: str(stage)}, attributes,
+                       N.BUILD_STAGE_OUTCOME, str(stage))
 
 
 @contextlib.contextmanager
-def build_stage(stage: str, attributes: dict | None = None) -> Iterator[trace.Span]:
-    """Child span per build stage ``edgesdk.build.{stage}`` with duration and outcome."""
+def _build_span(name: str, attrs: dict, attributes: dict | None, outcome_attr: str, stage: str | None,
+                context: otel_context.Context | None = None) -> Iterator[trace.Span]:
     tracer = _tracer()
     if tracer is None:
         yield trace.INVALID_SPAN
         return
-    attrs = {N.BUILD_STAGE: str(stage)}
-    if attributes:
-        attrs.update(N.clean_attributes(attributes))
-    span = tracer.start_span(f"{N.BUILD_SPAN}.{stage}", kind=SpanKind.INTERNAL, attributes=attrs)
-    with _finishing_span(span, outcome_attr=N.BUILD_STAGE_OUTCOME, stage=str(stage)):
-        yield span
-
-
-@contextlib.contextmanager
-def _finishing_span(span, *, outcome_attr: str, stage: str | None):
+    span = tracer.start_span(name, context=context, kind=SpanKind.INTERNAL,
+                             attributes={**attrs, **N.clean_attributes(attributes or {})})
     token = otel_context.attach(trace.set_span_in_context(span))
     start = time.perf_counter()
     outcome = "ok"
@@ -323,24 +293,20 @@ def _finishing_span(span, *, outcome_attr: str, stage: str | None):
         span.end()
         instruments = _state.instruments
         if stage is not None and instruments is not None:
-            attrs = {N.BUILD_STAGE: stage, N.BUILD_STAGE_OUTCOME: outcome}
+            labels = {N.BUILD_STAGE: stage, N.BUILD_STAGE_OUTCOME: outcome}
             if error_type:
-                attrs[N.ERROR_TYPE] = error_type
-            instruments.build_stage_duration.record(time.perf_counter() - start, attrs)
+                labels[N.ERROR_TYPE] = error_type
+            instruments.build_stage_duration.record(time.perf_counter() - start, labels)
 
 
 def fallback_event(from_: str, to: str, reason: str, attributes: dict | None = None) -> None:
-    """Record a backend/precision fallback as an ``edgesdk.fallback`` event on the current span.
-
-    With no recording span current (e.g. at load time, before any inference), a short
-    ``edgesdk.fallback`` span carries the event so it is not lost.
-    """
+    """Record a backend/precision fallback as an ``edgesdk.fallback`` event on the current span (or,
+    with none recording, e.g. at load time, on a short ``edgesdk.fallback`` span of its own)."""
     tracer = _tracer()
     if tracer is None:
         return
-    attrs = {N.FALLBACK_FROM: str(from_), N.FALLBACK_TO: str(to), N.FALLBACK_REASON: str(reason)}
-    if attributes:
-        attrs.update(N.clean_attributes(attributes))
+    attrs = {N.FALLBACK_FROM: str(from_), N.FALLBACK_TO: str(to), N.FALLBACK_REASON: str(reason),
+             **N.clean_attributes(attributes or {})}
     current = trace.get_current_span()
     if current.is_recording():
         current.add_event(N.FALLBACK_EVENT, attrs)

@@ -1,5 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Exporters: OTLP-JSON Lines to a file, and wrappers that count what was exported or lost.
+"""The SDK providers edgesdk builds when it configures exporting (the CLI, ``--trace-file``, ``OTEL_*``),
+the OTLP-JSON Lines file exporter, and wrappers that count what was exported or lost. The only module
+that imports the OpenTelemetry SDK and exporters (the ``edgesdk[otel]`` extra).
 
 The file format is what the OpenTelemetry Collector's ``file`` exporter writes: one
 ``ExportTraceServiceRequest`` (or ``ExportMetricsServiceRequest``) per line in the OTLP/JSON
@@ -12,6 +14,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import sys
 import threading
 import weakref
 from collections.abc import Sequence
@@ -20,12 +23,25 @@ from pathlib import Path
 from google.protobuf.json_format import MessageToDict
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
-from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import (
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+    PeriodicExportingMetricReader,
+)
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
+from edgesdk import __version__
 from edgesdk.errors import InputError
-from edgesdk.telemetry._setup import Counters
+from edgesdk.telemetry._setup import Counters, Settings
+
+# Bounded so a stalled exporter holds at most this many finished spans in memory.
+SPAN_QUEUE_SIZE = 2048
+SPAN_BATCH_SIZE = 512
+METRIC_EXPORT_INTERVAL_MS = 30_000
 
 _ID_KEYS = ("traceId", "spanId", "parentSpanId")
 
@@ -137,10 +153,6 @@ class JsonLinesMetricExporter(MetricExporter):
         self._sink.close()
 
 
-def open_json_lines(path: Path) -> _JsonLinesFile:
-    return _JsonLinesFile(path)
-
-
 class CountingSpanExporter(SpanExporter):
     """Counts exported and failed spans; turns exporter exceptions into a one-time warning."""
 
@@ -191,3 +203,73 @@ class CountingBatchSpanProcessor(BatchSpanProcessor):
     def shutdown(self) -> None:
         super().shutdown()
         self._counters.settle_drops()
+
+
+def _otlp_exporters(settings: Settings):
+    timeout = settings.export_timeout_s
+    if settings.otlp_endpoint_from_env:
+        traces_url = metrics_url = None  # let the SDK apply the OTEL_EXPORTER_OTLP_* rules
+    else:
+        base = (settings.otlp_endpoint or "").rstrip("/")  # called only with an endpoint
+        base = base if "://" in base else "http://" + base
+        traces_url = metrics_url = base
+        if settings.otlp_protocol != "grpc":
+            # OTLP/HTTP: an endpoint given in code is the base URL; per-signal paths are appended.
+            root = base[: -len("/v1/traces")] if base.endswith("/v1/traces") else base
+            traces_url, metrics_url = f"{root}/v1/traces", f"{root}/v1/metrics"
+    if settings.otlp_protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
+            OTLPMetricExporter as GrpcMetricExporter,
+        )
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
+
+        return (GrpcSpanExporter(endpoint=traces_url, timeout=timeout),
+                GrpcMetricExporter(endpoint=metrics_url, timeout=timeout))
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return (OTLPSpanExporter(endpoint=traces_url, timeout=timeout),
+            OTLPMetricExporter(endpoint=metrics_url, timeout=timeout))
+
+
+def build_providers(settings: Settings, counters: Counters, *, span_exporter=None, metric_reader=None):
+    """Return ``(tracer_provider, meter_provider, exporter_names)``. Nothing here touches the network."""
+    resource = Resource.create({"service.name": settings.service_name, "telemetry.distro.name": "edgesdk",
+                                "telemetry.distro.version": __version__})
+    # Not the SDK's own atexit hooks: telemetry.shutdown() (registered once at configure) must drain the
+    # metrics worker first and then shut both providers down in parallel, with a bound.
+    tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+    readers = []
+    names = []
+
+    def add_spans(exporter, label):
+        processor = CountingBatchSpanProcessor(
+            CountingSpanExporter(exporter, counters, label), counters, max_queue_size=SPAN_QUEUE_SIZE,
+            max_export_batch_size=SPAN_BATCH_SIZE,
+            export_timeout_millis=int(settings.export_timeout_s * 1000))
+        tracer_provider.add_span_processor(processor)
+        names.append(label)
+
+    if settings.trace_file:
+        sink = _JsonLinesFile(settings.trace_file)
+        add_spans(JsonLinesSpanExporter(sink), f"file:{settings.trace_file}")
+        readers.append(PeriodicExportingMetricReader(JsonLinesMetricExporter(sink),
+                                                     export_interval_millis=METRIC_EXPORT_INTERVAL_MS))
+    if settings.otlp_endpoint:
+        span_otlp, metric_otlp = _otlp_exporters(settings)
+        add_spans(span_otlp, f"otlp-{settings.otlp_protocol}:{settings.otlp_endpoint}")
+        if settings.otlp_metrics:
+            readers.append(PeriodicExportingMetricReader(
+                metric_otlp, export_interval_millis=METRIC_EXPORT_INTERVAL_MS,
+                export_timeout_millis=int(settings.export_timeout_s * 1000)))
+    if settings.console:
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        # Bind the stream now: the SDK's default argument is whatever sys.stdout was at its import.
+        add_spans(ConsoleSpanExporter(out=sys.stdout), "console")
+    if span_exporter is not None:
+        add_spans(span_exporter, type(span_exporter).__name__)
+    if metric_reader is not None:
+        readers.append(metric_reader)
+    meter_provider = MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)
+    return tracer_provider, meter_provider, names

@@ -31,10 +31,7 @@ USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
 TOKEN_TYPE = "gen_ai.token.type"
 INPUT_MESSAGES = "gen_ai.input.messages"
 OUTPUT_MESSAGES = "gen_ai.output.messages"
-EMBEDDINGS_DIMENSION_COUNT = "gen_ai.embeddings.dimension.count"
 ERROR_TYPE = "error.type"
-SERVER_ADDRESS = "server.address"
-SERVER_PORT = "server.port"
 
 # request dict key -> (attribute, python type). top_k is a double in the conventions.
 REQUEST_PARAMS = {
@@ -84,7 +81,6 @@ FALLBACK_REASON = "edgesdk.fallback.reason"
 # Inference-stage child spans (InferenceRecorder.stage): INTERNAL spans named after the stage, under
 # the request's GenAI span; not GenAI operations themselves, so they carry no gen_ai.* attribute.
 INFERENCE_STAGE = "edgesdk.inference.stage"
-INFERENCE_STAGE_TOKENS = "edgesdk.inference.stage.tokens"
 INFERENCE_STAGES = ("preprocess", "encode", "prefill", "decode")
 
 _SCALARS = (str, bool, int, float)
@@ -98,9 +94,8 @@ def clean_attributes(attributes: Mapping[str, Any]) -> dict[str, Any]:
             continue
         if isinstance(value, _SCALARS):
             out[str(key)] = value
-        elif isinstance(value, list | tuple) and value and all(isinstance(v, str) for v in value):
-            out[str(key)] = list(value)
-        elif isinstance(value, list | tuple) and value and all(isinstance(v, int | float) for v in value):
+        elif isinstance(value, list | tuple) and value and (all(isinstance(v, str) for v in value)
+                                                           or all(isinstance(v, int | float) for v in value)):
             out[str(key)] = list(value)
         else:
             out[str(key)] = str(value)
@@ -120,8 +115,7 @@ def request_attributes(request: Mapping[str, Any]) -> dict[str, Any]:
         if key == "choice_count" and int(value) == 1:
             continue  # conditionally required only when != 1
         if kind is list:
-            values = [value] if isinstance(value, str) else [str(v) for v in value]
-            out[name] = values
+            out[name] = [value] if isinstance(value, str) else [str(v) for v in value]
         else:
             out[name] = kind(value)
     return out
@@ -129,23 +123,17 @@ def request_attributes(request: Mapping[str, Any]) -> dict[str, Any]:
 
 def error_type(exc: BaseException) -> str:
     cls = type(exc)
-    module = cls.__module__
-    return cls.__qualname__ if module in ("builtins", None) else f"{module}.{cls.__qualname__}"
+    return cls.__qualname__ if cls.__module__ in ("builtins", None) else f"{cls.__module__}.{cls.__qualname__}"
 
 
 def error_description(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text[:200]
+    return " ".join(str(exc).split())[:200]
 
 
 def text_messages(role: str, content, finish_reason: str | None = None) -> str:
     """Serialize content to the conventions' message JSON (gen_ai.input/output.messages schemas)."""
-    if isinstance(content, str):
-        items = [{"role": role, "content": content}]
-    else:
-        items = list(content)
     messages = []
-    for item in items:
+    for item in [content] if isinstance(content, str) else list(content):
         if isinstance(item, str):
             item = {"role": role, "content": item}
         text = item.get("content", "")

@@ -1,14 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The per-request inference recorder: one INTERNAL span plus the GenAI metrics.
+"""The per-request inference recorder: one INTERNAL span plus the GenAI metrics, and its stage spans.
 
 Plain OpenTelemetry API calls only: ``tracer.start_span`` when the request starts (with every
 attribute known then, so samplers see them), ``span.set_attributes`` / ``set_status`` / ``end`` and
 one ``Histogram.record`` per value when it ends. During a stream ``chunk()`` appends a timestamp;
 nothing else runs per token. Budget and measurements: docs/benchmarks.md (P6).
-
-:meth:`InferenceRecorder.stage` starts an inference-stage child span (``preprocess``, ``encode``,
-``prefill``, ``decode``) under the request's span with ``tracer.start_span(context=...)``: the parent
-is passed explicitly and the stage is never made current, so it works for streams too.
 """
 
 from __future__ import annotations
@@ -16,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from time import perf_counter
 from types import TracebackType
-from typing import Any, Literal, SupportsInt
+from typing import Any, Literal, SupportsInt, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -91,12 +87,13 @@ class StageSpan:
         return False
 
 
-class _NoopStage:
-    """A stage when telemetry is off (or the request span is not recording): does nothing."""
+_N = TypeVar("_N", bound="_Noop")
 
+
+class _Noop:
     __slots__ = ()
 
-    def __enter__(self) -> _NoopStage:
+    def __enter__(self: _N) -> _N:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -106,47 +103,31 @@ class _NoopStage:
     def _nothing(self, *args: object, **kwargs: object) -> None:
         pass
 
-    set_attribute = add_event = end = _nothing
-
     @property
     def span(self) -> trace.Span:
         return trace.INVALID_SPAN
+
+
+class _NoopStage(_Noop):
+    """A stage when telemetry is off (or the request span is not recording): does nothing."""
+
+    __slots__ = ()
+    set_attribute = add_event = end = _Noop._nothing
 
 
 NOOP_STAGE = _NoopStage()
 
 
-def _check_stage(name: str) -> str:
-    if name not in N.INFERENCE_STAGES:
-        raise ValueError(f"unknown inference stage {name!r} (known: {', '.join(N.INFERENCE_STAGES)})")
-    return name
-
-
-class _NoopRecorder:
+class _NoopRecorder(_Noop):
     """Returned when telemetry is off: every method does nothing, so callers need no branches."""
 
     __slots__ = ()
-
-    def __enter__(self) -> _NoopRecorder:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> Literal[False]:
-        return False
-
-    def _nothing(self, *args: object, **kwargs: object) -> None:
-        pass
-
-    set_input_tokens = set_output_tokens = first_chunk = chunk = finish = _nothing
-    set_response_model = set_response_id = set_attribute = set_error = add_event = _nothing
-    capture_input = capture_output = _nothing
+    set_input_tokens = set_output_tokens = first_chunk = chunk = finish = _Noop._nothing
+    set_response_model = set_response_id = set_attribute = set_error = add_event = _Noop._nothing
+    capture_input = capture_output = _Noop._nothing
 
     def stage(self, name: str, attributes: dict[str, Any] | None = None) -> _NoopStage:
         return NOOP_STAGE
-
-    @property
-    def span(self) -> trace.Span:
-        return trace.INVALID_SPAN
 
 
 NOOP_RECORDER = _NoopRecorder()
@@ -233,7 +214,13 @@ class InferenceRecorder:
         if self._first is not None:
             attrs[N.RESPONSE_TIME_TO_FIRST_CHUNK] = self._first - self._t0
         if self._capture:
-            self._add_content(attrs)
+            reason = self._reasons[0] if self._reasons else ("error" if self._error_type else "stop")
+            if self._input_content is not None:
+                attrs[N.INPUT_MESSAGES] = N.text_messages("user", self._input_content)
+            if self._output_content is not None:
+                attrs[N.OUTPUT_MESSAGES] = N.text_messages("assistant", self._output_content, reason)
+            if self._input_content is not None or self._output_content is not None:
+                attrs[N.CAPTURE_MARKER] = True
         if attrs:
             span.set_attributes(attrs)
         span.end()
@@ -264,15 +251,6 @@ class InferenceRecorder:
                     before = now
         if len(times) >= 2:
             inst.server_tpot.record((times[-1] - times[0]) / (len(times) - 1), metric_attrs)
-
-    def _add_content(self, attrs):
-        reason = self._reasons[0] if self._reasons else ("error" if self._error_type else "stop")
-        if self._input_content is not None:
-            attrs[N.INPUT_MESSAGES] = N.text_messages("user", self._input_content)
-        if self._output_content is not None:
-            attrs[N.OUTPUT_MESSAGES] = N.text_messages("assistant", self._output_content, reason)
-        if self._input_content is not None or self._output_content is not None:
-            attrs[N.CAPTURE_MARKER] = True
 
     # -- recording API --
     def set_input_tokens(self, n: SupportsInt) -> None:
@@ -324,13 +302,12 @@ class InferenceRecorder:
         this request's span, named ``name`` with ``edgesdk.inference.stage``; end it with ``end()`` or a
         ``with`` block, before the request ends. The no-op stage when the request's span is not
         recording (sampled out, or the request not started / already ended)."""
-        _check_stage(name)
+        if name not in N.INFERENCE_STAGES:
+            raise ValueError(f"unknown inference stage {name!r} (known: {', '.join(N.INFERENCE_STAGES)})")
         span = self.span
         if not span.is_recording():
             return NOOP_STAGE
-        attrs = {N.INFERENCE_STAGE: name}
-        if attributes:
-            attrs.update(N.clean_attributes(attributes))
+        attrs = {N.INFERENCE_STAGE: name, **N.clean_attributes(attributes or {})}
         return StageSpan(self._tracer.start_span(name, context=trace.set_span_in_context(span),
                                                  kind=SpanKind.INTERNAL, attributes=attrs))
 

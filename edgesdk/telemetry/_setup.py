@@ -19,12 +19,8 @@ from edgesdk.errors import InputError
 
 _log = logging.getLogger("edgesdk.telemetry")
 
-# Bounded so a stalled exporter holds at most this many finished spans in memory.
-SPAN_QUEUE_SIZE = 2048
-SPAN_BATCH_SIZE = 512
 # Seconds; the SDK default (10 s) would hold the CLI's exit for that long per signal on a dead collector.
 DEFAULT_EXPORT_TIMEOUT_S = 2.0
-METRIC_EXPORT_INTERVAL_MS = 30_000
 
 _TRUE = {"1", "true", "yes", "on"}
 
