@@ -143,3 +143,11 @@ def test_smolvlm2_class_builds_with_parity(tmp_path):
     bundle = build(src, "cpu-x86_64", tmp_path / "out", BuildOptions(progress=False, quant_type="F16"))
     vision = json.loads((bundle / "manifest.json").read_text())["parity"]["vision"]
     assert vision["encoder_min_cosine"] >= 0.999 and vision["greedy_equal"] == "3/3"
+
+
+def test_onnx_vision_runtime_is_refused_for_this_family(tiny_smolvlm):
+    from edgesdk.errors import InputError
+    from edgesdk.plan import BuildOptions
+
+    with pytest.raises(InputError, match="not supported for Idefics3/SmolVLM"):
+        make_plan(tiny_smolvlm, "orin-nx-16gb", BuildOptions(vision_runtime="onnx"))
