@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from opentelemetry import context as otel_context
-from opentelemetry import trace
+from opentelemetry import metrics, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from edgesdk.errors import VerdictError
@@ -119,7 +119,7 @@ def configure(*, trace_file: str | Path | None = None, otlp_endpoint: str | None
         if not (settings.any_exporter or span_exporter is not None or metric_reader is not None):
             _state.adoptable = True
             if _application_has_sdk():
-                _adopt_application_locked()
+                _use_locked()
             return
         from edgesdk.extras import require
 
@@ -129,21 +129,17 @@ def configure(*, trace_file: str | Path | None = None, otlp_endpoint: str | None
         if not _state.atexit_registered:
             atexit.register(shutdown)
             _state.atexit_registered = True
-        built = build_providers(settings, _state.counters, span_exporter=span_exporter, metric_reader=metric_reader)
-        tracer_provider, meter_provider, _state.exporter_names = built
-        _state.tracer_provider, _state.meter_provider = tracer_provider, meter_provider
-        _state.tracer = tracer_provider.get_tracer("edgesdk", N.SDK_VERSION, schema_url=N.SCHEMA_URL)
-        meter = meter_provider.get_meter("edgesdk", N.SDK_VERSION, schema_url=N.SCHEMA_URL)
-        _state.instruments = Instruments(meter)
+        _state.tracer_provider, _state.meter_provider, names = build_providers(
+            settings, _state.counters, span_exporter=span_exporter, metric_reader=metric_reader)
+        _use_locked(_state.tracer_provider, _state.meter_provider, names)
 
 
-def _adopt_application_locked() -> None:
-    """Record into the application's global providers (the API's; no SDK import of ours)."""
-    from opentelemetry import metrics
-
-    _state.tracer = trace.get_tracer("edgesdk", N.SDK_VERSION, schema_url=N.SCHEMA_URL)
-    _state.instruments = Instruments(metrics.get_meter("edgesdk", N.SDK_VERSION, schema_url=N.SCHEMA_URL))
-    _state.exporter_names = ["application"]
+def _use_locked(tracer_provider=None, meter_provider=None, exporter_names=("application",)) -> None:
+    """Record with these providers: ours, or (None) the application's global ones, adopted."""
+    _state.tracer = trace.get_tracer("edgesdk", N.SDK_VERSION, tracer_provider, schema_url=N.SCHEMA_URL)
+    meter = metrics.get_meter("edgesdk", N.SDK_VERSION, meter_provider, schema_url=N.SCHEMA_URL)
+    _state.instruments = Instruments(meter)
+    _state.exporter_names = list(exporter_names)
 
 
 def _application_has_sdk() -> bool:
@@ -165,7 +161,7 @@ def _tracer():
     if _state.adoptable and _state.tracer is None and _application_has_sdk():
         with _state.lock:  # the application installed its providers after our first call
             if _state.adoptable and _state.tracer is None:
-                _adopt_application_locked()
+                _use_locked()
     return _state.tracer
 
 
@@ -236,8 +232,7 @@ def stats() -> dict:
     return snapshot
 
 
-def inference(operation: str, model: str, provider: str, *, stream: bool = False,
-              request: dict | None = None,
+def inference(operation: str, model: str, provider: str, *, stream: bool = False, request: dict | None = None,
               attributes: dict | None = None) -> InferenceRecorder | _NoopRecorder:
     """Context manager for one inference request; yields a recorder (see module docstring)."""
     tracer = _state.tracer or _tracer()

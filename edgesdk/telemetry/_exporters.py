@@ -12,6 +12,7 @@ strings, and trace/span ids as lowercase hex (OTLP/JSON's one departure from pla
 from __future__ import annotations
 
 import base64
+import importlib
 import json
 import os
 import sys
@@ -137,7 +138,8 @@ class JsonLinesMetricExporter(MetricExporter):
         super().__init__(preferred_aggregation=preferred_aggregation)
         self._sink = sink.acquire()
 
-    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs) -> MetricExportResult:
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
+               **kwargs) -> MetricExportResult:
         try:
             document = to_otlp_json(encode_metrics(metrics_data))
             if document.get("resourceMetrics"):
@@ -185,12 +187,8 @@ class CountingSpanExporter(SpanExporter):
 
 
 class CountingBatchSpanProcessor(BatchSpanProcessor):
-    """The SDK's batch processor, plus a count of the spans it was given.
-
-    The SDK drops the oldest span when its bounded queue is full and only logs it. At shutdown
-    nothing is queued any more, so every span that ended and was neither exported nor failed was
-    dropped: ``spans_dropped`` is settled then (and reads 0 before).
-    """
+    """The SDK's batch processor, plus a count of the spans it was given. The SDK drops spans from a
+    full queue and only logs it; at shutdown nothing is queued, so ``spans_dropped`` is settled then."""
 
     def __init__(self, exporter: SpanExporter, counters: Counters, **kwargs):
         super().__init__(exporter, **kwargs)
@@ -217,19 +215,11 @@ def _otlp_exporters(settings: Settings):
             # OTLP/HTTP: an endpoint given in code is the base URL; per-signal paths are appended.
             root = base[: -len("/v1/traces")] if base.endswith("/v1/traces") else base
             traces_url, metrics_url = f"{root}/v1/traces", f"{root}/v1/metrics"
-    if settings.otlp_protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
-            OTLPMetricExporter as GrpcMetricExporter,
-        )
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
-
-        return (GrpcSpanExporter(endpoint=traces_url, timeout=timeout),
-                GrpcMetricExporter(endpoint=metrics_url, timeout=timeout))
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-    return (OTLPSpanExporter(endpoint=traces_url, timeout=timeout),
-            OTLPMetricExporter(endpoint=metrics_url, timeout=timeout))
+    # The gRPC and HTTP exporter packages have the same module and class names.
+    package = "opentelemetry.exporter.otlp.proto." + ("grpc" if settings.otlp_protocol == "grpc" else "http")
+    spans = importlib.import_module(f"{package}.trace_exporter").OTLPSpanExporter
+    metrics = importlib.import_module(f"{package}.metric_exporter").OTLPMetricExporter
+    return spans(endpoint=traces_url, timeout=timeout), metrics(endpoint=metrics_url, timeout=timeout)
 
 
 def build_providers(settings: Settings, counters: Counters, *, span_exporter=None, metric_reader=None):

@@ -122,8 +122,8 @@ def request_attributes(request: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def error_type(exc: BaseException) -> str:
-    cls = type(exc)
-    return cls.__qualname__ if cls.__module__ in ("builtins", None) else f"{cls.__module__}.{cls.__qualname__}"
+    module, name = type(exc).__module__, type(exc).__qualname__
+    return name if module in ("builtins", None) else f"{module}.{name}"
 
 
 def error_description(exc: BaseException) -> str:

@@ -25,23 +25,20 @@ class Instruments:
     """Histograms with the advised bucket boundaries (the semconv helpers set name/unit only)."""
 
     def __init__(self, meter):
-        def hist(name, unit, description, buckets):
+        def hist(name, description, buckets=N.DURATION_BUCKETS, unit="s"):
             return meter.create_histogram(name, unit=unit, description=description,
                                           explicit_bucket_boundaries_advisory=buckets)
 
-        self.duration = hist(N.CLIENT_OPERATION_DURATION, "s", "GenAI operation duration", N.DURATION_BUCKETS)
-        self.token_usage = hist(N.CLIENT_TOKEN_USAGE, "{token}", "Number of input and output tokens used",
-                                N.TOKEN_BUCKETS)
-        self.ttfc = hist(N.CLIENT_TIME_TO_FIRST_CHUNK, "s", "Time to receive the first chunk",
-                         N.DURATION_BUCKETS)
-        self.tpoc = hist(N.CLIENT_TIME_PER_OUTPUT_CHUNK, "s", "Time between consecutive output chunks",
-                         N.DURATION_BUCKETS)
-        self.server_ttft = hist(N.SERVER_TIME_TO_FIRST_TOKEN, "s", "Time to generate the first token",
+        self.duration = hist(N.CLIENT_OPERATION_DURATION, "GenAI operation duration")
+        self.token_usage = hist(N.CLIENT_TOKEN_USAGE, "Number of input and output tokens used",
+                                N.TOKEN_BUCKETS, "{token}")
+        self.ttfc = hist(N.CLIENT_TIME_TO_FIRST_CHUNK, "Time to receive the first chunk")
+        self.tpoc = hist(N.CLIENT_TIME_PER_OUTPUT_CHUNK, "Time between consecutive output chunks")
+        self.server_ttft = hist(N.SERVER_TIME_TO_FIRST_TOKEN, "Time to generate the first token",
                                 N.TTFT_BUCKETS)
-        self.server_tpot = hist(N.SERVER_TIME_PER_OUTPUT_TOKEN, "s",
-                                "Time per output token after the first", N.TPOT_BUCKETS)
-        self.build_stage_duration = hist(N.BUILD_STAGE_DURATION, "s", "edgesdk build stage duration",
-                                         N.DURATION_BUCKETS)
+        self.server_tpot = hist(N.SERVER_TIME_PER_OUTPUT_TOKEN, "Time per output token after the first",
+                                N.TPOT_BUCKETS)
+        self.build_stage_duration = hist(N.BUILD_STAGE_DURATION, "edgesdk build stage duration")
 
 
 class StageSpan:
@@ -69,7 +66,7 @@ class StageSpan:
             self._span.add_event(str(name), N.clean_attributes(attributes or {}))
 
     def end(self, error: BaseException | None = None) -> None:
-        """End the stage; with ``error`` (not a stream's GeneratorExit) its status is ERROR with error.type."""
+        """End the stage; with ``error`` (not a stream's GeneratorExit) status ERROR and error.type."""
         if self._ended:
             return
         self._ended = True
@@ -142,9 +139,10 @@ class InferenceRecorder:
     may be closed from another context). Use :meth:`add_event` for events on a stream's span.
     """
 
-    __slots__ = ("_tracer", "_instruments", "_capture", "_operation", "_model", "_provider", "_stream", "_chunk_metric",
-                 "_span", "_token", "_t0", "_first", "_times", "_input_tokens", "_output_tokens", "_reasons",
-                 "_response_model", "_input_content", "_output_content", "_error_type", "_end_attrs")
+    __slots__ = ("_tracer", "_instruments", "_capture", "_operation", "_model", "_provider", "_stream",
+                 "_chunk_metric", "_span", "_token", "_t0", "_first", "_times", "_input_tokens",
+                 "_output_tokens", "_reasons", "_response_model", "_input_content", "_output_content",
+                 "_error_type", "_end_attrs")
 
     def __init__(self, tracer, instruments, capture, operation, model, provider, stream, request, attributes,
                  chunk_metric=True):
@@ -245,10 +243,8 @@ class InferenceRecorder:
             inst.ttfc.record(ttfc, metric_attrs)
             if self._chunk_metric and len(times) >= 2:
                 record = inst.tpoc.record
-                before = times[0]
-                for now in times[1:]:
+                for before, now in zip(times, times[1:]):
                     record(now - before, metric_attrs)
-                    before = now
         if len(times) >= 2:
             inst.server_tpot.record((times[-1] - times[0]) / (len(times) - 1), metric_attrs)
 

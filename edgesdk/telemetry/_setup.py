@@ -1,11 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Provider and exporter wiring for :mod:`edgesdk.telemetry`.
-
-Configuration comes from explicit arguments first, then the standard ``OTEL_*`` environment
-variables (plus ``EDGESDK_TRACE_FILE`` / ``EDGESDK_CAPTURE_CONTENT``). Exporting runs on the SDK's
-background threads with bounded queues and short timeouts, so a slow or dead collector never
-blocks inference: it costs a warning and counted drops (``telemetry.stats()``).
-"""
+"""Telemetry settings (arguments first, then the ``OTEL_*`` / ``EDGESDK_*`` environment) and the export
+counters of ``telemetry.stats()``: a slow or dead collector costs a warning and counted drops, never a
+blocked inference (bounded queues, short timeouts, the SDK's background threads)."""
 
 from __future__ import annotations
 
@@ -26,10 +22,8 @@ _TRUE = {"1", "true", "yes", "on"}
 
 
 def env_flag(name: str) -> bool | None:
-    value = os.environ.get(name)
-    if value is None or value.strip() == "":
-        return None
-    return value.strip().lower() in _TRUE
+    value = os.environ.get(name, "").strip().lower()
+    return value in _TRUE if value else None
 
 
 @dataclass
@@ -70,28 +64,21 @@ def _capture_from_env() -> bool:
 def _normalise_protocol(protocol: str | None, endpoint: str | None) -> str:
     if protocol:
         value = protocol.strip().lower()
-        if value in ("grpc",):
+        if value == "grpc":
             return "grpc"
         if value in ("http/protobuf", "http", "http/json"):
             return "http/protobuf"
         raise InputError(f"unsupported OTLP protocol {protocol!r}", hint="use grpc or http/protobuf")
     # 4318 is the OTLP/HTTP port by convention; anything else is treated as gRPC (the Python SDK default).
-    if endpoint and ":4318" in endpoint:
-        return "http/protobuf"
-    return "grpc"
+    return "http/protobuf" if endpoint and ":4318" in endpoint else "grpc"
 
 
 def resolve_settings(*, trace_file, otlp_endpoint, otlp_protocol, console, capture_content,
                      service_name) -> Settings:
     settings = Settings(service_name=os.environ.get("OTEL_SERVICE_NAME") or service_name)
-    if env_flag("OTEL_SDK_DISABLED"):
-        settings.disabled = True
-        return settings
-    exporters = {
-        item.strip().lower()
-        for item in os.environ.get("OTEL_TRACES_EXPORTER", "").split(",") if item.strip()
-    }
-    if "none" in exporters and not (trace_file or otlp_endpoint or console):
+    exporters = {e.strip().lower() for e in os.getenv("OTEL_TRACES_EXPORTER", "").split(",") if e.strip()}
+    explicit = trace_file or otlp_endpoint or console
+    if env_flag("OTEL_SDK_DISABLED") or ("none" in exporters and not explicit):
         settings.disabled = True
         return settings
     file_value = trace_file if trace_file is not None else os.environ.get("EDGESDK_TRACE_FILE")
@@ -127,13 +114,12 @@ class Counters:
     """Export bookkeeping exposed by ``telemetry.stats()``; updated from exporter threads."""
 
     lock: threading.Lock = field(default_factory=threading.Lock)
+    spans_ended: int = 0
     spans_exported: int = 0
     spans_failed: int = 0
     spans_dropped: int = 0
     export_errors: int = 0
     warned: set = field(default_factory=set)
-
-    spans_ended: int = 0
 
     def settle_drops(self) -> None:
         """After shutdown nothing is queued: what ended and was not exported or failed was dropped."""
@@ -153,5 +139,5 @@ class Counters:
 
     def snapshot(self) -> dict:
         with self.lock:
-            return {"spans_ended": self.spans_ended, "spans_exported": self.spans_exported, "spans_failed": self.spans_failed,
-                    "spans_dropped": self.spans_dropped, "export_errors": self.export_errors}
+            return {name: getattr(self, name) for name in
+                    ("spans_ended", "spans_exported", "spans_failed", "spans_dropped", "export_errors")}
