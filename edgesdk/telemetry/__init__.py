@@ -69,8 +69,7 @@ class _State:
         self.tracer: trace.Tracer | None = None  # None = telemetry off: every call takes the no-op path
         self.instruments: Instruments | None = None
         self.adoptable = False  # nothing of ours configured: use the application's providers once it has some
-        # ours (the SDK's), when edgesdk configured exporting
-        self.tracer_provider: TracerProvider | None = None
+        self.tracer_provider: TracerProvider | None = None  # ours (the SDK's), when edgesdk exports
         self.meter_provider: MeterProvider | None = None
         self.counters = Counters()
         self.exporter_names: list[str] = []
@@ -190,13 +189,9 @@ def force_flush(timeout_millis: int = 5000) -> bool:
 
 def _shutdown_locked(timeout_s: float = 5.0) -> None:
     providers = [p for p in (_state.tracer_provider, _state.meter_provider) if p is not None]
-    _state.tracer = None
-    _state.instruments = None
-    _state.adoptable = False
-    _state.tracer_provider = None
-    _state.meter_provider = None
+    _state.tracer = _state.instruments = _state.tracer_provider = _state.meter_provider = None
+    _state.adoptable = _state.configured = False
     _state.exporter_names = []
-    _state.configured = False
     if not providers:
         return
 
@@ -225,11 +220,9 @@ def shutdown() -> None:
 def stats() -> dict:
     """Export bookkeeping of edgesdk's own exporters: spans ended / exported / failed / dropped (a full
     queue; settled at shutdown), exporter errors, the exporters, whether content is captured."""
-    snapshot = _state.counters.snapshot()
-    snapshot["enabled"] = _state.tracer is not None
-    snapshot["exporters"] = list(_state.exporter_names)
-    snapshot["capture_content"] = bool(_state.capture_content and _state.tracer is not None)
-    return snapshot
+    enabled = _state.tracer is not None
+    return {**_state.counters.snapshot(), "enabled": enabled, "exporters": list(_state.exporter_names),
+            "capture_content": bool(_state.capture_content and enabled)}
 
 
 def inference(operation: str, model: str, provider: str, *, stream: bool = False, request: dict | None = None,

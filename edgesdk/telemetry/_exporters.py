@@ -81,11 +81,8 @@ if hasattr(os, "register_at_fork"):
 
 
 class _JsonLinesFile:
-    """One file shared by the span and metric exporters; a lock keeps lines whole.
-
-    Each exporter ``acquire()``s it; the file closes when the last one shuts down (the two providers
-    shut down in parallel, and the first must not cut off the other's final export).
-    """
+    """One file shared by the span and metric exporters; a lock keeps lines whole. It closes when the
+    last exporter that ``acquire()``d it shuts down (the providers shut down in parallel)."""
 
     def __init__(self, path: Path):
         self.path = Path(path)

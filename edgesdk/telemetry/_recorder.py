@@ -84,13 +84,13 @@ class StageSpan:
         return False
 
 
-_N = TypeVar("_N", bound="_Noop")
+_Self = TypeVar("_Self", bound="_Noop")
 
 
 class _Noop:
     __slots__ = ()
 
-    def __enter__(self: _N) -> _N:
+    def __enter__(self: _Self) -> _Self:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -295,9 +295,9 @@ class InferenceRecorder:
 
     def stage(self, name: str, attributes: dict[str, Any] | None = None) -> StageSpan | _NoopStage:
         """Start the inference stage ``name`` (one of ``INFERENCE_STAGES``) as an INTERNAL child span of
-        this request's span, named ``name`` with ``edgesdk.inference.stage``; end it with ``end()`` or a
-        ``with`` block, before the request ends. The no-op stage when the request's span is not
-        recording (sampled out, or the request not started / already ended)."""
+        this request's span (its parent passed explicitly, never made current: streams work too); end it
+        with ``end()`` or a ``with`` block before the request ends. The no-op stage when the request's
+        span is not recording (sampled out, or the request not started / already ended)."""
         if name not in N.INFERENCE_STAGES:
             raise ValueError(f"unknown inference stage {name!r} (known: {', '.join(N.INFERENCE_STAGES)})")
         span = self.span
