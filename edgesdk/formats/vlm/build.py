@@ -53,20 +53,55 @@ _HF_CHILD = """
 import json, sys
 import numpy as np, torch
 from PIL import Image
-from transformers import AutoProcessor, LlavaForConditionalGeneration
+import transformers
+from transformers import AutoProcessor
 hf_dir, spec_file, out = sys.argv[1], sys.argv[2], sys.argv[3]
 spec = json.load(open(spec_file))
 proc = AutoProcessor.from_pretrained(hf_dir)
-model = LlavaForConditionalGeneration.from_pretrained(hf_dir, dtype=torch.float32).eval()
+arch = spec.get("architecture") or "LlavaForConditionalGeneration"
+model = getattr(transformers, arch).from_pretrained(hf_dir, dtype=torch.float32).eval()
 cfg = model.config
 arrays = {}
+fixed = None
+if arch != "LlavaForConditionalGeneration":
+    # transformers 4.55-4.57 bucketize h/n * (1 - 1e-6) against the boundaries k/n, which maps patch rows and
+    # columns 1..n-1 to positions 0..n-2 (transformers issue #41190, fixed by PR #41374); the models were
+    # trained, and llama.cpp computes, with positions 0..n-1. Measure it and, if present, also run PyTorch with
+    # the trained positions (the reference for parity), keeping the unmodified figures in the report.
+    emb = model.model.vision_model.embeddings
+    side = cfg.vision_config.image_size // cfg.vision_config.patch_size
+    probe = torch.zeros(1, 3, cfg.vision_config.image_size, cfg.vision_config.image_size)
+    with torch.no_grad():
+        got = emb(pixel_values=probe, patch_attention_mask=torch.ones(1, side, side, dtype=torch.bool))
+        want = emb.patch_embedding(probe).flatten(2).transpose(1, 2) + emb.position_embedding.weight[None]
+    if not torch.allclose(got, want):
+        def fixed(pixel_values, patch_attention_mask=None):
+            e = emb.patch_embedding(pixel_values).flatten(2).transpose(1, 2)
+            return e + emb.position_embedding.weight[None, : e.shape[1]]
+        arrays["positions_fixed"] = np.asarray(1)
+def image_features(inputs):
+    if arch == "LlavaForConditionalGeneration":
+        return model.get_image_features(pixel_values=inputs["pixel_values"], vision_feature_layer=cfg.vision_feature_layer,
+                                        vision_feature_select_strategy=cfg.vision_feature_select_strategy)
+    # Idefics3 / SmolVLM: vision tower + pixel-shuffle connector
+    return model.get_image_features(pixel_values=inputs["pixel_values"],
+                                    pixel_attention_mask=inputs.get("pixel_attention_mask"))
 for i, path in enumerate(spec["images"]):
     img = Image.open(path).convert("RGB")
     inputs = proc(images=img, text=spec["prompt"], return_tensors="pt")
     inputs.pop("token_type_ids", None)
     with torch.no_grad():
-        f = model.get_image_features(pixel_values=inputs["pixel_values"], vision_feature_layer=cfg.vision_feature_layer,
-                                     vision_feature_select_strategy=cfg.vision_feature_select_strategy)
+        if fixed is not None:  # the unmodified transformers figures, for the report
+            f = image_features(inputs)
+            arrays[f"features_unfixed{i}"] = f.reshape(-1, f.shape[-1]).double().numpy()
+            g = model.generate(**inputs, max_new_tokens=spec["n"], do_sample=False)
+            tu = g[0, inputs["input_ids"].shape[1]:].tolist()
+            eos_u = cfg.text_config.eos_token_id
+            eos_u = set(eos_u if isinstance(eos_u, list) else [eos_u])
+            arrays[f"tokens_unfixed{i}"] = np.asarray(tu[:next((j for j, t in enumerate(tu) if t in eos_u), len(tu))],
+                                                      dtype=np.int64)
+            emb.forward = fixed
+        f = image_features(inputs)
         f = f[0] if isinstance(f, (list, tuple)) else f
         arrays[f"features{i}"] = f.reshape(-1, f.shape[-1]).double().numpy()
         g = model.generate(**inputs, max_new_tokens=spec["n"], do_sample=False)
@@ -76,6 +111,8 @@ for i, path in enumerate(spec["images"]):
     cut = next((j for j, t in enumerate(toks) if t in eos), len(toks))
     arrays[f"tokens{i}"] = np.asarray(toks[:cut], dtype=np.int64)
     arrays[f"input_ids{i}"] = inputs["input_ids"][0].numpy()
+    if fixed is not None:
+        del emb.forward  # back to the class's forward for the next image's unmodified run
 np.savez(out, **arrays)
 """
 
@@ -84,7 +121,9 @@ def hf_vlm_reference(hf_dir: Path, images: list[Path], prompt: str, n_tokens: in
     """Per image: PyTorch image features, greedy tokens and input ids (child process)."""
     with tempfile.TemporaryDirectory(prefix="edgesdk-vlm-ref-") as tmp:
         spec, out = Path(tmp) / "spec.json", Path(tmp) / "ref.npz"
-        spec.write_text(json.dumps({"images": [str(p) for p in images], "prompt": prompt, "n": n_tokens}))
+        arch = (vconv.read_config(hf_dir).get("architectures") or [None])[0]
+        spec.write_text(json.dumps({"images": [str(p) for p in images], "prompt": prompt, "n": n_tokens,
+                                    "architecture": arch}))
         proc = subprocess.run([sys.executable, "-c", _HF_CHILD, str(hf_dir), str(spec), str(out)],
                               capture_output=True, text=True, timeout=3600)
         if proc.returncode != 0 or not out.is_file():
@@ -92,23 +131,32 @@ def hf_vlm_reference(hf_dir: Path, images: list[Path], prompt: str, n_tokens: in
             raise ExternalToolError(f"PyTorch VLM reference failed: {lines[-1][:200] if lines else proc.returncode}")
         with np.load(out) as d:
             return [{"features": d[f"features{i}"], "tokens": d[f"tokens{i}"].tolist(),
-                     "input_ids": d[f"input_ids{i}"].tolist()} for i in range(len(images))]
+                     "input_ids": d[f"input_ids{i}"].tolist(),
+                     **({"features_unfixed": d[f"features_unfixed{i}"], "tokens_unfixed": d[f"tokens_unfixed{i}"].tolist()}
+                        if f"features_unfixed{i}" in d.files else {})} for i in range(len(images))]
 
 
 def component_parity(hf_dir: Path, decoder: Path, mmproj: Path, *, n_tokens: int = GREEDY_TOKENS,
-                     prompt: str = PARITY_PROMPT, work: Path | None = None) -> dict:
-    """Encoder + projector features (llama.cpp F16 mmproj vs PyTorch) and greedy tokens end to end."""
+                     prompt: str = PARITY_PROMPT, work: Path | None = None, onnx_encoder: Path | None = None) -> dict:
+    """Encoder + projector features (llama.cpp F16 mmproj vs PyTorch) and greedy tokens end to end; with
+    ``onnx_encoder``, the same for the FP16 ONNX encoder (``onnx_encoder.onnx_parity``)."""
     from edgesdk.runtime.backends.vlm import VLMBackend, VLMPipeline
 
     work = Path(work or tempfile.mkdtemp(prefix="edgesdk-vlm-"))
     images = test_images(work / "images")
-    refs = hf_vlm_reference(hf_dir, images, "USER: <image>\n" + prompt + " ASSISTANT:", n_tokens)
+    # the family's own prompt with one image, as the runtime formats a plain prompt (backends/vlm.py)
+    ref_prompt = ("<|im_start|>User:<image>" + prompt + "<end_of_utterance>\nAssistant:"
+                  if vconv.family(vconv.read_config(hf_dir)) == "idefics3" else "USER: <image>\n" + prompt + " ASSISTANT:")
+    refs = hf_vlm_reference(hf_dir, images, ref_prompt, n_tokens)
     pre = json.loads((Path(hf_dir) / "preprocessor_config.json").read_text(encoding="utf-8"))
     cfg = vconv.read_config(hf_dir)
     pre["_image_size"] = cfg["vision_config"]["image_size"]
-    pipe = VLMPipeline(decoder, mmproj, pre, n_ctx=256)
+    # the context holds the longest reference prompt (image tokens included) and the greedy tokens
+    n_ctx = max(256, max(len(r["input_ids"]) for r in refs) + n_tokens + 16)
+    pipe = VLMPipeline(decoder, mmproj, pre, n_ctx=n_ctx)
     backend = VLMBackend(pipe, report={}, model="parity", attributes={})
-    cos_min, equal, per_image = 1.0, 0, []
+    cos_min, equal, per_image, mm_results = 1.0, 0, [], []
+    unfixed: dict = {}  # Idefics3/SmolVLM on transformers 4.55-4.57: figures vs the unmodified vision embeddings
     try:
         for path, ref in zip(images, refs, strict=True):
             got = backend.image_features(path).astype(np.float64)
@@ -119,6 +167,7 @@ def component_parity(hf_dir: Path, decoder: Path, mmproj: Path, *, n_tokens: int
             cos = (got * want).sum(1) / np.clip(np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1), 1e-30, None)
             backend.generate(prompt, images=[path], max_tokens=n_tokens, temperature=0.0, seed=0)
             ours = backend.last["output_ids"]
+            mm_results.append({"features": got, "tokens": ours})
             same = ours == ref["tokens"]  # both stop at an end-of-generation token or after n_tokens
             equal += int(same)
             cos_min = min(cos_min, float(cos.min()))
@@ -126,10 +175,29 @@ def component_parity(hf_dir: Path, decoder: Path, mmproj: Path, *, n_tokens: int
                               "max_abs": round(float(np.abs(got - want).max()), 6), "tokens_ours": ours,
                               "tokens_pytorch": ref["tokens"], "input_tokens_ours": backend.last["input_tokens"],
                               "input_tokens_pytorch": len(ref["input_ids"])})
+            if "features_unfixed" in ref:
+                u = ref["features_unfixed"]
+                cu = (got * u).sum(1) / np.clip(np.linalg.norm(got, axis=1) * np.linalg.norm(u, axis=1), 1e-30, None)
+                unfixed["min_cosine"] = min(unfixed.get("min_cosine", 1.0), round(float(cu.min()), 6))
+                unfixed["greedy_equal"] = unfixed.get("greedy_equal", 0) + int(ours == ref["tokens_unfixed"])
     finally:
         backend.close()
-    return {"images": len(images), "encoder_min_cosine": round(cos_min, 6), "greedy_equal": f"{equal}/{len(images)}",
-            "greedy_tokens": n_tokens, "per_image": per_image}
+    out = {"images": len(images), "encoder_min_cosine": round(cos_min, 6), "greedy_equal": f"{equal}/{len(images)}",
+           "greedy_tokens": n_tokens, "per_image": per_image}
+    if unfixed:
+        import transformers
+
+        out["reference"] = (f"transformers {transformers.__version__} with the vision position ids the model was trained "
+                            "with (0..n-1 per axis, as llama.cpp and transformers before 4.55 / after PR #41374); "
+                            "its own 4.55-4.57 embeddings shift them (transformers issue #41190)")
+        out["vs_unmodified_transformers"] = {"encoder_min_cosine": unfixed["min_cosine"],
+                                             "greedy_equal": f"{unfixed['greedy_equal']}/{len(images)}"}
+    if onnx_encoder is not None:
+        from edgesdk.formats.vlm.onnx_encoder import onnx_parity
+
+        out["onnx_encoder"] = onnx_parity(decoder, mmproj, onnx_encoder, pre, images, refs, mm_results, n_ctx=n_ctx,
+                                          n_tokens=n_tokens, prompt=prompt, mmproj_encode_s=pipe.encode_s["mmproj"])
+    return out
 
 
 def build_vlm(ctx) -> None:
@@ -148,6 +216,12 @@ def build_vlm(ctx) -> None:
             text_dir = vconv.write_text_model_dir(src, work / "text")
             dec_info = gconv.convert_hf_to_gguf(text_dir, f16, name=facts.name)
             mm_info = vconv.write_mmproj(src, mmproj, name=facts.name)
+            onnx_info = None
+            if (plan.decision("vlm.vision_runtime") or {}).get("onnx"):
+                from edgesdk.formats.vlm.onnx_encoder import export_encoder
+
+                ctx.progress("encoder + projector -> ONNX (torch.onnx.export, static shape) -> FP16")
+                onnx_info = export_encoder(src, work / "vision_encoder-fp32.onnx", ctx.staging / "vision_encoder.onnx")
         with ctx.stage("quantize"):
             if quant == "F16":
                 shutil.copyfile(f16, final)
@@ -171,7 +245,7 @@ def build_vlm(ctx) -> None:
                                       f"(limit {PPL_RATIO_MAX.get(quant, 1.1)}x)")
             ctx.progress("parity: image features (llama.cpp mmproj vs PyTorch) and greedy tokens end to end (F16)")
             comp = component_parity(src, f16, mmproj, n_tokens=int(thresholds.get("greedy_tokens", GREEDY_TOKENS)),
-                                    work=work)
+                                    work=work, onnx_encoder=ctx.staging / "vision_encoder.onnx" if onnx_info else None)
             parity["vision"] = comp
             if comp["encoder_min_cosine"] < thresholds.get("encoder_min_cosine", ENCODER_MIN_COSINE):
                 raise ParityError(f"image features from the F16 mmproj differ from PyTorch: min cosine "
@@ -180,11 +254,21 @@ def build_vlm(ctx) -> None:
             if n_eq != n_img:
                 raise ParityError(f"greedy tokens of the F16 build differ from PyTorch's on {n_img - n_eq} of "
                                   f"{n_img} test images")
+            ox = comp.get("onnx_encoder")
+            if ox is not None:
+                if ox["encoder_min_cosine"] < thresholds.get("encoder_min_cosine", ENCODER_MIN_COSINE):
+                    raise ParityError(f"image features from the FP16 ONNX encoder differ from PyTorch: min cosine "
+                                      f"{ox['encoder_min_cosine']:.5f} per image token")
+                if ox["greedy_equal_mmproj"] != f"{n_img}/{n_img}":
+                    raise ParityError(f"greedy tokens with the FP16 ONNX encoder differ from the mmproj path's on "
+                                      f"{ox['greedy_equal_mmproj']} equal test images")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     shutil.copyfile(src / "preprocessor_config.json", ctx.staging / "preprocessor_config.json")
     for rel, role in (("model.gguf", "model"), ("mmproj.gguf", "mmproj"), ("preprocessor_config.json", "config")):
         ctx.add_artifact(rel, role)
+    if onnx_info:
+        ctx.add_artifact("vision_encoder.onnx", "vision_encoder")
     out_facts = gguf_facts(final)
     ctx.manifest.parity = parity
     ctx.manifest.io = {"inputs": [{"name": "prompt", "type": "text"}, {"name": "images", "type": "image"},
@@ -195,15 +279,24 @@ def build_vlm(ctx) -> None:
     ctx.manifest.llm = llm_config(plan, out_facts, final, n_ctx=n_ctx, quant=quant, converted=dec_info)
     ctx.manifest.extras["vlm"] = {
         "components": {"vision_encoder": {"artifact": "mmproj.gguf", "precision": "F16"},
-                       "projector": {"artifact": "mmproj.gguf", "precision": "F16", "type": "mlp"},
+                       "projector": {"artifact": "mmproj.gguf", "precision": "F16", "type": mm_info["projector_type"]},
                        "decoder": {"artifact": "model.gguf", "precision": quant},
                        # the model's own image preprocessing (size, mean/std, resampling) the runtime applies
                        "image_preprocessor": {"artifact": "preprocessor_config.json"}},
         "image_size": mm_info["image_size"], "image_tokens": mm_info["image_tokens"], "mmproj": mm_info,
         "mmproj_bytes": mmproj.stat().st_size}
+    if onnx_info:
+        ctx.manifest.extras["vlm"]["components"]["vision_encoder_onnx"] = {
+            "artifact": "vision_encoder.onnx", "precision": "FP16", "includes": "vision encoder + projector",
+            "providers": (plan.decision("vlm.vision_runtime") or {}).get("providers"), **onnx_info}
     ctx.manifest.runtime.backend_chain = ["llama.cpp + libmtmd (GPU offload)", "llama.cpp + libmtmd (CPU)"]
+    if onnx_info:  # the vision encoder's own chain; the decoder's stays llama.cpp
+        ctx.manifest.extras["vlm"]["vision_encoder_chain"] = [
+            "onnxruntime TensorrtExecutionProvider (FP16 ONNX)", "onnxruntime CUDAExecutionProvider (FP16 ONNX)",
+            "llama.cpp libmtmd (F16 mmproj)"]
     ctx.runtime_requires.extend(["llama-cpp-python", "pillow"])
-    from edgesdk.host import tool_versions
+    from edgesdk.host import dist_of, tool_versions
 
-    ctx.tools.update(tool_versions(("llama-cpp-python", "gguf", "transformers", "torch", "pillow")))
+    ctx.tools.update(tool_versions(("llama-cpp-python", "gguf", "transformers", "torch", "pillow", "onnx",
+                                    dist_of("onnxruntime"))))
     ctx.set_precision(f"mixed (encoder F16, decoder {quant})")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING
 
-from edgesdk.errors import ModelError, ResourceError
+from edgesdk.errors import InputError, ModelError, ResourceError
 from edgesdk.formats.gguf.plan import GB, _gb, compute_bytes, kv_bytes, plan_gguf
 from edgesdk.types import BuildOptions, Decision, ModelFacts
 
@@ -28,6 +28,36 @@ if TYPE_CHECKING:
 
 ENCODER_MIN_COSINE = 0.999  # F16 mmproj image features vs the PyTorch (FP32) encoder + projector
 GREEDY_TOKENS = 8  # end to end: first greedy tokens of the F16 build equal to PyTorch's
+VISION_RUNTIMES = ("auto", "onnx", "gguf")
+_FAST_EPS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
+
+
+def vision_runtime(profile: Profile, options: BuildOptions, params: int) -> Decision:
+    """Whether the bundle also gets the encoder + projector as an FP16 ONNX graph (for ONNX Runtime's
+    TensorRT / CUDA providers), decided from the profile's execution providers; ``--vision-runtime``
+    overrides. The F16 mmproj is built either way (libmtmd tokenizes image chunks with it, and it is
+    the fallback where no fast provider initialises)."""
+    asked = (getattr(options, "vision_runtime", None) or "auto").lower()
+    if asked not in VISION_RUNTIMES:
+        raise InputError(f"--vision-runtime must be one of {', '.join(VISION_RUNTIMES)}, got {asked!r}")
+    eps = [ep for ep in profile.policy.get("execution_providers") or [] if ep in _FAST_EPS]
+    size = f"{params:,} params x 2 B = {_gb(params * 2)}"
+    if asked == "gguf" or (asked == "auto" and not eps):
+        why = ("--vision-runtime gguf" if asked == "gguf" else
+               f"profile {profile.name} lists no TensorRT/CUDA execution provider")
+        return Decision("vlm.vision_runtime", {"runtime": "gguf-mmproj", "onnx": False},
+                        f"{why}: the encoder runs in llama.cpp's libmtmd from the F16 mmproj only (no ONNX graph "
+                        f"built: without a GPU provider it would be a second copy of the encoder weights that "
+                        f"only the CPU could run)")
+    names = {"TensorrtExecutionProvider": "TensorRT", "CUDAExecutionProvider": "CUDA"}
+    why = (f"profile {profile.name} has {' and '.join(names[e] for e in eps)}"
+           if asked == "auto" else "--vision-runtime onnx")
+    return Decision("vlm.vision_runtime", {"runtime": "onnx", "onnx": True, "precision": "FP16",
+                                           "providers": eps or ["CPUExecutionProvider"]},
+                    f"{why}: encoder + projector also exported as one static-shape FP16 ONNX graph ({size}) for "
+                    f"ONNX Runtime (TensorRT > CUDA, chosen at load; the CPU only when asked); the F16 mmproj "
+                    f"stays (libmtmd tokenizes image chunks with it) and is the fallback when no fast provider "
+                    f"initialises")
 
 
 def decoder_facts(facts: ModelFacts) -> ModelFacts:
@@ -41,14 +71,18 @@ def decoder_facts(facts: ModelFacts) -> ModelFacts:
 
 
 def plan_vlm(facts: ModelFacts, profile: Profile, options: BuildOptions) -> list[Decision]:
-    from edgesdk.formats.vlm.convert import CLIP_REFUSAL, SUPPORTED_VISION
+    from edgesdk.formats.vlm.convert import CLIP_REFUSAL, IDEFICS3_VISION, SUPPORTED_VISION
 
     info = facts.extra
     vt = info.get("vision_model_type")
+    idefics3 = info.get("family") == "idefics3"
     if vt == "clip_vision_model":
         raise ModelError(f"{facts.source}: {CLIP_REFUSAL}")
-    if vt not in SUPPORTED_VISION:
-        raise ModelError(f"{facts.source}: vision tower {vt!r} is not supported (supported: SigLIP)")
+    if vt not in (IDEFICS3_VISION if idefics3 else SUPPORTED_VISION):
+        raise ModelError(f"{facts.source}: vision tower {vt!r} is not supported (supported: SigLIP; for "
+                         f"Idefics3/SmolVLM its own vision model)")
+    projector = (f"pixel-shuffle connector (scale factor {info.get('scale_factor')}, one linear)" if idefics3
+                 else "MLP projector")
     if not info.get("preprocessor"):
         raise ModelError(f"{facts.source}: preprocessor_config.json missing (image size, mean/std come from it)",
                          hint="save the processor next to the weights with processor.save_pretrained()")
@@ -59,7 +93,7 @@ def plan_vlm(facts: ModelFacts, profile: Profile, options: BuildOptions) -> list
                          f"(vision encoder {enc:,}, projector {proj:,}, decoder {dec:,} params)")
     out = [Decision("vlm.components", ["vision encoder", "projector", "language decoder"],
                     f"{info.get('architecture')}: {vt} encoder {enc:,} params ({info.get('image_size')} px, "
-                    f"patch {info.get('patch_size')} -> {info.get('image_tokens')} image tokens), MLP projector "
+                    f"patch {info.get('patch_size')} -> {info.get('image_tokens')} image tokens), {projector} "
                     f"{proj:,} params, {info.get('text_model_type')} decoder {dec:,} params")]
     mm_bytes = (enc + proj) * 2
     out.append(Decision("vlm.encoder", {"format": "gguf-mmproj", "precision": "F16", "runtime": "llama.cpp mtmd"},
@@ -67,6 +101,15 @@ def plan_vlm(facts: ModelFacts, profile: Profile, options: BuildOptions) -> list
                         f"({enc + proj:,} params x 2 B = {_gb(mm_bytes)}): quantized vision encoders lose visual "
                         f"features while the decoder tolerates 4 bits, and the encoder is "
                         f"{(enc + proj) / (enc + proj + dec):.0%} of the weights"))
+    vr = vision_runtime(profile, options, enc + proj)
+    if idefics3 and vr.value["onnx"]:  # the ONNX encoder export covers the LLaVA family only
+        if (getattr(options, "vision_runtime", None) or "auto").lower() == "onnx":
+            raise InputError("--vision-runtime onnx is not supported for Idefics3/SmolVLM yet (use gguf or auto)")
+        vr = Decision("vlm.vision_runtime", {"runtime": "gguf-mmproj", "onnx": False},
+                      "Idefics3/SmolVLM: the encoder runs in llama.cpp's libmtmd from the F16 mmproj (no ONNX "
+                      "encoder export for this family yet)")
+    out.append(vr)
+    onnx_bytes = mm_bytes if vr.value["onnx"] else 0  # a second FP16 copy of encoder + projector
     dec_decisions = plan_gguf(decoder_facts(facts), profile, options)
     quant = next(d.value for d in dec_decisions if d.key == "gguf.quant_type")
     n_ctx = int(next(d.value for d in dec_decisions if d.key == "gguf.context_length"))
@@ -81,11 +124,13 @@ def plan_vlm(facts: ModelFacts, profile: Profile, options: BuildOptions) -> list
     comp = compute_bytes(info, dec_w)
     n_img = int(info.get("image_tokens") or 0)
     width = int(info.get("vision_hidden") or 0)
-    enc_act = (n_img + 1) * width * 4 * 8  # one image's activations in F32, ~8 live tensors
-    total = dec_w + kv + comp + mm_bytes + enc_act
+    n_pos = n_img * int(info.get("scale_factor") or 1) ** 2 if idefics3 else n_img  # encoder positions
+    enc_act = (n_pos + 1) * width * 4 * 8  # one image's activations in F32, ~8 live tensors
+    total = dec_w + kv + comp + mm_bytes + enc_act + onnx_bytes
     budget = profile.memory_budget_gb()
     arith = (f"decoder {quant} {dec:,} x {BPW[quant]} bpw / 8 = {_gb(dec_w)} + KV {_gb(kv)} at {n_ctx} ctx + "
              f"compute {_gb(comp)} + mmproj F16 {_gb(mm_bytes)} + encoder activations {_gb(enc_act)} "
+             f"{'+ ONNX encoder FP16 ' + _gb(onnx_bytes) + ' ' if onnx_bytes else ''}"
              f"= {_gb(total)}")
     if budget is not None and total > budget * GB:
         raise ResourceError(f"{facts.name} does not fit profile {profile.name}: {arith} > budget {budget} GB")
@@ -99,5 +144,6 @@ def plan_vlm(facts: ModelFacts, profile: Profile, options: BuildOptions) -> list
                         f"image features (F16 mmproj via llama.cpp vs PyTorch encoder + projector): min cosine per "
                         f"image token >= {ENCODER_MIN_COSINE}; first {GREEDY_TOKENS} greedy tokens of the F16 "
                         f"decoder + mmproj equal to PyTorch's on the test images; decoder logits and perplexity as "
-                        f"in the GGUF path"))
+                        f"in the GGUF path" + ("; the FP16 ONNX encoder: the same min cosine vs PyTorch, and the "
+                                              "same greedy tokens as the mmproj path" if onnx_bytes else "")))
     return out

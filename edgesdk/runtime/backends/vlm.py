@@ -39,6 +39,10 @@ from edgesdk.errors import BackendUnavailableError, InputError, ShapeError
 from edgesdk.runtime.backend import TensorSpec
 
 PROMPT_TEMPLATE = "USER: {images}{text} ASSISTANT:"  # LLaVA-1.5 conversation format
+# SmolVLM / Idefics3: its processor's chat template for one user turn ("User:" before an image, "User: " before text)
+IDEFICS3_PROMPT = "<|im_start|>User:{sep}{images}{text}<end_of_utterance>\nAssistant:"
+IDEFICS3_PROCESSORS = {"Idefics3ImageProcessor", "Idefics3ImageProcessorFast", "SmolVLMImageProcessor",
+                       "SmolVLMImageProcessorFast"}
 FEATURE_CACHE_SIZE = 16  # images whose features are kept
 DEFAULT_SAMPLING = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.0}
 
@@ -56,6 +60,9 @@ class ImagePreprocessor:
         self.config = config
         self.image_size = int(image_size)
         self.resample = int(config.get("resample", 3))
+        # SmolVLM / Idefics3: longest-edge resize, then the square encoder tile (max_image_size), no splitting
+        self.family = "idefics3" if config.get("image_processor_type") in IDEFICS3_PROCESSORS or \
+            "max_image_size" in config else "llava"
         size = config.get("size") or {}
         self.shortest_edge = size.get("shortest_edge") if isinstance(size, dict) else None
         crop = config.get("crop_size") or {}
@@ -93,9 +100,28 @@ class ImagePreprocessor:
             raise InputError(f"not a readable image ({type(exc).__name__}: {str(exc)[:100]})") from exc
         return raw, img
 
+    def _idefics3(self, img: Any) -> Any:
+        """Idefics3ImageProcessor with ``do_image_splitting=False``: resize the longest edge to
+        ``size.longest_edge`` (aspect kept, the other edge rounded up to even), then to the square
+        ``max_image_size`` tile, both with the processor's filter (LANCZOS by default)."""
+        size = self.config.get("size") or {}
+        if self.config.get("do_resize", True) and isinstance(size, dict) and size.get("longest_edge"):
+            edge, (w, h) = int(size["longest_edge"]), img.size
+            if w >= h:
+                nw, nh = edge, int(edge / (w / h))
+                nh += nh % 2
+            else:
+                nh, nw = edge, int(edge * (w / h))
+                nw += nw % 2
+            img = img.resize((max(nw, 1), max(nh, 1)), self.resample)
+        tile = int((self.config.get("max_image_size") or {}).get("longest_edge", self.image_size))
+        return img.resize((tile, tile), self.resample)
+
     def __call__(self, img: Any) -> np.ndarray:
         img = img.convert("RGB")
-        if self.shortest_edge:
+        if self.family == "idefics3":
+            img = self._idefics3(img)
+        elif self.shortest_edge:
             w, h = img.size
             edge = int(self.shortest_edge)
             short, long = (w, h) if w <= h else (h, w)
@@ -138,7 +164,8 @@ class VLMPipeline:
     """Decoder GGUF + mmproj GGUF in one llama.cpp context (see the module docstring)."""
 
     def __init__(self, decoder: str | Path, mmproj: str | Path, preprocessor: dict[str, Any], *, n_ctx: int = 512,
-                 n_gpu_layers: int = 0, threads: int | None = None, flash_attn: bool = False, use_gpu: bool = False):
+                 n_gpu_layers: int = 0, threads: int | None = None, flash_attn: bool = False, use_gpu: bool = False,
+                 use_mmap: bool = True, image_encoder: Any = None):
         import llama_cpp
         import llama_cpp.mtmd_cpp as mtmd
 
@@ -148,11 +175,12 @@ class VLMPipeline:
         try:
             self.llm = llama_cpp.Llama(model_path=str(decoder), n_ctx=n_ctx, n_gpu_layers=n_gpu_layers,
                                        n_threads=threads, n_threads_batch=threads, flash_attn=flash_attn,
-                                       verbose=False)
+                                       use_mmap=use_mmap, verbose=False)
         except ValueError as exc:
             raise BackendUnavailableError(f"llama.cpp cannot load the decoder {decoder}: {exc}") from exc
         params = mtmd.mtmd_context_params_default()
-        params.use_gpu = bool(use_gpu)
+        # with the ONNX encoder, libmtmd only tokenizes image chunks: its mmproj need not take GPU memory
+        params.use_gpu = bool(use_gpu) and image_encoder is None
         params.n_threads = int(threads or self.llm.n_threads)
         params.print_timings = False
         params.warmup = False
@@ -171,6 +199,12 @@ class VLMPipeline:
         self.pre = ImagePreprocessor(preprocessor, cfg_size)
         self.features: OrderedDict[str, np.ndarray] = OrderedDict()
         self.encoder_runs = 0
+        # the ONNX FP16 encoder (runtime/backends/vlm_onnx.py) when chosen at load; None: libmtmd's mmproj
+        self.image_encoder = image_encoder
+        self.encoder_id = self.mmproj_sha256 if image_encoder is None else \
+            "onnx-" + hashlib.sha256(Path(image_encoder.path).read_bytes()).hexdigest()
+        self._pixels: dict[str, np.ndarray] = {}  # resized pixels of this request's images, for the ONNX encoder
+        self.encode_s: dict[str, list[float]] = {"onnx": [], "mmproj": []}  # per encoder path, per run
         self._kv: list[Any] = []  # what the KV cache holds now: text token ids and ("img", hash, n) entries
         self.last_stages: dict[str, float] = {}
 
@@ -182,12 +216,22 @@ class VLMPipeline:
             return cached, True
         mtmd = self._mtmd
         n = int(mtmd.mtmd_input_chunk_get_n_tokens(chunk))
-        rc = mtmd.mtmd_encode_chunk(self.mctx, chunk)
-        if rc != 0:
-            raise BackendUnavailableError(f"llama.cpp's vision encoder failed (mtmd_encode_chunk returned {rc})")
+        t0 = perf_counter()
+        if self.image_encoder is not None and key in self._pixels:
+            # ONNX Runtime on the same resized pixels; the decoder gets them via mtmd_helper_decode_image_chunk
+            feats = self.image_encoder(self._pixels.pop(key))
+            if feats.shape != (n, self.n_embd):
+                raise ShapeError(f"the ONNX vision encoder returned features {list(feats.shape)}; the decoder "
+                                 f"expects {[n, self.n_embd]}")
+            self.encode_s["onnx"].append(perf_counter() - t0)
+        else:
+            rc = mtmd.mtmd_encode_chunk(self.mctx, chunk)
+            if rc != 0:
+                raise BackendUnavailableError(f"llama.cpp's vision encoder failed (mtmd_encode_chunk returned {rc})")
+            ptr = mtmd.mtmd_get_output_embd(self.mctx)
+            feats = np.ctypeslib.as_array(ptr, shape=(n * self.n_embd,)).reshape(n, self.n_embd).copy()
+            self.encode_s["mmproj"].append(perf_counter() - t0)
         self.encoder_runs += 1
-        ptr = mtmd.mtmd_get_output_embd(self.mctx)
-        feats = np.ctypeslib.as_array(ptr, shape=(n * self.n_embd,)).reshape(n, self.n_embd).copy()
         self.features[key] = feats
         while len(self.features) > FEATURE_CACHE_SIZE:
             self.features.popitem(last=False)
@@ -208,6 +252,7 @@ class VLMPipeline:
     def _tokenize(self, text: str, images: list[Any], rec: Any = telemetry.NOOP_RECORDER):
         mtmd = self._mtmd
         keys, bitmaps = [], []
+        self._pixels = {}
         t0 = perf_counter()
         stage = rec.stage("preprocess", {"edgesdk.vlm.images": len(images)}) if images else telemetry.NOOP_STAGE
         try:
@@ -220,8 +265,10 @@ class VLMPipeline:
                 if not bm:
                     raise BackendUnavailableError("mtmd_bitmap_init failed")
                 bitmaps.append(bm)
-                key = hashlib.sha256(pixels.tobytes() + f"{w}x{h}".encode()).hexdigest() + ":" + self.mmproj_sha256
+                key = hashlib.sha256(pixels.tobytes() + f"{w}x{h}".encode()).hexdigest() + ":" + self.encoder_id
                 keys.append(key)
+                if self.image_encoder is not None:
+                    self._pixels[key] = pixels
                 mtmd.mtmd_bitmap_set_id(bm, key[:64].encode())
             self.last_stages["preprocess_s"] = perf_counter() - t0
             stage.end()
@@ -264,10 +311,16 @@ class VLMPipeline:
                     ptr = mtmd.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n_out))
                     plan.append(("text", [int(ptr[j]) for j in range(n_out.value)]))
                 elif kind == mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE:
-                    plan.append(("image", (keys[img_i], chunk, int(mtmd.mtmd_input_chunk_get_n_pos(chunk)))))
-                    img_i += 1
+                    plan.append(("image", (None, chunk, int(mtmd.mtmd_input_chunk_get_n_pos(chunk)))))
                 else:
                     raise InputError("only images are supported as media")
+            plan = self._image_layout(plan)
+            for j, (kind, val) in enumerate(plan):
+                if kind == "image":
+                    if img_i >= len(keys):
+                        raise BackendUnavailableError("llama.cpp made more image chunks than images")
+                    plan[j] = ("image", (keys[img_i], val[1], val[2]))
+                    img_i += 1
             if not plan or plan[-1][0] != "text" or not plan[-1][1]:
                 plan.append(("text", []))
             # the sequence as KV entries: one per position
@@ -349,6 +402,40 @@ class VLMPipeline:
         finally:
             mtmd.mtmd_input_chunks_free(chunks)
 
+    def _image_layout(self, plan: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+        """The family's token layout around each image. libmtmd's Idefics3 template always tiles: a 1x1
+        grid gives ``<fake_token_around_image><row_1_col_1>`` + tile + ``\\n\\n<fake_token_around_image>
+        <global-img>`` + overview + ``<fake_token_around_image>``, while the HF processor gives one image of
+        the tile's size as ``<fake_token_around_image><global-img>`` + image + ``<fake_token_around_image>``.
+        The image here is already the tile (so tile and overview hold the same pixels): keep the overview
+        and its markers, drop the tile and its markers, which is the HF sequence."""
+        if self.pre.family != "idefics3":
+            return plan
+
+        def one(text: str) -> int | None:
+            ids = self.llm.tokenize(text.encode(), add_bos=False, special=True)
+            return ids[0] if len(ids) == 1 else None
+
+        fake, row11, glob = one("<fake_token_around_image>"), one("<row_1_col_1>"), one("<global-img>")
+        out: list[tuple[str, Any]] = []
+        i = 0
+        while i < len(plan):
+            kind, val = plan[i]
+            if kind == "image":
+                nxt = plan[i + 1][1] if i + 2 < len(plan) and plan[i + 1][0] == "text" else None
+                prev = out[-1][1] if out and out[-1][0] == "text" else None
+                if not (nxt is not None and prev is not None and plan[i + 2][0] == "image" and None not in
+                        (fake, row11, glob) and prev[-2:] == [fake, row11] and nxt[1:3] == [fake, glob]):
+                    raise BackendUnavailableError("llama.cpp tiled the image into more than one tile; edgesdk runs "
+                                                  "Idefics3/SmolVLM images as one global image (docs/vlm.md)")
+                out[-1] = ("text", prev[:-2])
+                out.extend([("text", nxt[1:]), plan[i + 2]])
+                i += 3
+                continue
+            out.append((kind, val))
+            i += 1
+        return out
+
     def note_generated(self, last_token: int, generated: list[int]) -> None:
         """Record what the KV cache holds after generation (the prompt's last token + generated ones,
         except the very last sampled token, which llama.cpp has not evaluated)."""
@@ -404,6 +491,19 @@ def _split_content(messages: list[dict[str, Any]]) -> tuple[list[tuple[str, str,
     return parts_out, images
 
 
+def _idefics3_chat(messages: list[dict[str, Any]], marker: str) -> str:
+    """SmolVLM's chat template (its processor's default, images where they appear in the content):
+    ``<|im_start|>`` + per message ``Role:`` (``Role: `` unless the content starts with an image) + parts +
+    ``<end_of_utterance>\\n``, then ``Assistant:``. Messages were validated by :func:`_split_content`."""
+    text = "<|im_start|>"
+    for m in messages:
+        content = m["content"]
+        parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        text += m["role"].capitalize() + (":" if parts and parts[0].get("type") != "text" else ": ")
+        text += "".join(p["text"] if p.get("type") == "text" else marker for p in parts) + "<end_of_utterance>\n"
+    return text + "Assistant:"
+
+
 class VLMBackend:
     """One loaded VLM bundle: ``generate(prompt, images=[...])``, ``stream``, ``chat`` with image parts."""
 
@@ -440,6 +540,8 @@ class VLMBackend:
         marker = self.pipe.marker
         if marker in prompt or "<image>" in prompt:
             return prompt.replace("<image>", marker)
+        if self.pipe.pre.family == "idefics3":
+            return IDEFICS3_PROMPT.format(sep="" if images else " ", images=marker * len(images), text=prompt)
         return PROMPT_TEMPLATE.format(images="".join(marker + "\n" for _ in images), text=prompt)
 
     def generate(self, prompt: str, images: list[Any] | None = None, **kw):
@@ -468,6 +570,8 @@ class VLMBackend:
             else:
                 text += "ASSISTANT: " + body + "\n"
         text += "ASSISTANT:"
+        if self.pipe.pre.family == "idefics3":
+            text = _idefics3_chat(messages, marker)
         stream = kw.pop("stream", False)
         gen = self._run(text, images, "chat", messages, stream=stream, **kw)
         return gen if stream else self._complete(gen)
@@ -569,7 +673,14 @@ class VLMBackend:
                              if t_first and len(generated) > 1 and t_end > t_first else None}
 
     def report(self) -> dict:
-        return {**self._report, "encoder_runs": self.pipe.encoder_runs,
+        enc = dict(self._report.get("vision_encoder") or {})
+        if self.pipe.image_encoder is not None:
+            enc.update(self.pipe.image_encoder.report())
+        # per encoder path: runs and time per image (ms); a cached image runs neither
+        enc["encode_ms"] = {k: {"runs": len(v), "median": round(float(np.median(v)) * 1e3, 3),
+                                "min": round(min(v) * 1e3, 3), "last": round(v[-1] * 1e3, 3)}
+                            for k, v in self.pipe.encode_s.items() if v}
+        return {**self._report, "vision_encoder": enc, "encoder_runs": self.pipe.encoder_runs,
                 "cached_images": len(self.pipe.features), "last_request": dict(self.last)}
 
     def close(self) -> None:
@@ -604,14 +715,32 @@ def load_vlm(bundle, ctx) -> VLMBackend:
         ngl = 0
     threads = opts.get("threads") or (info.get("threads") if isinstance(info.get("threads"), int) else None)
     t0 = perf_counter()
+    encoder, enc_report = _onnx_encoder(bundle, ctx, pre, threads)
     pipe = VLMPipeline(bundle.artifact_path("model"), bundle.artifact_path("mmproj"), pre,
                        n_ctx=int(opts.get("n_ctx") or info.get("n_ctx") or 512), n_gpu_layers=ngl, threads=threads,
-                       use_gpu=ngl > 0)
+                       use_gpu=ngl > 0, use_mmap=bool(opts.get("use_mmap", True)), image_encoder=encoder)
     report = {"runtime": f"llama-cpp-python {llama_cpp.__version__} (libmtmd)", "n_gpu_layers": ngl,
               "n_ctx": pipe.llm.n_ctx(), "threads": pipe.llm.n_threads, "load_s": round(perf_counter() - t0, 4),
-              "mmap": "llama.cpp memory-maps the decoder GGUF (use_mmap default)",
-              "components": {"decoder": info.get("quant_type"), "mmproj": "F16"}}
+              "mmap": "llama.cpp memory-maps the decoder GGUF (use_mmap default)" if opts.get("use_mmap", True)
+              else "decoder GGUF read into memory (use_mmap=False)",
+              "components": {"decoder": info.get("quant_type"), "mmproj": "F16"}, "vision_encoder": enc_report}
     attrs = {"edgesdk.backend": "llama.cpp+mtmd", "edgesdk.gguf.quant_type": info.get("quant_type", ""),
              "edgesdk.precision": bundle.precision, "edgesdk.bundle.id": bundle.bundle_id,
              "edgesdk.device.profile": ctx.profile.name if ctx.profile is not None else ""}
     return VLMBackend(pipe, report=report, model=bundle.model_name, attributes=attrs)
+
+
+def _onnx_encoder(bundle, ctx, pre: dict, threads: int | None) -> tuple[Any, dict]:
+    """The ONNX FP16 vision encoder when the bundle has one and a provider suits it (vlm_onnx.choose:
+    TensorRT > CUDA, the CPU only when asked with ``vision_encoder="onnx"``), else None: libmtmd's mmproj."""
+    from edgesdk.runtime.backends import vlm_onnx
+
+    path = bundle.artifact_path("vision_encoder") if bundle.has_artifact("vision_encoder") else None
+    provider, reason = vlm_onnx.choose((ctx.options or {}).get("vision_encoder"), path, ctx.record_fallback)
+    if provider is None or path is None:
+        return None, {"path": "mmproj", "runtime": "llama.cpp libmtmd (F16 mmproj)", "reason": reason}
+    enc = vlm_onnx.OnnxImageEncoder(path, pre, provider, threads=threads)
+    if enc.active != provider:
+        ctx.record_fallback(provider, enc.active, f"onnxruntime placed the vision encoder on {enc.active}")
+    logging.getLogger("edgesdk.vlm").info("VLM vision encoder: ONNX FP16 on %s (%s)", enc.active, reason)
+    return enc, {"path": "onnx", "runtime": "onnxruntime (FP16 ONNX encoder + projector)", "reason": reason}
