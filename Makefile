@@ -34,9 +34,10 @@ test: setup
 	$(MYPY)
 	$(BIN)/python -m pytest -q -ra
 
-# The inner loop: everything but the tests marked slow (real model builds); under a minute.
+# The inner loop: everything but the slow tier (real model builds, LLM decoding, servers, docs commands;
+# tests/conftest.py marks them), stopping at the first failure; under a minute on 2 cores.
 test-fast: setup
-	$(BIN)/python -m pytest -q -ra -m "not slow"
+	$(BIN)/python -m pytest -q -ra -x -m "not slow"
 
 # mypy with the [tool.mypy] settings of pyproject.toml (strict on plan, types, bundle, profiles, formats,
 # runtime). MYPY can name a mypy outside the venv: make typecheck MYPY="/path/mypy --python-executable $(BIN)/python"

@@ -17,10 +17,42 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # No exporter configured from the developer's environment leaks into tests.
-for _var in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_TRACES_EXPORTER", "EDGESDK_TRACE_FILE", "EDGESDK_CAPTURE_CONTENT"):
+for _var in (
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_TRACES_EXPORTER",
+    "EDGESDK_TRACE_FILE",
+    "EDGESDK_CAPTURE_CONTENT",
+):
     os.environ.pop(_var, None)
 
 REPO = Path(__file__).resolve().parent.parent
+
+# The slow tier (`make test` runs it, `make test-fast` = `-m "not slow"` leaves it out): a test is slow when
+# it is marked `@pytest.mark.slow` or when it uses one of these fixtures, each seconds to a minute of real
+# work on a 2-core machine (measured with `pytest <module> -m "not slow" --durations=0`). A name is matched
+# in every module, "module.py::name" only in that module (for fixture names that are reused elsewhere).
+SLOW_FIXTURES = {
+    "minilm_orin_bundle": "a real FP16 MiniLM build for orin with parity (13-33 s)",
+    "h200_bundle": "a real MiniLM build for h200 with eager weights (11 s)",
+    "gemma_bundle": "a Gemma-3-270M bundle loaded into llama.cpp, then decoding",
+    "test_llm_cli.py::bundle": "a Gemma-3-270M bundle and one llama.cpp process per CLI run (60 s)",
+    "capability_models": "torch exports of a CNN, an LSTM and a BERT (5-6 s per module)",
+    "mlp_report": "a real `edgesdk profiler run` through the CLI (6 s)",
+    "mlp_runs": "two real `edgesdk profiler run`s through the CLI (8 s)",
+    "test_vlm_onnx.py::exported": "a torch export of the tiny LLaVA's vision tower (8 s)",
+    "resnet_dir": "a tiny ResNet made with transformers and torch (3 s)",
+    "tiny_llava": "a random-weight LLaVA made with transformers and torch (2 s per module)",
+    "doc_workspace": "every documented command run in a subprocess: builds, LLM runs, servers (70 s)",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m "not slow"` deselects
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.path.name
+        names = getattr(item, "fixturenames", ())
+        if any(n in SLOW_FIXTURES or f"{module}::{n}" in SLOW_FIXTURES for n in names):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")
@@ -45,8 +77,9 @@ def minilm_orin_bundle(minilm_dir, tmp_path_factory) -> Path:
     from edgesdk.plan import BuildOptions
 
     out = tmp_path_factory.mktemp("bundles") / "minilm-orin"
-    return build(minilm_dir, "orin", out, BuildOptions(progress=False, parity_samples=16,
-                                                       calibration_samples=8))
+    return build(
+        minilm_dir, "orin", out, BuildOptions(progress=False, parity_samples=16, calibration_samples=8)
+    )
 
 
 @pytest.fixture
@@ -68,7 +101,13 @@ def run_cli():
 
     def _run(*args: str, env: dict | None = None, timeout: float = 600, cwd: Path | None = None):
         full_env = {**os.environ, **(env or {})}
-        return subprocess.run([sys.executable, "-m", "edgesdk", *map(str, args)], capture_output=True, text=True,
-                              env=full_env, timeout=timeout, cwd=cwd)
+        return subprocess.run(
+            [sys.executable, "-m", "edgesdk", *map(str, args)],
+            capture_output=True,
+            text=True,
+            env=full_env,
+            timeout=timeout,
+            cwd=cwd,
+        )
 
     return _run

@@ -423,6 +423,7 @@ def test_onnx_with_external_data_builds_and_the_data_file_is_hashed(ok_bundle):
         assert res.returncode == 0, res.stderr
 
 
+@pytest.mark.slow
 def test_nan_onnx_fails_parity_with_one_line_and_no_numpy_warning(corpus_root):
     src = tiny_onnx(corpus_root / "nan" / "model.onnx", nan=True)
     out = corpus_root / "nan-out"

@@ -308,6 +308,7 @@ def test_large_trace_is_checked_as_a_stream(tmp_path):
     assert peak < size / 4, f"peak {peak / 2**20:.1f} MiB for a {size / 2**20:.1f} MiB file"
 
 
+@pytest.mark.slow
 def test_gzip_trace_is_streamed_with_a_size_bound(tmp_path):
     import gzip
     import tracemalloc

@@ -79,6 +79,7 @@ def _expected(bundle: Path, x: np.ndarray) -> dict:
     return dict(zip(("y", "s"), sess.run(["y", "s"], {"x": x})))
 
 
+@pytest.mark.slow
 def test_run_output_npz_npy_json_and_no_silent_overwrite(two_out, x_npz, tmp_path, run_cli):
     npz, x = x_npz
     want = _expected(two_out, x)
@@ -180,6 +181,7 @@ def _profiles(plan: dict):
     return next(d["value"] for d in plan["decisions"] if d["key"] == "tensorrt_optimization_profiles")
 
 
+@pytest.mark.slow
 def test_image_input_default_profile_keeps_chw_from_the_model(tmp_path, run_cli):
     cnn = make_dynamic_cnn(tmp_path / "a" / "model.onnx")
     prof = _profiles(_plan(run_cli, cnn, "-p", "orin-nx-16gb", "--format", "tensorrt"))
@@ -189,6 +191,7 @@ def test_image_input_default_profile_keeps_chw_from_the_model(tmp_path, run_cli)
     assert prof[0]["pixel_values"]["max"] == [4, 3, 160, 160]
 
 
+@pytest.mark.slow
 def test_shapes_flag_is_recorded_in_plan_and_refused_when_wrong(tmp_path, run_cli):
     cnn = make_dynamic_cnn(tmp_path / "model.onnx")
     spec = "pixel_values:1x3x224x224:4x3x224x224:8x3x224x224"

@@ -192,7 +192,7 @@ def scan_api():
         handler = type("Handler", (_Api,), {"mode": mode, "release": threading.Event()})
         server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         server.daemon_threads = True
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         servers.append((server, handler))
         return f"http://127.0.0.1:{server.server_address[1]}"
 
@@ -239,6 +239,7 @@ def test_error_answers_fail_closed_and_leave_no_litter(code_tree: Path, scan_api
                                                                                           "pyproject.toml"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["hang", "trickle"])
 def test_api_that_never_answers_times_out(code_tree: Path, scan_api, mode: str) -> None:
     url = scan_api(mode)

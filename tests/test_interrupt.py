@@ -73,6 +73,7 @@ def test_sigterm_mid_build_is_one_error_line_and_leaves_nothing(matmul_onnx, tmp
     assert not out.exists() and _litter(tmp_path, "out") == []
 
 
+@pytest.mark.slow
 def test_kill_9_leaves_no_bundle_and_the_rerun_cleans_up(matmul_onnx, tmp_path):
     out = tmp_path / "out"
     proc = _start(matmul_onnx, out)
@@ -87,6 +88,7 @@ def test_kill_9_leaves_no_bundle_and_the_rerun_cleans_up(matmul_onnx, tmp_path):
     assert _litter(tmp_path, "out") == [], "stale staging of the dead build not removed"
 
 
+@pytest.mark.slow
 def test_two_builds_into_one_output_second_fails_with_exit_4(matmul_onnx, tmp_path):
     """While one process holds the output's lock (what a running build does from staging to rename), a
     build into the same output fails at once with exit 4 naming the holder; once the holder is gone
@@ -111,6 +113,7 @@ def test_two_builds_into_one_output_second_fails_with_exit_4(matmul_onnx, tmp_pa
     assert _litter(tmp_path, "out") == []
 
 
+@pytest.mark.slow
 def test_full_disk_is_exit_11_and_nothing_half_written(matmul_onnx, tmp_path):
     """A real full file system: a 1 MiB tmpfs (needs root and mount rights; skipped elsewhere, the
     simulated test below always runs)."""

@@ -264,6 +264,7 @@ def test_capability_dot_and_html_show_partitions_and_crossings(cnn_onnx, run_cli
     assert len(strip) == 3 and dla in strip[0] and trt in strip[1]
 
 
+@pytest.mark.slow
 def test_capability_html_marks_cpu_fallback(tmp_path, run_cli):
     pytest.importorskip("onnx")
     import test_capability_models as models

@@ -213,7 +213,7 @@ def test_scanoss_api_matches_become_findings_and_partial_answers_fail(tmp_path: 
         f"def f{i}(a, b):\n    return a * {i} + b\n" for i in range(40)))
     handler = type("Handler", (_ScanApi,), {"omit": omit})
     server = HTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
     try:
         if omit:
@@ -255,6 +255,7 @@ def test_cli_exit_codes_and_formats(tmp_path: Path, capsys) -> None:
     assert code == 1
 
 
+@pytest.mark.slow
 def test_repository_itself_passes(capsys) -> None:
     code, out = _cli(["check", "licenses", str(REPO), "--summary"], capsys)
     assert code == 0, out
@@ -278,6 +279,7 @@ def test_model_file_without_license_field_tree_vs_bundle(tmp_path: Path) -> None
     assert denied.verdict == "deny" and denied.worst().layer == "model"
 
 
+@pytest.mark.slow
 def test_sbom_lists_vendored_code_and_validates(tmp_path: Path) -> None:
     from edgesdk.compliance.sbom import build_sbom
 

@@ -34,6 +34,7 @@ def _error(done) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_without_a_declared_license_the_deny_names_the_option(unlicensed_onnx, tmp_path, run_cli):
     done = run_cli("build", unlicensed_onnx, "--profile", "cpu-x86_64", "-o", tmp_path / "b", "--no-progress")
     assert done.returncode == 2
@@ -42,6 +43,7 @@ def test_without_a_declared_license_the_deny_names_the_option(unlicensed_onnx, t
     assert not (tmp_path / "b").exists()
 
 
+@pytest.mark.slow
 def test_declared_license_is_recorded_in_manifest_and_sbom_and_checked_later(unlicensed_onnx, tmp_path, run_cli):
     out = tmp_path / "b"
     done = run_cli("build", unlicensed_onnx, "--profile", "cpu-x86_64", "-o", out, "--no-progress",
@@ -64,6 +66,7 @@ def test_declared_license_is_recorded_in_manifest_and_sbom_and_checked_later(unl
         "--model-license (declared by whoever built the bundle)"]
 
 
+@pytest.mark.slow
 def test_proprietary_license_ref_needs_a_policy_entry(unlicensed_onnx, tmp_path, run_cli):
     out = tmp_path / "b"
     denied = run_cli("build", unlicensed_onnx, "--profile", "cpu-x86_64", "-o", out, "--no-progress",

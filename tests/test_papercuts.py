@@ -89,6 +89,7 @@ def _leaf_commands(group, prefix=()):
             yield (*prefix, name), cmd
 
 
+@pytest.mark.slow
 def test_every_command_takes_quiet_and_verbose(run_cli):
     from edgesdk.cli import cli
 
@@ -102,6 +103,7 @@ def test_every_command_takes_quiet_and_verbose(run_cli):
     assert run_cli("doctor", "-v", "--json").returncode == 0
 
 
+@pytest.mark.slow
 def test_profiler_prints_no_progress_bar_into_logs(onnx_bundle, run_cli):
     """stderr is a pipe here, as in CI: no tqdm bar, even without --no-progress."""
     res = run_cli("profiler", "run", onnx_bundle, "--iterations", "300", "--warmup", "1", "--op-profile-runs", "0",
@@ -124,6 +126,7 @@ AMD_CPUINFO = "".join(
 MEMINFO_24GB = "MemTotal:       25165824 kB\nMemFree:        20000000 kB\nMemAvailable:   23068672 kB\n"
 
 
+@pytest.mark.slow
 def test_detect_write_records_this_hosts_isa_and_memory(tmp_path, run_cli):
     root = tmp_path / "root"
     (root / "proc").mkdir(parents=True)

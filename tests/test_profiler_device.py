@@ -128,6 +128,7 @@ def test_unreadable_sensors_are_unavailable_not_zero(tmp_path):
     assert state["cpu_governor"] == "schedutil"
 
 
+@pytest.mark.slow
 def test_write_profile_is_valid_and_carries_measured_bandwidth(tmp_path):
     root = _tree(tmp_path / "root", {"proc/cpuinfo": X86_CPUINFO, "proc/meminfo": _meminfo(24_000_000)})
     result = detect_device(root)

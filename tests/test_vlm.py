@@ -47,6 +47,7 @@ def test_quant_type_override_applies_to_the_decoder_only(tiny_llava):
     assert plan.decision("gguf.quant_type") == "Q4_K_M" and plan.decision("vlm.encoder")["precision"] == "F16"
 
 
+@pytest.mark.slow
 def test_clip_tower_is_refused_with_the_reason(tmp_path):
     clip = make_tiny_llava(tmp_path / "clip-llava", vision="clip")
     with pytest.raises(ModelError, match="class token"):
