@@ -233,8 +233,9 @@ def _check_ranges(data: dict[str, Any], errors: list[str]) -> None:
                           f"context_length {llm['context_length']}")
     parity = policy.get("parity") or {}
     for prec, table in parity.items():
-        if prec not in PARITY_PRECISIONS:
-            errors.append(f"policy.parity.{prec}: unknown precision (expected one of {', '.join(PARITY_PRECISIONS)})")
+        if prec not in PARITY_PRECISIONS and prec not in BPW:  # GGUF types: their ppl_ratio_max (docs/gguf.md)
+            errors.append(f"policy.parity.{prec}: unknown precision (expected one of {', '.join(PARITY_PRECISIONS)} "
+                          "or a GGUF type such as Q4_K_M)")
             continue
         if not isinstance(table, dict):
             errors.append(f"policy.parity.{prec}: expected a mapping, got {type(table).__name__}")

@@ -46,9 +46,10 @@ class GGUFFormat:
 
     def plan(self, facts: ModelFacts, profile: Profile, options: BuildOptions, host: HostFacts,
              precision: str) -> list[Decision]:
-        from edgesdk.formats.gguf.plan import plan_gguf
+        from edgesdk.formats.gguf.plan import parity_fallback_decision, plan_gguf
 
-        return plan_gguf(facts, profile, options)
+        decisions = plan_gguf(facts, profile, options)
+        return [*decisions, parity_fallback_decision(facts, profile, options, decisions)]
 
     def build(self, ctx: BuildContext) -> None:
         from edgesdk.formats.gguf.build import build_gguf

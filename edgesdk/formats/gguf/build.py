@@ -6,6 +6,7 @@ relative to its reference. The plan it executes comes from :mod:`edgesdk.formats
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shutil
 from pathlib import Path
@@ -17,6 +18,7 @@ from edgesdk.formats.gguf.facts import gguf_facts
 from edgesdk.formats.gguf.plan import LOGITS_MIN_COSINE, LOGITS_MIN_TOP1, PPL_RATIO_MAX
 from edgesdk.manifest import LLMConfig
 from edgesdk.resources import data_file
+from edgesdk.types import Decision
 
 if TYPE_CHECKING:
     from edgesdk.build import BuildContext
@@ -52,15 +54,23 @@ def sanity_check(path: Path, label: str | None = None) -> dict[str, Any]:
 
 
 def build_gguf(ctx: BuildContext) -> None:
-    """Convert / quantize / verify into ``ctx.staging/model.gguf`` and fill the manifest."""
+    """Convert / quantize / verify into ``ctx.staging/model.gguf`` and fill the manifest.
+
+    The plan's type is tried first; when its perplexity misses the limit and the plan lists
+    ``gguf.parity_fallback`` types (``--on-parity-fail fallback``), each is quantized and verified in
+    turn until one passes. Every attempt is recorded (a ``gguf.parity_attempt`` decision with its
+    figures, the manifest's ``parity.attempts``, a fallback record); none passing is ParityError (exit 5)."""
     facts, plan = ctx.facts, ctx.plan
     quant = plan.decision("gguf.quant_type")
     n_ctx = int(plan.decision("gguf.context_length"))
+    thresholds = dict(plan.decision("parity") or {})
+    candidates: list[tuple[str, float | None]] = [(quant, thresholds.get("ppl_ratio_max"))]
+    candidates += [(f["quant_type"], f.get("ppl_ratio_max")) for f in plan.decision("gguf.parity_fallback") or []]
     work = ctx.staging / "_work"
     work.mkdir(parents=True, exist_ok=True)
     final = ctx.staging / "model.gguf"
-    reference: Path | None = None
     convert_info: dict[str, Any] = {}
+    attempts: list[dict[str, Any]] = []
     try:
         with ctx.stage("convert", {"edgesdk.gguf.quant_type": quant}):
             if facts.kind == "hf":
@@ -69,19 +79,44 @@ def build_gguf(ctx: BuildContext) -> None:
                 convert_info = conv.convert_hf_to_gguf(Path(facts.source), reference, name=facts.name)
             else:
                 reference = Path(facts.source)
-        with ctx.stage("quantize"):
-            source_type = "F16" if facts.kind == "hf" else facts.extra.get("file_type")
-            if quant == source_type:
-                shutil.copyfile(reference, final)
-            else:
-                ctx.progress(f"llama.cpp quantize {source_type} -> {quant}")
-                conv.quantize(reference, final, quant, allow_requantize=facts.kind == "gguf")
-        with ctx.stage("verify"):
-            parity = _verify(ctx, reference, final, quant, n_ctx, changed=quant != source_type)
+        source_type = "F16" if facts.kind == "hf" else facts.extra.get("file_type")
+        verifier = _Verifier(ctx, reference, n_ctx)
+        for i, (q, limit) in enumerate(candidates):
+            with ctx.stage("quantize", {"edgesdk.gguf.quant_type": q}):
+                if q == source_type:
+                    shutil.copyfile(reference, final)
+                else:
+                    ctx.progress(f"llama.cpp quantize {source_type} -> {q}")
+                    conv.quantize(reference, final, q, allow_requantize=facts.kind == "gguf")
+            with ctx.stage("verify", {"edgesdk.gguf.quant_type": q}):
+                limits = {k: v for k, v in thresholds.items() if k != "ppl_ratio_max"}
+                limits.update({"ppl_ratio_max": limit} if limit is not None else {})
+                parity = verifier.check(final, q, limits, changed=q != source_type)
+            attempts.append(parity["attempt"])
+            if parity["passed"]:
+                quant = q
+                break
+            nxt = candidates[i + 1][0] if i + 1 < len(candidates) else None
+            if nxt is None:
+                tried = "; ".join(a["summary"] for a in attempts)
+                raise ParityError(f"parity check failed for every type tried: {tried}", hint=(
+                    "pass --on-parity-fail fallback to try the next type of the profile's quant order that fits"
+                    if ctx.options.on_parity_fail != "fallback" else
+                    "pick a higher-precision --quant-type, a profile with more memory, or relax the profile's "
+                    "policy.parity limits"))
+            ctx.record_precision_fallback(q, nxt, parity["attempt"]["summary"])
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    if len(candidates) > 1 or attempts[-1].get("ppl_ratio") is not None:
+        extra = [Decision("gguf.parity_attempt", {k: v for k, v in a.items() if k != "summary"},
+                          a["summary"]) for a in attempts]
+        ctx.plan = dataclasses.replace(ctx.plan, decisions=[*ctx.plan.decisions, *extra])  # the caller's plan stays
     ctx.add_artifact("model.gguf", "model")
     out_facts = gguf_facts(final)
+    parity.pop("passed")
+    parity.pop("attempt")
+    if len(attempts) > 1:
+        parity["attempts"] = attempts
     ctx.manifest.parity = parity
     ctx.manifest.io = {"inputs": [{"name": "prompt", "type": "text"}, {"name": "messages", "type": "chat"}],
                        "outputs": [{"name": "text", "type": "text"}], "n_vocab": out_facts.get("n_vocab")}
@@ -100,41 +135,68 @@ def _tool_versions() -> dict[str, str]:
     return tool_versions(("llama-cpp-python", "gguf", "transformers", "torch"))
 
 
-def _verify(ctx: BuildContext, reference: Path, final: Path, quant: str, n_ctx: int, *,
-            changed: bool) -> dict[str, Any]:
-    facts = ctx.facts
-    thresholds = ctx.plan.decision("parity") or {}
-    text = PPL_TEXT.read_text(encoding="utf-8")
-    result: dict[str, Any] = {
-        "method": "llama.cpp perplexity on edgesdk/data/ppl_text.txt (windows of up to 256 tokens)",
-        "thresholds": thresholds}
-    ppl_ctx = min(256, n_ctx)
-    if facts.kind == "hf":
-        ctx.progress("parity: HF logits vs F16 GGUF")
-        logits = conv.logits_parity(Path(facts.source), reference, text)
-        result["logits_vs_hf"] = logits
-        if logits["min_cosine"] < thresholds.get("logits_min_cosine", LOGITS_MIN_COSINE) or \
-                logits["top1_agreement"] < thresholds.get("logits_min_top1", LOGITS_MIN_TOP1):
-            raise ParityError(f"F16 GGUF logits differ from the HF model: min cosine {logits['min_cosine']:.5f}, "
-                              f"top-1 agreement {logits['top1_agreement']:.3f} over {logits['positions']} positions")
-    ctx.progress("sanity: finite, non-constant logits on a fixed prompt")
-    result["sanity"] = sanity_check(final, f"{quant} GGUF built from {facts.source}")
-    if not changed:
-        # Repackaged: the bytes are the source's (the bundle records their sha256), so there is nothing
-        # to compare; a perplexity run of a large-vocabulary model costs a minute on a 2-core host.
-        result["reference"] = "none: output is the source file unchanged (repackaged)"
+class _Verifier:
+    """Parity of each quantized candidate against one reference. What does not depend on the type (HF vs
+    F16 logits; the reference's perplexity) is measured once: a fallback attempt costs one quantize, one
+    sanity prompt and one perplexity run."""
+
+    def __init__(self, ctx: BuildContext, reference: Path, n_ctx: int):
+        self.ctx, self.reference = ctx, reference
+        self.text = PPL_TEXT.read_text(encoding="utf-8")
+        self.ppl_ctx = min(256, n_ctx)
+        self._logits: dict[str, Any] | None = None
+        self._ppl_ref: dict[str, Any] | None = None
+
+    def _hf_logits(self, thresholds: dict[str, Any]) -> dict[str, Any]:
+        if self._logits is None:
+            self.ctx.progress("parity: HF logits vs F16 GGUF")
+            logits = conv.logits_parity(Path(self.ctx.facts.source), self.reference, self.text)
+            if logits["min_cosine"] < thresholds.get("logits_min_cosine", LOGITS_MIN_COSINE) or \
+                    logits["top1_agreement"] < thresholds.get("logits_min_top1", LOGITS_MIN_TOP1):
+                # The F16 conversion itself is off: no quantization type can fix that, so no fallback.
+                raise ParityError(f"F16 GGUF logits differ from the HF model: min cosine {logits['min_cosine']:.5f}, "
+                                  f"top-1 agreement {logits['top1_agreement']:.3f} over {logits['positions']} "
+                                  "positions")
+            self._logits = logits
+        return self._logits
+
+    def check(self, final: Path, quant: str, thresholds: dict[str, Any], *, changed: bool) -> dict[str, Any]:
+        """The parity record of ``final``; ``passed`` and ``attempt`` (the figures, with a one-line summary)
+        say whether the perplexity ratio held. Broken logits (NaN, constant) raise ParityError at once."""
+        facts = self.ctx.facts
+        result: dict[str, Any] = {
+            "method": "llama.cpp perplexity on edgesdk/data/ppl_text.txt (windows of up to 256 tokens)",
+            "thresholds": thresholds}
+        if facts.kind == "hf":
+            result["logits_vs_hf"] = self._hf_logits(thresholds)
+        self.ctx.progress("sanity: finite, non-constant logits on a fixed prompt")
+        result["sanity"] = sanity_check(final, f"{quant} GGUF built from {facts.source}")
+        if not changed:
+            # Repackaged: the bytes are the source's (the bundle records their sha256), so there is nothing
+            # to compare; a perplexity run of a large-vocabulary model costs a minute on a 2-core host.
+            result["reference"] = "none: output is the source file unchanged (repackaged)"
+            result["passed"] = True
+            result["attempt"] = {"quant_type": quant, "ppl_ratio": None, "passed": True,
+                                 "summary": f"{quant}: the source repackaged unchanged, nothing to compare"}
+            return result
+        ppl_out = conv.perplexity(final, self.text, self.ppl_ctx)
+        if self._ppl_ref is None:
+            self._ppl_ref = conv.perplexity(self.reference, self.text, self.ppl_ctx)
+        ppl_ref = self._ppl_ref
+        ratio = ppl_out["ppl"] / ppl_ref["ppl"]
+        result["ppl"] = ppl_out
+        result.update(ppl_reference=ppl_ref, ppl_ratio=round(ratio, 5),
+                      reference="F16 conversion" if facts.kind == "hf" else f"source {facts.extra.get('file_type')}")
+        limit = thresholds.get("ppl_ratio_max")
+        limit = PPL_RATIO_MAX.get(quant, 1.1) if limit is None else limit
+        passed = math.isfinite(ratio) and ratio <= limit
+        result["passed"] = passed
+        result["attempt"] = {
+            "quant_type": quant, "ppl": round(ppl_out["ppl"], 4), "ppl_reference": round(ppl_ref["ppl"], 4),
+            "ppl_ratio": round(ratio, 5), "ppl_ratio_max": limit, "passed": passed,
+            "summary": f"{quant}: perplexity {ppl_out['ppl']:.3f} is {ratio:.4f}x the reference's "
+                       f"{ppl_ref['ppl']:.3f} ({'<=' if passed else '>'} limit {limit}x)"}
         return result
-    ppl_out = conv.perplexity(final, text, ppl_ctx)
-    result["ppl"] = ppl_out
-    ppl_ref = conv.perplexity(reference, text, ppl_ctx)
-    ratio = ppl_out["ppl"] / ppl_ref["ppl"]
-    result.update(ppl_reference=ppl_ref, ppl_ratio=round(ratio, 5),
-                  reference="F16 conversion" if facts.kind == "hf" else f"source {facts.extra.get('file_type')}")
-    limit = thresholds.get("ppl_ratio_max", PPL_RATIO_MAX.get(quant, 1.1))
-    if not math.isfinite(ratio) or ratio > limit:
-        raise ParityError(f"{quant} perplexity {ppl_out['ppl']:.3f} is {ratio:.4f}x the reference's "
-                          f"{ppl_ref['ppl']:.3f} (limit {limit}x)")
-    return result
 
 
 def llm_config(plan: Any, out_facts: Any, final: Path, *, n_ctx: int, quant: str, converted: Any,

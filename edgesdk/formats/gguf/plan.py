@@ -185,7 +185,7 @@ def plan_gguf(facts: ModelFacts, profile: Profile, options: BuildOptions) -> lis
     out.append(Decision("gguf.context_length", n_ctx, f"profile policy.llm.context_length {want_ctx}{ctx_note}"))
     out.extend(_runtime_decisions(profile, info))
     ref = "F16 conversion" if facts.kind == "hf" else "source GGUF"
-    parity = {"ppl_ratio_max": PPL_RATIO_MAX.get(chosen, 1.1)}
+    parity = {"ppl_ratio_max": ppl_limit(profile, chosen)}
     why = f"perplexity of the {chosen} file on the built-in text / that of the {ref} <= {parity['ppl_ratio_max']}"
     if facts.kind == "gguf" and source_type == chosen:
         parity, why = {}, "repackaged: the bytes are the source's (sha256 in the manifest); nothing to compare"
@@ -195,6 +195,70 @@ def plan_gguf(facts: ModelFacts, profile: Profile, options: BuildOptions) -> lis
                 f"top-1 agreement >= {LOGITS_MIN_TOP1}")
     out.append(Decision("parity", parity, why))
     return out
+
+
+def ppl_limit(profile: Profile, quant: str) -> float:
+    """The perplexity-ratio limit of ``quant``: the profile's ``policy.parity.<type>.ppl_ratio_max`` when it
+    sets one, else :data:`PPL_RATIO_MAX` (1.1 for a type without a figure)."""
+    table = (profile.policy.get("parity") or {}).get(quant) or {}
+    value = table.get("ppl_ratio_max") if isinstance(table, Mapping) else None
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    return PPL_RATIO_MAX.get(quant, 1.1)
+
+
+def parity_fallback_decision(facts: ModelFacts, profile: Profile, options: BuildOptions,
+                             decisions: list[Decision]) -> Decision:
+    """What a parity miss of the chosen type leads to (``--on-parity-fail``).
+
+    With ``fallback``: the types of the profile's quant order with more bits per weight than the chosen
+    one, next-better first (e.g. Q4_K_M -> Q5_K_M -> Q8_0 -> F16), that fit the memory budget at the
+    planned context; a quantized GGUF source adds its own type (repackaged unchanged) and drops types above
+    it (requantizing up cannot restore precision). Value: ``[{"quant_type", "ppl_ratio_max"}, ...]``, tried
+    in that order; empty with ``error`` (the default), where a miss fails the build (exit 5)."""
+    chosen = next(d.value for d in decisions if d.key == "gguf.quant_type")
+    n_ctx = int(next(d.value for d in decisions if d.key == "gguf.context_length"))
+    info = facts.extra
+    order = list((profile.policy.get("llm") or {}).get("quant_order") or ["Q8_0", "Q4_K_M"])
+    source_type = info.get("file_type") if facts.kind == "gguf" else None
+    pool = [q for q in order if q in BPW]
+    notes = []
+    if source_type in BPW:
+        if source_type not in pool:
+            pool.append(source_type)
+        above = [q for q in pool if BPW[q] > BPW[source_type]]
+        if above:
+            notes.append(f"above the source's {source_type} ({', '.join(above)}): requantizing up cannot restore "
+                         "precision")
+        pool = [q for q in pool if BPW[q] <= BPW[source_type]]
+    higher = sorted({q for q in pool if BPW[q] > BPW[chosen]}, key=lambda q: BPW[q])
+    budget_gb = profile.memory_budget_gb()
+    kv = kv_bytes(info, n_ctx)
+    fits: list[dict[str, Any]] = []
+    shown = []
+    for q in higher:
+        w, _ = _weight_bytes(facts, q)
+        total = w + kv + compute_bytes(info, w)
+        if budget_gb is not None and total > budget_gb * GB:
+            notes.append(f"{q} needs {_gb(total)} at {n_ctx} ctx > budget {budget_gb} GB")
+            continue
+        repack = facts.kind == "gguf" and q == source_type
+        fits.append({"quant_type": q, "ppl_ratio_max": None if repack else ppl_limit(profile, q)})
+        shown.append(f"{q} ({'the source repackaged, nothing to compare' if repack else f'{_gb(total)}, ppl ratio <= {ppl_limit(profile, q)}'})")
+    listed = " -> ".join(shown) or "none"
+    skipped = f"; not tried: {'; '.join(notes)}" if notes else ""
+    if options.on_parity_fail != "fallback":
+        return Decision("gguf.parity_fallback", [], f"--on-parity-fail {options.on_parity_fail}: a parity miss of "
+                        f"{chosen} fails the build (exit 5); with --on-parity-fail fallback the build would try "
+                        f"{listed}{skipped}")
+    if not fits:
+        return Decision("gguf.parity_fallback", [], f"--on-parity-fail fallback, but no type of the quant order "
+                        f"{order} has more bits than {chosen} and fits: a miss still fails the build (exit 5)"
+                        f"{skipped}")
+    return Decision("gguf.parity_fallback", fits, f"--on-parity-fail fallback: if {chosen} misses parity, try the "
+                    f"next type of the quant order {order} with more bits that fits the budget at {n_ctx} ctx, in "
+                    f"turn: {listed}; each attempt is recorded with its figures, and the build fails (exit 5) only "
+                    f"if none passes{skipped}")
 
 
 def _runtime_decisions(profile: Profile, info: dict[str, Any]) -> list[Decision]:
