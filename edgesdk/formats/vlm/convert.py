@@ -110,7 +110,8 @@ def check_idefics3(config: dict[str, Any], directory: Path) -> None:
         raise ModelError(f"{directory}: language model {tt!r} is not supported (supported: "
                          f"{', '.join(sorted(SUPPORTED_TEXT))})")
     size, patch, scale = vision.get("image_size"), vision.get("patch_size"), config.get("scale_factor", 2)
-    if not all(isinstance(v, int) and v > 0 for v in (size, patch, scale)) or size % patch or (size // patch) % scale:
+    if not (isinstance(size, int) and isinstance(patch, int) and isinstance(scale, int) and min(size, patch, scale) > 0
+            and size % patch == 0 and (size // patch) % scale == 0):
         raise ModelError(f"{directory}: image_size / patch_size must be a multiple of scale_factor "
                          f"(got {size}, {patch}, {scale})")
     if scale < 2:
