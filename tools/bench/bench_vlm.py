@@ -31,9 +31,11 @@ Ratios are against anchors measured in the same run: mixed / all-4-bit end-to-en
 <= 1.05), mixed encoder cosine vs all-F16's, TTFT question 1 / questions 2..n (goal >= 5x).
 
 Usage: python tools/bench/bench_vlm.py [--size small|medium] [--threads 2] [--n-gpu-layers 0]
-       [--rounds 3] [--max-tokens 16] [--mmproj-quant Q4_0] [--out tools/bench/results/vlm_cpu.json]
+       [--rounds 5] [--max-tokens 16] [--mmproj-quant Q4_0] [--out tools/bench/results/vlm_cpu.json]
 With a CUDA build of llama-cpp-python, ``--n-gpu-layers 99`` offloads the decoder and runs the encoder on
-the GPU (libmtmd ``use_gpu``).
+the GPU (libmtmd ``use_gpu``). ``BENCH_VLM_BUILD_NO_PRELOAD=1`` runs the two ``edgesdk build`` children with
+``EDGESDK_NO_LLAMA_PRELOAD=1``: on the H200 image (2026-12-02) the build process with the CUDA libllama
+preloaded crashed (SIGSEGV) when the host probe imported onnxruntime.
 """
 
 from __future__ import annotations
@@ -104,6 +106,7 @@ def make_model(directory: Path, size: str, seed: int = 0) -> None:
     LlavaProcessor(image_processor=image_processor, tokenizer=fast, patch_size=sz["patch"],
                    vision_feature_select_strategy="full", image_token="<image>",
                    num_additional_image_tokens=0).save_pretrained(directory)
+    image_processor.save_pretrained(directory)  # preprocessor_config.json also with transformers 5 (which nests it)
     vision = SiglipVisionConfig(image_size=sz["image"], patch_size=sz["patch"], hidden_size=sz["v_hidden"],
                                 intermediate_size=sz["v_inter"], num_hidden_layers=sz["v_layers"],
                                 num_attention_heads=sz["v_heads"], hidden_act="gelu_pytorch_tanh",
@@ -223,12 +226,16 @@ def measure_load(bundle: Path, mmap: bool, args, image: Path) -> dict:
     spec = {"bundle": str(bundle), "threads": args.threads, "ngl": args.n_gpu_layers, "n_ctx": N_CTX, "mmap": mmap,
             "question": QUESTIONS[0], "image": str(image), "max_tokens": 4}
     proc = subprocess.run([sys.executable, "-c", _LOAD_CHILD, json.dumps(spec)], capture_output=True, text=True,
-                          timeout=600)
+                          timeout=600, cwd=REPO)  # cwd: this checkout's edgesdk, not an installed one
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if proc.returncode != 0 or line is None:
         tail = [ln for ln in proc.stderr.splitlines() if ln.strip()][-1:] or [f"exit {proc.returncode}"]
         return {"error": tail[0][:300]}
-    return json.loads(line[len("RESULT "):])
+    got = json.loads(line[len("RESULT "):])
+    if not mmap and "use_mmap=False" not in str(got.get("mmap")):
+        return {"error": "this edgesdk ignores the use_mmap load option (needs edgesdk/runtime/backends/vlm.py "
+                         "with use_mmap)", **got}
+    return got
 
 
 # ------------------------------------------------------------------ timing
@@ -276,7 +283,7 @@ def cosine_rows(a, b):
 def parity(sessions: dict, refs: list[dict], images: list[Path], n_tokens: int) -> dict:
     out: dict = {}
     f16_feats, f16_tokens, mixed_tokens = [], [], []
-    for name in ("all_f16", "mixed", "all_4bit"):
+    for name in [n for n in ("all_f16", "mixed", "all_4bit") if n in sessions]:
         s = sessions[name]
         reset(s)
         per_image = []
@@ -292,7 +299,7 @@ def parity(sessions: dict, refs: list[dict], images: list[Path], n_tokens: int) 
             else:
                 if name == "mixed":
                     mixed_tokens.append(toks)
-                else:  # same decoder as mixed: only the mmproj differs
+                elif mixed_tokens:  # same decoder as mixed: only the mmproj differs
                     row["tokens_equal_mixed"] = toks == mixed_tokens[i]
                 row["min_cosine_vs_all_f16"] = round(float(cosine_rows(feats, f16_feats[i]).min()), 6)
                 row["tokens_equal_all_f16"] = toks == f16_tokens[i]
@@ -303,7 +310,7 @@ def parity(sessions: dict, refs: list[dict], images: list[Path], n_tokens: int) 
         if name != "all_f16":
             out[name]["encoder_min_cosine_vs_all_f16"] = min(r["min_cosine_vs_all_f16"] for r in per_image)
             out[name]["greedy_equal_all_f16"] = f"{sum(r['tokens_equal_all_f16'] for r in per_image)}/{len(per_image)}"
-        if name == "all_4bit":
+        if name == "all_4bit" and mixed_tokens:
             out[name]["greedy_equal_mixed"] = f"{sum(r['tokens_equal_mixed'] for r in per_image)}/{len(per_image)}"
         reset(s)
     out["pytorch_tokens"] = [r["tokens"] for r in refs]
@@ -318,9 +325,11 @@ def build_bundle(model: Path, out: Path, quant: str, reuse: bool) -> dict:
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "edgesdk", "build", str(model), "--profile", "cpu-x86_64",
                            "--quant-type", quant, "-o", str(out), "--no-progress", "--force"],
-                          capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                          capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", **({"EDGESDK_NO_LLAMA_PRELOAD": "1"} if os.environ.get(
+                              "BENCH_VLM_BUILD_NO_PRELOAD") else {})})
     if proc.returncode != 0:
-        sys.exit(f"edgesdk build --quant-type {quant} failed: {proc.stderr.strip()[-600:]}")
+        sys.exit(f"edgesdk build --quant-type {quant} failed (exit {proc.returncode}): {proc.stderr.strip()[-600:]}")
     return {"wall_s": round(time.perf_counter() - t0, 2)}
 
 
@@ -329,7 +338,7 @@ def main() -> int:
     ap.add_argument("--size", choices=sorted(SIZES), default="small")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-gpu-layers", type=int, default=0)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--parity-tokens", type=int, default=8)
     ap.add_argument("--mmproj-quant", default="Q4_0", choices=["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
@@ -348,7 +357,7 @@ def main() -> int:
 
     t_start = time.perf_counter()
     load_start = os.getloadavg()
-    work = Path(args.work or tempfile.mkdtemp(prefix="bench-vlm-"))
+    work = Path(args.work or tempfile.mkdtemp(prefix="bench-vlm-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
     model = work / f"llava-{args.size}"
     t0 = time.perf_counter()
@@ -503,7 +512,7 @@ def print_table(r: dict) -> None:
             print(f"parity {name:<9} encoder min cos vs PyTorch {p['encoder_min_cosine_vs_pytorch']}, greedy = PyTorch "
                   f"{p['greedy_equal_pytorch']}" + (f", = all-F16 {p['greedy_equal_all_f16']}, encoder cos vs all-F16 "
                                                      f"{p['encoder_min_cosine_vs_all_f16']}" if name != "all_f16" else "")
-                  + (f", = mixed {p['greedy_equal_mixed']}" if name == "all_4bit" else ""))
+                  + (f", = mixed {p['greedy_equal_mixed']}" if "greedy_equal_mixed" in p else ""))
     if r["load_errors"]:
         print("NOT LOADED:", r["load_errors"])
     print("ratios", json.dumps(r["ratios"]))
