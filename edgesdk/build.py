@@ -2,8 +2,8 @@
 """Run a plan stage by stage into a staging directory, gate on licenses, then commit atomically.
 
 ``make_plan()`` inspects the model, probes the host once and plans; ``build()`` executes that plan
-(``edgesdk build`` shows the plan it then executes, never a second one). Nothing is written at ``out_dir`` until every stage
-(export, optimize, quantize, verify, license gate, package) has passed; on any failure the
+(``edgesdk build`` shows the plan it then executes, never a second one). Nothing is written at ``out_dir``
+until every stage (export, optimize, quantize, verify, license gate, package) has passed; on any failure the
 staging directory is removed, so no partial bundle can exist.
 """
 
@@ -156,7 +156,8 @@ def _license_gate(ctx: BuildContext, out_dir: Path) -> dict:
         model_license=opts.model_license,
         components=component_labels(ctx.manifest.extras, ctx.artifacts),  # per-file license + sha256 in the SBOMs
     )
-    for rel, role in (("sbom.cdx.json", "sbom"), ("sbom.spdx.json", "sbom-spdx"), ("license-report.json", "license-report")):
+    for rel, role in (("sbom.cdx.json", "sbom"), ("sbom.spdx.json", "sbom-spdx"),
+                      ("license-report.json", "license-report")):
         if (ctx.staging / rel).is_file():
             ctx.add_artifact(rel, role)
     return result.to_manifest()

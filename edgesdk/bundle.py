@@ -40,8 +40,8 @@ OWNER_SUFFIX = ".owner"
 _CHUNK = 1 << 20
 
 __all__ = ["MANIFEST", "SCHEMA", "Artifact", "Bundle", "Manifest", "artifact_entry", "check_replaceable",
-           "commit_staging", "clean_stale_staging", "discard_staging", "make_staging", "open_bundle", "output_lock", "sha256_file", "sha256_tree",
-           "write_manifest"]
+           "commit_staging", "clean_stale_staging", "discard_staging", "make_staging", "open_bundle", "output_lock",
+           "sha256_file", "sha256_tree", "write_manifest"]
 
 
 def sha256_file(path: Path) -> str:

@@ -211,7 +211,8 @@ def _onnx_facts(path: Path) -> ModelFacts:
     return ModelFacts(source=str(path), kind="onnx", task=task, name=path.stem, architecture=None,
                       family=meta.get("model_type"), params=params,
                       weight_bytes=path.stat().st_size + sum((path.parent / f).stat().st_size for f in external),
-                      extra={"external_data": external, "inputs": inputs, "outputs": [o.name for o in model.graph.output], "opset":
+                      extra={"external_data": external, "inputs": inputs,
+                             "outputs": [o.name for o in model.graph.output], "opset":
                              max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=None),
                              "metadata": meta, "op_types": ops})
 

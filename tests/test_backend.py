@@ -46,7 +46,8 @@ def test_example_backend_served_through_a_session(tmp_path, monkeypatch):
     backend = scope["load_scale"](None, ctx)
 
     class _Bundle:  # just what Session reads from a bundle
-        manifest = SimpleNamespace(model=SimpleNamespace(task="feature-extraction"), profile=SimpleNamespace(name="cpu"))
+        manifest = SimpleNamespace(model=SimpleNamespace(task="feature-extraction"),
+                                   profile=SimpleNamespace(name="cpu"))
         precision, bundle_id, model_name, format, path = "fp32", "b1", "scale", "numpy", tmp_path
 
     session = Session(_Bundle(), backend, ctx, 0.0)

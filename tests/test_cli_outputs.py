@@ -200,7 +200,8 @@ def test_shapes_flag_is_recorded_in_plan_and_refused_when_wrong(tmp_path, run_cl
                                                  "max": [8, 3, 224, 224]}}]
     key = next(d["value"] for d in plan["decisions"] if d["key"] == "engine_cache_key")
     assert key["profiles"] == _profiles(plan)
-    for bad in ("pixel_values:1x3x224x224:4x3x224x224", "nope:1:1:1", "pixel_values:4x3x224x224:1x3x224x224:8x3x224x224",
+    for bad in ("pixel_values:1x3x224x224:4x3x224x224", "nope:1:1:1",
+                "pixel_values:4x3x224x224:1x3x224x224:8x3x224x224",
                 "pixel_values:1x3x224:4x3x224x224:8x3x224x224", "pixel_values:1x3xAx224:4x3x224x224:8x3x224x224"):
         res = run_cli("build", cnn, "-p", "orin-nx-16gb", "--format", "tensorrt", "--plan-only", "--shapes", bad)
         assert res.returncode == 3, (bad, res.stderr)

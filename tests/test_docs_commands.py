@@ -509,7 +509,8 @@ def test_docs_have_commands_to_run():
 def test_doc_command_runs(cmd: DocCommand, doc_workspace: DocWorkspace):
     analyse(cmd)  # an unknown placeholder fails even where the command is skipped
     for need in cmd.needs:
-        assert need in NEEDS, f"{cmd.where}: `needs: {need}` is not one of {sorted(NEEDS)} (tests/test_docs_commands.py)"
+        assert need in NEEDS, (f"{cmd.where}: `needs: {need}` is not one of {sorted(NEEDS)} "
+                               "(tests/test_docs_commands.py)")
         ok, why = NEEDS[need]()
         if not ok:
             pytest.skip(f"{cmd.where}: the doc marks it `needs: {need}`: {why}")

@@ -23,7 +23,8 @@ N = r"([0-9]+(?:\.[0-9]+)?)"  # a figure as printed
 # (doc, regex with the figure as group 1, results file, key path in the JSON; "-key" negates)
 FIGURES: list[tuple[str, str, str, str]] = [
     # P1: INT8 MiniLM vs FP32 ORT
-    ("docs/benchmarks.md", rf"\| \*\*P1\*\* \|[^\n]*?\| \*\*{N}×\*\*", "p1_int8.json", "results.ours_unfused.ratio_vs_fp32"),
+    ("docs/benchmarks.md", rf"\| \*\*P1\*\* \|[^\n]*?\| \*\*{N}×\*\*", "p1_int8.json",
+     "results.ours_unfused.ratio_vs_fp32"),
     ("docs/benchmarks.md", rf"\| \*\*P1\*\* \|[^\n]*?\(paired {N}×\)", "p1_int8.json",
      "results.ours_unfused.paired_ratio_vs_fp32"),
     ("docs/benchmarks.md", rf"\| \*\*P1\*\* \|[^\n]*?at \*\*min cosine {N}\*\*", "p1_int8.json",
@@ -51,10 +52,11 @@ FIGURES: list[tuple[str, str, str, str]] = [
     # P2: runtime overhead, ONNX and GGUF
     ("docs/benchmarks.md", rf"\| \*\*P2\*\* \(ONNX\) \|[^\n]*?\| \*\*{N}×\*\*", "p2_onnx.json", "ratio"),
     ("docs/benchmarks.md", rf"\| \*\*P2\*\* \(ONNX\) \|[^\n]*?\(p50 {N} vs", "p2_onnx.json", "edgesdk_p50_ms"),
-    ("docs/benchmarks.md", rf"\| \*\*P2\*\* \(ONNX\) \|[^\n]*?\(p50 [\d.]+ vs {N} ms", "p2_onnx.json", "bare_ort_p50_ms"),
+    ("docs/benchmarks.md", rf"\| \*\*P2\*\* \(ONNX\) \|[^\n]*?\(p50 [\d.]+ vs {N} ms", "p2_onnx.json",
+     "bare_ort_p50_ms"),
     ("docs/benchmarks.md", rf"\| \*\*P2\*\* \(GGUF\) \|[^\n]*?\| \*\*{N}×\*\*", "p2_gguf.json", "ratio_vs_anchor"),
-    ("docs/benchmarks.md", rf"\| \*\*P2\*\* \(GGUF\) \|[^\n]*?per generated token \({N} interleaved rounds", "p2_gguf.json",
-     "rounds"),
+    ("docs/benchmarks.md", rf"\| \*\*P2\*\* \(GGUF\) \|[^\n]*?per generated token \({N} interleaved rounds",
+     "p2_gguf.json", "rounds"),
     ("README.md", rf"\| P2 [^\n]*?\| ONNX {N}×", "p2_onnx.json", "ratio"),
     ("README.md", rf"\| P2 [^\n]*?GGUF \(telemetry on\) {N}×", "p2_gguf.json", "ratio_vs_anchor"),
     ("docs/gguf.md", rf"\*\*P2 \(GGUF half\)\*\*.*?\*\*{N}× the faster bare variant\*\*", "p2_gguf.json",
@@ -77,7 +79,8 @@ FIGURES: list[tuple[str, str, str, str]] = [
     ("README.md", rf"\| P3 [^\n]*?\| {N}× wall", "p3_build.json", "wall_ratio"),
     ("README.md", rf"\| P3 [^\n]*?\| [\d.]+× wall, {N}× peak RSS", "p3_build.json", "rss_ratio"),
     # P4: planner vs best hand-tuned on the H200
-    ("docs/benchmarks.md", rf"\| \*\*P4\*\* \|[^\n]*?F16: decode \*\*{N}×\*\*", "p4_h200.json", "results.F16.p4_decode_ratio"),
+    ("docs/benchmarks.md", rf"\| \*\*P4\*\* \|[^\n]*?F16: decode \*\*{N}×\*\*", "p4_h200.json",
+     "results.F16.p4_decode_ratio"),
     ("docs/benchmarks.md", rf"\| \*\*P4\*\* \|[^\n]*?F16: decode[^;]*prefill \*\*{N}×\*\*", "p4_h200.json",
      "results.F16.p4_prefill_ratio"),
     ("docs/benchmarks.md", rf"\| \*\*P4\*\* \|[^\n]*?Q4_K_M: decode \*\*{N}×\*\*", "p4_h200.json",
@@ -97,18 +100,21 @@ FIGURES: list[tuple[str, str, str, str]] = [
     # the profiler on the H200
     ("docs/profiler.md", rf"Torch\s+eager, batch 1, seq 128: FP32 p50 {N} ms", "profiler_h200_torch.json",
      "torch_eager_fp32.latency_ms.p50"),
-    ("docs/profiler.md", rf"Torch\s+eager, batch 1, seq 128: FP32 p50 [\d.]+ ms, FP16 {N} ms", "profiler_h200_torch.json",
-     "torch_eager_fp16.latency_ms.p50"),
-    ("docs/profiler.md", rf"profiler overhead −{N} %", "profiler_h200_torch.json", "-torch_eager_fp32.overhead.overhead_pct"),
+    ("docs/profiler.md", rf"Torch\s+eager, batch 1, seq 128: FP32 p50 [\d.]+ ms, FP16 {N} ms",
+     "profiler_h200_torch.json", "torch_eager_fp16.latency_ms.p50"),
+    ("docs/profiler.md", rf"profiler overhead −{N} %", "profiler_h200_torch.json",
+     "-torch_eager_fp32.overhead.overhead_pct"),
     ("docs/profiler.md", rf"profiler overhead −[\d.]+ % / −{N} %", "profiler_h200_torch.json",
      "-torch_eager_fp16.overhead.overhead_pct"),
     # profiler overhead, eager fallback
     ("docs/benchmarks.md", rf"\| profiler \|[^\n]*?\| \*\*\+{N} %\*\*", "profiler_overhead.json", "overhead_pct"),
     ("docs/profiler.md", rf"profiler_overhead\.json`: profiler overhead.*?\+{N} %", "profiler_overhead.json",
      "overhead_pct"),
-    ("docs/benchmarks.md", rf"\| eager \|[^\n]*?\| \*\*{N}×\*\* slower", "eager_fallback.json", "ratio_eager_vs_anchor_p50"),
+    ("docs/benchmarks.md", rf"\| eager \|[^\n]*?\| \*\*{N}×\*\* slower", "eager_fallback.json",
+     "ratio_eager_vs_anchor_p50"),
     ("docs/benchmarks.md", rf"\| eager \|[^\n]*?slower \({N} vs", "eager_fallback.json", "torch_export_eager_ms.p50"),
-    ("docs/benchmarks.md", rf"\| eager \|[^\n]*?slower \([\d.]+ vs {N} ms", "eager_fallback.json", "anchor_ort_cpu_ms.p50"),
+    ("docs/benchmarks.md", rf"\| eager \|[^\n]*?slower \([\d.]+ vs {N} ms", "eager_fallback.json",
+     "anchor_ort_cpu_ms.p50"),
 ]
 
 

@@ -190,5 +190,6 @@ def test_llama_cpp_load_of_truncated_file_in_child_probe_leaves_host_alive(trunc
     why = _probe_in_child(str(truncated_gguf), 0, False, 256)
     assert why is not None and ("failed" in why or "crashed" in why)
     # and this process is still here to assert it; the same load in-process also only raises:
-    code = "import llama_cpp,sys\ntry:\n    llama_cpp.Llama(sys.argv[1], verbose=False)\nexcept ValueError:\n    sys.exit(7)"
+    code = ("import llama_cpp,sys\ntry:\n    llama_cpp.Llama(sys.argv[1], verbose=False)\n"
+            "except ValueError:\n    sys.exit(7)")
     assert subprocess.run([sys.executable, "-c", code, str(truncated_gguf)], timeout=120).returncode == 7

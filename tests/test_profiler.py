@@ -125,7 +125,8 @@ def test_prediction_unavailable_without_bandwidth(mlp_bundle):
     pred = roofline.predict(facts, resolve_profile("cpu-x86_64"))
     assert "detect --write" in pred["unavailable"]
     pred = roofline.predict(facts, resolve_profile("cpu-x86_64"),
-                            measured_host={"bandwidth_gbps": 10.0, "peak_flops": 1e11, "method": "t", "peak_method": "t"})
+                            measured_host={"bandwidth_gbps": 10.0, "peak_flops": 1e11, "method": "t",
+                                           "peak_method": "t"})
     assert pred["encoder"]["compute_ms"] == pytest.approx(facts.flops / 1e11 * 1e3)
     assert pred["encoder"]["limited_by"] == "compute"
 

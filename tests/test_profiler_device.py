@@ -29,7 +29,8 @@ L4T_RELEASE = ("# R36 (release), REVISION: 4.3, GCID: 38968081, BOARD: generic, 
 
 
 def _meminfo(total_kb: int) -> str:
-    return f"MemTotal:       {total_kb} kB\nMemFree:        {total_kb // 2} kB\nMemAvailable:   {total_kb * 3 // 4} kB\n"
+    return (f"MemTotal:       {total_kb} kB\nMemFree:        {total_kb // 2} kB\n"
+            f"MemAvailable:   {total_kb * 3 // 4} kB\n")
 
 
 def _tree(root: Path, files: dict[str, str | bytes]) -> Path:

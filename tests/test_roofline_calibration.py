@@ -76,5 +76,6 @@ def test_llamacpp_decode_held_out_model_size():
         sub = [e for e in table if e["params"] == keep and e.get("quant") == quant]
         facts = roofline.WorkFacts(kind="llm", format="gguf", precision="F16", params=params, weight_bytes=nbytes,
                                    layers=layers)
-        tok_s = roofline.predict(facts, _Profile(4800, 989e12, "gpu"), backend="llama.cpp", table=sub)["decode"]["tok_s"]
+        tok_s = roofline.predict(facts, _Profile(4800, 989e12, "gpu"), backend="llama.cpp",
+                                 table=sub)["decode"]["tok_s"]
         assert abs(tok_s - measured) / measured <= 0.25

@@ -30,7 +30,8 @@ def test_http_server_span_with_genai_attributes_conforms(tmp_path):
 
 
 def test_refused_request_span_conforms_without_usage(tmp_path):
-    attrs = {k: v for k, v in HTTP.items() if not k.startswith("gen_ai.usage") and k != "gen_ai.response.finish_reasons"}
+    attrs = {k: v for k, v in HTTP.items()
+             if not k.startswith("gen_ai.usage") and k != "gen_ai.response.finish_reasons"}
     attrs["http.response.status_code"] = 429
     report = check_trace_file(_write(tmp_path, [_span("chat gemma", attrs, kind=SERVER)]))
     assert not report.fails() and not [f for f in report.findings if f.level == "improvement"], report.findings

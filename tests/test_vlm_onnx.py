@@ -115,7 +115,8 @@ def test_onnx_features_match_pytorch_on_the_test_images(tiny_llava, exported, im
         pv = proc.image_processor(images=img.convert("RGB"), return_tensors="pt")["pixel_values"]
         assert np.abs(normalise(pixels, pre) - pv.numpy()).max() < 1e-5  # same input as the processor's
         with torch.no_grad():
-            f = model.get_image_features(pixel_values=pv, vision_feature_layer=-2, vision_feature_select_strategy="full")
+            f = model.get_image_features(pixel_values=pv, vision_feature_layer=-2,
+                                         vision_feature_select_strategy="full")
         f = (f[0] if isinstance(f, (list, tuple)) else f).reshape(-1, 64).numpy()
         got = onnx_features(path, [pixels], pre)[0]
         assert min_token_cosine(got, f) >= 0.999, p.name

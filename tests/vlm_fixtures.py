@@ -3,8 +3,8 @@
 
 No real VLM weights are installable offline, so the model is built from ``transformers`` configs:
 ``LlavaConfig`` = ``SiglipVisionConfig`` (or ``CLIPVisionConfig``; 64x64 images, 16x16 patches ->
-16 image tokens, 2 layers, hidden 64) + ``LlamaConfig`` (2 layers, hidden 64) + the LLaVA-1.5 two-layer MLP projector. The
-architecture and the whole export path are real; the numbers are random, so the model describes
+16 image tokens, 2 layers, hidden 64) + ``LlamaConfig`` (2 layers, hidden 64) + the LLaVA-1.5 two-layer MLP
+projector. The architecture and the whole export path are real; the numbers are random, so the model describes
 nothing. It is saved as a Hugging Face directory with its processor (its image processor +
 a byte-level BPE tokenizer trained here on the built-in text, with an ``<image>`` token) and a
 model card declaring Apache-2.0 and saying the weights are random.
@@ -72,7 +72,8 @@ def make_tiny_llava(directory: Path, *, vision: str = "siglip", seed: int = 0) -
         image_std=[0.26862954, 0.26130258, 0.27577711], do_convert_rgb=True)
     processor = LlavaProcessor(image_processor=image_processor, tokenizer=fast, patch_size=PATCH_SIZE,
                                vision_feature_select_strategy="default" if clip else "full",
-                               image_token="<image>", num_additional_image_tokens=1 if clip else 0, chat_template=CHAT_TEMPLATE)
+                               image_token="<image>", num_additional_image_tokens=1 if clip else 0,
+                               chat_template=CHAT_TEMPLATE)
     processor.save_pretrained(directory)
     vcfg = dict(image_size=IMAGE_SIZE, patch_size=PATCH_SIZE, hidden_size=64, intermediate_size=128,
                 num_hidden_layers=2, num_attention_heads=4)
@@ -81,7 +82,8 @@ def make_tiny_llava(directory: Path, *, vision: str = "siglip", seed: int = 0) -
     text = LlamaConfig(vocab_size=len(tok.get_vocab()), hidden_size=64, intermediate_size=160, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                        bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id, initializer_range=0.2)
-    config = LlavaConfig(vision_config=vision_cfg, text_config=text, image_token_index=fast.convert_tokens_to_ids("<image>"),
+    config = LlavaConfig(vision_config=vision_cfg, text_config=text,
+                         image_token_index=fast.convert_tokens_to_ids("<image>"),
                          projector_hidden_act="gelu",
                          vision_feature_select_strategy="default" if clip else "full",
                          vision_feature_layer=-2, image_seq_length=IMAGE_TOKENS)

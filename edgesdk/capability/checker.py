@@ -98,7 +98,8 @@ class CapabilityReport:
             "dynamic_inputs": self.dynamic_inputs, "notes": self.notes,
             "summary": {"nodes": len(self.nodes), "placement": placed,
                         "ops_by_placement": {k: sorted(v) for k, v in ops_by.items() if k != "folded"},
-                        "partitions": {b: sum(1 for p in self.partitions if p.backend == b) for b in placed if b != "folded"},
+                        "partitions": {b: sum(1 for p in self.partitions if p.backend == b)
+                                       for b in placed if b != "folded"},
                         "uncertain": sum(1 for n in self.nodes if n.uncertain),
                         "unsupported_everywhere": sorted({n.op_type for n in self.unsupported_everywhere()}),
                         **boundary_summary(self)},
@@ -276,8 +277,8 @@ def check_capability(onnx_path: str | os.PathLike, profile, precision: str | Non
     folded: set[str] = set()
     for i, node in enumerate(view.nodes):
         static_shape_of = node.op_type == "Shape" and node.input and view.is_static(node.input[0])
-        if node.op_type == "Constant" or static_shape_of or (node.input and all(not t or view.is_constant(t) or t in folded
-                                                                 for t in node.input)):
+        if node.op_type == "Constant" or static_shape_of or (
+                node.input and all(not t or view.is_constant(t) or t in folded for t in node.input)):
             # Constant-foldable: TensorRT and ONNX Runtime evaluate it once at build/load time.
             folded.update(t for t in node.output if t)
             results.append(NodeResult(i, view.names[i], node.op_type, node.domain,

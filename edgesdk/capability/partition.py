@@ -99,7 +99,8 @@ def partition(report) -> list[Partition]:
             for t in node.output:
                 if not t:
                     continue
-                leaves = any(c in node_part and node_part[c] is not part for c in view.consumers.get(t, [])) or t in view.outputs
+                leaves = (any(c in node_part and node_part[c] is not part for c in view.consumers.get(t, []))
+                          or t in view.outputs)
                 if leaves and t not in outs:
                     outs.append(t)
         part.inputs, part.outputs = ins, outs

@@ -97,8 +97,10 @@ def render_dot(report: CapabilityReport) -> str:
     are left out."""
     from edgesdk.capability.partition import crossings
 
+    title = (f"{report.model} on {report.profile} ({report.precision}): {len(report.partitions)} partitions, "
+             f"{len(crossings(report))} boundary crossings")
     lines = ["digraph capability {",
-             f"  label={_dot_str(f'{report.model} on {report.profile} ({report.precision}): {len(report.partitions)} partitions, {len(crossings(report))} boundary crossings')};",
+             f"  label={_dot_str(title)};",
              "  labelloc=t; rankdir=TB; fontname=Helvetica;",
              '  node [shape=box, style="filled,rounded", fontname=Helvetica, fontsize=10];',
              "  edge [color=\"#7f7f7f\"];"]
@@ -187,7 +189,8 @@ def render_html(report: CapabilityReport) -> str:
         ops = ", ".join(f"{k} {v}" for k, v in p.to_dict()["op_types"].items())
         out.append(f'<tr class="partition" data-backend="{e(p.backend)}"><td>{p.id}</td>'
                    f'<td style="background:{colour}">{e(label)}</td><td>{len(p.nodes)}</td><td>{e(ops)}</td>'
-                   f"<td><code>{e(', '.join(p.inputs))}</code></td><td><code>{e(', '.join(p.outputs))}</code></td></tr>")
+                   f"<td><code>{e(', '.join(p.inputs))}</code></td>"
+                   f"<td><code>{e(', '.join(p.outputs))}</code></td></tr>")
     out.append("</table>")
     out.append(f"<h2>Boundary crossings ({len(cross)})</h2>")
     if cross:
@@ -200,9 +203,11 @@ def render_html(report: CapabilityReport) -> str:
         out.append("</table>")
     else:
         out.append("<p>None: the whole graph is one partition.</p>")
-    out += ["<h2>Ops</h2>", '<table id="ops"><tr><th>op</th><th>count</th><th>runs on</th><th>why not elsewhere</th></tr>']
+    out += ["<h2>Ops</h2>",
+            '<table id="ops"><tr><th>op</th><th>count</th><th>runs on</th><th>why not elsewhere</th></tr>']
     for r in report.op_summary():
-        runs = ", ".join(f"{_style(k, report)[1]} {v}" for k, v in sorted(r["placement"].items(), key=lambda kv: -kv[1]))
+        runs = ", ".join(f"{_style(k, report)[1]} {v}"
+                         for k, v in sorted(r["placement"].items(), key=lambda kv: -kv[1]))
         why = "; ".join(f"{BACKEND_LABEL[b]}: {w}" for b in BACKENDS for w in r[b]["reasons"][:2])
         out.append(f"<tr><td>{e(r['op_type'])}</td><td>{r['count']}</td><td>{e(runs)}</td><td>{e(why)}</td></tr>")
     out.append("</table>")

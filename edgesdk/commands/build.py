@@ -54,8 +54,8 @@ from edgesdk.formats import format_names
 def build_cmd(model: Path, profile: str, output: Path | None, fmt, precision, quant_type, vision_runtime,
               context_length, dla,
               explain: bool, plan_only: bool, as_json: bool, force: bool, on_parity_fail: str, allow_pickle: bool,
-              trust_remote_code: bool, license_policy, waivers, accept, model_license, scanoss_url, trace_file, no_progress,
-              model_name, seq_len, max_seq_len, max_batch, shapes) -> int:
+              trust_remote_code: bool, license_policy, waivers, accept, model_license, scanoss_url, trace_file,
+              no_progress, model_name, seq_len, max_seq_len, max_batch, shapes) -> int:
     """Plan, export, verify, license-gate and package MODEL for a device profile."""
     from edgesdk import build as B
     from edgesdk import telemetry

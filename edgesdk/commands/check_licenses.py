@@ -45,8 +45,9 @@ from edgesdk.errors import EdgeSDKError
               help="Also write an SPDX 2.3 JSON SBOM of what was scanned to this file.")
 def check_licenses_command(path: Path, as_json: bool, markdown: bool, summary: bool, policy_path: Path | None,
                            waivers_path: Path | None, accepted: tuple[str, ...], scanoss_url: str | None,
-                           scanoss_timeout: float | None, model_source: Path | None, dists: tuple[str, ...], environment: bool,
-                           output: Path | None, html_path: Path | None, spdx_path: Path | None) -> int:
+                           scanoss_timeout: float | None, model_source: Path | None, dists: tuple[str, ...],
+                           environment: bool, output: Path | None, html_path: Path | None,
+                           spdx_path: Path | None) -> int:
     """License findings for a bundle (dir with manifest.json) or any source tree.
 
     Exit 0 pass, 2 violation, 1 error, 10 configured scanner failed.

@@ -73,7 +73,8 @@ def render_engine(info: dict) -> str:
     lines.append("this host: " + ("matches the target: `edgesdk engine build` builds here" if not problems
                                   else "cannot build it: " + "; ".join(problems)))
     engine = "prebuilt in the bundle" if info.get("prebuilt_engine") else (
-        f"cached at {info['cache']['engine']}" if info["cache"].get("engine") else f"not built ({info['cache']['state']})")
+        f"cached at {info['cache']['engine']}" if info["cache"].get("engine")
+        else f"not built ({info['cache']['state']})")
     lines.append(f"engine: {engine}")
     lines.append(f"cache key: {cfg['cache_key']}")
     if cfg.get("trtexec"):

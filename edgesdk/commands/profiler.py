@@ -23,7 +23,8 @@ def profiler_group() -> None:
 @click.option("--seq-len", type=click.IntRange(min=1), default=128, show_default=True,
               help="Sequence length of synthetic inputs (dynamic dims).")
 @click.option("--prompt-tokens", type=click.IntRange(min=1), default=128, show_default=True, help="LLM prompt size.")
-@click.option("--gen-tokens", type=click.IntRange(min=2), default=128, show_default=True, help="LLM tokens to generate.")
+@click.option("--gen-tokens", type=click.IntRange(min=2), default=128, show_default=True,
+              help="LLM tokens to generate.")
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
               help="LLM generations measured (after one warm-up generation).")
 @click.option("--threads", type=click.IntRange(min=1), help="Runtime threads (default: the runtime's).")

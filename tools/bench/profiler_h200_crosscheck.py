@@ -70,7 +70,8 @@ def main() -> int:
     for r in rows:
         d, p = r["decode"], r["prefill_512"]
         print(f"{r['held_out']}: decode measured {d['measured_tok_s']:.0f}, predicted {d['predicted_tok_s']:.0f} tok/s "
-              f"({d['error_pct']:+.0f}%; naive single efficiency {d['naive_single_efficiency']['predicted_tok_s']:.0f}, "
+              f"({d['error_pct']:+.0f}%; naive single efficiency "
+              f"{d['naive_single_efficiency']['predicted_tok_s']:.0f}, "
               f"{d['naive_single_efficiency']['error_pct']:+.0f}%); prefill measured {p['measured_tok_s']:.0f}, "
               f"predicted {p['predicted_tok_s']:.0f} ({p['error_pct']:+.0f}%)")
     print(f"wrote {dest}")

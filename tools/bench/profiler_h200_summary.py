@@ -69,7 +69,8 @@ def main() -> int:
                   "| figure | measured | h200 predicted | error % | calibration used |", "|---|---|---|---|---|",
                   f"| decode tok/s, model ({'llama.cpp eval timer' if llm.get('decode_tok_s_backend') else 'stream'})"
                   f" | {model_decode:.0f} | {dec.get('tok_s') or 0:.0f} | "
-                  f"{(pred.get('error_pct') or {}).get('decode', float('nan')):+.1f} | {dec.get('efficiency_source')} |",
+                  f"{(pred.get('error_pct') or {}).get('decode', float('nan')):+.1f} | "
+                  f"{dec.get('efficiency_source')} |",
                   f"| decode tok/s, stream (1 / TPOT) | {llm['decode_tok_s']:.0f} | | | |",
                   f"| prefill tok/s ({llm['prompt_tokens']} tokens, {llm.get('prefill_source', 'TTFT')}) | "
                   f"{llm['prefill_tok_s']:.0f} | "

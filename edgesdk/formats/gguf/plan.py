@@ -180,7 +180,9 @@ def plan_gguf(facts: ModelFacts, profile: Profile, options: BuildOptions) -> lis
         action = f"repackage: source is already {chosen}"
     else:
         action = f"requantize {source_type} -> {chosen} with llama.cpp quantize"
-    out.append(Decision("gguf.source", action, f"source is {'a HF ' + str(info.get('architecture')) + ' directory' if facts.kind == 'hf' else 'a ' + str(source_type) + ' GGUF file'}"))
+    source_desc = ("a HF " + str(info.get("architecture")) + " directory" if facts.kind == "hf"
+                   else "a " + str(source_type) + " GGUF file")
+    out.append(Decision("gguf.source", action, f"source is {source_desc}"))
     out.append(Decision("gguf.quant_type", chosen, f"{order_why}; {mem_why}"))
     out.append(Decision("gguf.context_length", n_ctx, f"profile policy.llm.context_length {want_ctx}{ctx_note}"))
     out.extend(_runtime_decisions(profile, info))
@@ -244,7 +246,9 @@ def parity_fallback_decision(facts: ModelFacts, profile: Profile, options: Build
             continue
         repack = facts.kind == "gguf" and q == source_type
         fits.append({"quant_type": q, "ppl_ratio_max": None if repack else ppl_limit(profile, q)})
-        shown.append(f"{q} ({'the source repackaged, nothing to compare' if repack else f'{_gb(total)}, ppl ratio <= {ppl_limit(profile, q)}'})")
+        detail = ("the source repackaged, nothing to compare" if repack
+                  else f"{_gb(total)}, ppl ratio <= {ppl_limit(profile, q)}")
+        shown.append(f"{q} ({detail})")
     listed = " -> ".join(shown) or "none"
     skipped = f"; not tried: {'; '.join(notes)}" if notes else ""
     if options.on_parity_fail != "fallback":

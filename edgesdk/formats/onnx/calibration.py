@@ -90,7 +90,8 @@ def capture_activations(model: ModelProto, tensor_names: list[str], feeds: Seque
     probed = [n for n in tensor_names if n not in graph_inputs]
     rng = np.random.default_rng(0)
     rows_per_feed = max(4, _SIMULATED_ROWS // len(feeds))
-    seen: dict[str, tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]] = {name: ([], [], []) for name in tensor_names}
+    seen: dict[str, tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]] = {
+        name: ([], [], []) for name in tensor_names}
     aligned = dict.fromkeys(tensor_names, True)
     absmax: dict[str, np.ndarray] = {}
     for feed in feeds:

@@ -174,7 +174,8 @@ def _right_pad(feeds: Sequence[Mapping[str, np.ndarray]], pad_id: int) -> dict[s
 
 
 def padded_batches(feeds: Sequence[Mapping[str, np.ndarray]], extra: Sequence[Mapping[str, np.ndarray]],
-                   pad_id: int, *, how: str, max_batch: int | None = None) -> list[tuple[dict[str, np.ndarray], list[int]]]:
+                   pad_id: int, *, how: str,
+                   max_batch: int | None = None) -> list[tuple[dict[str, np.ndarray], list[int]]]:
     """Padded batches of the batch-1 text ``feeds`` (plus ``extra`` long texts as neighbours).
 
     ``how="embed"``: grouped exactly as ``Session.embed`` groups texts (:func:`plan_embed_batches`).

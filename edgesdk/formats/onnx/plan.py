@@ -129,7 +129,8 @@ def shape_buckets_decision(facts: ModelFacts, profile: Profile, options: BuildOp
                     f"request; a request is padded to the smallest bucket holding it and masked (attention_mask), "
                     f"a larger one runs the plain session. Batch {'/'.join(map(str, batches))} "
                     f"({'--max-batch' if max_batch else 'batch 1 latency and a small batch'}); {seq_why}. "
-                    f"{when[0].upper() + when[1:]}. Measured on an H200 (MiniLM FP16, batch 1, seq 128): plain run 0.54 ms, captured "
+                    f"{when[0].upper() + when[1:]}. Measured on an H200 (MiniLM FP16, batch 1, seq 128): "
+                    "plain run 0.54 ms, captured "
                     "graph 0.22 ms; padded seq 100 -> 128: 0.34 ms")
 
 
@@ -181,7 +182,8 @@ def export_decisions(facts: ModelFacts, profile: Profile, options: BuildOptions,
                             "crossings)"))
     elif precision == "int8" and not profile.is_gpu:
         out.append(Decision("optimize", OptimizeMethod.NONE, "plain export; ONNX Runtime's session optimizer runs "
-                            "at load: measured on CPU, INT8 on the fused graph ran at 0.56-0.68x FP32 against 0.52-0.58x on "
+                            "at load: measured on CPU, INT8 on the fused graph ran at 0.56-0.68x FP32 "
+                            "against 0.52-0.58x on "
                             "the plain export in the same runs, and fusion gave FP32 no gain (docs/int8.md)"))
     elif fusion and facts.kind == "hf":
         heads = facts.config.get("num_attention_heads")
@@ -191,15 +193,17 @@ def export_decisions(facts: ModelFacts, profile: Profile, options: BuildOptions,
                "CUDA graph (0.22 ms; the standard-op graph leaves 63 shape nodes on the CPU EP); for TensorRT "
                "pass --format tensorrt") if profile.is_gpu else ""
         out.append(Decision("optimize", OptimizeMethod.ORT_TRANSFORMER, f"onnxruntime transformer optimizer "
-                            f"(model_type={fusion}, heads={heads}, hidden={hidden}) fuses attention, LayerNorm+residual "
+                            f"(model_type={fusion}, heads={heads}, hidden={hidden}) fuses attention, "
+                            "LayerNorm+residual "
                             "and GELU into single kernels that both CPU and CUDA EPs implement." + gpu))
     else:
-        out.append(Decision("optimize", OptimizeMethod.ONNXSLIM, "generic graph cleanup (constant folding, dead nodes); no "
-                            "transformer fusion pattern applies to this model"))
+        out.append(Decision("optimize", OptimizeMethod.ONNXSLIM, "generic graph cleanup (constant folding, "
+                            "dead nodes); no transformer fusion pattern applies to this model"))
     if precision == "int8":
         out.append(Decision("quantize", "accuracy-aware dynamic INT8 (per-channel weights), excluding the most "
                             "sensitive nodes until parity holds",
-                            f"INT8 must keep min cosine >= {parity_thresholds(profile, 'int8')['min_cosine']} vs the source"))
+                            f"INT8 must keep min cosine >= {parity_thresholds(profile, 'int8')['min_cosine']} "
+                            "vs the source"))
     elif precision == "fp16":
         out.append(Decision("quantize", "FP16 weights and activations, keeping I/O FP32 and LayerNorm/Softmax "
                             "inputs in FP32 where FP16 overflows", "GPU profile; halves weight bytes"))

@@ -113,7 +113,8 @@ def optimize_transformer(
     except Exception as exc:  # the optimizer raises bare exceptions on graphs it cannot parse
         raise ModelError(f"graph fusion failed on {fp32_onnx}: {type(exc).__name__}: {exc}") from exc
     fused = {op: n for op, n in model.get_fused_operator_statistics().items() if n}
-    report: dict[str, Any] = {"fused": fused, "model_type": model_type, "num_heads": num_heads, "hidden_size": hidden_size}
+    report: dict[str, Any] = {"fused": fused, "model_type": model_type, "num_heads": num_heads,
+                              "hidden_size": hidden_size}
     out_path.parent.mkdir(parents=True, exist_ok=True)
     if not fused:
         shutil.copyfile(fp32_onnx, out_path)

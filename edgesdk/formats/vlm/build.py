@@ -81,7 +81,8 @@ if arch != "LlavaForConditionalGeneration":
         arrays["positions_fixed"] = np.asarray(1)
 def image_features(inputs):
     if arch == "LlavaForConditionalGeneration":
-        return model.get_image_features(pixel_values=inputs["pixel_values"], vision_feature_layer=cfg.vision_feature_layer,
+        return model.get_image_features(pixel_values=inputs["pixel_values"],
+                                        vision_feature_layer=cfg.vision_feature_layer,
                                         vision_feature_select_strategy=cfg.vision_feature_select_strategy)
     # Idefics3 / SmolVLM: vision tower + pixel-shuffle connector
     return model.get_image_features(pixel_values=inputs["pixel_values"],
@@ -132,7 +133,8 @@ def hf_vlm_reference(hf_dir: Path, images: list[Path], prompt: str, n_tokens: in
         with np.load(out) as d:
             return [{"features": d[f"features{i}"], "tokens": d[f"tokens{i}"].tolist(),
                      "input_ids": d[f"input_ids{i}"].tolist(),
-                     **({"features_unfixed": d[f"features_unfixed{i}"], "tokens_unfixed": d[f"tokens_unfixed{i}"].tolist()}
+                     **({"features_unfixed": d[f"features_unfixed{i}"],
+                         "tokens_unfixed": d[f"tokens_unfixed{i}"].tolist()}
                         if f"features_unfixed{i}" in d.files else {})} for i in range(len(images))]
 
 
@@ -146,7 +148,8 @@ def component_parity(hf_dir: Path, decoder: Path, mmproj: Path, *, n_tokens: int
     images = test_images(work / "images")
     # the family's own prompt with one image, as the runtime formats a plain prompt (backends/vlm.py)
     ref_prompt = ("<|im_start|>User:<image>" + prompt + "<end_of_utterance>\nAssistant:"
-                  if vconv.family(vconv.read_config(hf_dir)) == "idefics3" else "USER: <image>\n" + prompt + " ASSISTANT:")
+                  if vconv.family(vconv.read_config(hf_dir)) == "idefics3"
+                  else "USER: <image>\n" + prompt + " ASSISTANT:")
     refs = hf_vlm_reference(hf_dir, images, ref_prompt, n_tokens)
     pre = json.loads((Path(hf_dir) / "preprocessor_config.json").read_text(encoding="utf-8"))
     cfg = vconv.read_config(hf_dir)
@@ -187,8 +190,9 @@ def component_parity(hf_dir: Path, decoder: Path, mmproj: Path, *, n_tokens: int
     if unfixed:
         import transformers
 
-        out["reference"] = (f"transformers {transformers.__version__} with the vision position ids the model was trained "
-                            "with (0..n-1 per axis, as llama.cpp and transformers before 4.55 / after PR #41374); "
+        out["reference"] = (f"transformers {transformers.__version__} with the vision position ids the model "
+                            "was trained with (0..n-1 per axis, as llama.cpp and transformers before 4.55 / "
+                            "after PR #41374); "
                             "its own 4.55-4.57 embeddings shift them (transformers issue #41190)")
         out["vs_unmodified_transformers"] = {"encoder_min_cosine": unfixed["min_cosine"],
                                              "greedy_equal": f"{unfixed['greedy_equal']}/{len(images)}"}
@@ -237,7 +241,8 @@ def build_vlm(ctx) -> None:
                                   f"top-1 {logits['top1_agreement']:.3f}")
             parity["decoder_sanity"] = sanity_check(final, f"{quant} decoder of {facts.name}")
             if quant != "F16":
-                ppl_out, ppl_ref = gconv.perplexity(final, text, min(256, n_ctx)), gconv.perplexity(f16, text, min(256, n_ctx))
+                ppl_out, ppl_ref = (gconv.perplexity(final, text, min(256, n_ctx)),
+                                    gconv.perplexity(f16, text, min(256, n_ctx)))
                 ratio = ppl_out["ppl"] / ppl_ref["ppl"]
                 parity.update(decoder_ppl=ppl_out, decoder_ppl_reference=ppl_ref, decoder_ppl_ratio=round(ratio, 5))
                 if ratio > PPL_RATIO_MAX.get(quant, 1.1):

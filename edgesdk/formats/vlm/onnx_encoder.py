@@ -88,7 +88,8 @@ def export_encoder(hf_dir: Path, fp32: Path, fp16: Path, *, opset: int = ONNX_OP
                           capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0 or not fp32.is_file():
         lines = [ln for ln in (proc.stderr or "").splitlines() if ln.strip()]
-        raise ExternalToolError(f"ONNX export of the vision encoder failed: {lines[-1][:200] if lines else proc.returncode}")
+        raise ExternalToolError("ONNX export of the vision encoder failed: "
+                                f"{lines[-1][:200] if lines else proc.returncode}")
     info = json.loads(proc.stdout.strip().splitlines()[-1])
     model = onnx.load(str(fp32))
     m16 = convert_float_to_float16(model, keep_io_types=True)

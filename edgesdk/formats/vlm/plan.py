@@ -134,8 +134,8 @@ def plan_vlm(facts: ModelFacts, profile: Profile, options: BuildOptions) -> list
              f"= {_gb(total)}")
     if budget is not None and total > budget * GB:
         raise ResourceError(f"{facts.name} does not fit profile {profile.name}: {arith} > budget {budget} GB")
-    out.append(Decision("vlm.memory", round(total / GB, 4),
-                        f"{arith} {'<= budget ' + str(budget) + ' GB' if budget is not None else '(profile has no memory figure)'}"))
+    budget_note = "<= budget " + str(budget) + " GB" if budget is not None else "(profile has no memory figure)"
+    out.append(Decision("vlm.memory", round(total / GB, 4), f"{arith} {budget_note}"))
     out.append(Decision("vlm.image_prefix_reuse", True,
                         "image features cached per (image sha256, mmproj sha256): a second question about the same "
                         "image skips the encoder; the decoder's KV prefix up to the end of the image is kept"))

@@ -39,7 +39,8 @@ if TYPE_CHECKING:
 
 RISKY_SMS = {"8.7"}  # llama.cpp FA/offload crashes reported on Orin (docs/devices.md)
 GPU_RESERVE_BYTES = 512 * 1024 * 1024  # CUDA context + cuBLAS workspace, kept free when sizing offload
-DEFAULT_SAMPLING: dict[str, float] = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.0}
+DEFAULT_SAMPLING: dict[str, float] = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05,
+                                      "repeat_penalty": 1.0}
 
 _PROBE_CHILD = """
 import sys, llama_cpp
@@ -162,7 +163,8 @@ def _check_sampling(max_tokens: int, seed: int | None, params: Mapping[str, floa
     """Range-check generation options at the boundary: a bad value is one InputError (exit 3)."""
     def number(name: str, value: object, lo: float | None = None, hi: float | None = None, lo_open: bool = False,
                integer: bool = False) -> None:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not float(value).is_integer()):
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or (integer and not float(value).is_integer())):
             raise InputError(f"{name} must be {'an integer' if integer else 'a number'}, got {value!r}")
         if value != value or value in (float("inf"), float("-inf")):
             raise InputError(f"{name} must be finite, got {value!r}")
@@ -235,7 +237,8 @@ class LlamaCppBackend:
         self._random_seed = int(llama_cpp.LLAMA_DEFAULT_SEED)
         # llama.cpp's own per-context timers (what llama-bench reports): prompt evaluation and
         # token-by-token evaluation, without Python, sampling or detokenising in between.
-        perf, reset = getattr(llama_cpp, "llama_perf_context", None), getattr(llama_cpp, "llama_perf_context_reset", None)
+        perf, reset = (getattr(llama_cpp, "llama_perf_context", None),
+                       getattr(llama_cpp, "llama_perf_context_reset", None))
         self._perf = (perf, reset) if perf and reset else None
         self._lock = threading.RLock()  # the context; see the class docstring
         self._owner = 0  # id of the request that last used the context
@@ -347,10 +350,11 @@ class LlamaCppBackend:
             return text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text or "")
 
         try:
-            fmt = Jinja2ChatFormatter(template=template, eos_token=piece(self._eos), bos_token=piece(self._llm.token_bos()),
-                                      stop_token_ids=[self._eos])
+            fmt = Jinja2ChatFormatter(template=template, eos_token=piece(self._eos),
+                                      bos_token=piece(self._llm.token_bos()), stop_token_ids=[self._eos])
         except Exception as exc:  # noqa: BLE001 - jinja syntax errors: one line
-            raise InputError(f"chat template {spec or '(GGUF)'} is not valid Jinja ({type(exc).__name__}: {exc})") from exc
+            raise InputError(f"chat template {spec or '(GGUF)'} is not valid Jinja "
+                             f"({type(exc).__name__}: {exc})") from exc
         self._formatters[spec] = (fmt, extra)
         return fmt, extra
 
@@ -379,8 +383,9 @@ class LlamaCppBackend:
         with self._lock:
             tokens = self._llm.tokenize(prompt.encode("utf-8"), add_bos=add_bos, special=special)
         budget = self._check_fits(len(tokens), max_tokens)
-        request: dict[str, Any] = {"max_tokens": max_tokens, "temperature": params["temperature"], "top_p": params["top_p"],
-                   "top_k": params["top_k"], "stop_sequences": stops or None, "seed": seed}
+        request: dict[str, Any] = {"max_tokens": max_tokens, "temperature": params["temperature"],
+                                   "top_p": params["top_p"], "top_k": params["top_k"], "stop_sequences": stops or None,
+                                   "seed": seed}
         body = self._decode(prompt, tokens, budget, stops, params, operation, stream, request, seed,
                             _capture_messages)
         return self._stepwise(body) if stream else body
