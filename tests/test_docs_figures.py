@@ -115,6 +115,15 @@ FIGURES: list[tuple[str, str, str, str]] = [
     ("docs/benchmarks.md", rf"\| eager \|[^\n]*?slower \({N} vs", "eager_fallback.json", "torch_export_eager_ms.p50"),
     ("docs/benchmarks.md", rf"\| eager \|[^\n]*?slower \([\d.]+ vs {N} ms", "eager_fallback.json",
      "anchor_ort_cpu_ms.p50"),
+    # VLM (issue 15): the summary row of docs/benchmarks.md
+    ("docs/benchmarks.md", rf"\| \*\*VLM\*\* \|[^\n]*?end to end \*\*{N}×\*\* all-4-bit", "vlm_cpu.json",
+     "ratios.mixed_over_all_4bit_e2e"),
+    ("docs/benchmarks.md", rf"\| \*\*VLM\*\* \|[^\n]*?encoder min cosine \*\*{N}\*\*", "vlm_cpu.json",
+     "ratios.encoder_cosine_mixed_vs_pytorch"),
+    ("docs/benchmarks.md", rf"\| \*\*VLM\*\* \|[^\n]*?\(all-4-bit {N}\)", "vlm_cpu.json",
+     "ratios.encoder_cosine_all_4bit_vs_pytorch"),
+    ("docs/benchmarks.md", rf"\| \*\*VLM\*\* \|[^\n]*?TTFT reuse \*\*{N}×\*\*", "vlm_cpu.json",
+     "ratios.ttft_reuse_mixed_q1_over_q2n"),
 ]
 
 
