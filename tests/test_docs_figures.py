@@ -124,6 +124,11 @@ FIGURES: list[tuple[str, str, str, str]] = [
      "ratios.encoder_cosine_all_4bit_vs_pytorch"),
     ("docs/benchmarks.md", rf"\| \*\*VLM\*\* \|[^\n]*?TTFT reuse \*\*{N}×\*\*", "vlm_cpu.json",
      "ratios.ttft_reuse_mixed_q1_over_q2n"),
+    # embed() memory (issue 14)
+    ("docs/benchmarks.md", rf"grouped by length\) \| {N} MiB", "embed_memory.json",
+     "runs.0.embed_peak_above_load_mib"),
+    ("docs/benchmarks.md", rf"unchunked call costs\) \| {N} MiB", "embed_memory.json",
+     "runs.1.embed_peak_above_load_mib"),
 ]
 
 
