@@ -129,6 +129,18 @@ FIGURES: list[tuple[str, str, str, str]] = [
      "runs.0.embed_peak_above_load_mib"),
     ("docs/benchmarks.md", rf"unchunked call costs\) \| {N} MiB", "embed_memory.json",
      "runs.1.embed_peak_above_load_mib"),
+    # P6 (issue 11): telemetry overhead, quiet run
+    ("docs/benchmarks.md", rf"\| \*\*P6\*\* \|[^\n]*?file exporter: \*\*{N} µs", "p6_telemetry.json",
+     "embed.telemetry_process_cpu_us"),
+    ("docs/benchmarks.md", rf"\| \*\*P6\*\* \|[^\n]*?SDK recording alone {N} µs", "p6_telemetry_null.json",
+     "embed.telemetry_process_cpu_us"),
+    ("docs/benchmarks.md", rf"\| \*\*P6\*\* \|[^\n]*?streaming \*\*{N} µs/token", "p6_telemetry.json",
+     "stream.per_token_beyond_sdk_us"),
+    ("docs/telemetry.md", rf"\| file \(OTLP-JSON lines\) \| [\d.]+ µs wall, [\d.]+ µs CPU \| {N} µs",
+     "p6_telemetry.json", "embed.telemetry_process_cpu_us"),
+    ("docs/telemetry.md", rf"\| null \(SDK recording only\) \| [\d.]+ µs wall, [\d.]+ µs CPU \| {N} µs",
+     "p6_telemetry_null.json", "embed.telemetry_process_cpu_us"),
+    ("README.md", rf"\| P6 telemetry \|[^\n]*?: {N} µs = ", "p6_telemetry.json", "embed.telemetry_process_cpu_us"),
 ]
 
 
