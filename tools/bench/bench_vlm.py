@@ -55,6 +55,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _measure import _cpu_model as _measure_cpu_model  # noqa: E402
+
 import edgesdk  # noqa: E402  before numpy: preloads a CUDA libllama first (see edgesdk/__init__.py)
 
 SIZES = {  # SigLIP tower + llama decoder; every matrix width a multiple of 256 (K-quants) and 32 (Q4_0)
@@ -525,13 +528,7 @@ def print_table(r: dict) -> None:
 
 
 def _cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
+    return _measure_cpu_model() or platform.processor()
 
 
 def _gpu() -> str | None:

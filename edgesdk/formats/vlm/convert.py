@@ -190,6 +190,30 @@ def feature_layer(config: dict[str, Any]) -> int:
     return layer if layer >= 0 else n_layer + 1 + layer
 
 
+
+def _clip_writer(directory: Path, out_path, name, projector: str, vision: dict, text: dict, pre: dict, *,
+                 eps_default: float):
+    """A GGUFWriter for an mmproj with the vision keys every family shares (clip.cpp's names)."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(out_path), "clip")
+    meta = gguf.Metadata.load(None, directory, (name or directory.name) + " mmproj", 0)
+    meta.set_gguf_meta_model(writer)
+    writer.add_file_type(1)  # mostly F16
+    writer.add_clip_has_vision_encoder(True)
+    writer.add_clip_projector_type(projector)
+    writer.add_vision_image_size(int(vision["image_size"]))
+    writer.add_vision_patch_size(int(vision["patch_size"]))
+    writer.add_vision_embedding_length(int(vision["hidden_size"]))
+    writer.add_vision_feed_forward_length(int(vision["intermediate_size"]))
+    writer.add_vision_block_count(int(vision["num_hidden_layers"]))
+    writer.add_vision_projection_dim(int(text["hidden_size"]))
+    writer.add_vision_head_count(int(vision["num_attention_heads"]))
+    writer.add_vision_attention_layernorm_eps(float(vision.get("layer_norm_eps", eps_default)))
+    writer.add_vision_image_mean([float(x) for x in pre["image_mean"]])
+    writer.add_vision_image_std([float(x) for x in pre["image_std"]])
+    return writer
+
 def write_mmproj(directory: Path, out_path: Path, *, name: str | None = None) -> dict[str, Any]:
     """Write the vision tower + projector of a HF LLaVA directory as an F16 llama.cpp mmproj GGUF."""
     import gguf
@@ -202,22 +226,7 @@ def write_mmproj(directory: Path, out_path: Path, *, name: str | None = None) ->
     vision, text = config["vision_config"], config.get("text_config") or {}
     pre = _preprocessor(directory)
     n_layer = int(vision["num_hidden_layers"])
-    writer = gguf.GGUFWriter(str(out_path), "clip")
-    meta = gguf.Metadata.load(None, directory, (name or directory.name) + " mmproj", 0)
-    meta.set_gguf_meta_model(writer)
-    writer.add_file_type(1)  # mostly F16
-    writer.add_clip_has_vision_encoder(True)
-    writer.add_clip_projector_type("mlp")
-    writer.add_vision_image_size(int(vision["image_size"]))
-    writer.add_vision_patch_size(int(vision["patch_size"]))
-    writer.add_vision_embedding_length(int(vision["hidden_size"]))
-    writer.add_vision_feed_forward_length(int(vision["intermediate_size"]))
-    writer.add_vision_block_count(n_layer)
-    writer.add_vision_projection_dim(int(text["hidden_size"]))
-    writer.add_vision_head_count(int(vision["num_attention_heads"]))
-    writer.add_vision_attention_layernorm_eps(float(vision.get("layer_norm_eps", 1e-5)))
-    writer.add_vision_image_mean([float(x) for x in pre["image_mean"]])
-    writer.add_vision_image_std([float(x) for x in pre["image_std"]])
+    writer = _clip_writer(directory, out_path, name, "mlp", vision, text, pre, eps_default=1e-5)
     writer.add_array("clip.vision.feature_layer", [feature_layer(config)])
     act = vision.get("hidden_act", "quick_gelu")
     if act in ACT_GELU:
@@ -281,22 +290,7 @@ def write_mmproj_idefics3(directory: Path, out_path: Path, config: dict[str, Any
                          f"{vision['image_size']}")
     n_layer = int(vision["num_hidden_layers"])
     scale = int(config.get("scale_factor", 2))
-    writer = gguf.GGUFWriter(str(out_path), "clip")
-    meta = gguf.Metadata.load(None, directory, (name or directory.name) + " mmproj", 0)
-    meta.set_gguf_meta_model(writer)
-    writer.add_file_type(1)  # mostly F16
-    writer.add_clip_has_vision_encoder(True)
-    writer.add_clip_projector_type("idefics3")
-    writer.add_vision_image_size(int(vision["image_size"]))
-    writer.add_vision_patch_size(int(vision["patch_size"]))
-    writer.add_vision_embedding_length(int(vision["hidden_size"]))
-    writer.add_vision_feed_forward_length(int(vision["intermediate_size"]))
-    writer.add_vision_block_count(n_layer)
-    writer.add_vision_projection_dim(int(text["hidden_size"]))
-    writer.add_vision_head_count(int(vision["num_attention_heads"]))
-    writer.add_vision_attention_layernorm_eps(float(vision.get("layer_norm_eps", 1e-6)))
-    writer.add_vision_image_mean([float(x) for x in pre["image_mean"]])
-    writer.add_vision_image_std([float(x) for x in pre["image_std"]])
+    writer = _clip_writer(directory, out_path, name, "idefics3", vision, text, pre, eps_default=1e-6)
     writer.add_vision_use_gelu(True)
     writer.add_vision_projector_scale_factor(scale)
     writer.add_vision_preproc_image_size(tile)
