@@ -30,13 +30,24 @@ CHAT_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'user' %}USER: "
                  "{% if add_generation_prompt %}ASSISTANT:{% endif %}")
 
 
+
+def byte_bpe(corpus: list[str], vocab_size: int, special_tokens: list[str]):
+    """A byte-level BPE tokenizer trained on ``corpus`` with ``special_tokens`` (the fixtures' tokenizers)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special_tokens,
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return tok
+
 def make_tiny_llava(directory: Path, *, vision: str = "siglip", seed: int = 0) -> Path:
     """Save the random-weight tiny LLaVA (weights, config, processor, tokenizer, model card) in ``directory``.
 
     ``vision``: ``siglip`` (SigLIP tower, all patch features: what llama.cpp's LLaVA graph reproduces) or
     ``clip`` (CLIP tower with a class token, LLaVA-1.5's ``default`` feature selection)."""
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import (
         CLIPImageProcessor,
         CLIPVisionConfig,
@@ -53,12 +64,7 @@ def make_tiny_llava(directory: Path, *, vision: str = "siglip", seed: int = 0) -
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(PPL_TEXT.read_text().split("\n"), trainers.BpeTrainer(
-        vocab_size=400, special_tokens=["<|bos|>", "<|end|>", "<image>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok = byte_bpe(PPL_TEXT.read_text().split("\n"), 400, ["<|bos|>", "<|end|>", "<image>"])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|end|>",
                                    extra_special_tokens={"image_token": "<image>"})
     clip = vision == "clip"
@@ -154,7 +160,6 @@ def make_tiny_idefics3(directory: Path, *, seed: int = 0, arch: str = "idefics3"
     ``arch="smolvlm"`` saves the same model as ``SmolVLMForConditionalGeneration`` (SmolVLM2's class,
     vision ``smolvlm_vision``) with the same Idefics3 processor (SmolVLM2's own processor needs torchvision)."""
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import (
         Idefics3Config,
         Idefics3ForConditionalGeneration,
@@ -170,13 +175,9 @@ def make_tiny_idefics3(directory: Path, *, seed: int = 0, arch: str = "idefics3"
     directory.mkdir(parents=True, exist_ok=True)
     specials = ["<|im_start|>", "<|im_end|>", "<end_of_utterance>", "<fake_token_around_image>", "<image>",
                 "<global-img>"] + [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
     lines = PPL_TEXT.read_text().split("\n")
     corpus = lines + ["\n\n".join(lines[i:i + 3]) for i in range(0, len(lines), 3)] + ["User:", "Assistant:"] * 20
-    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=420, special_tokens=specials,
-                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok = byte_bpe(corpus, 420, specials)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<end_of_utterance>",
                                    pad_token="<|im_end|>", additional_special_tokens=specials[2:])
     assert len(fast("\n\n", add_special_tokens=False)["input_ids"]) == 1, "\\n\\n must be one token"
