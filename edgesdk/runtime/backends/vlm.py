@@ -44,6 +44,7 @@ IDEFICS3_PROMPT = "<|im_start|>User:{sep}{images}{text}<end_of_utterance>\nAssis
 IDEFICS3_PROCESSORS = {"Idefics3ImageProcessor", "Idefics3ImageProcessorFast", "SmolVLMImageProcessor",
                        "SmolVLMImageProcessorFast"}
 FEATURE_CACHE_SIZE = 16  # images whose features are kept
+ENCODE_TIMES_KEPT = 1024  # encoder run times kept per path for session.report()
 DEFAULT_SAMPLING = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.0}
 
 
@@ -165,7 +166,7 @@ class VLMPipeline:
 
     def __init__(self, decoder: str | Path, mmproj: str | Path, preprocessor: dict[str, Any], *, n_ctx: int = 512,
                  n_gpu_layers: int = 0, threads: int | None = None, flash_attn: bool = False, use_gpu: bool = False,
-                 use_mmap: bool = True, image_encoder: Any = None):
+                 use_mmap: bool = True, image_encoder: Any = None, encoder_id: str | None = None):
         import llama_cpp
         import llama_cpp.mtmd_cpp as mtmd
 
@@ -192,7 +193,6 @@ class VLMPipeline:
         if not mtmd.mtmd_support_vision(self.mctx):
             self.close()
             raise BackendUnavailableError(f"{mmproj} has no vision encoder")
-        self.mmproj_sha256 = hashlib.sha256(Path(mmproj).read_bytes()).hexdigest()
         self.n_embd = int(llama_cpp.llama_model_n_embd(self.llm.model))
         self.marker = mtmd.mtmd_default_marker().decode("utf-8")
         cfg_size = int(preprocessor.get("_image_size") or 0)
@@ -201,10 +201,17 @@ class VLMPipeline:
         self.encoder_runs = 0
         # the ONNX FP16 encoder (runtime/backends/vlm_onnx.py) when chosen at load; None: libmtmd's mmproj
         self.image_encoder = image_encoder
-        self.encoder_id = self.mmproj_sha256 if image_encoder is None else \
-            "onnx-" + hashlib.sha256(Path(image_encoder.path).read_bytes()).hexdigest()
+        # the feature cache key's component part: the encoder file's sha256 (load_vlm passes the manifest's,
+        # verified at load, so a large encoder is not hashed twice)
+        if encoder_id is None:
+            path = Path(mmproj) if image_encoder is None else Path(image_encoder.path)
+            encoder_id = hashlib.sha256(path.read_bytes()).hexdigest()
+        self.encoder_id = encoder_id if image_encoder is None else "onnx-" + encoder_id
         self._pixels: dict[str, np.ndarray] = {}  # resized pixels of this request's images, for the ONNX encoder
-        self.encode_s: dict[str, list[float]] = {"onnx": [], "mmproj": []}  # per encoder path, per run
+        # per encoder path: the last ENCODE_TIMES_KEPT run times (seconds) and the number of runs
+        self.encode_s: dict[str, list[float]] = {"onnx": [], "mmproj": []}
+        self.encode_runs: dict[str, int] = {"onnx": 0, "mmproj": 0}
+        self._layout_ids: tuple[int | None, int | None, int | None] | None = None  # Idefics3 marker ids
         self._kv: list[Any] = []  # what the KV cache holds now: text token ids and ("img", hash, n) entries
         self.last_stages: dict[str, float] = {}
 
@@ -223,19 +230,26 @@ class VLMPipeline:
             if feats.shape != (n, self.n_embd):
                 raise ShapeError(f"the ONNX vision encoder returned features {list(feats.shape)}; the decoder "
                                  f"expects {[n, self.n_embd]}")
-            self.encode_s["onnx"].append(perf_counter() - t0)
+            self._note_encode("onnx", perf_counter() - t0)
         else:
             rc = mtmd.mtmd_encode_chunk(self.mctx, chunk)
             if rc != 0:
                 raise BackendUnavailableError(f"llama.cpp's vision encoder failed (mtmd_encode_chunk returned {rc})")
             ptr = mtmd.mtmd_get_output_embd(self.mctx)
             feats = np.ctypeslib.as_array(ptr, shape=(n * self.n_embd,)).reshape(n, self.n_embd).copy()
-            self.encode_s["mmproj"].append(perf_counter() - t0)
+            self._note_encode("mmproj", perf_counter() - t0)
         self.encoder_runs += 1
         self.features[key] = feats
         while len(self.features) > FEATURE_CACHE_SIZE:
             self.features.popitem(last=False)
         return feats, False
+
+    def _note_encode(self, path: str, seconds: float) -> None:
+        times = self.encode_s[path]
+        times.append(seconds)
+        if len(times) > ENCODE_TIMES_KEPT:  # a long-running server must not grow this without bound
+            del times[0]
+        self.encode_runs[path] += 1
 
     def image_features(self, image: Any) -> np.ndarray:
         """The encoder + projector output for one image (n_image_tokens x n_embd), as the decoder gets it."""
@@ -412,11 +426,14 @@ class VLMPipeline:
         if self.pre.family != "idefics3":
             return plan
 
-        def one(text: str) -> int | None:
-            ids = self.llm.tokenize(text.encode(), add_bos=False, special=True)
-            return ids[0] if len(ids) == 1 else None
+        if self._layout_ids is None:  # the marker token ids, looked up once
 
-        fake, row11, glob = one("<fake_token_around_image>"), one("<row_1_col_1>"), one("<global-img>")
+            def one(text: str) -> int | None:
+                ids = self.llm.tokenize(text.encode(), add_bos=False, special=True)
+                return ids[0] if len(ids) == 1 else None
+
+            self._layout_ids = (one("<fake_token_around_image>"), one("<row_1_col_1>"), one("<global-img>"))
+        fake, row11, glob = self._layout_ids
         out: list[tuple[str, Any]] = []
         i = 0
         while i < len(plan):
@@ -561,17 +578,18 @@ class VLMBackend:
     def chat(self, messages: list[dict[str, Any]], **kw):
         turns, images = _split_content(messages)
         marker = self.pipe.marker
-        text = ""
-        for role, body, n_img in turns:
-            if role == "system":
-                text += body + "\n"
-            elif role == "user":
-                text += "USER: " + (marker + "\n") * n_img + body + " "
-            else:
-                text += "ASSISTANT: " + body + "\n"
-        text += "ASSISTANT:"
         if self.pipe.pre.family == "idefics3":
             text = _idefics3_chat(messages, marker)
+        else:
+            text = ""
+            for role, body, n_img in turns:
+                if role == "system":
+                    text += body + "\n"
+                elif role == "user":
+                    text += "USER: " + (marker + "\n") * n_img + body + " "
+                else:
+                    text += "ASSISTANT: " + body + "\n"
+            text += "ASSISTANT:"
         stream = kw.pop("stream", False)
         gen = self._run(text, images, "chat", messages, stream=stream, **kw)
         return gen if stream else self._complete(gen)
@@ -677,7 +695,7 @@ class VLMBackend:
         if self.pipe.image_encoder is not None:
             enc.update(self.pipe.image_encoder.report())
         # per encoder path: runs and time per image (ms); a cached image runs neither
-        enc["encode_ms"] = {k: {"runs": len(v), "median": round(float(np.median(v)) * 1e3, 3),
+        enc["encode_ms"] = {k: {"runs": self.pipe.encode_runs[k], "median": round(float(np.median(v)) * 1e3, 3),
                                 "min": round(min(v) * 1e3, 3), "last": round(v[-1] * 1e3, 3)}
                             for k, v in self.pipe.encode_s.items() if v}
         return {**self._report, "vision_encoder": enc, "encoder_runs": self.pipe.encoder_runs,
@@ -718,7 +736,8 @@ def load_vlm(bundle, ctx) -> VLMBackend:
     encoder, enc_report = _onnx_encoder(bundle, ctx, pre, threads)
     pipe = VLMPipeline(bundle.artifact_path("model"), bundle.artifact_path("mmproj"), pre,
                        n_ctx=int(opts.get("n_ctx") or info.get("n_ctx") or 512), n_gpu_layers=ngl, threads=threads,
-                       use_gpu=ngl > 0, use_mmap=bool(opts.get("use_mmap", True)), image_encoder=encoder)
+                       use_gpu=ngl > 0, use_mmap=bool(opts.get("use_mmap", True)), image_encoder=encoder,
+                       encoder_id=bundle.artifacts("mmproj" if encoder is None else "vision_encoder")[0].sha256)
     report = {"runtime": f"llama-cpp-python {llama_cpp.__version__} (libmtmd)", "n_gpu_layers": ngl,
               "n_ctx": pipe.llm.n_ctx(), "threads": pipe.llm.n_threads, "load_s": round(perf_counter() - t0, 4),
               "mmap": "llama.cpp memory-maps the decoder GGUF (use_mmap default)" if opts.get("use_mmap", True)
