@@ -83,6 +83,25 @@ def _module(component: str, module: str, dists: tuple[str, ...], missing_hint: s
     return {"component": component, "available": True, "version": _dist_version(*dists), "detail": "importable"}
 
 
+def _llama_cpp() -> dict[str, Any]:
+    """llama-cpp-python: how its libraries are linked (read before loading them), then whether it imports."""
+    from edgesdk.native import REBUILD_HINT, llama_cpp_build
+
+    build = llama_cpp_build()
+    if build["installed"] and build["problem"]:
+        return {"component": "llama.cpp (llama-cpp-python)", "available": False,
+                "version": _dist_version("llama-cpp-python"),
+                "detail": f"{build['problem']}; edgesdk loads onnxruntime first to avoid it, but other orders "
+                          f"crash: {REBUILD_HINT}"}
+    row = _module("llama.cpp (llama-cpp-python)", "llama_cpp", ("llama-cpp-python",),
+                  "not installed: pip install 'edgesdk[gguf]' with CMAKE_ARGS=-DGGML_NATIVE=OFF")
+    if row["available"]:
+        row["detail"] = ("importable, CUDA build" if build["cuda"] else "importable, CPU build") + \
+            (f", C++ runtime {', '.join(sorted(set(filter(None, build['cxx_runtime'].values()))))}"
+             if build["cxx_runtime"] else "")
+    return row
+
+
 def diagnose(host: HostFacts | None = None) -> list[dict[str, Any]]:
     """One row per component: usable here or not, its version, and why."""
     host = host if host is not None else probe()
@@ -97,8 +116,7 @@ def diagnose(host: HostFacts | None = None) -> list[dict[str, Any]]:
                                   f"engine build to the device ({host.tensorrt_reason})")[:200]})
     checks.append({"component": "trtexec", "available": bool(host.trtexec), "version": None,
                    "detail": host.trtexec or "not on PATH nor at /usr/src/tensorrt/bin/trtexec"})
-    checks.append(_module("llama.cpp (llama-cpp-python)", "llama_cpp", ("llama-cpp-python",),
-                          "not installed: pip install 'edgesdk[gguf]' with CMAKE_ARGS=-DGGML_NATIVE=OFF"))
+    checks.append(_llama_cpp())
     checks.append(_module("PyTorch (eager backend, exporters)", "torch", ("torch",),
                           "not installed: pip install 'edgesdk[build]'"))
     checks.append(_nvidia(host))

@@ -20,6 +20,7 @@ facts construct :class:`HostFacts` directly (every field has a default meaning "
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import importlib
 import importlib.metadata as md
@@ -30,7 +31,6 @@ import shutil
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 TRTEXEC_FALLBACK_PATH = Path("/usr/src/tensorrt/bin/trtexec")  # where JetPack and NVIDIA's containers put it
@@ -151,24 +151,90 @@ def _is_real_root(root: Path) -> bool:
     return Path(root).resolve() == Path("/")
 
 
-@contextlib.contextmanager
-def nvml() -> Iterator[ModuleType | None]:
-    """``pynvml`` initialised for the block, or None where NVML or the driver is absent (no GPU here).
+class _NvmlMemory(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
 
-    The only ``nvmlInit`` in edgesdk. NVML counts init/shutdown pairs, so nesting is safe.
+
+class _CtypesNvml:
+    """The few NVML calls edgesdk makes, through the driver's ``libnvidia-ml.so.1`` (NVML's C API, the
+    same entry points nvidia-ml-py wraps), for a runtime-only install without the ``profiler`` extra.
+    Method names and results follow ``pynvml``'s, so :func:`nvml` can yield either."""
+
+    def __init__(self) -> None:
+        self.lib = ctypes.CDLL("libnvidia-ml.so.1")
+
+    def _check(self, rc: int, what: str) -> None:
+        if rc != 0:
+            raise OSError(f"{what} failed (NVML return code {rc})")
+
+    def nvmlInit(self) -> None:  # noqa: N802 - pynvml's names
+        self._check(self.lib.nvmlInit_v2(), "nvmlInit_v2")
+
+    def nvmlShutdown(self) -> None:  # noqa: N802
+        self.lib.nvmlShutdown()
+
+    def nvmlSystemGetDriverVersion(self) -> str:  # noqa: N802
+        buf = ctypes.create_string_buffer(96)
+        self._check(self.lib.nvmlSystemGetDriverVersion(buf, ctypes.c_uint(96)), "nvmlSystemGetDriverVersion")
+        return buf.value.decode()
+
+    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+        n = ctypes.c_uint(0)
+        self._check(self.lib.nvmlDeviceGetCount_v2(ctypes.byref(n)), "nvmlDeviceGetCount_v2")
+        return int(n.value)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> ctypes.c_void_p:  # noqa: N802
+        handle = ctypes.c_void_p()
+        self._check(self.lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(index), ctypes.byref(handle)),
+                    "nvmlDeviceGetHandleByIndex_v2")
+        return handle
+
+    def nvmlDeviceGetName(self, handle: ctypes.c_void_p) -> str:  # noqa: N802
+        buf = ctypes.create_string_buffer(96)
+        self._check(self.lib.nvmlDeviceGetName(handle, buf, ctypes.c_uint(96)), "nvmlDeviceGetName")
+        return buf.value.decode()
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle: ctypes.c_void_p) -> tuple[int, int]:  # noqa: N802
+        major, minor = ctypes.c_int(0), ctypes.c_int(0)
+        self._check(self.lib.nvmlDeviceGetCudaComputeCapability(handle, ctypes.byref(major), ctypes.byref(minor)),
+                    "nvmlDeviceGetCudaComputeCapability")
+        return int(major.value), int(minor.value)
+
+    def nvmlDeviceGetMemoryInfo(self, handle: ctypes.c_void_p) -> _NvmlMemory:  # noqa: N802
+        mem = _NvmlMemory()
+        self._check(self.lib.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(mem)), "nvmlDeviceGetMemoryInfo")
+        return mem
+
+
+@contextlib.contextmanager
+def nvml() -> Iterator[Any]:
+    """``pynvml`` (the ``profiler`` extra) initialised for the block, else the driver's NVML library through
+    ctypes (:class:`_CtypesNvml`), or None where NVML or the driver is absent (no GPU here).
+
+    The only ``nvmlInit`` in edgesdk. NVML counts init/shutdown pairs, so nesting is safe. Reading GPU
+    memory this way loads no CUDA runtime and no ONNX Runtime: a GGUF load sizes its offload with it.
     """
+    lib: Any = None
     try:
         import pynvml
 
-        pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - ImportError, NVMLError_LibraryNotFound / DriverNotLoaded
+        lib = pynvml
+    except ImportError:
+        with contextlib.suppress(OSError):
+            lib = _CtypesNvml()
+    if lib is None:
         yield None
         return
     try:
-        yield pynvml
+        lib.nvmlInit()
+    except Exception:  # noqa: BLE001 - NVMLError_LibraryNotFound / DriverNotLoaded, or the ctypes OSError
+        yield None
+        return
+    try:
+        yield lib
     finally:
         with contextlib.suppress(Exception):
-            pynvml.nvmlShutdown()
+            lib.nvmlShutdown()
 
 
 def _text(value: Any) -> str:

@@ -62,7 +62,9 @@ class PromptCache:
         number of prompt tokens that need no evaluation (0: nothing restored, the context is reset).
         At most ``len(tokens) - 1`` are reused, so the last prompt token is always evaluated and its
         logits are fresh."""
-        import llama_cpp
+        from edgesdk.native import import_llama_cpp
+
+        llama_cpp = import_llama_cpp()
 
         with self._guard:
             best, entry = 0, None
@@ -93,7 +95,9 @@ class PromptCache:
 
     def save(self, llm) -> None:
         """Keep the context's current KV state under the tokens it holds."""
-        import llama_cpp
+        from edgesdk.native import import_llama_cpp
+
+        llama_cpp = import_llama_cpp()
 
         n = int(llm.n_tokens)
         if n < self.min_tokens:

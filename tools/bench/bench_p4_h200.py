@@ -117,14 +117,10 @@ def measure(bundle_dir: Path, overrides: dict, n_prefill: int, n_decode: int, re
 def _child(args: list[str], timeout: float = 400) -> dict:
     """Run one stage of this script in a child process and return its last JSON line.
 
-    Why children: torch's bundled CUDA libraries and a CUDA build of llama.cpp in one process
-    aborted with "free(): invalid pointer" on the H200 machine; and a crash in one configuration
-    must cost that configuration only (recorded with its signal), not the whole run."""
-    # torch (prepare) must not share a process with a CUDA libllama loaded first, and the measuring children
-    # must load libllama before numpy: edgesdk preloads llama_cpp unless told not to (see edgesdk/__init__.py).
-    env = {**os.environ, "EDGESDK_NO_LLAMA_PRELOAD": "1" if "prepare" in args else "0"}
-    proc = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, timeout=timeout,
-                          env=env)
+    Why children: a crash in one configuration must cost that configuration only (recorded with its
+    signal), not the whole run. (The "free(): invalid pointer" aborts once seen with torch and llama.cpp
+    in one process came from a llama.cpp build with a second C++ runtime: docs/native-libraries.md.)"""
+    proc = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, timeout=timeout)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = [ln for ln in proc.stderr.splitlines() if ln.strip()][-3:]

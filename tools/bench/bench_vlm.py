@@ -33,9 +33,7 @@ Ratios are against anchors measured in the same run: mixed / all-4-bit end-to-en
 Usage: python tools/bench/bench_vlm.py [--size small|medium] [--threads 2] [--n-gpu-layers 0]
        [--rounds 5] [--max-tokens 16] [--mmproj-quant Q4_0] [--out tools/bench/results/vlm_cpu.json]
 With a CUDA build of llama-cpp-python, ``--n-gpu-layers 99`` offloads the decoder and runs the encoder on
-the GPU (libmtmd ``use_gpu``). ``BENCH_VLM_BUILD_NO_PRELOAD=1`` runs the two ``edgesdk build`` children with
-``EDGESDK_NO_LLAMA_PRELOAD=1``: on the H200 image (2026-12-02) the build process with the CUDA libllama
-preloaded crashed (SIGSEGV) when the host probe imported onnxruntime.
+the GPU (libmtmd ``use_gpu``).
 """
 
 from __future__ import annotations
@@ -332,9 +330,7 @@ def build_bundle(model: Path, out: Path, quant: str, reuse: bool) -> dict:
     proc = subprocess.run([sys.executable, "-m", "edgesdk", "build", str(model), "--profile", "cpu-x86_64",
                            "--quant-type", quant, "-o", str(out), "--no-progress", "--force"],
                           capture_output=True, text=True, cwd=REPO,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1",
-                               **({"EDGESDK_NO_LLAMA_PRELOAD": "1"}
-                                  if os.environ.get("BENCH_VLM_BUILD_NO_PRELOAD") else {})})
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
     if proc.returncode != 0:
         sys.exit(f"edgesdk build --quant-type {quant} failed (exit {proc.returncode}): {proc.stderr.strip()[-600:]}")
     return {"wall_s": round(time.perf_counter() - t0, 2)}
@@ -370,7 +366,7 @@ def main() -> int:
     t0 = time.perf_counter()
     if not (model / "config.json").is_file():
         subprocess.run([sys.executable, __file__, "--size", args.size, "--make-model", str(model)], check=True,
-                       env={**os.environ, "EDGESDK_NO_LLAMA_PRELOAD": "1", "HF_HUB_OFFLINE": "1"})
+                       env={**os.environ, "HF_HUB_OFFLINE": "1"})
     make_s = time.perf_counter() - t0
     images = make_images(work / "images")
     timed_image, parity_images = images[0], images[1:]

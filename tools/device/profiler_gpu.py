@@ -181,8 +181,7 @@ def gguf_run(work: Path) -> None:
                     "from bench_p4_h200 import make_model; from edgesdk.formats.gguf import convert as conv; "
                     "make_model(Path(sys.argv[1]), json.loads(sys.argv[2])); "
                     "conv.convert_hf_to_gguf(Path(sys.argv[1]), Path(sys.argv[3]), name=sys.argv[4])",
-                    str(hf), json.dumps(shape), str(f16), f"llama-{shape['num_hidden_layers']}l-random"], check=True,
-                   env={**os.environ, "EDGESDK_NO_LLAMA_PRELOAD": "1"})  # torch child: no libllama preload
+                    str(hf), json.dumps(shape), str(f16), f"llama-{shape['num_hidden_layers']}l-random"], check=True)
     h200 = resolve_profile("h200")
     hf_facts = inspect_model(hf)
     quants = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--quant=")] or ["Q4_K_M", "F16"]

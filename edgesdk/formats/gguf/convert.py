@@ -18,7 +18,7 @@ import subprocess
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -273,10 +273,12 @@ def _open_llama(path: Path, n_ctx: int, *, logits_all: bool = True, threads: int
     from edgesdk.extras import require
 
     require("gguf", "llama_cpp", "a GGUF build (llama.cpp quantizes and checks parity)")
-    from llama_cpp import Llama
+    from edgesdk.native import import_llama_cpp
+
+    llama_cls = import_llama_cpp().Llama
     try:
-        return Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=min(n_ctx, 512),
-                     logits_all=logits_all, n_gpu_layers=0, n_threads=threads, verbose=False)
+        return cast("Llama", llama_cls(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=min(n_ctx, 512),
+                     logits_all=logits_all, n_gpu_layers=0, n_threads=threads, verbose=False))
     except ValueError as exc:
         raise ModelError(f"{path}: llama.cpp cannot load this GGUF ({exc})") from exc
 

@@ -48,7 +48,7 @@ def run_export(spec: JSONObject, work: Path) -> list[list[np.ndarray]]:
     """Run the child; return the reference outputs per feed file, in order. Raises the child's error."""
     spec_path = work / "export_spec.json"
     spec_path.write_text(json.dumps(spec))
-    env = {**os.environ, "EDGESDK_NO_LLAMA_PRELOAD": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run([sys.executable, "-m", "edgesdk.formats.onnx.export", str(spec_path)],
                           capture_output=True, text=True, env=env)
     err_path = work / "export_error.json"

@@ -51,10 +51,13 @@ llm.eval(llm.tokenize(b"Hello", add_bos=True))
 
 
 def _free_device_bytes() -> tuple[int | None, str]:
-    """Free memory llama.cpp can offload into: NVML on discrete GPUs, MemAvailable on Jetson (unified)."""
+    """Free memory llama.cpp can offload into: NVML on discrete GPUs, MemAvailable on Jetson (unified).
+
+    Reads only the device tree and NVML: no :func:`edgesdk.host.probe` (which imports ONNX Runtime and
+    TensorRT to list providers), so a GGUF load brings no library into the process that it does not use."""
     from edgesdk import host
 
-    if host.probe().is_jetson:
+    if host.read_jetson_identity() is not None:
         with contextlib.suppress(OSError, ValueError, StopIteration):
             with open("/proc/meminfo") as fh:
                 kb = next(int(line.split()[1]) for line in fh if line.startswith("MemAvailable:"))
@@ -87,7 +90,9 @@ def route_llama_logs(verbose: bool) -> None:
     """llama.cpp's own log lines (``llama_kv_cache_iswa: ...``, model loading) reach stderr only when
     ``verbose``; otherwise they go to the ``edgesdk.llama_cpp`` logger at DEBUG. Uses the public
     ``llama_log_set`` callback (llama-cpp-python prints level-3 lines even with ``verbose=False``)."""
-    import llama_cpp
+    from edgesdk.native import import_llama_cpp
+
+    llama_cpp = import_llama_cpp()
 
     _LOG_TO_STDERR[0] = bool(verbose)
     if _LOG_CALLBACK:
@@ -217,7 +222,9 @@ class LlamaCppBackend:
 
     def __init__(self, llm: Llama, *, settings: dict[str, Any], report: dict[str, Any], model: str,
                  attributes: dict[str, Any], chat_template: str | None = None) -> None:
-        import llama_cpp
+        from edgesdk.native import import_llama_cpp
+
+        llama_cpp = import_llama_cpp()
 
         self._llm = llm
         self.settings = settings
@@ -332,7 +339,9 @@ class LlamaCppBackend:
     def _chat_formatter(self, spec: str | None) -> tuple[Jinja2ChatFormatter, list[str]]:
         if spec in self._formatters:
             return self._formatters[spec]
-        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+        from edgesdk.native import import_llama_cpp
+
+        Jinja2ChatFormatter = import_llama_cpp("llama_chat_format").Jinja2ChatFormatter
 
         if spec is None:
             template = self._llm.metadata.get("tokenizer.chat_template")
@@ -343,7 +352,9 @@ class LlamaCppBackend:
             extra: list[str] = []
         else:
             _, template, extra = resolve_chat_template(spec)
-        import llama_cpp
+        from edgesdk.native import import_llama_cpp
+
+        llama_cpp = import_llama_cpp()
 
         def piece(tok: int) -> str:
             text = llama_cpp.llama_vocab_get_text(self._vocab, tok)
@@ -549,7 +560,9 @@ def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
 
     require("gguf", "llama_cpp", "a GGUF bundle")
     try:
-        import llama_cpp
+        from edgesdk.native import import_llama_cpp
+
+        llama_cpp = import_llama_cpp()
     except (ImportError, OSError) as exc:  # installed, but its native library does not load
         raise BackendUnavailableError(f"llama-cpp-python is installed but does not load: {exc}") from exc
     info = bundle.manifest.llm.to_dict() if bundle.manifest.llm is not None else {}

@@ -167,8 +167,10 @@ class VLMPipeline:
     def __init__(self, decoder: str | Path, mmproj: str | Path, preprocessor: dict[str, Any], *, n_ctx: int = 512,
                  n_gpu_layers: int = 0, threads: int | None = None, flash_attn: bool = False, use_gpu: bool = False,
                  use_mmap: bool = True, image_encoder: Any = None, encoder_id: str | None = None):
-        import llama_cpp
-        import llama_cpp.mtmd_cpp as mtmd
+        from edgesdk.native import import_llama_cpp
+
+        llama_cpp = import_llama_cpp()
+        mtmd = import_llama_cpp("mtmd_cpp")
 
         self._mtmd = mtmd
         self._llama_cpp = llama_cpp
@@ -537,7 +539,9 @@ class VLMBackend:
         self.outputs = (TensorSpec("logits", "float32", None),)
         self._lock = threading.RLock()
         self.last: dict = {}
-        import llama_cpp
+        from edgesdk.native import import_llama_cpp
+
+        llama_cpp = import_llama_cpp()
 
         vocab = llama_cpp.llama_model_get_vocab(pipe.llm.model)
         self._is_eog = lambda tok: llama_cpp.llama_vocab_is_eog(vocab, tok)
@@ -712,7 +716,9 @@ def load_vlm(bundle, ctx) -> VLMBackend:
 
     require("gguf", "llama_cpp", "a VLM bundle")
     try:
-        import llama_cpp
+        from edgesdk.native import import_llama_cpp
+
+        llama_cpp = import_llama_cpp()
     except (ImportError, OSError) as exc:
         raise BackendUnavailableError(f"llama-cpp-python is installed but does not load: {exc}") from exc
     from edgesdk.runtime.backends.llamacpp import route_llama_logs
