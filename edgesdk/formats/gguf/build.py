@@ -205,6 +205,12 @@ def llm_config(plan: Any, out_facts: Any, final: Path, *, n_ctx: int, quant: str
     details = {"architecture": out_facts["architecture"], "layers": out_facts["layers"],
                "kv_heads": out_facts["kv_heads"], "head_dim": out_facts["head_dim"], "params": out_facts["params"],
                **(extra or {}), "file_bytes": final.stat().st_size, "converted": converted}
+    # Batch sizes and the K/V cache type (llama.cpp names: "f16", "q8_0"), when the plan decided them; the
+    # runtime reads them (load_gguf) and keeps llama-cpp-python's defaults (512 / 512 / f16) without them.
+    kv_type = plan.decision("gguf.kv_type")
+    batching = {k: v for k, v in (("n_batch", plan.decision("gguf.n_batch")),
+                                  ("n_ubatch", plan.decision("gguf.n_ubatch")),
+                                  ("type_k", kv_type), ("type_v", kv_type)) if v is not None}
     return LLMConfig(n_ctx=n_ctx, n_gpu_layers=plan.decision("gguf.n_gpu_layers"),
                      flash_attn=bool(plan.decision("gguf.flash_attn")), threads=plan.decision("gguf.threads"),
-                     quant_type=quant, details=details)
+                     quant_type=quant, details={**batching, **details})

@@ -1,16 +1,19 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The GGUF plan: the memory-driven quantization type, context, offload, flash attention and threads.
+"""The GGUF plan: the memory-driven quantization type, context, offload, flash attention, batch sizes,
+KV cache type and threads.
 
 ``plan_gguf`` picks the first type in the profile's ``policy.llm.quant_order`` whose weights plus
-KV cache at the planned context fit the profile's memory budget, else a shorter context (down to
-``min_context_length``), else :class:`ResourceError` with the numbers. Every reason string shows
-the arithmetic (``edgesdk build --explain`` prints it). Pure: it reads the facts and the profile only.
+KV cache at the planned context plus the compute buffer (sized by the planned ``n_ubatch``) fit the
+profile's memory budget, else a shorter context (down to ``min_context_length``), else
+:class:`ResourceError` with the numbers. Every reason string shows the arithmetic (``edgesdk build
+--explain`` prints it). Pure: it reads the facts and the profile only.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from edgesdk.errors import InputError, ModelError, ResourceError
 from edgesdk.formats.gguf.header import FTYPES
@@ -38,7 +41,25 @@ PPL_RATIO_MAX = {"F16": 1.005, "BF16": 1.005, "Q8_0": 1.01, "Q6_K": 1.02, "Q5_K_
 LOGITS_MIN_COSINE = 0.999
 LOGITS_MIN_TOP1 = 0.95
 KV_BYTES_PER_ELEMENT = 2  # llama.cpp's default KV cache type is F16
-N_UBATCH = 512  # llama.cpp's default micro-batch: sizes the compute buffer
+# Bytes per cached K/V element for the cache types llama.cpp accepts (`--cache-type-k/-v`, common/arg.cpp:
+# f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1), from the ggml block layouts (q8_0: 34 B / 32).
+KV_TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32,
+                 "q4_1": 20 / 32, "iq4_nl": 18 / 32, "q4_0": 18 / 32}
+DEFAULT_KV_TYPE = "f16"
+# llama-cpp-python's Llama() defaults (n_batch 512, n_ubatch 512; llama.cpp's own CLI defaults are
+# n_batch 2048, n_ubatch 512): the micro-batch that sizes the compute buffer where the plan does not
+# raise it, and the figure callers get from compute_bytes() without one.
+N_UBATCH = 512
+N_UBATCH_GPU = 2048  # GPU, all layers offloaded, flash attention on (H200 sweep, see _batch_rule)
+# llama.cpp's own words for the two batch sizes: `common/arg.cpp` help texts of -b / -ub, and the
+# comments on llama_context_params in include/llama.h.
+BATCH_SOURCE = ("llama.cpp: -b/--batch-size = 'logical maximum batch size' (the most tokens one "
+                "llama_decode call takes), -ub/--ubatch-size = 'physical maximum batch size' (the tokens one "
+                "graph evaluation takes; it sizes the compute buffer) (common/arg.cpp, include/llama.h)")
+BATCH_MEASUREMENT = ("H200 sweep, 2026-12-03 device log: hidden random-weight 16-layer 2048-wide F16 llama, all "
+                     "layers on the GPU, llama-cpp-python 0.3.36 CUDA: best bare prefill of a 512-token prompt "
+                     "was flash attention on with n_batch = n_ubatch = 2048 (63.3k tok/s); edgesdk with "
+                     "llama-cpp-python's 512/512 defaults reached 46.8k (0.74x, text input incl. tokenising)")
 GB = 1e9
 
 
@@ -52,17 +73,19 @@ def _gb(n_bytes: float) -> str:
     return f"{n_bytes / GB:.2f} GB"
 
 
-def kv_bytes(info: Mapping[str, Any], n_ctx: int) -> int:
-    """KV cache bytes: 2 (K and V) x layers x kv_heads x head_dim x context x 2 bytes (F16)."""
-    return 2 * int(info["layers"]) * int(info["kv_heads"]) * int(info["head_dim"]) * n_ctx * KV_BYTES_PER_ELEMENT
+def kv_bytes(info: Mapping[str, Any], n_ctx: int, kv_type: str = DEFAULT_KV_TYPE) -> int:
+    """KV cache bytes: 2 (K and V) x layers x kv_heads x head_dim x context x bytes per element of
+    ``kv_type`` (2 for llama.cpp's default F16 cache)."""
+    elements = 2 * int(info["layers"]) * int(info["kv_heads"]) * int(info["head_dim"]) * n_ctx
+    return math.ceil(elements * KV_TYPE_BYTES[kv_type])
 
 
-def compute_bytes(info: Mapping[str, Any], weight_bytes: float) -> float:
+def compute_bytes(info: Mapping[str, Any], weight_bytes: float, n_ubatch: int = N_UBATCH) -> float:
     """Compute-buffer estimate: one micro-batch of the widest activations in F32
     (n_ubatch x (n_vocab + ffn + 4 x hidden) x 4 B) plus 5 % of the weights for allocator slack."""
     width = int(info.get("n_vocab") or 32000) + int(info.get("ffn") or 4 * (info.get("hidden") or 0)) \
         + 4 * int(info.get("hidden") or 0)
-    return N_UBATCH * width * 4 + 0.05 * weight_bytes
+    return n_ubatch * width * 4 + 0.05 * weight_bytes
 
 
 def _check_shape(facts: ModelFacts) -> dict[str, Any]:
@@ -115,8 +138,100 @@ def _weight_bytes(facts: ModelFacts, quant: str) -> tuple[float, str]:
     return params * BPW[quant] / 8, f"{int(params):,} params x {BPW[quant]} bpw / 8"
 
 
+class _Fit(NamedTuple):
+    """The memory arithmetic's outcome at one (KV type, n_ubatch): the type, the context and the reason."""
+
+    quant: str
+    n_ctx: int
+    why: str
+    shortened: bool
+    rank: int  # index of ``quant`` in the candidate order (0 = the profile's first choice)
+
+
+def _fit_memory(facts: ModelFacts, profile: Profile, info: dict[str, Any], order: list[str], n_ctx: int,
+                min_ctx: int, kv_type: str, n_ubatch: int) -> _Fit:
+    """First type of ``order`` whose weights + KV (``kv_type``) + compute (``n_ubatch``) fit the budget at
+    ``n_ctx``, else the smallest type at the longest context that fits (>= ``min_ctx``), else ResourceError."""
+    budget_gb = profile.memory_budget_gb()
+    kv = kv_bytes(info, n_ctx, kv_type)
+    kv_why = (f"KV cache = 2 x {info['layers']} layers x {info['kv_heads']} kv heads x {info['head_dim']} head dim "
+              f"x {n_ctx} ctx x {KV_TYPE_BYTES[kv_type]:g} B ({kv_type}) = {_gb(kv)}; compute buffer sized for "
+              f"n_ubatch {n_ubatch}")
+    if budget_gb is None:
+        w, w_why = _weight_bytes(facts, order[0])
+        return _Fit(order[0], n_ctx, f"profile {profile.name} has no memory figure (host-dependent; `edgesdk "
+                    f"profiles detect --write` records it): took the first type; {order[0]} weights = {w_why} = "
+                    f"{_gb(w)}, {kv_why}", False, 0)
+    budget = budget_gb * GB
+    head = (f"budget {budget_gb} GB (profile {profile.name}: usable memory minus "
+            f"{profile.policy['memory_headroom_fraction']:.0%} headroom)")
+    tried = []
+    for rank, q in enumerate(order):
+        w, w_why = _weight_bytes(facts, q)
+        comp = compute_bytes(info, w, n_ubatch)
+        total = w + kv + comp
+        tried.append(f"{q}: {w_why} = {_gb(w)} weights + {_gb(kv)} KV + {_gb(comp)} compute = {_gb(total)}")
+        if total <= budget:
+            why = f"{tried[-1]} <= {head}; {kv_why}"
+            if len(tried) > 1:
+                why += "; larger types did not fit: " + "; ".join(f"{t} > budget" for t in tried[:-1])
+            return _Fit(q, n_ctx, why, False, rank)
+    q = order[-1]
+    w = _weight_bytes(facts, q)[0]
+    comp = compute_bytes(info, w, n_ubatch)
+    spare = budget - w - comp
+    per_tok = kv_bytes(info, 1, kv_type)
+    fit_ctx = min(int(spare // per_tok) // 256 * 256 if spare > 0 else 0, n_ctx)
+    if fit_ctx < min_ctx:
+        raise ResourceError(
+            f"{facts.name} does not fit profile {profile.name}: smallest allowed type {q} needs "
+            f"{_gb(w + comp + kv_bytes(info, min_ctx, kv_type))} at the minimum context "
+            f"{min_ctx} ({_gb(w)} weights + {_gb(kv_bytes(info, min_ctx, kv_type))} KV), budget is {budget_gb} GB")
+    why = (f"no type fits at {n_ctx} ctx ({'; '.join(t + ' > budget' for t in tried)}); {q} leaves "
+           f"{_gb(spare)} of {head} for KV at {_gb(per_tok)}/token -> {fit_ctx} ctx "
+           f"(rounded down to 256, >= min {min_ctx})")
+    return _Fit(q, fit_ctx, why, True, len(order) - 1)
+
+
+def _kv_type(profile: Profile, use_fa: bool) -> tuple[str, str]:
+    """The K/V cache type: the profile's ``policy.llm.kv_type`` when it names one and flash attention is on,
+    else llama.cpp's default f16."""
+    asked = (profile.policy.get("llm") or {}).get("kv_type")
+    if asked is None or str(asked).lower() == DEFAULT_KV_TYPE:
+        return DEFAULT_KV_TYPE, (f"llama.cpp's default K and V cache type (f16); profile {profile.name} sets no "
+                                 "other policy.llm.kv_type")
+    name = str(asked).lower()
+    if name not in KV_TYPE_BYTES:
+        raise InputError(f"profile {profile.name}: policy.llm.kv_type {asked!r} is not a llama.cpp KV cache type "
+                         f"(known: {', '.join(KV_TYPE_BYTES)})")
+    if not use_fa:
+        return DEFAULT_KV_TYPE, (f"profile {profile.name} asks for {name}, but flash attention is off: llama.cpp "
+                                 "refuses a quantized V cache without it ('V cache quantization requires "
+                                 "flash_attn', src/llama-context.cpp), so the cache stays f16")
+    return name, (f"profile {profile.name} policy.llm.kv_type {name} with flash attention on: K and V cached as "
+                  f"{name} ({KV_TYPE_BYTES[name]:g} B per element vs 2 for f16; llama.cpp --cache-type-k/-v)")
+
+
+def _batch_target(profile: Profile, use_fa: bool) -> tuple[int, str]:
+    """The micro-batch the plan aims for before the memory arithmetic (``policy.llm.n_ubatch`` overrides)."""
+    asked = (profile.policy.get("llm") or {}).get("n_ubatch")
+    if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0:
+        return asked, f"profile {profile.name} policy.llm.n_ubatch {asked}"
+    if profile.is_gpu and use_fa:
+        return N_UBATCH_GPU, (f"GPU profile with every layer offloaded and flash attention on: {N_UBATCH_GPU} "
+                              f"({BATCH_MEASUREMENT})")
+    if profile.is_gpu:
+        return N_UBATCH, (f"GPU profile without flash attention: llama-cpp-python's default {N_UBATCH} (without "
+                          "flash attention the attention scores of a micro-batch are materialised, n_ubatch x "
+                          "context per head, so a larger micro-batch costs memory; the H200 gain was measured "
+                          "with flash attention on)")
+    return N_UBATCH, (f"CPU profile: llama-cpp-python's default {N_UBATCH}; a larger micro-batch does not speed a "
+                      "CPU up and costs compute-buffer memory")
+
+
 def plan_gguf(facts: ModelFacts, profile: Profile, options: BuildOptions) -> list[Decision]:
-    """Quant type, context, offload, flash attention and threads for ``profile`` (see module docstring)."""
+    """Quant type, context, offload, flash attention, batch sizes, KV type and threads for ``profile``
+    (see module docstring)."""
     info = _check_shape(facts)
     llm = profile.policy.get("llm") or {}
     ctx_train = int(info.get("ctx_train") or 4096)
@@ -128,50 +243,28 @@ def plan_gguf(facts: ModelFacts, profile: Profile, options: BuildOptions) -> lis
     min_ctx = min(int(llm.get("min_context_length") or 512), n_ctx)
     ctx_note = f" (capped at the model's trained context {ctx_train})" if want_ctx > ctx_train else ""
     order, order_why = _candidate_types(facts, profile, options)
-    budget_gb = profile.memory_budget_gb()
-    out: list[Decision] = []
-    kv = kv_bytes(info, n_ctx)
-    kv_why = (f"KV cache = 2 x {info['layers']} layers x {info['kv_heads']} kv heads x {info['head_dim']} head dim "
-              f"x {n_ctx} ctx x 2 B = {_gb(kv)}")
-    chosen, tried = None, []
-    if budget_gb is None:
-        chosen = order[0]
-        w, w_why = _weight_bytes(facts, chosen)
-        mem_why = (f"profile {profile.name} has no memory figure (host-dependent; `edgesdk profiles detect --write` "
-                   f"records it): took the first type; {chosen} weights = {w_why} = {_gb(w)}, {kv_why}")
-    else:
-        budget = budget_gb * GB
-        head = (f"budget {budget_gb} GB (profile {profile.name}: usable memory minus "
-                f"{profile.policy['memory_headroom_fraction']:.0%} headroom)")
-        for q in order:
-            w, w_why = _weight_bytes(facts, q)
-            total = w + kv + compute_bytes(info, w)
-            tried.append(f"{q}: {w_why} = {_gb(w)} weights + {_gb(kv)} KV + "
-                         f"{_gb(compute_bytes(info, w))} compute = {_gb(total)}")
-            if total <= budget:
-                chosen = q
-                break
-        if chosen is not None:
-            mem_why = f"{tried[-1]} <= {head}; {kv_why}"
-            if len(tried) > 1:
-                mem_why += "; larger types did not fit: " + "; ".join(f"{t} > budget" for t in tried[:-1])
-        else:
-            q = order[-1]
-            w = _weight_bytes(facts, q)[0]
-            spare = budget - w - compute_bytes(info, w)
-            per_tok = kv_bytes(info, 1)
-            fit_ctx = int(spare // per_tok) // 256 * 256 if spare > 0 else 0
-            fit_ctx = min(fit_ctx, n_ctx)
-            if fit_ctx < min_ctx:
-                raise ResourceError(
-                    f"{facts.name} does not fit profile {profile.name}: smallest allowed type {q} needs "
-                    f"{_gb(w + compute_bytes(info, w) + kv_bytes(info, min_ctx))} at the minimum context "
-                    f"{min_ctx} ({_gb(w)} weights + {_gb(kv_bytes(info, min_ctx))} KV), budget is {budget_gb} GB")
-            chosen = q
-            mem_why = (f"no type fits at {n_ctx} ctx ({'; '.join(t + ' > budget' for t in tried)}); {q} leaves "
-                       f"{_gb(spare)} of {head} for KV at {_gb(per_tok)}/token -> {fit_ctx} ctx "
-                       f"(rounded down to 256, >= min {min_ctx})")
-            n_ctx, ctx_note = fit_ctx, " (shortened to fit the memory budget)"
+    fa = profile.kernels.get("flash_attention") or {}
+    use_fa = bool(profile.is_gpu and fa.get("supported"))
+    kv_type, kv_why = _kv_type(profile, use_fa)
+    target, batch_why = _batch_target(profile, use_fa)
+    try:
+        fit = _fit_memory(facts, profile, info, order, n_ctx, min_ctx, kv_type, target)
+    except ResourceError:
+        if target <= N_UBATCH:
+            raise
+        fit = None
+    if target > N_UBATCH and (fit is None or fit.rank > 0 or fit.shortened):
+        # The larger micro-batch must not cost quality: keep it only if the default one fits no better.
+        small = _fit_memory(facts, profile, info, order, n_ctx, min_ctx, kv_type, N_UBATCH)
+        if fit is None or (small.rank, -small.n_ctx) < (fit.rank, -fit.n_ctx):
+            lost = "leave no type that fits" if fit is None else f"push the plan to {fit.quant} at {fit.n_ctx} ctx"
+            batch_why += (f"; but its compute buffer would {lost} where n_ubatch {N_UBATCH} keeps {small.quant} at "
+                          f"{small.n_ctx} ctx, so {N_UBATCH}")
+            fit, target = small, N_UBATCH
+    assert fit is not None
+    chosen, mem_why = fit.quant, fit.why
+    if fit.shortened:
+        n_ctx, ctx_note = fit.n_ctx, " (shortened to fit the memory budget)"
     source_type = info.get("file_type") if facts.kind == "gguf" else None
     if facts.kind == "hf":
         action = f"convert HF -> F16 GGUF (gguf-py), then llama.cpp quantize -> {chosen}" if chosen != "F16" \
@@ -182,10 +275,22 @@ def plan_gguf(facts: ModelFacts, profile: Profile, options: BuildOptions) -> lis
         action = f"requantize {source_type} -> {chosen} with llama.cpp quantize"
     source_desc = ("a HF " + str(info.get("architecture")) + " directory" if facts.kind == "hf"
                    else "a " + str(source_type) + " GGUF file")
+    out: list[Decision] = []
     out.append(Decision("gguf.source", action, f"source is {source_desc}"))
     out.append(Decision("gguf.quant_type", chosen, f"{order_why}; {mem_why}"))
     out.append(Decision("gguf.context_length", n_ctx, f"profile policy.llm.context_length {want_ctx}{ctx_note}"))
-    out.extend(_runtime_decisions(profile, info))
+    out.extend(_runtime_decisions(profile, info, use_fa=use_fa, fa_entry=fa))
+    n_ubatch = min(target, n_ctx)
+    cap = f", capped at the context {n_ctx}" if n_ubatch < target else ""
+    w = _weight_bytes(facts, chosen)[0]
+    comp = compute_bytes(info, w, n_ubatch)
+    out.append(Decision("gguf.n_ubatch", n_ubatch, f"{batch_why}{cap}; compute buffer at {n_ubatch} = "
+                        f"{n_ubatch} x (n_vocab + ffn + 4 x hidden) x 4 B + 5 % of weights = {_gb(comp)}, "
+                        f"counted in the memory arithmetic; {BATCH_SOURCE}"))
+    out.append(Decision("gguf.n_batch", n_ubatch, f"= n_ubatch: llama-cpp-python evaluates a prompt in chunks of "
+                        f"n_batch tokens (Llama.eval) and caps n_ubatch at n_batch, so a prompt of up to {n_ubatch} "
+                        "tokens is one llama_decode call of one micro-batch"))
+    out.append(Decision("gguf.kv_type", kv_type, kv_why))
     ref = "F16 conversion" if facts.kind == "hf" else "source GGUF"
     parity = {"ppl_ratio_max": ppl_limit(profile, chosen)}
     why = f"perplexity of the {chosen} file on the built-in text / that of the {ref} <= {parity['ppl_ratio_max']}"
@@ -235,12 +340,14 @@ def parity_fallback_decision(facts: ModelFacts, profile: Profile, options: Build
         pool = [q for q in pool if BPW[q] <= BPW[source_type]]
     higher = sorted({q for q in pool if BPW[q] > BPW[chosen]}, key=lambda q: BPW[q])
     budget_gb = profile.memory_budget_gb()
-    kv = kv_bytes(info, n_ctx)
+    kv_type = next((d.value for d in decisions if d.key == "gguf.kv_type"), DEFAULT_KV_TYPE)
+    n_ubatch = int(next((d.value for d in decisions if d.key == "gguf.n_ubatch"), N_UBATCH))
+    kv = kv_bytes(info, n_ctx, kv_type)
     fits: list[dict[str, Any]] = []
     shown = []
     for q in higher:
         w, _ = _weight_bytes(facts, q)
-        total = w + kv + compute_bytes(info, w)
+        total = w + kv + compute_bytes(info, w, n_ubatch)
         if budget_gb is not None and total > budget_gb * GB:
             notes.append(f"{q} needs {_gb(total)} at {n_ctx} ctx > budget {budget_gb} GB")
             continue
@@ -265,7 +372,8 @@ def parity_fallback_decision(facts: ModelFacts, profile: Profile, options: Build
                     f"if none passes{skipped}")
 
 
-def _runtime_decisions(profile: Profile, info: dict[str, Any]) -> list[Decision]:
+def _runtime_decisions(profile: Profile, info: dict[str, Any], *, use_fa: bool,
+                       fa_entry: Mapping[str, Any]) -> list[Decision]:
     out = []
     if profile.is_gpu:
         out.append(Decision("gguf.n_gpu_layers", "all", f"weights + KV fit the budget, so all {info['layers']} "
@@ -273,10 +381,8 @@ def _runtime_decisions(profile: Profile, info: dict[str, Any]) -> list[Decision]
                             "memory at load time and records any step down"))
     else:
         out.append(Decision("gguf.n_gpu_layers", 0, f"profile {profile.name} has no GPU"))
-    fa = profile.kernels.get("flash_attention") or {}
-    use_fa = bool(profile.is_gpu and fa.get("supported"))
     out.append(Decision("gguf.flash_attn", use_fa, f"profile kernel table: flash_attention supported="
-                        f"{fa.get('supported')} ({fa.get('source')})"))
+                        f"{fa_entry.get('supported')} ({fa_entry.get('source')})"))
     cores = ((profile.data["device"].get("cpu") or {}).get("cores"))
     out.append(Decision("gguf.threads", cores or "auto", f"profile lists {cores} CPU cores" if cores else
                         "profile lists no core count: the runtime uses the physical cores it finds"))
