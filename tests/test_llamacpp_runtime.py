@@ -103,3 +103,96 @@ def test_cli_run_prompt(gemma_bundle, run_cli):
     doc = json.loads(proc.stdout)
     assert doc["text"].strip() and doc["report"]["backend"] == "llama.cpp"
     assert doc["report"]["backend_report"]["last_request"]["output_tokens"] <= 4
+
+
+# ------------------------------------------------------------------ planned batch sizes and K/V cache types
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    """A random-weight 2-layer llama as an F16 GGUF (torch + the converter: a few seconds)."""
+    pytest.importorskip("transformers")
+    from edgesdk.formats.gguf.convert import convert_hf_to_gguf
+    from tests.test_gguf_build import make_tiny_causal_lm
+
+    root = tmp_path_factory.mktemp("tiny-gguf")
+    out = root / "tiny-f16.gguf"
+    convert_hf_to_gguf(make_tiny_causal_lm(root / "hf", "llama"), out, name="tiny")
+    return out
+
+
+def _llm_bundle(root, gguf, **llm):
+    """A GGUF bundle whose manifest llm section is ``llm`` (plus the file's shape)."""
+    import shutil
+
+    from edgesdk import bundle as B
+    from edgesdk.formats.gguf.facts import gguf_facts
+    from edgesdk.manifest import LLMConfig, Manifest
+
+    root.mkdir(parents=True)
+    shutil.copyfile(gguf, root / "model.gguf")
+    f = gguf_facts(root / "model.gguf")
+    typed = {k: llm.pop(k) for k in ("n_ctx", "n_gpu_layers", "flash_attn") if k in llm}
+    B.write_manifest(root, Manifest(
+        format="gguf", precision="F16", bundle_id=root.name,
+        artifacts=[B.artifact_entry(root, "model.gguf", "model")],
+        llm=LLMConfig(**typed, threads=2, quant_type="F16",
+                      details={"layers": f["layers"], "kv_heads": f["kv_heads"], "head_dim": f["head_dim"],
+                               "file_bytes": (root / "model.gguf").stat().st_size, **llm})))
+    return root
+
+
+def _context(session):
+    llm = session.backend._llm
+    return llm.n_batch, llm.context_params.n_ubatch, llm.context_params.type_k, llm.context_params.type_v
+
+
+@pytest.mark.slow
+def test_runtime_passes_the_planned_batch_and_kv_types_and_load_options_override(tiny_gguf, tmp_path):
+    import llama_cpp
+
+    import edgesdk
+
+    root = _llm_bundle(tmp_path / "planned", tiny_gguf, n_ctx=1024, flash_attn=True, n_batch=256, n_ubatch=128,
+                       type_k="q8_0", type_v="q8_0")
+    with edgesdk.load(root) as s:
+        assert _context(s) == (256, 128, llama_cpp.GGML_TYPE_Q8_0, llama_cpp.GGML_TYPE_Q8_0)
+        rep = s.report()["backend_report"]
+        assert (rep["n_batch"], rep["n_ubatch"], rep["type_k"], rep["type_v"]) == (256, 128, "q8_0", "q8_0")
+        assert rep["batch_source"] == "plan (manifest)" and rep["flash_attn"] is True
+        assert s.generate("The harbour", max_tokens=4, temperature=0)  # it decodes with them
+    with edgesdk.load(root, n_batch=64, n_ubatch=32) as s:
+        assert _context(s)[:2] == (64, 32)
+        assert s.report()["backend_report"]["batch_source"] == "load options"
+    with pytest.raises(InputError, match="load option n_batch must be a positive integer"):
+        edgesdk.load(root, n_batch=0)
+
+
+@pytest.mark.slow
+def test_old_bundle_without_the_keys_loads_with_llamacpp_python_defaults(tiny_gguf, tmp_path):
+    import llama_cpp
+
+    import edgesdk
+
+    root = _llm_bundle(tmp_path / "old", tiny_gguf, n_ctx=1024)
+    info = json.loads((root / "manifest.json").read_text())["extras"]["llm"]
+    assert not {"n_batch", "n_ubatch", "type_k", "type_v"} & set(info)
+    with edgesdk.load(root) as s:
+        assert _context(s) == (512, 512, llama_cpp.GGML_TYPE_F16, llama_cpp.GGML_TYPE_F16)
+        rep = s.report()["backend_report"]
+        assert (rep["n_batch"], rep["n_ubatch"], rep["type_k"], rep["type_v"]) == (512, 512, "f16", "f16")
+        assert rep["batch_source"].startswith("llama-cpp-python defaults")
+
+
+@pytest.mark.slow
+def test_cpu_load_of_a_gpu_plan_steps_down_to_512_and_f16_without_flash_attention(tiny_gguf, tmp_path):
+    import llama_cpp
+
+    import edgesdk
+
+    root = _llm_bundle(tmp_path / "gpu-plan", tiny_gguf, n_ctx=2048, n_gpu_layers=0, flash_attn=False,
+                       n_batch=2048, n_ubatch=2048, type_k="q8_0", type_v="q8_0")
+    with edgesdk.load(root) as s:
+        assert _context(s) == (512, 512, llama_cpp.GGML_TYPE_F16, llama_cpp.GGML_TYPE_F16)
+        notes = " | ".join(s.report()["backend_report"]["notes"])
+        assert "instead of the planned 2048/2048" in notes and "needs flash attention" in notes
+    with edgesdk.load(root, n_ubatch=1024, n_batch=1024) as s:  # an explicit option is kept on the CPU
+        assert _context(s)[:2] == (1024, 1024)

@@ -556,6 +556,7 @@ def _label(fa: bool, ngl: int, layers: int) -> str:
 
 def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
     """Loader registered for format ``gguf`` (see edgesdk.runtime.backends)."""
+    from edgesdk.errors import BundleIntegrityError
     from edgesdk.extras import require
 
     require("gguf", "llama_cpp", "a GGUF bundle")
@@ -583,6 +584,32 @@ def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
     else:
         fa = bool(opts.get("flash_attn", info.get("flash_attn", False)))
     threads = opts.get("threads") or (info.get("threads") if isinstance(info.get("threads"), int) else None)
+    # Batch sizes and K/V cache types: the plan's (manifest llm section: n_batch, n_ubatch, type_k, type_v);
+    # load options n_batch / n_ubatch override. A bundle built before these decisions has none of the keys
+    # and keeps llama-cpp-python's defaults (n_batch 512, n_ubatch 512, f16 cache).
+    batch: dict[str, int] = {}
+    for key in ("n_batch", "n_ubatch"):
+        value, where = (opts[key], f"load option {key}") if opts.get(key) is not None else \
+            (info.get(key), f"{bundle.path}: manifest extras.llm.{key}")
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if where.startswith("load option"):
+                raise InputError(f"{where} must be a positive integer, got {value!r}")
+            raise BundleIntegrityError(f"{where}: expected a positive integer, got {value!r}")
+        batch[key] = value
+    explicit_batch = {k for k in ("n_batch", "n_ubatch") if opts.get(k) is not None}
+    kv: dict[str, int] = {}
+    for key in ("type_k", "type_v"):
+        name = info.get(key)
+        if name is None:
+            continue
+        ggml_type = getattr(llama_cpp, f"GGML_TYPE_{name.upper()}", None) if isinstance(name, str) else None
+        if not isinstance(ggml_type, int):
+            raise BundleIntegrityError(f"{bundle.path}: manifest extras.llm.{key}: {name!r} is not a ggml type "
+                                       "this llama-cpp-python knows")
+        kv[key] = ggml_type
+    f16_kv = {int(getattr(llama_cpp, f"GGML_TYPE_{t}", -1)) for t in ("F16", "F32", "BF16")}
     notes: list[str] = []
     if ngl and not llama_cpp.llama_supports_gpu_offload():
         ctx.record_fallback(_label(fa, ngl, layers), _label(False, 0, layers),
@@ -607,10 +634,24 @@ def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
     for i, (a_fa, a_ngl) in enumerate(tried):
         why = _probe_in_child(path, a_ngl, a_fa, n_ctx) if risky else None
         llm = None
+        a_batch, a_kv, a_notes = dict(batch), dict(kv), []
+        if not a_fa and any(t not in f16_kv for t in a_kv.values()):
+            # llama.cpp refuses a quantized V cache without flash attention ("V cache quantization requires
+            # flash_attn"): this attempt caches f16
+            a_kv = {}
+            a_notes.append(f"{_label(a_fa, a_ngl, layers)}: K/V cache f16 instead of the planned "
+                           f"{info.get('type_k')}/{info.get('type_v')} (a quantized cache needs flash attention)")
+        if a_ngl == 0 and any(v > 512 and k not in explicit_batch for k, v in a_batch.items()):
+            # the plan's large micro-batch is for a GPU; on the CPU it costs compute-buffer memory, no speed
+            a_batch = {k: (v if k in explicit_batch else min(v, 512)) for k, v in a_batch.items()}
+            a_notes.append(f"{_label(a_fa, a_ngl, layers)}: n_batch/n_ubatch {a_batch.get('n_batch', 512)}/"
+                           f"{a_batch.get('n_ubatch', 512)} on the CPU instead of the planned "
+                           f"{batch.get('n_batch', 512)}/{batch.get('n_ubatch', 512)}")
         if why is None:
             try:
                 llm = llama_cpp.Llama(model_path=path, n_gpu_layers=a_ngl, flash_attn=a_fa, n_ctx=n_ctx,
-                                      n_threads=threads, n_threads_batch=threads, verbose=False)
+                                      n_threads=threads, n_threads_batch=threads, verbose=False,
+                                      **a_batch, **a_kv)
                 llm.eval(llm.tokenize(b"Hello", add_bos=True))  # the first decode is where bad kernels fail
                 llm.reset()
             except Exception as exc:  # noqa: BLE001 - llama.cpp raises ValueError/RuntimeError/OSError
@@ -622,11 +663,18 @@ def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
         if llm is not None:
             report = {"runtime": f"llama-cpp-python {llama_cpp.__version__}", "n_gpu_layers": a_ngl,
                       "layers": layers, "flash_attn": a_fa, "n_ctx": n_ctx, "threads": llm.n_threads,
+                      # what the context got (llama-cpp-python caps n_batch at n_ctx, n_ubatch at n_batch)
+                      "n_batch": int(llm.n_batch), "n_ubatch": int(llm.context_params.n_ubatch),
+                      "type_k": str(info.get("type_k")) if "type_k" in a_kv else "f16",
+                      "type_v": str(info.get("type_v")) if "type_v" in a_kv else "f16",
+                      "batch_source": "load options" if explicit_batch else "plan (manifest)" if batch
+                      else "llama-cpp-python defaults (bundle without planned batch sizes)",
                       "gpu_offload_supported": bool(llama_cpp.llama_supports_gpu_offload()),
                       "placement": "CPU" if a_ngl == 0 else f"{min(a_ngl, layers + 1)}/{layers + 1} layers on GPU",
                       "probe": "child process first (risky platform)" if risky else "in-process",
-                      "attempts": errors + [f"{_label(a_fa, a_ngl, layers)}: ok"], "notes": notes}
-            settings = {"n_gpu_layers": a_ngl, "flash_attn": a_fa, "n_ctx": n_ctx, "threads": llm.n_threads}
+                      "attempts": errors + [f"{_label(a_fa, a_ngl, layers)}: ok"], "notes": notes + a_notes}
+            settings = {"n_gpu_layers": a_ngl, "flash_attn": a_fa, "n_ctx": n_ctx, "threads": llm.n_threads,
+                        "n_batch": int(llm.n_batch), "n_ubatch": int(llm.context_params.n_ubatch)}
             attrs = {"edgesdk.backend": "llama.cpp", "edgesdk.gguf.quant_type": info.get("quant_type", ""),
                      "edgesdk.device.profile": profile.name if profile is not None else "",
                      "edgesdk.precision": bundle.precision or info.get("quant_type", ""),
