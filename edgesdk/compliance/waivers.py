@@ -15,14 +15,14 @@ File format (YAML)::
         reason: "linked dynamically; relink instructions in docs/relink.md"   # why
         expires: 2027-03-31          # until when (ISO date)
 
-Waivers must name what they waive (docs/licenses.md "Waivers"):
+Waivers must name what they waive (docs/licenses.md "Waivers"): a path, a package or a license id.
+A pattern may narrow a named thing, never stand for it:
 
-- a ``subject`` without a ``license`` must contain a literal letter or digit (outside ``*``, ``?``,
-  ``[...]``): ``?*``, ``***``, ``*.*``, ``**/*`` name nothing;
-- a ``subject`` glob is tried on :data:`PROBE_SUBJECTS`, synthetic subjects of every shape the gate
-  reports (files at several depths and with many suffixes, ``name==version`` distributions, model
-  names, ``.``); one that matches more than :data:`MAX_PROBE_FRACTION` of them (``*``, ``?*``,
-  ``[!x]*``, ``*e*`` ...) is refused unless the waiver also names a ``license``;
+- a ``subject`` without a ``license`` names its thing before any wildcard (:func:`named_thing`): the
+  whole subject when it has no wildcard (a file, a directory, a model name), else a literal package
+  name followed by ``==`` (``crc32c==2.*``) or a literal first directory followed by ``/``
+  (``vendor/*``, ``src/legacy_*.c``). ``*.gguf``, ``*0*``, ``gemma*``, ``*/LICENSE``, ``*==1.0`` stand
+  for whatever happens to match and are refused;
 - a waiver without a ``license`` that matches more than :data:`MAX_SUBJECT_MATCHES` findings of
   one scan is refused (name the license, or narrow the glob);
 - a deny-level finding (strong/network copyleft, non-commercial, proprietary, unknown) is never
@@ -42,16 +42,6 @@ from edgesdk.compliance.spdx import normalize, read_user_yaml
 from edgesdk.errors import InputError
 
 _REQUIRED = ("id", "by", "reason", "expires")
-# Synthetic finding subjects of every shape the gate produces; a subject glob is tried on them.
-PROBE_SUBJECTS = (
-    ".", "a", "Z", "_", "0", "x.py", "setup.py", "lib.c", "util.h", "main.rs", "index.js", "run.sh",
-    "README.md", "LICENSE", "COPYING.LESSER", "model.onnx", "model.gguf", "weights.safetensors",
-    "tokenizer.json", "config.yaml", "data.bin", "notes.txt", "Makefile", ".hidden", "src/a.py",
-    "src/pkg/mod.py", "vendor/lib/x.c", "third_party/fastlib/COPYING", "a/b/c/d/e.cpp", "docs/index.md",
-    "numpy==2.1.0", "crc32c==2.7", "onnxruntime==1.20.1", "my-pkg==0.0.1", "gemma-3-270m", "minilm-cpu",
-    "all-MiniLM-L6-v2", "(files without a header)", "Qwen2.5-0.5B", "9lives",
-)
-MAX_PROBE_FRACTION = 0.25  # a subject glob matching more than a quarter of the probes is too broad
 MAX_SUBJECT_MATCHES = 10  # a waiver without a license may match at most this many findings
 _ALLOWED = set(_REQUIRED) | {"license", "subject", "layer"}
 
@@ -106,6 +96,32 @@ def _literal_chars(pattern: str) -> str:
     return "".join(out)
 
 
+_WILDCARDS = "*?["
+
+
+def named_thing(subject: str) -> str | None:
+    """What a waiver's ``subject`` names, or None when a wildcard stands where the name should be.
+
+    Every finding subject the gate reports is a file or directory path (``a/b.py``), a distribution
+    ``name==version`` or a model name. A subject names its thing when each subject it can match has
+    the same package name (the part before the first ``==``, when no ``/`` comes before it), the same
+    first path component (when it contains ``/``), or is the subject itself (no wildcard at all).
+    The named part must hold a letter or digit (``.``, ``..``, ``-`` name nothing).
+    """
+    cut = min((i for i in (subject.find(c) for c in _WILDCARDS) if i >= 0), default=-1)
+    if cut < 0:  # no wildcard: the subject is the name
+        return subject if any(c.isalnum() for c in subject) else None
+    prefix = subject[:cut]  # literal: every match starts with it
+    eq, slash = prefix.find("=="), prefix.find("/")
+    if eq >= 0 and (slash < 0 or slash > eq):
+        name = prefix[:eq]  # a package: crc32c==*
+    elif slash >= 0:
+        name = prefix[:slash]  # a directory: vendor/*
+    else:
+        return None  # the wildcard stands for the name itself
+    return name if any(c.isalnum() for c in name) else None
+
+
 def load_waivers(path: Path | None) -> list[Waiver]:
     if path is None:
         return []
@@ -136,12 +152,11 @@ def load_waivers(path: Path | None) -> list[Waiver]:
                 raise InputError(f"{where} ({entry['id']}) subject {subject!r} without a license would waive "
                                  "everything: it names nothing (only wildcards); name the file or package it "
                                  "waives, or add the license")
-            hits = [p for p in PROBE_SUBJECTS if fnmatch.fnmatchcase(p, subject)]
-            if len(hits) > MAX_PROBE_FRACTION * len(PROBE_SUBJECTS):
-                raise InputError(f"{where} ({entry['id']}) subject {subject!r} without a license would waive "
-                                 f"everything: it matches {len(hits)} of {len(PROBE_SUBJECTS)} sample subjects "
-                                 f"(limit {int(MAX_PROBE_FRACTION * len(PROBE_SUBJECTS))}); name the file or "
-                                 "package it waives, or add the license")
+            if named_thing(subject) is None:
+                raise InputError(f"{where} ({entry['id']}) subject {subject!r} without a license names no file, "
+                                 "directory or package: a wildcard stands for the name (a pattern may narrow a "
+                                 "named thing, e.g. 'vendor/*' or 'crc32c==*', never stand for it); name what "
+                                 "it waives, or add the license")
         if entry.get("layer") and entry["layer"] not in LAYERS:
             raise InputError(f"{where}: layer {entry['layer']!r} is not one of {list(LAYERS)}")
         expires = entry["expires"]
