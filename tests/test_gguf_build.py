@@ -20,8 +20,13 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
 
-def make_tiny_causal_lm(directory: Path, family: str, *, tokenizer: bool = True, license_card: bool = True) -> Path:
-    """A 2-layer, hidden-256 model of ``family`` (llama|qwen2) with random weights and a BPE tokenizer."""
+def make_tiny_causal_lm(directory: Path, family: str, *, tokenizer: bool = True, license_card: bool = True,
+                        rope_theta: float | None = None, layout: str = "transformers4") -> Path:
+    """A 2-layer, hidden-256 model of ``family`` (llama|qwen2) with random weights and a BPE tokenizer.
+
+    ``layout="transformers5"``: saved by this transformers 4.57, then rewritten as transformers 5 saves it
+    (``rope_parameters`` in config.json, its tokenizer_config.json, no special_tokens_map.json:
+    ``vlm_fixtures.to_transformers5_layout``, checked against real transformers 5 saves)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import (
@@ -34,6 +39,9 @@ def make_tiny_causal_lm(directory: Path, family: str, *, tokenizer: bool = True,
 
     from edgesdk.formats.gguf.build import PPL_TEXT
 
+    final = directory
+    if layout == "transformers5":
+        directory = directory.with_name(directory.name + "-tf4")
     directory.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -47,12 +55,17 @@ def make_tiny_causal_lm(directory: Path, family: str, *, tokenizer: bool = True,
         fast.save_pretrained(directory)
     kw = dict(vocab_size=len(tok.get_vocab()), hidden_size=256, intermediate_size=512, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-              bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id)
+              bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id,
+              **({"rope_theta": rope_theta} if rope_theta is not None else {}))
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(**kw)) if family == "llama" else Qwen2ForCausalLM(Qwen2Config(**kw))
     model.save_pretrained(directory, safe_serialization=True)
     if license_card:
         (directory / "README.md").write_text("---\nlicense: apache-2.0\n---\nRandom weights for tests.\n")
+    if layout == "transformers5":
+        from vlm_fixtures import to_transformers5_layout
+
+        return to_transformers5_layout(directory, final)
     return directory
 
 
@@ -86,17 +99,44 @@ def test_llama_hf_to_gguf_bundle_matches_hf_logits_and_records_parity(tiny_llama
 
 
 @pytest.mark.slow
-def test_qwen2_converts_and_matches_hf_logits(tmp_path):
+def test_llama_transformers5_checkpoint_builds_with_parity(tmp_path):
+    """A checkpoint in the transformers 5 layout (rope_parameters with a non-default rope_theta, its
+    tokenizer_config.json) builds on this transformers 4.57 with the same parity checks."""
+    import gguf
+
+    from edgesdk.build import build
+    from edgesdk.plan import BuildOptions
+
+    hf = make_tiny_causal_lm(tmp_path / "tiny-llama-tf5", "llama", rope_theta=5e5, layout="transformers5")
+    assert not (hf / "special_tokens_map.json").exists()
+    bundle = build(hf, "orin-nano-8gb", tmp_path / "out", BuildOptions(progress=False))
+    m = json.loads((bundle / "manifest.json").read_text())
+    assert m["format"] == "gguf" and m["precision"] == "Q8_0"
+    parity = m["parity"]
+    assert parity["logits_vs_hf"]["min_cosine"] >= 0.999 and parity["logits_vs_hf"]["top1_agreement"] >= 0.95
+    assert parity["logits_vs_hf"]["tokenizer_agreement"].startswith("4/4")
+    assert gguf.GGUFReader(str(bundle / "model.gguf")).fields["llama.rope.freq_base"].contents() == 5e5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["transformers4", "transformers5"])
+def test_qwen2_converts_and_matches_hf_logits(tmp_path, layout):
+    """Both checkpoint layouts, with Qwen2's own rope_theta (1e6, not the 10000 default): a rope_theta read from
+    the wrong place would show in the logits."""
+    import gguf
+
     from edgesdk.formats.gguf import convert as conv
     from edgesdk.formats.gguf.build import PPL_TEXT
     from edgesdk.formats.gguf.facts import gguf_facts
 
-    hf = make_tiny_causal_lm(tmp_path / "tiny-qwen2", "qwen2")
+    hf = make_tiny_causal_lm(tmp_path / "tiny-qwen2", "qwen2", rope_theta=1e6, layout=layout)
+    assert ("rope_parameters" in json.loads((hf / "config.json").read_text())) == (layout == "transformers5")
     out = tmp_path / "qwen2-f16.gguf"
     info = conv.convert_hf_to_gguf(hf, out)
     assert info["gguf_architecture"] == "qwen2" and info["tokenizer_pre"] == "gpt-2"
     facts = gguf_facts(out)
     assert facts["architecture"] == "qwen2" and facts["file_type"] == "F16" and facts["license"] == "apache-2.0"
+    assert gguf.GGUFReader(str(out)).fields["qwen2.rope.freq_base"].contents() == 1e6
     parity = conv.logits_parity(hf, out, PPL_TEXT.read_text())
     assert parity["min_cosine"] >= 0.999 and parity["top1_agreement"] >= 0.95, parity
     q4 = tmp_path / "qwen2-q4_k_m.gguf"
@@ -174,6 +214,11 @@ def test_rope_scaling_variant_is_rejected_by_the_converter(tmp_path):
     d.mkdir()
     (d / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"],
                                                "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}))
+    with pytest.raises(ModelError, match="rope_scaling 'llama3' is not supported"):
+        conv.convert_hf_to_gguf(d, tmp_path / "x.gguf")
+    # transformers 5 writes the same as rope_parameters
+    (d / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "rope_parameters": {
+        "rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0}}))
     with pytest.raises(ModelError, match="rope_scaling 'llama3' is not supported"):
         conv.convert_hf_to_gguf(d, tmp_path / "x.gguf")
 

@@ -211,3 +211,120 @@ def make_tiny_idefics3(directory: Path, *, seed: int = 0, arch: str = "idefics3"
         "---\nlicense: apache-2.0\n---\n# tiny-smolvlm (random weights)\n\nA SmolVLM-style (Idefics3) model built "
         "from transformers configs with RANDOM weights for tests: it describes nothing.\n", encoding="utf-8")
     return directory
+
+
+# ------------------------------------------------------------------ the transformers 5 layout of a 4.57 save
+
+TRANSFORMERS5_VERSION = "5.25.0"
+# transformers 5.x (checked on 5.17.0 and 5.25.0) drops the ``vision_model.`` level of a SigLIP tower; 5.0.0 kept it
+_V5_VISION_STRIP = ("vision_tower.vision_model.", "vision_tower.")
+
+
+def to_transformers5_layout(src: Path, dst: Path) -> Path:
+    """Copy a directory saved by transformers 4.57 (one of this module's fixtures, or a causal LM) into ``dst`` as
+    transformers 5 saves the same model. CI has transformers 4.57 only, so the 5.x layout is derived here; the
+    mapping was checked against real saves of the same fixtures with transformers 5.25.0 (tensor names, the files
+    present, config.json, generation_config.json, processor_config.json, tokenizer_config.json and tokenizer.json
+    equal to what this writes, transformers_version and the random weight values aside; 5.17.0 differs only in
+    writing Idefics3's top-level ``pad_token_id`` unrenamed, 5.0.0 also in keeping LLaVA's ``vision_model.``
+    level; docs/vlm.md):
+
+    * tensors: LLaVA's SigLIP tower loses its ``vision_model.`` level (``vision_tower.encoder...``, 5.17+);
+      the decoder, the projector and every Idefics3 / SmolVLM and llama / qwen2 name stay;
+    * config.json (top level and ``text_config``): ``rope_theta`` + ``rope_scaling`` become ``rope_parameters:
+      {rope_theta, rope_type}``, ``tie_word_embeddings`` is written explicitly, ``pad_token_id: null`` where
+      there was none (Idefics3's top-level ``pad_token_id`` is written ``_pad_token_id``, its text_config gains
+      ``eos_token_id``);
+    * ``preprocessor_config.json`` and ``special_tokens_map.json`` are gone: the image processor is the
+      ``image_processor`` object of ``processor_config.json`` (without ``processor_class``);
+    * tokenizer_config.json: ``tokenizer_class: TokenizersBackend``, ``backend: tokenizers``, no
+      ``added_tokens_decoder`` / ``clean_up_tokenization_spaces``, ``additional_special_tokens`` as the
+      ``extra_special_tokens`` list, named extra tokens (``image_token``) at the top level;
+    * tokenizer.json: a ``TemplateProcessing`` post-processor that adds nothing, where 4.57 wrote none;
+    * generation_config.json gains ``output_attentions``, ``output_hidden_states`` and ``use_cache``."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    src, dst = Path(src), Path(dst)
+    dst.mkdir(parents=True, exist_ok=True)
+    config = json.loads((src / "config.json").read_text())
+    llava = (config.get("architectures") or [""])[0] == "LlavaForConditionalGeneration"
+    for f in src.iterdir():
+        if f.name in ("preprocessor_config.json", "special_tokens_map.json"):
+            continue
+        if f.suffix == ".safetensors":
+            tensors = load_file(str(f))
+            if llava:
+                tensors = {(_V5_VISION_STRIP[1] + k[len(_V5_VISION_STRIP[0]):] if k.startswith(_V5_VISION_STRIP[0])
+                            else k): v for k, v in tensors.items()}
+            save_file(tensors, str(dst / f.name), metadata={"format": "pt"})
+        elif f.is_file():
+            shutil.copyfile(f, dst / f.name)
+
+    def rope(cfg: dict) -> dict:
+        out = {}
+        for k, v in cfg.items():
+            if k == "rope_scaling":
+                continue
+            if k == "rope_theta":
+                out["rope_parameters"] = {"rope_theta": v, **(cfg.get("rope_scaling") or {"rope_type": "default"})}
+                continue
+            out[k] = v
+        return out
+
+    text = config.get("text_config")
+    if isinstance(text, dict):  # a VLM
+        text = rope(text)
+        text.setdefault("pad_token_id", None)
+        text["tie_word_embeddings"] = bool(text.get("tie_word_embeddings", config.get("tie_word_embeddings", False)))
+        config["text_config"] = text
+        config["tie_word_embeddings"] = bool(config.get("tie_word_embeddings", False))
+        if not llava:  # Idefics3 / SmolVLM
+            if "pad_token_id" in config:
+                config["_pad_token_id"] = config.pop("pad_token_id")
+            gen = json.loads((src / "generation_config.json").read_text())
+            text.setdefault("eos_token_id", gen.get("eos_token_id"))
+            text.pop("pad_token_id") if text["pad_token_id"] is None else None
+    else:  # a causal LM
+        config = rope(config)
+        config.setdefault("pad_token_id", None)
+    config["transformers_version"] = TRANSFORMERS5_VERSION
+    (dst / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+    if (src / "generation_config.json").is_file():
+        gen = json.loads((src / "generation_config.json").read_text())
+        gen.update(output_attentions=False, output_hidden_states=False, use_cache=True,
+                   transformers_version=TRANSFORMERS5_VERSION)
+        (dst / "generation_config.json").write_text(json.dumps(gen, indent=2, sort_keys=True) + "\n")
+
+    if (src / "preprocessor_config.json").is_file():
+        image = json.loads((src / "preprocessor_config.json").read_text())
+        image.pop("processor_class", None)
+        proc = json.loads((src / "processor_config.json").read_text()) \
+            if (src / "processor_config.json").is_file() else {}
+        (dst / "processor_config.json").write_text(json.dumps({**proc, "image_processor": image}, indent=2,
+                                                              sort_keys=True) + "\n")
+
+    if not (src / "tokenizer_config.json").is_file():
+        return dst
+    tc = json.loads((src / "tokenizer_config.json").read_text())
+    for k in ("added_tokens_decoder", "clean_up_tokenization_spaces"):
+        tc.pop(k, None)
+    named = tc.pop("extra_special_tokens", None) or {}
+    tc.update(named if isinstance(named, dict) else {})
+    tc["extra_special_tokens"] = [t["content"] if isinstance(t, dict) else t
+                                  for t in tc.pop("additional_special_tokens", [])]
+    if not tc["extra_special_tokens"] and not named and not llava:
+        del tc["extra_special_tokens"]
+    tc.update(backend="tokenizers", tokenizer_class="TokenizersBackend")
+    (dst / "tokenizer_config.json").write_text(json.dumps(tc, indent=2, sort_keys=True) + "\n")
+
+    tok = json.loads((src / "tokenizer.json").read_text())
+    if tok.get("post_processor") is None:
+        seq = [{"Sequence": {"id": "A", "type_id": 0}}]
+        tok["post_processor"] = {"type": "TemplateProcessing", "single": seq,
+                                 "pair": seq + [{"Sequence": {"id": "B", "type_id": 1}}], "special_tokens": {}}
+    (dst / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False, indent=2))
+    return dst

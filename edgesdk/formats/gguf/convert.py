@@ -16,7 +16,7 @@ import math
 import os
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -38,6 +38,147 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen2ForCausalLM": ("qwen2", False),
 }
 
+
+# ---------------------------------------------------------------------------------------------
+# transformers 4.x and 5.x checkpoints (docs/vlm.md, "transformers 4 and 5 checkpoints")
+#
+# Seen in real saves of the same tiny random models with transformers 4.57.6, 5.0.0, 5.17.0 and 5.25.0:
+# transformers 5 writes config.json's RoPE settings as ``rope_parameters: {rope_theta, rope_type, ...}`` (top level
+# for a causal LM, ``text_config`` for a VLM) instead of ``rope_theta`` + ``rope_scaling``, writes
+# ``tie_word_embeddings`` explicitly, no ``special_tokens_map.json``, and a ``tokenizer_config.json`` with
+# ``tokenizer_class: TokenizersBackend`` (unknown to transformers 4) and ``extra_special_tokens`` as a list.
+# The converter reads both layouts; the PyTorch reference child gets a transformers 4 view of a 5.x
+# directory when this host's transformers is 4.x (:func:`reference_dir`); transformers 5 loads both layouts.
+
+_SPECIAL_ATTRS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
+def rope_settings(config: Mapping[str, Any], where: str = "config.json") -> tuple[float, str]:
+    """(rope_theta, rope_type) from a transformers 4 (``rope_theta``, ``rope_scaling``) or 5 (``rope_parameters``)
+    config; theta defaults to 10000 (LlamaConfig's and Qwen2Config's default). ModelError when both layouts are
+    present and disagree, or the value is not a number."""
+    params = config.get("rope_parameters")
+    scaling = config.get("rope_scaling")
+    if params is not None and not isinstance(params, dict):
+        raise ModelError(f"{where}: rope_parameters must be an object, got {type(params).__name__}")
+    if params and any(isinstance(v, dict) for v in params.values()):  # per layer type (not llama / qwen2)
+        raise ModelError(f"{where}: rope_parameters per layer type ({', '.join(sorted(params))}) is not supported")
+    theta_4, theta_5 = config.get("rope_theta"), (params or {}).get("rope_theta")
+    if theta_4 is not None and theta_5 is not None and float(theta_4) != float(theta_5):
+        raise ModelError(f"{where}: rope_theta {theta_4} and rope_parameters.rope_theta {theta_5} disagree")
+    theta = theta_5 if theta_5 is not None else theta_4
+    if theta is None:
+        theta = 10000.0
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not math.isfinite(theta) or theta <= 0:
+        raise ModelError(f"{where}: rope_theta {theta!r} is not a positive number")
+    kind = (params or {}).get("rope_type") or (params or {}).get("type")
+    if kind in (None, "default") and isinstance(scaling, dict):
+        kind = scaling.get("rope_type") or scaling.get("type")
+    return float(theta), str(kind or "default")
+
+
+def transformers_major() -> int | None:
+    """This host's transformers major version (no import), None when it is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return int(version("transformers").split(".")[0])
+    except (PackageNotFoundError, ValueError):
+        return None
+
+
+def config_for_transformers4(config: dict[str, Any]) -> dict[str, Any]:
+    """A transformers 5 config.json as transformers 4 reads it: ``rope_parameters`` back to ``rope_theta`` (and
+    ``rope_scaling`` for a non-default type), ``_pad_token_id`` back to ``pad_token_id``; nested configs too."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if key == "rope_parameters" and isinstance(value, dict):
+            if "rope_theta" in value:
+                out["rope_theta"] = value["rope_theta"]
+            rest = {k: v for k, v in value.items() if k != "rope_theta"}
+            if (rest.get("rope_type") or rest.get("type")) not in (None, "default"):
+                out["rope_scaling"] = rest
+            continue
+        if key == "_pad_token_id" and "pad_token_id" not in config:
+            key = "pad_token_id"
+        out[key] = config_for_transformers4(value) if isinstance(value, dict) and key.endswith("_config") else value
+    return out
+
+
+def tokenizer_config_for_transformers4(config: dict[str, Any]) -> dict[str, Any]:
+    """A transformers 5 tokenizer_config.json as transformers 4 reads it: ``TokenizersBackend`` is
+    ``PreTrainedTokenizerFast`` (the same tokenizer.json), the ``extra_special_tokens`` list is
+    ``additional_special_tokens``, named extra tokens (``image_token``) go back into ``extra_special_tokens``."""
+    out = {k: v for k, v in config.items() if k != "backend"}
+    if out.get("tokenizer_class") == "TokenizersBackend":
+        out["tokenizer_class"] = "PreTrainedTokenizerFast"
+    extra = out.get("extra_special_tokens")
+    if isinstance(extra, list):
+        if extra:
+            out.setdefault("additional_special_tokens", extra)
+        named = {k: out.pop(k) for k in list(out) if k.endswith("_token") and k not in _SPECIAL_ATTRS
+                 and isinstance(out[k], str)}
+        out["extra_special_tokens"] = named
+    return out
+
+
+def reference_dir(directory: Path, tmp: Path, *, rename: Callable[[str], str] | None = None) -> Path:
+    """``directory`` as the PyTorch reference child can load it with this host's transformers: unchanged with
+    transformers 5 (it loads 4.x and 5.x checkpoints) or for a 4.x checkpoint; on transformers 4 a 5.x checkpoint
+    gets a view in ``tmp`` (symlinks, rewritten config / tokenizer / processor files, and safetensors with
+    tensors renamed by ``rename`` where it changes a name)."""
+    directory = Path(directory)
+    if transformers_major() != 4:
+        return directory
+    jsons = {n: json.loads((directory / n).read_text(encoding="utf-8")) for n in
+             ("config.json", "tokenizer_config.json", "processor_config.json") if (directory / n).is_file()}
+    new = dict(jsons)
+    if "config.json" in new:
+        new["config.json"] = config_for_transformers4(new["config.json"])
+    if "tokenizer_config.json" in new:
+        new["tokenizer_config.json"] = tokenizer_config_for_transformers4(new["tokenizer_config.json"])
+    proc = new.get("processor_config.json") or {}
+    if isinstance(proc.get("image_processor"), dict):
+        proc = dict(proc)
+        image = proc.pop("image_processor")
+        new["processor_config.json"] = proc
+        if not (directory / "preprocessor_config.json").is_file():
+            new["preprocessor_config.json"] = {**image, **({"processor_class": proc["processor_class"]}
+                                                           if "processor_class" in proc else {})}
+    files = sorted(directory.glob("*.safetensors"))
+    renamed = [f for f in files if rename is not None and any(rename(k) != k for k in _safetensors_keys(f))]
+    if new == jsons and not renamed:
+        return directory
+    view = Path(tmp) / directory.name
+    view.mkdir(parents=True, exist_ok=True)
+    for f in directory.iterdir():
+        if f.is_file() and f.name not in new and f not in renamed and not f.name.endswith(".safetensors.index.json"):
+            (view / f.name).symlink_to(f.resolve())
+    for name, data in new.items():
+        (view / name).write_text(json.dumps(data, indent=2), encoding="utf-8")
+    for f in renamed:
+        from safetensors import safe_open
+        from safetensors.torch import save_file
+
+        assert rename is not None
+        with safe_open(str(f), framework="pt") as fh:
+            tensors = {rename(k): fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118 - no __iter__
+            meta = fh.metadata()
+        save_file(tensors, str(view / f.name), metadata=meta)
+    for index in directory.glob("*.safetensors.index.json"):
+        data = json.loads(index.read_text(encoding="utf-8"))
+        if rename is not None:
+            data["weight_map"] = {rename(k): v for k, v in (data.get("weight_map") or {}).items()}
+        (view / index.name).write_text(json.dumps(data, indent=2), encoding="utf-8")
+    return view
+
+
+def _safetensors_keys(path: Path) -> list[str]:
+    """Tensor names from a safetensors header (no tensor data read)."""
+    with open(path, "rb") as fh:
+        n = int.from_bytes(fh.read(8), "little")
+        header = json.loads(fh.read(n))
+    return [k for k in header if k != "__metadata__"]
 
 
 def supported_list() -> str:
@@ -144,10 +285,10 @@ def convert_hf_to_gguf(directory: Path, out_path: Path, *, name: str | None = No
     directory = Path(directory)
     config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
     arch, gguf_arch, permute = hf_arch(config)
-    rope_scaling = config.get("rope_scaling")
-    if rope_scaling and (rope_scaling.get("rope_type") or rope_scaling.get("type")) not in (None, "default"):
-        raise ModelError(f"{directory}: rope_scaling {rope_scaling.get('rope_type') or rope_scaling.get('type')!r} "
-                         "is not supported by this converter (supported: none/default)")
+    rope_theta, rope_type = rope_settings(config, f"{directory / 'config.json'}")
+    if rope_type != "default":
+        raise ModelError(f"{directory}: rope_scaling {rope_type!r} is not supported by this converter "
+                         "(supported: none/default)")
     vocab, tok_model, tok_pre = _load_vocab(directory)
     n_layer = int(config["num_hidden_layers"])
     n_head = int(config["num_attention_heads"])
@@ -166,7 +307,7 @@ def convert_hf_to_gguf(directory: Path, out_path: Path, *, name: str | None = No
     writer.add_head_count(n_head)
     writer.add_head_count_kv(n_kv)
     writer.add_rope_dimension_count(head_dim)
-    writer.add_rope_freq_base(float(config.get("rope_theta", 10000.0)))
+    writer.add_rope_freq_base(rope_theta)  # rope_theta or rope_parameters.rope_theta (transformers 5)
     writer.add_layer_norm_rms_eps(float(config.get("rms_norm_eps", 1e-6)))
     writer.add_file_type(FTYPES["F16"])
     if head_dim != hidden // n_head:
@@ -323,7 +464,8 @@ def hf_reference_logits(hf_dir: Path, prompts: list[str]) -> list[tuple[list[int
     with tempfile.TemporaryDirectory(prefix="edgesdk-hf-logits-") as tmp:
         pfile, out = Path(tmp) / "prompts.json", Path(tmp) / "logits.npz"
         pfile.write_text(json.dumps(prompts))
-        proc = subprocess.run([sys.executable, "-c", _HF_LOGITS_CHILD, str(hf_dir), str(pfile), str(out)],
+        ref_dir = reference_dir(Path(hf_dir), Path(tmp) / "ref")  # a transformers 5 checkpoint on transformers 4
+        proc = subprocess.run([sys.executable, "-c", _HF_LOGITS_CHILD, str(ref_dir), str(pfile), str(out)],
                               capture_output=True, text=True, timeout=3600)
         if proc.returncode != 0 or not out.is_file():
             lines = [ln for ln in (proc.stderr or "").splitlines() if ln.strip()]

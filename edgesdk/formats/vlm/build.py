@@ -81,12 +81,15 @@ if arch != "LlavaForConditionalGeneration":
         arrays["positions_fixed"] = np.asarray(1)
 def image_features(inputs):
     if arch == "LlavaForConditionalGeneration":
-        return model.get_image_features(pixel_values=inputs["pixel_values"],
-                                        vision_feature_layer=cfg.vision_feature_layer,
-                                        vision_feature_select_strategy=cfg.vision_feature_select_strategy)
-    # Idefics3 / SmolVLM: vision tower + pixel-shuffle connector
-    return model.get_image_features(pixel_values=inputs["pixel_values"],
-                                    pixel_attention_mask=inputs.get("pixel_attention_mask"))
+        f = model.get_image_features(pixel_values=inputs["pixel_values"],
+                                     vision_feature_layer=cfg.vision_feature_layer,
+                                     vision_feature_select_strategy=cfg.vision_feature_select_strategy)
+    else:  # Idefics3 / SmolVLM: vision tower + pixel-shuffle connector
+        f = model.get_image_features(pixel_values=inputs["pixel_values"],
+                                     pixel_attention_mask=inputs.get("pixel_attention_mask"))
+    # transformers 5 returns a ModelOutput whose pooler_output holds the projected features (4.x: the tensor)
+    f = getattr(f, "pooler_output", f)
+    return f[0] if isinstance(f, (list, tuple)) else f
 for i, path in enumerate(spec["images"]):
     img = Image.open(path).convert("RGB")
     inputs = proc(images=img, text=spec["prompt"], return_tensors="pt")
@@ -103,7 +106,6 @@ for i, path in enumerate(spec["images"]):
                                                       dtype=np.int64)
             emb.forward = fixed
         f = image_features(inputs)
-        f = f[0] if isinstance(f, (list, tuple)) else f
         arrays[f"features{i}"] = f.reshape(-1, f.shape[-1]).double().numpy()
         g = model.generate(**inputs, max_new_tokens=spec["n"], do_sample=False)
     toks = g[0, inputs["input_ids"].shape[1]:].tolist()
@@ -125,7 +127,9 @@ def hf_vlm_reference(hf_dir: Path, images: list[Path], prompt: str, n_tokens: in
         arch = (vconv.read_config(hf_dir).get("architectures") or [None])[0]
         spec.write_text(json.dumps({"images": [str(p) for p in images], "prompt": prompt, "n": n_tokens,
                                     "architecture": arch}))
-        proc = subprocess.run([sys.executable, "-c", _HF_CHILD, str(hf_dir), str(spec), str(out)],
+        # a transformers 5 checkpoint as this host's transformers 4 loads it (unchanged otherwise)
+        ref_dir = gconv.reference_dir(Path(hf_dir), Path(tmp) / "ref", rename=vconv.canonical_name)
+        proc = subprocess.run([sys.executable, "-c", _HF_CHILD, str(ref_dir), str(spec), str(out)],
                               capture_output=True, text=True, timeout=3600)
         if proc.returncode != 0 or not out.is_file():
             lines = [ln for ln in (proc.stderr or "").splitlines() if ln.strip()]
@@ -151,7 +155,7 @@ def component_parity(hf_dir: Path, decoder: Path, mmproj: Path, *, n_tokens: int
                   if vconv.family(vconv.read_config(hf_dir)) == "idefics3"
                   else "USER: <image>\n" + prompt + " ASSISTANT:")
     refs = hf_vlm_reference(hf_dir, images, ref_prompt, n_tokens)
-    pre = json.loads((Path(hf_dir) / "preprocessor_config.json").read_text(encoding="utf-8"))
+    pre = dict(vconv.image_processor(hf_dir))
     cfg = vconv.read_config(hf_dir)
     pre["_image_size"] = cfg["vision_config"]["image_size"]
     # the context holds the longest reference prompt (image tokens included) and the greedy tokens
@@ -269,7 +273,11 @@ def build_vlm(ctx) -> None:
                                       f"{ox['greedy_equal_mmproj']} equal test images")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    shutil.copyfile(src / "preprocessor_config.json", ctx.staging / "preprocessor_config.json")
+    if (src / "preprocessor_config.json").is_file():
+        shutil.copyfile(src / "preprocessor_config.json", ctx.staging / "preprocessor_config.json")
+    else:  # transformers 5: the image processor is nested in processor_config.json; the bundle keeps its own file
+        (ctx.staging / "preprocessor_config.json").write_text(json.dumps(vconv.image_processor(src), indent=2) + "\n",
+                                                              encoding="utf-8")
     for rel, role in (("model.gguf", "model"), ("mmproj.gguf", "mmproj"), ("preprocessor_config.json", "config")):
         ctx.add_artifact(rel, role)
     if onnx_info:

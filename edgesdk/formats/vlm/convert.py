@@ -25,6 +25,7 @@ Matrices are F16, 1-D tensors (norms, biases, the class embedding) F32, as llama
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,39 @@ FAMILIES = {"LlavaForConditionalGeneration": "llava", "Idefics3ForConditionalGen
 IDEFICS3_VISION = {"idefics3_vision", "smolvlm_vision"}
 _IDEFICS3_VISION_PREFIX = "model.vision_model."
 _IDEFICS3_PROJ = "model.connector.modality_projection.proj."
+# transformers 5 (5.17.0 and 5.25.0 saves; not 5.0.0) saves LLaVA's SigLIP tower without its ``vision_model`` level
+# (``SiglipVisionModel`` now holds the embeddings / encoder itself; its conversion_mapping.py entry is CLIPVisionModel's
+# ``PrefixChange(prefix_to_remove="vision_model")``): ``vision_tower.encoder.*`` for 4.x's
+# ``vision_tower.vision_model.encoder.*``. The decoder (``language_model.model.*``, ``language_model.lm_head.*``),
+# the projector and every Idefics3 / SmolVLM tensor keep their names.
+_V5_VISION = re.compile(r"^((?:model\.)?vision_tower\.)(embeddings|encoder|post_layernorm|head)\.")
+
+
+def canonical_name(name: str) -> str:
+    """A tensor name in the transformers 4 layout (transformers 5's LLaVA vision names get ``vision_model.`` back)."""
+    return _V5_VISION.sub(r"\1vision_model.\2.", name)
+
+
+def checkpoint_layout(directory: Path) -> dict[str, Any]:
+    """Which transformers layout the directory is in, from its tensor names and files: ``{"transformers": "4.x" or
+    "5.x", "evidence": [...]}``. ModelError when the vision tensors mix both layouts."""
+    from edgesdk.formats.gguf.convert import _safetensors_keys
+
+    directory = Path(directory)
+    names = [k for f in sorted(directory.glob("*.safetensors")) for k in _safetensors_keys(f)]
+    v5 = [n for n in names if canonical_name(n) != n]
+    evidence = []
+    if v5:
+        v4 = [n for n in names if n.startswith(("vision_tower.vision_model.", "model.vision_tower.vision_model."))]
+        if v4:
+            raise ModelError(f"{directory}: vision tensors mix the transformers 4 ({v4[0]}) and 5 ({v5[0]}) layouts")
+        evidence.append(f"vision tensors without vision_model. ({v5[0]})")
+    config = read_config(directory)
+    if "rope_parameters" in config or "rope_parameters" in (config.get("text_config") or {}):
+        evidence.append("config.json rope_parameters")
+    if not (directory / "preprocessor_config.json").is_file() and (directory / "processor_config.json").is_file():
+        evidence.append("image processor in processor_config.json")
+    return {"transformers": "5.x" if evidence else "4.x", "evidence": evidence}
 
 
 def family(config: dict[str, Any]) -> str:
@@ -169,12 +203,23 @@ def write_text_model_dir(directory: Path, out_dir: Path) -> Path:
     return out_dir
 
 
-def _preprocessor(directory: Path) -> dict[str, Any]:
-    path = Path(directory) / "preprocessor_config.json"
-    if not path.is_file():
-        raise ModelError(f"{directory}: preprocessor_config.json missing (the image size and mean/std come from it)",
+def image_processor(directory: Path) -> dict[str, Any]:
+    """The image processor's settings from ``preprocessor_config.json`` (transformers 4) or
+    ``processor_config.json``'s ``image_processor`` (transformers 5); ModelError when there is neither."""
+    from edgesdk.formats.vlm.facts import image_processor_config
+
+    pre = image_processor_config(Path(directory))
+    if pre is None:
+        raise ModelError(f"{directory}: no image processor (preprocessor_config.json, or processor_config.json's "
+                         "image_processor with transformers 5): the image size and mean/std come from it",
                          hint="save the processor next to the weights with processor.save_pretrained()")
-    pre = json.loads(path.read_text(encoding="utf-8"))
+    return pre
+
+
+def _preprocessor(directory: Path) -> dict[str, Any]:
+    pre = image_processor(directory)
+    path = Path(directory) / ("preprocessor_config.json" if (Path(directory) / "preprocessor_config.json").is_file()
+                              else "processor_config.json")
     for key in ("image_mean", "image_std"):
         v = pre.get(key)
         if not (isinstance(v, list) and len(v) == 3 and all(isinstance(x, (int, float)) for x in v)):
@@ -236,10 +281,11 @@ def write_mmproj(directory: Path, out_path: Path, *, name: str | None = None) ->
     if config.get("projector_hidden_act", "gelu") not in ACT_GELU:
         raise ModelError(f"{directory}: projector_hidden_act {config.get('projector_hidden_act')!r} is not "
                          "supported (llama.cpp's LLaVA projector applies GELU)")
+    layout = checkpoint_layout(directory)
     tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MMPROJ, n_layer)
     written, skipped = 0, []
     for hf_name, data in _arrays(directory):
-        v = _strip(hf_name, _VISION_PREFIXES)
+        v = _strip(canonical_name(hf_name), _VISION_PREFIXES)  # transformers 5's names in the 4.x layout
         p = _strip(hf_name, _PROJ_PREFIXES)
         if v is not None:
             if any(k in v for k in SKIPPED_VISION):
@@ -265,7 +311,8 @@ def write_mmproj(directory: Path, out_path: Path, *, name: str | None = None) ->
     return {"tensors": written, "skipped": skipped, "projector_type": "mlp", "family": "llava",
             "image_size": int(vision["image_size"]), "patch_size": int(vision["patch_size"]),
             "image_tokens": (int(vision["image_size"]) // int(vision["patch_size"])) ** 2,
-            "feature_layer": feature_layer(config), "image_mean": pre["image_mean"], "image_std": pre["image_std"]}
+            "feature_layer": feature_layer(config), "image_mean": pre["image_mean"], "image_std": pre["image_std"],
+            "checkpoint_layout": layout}
 
 
 def write_mmproj_idefics3(directory: Path, out_path: Path, config: dict[str, Any], *,
@@ -290,6 +337,7 @@ def write_mmproj_idefics3(directory: Path, out_path: Path, config: dict[str, Any
                          f"{vision['image_size']}")
     n_layer = int(vision["num_hidden_layers"])
     scale = int(config.get("scale_factor", 2))
+    layout = checkpoint_layout(directory)
     writer = _clip_writer(directory, out_path, name, "idefics3", vision, text, pre, eps_default=1e-6)
     writer.add_vision_use_gelu(True)
     writer.add_vision_projector_scale_factor(scale)
@@ -318,4 +366,4 @@ def write_mmproj_idefics3(directory: Path, out_path: Path, config: dict[str, Any
     return {"tensors": written, "skipped": skipped, "projector_type": "idefics3", "family": "idefics3",
             "image_size": int(vision["image_size"]), "patch_size": int(vision["patch_size"]),
             "scale_factor": scale, "image_tokens": idefics3_image_tokens(config),
-            "image_mean": pre["image_mean"], "image_std": pre["image_std"]}
+            "image_mean": pre["image_mean"], "image_std": pre["image_std"], "checkpoint_layout": layout}

@@ -17,6 +17,22 @@ _COMPONENTS = (("vision_encoder", ("vision_tower.", "model.vision_tower.", "mode
                ("decoder", ("language_model.", "model.language_model.", "model.text_model.", "lm_head.")))
 
 
+def image_processor_config(directory: Path) -> dict[str, Any] | None:
+    """The image processor's settings: ``preprocessor_config.json`` (transformers 4) or the ``image_processor``
+    object of ``processor_config.json`` (transformers 5 writes no preprocessor_config.json); None if neither."""
+    pre, proc = Path(directory) / "preprocessor_config.json", Path(directory) / "processor_config.json"
+    if pre.is_file():
+        data = json.loads(pre.read_text(encoding="utf-8"))
+        return data if isinstance(data, dict) else None
+    if proc.is_file():
+        outer = json.loads(proc.read_text(encoding="utf-8"))
+        inner = outer.get("image_processor") if isinstance(outer, dict) else None
+        if isinstance(inner, dict):
+            # processor_class sits next to it in transformers 5, inside preprocessor_config.json in 4.x
+            return {**inner, **({"processor_class": outer["processor_class"]} if "processor_class" in outer else {})}
+    return None
+
+
 def component_params(files: list[Path]) -> dict[str, int]:
     """Parameters per component (vision_encoder, projector, decoder) from safetensors headers."""
     out = {name: 0 for name, _ in _COMPONENTS}
@@ -58,7 +74,7 @@ def hf_vlm_facts(directory: str | Path) -> dict[str, Any]:
         "image_tokens": image_tokens, "vision_hidden": vision.get("hidden_size"),
         "vision_layers": vision.get("num_hidden_layers"), "feature_select": cfg.get("vision_feature_select_strategy"),
         "component_params": component_params(files) if files else {},
-        "preprocessor": (directory / "preprocessor_config.json").is_file(),
+        "preprocessor": image_processor_config(directory) is not None,
         # the decoder as the GGUF planner sees a causal LM
         "gguf_supported": text.get("model_type", "llama") == "llama", "layers": text.get("num_hidden_layers"),
         "heads": heads, "kv_heads": text.get("num_key_value_heads") or heads, "hidden": hidden,

@@ -51,6 +51,7 @@ class Encoder(torch.nn.Module):
     def forward(self, pixel_values):
         f = self.m.get_image_features(pixel_values=pixel_values, vision_feature_layer=cfg.vision_feature_layer,
                                       vision_feature_select_strategy=cfg.vision_feature_select_strategy)
+        f = getattr(f, "pooler_output", f)  # transformers 5: a ModelOutput holding the projected features
         f = f[0] if isinstance(f, (list, tuple)) else f
         return f.reshape(1, -1, f.shape[-1])
 
@@ -81,11 +82,19 @@ def normalise(pixels: np.ndarray, preprocessor: dict[str, Any]) -> np.ndarray:
 def export_encoder(hf_dir: Path, fp32: Path, fp16: Path, *, opset: int = ONNX_OPSET) -> dict[str, Any]:
     """Export encoder + projector to ``fp32`` (child process), convert it to FP16 at ``fp16``; returns facts
     for the manifest (opset, sizes, op census, control-flow check)."""
+    import tempfile
+
     import onnx
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
-    proc = subprocess.run([sys.executable, "-c", _EXPORT_CHILD, str(hf_dir), str(fp32), str(opset)],
-                          capture_output=True, text=True, timeout=3600)
+    from edgesdk.formats.gguf.convert import reference_dir
+    from edgesdk.formats.vlm.convert import canonical_name
+
+    with tempfile.TemporaryDirectory(prefix="edgesdk-vlm-export-") as tmp:
+        # a transformers 5 checkpoint as this host's transformers 4 loads it (unchanged otherwise)
+        src = reference_dir(Path(hf_dir), Path(tmp), rename=canonical_name)
+        proc = subprocess.run([sys.executable, "-c", _EXPORT_CHILD, str(src), str(fp32), str(opset)],
+                              capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0 or not fp32.is_file():
         lines = [ln for ln in (proc.stderr or "").splitlines() if ln.strip()]
         raise ExternalToolError("ONNX export of the vision encoder failed: "

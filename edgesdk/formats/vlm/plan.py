@@ -84,7 +84,8 @@ def plan_vlm(facts: ModelFacts, profile: Profile, options: BuildOptions) -> list
     projector = (f"pixel-shuffle connector (scale factor {info.get('scale_factor')}, one linear)" if idefics3
                  else "MLP projector")
     if not info.get("preprocessor"):
-        raise ModelError(f"{facts.source}: preprocessor_config.json missing (image size, mean/std come from it)",
+        raise ModelError(f"{facts.source}: no image processor (preprocessor_config.json, or processor_config.json's "
+                         "image_processor with transformers 5): image size, mean/std come from it",
                          hint="save the processor next to the weights with processor.save_pretrained()")
     cp = info.get("component_params") or {}
     enc, proj, dec = int(cp.get("vision_encoder", 0)), int(cp.get("projector", 0)), int(cp.get("decoder", 0))
