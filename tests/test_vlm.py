@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from vlm_fixtures import make_test_images, make_tiny_llava  # noqa: E402  (tests/ is on sys.path)
+from vlm_fixtures import make_test_images, make_tiny_llava, to_transformers5_layout  # noqa: E402  (tests/ on sys.path)
 
 from edgesdk.build import make_plan  # noqa: E402
 from edgesdk.errors import ModelError  # noqa: E402
@@ -63,9 +63,25 @@ def vlm_bundle(tiny_llava, tmp_path_factory) -> Path:
     return build(tiny_llava, "cpu-x86_64", out, BuildOptions(progress=False, quant_type="F16"))
 
 
+@pytest.fixture(scope="module")
+def vlm_bundle_5(tiny_llava, tmp_path_factory) -> Path:
+    """The same model in the transformers 5 layout (vision tensors without ``vision_model.``, rope_parameters, the
+    image processor inside processor_config.json; tests/vlm_fixtures.py), built on this transformers 4.57."""
+    from edgesdk.build import build
+    from edgesdk.plan import BuildOptions
+
+    src = to_transformers5_layout(tiny_llava, tmp_path_factory.mktemp("vlm5") / "tiny-llava-tf5")
+    out = tmp_path_factory.mktemp("bundles") / "vlm5-f16"
+    return build(src, "cpu-x86_64", out, BuildOptions(progress=False, quant_type="F16"))
+
+
 @pytest.mark.slow
-def test_f16_build_matches_pytorch_per_component_and_end_to_end(vlm_bundle):
+@pytest.mark.parametrize("layout", ["transformers4", "transformers5"])
+def test_f16_build_matches_pytorch_per_component_and_end_to_end(layout, request):
+    vlm_bundle = request.getfixturevalue("vlm_bundle" if layout == "transformers4" else "vlm_bundle_5")
     m = json.loads((vlm_bundle / "manifest.json").read_text())
+    assert m["extras"]["vlm"]["mmproj"]["checkpoint_layout"]["transformers"] == layout[-1] + ".x"
+    assert json.loads((vlm_bundle / "preprocessor_config.json").read_text())["size"] == {"height": 64, "width": 64}
     assert m["format"] == "vlm" and m["license"]["verdict"] == "pass"
     roles = {a["role"] for a in m["artifacts"]}
     assert {"model", "mmproj", "config", "sbom"} <= roles

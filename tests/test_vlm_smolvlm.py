@@ -13,7 +13,12 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from vlm_fixtures import IDEFICS3_IMAGE_TOKENS, make_test_images, make_tiny_idefics3  # noqa: E402
+from vlm_fixtures import (  # noqa: E402
+    IDEFICS3_IMAGE_TOKENS,
+    make_test_images,
+    make_tiny_idefics3,
+    to_transformers5_layout,
+)
 
 from edgesdk.build import make_plan  # noqa: E402
 
@@ -97,9 +102,25 @@ def smol_bundle(tiny_smolvlm, tmp_path_factory) -> Path:
     return build(tiny_smolvlm, "cpu-x86_64", out, BuildOptions(progress=False, quant_type="F16"))
 
 
+@pytest.fixture(scope="module")
+def smol_bundle_5(tiny_smolvlm, tmp_path_factory) -> Path:
+    """The same model in the transformers 5 layout (rope_parameters, the image processor inside
+    processor_config.json, no special_tokens_map.json; tests/vlm_fixtures.py), built on this transformers 4.57."""
+    from edgesdk.build import build
+    from edgesdk.plan import BuildOptions
+
+    src = to_transformers5_layout(tiny_smolvlm, tmp_path_factory.mktemp("vlm-smol5") / "tiny-smolvlm-tf5")
+    out = tmp_path_factory.mktemp("bundles-smol") / "smolvlm5-f16"
+    return build(src, "cpu-x86_64", out, BuildOptions(progress=False, quant_type="F16"))
+
+
 @pytest.mark.slow
-def test_f16_build_matches_pytorch(smol_bundle):
+@pytest.mark.parametrize("layout", ["transformers4", "transformers5"])
+def test_f16_build_matches_pytorch(layout, request):
+    smol_bundle = request.getfixturevalue("smol_bundle" if layout == "transformers4" else "smol_bundle_5")
     m = json.loads((smol_bundle / "manifest.json").read_text())
+    assert m["extras"]["vlm"]["mmproj"]["checkpoint_layout"]["transformers"] == layout[-1] + ".x"
+    assert json.loads((smol_bundle / "preprocessor_config.json").read_text())["max_image_size"] == {"longest_edge": 64}
     assert m["format"] == "vlm" and m["license"]["verdict"] == "pass"
     assert m["extras"]["vlm"]["components"]["projector"]["type"] == "idefics3"
     vision = m["parity"]["vision"]
