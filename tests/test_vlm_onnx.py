@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime")
 
-from vlm_fixtures import make_test_images, make_tiny_llava  # noqa: E402  (tests/ is on sys.path)
+from vlm_fixtures import make_test_images, make_tiny_llava, to_transformers5_layout  # noqa: E402  (tests/)
 
 from edgesdk.build import make_plan  # noqa: E402
 from edgesdk.errors import InputError  # noqa: E402
@@ -120,6 +120,24 @@ def test_onnx_features_match_pytorch_on_the_test_images(tiny_llava, exported, im
         f = (f[0] if isinstance(f, (list, tuple)) else f).reshape(-1, 64).numpy()
         got = onnx_features(path, [pixels], pre)[0]
         assert min_token_cosine(got, f) >= 0.999, p.name
+
+
+@pytest.mark.slow
+def test_export_from_the_transformers5_layout_gives_the_same_encoder(tiny_llava, exported, images, tmp_path):
+    """A LLaVA in the transformers 5 layout (vision tensors without ``vision_model.``; tests/vlm_fixtures.py) is
+    exported through the transformers-4 view of it: the same features as the 4.57 save's export."""
+    from PIL import Image
+
+    from edgesdk.formats.vlm.onnx_encoder import export_encoder, onnx_features
+    from edgesdk.runtime.backends.vlm import ImagePreprocessor
+
+    src = to_transformers5_layout(tiny_llava, tmp_path / "tiny-llava-tf5")
+    export_encoder(src, tmp_path / "enc32.onnx", tmp_path / "enc16.onnx")
+    pre = json.loads((tiny_llava / "preprocessor_config.json").read_text())
+    pixels = [ImagePreprocessor(pre, 64)(Image.open(p)) for p in images]
+    for a, b in zip(onnx_features(exported[0], pixels, pre), onnx_features(tmp_path / "enc16.onnx", pixels, pre),
+                    strict=True):
+        assert np.array_equal(a, b)
 
 
 def test_choose_is_honest_about_providers(tmp_path, monkeypatch):
