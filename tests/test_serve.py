@@ -395,6 +395,41 @@ def test_client_disconnect_cancels_the_generation(small_server):
     assert _sample(metrics, 'edgesdk_serve_cancelled_total{model="gemma"}') >= 1
 
 
+def test_abandoned_non_streaming_request_is_cancelled(small_server):
+    """A "stream": false request whose client goes away stops at the next token (ASGI http.disconnect),
+    as a stream does: the next request is accepted at once, not after the abandoned one's 400 tokens."""
+    url = small_server.url
+    _wait_idle(url)
+    before = httpx.get(url + "/metrics", headers=AUTH).text
+    series = 'edgesdk_serve_cancelled_total{model="gemma"}'
+    cancelled0 = _sample(before, series) if series in before else 0
+    body = json.dumps({"model": "gemma", "prompt": "1, 2, 3, 4, 5, 6, 7,", "max_tokens": 400, "temperature": 0,
+                       "stream": False}).encode()
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{small_server.port}\r\n"
+            f"Content-Type: application/json\r\nAuthorization: Bearer s3cret\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", small_server.port), timeout=30) as sock:
+        sock.sendall(head + body)
+        deadline = time.monotonic() + 30
+        while httpx.get(url + "/health").json()["models"]["gemma"] != 1:
+            assert time.monotonic() < deadline, "the request never started"
+            time.sleep(0.02)
+        time.sleep(0.5)  # generating now: a few tokens of 400
+    t0 = time.monotonic()
+    while True:
+        r = httpx.post(url + "/v1/completions", headers=AUTH, timeout=60,
+                       json={"model": "gemma", "prompt": "Hi", "max_tokens": 2, "temperature": 0})
+        if r.status_code != 429 or time.monotonic() - t0 > 3:
+            break
+        time.sleep(0.02)
+    accepted_after = time.monotonic() - t0
+    assert r.status_code == 200, r.text
+    assert accepted_after < 1.5, f"next request accepted only after {accepted_after:.2f} s"
+    metrics = httpx.get(url + "/metrics", headers=AUTH).text
+    assert _sample(metrics, series) == cancelled0 + 1
+    assert 'edgesdk_serve_requests_total{route="/v1/completions",model="gemma",status="499"}' in metrics
+
+
 def test_sigterm_finishes_the_stream_in_flight(gemma_chat_bundle, tmp_path):
     trace = tmp_path / "traces.jsonl"
     srv = ServerProcess([gemma_chat_bundle, "--name", "gemma", "--trace-file", trace, "--shutdown-timeout", "60"],

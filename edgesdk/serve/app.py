@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import functools
 import hmac
 import json
@@ -135,6 +136,15 @@ async def _read_json(request: Request, limit: int) -> dict:
     if not isinstance(data, dict):
         raise APIError(400, "request body must be a JSON object")
     return data
+
+
+async def _until_disconnected(receive, job: Job) -> None:
+    """Wait for the ASGI ``http.disconnect`` of a request whose body has been read, then cancel ``job``
+    (the worker checks between tokens; a queued job is skipped) and wake the handler waiting on it."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    job.cancel.set()
+    job.events.put_nowait(("disconnected", None))
 
 
 def _number(body: dict, key: str, lo: float, hi: float) -> float | None:
@@ -511,28 +521,36 @@ class _Server:
             except Saturated as exc:
                 self.metrics.rejected.inc(model=model, reason="draining" if exc.draining else "queue_full")
                 raise _saturated(exc) from None
+            # Nothing else reads from the client until the response starts: watch for it going away, so a
+            # request abandoned while queued or generating stops at the next token (a stream is watched
+            # by StreamingResponse once it starts).
+            watch = loop.create_task(_until_disconnected(request.receive, job))
             try:
                 kind, value = await job.events.get()  # "started", or "error" before the first token
-            except asyncio.CancelledError:
-                job.cancel.set()
-                span.end(None, "cancelled", "client disconnected before the response", cancelled=True)
-                raise
-            if kind == "error":
-                raise _from_backend(value)
-            rid = ("chatcmpl-" if operation == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
-            span.set("gen_ai.response.id", rid)
-            if stream:
-                return StreamingResponse(self._sse(job, entry, operation, rid, span, t0, include_usage, route),
-                                         media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-            pieces: list[str] = []
-            t_first = None
-            try:
+                if kind == "disconnected":
+                    return self._abandoned(span, route, model)
+                if kind == "error":
+                    raise _from_backend(value)
+                rid = ("chatcmpl-" if operation == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+                span.set("gen_ai.response.id", rid)
+                if stream:
+                    watch.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await watch
+                    if job.cancel.is_set():  # it saw the disconnect just before it was stopped
+                        return self._abandoned(span, route, model)
+                    return StreamingResponse(self._sse(job, entry, operation, rid, span, t0, include_usage, route),
+                                             media_type="text/event-stream",
+                                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                pieces: list[str] = []
+                t_first = None
                 while True:
                     kind, value = await job.events.get()
                     if kind == "chunk":
                         t_first = t_first or time.perf_counter()
                         pieces.append(value)
+                    elif kind == "disconnected":
+                        return self._abandoned(span, route, model)
                     elif kind == "error":
                         raise _from_backend(value)
                     else:
@@ -542,6 +560,8 @@ class _Server:
                 job.cancel.set()
                 span.end(None, "cancelled", "client disconnected before the response", cancelled=True)
                 raise
+            finally:
+                watch.cancel()
             usage = self._finish(entry, operation, span, last, t0)
             text = "".join(pieces)
             finish = _finish_reason(last)
@@ -564,6 +584,13 @@ class _Server:
         except Exception as exc:  # the guard answers 500: the span says so
             span.end(500, "server_error", f"{type(exc).__name__}: {exc}")
             raise
+
+    def _abandoned(self, span: _Span, route: str, model: str) -> Response:
+        """The client went away before the response (``http.disconnect``): the job is cancelled already."""
+        self.metrics.cancelled.inc(model=model)
+        span.end(None, "cancelled", "client disconnected before the response", cancelled=True)
+        self._count(route, model, 499)
+        return Response(status_code=499)  # nobody reads it: the connection is gone
 
     def _finish(self, entry: ModelEntry, operation: str, span: _Span, last: dict, t0: float) -> dict:
         n_in, n_out = int(last.get("input_tokens") or 0), int(last.get("output_tokens") or 0)
