@@ -59,6 +59,8 @@ class Smoke:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=min(timeout, self.left() - 5),
                                   env=USER_ENV, cwd=WORK, shell=shell)
             rc, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
+        except OSError as exc:  # the command itself is missing (an install step before it failed)
+            rc, stdout, stderr = 127, "", f"{type(exc).__name__}: {exc}"
         except subprocess.TimeoutExpired as exc:
             rc, stdout, stderr = 124, exc.stdout or "", exc.stderr or ""
             stdout = stdout.decode() if isinstance(stdout, bytes) else stdout
@@ -190,9 +192,9 @@ work = Path(sys.argv[2]); kinds = sys.argv[3].split(",")
 import torch, transformers
 out = {"torch": torch.__version__, "transformers": transformers.__version__}
 if "llm" in kinds:
-    from bench_p4_h200 import TINYLLAMA, make_model
+    import bench_p4_h200 as b
     (work / "llama-1b").mkdir(exist_ok=True)
-    make_model(work / "llama-1b", TINYLLAMA)
+    b.make_model(work / "llama-1b", b.TINY if "tiny" in kinds else b.TINYLLAMA)
 if "vlm" in kinds:
     from vlm_fixtures import make_test_images, make_tiny_llava
     make_tiny_llava(work / "llava")
@@ -216,16 +218,22 @@ def main() -> int:
     ap.add_argument("--deadline", type=float, default=330, help="seconds for the whole run; steps past it skip")
     ap.add_argument("--steps", default="install,llm,serve,vlm,matrix,profiler,onnx")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
+    ap.add_argument("--llm-shape", choices=("tinyllama", "tiny"), default="tinyllama",
+                    help="tiny: a seconds-long rehearsal of the whole run on a CPU host (figures meaningless)")
+    ap.add_argument("--matrix-limit", type=int, default=0, help="first N import orders only (0: all 120)")
     args = ap.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
     out = Path(args.out) / "device_smoke.json"
     smoke = Smoke(args.deadline, out)
-    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip()
+    try:
+        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True).stdout.strip()
+    except OSError:
+        gpu = "no NVIDIA GPU (nvidia-smi not found)"
     smoke.meta = {"commit": args.commit, "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                   "gpu": gpu, "python": sys.version.split()[0], "deadline_s": args.deadline}
     steps = set(args.steps.split(","))
-    links = [x for fl in args.find_links for x in ("--find-links", fl)]
+    links = [x for fl in args.find_links for x in ("--find-links", str(Path(fl).resolve()))]
     wheel = str(Path(args.wheel).resolve())
     py = sys.executable
     es = str(BIN / "edgesdk")
@@ -241,7 +249,8 @@ def main() -> int:
               figures=lambda o, e: [c for c in json.loads(o) if "llama" in c["component"] or "GPU" in c["component"]])
     kinds = [k for k in ("llm", "vlm", "onnx") if k in steps]
     made = smoke.run("make random-weight models (machine's torch + transformers)",
-                     [sys.executable, "-c", MAKE_MODELS, str(REPO), str(WORK), ",".join(kinds)], timeout=180,
+                     [sys.executable, "-c", MAKE_MODELS, str(REPO), str(WORK),
+                      ",".join(kinds + (["tiny"] if args.llm_shape == "tiny" else []))], timeout=180,
                      figures=lambda o, e: _json_last(o))
     gguf_bundle, vlm_bundle = WORK / "b-llama", WORK / "b-llava"
     if "llm" in steps:
@@ -280,7 +289,8 @@ def main() -> int:
     if "matrix" in steps and gguf_bundle.is_dir():
         smoke.run("import matrix", [py, str(REPO / "tools/device/import_matrix.py"), "--gguf", str(gguf_bundle),
                                     "--vlm", str(vlm_bundle) if vlm_bundle.is_dir() else "", "--image", image or "",
-                                    "--jobs", "12", "--out", str(Path(args.out) / "import_matrix.json")],
+                                    "--jobs", "12", "--limit", str(args.matrix_limit),
+                                    "--out", str(Path(args.out) / "import_matrix.json")],
                   timeout=300, figures=lambda o, e: {k: v for k, v in _json_last(o).items() if k != "failed"})
     if "profiler" in steps and gguf_bundle.is_dir():
         smoke.run("edgesdk profiler run (gguf) --json", [es, "profiler", "run", str(gguf_bundle), "--json"],
