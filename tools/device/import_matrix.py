@@ -16,6 +16,7 @@ import itertools
 import json
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -73,19 +74,30 @@ def main() -> int:
     if args.limit:
         orders = orders[:args.limit]
     t0 = time.perf_counter()
+    runs: list[dict] = []
+    lock = threading.Lock()
+
+    def summarize() -> dict:
+        passed = [r for r in runs if r["rc"] == 0]
+        reference = passed[0]["result"] if passed else None
+        return {"orders": len(orders), "finished": len(runs), "passed": len(passed),
+                "same_text_as_first": sum(1 for r in passed if r["result"] == reference),
+                "failed": [{"order": r["order"], "rc": r["rc"], "stderr_tail": r.get("stderr_tail")}
+                           for r in runs if r["rc"] != 0][:10],
+                "reference": reference, "wall_s": round(time.perf_counter() - t0, 1)}
+
+    def one(order: tuple[str, ...]) -> None:
+        r = run_one(order, args.gguf, args.vlm, args.image, args.timeout)
+        with lock:  # written after every child, so a run cut short still says how far it got
+            runs.append(r)
+            if args.out:
+                Path(args.out).write_text(json.dumps({"summary": summarize(), "runs": runs}, indent=1))
+
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        runs = list(pool.map(lambda o: run_one(o, args.gguf, args.vlm, args.image, args.timeout), orders))
-    passed = [r for r in runs if r["rc"] == 0]
-    reference = passed[0]["result"] if passed else None
-    same = [r for r in passed if r["result"] == reference]
-    summary = {"orders": len(runs), "passed": len(passed), "same_text_as_first": len(same),
-               "failed": [{"order": r["order"], "rc": r["rc"], "stderr_tail": r.get("stderr_tail")}
-                          for r in runs if r["rc"] != 0][:10],
-               "reference": reference, "wall_s": round(time.perf_counter() - t0, 1)}
-    if args.out:
-        Path(args.out).write_text(json.dumps({"summary": summary, "runs": runs}, indent=1))
+        list(pool.map(one, orders))
+    summary = summarize()
     print(json.dumps(summary))
-    return 0 if len(same) == len(runs) else 1
+    return 0 if summary["same_text_as_first"] == len(orders) else 1
 
 
 if __name__ == "__main__":
