@@ -231,11 +231,13 @@ def test_curl_chat_stream_is_server_sent_events(server):
 
 
 def test_curl_completions_and_embeddings(server):
-    out = curl(server.url + "/v1/completions", "-d", json.dumps({"model": "gemma", "prompt": "Hello",
-                                                                 "max_tokens": 4, "temperature": 0}))
+    json_type = ("-H", "Content-Type: application/json")  # curl -d alone says form-urlencoded: 415
+    out = curl(server.url + "/v1/completions", *json_type, "-d", json.dumps({"model": "gemma", "prompt": "Hello",
+                                                                             "max_tokens": 4, "temperature": 0}))
     r = json.loads(out.stdout)
     assert r["object"] == "text_completion" and r["usage"]["completion_tokens"] <= 4
-    out = curl(server.url + "/v1/embeddings", "-d", json.dumps({"model": "minilm", "input": ["hi", "there"]}))
+    out = curl(server.url + "/v1/embeddings", *json_type, "-d",
+               json.dumps({"model": "minilm", "input": ["hi", "there"]}))
     r = json.loads(out.stdout)
     assert len(r["data"]) == 2 and len(r["data"][1]["embedding"]) == 384
 
@@ -265,10 +267,11 @@ def test_errors_have_openai_shape_and_status(server, path, body, status, code, p
 
 
 def test_bad_json_too_large_body_and_unknown_route(server):
-    r = httpx.post(server.url + "/v1/chat/completions", content=b"{not json", timeout=30)
+    json_type = {"Content-Type": "application/json"}
+    r = httpx.post(server.url + "/v1/chat/completions", content=b"{not json", headers=json_type, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     big = json.dumps({"model": "gemma", "messages": [{"role": "user", "content": "x" * (2 << 20)}]})
-    r = httpx.post(server.url + "/v1/chat/completions", content=big, timeout=30)
+    r = httpx.post(server.url + "/v1/chat/completions", content=big, headers=json_type, timeout=30)
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
     r = httpx.get(server.url + "/v1/nothing-here", timeout=30)
     assert r.status_code == 404 and "error" in r.json()

@@ -16,7 +16,13 @@ import click
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback unless given).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True)
 @click.option("--api-key", envvar="EDGESDK_API_KEY", help="Require 'Authorization: Bearer KEY' "
-              "(or set EDGESDK_API_KEY).")
+              "(or set EDGESDK_API_KEY). An empty key is refused.")
+@click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME",
+              help="Also answer requests whose Host header names NAME (repeatable; default: localhost and IP "
+              "addresses only, others get 421; '*' answers any name).")
+@click.option("--cors-origin", "cors_origins", multiple=True, metavar="ORIGIN",
+              help="Answer CORS requests from ORIGIN, e.g. https://app.example.com (repeatable; '*' for any). "
+              "Default: none, so web pages of other origins cannot read answers.")
 @click.option("--max-queue", type=click.IntRange(0), default=16, show_default=True,
               help="LLM requests allowed to wait behind the running one; more get 429.")
 @click.option("--max-batch", type=click.IntRange(1), default=32, show_default=True,
@@ -35,21 +41,32 @@ import click
 @click.option("--trace-file", type=click.Path(dir_okay=False), help="Write traces/metrics as OTLP-JSON lines.")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
-def serve_cmd(bundles, names, host, port, api_key, max_queue, max_batch, max_wait_ms, max_body_bytes,
-              shutdown_timeout, prompt_cache_mb, profile, threads, trace_file, log_level) -> int:
+def serve_cmd(bundles, names, host, port, api_key, allowed_hosts, cors_origins, max_queue, max_batch, max_wait_ms,
+              max_body_bytes, shutdown_timeout, prompt_cache_mb, profile, threads, trace_file, log_level) -> int:
     """Serve BUNDLES over the OpenAI API: chat/completions for GGUF bundles, embeddings for text encoders."""
     from edgesdk import telemetry
+    from edgesdk.errors import InputError
     from edgesdk.extras import require
 
     require("serve", ("starlette", "uvicorn"), "edgesdk serve")
     from edgesdk.serve import ServeConfig, load_models, run
 
+    # click ignores an empty EDGESDK_API_KEY; an empty key, given either way, would turn auth off: refused.
+    if api_key is None:
+        api_key = os.environ.get("EDGESDK_API_KEY")
+        where = "EDGESDK_API_KEY is set but"
+    else:
+        where = "--api-key is"
+    if api_key is not None and (not api_key.strip() or api_key != api_key.strip()):
+        raise InputError(f"{where} empty or has surrounding whitespace: that would turn authentication off "
+                         "(give a key, or leave --api-key and EDGESDK_API_KEY out to serve without one)")
+    # Checked before any bundle is loaded: a bad option fails at once.
+    config = ServeConfig(host=host, port=port, api_key=api_key, allowed_hosts=tuple(allowed_hosts),
+                         cors_origins=tuple(cors_origins), max_body_bytes=max_body_bytes, max_queue=max_queue,
+                         max_batch=max_batch, max_wait_ms=max_wait_ms, prompt_cache_mb=prompt_cache_mb)
     if trace_file:
         telemetry.configure(trace_file=trace_file, service_name="edgesdk-serve")
     entries = load_models(list(bundles), list(names), profile=profile, threads=threads)
-    config = ServeConfig(host=host, port=port, api_key=api_key or os.environ.get("EDGESDK_API_KEY") or None,
-                         max_body_bytes=max_body_bytes, max_queue=max_queue, max_batch=max_batch,
-                         max_wait_ms=max_wait_ms, prompt_cache_mb=prompt_cache_mb)
     for e in entries:
         what = "chat/completions, completions" if e.kind == "llm" else "embeddings"
         if e.kind == "llm":

@@ -16,6 +16,7 @@ import base64
 import contextlib
 import functools
 import hmac
+import ipaddress
 import json
 import os
 import re
@@ -62,6 +63,68 @@ class ServeConfig:
     tracer_provider: Any = None  # None: edgesdk.telemetry's provider when it offers one, else the global one
     prompt_cache_mb: float | None = None  # per LLM; None: the profile's policy.llm.prompt_cache_mb, else off; 0: off
     untraced: tuple[str, ...] | None = None  # URL regexes with no plain HTTP span; None: see untraced_patterns()
+    allowed_hosts: tuple[str, ...] = ()  # Host names answered besides localhost and IP addresses; "*": any
+    cors_origins: tuple[str, ...] = ()  # origins that get CORS answers ("*": any); none: no CORS at all
+
+    def __post_init__(self) -> None:
+        if self.api_key is not None and (not self.api_key.strip() or self.api_key != self.api_key.strip()):
+            raise InputError("the API key is empty or has surrounding whitespace: an empty key would turn "
+                             "authentication off (give a key, or leave --api-key and EDGESDK_API_KEY out)")
+        self.allowed_hosts = tuple(check_allowed_host(h) for h in self.allowed_hosts)
+        self.cors_origins = tuple(check_cors_origin(o) for o in self.cors_origins)
+
+
+# Host names a browser only sends for this machine (RFC 6761: *.localhost is loopback); IP literals are
+# answered too: DNS rebinding needs a name the attacker controls (docs/security.md, "The server").
+_HOST_NAME = re.compile(r"^(?=.{1,253}$)[a-z0-9_]([a-z0-9_-]{0,62})(\.[a-z0-9_]([a-z0-9_-]{0,62}))*$")
+_ORIGIN = re.compile(r"^https?://(\[[0-9a-f:.]+\]|[a-z0-9_]([a-z0-9_.-]{0,252}))(:[0-9]{1,5})?$")
+
+
+def check_allowed_host(value: str) -> str:
+    """A ``--allowed-host`` value: a host name or IP address (no port, no scheme), or ``*``; lower case."""
+    v = str(value).strip().lower().rstrip(".")
+    if v == "*" or _HOST_NAME.match(v) or _ip_literal(v.strip("[]")):
+        return v.strip("[]")
+    raise InputError(f"--allowed-host {value!r} is not a host name or IP address (no scheme or port; '*' for any)")
+
+
+def check_cors_origin(value: str) -> str:
+    """A ``--cors-origin`` value: ``scheme://host[:port]`` as browsers send it in ``Origin``, or ``*``."""
+    v = str(value).strip()
+    if v == "*" or _ORIGIN.match(v.lower()):
+        return v.lower()
+    raise InputError(f"--cors-origin {value!r} is not an origin (scheme://host[:port], http or https, no path; "
+                     "'*' for any)")
+
+
+def _ip_literal(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def host_name(header: str | None) -> str | None:
+    """The host of a ``Host`` header (port and IPv6 brackets removed, lower case, no trailing dot); None when
+    it is missing or malformed."""
+    v = (header or "").strip().lower()
+    if v.startswith("["):
+        end = v.find("]")
+        name, port = (v[1:end], v[end + 1:]) if end > 0 else ("", "")
+        if not _ip_literal(name):
+            return None
+        return name if port == "" or re.fullmatch(r":[0-9]{1,5}", port) else None
+    name, _, port = v.partition(":")
+    if port and not re.fullmatch(r"[0-9]{1,5}", port):
+        return None
+    name = name.rstrip(".")
+    return name if _HOST_NAME.match(name) or _ip_literal(name) else None
+
+
+def host_allowed(name: str, allowed: tuple[str, ...]) -> bool:
+    return (name == "localhost" or name.endswith(".localhost") or _ip_literal(name) or name in allowed
+            or "*" in allowed)
 
 
 @dataclass
@@ -116,6 +179,12 @@ def _from_backend(exc: BaseException) -> APIError:
 
 # ------------------------------------------------------------------------------ request parsing
 async def _read_json(request: Request, limit: int) -> dict:
+    # Only application/json: a browser sends text/plain or a form cross-origin without asking first (no
+    # CORS preflight), so accepting any type would let every web page start a generation here.
+    ctype = request.headers.get("content-type")
+    if (ctype or "").partition(";")[0].strip().lower() != "application/json":
+        raise APIError(415, f"Content-Type must be application/json (got {ctype!r})", param="Content-Type",
+                       code="unsupported_media_type")
     length = request.headers.get("content-length")
     if length is not None:
         try:
@@ -385,6 +454,8 @@ class _Server:
         self.tracer = _tracer(config.tracer_provider)
         self.untraced = untraced_patterns(config.untraced)
         self._api_key = config.api_key.encode("utf-8") if config.api_key else None
+        bind = config.host.strip().lower().rstrip(".")  # a server bound to a name answers to it
+        self.allowed_hosts = config.allowed_hosts + ((bind,) if _HOST_NAME.match(bind) else ())
 
     # -- lifecycle
     def start(self) -> None:
@@ -743,8 +814,9 @@ def _finish_reason(last: dict) -> str:
 
 
 class _Guard:
-    """Pure ASGI middleware: API key (constant-time compare), draining (503), a catch-all 500 in OpenAI
-    shape, and the SERVER span of every request that no GenAI handler traces itself (:class:`_HTTPSpan`)."""
+    """Pure ASGI middleware: the Host allow-list (400/421), API key (constant-time compare), draining (503),
+    a catch-all 500 in OpenAI shape, and the SERVER span of every request that no GenAI handler traces
+    itself (:class:`_HTTPSpan`)."""
 
     OPEN = ("/health",)
 
@@ -775,7 +847,14 @@ class _Guard:
         path = scope.get("path", "")
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
         refusal = None
-        if path not in self.OPEN:
+        name = host_name(headers.get("host"))
+        if name is None:
+            refusal = APIError(400, f"missing or malformed Host header {headers.get('host')!r}", param="Host",
+                               code="invalid_host")
+        elif not host_allowed(name, self.server.allowed_hosts):
+            refusal = APIError(421, f"this server does not answer for host {name!r} (start it with "
+                               f"--allowed-host {name} to allow it)", param="Host", code="host_not_allowed")
+        elif path not in self.OPEN:
             if not self.server.authorized(headers):
                 refusal = APIError(401, "Incorrect API key provided (send 'Authorization: Bearer <key>')",
                                    code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
@@ -855,7 +934,14 @@ def create_app(entries: list[ModelEntry], config: ServeConfig | None = None) -> 
         Route("/metrics", server.prom, methods=["GET"]),
     ]
     genai = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})  # spans of their own
+    middleware = [Middleware(_Guard, server=server, routes=routes, genai=genai)]
+    if config.cors_origins:  # outermost: preflights carry no API key, and refusals need CORS headers too
+        from starlette.middleware.cors import CORSMiddleware
+
+        middleware.insert(0, Middleware(CORSMiddleware, allow_origins=list(config.cors_origins),
+                                        allow_methods=["GET", "POST"], allow_headers=["*"],
+                                        expose_headers=["Retry-After"], max_age=600))
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_found},
-                    middleware=[Middleware(_Guard, server=server, routes=routes, genai=genai)])
+                    middleware=middleware)
     app.state.server = server
     return app
