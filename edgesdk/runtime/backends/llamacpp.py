@@ -29,6 +29,7 @@ import numpy as np
 from edgesdk import telemetry
 from edgesdk.errors import BackendUnavailableError, InputError, ShapeError
 from edgesdk.runtime.backend import LoadContext, TensorSpec
+from edgesdk.runtime.requests import DEFAULT_SAMPLING, check_sampling
 
 if TYPE_CHECKING:
     from llama_cpp import Llama
@@ -39,8 +40,6 @@ if TYPE_CHECKING:
 
 RISKY_SMS = {"8.7"}  # llama.cpp FA/offload crashes reported on Orin (docs/devices.md)
 GPU_RESERVE_BYTES = 512 * 1024 * 1024  # CUDA context + cuBLAS workspace, kept free when sizing offload
-DEFAULT_SAMPLING: dict[str, float] = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05,
-                                      "repeat_penalty": 1.0}
 
 _PROBE_CHILD = """
 import sys, llama_cpp
@@ -165,29 +164,9 @@ _SAMPLING_ALIASES = {"temp": "temperature"}
 
 
 def _check_sampling(max_tokens: int, seed: int | None, params: Mapping[str, float]) -> tuple[int, int | None]:
-    """Range-check generation options at the boundary: a bad value is one InputError (exit 3)."""
-    def number(name: str, value: object, lo: float | None = None, hi: float | None = None, lo_open: bool = False,
-               integer: bool = False) -> None:
-        if (isinstance(value, bool) or not isinstance(value, (int, float))
-                or (integer and not float(value).is_integer())):
-            raise InputError(f"{name} must be {'an integer' if integer else 'a number'}, got {value!r}")
-        if value != value or value in (float("inf"), float("-inf")):
-            raise InputError(f"{name} must be finite, got {value!r}")
-        if lo is not None and (value <= lo if lo_open else value < lo):
-            raise InputError(f"{name} must be {'>' if lo_open else '>='} {lo}, got {value!r}")
-        if hi is not None and value > hi:
-            raise InputError(f"{name} must be <= {hi}, got {value!r}")
-
-    number("max_tokens", max_tokens, lo=1, integer=True)
-    number("temperature", params["temperature"], lo=0)
-    number("top_k", params["top_k"], lo=0, integer=True)
-    number("top_p", params["top_p"], lo=0, hi=1, lo_open=True)
-    number("min_p", params["min_p"], lo=0, hi=1)
-    number("repeat_penalty", params["repeat_penalty"], lo=0, lo_open=True)
-    if seed is not None:
-        number("seed", seed, lo=0, hi=0xFFFFFFFE, integer=True)  # 0xFFFFFFFF is llama.cpp's "random"
-    return int(max_tokens), (int(seed) if seed is not None else None)
-
+    """Range-check generation options at the boundary: a bad value is one InputError (exit 3).
+    The rule set is :func:`edgesdk.runtime.requests.check_sampling`, shared with GenerationRequest."""
+    return check_sampling(max_tokens, seed, params)
 
 
 def stepwise(body: Generator[str, None, None], lock: threading.Lock | threading.RLock) -> Iterator[str]:

@@ -1,0 +1,217 @@
+# SPDX-License-Identifier: Apache-2.0
+"""One typed generation request, validated once, and the one rule set for sampling options.
+
+:class:`GenerationRequest` holds what a caller asks of an LLM: the input (prompt text, prompt token ids,
+or chat messages with text parts), the sampling options (``max_tokens``, ``temperature``, ``top_p``,
+``top_k``, ``min_p``, ``repeat_penalty``, ``seed``), ``stop`` sequences and ``stream``. Every value is
+checked when the request is made; a bad one is one :class:`~edgesdk.errors.InputError` whose one-line
+message names the field (``top_p must be <= 1, got 1.5``). ``n`` other than 1 is refused.
+
+:func:`check_sampling` is the rule set itself; the GGUF and VLM backends call it too (through
+``llamacpp._check_sampling``), so a value refused here is refused there with the same words.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from edgesdk.errors import InputError
+
+#: The runtime's defaults for options left out (llama-cpp-python's, as ``Session.generate`` uses them).
+DEFAULT_SAMPLING: dict[str, float] = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05,
+                                      "repeat_penalty": 1.0}
+DEFAULT_MAX_TOKENS = 128
+INT32_MAX = 2**31 - 1  # llama.cpp takes counts as int32_t
+SEED_MAX = 0xFFFFFFFE  # 0xFFFFFFFF is llama.cpp's "random seed"
+MAX_STOPS = 16  # as many stop strings as OpenAI accepts
+
+
+def _show(value: object) -> str:
+    """``repr(value)``, cut to one short line (a 400-digit integer is not echoed whole)."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:30]}... ({len(text)} characters)"
+
+
+def _number(name: str, value: object, *, lo: float | None = None, hi: float | None = None,
+            lo_open: bool = False, integer: bool = False) -> float:
+    """``value`` as a finite number in range, else one InputError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InputError(f"{name} must be {'an integer' if integer else 'a number'}, got {_show(value)}")
+    if isinstance(value, numbers.Integral):
+        iv = int(value)  # exact, however large
+        if lo is not None and (iv <= lo if lo_open else iv < lo):
+            raise InputError(f"{name} must be {'>' if lo_open else '>='} {lo}, got {_show(value)}")
+        bound = hi if hi is not None else (INT32_MAX if integer else None)
+        if bound is not None and iv > bound:
+            raise InputError(f"{name} must be <= {bound}, got {_show(value)}")
+        if not integer:
+            try:
+                return float(iv)
+            except OverflowError:
+                raise InputError(f"{name} must be finite, got {_show(value)}") from None
+        return iv
+    f = float(value)
+    if not math.isfinite(f):
+        raise InputError(f"{name} must be finite, got {_show(value)}")
+    if integer and not f.is_integer():
+        raise InputError(f"{name} must be an integer, got {_show(value)}")
+    if lo is not None and (f <= lo if lo_open else f < lo):
+        raise InputError(f"{name} must be {'>' if lo_open else '>='} {lo}, got {_show(value)}")
+    bound = hi if hi is not None else (INT32_MAX if integer else None)
+    if bound is not None and f > bound:
+        raise InputError(f"{name} must be <= {bound}, got {_show(value)}")
+    return int(f) if integer else f
+
+
+def check_sampling(max_tokens: object, seed: object, params: Mapping[str, object]) -> tuple[int, int | None]:
+    """Range-check generation options: a bad value is one InputError (exit 3) naming the field.
+
+    ``params`` holds temperature, top_k, top_p, min_p and repeat_penalty (all present). Returns
+    ``max_tokens`` and ``seed`` as ints. This is the one rule set: GenerationRequest and the llama.cpp
+    backends (``generate``/``stream``/``chat``, VLM) use it."""
+    n = int(_number("max_tokens", max_tokens, lo=1, integer=True))
+    _number("temperature", params["temperature"], lo=0)
+    _number("top_k", params["top_k"], lo=0, integer=True)
+    _number("top_p", params["top_p"], lo=0, hi=1, lo_open=True)
+    _number("min_p", params["min_p"], lo=0, hi=1)
+    _number("repeat_penalty", params["repeat_penalty"], lo=0, lo_open=True)
+    s = int(_number("seed", seed, lo=0, hi=SEED_MAX, integer=True)) if seed is not None else None
+    return n, s
+
+
+def check_stop(stop: object) -> tuple[str, ...]:
+    """``None``, a string or a list of strings -> the non-empty stop strings (at most 16)."""
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        return (stop,) if stop else ()
+    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
+        raise InputError("stop must be a string or a list of strings")
+    if len(stop) > MAX_STOPS:
+        raise InputError(f"stop must hold at most {MAX_STOPS} strings, got {len(stop)}")
+    return tuple(s for s in stop if s)
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    """One chat turn: a role and its text (text parts are joined in order)."""
+
+    role: str
+    content: str
+
+
+def _check_messages(messages: object) -> tuple[ChatMessage, ...]:
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
+        raise InputError("messages must be a non-empty list of {'role': ..., 'content': ...} mappings")
+    out = []
+    for i, m in enumerate(messages):
+        if isinstance(m, ChatMessage):
+            m = {"role": m.role, "content": m.content}
+        if not isinstance(m, Mapping):
+            raise InputError(f"messages[{i}] must be a mapping with 'role' and 'content'")
+        role, content = m.get("role"), m.get("content")
+        if not isinstance(role, str) or not role:
+            raise InputError(f"messages[{i}].role must be a non-empty string, got {_show(role)}")
+        if isinstance(content, str):
+            out.append(ChatMessage(role, content))
+            continue
+        if not isinstance(content, Sequence) or isinstance(content, bytes) or not content:
+            raise InputError(f"messages[{i}].content must be a string or a non-empty list of text parts")
+        texts = []
+        for j, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, Mapping) else None
+            if kind != "text":
+                raise InputError(f"messages[{i}].content[{j}]: only text parts ({{'type': 'text', 'text': ...}}) "
+                                 f"are supported here, got type {kind!r}")
+            if not isinstance(part.get("text"), str):
+                raise InputError(f"messages[{i}].content[{j}].text must be a string")
+            texts.append(part["text"])
+        out.append(ChatMessage(role, "".join(texts)))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """What to generate, validated at construction (``InputError`` naming the field otherwise).
+
+    Exactly one of ``prompt`` (text), ``prompt_tokens`` (token ids, used as given: no BOS is added) or
+    ``messages`` (chat turns: ``{"role", "content"}`` with string content or a list of
+    ``{"type": "text", "text": ...}`` parts). Sampling options left as ``None`` take the runtime's
+    defaults (:data:`DEFAULT_SAMPLING`); ``temperature=0`` is greedy decoding."""
+
+    prompt: str | None = None
+    prompt_tokens: tuple[int, ...] | None = None
+    messages: tuple[ChatMessage, ...] | None = None
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    temperature: float = DEFAULT_SAMPLING["temperature"]
+    top_p: float = DEFAULT_SAMPLING["top_p"]
+    top_k: int = int(DEFAULT_SAMPLING["top_k"])
+    min_p: float = DEFAULT_SAMPLING["min_p"]
+    repeat_penalty: float = DEFAULT_SAMPLING["repeat_penalty"]
+    seed: int | None = None
+    stop: tuple[str, ...] = field(default=())
+    stream: bool = False
+    n: int = 1
+
+    def __post_init__(self) -> None:
+        given = [k for k in ("prompt", "prompt_tokens", "messages") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise InputError("a generation request needs exactly one of prompt, prompt_tokens or messages"
+                             + (f" (got {', '.join(given)})" if given else ""))
+        if self.prompt is not None and not isinstance(self.prompt, str):
+            raise InputError(f"prompt must be a string, got {type(self.prompt).__name__}")
+        if self.prompt_tokens is not None:
+            toks = self.prompt_tokens
+            if isinstance(toks, (str, bytes)) or not isinstance(toks, Sequence) or not toks:
+                raise InputError("prompt_tokens must be a non-empty list of token ids")
+            ids = tuple(int(_number(f"prompt_tokens[{i}]", t, lo=0, integer=True)) for i, t in enumerate(toks))
+            object.__setattr__(self, "prompt_tokens", ids)
+        if self.messages is not None:
+            object.__setattr__(self, "messages", _check_messages(self.messages))
+        if isinstance(self.n, bool) or self.n != 1:
+            raise InputError(f"n must be 1 (one completion per request), got {_show(self.n)}")
+        if not isinstance(self.stream, bool):
+            raise InputError(f"stream must be true or false, got {_show(self.stream)}")
+        params: dict[str, object] = {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p,
+                                     "min_p": self.min_p, "repeat_penalty": self.repeat_penalty}
+        for k, default in DEFAULT_SAMPLING.items():
+            if params[k] is None:
+                params[k] = default
+        max_tokens, seed = check_sampling(DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens,
+                                          self.seed, params)
+        object.__setattr__(self, "max_tokens", max_tokens)
+        object.__setattr__(self, "seed", seed)
+        for k in ("temperature", "top_p", "min_p", "repeat_penalty"):
+            object.__setattr__(self, k, float(params[k]))  # type: ignore[arg-type]  # checked numbers
+        object.__setattr__(self, "top_k", int(params["top_k"]))  # type: ignore[call-overload]  # checked
+        object.__setattr__(self, "stop", check_stop(self.stop))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @classmethod
+    def from_options(cls, *, prompt: str | None = None, prompt_tokens: Sequence[int] | None = None,
+                     messages: Sequence[Mapping[str, Any]] | None = None, **options: Any) -> GenerationRequest:
+        """Build from keyword options as ``Session.generate`` takes them (``temp`` = ``temperature``;
+        ``None`` values mean the default; an unknown option is an InputError naming it)."""
+        named = {("temperature" if k == "temp" else k): v for k, v in options.items()}
+        known = {"max_tokens", "stop", "seed", "stream", "n", *DEFAULT_SAMPLING}
+        unknown = set(named) - known
+        if unknown:
+            raise InputError(f"unknown generation option(s): {', '.join(sorted(unknown))} "
+                             f"(known: max_tokens, stop, seed, stream, {', '.join(DEFAULT_SAMPLING)})")
+        kw = {k: v for k, v in named.items() if v is not None or k == "seed"}
+        stop = kw.pop("stop", None)
+        return cls(prompt=prompt, prompt_tokens=tuple(prompt_tokens) if prompt_tokens is not None else None,
+                   messages=tuple(messages) if messages is not None else None,  # type: ignore[arg-type]
+                   stop=check_stop(stop), **kw)
+
+    def sampling(self) -> dict[str, float]:
+        """The sampling options as the llama.cpp backends take them."""
+        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "min_p": self.min_p,
+                "repeat_penalty": self.repeat_penalty}
