@@ -277,6 +277,74 @@ def test_bad_json_too_large_body_and_unknown_route(server):
     assert r.status_code == 404 and "error" in r.json()
 
 
+_DEEP = b"[" * 100_000 + b"]" * 100_000
+_GEN = b'"model": "gemma", "prompt": "Hi", "max_tokens": 2'
+
+
+@pytest.mark.parametrize("path,raw,param", [
+    ("/v1/chat/completions", _DEEP, None),
+    ("/v1/completions", b'{' + _GEN + b', "stream": true, "stream_options": "yes"}', "stream_options"),
+    ("/v1/completions", b'{' + _GEN + b', "stream": true, "stream_options": [1]}', "stream_options"),
+    ("/v1/completions", b'{' + _GEN + b', "seed": ' + b"9" * 4000 + b"}", "seed"),
+    ("/v1/completions", b'{' + _GEN + b', "seed": -1}', "seed"),
+    ("/v1/completions", b'{"model": "gemma", "prompt": "Hi", "max_tokens": 1' + b"0" * 400 + b"}", "max_tokens"),
+    ("/v1/completions", b'{' + _GEN + b', "temperature": 1' + b"0" * 400 + b"}", "temperature"),
+    ("/v1/completions", b'{' + _GEN + b', "top_p": 0}', "top_p"),
+    ("/v1/completions", b'{"model": "gemma", "prompt": "\\ud800", "max_tokens": 2}', None),
+    ("/v1/chat/completions", b'{"model": "gemma", "messages": [{"role": "user", "content": "a\\udfffb"}]}', None),
+    ("/v1/embeddings", b'{"model": "minilm", "input": "\\ud800"}', None),
+    ("/v1/embeddings", b'{"model": "minilm\\ud800", "input": "x"}', None),
+])
+def test_malformed_input_is_400_not_500(server, path, raw, param):
+    """Issue 25, finding 7: each of these was a 500 (RecursionError, AttributeError, OverflowError,
+    TypeError, or an error message that could not be encoded) or an error only from the model."""
+    r = httpx.post(server.url + path, content=raw, headers={"Content-Type": "application/json"}, timeout=60)
+    assert r.status_code == 400, (r.status_code, r.text[:300])
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["param"] == param and len(err["message"]) < 400
+
+
+def test_fuzzed_requests_never_get_a_5xx(server):
+    """The request parser's fuzz strategies (tests/test_serve_fuzz.py) against the real server, bounded: a
+    valid body with up to two fields replaced by fuzzed values (valid, junk of any JSON shape, or left out);
+    every answer is 200 or a 4xx in OpenAI's shape. Generation stays at 2 tokens (sizes are fuzzed in-process)."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+    from test_serve_fuzz import _COMMON, _field, _message, _text, _wire
+
+    common = {k: v for k, v in _COMMON.items() if k not in ("max_tokens", "max_completion_tokens")}
+    common["model"] = _field(st.sampled_from(["gemma", "minilm", "nope"]))
+    routes = {
+        "/v1/chat/completions": ({"model": "gemma", "messages": MESSAGES, "max_tokens": 2, "temperature": 0},
+                                 {**common, "messages": _field(st.lists(_message, min_size=1, max_size=3))}),
+        "/v1/completions": ({"model": "gemma", "prompt": "Hi", "max_tokens": 2, "temperature": 0},
+                            {**common, "prompt": _field(_text | st.lists(_text, max_size=2)),
+                             "echo": _field(st.booleans())}),
+        "/v1/embeddings": ({"model": "minilm", "input": ["hi", "there"]},
+                           {"model": common["model"], "input": _field(_text | st.lists(_text, max_size=4)),
+                            "encoding_format": _field(st.sampled_from(["float", "base64"])),
+                            "dimensions": _field(st.integers(-1, 500))}),
+    }
+    seen: list[int] = []
+
+    @settings(max_examples=40, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(data=st.data(), path=st.sampled_from(sorted(routes)))
+    def one(data, path):
+        base, fields = routes[path]
+        body = dict(base)
+        for key in data.draw(st.lists(st.sampled_from(sorted(fields)), max_size=2, unique=True)):
+            body[key] = data.draw(fields[key])
+        r = httpx.post(server.url + path, content=_wire(body), headers={"Content-Type": "application/json"},
+                       timeout=120)
+        seen.append(r.status_code)
+        assert r.status_code in (200, 400, 404), (r.status_code, r.text[:300], body)
+        if r.status_code != 200:
+            assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+
+    one()
+    assert 200 in seen and 400 in seen, seen
+
+
 def test_openai_client_raises_typed_errors(client):
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="nope", messages=MESSAGES)

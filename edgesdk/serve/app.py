@@ -38,6 +38,7 @@ from starlette.routing import Match, Route
 
 from edgesdk import __version__
 from edgesdk.errors import EdgeSDKError, InputError, ShapeError
+from edgesdk.runtime.requests import SEED_MAX
 from edgesdk.serve.metrics import ServerMetrics
 from edgesdk.serve.workers import EmbeddingBatcher, Job, LLMWorker, Saturated
 
@@ -198,13 +199,36 @@ async def _read_json(request: Request, limit: int) -> dict:
         body += chunk
         if len(body) > limit:
             raise APIError(413, f"request body exceeds the limit of {limit} bytes", code="request_too_large")
+    return decode_json(bytes(body))
+
+
+def decode_json(raw: bytes) -> dict:
+    """A request body as its JSON object; anything else is an APIError 400 (never another exception): not
+    JSON, nested deeper than the parser goes, an integer of over 4300 digits, a string holding a lone UTF-16
+    surrogate (``"\\ud800"``: no text, and it cannot be encoded back into a response)."""
     try:
-        data = json.loads(bytes(body) or b"null")
+        data = json.loads(raw or b"null")
+    except RecursionError:
+        raise APIError(400, "request body is not valid JSON (nested too deeply)") from None
     except (ValueError, UnicodeDecodeError) as exc:
-        raise APIError(400, f"request body is not valid JSON ({exc})") from None
+        raise APIError(400, f"request body is not valid JSON ({str(exc)[:200]})") from None
     if not isinstance(data, dict):
         raise APIError(400, "request body must be a JSON object")
+    if b"\\u" in raw:  # only an escape can make a lone surrogate (raw UTF-8 ones fail to decode above)
+        try:
+            json.dumps(data, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise APIError(400, "request body holds a lone UTF-16 surrogate escape (\\ud800-\\udfff without "
+                           "its pair): not text") from None
+        except RecursionError:
+            raise APIError(400, "request body is not valid JSON (nested too deeply)") from None
     return data
+
+
+def _show(value: object) -> str:
+    """``repr(value)`` cut to one short piece: a 4000-digit number is not echoed whole."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:30]}... ({len(text)} characters)"
 
 
 async def _until_disconnected(receive, job: Job) -> None:
@@ -216,12 +240,13 @@ async def _until_disconnected(receive, job: Job) -> None:
     job.events.put_nowait(("disconnected", None))
 
 
-def _number(body: dict, key: str, lo: float, hi: float) -> float | None:
+def _number(body: dict, key: str, lo: float, hi: float, lo_open: bool = False) -> float | None:
     v = body.get(key)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
-        raise APIError(400, f"'{key}' must be a number between {lo} and {hi}, got {v!r}", param=key)
+    if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi or (lo_open and v == lo):
+        where = f"{'above' if lo_open else 'between'} {lo} and {'at most ' if lo_open else ''}{hi}"
+        raise APIError(400, f"'{key}' must be a number {where}, got {_show(v)}", param=key)
     return float(v)
 
 
@@ -230,9 +255,9 @@ def _integer(body: dict, key: str, lo: int | None = None, hi: int | None = None)
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, int):
-        raise APIError(400, f"'{key}' must be an integer, got {v!r}", param=key)
+        raise APIError(400, f"'{key}' must be an integer, got {_show(v)}", param=key)
     if (lo is not None and v < lo) or (hi is not None and v > hi):
-        raise APIError(400, f"'{key}' must be between {lo} and {hi}, got {v}", param=key)
+        raise APIError(400, f"'{key}' must be between {lo} and {hi}, got {_show(v)}", param=key)
     return v
 
 
@@ -243,16 +268,16 @@ def _generation_options(body: dict, entry: ModelEntry) -> dict:
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _integer(body, key, 1)
     if max_tokens is not None and max_tokens > entry.max_tokens_cap:
-        raise APIError(400, f"'{key}' is {max_tokens}; this server allows at most {entry.max_tokens_cap} "
+        raise APIError(400, f"'{key}' is {_show(max_tokens)}; this server allows at most {entry.max_tokens_cap} "
                        f"for {entry.name!r}", param=key)
     opts: dict = {"max_tokens": max_tokens or entry.default_max_tokens}
     temperature = _number(body, "temperature", 0.0, 2.0)
     if temperature is not None:
         opts["temperature"] = temperature
-    top_p = _number(body, "top_p", 0.0, 1.0)
+    top_p = _number(body, "top_p", 0.0, 1.0, lo_open=True)  # the runtime's rule: 0 < top_p <= 1
     if top_p is not None:
         opts["top_p"] = top_p
-    seed = _integer(body, "seed")
+    seed = _integer(body, "seed", 0, SEED_MAX)
     if seed is not None:
         opts["seed"] = seed
     stop = body.get("stop")
@@ -270,13 +295,58 @@ def _generation_options(body: dict, entry: ModelEntry) -> dict:
     return opts
 
 
+def parse_generation(body: dict, entry: ModelEntry, operation: str) -> tuple[dict, bool, bool, list[dict] | str]:
+    """A chat (``operation="chat"``) or completions body -> (generation options, stream, include_usage,
+    messages or prompt). Anything the model cannot take is an APIError 400 naming the field."""
+    opts = _generation_options(body, entry)
+    stream = body.get("stream", False) is True
+    stream_options = body.get("stream_options")
+    if stream_options is not None and not isinstance(stream_options, dict):
+        raise APIError(400, "'stream_options' must be an object", param="stream_options")
+    include = (stream_options or {}).get("include_usage")
+    if include is not None and not isinstance(include, bool):
+        raise APIError(400, "'stream_options.include_usage' must be a boolean", param="stream_options")
+    if operation == "chat":
+        return opts, stream, stream and bool(include), _messages(body)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise APIError(400, "'prompt' must be a string (or a list of one string)", param="prompt")
+    if body.get("echo"):
+        raise APIError(400, "'echo' is not supported", param="echo")
+    return opts, stream, stream and bool(include), prompt
+
+
+def parse_embeddings(body: dict) -> tuple[list[str], str, int | None]:
+    """An embeddings body -> (texts, encoding format, dimensions); an APIError 400 naming the field otherwise."""
+    inputs = body.get("input")
+    if isinstance(inputs, str):
+        inputs = [inputs]
+    if not isinstance(inputs, list) or not inputs:
+        raise APIError(400, "'input' must be a non-empty string or list of strings", param="input")
+    if not all(isinstance(t, str) for t in inputs):
+        raise APIError(400, "'input' must be text: token-id input is not supported", param="input")
+    if any(not t for t in inputs):
+        raise APIError(400, "'input' must not contain empty strings", param="input")
+    if len(inputs) > MAX_EMBEDDING_INPUTS:
+        raise APIError(400, f"'input' holds {len(inputs)} items; the limit is {MAX_EMBEDDING_INPUTS}",
+                       param="input")
+    fmt = body.get("encoding_format")
+    if fmt is None:
+        fmt = "float"
+    elif fmt not in ("float", "base64"):
+        raise APIError(400, "'encoding_format' must be 'float' or 'base64'", param="encoding_format")
+    return inputs, fmt, _integer(body, "dimensions", 1)
+
+
 def _messages(body: dict) -> list[dict]:
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise APIError(400, "'messages' must be a non-empty list", param="messages")
     out = []
     for i, m in enumerate(msgs):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not m["role"]:
             raise APIError(400, f"messages[{i}] must be an object with a 'role'", param=f"messages[{i}]")
         content = m.get("content")
         if isinstance(content, list):  # content parts: text only
@@ -558,27 +628,14 @@ class _Server:
             body = await _read_json(request, self.config.max_body_bytes)
             entry = self.entry(body, "llm")
             model = entry.name
-            stream = body.get("stream", False) is True
-            span.model(model, entry.provider, stream)
-            opts = _generation_options(body, entry)
-            include_usage = bool((body.get("stream_options") or {}).get("include_usage")) if stream else False
+            span.model(model, entry.provider, body.get("stream", False) is True)
+            opts, stream, include_usage, what = parse_generation(body, entry, operation)
+            session = entry.session
             if operation == "chat":
-                messages = _messages(body)
-                session = entry.session
-
-                def start(m=messages, o=opts):
+                def start(m=what, o=opts):
                     return session.chat(m, stream=True, **o)
             else:
-                prompt = body.get("prompt")
-                if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-                    prompt = prompt[0]
-                if not isinstance(prompt, str):
-                    raise APIError(400, "'prompt' must be a string (or a list of one string)", param="prompt")
-                if body.get("echo"):
-                    raise APIError(400, "'echo' is not supported", param="echo")
-                session = entry.session
-
-                def start(p=prompt, o=opts):
+                def start(p=what, o=opts):
                     return session.stream(p, **o)
             span.set("gen_ai.request.max_tokens", opts["max_tokens"])
             span.set("gen_ai.request.temperature", opts.get("temperature"))
@@ -756,22 +813,7 @@ class _Server:
             entry = self.entry(body, "embedding")
             model = entry.name
             span.model(model, entry.provider)
-            inputs = body.get("input")
-            if isinstance(inputs, str):
-                inputs = [inputs]
-            if not isinstance(inputs, list) or not inputs:
-                raise APIError(400, "'input' must be a non-empty string or list of strings", param="input")
-            if not all(isinstance(t, str) for t in inputs):
-                raise APIError(400, "'input' must be text: token-id input is not supported", param="input")
-            if any(not t for t in inputs):
-                raise APIError(400, "'input' must not contain empty strings", param="input")
-            if len(inputs) > MAX_EMBEDDING_INPUTS:
-                raise APIError(400, f"'input' holds {len(inputs)} items; the limit is {MAX_EMBEDDING_INPUTS}",
-                               param="input")
-            fmt = body.get("encoding_format") or "float"
-            if fmt not in ("float", "base64"):
-                raise APIError(400, "'encoding_format' must be 'float' or 'base64'", param="encoding_format")
-            dims = _integer(body, "dimensions", 1)
+            inputs, fmt, dims = parse_embeddings(body)
             assert entry.batcher is not None  # created in start() for every embedding entry
             try:
                 emb, counts = await entry.batcher.embed(inputs, otel_ctx=span.ctx)
