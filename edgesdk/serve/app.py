@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import functools
 import hmac
 import ipaddress
@@ -663,8 +662,7 @@ class _Server:
                 span.set("gen_ai.response.id", rid)
                 if stream:
                     watch.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await watch
+                    await asyncio.wait({watch})  # (our own cancellation still propagates)
                     if job.cancel.is_set():  # it saw the disconnect just before it was stopped
                         return self._abandoned(span, route, model)
                     return StreamingResponse(self._sse(job, entry, operation, rid, span, t0, include_usage, route),
