@@ -16,9 +16,11 @@ Reads ELF headers only; imports nothing native itself.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import importlib
 import importlib.util
+import logging
 import struct
 import sys
 from pathlib import Path
@@ -138,4 +140,33 @@ def import_llama_cpp(submodule: str | None = None) -> ModuleType:
     return importlib.import_module(name)
 
 
-__all__ = ["REBUILD_HINT", "elf_needed", "import_llama_cpp", "llama_cpp_build"]
+_log = logging.getLogger("edgesdk.llama_cpp")
+_LOG_TO_STDERR = [False]  # the last load or build decides (one process-wide callback)
+_LOG_CALLBACK: list[object] = []  # keeps the ctypes callback alive for as long as llama.cpp may call it
+
+
+def route_llama_logs(verbose: bool) -> None:
+    """llama.cpp's own log lines (``llama_kv_cache_iswa: ...``, model loading) reach stderr only when
+    ``verbose`` (runtime loads; ``edgesdk build``'s parity checks never); otherwise they go to the
+    ``edgesdk.llama_cpp`` logger at DEBUG. Uses the public ``llama_log_set`` callback (llama-cpp-python
+    prints level-3 lines even with ``verbose=False``)."""
+    llama_cpp = import_llama_cpp()
+
+    _LOG_TO_STDERR[0] = bool(verbose)
+    if _LOG_CALLBACK:
+        return
+
+    def _on_log_py(level: int, text: bytes | None, user_data: object) -> None:  # noqa: ARG001 - ggml_log_callback
+        msg = text.decode("utf-8", "replace") if text else ""
+        if _LOG_TO_STDERR[0]:
+            sys.stderr.write(msg)
+            sys.stderr.flush()
+        elif msg.strip():
+            _log.debug("%s", msg.rstrip("\n"))
+
+    _on_log = llama_cpp.llama_log_callback(_on_log_py)
+    _LOG_CALLBACK.append(_on_log)
+    llama_cpp.llama_log_set(_on_log, ctypes.c_void_p(0))
+
+
+__all__ = ["REBUILD_HINT", "elf_needed", "import_llama_cpp", "llama_cpp_build", "route_llama_logs"]

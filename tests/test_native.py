@@ -130,6 +130,7 @@ def test_loading_a_gguf_bundle_imports_no_onnxruntime(gemma_gguf, tmp_path, run_
     res = run_cli("build", str(gemma_gguf), "--profile", "cpu-x86_64", "-o", str(out), "--accept-license",
                   "LicenseRef-gemma", "--no-progress")
     assert res.returncode == 0, res.stderr
+    assert res.stderr == ""  # llama.cpp's own lines (llama_kv_cache_iswa ...) go to the logger, not stderr
     code = ("import json, sys, edgesdk; s = edgesdk.load(sys.argv[1]); t = s.generate('Hi', max_tokens=2, "
             "temperature=0); print(json.dumps({'ort': 'onnxruntime' in sys.modules, 'torch': 'torch' in sys.modules}))")
     proc = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True, timeout=300)

@@ -166,8 +166,7 @@ class BatchEngine:
                  n_batch: int = 512, n_ubatch: int = 512, prefill_chunk: int = 512, prompts_per_step: int = 1,
                  mixed_prefill: bool = False, max_queue: int = 64,
                  kv_unified: bool = False, verbose: bool = False) -> None:
-        from edgesdk.native import import_llama_cpp
-        from edgesdk.runtime.backends.llamacpp import route_llama_logs
+        from edgesdk.native import import_llama_cpp, route_llama_logs
 
         for name, value, lo in (("slots", slots, 1), ("n_ctx", n_ctx, 16), ("n_batch", n_batch, 1),
                                 ("n_ubatch", n_ubatch, 1), ("prefill_chunk", prefill_chunk, 1),

@@ -414,9 +414,10 @@ def _open_llama(path: Path, n_ctx: int, *, logits_all: bool = True, threads: int
     from edgesdk.extras import require
 
     require("gguf", "llama_cpp", "a GGUF build (llama.cpp quantizes and checks parity)")
-    from edgesdk.native import import_llama_cpp
+    from edgesdk.native import import_llama_cpp, route_llama_logs
 
     llama_cls = import_llama_cpp().Llama
+    route_llama_logs(False)  # llama.cpp's load lines go to the edgesdk.llama_cpp logger, not stderr
     try:
         return cast("Llama", llama_cls(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=min(n_ctx, 512),
                      logits_all=logits_all, n_gpu_layers=0, n_threads=threads, verbose=False))

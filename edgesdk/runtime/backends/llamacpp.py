@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
-import ctypes
 import itertools
-import logging
 import re
 import subprocess
 import sys
@@ -28,6 +26,7 @@ import numpy as np
 
 from edgesdk import telemetry
 from edgesdk.errors import BackendUnavailableError, InputError, ShapeError
+from edgesdk.native import route_llama_logs
 from edgesdk.runtime.backend import LoadContext, TensorSpec
 from edgesdk.runtime.requests import DEFAULT_SAMPLING, check_sampling
 
@@ -80,34 +79,6 @@ def _layers_that_fit(llm_info: Mapping[str, Any], n_ctx: int, free: int) -> int:
     return max(0, min(layers + 1, int((free - GPU_RESERVE_BYTES) // per_layer)))
 
 
-_log = logging.getLogger("edgesdk.llama_cpp")
-_LOG_TO_STDERR = [False]  # set by load_gguf(verbose=...): the last load decides (one process-wide callback)
-_LOG_CALLBACK: list[object] = []  # keeps the ctypes callback alive for as long as llama.cpp may call it
-
-
-def route_llama_logs(verbose: bool) -> None:
-    """llama.cpp's own log lines (``llama_kv_cache_iswa: ...``, model loading) reach stderr only when
-    ``verbose``; otherwise they go to the ``edgesdk.llama_cpp`` logger at DEBUG. Uses the public
-    ``llama_log_set`` callback (llama-cpp-python prints level-3 lines even with ``verbose=False``)."""
-    from edgesdk.native import import_llama_cpp
-
-    llama_cpp = import_llama_cpp()
-
-    _LOG_TO_STDERR[0] = bool(verbose)
-    if _LOG_CALLBACK:
-        return
-
-    def _on_log_py(level: int, text: bytes | None, user_data: object) -> None:  # noqa: ARG001 - ggml_log_callback
-        msg = text.decode("utf-8", "replace") if text else ""
-        if _LOG_TO_STDERR[0]:
-            sys.stderr.write(msg)
-            sys.stderr.flush()
-        elif msg.strip():
-            _log.debug("%s", msg.rstrip("\n"))
-
-    _on_log = llama_cpp.llama_log_callback(_on_log_py)
-    _LOG_CALLBACK.append(_on_log)
-    llama_cpp.llama_log_set(_on_log, ctypes.c_void_p(0))
 
 
 # ------------------------------------------------------------------ chat templates

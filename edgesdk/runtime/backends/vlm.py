@@ -721,7 +721,7 @@ def load_vlm(bundle, ctx) -> VLMBackend:
         llama_cpp = import_llama_cpp()
     except (ImportError, OSError) as exc:
         raise BackendUnavailableError(f"llama-cpp-python is installed but does not load: {exc}") from exc
-    from edgesdk.runtime.backends.llamacpp import route_llama_logs
+    from edgesdk.native import route_llama_logs
 
     opts = dict(ctx.options or {})
     route_llama_logs(bool(opts.get("verbose")))
