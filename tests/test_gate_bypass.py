@@ -19,14 +19,8 @@ from edgesdk.errors import ExternalToolError, InputError
 
 pytest.importorskip("scanoss")
 
-PYPROJECT = '[project]\nname="x"\nversion="0"\nlicense="MIT"\ndependencies=[]\n'
-
-
-def _waiver_file(tmp_path: Path, **fields) -> Path:
-    entry = {"id": "W-1", "by": "jane@example.com", "reason": "because", "expires": "2099-12-31", **fields}
-    path = tmp_path / "waivers.yaml"
-    path.write_text(json.dumps({"waivers": [entry]}))  # JSON is YAML
-    return path
+from waiver_fixtures import PYPROJECT  # noqa: E402  (tests/ on sys.path)
+from waiver_fixtures import waiver_file as _waiver_file  # noqa: E402
 
 
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:

@@ -10,7 +10,6 @@ first directory, or the literal subject itself."""
 from __future__ import annotations
 
 import fnmatch
-import json
 import os
 from pathlib import Path
 
@@ -25,14 +24,8 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 EXAMPLES = int(os.environ.get("EDGESDK_FUZZ_EXAMPLES", "200"))
-PYPROJECT = '[project]\nname="x"\nversion="0"\nlicense="MIT"\ndependencies=[]\n'
-
-
-def _waiver_file(tmp_path: Path, **fields) -> Path:
-    entry = {"id": "W-1", "by": "jane@example.com", "reason": "because", "expires": "2099-12-31", **fields}
-    path = tmp_path / "waivers.yaml"
-    path.write_text(json.dumps({"waivers": [entry]}))  # JSON is YAML
-    return path
+from waiver_fixtures import PYPROJECT  # noqa: E402  (tests/ on sys.path)
+from waiver_fixtures import waiver_file as _waiver_file  # noqa: E402
 
 
 def _thing(subject: str) -> tuple[str, str]:

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgesdk.errors import BackendUnavailableError, EdgeSDKError, InputError, ShapeError
+from edgesdk.native import import_llama_cpp, route_llama_logs
 from edgesdk.runtime.requests import GenerationRequest
 
 _DONE = object()  # end of a request's event queue
@@ -166,8 +167,6 @@ class BatchEngine:
                  n_batch: int = 512, n_ubatch: int = 512, prefill_chunk: int = 512, prompts_per_step: int = 1,
                  mixed_prefill: bool = False, max_queue: int = 64,
                  kv_unified: bool = False, verbose: bool = False) -> None:
-        from edgesdk.native import import_llama_cpp, route_llama_logs
-
         for name, value, lo in (("slots", slots, 1), ("n_ctx", n_ctx, 16), ("n_batch", n_batch, 1),
                                 ("n_ubatch", n_ubatch, 1), ("prefill_chunk", prefill_chunk, 1),
                                 ("prompts_per_step", prompts_per_step, 1),
@@ -267,8 +266,6 @@ class BatchEngine:
     def _chat_prompt(self, request: GenerationRequest) -> tuple[list[int], tuple[str, ...]]:
         """Chat messages -> prompt tokens and the template's stop strings (the GGUF's own template)."""
         if self._chat is None:
-            from edgesdk.native import import_llama_cpp
-
             fmt_cls = import_llama_cpp("llama_chat_format").Jinja2ChatFormatter
             buf = ctypes.create_string_buffer(1 << 20)
             n = self._ll.llama_model_meta_val_str(self._model, b"tokenizer.chat_template", buf, len(buf))

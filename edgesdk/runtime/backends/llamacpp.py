@@ -26,7 +26,7 @@ import numpy as np
 
 from edgesdk import telemetry
 from edgesdk.errors import BackendUnavailableError, InputError, ShapeError
-from edgesdk.native import route_llama_logs
+from edgesdk.native import import_llama_cpp, route_llama_logs
 from edgesdk.runtime.backend import LoadContext, TensorSpec
 from edgesdk.runtime.requests import DEFAULT_SAMPLING, check_sampling
 
@@ -172,8 +172,6 @@ class LlamaCppBackend:
 
     def __init__(self, llm: Llama, *, settings: dict[str, Any], report: dict[str, Any], model: str,
                  attributes: dict[str, Any], chat_template: str | None = None) -> None:
-        from edgesdk.native import import_llama_cpp
-
         llama_cpp = import_llama_cpp()
 
         self._llm = llm
@@ -289,8 +287,6 @@ class LlamaCppBackend:
     def _chat_formatter(self, spec: str | None) -> tuple[Jinja2ChatFormatter, list[str]]:
         if spec in self._formatters:
             return self._formatters[spec]
-        from edgesdk.native import import_llama_cpp
-
         Jinja2ChatFormatter = import_llama_cpp("llama_chat_format").Jinja2ChatFormatter
 
         if spec is None:
@@ -302,8 +298,6 @@ class LlamaCppBackend:
             extra: list[str] = []
         else:
             _, template, extra = resolve_chat_template(spec)
-        from edgesdk.native import import_llama_cpp
-
         llama_cpp = import_llama_cpp()
 
         def piece(tok: int) -> str:
@@ -511,8 +505,6 @@ def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
 
     require("gguf", "llama_cpp", "a GGUF bundle")
     try:
-        from edgesdk.native import import_llama_cpp
-
         llama_cpp = import_llama_cpp()
     except (ImportError, OSError) as exc:  # installed, but its native library does not load
         raise BackendUnavailableError(f"llama-cpp-python is installed but does not load: {exc}") from exc

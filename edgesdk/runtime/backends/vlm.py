@@ -36,6 +36,7 @@ import numpy as np
 
 from edgesdk import telemetry
 from edgesdk.errors import BackendUnavailableError, InputError, ShapeError
+from edgesdk.native import import_llama_cpp, route_llama_logs
 from edgesdk.runtime.backend import TensorSpec
 
 PROMPT_TEMPLATE = "USER: {images}{text} ASSISTANT:"  # LLaVA-1.5 conversation format
@@ -167,8 +168,6 @@ class VLMPipeline:
     def __init__(self, decoder: str | Path, mmproj: str | Path, preprocessor: dict[str, Any], *, n_ctx: int = 512,
                  n_gpu_layers: int = 0, threads: int | None = None, flash_attn: bool = False, use_gpu: bool = False,
                  use_mmap: bool = True, image_encoder: Any = None, encoder_id: str | None = None):
-        from edgesdk.native import import_llama_cpp
-
         llama_cpp = import_llama_cpp()
         mtmd = import_llama_cpp("mtmd_cpp")
 
@@ -539,8 +538,6 @@ class VLMBackend:
         self.outputs = (TensorSpec("logits", "float32", None),)
         self._lock = threading.RLock()
         self.last: dict = {}
-        from edgesdk.native import import_llama_cpp
-
         llama_cpp = import_llama_cpp()
 
         vocab = llama_cpp.llama_model_get_vocab(pipe.llm.model)
@@ -716,13 +713,9 @@ def load_vlm(bundle, ctx) -> VLMBackend:
 
     require("gguf", "llama_cpp", "a VLM bundle")
     try:
-        from edgesdk.native import import_llama_cpp
-
         llama_cpp = import_llama_cpp()
     except (ImportError, OSError) as exc:
         raise BackendUnavailableError(f"llama-cpp-python is installed but does not load: {exc}") from exc
-    from edgesdk.native import route_llama_logs
-
     opts = dict(ctx.options or {})
     route_llama_logs(bool(opts.get("verbose")))
     info = bundle.manifest.llm.to_dict() if bundle.manifest.llm is not None else {}

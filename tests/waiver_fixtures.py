@@ -1,0 +1,17 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Shared by the license-gate tests: a one-entry waivers file and a minimal MIT pyproject.toml."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+PYPROJECT = '[project]\nname="x"\nversion="0"\nlicense="MIT"\ndependencies=[]\n'
+
+
+def waiver_file(tmp_path: Path, **fields) -> Path:
+    """``tmp_path/waivers.yaml`` holding one valid waiver whose other fields are ``fields``."""
+    entry = {"id": "W-1", "by": "jane@example.com", "reason": "because", "expires": "2099-12-31", **fields}
+    path = tmp_path / "waivers.yaml"
+    path.write_text(json.dumps({"waivers": [entry]}))  # JSON is YAML
+    return path
