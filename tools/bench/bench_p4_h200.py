@@ -356,7 +356,6 @@ def main() -> int:
         return 0
     t0 = time.perf_counter()
     shapes = ("tinyllama", "l16") if args.shape == "both" else (args.shape,)
-    results = {name: run_shape(name, args, work / name) for name in shapes}
     try:
         smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version,clocks.max.sm",
                               "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
@@ -365,6 +364,7 @@ def main() -> int:
     from edgesdk.native import import_llama_cpp
 
     llama_cpp = import_llama_cpp()
+    results: dict = {}
     out = {"benchmark": "P4 (GGUF on H200): planner settings vs the best bare setting of a sweep, same run",
            "goal": "planner >= 0.98x the best bare decode and prefill tok/s",
            "method": __doc__,
@@ -374,13 +374,16 @@ def main() -> int:
            "settings": {"prefill": args.prefill, "long_prefill": args.long_prefill, "decode": args.decode,
                         "reps": args.reps, "quants": args.quants, "offload": args.offload, "profile": PROFILE},
            "weights": "random (torch.manual_seed(0)), transformers LlamaForCausalLM",
-           "shapes": results, "wall_s": round(time.perf_counter() - t0, 1)}
+           "shapes": results}
     if tiny:
         out["note"] = "--shape tiny: a dry run of the script; the figures mean nothing"
     path = Path(args.out) if args.out else (work / "p4_tiny.json" if tiny
                                             else REPO / "tools/bench/results/p4_h200_sweep.json")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=1) + "\n")
+    for name in shapes:  # written after each shape: a run cut short keeps the shapes it finished
+        results[name] = run_shape(name, args, work / name)
+        out["wall_s"] = round(time.perf_counter() - t0, 1)
+        path.write_text(json.dumps(out, indent=1) + "\n")
     print("wrote", path, f"({out['wall_s']} s)")
     if not args.work and tiny:
         for name in shapes:  # the models and bundles of a dry run are not worth keeping

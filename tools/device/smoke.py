@@ -83,7 +83,18 @@ class Smoke:
     def save(self) -> None:
         ok = [s for s in self.steps if s.get("rc") == 0]
         self.meta["steps_passed"] = f"{len(ok)}/{len(self.steps)}"
-        self.out.write_text(json.dumps({**self.meta, "summary": self.summary(), "steps": self.steps}, indent=1))
+        text = json.dumps({**self.meta, "summary": self.summary(), "steps": self.steps}, indent=1)
+        self.out.write_text(text)
+        (WORK / "device_smoke.json").write_text(text)  # --resume in the next call on a warm machine reads it
+
+    def resume(self, commit: str) -> None:
+        """Take the steps an earlier call on this (still warm) machine recorded for the same commit."""
+        path = WORK / "device_smoke.json"
+        if path.is_file():
+            earlier = json.loads(path.read_text())
+            if earlier.get("commit") == commit:
+                self.steps = earlier["steps"]
+                self.meta["calls"] = earlier.get("calls", 1) + 1
 
     def fig(self, name: str) -> dict:
         return next((s.get("figures") or {} for s in self.steps if s["step"] == name and s.get("rc") == 0), {})
@@ -220,6 +231,8 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     ap.add_argument("--llm-shape", choices=("tinyllama", "tiny"), default="tinyllama",
                     help="tiny: a seconds-long rehearsal of the whole run on a CPU host (figures meaningless)")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue the record of an earlier call on this warm machine (same commit)")
     ap.add_argument("--matrix-limit", type=int, default=0, help="first N import orders only (0: all 120)")
     args = ap.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
@@ -231,22 +244,26 @@ def main() -> int:
     except OSError:
         gpu = "no NVIDIA GPU (nvidia-smi not found)"
     smoke.meta = {"commit": args.commit, "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                  "gpu": gpu, "python": sys.version.split()[0], "deadline_s": args.deadline}
+                  "gpu": gpu, "python": sys.version.split()[0], "deadline_s": args.deadline, "calls": 1}
+    if args.resume:
+        smoke.resume(args.commit)
     steps = set(args.steps.split(","))
     links = [x for fl in args.find_links for x in ("--find-links", str(Path(fl).resolve()))]
     wheel = str(Path(args.wheel).resolve())
     py = sys.executable
     es = str(BIN / "edgesdk")
-    # 1. the wheel, no extras, into the machine's environment (pip has no index there: --find-links only)
-    smoke.run("pip install edgesdk (no extras)", [py, "-m", "pip", "install", "-q", "--no-index", *links, wheel],
-              timeout=120)
-    smoke.run("edgesdk doctor --json (no extras)", [es, "doctor", "--json"], timeout=60,
-              figures=lambda o, e: {c["component"]: c["available"] for c in json.loads(o)})
-    smoke.run("pip install edgesdk[gguf,serve,otel] + build modules",
-              [py, "-m", "pip", "install", "-q", "--no-index", *links, f"{wheel}[gguf,serve,otel]", "onnxslim",
-               "cyclonedx-python-lib"], timeout=180)
-    smoke.run("edgesdk doctor --json", [es, "doctor", "--json"], timeout=60,
-              figures=lambda o, e: [c for c in json.loads(o) if "llama" in c["component"] or "GPU" in c["component"]])
+    if "install" in steps:
+        # 1. the wheel, no extras, into the machine's environment (pip has no index there: --find-links only)
+        smoke.run("pip install edgesdk (no extras)", [py, "-m", "pip", "install", "-q", "--no-index", *links, wheel],
+                  timeout=120)
+        smoke.run("edgesdk doctor --json (no extras)", [es, "doctor", "--json"], timeout=60,
+                  figures=lambda o, e: {c["component"]: c["available"] for c in json.loads(o)})
+        smoke.run("pip install edgesdk[gguf,serve,otel] + build modules",
+                  [py, "-m", "pip", "install", "-q", "--no-index", *links, f"{wheel}[gguf,serve,otel]", "onnxslim",
+                   "cyclonedx-python-lib"], timeout=180)
+        smoke.run("edgesdk doctor --json", [es, "doctor", "--json"], timeout=60,
+                  figures=lambda o, e: [c for c in json.loads(o)
+                                        if "llama" in c["component"] or "GPU" in c["component"]])
     kinds = [k for k in ("llm", "vlm", "onnx") if k in steps]
     made = smoke.run("make random-weight models (machine's torch + transformers)",
                      [sys.executable, "-c", MAKE_MODELS, str(REPO), str(WORK),
@@ -274,7 +291,8 @@ def main() -> int:
                   timeout=120, figures=run_figs)
     if "serve" in steps and gguf_bundle.is_dir():
         serve_load(smoke, gguf_bundle, clients=16, max_tokens=64)
-    image = (made.get("figures") or {}).get("image")
+    image = (made.get("figures") or {}).get("image") or next(
+        (str(p) for p in sorted((WORK / "images").glob("*.png"))), None)  # made by an earlier call (--resume)
     if "vlm" in steps:
         smoke.run("edgesdk build llava (transformers 5 checkpoint) --profile h200",
                   [es, "build", str(WORK / "llava"), "--profile", "h200", "-o", str(vlm_bundle), "--no-progress",

@@ -7,6 +7,9 @@
 # Here (before the call): pip wheel --no-deps . -w .dist/ and the wheels docs/gpu-runs.md lists in .whl/;
 # carry [".dist", ".whl", ".llamacpp"] (.llamacpp holds the stripped llama-cpp-python sdist).
 # Usage on the device machine: bash tools/device/smoke.sh [total_seconds, build included] [steps]
+# Split over two calls on a warm machine (the build alone can take 300 s): the first with steps
+# install,llm,serve,vlm, the second within the machine's warm window with SMOKE_RESUME=1 and matrix,profiler,onnx;
+# the second call's device_smoke.json holds the steps of both.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 T0=$(date +%s)
@@ -21,4 +24,4 @@ fi
 DEADLINE=$(( TOTAL - ($(date +%s) - T0) - 10 ))
 COMMIT="${SMOKE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 python3 tools/device/smoke.py --wheel "$(ls .dist/edgesdk-*.whl | head -1)" --find-links .whl --find-links "$LLWHEEL" \
-  --commit "$COMMIT" --deadline "$DEADLINE" --steps "$STEPS"
+  --commit "$COMMIT" --deadline "$DEADLINE" --steps "$STEPS" ${SMOKE_RESUME:+--resume}
