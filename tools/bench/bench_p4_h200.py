@@ -35,6 +35,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -101,9 +102,15 @@ def make_bundle(gguf: Path, bundle_dir: Path, plan, quant: str) -> Path:
     return bundle_dir
 
 
+def _rate(samples: list[float]) -> float:
+    """The figure of a set of timed rounds: their median (the best single round of a 4 ms GPU prefill is an
+    outlier as often as not; the first round, a warm-up that loads kernels / builds CUDA graphs, is dropped)."""
+    return round(statistics.median(samples[1:]), 1)
+
+
 def _timed_runs(llm, prompts: dict[str, list[int]], n_decode: int, reps: int) -> dict:
-    """Prefill tok/s per prompt and decode tok/s on a loaded llama_cpp.Llama, token ids in (best of ``reps``
-    after one warm-up round that loads kernels / builds CUDA graphs)."""
+    """Prefill tok/s per prompt and decode tok/s on a loaded llama_cpp.Llama, token ids in (median of ``reps``
+    rounds after one warm-up round)."""
     out: dict = {}
     for label, prompt in prompts.items():
         rates = []
@@ -112,7 +119,7 @@ def _timed_runs(llm, prompts: dict[str, list[int]], n_decode: int, reps: int) ->
             t = time.perf_counter()
             llm.eval(prompt)
             rates.append(len(prompt) / (time.perf_counter() - t))
-        out[f"{label}_tok_s"] = round(max(rates[1:]), 1)
+        out[f"{label}_tok_s"] = _rate(rates)
         out[f"{label}_all"] = [round(x, 1) for x in rates]
     decode = []
     head = prompts["prefill"][:16]
@@ -126,8 +133,24 @@ def _timed_runs(llm, prompts: dict[str, list[int]], n_decode: int, reps: int) ->
             if n > n_decode:
                 break
         decode.append(n_decode / (time.perf_counter() - t_first))
-    out["decode_tok_s"] = round(max(decode[1:]), 1)
+    out["decode_tok_s"] = _rate(decode)
     out["decode_all"] = [round(x, 1) for x in decode]
+    return out
+
+
+def _text_runs(n_tokens_of, complete, texts: dict[str, str], reps: int) -> dict:
+    """Prefill tok/s with text in: ``complete(text)`` answers one token (tokenising and sampling included)."""
+    out: dict = {}
+    for label, text in texts.items():
+        n_tok = n_tokens_of(text)
+        rates = []
+        for _ in range(reps + 1):
+            t = time.perf_counter()
+            complete(text)
+            rates.append(n_tok / (time.perf_counter() - t))
+        out[f"{label}_tok_s"] = _rate(rates)
+        out[f"{label}_all"] = [round(x, 1) for x in rates]
+        out[f"{label}_tokens"] = n_tok
     return out
 
 
@@ -139,7 +162,10 @@ def _prompts(n_prefill: int, n_long: int) -> dict[str, list[int]]:
 
 
 def measure_bare(gguf: Path, cfg: dict, n_ctx: int, n_prefill: int, n_long: int, n_decode: int, reps: int) -> dict:
-    """One bare configuration: llama_cpp.Llama with ``cfg`` (flash_attn, n_gpu_layers, n_batch, n_ubatch, kv)."""
+    """One bare configuration: llama_cpp.Llama with ``cfg`` (flash_attn, n_gpu_layers, n_batch, n_ubatch, kv).
+
+    Measured with token ids (``eval``) and with text (``create_completion(max_tokens=1)``: llama-cpp-python
+    tokenises and samples one token, the same input form as edgesdk's ``session.generate``)."""
     from edgesdk.native import import_llama_cpp
 
     llama_cpp = import_llama_cpp()
@@ -151,20 +177,28 @@ def measure_bare(gguf: Path, cfg: dict, n_ctx: int, n_prefill: int, n_long: int,
     load_s = time.perf_counter() - t0
     try:
         runs = _timed_runs(llm, _prompts(n_prefill, n_long), n_decode, reps)
+        texts = {label: _text_of(llm, n) for label, n in (("prefill", n_prefill), ("long_prefill", n_long)) if n}
+
+        def complete(text: str) -> None:
+            llm.reset()
+            llm.create_completion(text, max_tokens=1, temperature=0.0)
+
+        text = _text_runs(lambda t: len(llm.tokenize(t.encode("utf-8"), add_bos=True)), complete, texts, reps)
         got = {"n_batch": llm.n_batch, "n_ubatch": llm.context_params.n_ubatch, "threads": llm.n_threads}
     finally:
         llm.close()
-    return {"config": cfg, "load_s": round(load_s, 2), **runs, "settings": got}
+    return {"config": cfg, "load_s": round(load_s, 2), **runs, "text": text, "settings": got}
 
 
-def _text_of(backend, n_tokens: int) -> str:
-    """A text from edgesdk/data/ppl_text.txt that tokenizes to about ``n_tokens`` tokens (BOS included)."""
+def _text_of(llm, n_tokens: int) -> str:
+    """A text from edgesdk/data/ppl_text.txt that tokenizes to about ``n_tokens`` tokens (BOS included) with
+    the model's own tokenizer (``llm``: a llama_cpp.Llama)."""
     base = (REPO / "edgesdk" / "data" / "ppl_text.txt").read_text()
     text = base
-    while len(backend.tokenize(text)) < n_tokens + 16:
+    while len(llm.tokenize(text.encode("utf-8"), add_bos=False)) < n_tokens + 16:
         text += "\n" + base
-    ids = backend._llm.tokenize(text.encode("utf-8"), add_bos=False)[:n_tokens - 1]
-    return backend._llm.detokenize(ids).decode("utf-8", errors="ignore")
+    ids = llm.tokenize(text.encode("utf-8"), add_bos=False)[:n_tokens - 1]
+    return llm.detokenize(ids).decode("utf-8", errors="ignore")
 
 
 def measure_planner(bundle_dir: Path, n_prefill: int, n_long: int, n_decode: int, reps: int) -> dict:
@@ -178,26 +212,16 @@ def measure_planner(bundle_dir: Path, n_prefill: int, n_long: int, n_decode: int
     backend = session.backend
     try:
         ids = _timed_runs(backend._llm, _prompts(n_prefill, n_long), n_decode, reps)
-        text: dict = {}
-        for label, n in (("prefill", n_prefill), ("long_prefill", n_long)):
-            if not n:
-                continue
-            prompt = _text_of(backend, n)
-            n_tok = len(backend.tokenize(prompt))
-            rates = []
-            for _ in range(reps + 1):
-                t = time.perf_counter()
-                session.generate(prompt, max_tokens=1, temperature=0)
-                rates.append(n_tok / (time.perf_counter() - t))
-            text[f"{label}_tok_s"] = round(max(rates[1:]), 1)
-            text[f"{label}_all"] = [round(x, 1) for x in rates]
-            text[f"{label}_tokens"] = n_tok
+        texts = {label: _text_of(backend._llm, n) for label, n in (("prefill", n_prefill), ("long_prefill", n_long))
+                 if n}
+        text = _text_runs(lambda t: len(backend.tokenize(t)),
+                          lambda t: session.generate(t, max_tokens=1, temperature=0), texts, reps)
         decode, out_tokens = [], []
         for _ in range(reps + 1):
             session.generate("The harbour town", max_tokens=n_decode + 1, temperature=0)
             decode.append(backend.last.get("decode_tok_s") or 0.0)
             out_tokens.append(backend.last.get("output_tokens"))
-        text.update(decode_tok_s=round(max(decode[1:]), 1), decode_all=decode, decode_output_tokens=out_tokens)
+        text.update(decode_tok_s=_rate(decode), decode_all=decode, decode_output_tokens=out_tokens)
         report = session.report()
     finally:
         session.close()
@@ -298,15 +322,39 @@ def run_shape(shape_name: str, args: argparse.Namespace, work: Path) -> dict:
             out["results"][quant] = res
             continue
         ratios, best = {}, {}
-        for metric in ("prefill", "long_prefill", "decode"):
-            key = f"{metric}_tok_s"
-            if key not in planner["ids"]:
+        for form in ("ids", "text"):
+            for metric in ("prefill", "long_prefill", "decode"):
+                key = f"{metric}_tok_s"
+                have = {k: v for k, v in ok.items() if key in (v if form == "ids" else v.get("text", {}))}
+                if key not in planner[form] or not have:
+                    continue
+                name = max(have, key=lambda k: (have[k] if form == "ids" else have[k]["text"])[key])
+                anchor = (have[name] if form == "ids" else have[name]["text"])[key]
+                best[f"{metric}_{form}"] = {"config": name, "tok_s": anchor}
+                ratios[f"{metric}_{form}"] = round(planner[form][key] / anchor, 4)
+        # A sweep's best is the maximum over many child processes, and a process's figures differ from the
+        # next's by a few percent (GPU clocks, placement): where the planner looks short of 0.98x, run it and
+        # that best configuration again, alternating, in fresh processes, and judge on the medians.
+        confirm = {}
+        for label, ratio in ratios.items():
+            if ratio >= 0.98 or args.confirm_rounds <= 0:
                 continue
-            name, anchor = _best(ok, key)
-            best[metric] = {"config": name, "tok_s": anchor}
-            ratios[f"{metric}_ids"] = round(planner["ids"][key] / anchor, 4)
-            if key in planner["text"]:
-                ratios[f"{metric}_text"] = round(planner["text"][key] / anchor, 4)
+            metric, form = label.rsplit("_", 1)
+            key = f"{metric}_tok_s"
+            cfg = ok[best[label]["config"]]["config"]
+            p_runs, b_runs = [], []
+            for _ in range(args.confirm_rounds):
+                p = _child(["--stage", "planner", "--bundle", str(bundle), *common])
+                b = _child(["--stage", "bare", "--gguf", str(gguf), "--config", json.dumps(cfg), "--n-ctx",
+                            str(n_ctx), *common])
+                if "error" in p or "error" in b:
+                    continue
+                p_runs.append(p[form][key])
+                b_runs.append((b if form == "ids" else b["text"])[key])
+            if p_runs:
+                confirm[label] = {"config": best[label]["config"], "planner": p_runs, "bare": b_runs,
+                                  "ratio_of_medians": round(statistics.median(p_runs) / statistics.median(b_runs), 4)}
+        res["confirm"] = confirm
         res.update(ratios=ratios, best_bare=best)
         out["results"][quant] = res
         print(f"{shape_name} {quant}: planner/best bare {json.dumps(ratios)}; best bare {json.dumps(best)}",
@@ -316,6 +364,9 @@ def run_shape(shape_name: str, args: argparse.Namespace, work: Path) -> dict:
               f"K/V {s['type_k']}/{s['type_v']}, {s['placement']}; ids: prefill {planner['ids']['prefill_tok_s']} "
               f"decode {planner['ids']['decode_tok_s']}; text: prefill {planner['text'].get('prefill_tok_s')} "
               f"decode {planner['text'].get('decode_tok_s')} tok/s", flush=True)
+        for label, c in confirm.items():
+            print(f"  confirm {label} vs {c['config']}: planner {c['planner']} bare {c['bare']} -> "
+                  f"{c['ratio_of_medians']}x", flush=True)
     return out
 
 
@@ -335,11 +386,14 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=None, help="timed rounds after one warm-up (default 3; tiny 1)")
     ap.add_argument("--shape", choices=("both", "tinyllama", "l16", "tiny"), default="both")
     ap.add_argument("--quants", default="F16,Q4_K_M")
+    ap.add_argument("--confirm-rounds", type=int, default=3,
+                    help="planner vs the best bare setting, alternating in fresh processes, where the sweep "
+                         "says < 0.98x")
     ap.add_argument("--offload", default=None, help="all,half (default; tiny: all, a CPU host offloads nothing)")
     args = ap.parse_args()
     tiny = args.shape == "tiny"
     for name, big, small in (("prefill", 512, 128), ("long_prefill", 1536, 256), ("decode", 128, 16),
-                             ("reps", 3, 1), ("offload", "all,half", "all")):
+                             ("reps", 8, 1), ("offload", "all,half", "all")):
         if getattr(args, name) is None:
             setattr(args, name, small if tiny else big)
     work = Path(args.work or tempfile.mkdtemp(prefix="p4-"))

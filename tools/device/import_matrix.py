@@ -4,7 +4,8 @@
 120 permutations, one child process each (a crash costs that order only and is recorded with its signal).
 Each child imports the five modules in its order, initialises CUDA through torch where it has a GPU, then
 loads the GGUF bundle and generates greedily, then loads the VLM bundle and answers about an image. Every
-child's text must equal the first passing child's (same weights, greedy). Run by tools/device/smoke.sh:
+child's texts and greedy token ids must equal the first passing child's (same weights, greedy). Run by
+tools/device/smoke.sh:
 
     python tools/device/import_matrix.py --gguf B1 --vlm B2 --image x.png [--jobs 12] [--out matrix.json]
 """
@@ -36,6 +37,14 @@ out = {}
 s = edgesdk.load(gguf)
 out["gguf"] = s.generate("The harbour town", max_tokens=8, temperature=0)
 out["gguf_placement"] = s.report()["backend_report"].get("placement")
+llm = s.backend._llm  # the token ids too: a random model's greedy text can decode to an empty string
+llm.reset()
+ids = []
+for tok in llm.generate(llm.tokenize(b"The harbour town", add_bos=True), temp=0.0, top_k=1):
+    ids.append(int(tok))
+    if len(ids) == 16:
+        break
+out["gguf_ids"] = ids
 s.close()
 if vlm:
     v = edgesdk.load(vlm)
