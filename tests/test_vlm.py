@@ -127,3 +127,30 @@ def test_cli_run_with_images(vlm_bundle, images, run_cli):
     assert out["report"]["backend_report"]["last_request"]["image_tokens"] == 32
     bad = run_cli("run", str(vlm_bundle), "--image", str(images[0]))
     assert bad.returncode == 3 and "--image needs --prompt" in bad.stderr
+
+
+@pytest.mark.slow
+def test_bad_images_exit_3_naming_the_file(vlm_bundle, tmp_path, run_cli):
+    """Issue 25 finding 8 through the CLI and the library: bombs, a 2 GB sparse .png, empty and NaN arrays."""
+    import subprocess
+
+    import numpy as np
+    from test_image_inputs import bmp_header, png_bomb
+
+    import edgesdk
+    from edgesdk.errors import InputError
+
+    huge = tmp_path / "huge.png"
+    subprocess.run(["truncate", "-s", "2G", str(huge)], check=True)
+    for path in (png_bomb(tmp_path / "bomb.png"), bmp_header(tmp_path / "header.bmp", 50000, 50000), huge):
+        proc = run_cli("run", str(vlm_bundle), "--image", str(path), "--prompt", "What is it?", "-n", "2")
+        assert proc.returncode == 3, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: image ") and path.name in lines[0], proc.stderr
+    s = edgesdk.load(vlm_bundle)
+    try:
+        for arr in (np.zeros((0, 0, 3), np.uint8), np.full((8, 8, 3), np.nan, np.float32)):
+            with pytest.raises(InputError, match="image array"):
+                s.generate("What is it?", images=[arr], max_tokens=2)
+    finally:
+        s.close()

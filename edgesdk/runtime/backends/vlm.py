@@ -46,6 +46,11 @@ IDEFICS3_PROCESSORS = {"Idefics3ImageProcessor", "Idefics3ImageProcessorFast", "
                        "SmolVLMImageProcessorFast"}
 FEATURE_CACHE_SIZE = 16  # images whose features are kept
 ENCODE_TIMES_KEPT = 1024  # encoder run times kept per path for session.report()
+# image inputs (issue 25 finding 8): a file larger than this is refused unread; decoded size is limited per model
+# (ImagePreprocessor.max_pixels: 16x the model's input side, squared, at least MIN_MAX_SIDE squared)
+MAX_IMAGE_BYTES = 256 * 1024 * 1024
+MIN_MAX_SIDE = 4096
+MAX_ASPECT = 200  # width:height (either way) at most 200:1, as Qwen2-VL's processor allows
 DEFAULT_SAMPLING = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.0}
 
 
@@ -71,9 +76,33 @@ class ImagePreprocessor:
         self.crop = (int(crop.get("height", image_size)), int(crop.get("width", image_size))) \
             if config.get("do_center_crop") else None
 
-    def load(self, image: Any) -> tuple[bytes, Any]:
-        """(raw bytes for hashing, decoded PIL image) from a path, bytes, a PIL image or an HxWx3 array."""
-        from PIL import Image, UnidentifiedImageError
+    def max_pixels(self) -> int:
+        """The largest image (width x height) decoded: generous against the model's own input (16x its largest
+        configured edge, squared), never below 4096 x 4096. Checked from the header before any pixel is decoded."""
+        size = self.config.get("size") or {}
+        edges = [self.image_size] + ([int(v) for v in size.values() if isinstance(v, (int, float))]
+                                     if isinstance(size, dict) else [])
+        edges += [int(v) for v in (self.config.get("max_image_size") or {}).values() if isinstance(v, (int, float))]
+        return max(MIN_MAX_SIDE * MIN_MAX_SIDE, (16 * max(edges)) ** 2)
+
+    def check_size(self, width: int, height: int, what: str) -> None:
+        """InputError unless ``width x height`` is a non-empty image within :meth:`max_pixels` and the aspect limit."""
+        if width <= 0 or height <= 0:
+            raise InputError(f"{what}: the image is empty ({width}x{height} pixels)")
+        limit = self.max_pixels()
+        if width * height > limit:
+            raise InputError(f"{what}: {width}x{height} pixels is more than this model takes ({limit:,} pixels, "
+                             f"16x its {self.image_size} px input per side): refused before decoding "
+                             "(a decompression bomb or a very large image; resize it first)")
+        if max(width, height) > MAX_ASPECT * min(width, height):
+            raise InputError(f"{what}: {width}x{height} pixels has an aspect ratio above {MAX_ASPECT}:1")
+
+    def load(self, image: Any) -> tuple[str, Any]:
+        """(a label naming the image for errors, decoded PIL image) from a path, bytes, a PIL image or an HxWx3
+        array. Files are opened from disk (only the header is read before the size check; a file over
+        :data:`MAX_IMAGE_BYTES` is refused unread), arrays must be non-empty, finite and within 0..255; every
+        refusal is an :class:`InputError` naming the image."""
+        from PIL import Image
 
         if isinstance(image, dict):
             image = image.get("path") or image.get("image") or image.get("url") or image.get("image_url")
@@ -81,26 +110,72 @@ class ImagePreprocessor:
             path = Path(str(image).removeprefix("file://"))
             if not path.is_file():
                 raise InputError(f"image not found: {path}")
-            raw = path.read_bytes()
-        elif isinstance(image, (bytes, bytearray)):
-            raw = bytes(image)
-        elif isinstance(image, np.ndarray):
-            arr = np.ascontiguousarray(image.astype(np.uint8))
-            if arr.ndim != 3 or arr.shape[2] != 3:
-                raise InputError(f"image arrays must be HxWx3 uint8, got shape {list(arr.shape)}")
-            return arr.tobytes() + str(arr.shape).encode(), Image.fromarray(arr)
-        elif hasattr(image, "convert") and hasattr(image, "size"):
-            buf = io.BytesIO()
-            image.save(buf, format="PNG")
-            return buf.getvalue(), image
-        else:
-            raise InputError(f"an image must be a path, bytes, a PIL image or an array, got {type(image).__name__}")
+            what = f"image {path}"
+            size = path.stat().st_size
+            if size > MAX_IMAGE_BYTES:
+                raise InputError(f"{what}: the file is {size:,} bytes, more than an image for this model takes "
+                                 f"({MAX_IMAGE_BYTES:,}); refused unread")
+            try:
+                with open(path, "rb") as fh:
+                    return what, self._decode(fh, what)
+            except OSError as exc:  # open/stat: permissions, a vanished file
+                raise InputError(f"{what}: cannot read it ({type(exc).__name__}: {str(exc)[:100]})") from exc
+        if isinstance(image, (bytes, bytearray, memoryview)):
+            what = f"image bytes ({len(image):,} bytes)"
+            if len(image) > MAX_IMAGE_BYTES:
+                raise InputError(f"{what}: more than an image for this model takes ({MAX_IMAGE_BYTES:,})")
+            return what, self._decode(io.BytesIO(bytes(image)), what)
+        if isinstance(image, np.ndarray):
+            return "image array", Image.fromarray(self._array(image))
+        if hasattr(image, "convert") and hasattr(image, "size"):
+            w, h = image.size
+            self.check_size(int(w), int(h), "PIL image")
+            return "PIL image", image
+        raise InputError(f"an image must be a path, bytes, a PIL image or an array, got {type(image).__name__}")
+
+    def _array(self, image: np.ndarray) -> np.ndarray:
+        """An HxWx3 array as uint8: non-empty, numeric, finite, within 0..255, within the size limit."""
+        what = "image array"
+        if image.ndim != 3 or image.shape[2] != 3:
+            raise InputError(f"{what}: must be HxWx3 uint8, got shape {list(image.shape)}")
+        if image.dtype.kind not in "uifb":
+            raise InputError(f"{what}: must be numeric (uint8), got dtype {image.dtype}")
+        self.check_size(int(image.shape[1]), int(image.shape[0]), what)
+        if image.dtype != np.uint8:
+            if image.dtype.kind == "f" and not np.isfinite(image).all():
+                raise InputError(f"{what}: has NaN or infinite values")
+            lo, hi = (float(image.min()), float(image.max())) if image.dtype.kind != "b" else (0.0, 1.0)
+            if lo < 0 or hi > 255:
+                raise InputError(f"{what}: values must be within 0..255 (uint8), got {lo:g}..{hi:g}")
+        return np.ascontiguousarray(image.astype(np.uint8))
+
+    def _decode(self, fh: Any, what: str) -> Any:
+        """Open ``fh`` with Pillow, check the header's size, then decode. Any failure is an InputError."""
+        import warnings
+
+        from PIL import Image
+
         try:
-            img = Image.open(io.BytesIO(raw))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                img = Image.open(fh)
+        except Image.DecompressionBombError as exc:  # Pillow's own header check (over 2x Image.MAX_IMAGE_PIXELS)
+            import re
+
+            n = re.search(r"\((\d+) pixels\)", str(exc))
+            count = f"{int(n.group(1)):,} pixels" if n else "its size"
+            raise InputError(f"{what}: {count} is more than this model takes ({self.max_pixels():,} pixels): "
+                             "refused before decoding (a decompression bomb or a very large image)") from exc
+        except Exception as exc:  # noqa: BLE001 - Pillow's plugins raise many types on malformed headers
+            raise InputError(f"{what}: not a readable image ({type(exc).__name__}: {str(exc)[:100]})") from exc
+        self.check_size(int(img.size[0]), int(img.size[1]), what)
+        try:
             img.load()
-        except (UnidentifiedImageError, OSError, ValueError) as exc:
-            raise InputError(f"not a readable image ({type(exc).__name__}: {str(exc)[:100]})") from exc
-        return raw, img
+        except MemoryError as exc:
+            raise InputError(f"{what}: not enough memory to decode it") from exc
+        except Exception as exc:  # noqa: BLE001 - truncated data, bad chunks, codec errors
+            raise InputError(f"{what}: not a readable image ({type(exc).__name__}: {str(exc)[:100]})") from exc
+        return img
 
     def _idefics3(self, img: Any) -> Any:
         """Idefics3ImageProcessor with ``do_image_splitting=False``: resize the longest edge to
@@ -272,7 +347,7 @@ class VLMPipeline:
         stage = rec.stage("preprocess", {"edgesdk.vlm.images": len(images)}) if images else telemetry.NOOP_STAGE
         try:
             for image in images:
-                raw, img = self.pre.load(image)
+                _, img = self.pre.load(image)
                 pixels = self.pre(img)
                 h, w = pixels.shape[:2]
                 buf = (ctypes.c_uint8 * pixels.size).from_buffer_copy(pixels.tobytes())
