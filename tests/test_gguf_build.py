@@ -194,7 +194,8 @@ def test_unsupported_architecture_and_missing_tokenizer_via_cli(tmp_path, run_cl
     proc = run_cli("build", gpt2, "--profile", "orin-nano-8gb", "-o", tmp_path / "o1", timeout=120)
     assert proc.returncode == 3
     assert proc.stderr.strip() == ("error: architecture GPT2LMHeadModel not supported for GGUF conversion "
-                                   "(supported: LlamaForCausalLM, Qwen2ForCausalLM)")
+                                   "(supported: Gemma3ForCausalLM, LlamaForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, "
+                                   "Qwen3ForCausalLM)")
     notok = tmp_path / "no-tokenizer"
     notok.mkdir()
     (notok / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",

@@ -23,20 +23,17 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from edgesdk.errors import ExternalToolError, ModelError
+from edgesdk.formats.gguf.archs import ARCHS, TextArch
+from edgesdk.formats.gguf.archs import base as archbase
 from edgesdk.formats.gguf.header import FTYPES
 
 if TYPE_CHECKING:
     from gguf.vocab import Vocab
     from llama_cpp import Llama
 
-# HF architecture -> (gguf arch name, whether Q/K rows are permuted for llama.cpp's rope layout).
-# HF Llama applies rotary embedding with rotate_half (dims i and i+d/2 pair up); llama.cpp's LLAMA
-# arch uses the "normal" rope that pairs adjacent dims, so Q/K rows are re-ordered per head.
-# Qwen2 uses NEOX rope in llama.cpp, the same pairing as HF, so its rows stay as they are.
-SUPPORTED_ARCHITECTURES = {
-    "LlamaForCausalLM": ("llama", True),
-    "Qwen2ForCausalLM": ("qwen2", False),
-}
+# HF architecture -> (gguf arch name, whether Q/K rows are permuted for llama.cpp's rope layout), from the
+# text-architecture records (edgesdk/formats/gguf/archs/: one module per family, one registry line each).
+SUPPORTED_ARCHITECTURES = {cls: (rec.gguf_arch, rec.gguf_arch == "llama") for cls, rec in ARCHS.items()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -182,26 +179,36 @@ def _safetensors_keys(path: Path) -> list[str]:
 
 
 def supported_list() -> str:
-    return ", ".join(sorted(SUPPORTED_ARCHITECTURES))
+    return ", ".join(sorted(ARCHS))
+
+
+def text_arch(config: Mapping[str, Any]) -> tuple[str, TextArch]:
+    """(HF class name, its :class:`TextArch` record); ModelError naming the supported classes otherwise."""
+    archs = config.get("architectures") or []
+    arch = archs[0] if archs else str(config.get("model_type"))
+    if arch not in ARCHS:
+        raise ModelError(f"architecture {arch} not supported for GGUF conversion (supported: {supported_list()})")
+    return arch, ARCHS[arch]
 
 
 def hf_arch(config: Mapping[str, Any]) -> tuple[str, str, bool]:
-    archs = config.get("architectures") or []
-    arch = archs[0] if archs else str(config.get("model_type"))
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ModelError(f"architecture {arch} not supported for GGUF conversion (supported: {supported_list()})")
+    arch, rec = text_arch(config)
     gguf_arch, permute = SUPPORTED_ARCHITECTURES[arch]
     return arch, gguf_arch, permute
 
 
-def _permute_rope_rows(weight: np.ndarray, n_head: int) -> np.ndarray:
-    """Re-order each head's rows from HF's half-split rope layout to llama.cpp's interleaved one:
-    new row 2j+h of a head is old row h*(d/2)+j."""
-    rows = weight.shape[0]
-    d = rows // n_head
-    out: np.ndarray = (weight.reshape(n_head, 2, d // 2, *weight.shape[1:]).swapaxes(1, 2)
-                       .reshape(weight.shape))
-    return out
+def _gguf_name(rec: TextArch, tmap: Any, hf_name: str) -> str | None:
+    """The GGUF name of a HF tensor: the record's own names first ({bid} = layer index), then gguf-py's map."""
+    if rec.tensor_names:
+        import re
+
+        for pattern, target in rec.tensor_names.items():
+            rx = re.escape(pattern).replace(re.escape("{bid}"), r"(?P<bid>\d+)")
+            m = re.fullmatch(rx, hf_name)
+            if m:
+                return target.format(bid=m.group("bid")) if "bid" in m.groupdict() else target
+    name: str | None = tmap.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+    return name
 
 
 def _load_vocab(directory: Path) -> tuple[Vocab, str, str]:
@@ -221,6 +228,46 @@ def _load_vocab(directory: Path) -> tuple[Vocab, str, str]:
         return gguf.LlamaHfVocab(directory), "llama", "default"
     except Exception as exc:  # noqa: BLE001 - gguf-py raises several types for tokenizers it cannot read
         raise ModelError(f"{directory}: tokenizer not supported for GGUF ({type(exc).__name__}: {exc})") from exc
+
+
+# llama.cpp (llama-vocab.cpp) sets token attributes by model name: a general.name containing "phi-3" or "phi3"
+# makes it look up these tokens, and a vocabulary without one of them fails to load ("unordered_map::at").
+_PHI3_NAME_TOKENS = (b"</s>", b"<unk>", b"<s>", b"<|endoftext|>")
+
+
+def _check_name_quirk(writer: Any, tokens: Sequence[bytes]) -> None:
+    try:
+        name = str(writer.kv_data[0]["general.name"].value)
+    except (KeyError, IndexError, AttributeError):
+        return
+    if "phi-3" in name or "phi3" in name:
+        have = set(tokens)
+        missing = [t.decode() for t in _PHI3_NAME_TOKENS if t not in have]
+        if missing:
+            raise ModelError(f"model name {name!r} makes llama.cpp look up Phi-3's tokens {', '.join(missing)}, "
+                             "which this tokenizer lacks (llama.cpp would fail to load the file)",
+                             hint="rename the model directory (or pass a name) without 'phi3' / 'phi-3'")
+
+
+def _spm_adds_space_prefix(directory: Path) -> bool:
+    """Whether a SentencePiece-style tokenizer prepends "▁" to the text: a ``Prepend`` normalizer (Llama-2) or a
+    ``Metaspace`` pre-tokenizer that prepends; Gemma's tokenizer.json has neither. True without a tokenizer.json
+    (llama.cpp's default for the SPM model)."""
+    tok_json = directory / "tokenizer.json"
+    if not tok_json.is_file():
+        return True
+    spec = json.loads(tok_json.read_text(encoding="utf-8"))
+
+    def parts(node: Any, key: str) -> list[dict[str, Any]]:
+        if not isinstance(node, dict):
+            return []
+        return [p for p in node.get(key, []) if isinstance(p, dict)] if key in node else [node]
+
+    normalizers = parts(spec.get("normalizer"), "normalizers")
+    pre = parts(spec.get("pre_tokenizer"), "pretokenizers")
+    return (any(n.get("type") == "Prepend" for n in normalizers)
+            or any(p.get("type") == "Metaspace" and p.get("prepend_scheme", "always") != "never"
+                   and p.get("add_prefix_space", True) for p in pre))
 
 
 def _merge_rank_scores(directory: Path, tokens: Sequence[object], scores: list[float]) -> list[float]:
@@ -279,40 +326,44 @@ def tensor_arrays(directory: Path) -> Iterator[tuple[str, np.ndarray]]:
 
 
 def convert_hf_to_gguf(directory: Path, out_path: Path, *, name: str | None = None) -> dict[str, Any]:
-    """Write an F16 GGUF for a llama/qwen2 HF directory; returns facts about what was written."""
+    """Write an F16 GGUF for a HF causal-LM directory of a registered architecture (:mod:`.archs`); returns facts
+    about what was written."""
     import gguf
 
     directory = Path(directory)
+    where = f"{directory / 'config.json'}"
     config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
-    arch, gguf_arch, permute = hf_arch(config)
-    rope_theta, rope_type = rope_settings(config, f"{directory / 'config.json'}")
-    if rope_type != "default":
-        raise ModelError(f"{directory}: rope_scaling {rope_type!r} is not supported by this converter "
-                         "(supported: none/default)")
+    arch, rec = text_arch(config)
+    gguf_arch = rec.gguf_arch
+    rope_theta, rope_type = rope_settings(config, where)
+    if rope_type not in rec.rope_types:
+        known = ", ".join("none/default" if t == "default" else t for t in rec.rope_types)
+        raise ModelError(f"{directory}: rope_scaling {rope_type!r} is not supported by this converter for "
+                         f"{gguf_arch} (supported: {known})")
+    if rec.check is not None:
+        rec.check(config, where)
+    hp = archbase.hparams(config, where, rope_theta, rope_type)
     vocab, tok_model, tok_pre = _load_vocab(directory)
-    n_layer = int(config["num_hidden_layers"])
-    n_head = int(config["num_attention_heads"])
-    n_kv = int(config.get("num_key_value_heads") or n_head)
-    hidden = int(config["hidden_size"])
-    head_dim = int(config.get("head_dim") or hidden // n_head)
     writer = gguf.GGUFWriter(str(out_path), gguf_arch)
     # Model card / config metadata (name, license, ...) as gguf-py reads them, so the license gate and
     # the device see the same general.license the HF model card declared.
     meta = gguf.Metadata.load(None, directory, name or directory.name, 0)
     meta.set_gguf_meta_model(writer)
-    writer.add_context_length(int(config.get("max_position_embeddings", 2048)))
-    writer.add_embedding_length(hidden)
-    writer.add_block_count(n_layer)
-    writer.add_feed_forward_length(int(config["intermediate_size"]))
-    writer.add_head_count(n_head)
-    writer.add_head_count_kv(n_kv)
-    writer.add_rope_dimension_count(head_dim)
+    writer.add_context_length(hp.context)
+    writer.add_embedding_length(hp.hidden)
+    writer.add_block_count(hp.n_layer)
+    writer.add_feed_forward_length(hp.ffn)
+    writer.add_head_count(hp.n_head)
+    writer.add_head_count_kv(hp.n_kv)
+    writer.add_rope_dimension_count(hp.rope_dim)
     writer.add_rope_freq_base(rope_theta)  # rope_theta or rope_parameters.rope_theta (transformers 5)
-    writer.add_layer_norm_rms_eps(float(config.get("rms_norm_eps", 1e-6)))
+    writer.add_layer_norm_rms_eps(hp.rms_eps)
     writer.add_file_type(FTYPES["F16"])
-    if head_dim != hidden // n_head:
-        writer.add_key_length(head_dim)
-        writer.add_value_length(head_dim)
+    if hp.head_dim != hp.hidden // hp.n_head:
+        writer.add_key_length(hp.head_dim)
+        writer.add_value_length(hp.head_dim)
+    if rec.metadata is not None:
+        rec.metadata(writer, config, hp)
 
     tokens: list[bytes] = []
     scores: list[float] = []
@@ -337,34 +388,42 @@ def convert_hf_to_gguf(directory: Path, out_path: Path, *, name: str | None = No
         tokens.append(f"[PAD{len(tokens)}]".encode())  # the writer stores str and bytes alike (UTF-8)
         scores.append(-1000.0)
         toktypes.append(gguf.TokenType.UNUSED)
+    _check_name_quirk(writer, tokens)
     writer.add_tokenizer_model(tok_model)
     writer.add_tokenizer_pre(tok_pre)
+    if tok_model == "llama" and not _spm_adds_space_prefix(directory):
+        writer.add_add_space_prefix(False)  # llama.cpp's SPM tokenizer prepends "▁" unless told not to (Gemma)
     writer.add_token_list(tokens)
     writer.add_token_scores(scores)
     writer.add_token_types(toktypes)
     special = gguf.SpecialVocab(directory, load_merges=tok_model == "gpt2", n_vocab=len(tokens))
     special.add_to_gguf(writer, quiet=True)
 
-    tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH[gguf_arch.upper()], n_layer)
+    tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH[gguf_arch.upper()], hp.n_layer)
     tied = bool(config.get("tie_word_embeddings", False))
     written = 0
+
+    def add(gguf_name: str, data: np.ndarray) -> None:
+        nonlocal written
+        # 1-D tensors (norms, biases, rope factors) stay F32 as llama.cpp expects; matrices go to F16.
+        writer.add_tensor(gguf_name, data.astype(np.float32 if data.ndim == 1 else np.float16))
+        written += 1
+
     for hf_name, data in tensor_arrays(directory):
-        if hf_name.endswith(".rotary_emb.inv_freq"):
+        if hf_name.endswith(".rotary_emb.inv_freq") or (rec.skip is not None and rec.skip(hf_name)):
             continue  # recomputed by llama.cpp from rope_freq_base
         if tied and hf_name == "lm_head.weight":
             continue  # llama.cpp reuses token_embd when output.weight is absent
-        new_name = tmap.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        new_name = _gguf_name(rec, tmap, hf_name)
         if new_name is None:
             raise ModelError(f"{directory}: tensor {hf_name} has no GGUF name for {gguf_arch} "
                              "(unexpected architecture variant)")
-        if permute and hf_name.endswith("q_proj.weight"):
-            data = _permute_rope_rows(data, n_head)
-        elif permute and hf_name.endswith("k_proj.weight"):
-            data = _permute_rope_rows(data, n_kv)
-        # 1-D tensors (norms, biases) stay F32 as llama.cpp expects; matrices go to F16.
-        data = data.astype(np.float32 if data.ndim == 1 else np.float16)
-        writer.add_tensor(new_name, data)
-        written += 1
+        if rec.transform is not None:
+            data = rec.transform(hf_name, data, config, hp)
+        add(new_name, data)
+    if rec.extra_tensors is not None:
+        for gguf_name, data in rec.extra_tensors(config, hp):
+            add(gguf_name, data)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -47,7 +47,7 @@ def gguf_facts(path: str | Path) -> dict[str, Any]:
 
 def hf_causal_lm_facts(directory: str | Path) -> dict[str, Any]:
     """Facts the GGUF planner needs from a HF causal-LM directory's config.json and tokenizer files."""
-    from edgesdk.formats.gguf.convert import SUPPORTED_ARCHITECTURES
+    from edgesdk.formats.gguf.archs import ARCHS
 
     directory = Path(directory)
     cfg = json.loads((directory / "config.json").read_text(encoding="utf-8"))
@@ -59,7 +59,7 @@ def hf_causal_lm_facts(directory: str | Path) -> dict[str, Any]:
         tok_cfg.is_file() and "chat_template" in json.loads(tok_cfg.read_text(encoding="utf-8")))
     return {
         "architecture": archs[0] if archs else cfg.get("model_type"),
-        "gguf_supported": bool(archs) and archs[0] in SUPPORTED_ARCHITECTURES,
+        "gguf_supported": bool(archs) and archs[0] in ARCHS,
         "layers": cfg.get("num_hidden_layers"), "heads": heads,
         "kv_heads": cfg.get("num_key_value_heads") or heads, "hidden": hidden,
         "head_dim": cfg.get("head_dim") or (hidden // heads if hidden and heads else None),
