@@ -17,7 +17,7 @@ import numpy as np
 
 from edgesdk import telemetry
 from edgesdk.bundle import Bundle, open_bundle
-from edgesdk.errors import BackendUnavailableError, ShapeError
+from edgesdk.errors import BackendUnavailableError, InputError, ShapeError
 from edgesdk.manifest import EmbeddingConfig
 from edgesdk.profiles import Profile, resolve_profile
 from edgesdk.runtime.backend import Backend, LLMBackend, LoadContext, check_feeds
@@ -49,8 +49,37 @@ def plan_embed_batches(lengths: list[int], max_batch: int = EMBED_MAX_BATCH,
     return batches
 
 
+# Every option a built-in loader reads (``edgesdk.load(path, **options)``); anything else is a typo
+# (``n_gpu_layer=8``) that would otherwise be ignored in silence. A registered format may add its own
+# names with a ``load_options`` attribute.
+LOAD_OPTIONS = frozenset({
+    "providers", "threads", "verbose",  # every backend
+    "cuda_graphs", "placement", "device", "eager_fallback", "eager_device", "eager_measure",  # ONNX/TRT/torch
+    "chat_template", "n_ctx", "n_gpu_layers", "flash_attn", "n_batch", "n_ubatch", "probe_in_child",  # GGUF
+    "use_mmap", "vision_encoder",  # VLM
+})
+
+
+def check_load_options(options: dict[str, Any], fmt: str | None = None) -> None:
+    """Refuse (one-line :class:`InputError`) an option no loader reads and a ``threads`` that is not a
+    positive integer; ``None`` values mean "the default" and always pass."""
+    known = set(LOAD_OPTIONS)
+    if fmt is not None:
+        from edgesdk.formats import find_format
+
+        known |= set(getattr(find_format(fmt), "load_options", ()) or ())
+    unknown = sorted(k for k in options if k not in known)
+    if unknown:
+        raise InputError(f"unknown load option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
+                         f"(known: {', '.join(sorted(known))})")
+    threads = options.get("threads")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise InputError(f"threads must be a positive integer (CPU threads), got {threads!r}")
+
+
 # LoadContext lives in runtime/backend.py
-__all__ = ["EMBED_MAX_BATCH", "EMBED_MAX_LENGTH_RATIO", "LoadContext", "Session", "load", "plan_embed_batches"]
+__all__ = ["EMBED_MAX_BATCH", "EMBED_MAX_LENGTH_RATIO", "LOAD_OPTIONS", "LoadContext", "Session",
+           "check_load_options", "load", "plan_embed_batches"]
 
 
 class Session:
@@ -226,7 +255,9 @@ def load(path: str | Path, *, profile: str | Profile | None = None, verify: bool
     Options go to the loader, e.g. ``providers=[...]``, ``threads=2``, ``n_gpu_layers=...``.
     """
     t0 = time.perf_counter()
+    host = options.pop("host", None)  # HostFacts to load as if on another host (tests, what-if reports)
     bundle = open_bundle(path, verify=verify)
+    check_load_options(options, bundle.format)  # a typo (n_gpu_layer=8) is refused, not ignored
     prof = profile if isinstance(profile, Profile) or profile is None else resolve_profile(profile)
     if prof is None:
         name = bundle.manifest.profile.name
@@ -234,7 +265,6 @@ def load(path: str | Path, *, profile: str | Profile | None = None, verify: bool
             prof = resolve_profile(name) if name else None
         except Exception:  # noqa: BLE001 - a custom profile file may not exist on the device
             prof = None
-    host = options.pop("host", None)  # HostFacts to load as if on another host (tests, what-if reports)
     ctx = LoadContext(bundle=bundle, profile=prof, options=options, host=host)
     backend = get_loader(bundle.format)(bundle, ctx)
     return Session(bundle, backend, ctx, time.perf_counter() - t0)

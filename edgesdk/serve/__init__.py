@@ -13,8 +13,14 @@ GGUF bundles answer ``/v1/chat/completions`` and ``/v1/completions``; text-encod
 
 from __future__ import annotations
 
+import asyncio
+import errno
+import functools
+import json
 import signal
+import socket
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 from edgesdk.errors import InputError
@@ -26,21 +32,37 @@ from edgesdk.serve.app import (
     create_app,
 )
 
-__all__ = ["ServeConfig", "ModelEntry", "create_app", "load_models", "model_entry", "run", "serve_limits"]
+__all__ = ["ConnectionLimits", "ServeConfig", "ModelEntry", "bind_sockets", "create_app", "load_models",
+           "model_entry", "run", "serve_limits"]
 
 _NAME_OK = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:")
 
 
 def serve_limits(manifest: dict) -> dict:
     """Per-bundle limits: a ``serve`` table in the manifest (or in its profile summary), else the defaults."""
-    table = manifest.get("serve") or ((manifest.get("profile") or {}).get("summary") or {}).get("serve") or {}
+    table = manifest.get("serve")
+    where = "serve"
+    if table is None or table == {}:
+        profile = manifest.get("profile")
+        summary = profile.get("summary") if isinstance(profile, dict) else None
+        table, where = (summary.get("serve") if isinstance(summary, dict) else None), "profile.summary.serve"
+    if table is None:
+        table = {}
+    if not isinstance(table, dict):
+        raise InputError(f"manifest {where} must be a table of limits (max_tokens, default_max_tokens), "
+                         f"got {_show(table)}")
     cap = table.get("max_tokens", DEFAULT_MAX_TOKENS_CAP)
     default = table.get("default_max_tokens", DEFAULT_MAX_TOKENS)
     if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
-        raise InputError(f"manifest serve.max_tokens must be a positive integer, got {cap!r}")
+        raise InputError(f"manifest {where}.max_tokens must be a positive integer, got {_show(cap)}")
     if not isinstance(default, int) or isinstance(default, bool) or default < 1:
-        raise InputError(f"manifest serve.default_max_tokens must be a positive integer, got {default!r}")
+        raise InputError(f"manifest {where}.default_max_tokens must be a positive integer, got {_show(default)}")
     return {"max_tokens_cap": cap, "default_max_tokens": min(default, cap)}
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:30]}... ({len(text)} characters)"
 
 
 def model_entry(name: str, session) -> ModelEntry:
@@ -66,7 +88,10 @@ def load_models(bundles: list[str | Path], names: list[str] | None = None, *, pr
                 threads: int | None = None) -> list[ModelEntry]:
     """Load each bundle with :func:`edgesdk.load`; a model's name is its directory name unless ``names`` says."""
     import edgesdk
+    from edgesdk.runtime.session import check_load_options
 
+    if threads is not None:
+        check_load_options({"threads": threads})  # before any bundle is loaded: --threads -4 fails at once
     names = list(names or [])
     if len(names) > len(bundles):
         raise InputError(f"{len(names)} --name values for {len(bundles)} bundles")
@@ -80,39 +105,301 @@ def load_models(bundles: list[str | Path], names: list[str] | None = None, *, pr
         if name in seen:
             raise InputError(f"two bundles are both named {name!r}: give each a --name")
         seen.add(name)
-        options = {"threads": threads} if threads else {}
+        options = {"threads": threads} if threads is not None else {}
         session = edgesdk.load(path, profile=profile, **options)
         entries.append(model_entry(name, session))
     return entries
 
 
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """How long the server waits for a client and how many connections it holds (docs/security.md).
+
+    uvicorn itself closes an idle keep-alive connection after a response but has no deadline for a
+    request's headers or body and no cap on open connections: a client that connects and sends nothing,
+    or trickles its headers (slowloris), held a connection for ever. ``header_timeout_s`` runs from the
+    connection (or from the first byte of a later request on it) to the end of the request's headers;
+    ``body_timeout_s`` from the end of the headers to the end of the body (408 and the connection closed);
+    ``keep_alive_s`` is uvicorn's idle time between requests; beyond ``max_connections`` open connections a
+    new one is answered 503 and closed at once."""
+
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    keep_alive_s: int = 5
+    max_connections: int = 256
+
+    def __post_init__(self) -> None:
+        for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s", "max_connections"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise InputError(f"ConnectionLimits.{name} must be a positive number, got {value!r}")
+
+
+def _http_error(status: int, reason: str, message: str, code: str) -> bytes:
+    """A whole HTTP/1.1 response (OpenAI error shape) written straight to a socket, then closed."""
+    body = json.dumps({"error": {"message": message, "type": "invalid_request_error" if status < 500
+                                 else "service_unavailable", "param": None, "code": code}}).encode()
+    head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+            "connection: close\r\n" + ("retry-after: 1\r\n" if status == 503 else "") + "\r\n")
+    return head.encode("ascii") + body
+
+
+_HEADERS_TIMEOUT = _http_error(408, "Request Timeout", "the request headers did not arrive in time",
+                               "request_timeout")
+_TOO_MANY = _http_error(503, "Service Unavailable", "too many open connections", "too_many_connections")
+
+
+class _Watched:
+    """The transport handed to uvicorn's protocol: every call goes to the real one; a write marks the
+    connection as answering (so the next bytes from the client start a new request head)."""
+
+    def __init__(self, transport: asyncio.Transport, owner: _GuardedProtocol):
+        self._transport, self._owner = transport, owner
+
+    def write(self, data) -> None:
+        self._owner.wrote()
+        self._transport.write(data)
+
+    def writelines(self, lines) -> None:
+        self._owner.wrote()
+        self._transport.writelines(lines)
+
+    def __getattr__(self, name: str):
+        return getattr(self._transport, name)
+
+
+class _Open:
+    """Connections open now, shared by every protocol of one server."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
+class _GuardedProtocol(asyncio.Protocol):
+    """uvicorn's HTTP protocol (``inner``) behind a connection cap and a request-head deadline. Only the
+    asyncio.Protocol interface of ``inner`` is used, so any uvicorn HTTP implementation fits."""
+
+    def __init__(self, inner_cls, limits: ConnectionLimits, open_: _Open, **kwargs):
+        self._inner = inner_cls(**kwargs)
+        self._limits, self._open = limits, open_
+        self._transport: asyncio.Transport | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._refused = False
+        self._in_head = True  # waiting for the end of a request head (a connection starts that way)
+        self._answered = False  # the server wrote since the last head ended
+        self._ever_wrote = False
+        self._tail = b""
+
+    # -- asyncio.Protocol
+    def connection_made(self, transport) -> None:
+        if self._open.count >= self._limits.max_connections:
+            self._refused = True
+            transport.write(_TOO_MANY)
+            transport.close()
+            return
+        self._open.count += 1
+        self._transport = transport
+        self._start_timer()
+        self._inner.connection_made(_Watched(transport, self))
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        if not self._in_head and self._answered:  # a new request on a kept-alive connection
+            self._in_head, self._answered, self._tail = True, False, b""
+            self._start_timer()
+        if self._in_head:
+            seen = self._tail + data
+            if b"\r\n\r\n" in seen:
+                self._in_head = False
+                self._stop_timer()
+            else:
+                self._tail = seen[-3:]
+        self._inner.data_received(data)
+
+    def eof_received(self):
+        return None if self._refused else self._inner.eof_received()
+
+    def connection_lost(self, exc) -> None:
+        if self._refused:
+            return
+        self._open.count -= 1
+        self._stop_timer()
+        self._inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        if not self._refused:
+            self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if not self._refused:
+            self._inner.resume_writing()
+
+    # -- the deadline
+    def wrote(self) -> None:
+        self._ever_wrote = True
+        if not self._in_head:
+            self._answered = True
+
+    def _start_timer(self) -> None:
+        self._stop_timer()
+        self._timer = asyncio.get_running_loop().call_later(self._limits.header_timeout_s, self._expired)
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expired(self) -> None:
+        self._timer = None
+        transport = self._transport
+        if transport is None or transport.is_closing() or not self._in_head:
+            return
+        if not self._ever_wrote:  # nothing of ours on the wire yet: say why before closing
+            transport.write(_HEADERS_TIMEOUT)
+        transport.close()
+
+
+class _BodyDeadline:
+    """ASGI middleware: a request body that has not fully arrived ``timeout_s`` after its headers gets 408
+    (and ``connection: close``); what the app sent meanwhile is dropped. Reading stops being timed once the
+    body is complete: the app then waits on ``receive`` for the client's disconnect, for as long as it runs."""
+
+    def __init__(self, app, timeout_s: float):
+        self.app, self.timeout_s = app, timeout_s
+
+    def __getattr__(self, name: str):  # app.state and the like
+        return getattr(self.app, name)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout_s
+        body_done = timed_out = started = False
+
+        async def timed_receive():
+            nonlocal body_done, timed_out
+            if timed_out:
+                return {"type": "http.disconnect"}
+            if body_done:
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+            except asyncio.TimeoutError:
+                timed_out = True
+                return {"type": "http.disconnect"}  # the app stops reading as if the client had gone
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body_done = True
+            return message
+
+        async def guarded_send(message):
+            nonlocal started
+            if timed_out:
+                return
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, timed_receive, guarded_send)
+        except Exception:
+            if not timed_out:
+                raise
+        if timed_out and not started:
+            body = json.dumps({"error": {"message": f"the request body did not arrive within {self.timeout_s:g} s",
+                                         "type": "invalid_request_error", "param": None,
+                                         "code": "request_timeout"}}).encode()
+            await send({"type": "http.response.start", "status": 408,
+                        "headers": [(b"content-type", b"application/json"), (b"connection", b"close"),
+                                    (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+
+
+def bind_sockets(host: str, port: int) -> list[socket.socket]:
+    """Listening sockets for ``host``:``port`` (every address the name resolves to, as uvicorn binds them),
+    bound before the server starts so that a taken port is one :class:`InputError` (exit 3), not uvicorn's
+    log and exit."""
+    where = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise InputError(f"cannot listen on {where}: {getattr(exc, 'strerror', None) or exc} (check --host)") \
+            from None
+    sockets: list[socket.socket] = []
+    seen: set = set()
+    try:
+        for family, kind, proto, _, addr in infos:
+            if (family, addr) in seen:
+                continue
+            seen.add((family, addr))
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and hasattr(socket, "IPPROTO_IPV6"):
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(addr)
+            if port == 0:  # one address: a second bind would get another port
+                break
+    except OSError as exc:
+        for sock in sockets:
+            sock.close()
+        why = {errno.EADDRINUSE: "the address is already in use (another server? pick another --port)",
+               errno.EACCES: "permission denied (ports below 1024 need privileges)",
+               errno.EADDRNOTAVAIL: "the address is not one of this machine's (check --host)"}.get(
+                   exc.errno or 0, exc.strerror or str(exc))
+        raise InputError(f"cannot listen on {where}: {why}") from None
+    return sockets
+
+
 def run(entries: list[ModelEntry], config: ServeConfig, *, shutdown_timeout_s: float = 30.0,
-        log_level: str = "info") -> None:
+        log_level: str = "info", limits: ConnectionLimits | None = None,
+        sockets: list[socket.socket] | None = None) -> None:
     """Serve until SIGTERM/SIGINT: then refuse new requests (503), let in-flight ones finish for up to
-    ``shutdown_timeout_s``, cancel the rest, stop the workers and flush telemetry."""
+    ``shutdown_timeout_s``, cancel the rest, stop the workers and flush telemetry. ``limits``: the
+    header/body deadlines and connection cap (:class:`ConnectionLimits`; its defaults otherwise).
+    ``sockets``: from :func:`bind_sockets`, called before the models are loaded so that a taken port fails
+    at once (default: bound here); they are closed when the server stops."""
+    import logging
+
     import uvicorn
 
-    app = create_app(entries, config)
-    state = app.state.server
-
-    class _Uvicorn(uvicorn.Server):
-        def handle_exit(self, sig, frame):  # uvicorn's public signal hook: start draining first
-            state.draining = True
-            super().handle_exit(sig, frame)
-
-    # uvicorn annotates timeout_graceful_shutdown as int; it goes to asyncio.timeout(), which takes a float
-    ucfg = uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
-                          timeout_graceful_shutdown=shutdown_timeout_s,  # type: ignore[arg-type]
-                          access_log=log_level == "debug", server_header=False, lifespan="on")
-    server = _Uvicorn(ucfg)
-    # uvicorn re-raises the signal it handled once it has shut down; a quiet handler here lets the
-    # command return normally (exit code 0, atexit telemetry flush) after a graceful SIGTERM.
-    main = threading.current_thread() is threading.main_thread()
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM,)} if main else {}
+    limits = limits or ConnectionLimits()
+    if sockets is None:
+        sockets = bind_sockets(config.host, config.port)  # a taken port: one error line, nothing started
     try:
-        for sig in previous:
-            signal.signal(sig, lambda *_: None)
-        server.run()
+        app = create_app(entries, config)
+        state = app.state.server
+
+        class _Uvicorn(uvicorn.Server):
+            def handle_exit(self, sig, frame):  # uvicorn's public signal hook: start draining first
+                state.draining = True
+                super().handle_exit(sig, frame)
+
+        # uvicorn annotates timeout_graceful_shutdown as int; it goes to asyncio.timeout(), which takes a float
+        ucfg = uvicorn.Config(_BodyDeadline(app, limits.body_timeout_s), host=config.host, port=config.port,
+                              log_level=log_level, timeout_graceful_shutdown=shutdown_timeout_s,  # type: ignore[arg-type]
+                              timeout_keep_alive=limits.keep_alive_s, access_log=log_level == "debug",
+                              server_header=False, lifespan="on")
+        ucfg.load()  # picks uvicorn's HTTP protocol class, which the guard then wraps
+        ucfg.http_protocol_class = functools.partial(  # type: ignore[assignment]
+            _GuardedProtocol, ucfg.http_protocol_class, limits, _Open())
+        server = _Uvicorn(ucfg)
+        for sock in sockets:
+            host, port = sock.getsockname()[:2]
+            logging.getLogger("uvicorn.error").info(
+                "Uvicorn running on http://%s:%d (Press CTRL+C to quit)", f"[{host}]" if ":" in host else host, port)
+        # uvicorn re-raises the signal it handled once it has shut down; a quiet handler here lets the
+        # command return normally (exit code 0, atexit telemetry flush) after a graceful SIGTERM.
+        main = threading.current_thread() is threading.main_thread()
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM,)} if main else {}
+        try:
+            for sig in previous:
+                signal.signal(sig, lambda *_: None)
+            server.run(sockets=sockets)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        for sock in sockets:
+            sock.close()

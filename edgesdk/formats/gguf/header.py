@@ -26,6 +26,9 @@ _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<
 _STRING, _ARRAY = 8, 9
 _MAX_DIMS = 8
 _MAX_COUNT = 1_000_000  # tensors or keys: beyond this the header is corrupt, not a model
+# Arrays of arrays: llama.cpp's own reader refuses nesting outright; real files (tokenizer merges, vocab)
+# use one level. Deeper is a corrupt or hostile file, refused before Python's recursion limit is reached.
+_MAX_ARRAY_DEPTH = 8
 
 # ggml type id -> (elements per block, bytes per block), as ggml's type traits (ggml/src/ggml.c) and
 # gguf-py's GGML_QUANT_SIZES give them (checked against gguf-py 0.19.0 by tests); QK_K = 256 for the k-quants.
@@ -101,31 +104,36 @@ class _Cursor:
         self.pos += n
         return bytes(raw).decode("utf-8", errors="replace")
 
-    def skip(self, vtype: int) -> None:
+    def skip(self, vtype: int, depth: int = 0) -> None:
         if vtype in _SCALARS:
             self.pos += struct.calcsize(_SCALARS[vtype])
         elif vtype == _STRING:
             n = self.take("<Q")  # (not `self.pos += self.take(...)`: take() moves pos first)
             self.pos += n
         elif vtype == _ARRAY:
-            self.value(vtype)
+            self.value(vtype, depth)
         else:
             raise self._bad(f"unknown value type {vtype}")
         if self.pos > self.size:
             raise self._bad("value runs past the end of the file")
 
-    def value(self, vtype: int) -> Any:
+    def value(self, vtype: int, depth: int = 0) -> Any:
+        """One value of type ``vtype``; ``depth`` is how many arrays it sits in (bounded: no recursion error)."""
         if vtype in _SCALARS:
             return self.take(_SCALARS[vtype])
         if vtype == _STRING:
             return self.string()
         if vtype == _ARRAY:
+            if depth >= _MAX_ARRAY_DEPTH:
+                raise self._bad(f"arrays nested more than {_MAX_ARRAY_DEPTH} deep at byte {self.pos}")
             etype, n = self.take("<I"), self.take("<Q")
             if etype in _SCALARS:
                 self.pos = self.pos + n * struct.calcsize(_SCALARS[etype])
             else:
                 for _ in range(n):
-                    self.skip(etype)
+                    self.skip(etype, depth + 1)
+                    if self.pos > self.size:
+                        raise self._bad("array runs past the end of the file")
             if self.pos > self.size:
                 raise self._bad("array runs past the end of the file")
             return GGUFArray(etype, n)

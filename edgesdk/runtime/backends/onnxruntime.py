@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edgesdk.errors import BackendUnavailableError
+from edgesdk.errors import BackendUnavailableError, EdgeSDKError, ShapeError
 from edgesdk.runtime.backend import LoadContext, TensorSpec
 
 if TYPE_CHECKING:
@@ -148,6 +148,12 @@ class OnnxRuntimeBackend:
         self._graphs: CudaGraphBuckets | None = None
         self._graph_report: dict[str, Any] = {"enabled": False, "reason": "not requested"}
         self.eager_fallback: dict[str, Any] | None = None  # set by torch_eager.choose_eager_fallback
+        # Table sizes of a text model (config.json): token ids and sequence lengths are checked against them
+        # before a run, so a bad id is a sentence naming it, not an onnxruntime kernel error (load_onnx sets them).
+        self.vocab_size: int | None = None
+        self.max_positions: int | None = None
+        self._run_options = ort.RunOptions()
+        self._run_options.log_severity_level = 4  # a failed run raises (below); no ORT error line on stderr
 
     def enable_cuda_graphs(self, reason: str, *, seq_buckets: tuple[int, ...] | None = None,
                            batch_buckets: tuple[int, ...] | None = None, max_seq: int | None = None,
@@ -176,6 +182,42 @@ class OnnxRuntimeBackend:
         return True
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self._check_values(feeds)
+        try:
+            return self._run(feeds)
+        except Exception as exc:  # onnxruntime raises its own pybind types; told apart by their status text
+            found = _ORT_ERROR.match(str(exc))
+            if found is None:
+                raise
+            status, detail = found.group(1), " ".join(found.group(2).split())
+            detail = re.sub(r"^Non-zero status code returned while running ", "", detail)[:300]
+            if status == "INVALID_ARGUMENT":
+                raise ShapeError(f"{self.model_path.name}: the inputs are not valid for this model: {detail}") \
+                    from None
+            raise OnnxRuntimeRunError(f"onnxruntime failed running {self.model_path.name}: {status}: {detail}") \
+                from None
+
+    def _check_values(self, feeds: Mapping[str, np.ndarray]) -> None:
+        """Refuse, as one :class:`ShapeError`, what onnxruntime would fail on deep inside a kernel (or, for a
+        negative token id, silently index from the end of the table): an empty input and ids out of range."""
+        for name, value in feeds.items():
+            shape = tuple(np.shape(value))
+            if 0 in shape:
+                raise ShapeError(f"input {name!r} is empty (shape {shape}): give at least one row and one "
+                                 "element per row")
+            if not name.endswith("ids") or not np.issubdtype(np.asarray(value).dtype, np.integer):
+                continue
+            low, high = int(np.min(value)), int(np.max(value))
+            table = self.vocab_size if name == "input_ids" else None
+            if low < 0 or (table is not None and high >= table):
+                bad = low if low < 0 else high
+                limit = f"0..{table - 1} (the model's vocabulary has {table} tokens)" if table else ">= 0"
+                raise ShapeError(f"input {name!r} holds id {bad}, outside {limit}")
+            if len(shape) == 2 and self.max_positions and shape[1] > self.max_positions:
+                raise ShapeError(f"input {name!r} is {shape[1]} tokens long; this model takes at most "
+                                 f"{self.max_positions}")
+
+    def _run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self._graphs is not None:
             from edgesdk.runtime.backends.ort_buckets import request_shape
 
@@ -184,7 +226,7 @@ class OnnxRuntimeBackend:
                 return self._graphs.run(feeds, bucket)
             self._graph_report["plain_runs_outside_buckets"] = self._graph_report.get(
                 "plain_runs_outside_buckets", 0) + 1
-        return dict(zip(self.output_names, self.session.run(self.output_names, feeds)))
+        return dict(zip(self.output_names, self.session.run(self.output_names, feeds, self._run_options)))
 
     def placement(self, feeds: Mapping[str, np.ndarray]) -> dict[str, Any]:
         """Per-node execution provider from ONNX Runtime's profiler (one profiled run on a twin session)."""
@@ -233,6 +275,7 @@ def load_onnx(bundle: Bundle, ctx: LoadContext) -> Any:
         "CPUExecutionProvider"]
     backend = OnnxRuntimeBackend(bundle.artifact_path("model"), list(chain), ctx.record_fallback,
                                  threads=ctx.options.get("threads"))
+    backend.vocab_size, backend.max_positions = _config_int(bundle, "vocab_size"), _max_positions(bundle)
     want, reason = _cuda_graph_choice(bundle, ctx.options.get("cuda_graphs"), ctx.profile)
     if want:
         from edgesdk.runtime.backends.ort_buckets import bucket_options
@@ -269,8 +312,24 @@ def _cuda_graph_choice(bundle: Bundle, option: bool | None, profile: Any = None)
 
 
 def _max_positions(bundle: Bundle) -> int | None:
+    return _config_int(bundle, "max_position_embeddings")
+
+
+def _config_int(bundle: Bundle, key: str) -> int | None:
+    """A positive integer of the bundle's config.json (a text model's table sizes), else None."""
     cfg = Path(bundle.path) / "config.json"
     try:
-        return int(json.loads(cfg.read_text()).get("max_position_embeddings")) if cfg.is_file() else None
-    except (ValueError, TypeError, OSError):
+        value = json.loads(cfg.read_text()).get(key) if cfg.is_file() else None
+        return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    except (ValueError, TypeError, OSError, AttributeError, RecursionError):
         return None
+
+
+# "[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : <detail>": how every onnxruntime status exception reads.
+_ORT_ERROR = re.compile(r"^\[ONNXRuntimeError\] : \d+ : ([A-Z_]+) : (.*)$", re.S)
+
+
+class OnnxRuntimeRunError(EdgeSDKError):
+    """onnxruntime failed a run whose inputs matched the model's spec (exit 1: not the caller's input)."""
+
+    exit_code = 1
