@@ -42,6 +42,7 @@ SLOW_FIXTURES = {
     "test_vlm_onnx.py::exported": "a torch export of the tiny LLaVA's vision tower (8 s)",
     "resnet_dir": "a tiny ResNet made with transformers and torch (3 s)",
     "tiny_llava": "a random-weight LLaVA made with transformers and torch (2 s per module)",
+    "tiny_llava15": "a random-weight LLaVA-1.5 (CLIP 336 px) made with transformers and torch; builds 45 s each",
     "doc_workspace": "every documented command run in a subprocess: builds, LLM runs, servers (70 s)",
 }
 

@@ -48,10 +48,17 @@ def test_quant_type_override_applies_to_the_decoder_only(tiny_llava):
 
 
 @pytest.mark.slow
-def test_clip_tower_is_refused_with_the_reason(tmp_path):
+def test_clip_tower_gets_the_onnx_encoder_and_full_selection_is_refused(tmp_path):
+    """A CLIP tower (class token) builds with the ONNX encoder as its encoder (tests/test_vlm_llava15.py has the
+    parity); its ``full`` selection (class token kept) has no llama.cpp image-token layout and is refused."""
+    from edgesdk.formats.vlm.convert import check_supported, read_config
+
     clip = make_tiny_llava(tmp_path / "clip-llava", vision="clip")
-    with pytest.raises(ModelError, match="class token"):
-        make_plan(clip, "cpu-x86_64")
+    vr = make_plan(clip, "cpu-x86_64").decision("vlm.vision_runtime")
+    assert vr["required"] is True and vr["providers"] == ["CPUExecutionProvider"]
+    cfg = read_config(clip)
+    with pytest.raises(ModelError, match="'full' is not supported for a CLIP tower"):
+        check_supported({**cfg, "vision_feature_select_strategy": "full"}, clip)
 
 
 @pytest.fixture(scope="module")

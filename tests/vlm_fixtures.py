@@ -102,6 +102,77 @@ def make_tiny_llava(directory: Path, *, vision: str = "siglip", seed: int = 0) -
     return directory
 
 
+# ------------------------------------------------------------------ LLaVA-1.5 (CLIP ViT-L/14-336 tower, random weights)
+
+# llava-hf/llava-1.5-7b-hf's published config.json / preprocessor_config.json values that the tiny model keeps:
+# CLIP tower at 336 px with 14 px patches (576 image tokens + the class token), quick_gelu, layer-norm eps 1e-5,
+# pre-layernorm, feature layer -2, ``default`` selection (the class token dropped), GELU two-layer projector;
+# llama decoder with rms_norm_eps 1e-5, rope_theta 10000, max_position_embeddings 4096, no GQA; OpenAI CLIP
+# mean/std, bicubic shortest-edge resize to 336 + 336 center crop. Shrunk: the tower 3 layers of width 128
+# (2 heads of 64, as ViT-L's head width; FFN 4x), the decoder 2 layers of width 128 (4 heads, FFN 344).
+LLAVA15_IMAGE_SIZE = 336
+LLAVA15_PATCH_SIZE = 14
+LLAVA15_IMAGE_TOKENS = (LLAVA15_IMAGE_SIZE // LLAVA15_PATCH_SIZE) ** 2  # 576
+CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
+CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
+
+
+def make_tiny_llava15(directory: Path, *, seed: int = 0) -> Path:
+    """Save a random-weight LLaVA-1.5 (CLIP tower with a class token, ``vision_feature_select_strategy: default``,
+    ``vision_feature_layer: -2``) built from the published llava-1.5 configuration, shrunk (above). RANDOM weights:
+    it describes nothing. Saved by this host's transformers (4.57); :func:`to_transformers5_layout` gives the
+    transformers 5 naming."""
+    import torch
+    from transformers import (
+        CLIPImageProcessor,
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaProcessor,
+        PreTrainedTokenizerFast,
+    )
+
+    from edgesdk.formats.gguf.build import PPL_TEXT
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tok = byte_bpe(PPL_TEXT.read_text().split("\n") + ["USER:", "ASSISTANT:"] * 10, 420,
+                   ["<|bos|>", "<|end|>", "<image>", "<pad>"])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|end|>", pad_token="<pad>",
+                                   extra_special_tokens={"image_token": "<image>"})
+    image_processor = CLIPImageProcessor(
+        size={"shortest_edge": LLAVA15_IMAGE_SIZE},
+        crop_size={"height": LLAVA15_IMAGE_SIZE, "width": LLAVA15_IMAGE_SIZE},
+        do_center_crop=True, do_resize=True, resample=3, do_rescale=True, rescale_factor=1 / 255, do_normalize=True,
+        image_mean=CLIP_MEAN, image_std=CLIP_STD, do_convert_rgb=True)
+    processor = LlavaProcessor(image_processor=image_processor, tokenizer=fast, patch_size=LLAVA15_PATCH_SIZE,
+                               vision_feature_select_strategy="default", image_token="<image>",
+                               num_additional_image_tokens=1, chat_template=CHAT_TEMPLATE)
+    processor.save_pretrained(directory)
+    vision = CLIPVisionConfig(image_size=LLAVA15_IMAGE_SIZE, patch_size=LLAVA15_PATCH_SIZE, hidden_size=128,
+                              intermediate_size=512, num_hidden_layers=3, num_attention_heads=2, projection_dim=768,
+                              hidden_act="quick_gelu", layer_norm_eps=1e-5)
+    text = LlamaConfig(vocab_size=len(fast), hidden_size=128, intermediate_size=344, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=4096, rms_norm_eps=1e-5,
+                       rope_theta=10000.0, bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id,
+                       pad_token_id=fast.pad_token_id, initializer_range=0.2)
+    config = LlavaConfig(vision_config=vision, text_config=text,
+                         image_token_index=fast.convert_tokens_to_ids("<image>"),
+                         projector_hidden_act="gelu", vision_feature_select_strategy="default", vision_feature_layer=-2,
+                         image_seq_length=LLAVA15_IMAGE_TOKENS, pad_token_id=fast.pad_token_id,
+                         tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = LlavaForConditionalGeneration(config).eval()
+    model.save_pretrained(directory, safe_serialization=True)
+    (directory / "README.md").write_text(
+        "---\nlicense: apache-2.0\n---\n# tiny-llava-1.5 (random weights)\n\nLLaVA-1.5's architecture "
+        "(CLIP ViT-L/14-336 "
+        "layout, shrunk) built from transformers configs with RANDOM weights for tests: it describes nothing.\n",
+        encoding="utf-8")
+    return directory
+
+
 def make_test_images(directory: Path) -> list[Path]:
     """A few synthetic images (Pillow): gradient, checkerboard, shapes, and a non-square photo-like one."""
     import numpy as np

@@ -143,9 +143,12 @@ def hf_vlm_reference(hf_dir: Path, images: list[Path], prompt: str, n_tokens: in
 
 
 def component_parity(hf_dir: Path, decoder: Path, mmproj: Path, *, n_tokens: int = GREEDY_TOKENS,
-                     prompt: str = PARITY_PROMPT, work: Path | None = None, onnx_encoder: Path | None = None) -> dict:
+                     prompt: str = PARITY_PROMPT, work: Path | None = None, onnx_encoder: Path | None = None,
+                     mmproj_encodes: bool = True) -> dict:
     """Encoder + projector features (llama.cpp F16 mmproj vs PyTorch) and greedy tokens end to end; with
-    ``onnx_encoder``, the same for the FP16 ONNX encoder (``onnx_encoder.onnx_parity``)."""
+    ``onnx_encoder``, the same for the FP16 ONNX encoder (``onnx_encoder.onnx_parity``). With
+    ``mmproj_encodes=False`` (a class-token CLIP tower, convert.CLASS_TOKEN_NOTE) the ONNX encoder's figures are
+    the bundle's (``encoder_min_cosine``, ``greedy_equal``) and the mmproj's are kept under ``mmproj_not_used``."""
     from edgesdk.runtime.backends.vlm import VLMBackend, VLMPipeline
 
     work = Path(work or tempfile.mkdtemp(prefix="edgesdk-vlm-"))
@@ -189,8 +192,8 @@ def component_parity(hf_dir: Path, decoder: Path, mmproj: Path, *, n_tokens: int
                 unfixed["greedy_equal"] = unfixed.get("greedy_equal", 0) + int(ours == ref["tokens_unfixed"])
     finally:
         backend.close()
-    out = {"images": len(images), "encoder_min_cosine": round(cos_min, 6), "greedy_equal": f"{equal}/{len(images)}",
-           "greedy_tokens": n_tokens, "per_image": per_image}
+    out: dict = {"images": len(images), "encoder_min_cosine": round(cos_min, 6),
+                 "greedy_equal": f"{equal}/{len(images)}", "greedy_tokens": n_tokens, "per_image": per_image}
     if unfixed:
         import transformers
 
@@ -205,6 +208,15 @@ def component_parity(hf_dir: Path, decoder: Path, mmproj: Path, *, n_tokens: int
 
         out["onnx_encoder"] = onnx_parity(decoder, mmproj, onnx_encoder, pre, images, refs, mm_results, n_ctx=n_ctx,
                                           n_tokens=n_tokens, prompt=prompt, mmproj_encode_s=pipe.encode_s["mmproj"])
+    if not mmproj_encodes:
+        if onnx_encoder is None:
+            raise ParityError("a class-token vision tower needs the ONNX encoder (the mmproj does not encode)")
+        ox: dict = out["onnx_encoder"]
+        out["mmproj_not_used"] = {"encoder_min_cosine": out["encoder_min_cosine"], "greedy_equal": out["greedy_equal"],
+                                  "why": vconv.CLASS_TOKEN_NOTE}
+        out.update(encoder="onnx", encoder_min_cosine=ox["encoder_min_cosine"], greedy_equal=ox["greedy_equal_pytorch"],
+                   per_image=[{**p, "tokens_ours": o["tokens_onnx"], "min_cosine": o["min_cosine"],
+                               "max_abs": o["max_abs"]} for p, o in zip(per_image, ox["per_image"], strict=True)])
     return out
 
 
@@ -254,10 +266,12 @@ def build_vlm(ctx) -> None:
                                       f"(limit {PPL_RATIO_MAX.get(quant, 1.1)}x)")
             ctx.progress("parity: image features (llama.cpp mmproj vs PyTorch) and greedy tokens end to end (F16)")
             comp = component_parity(src, f16, mmproj, n_tokens=int(thresholds.get("greedy_tokens", GREEDY_TOKENS)),
-                                    work=work, onnx_encoder=ctx.staging / "vision_encoder.onnx" if onnx_info else None)
+                                    work=work, onnx_encoder=ctx.staging / "vision_encoder.onnx" if onnx_info else None,
+                                    mmproj_encodes=mm_info.get("encodes", True))
             parity["vision"] = comp
             if comp["encoder_min_cosine"] < thresholds.get("encoder_min_cosine", ENCODER_MIN_COSINE):
-                raise ParityError(f"image features from the F16 mmproj differ from PyTorch: min cosine "
+                raise ParityError(f"image features from the {comp.get('encoder', 'F16 mmproj')} encoder differ from "
+                                  f"PyTorch: min cosine "
                                   f"{comp['encoder_min_cosine']:.5f} per image token")
             n_eq, n_img = (int(x) for x in comp["greedy_equal"].split("/"))
             if n_eq != n_img:
@@ -268,7 +282,7 @@ def build_vlm(ctx) -> None:
                 if ox["encoder_min_cosine"] < thresholds.get("encoder_min_cosine", ENCODER_MIN_COSINE):
                     raise ParityError(f"image features from the FP16 ONNX encoder differ from PyTorch: min cosine "
                                       f"{ox['encoder_min_cosine']:.5f} per image token")
-                if ox["greedy_equal_mmproj"] != f"{n_img}/{n_img}":
+                if mm_info.get("encodes", True) and ox["greedy_equal_mmproj"] != f"{n_img}/{n_img}":
                     raise ParityError(f"greedy tokens with the FP16 ONNX encoder differ from the mmproj path's on "
                                       f"{ox['greedy_equal_mmproj']} equal test images")
     finally:
@@ -298,6 +312,13 @@ def build_vlm(ctx) -> None:
                        "image_preprocessor": {"artifact": "preprocessor_config.json"}},
         "image_size": mm_info["image_size"], "image_tokens": mm_info["image_tokens"], "mmproj": mm_info,
         "mmproj_bytes": mmproj.stat().st_size}
+    if not mm_info.get("encodes", True):  # class-token tower: the ONNX graph encodes, the mmproj tokenizes
+        comps = ctx.manifest.extras["vlm"]["components"]
+        comps["vision_encoder"] = {"artifact": "vision_encoder.onnx", "precision": "FP16",
+                                   "why": vconv.CLASS_TOKEN_NOTE}
+        comps["projector"].update(artifact="vision_encoder.onnx", precision="FP16")
+        comps["image_chunk_tokenizer"] = {"artifact": "mmproj.gguf", "precision": "F16",
+                                          "use": "libmtmd tokenizes image chunks with it; it never encodes"}
     if onnx_info:
         ctx.manifest.extras["vlm"]["components"]["vision_encoder_onnx"] = {
             "artifact": "vision_encoder.onnx", "precision": "FP16", "includes": "vision encoder + projector",
@@ -306,7 +327,8 @@ def build_vlm(ctx) -> None:
     if onnx_info:  # the vision encoder's own chain; the decoder's stays llama.cpp
         ctx.manifest.extras["vlm"]["vision_encoder_chain"] = [
             "onnxruntime TensorrtExecutionProvider (FP16 ONNX)", "onnxruntime CUDAExecutionProvider (FP16 ONNX)",
-            "llama.cpp libmtmd (F16 mmproj)"]
+            "llama.cpp libmtmd (F16 mmproj)" if mm_info.get("encodes", True)
+            else "onnxruntime CPUExecutionProvider (FP16 ONNX)"]
     ctx.runtime_requires.extend(["llama-cpp-python", "pillow"])
     from edgesdk.host import dist_of, tool_versions
 

@@ -42,14 +42,19 @@ _PROJ_PREFIXES = ("multi_modal_projector.", "model.multi_modal_projector.")
 _PROJ_NAMES = {"linear_1": "mm.0", "linear_2": "mm.2"}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "chat_template.jinja", "generation_config.json", "README.md", "LICENSE")
-SUPPORTED_VISION = {"siglip_vision_model"}
-# Why CLIP towers are refused: llama.cpp's LLaVA graph (tools/mtmd/models/llava.cpp in the llama.cpp that
-# llama-cpp-python 0.3.36 vendors) appends the class token AFTER the patches, gives positions 0..N in that
-# order and keeps rows 1..N, while CLIP puts the class token first (position 0) and LLaVA keeps the N
-# patch rows. Measured on a random CLIP-LLaVA: per-token cosine vs PyTorch 0.45-0.99, rows shifted by one.
-CLIP_REFUSAL = ("CLIP vision towers with a class token are not supported: llama.cpp's LLaVA graph orders the "
-                "class token after the patches and keeps a shifted row set, so its image features differ from "
-                "PyTorch's (docs/vlm.md); SigLIP towers (no class token) are supported")
+SUPPORTED_VISION = {"siglip_vision_model", "clip_vision_model"}
+CLASS_TOKEN_VISION = {"clip_vision_model"}
+# Why a CLIP tower's mmproj only tokenizes (LLaVA-1.5, issue 21): llama.cpp's LLaVA graph (tools/mtmd/models/llava.cpp
+# in the llama.cpp that llama-cpp-python 0.3.36 vendors) appends the class token AFTER the patches, gives positions
+# 0..N in that order and keeps rows 1..N (clip.cpp's ``patches`` input, ``patch_offset = 1``), while CLIP puts the
+# class token first (position 0) and LLaVA keeps the N patch rows. Permuting the position table makes the encoder
+# compute the right tokens, but the kept row set still drops patch 0 and keeps the class token, which no tensor
+# layout can change. Measured on a random CLIP-LLaVA: per-token cosine vs PyTorch 0.45-0.99, rows shifted by one.
+# So the bundle's vision encoder is the FP16 ONNX graph (PyTorch's get_image_features), on any ONNX Runtime provider
+# (the CPU included); the mmproj stays for libmtmd's tokenization of image chunks (576 positions) and never encodes.
+CLASS_TOKEN_NOTE = ("llama.cpp's LLaVA graph orders the class token after the patches and keeps a shifted row set, "
+                    "so its mmproj encoder cannot reproduce a CLIP tower (docs/vlm.md); the bundle encodes images "
+                    "with the FP16 ONNX encoder on any ONNX Runtime provider, the CPU included")
 SUPPORTED_TEXT = {"llama"}
 ACT_GELU = {"gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast"}
 SKIPPED_VISION = ("post_layernorm", "position_ids", ".head.")
@@ -63,7 +68,7 @@ _IDEFICS3_PROJ = "model.connector.modality_projection.proj."
 # ``PrefixChange(prefix_to_remove="vision_model")``): ``vision_tower.encoder.*`` for 4.x's
 # ``vision_tower.vision_model.encoder.*``. The decoder (``language_model.model.*``, ``language_model.lm_head.*``),
 # the projector and every Idefics3 / SmolVLM tensor keep their names.
-_V5_VISION = re.compile(r"^((?:model\.)?vision_tower\.)(embeddings|encoder|post_layernorm|head)\.")
+_V5_VISION = re.compile(r"^((?:model\.)?vision_tower\.)(embeddings|encoder|pre_layrnorm|post_layernorm|head)\.")
 
 
 def canonical_name(name: str) -> str:
@@ -111,18 +116,18 @@ def check_supported(config: dict[str, Any], directory: Path) -> None:
         return check_idefics3(config, directory)
     vision, text = config.get("vision_config") or {}, config.get("text_config") or {}
     vt, tt = vision.get("model_type"), text.get("model_type", "llama")
-    if vt == "clip_vision_model":
-        raise ModelError(f"{directory}: {CLIP_REFUSAL}")
     if vt not in SUPPORTED_VISION:
         raise ModelError(f"{directory}: vision tower {vt!r} is not supported for the llama.cpp mmproj "
                          f"(supported: {', '.join(sorted(SUPPORTED_VISION))})")
     if tt not in SUPPORTED_TEXT:
         raise ModelError(f"{directory}: language model {tt!r} is not supported (supported: "
                          f"{', '.join(sorted(SUPPORTED_TEXT))})")
-    if config.get("vision_feature_select_strategy", "default") != "full":
-        raise ModelError(f"{directory}: vision_feature_select_strategy "
-                         f"{config.get('vision_feature_select_strategy')!r} is not supported for a SigLIP tower "
-                         "(supported: full, every patch feature)")
+    strategy = config.get("vision_feature_select_strategy", "default")
+    want = "default" if vt in CLASS_TOKEN_VISION else "full"
+    if strategy != want:
+        raise ModelError(f"{directory}: vision_feature_select_strategy {strategy!r} is not supported for a "
+                         + ("CLIP tower (supported: default, the patch features without the class token)"
+                            if want == "default" else "SigLIP tower (supported: full, every patch feature)"))
     layer = config.get("vision_feature_layer", -2)
     if not isinstance(layer, int):
         raise ModelError(f"{directory}: vision_feature_layer {layer!r}: only one feature layer is supported")
@@ -312,7 +317,9 @@ def write_mmproj(directory: Path, out_path: Path, *, name: str | None = None) ->
             "image_size": int(vision["image_size"]), "patch_size": int(vision["patch_size"]),
             "image_tokens": (int(vision["image_size"]) // int(vision["patch_size"])) ** 2,
             "feature_layer": feature_layer(config), "image_mean": pre["image_mean"], "image_std": pre["image_std"],
-            "checkpoint_layout": layout}
+            "checkpoint_layout": layout, "vision_model_type": vision.get("model_type"),
+            # a class-token tower: the mmproj tokenizes image chunks only, the ONNX encoder encodes (CLASS_TOKEN_NOTE)
+            "encodes": vision.get("model_type") not in CLASS_TOKEN_VISION}
 
 
 def write_mmproj_idefics3(directory: Path, out_path: Path, config: dict[str, Any], *,

@@ -184,7 +184,8 @@ def onnx_parity(decoder: Path, mmproj: Path, onnx: Path, preprocessor: dict[str,
             eq_pt, eq_mm = eq_pt + int(toks == ref["tokens"]), eq_mm + int(toks == mm["tokens"])
             cos_min, cos_mm_min = min(cos_min, c_pt), min(cos_mm_min, c_mm)
             per_image.append({"image": path.name, "min_cosine": round(c_pt, 6), "min_cosine_vs_mmproj": round(c_mm, 6),
-                              "max_abs": round(float(np.abs(got - ref["features"]).max()), 6), "tokens_onnx": toks})
+                              "max_abs": round(float(np.abs(got - ref["features"]).max()), 6), "tokens_onnx": toks,
+                              "tokens_pytorch": ref["tokens"]})
     finally:
         backend.close()
 

@@ -17,7 +17,7 @@ Pure: reads the facts and the profile only.
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from edgesdk.errors import InputError, ModelError, ResourceError
 from edgesdk.formats.gguf.plan import GB, _gb, compute_bytes, kv_bytes, plan_gguf
@@ -71,13 +71,12 @@ def decoder_facts(facts: ModelFacts) -> ModelFacts:
 
 
 def plan_vlm(facts: ModelFacts, profile: Profile, options: BuildOptions) -> list[Decision]:
-    from edgesdk.formats.vlm.convert import CLIP_REFUSAL, IDEFICS3_VISION, SUPPORTED_VISION
+    from edgesdk.formats.vlm.convert import CLASS_TOKEN_NOTE, CLASS_TOKEN_VISION, IDEFICS3_VISION, SUPPORTED_VISION
 
     info = facts.extra
     vt = info.get("vision_model_type")
     idefics3 = info.get("family") == "idefics3"
-    if vt == "clip_vision_model":
-        raise ModelError(f"{facts.source}: {CLIP_REFUSAL}")
+    class_token = not idefics3 and vt in CLASS_TOKEN_VISION
     if vt not in (IDEFICS3_VISION if idefics3 else SUPPORTED_VISION):
         raise ModelError(f"{facts.source}: vision tower {vt!r} is not supported (supported: SigLIP; for "
                          f"Idefics3/SmolVLM its own vision model)")
@@ -97,11 +96,18 @@ def plan_vlm(facts: ModelFacts, profile: Profile, options: BuildOptions) -> list
                     f"patch {info.get('patch_size')} -> {info.get('image_tokens')} image tokens), {projector} "
                     f"{proj:,} params, {info.get('text_model_type')} decoder {dec:,} params")]
     mm_bytes = (enc + proj) * 2
-    out.append(Decision("vlm.encoder", {"format": "gguf-mmproj", "precision": "F16", "runtime": "llama.cpp mtmd"},
-                        f"encoder + projector as one F16 mmproj GGUF for llama.cpp's multimodal library "
-                        f"({enc + proj:,} params x 2 B = {_gb(mm_bytes)}): quantized vision encoders lose visual "
-                        f"features while the decoder tolerates 4 bits, and the encoder is "
-                        f"{(enc + proj) / (enc + proj + dec):.0%} of the weights"))
+    if class_token:
+        out.append(Decision("vlm.encoder", {"format": "onnx", "precision": "FP16", "runtime": "onnxruntime",
+                                            "mmproj": "F16, tokenizes image chunks only"},
+                            f"encoder + projector as one FP16 ONNX graph ({enc + proj:,} params x 2 B = "
+                            f"{_gb(mm_bytes)}) on ONNX Runtime; the F16 mmproj ({_gb(mm_bytes)}) is kept for "
+                            f"libmtmd's image-chunk tokenization: {CLASS_TOKEN_NOTE}"))
+    else:
+        out.append(Decision("vlm.encoder", {"format": "gguf-mmproj", "precision": "F16", "runtime": "llama.cpp mtmd"},
+                            f"encoder + projector as one F16 mmproj GGUF for llama.cpp's multimodal library "
+                            f"({enc + proj:,} params x 2 B = {_gb(mm_bytes)}): quantized vision encoders lose visual "
+                            f"features while the decoder tolerates 4 bits, and the encoder is "
+                            f"{(enc + proj) / (enc + proj + dec):.0%} of the weights"))
     vr = vision_runtime(profile, options, enc + proj)
     if idefics3 and vr.value["onnx"]:  # the ONNX encoder export covers the LLaVA family only
         if (getattr(options, "vision_runtime", None) or "auto").lower() == "onnx":
@@ -109,6 +115,15 @@ def plan_vlm(facts: ModelFacts, profile: Profile, options: BuildOptions) -> list
         vr = Decision("vlm.vision_runtime", {"runtime": "gguf-mmproj", "onnx": False},
                       "Idefics3/SmolVLM: the encoder runs in llama.cpp's libmtmd from the F16 mmproj (no ONNX "
                       "encoder export for this family yet)")
+    if class_token:  # LLaVA-1.5's CLIP tower: the ONNX graph is the encoder, on any provider (CLASS_TOKEN_NOTE)
+        if (getattr(options, "vision_runtime", None) or "auto").lower() == "gguf":
+            raise InputError(f"--vision-runtime gguf cannot build {facts.name}: {CLASS_TOKEN_NOTE}")
+        eps = [ep for ep in profile.policy.get("execution_providers") or [] if ep in _FAST_EPS]
+        vr = Decision("vlm.vision_runtime", {"runtime": "onnx", "onnx": True, "precision": "FP16", "required": True,
+                                             "providers": eps + ["CPUExecutionProvider"]},
+                      f"CLIP tower with a class token: {CLASS_TOKEN_NOTE} ({(enc + proj):,} params x 2 B = "
+                      f"{_gb(mm_bytes)} FP16 ONNX; {' > '.join(eps + ['CPU'])}, chosen at load); the F16 mmproj "
+                      f"stays for libmtmd's tokenization of image chunks only")
     out.append(vr)
     onnx_bytes = mm_bytes if vr.value["onnx"] else 0  # a second FP16 copy of encoder + projector
     dec_decisions = plan_gguf(decoder_facts(facts), profile, options)
@@ -140,7 +155,16 @@ def plan_vlm(facts: ModelFacts, profile: Profile, options: BuildOptions) -> list
     out.append(Decision("vlm.image_prefix_reuse", True,
                         "image features cached per (image sha256, mmproj sha256): a second question about the same "
                         "image skips the encoder; the decoder's KV prefix up to the end of the image is kept"))
-    parity = {"encoder_min_cosine": ENCODER_MIN_COSINE, "greedy_tokens": GREEDY_TOKENS}
+    parity: dict[str, Any] = {"encoder_min_cosine": ENCODER_MIN_COSINE, "greedy_tokens": GREEDY_TOKENS}
+    if class_token:
+        parity["encoder"] = "onnx"
+        out.append(Decision("parity", parity,
+                            f"image features (FP16 ONNX encoder via ONNX Runtime on the build host's CPU vs PyTorch "
+                            f"encoder + projector): min cosine per image token >= {ENCODER_MIN_COSINE}; first "
+                            f"{GREEDY_TOKENS} greedy tokens of the F16 decoder fed the ONNX features equal to "
+                            f"PyTorch's on the test images; decoder logits and perplexity as in the GGUF path; the "
+                            f"mmproj's own features are recorded, not gated (it does not encode)"))
+        return out
     out.append(Decision("parity", parity,
                         f"image features (F16 mmproj via llama.cpp vs PyTorch encoder + projector): min cosine per "
                         f"image token >= {ENCODER_MIN_COSINE}; first {GREEDY_TOKENS} greedy tokens of the F16 "

@@ -206,7 +206,7 @@ class ImagePreprocessor:
             img = img.resize((new_short, new_long) if w <= h else (new_long, new_short), self.resample)
             if self.crop:
                 ch, cw = self.crop
-                left, top = int(round((img.width - cw) / 2.0)), int(round((img.height - ch) / 2.0))
+                left, top = (img.width - cw) // 2, (img.height - ch) // 2  # transformers' center_crop
                 img = img.crop((left, top, left + cw, top + ch))
         else:
             size = self.config.get("size") or {}
@@ -829,7 +829,10 @@ def _onnx_encoder(bundle, ctx, pre: dict, threads: int | None) -> tuple[Any, dic
     from edgesdk.runtime.backends import vlm_onnx
 
     path = bundle.artifact_path("vision_encoder") if bundle.has_artifact("vision_encoder") else None
-    provider, reason = vlm_onnx.choose((ctx.options or {}).get("vision_encoder"), path, ctx.record_fallback)
+    # a class-token (CLIP) tower: the mmproj only tokenizes image chunks, the ONNX encoder must encode (docs/vlm.md)
+    required = ((bundle.manifest.extras.get("vlm") or {}).get("mmproj") or {}).get("encodes", True) is False
+    provider, reason = vlm_onnx.choose((ctx.options or {}).get("vision_encoder"), path, ctx.record_fallback,
+                                       required=required)
     if provider is None or path is None:
         return None, {"path": "mmproj", "runtime": "llama.cpp libmtmd (F16 mmproj)", "reason": reason}
     enc = vlm_onnx.OnnxImageEncoder(path, pre, provider, threads=threads)

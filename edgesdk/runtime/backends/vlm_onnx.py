@@ -85,13 +85,23 @@ class OnnxImageEncoder:
                 "runs": self.runs}
 
 
-def choose(mode: str | None, onnx_path: Path | None, record_fallback: Callable[[str, str, str], None]
-           ) -> tuple[str | None, str]:
+def choose(mode: str | None, onnx_path: Path | None, record_fallback: Callable[[str, str, str], None], *,
+           required: bool = False) -> tuple[str | None, str]:
     """(provider for the ONNX encoder or None for the mmproj encoder, the reason), logging the choice and
-    recording a fallback when an ONNX encoder is in the bundle but not used for want of a provider."""
+    recording a fallback when an ONNX encoder is in the bundle but not used for want of a provider.
+    ``required``: the bundle's mmproj does not encode (a CLIP tower with a class token, docs/vlm.md), so the
+    ONNX encoder runs on the best provider, the CPU included, and ``mmproj`` is refused."""
     mode = (mode or os.environ.get(ENV) or "auto").strip().lower()
     if mode not in CHOICES:
         raise InputError(f"vision_encoder must be one of {', '.join(CHOICES)}, got {mode!r}")
+    if required:
+        if mode == "mmproj":
+            raise InputError("vision_encoder=mmproj: this bundle's mmproj does not encode images (a CLIP tower with "
+                             "a class token, which llama.cpp's graph cannot reproduce; docs/vlm.md)",
+                             hint="use vision_encoder=auto or onnx")
+        if onnx_path is None:
+            raise BackendUnavailableError("the bundle has no vision_encoder.onnx, and its mmproj does not encode")
+        mode = "onnx"
     if mode == "mmproj":
         return None, "vision_encoder=mmproj: llama.cpp's mmproj encoder (libmtmd) was asked for"
     if onnx_path is None:
@@ -115,6 +125,12 @@ def choose(mode: str | None, onnx_path: Path | None, record_fallback: Callable[[
             import onnxruntime  # noqa: F401
         except ImportError as exc:
             raise BackendUnavailableError("vision_encoder=onnx needs onnxruntime (pip install onnxruntime)") from exc
+        if required:
+            reason = ("the mmproj does not encode (CLIP class token): ONNX FP16 encoder on the CPU, no faster "
+                      "provider here (" + "; ".join(notes) + ")")
+            record_fallback("ONNX FP16 vision encoder (TensorRT/CUDA)", "ONNX FP16 vision encoder (CPU)", reason)
+            _log.info("VLM vision encoder: ONNX on the CPU (%s)", reason)
+            return "CPUExecutionProvider", reason
         return "CPUExecutionProvider", ("vision_encoder=onnx: ONNX FP16 encoder on the CPU as asked ("
                                         + "; ".join(notes) + ")")
     reason = "no fast ONNX Runtime provider for the ONNX FP16 encoder: " + "; ".join(notes)
