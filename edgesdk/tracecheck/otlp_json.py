@@ -8,7 +8,10 @@ or one JSON document (an export request, or a list of them).
 JSON Lines are read as a stream, one line at a time (:func:`iter_otlp_json`): memory follows the
 longest line, not the file. A gzip file is decompressed as it is read, and reading stops with an
 error past ``max_bytes`` of decompressed text (a gzip bomb cannot fill the disk or the memory). A
-file that is one multi-line JSON document is read whole, up to ``MAX_DOCUMENT_BYTES``. Keys may be
+line longer than ``MAX_LINE_BYTES`` is refused before it is held whole (a bomb of one endless line),
+and so is a file that is one multi-line JSON document of more than ``MAX_DOCUMENT_BYTES``: such a
+document must be parsed whole, and Python's JSON objects take ~13x the text (a 200 MiB document took
+2.6 GB), so it is refused with a pointer to JSON Lines rather than allowed to exhaust memory. Keys may be
 camelCase (OTLP/JSON) or snake_case (protobuf field names); ids hex or base64;
 64-bit integers as strings or numbers; enums as integers or names; attribute values as the
 ``AnyValue`` union (string/bool/int/double/array/kvlist/bytes).
@@ -38,7 +41,12 @@ class TraceFileError(EdgeSDKError):
 # Decompressed text read from one file at most (every layout), and the size of a file that is one
 # multi-line JSON document (that layout must be parsed whole).
 MAX_BYTES = 16 * 1024**3
-MAX_DOCUMENT_BYTES = 512 * 1024**2
+MAX_DOCUMENT_BYTES = 64 * 1024**2
+# One line (one export request) at most; the Collector's file exporter writes batches far smaller.
+MAX_LINE_BYTES = 64 * 1024**2
+# Non-empty lines read without finding any OTLP payload before the file is called "not OTLP" (a file of
+# millions of '{}' or blank lines would otherwise be read to the end of its 16 GiB).
+MAX_LINES_WITHOUT_OTLP = 10_000
 
 SPAN_KINDS = {0: "UNSPECIFIED", 1: "INTERNAL", 2: "SERVER", 3: "CLIENT", 4: "PRODUCER", 5: "CONSUMER"}
 STATUS_CODES = {0: "UNSET", 1: "OK", 2: "ERROR"}
@@ -277,17 +285,33 @@ def iter_otlp_json(path: str | Path, *, max_bytes: int = MAX_BYTES) -> Iterator[
     """
     path = Path(path)
     found, empty = False, True
+    blank = 0
     with _read_errors(path), _open_text(path, max_bytes) as text:
-        for number, line in enumerate(text, start=1):
+        number = 0
+        while True:
+            line = text.readline(MAX_LINE_BYTES + 1)
+            if not line:
+                break
+            number += 1
+            if len(line) > MAX_LINE_BYTES and not line.endswith("\n"):
+                what = "one JSON document or line" if empty else f"line {number}"
+                raise TraceFileError(f"{path}: {what} is longer than {MAX_LINE_BYTES >> 20} MiB; not read whole "
+                                     "(memory)", hint="write OTLP/JSON lines, one export request per line")
             if not line.strip():
+                blank += 1
+                if blank > MAX_LINES_WITHOUT_OTLP and not found and empty:
+                    raise TraceFileError(f"{path}: {blank} blank lines and no JSON: not a trace file")
                 continue
+            if not found and number - blank > MAX_LINES_WITHOUT_OTLP:
+                raise TraceFileError(f"{path} is JSON but not OTLP (no resourceSpans or resourceMetrics in its "
+                                     f"first {MAX_LINES_WITHOUT_OTLP} lines)")
             try:
                 document = json.loads(line)
             except RecursionError as exc:
                 raise TraceFileError(f"{path}:{number}: JSON nested too deeply to be OTLP") from exc
             except json.JSONDecodeError as exc:
                 if empty:  # line 1 is not a whole document: maybe the file is one multi-line document
-                    yield _whole_document(path, min(max_bytes, MAX_DOCUMENT_BYTES), number, exc)
+                    yield _whole_document(path, max_bytes, number, exc)
                     return
                 raise TraceFileError(f"{path}:{number}: not JSON ({exc.msg})",
                                      hint="expected OTLP/JSON lines or one OTLP/JSON document") from exc
@@ -302,10 +326,16 @@ def iter_otlp_json(path: str | Path, *, max_bytes: int = MAX_BYTES) -> Iterator[
         raise TraceFileError(f"{path} is JSON but not OTLP (no resourceSpans or resourceMetrics)")
 
 
-def _whole_document(path: Path, limit: int, number: int, line_error: json.JSONDecodeError) -> TelemetryFile:
-    with _read_errors(path), _open_text(path, limit) as text:
+def _whole_document(path: Path, max_bytes: int, number: int, line_error: json.JSONDecodeError) -> TelemetryFile:
+    limit = MAX_DOCUMENT_BYTES
+    with _read_errors(path), _open_text(path, max_bytes) as text:
+        raw = text.read(limit + 1)  # characters: never more than the limit held, whatever the file's size
+        if len(raw) > limit:
+            raise TraceFileError(f"{path} is one JSON document of more than {limit >> 20} MiB: parsing it whole "
+                                 "would take ~13x that in memory", hint="write OTLP/JSON lines (one export "
+                                 "request per line), which are read as a stream")
         try:
-            document = json.loads(text.read())
+            document = json.loads(raw)
         except RecursionError as exc:
             raise TraceFileError(f"{path}: JSON nested too deeply to be OTLP") from exc
         except json.JSONDecodeError:

@@ -1,0 +1,374 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Issue 25, round two: ``edgesdk serve`` as a network service (findings 4, 5 and 6, port in use).
+
+Every HTTP case runs against a real server on 127.0.0.1 (``edgesdk serve`` or :func:`edgesdk.serve.run`
+in a subprocess), bounded in sockets and seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A server process on a free loopback port, ready when /health answers."""
+
+    def __init__(self, argv: list[str], tmp: Path, port: int):
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = tmp / f"serve-{port}.log"
+        self._fh = open(self.log, "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(argv, stdout=self._fh, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited {self.proc.returncode}: {self.log.read_text()[-3000:]}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise AssertionError(f"server did not start: {self.log.read_text()[-3000:]}")
+
+    def stop(self, timeout: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._fh.close()
+        return self.proc.returncode
+
+
+def cli_server(bundles: list, names: list[str], tmp: Path, *extra: str) -> Server:
+    port = free_port()
+    argv = [sys.executable, "-m", "edgesdk", "serve", *map(str, bundles), *[a for n in names for a in ("--name", n)],
+            "--port", str(port), "--threads", "2", "--log-level", "warning", *extra]
+    return Server(argv, tmp, port)
+
+
+def run_server(tmp: Path, **limits) -> Server:
+    """``edgesdk.serve.run`` with no models and the given ConnectionLimits: what ``edgesdk serve`` runs."""
+    port = free_port()
+    code = textwrap.dedent(f"""
+        from edgesdk.serve import ConnectionLimits, ServeConfig, run
+        run([], ServeConfig(port={port}), log_level="warning", limits=ConnectionLimits(**{limits!r}))
+    """)
+    return Server([sys.executable, "-c", code], tmp, port)
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    """True when the server has closed ``sock`` (EOF or reset); reads and drops what it sent first."""
+    try:
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                return True
+    except BlockingIOError:
+        return False
+    except OSError:  # reset
+        return True
+
+
+def _cos(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+# ------------------------------------------------------------------------ finding 6: slow and idle clients
+HEAD = b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory):
+    srv = run_server(tmp_path_factory.mktemp("slowloris"), header_timeout_s=2.0, body_timeout_s=2.0,
+                     keep_alive_s=1, max_connections=400)
+    yield srv
+    assert srv.stop() == 0, srv.log.read_text()[-3000:]
+
+
+def test_slowloris_200_sockets_are_closed_and_others_still_served(guarded):
+    """100 sockets that send nothing and 100 that trickle a header byte every 0.3 s: all closed by the
+    server within the 2 s header deadline (+ slack), while /health keeps answering at once. Before: none
+    was ever closed (uvicorn has no header timeout)."""
+    idle = [socket.create_connection(("127.0.0.1", guarded.port)) for _ in range(100)]
+    trickle = [socket.create_connection(("127.0.0.1", guarded.port)) for _ in range(100)]
+    socks = idle + trickle
+    for s in socks:
+        s.setblocking(False)
+    t0 = time.monotonic()
+    health_s: list[float] = []
+    open_ = set(range(len(socks)))
+    closed_at: dict[int, float] = {}
+    byte = 0
+    while open_ and time.monotonic() - t0 < 8:
+        for i in list(open_):
+            if i >= len(idle):
+                try:
+                    socks[i].send(HEAD[byte % len(HEAD):byte % len(HEAD) + 1] if byte < len(HEAD) else b"X")
+                except OSError:
+                    pass
+            if closed_by_server(socks[i]):
+                open_.discard(i)
+                closed_at[i] = time.monotonic() - t0
+        byte += 1
+        h0 = time.perf_counter()
+        assert httpx.get(guarded.url + "/health", timeout=5).status_code == 200
+        health_s.append(time.perf_counter() - h0)
+        time.sleep(0.3)
+    for s in socks:
+        s.close()
+    assert not open_, f"{len(open_)} of 200 slow sockets still open after 8 s"
+    assert max(closed_at.values()) < 2.0 + 3.0, max(closed_at.values())
+    assert min(closed_at.values()) > 1.5  # the deadline, not an immediate refusal
+    assert max(health_s) < 1.0, max(health_s)
+
+
+def test_idle_socket_gets_408_before_the_close(guarded):
+    with socket.create_connection(("127.0.0.1", guarded.port), timeout=10) as s:
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # head never finished
+        data = b""
+        while chunk := s.recv(4096):
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 408 "), data[:200]
+    assert json.loads(data.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "request_timeout"
+
+
+def test_trickled_body_gets_408_within_the_body_deadline(guarded):
+    """Headers complete, Content-Length 1000, then 10 bytes every 0.5 s: 408 ~2 s later and the connection
+    closed (before: held for as long as the client kept trickling)."""
+    with socket.create_connection(("127.0.0.1", guarded.port), timeout=10) as s:
+        s.sendall(HEAD + b"Content-Length: 1000\r\n\r\n")
+        s.setblocking(False)
+        t0, data = time.monotonic(), b""
+        while time.monotonic() - t0 < 8:
+            try:
+                s.send(b"{" + b" " * 9)
+            except OSError:
+                pass
+            try:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+            except BlockingIOError:
+                pass
+            except OSError:
+                break
+            time.sleep(0.5)
+        elapsed = time.monotonic() - t0
+    assert data.startswith(b"HTTP/1.1 408 "), data[:200]
+    assert b"request_timeout" in data
+    assert 1.5 < elapsed < 6, elapsed
+
+
+def test_second_request_head_on_a_kept_alive_connection_has_the_deadline_too(guarded):
+    with socket.create_connection(("127.0.0.1", guarded.port), timeout=10) as s:
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        first = b""
+        while not first.endswith(b"}"):  # the whole first response (head, then body)
+            first += s.recv(65536)
+        assert first.startswith(b"HTTP/1.1 200 ")
+        t0 = time.monotonic()
+        s.setblocking(False)
+        closed = False
+        for piece in [b"GET /health HTTP/1.1\r\n", *[b"X-A: b\r\n"] * 30]:  # a slow second head
+            try:
+                s.send(piece)
+            except OSError:
+                closed = True
+                break
+            if closed_by_server(s):
+                closed = True
+                break
+            time.sleep(0.25)
+        assert closed and time.monotonic() - t0 < 5.0
+
+
+def test_idle_keep_alive_connection_is_closed(guarded):
+    with socket.create_connection(("127.0.0.1", guarded.port), timeout=10) as s:
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        t0, data = time.monotonic(), b""
+        while chunk := s.recv(65536):  # until the server closes (keep_alive_s=1)
+            data += chunk
+        assert data.startswith(b"HTTP/1.1 200 ") and data.endswith(b"}")
+        assert 0.5 < time.monotonic() - t0 < 4
+
+
+def test_connection_cap_refuses_the_excess_with_503_then_recovers(tmp_path):
+    srv = run_server(tmp_path, header_timeout_s=2.0, max_connections=20)
+    try:
+        held = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(20)]
+        time.sleep(0.3)
+        refused = httpx.get(srv.url + "/health", timeout=5)
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+        assert refused.json()["error"]["code"] == "too_many_connections"
+        time.sleep(3.0)  # the held sockets pass their header deadline and are closed
+        assert httpx.get(srv.url + "/health", timeout=5).status_code == 200
+        for s in held:
+            s.close()
+    finally:
+        assert srv.stop() == 0, srv.log.read_text()[-3000:]
+
+
+# ------------------------------------------------------------------------ port in use
+def test_port_in_use_is_one_error_line_and_exit_3(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = textwrap.dedent(f"""
+            import sys
+            from edgesdk.errors import EdgeSDKError
+            from edgesdk.serve import ServeConfig, run
+            try:
+                run([], ServeConfig(port={port}))
+            except EdgeSDKError as exc:
+                print("error: " + exc.one_line(), file=sys.stderr)
+                sys.exit(exc.exit_code)
+        """)
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 3, res.stderr
+    assert res.stderr.strip().splitlines() == [
+        f"error: cannot listen on 127.0.0.1:{port}: the address is already in use (another server? pick another "
+        "--port)"], res.stderr
+
+
+# ------------------------------------------------------------------------ findings 4 and 5: embeddings
+@pytest.fixture(scope="module")
+def minilm_fp32(minilm_dir, tmp_path_factory) -> Path:
+    from edgesdk.build import build
+    from edgesdk.plan import BuildOptions
+
+    out = tmp_path_factory.mktemp("r2-bundles") / "minilm-fp32"
+    return build(minilm_dir, "cpu-x86_64", out, BuildOptions(precision="fp32", progress=False, parity_samples=4))
+
+
+@pytest.fixture(scope="module")
+def minilm_int8(minilm_dir, tmp_path_factory) -> Path:
+    from edgesdk.build import build
+    from edgesdk.plan import BuildOptions
+
+    out = tmp_path_factory.mktemp("r2-bundles") / "minilm-int8"
+    return build(minilm_dir, "cpu-x86_64", out, BuildOptions(progress=False, parity_samples=16,
+                                                             calibration_samples=16))
+
+
+@pytest.fixture(scope="module")
+def embed_server(minilm_fp32, minilm_int8, tmp_path_factory):
+    # a long batch window, so 32 concurrent requests really meet in the batcher
+    tmp = tmp_path_factory.mktemp("r2-embed")
+    idle = None
+    srv = cli_server([minilm_fp32, minilm_int8], ["fp32", "int8"], tmp, "--max-wait-ms", "200")
+    idle = socket.create_connection(("127.0.0.1", srv.port))  # checked at the end: the CLI's header deadline
+    idle.setblocking(False)
+    srv.idle_socket, srv.idle_since = idle, time.monotonic()
+    yield srv
+    idle.close()
+    assert srv.stop() == 0, srv.log.read_text()[-3000:]
+
+
+def _sentences(n: int, seed: int) -> list[str]:
+    from edgesdk.formats.onnx import parity as P
+
+    return random.Random(seed).sample(P.sample_sentences(300), n)
+
+
+async def _alone_and_among_strangers(url: str, model: str, target: str, strangers: list[str]):
+    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+        async def one(text: str):
+            r = await client.post("/v1/embeddings", json={"model": model, "input": [text]})
+            r.raise_for_status()
+            return r.json()["data"][0]["embedding"]
+
+        alone = await one(target)
+        texts = list(strangers)
+        pos = len(texts) // 2
+        texts.insert(pos, target)
+        together = await asyncio.gather(*(one(t) for t in texts))
+        return alone, together[pos]
+
+
+def _batch_stats(url: str, model: str) -> tuple[float, float]:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    def series(name: str) -> float:
+        found = re.search(rf'^edgesdk_serve_embedding_batch_size_{name}{{[^}}]*model="{model}"[^}}]*}} (\S+)$',
+                          text, re.M)
+        return float(found.group(1)) if found else 0.0
+    return series("sum"), series("count")
+
+
+@pytest.mark.slow
+def test_fp32_vector_does_not_depend_on_strangers_texts(embed_server):
+    """The same text alone and among 31 concurrent strangers' requests (batched together: mean batch > 1)."""
+    worst = 1.0
+    s0, c0 = _batch_stats(embed_server.url, "fp32")
+    for trial in range(3):
+        texts = _sentences(32, seed=trial)
+        alone, among = asyncio.run(_alone_and_among_strangers(embed_server.url, "fp32", texts[0], texts[1:]))
+        worst = min(worst, _cos(alone, among))
+    s1, c1 = _batch_stats(embed_server.url, "fp32")
+    assert (s1 - s0) / max(c1 - c0, 1) > 1.5, "requests were not batched together: the test proves nothing"
+    assert worst >= 0.9999, worst
+
+
+@pytest.mark.slow
+def test_int8_vector_does_not_depend_on_strangers_texts(embed_server, minilm_int8):
+    """INT8 scales activations per batch: before, a stranger's text in the batch moved the vector under the
+    bundle's own parity threshold (0.9944 measured here, threshold 0.995; the issue saw 0.9918). Now each
+    request runs alone on a quantized bundle: the vector equals the one computed alone."""
+    threshold = json.loads((minilm_int8 / "manifest.json").read_text())["parity"]["int8"]["thresholds"]["min_cosine"]
+    worst = 1.0
+    for trial in range(4):
+        texts = _sentences(32, seed=100 + trial)
+        alone, among = asyncio.run(_alone_and_among_strangers(embed_server.url, "int8", texts[0], texts[1:]))
+        worst = min(worst, _cos(alone, among))
+    assert worst >= threshold, (worst, threshold)
+    assert worst >= 0.9999, worst
+
+
+@pytest.mark.slow
+def test_1500_inputs_succeed_on_an_idle_server(embed_server):
+    """Request limit 2,048 inputs, pending limit 1,024: 1,025-2,048 inputs were 429 '0 queued' for ever."""
+    texts = [f"sentence number {i} about nothing much" for i in range(1500)]
+    r = httpx.post(embed_server.url + "/v1/embeddings", json={"model": "fp32", "input": texts}, timeout=300)
+    assert r.status_code == 200, r.text[:300]
+    assert len(r.json()["data"]) == 1500
+    r = httpx.post(embed_server.url + "/v1/embeddings", json={"model": "fp32", "input": ["x"] * 2049}, timeout=60)
+    assert r.status_code == 400  # the request limit itself is unchanged
+
+
+@pytest.mark.slow
+def test_cli_server_closes_an_idle_connection(embed_server):
+    """`edgesdk serve` runs with the default header deadline (10 s): the socket opened at start is closed."""
+    deadline = embed_server.idle_since + 10 + 5
+    while time.monotonic() < deadline and not closed_by_server(embed_server.idle_socket):
+        time.sleep(0.2)
+    assert closed_by_server(embed_server.idle_socket)
