@@ -327,7 +327,8 @@ def _batch_stats(url: str, model: str) -> tuple[float, float]:
 
 @pytest.mark.slow
 def test_fp32_vector_does_not_depend_on_strangers_texts(embed_server):
-    """The same text alone and among 31 concurrent strangers' requests (batched together: mean batch > 1)."""
+    """The same text alone and among 31 concurrent strangers' requests (batched together: mean batch > 1).
+    FP32 was already within rounding before (cosine 1.0 to 6 digits); this guards the shared-batch path."""
     worst = 1.0
     s0, c0 = _batch_stats(embed_server.url, "fp32")
     for trial in range(3):
@@ -341,9 +342,10 @@ def test_fp32_vector_does_not_depend_on_strangers_texts(embed_server):
 
 @pytest.mark.slow
 def test_int8_vector_does_not_depend_on_strangers_texts(embed_server, minilm_int8):
-    """INT8 scales activations per batch: before, a stranger's text in the batch moved the vector under the
-    bundle's own parity threshold (0.9944 measured here, threshold 0.995; the issue saw 0.9918). Now each
-    request runs alone on a quantized bundle: the vector equals the one computed alone."""
+    """INT8 scales activations per batch: before, a stranger's text in the batch moved the vector (worst
+    cosine 0.9971 over HTTP with these texts, 0.9944 through the batcher directly, the issue's 0.9918: under
+    the bundle's own 0.995). Now each request runs alone on a quantized bundle: the vector equals the one
+    computed alone (cosine 1.0), so the >= 0.9999 assertion failed before and holds now."""
     threshold = json.loads((minilm_int8 / "manifest.json").read_text())["parity"]["int8"]["thresholds"]["min_cosine"]
     worst = 1.0
     for trial in range(4):
@@ -372,3 +374,112 @@ def test_cli_server_closes_an_idle_connection(embed_server):
     while time.monotonic() < deadline and not closed_by_server(embed_server.idle_socket):
         time.sleep(0.2)
     assert closed_by_server(embed_server.idle_socket)
+
+
+# ------------------------------------------------------------------------ soak: memory stays flat
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+async def _soak(url: str, port: int, n: int, seed: int) -> dict[str, int]:
+    """``n`` requests, 8 at a time: embeddings, embeddings abandoned mid-flight, trickled (slow) clients,
+    the plain routes, and refusals (404, 415, 413, bad JSON). Returns a count per outcome."""
+    rng = random.Random(seed)
+    texts = _sentences(64, seed=seed)
+    outcomes: dict[str, int] = {}
+    sem = asyncio.Semaphore(8)
+
+    async def raw(payload: bytes, *, trickle: bool = False, read: bool = True) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            if trickle:  # a slow client: the head in pieces, 50 ms apart
+                for i in range(0, len(payload), max(1, len(payload) // 6)):
+                    writer.write(payload[i:i + max(1, len(payload) // 6)])
+                    await writer.drain()
+                    await asyncio.sleep(0.05)
+            else:
+                writer.write(payload)
+                await writer.drain()
+            return await asyncio.wait_for(reader.read(1 << 16), 30) if read else b""
+        finally:
+            writer.close()
+
+    def body(obj) -> bytes:
+        data = json.dumps(obj).encode()
+        return (b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                b"Connection: close\r\nContent-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
+
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        async def one(i: int) -> None:
+            kind = rng.choices(["embed", "abandon", "slow", "health", "models", "metrics", "404", "415", "413",
+                                "badjson"], [40, 10, 10, 10, 10, 4, 4, 4, 4, 4])[0]
+            async with sem:
+                if kind == "embed":
+                    r = await client.post("/v1/embeddings", json={"model": "fp32",
+                                                                  "input": rng.sample(texts, rng.randint(1, 4))})
+                    status = r.status_code
+                elif kind == "abandon":  # sent, then the socket is closed before the answer
+                    await raw(body({"model": "fp32", "input": rng.sample(texts, 4)}), read=False)
+                    status = 0
+                elif kind == "slow":
+                    reply = await raw(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+                                      trickle=True)
+                    status = int(reply.split(b" ", 2)[1]) if reply.startswith(b"HTTP/1.1 ") else -1
+                elif kind in ("health", "models", "metrics", "404"):
+                    path = {"health": "/health", "models": "/v1/models", "metrics": "/metrics",
+                            "404": "/v1/nothing"}[kind]
+                    status = (await client.get(path)).status_code
+                elif kind == "415":
+                    status = (await client.post("/v1/embeddings", content=b"{}",
+                                                headers={"content-type": "text/plain"})).status_code
+                elif kind == "413":
+                    status = (await client.post("/v1/embeddings", json={"model": "fp32",
+                                                                        "input": "x" * (1 << 20)})).status_code
+                else:
+                    status = (await client.post("/v1/embeddings", content=b'{"model": "fp32", "input": [',
+                                                headers={"content-type": "application/json"})).status_code
+            key = f"{kind} {status}"
+            outcomes[key] = outcomes.get(key, 0) + 1
+
+        await asyncio.gather(*(one(i) for i in range(n)))
+    return outcomes
+
+
+@pytest.mark.slow
+def test_soak_2000_mixed_requests_rss_stays_flat(minilm_fp32, tmp_path):
+    """2,000 mixed requests after a 500-request warm-up: the server's RSS at each 500 stays within 10 MB of
+    the level after warm-up, and no request gets a 5xx."""
+    srv = cli_server([minilm_fp32], ["fp32"], tmp_path)
+    try:
+        warm = asyncio.run(_soak(srv.url, srv.port, 500, seed=1))
+        base = _rss_mb(srv.proc.pid)
+        samples, outcomes = [], dict(warm)
+        for round_ in range(4):
+            for k, v in asyncio.run(_soak(srv.url, srv.port, 500, seed=10 + round_)).items():
+                outcomes[k] = outcomes.get(k, 0) + v
+            samples.append(round(_rss_mb(srv.proc.pid) - base, 1))
+        print(f"RSS after warm-up {base:.1f} MB; growth per 500 requests: {samples}; outcomes: {outcomes}")
+        assert not [k for k in outcomes if k.split()[1].startswith("5")], outcomes
+        assert outcomes.get("embed 200", 0) > 600 and outcomes.get("slow 200", 0) > 100
+        assert max(samples) <= 10.0, samples
+    finally:
+        assert srv.stop() == 0, srv.log.read_text()[-3000:]
+
+
+@pytest.mark.slow
+def test_cli_serve_on_a_taken_port_is_one_error_line(minilm_fp32):
+    """Before: exit 3 with uvicorn's log ('[Errno 98] ... address already in use') and no `error:` line."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        res = subprocess.run([sys.executable, "-m", "edgesdk", "serve", str(minilm_fp32), "--port", str(port)],
+                             capture_output=True, text=True, timeout=120)
+    assert res.returncode == 3, res.stderr
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error: ")]
+    assert errors == [f"error: cannot listen on 127.0.0.1:{port}: the address is already in use (another server? "
+                      "pick another --port)"], res.stderr
+    assert "Traceback" not in res.stderr and "INFO" not in res.stderr and "Errno" not in res.stderr, res.stderr
