@@ -73,6 +73,7 @@ class ServerProcess:
     """`python -m edgesdk serve ...` on a free loopback port, ready when /health answers."""
 
     def __init__(self, args: list, tmp: Path, env: dict | None = None):
+        self.args = list(args)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tmp / f"serve-{self.port}.log"
@@ -386,8 +387,9 @@ def test_metrics_are_prometheus_text(server, client):
 # ------------------------------------------------------------------------------ back-pressure, auth, shutdown
 @pytest.fixture(scope="module")
 def small_server(gemma_chat_bundle, tmp_path_factory):
-    """One LLM, no waiting room (--max-queue 0), an API key from the environment."""
-    srv = ServerProcess([gemma_chat_bundle, "--name", "gemma", "--max-queue", "0"],
+    """One LLM served one request at a time (--parallel 1), no waiting room (--max-queue 0), an API key from
+    the environment. (The batched path's back-pressure: tests/test_serve_batching.py.)"""
+    srv = ServerProcess([gemma_chat_bundle, "--name", "gemma", "--max-queue", "0", "--parallel", "1"],
                         tmp_path_factory.mktemp("serve-small"), env={"EDGESDK_API_KEY": "s3cret"})
     yield srv
     srv.stop()

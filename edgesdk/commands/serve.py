@@ -36,13 +36,20 @@ import click
 @click.option("--prompt-cache-mb", type=click.FloatRange(0), default=None,
               help="Per LLM: keep the KV state of recent prompts (up to this many MiB) and reuse the longest "
               "shared token prefix. Default: the profile's policy.llm.prompt_cache_mb, else off (0).")
+@click.option("--parallel", type=click.IntRange(1, 256), default=None,
+              help="Per LLM: requests decoded together in one llama.cpp context (continuous batching). Default: "
+              "16 on a GPU, 4 on the CPU, fewer if their KV cache does not fit (the start-up line says why); "
+              "1: one request at a time (outputs bit-identical to edgesdk run; --prompt-cache-mb applies).")
+@click.option("--no-prefix-reuse", is_flag=True,
+              help="Batched LLMs: do not let a slot reuse the KV cells of its previous request's shared prefix.")
 @click.option("--profile", help="Device profile to run under (default: the one each bundle was built for).")
 @click.option("--threads", type=int, help="CPU threads per backend.")
 @click.option("--trace-file", type=click.Path(dir_okay=False), help="Write traces/metrics as OTLP-JSON lines.")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
               show_default=True)
 def serve_cmd(bundles, names, host, port, api_key, allowed_hosts, cors_origins, max_queue, max_batch, max_wait_ms,
-              max_body_bytes, shutdown_timeout, prompt_cache_mb, profile, threads, trace_file, log_level) -> int:
+              max_body_bytes, shutdown_timeout, prompt_cache_mb, parallel, no_prefix_reuse, profile, threads,
+              trace_file, log_level) -> int:
     """Serve BUNDLES over the OpenAI API: chat/completions for GGUF bundles, embeddings for text encoders."""
     from edgesdk import telemetry
     from edgesdk.errors import InputError
@@ -63,17 +70,24 @@ def serve_cmd(bundles, names, host, port, api_key, allowed_hosts, cors_origins, 
     # Checked before any bundle is loaded: a bad option fails at once.
     config = ServeConfig(host=host, port=port, api_key=api_key, allowed_hosts=tuple(allowed_hosts),
                          cors_origins=tuple(cors_origins), max_body_bytes=max_body_bytes, max_queue=max_queue,
-                         max_batch=max_batch, max_wait_ms=max_wait_ms, prompt_cache_mb=prompt_cache_mb)
+                         max_batch=max_batch, max_wait_ms=max_wait_ms, prompt_cache_mb=prompt_cache_mb,
+                         parallel=parallel, prefix_reuse=not no_prefix_reuse)
     if trace_file:
         telemetry.configure(trace_file=trace_file, service_name="edgesdk-serve")
     entries = load_models(list(bundles), list(names), profile=profile, threads=threads)
     for e in entries:
         what = "chat/completions, completions" if e.kind == "llm" else "embeddings"
         if e.kind == "llm":
+            from edgesdk.serve.app import llm_parallel
             from edgesdk.serve.app import prompt_cache_mb as _cache_mb
 
-            mb = _cache_mb(e.session, config.prompt_cache_mb)
-            what += f"; prompt cache {mb:g} MiB" if mb > 0 else "; prompt cache off"
+            e.parallel, e.parallel_reason = llm_parallel(e.session, config.parallel)
+            if e.parallel > 1:
+                what += f"; continuous batching, slots: {e.parallel_reason}; prefix reuse " + \
+                    ("on" if config.prefix_reuse else "off")
+            else:
+                mb = _cache_mb(e.session, config.prompt_cache_mb)
+                what += f"; slots: {e.parallel_reason}; prompt cache " + (f"{mb:g} MiB" if mb > 0 else "off")
         click.echo(f"model {e.name}: {e.provider} ({what})", err=True)
     if host not in ("127.0.0.1", "localhost", "::1") and not config.api_key:
         click.echo(f"warning: listening on {host} without --api-key: anyone who can reach it can use it", err=True)

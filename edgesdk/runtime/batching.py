@@ -39,7 +39,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,6 +72,9 @@ class GenerationResult:
     ttft_s: float | None
     total_s: float
     error: str | None = None
+    cached_tokens: int = 0  # prompt tokens whose KV cells a slot kept from its previous request (reuse_prefix)
+    first_token_at: float | None = None  # perf_counter() instants
+    finished_at: float | None = None
 
 
 @dataclass
@@ -92,18 +95,22 @@ class _Seq:
     emitted: int = 0
     out: list[int] = field(default_factory=list)
     hold: int = 0
+    kv: list[int] = field(default_factory=list)  # the tokens whose KV cells this sequence holds, in order
+    cached: int = 0
 
 
 class BatchHandle:
     """One submitted request: iterate it for text pieces (as they are generated), ``result()`` for the
     whole of it, ``cancel()`` to stop it (its slot is freed at the next step). Thread-safe."""
 
-    def __init__(self, engine: BatchEngine, request: GenerationRequest, rid: int) -> None:
+    def __init__(self, engine: BatchEngine, request: GenerationRequest, rid: int,
+                 listener: Callable[[str, Any], None] | None = None, cancel: threading.Event | None = None) -> None:
         self._engine = engine
         self.request = request
         self.id = rid
         self._events: queue.Queue[object] = queue.Queue()
-        self._cancel = threading.Event()
+        self._listener = listener
+        self._cancel = cancel if cancel is not None else threading.Event()
         self._done = threading.Event()
         self._result: GenerationResult | None = None
         self.submitted = time.perf_counter()
@@ -112,12 +119,17 @@ class BatchHandle:
 
     # engine side
     def _put(self, piece: str) -> None:
-        self._events.put(piece)
+        if self._listener is not None:
+            self._listener("chunk", piece)
+        else:
+            self._events.put(piece)
 
     def _finish(self, result: GenerationResult) -> None:
         self._result = result
         self._done.set()
         self._events.put(_DONE)
+        if self._listener is not None:
+            self._listener("done", result)
 
     # caller side
     def cancel(self) -> None:
@@ -166,7 +178,8 @@ class BatchEngine:
                  n_gpu_layers: int = 0, flash_attn: bool = False, threads: int | None = None,
                  n_batch: int = 512, n_ubatch: int = 512, prefill_chunk: int = 512, prompts_per_step: int = 1,
                  mixed_prefill: bool = False, max_queue: int = 64,
-                 kv_unified: bool = False, verbose: bool = False) -> None:
+                 kv_unified: bool = False, type_k: str | None = None, type_v: str | None = None,
+                 reuse_prefix: bool = False, model: Any = None, verbose: bool = False) -> None:
         for name, value, lo in (("slots", slots, 1), ("n_ctx", n_ctx, 16), ("n_batch", n_batch, 1),
                                 ("n_ubatch", n_ubatch, 1), ("prefill_chunk", prefill_chunk, 1),
                                 ("prompts_per_step", prompts_per_step, 1),
@@ -187,16 +200,29 @@ class BatchEngine:
         self.prompts_per_step = prompts_per_step
         self.mixed_prefill = bool(mixed_prefill)
         self.n_batch = max(n_batch, slots)  # room for one token per slot at least
+        self.reuse_prefix = bool(reuse_prefix)
         threads = threads or max(1, (os.cpu_count() or 2) // 2)
+        kv_types = {}
+        for name, kv in (("type_k", type_k), ("type_v", type_v)):
+            if kv is not None:
+                code = getattr(ll, f"GGML_TYPE_{str(kv).upper()}", None)
+                if not isinstance(code, int):
+                    raise InputError(f"{name} must be a ggml type name such as f16 or q8_0, got {kv!r}")
+                kv_types[name] = code
 
-        mparams = ll.llama_model_default_params()
-        mparams.n_gpu_layers = n_gpu_layers if n_gpu_layers >= 0 else 0x7FFFFFFF
         path = os.fspath(model_path)
-        if not os.path.isfile(path):
-            raise InputError(f"model file {path} does not exist")
-        self._model = ll.llama_model_load_from_file(path.encode("utf-8"), mparams)
-        if not self._model:
-            raise BackendUnavailableError(f"llama.cpp could not load {path}")
+        # ``model``: a llama_model the caller already loaded (``llama_cpp.Llama.model``), borrowed: this
+        # engine creates its own context on it and never frees it, so the weights are in memory once.
+        self._own_model = model is None
+        if model is None:
+            mparams = ll.llama_model_default_params()
+            mparams.n_gpu_layers = n_gpu_layers if n_gpu_layers >= 0 else 0x7FFFFFFF
+            if not os.path.isfile(path):
+                raise InputError(f"model file {path} does not exist")
+            model = ll.llama_model_load_from_file(path.encode("utf-8"), mparams)
+            if not model:
+                raise BackendUnavailableError(f"llama.cpp could not load {path}")
+        self._model = model
         cparams = ll.llama_context_default_params()
         cparams.n_ctx = n_ctx * slots
         cparams.n_batch = self.n_batch
@@ -207,12 +233,16 @@ class BatchEngine:
         cparams.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
         cparams.kv_unified = kv_unified
         cparams.no_perf = True
+        for name, code in kv_types.items():
+            setattr(cparams, name, code)
         self._ctx = ll.llama_init_from_model(self._model, cparams)
         if not self._ctx:
-            ll.llama_model_free(self._model)
+            if self._own_model:
+                ll.llama_model_free(self._model)
             raise BackendUnavailableError(f"llama.cpp could not create a context with {slots} sequences "
                                           f"x {n_ctx} tokens for {path}")
         self._mem = ll.llama_get_memory(self._ctx)
+        self._n_swa = int(ll.llama_model_n_swa(self._model)) if hasattr(ll, "llama_model_n_swa") else 0
         self.n_ctx_seq = int(ll.llama_n_ctx_seq(self._ctx)) if hasattr(ll, "llama_n_ctx_seq") else n_ctx
         self._vocab = ll.llama_model_get_vocab(self._model)
         self.n_vocab = int(ll.llama_vocab_n_tokens(self._vocab))
@@ -223,13 +253,15 @@ class BatchEngine:
                          "flash_attn": flash_attn, "threads": threads, "n_batch": self.n_batch,
                          "n_ubatch": int(cparams.n_ubatch), "prefill_chunk": self.prefill_chunk,
                          "prompts_per_step": prompts_per_step, "mixed_prefill": self.mixed_prefill,
-                         "kv_unified": kv_unified}
+                         "kv_unified": kv_unified, "type_k": type_k or "f16", "type_v": type_v or "f16",
+                         "reuse_prefix": self.reuse_prefix}
         self._chat: Any = None  # (formatter, stops), built at the first chat request
 
         self._cv = threading.Condition()
         self._waiting: deque[_Seq] = deque()
         self._active: list[_Seq] = []
         self._free = list(range(slots - 1, -1, -1))
+        self._slot_kv: list[list[int]] = [[] for _ in range(slots)]  # what each free slot's KV cells hold
         self._closing = False
         self._users = 0  # threads inside submit()/tokenize(), using the model outside the engine thread
         self.closed = False
@@ -287,9 +319,16 @@ class BatchEngine:
         return tokens, tuple(s for s in stops if s)
 
     # ------------------------------------------------------------------ submit / cancel / close
-    def submit(self, request: GenerationRequest | None = None, /, **options: Any) -> BatchHandle:
+    def submit(self, request: GenerationRequest | None = None, /, *,
+               listener: Callable[[str, Any], None] | None = None, cancel: threading.Event | None = None,
+               **options: Any) -> BatchHandle:
         """Queue one request (a :class:`GenerationRequest`, or its fields as keywords) and return its
-        handle at once. Raises InputError/ShapeError for a bad request, EngineSaturated when full."""
+        handle at once. Raises InputError/ShapeError for a bad request, EngineSaturated when full.
+
+        ``listener(kind, value)``, when given, is called on the engine thread instead of queueing the
+        handle's events: ``("chunk", text)`` per piece, then ``("done", GenerationResult)``; it must not
+        block (the server hands them to its event loop). ``cancel``: an event whose setting cancels the
+        request (checked at every step), instead of the handle's own."""
         if request is None:
             request = GenerationRequest.from_options(**options)
         elif options:
@@ -297,7 +336,7 @@ class BatchEngine:
         if not isinstance(request, GenerationRequest):
             raise InputError(f"submit() takes a GenerationRequest, got {type(request).__name__}")
         with self._using():  # the model stays loaded while this thread tokenizes
-            return self._submit(request)
+            return self._submit(request, listener, cancel)
 
     @contextlib.contextmanager
     def _using(self) -> Iterator[None]:
@@ -312,7 +351,8 @@ class BatchEngine:
                 self._users -= 1
                 self._cv.notify_all()
 
-    def _submit(self, request: GenerationRequest) -> BatchHandle:
+    def _submit(self, request: GenerationRequest, listener: Callable[[str, Any], None] | None = None,
+                cancel: threading.Event | None = None) -> BatchHandle:
         stops = request.stop
         if request.prompt_tokens is not None:
             tokens = list(request.prompt_tokens)
@@ -335,7 +375,7 @@ class BatchEngine:
             if len(self._waiting) >= self.max_queue + len(self._free):
                 raise EngineSaturated(f"all {self.slots} slots are busy and {len(self._waiting)} requests wait "
                                       f"(limit {self.max_queue})")
-            handle = BatchHandle(self, request, next(self._ids))
+            handle = BatchHandle(self, request, next(self._ids), listener, cancel)
             seq = _Seq(handle, tokens, budget, stops, hold=max((len(s) for s in stops), default=1) - 1)
             self._waiting.append(seq)
             self._cv.notify()
@@ -350,6 +390,12 @@ class BatchEngine:
         """Requests waiting or running."""
         with self._cv:
             return len(self._waiting) + len(self._active)
+
+    @property
+    def busy(self) -> int:
+        """Slots holding a request now."""
+        with self._cv:
+            return len(self._active)
 
     def _wake(self) -> None:
         with self._cv:
@@ -373,8 +419,9 @@ class BatchEngine:
             ll.llama_batch_free(self._batch)
         with contextlib.suppress(Exception):
             ll.llama_free(self._ctx)
-        with contextlib.suppress(Exception):
-            ll.llama_model_free(self._model)
+        if self._own_model:
+            with contextlib.suppress(Exception):
+                ll.llama_model_free(self._model)
         self.closed = True
 
     def __enter__(self) -> BatchEngine:
@@ -406,18 +453,51 @@ class BatchEngine:
             if seq.handle.cancelled:
                 self._end(seq, "cancelled")
                 continue
-            seq.slot = self._free.pop()
+            seq.slot, keep = self._pick_slot(seq.prompt)
             seq.sampler = self._new_sampler(seq.handle.request)
             seq.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-            self._ll.llama_memory_seq_rm(self._mem, seq.slot, -1, -1)  # a fresh slot: nothing of before
+            if keep and self._n_swa > 0:
+                # a sliding-window cache keeps only the last n_swa positions: reuse needs the window before
+                # ``keep`` still there (llama-server makes the same check)
+                if int(self._ll.llama_memory_seq_pos_min(self._mem, seq.slot)) > max(0, keep - self._n_swa):
+                    keep = 0
+            if keep and not self._ll.llama_memory_seq_rm(self._mem, seq.slot, keep, -1):
+                keep = 0  # this cache cannot drop a tail
+            if not keep:
+                self._ll.llama_memory_seq_rm(self._mem, seq.slot, -1, -1)  # a fresh slot: nothing of before
+            self._slot_kv[seq.slot] = []
+            seq.n_fed = seq.pos = seq.cached = keep
+            seq.kv = seq.prompt[:keep]
             self._active.append(seq)
         self.stats["max_active"] = max(self.stats["max_active"], len(self._active))
 
+    def _pick_slot(self, prompt: list[int]) -> tuple[int, int]:
+        """A free slot and how many leading prompt tokens its KV cells already hold (``reuse_prefix``: the
+        slot whose last request shares the longest prefix with ``prompt``, as llama-server picks one; at
+        least the last prompt token is evaluated again, for its logits)."""
+        best, keep = len(self._free) - 1, 0
+        if self.reuse_prefix:
+            for i, slot in enumerate(self._free):
+                held = self._slot_kv[slot]
+                n = 0
+                for a, b in zip(held, prompt[:-1], strict=False):
+                    if a != b:
+                        break
+                    n += 1
+                if n > keep:
+                    best, keep = i, n
+        return self._free.pop(best), keep
+
     def _end(self, seq: _Seq, finish: str, error: str | None = None) -> None:
-        """Release a sequence's slot, KV cells and sampler; finish its handle."""
+        """Release a sequence's slot, KV cells (kept for the next request with ``reuse_prefix``) and
+        sampler; finish its handle."""
         with self._cv:
             if seq.slot >= 0:
-                self._ll.llama_memory_seq_rm(self._mem, seq.slot, -1, -1)
+                if self.reuse_prefix and finish != "error":
+                    self._slot_kv[seq.slot] = list(seq.kv)
+                else:
+                    self._ll.llama_memory_seq_rm(self._mem, seq.slot, -1, -1)
+                    self._slot_kv[seq.slot] = []
                 self._free.append(seq.slot)
                 seq.slot = -1
             if seq.sampler is not None:
@@ -433,7 +513,8 @@ class BatchEngine:
         h._finish(GenerationResult(text=seq.text, tokens=list(seq.out), finish_reason=finish,
                                    prompt_tokens=len(seq.prompt),
                                    ttft_s=(h.first_token_at - h.submitted) if h.first_token_at else None,
-                                   total_s=now - h.submitted, error=error))
+                                   total_s=now - h.submitted, error=error, cached_tokens=seq.cached,
+                                   first_token_at=h.first_token_at, finished_at=now))
 
     def _loop(self) -> None:
         try:
@@ -479,6 +560,7 @@ class BatchEngine:
             take = min(room, len(seq.prompt) - seq.n_fed)
             end = len(seq.prompt)
             fill += [(seq.prompt[i], i, seq, i == end - 1) for i in range(seq.n_fed, seq.n_fed + take)]
+            seq.kv += seq.prompt[seq.n_fed:seq.n_fed + take]
             seq.n_fed += take
             seq.pos = seq.n_fed
             room -= take
@@ -513,6 +595,7 @@ class BatchEngine:
         now = time.perf_counter()
         for idx, seq in outputs:
             if seq.pending is not None:
+                seq.kv.append(seq.pending)
                 seq.pos += 1
                 seq.pending = None
             tok = int(ll.llama_sampler_sample(seq.sampler, self._ctx, idx))

@@ -37,7 +37,8 @@ from starlette.routing import Match, Route
 
 from edgesdk import __version__
 from edgesdk.errors import EdgeSDKError, InputError, ShapeError
-from edgesdk.runtime.requests import SEED_MAX
+from edgesdk.runtime.requests import SEED_MAX, GenerationRequest
+from edgesdk.serve.batch_worker import BatchWorker, decide_parallel
 from edgesdk.serve.metrics import ServerMetrics
 from edgesdk.serve.workers import EmbeddingBatcher, Job, LLMWorker, Saturated
 
@@ -48,6 +49,7 @@ DEFAULT_MAX_TOKENS = 256  # when the request gives none
 DEFAULT_QUEUE = 16  # LLM requests waiting behind the running one
 MAX_EMBEDDING_INPUTS = 2048  # inputs per embeddings request (as OpenAI)
 MAX_STOP_SEQUENCES = 16
+MAX_PARALLEL = 256  # serve --parallel: sequences per LLM
 
 
 @dataclass
@@ -65,8 +67,13 @@ class ServeConfig:
     untraced: tuple[str, ...] | None = None  # URL regexes with no plain HTTP span; None: see untraced_patterns()
     allowed_hosts: tuple[str, ...] = ()  # Host names answered besides localhost and IP addresses; "*": any
     cors_origins: tuple[str, ...] = ()  # origins that get CORS answers ("*": any); none: no CORS at all
+    parallel: int | None = None  # sequences per LLM decoded together; None: decide_parallel(); 1: one at a time
+    prefix_reuse: bool = True  # batched LLMs: a slot keeps its last prompt's KV cells for a request sharing it
 
     def __post_init__(self) -> None:
+        if self.parallel is not None and (isinstance(self.parallel, bool) or not isinstance(self.parallel, int)
+                                          or not 1 <= self.parallel <= MAX_PARALLEL):
+            raise InputError(f"parallel must be an integer from 1 to {MAX_PARALLEL}, got {self.parallel!r}")
         if self.api_key is not None and (not self.api_key.strip() or self.api_key != self.api_key.strip()):
             raise InputError("the API key is empty or has surrounding whitespace: an empty key would turn "
                              "authentication off (give a key, or leave --api-key and EDGESDK_API_KEY out)")
@@ -140,6 +147,8 @@ class ModelEntry:
     worker: LLMWorker | None = None
     batcher: EmbeddingBatcher | None = None
     prompt_cache: Any = None  # edgesdk.serve.prompt_cache.PromptCache when enabled
+    parallel: int | None = None  # LLMs: sequences decoded together (set at start: ServeConfig / decide_parallel)
+    parallel_reason: str = ""
 
     @property
     def provider(self) -> str:
@@ -505,6 +514,16 @@ def prompt_cache_mb(session, configured: float | None) -> float:
     return max(0.0, float(value)) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
 
 
+def llm_parallel(session, requested: int | None) -> tuple[int, str]:
+    """Sequences to decode together for an LLM session, and why: :func:`decide_parallel` for a llama.cpp
+    backend; 1 (one request at a time) for a backend without continuous batching."""
+    if requested == 1:
+        return 1, "1 (--parallel 1: one request at a time)"
+    if not hasattr(getattr(session, "backend", None), "batch_engine"):
+        return 1, "1 (this backend has no continuous batching: one request at a time)"
+    return decide_parallel(session, requested)
+
+
 def _tracer(provider=None):
     if provider is None:
         from edgesdk import telemetry
@@ -529,14 +548,23 @@ class _Server:
     # -- lifecycle
     def start(self) -> None:
         for e in self.models.values():
-            if e.kind == "llm" and e.prompt_cache is None:
+            if e.kind == "llm" and e.worker is None:
+                if e.parallel is None:
+                    e.parallel, e.parallel_reason = llm_parallel(e.session, self.config.parallel)
+                self.metrics.slots.set(e.parallel, model=e.name)
+                if e.parallel > 1:
+                    batch = BatchWorker(e.name, e.session, slots=e.parallel, max_queue=self.config.max_queue,
+                                        reuse_prefix=self.config.prefix_reuse, reason=e.parallel_reason)
+                    e.worker = batch
+                    self.metrics.queue_depth.set_function(lambda w=batch: w.depth, model=e.name)
+                    self.metrics.slots_busy.set_function(lambda w=batch: w.busy, model=e.name)
+                    continue
                 mb = prompt_cache_mb(e.session, self.config.prompt_cache_mb)
                 backend = getattr(e.session, "backend", None)
-                if mb > 0 and backend is not None and hasattr(backend, "prompt_cache"):
+                if e.prompt_cache is None and mb > 0 and backend is not None and hasattr(backend, "prompt_cache"):
                     from edgesdk.serve.prompt_cache import PromptCache
 
                     e.prompt_cache = backend.prompt_cache = PromptCache(int(mb * (1 << 20)))
-            if e.kind == "llm" and e.worker is None:
                 e.worker = LLMWorker(e.name, e.session, self.config.max_queue,
                                      on_depth=functools.partial(self.metrics.queue_depth.set, model=e.name))
             elif e.kind == "embedding" and e.batcher is None:
@@ -629,6 +657,11 @@ class _Server:
             model = entry.name
             span.model(model, entry.provider, body.get("stream", False) is True)
             opts, stream, include_usage, what = parse_generation(body, entry, operation)
+            try:
+                request_obj = GenerationRequest.from_options(
+                    **({"messages": what} if operation == "chat" else {"prompt": what}), stream=stream, **opts)
+            except EdgeSDKError as exc:
+                raise _from_backend(exc) from None
             session = entry.session
             if operation == "chat":
                 def start(m=what, o=opts):
@@ -641,7 +674,7 @@ class _Server:
             span.set("gen_ai.request.top_p", opts.get("top_p"))
             span.set("gen_ai.request.seed", opts.get("seed"))
             loop = asyncio.get_running_loop()
-            job = Job(start=start, loop=loop, events=asyncio.Queue(), otel_ctx=span.ctx)
+            job = Job(start=start, loop=loop, events=asyncio.Queue(), otel_ctx=span.ctx, request=request_obj)
             assert entry.worker is not None  # created in start() for every llm entry
             try:
                 entry.worker.submit(job)
@@ -734,12 +767,13 @@ class _Server:
         m.tokens.inc(n_in, gen_ai_request_model=entry.name, gen_ai_token_type="input")
         m.tokens.inc(n_out, gen_ai_request_model=entry.name, gen_ai_token_type="output")
         usage: dict = {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}
-        if entry.prompt_cache is not None:
+        if entry.prompt_cache is not None or (isinstance(entry.worker, BatchWorker) and self.config.prefix_reuse):
             cached = int(last.get("cached_tokens") or 0)
             usage["prompt_tokens_details"] = {"cached_tokens": cached}  # OpenAI's field for reused prompt tokens
             span.set("gen_ai.usage.cache_read.input_tokens", cached)
             m.cached_tokens.inc(cached, model=entry.name)
-            m.cache_bytes.set(entry.prompt_cache.stats()["bytes"], model=entry.name)
+            if entry.prompt_cache is not None:
+                m.cache_bytes.set(entry.prompt_cache.stats()["bytes"], model=entry.name)
         return usage
 
     async def _sse(self, job: Job, entry: ModelEntry, operation: str, rid: str, span: _Span, t0: float,

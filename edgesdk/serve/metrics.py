@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 # Bucket boundaries advised by the GenAI semantic conventions (v1.41.1).
 DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
@@ -79,14 +79,27 @@ class Gauge(_Metric):
     def __init__(self, name, help_text, label_names=()):
         super().__init__(name, help_text, tuple(label_names))
         self._values: dict[tuple, float] = {}
+        self._live: dict[tuple, Callable[[], float]] = {}
 
     def set(self, value: float, **labels) -> None:
         with self._lock:
             self._values[self._key(labels)] = float(value)
 
+    def set_function(self, fn: Callable[[], float], **labels) -> None:
+        """Read the value from ``fn()`` whenever the metrics are rendered (a live figure, such as busy slots)."""
+        with self._lock:
+            self._live[self._key(labels)] = fn
+
     def render(self) -> list[str]:
         with self._lock:
-            items = sorted(self._values.items())
+            values = dict(self._values)
+            live = dict(self._live)
+        for key, fn in live.items():
+            try:
+                values[key] = float(fn())
+            except Exception:  # noqa: BLE001 - a closed engine renders nothing, never fails /metrics
+                values.pop(key, None)
+        items = sorted(values.items())
         return self.header() + [f"{self.name}{_labels(zip(self.label_names, k))} {_num(v)}" for k, v in items]
 
 
@@ -159,10 +172,13 @@ class ServerMetrics:
         self.cached_tokens = Counter("edgesdk_serve_prompt_cache_reused_tokens_total",
                                      "Prompt tokens restored from the prompt cache instead of evaluated.", ("model",))
         self.cache_bytes = Gauge("edgesdk_serve_prompt_cache_bytes", "Bytes held by the prompt cache.", ("model",))
+        self.slots = Gauge("edgesdk_serve_slots", "Sequences an LLM decodes together (serve --parallel).", ("model",))
+        self.slots_busy = Gauge("edgesdk_serve_slots_busy", "Slots holding a request now, per LLM.", ("model",))
 
     def render(self) -> str:
         lines: list[str] = []
         for metric in (self.requests, self.rejected, self.cancelled, self.duration, self.ttft, self.tpot,
-                       self.tokens, self.queue_depth, self.batch_size, self.cached_tokens, self.cache_bytes):
+                       self.tokens, self.queue_depth, self.batch_size, self.cached_tokens, self.cache_bytes,
+                       self.slots, self.slots_busy):
             lines += metric.render()
         return "\n".join(lines) + "\n"

@@ -49,6 +49,7 @@ class Job:
     otel_ctx: Any = None
     cancel: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.perf_counter)
+    request: Any = None  # the GenerationRequest (a BatchWorker runs this instead of calling start)
 
     def emit(self, kind: str, value: Any = None) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is listening any more

@@ -226,13 +226,16 @@ def stats() -> dict:
 
 
 def inference(operation: str, model: str, provider: str, *, stream: bool = False, request: dict | None = None,
-              attributes: dict | None = None) -> InferenceRecorder | _NoopRecorder:
-    """Context manager for one inference request; yields a recorder (see module docstring)."""
+              attributes: dict | None = None, attach: bool = True) -> InferenceRecorder | _NoopRecorder:
+    """Context manager for one inference request; yields a recorder (see module docstring).
+
+    ``attach=False``: the span is never made the current one, so ``__enter__`` and ``__exit__`` may run on
+    different threads (a request that a batching engine finishes on its own thread)."""
     tracer = _state.tracer or _tracer()
     if tracer is None:
         return NOOP_RECORDER
     return InferenceRecorder(tracer, _state.instruments, _state.capture_content, operation, model, provider,
-                             stream, request, attributes, _state.chunk_metric)
+                             stream, request, attributes, _state.chunk_metric, attach)
 
 
 def build_trace(model: str, profile: str,

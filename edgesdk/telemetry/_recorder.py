@@ -142,10 +142,10 @@ class InferenceRecorder:
     __slots__ = ("_tracer", "_instruments", "_capture", "_operation", "_model", "_provider", "_stream",
                  "_chunk_metric", "_span", "_token", "_t0", "_first", "_times", "_input_tokens",
                  "_output_tokens", "_reasons", "_response_model", "_input_content", "_output_content",
-                 "_error_type", "_end_attrs")
+                 "_error_type", "_end_attrs", "_attach")
 
     def __init__(self, tracer, instruments, capture, operation, model, provider, stream, request, attributes,
-                 chunk_metric=True):
+                 chunk_metric=True, attach=True):
         self._tracer = tracer
         self._instruments = instruments
         self._capture = capture
@@ -154,6 +154,7 @@ class InferenceRecorder:
         self._provider = provider
         self._stream = stream
         self._chunk_metric = chunk_metric
+        self._attach = attach  # False: never made current (a request that ends on another thread)
         self._token = None
         self._first = None
         self._times = []
@@ -176,7 +177,7 @@ class InferenceRecorder:
             attrs.update(N.clean_attributes(attributes))
         self._span = tracer.start_span(f"{self._operation} {model}" if model else self._operation,
                                        kind=SpanKind.INTERNAL, attributes=attrs)
-        if not self._stream:
+        if not self._stream and self._attach:
             self._token = otel_context.attach(trace.set_span_in_context(self._span))
         self._t0 = perf_counter()
         return self

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""`edgesdk serve` on a GGUF bundle vs llama-cpp-python's own server and a bare `Llama` loop.
+"""`edgesdk serve` on a GGUF bundle (continuous batching, and one request at a time) vs llama-cpp-python's own
+server and a bare `Llama` loop.
 
 Same GGUF file, same settings everywhere: n_ctx (the bundle's, as `edgesdk.load` picks it), the
 same thread count for prompt and decode, greedy decoding (temperature 0), `max_tokens` fixed.
@@ -7,9 +8,11 @@ same thread count for prompt and decode, greedy decoding (temperature 0), `max_t
 1. Throughput: C concurrent asyncio httpx clients (C in --concurrency) send streaming
    `/v1/completions` requests, every prompt different from its first token (a number sequence the
    model continues to max_tokens). Per server: completion tokens/s over the wall time, TTFT
-   (request sent -> first non-empty text chunk) p50/p99, request latency p50/p99, errors. The two
-   servers run at the same time (the idle one costs nothing) and are measured in turns, A B B A per
-   concurrency, so machine noise hits both alike. llama_cpp.server runs with
+   (request sent -> first non-empty text chunk) p50/p99, request latency p50/p99, errors. Servers:
+   `edgesdk serve` as a user starts it (continuous batching, slots from --parallel or its default),
+   `edgesdk serve --parallel 1` (one request at a time: the single-stream anchor) and llama_cpp.server.
+   They run at the same time (an idle one costs nothing) and are measured in turns, A B C C B A per
+   concurrency, so machine noise hits all alike. llama_cpp.server runs with
    `--interrupt_requests False`: its default stops a streaming response as soon as another request
    waits, which truncates completions under concurrency. Completion tokens are counted on the
    client by tokenising the returned text with the model's own tokenizer (llama_cpp.server's stream
@@ -17,9 +20,9 @@ same thread count for prompt and decode, greedy decoding (temperature 0), `max_t
    (`Llama.reset()` + `create_completion(stream=True)`), in turns between the servers' turns: the
    ceiling without HTTP.
 2. Multi-turn prompt reuse: one conversation (a fixed system prompt + growing history, replies
-   greedy) through `/v1/chat/completions` on `edgesdk serve` with `--prompt-cache-mb 0` and with the
-   cache on; TTFT per turn, and whether every reply is token-identical. Needs a GGUF with a chat
-   template.
+   greedy) through `/v1/chat/completions` on the batched `edgesdk serve` with `--no-prefix-reuse` and
+   with prefix reuse (the default: a slot keeps its last request's KV cells); TTFT per turn, and whether
+   every reply is token-identical. Needs a GGUF with a chat template.
 
     python tools/bench/bench_serve_llm.py BUNDLE --threads 2 --max-tokens 32
 
@@ -271,8 +274,10 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,4,16")
     ap.add_argument("--requests-per-client", type=int, default=1,
                     help="requests per client per turn (at least 4 per turn); 2 turns per server")
-    ap.add_argument("--turns", type=int, default=6, help="multi-turn conversation length")
-    ap.add_argument("--prompt-cache-mb", type=float, default=256)
+    ap.add_argument("--turns", type=int, default=6, help="multi-turn conversation length (0: none)")
+    ap.add_argument("--parallel", type=int, default=None, help="edgesdk serve --parallel (default: its own)")
+    ap.add_argument("--no-llama-cpp-server", action="store_true",
+                    help="leave llama_cpp.server out (a machine without the bench extra)")
     ap.add_argument("--out", default=str(RESULTS / "serve_llm.json"))
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -294,32 +299,46 @@ def main() -> None:
                 "n_batch": 512, "requests_per_turn": {c: max(4, c * args.requests_per_client) for c in levels}}
     print(f"settings: {settings}", flush=True)
     bare_loop = BareLoop(gguf, args.threads, n_ctx, args.max_tokens, count)
-    ours_p, ours = start_edgesdk(str(bundle), args.threads, ["--max-queue", str(max(levels))])
-    theirs_p, theirs = start_llama_cpp_server(gguf, args.threads, n_ctx)
+    queue = ["--max-queue", str(max(levels) * args.requests_per_client)]
+    par = ["--parallel", str(args.parallel)] if args.parallel else []
+    servers = {"edgesdk": start_edgesdk(str(bundle), args.threads, queue + par),
+               "edgesdk_parallel_1": start_edgesdk(str(bundle), args.threads, queue + ["--parallel", "1"])}
+    if not args.no_llama_cpp_server:
+        servers["llama_cpp_server"] = start_llama_cpp_server(gguf, args.threads, n_ctx)
+    names = list(servers)
     throughput: dict = {}
     try:
-        for url in (ours, theirs):  # warm-up: first decodes allocate
+        for _proc, url in servers.values():  # warm-up: first decodes allocate
             asyncio.run(load(url, 1, 2, 9000, args.max_tokens, count))
         for c in levels:
             n = max(4, c * args.requests_per_client)
-            runs: dict = {"edgesdk": [], "llama_cpp_server": []}
-            for turn, (name, url) in enumerate([("edgesdk", ours), ("llama_cpp_server", theirs),
-                                                ("llama_cpp_server", theirs), ("edgesdk", ours)]):
-                offset = 1000 * c + (turn // 2) * n  # the same prompts for both servers in each half
-                runs[name].append(asyncio.run(load(url, c, n, offset, args.max_tokens, count)))
-                if turn in (0, 2):  # the bare loop between the servers' turns: same machine conditions
+            runs: dict = {name: [] for name in names}
+            for turn, name in enumerate(names + names[::-1]):  # A B C C B A
+                half = turn // len(names)
+                offset = 1000 * c + half * n  # the same prompts for every server in each half
+                runs[name].append(asyncio.run(load(servers[name][1], c, n, offset, args.max_tokens, count)))
+                if turn in (0, len(names)):  # the bare loop between turns: same machine conditions
                     bare_loop.turn(offset, 2)
-            e, llm_srv = merge(runs["edgesdk"]), merge(runs["llama_cpp_server"])
-            ratio = round(e["tok_per_s"] / llm_srv["tok_per_s"], 3) if llm_srv["tok_per_s"] else None
-            throughput[str(c)] = {"edgesdk": e, "llama_cpp_server": llm_srv, "throughput_ratio": ratio}
-            print(f"c={c:>2}: edgesdk {e['tok_per_s']} tok/s (TTFT p50 {e['ttft_p50_ms']} p99 {e['ttft_p99_ms']} ms, "
-                  f"latency p50 {e['latency_p50_ms']} p99 {e['latency_p99_ms']} ms, errors {e['errors']}) | "
-                  f"llama_cpp.server {llm_srv['tok_per_s']} tok/s (TTFT p50 {llm_srv['ttft_p50_ms']} p99 "
-                  f"{llm_srv['ttft_p99_ms']} ms, latency p50 {llm_srv['latency_p50_ms']} p99 "
-                  f"{llm_srv['latency_p99_ms']} ms, errors {llm_srv['errors']}) | ratio {ratio}x", flush=True)
+            row = {name: merge(runs[name]) for name in names}
+            e = row["edgesdk"]
+            for other in names[1:]:
+                row[f"ratio_vs_{other}"] = round(e["tok_per_s"] / row[other]["tok_per_s"], 3) \
+                    if row[other]["tok_per_s"] else None
+            throughput[str(c)] = row
+            print(f"c={c:>2}: " + " | ".join(
+                f"{name} {row[name]['tok_per_s']} tok/s (TTFT p50 {row[name]['ttft_p50_ms']} p99 "
+                f"{row[name]['ttft_p99_ms']} ms, latency p50 {row[name]['latency_p50_ms']} ms, errors "
+                f"{row[name]['errors']})" for name in names) + " | " +
+                ", ".join(f"edgesdk/{o} {row[f'ratio_vs_{o}']}x" for o in names[1:]), flush=True)
     finally:
-        stop(ours_p)
-        stop(theirs_p)
+        for proc, _url in servers.values():
+            stop(proc)
+    single = throughput[str(levels[0])]["edgesdk_parallel_1"]["tok_per_s"] if levels[0] == 1 else None
+    if single:
+        for row in throughput.values():
+            row["edgesdk_vs_single_stream"] = round(row["edgesdk"]["tok_per_s"] / single, 2)
+        print("edgesdk aggregate / single-stream (edgesdk --parallel 1, 1 client): " + ", ".join(
+            f"{c} clients {row['edgesdk_vs_single_stream']}x" for c, row in throughput.items()), flush=True)
     bare = bare_loop.result()
     print(f"bare Llama loop (sequential, {bare['requests']} requests in turns between the servers'): "
           f"{bare['tok_per_s']} tok/s (TTFT p50 {bare['ttft_p50_ms']} ms, latency p50 {bare['latency_p50_ms']} ms)",
@@ -328,27 +347,30 @@ def main() -> None:
         row["ratio_vs_bare_loop"] = round(row["edgesdk"]["tok_per_s"] / bare["tok_per_s"], 3)
 
     multi: dict = {}
-    for label, mb in (("cache_off", 0), ("cache_on", args.prompt_cache_mb)):
-        proc, url = start_edgesdk(str(bundle), args.threads, ["--prompt-cache-mb", str(mb)])
+    for label, flags in (("reuse_off", ["--no-prefix-reuse"]), ("reuse_on", [])) if args.turns else ():
+        proc, url = start_edgesdk(str(bundle), args.threads, flags + par)
         try:
             asyncio.run(load(url, 1, 1, 9000, 4, count))  # warm-up
             multi[label] = asyncio.run(conversation(url, args.max_tokens, args.turns))
         finally:
             stop(proc)
-    off, on = multi["cache_off"], multi["cache_on"]
-    later_off = statistics.median(t["ttft_ms"] for t in off[1:])
-    later_on = statistics.median(t["ttft_ms"] for t in on[1:])
-    identical = [a["reply"] == b["reply"] for a, b in zip(off, on, strict=True)]
-    multi_turn = {"turns": args.turns, "prompt_cache_mb": args.prompt_cache_mb,
-                  "ttft_ms_per_turn": {"cache_off": [t["ttft_ms"] for t in off],
-                                       "cache_on": [t["ttft_ms"] for t in on]},
-                  "ttft_p50_turns_2_on_ms": {"cache_off": later_off, "cache_on": later_on},
-                  "ttft_reduction": round(later_off / later_on, 2), "replies_identical": identical,
-                  "replies": {"cache_off": [t["reply"] for t in off], "cache_on": [t["reply"] for t in on]}}
-    print(f"multi-turn TTFT (turns 2..{args.turns}, p50): cache off {later_off} ms, on {later_on} ms -> "
-          f"{multi_turn['ttft_reduction']}x lower; replies identical: {sum(identical)}/{len(identical)}", flush=True)
-    out = {"what": "edgesdk serve vs llama_cpp.server vs a bare Llama loop, streaming /v1/completions, greedy; "
-                   "multi-turn chat TTFT with the prompt cache off/on",
+    multi_turn: dict = {}
+    if args.turns:
+        off, on = multi["reuse_off"], multi["reuse_on"]
+        later_off = statistics.median(t["ttft_ms"] for t in off[1:])
+        later_on = statistics.median(t["ttft_ms"] for t in on[1:])
+        identical = [a["reply"] == b["reply"] for a, b in zip(off, on, strict=True)]
+        multi_turn = {"turns": args.turns, "prefix_reuse": "batched edgesdk serve, --no-prefix-reuse vs default",
+                      "ttft_ms_per_turn": {"reuse_off": [t["ttft_ms"] for t in off],
+                                           "reuse_on": [t["ttft_ms"] for t in on]},
+                      "ttft_p50_turns_2_on_ms": {"reuse_off": later_off, "reuse_on": later_on},
+                      "ttft_reduction": round(later_off / later_on, 2), "replies_identical": identical,
+                      "replies": {"reuse_off": [t["reply"] for t in off], "reuse_on": [t["reply"] for t in on]}}
+        print(f"multi-turn TTFT (turns 2..{args.turns}, p50): prefix reuse off {later_off} ms, on {later_on} ms -> "
+              f"{multi_turn['ttft_reduction']}x lower; replies identical: {sum(identical)}/{len(identical)}",
+              flush=True)
+    out = {"what": "edgesdk serve (batched, and --parallel 1) vs llama_cpp.server vs a bare Llama loop, streaming "
+                   "/v1/completions, greedy; multi-turn chat TTFT with prefix reuse off/on",
            "bundle": bundle.name, "gguf": Path(gguf).name, "machine": machine(),
            "llama_cpp_python": llama_cpp.__version__, "settings": settings,
            "note": "clients run on the same machine as the servers; the machine's cores were shared with other "

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import dataclasses
 import itertools
 import re
 import subprocess
@@ -28,7 +29,7 @@ from edgesdk import telemetry
 from edgesdk.errors import BackendUnavailableError, InputError, ShapeError
 from edgesdk.native import import_llama_cpp, route_llama_logs
 from edgesdk.runtime.backend import LoadContext, TensorSpec
-from edgesdk.runtime.requests import DEFAULT_SAMPLING, check_sampling
+from edgesdk.runtime.requests import DEFAULT_SAMPLING, GenerationRequest, check_sampling
 
 if TYPE_CHECKING:
     from llama_cpp import Llama
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from llama_cpp.llama_types import ChatCompletionRequestMessage
 
     from edgesdk.bundle import Bundle
+    from edgesdk.runtime.batching import BatchEngine
 
 RISKY_SMS = {"8.7"}  # llama.cpp FA/offload crashes reported on Orin (docs/devices.md)
 GPU_RESERVE_BYTES = 512 * 1024 * 1024  # CUDA context + cuBLAS workspace, kept free when sizing offload
@@ -171,10 +173,11 @@ class LlamaCppBackend:
     provider = "llama.cpp"
 
     def __init__(self, llm: Llama, *, settings: dict[str, Any], report: dict[str, Any], model: str,
-                 attributes: dict[str, Any], chat_template: str | None = None) -> None:
+                 attributes: dict[str, Any], chat_template: str | None = None, path: str = "") -> None:
         llama_cpp = import_llama_cpp()
 
         self._llm = llm
+        self._path = path
         self.settings = settings
         self._report = report
         self._model = model
@@ -270,19 +273,91 @@ class LlamaCppBackend:
         """Reply to ``messages``, formatted with ``chat_template`` (a shipped name or a Jinja file), else the
         session's default (``load(..., chat_template=)``), else the GGUF's own ``tokenizer.chat_template``."""
         _check_messages(messages)
-        fmt, extra_stops = self._chat_formatter(chat_template or self._default_template)
-        try:
-            result = fmt(messages=cast("list[ChatCompletionRequestMessage]", messages))  # checked above
-        except Exception as exc:  # noqa: BLE001 - jinja errors on malformed messages: one line
-            raise InputError(f"chat template failed on these messages ({type(exc).__name__}: {exc})") from exc
+        prompt, template_stops, add_bos = self._format_chat(messages, chat_template)
         stop = kw.pop("stop", None)
         stop = [stop] if isinstance(stop, str) else list(stop or [])
-        stop += [s for s in ([result.stop] if isinstance(result.stop, str) else (result.stop or [])) if s]
-        stop += extra_stops
+        stop += template_stops
         stream = kw.pop("stream", False)
-        gen = self._run(result.prompt, "chat", stream=stream, special=True, stop=stop,
-                        add_bos=not getattr(result, "added_special", False), _capture_messages=messages, **kw)
+        gen = self._run(prompt, "chat", stream=stream, special=True, stop=stop, add_bos=add_bos,
+                        _capture_messages=messages, **kw)
         return gen if stream else self._complete(gen)
+
+    def _format_chat(self, messages: list[dict[str, str]], chat_template: str | None) -> tuple[str, list[str], bool]:
+        """Chat messages -> (prompt text, the template's stop strings, whether to add BOS)."""
+        fmt, extra_stops = self._chat_formatter(chat_template or self._default_template)
+        try:
+            result = fmt(messages=cast("list[ChatCompletionRequestMessage]", messages))  # checked by the caller
+        except Exception as exc:  # noqa: BLE001 - jinja errors on malformed messages: one line
+            raise InputError(f"chat template failed on these messages ({type(exc).__name__}: {exc})") from exc
+        stops = [s for s in ([result.stop] if isinstance(result.stop, str) else (result.stop or [])) if s]
+        return result.prompt, stops + extra_stops, not getattr(result, "added_special", False)
+
+    def encode(self, request: GenerationRequest) -> GenerationRequest:
+        """The request with its prompt as token ids, as ``generate``/``chat`` would evaluate it: a chat is
+        formatted with this session's template, its stop strings join the request's. For a
+        :class:`~edgesdk.runtime.batching.BatchEngine` on this model (:meth:`batch_engine`)."""
+        if request.prompt_tokens is not None:
+            tokens, stops = list(request.prompt_tokens), list(request.stop)
+        elif request.messages is not None:
+            prompt, extra, add_bos = self._format_chat([{"role": m.role, "content": m.content}
+                                                        for m in request.messages], None)
+            with self._lock:
+                tokens = self._llm.tokenize(prompt.encode("utf-8"), add_bos=add_bos, special=True)
+            stops = list(request.stop) + [s for s in extra if s not in request.stop]
+        else:
+            assert request.prompt is not None
+            with self._lock:
+                tokens = self._llm.tokenize(request.prompt.encode("utf-8"), add_bos=True, special=False)
+            stops = list(request.stop)
+        if not tokens:
+            raise InputError("the prompt is empty (no tokens)")
+        return dataclasses.replace(request, prompt=None, messages=None, prompt_tokens=tuple(tokens),
+                                   stop=tuple(stops))
+
+    def recorder(self, request: GenerationRequest) -> Any:
+        """The telemetry recorder (GenAI span and metrics) of one request that a batch engine runs: not yet
+        started, never made the current span (it ends on the engine's thread)."""
+        operation = "chat" if request.messages is not None else "text_completion"
+        return telemetry.inference(operation, self._model, self.provider, stream=request.stream,
+                                   request={"max_tokens": request.max_tokens, "temperature": request.temperature,
+                                            "top_p": request.top_p, "top_k": request.top_k,
+                                            "stop_sequences": list(request.stop) or None, "seed": request.seed},
+                                   attributes=self._attrs, attach=False)
+
+    def batch_engine(self, *, slots: int, max_queue: int, reuse_prefix: bool = True) -> BatchEngine:
+        """A continuous-batching engine on this backend's model (the weights are not loaded again): its own
+        llama.cpp context of ``slots`` sequences, each as long as this session's context, with the settings
+        this session got (GPU layers, flash attention, threads, batch sizes, K/V types)."""
+        from edgesdk.runtime.batching import BatchEngine
+
+        st, rep = self.settings, self._report
+        return BatchEngine(self._path, model=self._llm.model, slots=slots, max_queue=max_queue,
+                           n_ctx=int(st["n_ctx"]), n_gpu_layers=int(st["n_gpu_layers"]),
+                           flash_attn=bool(st["flash_attn"]), threads=int(st["threads"]),
+                           n_batch=int(st["n_batch"]), n_ubatch=int(st["n_ubatch"]),
+                           prefill_chunk=min(int(st["n_batch"]), 512),
+                           type_k=str(rep.get("type_k") or "f16"), type_v=str(rep.get("type_v") or "f16"),
+                           reuse_prefix=reuse_prefix)
+
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of K and V cache one token takes in one sequence (all layers), from the GGUF's metadata."""
+        meta = self._llm.metadata
+        arch = meta.get("general.architecture", "llama")
+
+        def num(key: str, default: int = 0) -> int:
+            try:
+                return int(meta.get(f"{arch}.{key}", default))
+            except (TypeError, ValueError):
+                return default
+        layers = num("block_count")
+        heads = max(1, num("attention.head_count", 1))
+        kv_heads = num("attention.head_count_kv", heads) or heads
+        head_k = num("attention.key_length") or num("embedding_length") // heads
+        head_v = num("attention.value_length") or head_k
+        size = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
+        k = size.get(str(self._report.get("type_k") or "f16"), 2.0)
+        v = size.get(str(self._report.get("type_v") or "f16"), 2.0)
+        return int(layers * kv_heads * (head_k * k + head_v * v))
 
     def _chat_formatter(self, spec: str | None) -> tuple[Jinja2ChatFormatter, list[str]]:
         if spec in self._formatters:
@@ -623,7 +698,7 @@ def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
                      "edgesdk.gguf.n_gpu_layers": a_ngl, "edgesdk.gguf.flash_attn": a_fa,
                      "edgesdk.bundle.id": bundle.bundle_id}
             return LlamaCppBackend(llm, settings=settings, report=report, model=bundle.model_name, attributes=attrs,
-                                   chat_template=chat_template)
+                                   chat_template=chat_template, path=path)
         assert why is not None  # set whenever the attempt did not load
         errors.append(f"{_label(a_fa, a_ngl, layers)}: {why}")
         if i + 1 < len(tried):
