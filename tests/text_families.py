@@ -135,5 +135,14 @@ def make_family_model(directory: Path, family: str, *, layout: str = "transforme
     if layout == "transformers5":
         from vlm_fixtures import to_transformers5_layout
 
-        return to_transformers5_layout(directory, final)
+        out = to_transformers5_layout(directory, final)
+        if family == "gemma3":  # transformers 5's Gemma3TextConfig: rope per layer type, no rope_local_base_freq
+            import json
+
+            cfg = json.loads((out / "config.json").read_text())
+            full = cfg.pop("rope_parameters")
+            cfg["rope_parameters"] = {"full_attention": full, "sliding_attention": {
+                "rope_theta": cfg.pop("rope_local_base_freq"), "rope_type": "default"}}
+            (out / "config.json").write_text(json.dumps(cfg, indent=2))
+        return out
     return directory

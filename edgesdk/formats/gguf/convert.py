@@ -89,6 +89,9 @@ def config_for_transformers4(config: dict[str, Any]) -> dict[str, Any]:
     ``rope_scaling`` for a non-default type), ``_pad_token_id`` back to ``pad_token_id``; nested configs too."""
     out: dict[str, Any] = {}
     for key, value in config.items():
+        if key == "rope_parameters" and isinstance(value, dict) and _per_layer_type(value):
+            out.update(per_layer_rope_for_transformers4(value))
+            continue
         if key == "rope_parameters" and isinstance(value, dict):
             if "rope_theta" in value:
                 out["rope_theta"] = value["rope_theta"]
@@ -99,6 +102,27 @@ def config_for_transformers4(config: dict[str, Any]) -> dict[str, Any]:
         if key == "_pad_token_id" and "pad_token_id" not in config:
             key = "pad_token_id"
         out[key] = config_for_transformers4(value) if isinstance(value, dict) and key.endswith("_config") else value
+    return out
+
+
+def _per_layer_type(params: Mapping[str, Any]) -> bool:
+    return bool(params) and set(params) <= {"full_attention", "sliding_attention"} and \
+        all(isinstance(v, dict) for v in params.values())
+
+
+def per_layer_rope_for_transformers4(params: Mapping[str, Any]) -> dict[str, Any]:
+    """Gemma-3's transformers 5 ``rope_parameters: {full_attention: {...}, sliding_attention: {...}}`` as the
+    transformers 4 keys: ``rope_theta`` (+ ``rope_scaling``) of the global layers, ``rope_local_base_freq`` of
+    the sliding ones (whose rope transformers 4 never scales)."""
+    out: dict[str, Any] = {}
+    full, local = params.get("full_attention") or {}, params.get("sliding_attention") or {}
+    if "rope_theta" in full:
+        out["rope_theta"] = full["rope_theta"]
+    rest = {k: v for k, v in full.items() if k != "rope_theta"}
+    if (rest.get("rope_type") or rest.get("type")) not in (None, "default"):
+        out["rope_scaling"] = rest
+    if "rope_theta" in local:
+        out["rope_local_base_freq"] = local["rope_theta"]
     return out
 
 
@@ -225,7 +249,12 @@ def _load_vocab(directory: Path) -> tuple[Vocab, str, str]:
         if model.get("type") == "BPE" and not model.get("byte_fallback"):
             return gguf.BpeVocab(directory), "gpt2", _bpe_pre_name(spec)
     try:
-        return gguf.LlamaHfVocab(directory), "llama", "default"
+        import tempfile
+
+        # LlamaHfVocab loads the tokenizer with transformers: a transformers 5 tokenizer_config.json
+        # (TokenizersBackend) needs the transformers 4 view on a 4.x host
+        with tempfile.TemporaryDirectory(prefix="edgesdk-vocab-") as tmp:
+            return gguf.LlamaHfVocab(reference_dir(directory, Path(tmp))), "llama", "default"
     except Exception as exc:  # noqa: BLE001 - gguf-py raises several types for tokenizers it cannot read
         raise ModelError(f"{directory}: tokenizer not supported for GGUF ({type(exc).__name__}: {exc})") from exc
 
@@ -335,6 +364,11 @@ def convert_hf_to_gguf(directory: Path, out_path: Path, *, name: str | None = No
     config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
     arch, rec = text_arch(config)
     gguf_arch = rec.gguf_arch
+    params = config.get("rope_parameters")
+    if rec.layer_rope and isinstance(params, dict) and _per_layer_type(params):
+        # transformers 5 Gemma-3: rope per layer type; read as the transformers 4 keys the record knows
+        config = {**{k: v for k, v in config.items() if k != "rope_parameters"},
+                  **per_layer_rope_for_transformers4(params)}
     rope_theta, rope_type = rope_settings(config, where)
     if rope_type not in rec.rope_types:
         known = ", ".join("none/default" if t == "default" else t for t in rec.rope_types)

@@ -60,6 +60,7 @@ class TextArch:
     transform: Callable[[str, np.ndarray, Config, Hparams], np.ndarray] | None = None  # (HF name, array) -> array
     extra_tensors: Callable[[Config, Hparams], Iterable[tuple[str, np.ndarray]]] | None = None  # GGUF name, array
     skip: Callable[[str], bool] | None = None  # HF tensors llama.cpp does not read
+    layer_rope: bool = False  # transformers 5 writes rope_parameters per layer type (full / sliding attention)
     notes: str = ""  # what is new about the family (docs/gguf.md lists it)
 
 

@@ -11,7 +11,8 @@ What differs from llama, and where llama.cpp's ``gemma3`` graph expects it:
 * Sliding-window layers: ``sliding_window`` and the per-layer pattern from ``layer_types`` (True = sliding) go
   into ``attention.sliding_window`` / ``attention.sliding_window_pattern``; local layers use
   ``rope_local_base_freq`` (``rope.freq_base_swa``), global ones ``rope_theta`` (``rope.freq_base``); a linear
-  rope_scaling applies to the global layers only, in HF and llama.cpp alike.
+  rope_scaling applies to the global layers only, in HF and llama.cpp alike. transformers 5 writes both as
+  ``rope_parameters: {full_attention: {...}, sliding_attention: {...}}``, read the same way.
 * Embeddings are scaled by sqrt(hidden) inside llama.cpp's graph, as HF's ``Gemma3TextScaledWordEmbedding``
   does: nothing to write. The output is tied to the embedding (no ``lm_head.weight`` is saved).
 * Attention scale: llama.cpp uses 1/sqrt(head_dim) (``query_pre_attn_scalar`` = head_dim in every Gemma3ForCausalLM
@@ -81,6 +82,6 @@ def _transform(name: str, data: np.ndarray, config: Config, hp: Hparams) -> np.n
 
 
 ARCH = TextArch(gguf_arch="gemma3", hf_classes=("Gemma3ForCausalLM",), rope_types=("default", "linear"),
-                check=_check, metadata=_metadata, transform=_transform,
+                check=_check, metadata=_metadata, transform=_transform, layer_rope=True,
                 notes="(1 + w) norms, four norms per block, q/k norms, sliding-window layers with their own rope "
                       "base, scaled embeddings (in llama.cpp's graph), tied output")
