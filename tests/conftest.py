@@ -43,6 +43,7 @@ SLOW_FIXTURES = {
     "resnet_dir": "a tiny ResNet made with transformers and torch (3 s)",
     "tiny_llava": "a random-weight LLaVA made with transformers and torch (2 s per module)",
     "tiny_llava15": "a random-weight LLaVA-1.5 (CLIP 336 px) made with transformers and torch; builds 45 s each",
+    "tiny_smolvlm_split": "a random-weight SmolVLM with image splitting; its builds take 30-60 s each",
     "doc_workspace": "every documented command run in a subprocess: builds, LLM runs, servers (70 s)",
 }
 

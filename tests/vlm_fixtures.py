@@ -216,7 +216,8 @@ IDEFICS3_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}")
 
 
-def make_tiny_idefics3(directory: Path, *, seed: int = 0, arch: str = "idefics3") -> Path:
+def make_tiny_idefics3(directory: Path, *, seed: int = 0, arch: str = "idefics3",
+                       image_splitting: bool = False) -> Path:
     """Save a random-weight tiny SmolVLM-style ``Idefics3ForConditionalGeneration`` (the architecture of
     the SmolVLM checkpoints) in ``directory``: SigLIP-style vision tower (64 px, 8 px patches, 2 layers,
     hidden 64) + pixel-shuffle connector (scale factor 2 -> 16 image tokens, one bias-free linear) +
@@ -227,6 +228,10 @@ def make_tiny_idefics3(directory: Path, *, seed: int = 0, arch: str = "idefics3"
     ``<row_R_col_C>``; ``\\n`` and ``\\n\\n`` are single tokens, as llama.cpp's Idefics3 template looks
     them up. The processor does not split images (``do_image_splitting=False``): one image is one
     64x64 global image of 16 tokens, the layout the edgesdk runtime reproduces.
+
+    ``image_splitting=True``: the processor of the real SmolVLM checkpoints (``do_image_splitting: true``,
+    ``size.longest_edge`` 4 tiles, as SmolVLM-256M's 2048 over its 512 px tile): an image becomes up to 4 x 4 tiles of
+    64 px, row by row, + the global image, each 16 tokens, between the processor's ``<row_R_col_C>`` markers.
 
     ``arch="smolvlm"`` saves the same model as ``SmolVLMForConditionalGeneration`` (SmolVLM2's class,
     vision ``smolvlm_vision``) with the same Idefics3 processor (SmolVLM2's own processor needs torchvision)."""
@@ -253,9 +258,10 @@ def make_tiny_idefics3(directory: Path, *, seed: int = 0, arch: str = "idefics3"
                                    pad_token="<|im_end|>", additional_special_tokens=specials[2:])
     assert len(fast("\n\n", add_special_tokens=False)["input_ids"]) == 1, "\\n\\n must be one token"
     image_processor = Idefics3ImageProcessor(
-        do_convert_rgb=True, do_resize=True, size={"longest_edge": IDEFICS3_IMAGE_SIZE}, resample=1,
+        do_convert_rgb=True, do_resize=True,
+        size={"longest_edge": IDEFICS3_IMAGE_SIZE * (4 if image_splitting else 1)}, resample=1,
         do_rescale=True, rescale_factor=1 / 255, do_normalize=True, image_mean=[0.5, 0.5, 0.5],
-        image_std=[0.5, 0.5, 0.5], do_pad=True, do_image_splitting=False,
+        image_std=[0.5, 0.5, 0.5], do_pad=True, do_image_splitting=image_splitting,
         max_image_size={"longest_edge": IDEFICS3_IMAGE_SIZE})
     processor = Idefics3Processor(image_processor=image_processor, tokenizer=fast,
                                   image_seq_len=IDEFICS3_IMAGE_TOKENS, chat_template=IDEFICS3_CHAT_TEMPLATE)

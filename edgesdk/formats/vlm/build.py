@@ -34,14 +34,15 @@ PARITY_PROMPT = "Describe the image."
 
 
 def test_images(directory: Path) -> list[Path]:
-    """Three deterministic synthetic images (gradient, checkerboard, noise) for parity."""
+    """Three deterministic synthetic images (gradient and checkerboard 100x80, noise 96x60) for parity: a split
+    SmolVLM processor makes 4 x 4 tiles of the first two and 4 x 3 of the third."""
     from PIL import Image
 
     directory.mkdir(parents=True, exist_ok=True)
     y, x = np.mgrid[0:80, 0:100]
     imgs = [np.stack([x * 255 // 99, y * 255 // 79, (x + y) * 255 // 178], axis=-1),
             np.stack([((x // 10 + y // 10) % 2) * 255] * 3, axis=-1),
-            np.random.default_rng(0).integers(0, 256, size=(72, 72, 3))]
+            np.random.default_rng(0).integers(0, 256, size=(60, 96, 3))]
     out = []
     for i, a in enumerate(imgs):
         out.append(directory / f"parity{i}.png")

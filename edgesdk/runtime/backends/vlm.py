@@ -42,6 +42,18 @@ from edgesdk.runtime.backend import TensorSpec
 PROMPT_TEMPLATE = "USER: {images}{text} ASSISTANT:"  # LLaVA-1.5 conversation format
 # SmolVLM / Idefics3: its processor's chat template for one user turn ("User:" before an image, "User: " before text)
 IDEFICS3_PROMPT = "<|im_start|>User:{sep}{images}{text}<end_of_utterance>\nAssistant:"
+IDEFICS3_FAKE, IDEFICS3_GLOBAL = "<fake_token_around_image>", "<global-img>"
+
+
+def idefics3_image_text(rows: int, cols: int, marker: str) -> str:
+    """One image as Idefics3Processor writes it (``_prompt_single_image`` / ``_prompt_split_image``), with one
+    ``marker`` per frame where the processor writes ``image_seq_len`` image tokens."""
+    glob = IDEFICS3_FAKE + IDEFICS3_GLOBAL + marker + IDEFICS3_FAKE
+    if rows == 0 and cols == 0:
+        return glob
+    grid = "".join("".join(f"{IDEFICS3_FAKE}<row_{r + 1}_col_{c + 1}>{marker}" for c in range(cols)) + "\n"
+                   for r in range(rows))
+    return grid + "\n" + glob
 IDEFICS3_PROCESSORS = {"Idefics3ImageProcessor", "Idefics3ImageProcessorFast", "SmolVLMImageProcessor",
                        "SmolVLMImageProcessorFast"}
 FEATURE_CACHE_SIZE = 16  # images whose features are kept
@@ -177,10 +189,19 @@ class ImagePreprocessor:
             raise InputError(f"{what}: not a readable image ({type(exc).__name__}: {str(exc)[:100]})") from exc
         return img
 
-    def _idefics3(self, img: Any) -> Any:
-        """Idefics3ImageProcessor with ``do_image_splitting=False``: resize the longest edge to
-        ``size.longest_edge`` (aspect kept, the other edge rounded up to even), then to the square
-        ``max_image_size`` tile, both with the processor's filter (LANCZOS by default)."""
+    @property
+    def tile(self) -> int:
+        """Idefics3 / SmolVLM: the encoder's square tile (``max_image_size.longest_edge``)."""
+        return int((self.config.get("max_image_size") or {}).get("longest_edge", self.image_size))
+
+    @property
+    def splitting(self) -> bool:
+        """Idefics3 / SmolVLM ``do_image_splitting``: tiles + a global image per image."""
+        return self.family == "idefics3" and bool(self.config.get("do_image_splitting", False))
+
+    def _longest_edge(self, img: Any) -> Any:
+        """Idefics3ImageProcessor.resize with ``size.longest_edge``: the longest edge to it (aspect kept, the
+        other edge truncated then rounded up to even, at most 4096 px), with the processor's filter."""
         size = self.config.get("size") or {}
         if self.config.get("do_resize", True) and isinstance(size, dict) and size.get("longest_edge"):
             edge, (w, h) = int(size["longest_edge"]), img.size
@@ -190,9 +211,47 @@ class ImagePreprocessor:
             else:
                 nh, nw = edge, int(edge * (w / h))
                 nw += nw % 2
+            if max(nw, nh) > 4096:  # transformers' MAX_IMAGE_SIZE
+                nw, nh = (4096, int(4096 / (nw / nh))) if nw >= nh else (int(4096 * (nw / nh)), 4096)
             img = img.resize((max(nw, 1), max(nh, 1)), self.resample)
-        tile = int((self.config.get("max_image_size") or {}).get("longest_edge", self.image_size))
-        return img.resize((tile, tile), self.resample)
+        return img
+
+    def _idefics3(self, img: Any) -> Any:
+        """Idefics3ImageProcessor with ``do_image_splitting=False``: resize the longest edge to
+        ``size.longest_edge`` (aspect kept, the other edge rounded up to even), then to the square
+        ``max_image_size`` tile, both with the processor's filter (LANCZOS by default)."""
+        img = self._longest_edge(img)
+        return img.resize((self.tile, self.tile), self.resample)
+
+    def tiles(self, img: Any) -> tuple[int, int, list[np.ndarray]]:
+        """(rows, cols, frames) as Idefics3ImageProcessor emits them: without splitting (or for an image no larger
+        than one tile) ``(0, 0, [global image])``; with ``do_image_splitting`` the image resized to whole tiles
+        (``resize_for_vision_encoder``), its rows x cols tiles row by row, then the global image (the resized image
+        scaled to one tile), each ``tile x tile`` uint8 RGB."""
+        import math
+
+        img = img.convert("RGB")
+        if not self.splitting:
+            return 0, 0, [self(img)]
+        t = self.tile
+        img = self._longest_edge(img)
+        w, h = img.size
+        aspect = w / h
+        if w >= h:
+            w = math.ceil(w / t) * t
+            h = math.ceil(int(w / aspect) / t) * t
+        else:
+            h = math.ceil(h / t) * t
+            w = math.ceil(int(h * aspect) / t) * t
+        img = img.resize((w, h), self.resample)
+        if w <= t and h <= t:
+            return 0, 0, [np.ascontiguousarray(np.asarray(img, dtype=np.uint8))]
+        rows, cols = h // t, w // t
+        arr = np.asarray(img, dtype=np.uint8)
+        frames = [np.ascontiguousarray(arr[r * t:(r + 1) * t, c * t:(c + 1) * t]) for r in range(rows)
+                  for c in range(cols)]
+        frames.append(np.ascontiguousarray(np.asarray(img.resize((t, t), self.resample), dtype=np.uint8)))
+        return rows, cols, frames
 
     def __call__(self, img: Any) -> np.ndarray:
         img = img.convert("RGB")
@@ -287,7 +346,7 @@ class VLMPipeline:
         # per encoder path: the last ENCODE_TIMES_KEPT run times (seconds) and the number of runs
         self.encode_s: dict[str, list[float]] = {"onnx": [], "mmproj": []}
         self.encode_runs: dict[str, int] = {"onnx": 0, "mmproj": 0}
-        self._layout_ids: tuple[int | None, int | None, int | None] | None = None  # Idefics3 marker ids
+        self._layout_ids: tuple[int | None, ...] | None = None  # Idefics3 layout token ids
         self._kv: list[Any] = []  # what the KV cache holds now: text token ids and ("img", hash, n) entries
         self.last_stages: dict[str, float] = {}
 
@@ -328,16 +387,44 @@ class VLMPipeline:
         self.encode_runs[path] += 1
 
     def image_features(self, image: Any) -> np.ndarray:
-        """The encoder + projector output for one image (n_image_tokens x n_embd), as the decoder gets it."""
+        """The encoder + projector output for one image (n_image_tokens x n_embd), as the decoder gets it; for a
+        split Idefics3 / SmolVLM image its frames' features one after the other (tiles row by row, then the global
+        image, the processor's order)."""
         chunks, keys, _ = self._tokenize(self.marker, [image])
         try:
-            for i in range(self._mtmd.mtmd_input_chunks_size(chunks)):
-                chunk = self._mtmd.mtmd_input_chunks_get(chunks, i)
-                if self._mtmd.mtmd_input_chunk_get_type(chunk) == self._mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE:
-                    return self._features(keys[0], chunk)[0]
+            feats = [self._features(val[0], val[1])[0] for kind, val in self._chunk_plan(chunks, keys)
+                     if kind == "image"]
         finally:
             self._mtmd.mtmd_input_chunks_free(chunks)
-        raise BackendUnavailableError("llama.cpp produced no image chunk")
+        if not feats:
+            raise BackendUnavailableError("llama.cpp produced no image chunk")
+        return feats[0] if len(feats) == 1 else np.concatenate(feats)
+
+    def _chunk_plan(self, chunks, keys: list[str]) -> list[tuple[str, Any]]:
+        """libmtmd's chunks as ``("text", [ids])`` / ``("image", (key, chunk, n_pos))`` in prompt order, after the
+        family's layout (:meth:`_image_layout`), each image chunk given its frame's feature-cache key."""
+        mtmd = self._mtmd
+        plan: list[tuple[str, Any]] = []
+        for i in range(mtmd.mtmd_input_chunks_size(chunks)):
+            chunk = mtmd.mtmd_input_chunks_get(chunks, i)
+            kind = mtmd.mtmd_input_chunk_get_type(chunk)
+            if kind == mtmd.MTMD_INPUT_CHUNK_TYPE_TEXT:
+                n_out = ctypes.c_size_t()
+                ptr = mtmd.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n_out))
+                plan.append(("text", [int(ptr[j]) for j in range(n_out.value)]))
+            elif kind == mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE:
+                plan.append(("image", (None, chunk, int(mtmd.mtmd_input_chunk_get_n_pos(chunk)))))
+            else:
+                raise InputError("only images are supported as media")
+        plan = self._image_layout(plan)
+        img_i = 0
+        for j, (kind, val) in enumerate(plan):
+            if kind == "image":
+                if img_i >= len(keys):
+                    raise BackendUnavailableError("llama.cpp made more image chunks than images")
+                plan[j] = ("image", (keys[img_i], val[1], val[2]))
+                img_i += 1
+        return plan
 
     def _tokenize(self, text: str, images: list[Any], rec: Any = telemetry.NOOP_RECORDER):
         mtmd = self._mtmd
@@ -346,9 +433,21 @@ class VLMPipeline:
         t0 = perf_counter()
         stage = rec.stage("preprocess", {"edgesdk.vlm.images": len(images)}) if images else telemetry.NOOP_STAGE
         try:
+            frames: list[np.ndarray] = []
+            layouts: list[str] = []
             for image in images:
                 _, img = self.pre.load(image)
-                pixels = self.pre(img)
+                if self.pre.family == "idefics3":
+                    rows, cols, tiles = self.pre.tiles(img)
+                    frames.extend(tiles)
+                    layouts.append(idefics3_image_text(rows, cols, self.marker))
+                else:
+                    frames.append(self.pre(img))
+            if layouts:  # each image marker becomes the processor's layout, one marker per frame
+                parts = text.split(self.marker)
+                if len(parts) == len(layouts) + 1:
+                    text = parts[0] + "".join(lay + part for lay, part in zip(layouts, parts[1:], strict=True))
+            for pixels in frames:
                 h, w = pixels.shape[:2]
                 buf = (ctypes.c_uint8 * pixels.size).from_buffer_copy(pixels.tobytes())
                 bm = mtmd.mtmd_bitmap_init(w, h, buf)
@@ -390,27 +489,8 @@ class VLMPipeline:
         self.last_stages = {}
         chunks, keys, _ = self._tokenize(text, images, rec)
         prefill_stage: Any = telemetry.NOOP_STAGE
-        plan: list[tuple[str, Any]] = []  # ("text", [ids]) | ("image", (key, chunk, n))
         try:
-            img_i = 0
-            for i in range(mtmd.mtmd_input_chunks_size(chunks)):
-                chunk = mtmd.mtmd_input_chunks_get(chunks, i)
-                kind = mtmd.mtmd_input_chunk_get_type(chunk)
-                if kind == mtmd.MTMD_INPUT_CHUNK_TYPE_TEXT:
-                    n_out = ctypes.c_size_t()
-                    ptr = mtmd.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n_out))
-                    plan.append(("text", [int(ptr[j]) for j in range(n_out.value)]))
-                elif kind == mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE:
-                    plan.append(("image", (None, chunk, int(mtmd.mtmd_input_chunk_get_n_pos(chunk)))))
-                else:
-                    raise InputError("only images are supported as media")
-            plan = self._image_layout(plan)
-            for j, (kind, val) in enumerate(plan):
-                if kind == "image":
-                    if img_i >= len(keys):
-                        raise BackendUnavailableError("llama.cpp made more image chunks than images")
-                    plan[j] = ("image", (keys[img_i], val[1], val[2]))
-                    img_i += 1
+            plan = self._chunk_plan(chunks, keys)
             if not plan or plan[-1][0] != "text" or not plan[-1][1]:
                 plan.append(("text", []))
             # the sequence as KV entries: one per position
@@ -484,7 +564,7 @@ class VLMPipeline:
             self.last_stages["prefill_s"] = perf_counter() - t0
             prefill_stage.end()
             return {"last_token": seq[-1], "input_tokens": n_total, "image_tokens": sum(
-                        1 for s in seq if isinstance(s, tuple)), "images": len(keys), "images_cached": reused,
+                        1 for s in seq if isinstance(s, tuple)), "images": len(images), "images_cached": reused,
                     "kv_reused_tokens": keep}
         except BaseException as exc:
             prefill_stage.end(exc)
@@ -493,12 +573,14 @@ class VLMPipeline:
             mtmd.mtmd_input_chunks_free(chunks)
 
     def _image_layout(self, plan: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
-        """The family's token layout around each image. libmtmd's Idefics3 template always tiles: a 1x1
-        grid gives ``<fake_token_around_image><row_1_col_1>`` + tile + ``\\n\\n<fake_token_around_image>
-        <global-img>`` + overview + ``<fake_token_around_image>``, while the HF processor gives one image of
-        the tile's size as ``<fake_token_around_image><global-img>`` + image + ``<fake_token_around_image>``.
-        The image here is already the tile (so tile and overview hold the same pixels): keep the overview
-        and its markers, drop the tile and its markers, which is the HF sequence."""
+        """The family's token layout around each image. For Idefics3 / SmolVLM the prompt already holds the HF
+        processor's layout (:func:`idefics3_image_text`: ``<fake_token_around_image><row_R_col_C>`` before each
+        tile, ``\\n`` after each row, ``\\n<fake_token_around_image><global-img>`` before the global image,
+        ``<fake_token_around_image>`` after it) with one marker per frame, each frame already one encoder tile.
+        libmtmd's Idefics3 template wraps every marker's image as a 1x1 grid: ``<fake_token_around_image>
+        <row_1_col_1>`` + tile + ``\\n\\n<fake_token_around_image><global-img>`` + overview +
+        ``<fake_token_around_image>``, tile and overview holding the same pixels. Each such group becomes its
+        overview chunk alone (the encoder runs once per frame), which leaves exactly the HF token sequence."""
         if self.pre.family != "idefics3":
             return plan
 
@@ -508,25 +590,37 @@ class VLMPipeline:
                 ids = self.llm.tokenize(text.encode(), add_bos=False, special=True)
                 return ids[0] if len(ids) == 1 else None
 
-            self._layout_ids = (one("<fake_token_around_image>"), one("<row_1_col_1>"), one("<global-img>"))
-        fake, row11, glob = self._layout_ids
+            self._layout_ids = (one("<fake_token_around_image>"), one("<row_1_col_1>"), one("<global-img>"),
+                                one("\n\n"))
+        fake, row11, glob, nn = self._layout_ids
+        if None in (fake, row11, glob, nn):
+            raise BackendUnavailableError("the decoder's vocabulary lacks a token of the Idefics3 image layout "
+                                          "(<fake_token_around_image>, <row_1_col_1>, <global-img>, \\n\\n)")
         out: list[tuple[str, Any]] = []
-        i = 0
+        i, strip_fake = 0, False
         while i < len(plan):
             kind, val = plan[i]
-            if kind == "image":
-                nxt = plan[i + 1][1] if i + 2 < len(plan) and plan[i + 1][0] == "text" else None
-                prev = out[-1][1] if out and out[-1][0] == "text" else None
-                if not (nxt is not None and prev is not None and plan[i + 2][0] == "image" and None not in
-                        (fake, row11, glob) and prev[-2:] == [fake, row11] and nxt[1:3] == [fake, glob]):
-                    raise BackendUnavailableError("llama.cpp tiled the image into more than one tile; edgesdk runs "
-                                                  "Idefics3/SmolVLM images as one global image (docs/vlm.md)")
-                out[-1] = ("text", prev[:-2])
-                out.extend([("text", nxt[1:]), plan[i + 2]])
-                i += 3
+            if kind == "text":
+                toks = list(val)
+                if strip_fake:  # libmtmd's closing <fake_token_around_image> after the previous overview
+                    if toks[:1] != [fake]:
+                        raise BackendUnavailableError("unexpected Idefics3 image layout from llama.cpp")
+                    toks, strip_fake = toks[1:], False
+                if i + 1 < len(plan) and plan[i + 1][0] == "image":  # libmtmd's tile prefix
+                    if toks[-2:] != [fake, row11]:
+                        raise BackendUnavailableError("llama.cpp tiled an image into more than one tile; edgesdk "
+                                                      "hands it one tile per frame (docs/vlm.md)")
+                    toks = toks[:-2]
+                out.append(("text", toks))
+                i += 1
                 continue
-            out.append((kind, val))
-            i += 1
+            nxt = plan[i + 1] if i + 2 < len(plan) else None
+            if nxt is None or nxt[0] != "text" or list(nxt[1]) != [nn, fake, glob] or plan[i + 2][0] != "image":
+                raise BackendUnavailableError("llama.cpp tiled an image into more than one tile; edgesdk hands it "
+                                              "one tile per frame (docs/vlm.md)")
+            out.append(plan[i + 2])
+            strip_fake = True
+            i += 3
         return out
 
     def note_generated(self, last_token: int, generated: list[int]) -> None:
