@@ -144,7 +144,7 @@ class ModelEntry:
     max_tokens_cap: int = DEFAULT_MAX_TOKENS_CAP
     default_max_tokens: int = DEFAULT_MAX_TOKENS
     created: int = field(default_factory=lambda: int(time.time()))
-    worker: LLMWorker | None = None
+    worker: LLMWorker | BatchWorker | None = None
     batcher: EmbeddingBatcher | None = None
     prompt_cache: Any = None  # edgesdk.serve.prompt_cache.PromptCache when enabled
     parallel: int | None = None  # LLMs: sequences decoded together (set at start: ServeConfig / decide_parallel)
@@ -556,8 +556,8 @@ class _Server:
                     batch = BatchWorker(e.name, e.session, slots=e.parallel, max_queue=self.config.max_queue,
                                         reuse_prefix=self.config.prefix_reuse, reason=e.parallel_reason)
                     e.worker = batch
-                    self.metrics.queue_depth.set_function(lambda w=batch: w.depth, model=e.name)
-                    self.metrics.slots_busy.set_function(lambda w=batch: w.busy, model=e.name)
+                    self.metrics.queue_depth.set_function(functools.partial(getattr, batch, "depth"), model=e.name)
+                    self.metrics.slots_busy.set_function(functools.partial(getattr, batch, "busy"), model=e.name)
                     continue
                 mb = prompt_cache_mb(e.session, self.config.prompt_cache_mb)
                 backend = getattr(e.session, "backend", None)
@@ -658,8 +658,10 @@ class _Server:
             span.model(model, entry.provider, body.get("stream", False) is True)
             opts, stream, include_usage, what = parse_generation(body, entry, operation)
             try:
-                request_obj = GenerationRequest.from_options(
-                    **({"messages": what} if operation == "chat" else {"prompt": what}), stream=stream, **opts)
+                if isinstance(what, str):
+                    request_obj = GenerationRequest.from_options(prompt=what, stream=stream, **opts)
+                else:
+                    request_obj = GenerationRequest.from_options(messages=what, stream=stream, **opts)
             except EdgeSDKError as exc:
                 raise _from_backend(exc) from None
             session = entry.session

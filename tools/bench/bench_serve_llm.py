@@ -58,7 +58,7 @@ def require_bench_extra() -> None:
                          "with CMAKE_ARGS=\"-DGGML_NATIVE=OFF\", see the Makefile)")
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and "--no-llama-cpp-server" not in sys.argv:
     require_bench_extra()  # before the imports below, so a missing package is one line naming the extra
 
 import httpx  # noqa: E402
@@ -208,11 +208,13 @@ class BareLoop:
     """Bare llama-cpp-python in this process, the same GGUF and settings: `reset()` + streaming
     `create_completion` per request, one after another. Measured in turns between the servers' turns."""
 
-    def __init__(self, gguf: str, threads: int, n_ctx: int, max_tokens: int, count):
+    def __init__(self, gguf: str, threads: int, n_ctx: int, max_tokens: int, count, settings: dict | None = None):
         import llama_cpp
 
+        gpu = settings or {}  # on a GPU: the offload and flash attention the bundle's session got
         self.llm = llama_cpp.Llama(model_path=gguf, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                                   verbose=False)
+                                   n_gpu_layers=int(gpu.get("n_gpu_layers") or 0),
+                                   flash_attn=bool(gpu.get("flash_attn")), verbose=False)
         self.max_tokens, self.count = max_tokens, count
         self.ttft: list[float] = []
         self.lat: list[float] = []
@@ -288,6 +290,7 @@ def main() -> None:
     bundle = Path(args.bundle)
     with edgesdk.load(bundle, threads=args.threads) as s:  # the GGUF and n_ctx exactly as the server loads them
         n_ctx = int(s.backend.settings["n_ctx"])
+        got = dict(s.backend.settings)
         gguf = str(s.bundle.artifact_path("model"))
     vocab = llama_cpp.Llama(model_path=gguf, vocab_only=True, verbose=False)
 
@@ -295,10 +298,11 @@ def main() -> None:
         return len(vocab.tokenize(text.encode("utf-8"), add_bos=False, special=False)) if text else 0
 
     levels = [int(c) for c in args.concurrency.split(",")]
-    settings = {"n_ctx": n_ctx, "threads": args.threads, "max_tokens": args.max_tokens, "temperature": 0,
-                "n_batch": 512, "requests_per_turn": {c: max(4, c * args.requests_per_client) for c in levels}}
+    settings = {"n_ctx": n_ctx, "session": got, "threads": args.threads, "max_tokens": args.max_tokens,
+                "temperature": 0, "n_batch": 512,
+                "requests_per_turn": {c: max(4, c * args.requests_per_client) for c in levels}}
     print(f"settings: {settings}", flush=True)
-    bare_loop = BareLoop(gguf, args.threads, n_ctx, args.max_tokens, count)
+    bare_loop = BareLoop(gguf, args.threads, n_ctx, args.max_tokens, count, got)
     queue = ["--max-queue", str(max(levels) * args.requests_per_client)]
     par = ["--parallel", str(args.parallel)] if args.parallel else []
     servers = {"edgesdk": start_edgesdk(str(bundle), args.threads, queue + par),
