@@ -202,10 +202,12 @@ class OnnxRuntimeBackend:
         negative token id, silently index from the end of the table): an empty input and ids out of range."""
         for name, value in feeds.items():
             shape = tuple(np.shape(value))
-            if 0 in shape:
+            ids = name.endswith("ids") and np.issubdtype(np.asarray(value).dtype, np.integer)
+            # batch 0 anywhere, or no tokens in an id/mask input (an empty past KV cache stays allowed)
+            if (shape and shape[0] == 0) or ((ids or name == "attention_mask") and 0 in shape):
                 raise ShapeError(f"input {name!r} is empty (shape {shape}): give at least one row and one "
                                  "element per row")
-            if not name.endswith("ids") or not np.issubdtype(np.asarray(value).dtype, np.integer):
+            if not ids:
                 continue
             low, high = int(np.min(value)), int(np.max(value))
             table = self.vocab_size if name == "input_ids" else None
