@@ -13,6 +13,7 @@ import contextlib
 import datetime as _dt
 import hashlib
 import json
+import os
 import platform
 import shutil
 import signal
@@ -34,6 +35,16 @@ from edgesdk.profiles import Profile, resolve_profile
 from edgesdk.types import BuildOptions, ModelFacts, Plan, parity_thresholds
 
 
+def _bar_size() -> dict:
+    """tqdm's ncols/nrows: asked from the terminal, unless stderr's terminal reports no size (a pseudo-terminal
+    without a window size: `script` run from a pipe, CI ptys), where tqdm would draw nothing: 80 x 24."""
+    try:
+        size = os.get_terminal_size(sys.stderr.fileno())
+    except (OSError, ValueError):
+        return {}
+    return {} if size.columns and size.lines else {"ncols": 80, "nrows": 24}
+
+
 class _Progress:
     """A stage progress bar on stderr (tqdm), quiet when disabled or not a terminal."""
 
@@ -44,7 +55,7 @@ class _Progress:
                 from tqdm import tqdm
 
                 self.bar = tqdm(total=len(stages), desc="build", unit="stage", file=sys.stderr,
-                                disable=not sys.stderr.isatty(), leave=False,
+                                disable=not sys.stderr.isatty(), leave=False, **_bar_size(),
                                 bar_format="{desc}: {n_fmt}/{total_fmt} stages |{bar:20}| {elapsed}")
             except ImportError:
                 self.bar = None
@@ -52,7 +63,7 @@ class _Progress:
 
     def stage(self, name: str) -> None:
         if self.bar is not None:
-            self.bar.set_description(f"build [{name}]")
+            self.bar.set_description_str(f"build [{name}]")
 
     def done(self) -> None:
         if self.bar is not None:

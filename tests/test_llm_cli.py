@@ -56,7 +56,8 @@ def test_stop_cuts_the_text_and_report_prints_usage(bundle, run_cli):
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0] == greedy["text"][:greedy["text"].index(stop)]
-    usage = next(line for line in lines if line.startswith("usage:"))
+    usage = next(line for line in proc.stderr.splitlines() if line.startswith("usage:"))  # diagnostics: stderr
+    assert not any(line.startswith(("usage:", "ran on")) for line in lines)
     assert "prompt 6 tokens" in usage and "finish stop" in usage and "tok/s" in usage and "TTFT" in usage
 
 

@@ -18,8 +18,8 @@ import click
 
 from edgesdk.textable import format_table as table
 
-__all__ = ["emit_json", "info", "is_quiet", "is_verbose", "progress_enabled", "set_verbosity", "stderr_is_tty",
-           "table", "warn"]
+__all__ = ["emit_json", "info", "is_quiet", "is_verbose", "profile_option", "progress_enabled", "set_verbosity",
+           "stderr_is_tty", "table", "warn"]
 
 _state = {"level": 0}  # -1 quiet, 0 normal, 1 verbose
 
@@ -103,3 +103,41 @@ def add_verbosity_options(cmd: click.Command) -> None:
         cmd.params.append(quiet_option())
     if "-v" not in taken and "--verbose" not in taken:
         cmd.params.append(verbose_option())
+
+
+# ------------------------------------------------------------------ -p: the prompt (llama.cpp), not the profile
+#: ``-p`` is the prompt of ``edgesdk run``, as in llama.cpp. build/inspect/profiler took ``-p`` for --profile
+#: before 0.4: still accepted there (hidden from --help), with a deprecation warning on a terminal; removed in 0.5.
+P_DEPRECATION = ("-p for --profile is deprecated and goes away in edgesdk 0.5 (-p is the prompt, as in "
+                 "llama.cpp and `edgesdk run`): write --profile")
+
+
+class _ProfileOption(click.Option):
+    """--profile that also takes the value(s) of the hidden, deprecated ``-p`` (stored in ``ctx.meta``)."""
+
+    def consume_value(self, ctx: click.Context, opts):  # type: ignore[no-untyped-def]
+        value, source = super().consume_value(ctx, opts)
+        short = ctx.meta.get("edgesdk.short_p")
+        if short and source is not click.core.ParameterSource.COMMANDLINE:
+            return short, click.core.ParameterSource.COMMANDLINE
+        if short and self.multiple:  # both spellings: every value counts
+            return (*value, *short), source
+        return value, source
+
+
+def _short_p_cb(ctx: click.Context, _param: click.Parameter, value):  # type: ignore[no-untyped-def]
+    if value:
+        ctx.meta["edgesdk.short_p"] = value
+        if stderr_is_tty():  # scripts and CI logs keep their output until 0.5 (docs: CLI conventions)
+            warn(P_DEPRECATION)
+
+
+def profile_option(dest: str = "profile", *, help: str, required: bool = False, multiple: bool = False):
+    """``--profile`` for build/inspect/profiler, with ``-p`` as a deprecated hidden alias."""
+
+    def decorate(f):  # type: ignore[no-untyped-def]
+        f = click.option("--profile", dest, cls=_ProfileOption, required=required, multiple=multiple, help=help)(f)
+        return click.option("-p", "_short_p", hidden=True, multiple=multiple, is_eager=True, expose_value=False,
+                            callback=_short_p_cb, help="Deprecated spelling of --profile.")(f)
+
+    return decorate

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import click
 
-from edgesdk.commands._common import emit_json, progress_enabled
+from edgesdk.commands._common import emit_json, profile_option, progress_enabled
 from edgesdk.formats import format_names
 
 
 @click.command("build")
 @click.argument("model", type=click.Path(path_type=Path))
-@click.option("--profile", "-p", "profile", required=True, help="Device profile name, alias or YAML path.")
+@profile_option(required=True, help="Device profile name, alias or YAML path.")
 @click.option("--output", "-o", "output", type=click.Path(path_type=Path), help="Bundle directory to write.")
 @click.option("--format", "fmt", type=click.Choice(format_names(selectable=True)), help="Override the planned format.")
 @click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16", "int8"]), help="Override the precision.")
@@ -90,7 +90,7 @@ def build_cmd(model: Path, profile: str, output: Path | None, fmt, precision, qu
         emit_json(plan.to_dict())
         return 0
     if explain or plan_only:
-        click.echo(plan.explain())
+        click.echo(explain_text(plan))
     if plan_only:
         return 0
     if output is None:
@@ -123,6 +123,22 @@ def check_flags(*, output, plan_only: bool, explain: bool, as_json: bool, force:
         raise InputError(f"--shapes sets TensorRT optimization profiles; --format {fmt} has none")
     if dla is not None and fmt not in (None, "tensorrt"):
         raise InputError(f"--dla/--no-dla apply to TensorRT engines; --format {fmt} has none")
+
+
+#: plan decisions whose value is a bare number in the plan's JSON, and the unit the text shows it with
+DECISION_UNITS = {"memory": "GB"}
+
+
+def explain_text(plan) -> str:
+    """``plan.explain()`` with units on the numbers that have one (``memory  0.045 GB``, not ``0.045``)."""
+    lines = plan.explain().splitlines()
+    width = max((len(d.key) for d in plan.decisions), default=8)
+    for d in plan.decisions:
+        unit = DECISION_UNITS.get(d.key)
+        if unit and isinstance(d.value, (int, float)) and not isinstance(d.value, bool):
+            bare = f"  {d.key:<{width}}  {d.value}"
+            lines = [f"{bare} {unit}" if line == bare else line for line in lines]
+    return "\n".join(lines)
 
 
 def check_name(name: str) -> str:

@@ -54,7 +54,12 @@ def check_licenses_command(path: Path, as_json: bool, markdown: bool, summary: b
     """
     from edgesdk.compliance.gate import scan_licenses
     from edgesdk.compliance.report import to_html, to_json, to_markdown, to_summary, to_table
+    from edgesdk.errors import InputError
 
+    views = [flag for flag, on in (("--json", as_json), ("--markdown", markdown), ("--summary", summary)) if on]
+    if len(views) > 1:  # before the scan: one report format on stdout
+        raise InputError(f"{' and '.join(views)} each choose what stdout shows: pass one (-o FILE also writes "
+                         "the JSON report)")
     try:
         result = scan_licenses(path, model_source=model_source, runtime_distributions=list(dists) or None,
                                environment=environment, policy_path=policy_path, waivers_path=waivers_path,

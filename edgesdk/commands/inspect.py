@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from edgesdk.commands._common import emit_json, warn
+from edgesdk.commands._common import emit_json, profile_option, warn
 
 
 @click.group("inspect")
@@ -17,8 +17,8 @@ def inspect_group() -> None:
 
 @inspect_group.command("capability")
 @click.argument("model", type=click.Path(path_type=Path))
-@click.option("--profile", "-p", "profile_name", help="Device profile name, alias or YAML path (default for a "
-              "bundle: the profile it was built for).")
+@profile_option("profile_name", help="Device profile name, alias or YAML path (default for a bundle: the profile "
+                "it was built for).")
 @click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16", "int8"]),
               help="Precision to check for (default: the profile's first).")
 @click.option("--dla/--no-dla", "dla", default=None, help="Consider the DLA (default: when the profile has one).")
@@ -34,21 +34,31 @@ def capability_cmd(model: Path, profile_name: str | None, precision, dla, as_jso
     """Per-op support on TensorRT / DLA / CUDA EP / CPU EP, partitions, and what falls back where.
 
     MODEL is an .onnx file or a bundle directory (its ONNX artifact is checked)."""
-    from edgesdk.capability import check_capability, precision_report_from, render_table
     from edgesdk.errors import InputError, VerdictError
-    from edgesdk.profiles import resolve_profile
+    from edgesdk.extras import require
 
     if model.is_dir() and (model / "manifest.json").is_file():
         from edgesdk.bundle import open_bundle
 
         bundle = open_bundle(model)
-        if not bundle.has_artifact("model"):
+        if bundle.format in ("gguf", "vlm"):
+            raise InputError(f"{model}: a {bundle.format.upper()} bundle has no ONNX graph to check: inspect "
+                             "capability reads ONNX models and bundles (llama.cpp runs every op of a GGUF on its "
+                             "own CPU/CUDA kernels)")
+        if not bundle.has_artifact("model") or bundle.artifact_path("model").suffix != ".onnx":
             raise InputError(f"bundle {model} has no ONNX model artifact (format {bundle.format})")
         profile_name = profile_name or bundle.manifest.profile.name
         precision = precision or (bundle.precision if bundle.precision in ("fp32", "fp16", "bf16", "int8") else None)
         model = bundle.artifact_path("model")
+    elif model.suffix.lower() == ".gguf":
+        raise InputError(f"{model}: a GGUF file has no ONNX graph to check: inspect capability reads ONNX models "
+                         "and bundles")
     if not profile_name:
         raise InputError("--profile is required for an .onnx file")
+    require("build", "onnx", "edgesdk inspect capability")  # the runtime-only install has no onnx: exit 10
+    from edgesdk.capability import check_capability, precision_report_from, render_table
+    from edgesdk.profiles import resolve_profile
+
     profile = resolve_profile(profile_name)
     report = check_capability(model, profile, precision, use_dla=dla)
     prec = precision_report_from(report) if report.precision != "fp32" else None

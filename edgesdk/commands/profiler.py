@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from edgesdk.commands._common import emit_json, info, progress_enabled, warn
+from edgesdk.commands._common import emit_json, info, profile_option, progress_enabled, warn
 
 
 @click.group("profiler")
@@ -30,7 +30,7 @@ def profiler_group() -> None:
 @click.option("--threads", type=click.IntRange(min=1), help="Runtime threads (default: the runtime's).")
 @click.option("--op-profile-runs", type=click.IntRange(min=0), default=10, show_default=True,
               help="ONNX Runtime profiler runs for per-node time (0: skip).")
-@click.option("--profile", "-p", "profile", help="Profile to predict and check budgets for (default: detected).")
+@profile_option(help="Profile to predict and check budgets for (default: detected).")
 @click.option("--latency-budget-ms", type=float, help="Latency target (default: the profile's latency_target_ms).")
 @click.option("--memory-budget-gb", type=float, help="Memory target (default: the profile's memory budget).")
 @click.option("--fail-on-budget", is_flag=True, help="Exit 2 when a budget is missed (default: warn).")
@@ -80,8 +80,7 @@ def run_cmd(bundle, warmup, iterations, concurrency, batch, seq_len, prompt_toke
 
 @profiler_group.command("predict")
 @click.argument("bundle", type=click.Path())
-@click.option("--profile", "-p", "profiles", multiple=True, required=True,
-              help="Device profile to predict for (repeatable).")
+@profile_option("profiles", multiple=True, required=True, help="Device profile to predict for (repeatable).")
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--seq-len", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--prompt-tokens", type=click.IntRange(min=1), default=128, show_default=True)

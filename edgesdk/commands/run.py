@@ -11,6 +11,48 @@ import numpy as np
 from edgesdk.commands._common import emit_json, info, is_verbose, set_verbosity
 
 OUTPUT_SUFFIXES = (".npy", ".npz", ".json", ".txt")
+DEFAULT_MAX_TOKENS = 64  # one-shot generation; the interactive chat runs to end-of-generation (bounded by context)
+UNTIL_END = 2**31 - 1  # "no limit": the backend caps max_tokens at what the context has left
+
+#: the escapes llama-cli's --reverse-prompt/--prompt process (common.cpp string_process_escapes, minus \xNN)
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", "'": "'", '"': '"'}
+
+
+def unescape(text: str) -> str:
+    """``\\n``, ``\\t``, ``\\r``, ``\\\\``, ``\\'`` and ``\\"`` typed in a shell argument -> the character, as llama-cli
+    does for its arguments (bash passes ``--stop "\\n\\n"`` as backslash-n twice). Any other backslash stays."""
+    out, i = [], 0
+    while i < len(text):
+        ch = text[i]
+        if ch == "\\" and i + 1 < len(text) and text[i + 1] in _ESCAPES:
+            out.append(_ESCAPES[text[i + 1]])
+            i += 2
+            continue
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
+def read_prompt(prompt: str | None, prompt_file: Path | None) -> str | None:
+    """``--prompt -`` reads stdin, ``-f FILE`` reads a file (UTF-8); both at once is a usage mistake."""
+    import sys
+
+    from edgesdk.errors import InputError
+
+    if prompt is not None and prompt_file is not None:
+        raise InputError("pass the prompt once: --prompt TEXT, --prompt - (stdin) or -f/--file FILE")
+    if prompt_file is not None:
+        try:
+            return prompt_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputError(f"-f {prompt_file}: cannot read the prompt file ({type(exc).__name__}: "
+                             f"{str(exc)[:100]})") from exc
+    if prompt == "-":
+        text = sys.stdin.read()
+        if not text.strip():
+            raise InputError("--prompt -: stdin was empty (pipe the prompt in: echo 'Hi' | edgesdk run B --prompt -)")
+        return text
+    return prompt
 
 
 def _load_npz(path: Path) -> dict:
@@ -125,10 +167,14 @@ def _interactive_chat(session, system, gen_kw) -> list[dict]:
 @click.option("--input", "-i", "texts", multiple=True, help="Text to embed (text encoders; repeatable).")
 @click.option("--inputs", "npz", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help=".npz file of named input arrays (any model).")
-@click.option("--prompt", "-p", help="Prompt for an LLM bundle (with --chat: the user message).")
+@click.option("--prompt", "-p", help="Prompt for an LLM bundle (with --chat: the user message); - reads stdin.")
+@click.option("--file", "-f", "prompt_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Read the prompt from FILE (UTF-8), as llama-cli's -f.")
 @click.option("--image", "images", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="VLM: an image the prompt is about (repeatable; needs --prompt).")
-@click.option("--max-tokens", "-n", type=int, default=64, show_default=True, help="LLM: tokens to generate (>= 1).")
+@click.option("--max-tokens", "-n", type=int, default=None,
+              help=f"LLM: tokens to generate (>= 1; default {DEFAULT_MAX_TOKENS}, and in the interactive chat until "
+              "the model ends its turn, bounded by the context).")
 @click.option("--stream", is_flag=True, help="LLM: print tokens as they are generated.")
 @click.option("--temperature", "--temp", "temperature", type=float, default=None,
               help="LLM sampling temperature (0 = greedy; default 0.8).")
@@ -137,7 +183,9 @@ def _interactive_chat(session, system, gen_kw) -> list[dict]:
 @click.option("--top-p", type=float, default=None, help="LLM top-p, in (0, 1] (default 0.95).")
 @click.option("--min-p", type=float, default=None, help="LLM min-p, in [0, 1] (default 0.05).")
 @click.option("--repeat-penalty", type=float, default=None, help="LLM repeat penalty, > 0 (default 1.0 = off).")
-@click.option("--stop", "stops", multiple=True, metavar="TEXT", help="LLM: stop before this text (repeatable).")
+@click.option("--stop", "stops", multiple=True, metavar="TEXT",
+              help="LLM: stop before this text (repeatable). \\n, \\t, \\r, \\\\, \\' and \\\" are unescaped "
+              "as llama-cli does: --stop \"\\n\\n\" stops at a blank line.")
 @click.option("--chat", is_flag=True, help="LLM: format the prompt as a chat turn (one turn with --prompt or piped "
               "stdin; an interactive loop when stdin is a terminal).")
 @click.option("--system", default=None, help="LLM chat: system message (implies --chat).")
@@ -147,7 +195,8 @@ def _interactive_chat(session, system, gen_kw) -> list[dict]:
 @click.option("--profile", help="Device profile to run under (default: the one the bundle was built for).")
 @click.option("--threads", type=int, help="CPU threads for the backend.")
 @click.option("--report", "show_report", is_flag=True,
-              help="Print the session report (backend, fallbacks) and, for LLMs, usage (tokens, TTFT, tok/s).")
+              help="Print the session report (backend, fallbacks) and, for LLMs, usage (tokens, TTFT, tok/s) on "
+              "stderr.")
 @click.option("--json", "as_json", is_flag=True,
               help="Machine-readable output: the vectors/arrays (or, with --output, the file's name); LLMs: text "
               "and usage.")
@@ -157,7 +206,7 @@ def _interactive_chat(session, system, gen_kw) -> list[dict]:
 @click.option("--force", is_flag=True, help="Overwrite an existing --output file.")
 @click.option("--verbose", "-v", is_flag=True, help="Show the backend's own log lines (llama.cpp) on stderr.")
 @click.option("--trace-file", type=click.Path(dir_okay=False), help="Write traces/metrics as OTLP-JSON lines.")
-def run_cmd(bundle: Path, texts, npz, prompt, max_tokens, stream, temperature, seed, top_k, top_p, min_p,
+def run_cmd(bundle: Path, texts, npz, prompt, prompt_file, max_tokens, stream, temperature, seed, top_k, top_p, min_p,
             repeat_penalty, stops, chat, system, chat_template, profile, threads, show_report, as_json, output, force,
             verbose, trace_file, images=()) -> int:
     """Run BUNDLE on this machine: embed text, run tensors, or generate from a prompt / chat."""
@@ -166,6 +215,8 @@ def run_cmd(bundle: Path, texts, npz, prompt, max_tokens, stream, temperature, s
     from edgesdk.errors import InputError
 
     chat = chat or system is not None or chat_template is not None
+    stops = tuple(unescape(s) for s in stops)
+    prompt = read_prompt(prompt, prompt_file)
     llm = prompt is not None or chat
     given = [f"--{k.replace('_', '-')}" for k, v in zip(_SAMPLING_FLAGS, (temperature, seed, top_k, top_p, min_p,
                                                                           repeat_penalty)) if v is not None]
@@ -225,13 +276,18 @@ def _run_loaded(session, texts, npz, prompt, max_tokens, stream, stops, chat, sy
         raise InputError(f"--prompt/--chat need an LLM bundle; this is a {what}: use --input TEXT or --inputs FILE.npz")
     if texts and is_llm:
         raise InputError(f"--input embeds text with an encoder; this is an LLM ({what}): use --prompt TEXT or --chat")
+    if images and session.bundle.format != "vlm":
+        raise InputError(f"this bundle is not a VLM ({what} of {session.report()['model']}, text only): drop "
+                         "--image, or build a VLM bundle from an image-text-to-text model (docs/vlm.md)")
     result: dict = {}
-    gen_kw = {"max_tokens": max_tokens, "stop": list(stops) or None, **sampling}
+    gen_kw = {"max_tokens": DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens, "stop": list(stops) or None,
+              **sampling}
     if llm:
         if chat:
             gen_kw["chat_template"] = chat_template
             if prompt is None and sys.stdin.isatty() and not as_json:
-                result["messages"] = _interactive_chat(session, system, gen_kw)
+                result["messages"] = _interactive_chat(session, system, {
+                    **gen_kw, "max_tokens": UNTIL_END if max_tokens is None else max_tokens})
             else:
                 user = prompt if prompt is not None else sys.stdin.read()
                 if not user.strip():
@@ -293,12 +349,12 @@ def _run_loaded(session, texts, npz, prompt, max_tokens, stream, stops, chat, sy
     rep = session.report()
     if as_json:
         emit_json({**result, "report": rep})
-    elif show_report or rep["fallbacks"]:
-        click.echo(f"ran on {rep['backend']} ({rep['device']}), load {rep['load_s']} s")
+    elif show_report or rep["fallbacks"]:  # diagnostics: stderr (stdout is the answer), silenced by -q
+        info(f"ran on {rep['backend']} ({rep['device']}), load {rep['load_s']} s")
         for f in rep["fallbacks"]:
-            click.echo(f"  fallback: {f['from']} -> {f['to']}: {f['reason']}")
+            info(f"  fallback: {f['from']} -> {f['to']}: {f['reason']}")
         if show_report and "usage" in result:
-            click.echo(_usage_line(result["usage"]))
+            info(_usage_line(result["usage"]))
     return 0
 
 

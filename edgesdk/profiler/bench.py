@@ -69,9 +69,17 @@ def _progress(total: int, desc: str, enabled: bool):
 
     if not enabled or not sys.stderr.isatty():
         return None
+    import os
+
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit="it", leave=False, dynamic_ncols=True, mininterval=0.25)
+    try:  # a pseudo-terminal without a window size reports 0 x 0: tqdm would draw nothing (edgesdk/build.py)
+        size = os.get_terminal_size(sys.stderr.fileno())
+        sized = bool(size.columns and size.lines)
+    except (OSError, ValueError):
+        sized = True
+    return tqdm(total=total, desc=desc, unit="it", leave=False, mininterval=0.25,
+                **({"dynamic_ncols": True} if sized else {"ncols": 80, "nrows": 24}))
 
 
 def timed_loop(fn: Callable[[], Any], iterations: int, *, desc: str = "measure", progress: bool = False) -> list[float]:

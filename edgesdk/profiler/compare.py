@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from edgesdk.profiler.report import plain
 from edgesdk.textable import format_table
 
 # (label, path into the report, spread path or None, True if higher is better)
@@ -88,12 +89,31 @@ def compare_reports(base: dict, new: dict, max_regression: float | None = None) 
             "regressions": regressions,
             "rule": "regression = worse by more than the threshold and by more than the runs' noise "
                     "(half IQR / median of each run, added)",
-            "base_device": _get(base, ("device", "best_match")), "new_device": _get(new, ("device", "best_match"))}
+            "base_device": _get(base, ("device", "best_match")), "new_device": _get(new, ("device", "best_match")),
+            "base_build": build_of(base), "new_build": build_of(new)}
+
+
+def build_of(report: dict) -> str | None:
+    """``model format/precision (bundle id)`` of the bundle a report measured, or None (an old report)."""
+    b = report.get("bundle") or {}
+    if not b.get("bundle_id") and not b.get("format"):
+        return None
+    return f"{b.get('model')} {b.get('format')}/{b.get('precision')} (bundle {b.get('bundle_id')})"
+
+
+def build_note(result: dict) -> str | None:
+    """A line saying the two reports measured different builds (then a difference is the build's choice, not a
+    regression of one build); None when they measured the same bundle or a report does not say."""
+    a, b = result.get("base_build"), result.get("new_build")
+    if a is None or b is None or a == b:
+        return None
+    return (f"note: the reports measure different builds ({a} vs {b}): differences include the build's "
+            "format/precision, not only this device's run-to-run change")
 
 
 def render_comparison(result: dict) -> str:
     def f(v):
-        return "-" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))
+        return "-" if v is None else (plain(v, 4) if isinstance(v, float) else str(v))
 
     rows = [[r["metric"], f(r["base"]), f(r["new"]), f(r["ratio"]),
              "-" if r["worse_pct"] is None else f"{r['worse_pct']:+.1f}%",
@@ -102,4 +122,6 @@ def render_comparison(result: dict) -> str:
     text = format_table(rows, ["metric", "base", "new", "new/base", "worse by", "noise", ""])
     if result["base_device"] != result["new_device"]:
         text += f"\nnote: the reports come from different devices ({result['base_device']} vs {result['new_device']})"
+    if note := build_note(result):
+        text += f"\n{note}"
     return text

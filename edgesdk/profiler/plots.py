@@ -301,10 +301,13 @@ COMPARE_PANELS: list[tuple[str, tuple[str | int, ...], str]] = [
 
 
 def _worse_text(row: dict | None, prefix: str = "") -> str:
+    """``p50 worse 3.1% ±2.0%``: the change and, where the table has it, the runs' noise beside it."""
     worse = (row or {}).get("worse_pct")
     if worse is None:
         return ""
-    return f"{prefix}{'worse' if worse > 0 else 'better'} {abs(worse):.1f}%"
+    noise = (row or {}).get("noise_pct")
+    return f"{prefix}{'worse' if worse > 0 else 'better'} {abs(worse):.1f}%" + (
+        f" ±{noise:.1f}%" if noise is not None else "")
 
 
 def plot_comparison(base: dict, new: dict, result: dict, path: str | os.PathLike,
@@ -355,6 +358,9 @@ def plot_comparison(base: dict, new: dict, result: dict, path: str | os.PathLike
     for ax in list(axes.flat)[len(panels):]:
         ax.set_axis_off()
     devs = (result.get("base_device"), result.get("new_device"))
-    fig.suptitle(f"{labels[0]} ({devs[0]}) vs {labels[1]} ({devs[1]})", fontsize=10)
+    title = f"{labels[0]} ({devs[0]}) vs {labels[1]} ({devs[1]})"
+    if result.get("base_build") and result.get("base_build") != result.get("new_build"):
+        title += f"\ndifferent builds: {result['base_build']} vs {result['new_build']}"
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return _save(fig, plt, path)

@@ -93,7 +93,7 @@ def enforce_budgets(budgets: dict | None, fail: bool) -> list[str]:
     """Warnings for misses; with ``fail`` a miss raises VerdictError (exit 2)."""
     if not budgets:
         return []
-    msgs = [f"budget miss: {c['what']} {c['value']:.3g} {c['unit']} > target {c['target']:.3g} {c['unit']} "
+    msgs = [f"budget miss: {c['what']} {plain(c['value'])} {c['unit']} > target {plain(c['target'])} {c['unit']} "
             f"(target from {c['target_from']})" for c in budgets["checks"] if c["status"] == "miss"]
     if msgs and fail:
         raise VerdictError("; ".join(msgs))
@@ -102,11 +102,27 @@ def enforce_budgets(budgets: dict | None, fail: bool) -> list[str]:
 
 # ---------------------------------------------------------------- terminal table
 
+def plain(v: float, digits: int = 3) -> str:
+    """``digits`` significant digits as a plain number, never an exponent: 1534.2 -> 1534, 0.00123 -> 0.00123,
+    12345.6 -> 12,346 (tables are read by people; the JSON report keeps full precision)."""
+    import math
+
+    if not math.isfinite(v):
+        return str(v)
+    if abs(v) >= 1e4:
+        return f"{v:,.0f}"
+    short = f"{v:.{digits}g}"
+    if "e" not in short:
+        return short
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(v))))
+    return f"{v:.{min(decimals, 12)}f}"
+
+
 def _fmt(v: Any, digits: int = 3) -> str:
     if v is None:
         return "unavailable"
     if isinstance(v, float):
-        return f"{v:.{digits}g}" if abs(v) < 1e4 else f"{v:,.0f}"
+        return plain(v, digits)
     return str(v)
 
 
