@@ -238,6 +238,26 @@ def test_connection_cap_refuses_the_excess_with_503_then_recovers(tmp_path):
         assert srv.stop() == 0, srv.log.read_text()[-3000:]
 
 
+def test_body_after_100_continue_is_not_taken_for_a_slow_head(tmp_path):
+    """`Expect: 100-continue` (curl sends it for large bodies): the body that follows the interim answer
+    belongs to the request, so the header deadline (1 s here) must not close the connection while a body
+    sent within the body deadline (5 s) is still arriving."""
+    srv = run_server(tmp_path, header_timeout_s=1.0, body_timeout_s=5.0)
+    try:
+        body = json.dumps({"model": "absent", "input": ["x" * 30]}).encode()
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
+            s.sendall(HEAD + b"Expect: 100-continue\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+            interim = s.recv(4096)
+            assert interim.startswith(b"HTTP/1.1 100"), interim
+            for i in range(3):  # the body in three parts over 2.4 s: past the header deadline
+                s.sendall(body[i * len(body) // 3:(i + 1) * len(body) // 3])
+                time.sleep(0.8)
+            reply = s.recv(65536)
+        assert reply.startswith(b"HTTP/1.1 404 "), reply[:200]  # the request was answered: model not found
+    finally:
+        assert srv.stop() == 0, srv.log.read_text()[-3000:]
+
+
 # ------------------------------------------------------------------------ port in use
 def test_port_in_use_is_one_error_line_and_exit_3(tmp_path):
     with socket.socket() as taken:

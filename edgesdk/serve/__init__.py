@@ -150,18 +150,20 @@ _TOO_MANY = _http_error(503, "Service Unavailable", "too many open connections",
 
 
 class _Watched:
-    """The transport handed to uvicorn's protocol: every call goes to the real one; a write marks the
-    connection as answering (so the next bytes from the client start a new request head)."""
+    """The transport handed to uvicorn's protocol: every call goes to the real one; writing a final
+    response's status line marks the connection as answering (so the next bytes from the client start a
+    new request head)."""
 
     def __init__(self, transport: asyncio.Transport, owner: _GuardedProtocol):
         self._transport, self._owner = transport, owner
 
     def write(self, data) -> None:
-        self._owner.wrote()
+        self._owner.wrote(data)
         self._transport.write(data)
 
     def writelines(self, lines) -> None:
-        self._owner.wrote()
+        lines = list(lines)
+        self._owner.wrote(lines[0] if lines else b"")
         self._transport.writelines(lines)
 
     def __getattr__(self, name: str):
@@ -177,7 +179,11 @@ class _Open:
 
 class _GuardedProtocol(asyncio.Protocol):
     """uvicorn's HTTP protocol (``inner``) behind a connection cap and a request-head deadline. Only the
-    asyncio.Protocol interface of ``inner`` is used, so any uvicorn HTTP implementation fits."""
+    asyncio.Protocol interface of ``inner`` is used, so any uvicorn HTTP/1.1 implementation fits.
+
+    A head ends at its blank line; a new one starts with the first byte the client sends after the server
+    has written a final status line. Pipelined requests (a second head sent before the first answer, which
+    no common client does) would be seen late and could be closed by the deadline."""
 
     def __init__(self, inner_cls, limits: ConnectionLimits, open_: _Open, **kwargs):
         self._inner = inner_cls(**kwargs)
@@ -236,9 +242,11 @@ class _GuardedProtocol(asyncio.Protocol):
             self._inner.resume_writing()
 
     # -- the deadline
-    def wrote(self) -> None:
+    def wrote(self, data) -> None:
         self._ever_wrote = True
-        if not self._in_head:
+        start = bytes(data[:10])
+        # a final status line ("HTTP/1.1 200 "), not "HTTP/1.1 100 Continue", whose body is still to come
+        if not self._in_head and start.startswith(b"HTTP/") and start[9:10] != b"1":
             self._answered = True
 
     def _start_timer(self) -> None:
