@@ -33,6 +33,34 @@ EMBED_MAX_BATCH = 32
 EMBED_MAX_LENGTH_RATIO = 2.0
 
 
+def usage_of(last: dict[str, Any]) -> dict[str, Any]:
+    """A backend's figures of its last request, named as OpenAI/llama.cpp users know them."""
+    ttft = last.get("ttft_s")
+    return {"prompt_tokens": last.get("input_tokens"), "completion_tokens": last.get("output_tokens"),
+            "ttft_ms": round(ttft * 1000, 2) if ttft is not None else None,
+            "tokens_per_s": last.get("decode_tok_s"), "finish_reason": last.get("finish_reason")}
+
+
+class Generation(str):
+    """What :meth:`Session.generate` and :meth:`Session.chat` return: the text itself (a ``str``: it compares,
+    concatenates, prints and JSON-encodes as the text) with ``.text`` (a plain ``str``) and ``.usage``
+    (prompt_tokens, completion_tokens, ttft_ms, tokens_per_s, finish_reason of this request)."""
+
+    usage: dict[str, Any]
+
+    def __new__(cls, text: str, usage: dict[str, Any] | None = None) -> Generation:
+        obj = super().__new__(cls, text)
+        obj.usage = dict(usage or {})
+        return obj
+
+    @property
+    def text(self) -> str:
+        return str.__str__(self)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickles (multiprocessing, caches) with its usage
+        return (Generation, (self.text, self.usage))
+
+
 def plan_embed_batches(lengths: list[int], max_batch: int = EMBED_MAX_BATCH,
                        max_ratio: float = EMBED_MAX_LENGTH_RATIO) -> list[list[int]]:
     """Indices of ``lengths`` (token counts) grouped as :meth:`Session.embed` runs them: sorted by length,
@@ -61,20 +89,21 @@ LOAD_OPTIONS = frozenset({
 
 
 def check_load_options(options: dict[str, Any], fmt: str | None = None) -> None:
-    """Refuse (one-line :class:`InputError`) an option no loader reads and a ``threads`` that is not a
-    positive integer; ``None`` values mean "the default" and always pass."""
+    """Refuse (one-line :class:`InputError`) a ``threads`` that is not a positive integer and, once the
+    bundle's format is known (``fmt``), an option no loader reads; ``None`` means "the default"."""
+    threads = options.get("threads")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise InputError(f"threads must be a positive integer (CPU threads), got {threads!r}")
+    if fmt is None:
+        return
     known = set(LOAD_OPTIONS)
-    if fmt is not None:
-        from edgesdk.formats import find_format
+    from edgesdk.formats import find_format
 
-        known |= set(getattr(find_format(fmt), "load_options", ()) or ())
+    known |= set(getattr(find_format(fmt), "load_options", ()) or ())
     unknown = sorted(k for k in options if k not in known)
     if unknown:
         raise InputError(f"unknown load option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
                          f"(known: {', '.join(sorted(known))})")
-    threads = options.get("threads")
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-        raise InputError(f"threads must be a positive integer (CPU threads), got {threads!r}")
 
 
 # LoadContext lives in runtime/backend.py
@@ -204,13 +233,19 @@ class Session:
         return self.backend
 
     def generate(self, prompt: str, **kwargs: Any) -> Any:
-        return self._llm("generate").generate(prompt, **kwargs)
+        """The completion as a :class:`Generation` (a ``str`` with ``.text`` and ``.usage``); with
+        ``stream=True`` an iterator of text pieces (usage: :meth:`report`)."""
+        return self._result(self._llm("generate").generate(prompt, **kwargs))
 
     def stream(self, prompt: str, **kwargs: Any) -> Any:
         return self._llm("stream").stream(prompt, **kwargs)
 
     def chat(self, messages: list[dict[str, Any]], **kwargs: Any) -> Any:
-        return self._llm("chat").chat(messages, **kwargs)
+        """The reply as a :class:`Generation`, as :meth:`generate`."""
+        return self._result(self._llm("chat").chat(messages, **kwargs))
+
+    def _result(self, out: Any) -> Any:
+        return Generation(out, usage_of(getattr(self.backend, "last", None) or {})) if isinstance(out, str) else out
 
     def tokenize(self, text: str) -> list[int]:
         return self._llm("tokenize").tokenize(text)
@@ -256,6 +291,7 @@ def load(path: str | Path, *, profile: str | Profile | None = None, verify: bool
     """
     t0 = time.perf_counter()
     host = options.pop("host", None)  # HostFacts to load as if on another host (tests, what-if reports)
+    check_load_options(options)  # threads, before the bundle's bytes are hashed
     bundle = open_bundle(path, verify=verify)
     check_load_options(options, bundle.format)  # a typo (n_gpu_layer=8) is refused, not ignored
     prof = profile if isinstance(profile, Profile) or profile is None else resolve_profile(profile)
