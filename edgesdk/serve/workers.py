@@ -153,7 +153,6 @@ class _EmbedRequest:
     otel_ctx: Any = None
 
 
-class EmbeddingBatcher:
 # Precisions whose activations are plain floats: batching changes a row's result by rounding only.
 # Any other (INT8's dynamic per-tensor activation scales) makes a row depend on its batch neighbours.
 FLOAT_PRECISIONS = frozenset({"fp32", "fp16", "bf16"})
@@ -166,6 +165,7 @@ def batch_independent(session) -> bool:
     return precision in FLOAT_PRECISIONS
 
 
+class EmbeddingBatcher:
     """Gathers embedding requests into batches of at most ``max_batch`` inputs, waiting at most ``max_wait_ms``.
 
     At most ``max_pending`` inputs wait; a request with more inputs than that (the HTTP layer allows up to
@@ -181,8 +181,8 @@ def batch_independent(session) -> bool:
         self.max_batch = max(1, int(max_batch))
         self.max_wait_s = max(0.0, float(max_wait_ms)) / 1000.0
         self.max_pending = int(max_pending)
-        self._on_batch = on_batch
         self.shared_batches = batch_independent(session) if shared_batches is None else bool(shared_batches)
+        self._on_batch = on_batch
         self._queue: asyncio.Queue[_EmbedRequest] | None = None
         self._pending = 0
         self._task: asyncio.Task | None = None
