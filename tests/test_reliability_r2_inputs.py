@@ -193,13 +193,16 @@ def test_out_of_vocab_ids_and_empty_batches_are_shape_errors(minilm_fp32, capfd,
 def test_serve_of_a_bundle_whose_manifest_serve_is_not_a_table(minilm_fp32, tmp_path):
     copy = tmp_path / "minilm"
     shutil.copytree(minilm_fp32, copy)
+    from edgesdk.manifest import HASH_FIELD, content_hash
+
     m = json.loads((copy / "manifest.json").read_text())
     m["serve"] = "lots"
+    m[HASH_FIELD] = content_hash(m)  # as a build that wrote it would: the bundle verifies, the value is wrong
     (copy / "manifest.json").write_text(json.dumps(m))
-    res = cli("serve", copy, "--port", "0", timeout=120)
-    assert res.returncode in (3, 7), res.stderr  # refused as input (or as an edited manifest): never exit 1
+    res = cli("serve", copy, "--port", "0", timeout=120)  # before: AttributeError, exit 1
     lines = [ln for ln in res.stderr.strip().splitlines() if ln.startswith("error: ")]
-    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+    assert res.returncode == 3 and "Traceback" not in res.stderr, res.stderr
+    assert lines == ["error: manifest serve must be a table of limits (max_tokens, default_max_tokens), got 'lots'"]
 
 
 # ------------------------------------------------------------------------ check traces: bounded memory
