@@ -9,7 +9,8 @@ Per family: ``edgesdk build --profile cpu-x86_64`` (the profile's own decoder qu
 then the artifact sizes and the build's parity record; then one process loads the bundle with ``threads`` (2),
 one warm-up request, and ``rounds`` cold requests (image features and KV cache cleared before each) about the
 same 120x80 image, greedy, ``max_tokens`` new tokens: TTFT (``last_request.ttft_s``: preprocess + encode +
-prefill + the first token) and decode tok/s (``decode_tok_s``: tokens after the first / their time), medians.
+prefill + the first token) and decode tok/s (``decode_tok_s``: tokens after the first / their time), medians
+and best rounds (on a shared machine the best round is the least disturbed one).
 
 Usage: python tools/bench/bench_vlm_families.py [--threads 2] [--rounds 5] [--max-tokens 32]
        [--out tools/bench/results/vlm_families_cpu.json]
@@ -82,7 +83,9 @@ def measure(name: str, work: Path, threads: int, rounds: int, max_tokens: int, i
                        "decoder_ppl_ratio": m["parity"].get("decoder_ppl_ratio")},
             "image_tokens": runs[0]["image_tokens"], "input_tokens": runs[0]["input_tokens"],
             "ttft_ms_median": round(statistics.median(r["ttft_s"] for r in runs) * 1e3, 2),
+            "ttft_ms_min": round(min(r["ttft_s"] for r in runs) * 1e3, 2),
             "decode_tok_s_median": round(statistics.median(tok_s), 1) if tok_s else None,
+            "decode_tok_s_max": round(max(tok_s), 1) if tok_s else None,
             "output_tokens": [r["output_tokens"] for r in runs], "runs": runs}
 
 

@@ -155,9 +155,9 @@ def component_parity(hf_dir: Path, decoder: Path, mmproj: Path, *, n_tokens: int
     work = Path(work or tempfile.mkdtemp(prefix="edgesdk-vlm-"))
     images = test_images(work / "images")
     # the family's own prompt with one image, as the runtime formats a plain prompt (backends/vlm.py)
-    ref_prompt = ("<|im_start|>User:<image>" + prompt + "<end_of_utterance>\nAssistant:"
-                  if vconv.family(vconv.read_config(hf_dir)) == "idefics3"
-                  else "USER: <image>\n" + prompt + " ASSISTANT:")
+    from edgesdk.formats.vlm.families import by_config
+
+    ref_prompt = by_config(vconv.read_config(hf_dir)).reference_prompt(prompt)
     refs = hf_vlm_reference(hf_dir, images, ref_prompt, n_tokens)
     pre = dict(vconv.image_processor(hf_dir))
     cfg = vconv.read_config(hf_dir)

@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """HF vision-language directory -> two GGUF files: the language decoder and the multimodal projector (``mmproj``).
 
-Two families (:func:`family`): ``llava`` (``LlavaForConditionalGeneration``: SigLIP vision tower + the
-LLaVA-1.5 MLP projector + llama) and ``idefics3`` (``Idefics3ForConditionalGeneration`` /
+Families (:mod:`edgesdk.formats.vlm.families`, :func:`family`): ``llava`` (``LlavaForConditionalGeneration``:
+SigLIP or CLIP vision tower + the LLaVA-1.5 MLP projector + llama) and ``idefics3``
+(``Idefics3ForConditionalGeneration`` /
 ``SmolVLMForConditionalGeneration``, the SmolVLM architecture: SigLIP-style vision tower with its final
 ``post_layernorm`` + pixel-shuffle connector with one bias-free linear ``modality_projection.proj`` + llama).
 
@@ -58,8 +59,6 @@ CLASS_TOKEN_NOTE = ("llama.cpp's LLaVA graph orders the class token after the pa
 SUPPORTED_TEXT = {"llama"}
 ACT_GELU = {"gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast"}
 SKIPPED_VISION = ("post_layernorm", "position_ids", ".head.")
-FAMILIES = {"LlavaForConditionalGeneration": "llava", "Idefics3ForConditionalGeneration": "idefics3",
-            "SmolVLMForConditionalGeneration": "idefics3"}
 IDEFICS3_VISION = {"idefics3_vision", "smolvlm_vision"}
 _IDEFICS3_VISION_PREFIX = "model.vision_model."
 _IDEFICS3_PROJ = "model.connector.modality_projection.proj."
@@ -99,12 +98,11 @@ def checkpoint_layout(directory: Path) -> dict[str, Any]:
 
 
 def family(config: dict[str, Any]) -> str:
-    """``llava`` or ``idefics3`` from ``architectures`` (LLaVA when the config names none)."""
-    arch = (config.get("architectures") or ["LlavaForConditionalGeneration"])[0]
-    if arch not in FAMILIES:
-        raise ModelError(f"architecture {arch!r} is not a supported vision-language family "
-                         f"(supported: {', '.join(sorted(FAMILIES))})")
-    return FAMILIES[arch]
+    """The family name (``llava``, ``idefics3``, ...) from ``architectures`` (the first registered family, LLaVA,
+    when the config names none): :mod:`edgesdk.formats.vlm.families`."""
+    from edgesdk.formats.vlm.families import by_config
+
+    return by_config(config).name
 
 
 def read_config(directory: Path) -> dict[str, Any]:
@@ -112,8 +110,13 @@ def read_config(directory: Path) -> dict[str, Any]:
 
 
 def check_supported(config: dict[str, Any], directory: Path) -> None:
-    if family(config) == "idefics3":
-        return check_idefics3(config, directory)
+    """ModelError unless the family's converter can write this checkpoint (the family record's ``check``)."""
+    from edgesdk.formats.vlm.families import by_config
+
+    by_config(config).check(config, directory)
+
+
+def check_llava(config: dict[str, Any], directory: Path) -> None:
     vision, text = config.get("vision_config") or {}, config.get("text_config") or {}
     vt, tt = vision.get("model_type"), text.get("model_type", "llama")
     if vt not in SUPPORTED_VISION:
@@ -265,14 +268,22 @@ def _clip_writer(directory: Path, out_path, name, projector: str, vision: dict, 
     return writer
 
 def write_mmproj(directory: Path, out_path: Path, *, name: str | None = None) -> dict[str, Any]:
-    """Write the vision tower + projector of a HF LLaVA directory as an F16 llama.cpp mmproj GGUF."""
-    import gguf
+    """Write the vision tower + projector of a HF VLM directory as an F16 llama.cpp mmproj GGUF (the family
+    record's writer, after its check)."""
+    from edgesdk.formats.vlm.families import by_config
 
     directory = Path(directory)
     config = read_config(directory)
-    check_supported(config, directory)
-    if family(config) == "idefics3":
-        return write_mmproj_idefics3(directory, out_path, config, name=name)
+    fam = by_config(config)
+    fam.check(config, directory)
+    return fam.write_mmproj(directory, out_path, config, name=name)
+
+
+def write_mmproj_llava(directory: Path, out_path: Path, config: dict[str, Any], *,
+                       name: str | None = None) -> dict[str, Any]:
+    """The LLaVA vision tower (SigLIP or CLIP) + MLP projector as an F16 mmproj GGUF (clip.cpp's ``mlp`` layout)."""
+    import gguf
+
     vision, text = config["vision_config"], config.get("text_config") or {}
     pre = _preprocessor(directory)
     n_layer = int(vision["num_hidden_layers"])

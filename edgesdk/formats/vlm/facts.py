@@ -8,13 +8,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-# architecture -> family (LLaVA; SmolVLM, whose checkpoints are Idefics3ForConditionalGeneration)
-VLM_FAMILIES = {"LlavaForConditionalGeneration": "llava", "Idefics3ForConditionalGeneration": "idefics3",
-                "SmolVLMForConditionalGeneration": "idefics3"}
+from edgesdk.formats.vlm.families import architectures, by_architecture
+
+# architecture -> family name, from the family records (formats/vlm/families)
+VLM_FAMILIES = {arch: fam.name for arch, fam in architectures().items()}
 VLM_ARCHITECTURES = set(VLM_FAMILIES)
-_COMPONENTS = (("vision_encoder", ("vision_tower.", "model.vision_tower.", "model.vision_model.")),
-               ("projector", ("multi_modal_projector.", "model.multi_modal_projector.", "model.connector.")),
-               ("decoder", ("language_model.", "model.language_model.", "model.text_model.", "lm_head.")))
 
 
 def image_processor_config(directory: Path) -> dict[str, Any] | None:
@@ -33,9 +31,12 @@ def image_processor_config(directory: Path) -> dict[str, Any] | None:
     return None
 
 
-def component_params(files: list[Path]) -> dict[str, int]:
-    """Parameters per component (vision_encoder, projector, decoder) from safetensors headers."""
-    out = {name: 0 for name, _ in _COMPONENTS}
+def component_params(files: list[Path], components: tuple[tuple[str, tuple[str, ...]], ...] | None = None
+                     ) -> dict[str, int]:
+    """Parameters per component (vision_encoder, projector, decoder) from safetensors headers; ``components``: the
+    family record's tensor prefixes per component (default: the first registered family's)."""
+    components = components or by_architecture(None).component_prefixes
+    out = {name: 0 for name, _ in components}
     for f in files:
         with open(f, "rb") as fh:
             n = int.from_bytes(fh.read(8), "little")
@@ -46,7 +47,7 @@ def component_params(files: list[Path]) -> dict[str, int]:
             count = 1
             for d in meta.get("shape", []):
                 count *= int(d)
-            for name, prefixes in _COMPONENTS:
+            for name, prefixes in components:
                 if key.startswith(prefixes):
                     out[name] += count
                     break
@@ -63,18 +64,17 @@ def hf_vlm_facts(directory: str | Path) -> dict[str, Any]:
     size, patch = vision.get("image_size"), vision.get("patch_size")
     files = sorted(directory.glob("*.safetensors"))
     arch = (cfg.get("architectures") or [None])[0]
-    family = VLM_FAMILIES.get(arch or "", "llava")
-    scale = cfg.get("scale_factor", 2) if family == "idefics3" else 1  # Idefics3's pixel shuffle
-    image_tokens = (size // patch) ** 2 // (scale * scale) if isinstance(size, int) and isinstance(patch, int) \
-        and patch and isinstance(scale, int) and scale > 0 else None
+    fam = by_architecture(arch, strict=False)
+    pre = image_processor_config(directory) or {}
     return {
-        "architecture": arch, "family": family, "scale_factor": scale if family == "idefics3" else None,
+        "architecture": arch, "family": fam.name, "scale_factor": cfg.get("scale_factor"),  # a pixel shuffle's
+        "image_splitting": bool(pre.get("do_image_splitting")) if fam.frames == "tiles" else False,
         "vision_model_type": vision.get("model_type"),
         "text_model_type": text.get("model_type", "llama"), "image_size": size, "patch_size": patch,
-        "image_tokens": image_tokens, "vision_hidden": vision.get("hidden_size"),
+        "image_tokens": fam.image_tokens(cfg), "vision_hidden": vision.get("hidden_size"),
         "vision_layers": vision.get("num_hidden_layers"), "feature_select": cfg.get("vision_feature_select_strategy"),
-        "component_params": component_params(files) if files else {},
-        "preprocessor": image_processor_config(directory) is not None,
+        "component_params": component_params(files, fam.component_prefixes) if files else {},
+        "preprocessor": bool(pre),
         # the decoder as the GGUF planner sees a causal LM
         "gguf_supported": text.get("model_type", "llama") == "llama", "layers": text.get("num_hidden_layers"),
         "heads": heads, "kv_heads": text.get("num_key_value_heads") or heads, "hidden": hidden,

@@ -71,17 +71,17 @@ def decoder_facts(facts: ModelFacts) -> ModelFacts:
 
 
 def plan_vlm(facts: ModelFacts, profile: Profile, options: BuildOptions) -> list[Decision]:
-    from edgesdk.formats.vlm.convert import CLASS_TOKEN_NOTE, CLASS_TOKEN_VISION, IDEFICS3_VISION, SUPPORTED_VISION
+    from edgesdk.formats.vlm.convert import CLASS_TOKEN_NOTE, CLASS_TOKEN_VISION
+    from edgesdk.formats.vlm.families import by_name
 
     info = facts.extra
     vt = info.get("vision_model_type")
-    idefics3 = info.get("family") == "idefics3"
-    class_token = not idefics3 and vt in CLASS_TOKEN_VISION
-    if vt not in (IDEFICS3_VISION if idefics3 else SUPPORTED_VISION):
-        raise ModelError(f"{facts.source}: vision tower {vt!r} is not supported (supported: SigLIP; for "
-                         f"Idefics3/SmolVLM its own vision model)")
-    projector = (f"pixel-shuffle connector (scale factor {info.get('scale_factor')}, one linear)" if idefics3
-                 else "MLP projector")
+    fam = by_name(info.get("family") or "llava")
+    class_token = vt in CLASS_TOKEN_VISION and vt in fam.vision_model_types
+    if vt not in fam.vision_model_types:
+        raise ModelError(f"{facts.source}: vision tower {vt!r} is not supported for the {fam.name} family "
+                         f"(supported: {', '.join(sorted(fam.vision_model_types))})")
+    projector = fam.projector(info)
     if not info.get("preprocessor"):
         raise ModelError(f"{facts.source}: no image processor (preprocessor_config.json, or processor_config.json's "
                          "image_processor with transformers 5): image size, mean/std come from it",
@@ -109,11 +109,11 @@ def plan_vlm(facts: ModelFacts, profile: Profile, options: BuildOptions) -> list
                             f"features while the decoder tolerates 4 bits, and the encoder is "
                             f"{(enc + proj) / (enc + proj + dec):.0%} of the weights"))
     vr = vision_runtime(profile, options, enc + proj)
-    if idefics3 and vr.value["onnx"]:  # the ONNX encoder export covers the LLaVA family only
+    if not fam.onnx_encoder and vr.value["onnx"]:  # the family record says whether the ONNX export covers it
         if (getattr(options, "vision_runtime", None) or "auto").lower() == "onnx":
-            raise InputError("--vision-runtime onnx is not supported for Idefics3/SmolVLM yet (use gguf or auto)")
+            raise InputError(f"--vision-runtime onnx is not supported for {fam.display} yet (use gguf or auto)")
         vr = Decision("vlm.vision_runtime", {"runtime": "gguf-mmproj", "onnx": False},
-                      "Idefics3/SmolVLM: the encoder runs in llama.cpp's libmtmd from the F16 mmproj (no ONNX "
+                      f"{fam.display}: the encoder runs in llama.cpp's libmtmd from the F16 mmproj (no ONNX "
                       "encoder export for this family yet)")
     if class_token:  # LLaVA-1.5's CLIP tower: the ONNX graph is the encoder, on any provider (CLASS_TOKEN_NOTE)
         if (getattr(options, "vision_runtime", None) or "auto").lower() == "gguf":
@@ -140,7 +140,7 @@ def plan_vlm(facts: ModelFacts, profile: Profile, options: BuildOptions) -> list
     comp = compute_bytes(info, dec_w)
     n_img = int(info.get("image_tokens") or 0)
     width = int(info.get("vision_hidden") or 0)
-    n_pos = n_img * int(info.get("scale_factor") or 1) ** 2 if idefics3 else n_img  # encoder positions
+    n_pos = n_img * int(info.get("scale_factor") or 1) ** 2  # encoder positions (before a pixel shuffle)
     enc_act = (n_pos + 1) * width * 4 * 8  # one image's activations in F32, ~8 live tensors
     total = dec_w + kv + comp + mm_bytes + enc_act + onnx_bytes
     budget = profile.memory_budget_gb()

@@ -36,26 +36,10 @@ import numpy as np
 
 from edgesdk import telemetry
 from edgesdk.errors import BackendUnavailableError, InputError, ShapeError
+from edgesdk.formats.vlm import families as vlm_families
 from edgesdk.native import import_llama_cpp, route_llama_logs
 from edgesdk.runtime.backend import TensorSpec
 
-PROMPT_TEMPLATE = "USER: {images}{text} ASSISTANT:"  # LLaVA-1.5 conversation format
-# SmolVLM / Idefics3: its processor's chat template for one user turn ("User:" before an image, "User: " before text)
-IDEFICS3_PROMPT = "<|im_start|>User:{sep}{images}{text}<end_of_utterance>\nAssistant:"
-IDEFICS3_FAKE, IDEFICS3_GLOBAL = "<fake_token_around_image>", "<global-img>"
-
-
-def idefics3_image_text(rows: int, cols: int, marker: str) -> str:
-    """One image as Idefics3Processor writes it (``_prompt_single_image`` / ``_prompt_split_image``), with one
-    ``marker`` per frame where the processor writes ``image_seq_len`` image tokens."""
-    glob = IDEFICS3_FAKE + IDEFICS3_GLOBAL + marker + IDEFICS3_FAKE
-    if rows == 0 and cols == 0:
-        return glob
-    grid = "".join("".join(f"{IDEFICS3_FAKE}<row_{r + 1}_col_{c + 1}>{marker}" for c in range(cols)) + "\n"
-                   for r in range(rows))
-    return grid + "\n" + glob
-IDEFICS3_PROCESSORS = {"Idefics3ImageProcessor", "Idefics3ImageProcessorFast", "SmolVLMImageProcessor",
-                       "SmolVLMImageProcessorFast"}
 FEATURE_CACHE_SIZE = 16  # images whose features are kept
 ENCODE_TIMES_KEPT = 1024  # encoder run times kept per path for session.report()
 # image inputs (issue 25 finding 8): a file larger than this is refused unread; decoded size is limited per model
@@ -79,9 +63,9 @@ class ImagePreprocessor:
         self.config = config
         self.image_size = int(image_size)
         self.resample = int(config.get("resample", 3))
-        # SmolVLM / Idefics3: longest-edge resize, then the square encoder tile (max_image_size), no splitting
-        self.family = "idefics3" if config.get("image_processor_type") in IDEFICS3_PROCESSORS or \
-            "max_image_size" in config else "llava"
+        # the family record whose processor wrote this config (formats/vlm/families): its frames, prompt, layout
+        self.record = vlm_families.by_processor(config)
+        self.family = self.record.name
         size = config.get("size") or {}
         self.shortest_edge = size.get("shortest_edge") if isinstance(size, dict) else None
         crop = config.get("crop_size") or {}
@@ -197,7 +181,7 @@ class ImagePreprocessor:
     @property
     def splitting(self) -> bool:
         """Idefics3 / SmolVLM ``do_image_splitting``: tiles + a global image per image."""
-        return self.family == "idefics3" and bool(self.config.get("do_image_splitting", False))
+        return self.record.frames == "tiles" and bool(self.config.get("do_image_splitting", False))
 
     def _longest_edge(self, img: Any) -> Any:
         """Idefics3ImageProcessor.resize with ``size.longest_edge``: the longest edge to it (aspect kept, the
@@ -255,7 +239,7 @@ class ImagePreprocessor:
 
     def __call__(self, img: Any) -> np.ndarray:
         img = img.convert("RGB")
-        if self.family == "idefics3":
+        if self.record.frames == "tiles":
             img = self._idefics3(img)
         elif self.shortest_edge:
             w, h = img.size
@@ -437,10 +421,10 @@ class VLMPipeline:
             layouts: list[str] = []
             for image in images:
                 _, img = self.pre.load(image)
-                if self.pre.family == "idefics3":
+                if self.pre.record.image_text is not None:  # the family writes each image's own layout
                     rows, cols, tiles = self.pre.tiles(img)
                     frames.extend(tiles)
-                    layouts.append(idefics3_image_text(rows, cols, self.marker))
+                    layouts.append(self.pre.record.image_text(rows, cols, self.marker))
                 else:
                     frames.append(self.pre(img))
             if layouts:  # each image marker becomes the processor's layout, one marker per frame
@@ -574,14 +558,14 @@ class VLMPipeline:
 
     def _image_layout(self, plan: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
         """The family's token layout around each image. For Idefics3 / SmolVLM the prompt already holds the HF
-        processor's layout (:func:`idefics3_image_text`: ``<fake_token_around_image><row_R_col_C>`` before each
+        processor's layout (``families.idefics3.image_text``: ``<fake_token_around_image><row_R_col_C>`` before each
         tile, ``\\n`` after each row, ``\\n<fake_token_around_image><global-img>`` before the global image,
         ``<fake_token_around_image>`` after it) with one marker per frame, each frame already one encoder tile.
         libmtmd's Idefics3 template wraps every marker's image as a 1x1 grid: ``<fake_token_around_image>
         <row_1_col_1>`` + tile + ``\\n\\n<fake_token_around_image><global-img>`` + overview +
         ``<fake_token_around_image>``, tile and overview holding the same pixels. Each such group becomes its
         overview chunk alone (the encoder runs once per frame), which leaves exactly the HF token sequence."""
-        if self.pre.family != "idefics3":
+        if self.pre.record.frames != "tiles":
             return plan
 
         if self._layout_ids is None:  # the marker token ids, looked up once
@@ -678,19 +662,6 @@ def _split_content(messages: list[dict[str, Any]]) -> tuple[list[tuple[str, str,
     return parts_out, images
 
 
-def _idefics3_chat(messages: list[dict[str, Any]], marker: str) -> str:
-    """SmolVLM's chat template (its processor's default, images where they appear in the content):
-    ``<|im_start|>`` + per message ``Role:`` (``Role: `` unless the content starts with an image) + parts +
-    ``<end_of_utterance>\\n``, then ``Assistant:``. Messages were validated by :func:`_split_content`."""
-    text = "<|im_start|>"
-    for m in messages:
-        content = m["content"]
-        parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
-        text += m["role"].capitalize() + (":" if parts and parts[0].get("type") != "text" else ": ")
-        text += "".join(p["text"] if p.get("type") == "text" else marker for p in parts) + "<end_of_utterance>\n"
-    return text + "Assistant:"
-
-
 class VLMBackend:
     """One loaded VLM bundle: ``generate(prompt, images=[...])``, ``stream``, ``chat`` with image parts."""
 
@@ -727,9 +698,7 @@ class VLMBackend:
         marker = self.pipe.marker
         if marker in prompt or "<image>" in prompt:
             return prompt.replace("<image>", marker)
-        if self.pipe.pre.family == "idefics3":
-            return IDEFICS3_PROMPT.format(sep="" if images else " ", images=marker * len(images), text=prompt)
-        return PROMPT_TEMPLATE.format(images="".join(marker + "\n" for _ in images), text=prompt)
+        return self.pipe.pre.record.user_prompt(prompt, len(images), marker)
 
     def generate(self, prompt: str, images: list[Any] | None = None, **kw):
         """Answer ``prompt`` about ``images`` (paths, bytes, PIL images or arrays). A prompt without
@@ -746,20 +715,8 @@ class VLMBackend:
         return self.generate(prompt, images, stream=True, **kw)
 
     def chat(self, messages: list[dict[str, Any]], **kw):
-        turns, images = _split_content(messages)
-        marker = self.pipe.marker
-        if self.pipe.pre.family == "idefics3":
-            text = _idefics3_chat(messages, marker)
-        else:
-            text = ""
-            for role, body, n_img in turns:
-                if role == "system":
-                    text += body + "\n"
-                elif role == "user":
-                    text += "USER: " + (marker + "\n") * n_img + body + " "
-                else:
-                    text += "ASSISTANT: " + body + "\n"
-            text += "ASSISTANT:"
+        _, images = _split_content(messages)  # validates the messages and collects the images in order
+        text = self.pipe.pre.record.chat(messages, self.pipe.marker)
         stream = kw.pop("stream", False)
         gen = self._run(text, images, "chat", messages, stream=stream, **kw)
         return gen if stream else self._complete(gen)

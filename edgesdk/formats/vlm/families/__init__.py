@@ -1,0 +1,92 @@
+# SPDX-License-Identifier: Apache-2.0
+"""VLM families: one :class:`VLMFamily` record per family, one module per record (issue 21).
+
+A record holds what a family is: the HF classes and how its image processor is recognised, the tensor-name
+map of both transformers layouts (to the 4.x names the converter reads), the support check and the mmproj
+writer, image tokens per frame, the prompt template, the chat format and the image-token layout of one image,
+and how the runtime preprocesses an image (``frames``: ``single`` = one resized encoder input, ``tiles`` =
+the Idefics3 frames of :meth:`edgesdk.runtime.backends.vlm.ImagePreprocessor.tiles`). The converter, the plan,
+the build's parity and the runtime look the family up here (:func:`by_architecture`, :func:`by_processor`).
+
+Adding a family: a module in this package defining ``FAMILY = VLMFamily(...)`` and its name in
+:data:`REGISTRY`. Light on import: records load the converter only when their functions are called.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edgesdk.errors import ModelError
+
+# the family modules of this package, in lookup order (the first is the default for configs naming no class)
+REGISTRY = ("llava", "idefics3")
+
+
+@dataclass(frozen=True)
+class VLMFamily:
+    name: str
+    display: str  # how messages name it ("LLaVA", "Idefics3/SmolVLM")
+    architectures: tuple[str, ...]  # HF classes (config.json ``architectures``)
+    vision_model_types: frozenset[str]  # vision_config.model_type values the converter writes
+    component_prefixes: tuple[tuple[str, tuple[str, ...]], ...]  # vision_encoder / projector / decoder tensors
+    canonical_name: Callable[[str], str]  # a tensor name of either transformers layout -> the 4.x name
+    check: Callable[[dict[str, Any], Path], None]  # ModelError when the converter cannot write this checkpoint
+    write_mmproj: Callable[..., dict[str, Any]]  # (directory, out_path, config, *, name) -> mmproj facts
+    image_tokens: Callable[[dict[str, Any]], int | None]  # image tokens per frame, from config.json
+    user_prompt: Callable[[str, int, str], str]  # (text, n_images, marker) -> one user turn + generation prompt
+    chat: Callable[[list[dict[str, Any]], str], str]  # (validated messages, marker) -> prompt text
+    projector: Callable[[dict[str, Any]], str]  # the plan's words for the projector (facts.extra in)
+    processor_types: frozenset[str] = frozenset()  # image_processor_type values that mean this family
+    processor_keys: frozenset[str] = frozenset()  # preprocessor-config keys only this family's processor has
+    image_text: Callable[[int, int, str], str] | None = None  # (rows, cols, marker) -> one image's layout
+    frames: str = "single"  # runtime preprocessing: "single" or "tiles"
+    onnx_encoder: bool = False  # the FP16 ONNX encoder export (onnx_encoder.py) supports this family
+    notes: dict[str, str] = field(default_factory=dict)
+
+    def reference_prompt(self, text: str) -> str:
+        """The prompt for one image as the HF processor sees it (``<image>`` where the image goes)."""
+        return self.user_prompt(text, 1, "<image>")
+
+
+def families() -> tuple[VLMFamily, ...]:
+    return tuple(importlib.import_module(f"{__name__}.{m}").FAMILY for m in REGISTRY)
+
+
+def architectures() -> dict[str, VLMFamily]:
+    return {a: f for f in families() for a in f.architectures}
+
+
+def by_name(name: str) -> VLMFamily:
+    for f in families():
+        if f.name == name:
+            return f
+    raise ModelError(f"unknown VLM family {name!r} (known: {', '.join(f.name for f in families())})")
+
+
+def by_architecture(arch: str | None, *, strict: bool = True) -> VLMFamily:
+    """The family of a HF class (the first registered family when ``arch`` is None; ModelError for an unknown
+    class when ``strict``, else the first family)."""
+    table = architectures()
+    if arch is None or (arch not in table and not strict):
+        return families()[0]
+    if arch not in table:
+        raise ModelError(f"architecture {arch!r} is not a supported vision-language family "
+                         f"(supported: {', '.join(sorted(table))})")
+    return table[arch]
+
+
+def by_config(config: dict[str, Any], *, strict: bool = True) -> VLMFamily:
+    return by_architecture((config.get("architectures") or [None])[0], strict=strict)
+
+
+def by_processor(preprocessor: dict[str, Any]) -> VLMFamily:
+    """The family whose image processor wrote ``preprocessor`` (its ``image_processor_type`` or a key only that
+    processor has); the first registered family otherwise."""
+    for f in families():
+        if preprocessor.get("image_processor_type") in f.processor_types or f.processor_keys & set(preprocessor):
+            return f
+    return families()[0]
