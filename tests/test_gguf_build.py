@@ -193,9 +193,12 @@ def test_unsupported_architecture_and_missing_tokenizer_via_cli(tmp_path, run_cl
     save_file({"wte.weight": np.zeros((10, 4), dtype=np.float32)}, str(gpt2 / "model.safetensors"))
     proc = run_cli("build", gpt2, "--profile", "orin-nano-8gb", "-o", tmp_path / "o1", timeout=120)
     assert proc.returncode == 3
+    from edgesdk.formats.gguf.archs import ARCHS  # the registry: one line per text architecture
+
     assert proc.stderr.strip() == ("error: architecture GPT2LMHeadModel not supported for GGUF conversion "
-                                   "(supported: Gemma3ForCausalLM, LlamaForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, "
-                                   "Qwen3ForCausalLM)")
+                                   f"(supported: {', '.join(sorted(ARCHS))})")
+    assert {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM",
+            "Phi3ForCausalLM"} <= set(ARCHS)
     notok = tmp_path / "no-tokenizer"
     notok.mkdir()
     (notok / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
