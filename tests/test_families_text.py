@@ -26,7 +26,7 @@ from text_families import FAMILIES, make_family_model  # noqa: E402
 
 from edgesdk.errors import ModelError  # noqa: E402
 
-GGUF_ARCH = {"gemma3": "gemma3", "qwen3": "qwen3", "phi4mini": "phi3", "phi3": "phi3"}
+GGUF_ARCH = {"gemma3": "gemma3", "qwen3": "qwen3", "phi4mini": "phi3", "phi3": "phi3", "mistral": "llama"}
 PROMPT = "The river carried the"
 
 

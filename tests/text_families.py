@@ -11,7 +11,7 @@ from typing import Any
 
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
-FAMILIES = ("gemma3", "qwen3", "phi3", "phi4mini")
+FAMILIES = ("gemma3", "qwen3", "phi3", "phi4mini", "mistral")
 
 # The published values each tiny config keeps, and what it shrinks (docs/benchmarks.md, "Text families").
 # Gemma-3-270M / 1B: head_dim 256 and query_pre_attn_scalar = head_dim, 1 KV head, rope_theta 1e6 (global) and
@@ -37,7 +37,7 @@ def _tokenizer(directory: Path, style: str) -> Any:
     from edgesdk.formats.gguf.build import PPL_TEXT
 
     lines = PPL_TEXT.read_text().split("\n")
-    if style == "phi3":  # Phi-3-mini: Llama-2's SentencePiece vocabulary ("▁" prepended) + Phi-3's chat tokens
+    if style == "phi3":  # Phi-3-mini / Mistral: Llama-2's SentencePiece vocabulary ("▁" prepended) + chat tokens
         tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
         tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
         tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
@@ -80,7 +80,7 @@ def make_family_model(directory: Path, family: str, *, layout: str = "transforme
     if layout == "transformers5":
         directory = directory.with_name(directory.name + "-tf4")
     directory.mkdir(parents=True, exist_ok=True)
-    fast = _tokenizer(directory, family if family in ("gemma3", "phi3") else "bytelevel")
+    fast = _tokenizer(directory, {"gemma3": "gemma3", "phi3": "phi3", "mistral": "phi3"}.get(family, "bytelevel"))
     common: dict[str, Any] = dict(vocab_size=len(fast), bos_token_id=fast.bos_token_id,
                                   eos_token_id=fast.eos_token_id, max_position_embeddings=512)
     if family == "gemma3":
@@ -122,6 +122,15 @@ def make_family_model(directory: Path, family: str, *, layout: str = "transforme
                   original_max_position_embeddings=4096, max_position_embeddings=4096, sliding_window=2047,
                   tie_word_embeddings=False, hidden_act="silu", pad_token_id=None)
         common.pop("max_position_embeddings")
+    elif family == "mistral":
+        from transformers import MistralConfig as Config
+        from transformers import MistralForCausalLM as Model
+
+        # Mistral-7B v0.3: GQA 32:8, rope_theta 1e6, no sliding window, untied, Llama SentencePiece vocabulary;
+        # head_dim 64 on a 128-wide, 4-head model as Mistral-Nemo's 128 on 5120 / 32 (not hidden / heads)
+        kw = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=64, rope_theta=1_000_000.0, rms_norm_eps=1e-5,
+                  sliding_window=None, tie_word_embeddings=False, hidden_act="silu")
     else:
         raise ValueError(family)
     torch.manual_seed(seed)

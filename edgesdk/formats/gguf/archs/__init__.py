@@ -18,6 +18,7 @@ _MODULES = (
     "qwen3",
     "gemma3",
     "phi3",
+    "mistral",
 )
 
 
