@@ -4,7 +4,7 @@ llava-1.5 configuration, shrunk (tests/vlm_fixtures.py ``make_tiny_llava15``: 33
 tokens, ``vision_feature_select_strategy: default``, ``vision_feature_layer: -2``), saved with transformers 4.57
 naming and rewritten to transformers 5 naming. llama.cpp's LLaVA graph cannot reproduce a class-token tower
 (docs/vlm.md), so the bundle's encoder is the FP16 ONNX graph on ONNX Runtime (here the CPU provider) feeding
-the llama.cpp decoder; the mmproj only tokenizes image chunks. Parity against PyTorch is measured by the build
+the llama.cpp decoder; the mmproj is tokenize-only (no tower layers). Parity against PyTorch is measured by the build
 itself (image features per token, greedy tokens on 3 images) and re-checked here through ``edgesdk.load``."""
 
 from __future__ import annotations
@@ -116,9 +116,19 @@ def test_f16_build_matches_pytorch_through_the_onnx_encoder(layout, request):
     for p in vision["per_image"]:
         assert p["tokens_ours"] == p["tokens_pytorch"] and len(p["tokens_pytorch"]) > 0
         assert p["input_tokens_ours"] == p["input_tokens_pytorch"]  # 576 image tokens + the prompt, both sides
-    # the mmproj's own features are recorded to show why it does not encode
-    assert vision["mmproj_not_used"]["encoder_min_cosine"] < 0.999
     assert m["parity"]["decoder_logits_vs_hf"]["min_cosine"] >= 0.999
+
+
+def test_mmproj_is_tokenize_only(llava15_bundle):
+    """No tower layers in the mmproj (block_count 0, the projector alone): the tower is in the ONNX graph only."""
+    import gguf
+
+    r = gguf.GGUFReader(str(llava15_bundle / "mmproj.gguf"))
+    assert {t.name.split(".")[0] for t in r.tensors} == {"mm"}
+    field = r.fields["clip.vision.block_count"]
+    assert int(field.parts[field.data[0]][0]) == 0
+    sizes = {f: (llava15_bundle / f).stat().st_size for f in ("mmproj.gguf", "vision_encoder.onnx")}
+    assert sizes["mmproj.gguf"] * 10 < sizes["vision_encoder.onnx"]
 
 
 def test_runtime_encodes_with_onnx_on_the_cpu_and_refuses_the_mmproj(llava15_bundle, tiny_llava15, images):

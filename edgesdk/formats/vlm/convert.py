@@ -245,7 +245,7 @@ def feature_layer(config: dict[str, Any]) -> int:
 
 
 def _clip_writer(directory: Path, out_path, name, projector: str, vision: dict, text: dict, pre: dict, *,
-                 eps_default: float):
+                 eps_default: float, block_count: int | None = None):
     """A GGUFWriter for an mmproj with the vision keys every family shares (clip.cpp's names)."""
     import gguf
 
@@ -259,7 +259,7 @@ def _clip_writer(directory: Path, out_path, name, projector: str, vision: dict, 
     writer.add_vision_patch_size(int(vision["patch_size"]))
     writer.add_vision_embedding_length(int(vision["hidden_size"]))
     writer.add_vision_feed_forward_length(int(vision["intermediate_size"]))
-    writer.add_vision_block_count(int(vision["num_hidden_layers"]))
+    writer.add_vision_block_count(int(vision["num_hidden_layers"]) if block_count is None else block_count)
     writer.add_vision_projection_dim(int(text["hidden_size"]))
     writer.add_vision_head_count(int(vision["num_attention_heads"]))
     writer.add_vision_attention_layernorm_eps(float(vision.get("layer_norm_eps", eps_default)))
@@ -281,14 +281,20 @@ def write_mmproj(directory: Path, out_path: Path, *, name: str | None = None) ->
 
 def write_mmproj_llava(directory: Path, out_path: Path, config: dict[str, Any], *,
                        name: str | None = None) -> dict[str, Any]:
-    """The LLaVA vision tower (SigLIP or CLIP) + MLP projector as an F16 mmproj GGUF (clip.cpp's ``mlp`` layout)."""
+    """The LLaVA vision tower (SigLIP or CLIP) + MLP projector as an F16 mmproj GGUF (clip.cpp's ``mlp`` layout).
+
+    A class-token (CLIP) tower gets a tokenize-only mmproj (CLASS_TOKEN_NOTE): the same keys with
+    ``clip.vision.block_count = 0`` and the projector alone (libmtmd needs its output width and the image / patch
+    sizes to tokenize image chunks, no tower weights); the FP16 ONNX graph carries the encoder."""
     import gguf
 
     vision, text = config["vision_config"], config.get("text_config") or {}
     pre = _preprocessor(directory)
     n_layer = int(vision["num_hidden_layers"])
-    writer = _clip_writer(directory, out_path, name, "mlp", vision, text, pre, eps_default=1e-5)
-    writer.add_array("clip.vision.feature_layer", [feature_layer(config)])
+    tokenize_only = vision.get("model_type") in CLASS_TOKEN_VISION
+    writer = _clip_writer(directory, out_path, name, "mlp", vision, text, pre, eps_default=1e-5,
+                          block_count=0 if tokenize_only else None)
+    writer.add_array("clip.vision.feature_layer", [0 if tokenize_only else feature_layer(config)])
     act = vision.get("hidden_act", "quick_gelu")
     if act in ACT_GELU:
         writer.add_vision_use_gelu(True)
@@ -304,7 +310,7 @@ def write_mmproj_llava(directory: Path, out_path: Path, config: dict[str, Any], 
         v = _strip(canonical_name(hf_name), _VISION_PREFIXES)  # transformers 5's names in the 4.x layout
         p = _strip(hf_name, _PROJ_PREFIXES)
         if v is not None:
-            if any(k in v for k in SKIPPED_VISION):
+            if tokenize_only or any(k in v for k in SKIPPED_VISION):
                 skipped.append(hf_name)
                 continue
             new = tmap.get_name("vision_tower." + v, try_suffixes=(".weight", ".bias"))
@@ -330,7 +336,9 @@ def write_mmproj_llava(directory: Path, out_path: Path, config: dict[str, Any], 
             "feature_layer": feature_layer(config), "image_mean": pre["image_mean"], "image_std": pre["image_std"],
             "checkpoint_layout": layout, "vision_model_type": vision.get("model_type"),
             # a class-token tower: the mmproj tokenizes image chunks only, the ONNX encoder encodes (CLASS_TOKEN_NOTE)
-            "encodes": vision.get("model_type") not in CLASS_TOKEN_VISION}
+            "encodes": not tokenize_only, **({"tokenize_only": "clip.vision.block_count 0, projector tensors only "
+                                                              "(the tower is in vision_encoder.onnx)"}
+                                             if tokenize_only else {})}
 
 
 def write_mmproj_idefics3(directory: Path, out_path: Path, config: dict[str, Any], *,

@@ -95,13 +95,14 @@ def plan_vlm(facts: ModelFacts, profile: Profile, options: BuildOptions) -> list
                     f"{info.get('architecture')}: {vt} encoder {enc:,} params ({info.get('image_size')} px, "
                     f"patch {info.get('patch_size')} -> {info.get('image_tokens')} image tokens), {projector} "
                     f"{proj:,} params, {info.get('text_model_type')} decoder {dec:,} params")]
-    mm_bytes = (enc + proj) * 2
+    mm_bytes = (proj if class_token else enc + proj) * 2  # a class-token tower's mmproj holds the projector only
     if class_token:
         out.append(Decision("vlm.encoder", {"format": "onnx", "precision": "FP16", "runtime": "onnxruntime",
                                             "mmproj": "F16, tokenizes image chunks only"},
                             f"encoder + projector as one FP16 ONNX graph ({enc + proj:,} params x 2 B = "
-                            f"{_gb(mm_bytes)}) on ONNX Runtime; the F16 mmproj ({_gb(mm_bytes)}) is kept for "
-                            f"libmtmd's image-chunk tokenization: {CLASS_TOKEN_NOTE}"))
+                            f"{_gb((enc + proj) * 2)}) on ONNX Runtime; a tokenize-only F16 mmproj (no tower "
+                            f"layers, the projector: {_gb(mm_bytes)}) for libmtmd's image-chunk tokenization: "
+                            f"{CLASS_TOKEN_NOTE}"))
     else:
         out.append(Decision("vlm.encoder", {"format": "gguf-mmproj", "precision": "F16", "runtime": "llama.cpp mtmd"},
                             f"encoder + projector as one F16 mmproj GGUF for llama.cpp's multimodal library "
@@ -122,10 +123,10 @@ def plan_vlm(facts: ModelFacts, profile: Profile, options: BuildOptions) -> list
         vr = Decision("vlm.vision_runtime", {"runtime": "onnx", "onnx": True, "precision": "FP16", "required": True,
                                              "providers": eps + ["CPUExecutionProvider"]},
                       f"CLIP tower with a class token: {CLASS_TOKEN_NOTE} ({(enc + proj):,} params x 2 B = "
-                      f"{_gb(mm_bytes)} FP16 ONNX; {' > '.join(eps + ['CPU'])}, chosen at load); the F16 mmproj "
-                      f"stays for libmtmd's tokenization of image chunks only")
+                      f"{_gb((enc + proj) * 2)} FP16 ONNX; {' > '.join(eps + ['CPU'])}, chosen at load); the mmproj "
+                      f"is tokenize-only (projector, no tower layers)")
     out.append(vr)
-    onnx_bytes = mm_bytes if vr.value["onnx"] else 0  # a second FP16 copy of encoder + projector
+    onnx_bytes = (enc + proj) * 2 if vr.value["onnx"] else 0  # encoder + projector in FP16
     dec_decisions = plan_gguf(decoder_facts(facts), profile, options)
     quant = next(d.value for d in dec_decisions if d.key == "gguf.quant_type")
     n_ctx = int(next(d.value for d in dec_decisions if d.key == "gguf.context_length"))
