@@ -8,8 +8,15 @@ What is executed: each line of a fenced ``bash``/``sh``/``shell``/``console`` bl
 one table from doc placeholder to fixture. Bundles are made by the docs' own build command, run once
 per session; a command that appears in several docs runs once.
 
+Also executed: a pipeline into ``edgesdk`` (``echo ... | edgesdk run ... --prompt -``), the ``gguf-new-metadata``
+tool lines (:data:`TOOLS`), and every fenced ``python`` block (:func:`test_doc_python_block_runs`): run as a
+script in a fresh working directory with its placeholders linked, unless its first line is a marker comment:
+``# docs-test: imports-only (WHY)`` (a sketch whose names are the reader's: its imports must still work) or
+``# needs: tensorrt`` / ``gpu`` (skipped where that is missing).
+
 What the doc says is what is asserted:
-- the exit code is 0 unless the line's comment says ``exit N``;
+- the exit code is 0 unless the line's comment says ``exit N``; a non-zero exit prints one line on
+  stderr (``error: ...``), as README's "Every error is one line on stderr" says;
 - ``# needs: gpu`` / ``tensorrt`` / ``collector`` / ``terminal`` (see :data:`NEEDS`) skips the line with
   that reason where the thing is missing;
 - a path-like argument that is neither in :data:`PLACEHOLDERS` nor an output fails, naming the table.
@@ -98,7 +105,10 @@ PLACEHOLDERS: dict[str, Source | Made | Same | Text | RepoRoot] = {
     "out/llm-nano": Made("edgesdk build model.gguf --profile orin-nano-8gb -o out/llm-nano --explain "
                          "--accept-license LicenseRef-gemma"),
     "out/llm": Same("out/llm-nano"),
-    "out/gemma-chat": Same("out/llm-nano"),
+    "gemma-chat.gguf": Made("gguf-new-metadata model.gguf gemma-chat.gguf --chat-template-file my-template.jinja",
+                            "gemma-chat.gguf"),
+    "out/gemma-chat": Made("edgesdk build gemma-chat.gguf --profile cpu -o out/gemma-chat "
+                           "--accept-license LicenseRef-gemma"),
     "out/minilm-cpu": Same("out/minilm-orin"),  # an embedding bundle; it runs on this CPU either way
     "out/det-orin": Made("edgesdk build model.onnx --profile orin-nx-16gb --format tensorrt "
                          "--model-license Apache-2.0 -o out/det-orin"),
@@ -160,7 +170,7 @@ class DocCommand:
     line: int
     text: str  # the command without its trailing comment
     comment: str
-    kind: str  # "edgesdk" | "python"
+    kind: str  # "edgesdk" | "python" | "tool"
     expected_rc: int = 0
     needs: list[str] = field(default_factory=list)
 
@@ -226,12 +236,18 @@ def logical_lines(block: Block) -> list[tuple[int, str]]:
 
 
 ENV_ASSIGN = re.compile(r"^(?:[A-Za-z_]\w*=\S*\s+)*")
+#: other programs the docs tell users to run (a doc line starting with one is executed too)
+TOOLS = ("gguf-new-metadata",)
+#: ``echo TEXT | edgesdk ...``: the prompt on stdin
+PIPED = re.compile(r"^echo\s+(?:\"[^\"]*\"|'[^']*')\s*\|\s*")
 
 
 def command_kind(text: str) -> str | None:
-    body = ENV_ASSIGN.sub("", text.strip(), count=1)
+    body = PIPED.sub("", ENV_ASSIGN.sub("", text.strip(), count=1), count=1)
     if re.match(r"edgesdk(\s|$)", body):
         return "edgesdk"
+    if body.split(" ", 1)[0] in TOOLS:
+        return "tool"
     if re.match(r"python3?\s+-c\s", body) and "import edgesdk" in body:
         return "python"
     return None
@@ -306,8 +322,22 @@ def analyse(cmd: DocCommand) -> tuple[list[str], list[str]]:
                 inputs.append(literal)
             elif looks_like_path(literal):
                 unknown.append(literal)
+    elif cmd.kind == "tool":  # gguf-new-metadata IN OUT [--option VALUE]: OUT is written, the rest read
+        tokens, positional = shlex.split(cmd.text)[1:], 0
+        while tokens:
+            tok = tokens.pop(0)
+            if tok.startswith("-"):
+                tok = tokens.pop(0) if tokens and "=" not in tok else tok.partition("=")[2]
+            elif positional := positional + 1:
+                if positional == 2:
+                    outputs.append(tok)
+                    continue
+            if tok in PLACEHOLDERS:
+                inputs.append(tok)
+            elif looks_like_path(tok):
+                unknown.append(tok)
     else:
-        tokens = shlex.split(ENV_ASSIGN.sub("", cmd.text, count=1))[1:]
+        tokens = shlex.split(PIPED.sub("", ENV_ASSIGN.sub("", cmd.text, count=1), count=1))[1:]
         click_cmd, used, name = cli_command(tokens)
         opts = option_table(click_cmd)
         i, redirect = used, False
@@ -351,6 +381,7 @@ class Ran:
     returncode: int
     stdout: str
     stderr: str
+    note: str = ""  # what the test saw beside the process's own output (kept out of stderr)
 
 
 class DocWorkspace:
@@ -381,7 +412,7 @@ class DocWorkspace:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(entry.content)
         elif isinstance(entry, Made):
-            maker = DocCommand("PLACEHOLDERS", 0, entry.command, "", "edgesdk")
+            maker = DocCommand("PLACEHOLDERS", 0, entry.command, "", command_kind(entry.command) or "edgesdk")
             ran = self.run(maker)
             if ran.returncode != 0:
                 pytest.fail(f"making placeholder {key!r} failed: `{entry.command}` exited {ran.returncode}\n"
@@ -460,8 +491,8 @@ class DocWorkspace:
                 proc.kill()
                 out, err = proc.communicate()
         if health != 200:
-            return Ran(cwd, proc.returncode if proc.returncode else 1, out,
-                       f"{err}\n[test] GET /health never answered 200 (got {health})")
+            return Ran(cwd, proc.returncode if proc.returncode else 1, out, err,
+                       f"[test] GET /health never answered 200 (got {health})")
         return Ran(cwd, proc.returncode, out, err)
 
 
@@ -515,11 +546,18 @@ def test_doc_command_runs(cmd: DocCommand, doc_workspace: DocWorkspace):
         if not ok:
             pytest.skip(f"{cmd.where}: the doc marks it `needs: {need}`: {why}")
     ran = doc_workspace.run(cmd)
-    out = f"\n--- stdout\n{ran.stdout[-3000:]}\n--- stderr\n{ran.stderr[-3000:]}"
+    out = f"\n--- stdout\n{ran.stdout[-3000:]}\n--- stderr\n{ran.stderr[-3000:]}\n{ran.note}"
     assert ran.returncode == cmd.expected_rc, (
         f"{cmd.where}: `{cmd.text}` exited {ran.returncode}, the doc implies {cmd.expected_rc} "
         f"(write `# exit N` in the doc's comment if another exit is meant){out}")
     assert "Traceback (most recent call last)" not in ran.stderr, f"{cmd.where}: traceback{out}"
+    if cmd.expected_rc != 0 and cmd.kind == "edgesdk":  # README: "Every error is one line on stderr"
+        assert one_error_line(ran.stderr), f"{cmd.where}: exit {ran.returncode} must print one `error:` line{out}"
+
+
+def one_error_line(stderr: str) -> bool:
+    lines = stderr.splitlines()
+    return len(lines) == 1 and lines[0].startswith("error: ")
 
 
 def test_placeholders_are_made_by_doc_commands():
@@ -598,3 +636,196 @@ def test_inline_commands_name_real_options():
         if missing or (used == 0 and words and not words[0].startswith("-")):
             bad.append(f"{doc}:{line}: `{span}`: " + (f"`{name}` has no {missing}" if missing else "no such command"))
     assert INLINE and not bad, "\n".join(bad)
+
+
+# ----------------------------------------------------------------------------- python blocks of the docs
+MARKER = re.compile(r"^#\s*docs-test:\s*imports-only\s*\((.+)\)\s*$")
+
+
+@dataclass
+class PyBlock:
+    doc: str
+    line: int
+    code: str
+    imports_only: str | None  # the reason, when the block is a sketch
+    needs: list[str]
+
+    @property
+    def where(self) -> str:
+        return f"{self.doc}:{self.line}"
+
+
+def python_blocks() -> list[PyBlock]:
+    found = []
+    for path in DOCS:
+        for block in read_blocks(path):
+            if block.lang not in ("python", "py"):
+                continue
+            code = "\n".join(text for _, text in block.lines)
+            first = code.lstrip().splitlines()[0] if code.strip() else ""
+            m = MARKER.match(first)
+            found.append(PyBlock(block.doc, block.line, code, m.group(1) if m else None,
+                                 re.findall(r"^#\s*needs:\s*([\w-]+)", first)))
+    return found
+
+
+PY_BLOCKS = python_blocks()
+
+
+def _import_lines(code: str) -> str:
+    """The block's import statements (a parenthesised import kept whole), as a script of their own."""
+    import ast
+
+    tree = ast.parse(code)
+    return "\n".join(ast.get_source_segment(code, node) or "" for node in ast.walk(tree)
+                     if isinstance(node, (ast.Import, ast.ImportFrom)))
+
+
+@pytest.mark.parametrize("block", PY_BLOCKS, ids=[b.where for b in PY_BLOCKS])
+def test_doc_python_block_runs(block: PyBlock, request):
+    """A ```python block runs as written (placeholders linked into its working directory); a sketch marked
+    ``# docs-test: imports-only (WHY)`` still compiles and its imports resolve."""
+    compile(block.code, block.where, "exec")
+    for need in block.needs:
+        assert need in NEEDS, f"{block.where}: `needs: {need}` is not one of {sorted(NEEDS)}"
+        ok, why = NEEDS[need]()
+        if not ok:
+            pytest.skip(f"{block.where}: the doc marks it `needs: {need}`: {why}")
+    code = _import_lines(block.code) if block.imports_only else block.code
+    if block.imports_only:
+        assert len(block.imports_only.strip()) > 5, f"{block.where}: say why the block is a sketch"
+        assert code.strip(), f"{block.where}: an imports-only block with no import checks nothing"
+        cwd = None
+    else:
+        ws = request.getfixturevalue("doc_workspace")
+        cwd = ws.base / f"py{next(ws.counter):03d}"
+        cwd.mkdir(parents=True)
+        for literal in dict.fromkeys(re.findall(r"['\"]([^'\"]+)['\"]", block.code)):
+            if literal in PLACEHOLDERS and literal != ".":
+                target = ws.resolve(literal)
+                (cwd / literal).parent.mkdir(parents=True, exist_ok=True)
+                (cwd / literal).symlink_to(target, target_is_directory=target.is_dir())
+    proc = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    assert proc.returncode == 0, f"{block.where}: the python block failed\n{proc.stderr[-3000:]}"
+
+
+def test_docs_have_python_blocks_that_run():
+    assert PY_BLOCKS and any(b.imports_only is None and not b.needs for b in PY_BLOCKS)
+
+
+# ----------------------------------------------------------------------------- issue 24's nine statements
+# Each was false as written; each test fails if it becomes false again (the doc's words are checked too, so
+# changing the behaviour means changing the doc).
+def _doc(name: str) -> str:
+    return " ".join((REPO / name).read_text(encoding="utf-8").split())
+
+
+def test_statement_1_a_missing_extra_is_exit_10(doc_cnn_onnx):
+    """README: anything that needs a missing extra stops with one line naming it and exit code 10 (the
+    runtime-only install has no `onnx`: hidden here as it is absent there)."""
+    assert "one line naming it and exit code 10" in _doc("README.md")
+    code = ("import sys; sys.modules['onnx'] = None; from edgesdk.cli import main; "
+            f"main(['inspect', 'capability', {str(doc_cnn_onnx)!r}, '--profile', 'orin'])")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 10 and one_error_line(proc.stderr), proc.stderr
+    assert "pip install 'edgesdk[" in proc.stderr
+
+
+@pytest.mark.slow
+def test_statement_3_stop_backslash_n_stops_at_a_blank_line(doc_workspace):
+    cmd = next(c for c in COMMANDS if c.doc == "README.md" and '--stop "\\n\\n"' in c.text and "haiku.txt" in c.text)
+    ran = doc_workspace.run(cmd)
+    assert ran.returncode == 0, ran.stderr
+    text = (ran.cwd / "haiku.txt").read_text(encoding="utf-8")
+    assert text.strip() and "\n\n" not in text.rstrip("\n") and "ran on" not in text, text
+    assert '--stop "\\n\\n"` stops at a blank line' in _doc("README.md")
+
+
+@pytest.mark.slow
+def test_statement_4_tensorrt_snippet_feeds_a_dynamic_shape_model(doc_workspace):
+    """tensorrt.md's python line on a bundle whose inputs have named (dynamic) dims: MiniLM's batch/sequence."""
+    cmd = next(c for c in COMMANDS if c.doc == "docs/tensorrt.md" and c.kind == "python" and "np.zeros" in c.text)
+    target = doc_workspace.resolve("out/minilm-orin")
+    import edgesdk
+
+    with edgesdk.load(target) as s:
+        assert any(not isinstance(d, int) for t in s.backend.inputs for d in t.shape)  # really dynamic
+    text = cmd.text.replace("out/det-orin", str(target))
+    proc = subprocess.run(["bash", "-c", text], capture_output=True, text=True, timeout=600,
+                          env={**doc_workspace.env})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_statement_5_no_license_is_refused_before_the_export(doc_cnn_onnx, tmp_path):
+    out = tmp_path / "out" / "resnet-trt"
+    proc = subprocess.run([sys.executable, "-m", "edgesdk", "build", str(doc_cnn_onnx), "--profile", "orin-nx-16gb",
+                           "--format", "tensorrt", "-o", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and one_error_line(proc.stderr), proc.stderr
+    assert "refused before the export" in proc.stderr and "--model-license" in proc.stderr
+    assert not out.exists() and not list(tmp_path.rglob("*license-report*"))  # the gate after the export writes one
+    doc = _doc("docs/tensorrt.md")
+    assert "is refused before the export without it" in doc
+    for line in re.findall(r"edgesdk build resnet\.onnx [^\n`]*", doc):
+        assert "--model-license" in line, line
+
+
+def test_statement_6_cpu_match_confidence_as_profiler_md_says(tmp_path):
+    from edgesdk.profiler.device import detect_device
+
+    m = re.search(r"generic `cpu-<arch>` profile at (0\.\d+) \((0\.\d+) if the CPU lacks an ISA feature the profile "
+                  r"lists, other than `amx`", _doc("docs/profiler.md"))
+    assert m, "docs/profiler.md no longer states the generic CPU confidences"
+    full, lacking = float(m.group(1)), float(m.group(2))
+
+    def confidence(flags: str) -> float:
+        root = tmp_path / flags.replace(" ", "_")
+        (root / "proc").mkdir(parents=True)
+        (root / "proc" / "cpuinfo").write_text(f"processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC\n"
+                                               f"flags\t\t: {flags}\n\n")
+        (root / "proc" / "meminfo").write_text("MemTotal:       16000000 kB\nMemAvailable:   12000000 kB\n")
+        res = detect_device(root, use_nvml=False, run_tools=False)
+        assert res.best_match == "cpu-x86_64"
+        return res.confidence
+
+    assert confidence("fpu avx2 avx512f avx512_vnni") == full  # an AMD EPYC without AMX
+    assert confidence("fpu avx2") == lacking  # no AVX-512
+
+
+def test_statement_7_predict_for_this_cpu_host_measures_its_figures(tmp_path):
+    from test_cli_outputs import make_two_output_bundle
+
+    from edgesdk.profiler.device import detect_device
+
+    here = detect_device().best_match
+    if here is None or not here.startswith("cpu-"):
+        pytest.skip(f"this host matches {here}, not a generic CPU profile")
+    bundle = make_two_output_bundle(tmp_path / "b")
+    proc = subprocess.run([sys.executable, "-m", "edgesdk", "profiler", "predict", str(bundle), "--profile", "cpu"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "no memory bandwidth figure" not in proc.stdout and "bandwidth measured on this host" in proc.stdout
+    assert "`profiler predict` measures them then" in _doc("docs/profiler.md")
+
+
+def test_statement_8_langchain_embeddings_setting_is_documented():
+    from edgesdk.serve.app import APIError, parse_embeddings
+
+    with pytest.raises(APIError):  # token ids (what OpenAIEmbeddings sends by default) are refused ...
+        parse_embeddings({"model": "m", "input": [[9906, 1917]]})
+    assert "check_embedding_ctx_length=False" in _doc("docs/serve.md")  # ... so the doc must say so
+
+
+def test_statement_9_the_docs_make_the_gemma_chat_bundle():
+    made = PLACEHOLDERS["out/gemma-chat"]
+    assert isinstance(made, Made) and made.command in {c.text for c in COMMANDS}
+    assert any(c.doc == "docs/serve.md" and "-o out/gemma-chat" in c.text for c in COMMANDS)
+    assert "docs/serve.md shows how to make one" in _doc("README.md")
+
+
+@pytest.mark.slow
+def test_statement_9_gemma_chat_chats_with_its_own_template(doc_workspace):
+    bundle = doc_workspace.resolve("out/gemma-chat")
+    proc = subprocess.run(["edgesdk", "run", str(bundle), "--chat", "--prompt", "Hi", "-n", "2"], capture_output=True,
+                          text=True, timeout=300, env=doc_workspace.env)
+    assert proc.returncode == 0, proc.stderr  # no --chat-template: the GGUF carries one

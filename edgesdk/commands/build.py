@@ -95,6 +95,8 @@ def build_cmd(model: Path, profile: str, output: Path | None, fmt, precision, qu
         return 0
     if output is None:
         raise InputError("--output/-o is required (or pass --plan-only)")
+    if model_license is None:  # after planning (a broken model is exit 3 first), before the export
+        check_declares_a_license(model, license_policy)
     out = B.build(model, profile, output, options, plan=plan)
     manifest = json.loads((out / "manifest.json").read_text())
     if as_json:
@@ -206,6 +208,34 @@ def check_model_license(value: str | None, policy_path: str | None) -> str | Non
         raise LicenseGateError(f"license gate: deny: --model-license {expression}: {decision.reason} "
                                f"(policy {policy.id})", hint=gate_hint("deny", finding, policy))
     return expression
+
+
+def check_declares_a_license(model: Path, policy_path: str | None) -> None:
+    """Before the export: a model that declares no license anywhere the gate reads (model card, ONNX/GGUF
+    metadata, the package that ships it) is refused now when the policy denies that, instead of after the
+    export (the same verdict the gate would give; --model-license declares one)."""
+    if not model.exists():
+        return  # make_plan says so, with its own message
+    from edgesdk.compliance.gate import gate_hint
+    from edgesdk.compliance.models import model_findings, package_finding
+    from edgesdk.compliance.policy import load_policy
+    from edgesdk.errors import LicenseGateError
+
+    root = model if model.is_dir() else model.parent
+    found = [f for f in model_findings(model, root) if f.spdx or "front matter" in f.source]
+    if (pkg := package_finding(model, found)) is not None:
+        found.append(pkg)
+    if found:
+        return  # declared (even `license: unknown` on a card): the gate judges it after the build
+    policy = load_policy(Path(policy_path) if policy_path else None)
+    decision = policy.evaluate(None)
+    if decision.action == "deny":
+        from edgesdk.compliance.findings import LicenseFinding
+
+        none = LicenseFinding("model", model.name, "", "model card / GGUF / ONNX metadata", None, "")
+        raise LicenseGateError(f"license gate: deny: {model.name} declares no license (no model card license, "
+                               f"ONNX/GGUF license field or owning package): refused before the export "
+                               f"({decision.reason}, policy {policy.id})", hint=gate_hint("deny", none, policy))
 
 
 def register(group: click.Group) -> None:

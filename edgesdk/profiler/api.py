@@ -37,6 +37,19 @@ def attach_measurement(prediction: dict, measured: dict) -> dict:
     return prediction
 
 
+def this_host_figures_for(profile) -> dict | None:
+    """A generic CPU profile has no bandwidth or peak of its own: when this host is the profile's device
+    (detection's best match), measure them here, so `profiler predict B --profile cpu` predicts on a CPU
+    host instead of saying the figure is missing. None for any other profile or host."""
+    if profile.kind != "cpu" or profile.figure("device.memory.bandwidth_gbps"):
+        return None
+    from edgesdk.profiler.device import detect_device
+
+    if detect_device().best_match != profile.name:
+        return None
+    return host_figures()
+
+
 def host_figures() -> dict:
     """Bandwidth and FP32 peak of this host, measured now (about a second)."""
     from edgesdk.profiler.device import measure_cpu_peak_flops, measure_memory_bandwidth
@@ -55,6 +68,8 @@ def predict_bundle(path: str | os.PathLike, profile_name: str, *, batch: int = 1
 
     bundle = open_bundle(path)
     profile = resolve_profile(profile_name)
+    if measured_host is None:
+        measured_host = this_host_figures_for(profile)
     facts = roofline.bundle_work(bundle, batch=batch, seq=seq)
     fmt = find_format(bundle.format)
     default_backend = fmt.profiler_backend if fmt is not None else None
