@@ -9,6 +9,8 @@ Validation errors name the file, the key path and the expected type.
 from __future__ import annotations
 
 import difflib
+import functools
+import json
 import os
 from dataclasses import dataclass, field
 from importlib.resources import files
@@ -22,151 +24,94 @@ from edgesdk.errors import ProfileError
 SCHEMA_VERSION = 1
 FIGURE_STATUSES = ("confirmed", "derived", "unconfirmed", "measured")
 
-# Schema: key -> expected type. A tuple means "one of"; "figure" is {value, source, status?};
-# a dict is a nested mapping; a trailing "?" on a key marks it optional.
-_FIGURE = "figure"
-_NUM = (int, float)
-_SCHEMA: dict[str, Any] = {
-    "schema_version": int,
-    "name": str,
-    "display_name": str,
-    "aliases?": [str],
-    "device": {
-        "kind": ("jetson", "gpu", "cpu"),
-        "arch": ("aarch64", "x86_64"),
-        "platform?": str,
-        "module_part_number?": str,
-        "gpu?": {
-            "name": str,
-            "architecture?": str,
-            "sm": str,
-            "sms?": _FIGURE,
-            "cuda_cores?": _FIGURE,
-            "tensor_cores?": _FIGURE,
-            "clock_mhz?": _FIGURE,
-        },
-        "cpu?": {"isa?": [str], "model?": str, "cores?": int, "flags?": [str]},
-        "memory": {
-            "total_gb": (_FIGURE, None),
-            "usable_gb?": (_FIGURE, None),
-            "unified": bool,
-            "bandwidth_gbps": (_FIGURE, None),
-        },
-        "peak": {"fp16_tflops?": _FIGURE, "int8_tops?": _FIGURE, "fp8_tflops?": _FIGURE, "fp32_tflops?": _FIGURE},
-        "dla?": {"cores": int, "version?": str, "int8_tops_sparse?": _FIGURE, "status?": str},
-        "power_modes?": _FIGURE,
-        "tdp_w?": _FIGURE,
-    },
-    "software": {
-        "jetpack?": str, "l4t?": str, "cuda?": str, "tensorrt?": str, "cudnn?": str, "source": str,
-    },
-    "kernels": {
-        "flash_attention": {"supported": bool, "recommended?": bool, "source": str},
-        "cuda_graphs": {"supported": bool, "recommended?": bool, "source": str},
-        "triton": {"supported": bool, "recommended?": bool, "source": str},
-        "fp8": {"supported": bool, "recommended?": bool, "source": str},
-        "int4_weight_only": {"supported": bool, "recommended?": bool, "source": str},
-        "llama_cpp_cuda_arch?": str,
-    },
-    "policy": {
-        "formats": [("onnx", "tensorrt", "gguf")],
-        "precision": [("fp32", "fp16", "bf16", "fp8", "int8")],
-        "execution_providers": [str],
-        "memory_headroom_fraction": _NUM,
-        "memory_budget_gb?": _NUM,
-        "latency_target_ms?": _NUM,
-        "parity?": dict,
-        "llm?": {
-            "quant_order": [str],
-            "context_length": int,
-            "min_context_length?": int,
-            "prompt_cache_mb?": _NUM,  # edgesdk serve's prompt prefix cache per LLM (docs/serve.md)
-        },
-    },
-    "measured?": dict,
-}
+# The schema: edgesdk/data/profile.schema.json (JSON Schema 2020-12, shipped so editors complete profile files),
+# checked with jsonschema; errors become today's one-line messages ("KEY: expected TYPE, got ...", "KEY: missing
+# (expected ...)", "KEY: unknown key"). Ranges the planner relies on are checked after it (_check_ranges).
+_FIGURE_TEXT = "a figure mapping {value, source, status?}"
+_JSON_TYPES = {"string": "string", "integer": "integer", "number": "number", "boolean": "boolean",
+               "object": "mapping", "null": "null", "array": "list"}
 
 
-def _type_name(expected: Any) -> str:
-    if expected is _FIGURE:
-        return "a figure mapping {value, source, status?}"
-    if expected is None:
-        return "null"
-    if isinstance(expected, type):
-        return {str: "string", int: "integer", float: "number", bool: "boolean", dict: "mapping"}.get(
-            expected, expected.__name__)
-    if isinstance(expected, tuple):
-        if all(isinstance(e, str) for e in expected):
-            return "one of " + ", ".join(repr(e) for e in expected)
-        return " or ".join(_type_name(e) for e in expected)
-    if isinstance(expected, list):
-        return f"a list of {_type_name(expected[0])}"
-    if isinstance(expected, dict):
+@functools.lru_cache(maxsize=1)
+def profile_schema() -> dict[str, Any]:
+    """The shipped JSON Schema of profile files (``edgesdk/data/profile.schema.json``)."""
+    from edgesdk.resources import read_data_text
+
+    schema: dict[str, Any] = json.loads(read_data_text("profile.schema.json"))
+    return schema
+
+
+@functools.lru_cache(maxsize=1)
+def _validator() -> Any:
+    from jsonschema import Draft202012Validator
+
+    return Draft202012Validator(profile_schema())
+
+
+def _describe(sub: dict[str, Any]) -> str:
+    """A schema node in the words the messages use: ``string``, ``one of 'a', 'b'``, ``a list of string``."""
+    if sub.get("$ref") == "#/$defs/figure":
+        return _FIGURE_TEXT
+    if "enum" in sub:
+        return "one of " + ", ".join(repr(e) for e in sub["enum"])
+    if "const" in sub:
+        return repr(sub["const"])
+    if "anyOf" in sub:
+        return " or ".join(_describe(s) for s in sub["anyOf"])
+    kind = sub.get("type")
+    if kind == "array":
+        return f"a list of {_describe(sub.get('items') or {})}"
+    if kind == "object":
         return "a mapping"
-    return str(expected)
+    return _JSON_TYPES.get(str(kind), str(kind))
 
 
-def _check(value: Any, expected: Any, key: str, errors: list[str]) -> None:
-    if expected is None:
-        if value is not None:
-            errors.append(f"{key}: expected null")
-        return
-    if expected is _FIGURE:
-        if not isinstance(value, dict) or "value" not in value or not isinstance(value.get("source"), str):
-            errors.append(f"{key}: expected {_type_name(_FIGURE)}, got {type(value).__name__}")
-            return
-        status = value.get("status", "confirmed")
-        if status not in FIGURE_STATUSES:
-            errors.append(f"{key}.status: expected one of {', '.join(FIGURE_STATUSES)}, got {status!r}")
-        return
-    if isinstance(expected, tuple):
-        if all(isinstance(e, str) for e in expected):
-            if value not in expected:
-                errors.append(f"{key}: expected {_type_name(expected)}, got {value!r}")
-            return
-        sub: list[str] = []
-        for option in expected:
-            trial: list[str] = []
-            _check(value, option, key, trial)
-            if not trial:
-                return
-            sub.extend(trial)
-        errors.append(f"{key}: expected {_type_name(expected)}, got {type(value).__name__}")
-        return
-    if isinstance(expected, list):
-        if not isinstance(value, list):
-            errors.append(f"{key}: expected {_type_name(expected)}, got {type(value).__name__}")
-            return
-        for i, item in enumerate(value):
-            _check(item, expected[0], f"{key}[{i}]", errors)
-        return
-    if isinstance(expected, dict):
-        if not isinstance(value, dict):
-            errors.append(f"{key}: expected a mapping, got {type(value).__name__}")
-            return
-        known = set()
-        for raw_key, sub_expected in expected.items():
-            optional = raw_key.endswith("?")
-            name = raw_key.rstrip("?")
-            known.add(name)
-            child = f"{key}.{name}" if key else name
-            if name not in value:
-                if not optional:
-                    errors.append(f"{child}: missing (expected {_type_name(sub_expected)})")
-                continue
-            _check(value[name], sub_expected, child, errors)
-        for extra in value:
-            if extra not in known:
-                errors.append(f"{key + '.' if key else ''}{extra}: unknown key")
-        return
-    if expected is float or expected == _NUM:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    elif expected is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    else:
-        ok = isinstance(value, expected)
-    if not ok:
-        errors.append(f"{key}: expected {_type_name(expected)}, got {type(value).__name__} {value!r}")
+def _got(value: Any) -> str:
+    return type(value).__name__ if isinstance(value, (dict, list)) else f"{type(value).__name__} {value!r}"
+
+
+def _schema_order(error: Any) -> list[int]:
+    """Errors in the order of the schema's keys (as a profile file is written), not alphabetical."""
+    node, rank = profile_schema(), []
+    for part in error.absolute_path:
+        if isinstance(part, int):
+            rank.append(part)
+            node = node.get("items") or {}
+            continue
+        props = node.get("properties") or {}
+        rank.append(list(props).index(part) if part in props else len(props))
+        node = props.get(part) or {}
+    if error.validator == "required":  # the missing key's own place
+        props = list((error.schema or {}).get("properties") or {})
+        missing = [n for n in error.validator_value if n not in error.instance]
+        rank.append(props.index(missing[0]) if missing and missing[0] in props else len(props))
+    return rank
+
+
+def _message(error: Any) -> str:
+    """One jsonschema error as ``KEY: what was expected, what was there``."""
+    key = ".".join(str(p) if isinstance(p, str) else f"[{p}]" for p in error.absolute_path).replace(".[", "[")
+    sub = error.schema if isinstance(error.schema, dict) else {}
+    if error.validator == "required":
+        name = next((n for n in error.validator_value if n not in error.instance), "?")
+        prop = (sub.get("properties") or {}).get(name, {})
+        child = f"{key}.{name}" if key else name
+        return f"{child}: missing (expected {_describe(prop)})" if prop else f"{child}: missing"
+    if error.validator == "additionalProperties":
+        known = set(sub.get("properties") or {})
+        extra = next((n for n in error.instance if n not in known), "?")
+        return f"{key + '.' if key else ''}{extra}: unknown key"
+    if error.validator == "const" and key == "schema_version":
+        return f"schema_version: expected {error.validator_value}, got {error.instance!r}"
+    if error.validator in ("enum",):
+        return f"{key}: expected {_describe(sub)}, got {error.instance!r}"
+    if any(p == "figure" for p in error.absolute_schema_path) or sub.get("$ref") == "#/$defs/figure":
+        return f"{key}: expected {_FIGURE_TEXT}, got {type(error.instance).__name__}"
+    if error.validator == "anyOf":
+        return f"{key}: expected {_describe(sub)}, got {type(error.instance).__name__}"
+    if error.validator == "type" and sub.get("type") == "object":
+        return f"{key}: expected a mapping, got {type(error.instance).__name__}"
+    return f"{key}: expected {_describe(sub)}, got {_got(error.instance)}"
 
 
 # policy.parity: per precision, the thresholds a build may override (numbers; null = not checked).
@@ -251,10 +196,8 @@ def validate_profile_data(data: Any, source: str) -> None:
     """Raise :class:`ProfileError` naming file, key and expected type (or range) for the first problems found."""
     if not isinstance(data, dict):
         raise ProfileError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
-    errors: list[str] = []
-    _check(data, _SCHEMA, "", errors)
-    if not errors and data["schema_version"] != SCHEMA_VERSION:
-        errors.append(f"schema_version: expected {SCHEMA_VERSION}, got {data['schema_version']}")
+    found = sorted(_validator().iter_errors(data), key=_schema_order)
+    errors: list[str] = [_message(e) for e in found]
     if not errors:
         _check_ranges(data, errors)
     if errors:
