@@ -135,6 +135,7 @@ async def one_request(client: httpx.AsyncClient, url: str, body: dict, route: st
     first = None
     text = ""
     done = False
+    usage = None
     try:
         async with client.stream("POST", url + route, json=body) as resp:
             if resp.status_code != 200:
@@ -150,6 +151,8 @@ async def one_request(client: httpx.AsyncClient, url: str, body: dict, route: st
                 chunk = json.loads(data)
                 if "error" in chunk:
                     return {"error": str(chunk["error"])[:200]}
+                if chunk.get("usage"):
+                    usage = chunk["usage"]
                 for choice in chunk.get("choices") or []:
                     piece = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
                     if piece and first is None:
@@ -160,24 +163,27 @@ async def one_request(client: httpx.AsyncClient, url: str, body: dict, route: st
     end = time.perf_counter()
     if not done:
         return {"error": "stream ended without [DONE]"}
-    return {"ttft_s": (first or end) - t0, "latency_s": end - t0, "text": text}
+    return {"ttft_s": (first or end) - t0, "latency_s": end - t0, "text": text,
+            "completion_tokens": usage.get("completion_tokens") if usage else None}
 
 
-async def load(url: str, concurrency: int, n: int, offset: int, max_tokens: int, count) -> dict:
+async def load(url: str, concurrency: int, n: int, offset: int, max_tokens: int, count, usage: bool = False) -> dict:
+    """``usage``: the server reports usage in its stream (edgesdk): count its completion tokens (a random-weight
+    model's text can re-tokenise to far fewer tokens than were generated); else tokenise the text."""
     todo = iter(range(n))
     results: list[dict] = []
     async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=concurrency + 2)) as client:
         async def worker():
             for i in todo:
                 body = {"model": "m", "prompt": prompt(offset + i), "max_tokens": max_tokens, "temperature": 0,
-                        "stream": True}
+                        "stream": True, **({"stream_options": {"include_usage": True}} if usage else {})}
                 results.append(await one_request(client, url, body, "/v1/completions"))
 
         t0 = time.perf_counter()
         await asyncio.gather(*[worker() for _ in range(concurrency)])
         wall = time.perf_counter() - t0
     ok = [r for r in results if "error" not in r]
-    tokens = sum(count(r["text"]) for r in ok)
+    tokens = sum(r["completion_tokens"] if r.get("completion_tokens") is not None else count(r["text"]) for r in ok)
     return {"requests": n, "wall_s": round(wall, 3), "completion_tokens": tokens,
             "tok_per_s": round(tokens / wall, 2),
             "ttft_p50_ms": round(1000 * pct([r["ttft_s"] for r in ok], 0.5), 1) if ok else None,
@@ -320,7 +326,8 @@ def main() -> None:
             for turn, name in enumerate(names + names[::-1]):  # A B C C B A
                 half = turn // len(names)
                 offset = 1000 * c + half * n  # the same prompts for every server in each half
-                runs[name].append(asyncio.run(load(servers[name][1], c, n, offset, args.max_tokens, count)))
+                runs[name].append(asyncio.run(load(servers[name][1], c, n, offset, args.max_tokens, count,
+                                                   usage=name.startswith("edgesdk"))))
                 if turn in (0, len(names)):  # the bare loop between turns: same machine conditions
                     bare_loop.turn(offset, 2)
             row = {name: merge(runs[name]) for name in names}
