@@ -43,8 +43,20 @@ def profile_schema() -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=1)
 def _validator() -> Any:
-    from jsonschema import Draft202012Validator
+    import sys
 
+    # jsonschema imports its optional IRI format checker, rfc3987-syntax, when installed (scanoss, on build
+    # hosts, brings it): that builds a Lark grammar at import, 2 s on a loaded 2-core host, on every CLI command
+    # that reads a profile. Profiles use no "format" keywords, so jsonschema is imported without it (only if
+    # nothing imported jsonschema before; format checks are off by default in jsonschema anyway).
+    hide = "jsonschema" not in sys.modules and "rfc3987_syntax" not in sys.modules
+    if hide:
+        sys.modules["rfc3987_syntax"] = None  # type: ignore[assignment]
+    try:
+        from jsonschema import Draft202012Validator
+    finally:
+        if hide:
+            del sys.modules["rfc3987_syntax"]
     return Draft202012Validator(profile_schema())
 
 
