@@ -74,6 +74,9 @@ def serve_cmd(bundles, names, host, port, api_key, allowed_hosts, cors_origins, 
                          parallel=parallel, prefix_reuse=not no_prefix_reuse)
     if trace_file:
         telemetry.configure(trace_file=trace_file, service_name="edgesdk-serve")
+    from edgesdk.serve import bind_sockets
+
+    sockets = bind_sockets(host, port)  # a taken port fails now, before minutes of model loading
     entries = load_models(list(bundles), list(names), profile=profile, threads=threads)
     for e in entries:
         what = "chat/completions, completions" if e.kind == "llm" else "embeddings"
@@ -91,7 +94,7 @@ def serve_cmd(bundles, names, host, port, api_key, allowed_hosts, cors_origins, 
         click.echo(f"model {e.name}: {e.provider} ({what})", err=True)
     if host not in ("127.0.0.1", "localhost", "::1") and not config.api_key:
         click.echo(f"warning: listening on {host} without --api-key: anyone who can reach it can use it", err=True)
-    run(entries, config, shutdown_timeout_s=shutdown_timeout, log_level=log_level)
+    run(entries, config, shutdown_timeout_s=shutdown_timeout, log_level=log_level, sockets=sockets)
     for e in entries:
         e.session.close()
     return 0
