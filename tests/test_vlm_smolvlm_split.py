@@ -149,3 +149,11 @@ def test_generate_reuses_the_tiles_and_runs_from_the_cli(split_bundle, images, r
     assert proc.returncode == 0, proc.stderr
     last = json.loads(proc.stdout)["report"]["backend_report"]["last_request"]
     assert last["image_tokens"] == 17 * IDEFICS3_IMAGE_TOKENS
+
+
+def test_plan_counts_the_frames(tiny_smolvlm_split):
+    from edgesdk.build import make_plan
+
+    text = make_plan(tiny_smolvlm_split, "cpu-x86_64").explain()
+    assert "16 image tokens per frame; image splitting: up to 16 tiles + 1 global frame per image, 272 image " \
+           "tokens" in text

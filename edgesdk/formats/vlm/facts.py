@@ -54,6 +54,17 @@ def component_params(files: list[Path], components: tuple[tuple[str, tuple[str, 
     return out
 
 
+def _max_frames(pre: dict[str, Any]) -> int | None:
+    """Idefics3 / SmolVLM with image splitting: the most frames one image becomes (tiles of the longest edge's
+    whole-tile grid + the global image), from ``size.longest_edge`` and ``max_image_size.longest_edge``."""
+    size, tile = pre.get("size") or {}, (pre.get("max_image_size") or {}).get("longest_edge")
+    edge = size.get("longest_edge") if isinstance(size, dict) else None
+    if not (isinstance(edge, int) and isinstance(tile, int) and tile > 0):
+        return None
+    side = -(-min(edge, 4096) // tile)
+    return side * side + 1
+
+
 def hf_vlm_facts(directory: str | Path) -> dict[str, Any]:
     """What the VLM planner needs: architecture, component params, vision and decoder shapes."""
     directory = Path(directory)
@@ -69,6 +80,7 @@ def hf_vlm_facts(directory: str | Path) -> dict[str, Any]:
     return {
         "architecture": arch, "family": fam.name, "scale_factor": cfg.get("scale_factor"),  # a pixel shuffle's
         "image_splitting": bool(pre.get("do_image_splitting")) if fam.frames == "tiles" else False,
+        "max_frames": _max_frames(pre) if fam.frames == "tiles" and pre.get("do_image_splitting") else 1,
         "vision_model_type": vision.get("model_type"),
         "text_model_type": text.get("model_type", "llama"), "image_size": size, "patch_size": patch,
         "image_tokens": fam.image_tokens(cfg), "vision_hidden": vision.get("hidden_size"),

@@ -91,9 +91,14 @@ def plan_vlm(facts: ModelFacts, profile: Profile, options: BuildOptions) -> list
     if not (enc and proj and dec):
         raise ModelError(f"{facts.source}: cannot find the three components in the weights "
                          f"(vision encoder {enc:,}, projector {proj:,}, decoder {dec:,} params)")
+    frames = info.get("max_frames")
+    frames_note = (f" per frame; image splitting: up to {frames - 1} tiles + 1 global frame per image, "
+                   f"{(frames or 0) * int(info.get('image_tokens') or 0)} image tokens"
+                   if info.get("image_splitting") and frames else "")
     out = [Decision("vlm.components", ["vision encoder", "projector", "language decoder"],
                     f"{info.get('architecture')}: {vt} encoder {enc:,} params ({info.get('image_size')} px, "
-                    f"patch {info.get('patch_size')} -> {info.get('image_tokens')} image tokens), {projector} "
+                    f"patch {info.get('patch_size')} -> {info.get('image_tokens')} image tokens"
+                    f"{frames_note}), {projector} "
                     f"{proj:,} params, {info.get('text_model_type')} decoder {dec:,} params")]
     mm_bytes = (proj if class_token else enc + proj) * 2  # a class-token tower's mmproj holds the projector only
     if class_token:
