@@ -27,12 +27,12 @@ from typing import Any
 from edgesdk import __version__, telemetry
 from edgesdk import bundle as B
 from edgesdk.errors import DiskFullError, EdgeSDKError, InputError, Terminated
-from edgesdk.formats import get_format
+from edgesdk.formats import BuildContext, get_format
 from edgesdk.inspect import inspect_model
-from edgesdk.manifest import Artifact, Manifest, ModelInfo, ProfileRef, RuntimeInfo
+from edgesdk.manifest import Manifest, ModelInfo, ProfileRef, RuntimeInfo
 from edgesdk.plan import plan_build
 from edgesdk.profiles import Profile, resolve_profile
-from edgesdk.types import BuildOptions, ModelFacts, Plan, parity_thresholds
+from edgesdk.types import BuildOptions, Plan
 
 
 def _bar_size() -> dict:
@@ -76,59 +76,6 @@ class _Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
-
-
-class BuildContext:
-    """What a format builder sees: inputs, the staging dir, and ways to record what it did."""
-
-    def __init__(self, source: Any, facts: ModelFacts, profile: Profile, plan: Plan, options: BuildOptions,
-                 staging: Path, progress: _Progress):
-        self.source = source
-        self.facts = facts
-        self.profile = profile
-        self.plan = plan
-        self.options = options
-        self.staging = staging
-        # What the format builder records (typed): io, parity, embedding/llm settings, extras, and
-        # format / runtime.backend_chain when they differ from the plan's. build() completes the rest.
-        self.manifest = Manifest()
-        self.runtime_requires: list[str] = []
-        self.tools: dict[str, str] = {}
-        self.stage_times: dict[str, float] = {}
-        self._artifacts: dict[str, Artifact] = {}
-        self._progress = progress
-        self.precision = plan.precision
-        self.fallbacks: list[dict] = []
-
-    @contextlib.contextmanager
-    def stage(self, name: str, attributes: dict | None = None):
-        self._progress.stage(name)
-        t0 = time.perf_counter()
-        with telemetry.build_stage(name, attributes) as span:
-            yield span
-        self.stage_times[name] = round(self.stage_times.get(name, 0.0) + time.perf_counter() - t0, 3)
-        self._progress.done()
-
-    def progress(self, msg: str) -> None:
-        self._progress.note(msg)
-
-    def add_artifact(self, rel: str, role: str) -> None:
-        self._artifacts[rel] = B.artifact_entry(self.staging, rel, role)
-
-    def thresholds_for(self, precision: str) -> dict:
-        return parity_thresholds(self.profile, precision)
-
-    def set_precision(self, precision: str) -> None:
-        self.precision = precision
-
-    def record_precision_fallback(self, from_: str, to: str, reason: str) -> None:
-        self.fallbacks.append({"from": from_, "to": to, "reason": reason, "stage": "verify"})
-        telemetry.fallback_event(from_, to, reason)
-        self.progress(f"parity miss at {from_} ({reason}); falling back to {to}")
-
-    @property
-    def artifacts(self) -> list[Artifact]:
-        return list(self._artifacts.values())
 
 
 def make_plan(source: Any, profile: str | Profile, options: BuildOptions | None = None, host: Any = None) -> Plan:

@@ -12,20 +12,27 @@ lists formats.
 Adding a format: a package ``edgesdk/formats/<name>/`` whose ``__init__`` defines ``FORMAT`` (keep
 that module light: import heavy libraries inside ``plan``/``build``), plus its line in
 :data:`BUILTIN`; or, from outside edgesdk, :func:`register` an object at import time.
+
+:class:`BuildContext` (what :meth:`Format.build` is given) lives here beside the protocol, so a format
+imports nothing from :mod:`edgesdk.build`; the build creates one per build.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from edgesdk.errors import InputError
 
 if TYPE_CHECKING:
-    from edgesdk.build import BuildContext
     from edgesdk.host import HostFacts
+    from edgesdk.manifest import Artifact
     from edgesdk.profiles import Profile
-    from edgesdk.types import BuildOptions, Decision, ModelFacts
+    from edgesdk.types import BuildOptions, Decision, ModelFacts, Plan
 
 
 @runtime_checkable
@@ -64,6 +71,79 @@ class Format(Protocol):
     def build(self, ctx: BuildContext) -> None:
         """Fill ``ctx.staging`` with the artifacts and ``ctx.manifest`` with what was done."""
         ...
+
+
+class StageProgress(Protocol):
+    """The build's progress display as :class:`BuildContext` drives it (``edgesdk.build._Progress``)."""
+
+    def stage(self, name: str) -> None: ...
+
+    def done(self) -> None: ...
+
+    def note(self, msg: str) -> None: ...
+
+
+class BuildContext:
+    """What a format builder sees: inputs, the staging dir, and ways to record what it did."""
+
+    def __init__(self, source: Any, facts: ModelFacts, profile: Profile, plan: Plan, options: BuildOptions,
+                 staging: Path, progress: StageProgress):
+        from edgesdk.manifest import Manifest
+
+        self.source = source
+        self.facts = facts
+        self.profile = profile
+        self.plan = plan
+        self.options = options
+        self.staging = staging
+        # What the format builder records (typed): io, parity, embedding/llm settings, extras, and
+        # format / runtime.backend_chain when they differ from the plan's. build() completes the rest.
+        self.manifest = Manifest()
+        self.runtime_requires: list[str] = []
+        self.tools: dict[str, str] = {}
+        self.stage_times: dict[str, float] = {}
+        self._artifacts: dict[str, Artifact] = {}
+        self._progress = progress
+        self.precision = plan.precision
+        self.fallbacks: list[dict[str, Any]] = []
+
+    @contextlib.contextmanager
+    def stage(self, name: str, attributes: dict[str, Any] | None = None) -> Iterator[Any]:
+        from edgesdk import telemetry
+
+        self._progress.stage(name)
+        t0 = time.perf_counter()
+        with telemetry.build_stage(name, attributes) as span:
+            yield span
+        self.stage_times[name] = round(self.stage_times.get(name, 0.0) + time.perf_counter() - t0, 3)
+        self._progress.done()
+
+    def progress(self, msg: str) -> None:
+        self._progress.note(msg)
+
+    def add_artifact(self, rel: str, role: str) -> None:
+        from edgesdk.bundle import artifact_entry
+
+        self._artifacts[rel] = artifact_entry(self.staging, rel, role)
+
+    def thresholds_for(self, precision: str) -> dict[str, Any]:
+        from edgesdk.types import parity_thresholds
+
+        return parity_thresholds(self.profile, precision)
+
+    def set_precision(self, precision: str) -> None:
+        self.precision = precision
+
+    def record_precision_fallback(self, from_: str, to: str, reason: str) -> None:
+        from edgesdk import telemetry
+
+        self.fallbacks.append({"from": from_, "to": to, "reason": reason, "stage": "verify"})
+        telemetry.fallback_event(from_, to, reason)
+        self.progress(f"parity miss at {from_} ({reason}); falling back to {to}")
+
+    @property
+    def artifacts(self) -> list[Artifact]:
+        return list(self._artifacts.values())
 
 
 # name -> module whose FORMAT attribute is the format; imported on first use. One line per format.
@@ -116,5 +196,5 @@ def all_formats() -> list[Format]:
     return [f for n in format_names() if (f := find_format(n)) is not None]
 
 
-__all__ = ["BUILTIN", "Format", "all_formats", "find_format", "format_names", "get_format", "register",
-           "unregister"]
+__all__ = ["BUILTIN", "BuildContext", "Format", "StageProgress", "all_formats", "find_format", "format_names",
+           "get_format", "register", "unregister"]

@@ -15,7 +15,7 @@ from edgesdk.errors import InputError
 from edgesdk.types import Decision
 
 if TYPE_CHECKING:
-    from edgesdk.build import BuildContext
+    from edgesdk.formats import BuildContext
     from edgesdk.host import HostFacts
     from edgesdk.profiles import Profile
     from edgesdk.types import BuildOptions, ModelFacts

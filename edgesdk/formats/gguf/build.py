@@ -21,7 +21,7 @@ from edgesdk.resources import data_file
 from edgesdk.types import Decision
 
 if TYPE_CHECKING:
-    from edgesdk.build import BuildContext
+    from edgesdk.formats import BuildContext
 
 PPL_TEXT = data_file("ppl_text.txt")
 SANITY_PROMPT = "The quick brown fox jumps over the lazy dog. Edge devices run small language models"

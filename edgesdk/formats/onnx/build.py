@@ -23,7 +23,7 @@ from edgesdk.types import JSONObject, OptimizeMethod
 if TYPE_CHECKING:
     from onnx import ModelProto, ValueInfoProto
 
-    from edgesdk.build import BuildContext
+    from edgesdk.formats import BuildContext
 
 Feed = dict[str, np.ndarray]  # one model input: graph input name -> array
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from edgesdk.errors import InputError
 
 if TYPE_CHECKING:
-    from edgesdk.build import BuildContext
+    from edgesdk.formats import BuildContext
     from edgesdk.host import HostFacts
     from edgesdk.profiles import Profile
     from edgesdk.types import BuildOptions, Decision, ModelFacts

@@ -15,8 +15,8 @@ from edgesdk.formats.tensorrt import engine as E
 from edgesdk.formats.tensorrt.plan import PRECISION_FLAGS, RUNTIME_CHAIN
 
 if TYPE_CHECKING:
-    from edgesdk.build import BuildContext
     from edgesdk.bundle import Bundle
+    from edgesdk.formats import BuildContext
     from edgesdk.profiles import Profile
 
 WORKSPACE_FRACTION = 0.25  # of the profile's memory budget, capped below

@@ -18,7 +18,7 @@ from edgesdk.errors import ModelError
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
 
-    from edgesdk.build import BuildContext
+    from edgesdk.formats import BuildContext
 
 _OP_RE = re.compile(r"operator '([\w:.]+)'")
 
