@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from edgesdk.textable import format_table
 
 if TYPE_CHECKING:
-    from edgesdk.compliance.gate import GateResult
+    from edgesdk.compliance.result import GateResult
 
 _ORDER = {"deny": 0, "review": 1, "allow": 2}
 
