@@ -13,6 +13,7 @@ from __future__ import annotations
 import statistics
 import time
 
+from edgesdk.profiler.stats import latency_stats
 from edgesdk.resources import read_data_text
 from edgesdk.runtime.backend import LLMBackend
 
@@ -59,8 +60,6 @@ def llm_stream_once(session, prompt: str, gen_tokens: int) -> dict:
 
 
 def llm_metrics(prompt_tokens: int, runs: list[dict]) -> dict:
-    from edgesdk.profiler.bench import latency_stats  # bench imports this module at load time
-
     gen = [r.get("output_tokens") or len(r["chunk_times_ms"]) for r in runs]
     if runs and all(r.get("first_token_ms") is not None for r in runs):
         # Token instants from the backend: a token that yields no text (a split UTF-8 character; most
