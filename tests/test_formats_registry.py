@@ -194,7 +194,8 @@ def test_gguf_header_reader_needs_no_gguf_package(gemma_gguf, monkeypatch):
 
 def test_ggml_block_sizes_match_gguf_py():
     gguf = pytest.importorskip("gguf")
-    from edgesdk.formats.gguf.header import FTYPES, GGML_BLOCK_SIZES
+    from edgesdk.formats.gguf.header import GGML_BLOCK_SIZES
+    from edgesdk.formats.gguf.types import FTYPES
 
     theirs = {int(t): tuple(v) for t, v in gguf.GGML_QUANT_SIZES.items()}
     assert {t: v for t, v in GGML_BLOCK_SIZES.items() if t in theirs} == \

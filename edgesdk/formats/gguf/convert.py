@@ -25,7 +25,7 @@ import numpy as np
 from edgesdk.errors import ExternalToolError, ModelError
 from edgesdk.formats.gguf.archs import ARCHS, TextArch
 from edgesdk.formats.gguf.archs import base as archbase
-from edgesdk.formats.gguf.header import FTYPES
+from edgesdk.formats.gguf.types import FTYPES
 
 if TYPE_CHECKING:
     from gguf.vocab import Vocab

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from edgesdk.errors import ModelError
-from edgesdk.formats.gguf.header import FTYPE_NAMES, read_gguf_header
+from edgesdk.formats.gguf.header import read_gguf_header
+from edgesdk.formats.gguf.types import FTYPE_NAMES
 
 
 def gguf_facts(path: str | Path) -> dict[str, Any]:

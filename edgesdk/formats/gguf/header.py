@@ -40,12 +40,6 @@ GGML_BLOCK_SIZES: dict[int, tuple[int, int]] = {
     34: (256, 54), 35: (256, 66), 39: (32, 17), 40: (64, 36), 41: (128, 18),
 }
 
-# llama_ftype values (llama.h; the same numbers as gguf-py's LlamaFileType) for the types we plan with.
-FTYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10, "Q3_K_S": 11,
-          "Q3_K_M": 12, "Q3_K_L": 13, "Q4_K_S": 14, "Q4_K_M": 15, "Q5_K_S": 16, "Q5_K_M": 17, "Q6_K": 18,
-          "BF16": 32}
-FTYPE_NAMES = {v: k for k, v in FTYPES.items()}
-
 
 class GGUFArray(NamedTuple):
     """An array value, by element type and length (its elements are skipped, not read)."""

@@ -16,19 +16,11 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from edgesdk.errors import InputError, ModelError, ResourceError
-from edgesdk.formats.gguf.header import FTYPES
+from edgesdk.formats.gguf.types import BPW, FTYPES
 from edgesdk.types import BuildOptions, Decision, ModelFacts
 
 if TYPE_CHECKING:
     from edgesdk.profiles import Profile
-
-# Bits per weight. Plain block types follow from the block layout in ggml-common.h (e.g. Q8_0 is
-# 32 int8 + one f16 scale = 34 bytes / 32 weights = 8.5; Q6_K is 210 bytes / 256 = 6.5625). The
-# _S/_M/_L mixes keep some tensors at a larger type; their figures are the effective bpw llama.cpp's
-# quantize tool reports for 7B-class llama models (tools/quantize, "bpw" column) and are estimates.
-BPW = {"F32": 32.0, "F16": 16.0, "BF16": 16.0, "Q8_0": 8.5, "Q6_K": 6.5625, "Q5_K_M": 5.69, "Q5_K_S": 5.54,
-       "Q5_0": 5.5, "Q5_1": 6.0, "Q4_K_M": 4.89, "Q4_K_S": 4.58, "Q4_0": 4.5, "Q4_1": 5.0, "Q3_K_L": 4.27,
-       "Q3_K_M": 3.91, "Q3_K_S": 3.5, "Q2_K": 2.96}
 
 # Perplexity of the quantized file / perplexity of its reference (F16, or the source GGUF) on the
 # built-in text must stay under these. Set a little looser than the PPL increases llama.cpp's

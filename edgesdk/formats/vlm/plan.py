@@ -139,7 +139,7 @@ def plan_vlm(facts: ModelFacts, profile: Profile, options: BuildOptions) -> list
         if d.key == "parity":
             continue
         out.append(d)
-    from edgesdk.formats.gguf.plan import BPW
+    from edgesdk.formats.gguf.types import BPW
 
     dec_w = dec * BPW[quant] / 8
     kv = kv_bytes(info, n_ctx)
