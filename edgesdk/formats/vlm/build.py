@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -29,6 +30,9 @@ from edgesdk.formats.gguf.facts import gguf_facts
 from edgesdk.formats.gguf.plan import LOGITS_MIN_COSINE, LOGITS_MIN_TOP1, PPL_RATIO_MAX
 from edgesdk.formats.vlm import convert as vconv
 from edgesdk.formats.vlm.plan import ENCODER_MIN_COSINE, GREEDY_TOKENS
+
+if TYPE_CHECKING:
+    from edgesdk.formats import BuildContext
 
 PARITY_PROMPT = "Describe the image."
 
@@ -121,7 +125,7 @@ np.savez(out, **arrays)
 """
 
 
-def hf_vlm_reference(hf_dir: Path, images: list[Path], prompt: str, n_tokens: int) -> list[dict]:
+def hf_vlm_reference(hf_dir: Path, images: list[Path], prompt: str, n_tokens: int) -> list[dict[str, Any]]:
     """Per image: PyTorch image features, greedy tokens and input ids (child process)."""
     with tempfile.TemporaryDirectory(prefix="edgesdk-vlm-ref-") as tmp:
         spec, out = Path(tmp) / "spec.json", Path(tmp) / "ref.npz"
@@ -145,7 +149,7 @@ def hf_vlm_reference(hf_dir: Path, images: list[Path], prompt: str, n_tokens: in
 
 def component_parity(hf_dir: Path, decoder: Path, mmproj: Path, *, n_tokens: int = GREEDY_TOKENS,
                      prompt: str = PARITY_PROMPT, work: Path | None = None, onnx_encoder: Path | None = None,
-                     mmproj_encodes: bool = True) -> dict:
+                     mmproj_encodes: bool = True) -> dict[str, Any]:
     """Encoder + projector features (llama.cpp F16 mmproj vs PyTorch) and greedy tokens end to end; with
     ``onnx_encoder``, the same for the FP16 ONNX encoder (``onnx_encoder.onnx_parity``). With
     ``mmproj_encodes=False`` (a class-token CLIP tower with a tokenize-only mmproj, convert.CLASS_TOKEN_NOTE) the
@@ -174,7 +178,8 @@ def component_parity(hf_dir: Path, decoder: Path, mmproj: Path, *, n_tokens: int
     pipe = VLMPipeline(decoder, mmproj, pre, n_ctx=n_ctx, image_encoder=image_encoder)
     backend = VLMBackend(pipe, report={}, model="parity", attributes={})
     cos_min, equal, per_image, mm_results = 1.0, 0, [], []
-    unfixed: dict = {}  # Idefics3/SmolVLM on transformers 4.55-4.57: figures vs the unmodified vision embeddings
+    # Idefics3/SmolVLM on transformers 4.55-4.57: figures vs the unmodified vision embeddings
+    unfixed: dict[str, Any] = {}
     try:
         for path, ref in zip(images, refs, strict=True):
             got = backend.image_features(path).astype(np.float64)
@@ -200,7 +205,7 @@ def component_parity(hf_dir: Path, decoder: Path, mmproj: Path, *, n_tokens: int
                 unfixed["greedy_equal"] = unfixed.get("greedy_equal", 0) + int(ours == ref["tokens_unfixed"])
     finally:
         backend.close()
-    out: dict = {"images": len(images), "encoder_min_cosine": round(cos_min, 6),
+    out: dict[str, Any] = {"images": len(images), "encoder_min_cosine": round(cos_min, 6),
                  "greedy_equal": f"{equal}/{len(images)}", "greedy_tokens": n_tokens, "per_image": per_image}
     if unfixed:
         import transformers
@@ -224,7 +229,7 @@ def component_parity(hf_dir: Path, decoder: Path, mmproj: Path, *, n_tokens: int
     return out
 
 
-def build_vlm(ctx) -> None:
+def build_vlm(ctx: BuildContext) -> None:
     facts, plan = ctx.facts, ctx.plan
     src = Path(facts.source)
     quant = plan.decision("gguf.quant_type")
@@ -233,7 +238,7 @@ def build_vlm(ctx) -> None:
     work = ctx.staging / "_work"
     work.mkdir(parents=True, exist_ok=True)
     final, mmproj, f16 = ctx.staging / "model.gguf", ctx.staging / "mmproj.gguf", work / "decoder-f16.gguf"
-    parity: dict = {"thresholds": thresholds}
+    parity: dict[str, Any] = {"thresholds": thresholds}
     try:
         with ctx.stage("convert", {"edgesdk.gguf.quant_type": quant}):
             ctx.progress("decoder: language_model -> F16 GGUF (gguf-py); encoder + projector -> F16 mmproj")

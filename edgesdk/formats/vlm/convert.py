@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +107,8 @@ def family(config: dict[str, Any]) -> str:
 
 
 def read_config(directory: Path) -> dict[str, Any]:
-    return json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
+    data: dict[str, Any] = json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
+    return data
 
 
 def check_supported(config: dict[str, Any], directory: Path) -> None:
@@ -170,7 +172,7 @@ def idefics3_image_tokens(config: dict[str, Any]) -> int:
     return (int(vision["image_size"]) // int(vision["patch_size"])) ** 2 // int(config.get("scale_factor", 2)) ** 2
 
 
-def _arrays(directory: Path):
+def _arrays(directory: Path) -> Iterator[tuple[str, np.ndarray]]:
     from edgesdk.formats.gguf.convert import tensor_arrays  # the one safetensors walker
 
     return tensor_arrays(Path(directory))
@@ -244,8 +246,9 @@ def feature_layer(config: dict[str, Any]) -> int:
 
 
 
-def _clip_writer(directory: Path, out_path, name, projector: str, vision: dict, text: dict, pre: dict, *,
-                 eps_default: float, block_count: int | None = None):
+def _clip_writer(directory: Path, out_path: Path, name: str | None, projector: str, vision: dict[str, Any],
+                 text: dict[str, Any], pre: dict[str, Any], *, eps_default: float,
+                 block_count: int | None = None) -> Any:
     """A GGUFWriter for an mmproj with the vision keys every family shares (clip.cpp's names)."""
     import gguf
 
@@ -377,9 +380,10 @@ def write_mmproj_idefics3(directory: Path, out_path: Path, config: dict[str, Any
             if "position_ids" in hf_name:
                 skipped.append(hf_name)
                 continue
-            new = tmap.get_name(hf_name, try_suffixes=(".weight", ".bias"))
-            if new is None:
+            mapped = tmap.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+            if mapped is None:
                 raise ModelError(f"{directory}: vision tensor {hf_name} has no mmproj GGUF name")
+            new = mapped
         else:
             continue
         f32 = data.ndim <= 1 or ".embeddings." in hf_name

@@ -163,8 +163,8 @@ def min_token_cosine(got: np.ndarray, want: np.ndarray) -> float:
 
 
 def onnx_parity(decoder: Path, mmproj: Path, onnx: Path, preprocessor: dict[str, Any], images: list[Path],
-                refs: list[dict], mmproj_results: list[dict], *, n_ctx: int, n_tokens: int, prompt: str,
-                mmproj_encode_s: list[float]) -> dict[str, Any]:
+                refs: list[dict[str, Any]], mmproj_results: list[dict[str, Any]], *, n_ctx: int, n_tokens: int,
+                prompt: str, mmproj_encode_s: list[float]) -> dict[str, Any]:
     """The FP16 ONNX encoder through the runtime's own path (VLMPipeline with the encoder forced onto the CPU
     provider): features vs PyTorch and vs the mmproj's, and greedy tokens vs the mmproj path and PyTorch.
     ``mmproj_results``: per image ``features`` and ``tokens`` from the mmproj pipeline."""

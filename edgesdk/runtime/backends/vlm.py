@@ -27,7 +27,7 @@ import json
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from time import perf_counter
 from typing import Any
@@ -261,20 +261,21 @@ class ImagePreprocessor:
 # ------------------------------------------------------------------ the pipeline
 
 _log = logging.getLogger("edgesdk.llama_cpp.mtmd")
-_MTMD_LOG: list = []  # keeps the ctypes callback alive
+_MTMD_LOG: list[Any] = []  # keeps the ctypes callback alive
 
 
-def _route_mtmd_logs(mtmd, llama_cpp) -> None:
+def _route_mtmd_logs(mtmd: Any, llama_cpp: Any) -> None:
     """libmtmd's log lines (clip loader, image slicing) go to the ``edgesdk.llama_cpp.mtmd`` logger at
     DEBUG instead of stderr (public ``mtmd_log_set`` / ``mtmd_helper_log_set``)."""
     if _MTMD_LOG:
         return
 
-    @llama_cpp.llama_log_callback
-    def _on_log(level, text, user_data):  # noqa: ARG001 - ggml_log_callback signature
+    def _on_log_py(level: int, text: bytes | None, user_data: Any) -> None:  # noqa: ARG001 - ggml_log_callback
         msg = text.decode("utf-8", "replace") if text else ""
         if msg.strip():
             _log.debug("%s", msg.rstrip("\n"))
+
+    _on_log = llama_cpp.llama_log_callback(_on_log_py)
 
     _MTMD_LOG.append(_on_log)
     mtmd.mtmd_log_set(_on_log, ctypes.c_void_p(0))
@@ -335,7 +336,7 @@ class VLMPipeline:
         self.last_stages: dict[str, float] = {}
 
     # ---------------------------------------------------------------- images
-    def _features(self, key: str, chunk) -> tuple[np.ndarray, bool]:
+    def _features(self, key: str, chunk: Any) -> tuple[np.ndarray, bool]:
         cached = self.features.get(key)
         if cached is not None:
             self.features.move_to_end(key)
@@ -384,7 +385,7 @@ class VLMPipeline:
             raise BackendUnavailableError("llama.cpp produced no image chunk")
         return feats[0] if len(feats) == 1 else np.concatenate(feats)
 
-    def _chunk_plan(self, chunks, keys: list[str]) -> list[tuple[str, Any]]:
+    def _chunk_plan(self, chunks: Any, keys: list[str]) -> list[tuple[str, Any]]:
         """libmtmd's chunks as ``("text", [ids])`` / ``("image", (key, chunk, n_pos))`` in prompt order, after the
         family's layout (:meth:`_image_layout`), each image chunk given its frame's feature-cache key."""
         mtmd = self._mtmd
@@ -410,7 +411,8 @@ class VLMPipeline:
                 img_i += 1
         return plan
 
-    def _tokenize(self, text: str, images: list[Any], rec: Any = telemetry.NOOP_RECORDER):
+    def _tokenize(self, text: str, images: list[Any], rec: Any = telemetry.NOOP_RECORDER
+                  ) -> tuple[Any, list[str], int]:
         mtmd = self._mtmd
         keys, bitmaps = [], []
         self._pixels = {}
@@ -668,7 +670,7 @@ class VLMBackend:
     name = "llama.cpp+mtmd"
     provider = "llama.cpp"
 
-    def __init__(self, pipe: VLMPipeline, *, report: dict, model: str, attributes: dict):
+    def __init__(self, pipe: VLMPipeline, *, report: dict[str, Any], model: str, attributes: dict[str, Any]):
         self.pipe = pipe
         self._report = report
         self._model = model
@@ -677,17 +679,17 @@ class VLMBackend:
         self.inputs = (TensorSpec("input_ids", "int64", None),)
         self.outputs = (TensorSpec("logits", "float32", None),)
         self._lock = threading.RLock()
-        self.last: dict = {}
+        self.last: dict[str, Any] = {}
         llama_cpp = import_llama_cpp()
 
         vocab = llama_cpp.llama_model_get_vocab(pipe.llm.model)
-        self._is_eog = lambda tok: llama_cpp.llama_vocab_is_eog(vocab, tok)
+        self._is_eog: Callable[[int], bool] = lambda tok: bool(llama_cpp.llama_vocab_is_eog(vocab, tok))
 
     def tokenize(self, text: str) -> list[int]:
         with self._lock:
-            return self.pipe.llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)
+            return list(self.pipe.llm.tokenize(text.encode("utf-8"), add_bos=True, special=False))
 
-    def run(self, feeds: dict) -> dict:
+    def run(self, feeds: dict[str, Any]) -> dict[str, Any]:
         raise ShapeError("a VLM bundle runs generate(prompt, images=[...]) or chat(messages)")
 
     def image_features(self, image: Any) -> np.ndarray:
@@ -700,7 +702,7 @@ class VLMBackend:
             return prompt.replace("<image>", marker)
         return self.pipe.pre.record.user_prompt(prompt, len(images), marker)
 
-    def generate(self, prompt: str, images: list[Any] | None = None, **kw):
+    def generate(self, prompt: str, images: list[Any] | None = None, **kw: Any) -> Any:
         """Answer ``prompt`` about ``images`` (paths, bytes, PIL images or arrays). A prompt without
         ``<image>`` markers is wrapped in LLaVA's ``USER: <image>\\n... ASSISTANT:`` format."""
         if not isinstance(prompt, str):
@@ -711,22 +713,23 @@ class VLMBackend:
         gen = self._run(text, images, "chat", prompt, stream=stream, **kw)
         return gen if stream else self._complete(gen)
 
-    def stream(self, prompt: str, images: list[Any] | None = None, **kw) -> Iterator[str]:
-        return self.generate(prompt, images, stream=True, **kw)
+    def stream(self, prompt: str, images: list[Any] | None = None, **kw: Any) -> Iterator[str]:
+        gen: Iterator[str] = self.generate(prompt, images, stream=True, **kw)
+        return gen
 
-    def chat(self, messages: list[dict[str, Any]], **kw):
+    def chat(self, messages: list[dict[str, Any]], **kw: Any) -> Any:
         _, images = _split_content(messages)  # validates the messages and collects the images in order
         text = self.pipe.pre.record.chat(messages, self.pipe.marker)
         stream = kw.pop("stream", False)
         gen = self._run(text, images, "chat", messages, stream=stream, **kw)
         return gen if stream else self._complete(gen)
 
-    def _complete(self, gen) -> str:
+    def _complete(self, gen: Iterator[str]) -> str:
         with self._lock:
             return "".join(gen)
 
-    def _run(self, text, images, operation, capture, *, stream, max_tokens: int = 128, stop=None,
-             seed: int | None = None, **sampling):
+    def _run(self, text: str, images: list[Any], operation: str, capture: Any, *, stream: bool, max_tokens: int = 128,
+             stop: str | list[str] | None = None, seed: int | None = None, **sampling: Any) -> Iterator[str]:
         from edgesdk.runtime.backends.llamacpp import _check_sampling
 
         sampling = {("temperature" if k == "temp" else k): v for k, v in sampling.items()}
@@ -741,12 +744,14 @@ class VLMBackend:
         body = self._decode(text, images, operation, capture, stream, request, params, max_tokens, stops, seed)
         return self._stepwise(body) if stream else body
 
-    def _stepwise(self, body) -> Iterator[str]:
+    def _stepwise(self, body: Generator[str, None, None]) -> Iterator[str]:
         from edgesdk.runtime.backends.llamacpp import stepwise
 
         return stepwise(body, self._lock)
 
-    def _decode(self, text, images, operation, capture, stream, request, params, max_tokens, stops, seed):
+    def _decode(self, text: str, images: list[Any], operation: str, capture: Any, stream: bool,
+                request: dict[str, Any], params: dict[str, Any], max_tokens: int, stops: list[str],
+                seed: int | None) -> Generator[str, None, None]:
         pipe, llm = self.pipe, self.pipe.llm
         with telemetry.inference(operation, self._model, self.provider, stream=stream, request=request,
                                  attributes=self._attrs) as rec:
@@ -817,7 +822,7 @@ class VLMBackend:
                              "decode_tok_s": round((len(generated) - 1) / (t_end - t_first), 2)
                              if t_first and len(generated) > 1 and t_end > t_first else None}
 
-    def report(self) -> dict:
+    def report(self) -> dict[str, Any]:
         enc = dict(self._report.get("vision_encoder") or {})
         if self.pipe.image_encoder is not None:
             enc.update(self.pipe.image_encoder.report())
@@ -833,7 +838,7 @@ class VLMBackend:
             self.pipe.close()
 
 
-def load_vlm(bundle, ctx) -> VLMBackend:
+def load_vlm(bundle: Any, ctx: Any) -> VLMBackend:
     """Loader registered for format ``vlm``."""
     from edgesdk.extras import require
 
@@ -874,7 +879,7 @@ def load_vlm(bundle, ctx) -> VLMBackend:
     return VLMBackend(pipe, report=report, model=bundle.model_name, attributes=attrs)
 
 
-def _onnx_encoder(bundle, ctx, pre: dict, threads: int | None) -> tuple[Any, dict]:
+def _onnx_encoder(bundle: Any, ctx: Any, pre: dict[str, Any], threads: int | None) -> tuple[Any, dict[str, Any]]:
     """The ONNX FP16 vision encoder when the bundle has one and a provider suits it (vlm_onnx.choose:
     TensorRT > CUDA, the CPU only when asked with ``vision_encoder="onnx"``), else None: libmtmd's mmproj."""
     from edgesdk.runtime.backends import vlm_onnx
