@@ -43,6 +43,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from edgesdk.errors import BackendUnavailableError, EdgeSDKError, InputError, ShapeError
 from edgesdk.native import import_llama_cpp, route_llama_logs
 from edgesdk.runtime.requests import GenerationRequest
@@ -96,6 +98,7 @@ class _Seq:
     out: list[int] = field(default_factory=list)
     hold: int = 0
     kv: list[int] = field(default_factory=list)  # the tokens whose KV cells this sequence holds, in order
+    argmax: bool = False  # greedy with no penalty: pick the largest logit directly
     cached: int = 0
 
 
@@ -266,8 +269,10 @@ class BatchEngine:
         self._users = 0  # threads inside submit()/tokenize(), using the model outside the engine thread
         self.closed = False
         self._ids = itertools.count(1)
+        # decode_s: time in llama_decode (and the logits' transfer); host_s: sampling, detokenising and
+        # handing pieces on, per step, for all sequences: what the engine adds around llama.cpp
         self.stats = {"steps": 0, "decoded_tokens": 0, "prompt_tokens": 0, "generated_tokens": 0,
-                      "max_active": 0}
+                      "max_active": 0, "decode_s": 0.0, "host_s": 0.0}
         self._thread = threading.Thread(target=self._loop, name="edgesdk-batch-engine", daemon=True)
         self._thread.start()
 
@@ -455,6 +460,8 @@ class BatchEngine:
                 continue
             seq.slot, keep = self._pick_slot(seq.prompt)
             seq.sampler = self._new_sampler(seq.handle.request)
+            req = seq.handle.request
+            seq.argmax = req.temperature == 0 and req.repeat_penalty == 1.0
             seq.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
             if keep and self._n_swa > 0:
                 # a sliding-window cache keeps only the last n_swa positions: reuse needs the window before
@@ -586,6 +593,7 @@ class BatchEngine:
             if logits:
                 outputs.append((i, seq))
         b.n_tokens = len(entries)
+        t_dec = time.perf_counter()
         rc = ll.llama_decode(self._ctx, b)
         if rc != 0:
             raise RuntimeError(f"llama_decode returned {rc} for a batch of {len(entries)} tokens "
@@ -593,13 +601,25 @@ class BatchEngine:
         self.stats["steps"] += 1
         self.stats["decoded_tokens"] += len(entries)
         now = time.perf_counter()
+        t_host = None
         for idx, seq in outputs:
             if seq.pending is not None:
                 seq.kv.append(seq.pending)
                 seq.pos += 1
                 seq.pending = None
-            tok = int(ll.llama_sampler_sample(seq.sampler, self._ctx, idx))
+            if seq.argmax:
+                # greedy without penalties: the first largest logit, as llama.cpp's greedy sampler picks it,
+                # without copying the vocabulary into a candidates array (a 262k vocabulary costs ~1 ms)
+                row = np.ctypeslib.as_array(ll.llama_get_logits_ith(self._ctx, idx), shape=(self.n_vocab,))
+                tok = int(row.argmax())
+            else:
+                tok = int(ll.llama_sampler_sample(seq.sampler, self._ctx, idx))
+            if t_host is None:  # reading the first row waits for the device: decode time until then
+                t_host = time.perf_counter()
+                self.stats["decode_s"] += t_host - t_dec
             self._on_token(seq, tok, now)
+        if t_host is not None:
+            self.stats["host_s"] += time.perf_counter() - t_host
 
     def _on_token(self, seq: _Seq, tok: int, now: float) -> None:
         h = seq.handle
