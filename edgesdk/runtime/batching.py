@@ -15,7 +15,8 @@ per slot, ``kv_unified`` off, as ``llama-server -np N`` runs). One engine thread
 5. a finished or cancelled sequence leaves at once: its KV cells are removed (``llama_memory_seq_rm``),
    its sampler freed, its slot free for the next request at the next step.
 
-The sampler chain per sequence is the one ``llama_cpp.Llama.generate`` builds (penalties, then greedy at
+The sampler chain per sequence is the one ``llama_cpp.Llama.generate`` builds (logit bias when given,
+penalties (repeat, frequency, presence), then greedy at
 temperature 0, else top-k, typical 1.0, top-p, min-p, temperature, dist(seed)), so a request asks the
 same thing here as through :class:`~edgesdk.runtime.backends.llamacpp.LlamaCppBackend`. A request run
 alone through the engine gives the same greedy tokens as ``Llama.generate``; run together with others
@@ -363,6 +364,9 @@ class BatchEngine:
             tokens = list(request.prompt_tokens)
             if max(tokens) >= self.n_vocab:
                 raise ShapeError(f"prompt_tokens must be < {self.n_vocab} (the vocabulary), got {max(tokens)}")
+        if request.logit_bias and request.logit_bias[-1][0] >= self.n_vocab:
+            raise InputError(f"logit_bias token ids must be < {self.n_vocab} (the vocabulary), "
+                             f"got {request.logit_bias[-1][0]}")
         elif request.messages is not None:
             tokens, extra = self._chat_prompt(request)
             stops = stops + tuple(s for s in extra if s not in stops)
@@ -440,7 +444,13 @@ class BatchEngine:
         ll = self._ll
         chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
         add = ll.llama_sampler_chain_add
-        add(chain, ll.llama_sampler_init_penalties(self.n_vocab, PENALTY_LAST_N, r.repeat_penalty, 0.0, 0.0))
+        if r.logit_bias:  # first, as llama.cpp's common sampler places it
+            biases = (ll.llama_logit_bias * len(r.logit_bias))()
+            for i, (tok, bias) in enumerate(r.logit_bias):
+                biases[i].token, biases[i].bias = tok, bias
+            add(chain, ll.llama_sampler_init_logit_bias(self.n_vocab, len(r.logit_bias), biases))
+        add(chain, ll.llama_sampler_init_penalties(self.n_vocab, PENALTY_LAST_N, r.repeat_penalty,
+                                                   r.frequency_penalty, r.presence_penalty))
         if r.temperature == 0:
             add(chain, ll.llama_sampler_init_greedy())
         else:
@@ -461,7 +471,7 @@ class BatchEngine:
             seq.slot, keep = self._pick_slot(seq.prompt)
             seq.sampler = self._new_sampler(seq.handle.request)
             req = seq.handle.request
-            seq.argmax = req.temperature == 0 and req.repeat_penalty == 1.0
+            seq.argmax = req.plain_greedy  # greedy, penalties neutral, no logit bias
             seq.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
             if keep and self._n_swa > 0:
                 # a sliding-window cache keeps only the last n_swa positions: reuse needs the window before

@@ -3,7 +3,8 @@
 
 :class:`GenerationRequest` holds what a caller asks of an LLM: the input (prompt text, prompt token ids,
 or chat messages with text parts), the sampling options (``max_tokens``, ``temperature``, ``top_p``,
-``top_k``, ``min_p``, ``repeat_penalty``, ``seed``), ``stop`` sequences and ``stream``. Every value is
+``top_k``, ``min_p``, ``repeat_penalty``, ``frequency_penalty``, ``presence_penalty``, ``logit_bias``,
+``seed``), ``stop`` sequences and ``stream``. Every value is
 checked when the request is made; a bad one is one :class:`~edgesdk.errors.InputError` whose one-line
 message names the field (``top_p must be <= 1, got 1.5``). ``n`` other than 1 is refused.
 
@@ -23,7 +24,12 @@ from edgesdk.errors import InputError
 
 #: The runtime's defaults for options left out (llama-cpp-python's, as ``Session.generate`` uses them).
 DEFAULT_SAMPLING: dict[str, float] = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05,
-                                      "repeat_penalty": 1.0}
+                                      "repeat_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
+#: Penalty values that leave the logits alone (a greedy request with these needs no sampler chain).
+NEUTRAL_PENALTIES: dict[str, float] = {"repeat_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
+PENALTY_RANGE = 2.0  # frequency_penalty / presence_penalty: -2..2 (OpenAI's range)
+LOGIT_BIAS_RANGE = 100.0  # logit_bias values: -100..100 (OpenAI's range)
+MAX_LOGIT_BIAS = 1024  # entries in one logit_bias map
 DEFAULT_MAX_TOKENS = 128
 INT32_MAX = 2**31 - 1  # llama.cpp takes counts as int32_t
 SEED_MAX = 0xFFFFFFFE  # 0xFFFFFFFF is llama.cpp's "random seed"
@@ -70,7 +76,8 @@ def _number(name: str, value: object, *, lo: float | None = None, hi: float | No
 def check_sampling(max_tokens: object, seed: object, params: Mapping[str, object]) -> tuple[int, int | None]:
     """Range-check generation options: a bad value is one InputError (exit 3) naming the field.
 
-    ``params`` holds temperature, top_k, top_p, min_p and repeat_penalty (all present). Returns
+    ``params`` holds temperature, top_k, top_p, min_p and repeat_penalty (all present), and may hold
+    frequency_penalty and presence_penalty (-2..2). Returns
     ``max_tokens`` and ``seed`` as ints. This is the one rule set: GenerationRequest and the llama.cpp
     backends (``generate``/``stream``/``chat``, VLM) use it."""
     n = int(_number("max_tokens", max_tokens, lo=1, integer=True))
@@ -79,8 +86,33 @@ def check_sampling(max_tokens: object, seed: object, params: Mapping[str, object
     _number("top_p", params["top_p"], lo=0, hi=1, lo_open=True)
     _number("min_p", params["min_p"], lo=0, hi=1)
     _number("repeat_penalty", params["repeat_penalty"], lo=0, lo_open=True)
+    for k in ("frequency_penalty", "presence_penalty"):  # optional: the VLM backend has none
+        if params.get(k) is not None:
+            _number(k, params[k], lo=-PENALTY_RANGE, hi=PENALTY_RANGE)
     s = int(_number("seed", seed, lo=0, hi=SEED_MAX, integer=True)) if seed is not None else None
     return n, s
+
+
+def check_logit_bias(bias: object) -> tuple[tuple[int, float], ...]:
+    """``None`` or a mapping token id -> bias (-100..100; JSON gives the ids as strings) -> sorted pairs."""
+    if bias is None:
+        return ()
+    if isinstance(bias, (tuple, list)) and all(isinstance(p, (tuple, list)) and len(p) == 2 for p in bias):
+        bias = dict(bias)
+    if not isinstance(bias, Mapping):
+        raise InputError(f"logit_bias must be a mapping of token id to bias, got {_show(bias)}")
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise InputError(f"logit_bias must hold at most {MAX_LOGIT_BIAS} entries, got {len(bias)}")
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        tok: object = key
+        if isinstance(key, str):
+            if not key.strip().isdigit():
+                raise InputError(f"logit_bias keys must be token ids (non-negative integers), got {_show(key)}")
+            tok = int(key)
+        t = int(_number("logit_bias key", tok, lo=0, integer=True))
+        out[t] = float(_number(f"logit_bias[{t}]", value, lo=-LOGIT_BIAS_RANGE, hi=LOGIT_BIAS_RANGE))
+    return tuple(sorted(out.items()))
 
 
 def check_stop(stop: object) -> tuple[str, ...]:
@@ -152,6 +184,9 @@ class GenerationRequest:
     top_k: int = int(DEFAULT_SAMPLING["top_k"])
     min_p: float = DEFAULT_SAMPLING["min_p"]
     repeat_penalty: float = DEFAULT_SAMPLING["repeat_penalty"]
+    frequency_penalty: float = DEFAULT_SAMPLING["frequency_penalty"]
+    presence_penalty: float = DEFAULT_SAMPLING["presence_penalty"]
+    logit_bias: tuple[tuple[int, float], ...] = field(default=())
     seed: int | None = None
     stop: tuple[str, ...] = field(default=())
     stream: bool = False
@@ -176,8 +211,7 @@ class GenerationRequest:
             raise InputError(f"n must be 1 (one completion per request), got {_show(self.n)}")
         if not isinstance(self.stream, bool):
             raise InputError(f"stream must be true or false, got {_show(self.stream)}")
-        params: dict[str, object] = {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p,
-                                     "min_p": self.min_p, "repeat_penalty": self.repeat_penalty}
+        params: dict[str, object] = {k: getattr(self, k) for k in DEFAULT_SAMPLING}
         for k, default in DEFAULT_SAMPLING.items():
             if params[k] is None:
                 params[k] = default
@@ -185,14 +219,22 @@ class GenerationRequest:
                                           self.seed, params)
         object.__setattr__(self, "max_tokens", max_tokens)
         object.__setattr__(self, "seed", seed)
-        for k in ("temperature", "top_p", "min_p", "repeat_penalty"):
-            object.__setattr__(self, k, float(params[k]))  # type: ignore[arg-type]  # checked numbers
+        for k in DEFAULT_SAMPLING:
+            if k != "top_k":
+                object.__setattr__(self, k, float(params[k]))  # type: ignore[arg-type]  # checked numbers
         object.__setattr__(self, "top_k", int(params["top_k"]))  # type: ignore[call-overload]  # checked
         object.__setattr__(self, "stop", check_stop(self.stop))
+        object.__setattr__(self, "logit_bias", check_logit_bias(self.logit_bias))
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy with neutral penalties and no logit bias: the largest logit is the token."""
+        return self.greedy and not self.logit_bias and all(
+            getattr(self, k) == v for k, v in NEUTRAL_PENALTIES.items())
 
     @classmethod
     def from_options(cls, *, prompt: str | None = None, prompt_tokens: Sequence[int] | None = None,
@@ -200,11 +242,11 @@ class GenerationRequest:
         """Build from keyword options as ``Session.generate`` takes them (``temp`` = ``temperature``;
         ``None`` values mean the default; an unknown option is an InputError naming it)."""
         named = {("temperature" if k == "temp" else k): v for k, v in options.items()}
-        known = {"max_tokens", "stop", "seed", "stream", "n", *DEFAULT_SAMPLING}
+        known = {"max_tokens", "stop", "seed", "stream", "n", "logit_bias", *DEFAULT_SAMPLING}
         unknown = set(named) - known
         if unknown:
             raise InputError(f"unknown generation option(s): {', '.join(sorted(unknown))} "
-                             f"(known: max_tokens, stop, seed, stream, {', '.join(DEFAULT_SAMPLING)})")
+                             f"(known: max_tokens, stop, seed, stream, logit_bias, {', '.join(DEFAULT_SAMPLING)})")
         kw = {k: v for k, v in named.items() if v is not None or k == "seed"}
         stop = kw.pop("stop", None)
         return cls(prompt=prompt, prompt_tokens=tuple(prompt_tokens) if prompt_tokens is not None else None,
@@ -213,5 +255,4 @@ class GenerationRequest:
 
     def sampling(self) -> dict[str, float]:
         """The sampling options as the llama.cpp backends take them."""
-        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "min_p": self.min_p,
-                "repeat_penalty": self.repeat_penalty}
+        return {k: getattr(self, k) for k in DEFAULT_SAMPLING}

@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from opentelemetry import propagate, trace
@@ -37,7 +37,7 @@ from starlette.routing import Match, Route
 
 from edgesdk import __version__
 from edgesdk.errors import EdgeSDKError, InputError, ShapeError
-from edgesdk.runtime.requests import SEED_MAX, GenerationRequest
+from edgesdk.runtime.requests import SEED_MAX, GenerationRequest, check_logit_bias
 from edgesdk.serve.batch_worker import BatchWorker, decide_parallel
 from edgesdk.serve.metrics import ServerMetrics
 from edgesdk.serve.workers import EmbeddingBatcher, Job, LLMWorker, Saturated
@@ -174,11 +174,18 @@ def _saturated(exc: Saturated) -> APIError:
     return APIError(429, str(exc), "rate_limit_error", code="queue_full", headers={"Retry-After": str(exc.retry_after)})
 
 
-def _from_backend(exc: BaseException) -> APIError:
+def _from_backend(exc: BaseException, prompt_param: str = "messages") -> APIError:
+    """An exception of a generation as an APIError; ``prompt_param`` names the input field ("messages" for
+    chat, "prompt" for completions)."""
     if isinstance(exc, ShapeError) and "context holds" in str(exc):
-        return APIError(400, str(exc), param="messages", code="context_length_exceeded")
+        return APIError(400, str(exc), param=prompt_param, code="context_length_exceeded")
     if isinstance(exc, InputError):
-        return APIError(400, str(exc))
+        text = str(exc)
+        first = re.match(r"[a-z_]+", text)
+        name = first.group(0) if first else ""
+        param = ("prompt" if name in ("prompt", "prompt_tokens") and prompt_param == "prompt"
+                 else name if name in _FIELD_NAMES else None)
+        return APIError(400, text, param=param)
     if isinstance(exc, asyncio.CancelledError):
         return APIError(503, "request cancelled", "service_unavailable", code="cancelled")
     if isinstance(exc, EdgeSDKError):
@@ -269,6 +276,128 @@ def _integer(body: dict, key: str, lo: int | None = None, hi: int | None = None)
     return v
 
 
+# ------------------------------------------------------------------------------ the request fields
+@dataclass(frozen=True)
+class RequestField:
+    """One field of a generation request body: ``implemented``, or ``refused`` (400 naming it) unless its
+    value is one of ``neutral`` (the value that asks for nothing: ``logprobs: false``, ``n: 1``)."""
+
+    name: str
+    status: str  # "implemented" | "refused"
+    note: str
+    neutral: tuple = ()
+    extra: bool = False  # not in OpenAI's schema: a llama.cpp server field
+
+
+def _f(name: str, note: str, *, extra: bool = False) -> RequestField:
+    return RequestField(name, "implemented", note, extra=extra)
+
+
+def _r(name: str, note: str, *neutral: Any) -> RequestField:
+    return RequestField(name, "refused", note, tuple(neutral))
+
+
+_COMMON = (
+    _f("model", "a served model name (GET /v1/models)"),
+    _f("max_tokens", "1 to the model's cap (see Limits: default 256, cap 2048 or the context length)"),
+    _f("temperature", "0 to 2; 0 is greedy"),
+    _f("top_p", "above 0, at most 1"),
+    _f("seed", f"0 to {SEED_MAX}"),
+    _f("stop", f"a string or a list of at most {MAX_STOP_SEQUENCES} strings"),
+    _f("stream", "Server-Sent Events"),
+    _f("stream_options", "include_usage only"),
+    _f("frequency_penalty", "-2 to 2 (llama.cpp penalties sampler, last 64 generated tokens)"),
+    _f("presence_penalty", "-2 to 2 (llama.cpp penalties sampler, last 64 generated tokens)"),
+    _f("logit_bias", "token id -> bias, -100 to 100 (llama.cpp logit-bias sampler)"),
+    _f("n", "1 only (one choice per request); other values 400"),
+    _f("user", "an end-user id (a string); it does not change the output"),
+    _f("top_k", "llama.cpp extra: 0 (off) or more", extra=True),
+    _f("min_p", "llama.cpp extra: 0 to 1", extra=True),
+    _f("repeat_penalty", "llama.cpp extra: above 0 (1 is off)", extra=True),
+)
+
+#: Every field a generation route knows: OpenAI's chat.completions / completions request fields and the
+#: llama.cpp server extras implemented here. Any other field is a 400 naming it; a refused field is a
+#: 400 naming it unless its value is null or neutral. docs/serve.md's field table is generated from this.
+REQUEST_FIELDS: dict[str, tuple[RequestField, ...]] = {
+    "/v1/chat/completions": (
+        _f("messages", "roles and text content (a string or text parts)"),
+        *_COMMON,
+        _f("max_completion_tokens", "as max_tokens (wins when both are given)"),
+        _r("response_format", "structured output (JSON mode, JSON Schema) is not implemented", {"type": "text"}),
+        _r("tools", "tool calling is not implemented", []),
+        _r("tool_choice", "tool calling is not implemented", "none"),
+        _r("parallel_tool_calls", "tool calling is not implemented", True, False),
+        _r("functions", "function calling (deprecated) is not implemented", []),
+        _r("function_call", "function calling (deprecated) is not implemented", "none"),
+        _r("logprobs", "log-probabilities are not implemented", False),
+        _r("top_logprobs", "log-probabilities are not implemented", 0),
+        _r("modalities", "text output only", ["text"]),
+        _r("audio", "audio output is not implemented"),
+        _r("prediction", "predicted outputs are not implemented"),
+        _r("reasoning_effort", "no reasoning models are served"),
+        _r("verbosity", "no verbosity control"),
+        _r("web_search_options", "the server is offline by design"),
+        _r("store", "completions are not stored", False),
+        _r("metadata", "completions are not stored, so there is nothing to tag", {}),
+        _r("service_tier", "one service tier", "auto", "default"),
+        _r("prompt_cache_key", "no keyed prompt cache (the prompt cache is keyed by the prompt itself)"),
+        _r("safety_identifier", "no abuse monitoring here"),
+    ),
+    "/v1/completions": (
+        _f("prompt", "a string, a list of one string, or token ids (a list of integers, or a list of one such list);"
+                     " several prompts: 400"),
+        *_COMMON,
+        _r("echo", "echoing the prompt is not implemented", False),
+        _r("logprobs", "log-probabilities are not implemented"),
+        _r("best_of", "one completion per request", 1),
+        _r("suffix", "insertion (fill-in-the-middle) is not implemented", ""),
+    ),
+}
+
+
+def fields_markdown() -> str:
+    """docs/serve.md's request-field tables, made from :data:`REQUEST_FIELDS` (a test checks the docs hold
+    exactly this text)."""
+    out = []
+    for route, fields in REQUEST_FIELDS.items():
+        out += [f"`POST {route}`:", "", "| field | status | notes |", "|---|---|---|"]
+        for f in sorted(fields, key=lambda f: (f.status != "implemented", f.extra, f.name)):
+            if f.status == "implemented":
+                status = "implemented (llama.cpp extra)" if f.extra else "implemented"
+            else:
+                status = "refused (400)" + (" unless " + " or ".join(f"`{json.dumps(n)}`" for n in f.neutral)
+                                            if f.neutral else "")
+            out.append(f"| `{f.name}` | {status} | {f.note} |")
+        out.append("")
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+_FIELD_NAMES = frozenset(f.name for fields in REQUEST_FIELDS.values() for f in fields)
+
+
+def _same(a: object, b: object) -> bool:
+    """``a == b`` with types kept apart (``False`` is not ``0``)."""
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def check_fields(body: dict, route: str) -> None:
+    """An APIError 400 naming the first field of ``body`` that ``route`` does not know, or a refused field
+    with a value other than null or its neutral one."""
+    known = {f.name: f for f in REQUEST_FIELDS[route]}
+    for key, value in body.items():
+        f = known.get(key)
+        if f is None:
+            raise APIError(400, f"unknown field {_show(key)}: not a field of {route} that this server knows "
+                           f"(OpenAI's request fields and the llama.cpp extras top_k, min_p, repeat_penalty; "
+                           f"docs/serve.md lists them)", param=str(key), code="unsupported_parameter")
+        if value is None or f.status == "implemented" or any(_same(value, n) for n in f.neutral):
+            continue
+        allowed = " or ".join(json.dumps(n) for n in (None, *f.neutral))
+        raise APIError(400, f"'{key}' is not supported by this server: {f.note} (accepted: {allowed})",
+                       param=key, code="unsupported_parameter")
+
+
 def _generation_options(body: dict, entry: ModelEntry) -> dict:
     n = _integer(body, "n", 1)
     if n not in (None, 1):
@@ -279,15 +408,32 @@ def _generation_options(body: dict, entry: ModelEntry) -> dict:
         raise APIError(400, f"'{key}' is {_show(max_tokens)}; this server allows at most {entry.max_tokens_cap} "
                        f"for {entry.name!r}", param=key)
     opts: dict = {"max_tokens": max_tokens or entry.default_max_tokens}
-    temperature = _number(body, "temperature", 0.0, 2.0)
-    if temperature is not None:
-        opts["temperature"] = temperature
-    top_p = _number(body, "top_p", 0.0, 1.0, lo_open=True)  # the runtime's rule: 0 < top_p <= 1
-    if top_p is not None:
-        opts["top_p"] = top_p
+    for name, lo, hi, lo_open in (("temperature", 0.0, 2.0, False), ("top_p", 0.0, 1.0, True),
+                                  ("min_p", 0.0, 1.0, False), ("frequency_penalty", -2.0, 2.0, False),
+                                  ("presence_penalty", -2.0, 2.0, False)):
+        value = _number(body, name, lo, hi, lo_open=lo_open)  # top_p: the runtime's rule 0 < top_p <= 1
+        if value is not None:
+            opts[name] = value
+    repeat = body.get("repeat_penalty")
+    if repeat is not None:
+        if isinstance(repeat, bool) or not isinstance(repeat, int | float) or not 0 < repeat <= 1e6:
+            raise APIError(400, f"'repeat_penalty' must be a number above 0 (1 is off), got {_show(repeat)}",
+                           param="repeat_penalty")
+        opts["repeat_penalty"] = float(repeat)
+    top_k = _integer(body, "top_k", 0, 2**31 - 1)
+    if top_k is not None:
+        opts["top_k"] = top_k
     seed = _integer(body, "seed", 0, SEED_MAX)
     if seed is not None:
         opts["seed"] = seed
+    bias = body.get("logit_bias")
+    if bias is not None:
+        try:
+            opts["logit_bias"] = dict(check_logit_bias(bias)) or None
+        except InputError as exc:
+            raise APIError(400, str(exc), param="logit_bias") from None
+        if opts["logit_bias"] is None:
+            del opts["logit_bias"]
     stop = body.get("stop")
     if stop is not None:
         stops = [stop] if isinstance(stop, str) else stop
@@ -300,30 +446,52 @@ def _generation_options(body: dict, entry: ModelEntry) -> dict:
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise APIError(400, "'stream' must be a boolean", param="stream")
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise APIError(400, "'user' must be a string", param="user")
     return opts
 
 
-def parse_generation(body: dict, entry: ModelEntry, operation: str) -> tuple[dict, bool, bool, list[dict] | str]:
+def _prompt(body: dict) -> str | list[int]:
+    """A completions ``prompt``: text, or token ids (a list of integers, or a list of one such list)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if min(prompt) < 0:
+            raise APIError(400, f"'prompt' token ids must be >= 0, got {min(prompt)}", param="prompt")
+        return prompt
+    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, str | list) for p in prompt):
+        raise APIError(400, f"'prompt' holds {len(prompt)} prompts: this server answers one prompt per request "
+                       "with one choice (batched prompts, like n > 1, are not supported); send one request "
+                       "per prompt", param="prompt")
+    raise APIError(400, "'prompt' must be a string, a list of one string, or token ids (a non-empty list of "
+                   "integers, or a list of one such list)", param="prompt")
+
+
+def parse_generation(body: dict, entry: ModelEntry, operation: str) -> tuple[dict, bool, bool,
+                                                                             list[dict] | str | list[int]]:
     """A chat (``operation="chat"``) or completions body -> (generation options, stream, include_usage,
-    messages or prompt). Anything the model cannot take is an APIError 400 naming the field."""
+    messages, prompt text or prompt token ids). Anything the model cannot take is an APIError 400 naming
+    the field: every field is checked against :data:`REQUEST_FIELDS`."""
+    check_fields(body, "/v1/chat/completions" if operation == "chat" else "/v1/completions")
     opts = _generation_options(body, entry)
     stream = body.get("stream", False) is True
     stream_options = body.get("stream_options")
     if stream_options is not None and not isinstance(stream_options, dict):
         raise APIError(400, "'stream_options' must be an object", param="stream_options")
+    for key in stream_options or {}:
+        if key != "include_usage":
+            raise APIError(400, f"'stream_options.{key}' is not supported (include_usage only)",
+                           param=f"stream_options.{key}", code="unsupported_parameter")
     include = (stream_options or {}).get("include_usage")
     if include is not None and not isinstance(include, bool):
         raise APIError(400, "'stream_options.include_usage' must be a boolean", param="stream_options")
     if operation == "chat":
         return opts, stream, stream and bool(include), _messages(body)
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if not isinstance(prompt, str):
-        raise APIError(400, "'prompt' must be a string (or a list of one string)", param="prompt")
-    if body.get("echo"):
-        raise APIError(400, "'echo' is not supported", param="echo")
-    return opts, stream, stream and bool(include), prompt
+    return opts, stream, stream and bool(include), _prompt(body)
 
 
 def parse_embeddings(body: dict) -> tuple[list[str], str, int | None]:
@@ -657,13 +825,18 @@ class _Server:
             model = entry.name
             span.model(model, entry.provider, body.get("stream", False) is True)
             opts, stream, include_usage, what = parse_generation(body, entry, operation)
+            where = "messages" if operation == "chat" else "prompt"
             try:
                 if isinstance(what, str):
                     request_obj = GenerationRequest.from_options(prompt=what, stream=stream, **opts)
+                elif operation == "chat":
+                    request_obj = GenerationRequest.from_options(messages=cast("list[dict]", what), stream=stream,
+                                                                 **opts)
                 else:
-                    request_obj = GenerationRequest.from_options(messages=what, stream=stream, **opts)
+                    request_obj = GenerationRequest.from_options(prompt_tokens=cast("list[int]", what),
+                                                                 stream=stream, **opts)
             except EdgeSDKError as exc:
-                raise _from_backend(exc) from None
+                raise _from_backend(exc, where) from None
             session = entry.session
             if operation == "chat":
                 def start(m=what, o=opts):
@@ -675,6 +848,9 @@ class _Server:
             span.set("gen_ai.request.temperature", opts.get("temperature"))
             span.set("gen_ai.request.top_p", opts.get("top_p"))
             span.set("gen_ai.request.seed", opts.get("seed"))
+            span.set("gen_ai.request.top_k", opts.get("top_k"))
+            span.set("gen_ai.request.frequency_penalty", opts.get("frequency_penalty"))
+            span.set("gen_ai.request.presence_penalty", opts.get("presence_penalty"))
             loop = asyncio.get_running_loop()
             job = Job(start=start, loop=loop, events=asyncio.Queue(), otel_ctx=span.ctx, request=request_obj)
             assert entry.worker is not None  # created in start() for every llm entry
@@ -692,7 +868,7 @@ class _Server:
                 if kind == "disconnected":
                     return self._abandoned(span, route, model)
                 if kind == "error":
-                    raise _from_backend(value)
+                    raise _from_backend(value, where)
                 rid = ("chatcmpl-" if operation == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
                 span.set("gen_ai.response.id", rid)
                 if stream:
@@ -713,7 +889,7 @@ class _Server:
                     elif kind == "disconnected":
                         return self._abandoned(span, route, model)
                     elif kind == "error":
-                        raise _from_backend(value)
+                        raise _from_backend(value, where)
                     else:
                         last = value
                         break
@@ -811,7 +987,7 @@ class _Server:
                         first_chunk = False
                     yield event({"content": value})
                 elif kind == "error":
-                    err = _from_backend(value)
+                    err = _from_backend(value, "messages" if operation == "chat" else "prompt")
                     payload = {"error": {"message": err.message, "type": err.type, "param": err.param,
                                          "code": err.code}}
                     yield b"data: " + json.dumps(payload).encode("utf-8") + b"\n\n"
@@ -855,7 +1031,7 @@ class _Server:
                 self.metrics.rejected.inc(model=model, reason="draining" if exc.draining else "queue_full")
                 raise _saturated(exc) from None
             except EdgeSDKError as exc:
-                raise _from_backend(exc) from None
+                raise _from_backend(exc, "input") from None
             if dims is not None and dims != emb.shape[1]:
                 raise APIError(400, f"'dimensions' must be {emb.shape[1]} for {model!r} (no truncation)",
                                param="dimensions")

@@ -29,7 +29,7 @@ from edgesdk import telemetry
 from edgesdk.errors import BackendUnavailableError, InputError, ShapeError
 from edgesdk.native import import_llama_cpp, route_llama_logs
 from edgesdk.runtime.backend import LoadContext, TensorSpec
-from edgesdk.runtime.requests import DEFAULT_SAMPLING, GenerationRequest, check_sampling
+from edgesdk.runtime.requests import DEFAULT_SAMPLING, GenerationRequest, check_logit_bias, check_sampling
 
 if TYPE_CHECKING:
     from llama_cpp import Llama
@@ -140,6 +140,22 @@ def _check_sampling(max_tokens: int, seed: int | None, params: Mapping[str, floa
     """Range-check generation options at the boundary: a bad value is one InputError (exit 3).
     The rule set is :func:`edgesdk.runtime.requests.check_sampling`, shared with GenerationRequest."""
     return check_sampling(max_tokens, seed, params)
+
+
+def _bias_processor(logit_bias: tuple[tuple[int, float], ...]) -> Any:
+    """``logit_bias`` as a llama-cpp-python logits processor list (None when empty). ``Llama.generate``
+    runs it as the first sampler of its chain, on the whole vocabulary in token-id order."""
+    if not logit_bias:
+        return None
+    ids = np.array([t for t, _ in logit_bias], dtype=np.intp)
+    add = np.array([b for _, b in logit_bias], dtype=np.float32)
+
+    def apply(_input_ids: Any, scores: np.ndarray) -> np.ndarray:
+        out = np.array(scores, dtype=np.float32, copy=True)
+        out[ids] += add
+        return out
+
+    return [apply]
 
 
 def stepwise(body: Generator[str, None, None], lock: threading.Lock | threading.RLock) -> Iterator[str]:
@@ -395,29 +411,45 @@ class LlamaCppBackend:
 
     def _run(self, prompt: str, operation: str, *, stream: bool, special: bool, max_tokens: int = 128,
              stop: list[str] | str | None = None, seed: int | None = None, add_bos: bool = True,
-             _capture_messages: list[dict[str, str]] | None = None,
+             _capture_messages: list[dict[str, str]] | None = None, logit_bias: Any = None,
              **sampling: float | None) -> Iterator[str]:
-        if not isinstance(prompt, str):
-            raise InputError(f"prompt must be a string, got {type(prompt).__name__}")
+        """``prompt``: text, or a list of token ids used as given (no BOS added)."""
+        if not isinstance(prompt, str) and not (isinstance(prompt, (list, tuple)) and prompt
+                                                and all(isinstance(t, int) and not isinstance(t, bool)
+                                                        for t in prompt)):
+            raise InputError(f"prompt must be a string or a non-empty list of token ids, "
+                             f"got {type(prompt).__name__}")
         named = {_SAMPLING_ALIASES.get(k, k): v for k, v in sampling.items()}
         unknown = set(named) - set(DEFAULT_SAMPLING)
         if unknown:
             raise InputError(f"unknown generation option(s): {', '.join(sorted(unknown))} "
-                             f"(known: max_tokens, stop, seed, stream, {', '.join(DEFAULT_SAMPLING)})")
+                             f"(known: max_tokens, stop, seed, stream, logit_bias, {', '.join(DEFAULT_SAMPLING)})")
         params = {**DEFAULT_SAMPLING, **{k: v for k, v in named.items() if v is not None}}
         max_tokens, seed = _check_sampling(max_tokens, seed, params)
+        bias = check_logit_bias(logit_bias)
+        n_vocab = int(self._llm.n_vocab())
+        if bias and bias[-1][0] >= n_vocab:
+            raise InputError(f"logit_bias token ids must be < {n_vocab} (the vocabulary), got {bias[-1][0]}")
         if stop is not None and not isinstance(stop, str) and not (
                 isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop)):
             raise InputError("stop must be a string or a list of strings")
         stops = [stop] if isinstance(stop, str) and stop else [s for s in (stop or []) if s]
-        with self._lock:
-            tokens = self._llm.tokenize(prompt.encode("utf-8"), add_bos=add_bos, special=special)
+        if isinstance(prompt, str):
+            with self._lock:
+                tokens = self._llm.tokenize(prompt.encode("utf-8"), add_bos=add_bos, special=special)
+        else:
+            tokens = list(prompt)
+            if min(tokens) < 0 or max(tokens) >= n_vocab:
+                raise ShapeError(f"prompt token ids must be from 0 to {n_vocab - 1} (the vocabulary), "
+                                 f"got {min(tokens) if min(tokens) < 0 else max(tokens)}")
+            with self._lock:
+                prompt = self._llm.detokenize(tokens).decode("utf-8", "replace")  # for telemetry's capture
         budget = self._check_fits(len(tokens), max_tokens)
         request: dict[str, Any] = {"max_tokens": max_tokens, "temperature": params["temperature"],
                                    "top_p": params["top_p"], "top_k": params["top_k"], "stop_sequences": stops or None,
                                    "seed": seed}
         body = self._decode(prompt, tokens, budget, stops, params, operation, stream, request, seed,
-                            _capture_messages)
+                            _capture_messages, bias)
         return self._stepwise(body) if stream else body
 
     def _stepwise(self, body: Generator[str, None, None]) -> Iterator[str]:
@@ -425,7 +457,8 @@ class LlamaCppBackend:
 
     def _decode(self, prompt: str, tokens: list[int], budget: int, stops: list[str], params: Mapping[str, float],
                 operation: str, stream: bool, request: dict[str, Any], seed: int | None,
-                messages: list[dict[str, str]] | None = None) -> Generator[str, None, None]:
+                messages: list[dict[str, str]] | None = None,
+                logit_bias: tuple[tuple[int, float], ...] = ()) -> Generator[str, None, None]:
         llm = self._llm
         me = next(self._next_id)
         hold = max((len(s) for s in stops), default=1) - 1  # chars kept back while they may start a stop
@@ -462,7 +495,10 @@ class LlamaCppBackend:
                 if budget > 0:
                     gen = llm.generate(tokens, top_k=int(params["top_k"]), top_p=float(params["top_p"]),
                                        min_p=float(params["min_p"]), temp=float(params["temperature"]),
-                                       repeat_penalty=float(params["repeat_penalty"]))
+                                       repeat_penalty=float(params["repeat_penalty"]),
+                                       frequency_penalty=float(params["frequency_penalty"]),
+                                       presence_penalty=float(params["presence_penalty"]),
+                                       logits_processor=_bias_processor(logit_bias))
                     try:
                         for tok in gen:
                             chunk()
