@@ -140,6 +140,8 @@ def _config(tmp_path: Path, family: str, **changes) -> Path:
 @pytest.mark.parametrize("family, changes, match", [
     ("gemma3", {"attn_logit_softcapping": 50.0}, "attn_logit_softcapping is not supported for gemma3"),
     ("gemma3", {"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+    ("gemma3", {"query_pre_attn_scalar": 32, "head_dim": 64, "num_attention_heads": 4, "hidden_size": 128},
+     r"query_pre_attn_scalar 32 is not supported for gemma3 \(llama.cpp scales attention by 1/sqrt\(head_dim 64\)\)"),
     ("gemma3", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
      r"rope_scaling 'yarn' is not supported by this converter for gemma3 \(supported: none/default, linear\)"),
     pytest.param("phi3", {"rope_scaling": {"type": "longrope", "long_factor": [1.0] * 5, "short_factor": [1.0] * 12}},
@@ -263,3 +265,20 @@ def test_serve_answers_a_completion_from_each_family(family_bundles, tmp_path):
                 proc.kill()
                 proc.wait()
     assert proc.returncode == 0, log.read_text()[-3000:]
+
+
+@pytest.mark.slow
+def test_gemma3_linear_rope_scaling_of_the_global_layers_matches_hf(tmp_path):
+    """Gemma-3-4B and larger scale the global layers' rope linearly (factor 8) and leave the sliding ones: written
+    as rope.scaling.type/factor, which llama.cpp applies to the non-sliding layers only, as HF does."""
+    import gguf
+
+    from edgesdk.formats.gguf import convert as conv
+    from edgesdk.formats.gguf.build import PPL_TEXT
+
+    hf = make_family_model(tmp_path / "gemma-linear", "gemma3", rope_scaling={"rope_type": "linear", "factor": 8.0})
+    out = tmp_path / "gemma-linear.gguf"
+    conv.convert_hf_to_gguf(hf, out)
+    assert gguf.GGUFReader(str(out)).fields["gemma3.rope.scaling.factor"].contents() == 8.0
+    parity = conv.logits_parity(hf, out, PPL_TEXT.read_text())
+    assert parity["min_cosine"] >= 0.999 and parity["top1_agreement"] >= 0.95, parity

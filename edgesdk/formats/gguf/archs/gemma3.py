@@ -16,7 +16,8 @@ What differs from llama, and where llama.cpp's ``gemma3`` graph expects it:
 * Embeddings are scaled by sqrt(hidden) inside llama.cpp's graph, as HF's ``Gemma3TextScaledWordEmbedding``
   does: nothing to write. The output is tied to the embedding (no ``lm_head.weight`` is saved).
 * Attention scale: llama.cpp uses 1/sqrt(head_dim) (``query_pre_attn_scalar`` = head_dim in every Gemma3ForCausalLM
-  config); another value is written as ``attention.scale``.
+  config; 1/sqrt(hidden / heads) for its 62-layer 27B type) and reads no scale from the file: another value is
+  refused.
 """
 
 from __future__ import annotations
@@ -48,6 +49,14 @@ def _check(config: Config, where: str) -> None:
     if config.get("use_bidirectional_attention"):
         raise ModelError(f"{where}: use_bidirectional_attention (an embedding model) is not a causal LM for gemma3")
     n_layer = int(config.get("num_hidden_layers") or 0)
+    scalar = config.get("query_pre_attn_scalar")
+    heads, hidden = int(config.get("num_attention_heads") or 1), int(config.get("hidden_size") or 0)
+    head_dim = int(config.get("head_dim") or (hidden // heads if heads else 0))
+    # llama.cpp's gemma3 scales attention by 1/sqrt(head_dim), by 1/sqrt(hidden / heads) for its 62-layer (27B)
+    # type, and reads no scale from the file (measured: attention.scale written, min cosine 0.81)
+    if scalar is not None and int(scalar) != head_dim and not (n_layer == 62 and int(scalar) == hidden // heads):
+        raise ModelError(f"{where}: query_pre_attn_scalar {scalar} is not supported for gemma3 (llama.cpp scales "
+                         f"attention by 1/sqrt(head_dim {head_dim}))")
     bad = sorted({t for t in layer_types(config, n_layer) if t not in ("sliding_attention", "full_attention")})
     if bad:
         raise ModelError(f"{where}: layer_types {', '.join(bad)} are not gemma3 layer types")
@@ -67,9 +76,6 @@ def _metadata(writer: GGUFWriter, config: Config, hp: Hparams) -> None:
     if hp.rope_type == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(finite(hp.rope.get("factor"), "rope_scaling.factor", where))
-    scalar = config.get("query_pre_attn_scalar")
-    if scalar is not None and int(scalar) != hp.head_dim:
-        writer.add_attention_scale(float(finite(scalar, "query_pre_attn_scalar", where)) ** -0.5)
     softcap = config.get("final_logit_softcapping")
     if softcap is not None:
         writer.add_final_logit_softcapping(finite(softcap, "final_logit_softcapping", where))
