@@ -57,6 +57,12 @@ _COMMON = {
     "stop": _field(_text | st.lists(_text, max_size=17)),
     "stream": _field(st.booleans()),
     "stream_options": _field(st.fixed_dictionaries({}, optional={"include_usage": st.booleans() | _json})),
+    "frequency_penalty": _field(st.floats(-2, 2)),
+    "presence_penalty": _field(st.floats(-2, 2)),
+    "top_k": _field(st.integers(0, 100)),
+    "min_p": _field(st.floats(0, 1)),
+    "repeat_penalty": _field(st.floats(0.5, 2)),
+    "logit_bias": _field(st.dictionaries(st.integers(0, 1000).map(str), st.floats(-100, 100), max_size=3)),
 }
 _chat = st.fixed_dictionaries({**_COMMON, "messages": _field(st.lists(_message, min_size=1, max_size=3))})
 _completion = st.fixed_dictionaries({**_COMMON, "prompt": _field(_text | st.lists(_text, max_size=2)),
@@ -117,9 +123,10 @@ def test_generation_body_parses_or_400_and_the_runtime_agrees(body, chat):
     # What the server accepts, the runtime accepts: no error comes back from the model later.
     if chat:
         GenerationRequest.from_options(messages=what, **opts)
-    else:
+    elif isinstance(what, str):
         GenerationRequest.from_options(prompt=what, **opts)
-        assert isinstance(what, str)
+    else:  # token ids
+        GenerationRequest.from_options(prompt_tokens=what, **opts)
 
 
 @settings(max_examples=EXAMPLES, deadline=None)

@@ -360,13 +360,13 @@ class BatchEngine:
     def _submit(self, request: GenerationRequest, listener: Callable[[str, Any], None] | None = None,
                 cancel: threading.Event | None = None) -> BatchHandle:
         stops = request.stop
+        if request.logit_bias and request.logit_bias[-1][0] >= self.n_vocab:
+            raise InputError(f"logit_bias token ids must be < {self.n_vocab} (the vocabulary), "
+                             f"got {request.logit_bias[-1][0]}")
         if request.prompt_tokens is not None:
             tokens = list(request.prompt_tokens)
             if max(tokens) >= self.n_vocab:
                 raise ShapeError(f"prompt_tokens must be < {self.n_vocab} (the vocabulary), got {max(tokens)}")
-        if request.logit_bias and request.logit_bias[-1][0] >= self.n_vocab:
-            raise InputError(f"logit_bias token ids must be < {self.n_vocab} (the vocabulary), "
-                             f"got {request.logit_bias[-1][0]}")
         elif request.messages is not None:
             tokens, extra = self._chat_prompt(request)
             stops = stops + tuple(s for s in extra if s not in stops)

@@ -37,7 +37,7 @@ from starlette.routing import Match, Route
 
 from edgesdk import __version__
 from edgesdk.errors import EdgeSDKError, InputError, ShapeError
-from edgesdk.runtime.requests import SEED_MAX, GenerationRequest, check_logit_bias
+from edgesdk.runtime.requests import INT32_MAX, SEED_MAX, GenerationRequest, check_logit_bias
 from edgesdk.serve.batch_worker import BatchWorker, decide_parallel
 from edgesdk.serve.metrics import ServerMetrics
 from edgesdk.serve.workers import EmbeddingBatcher, Job, LLMWorker, Saturated
@@ -299,7 +299,7 @@ def _r(name: str, note: str, *neutral: Any) -> RequestField:
 
 _COMMON = (
     _f("model", "a served model name (GET /v1/models)"),
-    _f("max_tokens", "1 to the model's cap (see Limits: default 256, cap 2048 or the context length)"),
+    _f("max_tokens", "1 to the model's cap (default 256; cap 2048 or the context, whichever is smaller)"),
     _f("temperature", "0 to 2; 0 is greedy"),
     _f("top_p", "above 0, at most 1"),
     _f("seed", f"0 to {SEED_MAX}"),
@@ -420,7 +420,7 @@ def _generation_options(body: dict, entry: ModelEntry) -> dict:
             raise APIError(400, f"'repeat_penalty' must be a number above 0 (1 is off), got {_show(repeat)}",
                            param="repeat_penalty")
         opts["repeat_penalty"] = float(repeat)
-    top_k = _integer(body, "top_k", 0, 2**31 - 1)
+    top_k = _integer(body, "top_k", 0, INT32_MAX)
     if top_k is not None:
         opts["top_k"] = top_k
     seed = _integer(body, "seed", 0, SEED_MAX)
@@ -460,8 +460,9 @@ def _prompt(body: dict) -> str | list[int]:
     if isinstance(prompt, str):
         return prompt
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        if min(prompt) < 0:
-            raise APIError(400, f"'prompt' token ids must be >= 0, got {min(prompt)}", param="prompt")
+        bad = next((t for t in prompt if not 0 <= t <= INT32_MAX), None)
+        if bad is not None:
+            raise APIError(400, f"'prompt' token ids must be from 0 to {INT32_MAX}, got {_show(bad)}", param="prompt")
         return prompt
     if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, str | list) for p in prompt):
         raise APIError(400, f"'prompt' holds {len(prompt)} prompts: this server answers one prompt per request "
