@@ -337,7 +337,9 @@ class LlamaCppBackend:
         return telemetry.inference(operation, self._model, self.provider, stream=request.stream,
                                    request={"max_tokens": request.max_tokens, "temperature": request.temperature,
                                             "top_p": request.top_p, "top_k": request.top_k,
-                                            "stop_sequences": list(request.stop) or None, "seed": request.seed},
+                                            "stop_sequences": list(request.stop) or None, "seed": request.seed,
+                                            "frequency_penalty": request.frequency_penalty or None,
+                                            "presence_penalty": request.presence_penalty or None},
                                    attributes=self._attrs, attach=False)
 
     def batch_engine(self, *, slots: int, max_queue: int, reuse_prefix: bool = True) -> BatchEngine:
@@ -448,6 +450,9 @@ class LlamaCppBackend:
         request: dict[str, Any] = {"max_tokens": max_tokens, "temperature": params["temperature"],
                                    "top_p": params["top_p"], "top_k": params["top_k"], "stop_sequences": stops or None,
                                    "seed": seed}
+        for k in ("frequency_penalty", "presence_penalty"):  # recorded when set (0 is off)
+            if params[k]:
+                request[k] = params[k]
         body = self._decode(prompt, tokens, budget, stops, params, operation, stream, request, seed,
                             _capture_messages, bias)
         return self._stepwise(body) if stream else body
