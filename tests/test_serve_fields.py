@@ -137,6 +137,8 @@ def test_refused_and_unknown_fields_name_the_param(served):
             body["prompt"] = "x"
         err = _error(served, path, body)
         assert err["param"] == key, (path, key, err)
+    err = _error(served, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi", "name": "ann"}]})
+    assert err["param"] == "messages[0].name"
     openai = pytest.importorskip("openai")
     with pytest.raises(openai.BadRequestError) as exc:
         _client(served).chat.completions.create(model="gemma", messages=[{"role": "user", "content": "Hi"}],

@@ -321,7 +321,8 @@ _COMMON = (
 #: 400 naming it unless its value is null or neutral. docs/serve.md's field table is generated from this.
 REQUEST_FIELDS: dict[str, tuple[RequestField, ...]] = {
     "/v1/chat/completions": (
-        _f("messages", "roles and text content (a string or text parts)"),
+        _f("messages", "role and text content (a string or text parts); any other message field (name, "
+                                  "tool_calls, tool_call_id, ...): 400 naming it"),
         *_COMMON,
         _f("max_completion_tokens", "as max_tokens (wins when both are given)"),
         _r("response_format", "structured output (JSON mode, JSON Schema) is not implemented", {"type": "text"}),
@@ -525,6 +526,11 @@ def _messages(body: dict) -> list[dict]:
     for i, m in enumerate(msgs):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not m["role"]:
             raise APIError(400, f"messages[{i}] must be an object with a 'role'", param=f"messages[{i}]")
+        for key, value in m.items():  # name, tool_calls, tool_call_id, audio, ...: not passed to the template
+            if key not in ("role", "content") and value not in (None, [], ""):
+                raise APIError(400, f"messages[{i}].{key[:40]}: only 'role' and 'content' are supported in a "
+                               "message (no names, tool calls or audio)", param=f"messages[{i}].{key[:40]}",
+                               code="unsupported_parameter")
         content = m.get("content")
         if isinstance(content, list):  # content parts: text only
             texts = []
