@@ -34,6 +34,22 @@ def test_docs_field_tables_are_the_code_table():
         assert all(f.note for f in fields)
 
 
+def test_generation_request_penalties_and_logit_bias():
+    from edgesdk.errors import InputError
+    from edgesdk.runtime.requests import GenerationRequest
+
+    r = GenerationRequest.from_options(prompt="x", temperature=0, logit_bias={"7": 5, 3: -100})
+    assert r.logit_bias == ((3, -100.0), (7, 5.0)) and not r.plain_greedy
+    assert GenerationRequest(prompt="x", temperature=0).plain_greedy
+    assert not GenerationRequest(prompt="x", temperature=0, presence_penalty=0.5).plain_greedy
+    for bad, says in (({"frequency_penalty": 2.5}, "frequency_penalty must be <= 2"),
+                      ({"presence_penalty": -3}, "presence_penalty must be >= -2"),
+                      ({"logit_bias": {"a": 1}}, "logit_bias keys must be token ids"),
+                      ({"logit_bias": {"1": 101}}, "logit_bias\\[1\\] must be <= 100")):
+        with pytest.raises(InputError, match=says):
+            GenerationRequest.from_options(prompt="x", **bad)
+
+
 # ------------------------------------------------------------------------------ against a real server
 @pytest.fixture(scope="module", params=["2", "1"], ids=["batched", "one-at-a-time"])
 def served(request, gemma_chat_bundle, tmp_path_factory):  # noqa: F811 - the imported fixture
