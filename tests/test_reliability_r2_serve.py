@@ -12,7 +12,6 @@ import json
 import os
 import random
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -26,6 +25,8 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from test_serve import ServerProcess  # noqa: E402
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -33,38 +34,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class Server:
-    """A server process on a free loopback port, ready when /health answers."""
+class Server(ServerProcess):
+    """A server process from any ``argv`` on ``port`` (a free loopback port), ready when /health answers."""
 
     def __init__(self, argv: list[str], tmp: Path, port: int):
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}"
-        self.log = tmp / f"serve-{port}.log"
-        self._fh = open(self.log, "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(argv, stdout=self._fh, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"server exited {self.proc.returncode}: {self.log.read_text()[-3000:]}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise AssertionError(f"server did not start: {self.log.read_text()[-3000:]}")
-
-    def stop(self, timeout: float = 60) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._fh.close()
-        return self.proc.returncode
+        super().__init__([], tmp, argv=argv, port=port)
 
 
 def cli_server(bundles: list, names: list[str], tmp: Path, *extra: str) -> Server:

@@ -72,15 +72,19 @@ def free_port() -> int:
 class ServerProcess:
     """`python -m edgesdk serve ...` on a free loopback port, ready when /health answers."""
 
-    def __init__(self, args: list, tmp: Path, env: dict | None = None):
+    def __init__(self, args: list, tmp: Path, env: dict | None = None, *, argv: list[str] | None = None,
+                 port: int | None = None):
+        """``args`` after ``edgesdk serve`` (port, threads and log level added); or a whole ``argv`` that
+        serves on ``port``."""
         self.args = list(args)
-        self.port = free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tmp / f"serve-{self.port}.log"
         self._fh = open(self.log, "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen([sys.executable, "-m", "edgesdk", "serve", *map(str, args), "--port",
-                                      str(self.port), "--threads", "2", "--log-level", "warning"],
-                                     stdout=self._fh, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        cmd = argv or [sys.executable, "-m", "edgesdk", "serve", *map(str, args), "--port", str(self.port),
+                       "--threads", "2", "--log-level", "warning"]
+        self.proc = subprocess.Popen(cmd, stdout=self._fh, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **(env or {})})
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
