@@ -1,0 +1,150 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Soak of `edgesdk serve` on an LLM bundle (continuous batching): does the server's RSS stay flat?
+
+Starts `edgesdk serve BUNDLE` as a user does, sends --warmup requests, then --rounds rounds of --requests
+requests from --concurrency asyncio clients, and samples the server's RSS (/proc/PID/status VmRSS)
+after each round. The mix per request (seeded): completions and chat completions, streamed and not, a
+client that reads two chunks then goes away, one that disconnects before the answer, and a stop string.
+Reported: RSS growth per round against the level after warm-up, status counts, cancelled count.
+
+    python tools/bench/soak_serve_llm.py BUNDLE --requests 600 --rounds 3 --concurrency 8
+
+Writes tools/bench/results/soak_serve_llm_cpu.json (--out to change).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _measure import RESULTS, machine  # noqa: E402
+from bench_serve import free_port  # noqa: E402
+
+
+def rss_mb(pid: int) -> float:
+    text = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"VmRSS:\s+(\d+) kB", text).group(1)) / 1024  # type: ignore[union-attr]
+
+
+async def one(client: httpx.AsyncClient, url: str, rng: random.Random, i: int) -> str:
+    kind = rng.choice(["completion", "completion_stream", "chat", "chat_stream", "abandon_stream", "abandon",
+                       "stop"])
+    chat = kind.startswith("chat")
+    route = "/v1/chat/completions" if chat else "/v1/completions"
+    body: dict = {"model": "m", "max_tokens": rng.choice([1, 2, 4]), "temperature": rng.choice([0, 0.7])}
+    if chat:
+        body["messages"] = [{"role": "user", "content": f"Request {i}: name a river."}]
+    else:
+        body["prompt"] = f"Request {i}: the river"
+    if kind.endswith("stream") or kind == "abandon_stream":
+        body["stream"] = True
+    if kind == "stop":
+        body.update(stop=["\n"], max_tokens=8)
+    if kind == "abandon_stream":
+        body["max_tokens"] = 64
+        try:
+            async with client.stream("POST", url + route, json=body) as r:
+                n = 0
+                async for _line in r.aiter_lines():
+                    n += 1
+                    if n >= 2:
+                        break  # leave mid-stream
+            return f"{kind} {r.status_code}"
+        except httpx.HTTPError as exc:
+            return f"{kind} {type(exc).__name__}"
+    if kind == "abandon":
+        body["max_tokens"] = 64
+        try:
+            await client.post(url + route, json=body, timeout=0.05)
+            return f"{kind} answered"
+        except httpx.TimeoutException:
+            return f"{kind} left"
+    try:
+        r = await client.post(url + route, json=body) if not body.get("stream") else None
+        if r is None:
+            async with client.stream("POST", url + route, json=body) as s:
+                async for _line in s.aiter_lines():
+                    pass
+                return f"{kind} {s.status_code}"
+        return f"{kind} {r.status_code}"
+    except httpx.HTTPError as exc:
+        return f"{kind} {type(exc).__name__}"
+
+
+async def wave(url: str, n: int, concurrency: int, seed: int) -> dict[str, int]:
+    rng = random.Random(seed)
+    counts: dict[str, int] = {}
+    todo = iter(range(n))
+    async with httpx.AsyncClient(timeout=120) as client:
+        async def worker() -> None:
+            for i in todo:
+                key = await one(client, url, rng, i)
+                counts[key] = counts.get(key, 0) + 1
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return counts
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("bundle")
+    ap.add_argument("--warmup", type=int, default=300)
+    ap.add_argument("--requests", type=int, default=600)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default=str(RESULTS / "soak_serve_llm_cpu.json"))
+    args = ap.parse_args()
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "edgesdk", "serve", args.bundle, "--name", "m", "--port",
+                             str(port), "--threads", str(args.threads), "--log-level", "warning",
+                             "--max-queue", str(4 * args.concurrency)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(600):
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        t0 = time.perf_counter()
+        totals = asyncio.run(wave(url, args.warmup, args.concurrency, 1))
+        base = rss_mb(proc.pid)
+        growth = []
+        for r in range(args.rounds):
+            for k, v in asyncio.run(wave(url, args.requests, args.concurrency, 100 + r)).items():
+                totals[k] = totals.get(k, 0) + v
+            time.sleep(1.0)  # let cancelled requests leave their slots
+            growth.append(round(rss_mb(proc.pid) - base, 1))
+            print(f"round {r + 1}: RSS {base + growth[-1]:.1f} MB ({growth[-1]:+.1f} MB over warm-up)", flush=True)
+        metrics = httpx.get(url + "/metrics", timeout=10).text
+        busy = re.search(r'^edgesdk_serve_slots_busy\{model="m"\} (\S+)$', metrics, re.M)
+        cancelled = re.search(r'^edgesdk_serve_cancelled_total\{model="m"\} (\S+)$', metrics, re.M)
+        wall = time.perf_counter() - t0
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    fives = {k: v for k, v in totals.items() if k.split()[-1].startswith("5")}
+    out = {"what": "edgesdk serve (continuous batching) LLM soak: RSS per round over the level after warm-up",
+           "bundle": Path(args.bundle).name, "machine": machine(), "settings": vars(args),
+           "rss_after_warmup_mb": round(base, 1), "growth_mb_per_round": growth, "outcomes": totals,
+           "server_5xx": fives, "slots_busy_at_end": float(busy.group(1)) if busy else None,
+           "cancelled_total": float(cancelled.group(1)) if cancelled else None, "wall_s": round(wall, 1)}
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    print(f"RSS after warm-up {base:.1f} MB, growth per {args.requests} requests {growth}; 5xx {fives or 'none'}; "
+          f"slots busy at the end {out['slots_busy_at_end']}; wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
