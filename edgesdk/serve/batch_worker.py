@@ -50,9 +50,9 @@ def decide_parallel(session: Any, requested: int | None) -> tuple[int, str]:
                            f"{per_token / 1024:.1f} KiB = {requested * per_slot / 1e9:.2f} GB)")
     on_gpu = int(backend.settings.get("n_gpu_layers") or 0) > 0
     base = GPU_SLOTS if on_gpu else CPU_SLOTS
-    from edgesdk.runtime.backends.llamacpp import _free_device_bytes
+    from edgesdk.runtime.backends.llamacpp import free_device_bytes
 
-    free, how = _free_device_bytes() if on_gpu else (None, "")
+    free, how = free_device_bytes() if on_gpu else (None, "")
     if free is not None and "MemAvailable" not in how:
         budget, where = int(free * KV_SHARE_GPU), f"half the free GPU memory ({how}: {free / 1e9:.1f} GB)"
     else:

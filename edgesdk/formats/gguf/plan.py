@@ -11,12 +11,11 @@ profile's memory budget, else a shorter context (down to ``min_context_length``)
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from edgesdk.errors import InputError, ModelError, ResourceError
-from edgesdk.formats.gguf.types import BPW, FTYPES
+from edgesdk.formats.gguf.types import BPW, DEFAULT_KV_TYPE, FTYPES, KV_TYPE_BYTES, kv_bytes
 from edgesdk.types import BuildOptions, Decision, ModelFacts
 
 if TYPE_CHECKING:
@@ -35,9 +34,6 @@ LOGITS_MIN_TOP1 = 0.95
 KV_BYTES_PER_ELEMENT = 2  # llama.cpp's default KV cache type is F16
 # Bytes per cached K/V element for the cache types llama.cpp accepts (`--cache-type-k/-v`, common/arg.cpp:
 # f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1), from the ggml block layouts (q8_0: 34 B / 32).
-KV_TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32,
-                 "q4_1": 20 / 32, "iq4_nl": 18 / 32, "q4_0": 18 / 32}
-DEFAULT_KV_TYPE = "f16"
 # llama-cpp-python's Llama() defaults (n_batch 512, n_ubatch 512; llama.cpp's own CLI defaults are
 # n_batch 2048, n_ubatch 512): the micro-batch that sizes the compute buffer where the plan does not
 # raise it, and the figure callers get from compute_bytes() without one.
@@ -63,13 +59,6 @@ def _gb(n_bytes: float) -> str:
     if n_bytes < 0.1 * GB:
         return f"{n_bytes / 1e6:.2f} MB"
     return f"{n_bytes / GB:.2f} GB"
-
-
-def kv_bytes(info: Mapping[str, Any], n_ctx: int, kv_type: str = DEFAULT_KV_TYPE) -> int:
-    """KV cache bytes: 2 (K and V) x layers x kv_heads x head_dim x context x bytes per element of
-    ``kv_type`` (2 for llama.cpp's default F16 cache)."""
-    elements = 2 * int(info["layers"]) * int(info["kv_heads"]) * int(info["head_dim"]) * n_ctx
-    return math.ceil(elements * KV_TYPE_BYTES[kv_type])
 
 
 def compute_bytes(info: Mapping[str, Any], weight_bytes: float, n_ubatch: int = N_UBATCH) -> float:

@@ -27,6 +27,7 @@ import numpy as np
 
 from edgesdk import telemetry
 from edgesdk.errors import BackendUnavailableError, InputError, ShapeError
+from edgesdk.formats.gguf.types import DEFAULT_KV_TYPE, kv_bytes
 from edgesdk.native import import_llama_cpp, route_llama_logs
 from edgesdk.runtime.backend import LoadContext, TensorSpec
 from edgesdk.runtime.requests import DEFAULT_SAMPLING, GenerationRequest, check_logit_bias, check_sampling
@@ -50,7 +51,7 @@ llm.eval(llm.tokenize(b"Hello", add_bos=True))
 """
 
 
-def _free_device_bytes() -> tuple[int | None, str]:
+def free_device_bytes() -> tuple[int | None, str]:
     """Free memory llama.cpp can offload into: NVML on discrete GPUs, MemAvailable on Jetson (unified).
 
     Reads only the device tree and NVML: no :func:`edgesdk.host.probe` (which imports ONNX Runtime and
@@ -76,7 +77,7 @@ def _free_device_bytes() -> tuple[int | None, str]:
 def _layers_that_fit(llm_info: Mapping[str, Any], n_ctx: int, free: int) -> int:
     """Transformer layers whose weights + KV fit in ``free`` bytes (output layer counted as one)."""
     layers = int(llm_info["layers"])
-    kv_per_layer = 2 * int(llm_info["kv_heads"]) * int(llm_info["head_dim"]) * n_ctx * 2
+    kv_per_layer = kv_bytes({**llm_info, "layers": 1}, n_ctx)
     per_layer = int(llm_info["file_bytes"]) / (layers + 1) + kv_per_layer
     return max(0, min(layers + 1, int((free - GPU_RESERVE_BYTES) // per_layer)))
 
@@ -189,11 +190,13 @@ class LlamaCppBackend:
     provider = "llama.cpp"
 
     def __init__(self, llm: Llama, *, settings: dict[str, Any], report: dict[str, Any], model: str,
-                 attributes: dict[str, Any], chat_template: str | None = None, path: str = "") -> None:
+                 attributes: dict[str, Any], chat_template: str | None = None, path: str = "",
+                 llm_info: Mapping[str, Any] | None = None) -> None:
         llama_cpp = import_llama_cpp()
 
         self._llm = llm
         self._path = path
+        self._info = dict(llm_info or {})  # the manifest's llm section: the model shape
         self.settings = settings
         self._report = report
         self._model = model
@@ -358,24 +361,13 @@ class LlamaCppBackend:
                            reuse_prefix=reuse_prefix)
 
     def kv_bytes_per_token(self) -> int:
-        """Bytes of K and V cache one token takes in one sequence (all layers), from the GGUF's metadata."""
-        meta = self._llm.metadata
-        arch = meta.get("general.architecture", "llama")
-
-        def num(key: str, default: int = 0) -> int:
-            try:
-                return int(meta.get(f"{arch}.{key}", default))
-            except (TypeError, ValueError):
-                return default
-        layers = num("block_count")
-        heads = max(1, num("attention.head_count", 1))
-        kv_heads = num("attention.head_count_kv", heads) or heads
-        head_k = num("attention.key_length") or num("embedding_length") // heads
-        head_v = num("attention.value_length") or head_k
-        size = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
-        k = size.get(str(self._report.get("type_k") or "f16"), 2.0)
-        v = size.get(str(self._report.get("type_v") or "f16"), 2.0)
-        return int(layers * kv_heads * (head_k * k + head_v * v))
+        """Bytes of K and V cache one token takes in one sequence (all layers), by the planner's arithmetic on
+        the manifest's model shape (0 when a bundle's manifest does not record it)."""
+        info = self._info
+        if not all(info.get(k) for k in ("layers", "kv_heads", "head_dim")):
+            return 0
+        k, v = (str(self._report.get(t) or DEFAULT_KV_TYPE) for t in ("type_k", "type_v"))
+        return (kv_bytes(info, 1, k) + kv_bytes(info, 1, v)) // 2
 
     def _chat_formatter(self, spec: str | None) -> tuple[Jinja2ChatFormatter, list[str]]:
         if spec in self._formatters:
@@ -675,7 +667,7 @@ def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
                             "false: CPU-only build or no GPU)")
         ngl, fa = 0, False
     elif ngl:
-        free, how = _free_device_bytes()
+        free, how = free_device_bytes()
         if free is not None and layers:
             fit = _layers_that_fit({**info, "layers": layers}, n_ctx, free)
             notes.append(f"{how}: {free / 1e9:.2f} GB -> {fit}/{layers + 1} layers fit")
@@ -739,7 +731,7 @@ def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
                      "edgesdk.gguf.n_gpu_layers": a_ngl, "edgesdk.gguf.flash_attn": a_fa,
                      "edgesdk.bundle.id": bundle.bundle_id}
             return LlamaCppBackend(llm, settings=settings, report=report, model=bundle.model_name, attributes=attrs,
-                                   chat_template=chat_template, path=path)
+                                   chat_template=chat_template, path=path, llm_info=info)
         assert why is not None  # set whenever the attempt did not load
         errors.append(f"{_label(a_fa, a_ngl, layers)}: {why}")
         if i + 1 < len(tried):
