@@ -20,7 +20,8 @@ import copy
 from typing import TYPE_CHECKING, Any
 
 from edgesdk.errors import InputError, ModelError, ResourceError
-from edgesdk.formats.gguf.plan import GB, _gb, compute_bytes, kv_bytes, plan_gguf
+from edgesdk.formats.gguf.plan import GB, _gb, compute_bytes, plan_gguf
+from edgesdk.formats.gguf.types import kv_bytes
 from edgesdk.types import BuildOptions, Decision, ModelFacts
 
 if TYPE_CHECKING:
