@@ -14,6 +14,9 @@ def load(bundle, **kwargs):
 
     Verifies every artifact's sha256 before loading, picks the best backend present on this
     machine and falls back along the plan's chain, recording each step (``session.report()``).
+    Load options are keywords (``threads=2``, ``n_gpu_layers=...``) or ``options=`` the bundle kind's
+    dataclass (:mod:`edgesdk.runtime.options`: ``OnnxLoadOptions``, ``GgufLoadOptions``, ``VlmLoadOptions``);
+    one the bundle's loader does not read is an :class:`edgesdk.errors.InputError` (exit 3), not ignored.
     """
     from edgesdk.runtime.session import load as _load
 

@@ -22,6 +22,7 @@ from edgesdk.manifest import EmbeddingConfig
 from edgesdk.profiles import Profile, resolve_profile
 from edgesdk.runtime.backend import Backend, LLMBackend, LoadContext, check_feeds
 from edgesdk.runtime.backends import get_loader
+from edgesdk.runtime.options import LoadOptions, all_option_names, parse_load_options
 
 # embed() runs at most this many texts per backend call: memory grows with batch x padded length^2
 # (attention), so one call with 1,000 texts would otherwise be one huge batch.
@@ -78,36 +79,26 @@ def plan_embed_batches(lengths: list[int], max_batch: int = EMBED_MAX_BATCH,
 
 
 # Every option a built-in loader reads (``edgesdk.load(path, **options)``); anything else is a typo
-# (``n_gpu_layer=8``) that would otherwise be ignored in silence. A registered format may add its own
-# names with a ``load_options`` attribute.
-LOAD_OPTIONS = frozenset({
-    "providers", "threads", "verbose",  # every backend
-    "cuda_graphs", "placement", "device", "eager_fallback", "eager_device", "eager_measure",  # ONNX/TRT/torch
-    "chat_template", "n_ctx", "n_gpu_layers", "flash_attn", "n_batch", "n_ubatch", "probe_in_child",  # GGUF
-    "use_mmap", "vision_encoder",  # VLM
-})
+# (``n_gpu_layer=8``) that would otherwise be ignored in silence. The typed form, per backend kind, is
+# edgesdk.runtime.options (LoadOptions and its subclasses); a registered format may add its own names
+# with a ``load_options`` attribute.
+LOAD_OPTIONS = all_option_names()
 
 
-def check_load_options(options: dict[str, Any], fmt: str | None = None) -> None:
-    """Refuse (one-line :class:`InputError`) a ``threads`` that is not a positive integer and, once the
-    bundle's format is known (``fmt``), an option no loader reads; ``None`` means "the default"."""
-    threads = options.get("threads")
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-        raise InputError(f"threads must be a positive integer (CPU threads), got {threads!r}")
+def check_load_options(options: dict[str, Any], fmt: str | None = None) -> LoadOptions:
+    """``options`` as the typed :class:`~edgesdk.runtime.options.LoadOptions` of ``fmt``'s backend; a
+    ``threads`` that is not a positive integer and, once the bundle's format is known (``fmt``), an option
+    that format's loader does not read is a one-line :class:`InputError`; ``None`` means "the default"."""
     if fmt is None:
-        return
-    known = set(LOAD_OPTIONS)
+        return parse_load_options(options)
     from edgesdk.formats import find_format
 
-    known |= set(getattr(find_format(fmt), "load_options", ()) or ())
-    unknown = sorted(k for k in options if k not in known)
-    if unknown:
-        raise InputError(f"unknown load option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
-                         f"(known: {', '.join(sorted(known))})")
+    extra = tuple(getattr(find_format(fmt), "load_options", ()) or ())
+    return parse_load_options(options, fmt, extra)
 
 
 # LoadContext lives in runtime/backend.py
-__all__ = ["EMBED_MAX_BATCH", "EMBED_MAX_LENGTH_RATIO", "LOAD_OPTIONS", "LoadContext", "Session",
+__all__ = ["EMBED_MAX_BATCH", "EMBED_MAX_LENGTH_RATIO", "LOAD_OPTIONS", "LoadContext", "LoadOptions", "Session",
            "check_load_options", "load", "plan_embed_batches"]
 
 
@@ -282,18 +273,27 @@ class Session:
         self.close()
 
 
-def load(path: str | Path, *, profile: str | Profile | None = None, verify: bool = True, **options: Any) -> Session:
+def load(path: str | Path, *, profile: str | Profile | None = None, verify: bool = True,
+         options: LoadOptions | None = None, **kwargs: Any) -> Session:
     """Open and verify a bundle, then load it with the best backend present (see module docstring).
 
     ``profile`` overrides the device profile used for kernel decisions (default: the one the bundle was
     built for). ``host`` (an :class:`edgesdk.host.HostFacts`) replaces this machine's probed facts.
-    Options go to the loader, e.g. ``providers=[...]``, ``threads=2``, ``n_gpu_layers=...``.
+    Options go to the loader, as keywords (``providers=[...]``, ``threads=2``, ``n_gpu_layers=...``) or as
+    the bundle format's dataclass (``options=GgufLoadOptions(n_ctx=512)``, :mod:`edgesdk.runtime.options`);
+    an option the bundle's loader does not read is refused (exit 3), not ignored.
     """
     t0 = time.perf_counter()
-    host = options.pop("host", None)  # HostFacts to load as if on another host (tests, what-if reports)
-    check_load_options(options)  # threads, before the bundle's bytes are hashed
+    host = kwargs.pop("host", None)  # HostFacts to load as if on another host (tests, what-if reports)
+    if options is not None and kwargs:
+        raise InputError(f"pass load options as keywords or as options={type(options).__name__}(...), not both "
+                         f"(got {', '.join(sorted(kwargs))} too)")
+    if options is None:
+        check_load_options(kwargs)  # threads, before the bundle's bytes are hashed
     bundle = open_bundle(path, verify=verify)
-    check_load_options(options, bundle.format)  # a typo (n_gpu_layer=8) is refused, not ignored
+    # a typo (n_gpu_layer=8), or an option of another backend kind, is refused, not ignored
+    typed = check_load_options(kwargs, bundle.format) if options is None else \
+        parse_load_options(options, bundle.format)
     prof = profile if isinstance(profile, Profile) or profile is None else resolve_profile(profile)
     if prof is None:
         name = bundle.manifest.profile.name
@@ -301,6 +301,6 @@ def load(path: str | Path, *, profile: str | Profile | None = None, verify: bool
             prof = resolve_profile(name) if name else None
         except Exception:  # noqa: BLE001 - a custom profile file may not exist on the device
             prof = None
-    ctx = LoadContext(bundle=bundle, profile=prof, options=options, host=host)
+    ctx = LoadContext(bundle=bundle, profile=prof, options=typed.to_dict(), host=host)
     backend = get_loader(bundle.format)(bundle, ctx)
     return Session(bundle, backend, ctx, time.perf_counter() - t0)
