@@ -67,8 +67,10 @@ def _hf_task(config: dict, directory: Path) -> tuple[str, str | None]:
     arch = archs[0] if archs else None
     if arch and arch.endswith(("ForCausalLM", "LMHeadModel")):
         return "text-generation", arch
-    if arch in ("LlavaForConditionalGeneration", "Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration"):
-        return "image-text-to-text", arch  # the families of formats/vlm (facts.VLM_FAMILIES)
+    from edgesdk.formats.vlm.families import architectures as vlm_architectures  # light: the family records
+
+    if arch in vlm_architectures():
+        return "image-text-to-text", arch  # the families of formats/vlm (their records' HF classes)
     if arch and arch.endswith("ForImageClassification"):
         return "image-classification", arch
     if arch and arch.endswith("ForSequenceClassification"):

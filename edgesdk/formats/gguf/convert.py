@@ -408,10 +408,11 @@ def convert_hf_to_gguf(directory: Path, out_path: Path, *, name: str | None = No
         toktypes.append(toktype)
     if tok_model == "llama":
         scores = _merge_rank_scores(directory, tokens, scores)
-    elif tok_model == "gpt2":
-        # gguf-py's BpeVocab types an added token NORMAL when it is also in the base vocab, so llama.cpp
-        # would not parse it as special; llama.cpp's own converter types special added tokens CONTROL and
-        # other added tokens USER_DEFINED wherever they sit (convert_hf_to_gguf.py, get_vocab_base).
+    if (directory / "tokenizer.json").is_file():
+        # gguf-py's BpeVocab and LlamaHfVocab type an added token NORMAL when it is also in the base vocab (and,
+        # for LlamaHfVocab, not one of the tokenizer's named special tokens: Gemma-3's <start_of_turn>), so
+        # llama.cpp would not parse it as special; llama.cpp's own converter types special added tokens CONTROL
+        # and other added tokens USER_DEFINED wherever they sit (convert_hf_to_gguf.py, get_vocab_base).
         spec = json.loads((directory / "tokenizer.json").read_text(encoding="utf-8"))
         for item in spec.get("added_tokens") or []:
             i = item.get("id")

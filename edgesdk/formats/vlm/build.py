@@ -55,7 +55,7 @@ def test_images(directory: Path) -> list[Path]:
 
 
 _HF_CHILD = """
-import json, sys
+import inspect, json, sys
 import numpy as np, torch
 from PIL import Image
 import transformers
@@ -68,7 +68,7 @@ model = getattr(transformers, arch).from_pretrained(hf_dir, dtype=torch.float32)
 cfg = model.config
 arrays = {}
 fixed = None
-if arch != "LlavaForConditionalGeneration":
+if getattr(model.model, "vision_model", None) is not None:  # Idefics3 / SmolVLM's tower
     # transformers 4.55-4.57 bucketize h/n * (1 - 1e-6) against the boundaries k/n, which maps patch rows and
     # columns 1..n-1 to positions 0..n-2 (transformers issue #41190, fixed by PR #41374); the models were
     # trained, and llama.cpp computes, with positions 0..n-1. Measure it and, if present, also run PyTorch with
@@ -84,28 +84,29 @@ if arch != "LlavaForConditionalGeneration":
             e = emb.patch_embedding(pixel_values).flatten(2).transpose(1, 2)
             return e + emb.position_embedding.weight[None, : e.shape[1]]
         arrays["positions_fixed"] = np.asarray(1)
+# get_image_features gets what its signature names of the processor's outputs (pixel_values; Idefics3's
+# pixel_attention_mask) and of the config (LLaVA's vision_feature_layer / vision_feature_select_strategy)
+feature_args = inspect.signature(model.get_image_features).parameters
 def image_features(inputs):
-    if arch == "LlavaForConditionalGeneration":
-        f = model.get_image_features(pixel_values=inputs["pixel_values"],
-                                     vision_feature_layer=cfg.vision_feature_layer,
-                                     vision_feature_select_strategy=cfg.vision_feature_select_strategy)
-    else:  # Idefics3 / SmolVLM: vision tower + pixel-shuffle connector
-        f = model.get_image_features(pixel_values=inputs["pixel_values"],
-                                     pixel_attention_mask=inputs.get("pixel_attention_mask"))
+    kw = {k: inputs[k] for k in feature_args if k in inputs}
+    kw.update({k: getattr(cfg, k) for k in ("vision_feature_layer", "vision_feature_select_strategy")
+               if k in feature_args})
+    f = model.get_image_features(**kw)
     # transformers 5 returns a ModelOutput whose pooler_output holds the projected features (4.x: the tensor)
     f = getattr(f, "pooler_output", f)
     return f[0] if isinstance(f, (list, tuple)) else f
 for i, path in enumerate(spec["images"]):
     img = Image.open(path).convert("RGB")
     inputs = proc(images=img, text=spec["prompt"], return_tensors="pt")
-    inputs.pop("token_type_ids", None)
+    if "token_type_ids" not in inspect.signature(model.forward).parameters:  # Gemma-3 marks its image tokens
+        inputs.pop("token_type_ids", None)
     with torch.no_grad():
         if fixed is not None:  # the unmodified transformers figures, for the report
             f = image_features(inputs)
             arrays[f"features_unfixed{i}"] = f.reshape(-1, f.shape[-1]).double().numpy()
             g = model.generate(**inputs, max_new_tokens=spec["n"], do_sample=False)
             tu = g[0, inputs["input_ids"].shape[1]:].tolist()
-            eos_u = cfg.text_config.eos_token_id
+            eos_u = model.generation_config.eos_token_id or cfg.text_config.eos_token_id
             eos_u = set(eos_u if isinstance(eos_u, list) else [eos_u])
             arrays[f"tokens_unfixed{i}"] = np.asarray(tu[:next((j for j, t in enumerate(tu) if t in eos_u), len(tu))],
                                                       dtype=np.int64)
@@ -114,7 +115,7 @@ for i, path in enumerate(spec["images"]):
         arrays[f"features{i}"] = f.reshape(-1, f.shape[-1]).double().numpy()
         g = model.generate(**inputs, max_new_tokens=spec["n"], do_sample=False)
     toks = g[0, inputs["input_ids"].shape[1]:].tolist()
-    eos = cfg.text_config.eos_token_id
+    eos = model.generation_config.eos_token_id or cfg.text_config.eos_token_id  # where generate stops
     eos = set(eos if isinstance(eos, list) else [eos])
     cut = next((j for j, t in enumerate(toks) if t in eos), len(toks))
     arrays[f"tokens{i}"] = np.asarray(toks[:cut], dtype=np.int64)

@@ -186,12 +186,15 @@ def _strip(name: str, prefixes: tuple[str, ...]) -> str | None:
 
 
 def write_text_model_dir(directory: Path, out_dir: Path) -> Path:
-    """The language model as a plain HF ``LlamaForCausalLM`` directory (config, tokenizer, weights)."""
+    """The language model as a plain HF causal-LM directory (config, tokenizer, weights) of the family record's
+    ``text_architecture`` (``LlamaForCausalLM`` unless the record names another)."""
     from safetensors.numpy import save_file
+
+    from edgesdk.formats.vlm.families import by_config
 
     config = read_config(directory)
     text = dict(config.get("text_config") or {})
-    text["architectures"] = ["LlamaForCausalLM"]
+    text["architectures"] = [by_config(config).text_architecture]
     text.setdefault("model_type", "llama")
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.json").write_text(json.dumps(text, indent=2), encoding="utf-8")

@@ -65,6 +65,15 @@ def _max_frames(pre: dict[str, Any]) -> int | None:
     return side * side + 1
 
 
+def _decoder_supported(text_architecture: str, text: dict[str, Any]) -> bool:
+    """Whether the GGUF converter has the family's text architecture (a llama record: a llama ``text_config``)."""
+    from edgesdk.formats.gguf.archs import ARCHS
+
+    if text_architecture == "LlamaForCausalLM":
+        return bool(text.get("model_type", "llama") == "llama")
+    return text_architecture in ARCHS
+
+
 def hf_vlm_facts(directory: str | Path) -> dict[str, Any]:
     """What the VLM planner needs: architecture, component params, vision and decoder shapes."""
     directory = Path(directory)
@@ -84,11 +93,14 @@ def hf_vlm_facts(directory: str | Path) -> dict[str, Any]:
         "vision_model_type": vision.get("model_type"),
         "text_model_type": text.get("model_type", "llama"), "image_size": size, "patch_size": patch,
         "image_tokens": fam.image_tokens(cfg), "vision_hidden": vision.get("hidden_size"),
+        # the tower's positions per frame (before a pixel shuffle or pooling reduces them to image tokens)
+        "encoder_positions": (size // patch) ** 2 if isinstance(size, int) and isinstance(patch, int) and patch
+        else None,
         "vision_layers": vision.get("num_hidden_layers"), "feature_select": cfg.get("vision_feature_select_strategy"),
         "component_params": component_params(files, fam.component_prefixes) if files else {},
         "preprocessor": bool(pre),
         # the decoder as the GGUF planner sees a causal LM
-        "gguf_supported": text.get("model_type", "llama") == "llama", "layers": text.get("num_hidden_layers"),
+        "gguf_supported": _decoder_supported(fam.text_architecture, text), "layers": text.get("num_hidden_layers"),
         "heads": heads, "kv_heads": text.get("num_key_value_heads") or heads, "hidden": hidden,
         "head_dim": text.get("head_dim") or (hidden // heads if hidden and heads else None),
         "ffn": text.get("intermediate_size"), "ctx_train": text.get("max_position_embeddings"),

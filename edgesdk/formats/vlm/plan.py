@@ -66,7 +66,10 @@ def decoder_facts(facts: ModelFacts) -> ModelFacts:
     params = int((facts.extra.get("component_params") or {}).get("decoder") or 0)
     out = copy.deepcopy(facts)
     out.task, out.params = "text-generation", params or None
-    out.extra = {**facts.extra, "architecture": "LlamaForCausalLM (language_model of "
+    from edgesdk.formats.vlm.families import by_name
+
+    text_arch = by_name(facts.extra.get("family") or "llava").text_architecture
+    out.extra = {**facts.extra, "architecture": f"{text_arch} (language_model of "
                  f"{facts.extra.get('architecture')})"}
     return out
 
@@ -147,7 +150,8 @@ def plan_vlm(facts: ModelFacts, profile: Profile, options: BuildOptions) -> list
     comp = compute_bytes(info, dec_w)
     n_img = int(info.get("image_tokens") or 0)
     width = int(info.get("vision_hidden") or 0)
-    n_pos = n_img * int(info.get("scale_factor") or 1) ** 2  # encoder positions (before a pixel shuffle)
+    # encoder positions (before a pixel shuffle or pooling)
+    n_pos = int(info.get("encoder_positions") or n_img * int(info.get("scale_factor") or 1) ** 2)
     enc_act = (n_pos + 1) * width * 4 * 8  # one image's activations in F32, ~8 live tensors
     total = dec_w + kv + comp + mm_bytes + enc_act + onnx_bytes
     budget = profile.memory_budget_gb()

@@ -45,11 +45,13 @@ class VLMFamily:
     image_text: Callable[[int, int, str], str] | None = None  # (rows, cols, marker) -> one image's layout
     frames: str = "single"  # runtime preprocessing: "single" or "tiles"
     onnx_encoder: bool = False  # the FP16 ONNX encoder export (onnx_encoder.py) supports this family
+    text_architecture: str = "LlamaForCausalLM"  # the HF causal-LM class its language model converts as
+    reference_marker: str = "<image>"  # what the HF processor replaces with one image's tokens
     notes: dict[str, str] = field(default_factory=dict)
 
     def reference_prompt(self, text: str) -> str:
-        """The prompt for one image as the HF processor sees it (``<image>`` where the image goes)."""
-        return self.user_prompt(text, 1, "<image>")
+        """The prompt for one image as the HF processor sees it (:attr:`reference_marker` where the image goes)."""
+        return self.user_prompt(text, 1, self.reference_marker)
 
 
 def families() -> tuple[VLMFamily, ...]:
