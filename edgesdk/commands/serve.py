@@ -55,7 +55,8 @@ def serve_cmd(bundles, names, host, port, api_key, allowed_hosts, cors_origins, 
     from edgesdk.errors import InputError
     from edgesdk.extras import require
 
-    require("serve", ("starlette", "uvicorn"), "edgesdk serve")
+    require("serve", ("starlette", "uvicorn", "prometheus_client", "opentelemetry.exporter.prometheus"),
+            "edgesdk serve")
     from edgesdk.serve import ServeConfig, load_models, run
 
     # click ignores an empty EDGESDK_API_KEY; an empty key, given either way, would turn auth off: refused.

@@ -17,18 +17,14 @@ import functools
 import hmac
 import ipaddress
 import json
-import os
 import re
 import time
 import uuid
-from collections.abc import Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import numpy as np
-from opentelemetry import propagate, trace
-from opentelemetry.trace import SpanKind, Status, StatusCode
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -39,8 +35,10 @@ from edgesdk import __version__
 from edgesdk.errors import EdgeSDKError, InputError, ShapeError
 from edgesdk.runtime.requests import INT32_MAX, SEED_MAX, GenerationRequest, check_logit_bias
 from edgesdk.serve.batch_worker import BatchWorker, decide_parallel
-from edgesdk.serve.metrics import ServerMetrics
 from edgesdk.serve.workers import EmbeddingBatcher, Job, LLMWorker, Saturated
+from edgesdk.telemetry.serve_metrics import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
+from edgesdk.telemetry.serve_metrics import ServerMetrics
+from edgesdk.telemetry.serve_spans import HTTPSpan, ServerSpan, serve_tracer, untraced_patterns
 
 # Documented defaults (docs/serve.md); a bundle's manifest may lower/raise them with a "serve" table.
 DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB of JSON per request
@@ -551,132 +549,9 @@ def _messages(body: dict) -> list[dict]:
 
 
 # ------------------------------------------------------------------------------ spans
-HTTP_METHODS = frozenset({"CONNECT", "DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT", "TRACE", "QUERY"})
-DEFAULT_UNTRACED = ("/health$",)  # probes: a span per liveness/readiness check is noise (docs/serve.md)
-
-
-def _http_attributes(scope: Mapping[str, Any], user_agent: str | None) -> dict:
-    """HTTP server span attributes (OpenTelemetry HTTP semantic conventions) of an ASGI request scope.
-    A method outside the conventions' list is recorded as ``_OTHER`` with the original alongside."""
-    method = str(scope.get("method") or "")
-    attrs: dict = {"http.request.method": method if method in HTTP_METHODS else "_OTHER",
-                   "url.path": str(scope.get("path") or "/"), "url.scheme": str(scope.get("scheme") or "http")}
-    if method not in HTTP_METHODS:
-        attrs["http.request.method_original"] = method[:64]
-    if scope.get("http_version"):
-        attrs["network.protocol.version"] = str(scope["http_version"])
-    server = scope.get("server") or (None, None)
-    client = scope.get("client") or (None, None)
-    if server[0]:
-        attrs["server.address"] = str(server[0])
-        if server[1] is not None:
-            attrs["server.port"] = int(server[1])
-    if client[0]:
-        attrs["client.address"] = str(client[0])
-        if client[1]:
-            attrs["client.port"] = int(client[1])
-    if user_agent:
-        attrs["user_agent.original"] = user_agent[:256]
-    return attrs
-
-
-def untraced_patterns(configured: tuple[str, ...] | None = None) -> tuple[re.Pattern, ...]:
-    """Which requests get no plain HTTP span: ``configured`` when given, else the comma-separated regular
-    expressions of ``OTEL_PYTHON_STARLETTE_EXCLUDED_URLS`` / ``OTEL_PYTHON_EXCLUDED_URLS`` (the
-    variables OpenTelemetry's Python instrumentations read; set and empty: nothing excluded), else
-    ``/health$``. Each is searched in the request URL without its query (``http://host:port/path``)."""
-    if configured is None:
-        names = ("OTEL_PYTHON_STARLETTE_EXCLUDED_URLS", "OTEL_PYTHON_EXCLUDED_URLS")
-        value = next((os.environ[v] for v in names if os.environ.get(v, "").strip()), None)
-        if value is None:
-            value = "" if any(v in os.environ for v in names) else ",".join(DEFAULT_UNTRACED)
-        configured = tuple(x.strip() for x in value.split(",") if x.strip())
-    out = []
-    for pattern in configured:
-        try:
-            out.append(re.compile(pattern))
-        except re.error as exc:
-            raise InputError(f"excluded URL pattern {pattern!r} is not a regular expression ({exc})") from None
-    return tuple(out)
-
-
-class _HTTPSpan:
-    """A SERVER span for a request that is not a GenAI operation: ``/health``, ``/metrics``,
-    ``/v1/models``, an unknown path (404), a wrong method (405), and a GenAI route refused before its
-    handler ran (401 without the API key, 503 while draining). Named ``{method} {http.route}``, or
-    ``{method}`` when no route matched (the HTTP conventions: the path of an unknown URL is not a
-    low-cardinality name); status as :class:`_Span`: 4xx unset, 5xx ERROR with ``error.type``."""
-
-    def __init__(self, tracer, scope: dict, headers: dict, route: str | None):
-        attrs = _http_attributes(scope, headers.get("user-agent"))
-        if route:
-            attrs["http.route"] = route
-        method = attrs["http.request.method"]
-        name = "HTTP" if method == "_OTHER" else method
-        self.span = tracer.start_span(f"{name} {route}" if route else name, context=propagate.extract(headers),
-                                      kind=SpanKind.SERVER, attributes=attrs)
-
-    def end(self, status: int | None, error_type: str | None = None) -> None:
-        if status is not None:
-            self.span.set_attribute("http.response.status_code", int(status))
-        if error_type is None and status is not None and status >= 500:
-            error_type = str(status)
-        if error_type:
-            self.span.set_attribute("error.type", error_type)
-            self.span.set_status(Status(StatusCode.ERROR, error_type))
-        self.span.end()
-
-
-class _Span:
-    """The request's SERVER span: HTTP server attributes (HTTP semantic conventions) and GenAI ones, parent
-    from the client's ``traceparent``. It starts when the request arrives, before its body is read, so a
-    request refused with 4xx has a span too; its name is ``{operation} {model}`` once the model is known.
-
-    Status follows the HTTP conventions for SERVER spans: 4xx leaves it unset (the server did its job),
-    5xx and a request that ended before its response was complete (client gone, ``error.type:
-    cancelled``) set it to ERROR with ``error.type``."""
-
-    def __init__(self, tracer, request: Request, operation: str, route: str, provider: str):
-        parent = propagate.extract(request.headers)
-        self.operation = operation
-        # The provider is known before the model only when one serves this kind; else "edgesdk" until then.
-        attrs: dict = {"gen_ai.operation.name": operation, "gen_ai.provider.name": provider,
-                       **_http_attributes(request.scope, request.headers.get("user-agent"))}
-        attrs["http.route"] = route
-        self.span = tracer.start_span(operation, context=parent, kind=SpanKind.SERVER, attributes=attrs)
-        self.ctx = trace.set_span_in_context(self.span, parent)
-        self._ended = False
-
-    def model(self, name: str, provider: str, stream: bool | None = None) -> None:
-        self.span.update_name(f"{self.operation} {name}")
-        self.span.set_attribute("gen_ai.request.model", name)
-        self.span.set_attribute("gen_ai.provider.name", provider)
-        if stream:
-            self.span.set_attribute("gen_ai.request.stream", True)
-
-    def set(self, key: str, value) -> None:
-        if value is not None:
-            self.span.set_attribute(key, value)
-
-    def end(self, status: int | None, code: str | None = None, message: str | None = None,
-            cancelled: bool = False, error_type: str | None = None) -> None:
-        """``status``: the HTTP status sent (None when none was); ``code``: the OpenAI error code;
-        ``error_type``: the request failed after its status was sent (a stream that broke off)."""
-        if self._ended:
-            return
-        self._ended = True
-        if status is not None:
-            self.span.set_attribute("http.response.status_code", int(status))
-        if code:
-            self.span.set_attribute("edgesdk.serve.error_code", code)
-        error_type = "cancelled" if cancelled else error_type
-        if error_type:
-            self.span.set_attribute("error.type", error_type)
-            self.span.set_status(Status(StatusCode.ERROR, message or error_type))
-        elif status is not None and status >= 500:
-            self.span.set_attribute("error.type", str(status))
-            self.span.set_status(Status(StatusCode.ERROR, message or str(status)))
-        self.span.end()
+# The SERVER spans live in telemetry/ (the one place that imports OpenTelemetry); these names stay importable here.
+_HTTPSpan = HTTPSpan
+_Span = ServerSpan
 
 
 def prompt_cache_mb(session, configured: float | None) -> float:
@@ -700,22 +575,16 @@ def llm_parallel(session, requested: int | None) -> tuple[int, str]:
     return decide_parallel(session, requested)
 
 
-def _tracer(provider=None):
-    if provider is None:
-        from edgesdk import telemetry
-
-        provider = telemetry.tracer_provider()
-    return trace.get_tracer("edgesdk.serve", __version__, tracer_provider=provider)
-
-
 # ------------------------------------------------------------------------------ the app
 class _Server:
     def __init__(self, entries: list[ModelEntry], config: ServeConfig):
         self.models = {e.name: e for e in entries}
         self.config = config
         self.metrics = ServerMetrics()
+        for e in entries:
+            self.metrics.model(e.name, e.provider)
         self.draining = False
-        self.tracer = _tracer(config.tracer_provider)
+        self.tracer = serve_tracer(config.tracer_provider)
         self.untraced = untraced_patterns(config.untraced)
         self._api_key = config.api_key.encode("utf-8") if config.api_key else None
         bind = config.host.strip().lower().rstrip(".")  # a server bound to a name answers to it
@@ -800,7 +669,7 @@ class _Server:
         return JSONResponse({"status": "draining" if self.draining else "ok", "models": depth}, status_code=status)
 
     async def prom(self, request: Request) -> Response:
-        return PlainTextResponse(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        return PlainTextResponse(self.metrics.render(), media_type=PROMETHEUS_CONTENT_TYPE)
 
     async def list_models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [self._model_card(e) for e in self.models.values()]})

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The SDK providers edgesdk builds when it configures exporting (the CLI, ``--trace-file``, ``OTEL_*``),
 the OTLP-JSON Lines file exporter, and wrappers that count what was exported or lost. The only module
-that imports the OpenTelemetry SDK and exporters (the ``edgesdk[otel]`` extra).
+that imports the OTLP exporters (the ``edgesdk[otel]`` extra); the SDK is imported here and by
+:mod:`.serve_metrics` (the server's Prometheus reader, ``edgesdk[serve]``).
 
 The file format is what the OpenTelemetry Collector's ``file`` exporter writes: one
 ``ExportTraceServiceRequest`` (or ``ExportMetricsServiceRequest``) per line in the OTLP/JSON

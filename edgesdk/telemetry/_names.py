@@ -54,6 +54,19 @@ CLIENT_TIME_TO_FIRST_CHUNK = "gen_ai.client.operation.time_to_first_chunk"
 CLIENT_TIME_PER_OUTPUT_CHUNK = "gen_ai.client.operation.time_per_output_chunk"
 SERVER_TIME_TO_FIRST_TOKEN = "gen_ai.server.time_to_first_token"
 SERVER_TIME_PER_OUTPUT_TOKEN = "gen_ai.server.time_per_output_token"
+SERVER_REQUEST_DURATION = "gen_ai.server.request.duration"
+# edgesdk serve's own metrics (/metrics, docs/serve.md): Prometheus names are these with dots made underscores.
+SERVE_REQUESTS = "edgesdk.serve.requests"
+SERVE_REJECTED = "edgesdk.serve.rejected"
+SERVE_CANCELLED = "edgesdk.serve.cancelled"
+# The conventions have no server token metric (gen_ai.client.token.usage is the client's): ours, in our namespace.
+SERVE_TOKEN_USAGE = "edgesdk.serve.token.usage"
+SERVE_QUEUE_DEPTH = "edgesdk.serve.queue_depth"
+SERVE_EMBEDDING_BATCH_SIZE = "edgesdk.serve.embedding_batch_size"
+SERVE_PROMPT_CACHE_REUSED = "edgesdk.serve.prompt_cache.reused_tokens"
+SERVE_PROMPT_CACHE = "edgesdk.serve.prompt_cache"
+SERVE_SLOTS = "edgesdk.serve.slots"
+SERVE_SLOTS_BUSY = "edgesdk.serve.slots.busy"
 
 # Advised bucket boundaries (semconv v1.41.1, docs/gen-ai/gen-ai-metrics.md).
 DURATION_BUCKETS = [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92]
