@@ -20,7 +20,9 @@ from edgesdk.types import (
     BuildOptions,
     Decision,
     ModelFacts,
+    OnnxRuntimeSection,
     Plan,
+    PlanSection,
     execution_provider_chain,
     parity_thresholds,
 )
@@ -75,18 +77,22 @@ def plan_build(facts: ModelFacts, profile: Profile, options: BuildOptions | None
     """
     options = options or BuildOptions()
     host = host if host is not None else HostFacts()
-    decisions: list[Decision] = []
+    head: list[Decision] = []
     if profile.resolved_from:
-        decisions.append(Decision("profile", profile.name, f"alias {profile.resolved_from!r} resolves to "
-                                  f"{profile.name} ({profile.data['display_name']})"))
+        head.append(Decision("profile", profile.name, f"alias {profile.resolved_from!r} resolves to "
+                             f"{profile.name} ({profile.data['display_name']})"))
     fmt = _choose_format(facts, profile, options)
-    decisions.append(fmt)
-    prec = _choose_precision(facts, profile, options, fmt.value)
-    decisions.append(prec)
-    decisions.extend(get_format(fmt.value).plan(facts, profile, options, host, prec.value))
-    onnx_precision = next((d.value for d in decisions if d.key == "onnx_precision"), prec.value)
-    decisions.append(Decision("license_gate", options.license_policy or "default policy",
-                              "packaging is gated on the license scan; unknown licenses are denied"))
-    return Plan(format=fmt.value, precision=prec.value, decisions=decisions, ep_chain=execution_provider_chain(profile),
-                parity=parity_thresholds(profile, onnx_precision), model=facts.to_dict(), profile=profile.name,
-                facts=facts, target=profile)
+    prec = _choose_precision(facts, profile, options, str(fmt.value))
+    head += [fmt, prec]
+    name, precision = str(fmt.value), str(prec.value)
+    planned = get_format(name).plan(facts, profile, options, host, precision)
+    # a built-in format returns its typed section; a registered one may return its decisions (kept untyped)
+    section = planned if isinstance(planned, PlanSection) else PlanSection.from_decisions(planned)
+    tail = [Decision("license_gate", options.license_policy or "default policy",
+                     "packaging is gated on the license scan; unknown licenses are denied")]
+    plan = Plan(format=name, precision=precision, section=section, model=facts.to_dict(), profile=profile.name,
+                head=head, tail=tail, facts=facts, target=profile)
+    if not isinstance(section, OnnxRuntimeSection):  # GGUF/VLM/plugins: the profile's ORT chain, as JSON always held
+        plan.profile_ep_chain = execution_provider_chain(profile)
+        plan.profile_parity = parity_thresholds(profile, precision)
+    return plan

@@ -8,9 +8,11 @@ build all share these types without importing each other.
 
 from __future__ import annotations
 
+import copy
 import enum
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeAlias, TypeVar, runtime_checkable
 
 if TYPE_CHECKING:
     from edgesdk.profiles import Profile
@@ -21,6 +23,9 @@ if TYPE_CHECKING:
 JSONScalar: TypeAlias = "str | int | float | bool | None"
 JSON: TypeAlias = "JSONScalar | list[JSON] | dict[str, JSON]"
 JSONObject: TypeAlias = "dict[str, Any]"
+# A JSON value as code hands it on (a decision's value): read-only containers, so a list[str] or a
+# dict[str, float] is one without a copy.
+JSONValue: TypeAlias = "JSONScalar | Sequence[JSONValue] | Mapping[str, JSONValue]"
 
 # Parity thresholds per precision (min cosine of the pooled output, max abs error of the raw output).
 # FP16 and INT8 figures follow what an embedding user notices: a cosine drop below ~0.995 reorders
@@ -80,14 +85,91 @@ class ModelFacts:
 
 @dataclass
 class Decision:
-    """One planning decision: ``value`` is what code reads, ``reason`` is what a person reads."""
+    """One planning decision as ``--explain`` prints it and the plan's JSON holds it: ``value`` (JSON) and
+    ``reason`` (what a person reads). Code reads a format's typed :class:`PlanSection`, not these."""
 
     key: str
-    value: Any
+    value: JSONValue
     reason: str
 
     def to_dict(self) -> dict[str, Any]:
         return {"key": self.key, "value": self.value, "reason": self.reason}
+
+
+class JSONable:
+    """A typed decision value that writes itself as the JSON the plan always held (``to_json``)."""
+
+    def to_json(self) -> JSONValue:
+        raise NotImplementedError
+
+
+def _json_value(value: object) -> JSONValue:
+    if isinstance(value, JSONable):
+        return value.to_json()
+    if isinstance(value, list):
+        return [_json_value(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _json_value(v) for k, v in value.items()}
+    assert value is None or isinstance(value, (str, int, float, bool)), f"not JSON: {type(value).__name__}"
+    return value
+
+
+_S = TypeVar("_S", bound="PlanSection")
+
+
+@runtime_checkable
+class OnnxRuntimeSection(Protocol):
+    """A section that carries the ONNX Runtime EP chain and the parity thresholds (ONNX, TensorRT)."""
+
+    ep_chain: list[str]
+    parity: dict[str, float | None]
+
+
+@dataclass
+class PlanSection:
+    """A format's decisions, typed: each format subclasses this (``OnnxPlan``, ``TensorRTPlan``, ``GgufPlan``,
+    ``VlmPlan``) with one attribute per decision, and builders read the attributes.
+
+    ``FIELDS`` maps a decision key to its attribute; ``PARSE`` turns a decision's JSON value into the attribute's
+    type where it is not JSON itself (a dataclass such as ``EngineTarget``). ``why`` holds each decision's reason
+    in plan order, so :meth:`decisions` (``--explain``, the plan's JSON) is derived from the attributes and
+    prints exactly what the decisions always printed. A decision whose key the section does not type (a
+    registered format's own, or one added by another module) is kept, in order, under ``other``.
+    """
+
+    why: dict[str, str] = field(default_factory=dict, repr=False)
+    other: dict[str, JSONValue] = field(default_factory=dict)
+
+    FIELDS: ClassVar[dict[str, str]] = {}
+    PARSE: ClassVar[dict[str, Any]] = {}
+
+    @classmethod
+    def from_decisions(cls: type[_S], decisions: Iterable[Decision]) -> _S:
+        section = cls()
+        for d in decisions:
+            section.record(d.key, d.value, d.reason)
+        return section
+
+    def record(self, key: str, value: JSONValue, reason: str) -> None:
+        """Set decision ``key`` (its attribute, or ``other``); a key already recorded keeps its place."""
+        attr = self.FIELDS.get(key)
+        if attr is None:
+            self.other[key] = value
+        else:
+            parse = self.PARSE.get(attr)
+            setattr(self, attr, parse(value) if parse is not None and value is not None else value)
+        self.why[key] = reason
+
+    def value(self, key: str) -> JSONValue:
+        """Decision ``key``'s value as JSON (from its attribute for a typed key)."""
+        attr = self.FIELDS.get(key)
+        return _json_value(getattr(self, attr)) if attr is not None else self.other[key]
+
+    def decisions(self) -> list[Decision]:
+        return [Decision(key, self.value(key), reason) for key, reason in self.why.items()]
+
+    def copy(self: _S) -> _S:
+        return copy.deepcopy(self)
 
 
 @dataclass
@@ -135,18 +217,44 @@ class BuildOptions:
 
 @dataclass
 class Plan:
+    """What :func:`edgesdk.plan.plan_build` decided: the shared decisions (``head``: profile, format, precision;
+    ``tail``: the license gate), the format's typed :class:`PlanSection`, and what the build added (``added``:
+    GGUF parity attempts). :attr:`decisions` (``--explain`` and the plan's JSON) is derived from them.
+
+    ``ep_chain`` and ``parity`` are the section's own where it has them (ONNX, TensorRT). A section without
+    them (GGUF, VLM) does not steer by either; the plan's JSON still carries the profile's ONNX Runtime chain and
+    thresholds there (``profile_ep_chain``, ``profile_parity``) so bundles and their hashes stay as they were.
+    """
+
     format: str
     precision: str
-    decisions: list[Decision]
-    ep_chain: list[str]
-    parity: dict[str, Any]
+    section: PlanSection
     model: dict[str, Any]
     profile: str
+    head: list[Decision] = field(default_factory=list)
+    tail: list[Decision] = field(default_factory=list)
+    added: list[Decision] = field(default_factory=list)
+    profile_ep_chain: list[str] = field(default_factory=list)
+    profile_parity: dict[str, float | None] = field(default_factory=dict)
     # What the plan was made from, for the build that executes it (not part of the plan's JSON).
     facts: ModelFacts | None = field(default=None, repr=False, compare=False)
     target: Profile | None = field(default=None, repr=False, compare=False)
 
+    @property
+    def decisions(self) -> list[Decision]:
+        return [*self.head, *self.section.decisions(), *self.tail, *self.added]
+
+    @property
+    def ep_chain(self) -> list[str]:
+        return list(self.section.ep_chain if isinstance(self.section, OnnxRuntimeSection) else self.profile_ep_chain)
+
+    @property
+    def parity(self) -> dict[str, float | None]:
+        return dict(self.section.parity if isinstance(self.section, OnnxRuntimeSection) else self.profile_parity)
+
     def decision(self, key: str, default: Any = None) -> Any:
+        """A decision's JSON value by key, untyped: for a registered format's own keys (``section.other``)
+        and a key added beside a section. Built-in builders read their typed section instead."""
         for d in self.decisions:
             if d.key == key:
                 return d.value

@@ -136,7 +136,9 @@ def test_a_plan_without_the_decisions_writes_no_batch_keys(tmp_path):
     """Plans made before these decisions (or other formats' decoder plans) leave the keys out: the runtime
     then keeps llama-cpp-python's defaults."""
     plan = plan_build(hf_facts("tinyllama-1.1b"), resolve_profile("cpu-x86_64"), BuildOptions())
-    plan.decisions[:] = [d for d in plan.decisions if d.key not in ("gguf.n_batch", "gguf.n_ubatch", "gguf.kv_type")]
+    for key in ("gguf.n_batch", "gguf.n_ubatch", "gguf.kv_type"):  # a section without them (typed: None)
+        del plan.section.why[key]
+        setattr(plan.section, plan.section.FIELDS[key], None)
     final = tmp_path / "model.gguf"
     final.write_bytes(b"GGUF")
     out_facts = {"architecture": "llama", "layers": 22, "kv_heads": 4, "head_dim": 64, "params": 1}

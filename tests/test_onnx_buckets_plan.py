@@ -35,7 +35,7 @@ def _decision(facts, profile, **options):
     from edgesdk.profiles import resolve_profile
     from edgesdk.types import BuildOptions
 
-    decisions = plan_onnx(facts, resolve_profile(profile), BuildOptions(**options), "fp16")
+    decisions = plan_onnx(facts, resolve_profile(profile), BuildOptions(**options), "fp16").decisions()
     found = [d for d in decisions if d.key == "shape_buckets"]
     assert len(found) == 1
     return found[0]

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from edgesdk.host import HostFacts
     from edgesdk.manifest import Artifact
     from edgesdk.profiles import Profile
-    from edgesdk.types import BuildOptions, Decision, ModelFacts, Plan
+    from edgesdk.types import BuildOptions, Decision, ModelFacts, Plan, PlanSection
 
 
 @runtime_checkable
@@ -64,8 +64,9 @@ class Format(Protocol):
         ...
 
     def plan(self, facts: ModelFacts, profile: Profile, options: BuildOptions, host: HostFacts,
-             precision: str) -> list[Decision]:
-        """This format's decisions. Pure: no file, device or network access."""
+             precision: str) -> PlanSection | list[Decision]:
+        """This format's decisions as its typed :class:`~edgesdk.types.PlanSection` (a registered format may
+        return a list of decisions, kept untyped). Pure: no file, device or network access."""
         ...
 
     def build(self, ctx: BuildContext) -> None:

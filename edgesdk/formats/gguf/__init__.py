@@ -16,6 +16,7 @@ from edgesdk.types import Decision
 
 if TYPE_CHECKING:
     from edgesdk.formats import BuildContext
+    from edgesdk.formats.gguf.plan import GgufPlan
     from edgesdk.host import HostFacts
     from edgesdk.profiles import Profile
     from edgesdk.types import BuildOptions, ModelFacts
@@ -45,11 +46,13 @@ class GGUFFormat:
         return Decision("precision", "quantized", "GGUF quantization type is chosen by the memory arithmetic below")
 
     def plan(self, facts: ModelFacts, profile: Profile, options: BuildOptions, host: HostFacts,
-             precision: str) -> list[Decision]:
+             precision: str) -> GgufPlan:
         from edgesdk.formats.gguf.plan import parity_fallback_decision, plan_gguf
 
-        decisions = plan_gguf(facts, profile, options)
-        return [*decisions, parity_fallback_decision(facts, profile, options, decisions)]
+        section = plan_gguf(facts, profile, options)
+        d = parity_fallback_decision(facts, profile, options, section)
+        section.record(d.key, d.value, d.reason)
+        return section
 
     def build(self, ctx: BuildContext) -> None:
         from edgesdk.formats.gguf.build import build_gguf

@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING, Any
 from edgesdk.errors import ParityError
 from edgesdk.formats.gguf import convert as conv
 from edgesdk.formats.gguf.facts import gguf_facts
-from edgesdk.formats.gguf.plan import LOGITS_MIN_COSINE, LOGITS_MIN_TOP1, PPL_RATIO_MAX
+from edgesdk.formats.gguf.plan import LOGITS_MIN_COSINE, LOGITS_MIN_TOP1, PPL_RATIO_MAX, gguf_section
 from edgesdk.manifest import LLMConfig
 from edgesdk.resources import data_file
 from edgesdk.types import Decision
 
 if TYPE_CHECKING:
     from edgesdk.formats import BuildContext
+    from edgesdk.types import Plan
 
 PPL_TEXT = data_file("ppl_text.txt")
 SANITY_PROMPT = "The quick brown fox jumps over the lazy dog. Edge devices run small language models"
@@ -61,11 +62,11 @@ def build_gguf(ctx: BuildContext) -> None:
     turn until one passes. Every attempt is recorded (a ``gguf.parity_attempt`` decision with its
     figures, the manifest's ``parity.attempts``, a fallback record); none passing is ParityError (exit 5)."""
     facts, plan = ctx.facts, ctx.plan
-    quant = plan.decision("gguf.quant_type")
-    n_ctx = int(plan.decision("gguf.context_length"))
-    thresholds = dict(plan.decision("parity") or {})
+    section = gguf_section(plan.section)
+    quant, n_ctx = section.quant_type, section.context_length
+    thresholds: dict[str, Any] = dict(section.parity)
     candidates: list[tuple[str, float | None]] = [(quant, thresholds.get("ppl_ratio_max"))]
-    candidates += [(f["quant_type"], f.get("ppl_ratio_max")) for f in plan.decision("gguf.parity_fallback") or []]
+    candidates += [(c.quant_type, c.ppl_ratio_max) for c in section.parity_fallback]
     work = ctx.staging / "_work"
     work.mkdir(parents=True, exist_ok=True)
     final = ctx.staging / "model.gguf"
@@ -108,9 +109,9 @@ def build_gguf(ctx: BuildContext) -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if len(candidates) > 1 or attempts[-1].get("ppl_ratio") is not None:
-        extra = [Decision("gguf.parity_attempt", {k: v for k, v in a.items() if k != "summary"},
-                          a["summary"]) for a in attempts]
-        ctx.plan = dataclasses.replace(ctx.plan, decisions=[*ctx.plan.decisions, *extra])  # the caller's plan stays
+        recorded = [Decision("gguf.parity_attempt", {k: v for k, v in a.items() if k != "summary"},
+                             a["summary"]) for a in attempts]
+        ctx.plan = dataclasses.replace(ctx.plan, added=[*ctx.plan.added, *recorded])  # the caller's plan stays
     ctx.add_artifact("model.gguf", "model")
     out_facts = gguf_facts(final)
     parity.pop("passed")
@@ -199,7 +200,7 @@ class _Verifier:
         return result
 
 
-def llm_config(plan: Any, out_facts: Any, final: Path, *, n_ctx: int, quant: str, converted: Any,
+def llm_config(plan: Plan, out_facts: Any, final: Path, *, n_ctx: int, quant: str, converted: Any,
                extra: dict[str, Any] | None = None) -> LLMConfig:
     """The manifest's llama.cpp settings for a built GGUF (shared by the GGUF and VLM formats)."""
     details = {"architecture": out_facts["architecture"], "layers": out_facts["layers"],
@@ -207,10 +208,9 @@ def llm_config(plan: Any, out_facts: Any, final: Path, *, n_ctx: int, quant: str
                **(extra or {}), "file_bytes": final.stat().st_size, "converted": converted}
     # Batch sizes and the K/V cache type (llama.cpp names: "f16", "q8_0"), when the plan decided them; the
     # runtime reads them (load_gguf) and keeps llama-cpp-python's defaults (512 / 512 / f16) without them.
-    kv_type = plan.decision("gguf.kv_type")
-    batching = {k: v for k, v in (("n_batch", plan.decision("gguf.n_batch")),
-                                  ("n_ubatch", plan.decision("gguf.n_ubatch")),
+    section = gguf_section(plan.section)
+    kv_type = section.kv_type
+    batching = {k: v for k, v in (("n_batch", section.n_batch), ("n_ubatch", section.n_ubatch),
                                   ("type_k", kv_type), ("type_v", kv_type)) if v is not None}
-    return LLMConfig(n_ctx=n_ctx, n_gpu_layers=plan.decision("gguf.n_gpu_layers"),
-                     flash_attn=bool(plan.decision("gguf.flash_attn")), threads=plan.decision("gguf.threads"),
-                     quant_type=quant, details={**batching, **details})
+    return LLMConfig(n_ctx=n_ctx, n_gpu_layers=section.n_gpu_layers, flash_attn=bool(section.flash_attn),
+                     threads=section.threads, quant_type=quant, details={**batching, **details})

@@ -12,11 +12,12 @@ profile's memory budget, else a shorter context (down to ``min_context_length``)
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from edgesdk.errors import InputError, ModelError, ResourceError
 from edgesdk.formats.gguf.types import BPW, DEFAULT_KV_TYPE, FTYPES, KV_TYPE_BYTES, kv_bytes
-from edgesdk.types import BuildOptions, Decision, ModelFacts
+from edgesdk.types import BuildOptions, Decision, JSONable, JSONValue, ModelFacts, PlanSection
 
 if TYPE_CHECKING:
     from edgesdk.profiles import Profile
@@ -210,7 +211,57 @@ def _batch_target(profile: Profile, use_fa: bool) -> tuple[int, str]:
                       "CPU up and costs compute-buffer memory")
 
 
-def plan_gguf(facts: ModelFacts, profile: Profile, options: BuildOptions) -> list[Decision]:
+@dataclass
+class QuantCandidate(JSONable):
+    """One type a parity miss falls back to (``gguf.parity_fallback``); ``ppl_ratio_max`` None: repackaged."""
+
+    quant_type: str
+    ppl_ratio_max: float | None
+
+    def to_json(self) -> JSONValue:
+        return {"quant_type": self.quant_type, "ppl_ratio_max": self.ppl_ratio_max}
+
+
+def _candidates(value: JSONValue) -> list[QuantCandidate]:
+    assert isinstance(value, list)
+    out = []
+    for entry in value:
+        assert isinstance(entry, dict)
+        limit = entry.get("ppl_ratio_max")
+        out.append(QuantCandidate(str(entry["quant_type"]), float(limit) if isinstance(limit, int | float) else None))
+    return out
+
+
+@dataclass
+class GgufPlan(PlanSection):
+    """The GGUF format's decisions (llama.cpp): what the build converts/quantizes to and what the runtime gets."""
+
+    source: str = ""  # gguf.source: convert / requantize / repackage, as the build does it
+    quant_type: str = ""
+    context_length: int = 0
+    n_gpu_layers: int | str = 0  # "all" or 0
+    flash_attn: bool = False
+    threads: int | str = "auto"  # profile core count or "auto"
+    n_ubatch: int | None = None  # None: a plan without the batch decisions (llama-cpp-python's defaults)
+    n_batch: int | None = None
+    kv_type: str | None = None
+    parity: dict[str, JSONValue] = field(default_factory=dict)  # perplexity-ratio / logits limits ({}: repackaged)
+    parity_fallback: list[QuantCandidate] = field(default_factory=list)  # tried in order on a parity miss
+
+    FIELDS: ClassVar[dict[str, str]] = {
+        "gguf.source": "source", "gguf.quant_type": "quant_type", "gguf.context_length": "context_length",
+        "gguf.n_gpu_layers": "n_gpu_layers", "gguf.flash_attn": "flash_attn", "gguf.threads": "threads",
+        "gguf.n_ubatch": "n_ubatch", "gguf.n_batch": "n_batch", "gguf.kv_type": "kv_type", "parity": "parity",
+        "gguf.parity_fallback": "parity_fallback"}
+    PARSE: ClassVar[dict[str, object]] = {"parity_fallback": _candidates}
+
+
+def gguf_section(section: PlanSection) -> GgufPlan:
+    """``section`` as a :class:`GgufPlan` (a VLM plan is one; a plan made elsewhere is typed here)."""
+    return section if isinstance(section, GgufPlan) else GgufPlan.from_decisions(section.decisions())
+
+
+def plan_gguf(facts: ModelFacts, profile: Profile, options: BuildOptions) -> GgufPlan:
     """Quant type, context, offload, flash attention, batch sizes, KV type and threads for ``profile``
     (see module docstring)."""
     info = _check_shape(facts)
@@ -282,7 +333,7 @@ def plan_gguf(facts: ModelFacts, profile: Profile, options: BuildOptions) -> lis
         why += (f"; HF (fp32) vs F16 GGUF logits on sample prompts: min cosine >= {LOGITS_MIN_COSINE}, "
                 f"top-1 agreement >= {LOGITS_MIN_TOP1}")
     out.append(Decision("parity", parity, why))
-    return out
+    return GgufPlan.from_decisions(out)
 
 
 def ppl_limit(profile: Profile, quant: str) -> float:
@@ -296,7 +347,7 @@ def ppl_limit(profile: Profile, quant: str) -> float:
 
 
 def parity_fallback_decision(facts: ModelFacts, profile: Profile, options: BuildOptions,
-                             decisions: list[Decision]) -> Decision:
+                             plan: GgufPlan) -> Decision:
     """What a parity miss of the chosen type leads to (``--on-parity-fail``).
 
     With ``fallback``: the types of the profile's quant order with more bits per weight than the chosen
@@ -304,8 +355,7 @@ def parity_fallback_decision(facts: ModelFacts, profile: Profile, options: Build
     planned context; a quantized GGUF source adds its own type (repackaged unchanged) and drops types above
     it (requantizing up cannot restore precision). Value: ``[{"quant_type", "ppl_ratio_max"}, ...]``, tried
     in that order; empty with ``error`` (the default), where a miss fails the build (exit 5)."""
-    chosen = next(d.value for d in decisions if d.key == "gguf.quant_type")
-    n_ctx = int(next(d.value for d in decisions if d.key == "gguf.context_length"))
+    chosen, n_ctx = plan.quant_type, plan.context_length
     info = facts.extra
     order = list((profile.policy.get("llm") or {}).get("quant_order") or ["Q8_0", "Q4_K_M"])
     source_type = info.get("file_type") if facts.kind == "gguf" else None
@@ -321,8 +371,8 @@ def parity_fallback_decision(facts: ModelFacts, profile: Profile, options: Build
         pool = [q for q in pool if BPW[q] <= BPW[source_type]]
     higher = sorted({q for q in pool if BPW[q] > BPW[chosen]}, key=lambda q: BPW[q])
     budget_gb = profile.memory_budget_gb()
-    kv_type = next((d.value for d in decisions if d.key == "gguf.kv_type"), DEFAULT_KV_TYPE)
-    n_ubatch = int(next((d.value for d in decisions if d.key == "gguf.n_ubatch"), N_UBATCH))
+    kv_type = plan.kv_type or DEFAULT_KV_TYPE
+    n_ubatch = plan.n_ubatch or N_UBATCH
     kv = kv_bytes(info, n_ctx, kv_type)
     fits: list[dict[str, Any]] = []
     shown = []

@@ -15,6 +15,7 @@ from edgesdk.types import Decision
 
 if TYPE_CHECKING:
     from edgesdk.formats import BuildContext
+    from edgesdk.formats.onnx.plan import OnnxPlan
     from edgesdk.host import HostFacts
     from edgesdk.profiles import Profile
     from edgesdk.types import BuildOptions, ModelFacts
@@ -46,7 +47,7 @@ class OnnxFormat:
         return None
 
     def plan(self, facts: ModelFacts, profile: Profile, options: BuildOptions, host: HostFacts,
-             precision: str) -> list[Decision]:
+             precision: str) -> OnnxPlan:
         from edgesdk.formats.onnx.plan import plan_onnx
 
         return plan_onnx(facts, profile, options, precision)

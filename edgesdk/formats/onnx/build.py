@@ -17,6 +17,7 @@ import numpy as np
 from edgesdk.errors import InputError, ModelError, ParityError
 from edgesdk.formats.onnx import parity as P
 from edgesdk.formats.onnx.export import run_export, save_feeds, stack, torch_reference
+from edgesdk.formats.onnx.plan import onnx_section
 from edgesdk.manifest import EmbeddingConfig
 from edgesdk.types import JSONObject, OptimizeMethod
 
@@ -282,7 +283,7 @@ def _padded_parity(ctx: BuildContext, path: Path, held_out: _Samples,
 # --------------------------------------------------------------------------------------------- stages
 
 def _optimize(ctx: BuildContext, src: Path, out: Path) -> JSONObject:
-    method = OptimizeMethod(ctx.plan.decision("optimize", OptimizeMethod.ONNXSLIM))
+    method = onnx_section(ctx.plan.section).optimize
     if method is OptimizeMethod.NONE:
         copy_onnx(src, out)
         return {"tool": "none", "reason": "plan: none (plain export; ONNX Runtime's session optimizer runs at load)"}
@@ -379,7 +380,7 @@ def build_onnx(ctx: BuildContext) -> None:
         ctx.manifest.extras["optimize"] = _optimize(ctx, exported, optimized)
     reference_kind = "pytorch" if ctx.facts.kind in ("hf", "torch") else "onnx-fp32"
     # The ONNX artifact's own precision: the bundle's, except for TensorRT (which converts at engine build).
-    artifact_precision = ctx.plan.decision("onnx_precision")
+    artifact_precision = onnx_section(ctx.plan.section).onnx_precision
     precision = artifact_precision or ctx.plan.precision
     final = ctx.staging / "model.onnx"
     while True:
@@ -435,7 +436,7 @@ def build_onnx(ctx: BuildContext) -> None:
             (ctx.staging / "1_Pooling").mkdir(exist_ok=True)
             shutil.copyfile(pooling, ctx.staging / "1_Pooling" / "config.json")
             ctx.add_artifact("1_Pooling/config.json", "config")
-        if ctx.plan.decision("eager_fallback"):  # GPU profiles: weights for the runtime's eager CUDA fallback
+        if onnx_section(ctx.plan.section).eager_fallback:  # GPU profiles: weights for the runtime's eager CUDA fallback
             from edgesdk.formats.torch.eager import write_eager_weights
 
             ctx.manifest.extras["eager_fallback"] = write_eager_weights(ctx, src_dir, ctx.precision)

@@ -7,14 +7,18 @@ it hands to the engine builder.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
 
 from edgesdk.errors import ResourceError
 from edgesdk.types import (
     BuildOptions,
     Decision,
+    JSONable,
+    JSONValue,
     ModelFacts,
     OptimizeMethod,
+    PlanSection,
     execution_provider_chain,
     parity_thresholds,
 )
@@ -24,6 +28,54 @@ if TYPE_CHECKING:
 
 FUSION_MODEL_TYPE = {"bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "distilbert": "bert",
                      "mpnet": "bert", "electra": "bert", "albert": "bert"}
+
+
+@dataclass
+class ShapeBuckets(JSONable):
+    """The static shapes the runtime captures CUDA graphs for (:func:`shape_buckets_decision`)."""
+
+    batch: list[int]
+    seq: list[int] | None  # None: no token axis
+    capture: str  # "at load" | "on request"
+
+    def to_json(self) -> JSONValue:
+        return {"batch": list(self.batch), "seq": list(self.seq) if self.seq is not None else None,
+                "capture": self.capture}
+
+    @classmethod
+    def from_json(cls, value: JSONValue) -> ShapeBuckets:
+        assert isinstance(value, dict)
+        batch, seq = value["batch"], value.get("seq")
+        assert isinstance(batch, list) and (seq is None or isinstance(seq, list))
+        return cls([int(str(b)) for b in batch], [int(str(s)) for s in seq] if seq is not None else None,
+                   str(value.get("capture")))
+
+
+@dataclass
+class OnnxPlan(PlanSection):
+    """The ONNX format's decisions (also the ONNX half of :class:`~edgesdk.formats.tensorrt.plan.TensorRTPlan`)."""
+
+    export: str = ""
+    optimize: OptimizeMethod = OptimizeMethod.ONNXSLIM
+    onnx_precision: str | None = None  # the ONNX artifact's precision where it is not the plan's (TensorRT)
+    quantize: str | None = None
+    memory_gb: float | None = None  # None: the profile has no memory figure
+    ep_chain: list[str] = field(default_factory=list)
+    shape_buckets: ShapeBuckets | None = None  # None: no CUDA EP in the chain
+    parity: dict[str, float | None] = field(default_factory=dict)  # thresholds of the ONNX artifact's precision
+    eager_fallback: str | None = None  # "safetensors+config": the bundle carries weights for eager CUDA
+
+    FIELDS: ClassVar[dict[str, str]] = {
+        "export": "export", "optimize": "optimize", "onnx_precision": "onnx_precision", "quantize": "quantize",
+        "memory": "memory_gb", "ep_chain": "ep_chain", "shape_buckets": "shape_buckets", "parity": "parity",
+        "eager_fallback": "eager_fallback"}
+    PARSE: ClassVar[dict[str, object]] = {"optimize": OptimizeMethod, "shape_buckets": ShapeBuckets.from_json}
+
+
+def onnx_section(section: PlanSection) -> OnnxPlan:
+    """``section`` as an :class:`OnnxPlan` (a plan made by a registered format that builds with the ONNX stages
+    carries its decisions untyped: they are typed here)."""
+    return section if isinstance(section, OnnxPlan) else OnnxPlan.from_decisions(section.decisions())
 
 
 def ep_chain_decision(profile: Profile) -> Decision:
@@ -66,12 +118,12 @@ def memory_decision(facts: ModelFacts, profile: Profile, precision: str) -> Deci
                     f"(profile {profile.name}); activations come on top")
 
 
-def plan_onnx(facts: ModelFacts, profile: Profile, options: BuildOptions, precision: str) -> list[Decision]:
+def plan_onnx(facts: ModelFacts, profile: Profile, options: BuildOptions, precision: str) -> OnnxPlan:
     out = [*export_decisions(facts, profile, options, precision), memory_decision(facts, profile, precision),
            ep_chain_decision(profile), shape_buckets_decision(facts, profile, options),
            parity_decision(profile, options, precision)]
     eager = eager_fallback_decision(facts, profile, precision)
-    return out + ([eager] if eager is not None else [])
+    return OnnxPlan.from_decisions(out + ([eager] if eager is not None else []))
 
 
 # Shape buckets for CUDA-graph capture (the runtime's defaults before the planner recorded them).

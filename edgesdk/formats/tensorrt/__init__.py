@@ -14,6 +14,7 @@ from edgesdk.errors import InputError
 
 if TYPE_CHECKING:
     from edgesdk.formats import BuildContext
+    from edgesdk.formats.tensorrt.plan import TensorRTPlan
     from edgesdk.host import HostFacts
     from edgesdk.profiles import Profile
     from edgesdk.types import BuildOptions, Decision, ModelFacts
@@ -38,14 +39,15 @@ class TensorRTFormat:
         return None
 
     def plan(self, facts: ModelFacts, profile: Profile, options: BuildOptions, host: HostFacts,
-             precision: str) -> list[Decision]:
+             precision: str) -> TensorRTPlan:
         from edgesdk.formats.onnx.plan import ep_chain_decision, export_decisions, parity_decision
-        from edgesdk.formats.tensorrt.plan import plan_tensorrt
+        from edgesdk.formats.tensorrt.plan import TensorRTPlan, plan_tensorrt
 
-        onnx = export_decisions(facts, profile, options, precision, fmt=self.name)
-        onnx_precision = next((d.value for d in onnx if d.key == "onnx_precision"), precision)
-        return [*onnx, ep_chain_decision(profile), *plan_tensorrt(facts, profile, options, host),
-                parity_decision(profile, options, onnx_precision)]
+        section = TensorRTPlan.from_decisions(export_decisions(facts, profile, options, precision, fmt=self.name))
+        for d in [ep_chain_decision(profile), *plan_tensorrt(facts, profile, options, host),
+                  parity_decision(profile, options, section.onnx_precision or precision)]:
+            section.record(d.key, d.value, d.reason)
+        return section
 
     def build(self, ctx: BuildContext) -> None:
         from edgesdk.formats.tensorrt.build import build_tensorrt

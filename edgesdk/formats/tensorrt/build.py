@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgesdk.formats.tensorrt import engine as E
-from edgesdk.formats.tensorrt.plan import PRECISION_FLAGS, RUNTIME_CHAIN
+from edgesdk.formats.tensorrt.plan import PRECISION_FLAGS, RUNTIME_CHAIN, tensorrt_section
 
 if TYPE_CHECKING:
     from edgesdk.bundle import Bundle
@@ -28,18 +28,18 @@ def _workspace_mb(profile: Profile) -> int:
 
 
 def engine_config(ctx: BuildContext, onnx_rel: str, onnx_sha256: str) -> E.EngineConfig:
-    plan = ctx.plan
-    fields = dict(plan.decision("engine_cache_key") or {})
+    plan = tensorrt_section(ctx.plan.section)
+    fields: dict[str, Any] = dict(plan.cache_key)
     fields["precision"] = ctx.precision  # after any parity fallback
     fields["flags"] = PRECISION_FLAGS.get(ctx.precision, [])
     fields["model_sha256"] = onnx_sha256
-    profiles = plan.decision("tensorrt_optimization_profiles")
+    profiles = plan.optimization_profiles
     config = {
         "schema": E.CONFIG_SCHEMA, "onnx": onnx_rel, "precision": ctx.precision,
-        "precision_flags": fields["flags"], "dla": plan.decision("dla"),
+        "precision_flags": fields["flags"], "dla": plan.dla.to_json() if plan.dla is not None else None,
         "optimization_profiles": profiles if isinstance(profiles, list) else [],
         "workspace_mb": _workspace_mb(ctx.profile), "builder_optimization_level": 3,
-        "timing_cache": E.TIMING_CACHE_FILE, "target": plan.decision("tensorrt_target"),
+        "timing_cache": E.TIMING_CACHE_FILE, "target": plan.target.to_json() if plan.target is not None else None,
         "cache_key_fields": fields, "cache_key": E.cache_key(fields),
     }
     config["trtexec"] = " ".join(E.trtexec_command(config, Path(onnx_rel), Path(E.ENGINE_FILE),
@@ -58,7 +58,7 @@ def build_tensorrt(ctx: BuildContext) -> None:
         return
     onnx_path = ctx.staging / "model.onnx"
     with ctx.stage("engine"):
-        use_dla = bool(ctx.plan.decision("dla"))
+        use_dla = tensorrt_section(ctx.plan.section).dla is not None
         report = check_capability(onnx_path, ctx.profile, ctx.precision, use_dla=use_dla)
         summary = report.to_dict()["summary"]
         prec = precision_report_from(report) if ctx.precision != "fp32" else None

@@ -9,10 +9,12 @@ Runtime side: :mod:`edgesdk.runtime.backends.tensorrt`.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from edgesdk.errors import InputError
-from edgesdk.types import BuildOptions, Decision, ModelFacts
+from edgesdk.formats.onnx.plan import OnnxPlan
+from edgesdk.types import BuildOptions, Decision, JSONable, JSONValue, ModelFacts, PlanSection
 
 if TYPE_CHECKING:
     from edgesdk.capability.graph import GraphView
@@ -29,6 +31,68 @@ DLA_MIN_NATIVE_SHARE = 0.8  # below this, DLA<->GPU transitions eat the DLA's po
 DEFAULT_MAX_BATCH = 8
 DEFAULT_IMAGE_SIZE = 224  # H/W of an image input whose model states none (ImageNet-style classifiers)
 IMAGE_INPUT_NAMES = ("pixel_values", "images", "image", "input_image")
+
+
+@dataclass
+class EngineTarget(JSONable):
+    """Where an engine loads: the profile's SM and TensorRT/L4T/JetPack/CUDA versions (``tensorrt_target``)."""
+
+    profile: str
+    sm: str | None = None
+    tensorrt: str | None = None
+    l4t: str | None = None
+    jetpack: str | None = None
+    cuda: str | None = None
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {"profile": self.profile, "sm": self.sm, "tensorrt": self.tensorrt, "l4t": self.l4t,
+                "jetpack": self.jetpack, "cuda": self.cuda}
+
+    @classmethod
+    def from_json(cls, value: JSONValue) -> EngineTarget:
+        assert isinstance(value, dict)
+        return cls(**{k: (None if v is None else str(v)) for k, v in value.items()})  # type: ignore[arg-type]
+
+
+@dataclass
+class DlaConfig(JSONable):
+    """The engine's DLA placement (``dla``): core and whether layers the DLA lacks run on the GPU."""
+
+    core: int = 0
+    gpu_fallback: bool = True
+
+    def to_json(self) -> JSONValue:
+        return {"core": self.core, "gpu_fallback": self.gpu_fallback}
+
+    @classmethod
+    def from_json(cls, value: JSONValue) -> DlaConfig:
+        assert isinstance(value, dict)
+        return cls(core=int(str(value.get("core", 0))), gpu_fallback=bool(value.get("gpu_fallback", True)))
+
+
+@dataclass
+class TensorRTPlan(OnnxPlan):
+    """The TensorRT format's decisions: the ONNX artifact's (:class:`OnnxPlan`) and the engine's."""
+
+    target: EngineTarget | None = None
+    precision_flags: list[str] = field(default_factory=list)  # as --explain shows them ("(none: FP32)")
+    dla: DlaConfig | None = None
+    optimization_profiles: list[dict[str, ShapeTriple]] | str = field(default_factory=list)  # str: static shapes
+    precision_report: str | None = None
+    cache_key: dict[str, JSONValue] = field(default_factory=dict)  # engine cache key (model hash added at build)
+    engine_build: str = ""  # "this host" | "deferred to the device"
+
+    FIELDS: ClassVar[dict[str, str]] = {
+        **OnnxPlan.FIELDS, "tensorrt_target": "target", "tensorrt_precision_flags": "precision_flags", "dla": "dla",
+        "tensorrt_optimization_profiles": "optimization_profiles", "precision_report": "precision_report",
+        "engine_cache_key": "cache_key", "engine_build": "engine_build"}
+    PARSE: ClassVar[dict[str, object]] = {**OnnxPlan.PARSE, "target": EngineTarget.from_json,
+                                          "dla": DlaConfig.from_json}
+
+
+def tensorrt_section(section: PlanSection) -> TensorRTPlan:
+    """``section`` as a :class:`TensorRTPlan` (typing the decisions of a plan made elsewhere)."""
+    return section if isinstance(section, TensorRTPlan) else TensorRTPlan.from_decisions(section.decisions())
 
 
 def parse_shapes(specs: Iterable[object]) -> dict[str, ShapeTriple]:

@@ -15,6 +15,7 @@ from edgesdk.types import Decision
 
 if TYPE_CHECKING:
     from edgesdk.formats import BuildContext
+    from edgesdk.formats.vlm.plan import VlmPlan
     from edgesdk.host import HostFacts
     from edgesdk.profiles import Profile
     from edgesdk.types import BuildOptions, ModelFacts
@@ -49,7 +50,7 @@ class VLMFormat:
                                               "by the memory arithmetic below")
 
     def plan(self, facts: ModelFacts, profile: Profile, options: BuildOptions, host: HostFacts,
-             precision: str) -> list[Decision]:
+             precision: str) -> VlmPlan:
         from edgesdk.formats.vlm.plan import plan_vlm
 
         return plan_vlm(facts, profile, options)

@@ -29,7 +29,7 @@ from edgesdk.formats.gguf.build import PPL_TEXT, sanity_check
 from edgesdk.formats.gguf.facts import gguf_facts
 from edgesdk.formats.gguf.plan import LOGITS_MIN_COSINE, LOGITS_MIN_TOP1, PPL_RATIO_MAX
 from edgesdk.formats.vlm import convert as vconv
-from edgesdk.formats.vlm.plan import ENCODER_MIN_COSINE, GREEDY_TOKENS
+from edgesdk.formats.vlm.plan import ENCODER_MIN_COSINE, GREEDY_TOKENS, vlm_section
 
 if TYPE_CHECKING:
     from edgesdk.formats import BuildContext
@@ -233,9 +233,9 @@ def component_parity(hf_dir: Path, decoder: Path, mmproj: Path, *, n_tokens: int
 def build_vlm(ctx: BuildContext) -> None:
     facts, plan = ctx.facts, ctx.plan
     src = Path(facts.source)
-    quant = plan.decision("gguf.quant_type")
-    n_ctx = int(plan.decision("gguf.context_length"))
-    thresholds = plan.decision("parity") or {}
+    section = vlm_section(plan.section)
+    quant, n_ctx = section.quant_type, section.context_length
+    thresholds: dict[str, Any] = dict(section.parity)
     work = ctx.staging / "_work"
     work.mkdir(parents=True, exist_ok=True)
     final, mmproj, f16 = ctx.staging / "model.gguf", ctx.staging / "mmproj.gguf", work / "decoder-f16.gguf"
@@ -247,7 +247,7 @@ def build_vlm(ctx: BuildContext) -> None:
             dec_info = gconv.convert_hf_to_gguf(text_dir, f16, name=facts.name)
             mm_info = vconv.write_mmproj(src, mmproj, name=facts.name)
             onnx_info = None
-            if (plan.decision("vlm.vision_runtime") or {}).get("onnx"):
+            if section.onnx_encoder:
                 from edgesdk.formats.vlm.onnx_encoder import export_encoder
 
                 ctx.progress("encoder + projector -> ONNX (torch.onnx.export, static shape) -> FP16")
@@ -332,7 +332,8 @@ def build_vlm(ctx: BuildContext) -> None:
     if onnx_info:
         ctx.manifest.extras["vlm"]["components"]["vision_encoder_onnx"] = {
             "artifact": "vision_encoder.onnx", "precision": "FP16", "includes": "vision encoder + projector",
-            "providers": (plan.decision("vlm.vision_runtime") or {}).get("providers"), **onnx_info}
+            "providers": section.vision_runtime.providers if section.vision_runtime is not None else None,
+            **onnx_info}
     ctx.manifest.runtime.backend_chain = ["llama.cpp + libmtmd (GPU offload)", "llama.cpp + libmtmd (CPU)"]
     if onnx_info:  # the vision encoder's own chain; the decoder's stays llama.cpp
         ctx.manifest.extras["vlm"]["vision_encoder_chain"] = [

@@ -17,12 +17,13 @@ Pure: reads the facts and the profile only.
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from edgesdk.errors import InputError, ModelError, ResourceError
-from edgesdk.formats.gguf.plan import GB, _gb, compute_bytes, plan_gguf
+from edgesdk.formats.gguf.plan import GB, GgufPlan, _gb, compute_bytes, plan_gguf
 from edgesdk.formats.gguf.types import kv_bytes
-from edgesdk.types import BuildOptions, Decision, ModelFacts
+from edgesdk.types import BuildOptions, Decision, JSONable, JSONValue, ModelFacts, PlanSection
 
 if TYPE_CHECKING:
     from edgesdk.profiles import Profile
@@ -31,6 +32,69 @@ ENCODER_MIN_COSINE = 0.999  # F16 mmproj image features vs the PyTorch (FP32) en
 GREEDY_TOKENS = 8  # end to end: first greedy tokens of the F16 build equal to PyTorch's
 VISION_RUNTIMES = ("auto", "onnx", "gguf")
 _FAST_EPS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
+
+
+@dataclass
+class VisionRuntime(JSONable):
+    """Where the vision encoder runs (``vlm.vision_runtime``): libmtmd's F16 mmproj only, or also an FP16 ONNX
+    graph for ONNX Runtime on ``providers`` (``required``: a class-token tower, whose mmproj does not encode)."""
+
+    runtime: str  # "gguf-mmproj" | "onnx"
+    onnx: bool
+    precision: str | None = None
+    required: bool | None = None
+    providers: list[str] | None = None
+
+    def to_json(self) -> JSONValue:
+        out: dict[str, JSONValue] = {"runtime": self.runtime, "onnx": self.onnx}
+        if self.precision is not None:
+            out["precision"] = self.precision
+        if self.required is not None:
+            out["required"] = self.required
+        if self.providers is not None:
+            out["providers"] = list(self.providers)
+        return out
+
+    @classmethod
+    def from_json(cls, value: JSONValue) -> VisionRuntime:
+        assert isinstance(value, dict)
+        providers, precision, required = value.get("providers"), value.get("precision"), value.get("required")
+        return cls(runtime=str(value["runtime"]), onnx=value.get("onnx") is True,
+                   precision=str(precision) if precision is not None else None,
+                   required=bool(required) if required is not None else None,
+                   providers=[str(p) for p in providers] if isinstance(providers, list) else None)
+
+
+@dataclass
+class VlmPlan(GgufPlan):
+    """The VLM format's decisions: the decoder's (:class:`GgufPlan`, its parity replaced by the components'),
+    the vision encoder's, and the memory of all three components."""
+
+    components: list[str] = field(default_factory=list)
+    encoder: dict[str, JSONValue] = field(default_factory=dict)  # format, precision, runtime of encoder + projector
+    vision_runtime: VisionRuntime | None = None
+    memory_gb: float = 0.0
+    image_prefix_reuse: bool = False
+
+    FIELDS: ClassVar[dict[str, str]] = {
+        **GgufPlan.FIELDS, "vlm.components": "components", "vlm.encoder": "encoder",
+        "vlm.vision_runtime": "vision_runtime", "vlm.memory": "memory_gb",
+        "vlm.image_prefix_reuse": "image_prefix_reuse"}
+    PARSE: ClassVar[dict[str, object]] = {**GgufPlan.PARSE, "vision_runtime": VisionRuntime.from_json}
+
+    @property
+    def onnx_encoder(self) -> bool:
+        """Whether the bundle also gets the FP16 ONNX vision encoder."""
+        return self.vision_runtime is not None and self.vision_runtime.onnx
+
+
+def vlm_section(section: PlanSection) -> VlmPlan:
+    """``section`` as a :class:`VlmPlan` (typing the decisions of a plan made elsewhere)."""
+    return section if isinstance(section, VlmPlan) else VlmPlan.from_decisions(section.decisions())
+
+
+def _wants_onnx(decision: Decision) -> bool:
+    return isinstance(decision.value, dict) and decision.value.get("onnx") is True
 
 
 def vision_runtime(profile: Profile, options: BuildOptions, params: int) -> Decision:
@@ -74,7 +138,11 @@ def decoder_facts(facts: ModelFacts) -> ModelFacts:
     return out
 
 
-def plan_vlm(facts: ModelFacts, profile: Profile, options: BuildOptions) -> list[Decision]:
+def plan_vlm(facts: ModelFacts, profile: Profile, options: BuildOptions) -> VlmPlan:
+    return VlmPlan.from_decisions(_vlm_decisions(facts, profile, options))
+
+
+def _vlm_decisions(facts: ModelFacts, profile: Profile, options: BuildOptions) -> list[Decision]:
     from edgesdk.formats.vlm.convert import CLASS_TOKEN_NOTE, CLASS_TOKEN_VISION
     from edgesdk.formats.vlm.families import by_name
 
@@ -119,7 +187,7 @@ def plan_vlm(facts: ModelFacts, profile: Profile, options: BuildOptions) -> list
                             f"features while the decoder tolerates 4 bits, and the encoder is "
                             f"{(enc + proj) / (enc + proj + dec):.0%} of the weights"))
     vr = vision_runtime(profile, options, enc + proj)
-    if not fam.onnx_encoder and vr.value["onnx"]:  # the family record says whether the ONNX export covers it
+    if not fam.onnx_encoder and _wants_onnx(vr):  # the family record says whether the ONNX export covers it
         if (getattr(options, "vision_runtime", None) or "auto").lower() == "onnx":
             raise InputError(f"--vision-runtime onnx is not supported for {fam.display} yet (use gguf or auto)")
         vr = Decision("vlm.vision_runtime", {"runtime": "gguf-mmproj", "onnx": False},
@@ -135,14 +203,10 @@ def plan_vlm(facts: ModelFacts, profile: Profile, options: BuildOptions) -> list
                       f"{_gb((enc + proj) * 2)} FP16 ONNX; {' > '.join(eps + ['CPU'])}, chosen at load); the mmproj "
                       f"is tokenize-only (projector, no tower layers)")
     out.append(vr)
-    onnx_bytes = (enc + proj) * 2 if vr.value["onnx"] else 0  # encoder + projector in FP16
-    dec_decisions = plan_gguf(decoder_facts(facts), profile, options)
-    quant = next(d.value for d in dec_decisions if d.key == "gguf.quant_type")
-    n_ctx = int(next(d.value for d in dec_decisions if d.key == "gguf.context_length"))
-    for d in dec_decisions:
-        if d.key == "parity":
-            continue
-        out.append(d)
+    onnx_bytes = (enc + proj) * 2 if _wants_onnx(vr) else 0  # encoder + projector in FP16
+    decoder = plan_gguf(decoder_facts(facts), profile, options)
+    quant, n_ctx = decoder.quant_type, decoder.context_length
+    out += [d for d in decoder.decisions() if d.key != "parity"]
     from edgesdk.formats.gguf.types import BPW
 
     dec_w = dec * BPW[quant] / 8
