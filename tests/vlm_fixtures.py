@@ -327,13 +327,15 @@ def to_transformers5_layout(src: Path, dst: Path) -> Path:
     src, dst = Path(src), Path(dst)
     dst.mkdir(parents=True, exist_ok=True)
     config = json.loads((src / "config.json").read_text())
-    llava = (config.get("architectures") or [""])[0] == "LlavaForConditionalGeneration"
+    arch = (config.get("architectures") or [""])[0]
+    llava = arch == "LlavaForConditionalGeneration"
+    siglip_tower = llava or arch == "Gemma3ForConditionalGeneration"  # vision_tower = a SiglipVisionModel
     for f in src.iterdir():
         if f.name in ("preprocessor_config.json", "special_tokens_map.json"):
             continue
         if f.suffix == ".safetensors":
             tensors = load_file(str(f))
-            if llava:
+            if siglip_tower:
                 tensors = {(_V5_VISION_STRIP[1] + k[len(_V5_VISION_STRIP[0]):] if k.startswith(_V5_VISION_STRIP[0])
                             else k): v for k, v in tensors.items()}
             save_file(tensors, str(dst / f.name), metadata={"format": "pt"})
@@ -358,7 +360,7 @@ def to_transformers5_layout(src: Path, dst: Path) -> Path:
         text["tie_word_embeddings"] = bool(text.get("tie_word_embeddings", config.get("tie_word_embeddings", False)))
         config["text_config"] = text
         config["tie_word_embeddings"] = bool(config.get("tie_word_embeddings", False))
-        if not llava:  # Idefics3 / SmolVLM
+        if not siglip_tower:  # Idefics3 / SmolVLM
             if "pad_token_id" in config:
                 config["_pad_token_id"] = config.pop("pad_token_id")
             gen = json.loads((src / "generation_config.json").read_text())
@@ -405,3 +407,137 @@ def to_transformers5_layout(src: Path, dst: Path) -> Path:
                                  "pair": seq + [{"Sequence": {"id": "B", "type_id": 1}}], "special_tokens": {}}
     (dst / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False, indent=2))
     return dst
+
+
+# ------------------------------------------------------------------ Gemma-3 vision (random weights)
+
+# google/gemma-3-4b-it's published config.json / preprocessor_config.json values that the tiny model keeps: SigLIP
+# tower (patch 14, gelu_pytorch_tanh, layer-norm eps 1e-6, post_layernorm, no head) pooled by 4 x 4 average pooling
+# (64 patches per side -> mm_tokens_per_image 256 = 16 x 16), soft-emb RMS norm (1 + w) + input projection; gemma3
+# decoder with head_dim independent of the width (2560 wide, 8 heads of 256, 4 KV heads, query_pre_attn_scalar =
+# head_dim), rope_theta 1e6 with a linear factor 8 on the global layers, rope_local_base_freq 1e4 on the sliding ones,
+# 5 sliding : 1 global (sliding_window 1024), rms_norm_eps 1e-6, tied output, a vocabulary padded past the tokenizer
+# (262208 rows for 262145 tokens: 63 rows more), <start_of_image> / <image_soft_token> / <end_of_image>, eos
+# [<eos>, <end_of_turn>]; Gemma3ImageProcessor: bilinear resize to the square image size, mean = std = 0.5, no pan
+# and scan. Shrunk: image 224 px (16 patches per side; mm_tokens_per_image 16 = 4 x 4 keeps the 4 x 4 pooling
+# kernel), tower 2 layers of width 64 (4 heads, FFN 240), decoder 6 layers (5 sliding + 1 global) of width 160
+# (4 heads of 32, 2 KV heads: the heads' width 128 is 0.8 of the model's, as 2048 is of 2560, FFN 640).
+GEMMA3_IMAGE_SIZE = 224
+GEMMA3_PATCH_SIZE = 14
+GEMMA3_IMAGE_TOKENS = 16
+GEMMA3_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}"
+    "{% if messages[0]['content'] is string %}{% set first_user_prefix = messages[0]['content'] + '\n\n' %}"
+    "{% else %}{% set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' %}{% endif %}"
+    "{% set loop_messages = messages[1:] %}{% else %}{% set first_user_prefix = '' %}"
+    "{% set loop_messages = messages %}{% endif %}"
+    "{% for message in loop_messages %}{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') }}"
+    "{% if message['content'] is string %}{{ message['content'] | trim }}{% else %}"
+    "{% for item in message['content'] %}{% if item['type'] == 'image' %}{{ '<start_of_image>' }}"
+    "{% elif item['type'] == 'text' %}{{ item['text'] | trim }}{% endif %}{% endfor %}{% endif %}"
+    "{{ '<end_of_turn>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}")
+
+
+def _gemma3_tokenizer():
+    """Gemma's tokenizer.json shape (BPE with byte fallback, spaces as "▁", no "▁" prepended, <bos> added by a
+    TemplateProcessing post-processor) with the Gemma-3 chat and image tokens, trained on the built-in text."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from edgesdk.formats.gguf.build import PPL_TEXT
+
+    lines = PPL_TEXT.read_text().split("\n")
+    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    special = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>",
+               "<end_of_image>", "<image_soft_token>"] + [f"<0x{i:02X}>" for i in range(256)]
+    corpus = lines + ["\n\n".join(lines[i:i + 3]) for i in range(0, len(lines), 3)] + ["user\n", "model\n"] * 20
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=760, special_tokens=special))
+    bos = tok.token_to_id("<bos>")
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", pair="<bos> $A <bos> $B",
+                                                       special_tokens=[("<bos>", bos)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>",
+                                   pad_token="<pad>", extra_special_tokens={
+                                       "boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
+                                       "image_token": "<image_soft_token>"})
+
+
+def make_tiny_gemma3(directory: Path, *, seed: int = 0, layout: str = "transformers4") -> Path:
+    """Save a random-weight ``Gemma3ForConditionalGeneration`` built from Gemma-3-4B's published configuration,
+    shrunk (above), in ``directory``. RANDOM weights: it describes nothing. Norm weights (HF initialises them to 0,
+    scaled as 1 + w) and the input projection (HF initialises it to 0) are randomised, so a missed ``+ 1`` or a
+    transposed projection shows in the parity. ``layout="transformers5"``: saved by this transformers 4.57, then
+    rewritten as transformers 5 saves it (:func:`to_transformers5_layout`, with Gemma-3's rope per layer type; checked
+    against a real transformers 5.25.0 save of the same model: tensor names, config.json, generation_config.json,
+    processor_config.json (its PIL image processor), tokenizer_config.json and tokenizer.json equal)."""
+    import json
+
+    import torch
+    from transformers import (
+        Gemma3Config,
+        Gemma3ForConditionalGeneration,
+        Gemma3ImageProcessor,
+        Gemma3Processor,
+        Gemma3TextConfig,
+        SiglipVisionConfig,
+    )
+
+    final = Path(directory)
+    directory = final.with_name(final.name + "-tf4") if layout == "transformers5" else final
+    directory.mkdir(parents=True, exist_ok=True)
+    fast = _gemma3_tokenizer()
+    image_processor = Gemma3ImageProcessor(
+        size={"height": GEMMA3_IMAGE_SIZE, "width": GEMMA3_IMAGE_SIZE}, resample=2, do_resize=True, do_rescale=True,
+        rescale_factor=1 / 255, do_normalize=True, image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5],
+        do_convert_rgb=None, do_pan_and_scan=None)
+    processor = Gemma3Processor(image_processor=image_processor, tokenizer=fast, image_seq_length=GEMMA3_IMAGE_TOKENS,
+                                chat_template=GEMMA3_CHAT_TEMPLATE)
+    processor.save_pretrained(directory)
+    eot = fast.convert_tokens_to_ids("<end_of_turn>")
+    text = Gemma3TextConfig(
+        vocab_size=len(fast) + 63, hidden_size=160, intermediate_size=640, num_hidden_layers=6, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=32, rope_theta=1_000_000.0,
+        rope_local_base_freq=10_000.0, rope_scaling={"rope_type": "linear", "factor": 8.0}, sliding_window=1024,
+        hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6, max_position_embeddings=131072,
+        final_logit_softcapping=None, attn_logit_softcapping=None, tie_word_embeddings=True,
+        bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id, pad_token_id=fast.pad_token_id,
+        initializer_range=0.06)
+    vision = SiglipVisionConfig(image_size=GEMMA3_IMAGE_SIZE, patch_size=GEMMA3_PATCH_SIZE, hidden_size=64,
+                                intermediate_size=240, num_hidden_layers=2, num_attention_heads=4,
+                                hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6, vision_use_head=False)
+    config = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=GEMMA3_IMAGE_TOKENS,
+                          boi_token_index=fast.convert_tokens_to_ids("<start_of_image>"),
+                          eoi_token_index=fast.convert_tokens_to_ids("<end_of_image>"),
+                          image_token_index=fast.convert_tokens_to_ids("<image_soft_token>"),
+                          eos_token_id=[fast.eos_token_id, eot], initializer_range=0.2)
+    torch.manual_seed(seed)
+    model = Gemma3ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") and "vision_tower" not in name:  # Gemma3RMSNorm: 1 + w
+                p.copy_(0.1 * torch.randn_like(p))
+            elif name.endswith("mm_input_projection_weight"):
+                p.copy_(torch.randn_like(p) / p.shape[0] ** 0.5)
+    model.generation_config.eos_token_id = [fast.eos_token_id, eot]
+    model.save_pretrained(directory, safe_serialization=True)
+    (directory / "README.md").write_text(
+        "---\nlicense: apache-2.0\n---\n# tiny-gemma3-vision (random weights)\n\nGemma-3-4B's architecture (shrunk) "
+        "built from transformers configs with RANDOM weights for tests: it describes nothing.\n", encoding="utf-8")
+    if layout != "transformers5":
+        return directory
+    out = to_transformers5_layout(directory, final)
+    cfg = json.loads((out / "config.json").read_text())
+    tc = cfg["text_config"]  # transformers 5's Gemma3TextConfig: rope per layer type, no rope_local_base_freq
+    tc["rope_parameters"] = {"full_attention": tc.pop("rope_parameters"), "sliding_attention": {
+        "rope_theta": tc.pop("rope_local_base_freq"), "rope_type": "default"}}
+    tc.update(bos_token_id=text.bos_token_id, eos_token_id=text.eos_token_id, pad_token_id=text.pad_token_id,
+              tie_word_embeddings=True)  # Gemma-3's defaults, which 4.57 leaves out and 5.x writes
+    cfg["tie_word_embeddings"] = True
+    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    proc = json.loads((out / "processor_config.json").read_text())  # 5.x leaves out the unset pan-and-scan keys
+    proc["image_processor"] = {k: v for k, v in proc["image_processor"].items()
+                               if v is not None or k == "do_convert_rgb"}
+    (out / "processor_config.json").write_text(json.dumps(proc, indent=2, sort_keys=True) + "\n")
+    return out

@@ -23,7 +23,7 @@ from typing import Any
 from edgesdk.errors import ModelError
 
 # the family modules of this package, in lookup order (the first is the default for configs naming no class)
-REGISTRY = ("llava", "idefics3")
+REGISTRY = ("llava", "idefics3", "gemma3")
 
 
 @dataclass(frozen=True)
