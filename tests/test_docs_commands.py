@@ -811,9 +811,13 @@ def test_statement_7_predict_for_this_cpu_host_measures_its_figures(tmp_path):
 def test_statement_8_langchain_embeddings_setting_is_documented():
     from edgesdk.serve.app import APIError, parse_embeddings
 
-    with pytest.raises(APIError):  # token ids (what OpenAIEmbeddings sends by default) are refused ...
-        parse_embeddings({"model": "m", "input": [[9906, 1917]]})
-    assert "check_embedding_ctx_length=False" in _doc("docs/serve.md")  # ... so the doc must say so
+    # Token ids (what OpenAIEmbeddings sends by default) are accepted (tests/test_serve_embeddings_ids.py) ...
+    assert parse_embeddings({"model": "m", "input": [[9906, 1917]]})[0] == [[9906, 1917]]
+    with pytest.raises(APIError):
+        parse_embeddings({"model": "m", "input": [[9906, True]]})
+    # ... but they are tiktoken's (OpenAI's vocabulary), not the served model's: the doc must still say the flag
+    doc = " ".join(_doc("docs/serve.md").split())
+    assert "check_embedding_ctx_length=False" in doc and "tokenizes with tiktoken, in OpenAI's vocabulary" in doc
 
 
 def test_statement_9_the_docs_make_the_gemma_chat_bundle():

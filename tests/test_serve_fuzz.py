@@ -138,9 +138,12 @@ def test_embeddings_body_parses_or_400(body):
     parsed = []
     if _refused(lambda: parsed.append(parse_embeddings(data))):
         return
-    texts, fmt, dims = parsed[0]
-    assert texts and all(isinstance(t, str) and t for t in texts) and fmt in ("float", "base64")
-    assert all(t.encode("utf-8") for t in texts)  # no lone surrogate reaches the tokenizer
+    inputs, fmt, dims = parsed[0]
+    texts = [t for t in inputs if isinstance(t, str)]
+    ids = [t for t in inputs if not isinstance(t, str)]
+    assert inputs and (not texts or not ids) and fmt in ("float", "base64")  # texts or token ids, never a mix
+    assert all(t for t in texts) and all(t.encode("utf-8") for t in texts)  # no lone surrogate reaches the tokenizer
+    assert all(row and all(type(i) is int and 0 <= i <= 2**31 - 1 for i in row) for row in ids)
     assert dims is None or (isinstance(dims, int) and dims >= 1)
 
 

@@ -22,6 +22,7 @@ from edgesdk.manifest import EmbeddingConfig
 from edgesdk.profiles import Profile, resolve_profile
 from edgesdk.runtime.backend import Backend, LLMBackend, LoadContext, check_feeds
 from edgesdk.runtime.backends import get_loader
+from edgesdk.runtime.embed_inputs import encode_inputs, is_token_ids
 from edgesdk.runtime.options import LoadOptions, all_option_names, parse_load_options
 
 # embed() runs at most this many texts per backend call: memory grows with batch x padded length^2
@@ -155,7 +156,7 @@ class Session:
             self._tokenizer = tok
         return self._tokenizer
 
-    def embed(self, texts: str | list[str], *, normalize: bool | None = None,
+    def embed(self, texts: str | list[str] | list[str | list[int]], *, normalize: bool | None = None,
               max_batch: int | None = None) -> np.ndarray:
         """Sentence embeddings (pooling as the model's sentence-transformers config says), shape [n, dim].
 
@@ -163,11 +164,12 @@ class Session:
         ``parity.<precision>.padded.embed_max_batch`` in the manifest, else :data:`EMBED_MAX_BATCH`), each padded to its
         own longest text, so memory is bounded by one batch whatever the number of texts. Batches group texts
         of similar length (:func:`plan_embed_batches`), so a text's embedding does not depend on a much
-        longer neighbour; results come back in the order of ``texts``."""
+        longer neighbour; results come back in the order of ``texts``. An item may be token ids instead of a
+        text (a list of integers of the model's vocabulary: :mod:`edgesdk.runtime.embed_inputs`)."""
         if isinstance(texts, str):
             texts = [texts]
-        if not texts or not all(isinstance(t, str) for t in texts):
-            raise ShapeError("embed() takes a non-empty string or list of strings")
+        if not texts or not all(isinstance(t, str) or is_token_ids(t) for t in texts):
+            raise ShapeError("embed() takes a non-empty string or list of strings (or of token-id lists)")
         if max_batch is None:
             max_batch = self._verified_max_batch()
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
@@ -175,7 +177,8 @@ class Session:
         tok = self._text_tokenizer()
         names = {spec.name for spec in self.backend.inputs}
         info = self.bundle.manifest.embedding or EmbeddingConfig()  # steering: covered by manifest_sha256
-        encs = tok.encode_batch(texts)  # padded on the right to the longest: each batch slices its own length
+        # padded on the right to the longest: each batch slices its own length
+        encs = tok.encode_batch(texts) if all(isinstance(t, str) for t in texts) else encode_inputs(tok, texts)
         lengths = [int(sum(e.attention_mask)) for e in encs]
         parts, order = [], []
         for rows in plan_embed_batches(lengths, max_batch):
@@ -205,6 +208,11 @@ class Session:
         if normalize if normalize is not None else info.normalize:
             emb = emb / np.clip(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12, None)
         return emb.astype(np.float32)
+
+    def count_tokens(self, inputs: list[str | list[int]]) -> list[int]:
+        """Tokens per input (a text or token ids) as :meth:`embed` feeds them (after truncation, no padding); an
+        InputError for a token id outside the vocabulary."""
+        return [int(sum(r.attention_mask)) for r in encode_inputs(self._text_tokenizer(), inputs)]
 
     def _verified_max_batch(self) -> int:
         """The largest embed() batch whose parity the build measured to hold (INT8 activation scales are per

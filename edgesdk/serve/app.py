@@ -353,6 +353,17 @@ REQUEST_FIELDS: dict[str, tuple[RequestField, ...]] = {
         _r("best_of", "one completion per request", 1),
         _r("suffix", "insertion (fill-in-the-middle) is not implemented", ""),
     ),
+    "/v1/embeddings": (
+        _f("model", "a served text-embedding model name (GET /v1/models)"),
+        _f("input", f"a string, a list of strings, token ids (a list of integers) or a list of token-id lists; at "
+                    f"most {MAX_EMBEDDING_INPUTS} inputs, none empty. Token ids are the model's own vocabulary "
+                    "(its tokenizer.json; an id outside it: 400) and are the encoder's input as given (a BERT "
+                    "model's [CLS] ... [SEP] included); text and token ids longer than the model's max length are "
+                    "truncated alike"),
+        _f("encoding_format", "`float` or `base64`"),
+        _f("dimensions", "the model's dimension only (no truncation); other values 400"),
+        _f("user", "an end-user id (a string); it does not change the output"),
+    ),
 }
 
 
@@ -495,17 +506,33 @@ def parse_generation(body: dict, entry: ModelEntry, operation: str) -> tuple[dic
     return opts, stream, stream and bool(include), _prompt(body)
 
 
-def parse_embeddings(body: dict) -> tuple[list[str], str, int | None]:
-    """An embeddings body -> (texts, encoding format, dimensions); an APIError 400 naming the field otherwise."""
+def _token_ids(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def parse_embeddings(body: dict) -> tuple[list[str | list[int]], str, int | None]:
+    """An embeddings body -> (inputs: texts or token-id lists, encoding format, dimensions); an APIError 400
+    naming the field otherwise. Every field is checked against :data:`REQUEST_FIELDS`; token ids are checked
+    against the model's vocabulary by the route (:meth:`Session.count_tokens`)."""
+    check_fields(body, "/v1/embeddings")
     inputs = body.get("input")
-    if isinstance(inputs, str):
-        inputs = [inputs]
+    if isinstance(inputs, str) or (_token_ids(inputs) and inputs):
+        inputs = [inputs]  # one text, or one input's token ids
     if not isinstance(inputs, list) or not inputs:
-        raise APIError(400, "'input' must be a non-empty string or list of strings", param="input")
-    if not all(isinstance(t, str) for t in inputs):
-        raise APIError(400, "'input' must be text: token-id input is not supported", param="input")
+        raise APIError(400, "'input' must be a non-empty string, list of strings, list of token ids, or list of "
+                       "token-id lists", param="input")
+    texts = all(isinstance(t, str) for t in inputs)
+    if not texts and not all(_token_ids(t) for t in inputs):
+        raise APIError(400, "'input' must be a list of strings or a list of token-id lists (lists of integers), "
+                       "not a mix or other values", param="input")
     if any(not t for t in inputs):
-        raise APIError(400, "'input' must not contain empty strings", param="input")
+        raise APIError(400, f"'input' must not contain empty {'strings' if texts else 'token-id lists'}",
+                       param="input")
+    if not texts:
+        bad = next((t for ids in inputs for t in ids if not 0 <= t <= INT32_MAX), None)
+        if bad is not None:
+            raise APIError(400, f"'input' token ids must be from 0 to the model's vocabulary size, got {_show(bad)}",
+                           param="input")
     if len(inputs) > MAX_EMBEDDING_INPUTS:
         raise APIError(400, f"'input' holds {len(inputs)} items; the limit is {MAX_EMBEDDING_INPUTS}",
                        param="input")
@@ -514,6 +541,9 @@ def parse_embeddings(body: dict) -> tuple[list[str], str, int | None]:
         fmt = "float"
     elif fmt not in ("float", "base64"):
         raise APIError(400, "'encoding_format' must be 'float' or 'base64'", param="encoding_format")
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise APIError(400, "'user' must be a string", param="user")
     return inputs, fmt, _integer(body, "dimensions", 1)
 
 
@@ -901,6 +931,12 @@ class _Server:
             model = entry.name
             span.model(model, entry.provider)
             inputs, fmt, dims = parse_embeddings(body)
+            if not isinstance(inputs[0], str):  # token ids: in this model's vocabulary, before they share a batch
+                try:
+                    entry.session.count_tokens(inputs)
+                except EdgeSDKError as exc:
+                    raise APIError(400, exc.one_line() if isinstance(exc, InputError) else str(exc),
+                                   param="input") from None
             assert entry.batcher is not None  # created in start() for every embedding entry
             try:
                 emb, counts = await entry.batcher.embed(inputs, otel_ctx=span.ctx)

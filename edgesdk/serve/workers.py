@@ -148,7 +148,7 @@ class LLMWorker:
 
 @dataclass
 class _EmbedRequest:
-    texts: list[str]
+    texts: list[str | list[int]]  # texts, or token ids (edgesdk.runtime.embed_inputs)
     future: asyncio.Future
     otel_ctx: Any = None
 
@@ -196,7 +196,7 @@ class EmbeddingBatcher:
     def depth(self) -> int:
         return self._pending
 
-    async def embed(self, texts: list[str], otel_ctx=None):
+    async def embed(self, texts: list[str | list[int]], otel_ctx=None):
         """Embeddings for ``texts`` (numpy [n, dim]) and the token count, batched with concurrent callers."""
         if self._closing:
             raise Saturated(f"model {self.name!r} is shutting down", retry_after=5, draining=True)
@@ -267,7 +267,7 @@ class EmbeddingBatcher:
                 r.future.set_result((emb[i:i + k], counts[i:i + k]))
             i += k
 
-    def _embed(self, texts: list[str], otel_ctx):
+    def _embed(self, texts: list[str | list[int]], otel_ctx):
         token = otel_context.attach(otel_ctx) if otel_ctx is not None else None
         try:
             emb = self.session.embed(texts)
@@ -285,7 +285,7 @@ class EmbeddingBatcher:
         self._executor.shutdown(wait=True)
 
 
-def token_counts(session, texts: list[str]) -> list[int]:
+def token_counts(session, texts: list[str | list[int]]) -> list[int]:
     """Tokens per input as the encoder saw them (after truncation, without padding)."""
     counter = getattr(session, "count_tokens", None)
     if callable(counter):
