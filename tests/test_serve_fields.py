@@ -124,11 +124,11 @@ def test_token_prompts_and_prompt_errors(served, vocab):
 
 
 REFUSED = [
-    ("/v1/chat/completions", "response_format", {"type": "json_object"}),
-    ("/v1/chat/completions", "tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
-    ("/v1/chat/completions", "tool_choice", "auto"),
-    ("/v1/chat/completions", "logprobs", True),
-    ("/v1/chat/completions", "top_logprobs", 2),
+    ("/v1/chat/completions", "response_format", {"type": "yaml"}),
+    ("/v1/chat/completions", "tools", [{"type": "function", "function": {"parameters": {}}}]),  # no name
+    ("/v1/chat/completions", "tool_choice", "auto"),  # no tools
+    ("/v1/chat/completions", "logprobs", "yes"),
+    ("/v1/chat/completions", "top_logprobs", 2),  # without logprobs: true
     ("/v1/chat/completions", "mirostat", 2),  # not OpenAI's, not implemented: unknown
     ("/v1/chat/completions", "frequency_penalty", 2.5),
     ("/v1/chat/completions", "logit_bias", {"1": 101}),
@@ -136,7 +136,7 @@ REFUSED = [
     ("/v1/completions", "echo", True),
     ("/v1/completions", "best_of", 2),
     ("/v1/completions", "suffix", "end"),
-    ("/v1/completions", "logprobs", 1),
+    ("/v1/completions", "logprobs", 21),
     ("/v1/completions", "messages", [{"role": "user", "content": "Hi"}]),
 ]
 
@@ -158,5 +158,20 @@ def test_refused_and_unknown_fields_name_the_param(served):
     openai = pytest.importorskip("openai")
     with pytest.raises(openai.BadRequestError) as exc:
         _client(served).chat.completions.create(model="gemma", messages=[{"role": "user", "content": "Hi"}],
-                                                response_format={"type": "json_object"})
+                                                response_format={"type": "json_schema", "json_schema": {}})
     assert exc.value.body["param"] == "response_format"
+
+
+@pytest.mark.slow
+def test_engine_only_fields_are_400_one_request_at_a_time(served):
+    """Grammars and log-probabilities live in the batching engine's sampler chains: ``--parallel 1`` names them."""
+    if served.args[-1] != "1":
+        pytest.skip("the batched engine implements them (tests/test_serve_structured.py)")
+    hi = [{"role": "user", "content": "Hi"}]
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    for path, body, param in (
+            ("/v1/chat/completions", {"messages": hi, "response_format": {"type": "json_object"}}, "response_format"),
+            ("/v1/chat/completions", {"messages": hi, "tools": [tool]}, "tools"),
+            ("/v1/chat/completions", {"messages": hi, "logprobs": True}, "logprobs"),
+            ("/v1/completions", {"prompt": "x", "logprobs": 1}, "logprobs")):
+        assert _error(served, path, body)["param"] == param

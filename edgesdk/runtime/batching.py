@@ -16,7 +16,8 @@ per slot, ``kv_unified`` off, as ``llama-server -np N`` runs). One engine thread
    its sampler freed, its slot free for the next request at the next step.
 
 The sampler chain per sequence is the one ``llama_cpp.Llama.generate`` builds (logit bias when given,
-penalties (repeat, frequency, presence), then greedy at
+the request's grammar when given (llama.cpp GBNF: every candidate the grammar does not allow next is
+masked before anything else picks), penalties (repeat, frequency, presence), then greedy at
 temperature 0, else top-k, typical 1.0, top-p, min-p, temperature, dist(seed)), so a request asks the
 same thing here as through :class:`~edgesdk.runtime.backends.llamacpp.LlamaCppBackend`. A request run
 alone through the engine gives the same greedy tokens as ``Llama.generate``; run together with others
@@ -25,6 +26,10 @@ in the last bits from one sequence alone (measured on the CPU build: 4 of 8 shor
 24 tokens; llama.cpp, when it splits such a batch into one micro-batch per sequence, gives identical
 tokens at a tenth of the speed). tests/test_batching.py and tools/bench/bench_batching.py count the
 divergences.
+
+A request asking for ``logprobs`` gets, per generated token, the log-softmax of the raw logits row the
+sampler reads (before logit bias, grammar, penalties or temperature: the model's own distribution) at the
+chosen token, and its ``k`` most likely tokens; a request without it costs nothing extra.
 
 llama-cpp-python is imported only through :func:`edgesdk.native.import_llama_cpp`.
 """
@@ -64,6 +69,18 @@ class EngineClosed(EngineSaturated):
     """The engine was closed; the request did not (or will not) finish."""
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token's log-probability under the model's raw distribution (log-softmax of its
+    logits row), its bytes, and the ``k`` most likely tokens at that step (``(token, bytes, logprob)``,
+    most likely first)."""
+
+    token: int
+    text: bytes
+    logprob: float
+    top: tuple[tuple[int, bytes, float], ...] = ()
+
+
 @dataclass
 class GenerationResult:
     """What one request produced (``BatchHandle.result()``)."""
@@ -78,6 +95,7 @@ class GenerationResult:
     cached_tokens: int = 0  # prompt tokens whose KV cells a slot kept from its previous request (reuse_prefix)
     first_token_at: float | None = None  # perf_counter() instants
     finished_at: float | None = None
+    logprobs: list[TokenLogprob] | None = None  # one per generated token, when the request asked for them
 
 
 @dataclass
@@ -101,6 +119,8 @@ class _Seq:
     kv: list[int] = field(default_factory=list)  # the tokens whose KV cells this sequence holds, in order
     argmax: bool = False  # greedy with no penalty: pick the largest logit directly
     cached: int = 0
+    logprobs: list[TokenLogprob] | None = None  # all of them (the request asked for logprobs)
+    lp_sent: int = 0  # how many of them went out with a piece
 
 
 class BatchHandle:
@@ -122,8 +142,10 @@ class BatchHandle:
         self.tokens: list[int] = []  # generated token ids, appended by the engine thread
 
     # engine side
-    def _put(self, piece: str) -> None:
+    def _put(self, piece: str, logprobs: list[TokenLogprob] | None = None) -> None:
         if self._listener is not None:
+            if logprobs:  # the tokens this piece (and any held back before it) came from
+                self._listener("logprobs", logprobs)
             self._listener("chunk", piece)
         else:
             self._events.put(piece)
@@ -317,7 +339,7 @@ class BatchEngine:
                                  stop_token_ids=[eos])
         assert request.messages is not None
         try:
-            res = self._chat(messages=[{"role": m.role, "content": m.content} for m in request.messages])
+            res = self._chat(messages=[m.as_dict() for m in request.messages], tools=list(request.tools) or None)
         except Exception as exc:  # noqa: BLE001 - jinja errors on malformed messages: one line
             raise InputError(f"chat template failed on these messages ({type(exc).__name__}: {exc})") from exc
         stops = [res.stop] if isinstance(res.stop, str) else list(res.stop or [])
@@ -332,7 +354,9 @@ class BatchEngine:
         handle at once. Raises InputError/ShapeError for a bad request, EngineSaturated when full.
 
         ``listener(kind, value)``, when given, is called on the engine thread instead of queueing the
-        handle's events: ``("chunk", text)`` per piece, then ``("done", GenerationResult)``; it must not
+        handle's events: ``("chunk", text)`` per piece (preceded by ``("logprobs", [TokenLogprob, ...])``
+        for the tokens behind it when the request asks for logprobs), then ``("done", GenerationResult)``;
+        it must not
         block (the server hands them to its event loop). ``cancel``: an event whose setting cancels the
         request (checked at every step), instead of the handle's own."""
         if request is None:
@@ -378,6 +402,11 @@ class BatchEngine:
         if len(tokens) >= self.n_ctx_seq:
             raise ShapeError(f"prompt is {len(tokens)} tokens; a slot's context holds {self.n_ctx_seq}")
         budget = min(request.max_tokens, self.n_ctx_seq - len(tokens))
+        if request.grammar is not None:  # refused here, on the caller's thread, not at admission
+            test = self._ll.llama_sampler_init_grammar(self._vocab, request.grammar.encode("utf-8"), b"root")
+            if not test:
+                raise InputError("grammar does not compile (llama.cpp GBNF parser refused it)")
+            self._ll.llama_sampler_free(test)
         with self._cv:
             if self._closing:
                 raise EngineClosed("the batch engine is closing")
@@ -449,6 +478,12 @@ class BatchEngine:
             for i, (tok, bias) in enumerate(r.logit_bias):
                 biases[i].token, biases[i].bias = tok, bias
             add(chain, ll.llama_sampler_init_logit_bias(self.n_vocab, len(r.logit_bias), biases))
+        if r.grammar is not None:  # compiled once already in submit(): it parses
+            grammar = ll.llama_sampler_init_grammar(self._vocab, r.grammar.encode("utf-8"), b"root")
+            if not grammar:
+                ll.llama_sampler_free(chain)
+                raise RuntimeError("the request's grammar no longer compiles")
+            add(chain, grammar)
         add(chain, ll.llama_sampler_init_penalties(self.n_vocab, PENALTY_LAST_N, r.repeat_penalty,
                                                    r.frequency_penalty, r.presence_penalty))
         if r.temperature == 0:
@@ -468,10 +503,16 @@ class BatchEngine:
             if seq.handle.cancelled:
                 self._end(seq, "cancelled")
                 continue
-            seq.slot, keep = self._pick_slot(seq.prompt)
-            seq.sampler = self._new_sampler(seq.handle.request)
             req = seq.handle.request
-            seq.argmax = req.plain_greedy  # greedy, penalties neutral, no logit bias
+            try:
+                sampler = self._new_sampler(req)
+            except RuntimeError as exc:  # this request fails, never the engine
+                self._end(seq, "error", str(exc))
+                continue
+            seq.slot, keep = self._pick_slot(seq.prompt)
+            seq.sampler = sampler
+            seq.argmax = req.plain_greedy  # greedy, penalties neutral, no logit bias, no grammar
+            seq.logprobs = [] if req.logprobs is not None else None
             seq.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
             if keep and self._n_swa > 0:
                 # a sliding-window cache keeps only the last n_swa positions: reuse needs the window before
@@ -524,14 +565,22 @@ class BatchEngine:
                 self._active.remove(seq)
         h = seq.handle
         if len(seq.text) > seq.emitted and finish in ("stop", "length"):
-            h._put(seq.text[seq.emitted:])
+            h._put(seq.text[seq.emitted:], self._unsent(seq))
             seq.emitted = len(seq.text)
         now = time.perf_counter()
         h._finish(GenerationResult(text=seq.text, tokens=list(seq.out), finish_reason=finish,
                                    prompt_tokens=len(seq.prompt),
                                    ttft_s=(h.first_token_at - h.submitted) if h.first_token_at else None,
                                    total_s=now - h.submitted, error=error, cached_tokens=seq.cached,
-                                   first_token_at=h.first_token_at, finished_at=now))
+                                   first_token_at=h.first_token_at, finished_at=now, logprobs=seq.logprobs))
+
+    @staticmethod
+    def _unsent(seq: _Seq) -> list[TokenLogprob] | None:
+        if not seq.logprobs or seq.lp_sent >= len(seq.logprobs):
+            return None
+        out = seq.logprobs[seq.lp_sent:]
+        seq.lp_sent = len(seq.logprobs)
+        return out
 
     def _loop(self) -> None:
         try:
@@ -617,6 +666,9 @@ class BatchEngine:
                 seq.kv.append(seq.pending)
                 seq.pos += 1
                 seq.pending = None
+            row = None
+            if seq.logprobs is not None:  # read before sampling: the raw row (samplers work on a copy)
+                row = np.ctypeslib.as_array(ll.llama_get_logits_ith(self._ctx, idx), shape=(self.n_vocab,))
             if seq.argmax:
                 # greedy without penalties: the first largest logit, as llama.cpp's greedy sampler picks it,
                 # without copying the vocabulary into a candidates array (a 262k vocabulary costs ~1 ms)
@@ -624,12 +676,27 @@ class BatchEngine:
                 tok = int(row.argmax())
             else:
                 tok = int(ll.llama_sampler_sample(seq.sampler, self._ctx, idx))
+            if row is not None and seq.logprobs is not None and not ll.llama_vocab_is_eog(self._vocab, tok):
+                seq.logprobs.append(self._logprob(row, tok, int(seq.handle.request.logprobs or 0)))
             if t_host is None:  # reading the first row waits for the device: decode time until then
                 t_host = time.perf_counter()
                 self.stats["decode_s"] += t_host - t_dec
             self._on_token(seq, tok, now)
         if t_host is not None:
             self.stats["host_s"] += time.perf_counter() - t_host
+
+    def _logprob(self, row: np.ndarray, tok: int, k: int) -> TokenLogprob:
+        """``tok``'s log-probability under the log-softmax of ``row`` (the raw logits), and the ``k`` most
+        likely tokens."""
+        x = row.astype(np.float64)
+        m = float(x.max())
+        lse = m + float(np.log(np.exp(x - m).sum()))
+        top: tuple[tuple[int, bytes, float], ...] = ()
+        if k > 0:
+            idx = np.argpartition(x, -k)[-k:]
+            idx = idx[np.argsort(-x[idx], kind="stable")]
+            top = tuple((int(i), self.piece(int(i)), float(x[i] - lse)) for i in idx)
+        return TokenLogprob(tok, self.piece(tok), float(x[tok] - lse), top)
 
     def _on_token(self, seq: _Seq, tok: int, now: float) -> None:
         h = seq.handle
@@ -658,7 +725,7 @@ class BatchEngine:
             self._end(seq, "length")
             return
         if len(seq.text) - seq.hold > seq.emitted:
-            h._put(seq.text[seq.emitted:len(seq.text) - seq.hold])
+            h._put(seq.text[seq.emitted:len(seq.text) - seq.hold], self._unsent(seq))
             seq.emitted = len(seq.text) - seq.hold
         seq.pending = tok
 

@@ -4,7 +4,9 @@
 :class:`GenerationRequest` holds what a caller asks of an LLM: the input (prompt text, prompt token ids,
 or chat messages with text parts), the sampling options (``max_tokens``, ``temperature``, ``top_p``,
 ``top_k``, ``min_p``, ``repeat_penalty``, ``frequency_penalty``, ``presence_penalty``, ``logit_bias``,
-``seed``), ``stop`` sequences and ``stream``. Every value is
+``seed``), ``stop`` sequences, ``stream``, and what the server's OpenAI fields ask of the engine: a
+``grammar`` (llama.cpp GBNF) constraining the reply, ``logprobs`` (how many top alternatives to report per
+token) and ``tools`` (rendered into a chat prompt). Every value is
 checked when the request is made; a bad one is one :class:`~edgesdk.errors.InputError` whose one-line
 message names the field (``top_p must be <= 1, got 1.5``). ``n`` other than 1 is refused.
 
@@ -14,6 +16,7 @@ message names the field (``top_p must be <= 1, got 1.5``). ``n`` other than 1 is
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
 from collections.abc import Mapping, Sequence
@@ -34,6 +37,8 @@ DEFAULT_MAX_TOKENS = 128
 INT32_MAX = 2**31 - 1  # llama.cpp takes counts as int32_t
 SEED_MAX = 0xFFFFFFFE  # 0xFFFFFFFF is llama.cpp's "random seed"
 MAX_STOPS = 16  # as many stop strings as OpenAI accepts
+MAX_TOP_LOGPROBS = 20  # OpenAI's cap on top_logprobs
+MAX_GRAMMAR_CHARS = 1 << 20  # a GBNF text longer than this is refused
 
 
 def _show(value: object) -> str:
@@ -129,11 +134,60 @@ def check_stop(stop: object) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """One tool call of an assistant turn: its id, the function's name and its arguments (a JSON text)."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
 class ChatMessage:
-    """One chat turn: a role and its text (text parts are joined in order)."""
+    """One chat turn: a role and its text (text parts are joined in order); an assistant turn may hold
+    ``tool_calls``, a ``tool`` turn the ``tool_call_id`` it answers (and the tool's ``name``)."""
 
     role: str
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The turn as OpenAI's message shape (what a Jinja chat template reads)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [{"id": c.id, "type": "function",
+                                  "function": {"name": c.name, "arguments": c.arguments}} for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
+
+
+def _check_tool_calls(i: int, calls: object) -> tuple[ToolCall, ...]:
+    if calls is None:
+        return ()
+    if not isinstance(calls, Sequence) or isinstance(calls, (str, bytes)):
+        raise InputError(f"messages[{i}].tool_calls must be a list of tool calls")
+    out = []
+    for j, c in enumerate(calls):
+        if isinstance(c, ToolCall):
+            out.append(c)
+            continue
+        fn = c.get("function") if isinstance(c, Mapping) else None
+        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise InputError(f"messages[{i}].tool_calls[{j}] must be {{'id', 'type': 'function', "
+                             "'function': {'name', 'arguments'}}")
+        args = fn.get("arguments", "{}")
+        if isinstance(args, Mapping):
+            args = json.dumps(args, ensure_ascii=False)
+        if not isinstance(args, str):
+            raise InputError(f"messages[{i}].tool_calls[{j}].function.arguments must be a JSON string")
+        cid = c.get("id") if isinstance(c.get("id"), str) else f"call_{i}_{j}"
+        out.append(ToolCall(cid, fn["name"], args))
+    return tuple(out)
 
 
 def _check_messages(messages: object) -> tuple[ChatMessage, ...]:
@@ -142,14 +196,28 @@ def _check_messages(messages: object) -> tuple[ChatMessage, ...]:
     out = []
     for i, m in enumerate(messages):
         if isinstance(m, ChatMessage):
-            m = {"role": m.role, "content": m.content}
+            out.append(m)
+            continue
         if not isinstance(m, Mapping):
             raise InputError(f"messages[{i}] must be a mapping with 'role' and 'content'")
         role, content = m.get("role"), m.get("content")
         if not isinstance(role, str) or not role:
             raise InputError(f"messages[{i}].role must be a non-empty string, got {_show(role)}")
+        calls = _check_tool_calls(i, m.get("tool_calls")) if role == "assistant" else ()
+        if m.get("tool_calls") and role != "assistant":
+            raise InputError(f"messages[{i}].tool_calls: only assistant messages carry tool calls")
+        call_id = m.get("tool_call_id")
+        if role == "tool" and not isinstance(call_id, str):
+            raise InputError(f"messages[{i}].tool_call_id must be a string (the id of the call it answers)")
+        if call_id is not None and role != "tool":
+            raise InputError(f"messages[{i}].tool_call_id: only tool messages answer a tool call")
+        name = m.get("name")
+        if name is not None and not isinstance(name, str):
+            raise InputError(f"messages[{i}].name must be a string")
+        if content is None and (calls or role == "tool"):
+            content = ""
         if isinstance(content, str):
-            out.append(ChatMessage(role, content))
+            out.append(ChatMessage(role, content, calls, call_id, name))
             continue
         if not isinstance(content, Sequence) or isinstance(content, bytes) or not content:
             raise InputError(f"messages[{i}].content must be a string or a non-empty list of text parts")
@@ -162,8 +230,27 @@ def _check_messages(messages: object) -> tuple[ChatMessage, ...]:
             if not isinstance(part.get("text"), str):
                 raise InputError(f"messages[{i}].content[{j}].text must be a string")
             texts.append(part["text"])
-        out.append(ChatMessage(role, "".join(texts)))
+        out.append(ChatMessage(role, "".join(texts), calls, call_id, name))
     return tuple(out)
+
+
+def check_tools(tools: object) -> tuple[Mapping[str, Any], ...]:
+    """``None`` or a list of OpenAI function tools (``{"type": "function", "function": {"name", ...}}``)."""
+    if tools is None:
+        return ()
+    if not isinstance(tools, Sequence) or isinstance(tools, (str, bytes)):
+        raise InputError("tools must be a list of {'type': 'function', 'function': {...}} objects")
+    for i, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, Mapping) else None
+        if not isinstance(t, Mapping) or t.get("type") != "function" or not isinstance(fn, Mapping):
+            raise InputError(f"tools[{i}] must be {{'type': 'function', 'function': {{'name', 'parameters'}}}}")
+        name = fn.get("name")
+        if not isinstance(name, str) or not name:
+            raise InputError(f"tools[{i}].function.name must be a non-empty string")
+        params = fn.get("parameters")
+        if params is not None and not isinstance(params, Mapping):
+            raise InputError(f"tools[{i}].function.parameters must be a JSON Schema object")
+    return tuple(tools)
 
 
 @dataclass(frozen=True)
@@ -191,6 +278,10 @@ class GenerationRequest:
     stop: tuple[str, ...] = field(default=())
     stream: bool = False
     n: int = 1
+    grammar: str | None = None  # llama.cpp GBNF (root rule "root") every sampled token must follow
+    logprobs: int | None = None  # None: none; k: each token's log-probability and its k most likely rivals
+    tools: tuple[Mapping[str, Any], ...] = field(default=())  # OpenAI function tools, rendered into a chat
+    tool_choice: str | None = None  # with tools: "auto", "required" or a tool's name (the prompt says which)
 
     def __post_init__(self) -> None:
         given = [k for k in ("prompt", "prompt_tokens", "messages") if getattr(self, k) is not None]
@@ -225,6 +316,17 @@ class GenerationRequest:
         object.__setattr__(self, "top_k", int(params["top_k"]))  # type: ignore[call-overload]  # checked
         object.__setattr__(self, "stop", check_stop(self.stop))
         object.__setattr__(self, "logit_bias", check_logit_bias(self.logit_bias))
+        if self.grammar is not None and (not isinstance(self.grammar, str) or not self.grammar.strip()
+                                         or len(self.grammar) > MAX_GRAMMAR_CHARS):
+            raise InputError(f"grammar must be a non-empty GBNF text of at most {MAX_GRAMMAR_CHARS} characters")
+        if self.logprobs is not None:
+            object.__setattr__(self, "logprobs", int(_number("logprobs", self.logprobs, lo=0, hi=MAX_TOP_LOGPROBS,
+                                                             integer=True)))
+        object.__setattr__(self, "tools", check_tools(self.tools or None))
+        if self.tools and self.messages is None:
+            raise InputError("tools need chat messages (a prompt or prompt_tokens is formatted already)")
+        if self.tool_choice is not None and not isinstance(self.tool_choice, str):
+            raise InputError(f"tool_choice must be 'auto', 'required' or a tool's name, got {_show(self.tool_choice)}")
 
     @property
     def greedy(self) -> bool:
@@ -232,8 +334,8 @@ class GenerationRequest:
 
     @property
     def plain_greedy(self) -> bool:
-        """Greedy with neutral penalties and no logit bias: the largest logit is the token."""
-        return self.greedy and not self.logit_bias and all(
+        """Greedy with neutral penalties, no logit bias and no grammar: the largest logit is the token."""
+        return self.greedy and not self.logit_bias and self.grammar is None and all(
             getattr(self, k) == v for k, v in NEUTRAL_PENALTIES.items())
 
     @classmethod
@@ -242,13 +344,17 @@ class GenerationRequest:
         """Build from keyword options as ``Session.generate`` takes them (``temp`` = ``temperature``;
         ``None`` values mean the default; an unknown option is an InputError naming it)."""
         named = {("temperature" if k == "temp" else k): v for k, v in options.items()}
-        known = {"max_tokens", "stop", "seed", "stream", "n", "logit_bias", *DEFAULT_SAMPLING}
+        known = {"max_tokens", "stop", "seed", "stream", "n", "logit_bias", "grammar", "logprobs", "tools",
+                 "tool_choice", *DEFAULT_SAMPLING}
         unknown = set(named) - known
         if unknown:
             raise InputError(f"unknown generation option(s): {', '.join(sorted(unknown))} "
-                             f"(known: max_tokens, stop, seed, stream, logit_bias, {', '.join(DEFAULT_SAMPLING)})")
+                             f"(known: max_tokens, stop, seed, stream, logit_bias, grammar, logprobs, tools, "
+                             f"tool_choice, {', '.join(DEFAULT_SAMPLING)})")
         kw = {k: v for k, v in named.items() if v is not None or k == "seed"}
         stop = kw.pop("stop", None)
+        if "tools" in kw:
+            kw["tools"] = check_tools(kw["tools"])
         return cls(prompt=prompt, prompt_tokens=tuple(prompt_tokens) if prompt_tokens is not None else None,
                    messages=tuple(messages) if messages is not None else None,  # type: ignore[arg-type]
                    stop=check_stop(stop), **kw)

@@ -33,7 +33,15 @@ from starlette.routing import Match, Route
 
 from edgesdk import __version__
 from edgesdk.errors import EdgeSDKError, InputError, ShapeError
-from edgesdk.runtime.requests import INT32_MAX, SEED_MAX, GenerationRequest, check_logit_bias
+from edgesdk.runtime import grammar as _grammar
+from edgesdk.runtime.requests import (
+    INT32_MAX,
+    MAX_TOP_LOGPROBS,
+    SEED_MAX,
+    GenerationRequest,
+    check_logit_bias,
+    check_tools,
+)
 from edgesdk.serve.batch_worker import BatchWorker, decide_parallel
 from edgesdk.serve.workers import EmbeddingBatcher, Job, LLMWorker, Saturated
 from edgesdk.telemetry.serve_metrics import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
@@ -319,19 +327,21 @@ _COMMON = (
 #: 400 naming it unless its value is null or neutral. docs/serve.md's field table is generated from this.
 REQUEST_FIELDS: dict[str, tuple[RequestField, ...]] = {
     "/v1/chat/completions": (
-        _f("messages", "role and text content (a string or text parts); any other message field (name, "
-                                  "tool_calls, tool_call_id, ...): 400 naming it"),
+        _f("messages", "role and text content (a string or text parts); assistant `tool_calls`, tool "
+                       "`tool_call_id` and `name`; any other message field (audio, ...): 400 naming it"),
         *_COMMON,
         _f("max_completion_tokens", "as max_tokens (wins when both are given)"),
-        _r("response_format", "structured output (JSON mode, JSON Schema) is not implemented", {"type": "text"}),
-        _r("tools", "tool calling is not implemented", []),
-        _r("tool_choice", "tool calling is not implemented", "none"),
-        _r("parallel_tool_calls", "tool calling is not implemented (a boolean asks nothing without tools)",
-           True, False),
+        _f("response_format", "`text`, `json_object`, `json_schema` (`json_schema.schema`): a llama.cpp grammar "
+                              "from the schema constrains every token (continuous batching only)"),
+        _f("tools", "function tools: rendered by the chat template (or a system turn when it ignores tools); "
+                    "the reply is grammar-constrained to a call (continuous batching only)"),
+        _f("tool_choice", "`none`, `auto` (a call or text), `required`, or a named function"),
+        _f("parallel_tool_calls", "a boolean; at most one call per reply either way"),
         _r("functions", "function calling (deprecated) is not implemented", []),
         _r("function_call", "function calling (deprecated) is not implemented", "none"),
-        _r("logprobs", "log-probabilities are not implemented", False),
-        _r("top_logprobs", "log-probabilities are not implemented", 0),
+        _f("logprobs", "per-token log-softmax of the raw logits (before sampling changes them; continuous "
+                       "batching only)"),
+        _f("top_logprobs", f"0 to {MAX_TOP_LOGPROBS} most likely tokens per position (needs `logprobs: true`)"),
         _r("modalities", "text output only", ["text"]),
         _r("audio", "audio output is not implemented"),
         _r("prediction", "predicted outputs are not implemented"),
@@ -349,7 +359,8 @@ REQUEST_FIELDS: dict[str, tuple[RequestField, ...]] = {
                      " several prompts: 400"),
         *_COMMON,
         _r("echo", "echoing the prompt is not implemented", False),
-        _r("logprobs", "log-probabilities are not implemented"),
+        _f("logprobs", f"0 to {MAX_TOP_LOGPROBS}: per-token log-softmax of the raw logits and that many most likely "
+                       "tokens (continuous batching only)"),
         _r("best_of", "one completion per request", 1),
         _r("suffix", "insertion (fill-in-the-middle) is not implemented", ""),
     ),
@@ -463,6 +474,78 @@ def _generation_options(body: dict, entry: ModelEntry) -> dict:
     return opts
 
 
+def _structured(body: dict, operation: str) -> dict:
+    """``response_format``, ``tools``/``tool_choice`` and ``logprobs`` -> GenerationRequest options (grammar,
+    tools, tool_choice, logprobs); an APIError 400 naming the field otherwise."""
+    opts: dict = {}
+    if operation != "chat":
+        lp = _integer(body, "logprobs", 0, MAX_TOP_LOGPROBS)
+        if lp is not None:
+            opts["logprobs"] = lp
+        return opts
+    lp_on = body.get("logprobs")
+    if lp_on is not None and not isinstance(lp_on, bool):
+        raise APIError(400, f"'logprobs' must be a boolean, got {_show(lp_on)}", param="logprobs")
+    top = _integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    if top and not lp_on:
+        raise APIError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    if lp_on:
+        opts["logprobs"] = top or 0
+    tools_in, choice = body.get("tools"), body.get("tool_choice")
+    try:
+        tools = check_tools(tools_in if tools_in != [] else None)
+    except InputError as exc:
+        raise APIError(400, str(exc), param="tools") from None
+    names = [t["function"]["name"] for t in tools]
+    if isinstance(choice, dict):
+        fn = choice.get("function") if choice.get("type") == "function" else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(name, str) or name not in names:
+            raise APIError(400, f"'tool_choice' must name one of the tools ({', '.join(names) or 'none given'}), "
+                           f"got {_show(choice)}", param="tool_choice")
+        choice = name
+    elif choice is None:
+        choice = "auto" if tools else "none"
+    elif choice not in ("none", "auto", "required"):
+        raise APIError(400, f"'tool_choice' must be 'none', 'auto', 'required' or "
+                       f"{{'type': 'function', 'function': {{'name': ...}}}}, got {_show(choice)}", param="tool_choice")
+    if choice != "none" and not tools:
+        raise APIError(400, f"'tool_choice' {choice!r} needs 'tools'", param="tool_choice")
+    ptc = body.get("parallel_tool_calls")
+    if ptc is not None and not isinstance(ptc, bool):
+        raise APIError(400, "'parallel_tool_calls' must be a boolean", param="parallel_tool_calls")
+    fmt = body.get("response_format")
+    schema_grammar = None
+    if fmt is not None:
+        kind = fmt.get("type") if isinstance(fmt, dict) else None
+        try:
+            if kind == "json_object":
+                schema_grammar = _grammar.json_object_grammar()
+            elif kind == "json_schema":
+                spec = fmt.get("json_schema")
+                schema = spec.get("schema") if isinstance(spec, dict) else None
+                if not isinstance(schema, dict):
+                    raise InputError("response_format.json_schema.schema must be a JSON Schema object")
+                schema_grammar = _grammar.json_schema_grammar(schema, "response_format.json_schema.schema")
+            elif kind != "text":
+                raise InputError(f"response_format.type must be 'text', 'json_object' or 'json_schema', "
+                                 f"got {_show(kind)}")
+        except InputError as exc:
+            raise APIError(400, str(exc), param="response_format") from None
+    if tools and choice != "none":
+        if schema_grammar is not None:
+            raise APIError(400, "'response_format' cannot be combined with tools (unless tool_choice is 'none'): "
+                           "the reply is a tool call or text", param="response_format")
+        try:
+            opts["grammar"] = _grammar.tool_grammar(tools, choice)
+        except InputError as exc:
+            raise APIError(400, str(exc), param="tools") from None
+        opts["tools"], opts["tool_choice"] = list(tools), choice
+    elif schema_grammar is not None:
+        opts["grammar"] = schema_grammar
+    return opts
+
+
 def _prompt(body: dict) -> str | list[int]:
     """A completions ``prompt``: text, or token ids (a list of integers, or a list of one such list)."""
     prompt = body.get("prompt")
@@ -501,6 +584,7 @@ def parse_generation(body: dict, entry: ModelEntry, operation: str) -> tuple[dic
     include = (stream_options or {}).get("include_usage")
     if include is not None and not isinstance(include, bool):
         raise APIError(400, "'stream_options.include_usage' must be a boolean", param="stream_options")
+    opts.update(_structured(body, operation))
     if operation == "chat":
         return opts, stream, stream and bool(include), _messages(body)
     return opts, stream, stream and bool(include), _prompt(body)
@@ -555,11 +639,11 @@ def _messages(body: dict) -> list[dict]:
     for i, m in enumerate(msgs):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not m["role"]:
             raise APIError(400, f"messages[{i}] must be an object with a 'role'", param=f"messages[{i}]")
-        for key, value in m.items():  # name, tool_calls, tool_call_id, audio, ...: not passed to the template
-            if key not in ("role", "content") and value not in (None, [], ""):
-                raise APIError(400, f"messages[{i}].{key[:40]}: only 'role' and 'content' are supported in a "
-                               "message (no names, tool calls or audio)", param=f"messages[{i}].{key[:40]}",
-                               code="unsupported_parameter")
+        for key, value in m.items():  # audio, refusal, function_call, ...: not passed to the template
+            if key not in ("role", "content", *_TOOL_KEYS.get(m["role"], ())) and value not in (None, [], ""):
+                raise APIError(400, f"messages[{i}].{key[:40]}: only 'role' and 'content' (and an assistant's "
+                               "'tool_calls', a tool's 'tool_call_id' and 'name') are supported in a message",
+                               param=f"messages[{i}].{key[:40]}", code="unsupported_parameter")
         content = m.get("content")
         if isinstance(content, list):  # content parts: text only
             texts = []
@@ -574,8 +658,13 @@ def _messages(body: dict) -> list[dict]:
         if not isinstance(content, str):
             raise APIError(400, f"messages[{i}].content must be a string or a list of text parts",
                            param=f"messages[{i}].content")
-        out.append({"role": m["role"], "content": content})
+        msg = {"role": m["role"], "content": content}
+        msg.update({k: m[k] for k in _TOOL_KEYS.get(m["role"], ()) if m.get(k) not in (None, [], "")})
+        out.append(msg)
     return out
+
+
+_TOOL_KEYS = {"assistant": ("tool_calls",), "tool": ("tool_call_id", "name")}
 
 
 # ------------------------------------------------------------------------------ spans
@@ -733,6 +822,13 @@ class _Server:
             span.model(model, entry.provider, body.get("stream", False) is True)
             opts, stream, include_usage, what = parse_generation(body, entry, operation)
             where = "messages" if operation == "chat" else "prompt"
+            shape = _Shape(operation, tools=bool(opts.get("tools")), logprobs="logprobs" in opts)
+            grammar_param = "tools" if shape.tools else "response_format"
+            needs_engine = [k for k in ("grammar", "logprobs") if k in opts]
+            if needs_engine and not isinstance(entry.worker, BatchWorker):
+                param = grammar_param if needs_engine[0] == "grammar" else "logprobs"
+                raise APIError(400, f"'{param}' needs continuous batching, and {model!r} is served one request at a "
+                               "time (serve --parallel 2 or more)", param=param, code="unsupported_parameter")
             try:
                 if isinstance(what, str):
                     request_obj = GenerationRequest.from_options(prompt=what, stream=stream, **opts)
@@ -775,7 +871,7 @@ class _Server:
                 if kind == "disconnected":
                     return self._abandoned(span, route, model)
                 if kind == "error":
-                    raise _from_backend(value, where)
+                    raise _grammar_error(_from_backend(value, where), value, grammar_param)
                 rid = ("chatcmpl-" if operation == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
                 span.set("gen_ai.response.id", rid)
                 if stream:
@@ -783,7 +879,8 @@ class _Server:
                     await asyncio.wait({watch})  # (our own cancellation still propagates)
                     if job.cancel.is_set():  # it saw the disconnect just before it was stopped
                         return self._abandoned(span, route, model)
-                    return StreamingResponse(self._sse(job, entry, operation, rid, span, t0, include_usage, route),
+                    return StreamingResponse(self._sse(job, entry, operation, rid, span, t0, include_usage, route,
+                                                       shape),
                                              media_type="text/event-stream",
                                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
                 pieces: list[str] = []
@@ -797,6 +894,8 @@ class _Server:
                         return self._abandoned(span, route, model)
                     elif kind == "error":
                         raise _from_backend(value, where)
+                    elif kind == "logprobs":  # the done event holds them all
+                        continue
                     else:
                         last = value
                         break
@@ -810,12 +909,18 @@ class _Server:
             text = "".join(pieces)
             finish = _finish_reason(last)
             created = int(time.time())
+            lps = shape.logprobs_of(last.get("logprobs") or [], 0)
             if operation == "chat":
-                choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                          "finish_reason": finish}
+                message: dict = {"role": "assistant", "content": text}
+                calls = shape.tool_calls(text, finish)
+                if calls is not None:
+                    message = {"role": "assistant", "content": calls[1], "tool_calls": calls[0] or None}
+                    if calls[0]:
+                        finish = "tool_calls"
+                choice = {"index": 0, "message": message, "logprobs": lps, "finish_reason": finish}
                 obj = "chat.completion"
             else:
-                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+                choice = {"index": 0, "text": text, "logprobs": lps, "finish_reason": finish}
                 obj = "text_completion"
             span.end(200)
             self._count(route, model, 200)
@@ -862,20 +967,32 @@ class _Server:
         return usage
 
     async def _sse(self, job: Job, entry: ModelEntry, operation: str, rid: str, span: _Span, t0: float,
-                   include_usage: bool, route: str):
+                   include_usage: bool, route: str, shape: _Shape | None = None):
         created = int(time.time())
         model = entry.name
         obj = "chat.completion.chunk" if operation == "chat" else "text_completion"
         base = {"id": rid, "object": obj, "created": created, "model": model,
                 "system_fingerprint": f"edgesdk-{__version__}"}
 
+        shape = shape or _Shape(operation)
+        lp_pending: list = []  # token log-probabilities not sent yet
+        sent_chars = 0  # completions: text_offset of the next piece
+        held: list[str] = []  # a tool-call reply: sent whole at the end, as tool-call deltas or content
+
         def event(choice_delta: dict | None, finish=None, usage=None) -> bytes:
+            nonlocal sent_chars
+            lps = None
+            if choice_delta is not None and lp_pending and shape.logprobs:
+                lps = shape.logprobs_of(lp_pending, sent_chars)
+                lp_pending.clear()
+            if choice_delta is not None:
+                sent_chars += len(choice_delta.get("content") or "")
             if operation == "chat":
-                choices = [] if choice_delta is None else [{"index": 0, "delta": choice_delta, "logprobs": None,
+                choices = [] if choice_delta is None else [{"index": 0, "delta": choice_delta, "logprobs": lps,
                                                             "finish_reason": finish}]
             else:
                 choices = [] if choice_delta is None else [{"index": 0, "text": choice_delta.get("content", ""),
-                                                            "logprobs": None, "finish_reason": finish}]
+                                                            "logprobs": lps, "finish_reason": finish}]
             payload = {**base, "choices": choices}
             if include_usage:
                 payload["usage"] = usage
@@ -888,11 +1005,16 @@ class _Server:
             first_chunk = True
             while True:
                 kind, value = await job.events.get()
-                if kind == "chunk":
+                if kind == "logprobs":
+                    lp_pending.extend(value)
+                elif kind == "chunk":
                     if first_chunk:
                         span.set("gen_ai.response.time_to_first_chunk", time.perf_counter() - t0)
                         first_chunk = False
-                    yield event({"content": value})
+                    if shape.tools:
+                        held.append(value)
+                    else:
+                        yield event({"content": value})
                 elif kind == "error":
                     err = _from_backend(value, "messages" if operation == "chat" else "prompt")
                     payload = {"error": {"message": err.message, "type": err.type, "param": err.param,
@@ -904,7 +1026,18 @@ class _Server:
                     return
                 else:
                     usage = self._finish(entry, operation, span, value, t0)
-                    yield event({}, finish=_finish_reason(value))
+                    finish = _finish_reason(value)
+                    calls = shape.tool_calls("".join(held), finish) if shape.tools else None
+                    if calls is not None and calls[0]:
+                        finish = "tool_calls"
+                        for i, call in enumerate(calls[0]):  # as OpenAI streams them: id and name, then arguments
+                            fn = call["function"]
+                            yield event({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
+                                                         "function": {"name": fn["name"], "arguments": ""}}]})
+                            yield event({"tool_calls": [{"index": i, "function": {"arguments": fn["arguments"]}}]})
+                    elif calls is not None:
+                        yield event({"content": calls[1]})
+                    yield event({}, finish=finish)
                     if include_usage:
                         yield b"data: " + json.dumps({**base, "choices": [], "usage": usage},
                                                      separators=(",", ":")).encode("utf-8") + b"\n\n"
@@ -971,6 +1104,53 @@ class _Server:
         except Exception as exc:  # the guard answers 500: the span says so
             span.end(500, "server_error", f"{type(exc).__name__}: {exc}")
             raise
+
+
+@dataclass
+class _Shape:
+    """How a generation's reply is shaped: tool calls parsed out of it, log-probabilities in OpenAI's form."""
+
+    operation: str
+    tools: bool = False
+    logprobs: bool = False
+
+    def tool_calls(self, text: str, finish: str) -> tuple[list[dict], str | None] | None:
+        """(tool calls, text content) of a reply in the generic tool format; None when tools are off. A reply
+        cut by max_tokens is its raw text."""
+        if not self.tools:
+            return None
+        if finish == "length":
+            return [], text
+        calls, content = _grammar.parse_tool_reply(text)
+        return [{"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
+                 "function": {"name": name, "arguments": args}} for name, args in calls], content
+
+    def logprobs_of(self, entries: list, offset: int) -> dict | None:
+        """OpenAI's ``logprobs`` of a choice (chat: ``content``; completions: tokens, token_logprobs,
+        top_logprobs, text_offset from ``offset`` characters into the completion)."""
+        if not self.logprobs:
+            return None
+
+        def tok(b: bytes) -> str:
+            return b.decode("utf-8", errors="replace")
+
+        if self.operation == "chat":
+            return {"content": [{"token": tok(e.text), "logprob": e.logprob, "bytes": list(e.text),
+                                 "top_logprobs": [{"token": tok(t), "logprob": lp, "bytes": list(t)}
+                                                  for _, t, lp in e.top]} for e in entries], "refusal": None}
+        offsets = []
+        for e in entries:
+            offsets.append(offset)
+            offset += len(tok(e.text))
+        return {"tokens": [tok(e.text) for e in entries], "token_logprobs": [e.logprob for e in entries],
+                "top_logprobs": [{tok(t): lp for _, t, lp in e.top} for e in entries], "text_offset": offsets}
+
+
+def _grammar_error(err: APIError, exc: BaseException, param: str) -> APIError:
+    """A request whose grammar llama.cpp refused: a 400 naming the field it came from."""
+    if isinstance(exc, InputError) and str(exc).startswith("grammar"):
+        err.param = param
+    return err
 
 
 def _finish_reason(last: dict) -> str:

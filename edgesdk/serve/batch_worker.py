@@ -108,7 +108,7 @@ class BatchWorker:
                 otel_context.detach(token)
         original = job.request
         rec.capture_input(original.prompt if original.messages is None
-                          else [{"role": m.role, "content": m.content} for m in original.messages])
+                          else [m.as_dict() for m in original.messages])
         try:
             request = self._backend.encode(job.request)
             rec.set_input_tokens(len(request.prompt_tokens or ()))
@@ -136,6 +136,9 @@ class BatchWorker:
             rec.chunk()
             job.emit("chunk", value)
             return
+        if kind == "logprobs":  # the tokens behind the next chunk (the request asked for logprobs)
+            job.emit("logprobs", value)
+            return
         res: GenerationResult = value
         rec.set_output_tokens(len(res.tokens))
         rec.finish([res.finish_reason])
@@ -154,7 +157,7 @@ class BatchWorker:
                           "decode_tok_s": round((n_out - 1) / (end - first), 2)
                           if first and end and n_out > 1 and end > first else None,
                           "first_token_at": first, "last_token_at": end if first else None,
-                          "cached_tokens": res.cached_tokens})
+                          "cached_tokens": res.cached_tokens, "logprobs": res.logprobs})
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Refuse new requests, let running ones finish (bounded by ``timeout_s``), then stop the engine."""

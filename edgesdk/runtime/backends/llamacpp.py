@@ -19,7 +19,7 @@ import re
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, cast
 
@@ -203,6 +203,7 @@ class LlamaCppBackend:
         self._attrs = attributes
         self._eos = llm.token_eos()
         self._formatters: dict[str | None, tuple[Jinja2ChatFormatter, list[str]]] = {}
+        self._tool_templates: dict[int, bool] = {}  # id(formatter) -> whether its template renders tools
         self._default_template = chat_template
         self.device = "cpu" if settings["n_gpu_layers"] == 0 else f"cuda:0 ({report['placement']})"
         # run(): token ids of any rank (flattened) -> the last position's logits.
@@ -301,15 +302,49 @@ class LlamaCppBackend:
                         _capture_messages=messages, **kw)
         return gen if stream else self._complete(gen)
 
-    def _format_chat(self, messages: list[dict[str, str]], chat_template: str | None) -> tuple[str, list[str], bool]:
-        """Chat messages -> (prompt text, the template's stop strings, whether to add BOS)."""
+    def _format_chat(self, messages: list[dict[str, Any]], chat_template: str | None,
+                     tools: Sequence[Mapping[str, Any]] = (), tool_choice: str | None = None,
+                     ) -> tuple[str, list[str], bool]:
+        """Chat messages -> (prompt text, the template's stop strings, whether to add BOS).
+
+        ``tools`` go to the template as ``tools=`` when it renders them; a template that ignores them (Gemma's)
+        gets them as a system turn instead, and earlier tool calls and results as JSON turns
+        (:mod:`edgesdk.runtime.grammar`, llama.cpp's generic tool format)."""
+        from edgesdk.runtime import grammar
+
         fmt, extra_stops = self._chat_formatter(chat_template or self._default_template)
+        kw: dict[str, Any] = {}
+        native = self._renders_tools(fmt)
+        if tools:
+            if native:
+                kw["tools"] = list(tools)
+                messages = grammar.with_system(list(messages), grammar.tool_preamble(tools, tool_choice,
+                                                                                      list_tools=False))
+            else:
+                messages = grammar.with_system(grammar.generic_tool_messages(messages),
+                                               grammar.tool_preamble(tools, tool_choice))
+        elif not native and any(m.get("tool_calls") or m.get("role") == "tool" for m in messages):
+            messages = grammar.generic_tool_messages(messages)
         try:
-            result = fmt(messages=cast("list[ChatCompletionRequestMessage]", messages))  # checked by the caller
+            result = fmt(messages=cast("list[ChatCompletionRequestMessage]", messages), **kw)  # checked already
         except Exception as exc:  # noqa: BLE001 - jinja errors on malformed messages: one line
             raise InputError(f"chat template failed on these messages ({type(exc).__name__}: {exc})") from exc
         stops = [s for s in ([result.stop] if isinstance(result.stop, str) else (result.stop or [])) if s]
         return result.prompt, stops + extra_stops, not getattr(result, "added_special", False)
+
+    def _renders_tools(self, fmt: Jinja2ChatFormatter) -> bool:
+        """Whether a chat template renders ``tools`` (rendering a probe with and without one differs)."""
+        known = self._tool_templates.get(id(fmt))
+        if known is None:
+            probe: Any = [{"role": "user", "content": "x"}]
+            tool: Any = [{"type": "function", "function": {"name": "probe_tool_name",
+                                                           "parameters": {"type": "object"}}}]
+            try:
+                known = "probe_tool_name" in fmt(messages=probe, tools=tool).prompt
+            except Exception:  # noqa: BLE001 - a template that fails on tools does not render them
+                known = False
+            self._tool_templates[id(fmt)] = known
+        return known
 
     def encode(self, request: GenerationRequest) -> GenerationRequest:
         """The request with its prompt as token ids, as ``generate``/``chat`` would evaluate it: a chat is
@@ -318,8 +353,8 @@ class LlamaCppBackend:
         if request.prompt_tokens is not None:
             tokens, stops = list(request.prompt_tokens), list(request.stop)
         elif request.messages is not None:
-            prompt, extra, add_bos = self._format_chat([{"role": m.role, "content": m.content}
-                                                        for m in request.messages], None)
+            prompt, extra, add_bos = self._format_chat([m.as_dict() for m in request.messages], None,
+                                                       request.tools, request.tool_choice)
             with self._lock:
                 tokens = self._llm.tokenize(prompt.encode("utf-8"), add_bos=add_bos, special=True)
             stops = list(request.stop) + [s for s in extra if s not in request.stop]
@@ -331,7 +366,7 @@ class LlamaCppBackend:
         if not tokens:
             raise InputError("the prompt is empty (no tokens)")
         return dataclasses.replace(request, prompt=None, messages=None, prompt_tokens=tuple(tokens),
-                                   stop=tuple(stops))
+                                   stop=tuple(stops), tools=())
 
     def recorder(self, request: GenerationRequest) -> Any:
         """The telemetry recorder (GenAI span and metrics) of one request that a batch engine runs: not yet
