@@ -234,6 +234,78 @@ class LLMConfig:
         return {"n_ctx": self.n_ctx, "n_gpu_layers": self.n_gpu_layers, "flash_attn": self.flash_attn,
                 "threads": self.threads, "quant_type": self.quant_type, **self.details}
 
+    # The planned settings and the model shape the llama.cpp runtime steers by (kept in ``details`` in the JSON).
+    @property
+    def layers(self) -> int:
+        """Transformer layers of the GGUF (0: not recorded)."""
+        value = self.details.get("layers")
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+    @property
+    def thread_count(self) -> int | None:
+        """The planned CPU threads, None for "auto"."""
+        return self.threads if isinstance(self.threads, int) else None
+
+    def planned(self, key: str) -> Any:
+        """A planned llama.cpp setting recorded beside the typed ones: ``n_batch``, ``n_ubatch`` (a positive
+        integer) or ``type_k``, ``type_v`` (a ggml type name); None where the plan did not decide it (a bundle
+        built before those decisions). The runtime checks the value and names the field when it is wrong."""
+        if key not in ("n_batch", "n_ubatch", "type_k", "type_v"):
+            raise KeyError(key)
+        return self.details.get(key)
+
+    def model_shape(self) -> dict[str, Any]:
+        """The section as the llama.cpp backend's K/V cache and GPU-layer arithmetic reads it (layers, kv_heads,
+        head_dim, file_bytes, the K/V cache types, ...): the JSON form, indexed, not steered by."""
+        return self.to_dict()
+
+
+@dataclass(frozen=True)
+class PlannedShapeBuckets:
+    """The planner's ``shape_buckets`` decision as the ONNX Runtime backend reads it back from a bundle:
+    batch buckets (positive, sorted) and sequence buckets (None: no token axis was planned)."""
+
+    batch: tuple[int, ...]
+    seq: tuple[int, ...] | None
+
+
+def _positive_ints(value: Any) -> tuple[int, ...] | None:
+    if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                                                 for v in value):
+        return tuple(sorted(set(value)))
+    return None
+
+
+def planned_shape_buckets(plan: Any) -> PlannedShapeBuckets | None:
+    """The ``shape_buckets`` decision of a manifest's ``plan`` (None: no such decision, or no usable batch
+    buckets: a bundle built before the decision existed, or whose profile had no CUDA EP)."""
+    decisions = plan.get("decisions") if isinstance(plan, dict) else None
+    value = next((d.get("value") for d in decisions or [] if isinstance(d, dict) and d.get("key") == "shape_buckets"),
+                 None)
+    batch = _positive_ints(value.get("batch")) if isinstance(value, dict) else None
+    if batch is None:
+        return None
+    assert isinstance(value, dict)
+    return PlannedShapeBuckets(batch=batch, seq=_positive_ints(value.get("seq")))
+
+
+@dataclass(frozen=True)
+class TorchFallbackInfo:
+    """Why the ONNX export fell back to a torch program (``extras.torch_fallback``), for the backend's report."""
+
+    reason: str | None = None
+    forcing_ops: list[Any] = field(default_factory=list)
+    built_on_host_ms_p50: Any = None
+
+    @classmethod
+    def from_extras(cls, data: Any) -> TorchFallbackInfo:
+        d: dict[str, Any] = data if isinstance(data, dict) else {}
+        cost: dict[str, Any] = d["cost"] if isinstance(d.get("cost"), dict) else {}
+        here: dict[str, Any] = cost["measured_here"] if isinstance(cost.get("measured_here"), dict) else {}
+        reason = d.get("reason")
+        return cls(reason=reason if isinstance(reason, str) else None,
+                   forcing_ops=list(d.get("forcing_ops") or []), built_on_host_ms_p50=here.get("eager_ms_p50"))
+
 
 def _io(data: Any, where: str = "io") -> dict[str, Any]:
     d = _obj(data, where)
@@ -278,7 +350,62 @@ class Manifest:
     manifest_sha256: str = ""  # over every other field; set by to_json()
     other: dict[str, Any] = field(default_factory=dict)  # top-level keys of a newer minor version
 
-    # ------------------------------------------------------------------ queries
+    # ------------------------------------------------------------------ queries (typed: what the runtime steers by)
+    def embed_max_batch(self, precision: str) -> int | None:
+        """The largest ``embed()`` batch whose parity the build measured to hold at ``precision``
+        (``parity.<precision>.padded.embed_max_batch``), None where the build did not measure it."""
+        entry = self.parity.get(precision)
+        padded = entry.get("padded") if isinstance(entry, dict) else None
+        value = padded.get("embed_max_batch") if isinstance(padded, dict) else None
+        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+
+    @property
+    def shape_buckets(self) -> PlannedShapeBuckets | None:
+        """The planner's CUDA-graph shape buckets (:func:`planned_shape_buckets`)."""
+        return planned_shape_buckets(self.plan)
+
+    def io_entries(self, kind: str) -> list[dict[str, Any]]:
+        """``io.inputs`` or ``io.outputs`` (each ``{"name", "dtype", "shape"}``, names checked when read)."""
+        if kind not in ("inputs", "outputs"):
+            raise KeyError(kind)
+        entries = self.io.get(kind) or []
+        return [e for e in entries if isinstance(e, dict)]
+
+    def _extras_section(self, name: str) -> dict[str, Any]:
+        section = self.extras.get(name)
+        return section if isinstance(section, dict) else {}
+
+    @property
+    def vlm_image_size(self) -> Any:
+        """The vision encoder's input size (``extras.vlm.image_size``; None where not recorded)."""
+        return self._extras_section("vlm").get("image_size")
+
+    @property
+    def mmproj_encodes(self) -> bool:
+        """False for a class-token (CLIP) tower, whose mmproj only tokenizes image chunks
+        (``extras.vlm.mmproj.encodes``); True otherwise, as bundles before the field."""
+        mmproj = self._extras_section("vlm").get("mmproj")
+        return not (isinstance(mmproj, dict) and mmproj.get("encodes", True) is False)
+
+    @property
+    def torch_fallback(self) -> TorchFallbackInfo:
+        return TorchFallbackInfo.from_extras(self.extras.get("torch_fallback"))
+
+    def tensorrt_planned(self) -> tuple[Any, Any]:
+        """What the build found for the TensorRT engine: the capability summary and the precision report's
+        explanation (``extras.tensorrt``), for the backend's report."""
+        trt = self._extras_section("tensorrt")
+        prec = trt.get("precision_report")
+        return trt.get("capability"), prec.get("explanation") if isinstance(prec, dict) else None
+
+    def serve_table(self) -> tuple[Any, str]:
+        """The bundle's ``serve`` limits table and where it came from: the manifest's top level (a key this
+        schema keeps in ``other``), else the profile summary's (None where neither has one)."""
+        table = self.other.get("serve")
+        if table is not None and table != {}:
+            return table, "serve"
+        return self.profile.summary.get("serve"), "profile.summary.serve"
+
     def artifacts_with(self, role: str | None = None) -> list[Artifact]:
         return [a for a in self.artifacts if role is None or a.role == role]
 

@@ -217,12 +217,8 @@ class Session:
     def _verified_max_batch(self) -> int:
         """The largest embed() batch whose parity the build measured to hold (INT8 activation scales are per
         batch, so neighbours matter): manifest ``parity.<precision>.padded.embed_max_batch``."""
-        entry = self.bundle.manifest.parity.get(self.bundle.precision)
-        padded = entry.get("padded") if isinstance(entry, dict) else None
-        value = padded.get("embed_max_batch") if isinstance(padded, dict) else None
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-            return min(value, EMBED_MAX_BATCH)
-        return EMBED_MAX_BATCH
+        verified = self.bundle.manifest.embed_max_batch(self.bundle.precision)
+        return min(verified, EMBED_MAX_BATCH) if verified is not None else EMBED_MAX_BATCH
 
     # ------------------------------------------------------------------ LLMs (delegated)
     def _llm(self, what: str) -> LLMBackend:

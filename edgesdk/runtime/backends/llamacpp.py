@@ -645,37 +645,39 @@ def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
     """Loader registered for format ``gguf`` (see edgesdk.runtime.backends)."""
     from edgesdk.errors import BundleIntegrityError
     from edgesdk.extras import require
+    from edgesdk.manifest import LLMConfig
 
     require("gguf", "llama_cpp", "a GGUF bundle")
     try:
         llama_cpp = import_llama_cpp()
     except (ImportError, OSError) as exc:  # installed, but its native library does not load
         raise BackendUnavailableError(f"llama-cpp-python is installed but does not load: {exc}") from exc
-    info = bundle.manifest.llm.to_dict() if bundle.manifest.llm is not None else {}
+    planned_llm = bundle.manifest.llm or LLMConfig()  # the plan's llama.cpp settings and the model shape (typed)
+    info = planned_llm.model_shape()
     opts = dict(ctx.options or {})
     route_llama_logs(bool(opts.get("verbose")))
     chat_template = opts.get("chat_template")
     if chat_template is not None:
         resolve_chat_template(chat_template)  # a bad name/file fails at load (exit 3), not at the first chat
     path = str(bundle.artifact_path("model"))
-    layers = int(info.get("layers") or 0)
-    n_ctx = int(opts.get("n_ctx") or info.get("n_ctx") or 2048)
+    layers = planned_llm.layers
+    n_ctx = int(opts.get("n_ctx") or planned_llm.n_ctx or 2048)
     profile = ctx.profile
-    planned = opts.get("n_gpu_layers", info.get("n_gpu_layers", 0))
+    planned = opts.get("n_gpu_layers", planned_llm.n_gpu_layers)
     ngl = layers + 1 if planned in ("all", -1) else int(planned)
     if profile is not None and "flash_attn" not in opts:
         fa_entry = profile.kernels.get("flash_attention") or {}
         fa = bool(profile.is_gpu and fa_entry.get("supported"))
     else:
-        fa = bool(opts.get("flash_attn", info.get("flash_attn", False)))
-    threads = opts.get("threads") or (info.get("threads") if isinstance(info.get("threads"), int) else None)
+        fa = bool(opts.get("flash_attn", planned_llm.flash_attn))
+    threads = opts.get("threads") or planned_llm.thread_count
     # Batch sizes and K/V cache types: the plan's (manifest llm section: n_batch, n_ubatch, type_k, type_v);
     # load options n_batch / n_ubatch override. A bundle built before these decisions has none of the keys
     # and keeps llama-cpp-python's defaults (n_batch 512, n_ubatch 512, f16 cache).
     batch: dict[str, int] = {}
     for key in ("n_batch", "n_ubatch"):
         value, where = (opts[key], f"load option {key}") if opts.get(key) is not None else \
-            (info.get(key), f"{bundle.path}: manifest extras.llm.{key}")
+            (planned_llm.planned(key), f"{bundle.path}: manifest extras.llm.{key}")
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -686,7 +688,7 @@ def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
     explicit_batch = {k for k in ("n_batch", "n_ubatch") if opts.get(k) is not None}
     kv: dict[str, int] = {}
     for key in ("type_k", "type_v"):
-        name = info.get(key)
+        name = planned_llm.planned(key)
         if name is None:
             continue
         ggml_type = getattr(llama_cpp, f"GGML_TYPE_{name.upper()}", None) if isinstance(name, str) else None
@@ -725,7 +727,8 @@ def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
             # flash_attn"): this attempt caches f16
             a_kv = {}
             a_notes.append(f"{_label(a_fa, a_ngl, layers)}: K/V cache f16 instead of the planned "
-                           f"{info.get('type_k')}/{info.get('type_v')} (a quantized cache needs flash attention)")
+                           f"{planned_llm.planned('type_k')}/{planned_llm.planned('type_v')} (a quantized cache needs "
+                           "flash attention)")
         if a_ngl == 0 and any(v > 512 and k not in explicit_batch for k, v in a_batch.items()):
             # the plan's large micro-batch is for a GPU; on the CPU it costs compute-buffer memory, no speed
             a_batch = {k: (v if k in explicit_batch else min(v, 512)) for k, v in a_batch.items()}
@@ -750,8 +753,8 @@ def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
                       "layers": layers, "flash_attn": a_fa, "n_ctx": n_ctx, "threads": llm.n_threads,
                       # what the context got (llama-cpp-python caps n_batch at n_ctx, n_ubatch at n_batch)
                       "n_batch": int(llm.n_batch), "n_ubatch": int(llm.context_params.n_ubatch),
-                      "type_k": str(info.get("type_k")) if "type_k" in a_kv else "f16",
-                      "type_v": str(info.get("type_v")) if "type_v" in a_kv else "f16",
+                      "type_k": str(planned_llm.planned("type_k")) if "type_k" in a_kv else "f16",
+                      "type_v": str(planned_llm.planned("type_v")) if "type_v" in a_kv else "f16",
                       "batch_source": "load options" if explicit_batch else "plan (manifest)" if batch
                       else "llama-cpp-python defaults (bundle without planned batch sizes)",
                       "gpu_offload_supported": bool(llama_cpp.llama_supports_gpu_offload()),
@@ -760,9 +763,9 @@ def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
                       "attempts": errors + [f"{_label(a_fa, a_ngl, layers)}: ok"], "notes": notes + a_notes}
             settings = {"n_gpu_layers": a_ngl, "flash_attn": a_fa, "n_ctx": n_ctx, "threads": llm.n_threads,
                         "n_batch": int(llm.n_batch), "n_ubatch": int(llm.context_params.n_ubatch)}
-            attrs = {"edgesdk.backend": "llama.cpp", "edgesdk.gguf.quant_type": info.get("quant_type", ""),
+            attrs = {"edgesdk.backend": "llama.cpp", "edgesdk.gguf.quant_type": planned_llm.quant_type,
                      "edgesdk.device.profile": profile.name if profile is not None else "",
-                     "edgesdk.precision": bundle.precision or info.get("quant_type", ""),
+                     "edgesdk.precision": bundle.precision or planned_llm.quant_type,
                      "edgesdk.gguf.n_gpu_layers": a_ngl, "edgesdk.gguf.flash_attn": a_fa,
                      "edgesdk.bundle.id": bundle.bundle_id}
             return LlamaCppBackend(llm, settings=settings, report=report, model=bundle.model_name, attributes=attrs,

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from edgesdk.manifest import planned_shape_buckets
+
 # Used for bundles built before the planner recorded a ``shape_buckets`` decision (see bucket_options).
 DEFAULT_SEQ_BUCKETS = (32, 128, 256, 512)
 DEFAULT_BATCH_BUCKETS = (1, 8)
@@ -63,32 +65,20 @@ def _dynamic(dim: Any) -> bool:
     return not (isinstance(dim, int) and dim > 0)
 
 
-def _positive_ints(value: Any) -> list[int] | None:
-    if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) and v > 0
-                                                 for v in value):
-        return sorted(set(value))
-    return None
-
-
 def bucket_options(plan: Mapping[str, Any] | None, max_positions: int | None = None) -> dict[str, Any]:
     """Keyword arguments for :func:`plan_buckets` from a bundle manifest's ``plan``: the planner's
     ``shape_buckets`` decision when the bundle records one (``source="plan"``), else today's defaults
     capped at ``max_positions`` (bundles built before the decision existed, or whose profile had no CUDA EP).
     A recorded decision without sequence buckets (no token axis planned) keeps the default sequence ladder
     for a model that turns out to have one."""
-    decisions = (plan or {}).get("decisions") if isinstance(plan, Mapping) else None
-    value = next((d.get("value") for d in decisions or [] if isinstance(d, Mapping) and d.get("key") ==
-                  "shape_buckets"), None)
-    batch = _positive_ints(value.get("batch")) if isinstance(value, Mapping) else None
-    if batch is None:
+    planned = planned_shape_buckets(dict(plan) if isinstance(plan, Mapping) else None)
+    if planned is None:
         return {"seq_buckets": DEFAULT_SEQ_BUCKETS, "batch_buckets": DEFAULT_BATCH_BUCKETS, "max_seq": max_positions,
                 "source": "runtime defaults (the bundle records no shape_buckets decision)"}
-    assert isinstance(value, Mapping)
-    seq = _positive_ints(value.get("seq"))
-    if seq is None:
-        return {"seq_buckets": DEFAULT_SEQ_BUCKETS, "batch_buckets": tuple(batch), "max_seq": max_positions,
+    if planned.seq is None:
+        return {"seq_buckets": DEFAULT_SEQ_BUCKETS, "batch_buckets": planned.batch, "max_seq": max_positions,
                 "source": "plan (batch); sequence: runtime defaults"}
-    return {"seq_buckets": tuple(seq), "batch_buckets": tuple(batch), "max_seq": max(seq), "source": "plan"}
+    return {"seq_buckets": planned.seq, "batch_buckets": planned.batch, "max_seq": max(planned.seq), "source": "plan"}
 
 
 def plan_buckets(inputs: Sequence[Any], *, seq_buckets: Sequence[int] = DEFAULT_SEQ_BUCKETS,

@@ -117,9 +117,8 @@ class OrtFallbackBackend:
 
     def report(self) -> dict[str, Any]:
         rep = self.inner.report()
-        trt = self._bundle.manifest.extras.get("tensorrt") or {}
-        rep["tensorrt"] = {**self._pre, "planned_capability": trt.get("capability"),
-                           "precision_report": (trt.get("precision_report") or {}).get("explanation")}
+        capability, explanation = self._bundle.manifest.tensorrt_planned()
+        rep["tensorrt"] = {**self._pre, "planned_capability": capability, "precision_report": explanation}
         return rep
 
     def close(self) -> None:

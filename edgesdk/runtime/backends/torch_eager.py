@@ -65,11 +65,10 @@ class TorchEagerBackend:
             except Exception as exc:  # noqa: BLE001 - compile failing is itself a fallback to eager
                 ctx.record_fallback("torch.compile", "eager", f"compile failed: {type(exc).__name__}: {exc}"[:200])
         self.module: Any = module
-        io = bundle.manifest.io
-        self.inputs = tuple(TensorSpec.from_manifest(s) for s in io.get("inputs") or [])
-        self.outputs = tuple(TensorSpec.from_manifest(o) for o in io.get("outputs") or [])
+        self.inputs = tuple(TensorSpec.from_manifest(s) for s in bundle.manifest.io_entries("inputs"))
+        self.outputs = tuple(TensorSpec.from_manifest(o) for o in bundle.manifest.io_entries("outputs"))
         self.output_names = [o.name for o in self.outputs]
-        self._extras = bundle.manifest.extras.get("torch_fallback") or {}
+        self._fallback = bundle.manifest.torch_fallback
         self._times: list[float] = []
         self._precision = bundle.precision or "fp32"
 
@@ -90,12 +89,11 @@ class TorchEagerBackend:
         steady = self._times[1:] or self._times
         return {
             "backend": self.name, "device": self.device, "mode": self.mode, "fast_paths": self.paths,
-            "why_eager": self._extras.get("reason"), "forcing_ops": self._extras.get("forcing_ops", []),
+            "why_eager": self._fallback.reason, "forcing_ops": self._fallback.forcing_ops,
             "cost": {
                 "measured_here_ms_p50": round(float(np.median(steady)), 4) if steady else None,
                 "runs_measured": len(steady), "device": self.device,
-                "built_on_host_ms_p50": ((self._extras.get("cost") or {}).get("measured_here") or {}).get(
-                    "eager_ms_p50"),
+                "built_on_host_ms_p50": self._fallback.built_on_host_ms_p50,
                 "estimated_gpu_penalty": eager_cost_estimate(self._precision),
             },
             "placement": {"source": "PyTorch eager: every op on " + self.device},

@@ -849,31 +849,33 @@ def load_vlm(bundle: Any, ctx: Any) -> VLMBackend:
         raise BackendUnavailableError(f"llama-cpp-python is installed but does not load: {exc}") from exc
     opts = dict(ctx.options or {})
     route_llama_logs(bool(opts.get("verbose")))
-    info = bundle.manifest.llm.to_dict() if bundle.manifest.llm is not None else {}
+    from edgesdk.manifest import LLMConfig
+
+    planned_llm = bundle.manifest.llm or LLMConfig(n_ctx=512)  # the plan's llama.cpp settings (typed)
     raw = bundle.read_bytes("preprocessor_config.json")
     if raw is None:
         raise BackendUnavailableError(f"bundle {bundle.path} has no preprocessor_config.json")
     pre = json.loads(raw)
-    pre["_image_size"] = (bundle.manifest.extras.get("vlm") or {}).get("image_size")
-    ngl = opts.get("n_gpu_layers", info.get("n_gpu_layers", 0))
-    ngl = int(info.get("layers", 0)) + 1 if ngl in ("all", -1) else int(ngl)
+    pre["_image_size"] = bundle.manifest.vlm_image_size
+    ngl = opts.get("n_gpu_layers", planned_llm.n_gpu_layers)
+    ngl = planned_llm.layers + 1 if ngl in ("all", -1) else int(ngl)
     if ngl and not llama_cpp.llama_supports_gpu_offload():
         ctx.record_fallback("llama.cpp (GPU offload)", "llama.cpp (CPU)",
                             "this llama-cpp-python build has no GPU offload")
         ngl = 0
-    threads = opts.get("threads") or (info.get("threads") if isinstance(info.get("threads"), int) else None)
+    threads = opts.get("threads") or planned_llm.thread_count
     t0 = perf_counter()
     encoder, enc_report = _onnx_encoder(bundle, ctx, pre, threads)
     pipe = VLMPipeline(bundle.artifact_path("model"), bundle.artifact_path("mmproj"), pre,
-                       n_ctx=int(opts.get("n_ctx") or info.get("n_ctx") or 512), n_gpu_layers=ngl, threads=threads,
+                       n_ctx=int(opts.get("n_ctx") or planned_llm.n_ctx or 512), n_gpu_layers=ngl, threads=threads,
                        use_gpu=ngl > 0, use_mmap=bool(opts.get("use_mmap", True)), image_encoder=encoder,
                        encoder_id=bundle.artifacts("mmproj" if encoder is None else "vision_encoder")[0].sha256)
     report = {"runtime": f"llama-cpp-python {llama_cpp.__version__} (libmtmd)", "n_gpu_layers": ngl,
               "n_ctx": pipe.llm.n_ctx(), "threads": pipe.llm.n_threads, "load_s": round(perf_counter() - t0, 4),
               "mmap": "llama.cpp memory-maps the decoder GGUF (use_mmap default)" if opts.get("use_mmap", True)
               else "decoder GGUF read into memory (use_mmap=False)",
-              "components": {"decoder": info.get("quant_type"), "mmproj": "F16"}, "vision_encoder": enc_report}
-    attrs = {"edgesdk.backend": "llama.cpp+mtmd", "edgesdk.gguf.quant_type": info.get("quant_type", ""),
+              "components": {"decoder": planned_llm.quant_type or None, "mmproj": "F16"}, "vision_encoder": enc_report}
+    attrs = {"edgesdk.backend": "llama.cpp+mtmd", "edgesdk.gguf.quant_type": planned_llm.quant_type,
              "edgesdk.precision": bundle.precision, "edgesdk.bundle.id": bundle.bundle_id,
              "edgesdk.device.profile": ctx.profile.name if ctx.profile is not None else ""}
     return VLMBackend(pipe, report=report, model=bundle.model_name, attributes=attrs)
@@ -886,7 +888,7 @@ def _onnx_encoder(bundle: Any, ctx: Any, pre: dict[str, Any], threads: int | Non
 
     path = bundle.artifact_path("vision_encoder") if bundle.has_artifact("vision_encoder") else None
     # a class-token (CLIP) tower: the mmproj only tokenizes image chunks, the ONNX encoder must encode (docs/vlm.md)
-    required = ((bundle.manifest.extras.get("vlm") or {}).get("mmproj") or {}).get("encodes", True) is False
+    required = not bundle.manifest.mmproj_encodes
     provider, reason = vlm_onnx.choose((ctx.options or {}).get("vision_encoder"), path, ctx.record_fallback,
                                        required=required)
     if provider is None or path is None:
