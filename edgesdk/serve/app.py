@@ -3,7 +3,8 @@
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (LLM bundles; ``"stream": true`` is
 Server-Sent Events), ``POST /v1/embeddings`` (text-encoder bundles), ``GET /v1/models``,
-``GET /v1/models/{id}``, ``GET /health``, ``GET /metrics`` (Prometheus text). Errors use OpenAI's
+``GET /v1/models/{id}``, ``GET /health``, ``GET /metrics`` (Prometheus text), ``GET /openapi.json``
+(the OpenAPI 3.1 document, :mod:`edgesdk.serve.openapi`). Errors use OpenAI's
 shape ``{"error": {"message", "type", "param", "code"}}``.
 
 Nothing in a request names a file: ``model`` is looked up in the table of bundles given at start-up.
@@ -43,6 +44,7 @@ from edgesdk.runtime.requests import (
     check_tools,
 )
 from edgesdk.serve.batch_worker import BatchWorker, decide_parallel
+from edgesdk.serve.openapi import openapi_document
 from edgesdk.serve.workers import EmbeddingBatcher, Job, LLMWorker, Saturated
 from edgesdk.telemetry.serve_metrics import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
 from edgesdk.telemetry.serve_metrics import ServerMetrics
@@ -700,6 +702,7 @@ class _Server:
         self.models = {e.name: e for e in entries}
         self.config = config
         self.metrics = ServerMetrics()
+        self.openapi_doc: dict = {}  # create_app sets it from the routes and REQUEST_FIELDS
         for e in entries:
             self.metrics.model(e.name, e.provider)
         self.draining = False
@@ -789,6 +792,9 @@ class _Server:
 
     async def prom(self, request: Request) -> Response:
         return PlainTextResponse(self.metrics.render(), media_type=PROMETHEUS_CONTENT_TYPE)
+
+    async def openapi(self, request: Request) -> Response:
+        return JSONResponse(self.openapi_doc)
 
     async def list_models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [self._model_card(e) for e in self.models.values()]})
@@ -1277,7 +1283,9 @@ def create_app(entries: list[ModelEntry], config: ServeConfig | None = None) -> 
         Route("/v1/models/{model:path}", server.get_model, methods=["GET"]),
         Route("/health", server.health, methods=["GET"]),
         Route("/metrics", server.prom, methods=["GET"]),
+        Route("/openapi.json", server.openapi, methods=["GET"]),
     ]
+    server.openapi_doc = openapi_document(((r.path, r.methods or ()) for r in routes), REQUEST_FIELDS)
     genai = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})  # spans of their own
     middleware = [Middleware(_Guard, server=server, routes=routes, genai=genai)]
     if config.cors_origins:  # outermost: preflights carry no API key, and refusals need CORS headers too
