@@ -52,8 +52,6 @@ class WorkFacts:
 
 def _static_shapes(model, batch: int, seq: int):
     """Fix dynamic input dims (batch first, the rest ``seq``) and infer every tensor's shape."""
-    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-
     init_names = {i.name for i in model.graph.initializer}
     for inp in model.graph.input:
         if inp.name in init_names:
@@ -61,7 +59,9 @@ def _static_shapes(model, batch: int, seq: int):
         for axis, dim in enumerate(inp.type.tensor_type.shape.dim):
             if not dim.HasField("dim_value"):
                 dim.dim_value = batch if axis == 0 else seq
-    try:
+    try:  # onnxruntime's symbolic inference needs sympy (the [profiler] extra); without it, ONNX's own
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
         return SymbolicShapeInference.infer_shapes(model, auto_merge=True, guess_output_rank=True)
     except Exception:  # noqa: BLE001 - fall back to ONNX's own (less complete) inference
         import onnx
