@@ -188,6 +188,7 @@ class BuildOptions:
     quant_type: str | None = None  # GGUF quantization type override
     vision_runtime: str | None = None  # VLM vision encoder: auto | onnx (also an FP16 ONNX graph) | gguf (mmproj only)
     context_length: int | None = None
+    chat_template: str | None = None  # GGUF: a shipped chat template name or a Jinja file (--chat-template)
     license_policy: str | None = None
     waivers: str | None = None
     accept_licenses: tuple[str, ...] = ()

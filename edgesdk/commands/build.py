@@ -22,6 +22,9 @@ from edgesdk.formats import format_names
 @click.option("--vision-runtime", type=click.Choice(["auto", "onnx", "gguf"]), help="VLM vision encoder: also an "
               "FP16 ONNX graph for TensorRT/CUDA (onnx), the F16 mmproj only (gguf), or by the profile (auto).")
 @click.option("--context-length", type=click.IntRange(min=1), help="LLM context length to plan memory for.")
+@click.option("--chat-template", metavar="NAME|FILE", help="GGUF: the chat template to bundle (a shipped name: "
+              "chatml, gemma, llama-2, llama-3, mistral, phi-3; or a Jinja file), instead of the model's own or "
+              "the one its architecture gets.")
 @click.option("--name", "model_name", help="Model name in spans, manifest, SBOM and reports (default: the source's "
               "file or directory name).")
 @click.option("--seq-len", type=click.IntRange(min=1), help="Planned sequence length of text models: the opt of "
@@ -55,7 +58,7 @@ def build_cmd(model: Path, profile: str, output: Path | None, fmt, precision, qu
               context_length, dla,
               explain: bool, plan_only: bool, as_json: bool, force: bool, on_parity_fail: str, allow_pickle: bool,
               trust_remote_code: bool, license_policy, waivers, accept, model_license, scanoss_url, trace_file,
-              no_progress, model_name, seq_len, max_seq_len, max_batch, shapes) -> int:
+              no_progress, model_name, seq_len, max_seq_len, max_batch, shapes, chat_template=None) -> int:
     """Plan, export, verify, license-gate and package MODEL for a device profile."""
     from edgesdk import build as B
     from edgesdk import telemetry
@@ -78,11 +81,13 @@ def build_cmd(model: Path, profile: str, output: Path | None, fmt, precision, qu
     options = BuildOptions(format=fmt, precision=precision, force=force, allow_pickle=allow_pickle,
                            trust_remote_code=trust_remote_code, on_parity_fail=on_parity_fail, dla=dla,
                            quant_type=quant_type, vision_runtime=vision_runtime, context_length=context_length,
-                           license_policy=license_policy,
+                           chat_template=chat_template, license_policy=license_policy,
                            waivers=waivers, accept_licenses=tuple(accept), scanoss_url=scanoss_url,
                            model_license=check_model_license(model_license, license_policy),
                            progress=progress_enabled(not no_progress and not as_json), **extra_opts)
     plan = B.make_plan(model, profile, options)
+    if chat_template is not None and plan.format != "gguf":
+        raise InputError(f"--chat-template bundles a chat template with a GGUF build; this plan builds {plan.format}")
     if shapes and plan.format != "tensorrt":
         raise InputError(f"--shapes sets TensorRT optimization profiles; this plan builds {plan.format}",
                          hint="add --format tensorrt")

@@ -190,8 +190,8 @@ def _interactive_chat(session, system, gen_kw) -> list[dict]:
               "stdin; an interactive loop when stdin is a terminal).")
 @click.option("--system", default=None, help="LLM chat: system message (implies --chat).")
 @click.option("--chat-template", default=None, metavar="NAME|FILE",
-              help="LLM chat template for GGUFs that carry none: gemma, llama-3, chatml, llama-2, mistral, phi-3, "
-              "or a Jinja file.")
+              help="LLM chat template, over the one bundled at build time or the GGUF's own: gemma, llama-3, "
+              "chatml, llama-2, mistral, phi-3, or a Jinja file.")
 @click.option("--profile", help="Device profile to run under (default: the one the bundle was built for).")
 @click.option("--threads", type=int, help="CPU threads for the backend.")
 @click.option("--report", "show_report", is_flag=True,
@@ -292,8 +292,10 @@ def _run_loaded(session, texts, npz, prompt, max_tokens, stream, stops, chat, sy
                 user = prompt if prompt is not None else sys.stdin.read()
                 if not user.strip():
                     raise InputError("--chat needs a message: --prompt TEXT, piped stdin, or a terminal")
+                content = user if not images else \
+                    [*({"type": "image", "path": str(p)} for p in images), {"type": "text", "text": user}]
                 messages = ([{"role": "system", "content": system}] if system else []) + \
-                    [{"role": "user", "content": user}]
+                    [{"role": "user", "content": content}]
                 call = lambda **kw: session.chat(messages, **kw)  # noqa: E731
         elif images:
             call = lambda **kw: session.generate(prompt, images=list(images), **kw)  # noqa: E731

@@ -42,6 +42,12 @@ import click
               "1: one request at a time (outputs bit-identical to edgesdk run; --prompt-cache-mb applies).")
 @click.option("--no-prefix-reuse", is_flag=True,
               help="Batched LLMs: do not let a slot reuse the KV cells of its previous request's shared prefix.")
+@click.option("--chat-template", metavar="NAME|FILE",
+              help="GGUF bundles: format chats with this template (a shipped name: chatml, gemma, llama-2, llama-3, "
+              "mistral, phi-3; or a Jinja file) instead of the one bundled at build time or the GGUF's own.")
+@click.option("--allow-local-images", metavar="DIR", type=click.Path(path_type=Path),
+              help="VLM bundles: let image_url parts name files under DIR (file:///... or an absolute path; no "
+              "escaping DIR). Default: data URLs only.")
 @click.option("--profile", help="Device profile to run under (default: the one each bundle was built for).")
 @click.option("--threads", type=int, help="CPU threads per backend.")
 @click.option("--trace-file", type=click.Path(dir_okay=False), help="Write traces/metrics as OTLP-JSON lines.")
@@ -49,7 +55,7 @@ import click
               show_default=True)
 def serve_cmd(bundles, names, host, port, api_key, allowed_hosts, cors_origins, max_queue, max_batch, max_wait_ms,
               max_body_bytes, shutdown_timeout, prompt_cache_mb, parallel, no_prefix_reuse, profile, threads,
-              trace_file, log_level) -> int:
+              trace_file, log_level, chat_template=None, allow_local_images=None) -> int:
     """Serve BUNDLES over the OpenAI API: chat/completions for GGUF bundles, embeddings for text encoders."""
     from edgesdk import telemetry
     from edgesdk.errors import InputError
@@ -78,9 +84,13 @@ def serve_cmd(bundles, names, host, port, api_key, allowed_hosts, cors_origins, 
     from edgesdk.serve import bind_sockets
 
     sockets = bind_sockets(host, port)  # a taken port fails now, before minutes of model loading
-    entries = load_models(list(bundles), list(names), profile=profile, threads=threads)
+    entries = load_models(list(bundles), list(names), profile=profile, threads=threads, chat_template=chat_template,
+                          allow_local_images=allow_local_images)
     for e in entries:
         what = "chat/completions, completions" if e.kind == "llm" else "embeddings"
+        if e.images is not None:
+            what = "chat/completions with image_url parts (data URLs" + \
+                (f", files under {e.images.allow_local}" if e.images.allow_local else "") + "), completions"
         if e.kind == "llm":
             from edgesdk.serve.app import llm_parallel
             from edgesdk.serve.app import prompt_cache_mb as _cache_mb

@@ -7,8 +7,9 @@ Usage::
     entries = load_models(["out/llm-nano", "out/minilm"])      # names: the bundle directory names
     run(entries, ServeConfig(port=8080))                       # blocks; SIGTERM drains and exits
 
-GGUF bundles answer ``/v1/chat/completions`` and ``/v1/completions``; text-encoder bundles answer
-``/v1/embeddings``. docs/serve.md has the limits, back-pressure and telemetry.
+GGUF bundles answer ``/v1/chat/completions`` and ``/v1/completions``; VLM bundles answer them too, with
+``image_url`` parts in chat messages (:mod:`edgesdk.serve.images`), one request at a time; text-encoder bundles
+answer ``/v1/embeddings``. docs/serve.md has the limits, back-pressure and telemetry.
 """
 
 from __future__ import annotations
@@ -65,33 +66,61 @@ def _show(value: object) -> str:
     return text if len(text) <= 40 else f"{text[:30]}... ({len(text)} characters)"
 
 
-def model_entry(name: str, session) -> ModelEntry:
-    """Wrap a loaded session: GGUF bundles are LLMs; feature-extraction bundles are embedding models."""
+def model_entry(name: str, session, *, allow_local_images: Path | None = None) -> ModelEntry:
+    """Wrap a loaded session: GGUF and VLM bundles are LLMs (a VLM's chats take images: its entry's
+    ``images`` policy, local files only under ``allow_local_images``); feature-extraction bundles are embedding
+    models."""
     bundle = session.bundle
     task = bundle.manifest.model.task
-    if bundle.format == "gguf":
+    images = None
+    if bundle.format == "vlm":
+        from edgesdk.serve.images import vlm_policy
+
+        kind, images = "llm", vlm_policy(session, allow_local_images)
+    elif bundle.format == "gguf":
         kind = "llm"
     elif task == "feature-extraction":
         kind = "embedding"
     else:
-        raise InputError(f"bundle {bundle.path} ({bundle.format}, task {task!r}) is neither an LLM (GGUF) nor a "
-                         "text-embedding model: edgesdk serve answers chat/completions and embeddings only")
+        raise InputError(f"bundle {bundle.path} ({bundle.format}, task {task!r}) is neither an LLM (GGUF), a VLM "
+                         "nor a text-embedding model: edgesdk serve answers chat/completions and embeddings only")
     limits = serve_limits(bundle.manifest.to_dict())
     if kind == "llm":
-        n_ctx = int((getattr(session.backend, "settings", None) or {}).get("n_ctx") or limits["max_tokens_cap"])
+        # the context: the llama.cpp session's settings; a VLM's report
+        settings = getattr(session.backend, "settings", None) or \
+            (session.backend.report() if bundle.format == "vlm" else {})
+        n_ctx = int(settings.get("n_ctx") or limits["max_tokens_cap"])
         limits["max_tokens_cap"] = min(limits["max_tokens_cap"], n_ctx)
         limits["default_max_tokens"] = min(limits["default_max_tokens"], limits["max_tokens_cap"])
-    return ModelEntry(name=name, session=session, kind=kind, **limits)
+    return ModelEntry(name=name, session=session, kind=kind, images=images, **limits)
 
 
 def load_models(bundles: list[str | Path], names: list[str] | None = None, *, profile: str | None = None,
-                threads: int | None = None) -> list[ModelEntry]:
-    """Load each bundle with :func:`edgesdk.load`; a model's name is its directory name unless ``names`` says."""
+                threads: int | None = None, chat_template: str | None = None,
+                allow_local_images: str | Path | None = None) -> list[ModelEntry]:
+    """Load each bundle with :func:`edgesdk.load`; a model's name is its directory name unless ``names`` says.
+
+    ``chat_template`` (a shipped name or a Jinja file) formats the chats of every GGUF bundle, over the one
+    bundled at build time or the GGUF's own; with no GGUF bundle to apply it to it is refused.
+    ``allow_local_images``: a directory whose files VLM chats may name as ``image_url`` (else data URLs only)."""
     import edgesdk
+    from edgesdk.bundle import open_bundle
     from edgesdk.runtime.session import check_load_options
+    from edgesdk.serve.images import allowed_dir
 
     if threads is not None:
         check_load_options({"threads": threads})  # before any bundle is loaded: --threads -4 fails at once
+    if chat_template is not None:
+        from edgesdk.formats.gguf.chat_templates import resolve
+
+        resolve(chat_template)  # a bad name or file fails before any bundle is loaded
+    local = allowed_dir(allow_local_images)
+    formats = [open_bundle(p, verify=False).format for p in bundles]  # the manifests only
+    if chat_template is not None and "gguf" not in formats:
+        raise InputError(f"--chat-template formats the chats of GGUF bundles; none of these is one "
+                         f"({', '.join(sorted(set(formats)))})")
+    if local is not None and "vlm" not in formats:
+        raise InputError("--allow-local-images lets VLM chats name image files; none of these bundles is a VLM")
     names = list(names or [])
     if len(names) > len(bundles):
         raise InputError(f"{len(names)} --name values for {len(bundles)} bundles")
@@ -105,9 +134,11 @@ def load_models(bundles: list[str | Path], names: list[str] | None = None, *, pr
         if name in seen:
             raise InputError(f"two bundles are both named {name!r}: give each a --name")
         seen.add(name)
-        options = {"threads": threads} if threads is not None else {}
+        options: dict = {"threads": threads} if threads is not None else {}
+        if chat_template is not None and formats[i] == "gguf":
+            options["chat_template"] = chat_template
         session = edgesdk.load(path, profile=profile, **options)
-        entries.append(model_entry(name, session))
+        entries.append(model_entry(name, session, allow_local_images=local))
     return entries
 
 

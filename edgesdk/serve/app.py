@@ -157,6 +157,7 @@ class ModelEntry:
     prompt_cache: Any = None  # edgesdk.serve.prompt_cache.PromptCache when enabled
     parallel: int | None = None  # LLMs: sequences decoded together (set at start: ServeConfig / decide_parallel)
     parallel_reason: str = ""
+    images: Any = None  # a VLM's edgesdk.serve.images.ImagePolicy (image_url parts); None: text only
 
     @property
     def provider(self) -> str:
@@ -588,7 +589,7 @@ def parse_generation(body: dict, entry: ModelEntry, operation: str) -> tuple[dic
         raise APIError(400, "'stream_options.include_usage' must be a boolean", param="stream_options")
     opts.update(_structured(body, operation))
     if operation == "chat":
-        return opts, stream, stream and bool(include), _messages(body)
+        return opts, stream, stream and bool(include), _messages(body, entry)
     return opts, stream, stream and bool(include), _prompt(body)
 
 
@@ -633,7 +634,9 @@ def parse_embeddings(body: dict) -> tuple[list[str | list[int]], str, int | None
     return inputs, fmt, _integer(body, "dimensions", 1)
 
 
-def _messages(body: dict) -> list[dict]:
+def _messages(body: dict, entry: ModelEntry | None = None) -> list[dict]:
+    """Chat messages with text content; a VLM entry's messages keep their parts, image_url parts decoded
+    (edgesdk.serve.images: data URLs, local files under --allow-local-images, size limits; else 400 naming them)."""
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise APIError(400, "'messages' must be a non-empty list", param="messages")
@@ -647,17 +650,29 @@ def _messages(body: dict) -> list[dict]:
                                "'tool_calls', a tool's 'tool_call_id' and 'name') are supported in a message",
                                param=f"messages[{i}].{key[:40]}", code="unsupported_parameter")
         content = m.get("content")
-        if isinstance(content, list):  # content parts: text only
-            texts = []
-            for part in content:
+        if isinstance(content, list):  # content parts: text, and image_url for a VLM
+            texts, parts = [], []
+            for j, part in enumerate(content):
+                if isinstance(part, dict) and part.get("type") == "image_url":
+                    from edgesdk.serve.images import ImageError, image_part
+
+                    try:
+                        parts.append(image_part(part, f"messages[{i}].content[{j}]",
+                                                entry.images if entry is not None else None,
+                                                entry.name if entry is not None else ""))
+                    except ImageError as exc:
+                        raise APIError(400, str(exc), param=exc.param) from None
+                    continue
                 if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise APIError(400, f"messages[{i}].content: only text parts are supported",
+                    raise APIError(400, f"messages[{i}].content: only text parts are supported"
+                                   + (" besides image_url" if entry is not None and entry.images else ""),
                                    param=f"messages[{i}].content")
                 texts.append(part["text"])
-            content = "".join(texts)
+                parts.append({"type": "text", "text": part["text"]})
+            content = parts if entry is not None and entry.images is not None else "".join(texts)
         if content is None:
             content = ""
-        if not isinstance(content, str):
+        if not isinstance(content, str | list):
             raise APIError(400, f"messages[{i}].content must be a string or a list of text parts",
                            param=f"messages[{i}].content")
         msg = {"role": m["role"], "content": content}
@@ -839,8 +854,10 @@ class _Server:
                 if isinstance(what, str):
                     request_obj = GenerationRequest.from_options(prompt=what, stream=stream, **opts)
                 elif operation == "chat":
-                    request_obj = GenerationRequest.from_options(messages=cast("list[dict]", what), stream=stream,
-                                                                 **opts)
+                    from edgesdk.serve.images import text_only  # a VLM's image parts: checked in _messages
+
+                    request_obj = GenerationRequest.from_options(messages=text_only(cast("list[dict]", what)),
+                                                                 stream=stream, **opts)
                 else:
                     request_obj = GenerationRequest.from_options(prompt_tokens=cast("list[int]", what),
                                                                  stream=stream, **opts)

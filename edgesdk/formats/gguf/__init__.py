@@ -47,11 +47,14 @@ class GGUFFormat:
 
     def plan(self, facts: ModelFacts, profile: Profile, options: BuildOptions, host: HostFacts,
              precision: str) -> GgufPlan:
+        from edgesdk.formats.gguf.chat_templates import DECISION_KEY, plan_decision
         from edgesdk.formats.gguf.plan import parity_fallback_decision, plan_gguf
 
         section = plan_gguf(facts, profile, options)
-        d = parity_fallback_decision(facts, profile, options, section)
-        section.record(d.key, d.value, d.reason)
+        template, source, why = plan_decision(facts, options.chat_template)
+        for d in (parity_fallback_decision(facts, profile, options, section),
+                  Decision(DECISION_KEY, {"template": template, "source": source}, why)):
+            section.record(d.key, d.value, d.reason)
         return section
 
     def build(self, ctx: BuildContext) -> None:

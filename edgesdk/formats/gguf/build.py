@@ -121,13 +121,33 @@ def build_gguf(ctx: BuildContext) -> None:
     ctx.manifest.parity = parity
     ctx.manifest.io = {"inputs": [{"name": "prompt", "type": "text"}, {"name": "messages", "type": "chat"}],
                        "outputs": [{"name": "text", "type": "text"}], "n_vocab": out_facts.get("n_vocab")}
-    ctx.manifest.llm = llm_config(plan, out_facts, final, n_ctx=n_ctx, quant=quant,
-                                  extra={"chat_template": out_facts["chat_template"]},
+    details: dict[str, Any] = {"chat_template": out_facts["chat_template"]}
+    bundled = bundle_chat_template(ctx)
+    if bundled is not None:
+        details["chat_template_bundled"] = bundled
+    ctx.manifest.llm = llm_config(plan, out_facts, final, n_ctx=n_ctx, quant=quant, extra=details,
                                   converted=convert_info or None)
     ctx.manifest.runtime.backend_chain = ["llama.cpp (GPU offload)", "llama.cpp (CPU)"]
     ctx.runtime_requires.append("llama-cpp-python")
     ctx.tools.update(_tool_versions())
     ctx.set_precision(quant)
+
+
+def bundle_chat_template(ctx: BuildContext) -> dict[str, str] | None:
+    """Write the plan's chat template (``gguf.chat_template``: a shipped name or a file) into the bundle as
+    ``chat_template.jinja`` (role ``chat_template``), which the runtime uses by default; None when the plan
+    chose none (the GGUF's own template, or no template at all)."""
+    from edgesdk.formats.gguf.chat_templates import ARTIFACT, DECISION_KEY, resolve
+
+    decision = ctx.plan.decision(DECISION_KEY) or {}
+    spec = decision.get("template") if isinstance(decision, dict) else None
+    if spec is None:
+        return None
+    label, text, _ = resolve(str(spec))
+    (ctx.staging / ARTIFACT).write_text(text, encoding="utf-8")
+    ctx.add_artifact(ARTIFACT, "chat_template")
+    shown = Path(label).name if "/" in label else label  # a file given by path: its name, not this host's path
+    return {"template": shown, "source": str(decision.get("source")), "file": ARTIFACT}
 
 
 def _tool_versions() -> dict[str, str]:

@@ -15,7 +15,6 @@ import codecs
 import contextlib
 import dataclasses
 import itertools
-import re
 import subprocess
 import sys
 import threading
@@ -86,46 +85,21 @@ def _layers_that_fit(llm_info: Mapping[str, Any], n_ctx: int, free: int) -> int:
 
 # ------------------------------------------------------------------ chat templates
 
-_TEMPLATE_ALIASES = {"llama3": "llama-3", "llama-3.1": "llama-3", "llama2": "llama-2", "qwen": "chatml",
-                     "qwen2": "chatml", "phi3": "phi-3", "gemma3": "gemma", "gemma-3": "gemma"}
-_STOP_MARK = re.compile(r"\{#-?\s*edgesdk-stop:\s*(.*?)\s*-?#\}")
-
-
 def chat_template_names() -> list[str]:
     """Named chat templates shipped in ``edgesdk/data/chat_templates`` (``NAME.jinja``)."""
-    from edgesdk.resources import data_file
+    from edgesdk.formats.gguf.chat_templates import names
 
-    return sorted(p.name[:-len(".jinja")] for p in data_file("chat_templates").iterdir()
-                  if p.name.endswith(".jinja"))
+    return names()
 
 
 def resolve_chat_template(spec: str) -> tuple[str, str, list[str]]:
     """``NAME`` (a shipped template) or a path to a Jinja file -> (label, template text, stop strings).
 
     A template's stop strings come from ``{# edgesdk-stop: TEXT #}`` lines in it (besides the model's
-    end-of-generation tokens, which always stop)."""
-    from pathlib import Path
+    end-of-generation tokens, which always stop). :mod:`edgesdk.formats.gguf.chat_templates` is the resolver."""
+    from edgesdk.formats.gguf.chat_templates import resolve
 
-    from edgesdk.resources import data_file
-
-    if not isinstance(spec, str) or not spec.strip():
-        raise InputError("chat_template must be a template name or a path to a Jinja file")
-    name = _TEMPLATE_ALIASES.get(spec.strip().lower(), spec.strip().lower())
-    shipped = data_file("chat_templates", f"{name}.jinja")
-    if "/" not in spec and shipped.is_file():
-        label, text = name, shipped.read_text(encoding="utf-8")
-    else:
-        path = Path(spec).expanduser()
-        if not path.is_file():
-            raise InputError(f"chat template {spec!r} is neither a shipped name ({', '.join(chat_template_names())}) "
-                             "nor a readable file")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InputError(f"chat template {path}: not readable UTF-8 text ({exc})") from exc
-        label = str(path)
-    stops = [s for s in _STOP_MARK.findall(text) if s]
-    return label, text, stops
+    return resolve(spec)
 
 
 class SupersededStreamError(InputError):
@@ -412,9 +386,11 @@ class LlamaCppBackend:
         if spec is None:
             template = self._llm.metadata.get("tokenizer.chat_template")
             if not template:
-                raise InputError(f"{self._model} has no chat template in its GGUF (tokenizer.chat_template): "
-                                 f"pass chat_template= one of {', '.join(chat_template_names())} or a Jinja file "
-                                 "(CLI: --chat-template), or use generate() with your own prompt format")
+                raise InputError(f"{self._model} has no chat template (none in its GGUF's tokenizer.chat_template "
+                                 f"nor bundled at build time): pass chat_template= one of "
+                                 f"{', '.join(chat_template_names())} or a Jinja file (CLI: edgesdk run/serve "
+                                 "--chat-template NAME|FILE, or rebuild with edgesdk build --chat-template), or "
+                                 "use generate() with your own prompt format")
             extra: list[str] = []
         else:
             _, template, extra = resolve_chat_template(spec)
@@ -659,6 +635,8 @@ def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
     chat_template = opts.get("chat_template")
     if chat_template is not None:
         resolve_chat_template(chat_template)  # a bad name/file fails at load (exit 3), not at the first chat
+    elif bundle.has_artifact("chat_template"):  # chosen at build time (plan decision gguf.chat_template)
+        chat_template = str(bundle.artifact_path("chat_template"))
     path = str(bundle.artifact_path("model"))
     layers = planned_llm.layers
     n_ctx = int(opts.get("n_ctx") or planned_llm.n_ctx or 2048)

@@ -47,7 +47,8 @@ ENCODE_TIMES_KEPT = 1024  # encoder run times kept per path for session.report()
 MAX_IMAGE_BYTES = 256 * 1024 * 1024
 MIN_MAX_SIDE = 4096
 MAX_ASPECT = 200  # width:height (either way) at most 200:1, as Qwen2-VL's processor allows
-DEFAULT_SAMPLING = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.0}
+DEFAULT_SAMPLING = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.0,
+                    "frequency_penalty": 0.0, "presence_penalty": 0.0}
 
 
 # ------------------------------------------------------------------ preprocessing
@@ -317,7 +318,11 @@ class VLMPipeline:
         self.marker = mtmd.mtmd_default_marker().decode("utf-8")
         cfg_size = int(preprocessor.get("_image_size") or 0)
         self.pre = ImagePreprocessor(preprocessor, cfg_size)
+        # image features by (preprocessed pixels' sha256, encoder sha256), shared by every request to this model;
+        # the backend serialises requests on its context lock, and this lock guards the cache itself (readers such
+        # as report() and image_features() may come from other threads)
         self.features: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._cache_lock = threading.Lock()
         self.encoder_runs = 0
         # the ONNX FP16 encoder (runtime/backends/vlm_onnx.py) when chosen at load; None: libmtmd's mmproj
         self.image_encoder = image_encoder
@@ -337,10 +342,11 @@ class VLMPipeline:
 
     # ---------------------------------------------------------------- images
     def _features(self, key: str, chunk: Any) -> tuple[np.ndarray, bool]:
-        cached = self.features.get(key)
-        if cached is not None:
-            self.features.move_to_end(key)
-            return cached, True
+        with self._cache_lock:
+            cached = self.features.get(key)
+            if cached is not None:
+                self.features.move_to_end(key)
+                return cached, True
         mtmd = self._mtmd
         n = int(mtmd.mtmd_input_chunk_get_n_tokens(chunk))
         t0 = perf_counter()
@@ -358,10 +364,11 @@ class VLMPipeline:
             ptr = mtmd.mtmd_get_output_embd(self.mctx)
             feats = np.ctypeslib.as_array(ptr, shape=(n * self.n_embd,)).reshape(n, self.n_embd).copy()
             self._note_encode("mmproj", perf_counter() - t0)
-        self.encoder_runs += 1
-        self.features[key] = feats
-        while len(self.features) > FEATURE_CACHE_SIZE:
-            self.features.popitem(last=False)
+        with self._cache_lock:
+            self.encoder_runs += 1
+            self.features[key] = feats
+            while len(self.features) > FEATURE_CACHE_SIZE:
+                self.features.popitem(last=False)
         return feats, False
 
     def _note_encode(self, path: str, seconds: float) -> None:
@@ -717,7 +724,12 @@ class VLMBackend:
         gen: Iterator[str] = self.generate(prompt, images, stream=True, **kw)
         return gen
 
-    def chat(self, messages: list[dict[str, Any]], **kw: Any) -> Any:
+    def chat(self, messages: list[dict[str, Any]], chat_template: str | None = None, **kw: Any) -> Any:
+        """Reply to ``messages`` in the model family's own turn format (``chat_template`` applies to GGUF
+        bundles: None only)."""
+        if chat_template is not None:
+            raise InputError("chat_template applies to GGUF bundles: a VLM formats chats with its model family's "
+                             "own turn format (docs/vlm.md)")
         _, images = _split_content(messages)  # validates the messages and collects the images in order
         text = self.pipe.pre.record.chat(messages, self.pipe.marker)
         stream = kw.pop("stream", False)
@@ -729,18 +741,29 @@ class VLMBackend:
             return "".join(gen)
 
     def _run(self, text: str, images: list[Any], operation: str, capture: Any, *, stream: bool, max_tokens: int = 128,
-             stop: str | list[str] | None = None, seed: int | None = None, **sampling: Any) -> Iterator[str]:
-        from edgesdk.runtime.backends.llamacpp import _check_sampling
+             stop: str | list[str] | None = None, seed: int | None = None, logit_bias: Any = None,
+             **sampling: Any) -> Iterator[str]:
+        from edgesdk.runtime.backends.llamacpp import _bias_processor, _check_sampling
+        from edgesdk.runtime.requests import check_logit_bias
 
         sampling = {("temperature" if k == "temp" else k): v for k, v in sampling.items()}
         unknown = set(sampling) - set(DEFAULT_SAMPLING)
         if unknown:
-            raise InputError(f"unknown generation option(s): {', '.join(sorted(unknown))}")
+            raise InputError(f"unknown generation option(s): {', '.join(sorted(unknown))} "
+                             f"(known: max_tokens, stop, seed, stream, logit_bias, {', '.join(DEFAULT_SAMPLING)})")
         params = {**DEFAULT_SAMPLING, **{k: v for k, v in sampling.items() if v is not None}}
         max_tokens, seed = _check_sampling(max_tokens, seed, params)
+        bias = check_logit_bias(logit_bias)
+        n_vocab = int(self.pipe.llm.n_vocab())
+        if bias and bias[-1][0] >= n_vocab:
+            raise InputError(f"logit_bias token ids must be < {n_vocab} (the vocabulary), got {bias[-1][0]}")
+        params["logits_processor"] = _bias_processor(bias)
         stops = [stop] if isinstance(stop, str) and stop else [s for s in (stop or []) if s]
         request = {"max_tokens": max_tokens, "temperature": params["temperature"], "top_p": params["top_p"],
                    "top_k": params["top_k"], "stop_sequences": stops or None, "seed": seed}
+        for k in ("frequency_penalty", "presence_penalty"):  # recorded when set (0 is off)
+            if params[k]:
+                request[k] = params[k]
         body = self._decode(text, images, operation, capture, stream, request, params, max_tokens, stops, seed)
         return self._stepwise(body) if stream else body
 
@@ -774,7 +797,10 @@ class VLMBackend:
             decode_stage = rec.stage("decode")
             gen = llm.generate([info["last_token"]], reset=False, top_k=int(params["top_k"]),
                                top_p=float(params["top_p"]), min_p=float(params["min_p"]),
-                               temp=float(params["temperature"]), repeat_penalty=float(params["repeat_penalty"]))
+                               temp=float(params["temperature"]), repeat_penalty=float(params["repeat_penalty"]),
+                               frequency_penalty=float(params["frequency_penalty"]),
+                               presence_penalty=float(params["presence_penalty"]),
+                               logits_processor=params["logits_processor"])
             try:
                 for tok in gen:
                     rec.chunk()

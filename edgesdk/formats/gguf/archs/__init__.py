@@ -34,4 +34,15 @@ def _records() -> dict[str, TextArch]:
 # HF class name (config.json architectures[0]) -> its record
 ARCHS: dict[str, TextArch] = _records()
 
-__all__ = ["ARCHS", "TextArch"]
+
+def chat_template_for(arch: str) -> str | None:
+    """The shipped chat template for a model of architecture ``arch`` that carries none: ``arch`` is a HF class
+    name (``Gemma3ForCausalLM``) or llama.cpp's ``general.architecture`` (``gemma3``). None when no record names
+    one, or when the records of one llama.cpp architecture disagree (``llama`` is Llama's and Mistral's)."""
+    if arch in ARCHS:
+        return ARCHS[arch].chat_template
+    found = {rec.chat_template for rec in ARCHS.values() if rec.gguf_arch == arch}
+    return found.pop() if len(found) == 1 else None
+
+
+__all__ = ["ARCHS", "TextArch", "chat_template_for"]

@@ -62,6 +62,9 @@ class TextArch:
     skip: Callable[[str], bool] | None = None  # HF tensors llama.cpp does not read
     layer_rope: bool = False  # transformers 5 writes rope_parameters per layer type (full / sliding attention)
     notes: str = ""  # what is new about the family (docs/gguf.md lists it)
+    # the shipped chat template (edgesdk/data/chat_templates/NAME.jinja) a model of this family gets at build time
+    # when it carries none of its own; None: the family has no one turn format (llama: Llama 2 vs Llama 3 chats)
+    chat_template: str | None = None
 
 
 def rope_parameters(config: Config) -> dict[str, Any]:

@@ -89,5 +89,6 @@ def _transform(name: str, data: np.ndarray, config: Config, hp: Hparams) -> np.n
 
 ARCH = TextArch(gguf_arch="gemma3", hf_classes=("Gemma3ForCausalLM",), rope_types=("default", "linear"),
                 check=_check, metadata=_metadata, transform=_transform, layer_rope=True,
+                chat_template="gemma",
                 notes="(1 + w) norms, four norms per block, q/k norms, sliding-window layers with their own rope "
                       "base, scaled embeddings (in llama.cpp's graph), tied output")

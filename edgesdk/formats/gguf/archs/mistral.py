@@ -20,4 +20,5 @@ def _check(config: Config, where: str) -> None:
 
 ARCH = TextArch(gguf_arch="llama", hf_classes=("MistralForCausalLM",), check=_check,
                 transform=llama.ARCH.transform,
+                chat_template="mistral",
                 notes="llama.cpp's llama graph; Q/K rows permuted as llama's; a sliding window is refused")

@@ -67,4 +67,5 @@ def _extra_tensors(config: Config, hp: Hparams) -> Iterable[tuple[str, np.ndarra
 
 ARCH = TextArch(gguf_arch="phi3", hf_classes=("Phi3ForCausalLM",), rope_types=("default", "longrope", "su"),
                 metadata=_metadata, extra_tensors=_extra_tensors,
+                chat_template="phi-3",
                 notes="fused qkv and gate_up, partial rotary, long-rope factors as rope_factors_long/short tensors")

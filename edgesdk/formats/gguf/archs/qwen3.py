@@ -18,4 +18,5 @@ def _check(config: Config, where: str) -> None:
 
 
 ARCH = TextArch(gguf_arch="qwen3", hf_classes=("Qwen3ForCausalLM",), check=_check,
+                chat_template="chatml",
                 notes="per-head q/k RMS norms, head_dim independent of the width, NEOX rope")
