@@ -141,6 +141,17 @@ FIGURES: list[tuple[str, str, str, str]] = [
     ("docs/telemetry.md", rf"\| null \(SDK recording only\) \| [\d.]+ µs wall, [\d.]+ µs CPU \| {N} µs",
      "p6_telemetry_null.json", "embed.telemetry_process_cpu_us"),
     ("README.md", rf"\| P6 telemetry \|[^\n]*?: {N} µs = ", "p6_telemetry.json", "embed.telemetry_process_cpu_us"),
+    # issue 21: Gemma-3 vision on the CPU (results.1 = gemma3, results.0 = LLaVA-SigLIP in the same run)
+    ("docs/benchmarks.md", rf"\| Gemma-3 \| mmproj[^\n]*?\| {N} / [\d.]+ \| [\d.]+ / [\d.]+ \|",
+     "vlm_families_gemma3_cpu.json", "results.1.ttft_ms_median"),
+    ("docs/benchmarks.md", rf"\| Gemma-3 \| mmproj[^\n]*?\| [\d.]+ / [\d.]+ \| {N} / [\d.]+ \|",
+     "vlm_families_gemma3_cpu.json", "results.1.decode_tok_s_median"),
+    ("docs/benchmarks.md", rf"\| LLaVA, SigLIP \(same run\) \|[^\n]*?\| {N} / [\d.]+ \| [\d.]+ / [\d.]+ \|",
+     "vlm_families_gemma3_cpu.json", "results.0.ttft_ms_median"),
+    ("docs/vlm.md", rf"image features, min cosine per image token \(max abs\) \| {N} \(",
+     "vlm_gemma3_parity_f16.json", "builds.transformers4.encoder_min_cosine"),
+    ("docs/vlm.md", rf"image features, min cosine per image token \(max abs\) \| [\d.]+ \([\d.]+\) \| {N} \(",
+     "vlm_gemma3_parity_f16.json", "builds.transformers5.encoder_min_cosine"),
 ]
 
 

@@ -3,7 +3,8 @@
 
 Models: the random-weight test fixtures of tests/vlm_fixtures.py, one per family: LLaVA with a SigLIP tower
 (``make_tiny_llava``), LLaVA-1.5 with a CLIP tower (``make_tiny_llava15``: 336 px, 576 image tokens), SmolVLM /
-Idefics3 without and with image splitting (``make_tiny_idefics3``). RANDOM weights: the text is meaningless.
+Idefics3 without and with image splitting (``make_tiny_idefics3``), Gemma-3 vision (``make_tiny_gemma3``: 224 px,
+16 image tokens). RANDOM weights: the text is meaningless.
 
 Per family: ``edgesdk build --profile cpu-x86_64`` (the profile's own decoder quantization, every parity gate),
 then the artifact sizes and the build's parity record; then one process loads the bundle with ``threads`` (2),
@@ -41,6 +42,7 @@ FAMILIES = {
     "llava-1.5-clip": lambda d: __import__("vlm_fixtures").make_tiny_llava15(d),
     "smolvlm": lambda d: __import__("vlm_fixtures").make_tiny_idefics3(d),
     "smolvlm-split": lambda d: __import__("vlm_fixtures").make_tiny_idefics3(d, image_splitting=True),
+    "gemma3": lambda d: __import__("vlm_fixtures").make_tiny_gemma3(d),
 }
 
 
