@@ -113,8 +113,8 @@ def test_token_prompts_and_prompt_errors(served, vocab):
     text = _complete(c, max_tokens=6)
     assert _complete(c, prompt=ids, max_tokens=6) == text
     assert _complete(c, prompt=[ids], max_tokens=6) == text
-    err = _error(served, "/v1/completions", {"prompt": ["a", "b"]})
-    assert err["param"] == "prompt" and "2 prompts" in err["message"]
+    err = _error(served, "/v1/completions", {"prompt": ["a"] * 17})
+    assert err["param"] == "prompt" and "17 prompts" in err["message"]
     err = _error(served, "/v1/completions", {"prompt": [10 ** 7]})  # beyond the vocabulary
     assert err["param"] == "prompt"
     err = _error(served, "/v1/completions", {"prompt": "word " * 5000})

@@ -123,10 +123,9 @@ def test_generation_body_parses_or_400_and_the_runtime_agrees(body, chat):
     # What the server accepts, the runtime accepts: no error comes back from the model later.
     if chat:
         GenerationRequest.from_options(messages=what, **opts)
-    elif isinstance(what, str):
-        GenerationRequest.from_options(prompt=what, **opts)
-    else:  # token ids
-        GenerationRequest.from_options(prompt_tokens=what, **opts)
+    else:  # text, token ids, or several of them (a tuple)
+        for p in what if isinstance(what, tuple) else (what,):
+            GenerationRequest.from_options(**({"prompt": p} if isinstance(p, str) else {"prompt_tokens": p}), **opts)
 
 
 @settings(max_examples=EXAMPLES, deadline=None)

@@ -252,6 +252,27 @@ def test_completions_logprobs_streamed_and_not(client, srv):
     assert _error(srv, "/v1/completions", {"prompt": "x", "logprobs": 21})["param"] == "logprobs"
 
 
+# ------------------------------------------------------------------------------ several prompts
+def test_completions_with_several_prompts(client):
+    prompts = ["The capital of France is", "One, two, three,"]
+    alone = [client.completions.create(model="gemma", prompt=p, max_tokens=1, temperature=0) for p in prompts]
+    r = client.completions.create(model="gemma", prompt=prompts, max_tokens=1, temperature=0)
+    assert [c.index for c in r.choices] == [0, 1]
+    # the first token comes from each prompt's own evaluation: the same as each prompt alone
+    assert [c.text for c in r.choices] == [a.choices[0].text for a in alone]
+    assert r.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+    texts, finishes = {0: "", 1: "", 2: ""}, {}
+    for chunk in client.completions.create(model="gemma", prompt=[*prompts, [2, 651, 6250]], max_tokens=6,
+                                           temperature=0, stream=True, stream_options={"include_usage": True}):
+        for c in chunk.choices:
+            texts[c.index] += c.text
+            if c.finish_reason:
+                finishes[c.index] = c.finish_reason
+        if chunk.usage:
+            assert chunk.usage.completion_tokens == 18
+    assert set(finishes) == {0, 1, 2} and all(texts.values())
+
+
 # ------------------------------------------------------------------------------ LangChain
 def test_langchain_bind_tools_and_structured_output(srv):
     lc = pytest.importorskip("langchain_openai")

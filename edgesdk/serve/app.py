@@ -58,6 +58,7 @@ DEFAULT_QUEUE = 16  # LLM requests waiting behind the running one
 MAX_EMBEDDING_INPUTS = 2048  # inputs per embeddings request (as OpenAI)
 MAX_STOP_SEQUENCES = 16
 MAX_PARALLEL = 256  # serve --parallel: sequences per LLM
+MAX_PROMPTS = 16  # prompts in one /v1/completions request (one choice each)
 
 
 @dataclass
@@ -358,8 +359,8 @@ REQUEST_FIELDS: dict[str, tuple[RequestField, ...]] = {
         _r("safety_identifier", "no abuse monitoring here"),
     ),
     "/v1/completions": (
-        _f("prompt", "a string, a list of one string, or token ids (a list of integers, or a list of one such list);"
-                     " several prompts: 400"),
+        _f("prompt", "a string, token ids (a list of integers), or a list of up to 16 strings or token-id lists "
+                     "(one choice per prompt, `index` in order)"),
         *_COMMON,
         _r("echo", "echoing the prompt is not implemented", False),
         _f("logprobs", f"0 to {MAX_TOP_LOGPROBS}: per-token log-softmax of the raw logits and that many most likely "
@@ -549,8 +550,9 @@ def _structured(body: dict, operation: str) -> dict:
     return opts
 
 
-def _prompt(body: dict) -> str | list[int]:
-    """A completions ``prompt``: text, or token ids (a list of integers, or a list of one such list)."""
+def _prompt(body: dict) -> str | list[int] | tuple[str | list[int], ...]:
+    """A completions ``prompt``: text, or token ids (a list of integers, or a list of one such list); several
+    prompts (a list of strings or of token-id lists, at most :data:`MAX_PROMPTS`) as a tuple of them."""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]
@@ -562,15 +564,16 @@ def _prompt(body: dict) -> str | list[int]:
             raise APIError(400, f"'prompt' token ids must be from 0 to {INT32_MAX}, got {_show(bad)}", param="prompt")
         return prompt
     if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, str | list) for p in prompt):
-        raise APIError(400, f"'prompt' holds {len(prompt)} prompts: this server answers one prompt per request "
-                       "with one choice (batched prompts, like n > 1, are not supported); send one request "
-                       "per prompt", param="prompt")
-    raise APIError(400, "'prompt' must be a string, a list of one string, or token ids (a non-empty list of "
-                   "integers, or a list of one such list)", param="prompt")
+        if len(prompt) > MAX_PROMPTS:
+            raise APIError(400, f"'prompt' holds {len(prompt)} prompts; the limit is {MAX_PROMPTS} per request",
+                           param="prompt")
+        return tuple(_prompt({"prompt": p}) for p in prompt)  # type: ignore[misc]  # one each: never a tuple
+    raise APIError(400, "'prompt' must be a string, token ids (a non-empty list of integers), or a list of "
+                   f"up to {MAX_PROMPTS} strings or token-id lists", param="prompt")
 
 
-def parse_generation(body: dict, entry: ModelEntry, operation: str) -> tuple[dict, bool, bool,
-                                                                             list[dict] | str | list[int]]:
+def parse_generation(body: dict, entry: ModelEntry, operation: str) -> tuple[
+        dict, bool, bool, list[dict] | str | list[int] | tuple[str | list[int], ...]]:
     """A chat (``operation="chat"``) or completions body -> (generation options, stream, include_usage,
     messages, prompt text or prompt token ids). Anything the model cannot take is an APIError 400 naming
     the field: every field is checked against :data:`REQUEST_FIELDS`."""
@@ -850,6 +853,8 @@ class _Server:
                 param = grammar_param if needs_engine[0] == "grammar" else "logprobs"
                 raise APIError(400, f"'{param}' needs continuous batching, and {model!r} is served one request at a "
                                "time (serve --parallel 2 or more)", param=param, code="unsupported_parameter")
+            if isinstance(what, tuple):  # several completions prompts: one choice each
+                return await self._generate_many(request, entry, span, opts, stream, include_usage, what, shape, t0)
             try:
                 if isinstance(what, str):
                     request_obj = GenerationRequest.from_options(prompt=what, stream=stream, **opts)
@@ -956,6 +961,166 @@ class _Server:
         except Exception as exc:  # the guard answers 500: the span says so
             span.end(500, "server_error", f"{type(exc).__name__}: {exc}")
             raise
+
+    async def _generate_many(self, request: Request, entry: ModelEntry, span: _Span, opts: dict, stream: bool,
+                             include_usage: bool, prompts: tuple, shape: _Shape, t0: float) -> Response:
+        """/v1/completions with several prompts: one job each, submitted together (the batching engine decodes
+        them side by side), one choice each with its ``index``; streamed, the chunks of all choices interleave."""
+        route, model, session = "/v1/completions", entry.name, entry.session
+        try:
+            reqs = [GenerationRequest.from_options(**({"prompt": p} if isinstance(p, str) else {"prompt_tokens": p}),
+                                                   stream=stream, **opts) for p in prompts]
+        except EdgeSDKError as exc:
+            raise _from_backend(exc, "prompt") from None
+        loop = asyncio.get_running_loop()
+        jobs: list[Job] = []
+        assert entry.worker is not None
+        try:
+            for p, r in zip(prompts, reqs, strict=True):
+                def start(p: str | list[int] = p) -> Any:
+                    return session.stream(p, **opts)
+
+                job = Job(start=start, loop=loop, events=asyncio.Queue(), otel_ctx=span.ctx, request=r)
+                entry.worker.submit(job)
+                jobs.append(job)
+        except Saturated as exc:
+            for job in jobs:
+                job.cancel.set()
+            self.metrics.rejected.inc(model=model, reason="draining" if exc.draining else "queue_full")
+            raise _saturated(exc) from None
+        merged: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i: int, job: Job) -> None:
+            while True:
+                kind, value = await job.events.get()
+                await merged.put((i, kind, value))
+                if kind in ("done", "error", "disconnected"):
+                    return
+
+        async def watch() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            for job in jobs:
+                job.cancel.set()
+            await merged.put((-1, "disconnected", None))
+
+        pumps = [loop.create_task(pump(i, j)) for i, j in enumerate(jobs)]
+        watcher = loop.create_task(watch())
+
+        def stop() -> None:
+            for job in jobs:
+                job.cancel.set()
+            for t in (*pumps, watcher):
+                t.cancel()
+
+        rid = "cmpl-" + uuid.uuid4().hex[:24]
+        span.set("gen_ai.response.id", rid)
+        created = int(time.time())
+        base = {"id": rid, "object": "text_completion", "created": created, "model": model,
+                "system_fingerprint": f"edgesdk-{__version__}"}
+        texts = [""] * len(jobs)
+        lps: list[list] = [[] for _ in jobs]
+        lasts: list[dict | None] = [None] * len(jobs)
+
+        def usage_of() -> dict:
+            u = [self._finish(entry, "text_completion", span, last, t0) for last in lasts if last is not None]
+            n_in, n_out = sum(x["prompt_tokens"] for x in u), sum(x["completion_tokens"] for x in u)
+            return {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}
+
+        if not stream:
+            try:
+                while any(last is None for last in lasts):
+                    i, kind, value = await merged.get()
+                    if kind == "disconnected":
+                        stop()
+                        return self._abandoned(span, route, model)
+                    if kind == "error":
+                        stop()
+                        raise _from_backend(value, "prompt")
+                    if kind == "chunk":
+                        texts[i] += value
+                    elif kind == "done":
+                        lasts[i] = value
+            except asyncio.CancelledError:
+                stop()
+                raise
+            watcher.cancel()
+            choices = [{"index": i, "text": texts[i], "finish_reason": _finish_reason(last or {}),
+                        "logprobs": shape.logprobs_of((last or {}).get("logprobs") or [], 0)}
+                       for i, last in enumerate(lasts)]
+            usage = usage_of()
+            span.end(200)
+            self._count(route, model, 200)
+            return JSONResponse({**base, "choices": choices, "usage": usage})
+
+        def line(payload: dict) -> bytes:
+            return b"data: " + json.dumps(payload, separators=(",", ":")).encode("utf-8") + b"\n\n"
+
+        # the first event of each job: "started", or "error" before the first token (a prompt too long: 400)
+        started: set[int] = set()
+        early: list[tuple] = []  # a job's pieces that came before every job had started
+        try:
+            while len(started) < len(jobs):
+                i, kind, value = await merged.get()
+                if kind == "started":
+                    started.add(i)
+                elif kind == "error":
+                    stop()
+                    raise _from_backend(value, "prompt")
+                elif kind == "disconnected":
+                    stop()
+                    return self._abandoned(span, route, model)
+                else:
+                    early.append((i, kind, value))
+        except asyncio.CancelledError:
+            stop()
+            raise
+        watcher.cancel()  # StreamingResponse watches for the disconnect from here on
+
+        async def events():
+            finished = False
+            sent = [0] * len(jobs)
+            try:
+                while any(last is None for last in lasts):
+                    i, kind, value = early.pop(0) if early else await merged.get()
+                    if kind == "disconnected":
+                        return
+                    if kind == "error":
+                        err = _from_backend(value, "prompt")
+                        yield line({"error": {"message": err.message, "type": err.type, "param": err.param,
+                                              "code": err.code}})
+                        span.end(200, err.code or err.type, err.message, error_type=err.code or err.type)
+                        self._count(route, model, err.status)
+                        finished = True
+                        return
+                    if kind == "logprobs":
+                        lps[i].extend(value)
+                    elif kind == "chunk":
+                        lp = shape.logprobs_of(lps[i], sent[i])
+                        lps[i] = []
+                        sent[i] += len(value)
+                        yield line({**base, "choices": [{"index": i, "text": value, "logprobs": lp,
+                                                         "finish_reason": None}]})
+                    elif kind == "done":
+                        lasts[i] = value
+                        yield line({**base, "choices": [{"index": i, "text": "", "logprobs": None,
+                                                         "finish_reason": _finish_reason(value)}]})
+                usage = usage_of()
+                if include_usage:
+                    yield line({**base, "choices": [], "usage": usage})
+                yield b"data: [DONE]\n\n"
+                finished = True
+                span.end(200)
+                self._count(route, model, 200)
+            finally:
+                stop()
+                if not finished:
+                    self.metrics.cancelled.inc(model=model)
+                    span.end(200, "cancelled", "client disconnected before the end of the stream", cancelled=True)
+                    self._count(route, model, 499)
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     def _abandoned(self, span: _Span, route: str, model: str) -> Response:
         """The client went away before the response (``http.disconnect``): the job is cancelled already."""
