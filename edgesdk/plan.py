@@ -31,7 +31,7 @@ __all__ = ["DEFAULT_PARITY", "BuildOptions", "Decision", "ModelFacts", "Plan", "
 
 
 def _choose_format(facts: ModelFacts, profile: Profile, options: BuildOptions) -> Decision:
-    allowed = profile.policy["formats"]
+    allowed = profile.preferred_formats
     if options.format:
         fmt = get_format(options.format)
         fmt.check_source(facts)
@@ -45,7 +45,7 @@ def _choose_format(facts: ModelFacts, profile: Profile, options: BuildOptions) -
 
 
 def _choose_precision(facts: ModelFacts, profile: Profile, options: BuildOptions, fmt: str) -> Decision:
-    order = profile.policy["precision"]
+    order = profile.precision_order
     if options.precision:
         if options.precision not in DEFAULT_PARITY:
             raise InputError(f"unknown precision {options.precision!r} (expected one of {', '.join(DEFAULT_PARITY)})")

@@ -218,8 +218,29 @@ def validate_profile_data(data: Any, source: str) -> None:
 
 
 @dataclass(frozen=True)
+class KernelSupport:
+    """One row of a profile's ``kernels`` table (``flash_attention``, ``cuda_graphs``, ``fp8``, ...), as written:
+    None where the row or the field is absent."""
+
+    supported: bool | None = None
+    recommended: bool | None = None
+    source: str | None = None
+
+
+@dataclass(frozen=True)
+class LlmPolicy:
+    """A profile's ``policy.llm`` (the GGUF planner's inputs), as written: None where not set."""
+
+    context_length: int | None = None
+    min_context_length: int | None = None
+    quant_order: list[str] | None = None
+    kv_type: str | None = None
+    n_ubatch: int | None = None
+
+
+@dataclass(frozen=True)
 class Profile:
-    """A validated device profile. ``data`` is the YAML mapping; helpers read common figures."""
+    """A validated device profile. ``data`` is the YAML mapping; typed accessors read what planners use."""
 
     name: str
     path: Path
@@ -257,6 +278,59 @@ class Profile:
     @property
     def dla_cores(self) -> int:
         return int((self.data["device"].get("dla") or {}).get("cores", 0))
+
+    # ------------------------------------------------------------------ typed accessors (policy, kernels, software)
+    @property
+    def preferred_formats(self) -> list[str]:
+        """``policy.formats``: output formats in the profile's order of preference."""
+        return list(self.policy["formats"])
+
+    @property
+    def precision_order(self) -> list[str]:
+        """``policy.precision``: precisions, preferred first."""
+        return list(self.policy["precision"])
+
+    @property
+    def execution_providers(self) -> list[str]:
+        """``policy.execution_providers``: ONNX Runtime EPs, best first (as written; the CPU is not added)."""
+        return list(self.policy.get("execution_providers") or [])
+
+    def parity_overrides(self, precision: str) -> dict[str, Any]:
+        """``policy.parity.<precision>``: threshold overrides ({} where none)."""
+        table = (self.policy.get("parity") or {}).get(precision)
+        return dict(table) if isinstance(table, dict) else {}
+
+    @property
+    def memory_headroom_fraction(self) -> float:
+        return float(self.policy["memory_headroom_fraction"])
+
+    @property
+    def llm(self) -> LlmPolicy:
+        """``policy.llm``."""
+        d = self.policy.get("llm") or {}
+        order = d.get("quant_order")
+        return LlmPolicy(context_length=d.get("context_length"), min_context_length=d.get("min_context_length"),
+                         quant_order=list(order) if order else None, kv_type=d.get("kv_type"),
+                         n_ubatch=d.get("n_ubatch"))
+
+    def kernel(self, name: str) -> KernelSupport:
+        """Row ``name`` of the ``kernels`` table."""
+        row = self.kernels.get(name)
+        if not isinstance(row, dict):
+            return KernelSupport()
+        return KernelSupport(supported=row.get("supported"), recommended=row.get("recommended"),
+                             source=row.get("source"))
+
+    def software_version(self, name: str) -> str | None:
+        """``software.<name>`` (``tensorrt``, ``l4t``, ``jetpack``, ``cuda``), or ``software.source``."""
+        value = self.software.get(name)
+        return None if value is None else str(value)
+
+    @property
+    def cpu_cores(self) -> int | None:
+        """``device.cpu.cores`` (None where the profile lists no core count)."""
+        cores = (self.data["device"].get("cpu") or {}).get("cores")
+        return int(cores) if cores else None
 
     def figure(self, dotted: str) -> float | None:
         """Value of a figure by dotted path (``device.memory.bandwidth_gbps``), or None when absent."""

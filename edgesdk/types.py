@@ -41,13 +41,13 @@ DEFAULT_PARITY: dict[str, dict[str, float | None]] = {
 def parity_thresholds(profile: Profile, precision: str) -> dict[str, Any]:
     """The default thresholds for ``precision`` with the profile's ``policy.parity`` overrides applied."""
     base: dict[str, Any] = dict(DEFAULT_PARITY.get(precision, DEFAULT_PARITY["fp32"]))
-    base.update((profile.policy.get("parity") or {}).get(precision, {}))
+    base.update(profile.parity_overrides(precision))
     return base
 
 
 def execution_provider_chain(profile: Profile) -> list[str]:
     """The profile's execution providers, best first, with the CPU always last."""
-    chain = list(profile.policy["execution_providers"])
+    chain = profile.execution_providers
     if "CPUExecutionProvider" not in chain:
         chain.append("CPUExecutionProvider")
     return chain

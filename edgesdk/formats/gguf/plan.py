@@ -20,7 +20,7 @@ from edgesdk.formats.gguf.types import BPW, DEFAULT_KV_TYPE, FTYPES, KV_TYPE_BYT
 from edgesdk.types import BuildOptions, Decision, JSONable, JSONValue, ModelFacts, PlanSection
 
 if TYPE_CHECKING:
-    from edgesdk.profiles import Profile
+    from edgesdk.profiles import KernelSupport, Profile
 
 # Perplexity of the quantized file / perplexity of its reference (F16, or the source GGUF) on the
 # built-in text must stay under these. Set a little looser than the PPL increases llama.cpp's
@@ -88,7 +88,7 @@ def _check_shape(facts: ModelFacts) -> dict[str, Any]:
 
 
 def _candidate_types(facts: ModelFacts, profile: Profile, options: BuildOptions) -> tuple[list[str], str]:
-    order = list((profile.policy.get("llm") or {}).get("quant_order") or ["Q8_0", "Q4_K_M"])
+    order = list(profile.llm.quant_order or ["Q8_0", "Q4_K_M"])
     source_type = facts.extra.get("file_type") if facts.kind == "gguf" else None
     if options.quant_type:
         q = options.quant_type.upper()
@@ -146,7 +146,7 @@ def _fit_memory(facts: ModelFacts, profile: Profile, info: dict[str, Any], order
                     f"{_gb(w)}, {kv_why}", False, 0)
     budget = budget_gb * GB
     head = (f"budget {budget_gb} GB (profile {profile.name}: usable memory minus "
-            f"{profile.policy['memory_headroom_fraction']:.0%} headroom)")
+            f"{profile.memory_headroom_fraction:.0%} headroom)")
     tried = []
     for rank, q in enumerate(order):
         w, w_why = _weight_bytes(facts, q)
@@ -178,7 +178,7 @@ def _fit_memory(facts: ModelFacts, profile: Profile, info: dict[str, Any], order
 def _kv_type(profile: Profile, use_fa: bool) -> tuple[str, str]:
     """The K/V cache type: the profile's ``policy.llm.kv_type`` when it names one and flash attention is on,
     else llama.cpp's default f16."""
-    asked = (profile.policy.get("llm") or {}).get("kv_type")
+    asked = profile.llm.kv_type
     if asked is None or str(asked).lower() == DEFAULT_KV_TYPE:
         return DEFAULT_KV_TYPE, (f"llama.cpp's default K and V cache type (f16); profile {profile.name} sets no "
                                  "other policy.llm.kv_type")
@@ -196,7 +196,7 @@ def _kv_type(profile: Profile, use_fa: bool) -> tuple[str, str]:
 
 def _batch_target(profile: Profile, use_fa: bool) -> tuple[int, str]:
     """The micro-batch the plan aims for before the memory arithmetic (``policy.llm.n_ubatch`` overrides)."""
-    asked = (profile.policy.get("llm") or {}).get("n_ubatch")
+    asked = profile.llm.n_ubatch
     if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0:
         return asked, f"profile {profile.name} policy.llm.n_ubatch {asked}"
     if profile.is_gpu and use_fa:
@@ -265,18 +265,18 @@ def plan_gguf(facts: ModelFacts, profile: Profile, options: BuildOptions) -> Ggu
     """Quant type, context, offload, flash attention, batch sizes, KV type and threads for ``profile``
     (see module docstring)."""
     info = _check_shape(facts)
-    llm = profile.policy.get("llm") or {}
+    llm = profile.llm
     ctx_train = int(info.get("ctx_train") or 4096)
     if options.context_length is not None and (isinstance(options.context_length, bool) or not isinstance(
             options.context_length, int) or options.context_length < 1):
         raise InputError(f"context length must be a positive integer, got {options.context_length!r}")
-    want_ctx = int(options.context_length or llm.get("context_length") or 4096)
+    want_ctx = int(options.context_length or llm.context_length or 4096)
     n_ctx = min(want_ctx, ctx_train)
-    min_ctx = min(int(llm.get("min_context_length") or 512), n_ctx)
+    min_ctx = min(int(llm.min_context_length or 512), n_ctx)
     ctx_note = f" (capped at the model's trained context {ctx_train})" if want_ctx > ctx_train else ""
     order, order_why = _candidate_types(facts, profile, options)
-    fa = profile.kernels.get("flash_attention") or {}
-    use_fa = bool(profile.is_gpu and fa.get("supported"))
+    fa = profile.kernel("flash_attention")
+    use_fa = bool(profile.is_gpu and fa.supported)
     kv_type, kv_why = _kv_type(profile, use_fa)
     target, batch_why = _batch_target(profile, use_fa)
     try:
@@ -339,7 +339,7 @@ def plan_gguf(facts: ModelFacts, profile: Profile, options: BuildOptions) -> Ggu
 def ppl_limit(profile: Profile, quant: str) -> float:
     """The perplexity-ratio limit of ``quant``: the profile's ``policy.parity.<type>.ppl_ratio_max`` when it
     sets one, else :data:`PPL_RATIO_MAX` (1.1 for a type without a figure)."""
-    table = (profile.policy.get("parity") or {}).get(quant) or {}
+    table = profile.parity_overrides(quant)
     value = table.get("ppl_ratio_max") if isinstance(table, Mapping) else None
     if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
         return float(value)
@@ -357,7 +357,7 @@ def parity_fallback_decision(facts: ModelFacts, profile: Profile, options: Build
     in that order; empty with ``error`` (the default), where a miss fails the build (exit 5)."""
     chosen, n_ctx = plan.quant_type, plan.context_length
     info = facts.extra
-    order = list((profile.policy.get("llm") or {}).get("quant_order") or ["Q8_0", "Q4_K_M"])
+    order = list(profile.llm.quant_order or ["Q8_0", "Q4_K_M"])
     source_type = info.get("file_type") if facts.kind == "gguf" else None
     pool = [q for q in order if q in BPW]
     notes = []
@@ -404,7 +404,7 @@ def parity_fallback_decision(facts: ModelFacts, profile: Profile, options: Build
 
 
 def _runtime_decisions(profile: Profile, info: dict[str, Any], *, use_fa: bool,
-                       fa_entry: Mapping[str, Any]) -> list[Decision]:
+                       fa_entry: KernelSupport) -> list[Decision]:
     out = []
     if profile.is_gpu:
         out.append(Decision("gguf.n_gpu_layers", "all", f"weights + KV fit the budget, so all {info['layers']} "
@@ -413,8 +413,8 @@ def _runtime_decisions(profile: Profile, info: dict[str, Any], *, use_fa: bool,
     else:
         out.append(Decision("gguf.n_gpu_layers", 0, f"profile {profile.name} has no GPU"))
     out.append(Decision("gguf.flash_attn", use_fa, f"profile kernel table: flash_attention supported="
-                        f"{fa_entry.get('supported')} ({fa_entry.get('source')})"))
-    cores = ((profile.data["device"].get("cpu") or {}).get("cores"))
+                        f"{fa_entry.supported} ({fa_entry.source})"))
+    cores = profile.cpu_cores
     out.append(Decision("gguf.threads", cores or "auto", f"profile lists {cores} CPU cores" if cores else
                         "profile lists no core count: the runtime uses the physical cores it finds"))
     return out

@@ -36,7 +36,7 @@ class OnnxFormat:
     def claims(self, facts: ModelFacts, profile: Profile) -> Decision | None:
         if facts.kind == "gguf" or facts.task in ("text-generation", "image-text-to-text"):
             return None  # causal LMs and VLMs go to a format with a KV cache and a sampler (GGUF, VLM)
-        allowed = profile.policy["formats"]
+        allowed = profile.preferred_formats
         if "tensorrt" in allowed and profile.is_gpu:
             return Decision("format", "onnx", "portable ONNX: the runtime takes TensorRT EP -> CUDA EP -> CPU EP, "
                                               "whichever the device has; pass --format tensorrt for a native engine "

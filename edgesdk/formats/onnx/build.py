@@ -402,7 +402,7 @@ def build_onnx(ctx: BuildContext) -> None:
                                                             "reference": reference_kind}
         if miss is None:
             break
-        nxt = next_precision(precision, ctx.profile.policy["precision"])
+        nxt = next_precision(precision, ctx.profile.precision_order)
         if ctx.options.on_parity_fail != "fallback" or nxt is None:
             raise ParityError(f"parity check failed at {precision}: {miss} over {metrics['samples']} samples",
                               hint="pass --on-parity-fail fallback to try the next precision")

@@ -170,11 +170,12 @@ def shape_buckets_decision(facts: ModelFacts, profile: Profile, options: BuildOp
         seq_why = (f"sequence {'/'.join(map(str, seqs))}: the ladder {'/'.join(map(str, SEQ_BUCKETS))} {bound}, "
                    f"with the planned --seq-len {options.seq_len}")
     graphs = len(batches) * (len(seqs) if seqs else 1)
-    recommended = bool((profile.kernels.get("cuda_graphs") or {}).get("recommended"))
+    cuda_graphs = profile.kernel("cuda_graphs")
+    recommended = bool(cuda_graphs.recommended)
     capture = "at load" if recommended else "on request"
     when = ("the profile recommends CUDA graphs, so the runtime enables them at load" if recommended else
             f"profile {profile.name} does not recommend CUDA graphs "
-            f"({(profile.kernels.get('cuda_graphs') or {}).get('source', 'no reason given')}); "
+            f"({cuda_graphs.source if cuda_graphs.source is not None else 'no reason given'}); "
             "the runtime uses these buckets when they are asked for (cuda_graphs=True)")
     return Decision("shape_buckets", {"batch": batches, "seq": seqs, "capture": capture},
                     f"CUDA graphs need static shapes: up to {graphs} graphs, each captured on its bucket's first "

@@ -168,13 +168,13 @@ def _image_channels(view: GraphView, name: str) -> int | None:
 def _precision(profile: Profile, options: BuildOptions) -> str:
     if options.precision:
         return options.precision
-    return str(next((p for p in profile.policy["precision"] if p in ("fp16", "int8", "fp32")), "fp32"))
+    return str(next((p for p in profile.precision_order if p in ("fp16", "int8", "fp32")), "fp32"))
 
 
 def _target(profile: Profile) -> dict[str, Any]:
-    sw = profile.software
-    return {"profile": profile.name, "sm": profile.sm, "tensorrt": sw.get("tensorrt"), "l4t": sw.get("l4t"),
-            "jetpack": sw.get("jetpack"), "cuda": sw.get("cuda")}
+    v = profile.software_version
+    return {"profile": profile.name, "sm": profile.sm, "tensorrt": v("tensorrt"), "l4t": v("l4t"),
+            "jetpack": v("jetpack"), "cuda": v("cuda")}
 
 
 def _dynamic_inputs(facts: ModelFacts, options: BuildOptions) -> dict[str, Dims]:
@@ -261,7 +261,7 @@ def _dla_decision(facts: ModelFacts, profile: Profile, options: BuildOptions,
                   precision: str) -> Decision | None:
     from edgesdk.capability import tables
 
-    trt = profile.software.get("tensorrt") or ""
+    trt = profile.software_version("tensorrt") or ""
     if options.dla:
         if profile.dla_cores <= 0:
             raise InputError(f"--dla requested but profile {profile.name} has no DLA",
@@ -307,11 +307,11 @@ def plan_tensorrt(facts: ModelFacts, profile: Profile, options: BuildOptions, ho
     if not target["tensorrt"]:
         raise InputError(f"profile {profile.name} names no TensorRT version (software.tensorrt)")
     precision = _precision(profile, options)
-    if precision == "fp8" and not profile.kernels.get("fp8", {}).get("supported"):
+    if precision == "fp8" and not profile.kernel("fp8").supported:
         raise InputError(f"precision fp8 is not available on {profile.name} "
-                         f"({profile.kernels.get('fp8', {}).get('source')})")
+                         f"({profile.kernel('fp8').source})")
     out: list[Decision] = [Decision("tensorrt_target", target, f"engines load only on the SM/TensorRT that built them "
-                    f"({profile.software.get('source')})")]
+                    f"({profile.software_version('source')})")]
     flags = PRECISION_FLAGS.get(precision, [])
     out.append(Decision("tensorrt_precision_flags", flags or ["(none: FP32)"],
                         "INT8 keeps FP16 enabled so layers without INT8 kernels do not drop to FP32"

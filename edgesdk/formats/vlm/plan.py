@@ -105,7 +105,7 @@ def vision_runtime(profile: Profile, options: BuildOptions, params: int) -> Deci
     asked = (getattr(options, "vision_runtime", None) or "auto").lower()
     if asked not in VISION_RUNTIMES:
         raise InputError(f"--vision-runtime must be one of {', '.join(VISION_RUNTIMES)}, got {asked!r}")
-    eps = [ep for ep in profile.policy.get("execution_providers") or [] if ep in _FAST_EPS]
+    eps = [ep for ep in profile.execution_providers if ep in _FAST_EPS]
     size = f"{params:,} params x 2 B = {_gb(params * 2)}"
     if asked == "gguf" or (asked == "auto" and not eps):
         why = ("--vision-runtime gguf" if asked == "gguf" else
@@ -196,7 +196,7 @@ def _vlm_decisions(facts: ModelFacts, profile: Profile, options: BuildOptions) -
     if class_token:  # LLaVA-1.5's CLIP tower: the ONNX graph is the encoder, on any provider (CLASS_TOKEN_NOTE)
         if (getattr(options, "vision_runtime", None) or "auto").lower() == "gguf":
             raise InputError(f"--vision-runtime gguf cannot build {facts.name}: {CLASS_TOKEN_NOTE}")
-        eps = [ep for ep in profile.policy.get("execution_providers") or [] if ep in _FAST_EPS]
+        eps = [ep for ep in profile.execution_providers if ep in _FAST_EPS]
         vr = Decision("vlm.vision_runtime", {"runtime": "onnx", "onnx": True, "precision": "FP16", "required": True,
                                              "providers": eps + ["CPUExecutionProvider"]},
                       f"CLIP tower with a class token: {CLASS_TOKEN_NOTE} ({(enc + proj):,} params x 2 B = "
