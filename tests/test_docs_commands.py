@@ -107,7 +107,7 @@ PLACEHOLDERS: dict[str, Source | Made | Same | Text | RepoRoot] = {
     "out/llm": Same("out/llm-nano"),
     "gemma-chat.gguf": Made("gguf-new-metadata model.gguf gemma-chat.gguf --chat-template-file my-template.jinja",
                             "gemma-chat.gguf"),
-    "out/gemma-chat": Made("edgesdk build gemma-chat.gguf --profile cpu -o out/gemma-chat "
+    "out/gemma-chat": Made("edgesdk build model.gguf --profile cpu -o out/gemma-chat "
                            "--accept-license LicenseRef-gemma"),
     "out/minilm-cpu": Same("out/minilm-orin"),  # an embedding bundle; it runs on this CPU either way
     "out/det-orin": Made("edgesdk build model.onnx --profile orin-nx-16gb --format tensorrt "
@@ -832,4 +832,4 @@ def test_statement_9_gemma_chat_chats_with_its_own_template(doc_workspace):
     bundle = doc_workspace.resolve("out/gemma-chat")
     proc = subprocess.run(["edgesdk", "run", str(bundle), "--chat", "--prompt", "Hi", "-n", "2"], capture_output=True,
                           text=True, timeout=300, env=doc_workspace.env)
-    assert proc.returncode == 0, proc.stderr  # no --chat-template: the GGUF carries one
+    assert proc.returncode == 0, proc.stderr  # no --chat-template: the build bundled gemma (architecture gemma3)
