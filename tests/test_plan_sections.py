@@ -55,6 +55,7 @@ def test_onnx_and_tensorrt_plans_are_typed_and_unchanged(minilm_dir, key):
         assert isinstance(section, TensorRTPlan) and isinstance(section.target, EngineTarget)
         assert section.target.profile == plan.profile and section.onnx_precision == "fp32"
         assert section.engine_build == "deferred to the device"
+        assert section.precision_flags == ["fp16"] == [plan.precision]  # the plan's precision, not re-derived
     elif "h200" in key:
         assert isinstance(section.shape_buckets, ShapeBuckets) and section.eager_fallback == "safetensors+config"
 

@@ -44,7 +44,7 @@ class TensorRTFormat:
         from edgesdk.formats.tensorrt.plan import TensorRTPlan, plan_tensorrt
 
         section = TensorRTPlan.from_decisions(export_decisions(facts, profile, options, precision, fmt=self.name))
-        for d in [ep_chain_decision(profile), *plan_tensorrt(facts, profile, options, host),
+        for d in [ep_chain_decision(profile), *plan_tensorrt(facts, profile, options, host, precision),
                   parity_decision(profile, options, section.onnx_precision or precision)]:
             section.record(d.key, d.value, d.reason)
         return section

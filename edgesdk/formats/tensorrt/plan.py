@@ -298,15 +298,18 @@ def _dla_decision(facts: ModelFacts, profile: Profile, options: BuildOptions,
 
 
 def plan_tensorrt(facts: ModelFacts, profile: Profile, options: BuildOptions, host: HostFacts | None = None,
-                  ) -> list[Decision]:
-    """TensorRT decisions: target, precision flags, DLA, optimization profiles, engine cache key, where built."""
+                  precision: str | None = None) -> list[Decision]:
+    """TensorRT decisions: target, precision flags, DLA, optimization profiles, engine cache key, where built.
+
+    ``precision`` is the plan's (edgesdk.plan decided it); None (a caller without a plan) derives it from
+    ``--precision`` and the profile's order."""
     if not profile.is_gpu:
         raise InputError(f"--format tensorrt needs an NVIDIA GPU profile; {profile.name} is a {profile.kind} "
                          "profile", hint="use --format onnx for CPU hosts")
     target = _target(profile)
     if not target["tensorrt"]:
         raise InputError(f"profile {profile.name} names no TensorRT version (software.tensorrt)")
-    precision = _precision(profile, options)
+    precision = precision or _precision(profile, options)
     if precision == "fp8" and not profile.kernel("fp8").supported:
         raise InputError(f"precision fp8 is not available on {profile.name} "
                          f"({profile.kernel('fp8').source})")
