@@ -137,3 +137,15 @@ def test_python_api_embeds_token_ids(minilm_bundle, tokenizer):
         assert s.count_tokens([TEXTS[0], ids[1]]) == [len(ids[0]), len(ids[1])]
         with pytest.raises(InputError, match=r"input\[0\] holds token id 30522"):
             s.embed([[101, 30522, 102]])
+
+
+def test_langchain_with_the_documented_setting(server, client):
+    """docs/serve.md's LangChain setting (``check_embedding_ctx_length=False``: send the text) gives the vectors
+    the openai client gets. Its default (tiktoken ids in OpenAI's vocabulary) is not run: see the module doc."""
+    lc = pytest.importorskip("langchain_openai")
+    emb = lc.OpenAIEmbeddings(model="minilm", base_url=server.url + "/v1", api_key="x",
+                              check_embedding_ctx_length=False, max_retries=0)
+    got = np.asarray(emb.embed_documents(TEXTS), dtype=np.float64)
+    ref = _vectors(client.embeddings.create(model="minilm", input=TEXTS))
+    assert _cosines(got, ref).min() >= 0.9999
+    assert _cosines(np.asarray([emb.embed_query(TEXTS[1])]), ref[1:2])[0] >= 0.9999
