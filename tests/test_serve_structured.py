@@ -300,3 +300,45 @@ def test_langchain_bind_tools_and_structured_output(srv):
         out = llm.with_structured_output(schema, method=method).invoke("Invent a person.")
         assert isinstance(out, dict), (method, out)
         jsonschema.validate(out, schema)
+
+
+# ------------------------------------------------------------------------------ the engine and the request
+def test_engine_grammar_and_logprobs(gemma_chat_bundle):  # noqa: F811 - the imported fixture
+    from pathlib import Path
+
+    from edgesdk.errors import InputError
+    from edgesdk.runtime.batching import BatchEngine
+    from edgesdk.runtime.requests import GenerationRequest
+
+    gguf = next(Path(gemma_chat_bundle).rglob("*.gguf"))
+    with BatchEngine(gguf, slots=2, n_ctx=256, threads=2) as engine:
+        with pytest.raises(InputError, match="grammar does not compile"):
+            engine.submit(GenerationRequest(prompt="x", grammar="root ::= ("))
+        # the grammar decides every token: a literal comes out whatever the model prefers, then end of generation
+        res = engine.generate(GenerationRequest(prompt="Say no.", max_tokens=8, temperature=0,
+                                                grammar='root ::= "yes, " [0-9] [0-9]'))
+        assert res.finish_reason == "stop" and res.text[:5] == "yes, " and res.text[5:].isdigit()
+        assert res.logprobs is None  # not asked: nothing computed
+        res = engine.generate(GenerationRequest(prompt="Say no.", max_tokens=3, temperature=0, logprobs=2))
+        assert [lp.token for lp in res.logprobs] == res.tokens
+        assert all(len(lp.top) == 2 and lp.top[0][2] >= lp.top[1][2] and lp.logprob <= 0 for lp in res.logprobs)
+
+
+def test_generation_request_tool_turns_and_limits():
+    from edgesdk.errors import InputError
+    from edgesdk.runtime.requests import GenerationRequest
+
+    msgs = [{"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "2"}]
+    r = GenerationRequest.from_options(messages=msgs, tools=[ADD], tool_choice="auto")
+    assert r.messages[1].tool_calls[0].arguments == '{"a": 1}' and r.messages[2].as_dict()["tool_call_id"] == "c1"
+    assert not GenerationRequest(prompt="x", temperature=0, grammar='root ::= "a"').plain_greedy
+    for bad, says in (({"messages": [{"role": "tool", "content": "x"}]}, "tool_call_id must be a string"),
+                      ({"messages": [{"role": "user", "content": "x", "tool_calls": [{}]}]}, "only assistant"),
+                      ({"messages": msgs, "tools": [{"type": "function"}]}, r"tools\[0\]"),
+                      ({"prompt": "x", "tools": [ADD]}, "tools need chat messages"),
+                      ({"prompt": "x", "logprobs": 21}, "logprobs must be <= 20")):
+        with pytest.raises(InputError, match=says):
+            GenerationRequest.from_options(**bad)
