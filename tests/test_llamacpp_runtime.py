@@ -91,9 +91,15 @@ def test_prompt_longer_than_context_is_a_shape_error(session):
         session.generate("hello " * (n_ctx + 10), max_tokens=4)
 
 
-def test_chat_without_a_template_says_so(session):
-    with pytest.raises(InputError, match="no chat template"):
-        session.chat([{"role": "user", "content": "hi"}])
+def test_chat_uses_the_template_bundled_from_the_architecture(session):
+    """This GGUF carries no template: the build bundled the shipped gemma one (plan decision gguf.chat_template;
+    a bundle without any is refused: tests/test_chat_templates.py)."""
+    session.chat([{"role": "user", "content": "hi"}], max_tokens=2, temperature=0)
+    rendered = "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n"
+    want = session.backend._llm.tokenize(rendered.encode(), add_bos=True, special=True)
+    assert session.backend.last["input_tokens"] == len(want)
+    with pytest.raises(InputError, match="neither a shipped name"):
+        session.chat([{"role": "user", "content": "hi"}], chat_template="no-such-template")
 
 
 @pytest.mark.slow
