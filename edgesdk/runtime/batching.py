@@ -688,15 +688,14 @@ class BatchEngine:
     def _logprob(self, row: np.ndarray, tok: int, k: int) -> TokenLogprob:
         """``tok``'s log-probability under the log-softmax of ``row`` (the raw logits), and the ``k`` most
         likely tokens."""
-        x = row.astype(np.float64)
-        m = float(x.max())
-        lse = m + float(np.log(np.exp(x - m).sum()))
+        m = float(row.max())  # float32 exponentials summed in float64: 0.7 ms for 262k logits, 5x float64's time
+        lse = m + float(np.log(np.exp(row - np.float32(m)).sum(dtype=np.float64)))
         top: tuple[tuple[int, bytes, float], ...] = ()
         if k > 0:
-            idx = np.argpartition(x, -k)[-k:]
-            idx = idx[np.argsort(-x[idx], kind="stable")]
-            top = tuple((int(i), self.piece(int(i)), float(x[i] - lse)) for i in idx)
-        return TokenLogprob(tok, self.piece(tok), float(x[tok] - lse), top)
+            idx = np.argpartition(row, -k)[-k:]
+            idx = idx[np.argsort(-row[idx], kind="stable")]
+            top = tuple((int(i), self.piece(int(i)), float(row[i]) - lse) for i in idx)
+        return TokenLogprob(tok, self.piece(tok), float(row[tok]) - lse, top)
 
     def _on_token(self, seq: _Seq, tok: int, now: float) -> None:
         h = seq.handle
