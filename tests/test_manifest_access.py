@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent / "edgesdk"
 ALLOWED = {
     "bundle.py": "the manifest reader/writer itself: checks the raw JSON's schema and artifact list before "
                  "Manifest.from_dict types it",
-    "compliance/gate.py": "the build's license gate reads the license sections of the manifest dict it is about "
-                          "to write (build side, not runtime steering); typed in a later step",
+    "compliance/gate.py": "`edgesdk check licenses BUNDLE` reads the manifest JSON as found (its license "
+                          "section, artifacts, extras) so a damaged bundle is still scanned; not runtime steering",
     "serve/__init__.py": "serve_limits(manifest: dict) takes the JSON (tests call it with dicts); owned by the "
                          "serving work this session: Manifest.serve_table() is its typed replacement",
 }
