@@ -218,3 +218,23 @@ def test_served_chat_with_an_image_equals_edgesdk_run(gemma3_bundle, images, tmp
     out = json.loads(proc.stdout)
     assert reply.choices[0].message.content == out["text"]
     assert reply.usage.prompt_tokens == out["usage"]["prompt_tokens"] == 38  # 16 image tokens + 22 text tokens
+
+
+@pytest.mark.slow
+def test_a_prompt_past_the_sliding_window_matches_pytorch(gemma3_bundle, tmp_path):
+    """The same model with sliding_window 24 (the released models: 1024) so the 38-token prompts and the answer
+    run past the window of the sliding layers, an image in it: features and greedy tokens still match PyTorch,
+    and the answers differ from the 1024-window model's (the window is in play)."""
+    from edgesdk.formats.gguf.convert import convert_hf_to_gguf
+    from edgesdk.formats.vlm.build import component_parity
+    from edgesdk.formats.vlm.convert import write_mmproj, write_text_model_dir
+
+    src = make_tiny_gemma3(tmp_path / "tiny-gemma3-window24", sliding_window=24)
+    dec, mm = tmp_path / "dec.gguf", tmp_path / "mmproj.gguf"
+    convert_hf_to_gguf(write_text_model_dir(src, tmp_path / "text"), dec)
+    write_mmproj(src, mm)
+    r = component_parity(src, dec, mm, work=tmp_path / "work")
+    assert r["encoder_min_cosine"] >= 0.999 and r["greedy_equal"] == "3/3"
+    assert all(p["input_tokens_ours"] == p["input_tokens_pytorch"] > 24 for p in r["per_image"])
+    wide = json.loads((gemma3_bundle / "manifest.json").read_text())["parity"]["vision"]["per_image"]
+    assert any(p["tokens_ours"] != w["tokens_ours"] for p, w in zip(r["per_image"], wide, strict=True))

@@ -464,14 +464,15 @@ def _gemma3_tokenizer():
                                        "image_token": "<image_soft_token>"})
 
 
-def make_tiny_gemma3(directory: Path, *, seed: int = 0, layout: str = "transformers4") -> Path:
+def make_tiny_gemma3(directory: Path, *, seed: int = 0, layout: str = "transformers4", **text_overrides) -> Path:
     """Save a random-weight ``Gemma3ForConditionalGeneration`` built from Gemma-3-4B's published configuration,
     shrunk (above), in ``directory``. RANDOM weights: it describes nothing. Norm weights (HF initialises them to 0,
     scaled as 1 + w) and the input projection (HF initialises it to 0) are randomised, so a missed ``+ 1`` or a
     transposed projection shows in the parity. ``layout="transformers5"``: saved by this transformers 4.57, then
     rewritten as transformers 5 saves it (:func:`to_transformers5_layout`, with Gemma-3's rope per layer type; checked
     against a real transformers 5.25.0 save of the same model: tensor names, config.json, generation_config.json,
-    processor_config.json (its PIL image processor), tokenizer_config.json and tokenizer.json equal)."""
+    processor_config.json (its PIL image processor), tokenizer_config.json and tokenizer.json equal).
+    ``text_overrides`` change text_config values (a test's smaller sliding_window)."""
     import json
 
     import torch
@@ -496,14 +497,14 @@ def make_tiny_gemma3(directory: Path, *, seed: int = 0, layout: str = "transform
                                 chat_template=GEMMA3_CHAT_TEMPLATE)
     processor.save_pretrained(directory)
     eot = fast.convert_tokens_to_ids("<end_of_turn>")
-    text = Gemma3TextConfig(
+    text = Gemma3TextConfig(**{**dict(
         vocab_size=len(fast) + 63, hidden_size=160, intermediate_size=640, num_hidden_layers=6, num_attention_heads=4,
         num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=32, rope_theta=1_000_000.0,
         rope_local_base_freq=10_000.0, rope_scaling={"rope_type": "linear", "factor": 8.0}, sliding_window=1024,
         hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6, max_position_embeddings=131072,
         final_logit_softcapping=None, attn_logit_softcapping=None, tie_word_embeddings=True,
         bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id, pad_token_id=fast.pad_token_id,
-        initializer_range=0.06)
+        initializer_range=0.06), **text_overrides})
     vision = SiglipVisionConfig(image_size=GEMMA3_IMAGE_SIZE, patch_size=GEMMA3_PATCH_SIZE, hidden_size=64,
                                 intermediate_size=240, num_hidden_layers=2, num_attention_heads=4,
                                 hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6, vision_use_head=False)
