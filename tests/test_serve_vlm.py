@@ -168,3 +168,10 @@ def test_run_chat_with_an_image_and_a_chat_template_on_a_vlm(vlm_bundle, images,
     assert proc.returncode == 0, proc.stderr  # was exit 3: unknown generation option(s): chat_template
     bad = run_cli("run", vlm_bundle, "--chat-template", "gemma", "--image", images[0], "--prompt", PROMPT)
     assert bad.returncode == 3 and bad.stderr.count("\n") == 1 and "applies to GGUF bundles" in bad.stderr
+
+
+def test_serve_flags_that_apply_to_no_served_bundle_are_refused(vlm_bundle, images, run_cli, tmp_path):
+    for args, message in ((["--chat-template", "gemma"], "none of these is one (vlm)"),
+                          (["--allow-local-images", tmp_path / "missing"], "not a directory")):
+        proc = run_cli("serve", vlm_bundle, *args, "--port", "0")
+        assert proc.returncode == 3 and proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
