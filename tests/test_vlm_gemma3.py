@@ -238,3 +238,33 @@ def test_a_prompt_past_the_sliding_window_matches_pytorch(gemma3_bundle, tmp_pat
     assert all(p["input_tokens_ours"] == p["input_tokens_pytorch"] > 24 for p in r["per_image"])
     wide = json.loads((gemma3_bundle / "manifest.json").read_text())["parity"]["vision"]["per_image"]
     assert any(p["tokens_ours"] != w["tokens_ours"] for p, w in zip(r["per_image"], wide, strict=True))
+
+
+@pytest.mark.slow
+def test_two_images_in_one_prompt_match_pytorch(tiny_gemma3, gemma3_bundle, tmp_path):
+    """Two images in one user turn: each image's tokens attend to each other both ways and to what came before
+    (HF: one image group each; libmtmd: one non-causal chunk each); prompt tokens and greedy tokens equal."""
+    import torch
+    from PIL import Image
+    from transformers import AutoProcessor, Gemma3ForConditionalGeneration
+
+    import edgesdk
+    from edgesdk.formats.vlm.build import test_images
+    from edgesdk.formats.vlm.families import by_name
+
+    pair = [test_images(tmp_path)[i] for i in (0, 2)]
+    s = edgesdk.load(gemma3_bundle)
+    try:
+        s.generate("Compare them.", images=pair, max_tokens=8, temperature=0)
+        ours, n_in = s.backend.last["output_ids"], s.backend.last["input_tokens"]
+    finally:
+        s.close()
+    proc = AutoProcessor.from_pretrained(tiny_gemma3)
+    model = Gemma3ForConditionalGeneration.from_pretrained(tiny_gemma3).eval()
+    x = proc(images=[[Image.open(p).convert("RGB") for p in pair]], return_tensors="pt",
+             text=by_name("gemma3").user_prompt("Compare them.", 2, "<start_of_image>"))
+    with torch.no_grad():
+        want = model.generate(**x, max_new_tokens=8, do_sample=False)[0, x["input_ids"].shape[1]:].tolist()
+    eos = {proc.tokenizer.eos_token_id, proc.tokenizer.convert_tokens_to_ids("<end_of_turn>")}
+    want = want[:next((i for i, t in enumerate(want) if t in eos), len(want))]
+    assert n_in == x["input_ids"].shape[1] == 56 and ours == want  # 2 x 16 image tokens + 24 text tokens
