@@ -15,11 +15,10 @@ import contextlib
 import time
 from typing import Any
 
-from opentelemetry import context as otel_context
-
 from edgesdk.errors import EdgeSDKError, InputError, ShapeError
 from edgesdk.runtime.batching import EngineClosed, EngineSaturated, GenerationResult
 from edgesdk.serve.workers import Job, Saturated
+from edgesdk.telemetry.serve_spans import attach_context, detach_context
 
 GPU_SLOTS = 16  # llama-server -np 16 territory: one decode step of a <= 8B model serves 16 sequences cheaply
 CPU_SLOTS = 4  # 2-4 cores: beyond 4 sequences the step time grows about linearly (docs/benchmarks.md)
@@ -99,13 +98,12 @@ class BatchWorker:
         if job.request is None:
             raise TypeError("a batched job needs its GenerationRequest")
         # The request's GenAI span (a child of the HTTP server span) starts here and ends on the engine thread.
-        token = otel_context.attach(job.otel_ctx) if job.otel_ctx is not None else None
+        token = attach_context(job.otel_ctx)
         try:
             rec = self._backend.recorder(job.request)
             rec.__enter__()
         finally:
-            if token is not None:
-                otel_context.detach(token)
+            detach_context(token)
         original = job.request
         rec.capture_input(original.prompt if original.messages is None
                           else [m.as_dict() for m in original.messages])

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from opentelemetry import context as otel_context
+from edgesdk.telemetry.serve_spans import attach_context, detach_context
 
 
 class Saturated(Exception):
@@ -108,7 +108,7 @@ class LLMWorker:
                 self._mean_s = 0.8 * self._mean_s + 0.2 * (time.perf_counter() - t0)
 
     def _run(self, job: Job) -> None:
-        token = otel_context.attach(job.otel_ctx) if job.otel_ctx is not None else None
+        token = attach_context(job.otel_ctx)
         try:
             try:
                 pieces = job.start()
@@ -135,8 +135,7 @@ class LLMWorker:
                 last["finish_reason"] = "cancelled"
             job.emit("done", last)
         finally:
-            if token is not None:
-                otel_context.detach(token)
+            detach_context(token)
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Refuse new jobs, let queued ones finish (bounded), stop the thread."""
@@ -268,13 +267,12 @@ class EmbeddingBatcher:
             i += k
 
     def _embed(self, texts: list[str | list[int]], otel_ctx):
-        token = otel_context.attach(otel_ctx) if otel_ctx is not None else None
+        token = attach_context(otel_ctx)
         try:
             emb = self.session.embed(texts)
             return emb, token_counts(self.session, texts)
         finally:
-            if token is not None:
-                otel_context.detach(token)
+            detach_context(token)
 
     async def close(self) -> None:
         self._closing = True

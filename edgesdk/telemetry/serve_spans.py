@@ -6,7 +6,8 @@ imports OpenTelemetry).
 ``/v1/embeddings``): HTTP server attributes (HTTP semantic conventions) plus GenAI ones, parent from the
 client's ``traceparent``. :class:`HTTPSpan` is every other request's span (``/metrics``, ``/v1/models``,
 a 404, a 405, a GenAI route refused before its handler ran). :func:`untraced_patterns` says which URLs
-get no plain HTTP span. Nothing here imports Starlette: a request is anything with ``.headers`` (a
+get no plain HTTP span. :func:`attach_context` / :func:`detach_context` carry a request's context to the
+worker thread that runs it (so the runtime's spans are children of the SERVER span). Nothing here imports Starlette: a request is anything with ``.headers`` (a
 mapping) and ``.scope`` (the ASGI scope).
 """
 
@@ -17,6 +18,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
@@ -159,3 +161,15 @@ class ServerSpan:
             self.span.set_attribute("error.type", str(status))
             self.span.set_status(Status(StatusCode.ERROR, message or str(status)))
         self.span.end()
+
+
+def attach_context(ctx):
+    """Make ``ctx`` (a request's OpenTelemetry context, carried to a worker thread; None: nothing) the current
+    context of this thread; returns the token for :func:`detach_context` (None when there was no context)."""
+    return otel_context.attach(ctx) if ctx is not None else None
+
+
+def detach_context(token) -> None:
+    """Undo :func:`attach_context` (a None token: nothing to undo)."""
+    if token is not None:
+        otel_context.detach(token)
