@@ -331,8 +331,9 @@ _COMMON = (
 #: 400 naming it unless its value is null or neutral. docs/serve.md's field table is generated from this.
 REQUEST_FIELDS: dict[str, tuple[RequestField, ...]] = {
     "/v1/chat/completions": (
-        _f("messages", "role and text content (a string or text parts); assistant `tool_calls`, tool "
-                       "`tool_call_id` and `name`; any other message field (audio, ...): 400 naming it"),
+        _f("messages", "role and text content (a string or text parts; `image_url` parts for VLM bundles: data "
+                       "URLs, see Images); assistant `tool_calls`, tool `tool_call_id` and `name`; any other "
+                       "message field (audio, ...): 400 naming it"),
         *_COMMON,
         _f("max_completion_tokens", "as max_tokens (wins when both are given)"),
         _f("response_format", "`text`, `json_object`, `json_schema` (`json_schema.schema`): a llama.cpp grammar "
