@@ -7,8 +7,8 @@ imports OpenTelemetry).
 client's ``traceparent``. :class:`HTTPSpan` is every other request's span (``/metrics``, ``/v1/models``,
 a 404, a 405, a GenAI route refused before its handler ran). :func:`untraced_patterns` says which URLs
 get no plain HTTP span. :func:`attach_context` / :func:`detach_context` carry a request's context to the
-worker thread that runs it (so the runtime's spans are children of the SERVER span). Nothing here imports Starlette: a request is anything with ``.headers`` (a
-mapping) and ``.scope`` (the ASGI scope).
+worker thread that runs it (so the runtime's spans are children of the SERVER span). Nothing here imports
+Starlette: a request is anything with ``.headers`` (a mapping) and ``.scope`` (the ASGI scope).
 """
 
 from __future__ import annotations
