@@ -208,6 +208,8 @@ def _onnx_facts(path: Path) -> ModelFacts:
     task = "feature-extraction" if "input_ids" in inputs else "other"
     meta = {p.key: p.value for p in model.metadata_props}
     ops = sorted({n.op_type for n in model.graph.node})
+    from edgesdk.formats.onnx.facts import onnx_graph_facts
+
     if task == "other" and any(op in ops for op in ("Conv", "ConvTranspose")):
         task = "vision"
     return ModelFacts(source=str(path), kind="onnx", task=task, name=path.stem, architecture=None,
@@ -216,7 +218,8 @@ def _onnx_facts(path: Path) -> ModelFacts:
                       extra={"external_data": external, "inputs": inputs,
                              "outputs": [o.name for o in model.graph.output], "opset":
                              max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=None),
-                             "metadata": meta, "op_types": ops})
+                             "metadata": meta, "op_types": ops},
+                      graph=onnx_graph_facts(model, path))  # formats/onnx/facts.py
 
 
 def inspect_model(source: str | os.PathLike | Any, options: BuildOptions | None = None) -> ModelFacts:

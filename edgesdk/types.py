@@ -76,10 +76,15 @@ class ModelFacts:
     weight_bytes: int | None = None
     config: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    # ONNX sources: what planners read from the graph and its sibling config files (inspect's
+    # onnx_graph_facts), so the planner opens no file; None: not read (facts made elsewhere). Like config,
+    # not part of the plan's JSON.
+    graph: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("config", None)
+        d.pop("graph", None)
         return d
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from edgesdk.errors import InputError
@@ -17,7 +18,6 @@ from edgesdk.formats.onnx.plan import OnnxPlan
 from edgesdk.types import BuildOptions, Decision, JSONable, JSONValue, ModelFacts, PlanSection
 
 if TYPE_CHECKING:
-    from edgesdk.capability.graph import GraphView
     from edgesdk.host import HostFacts
     from edgesdk.profiles import Profile
 
@@ -129,21 +129,12 @@ def parse_shapes(specs: Iterable[object]) -> dict[str, ShapeTriple]:
 
 def _image_hw(facts: ModelFacts) -> tuple[int | None, str]:
     """(H/W, where it came from) for image inputs: config.json image_size, preprocessor_config.json size."""
-    import json
-    from pathlib import Path
-
     config = dict(facts.config or {})
     where = "config.json"
     if facts.kind == "onnx" and not config:
-        for name in ("config.json", "preprocessor_config.json"):
-            f = Path(str(facts.source)).with_name(name)
-            try:
-                data = json.loads(f.read_text(encoding="utf-8")) if f.is_file() else {}
-            except (OSError, ValueError):
-                data = {}
-            if isinstance(data, dict) and data:
-                config, where = data, name
-                break
+        sibling = _graph_facts(facts)["sibling_config"]  # read by inspect (ModelFacts.graph)
+        if sibling is not None:
+            config, where = dict(sibling["config"]), str(sibling["file"])
     size = config.get("image_size")
     if size is None and isinstance(config.get("size"), dict):  # preprocessor_config.json
         size = config["size"].get("height") or config["size"].get("shortest_edge")
@@ -154,15 +145,16 @@ def _image_hw(facts: ModelFacts) -> tuple[int | None, str]:
     return (int(size), where) if isinstance(size, int) and size > 0 else (None, "")
 
 
-def _image_channels(view: GraphView, name: str) -> int | None:
-    """Input channels of the first Conv that reads ``name`` (weight [M, C/group, kH, kW])."""
-    for node in view.nodes:
-        if node.op_type == "Conv" and node.input and node.input[0] == name and len(node.input) > 1:
-            w = view.shape.get(node.input[1])
-            group = next((a.i for a in node.attribute if a.name == "group"), 1) or 1
-            if w and len(w) == 4 and isinstance(w[1], int) and w[1] > 0:
-                return int(w[1]) * int(group)
-    return None
+def _graph_facts(facts: ModelFacts) -> dict[str, Any]:
+    """An ONNX source's graph facts: inspect's (``facts.graph``), else read now (facts made by hand)."""
+    if facts.graph is not None:
+        return facts.graph
+    import onnx
+
+    from edgesdk.formats.onnx.facts import onnx_graph_facts
+
+    path = Path(str(facts.source))
+    return onnx_graph_facts(onnx.load(str(path), load_external_data=False), path)
 
 
 def _precision(profile: Profile, options: BuildOptions) -> str:
@@ -180,14 +172,13 @@ def _target(profile: Profile) -> dict[str, Any]:
 def _dynamic_inputs(facts: ModelFacts, options: BuildOptions) -> dict[str, Dims]:
     """Input name -> dims (int static, str/None dynamic) as far as planning can know without exporting."""
     if facts.kind == "onnx":
-        from edgesdk.capability.graph import load_graph
-
-        view = load_graph(facts.source)
-        dims: dict[str, Dims] = {n: list(view.shape.get(n) or [None]) for n in view.inputs}
+        graph = _graph_facts(facts)
+        channels: dict[str, int] = graph["conv_channels"]
+        dims: dict[str, Dims] = {n: list(d or [None]) for n, d in graph["input_dims"].items()}
         for n, d in dims.items():  # image inputs: batch stays dynamic, C/H/W come from the model
-            if len(d) == 4 and (n in IMAGE_INPUT_NAMES or _image_channels(view, n)):
+            if len(d) == 4 and (n in IMAGE_INPUT_NAMES or channels.get(n)):
                 if not (isinstance(d[1], int) and d[1] > 0):
-                    d[1] = _image_channels(view, n) or 3
+                    d[1] = channels.get(n) or 3
                 hw, _ = _image_hw(facts)
                 for i in (2, 3):
                     if not (isinstance(d[i], int) and d[i] > 0):
