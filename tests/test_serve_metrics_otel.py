@@ -118,6 +118,12 @@ def test_metrics_are_the_otel_figures_on_a_real_server(minilm_bundle, tmp_path, 
         check_figures(again, inputs, tokens)
     finally:
         assert srv.stop() == 0
+    # The OTLP file gets the runtime's own GenAI metrics (scope edgesdk), not the server's (docs/serve.md).
+    scopes = {sm["scope"]["name"]: {m["name"] for m in sm.get("metrics", [])}
+              for line in (tmp_path / "t.jsonl").read_text().splitlines()
+              for rm in json.loads(line).get("resourceMetrics", []) for sm in rm.get("scopeMetrics", [])}
+    assert "gen_ai.client.operation.duration" in scopes.get("edgesdk", set()), scopes
+    assert "edgesdk.serve" not in scopes
 
 
 APP_WITH_ITS_OWN_PROVIDER = textwrap.dedent("""
