@@ -268,3 +268,18 @@ def test_two_images_in_one_prompt_match_pytorch(tiny_gemma3, gemma3_bundle, tmp_
     eos = {proc.tokenizer.eos_token_id, proc.tokenizer.convert_tokens_to_ids("<end_of_turn>")}
     want = want[:next((i for i, t in enumerate(want) if t in eos), len(want))]
     assert n_in == x["input_ids"].shape[1] == 56 and ours == want  # 2 x 16 image tokens + 24 text tokens
+
+
+def test_a_tokenizer_config_saved_again_by_transformers5_reads_on_transformers4():
+    """transformers 5.25 saving a tokenizer it loaded writes the named extra tokens (Gemma-3's boi / eoi / image
+    tokens) in ``model_specific_special_tokens`` and no ``extra_special_tokens`` list; the transformers 4 view must
+    give them back as ``extra_special_tokens``, or Gemma3Processor finds no ``image_token_id`` (seen on a real
+    5.25.0 re-save of the test model, which then builds with the same parity as the 4.57 save)."""
+    from edgesdk.formats.gguf.convert import tokenizer_config_for_transformers4
+
+    named = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
+    saved = {"backend": "tokenizers", "tokenizer_class": "TokenizersBackend", "bos_token": "<bos>",
+             "eos_token": "<eos>", **named, "model_specific_special_tokens": dict(named)}
+    assert tokenizer_config_for_transformers4(saved) == {
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<bos>", "eos_token": "<eos>",
+        "extra_special_tokens": named}

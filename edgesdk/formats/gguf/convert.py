@@ -134,11 +134,15 @@ def tokenizer_config_for_transformers4(config: dict[str, Any]) -> dict[str, Any]
     if out.get("tokenizer_class") == "TokenizersBackend":
         out["tokenizer_class"] = "PreTrainedTokenizerFast"
     extra = out.get("extra_special_tokens")
-    if isinstance(extra, list):
-        if extra:
+    # a tokenizer loaded and saved again by transformers 5 names its extra tokens here, with no extra list
+    specific = out.pop("model_specific_special_tokens", None)
+    if isinstance(extra, list) or isinstance(specific, dict):
+        if isinstance(extra, list) and extra:
             out.setdefault("additional_special_tokens", extra)
         named = {k: out.pop(k) for k in list(out) if k.endswith("_token") and k not in _SPECIAL_ATTRS
                  and isinstance(out[k], str)}
+        if isinstance(specific, dict):
+            named.update({k: v for k, v in specific.items() if isinstance(v, str)})
         out["extra_special_tokens"] = named
     return out
 
