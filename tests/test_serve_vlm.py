@@ -126,6 +126,15 @@ def test_bad_images_are_400_naming_the_field(client, images, tmp_path):
     assert err.value.body["param"] == "messages[0].content[0].image_url.detail"
 
 
+def test_structured_output_and_logprobs_are_refused_for_a_vlm(client, images):
+    """They need the continuous-batching engine, which a VLM bundle does not have: 400 naming the field."""
+    cases = (({"response_format": {"type": "json_object"}}, "response_format"), ({"logprobs": True}, "logprobs"))
+    for kw, param in cases:
+        with pytest.raises(openai.BadRequestError) as err:
+            ask(client, data_url(images[0]), **kw)
+        assert err.value.body["param"] == param and "a VLM bundle always is" in err.value.body["message"]
+
+
 def test_size_limit_is_checked_before_decoding(images):
     """The byte limit: the base64 text's length decides, before a byte of it is decoded."""
     from edgesdk.serve.images import ImageError, ImagePolicy, image_part

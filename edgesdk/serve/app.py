@@ -852,8 +852,9 @@ class _Server:
             needs_engine = [k for k in ("grammar", "logprobs") if k in opts]
             if needs_engine and not isinstance(entry.worker, BatchWorker):
                 param = grammar_param if needs_engine[0] == "grammar" else "logprobs"
+                how = "a VLM bundle always is" if entry.images is not None else "serve --parallel 2 or more"
                 raise APIError(400, f"'{param}' needs continuous batching, and {model!r} is served one request at a "
-                               "time (serve --parallel 2 or more)", param=param, code="unsupported_parameter")
+                               f"time ({how})", param=param, code="unsupported_parameter")
             if isinstance(what, tuple):  # several completions prompts: one choice each
                 return await self._generate_many(request, entry, span, opts, stream, include_usage, what, shape, t0)
             try:
