@@ -137,3 +137,9 @@ def test_an_architecture_without_a_template_builds_for_completions_and_refuses_c
             s.chat(MESSAGES, max_tokens=2)
     proc = run_cli("run", out, "--chat", "--chat-template", "chatml", "--prompt", "hi", "-n", "2")
     assert proc.returncode == 0, proc.stderr
+
+
+def test_build_chat_template_on_a_plan_without_gguf_is_refused(minilm_dir, run_cli):
+    proc = run_cli("build", minilm_dir, "--profile", "cpu-x86_64", "--plan-only", "--chat-template", "gemma")
+    assert proc.returncode == 3 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "--chat-template bundles a chat template with a GGUF build; this plan builds onnx" in proc.stderr
