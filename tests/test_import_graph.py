@@ -45,9 +45,6 @@ ALLOWED_MODULE_CYCLES: dict[frozenset[str], str] = {
         "formats/vlm <-> runtime/backends/vlm(+_onnx) (issue 22): the VLM builder verifies through the VLM "
         "runtime and the runtime reads the VLM format's encoder code; those files are being edited by the "
         "VLM-families work, which owns this fix",
-    frozenset({"edgesdk.profiler.compare", "edgesdk.profiler.plots", "edgesdk.profiler.report"}):
-        "profiler report -> plots (lazy, plot_report) -> compare (_get) -> report (plain): not one of issue 22's "
-        "named cycles and not in this change's files; fix: move _get and plain to a small profiler module",
 }
 
 # Unit-level cycles still present: frozenset of units -> why.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgesdk.profiler.report import plain
+from edgesdk.profiler.values import plain, value_at
 from edgesdk.textable import format_table
 
 # (label, path into the report, spread path or None, True if higher is better)
@@ -30,20 +30,6 @@ METRICS: list[tuple[str, tuple[str | int, ...], tuple[str | int, ...] | None, bo
 # Load time and memory are informative but too noisy/host-dependent to gate on by default.
 GATED = {"latency p50 (ms)", "latency p99 (ms)", "throughput x1 (calls/s)", "TTFT p50 (ms)", "TPOT p50 (ms)",
          "decode (tok/s)"}
-
-
-def _get(report: dict, path: tuple) -> Any:
-    node: Any = report
-    for key in path:
-        if isinstance(key, int):
-            if not isinstance(node, list) or len(node) <= key:
-                return None
-        elif not isinstance(node, dict):
-            return None
-        node = node[key] if isinstance(key, int) else node.get(key)
-        if node is None:
-            return None
-    return node
 
 
 def parse_threshold(text: str | float | None) -> float | None:
@@ -67,7 +53,7 @@ def parse_threshold(text: str | float | None) -> float | None:
 def compare_reports(base: dict, new: dict, max_regression: float | None = None) -> dict:
     rows = []
     for label, path, spread_path, higher_better in METRICS:
-        a, b = _get(base, path), _get(new, path)
+        a, b = value_at(base, path), value_at(new, path)
         if a is None and b is None:
             continue
         row: dict[str, Any] = {"metric": label, "base": a, "new": b, "ratio": None, "worse_pct": None,
@@ -76,7 +62,7 @@ def compare_reports(base: dict, new: dict, max_regression: float | None = None) 
             row["ratio"] = b / a
             row["worse_pct"] = 100.0 * ((a / b - 1.0) if higher_better else (b / a - 1.0)) if b else None
             if spread_path is not None:
-                sa, sb = _get(base, spread_path), _get(new, spread_path)
+                sa, sb = value_at(base, spread_path), value_at(new, spread_path)
                 if sa is not None and sb is not None:
                     row["noise_pct"] = 100.0 * (0.5 * sa / a + 0.5 * sb / b) if b else None
             if max_regression is not None and label in GATED and row["worse_pct"] is not None:
@@ -89,7 +75,8 @@ def compare_reports(base: dict, new: dict, max_regression: float | None = None) 
             "regressions": regressions,
             "rule": "regression = worse by more than the threshold and by more than the runs' noise "
                     "(half IQR / median of each run, added)",
-            "base_device": _get(base, ("device", "best_match")), "new_device": _get(new, ("device", "best_match")),
+            "base_device": value_at(base, ("device", "best_match")),
+            "new_device": value_at(new, ("device", "best_match")),
             "base_build": build_of(base), "new_build": build_of(new)}
 
 

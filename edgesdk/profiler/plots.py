@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 
 from edgesdk.errors import InputError
-from edgesdk.profiler.compare import _get
+from edgesdk.profiler.values import value_at
 
 # One palette for every plot (colour-blind safe, Okabe-Ito).
 BLUE, ORANGE, GREEN, VERMILION, SKY, PURPLE, GREY = ("#0072b2", "#e69f00", "#009e73", "#d55e00", "#56b4e9",
@@ -315,7 +315,7 @@ def plot_comparison(base: dict, new: dict, result: dict, path: str | os.PathLike
     """Side-by-side bars per metric: base vs new at p50 and p99 (distributions), or the value (rates,
     load time, memory); a metric ``compare`` flags as a regression has a red title. A panel whose bars
     span more than 20x uses a log axis."""
-    panels = [(t, p, u) for t, p, u in COMPARE_PANELS if _get(base, p) is not None or _get(new, p) is not None]
+    panels = [(t, p, u) for t, p, u in COMPARE_PANELS if value_at(base, p) is not None or value_at(new, p) is not None]
     if not panels:
         raise InputError("nothing to plot: the reports share no metric")
     plt = _pyplot()
@@ -326,7 +326,7 @@ def plot_comparison(base: dict, new: dict, result: dict, path: str | os.PathLike
     by_metric = {r["metric"]: r for r in result.get("rows") or []}
     width = 0.38
     for ax, (title, p, unit) in zip(axes.flat, panels):
-        vals = [_get(base, p), _get(new, p)]
+        vals = [value_at(base, p), value_at(new, p)]
         if isinstance(vals[0], dict) or isinstance(vals[1], dict):
             groups = ["p50", "p99"]
             heights = [[(v or {}).get(q) for q in groups] for v in vals]

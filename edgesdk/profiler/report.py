@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from edgesdk.errors import InputError, VerdictError
+from edgesdk.profiler.values import plain
 from edgesdk.textable import format_table
 
 SCHEMA = "edgesdk.profiler.report/1"
@@ -101,22 +102,6 @@ def enforce_budgets(budgets: dict | None, fail: bool) -> list[str]:
 
 
 # ---------------------------------------------------------------- terminal table
-
-def plain(v: float, digits: int = 3) -> str:
-    """``digits`` significant digits as a plain number, never an exponent: 1534.2 -> 1534, 0.00123 -> 0.00123,
-    12345.6 -> 12,346 (tables are read by people; the JSON report keeps full precision)."""
-    import math
-
-    if not math.isfinite(v):
-        return str(v)
-    if abs(v) >= 1e4:
-        return f"{v:,.0f}"
-    short = f"{v:.{digits}g}"
-    if "e" not in short:
-        return short
-    decimals = max(0, digits - 1 - math.floor(math.log10(abs(v))))
-    return f"{v:.{min(decimals, 12)}f}"
-
 
 def _fmt(v: Any, digits: int = 3) -> str:
     if v is None:
