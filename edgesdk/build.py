@@ -133,7 +133,8 @@ def build(source: Any, profile: str | Profile, out_dir: str | Path, options: Bui
         plan = make_plan(source, profile, options)
     if plan.facts is None or plan.target is None:
         raise InputError("build(plan=...) needs a plan made by make_plan() or plan_build() (it carries the facts)")
-    facts, prof = plan.facts, plan.target
+    facts = plan.facts
+    prof: Profile = plan.target  # Plan.target is typed Any (types.py imports nothing from edgesdk)
     fmt = get_format(plan.format)
     with _sigterm_as_interrupt(), B.output_lock(out_dir):
         staging = B.make_staging(out_dir, options.force)

@@ -14,7 +14,7 @@ from edgesdk.errors import InputError
 from edgesdk.formats import all_formats, get_format
 from edgesdk.host import HostFacts
 from edgesdk.inspect import inspect_model
-from edgesdk.profiles import Profile
+from edgesdk.profiles import Profile, execution_provider_chain, parity_thresholds
 from edgesdk.types import (
     DEFAULT_PARITY,
     BuildOptions,
@@ -23,8 +23,6 @@ from edgesdk.types import (
     OnnxRuntimeSection,
     Plan,
     PlanSection,
-    execution_provider_chain,
-    parity_thresholds,
 )
 
 __all__ = ["DEFAULT_PARITY", "BuildOptions", "Decision", "ModelFacts", "Plan", "inspect_model", "plan_build"]

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from edgesdk.errors import ProfileError
+from edgesdk.types import DEFAULT_PARITY
 
 SCHEMA_VERSION = 1
 FIGURE_STATUSES = ("confirmed", "derived", "unconfirmed", "measured")
@@ -369,6 +370,21 @@ class Profile:
             "precision": self.policy["precision"],
             "path": str(self.path),
         }
+
+
+def parity_thresholds(profile: Profile, precision: str) -> dict[str, Any]:
+    """The default thresholds for ``precision`` with the profile's ``policy.parity`` overrides applied."""
+    base: dict[str, Any] = dict(DEFAULT_PARITY.get(precision, DEFAULT_PARITY["fp32"]))
+    base.update(profile.parity_overrides(precision))
+    return base
+
+
+def execution_provider_chain(profile: Profile) -> list[str]:
+    """The profile's execution providers, best first, with the CPU always last."""
+    chain = profile.execution_providers
+    if "CPUExecutionProvider" not in chain:
+        chain.append("CPUExecutionProvider")
+    return chain
 
 
 PROFILES_PACKAGE = "edgesdk.profiles_data"  # the top-level profiles/ directory, mapped by setup.py

@@ -12,10 +12,7 @@ import copy
 import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeAlias, TypeVar, runtime_checkable
-
-if TYPE_CHECKING:
-    from edgesdk.profiles import Profile
+from typing import Any, ClassVar, Protocol, TypeAlias, TypeVar, runtime_checkable
 
 # JSON data (manifest sections, reports, facts read from config.json). ``JSON`` is any JSON value;
 # ``JSONObject`` is a JSON object whose values callers index and convert themselves (json.load's own
@@ -36,21 +33,6 @@ DEFAULT_PARITY: dict[str, dict[str, float | None]] = {
     "bf16": {"min_cosine": 0.995, "max_abs": 1e-1},
     "int8": {"min_cosine": 0.995, "max_abs": None},
 }
-
-
-def parity_thresholds(profile: Profile, precision: str) -> dict[str, Any]:
-    """The default thresholds for ``precision`` with the profile's ``policy.parity`` overrides applied."""
-    base: dict[str, Any] = dict(DEFAULT_PARITY.get(precision, DEFAULT_PARITY["fp32"]))
-    base.update(profile.parity_overrides(precision))
-    return base
-
-
-def execution_provider_chain(profile: Profile) -> list[str]:
-    """The profile's execution providers, best first, with the CPU always last."""
-    chain = profile.execution_providers
-    if "CPUExecutionProvider" not in chain:
-        chain.append("CPUExecutionProvider")
-    return chain
 
 
 class OptimizeMethod(str, enum.Enum):
@@ -244,7 +226,8 @@ class Plan:
     profile_parity: dict[str, float | None] = field(default_factory=dict)
     # What the plan was made from, for the build that executes it (not part of the plan's JSON).
     facts: ModelFacts | None = field(default=None, repr=False, compare=False)
-    target: Profile | None = field(default=None, repr=False, compare=False)
+    # the edgesdk.profiles.Profile planned for; Any here, as types.py imports nothing from edgesdk (build.py types it)
+    target: Any = field(default=None, repr=False, compare=False)
 
     @property
     def decisions(self) -> list[Decision]:

@@ -64,9 +64,6 @@ ALLOWED_UPWARD: dict[tuple[str, str], str] = {
     ("edgesdk.formats.onnx.parity", "edgesdk.runtime.session"):
         "ONNX parity batches texts exactly as Session.embed does (EMBED_MAX_BATCH, plan_embed_batches); not in "
         "this change's files; fix: move the embed batching rule below both (e.g. a runtime-free module)",
-    ("edgesdk.types", "edgesdk.profiles"):
-        "a TYPE_CHECKING import for parity_thresholds' Profile annotation (types.py is meant to import nothing "
-        "from edgesdk); not in this change's files; fix: move parity_thresholds beside the Profile it reads",
     ("edgesdk.formats.torch.export", "edgesdk.runtime.fastpaths"):
         "the torch fallback records eager_cost_estimate at build time; not in this change's files; fix: move "
         "the estimate beside the capability tables it reads",

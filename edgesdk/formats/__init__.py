@@ -128,7 +128,7 @@ class BuildContext:
         self._artifacts[rel] = artifact_entry(self.staging, rel, role)
 
     def thresholds_for(self, precision: str) -> dict[str, Any]:
-        from edgesdk.types import parity_thresholds
+        from edgesdk.profiles import parity_thresholds
 
         return parity_thresholds(self.profile, precision)
 

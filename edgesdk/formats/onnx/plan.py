@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 from edgesdk.errors import ResourceError
+from edgesdk.profiles import execution_provider_chain, parity_thresholds
 from edgesdk.types import (
     BuildOptions,
     Decision,
@@ -19,8 +20,6 @@ from edgesdk.types import (
     ModelFacts,
     OptimizeMethod,
     PlanSection,
-    execution_provider_chain,
-    parity_thresholds,
 )
 
 if TYPE_CHECKING:
