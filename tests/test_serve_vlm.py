@@ -92,6 +92,16 @@ def test_data_url_reply_equals_edgesdk_run_on_the_same_image(client, vlm_bundle,
     assert streamed == ask(client, data_url(images[0])).choices[0].message.content
 
 
+def test_completions_on_a_vlm_equal_edgesdk_run_without_an_image(client, vlm_bundle, run_cli):
+    """/v1/completions on a VLM: the text prompt in the family's user turn, as `edgesdk run --prompt` (no image)."""
+    text = client.completions.create(model="vlm", prompt=PROMPT, max_tokens=4, temperature=0).choices[0].text
+    proc = run_cli("run", vlm_bundle, "--prompt", PROMPT, "-n", "4", "--temp", "0", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["text"] == text
+    many = client.completions.create(model="vlm", prompt=[PROMPT, PROMPT], max_tokens=4, temperature=0)
+    assert [c.text for c in sorted(many.choices, key=lambda c: c.index)] == [text, text]
+
+
 def test_local_files_only_under_the_allowed_directory(client, images, tmp_path):
     by_path = ask(client, str(images[0])).choices[0].message.content
     assert ask(client, "file://" + str(images[0])).choices[0].message.content == by_path
