@@ -12,10 +12,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from edgesdk.capability.tables import eager_cost_estimate  # noqa: E402
 from edgesdk.errors import BackendUnavailableError, ModelError  # noqa: E402
 from edgesdk.plan import BuildOptions  # noqa: E402
 from edgesdk.profiles import resolve_profile  # noqa: E402
-from edgesdk.runtime.fastpaths import eager_cost_estimate, fast_paths  # noqa: E402
+from edgesdk.runtime.fastpaths import fast_paths  # noqa: E402
 
 
 class CumMaxHead(torch.nn.Module):

@@ -87,6 +87,21 @@ def kernel_table() -> dict:
     return _load("kernels.yaml")
 
 
+def eager_cost_estimate(precision: str = "fp32") -> dict[str, Any]:
+    """What running eagerly costs vs compiled / compiled+CUDA graphs, scaled from the one measurement in
+    the kernel table (its ``eager_cost`` entry names the device, model and source). An estimate for other
+    devices/models: small models at batch 1 are launch-bound everywhere, large ones much less so."""
+    table = kernel_table()
+    data = table["eager_cost"]
+    key = "fp16_ms" if precision in ("fp16", "bf16") else "fp32_ms"
+    ms = data[key]
+    return {"measured_on": data["device"], "model": data["model"],
+            "source": table["sources"].get(data["source"], data["source"]), "precision": key[:4],
+            "eager_ms": ms["eager"], "compile_ms": ms["compile"], "compile_cuda_graphs_ms": ms["compile_cuda_graphs"],
+            "eager_vs_compile": round(ms["eager"] / ms["compile"], 2),
+            "eager_vs_compile_cuda_graphs": round(ms["eager"] / ms["compile_cuda_graphs"], 2)}
+
+
 @dataclass(frozen=True)
 class TrtOpSupport:
     supported: bool

@@ -1,16 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Which fast kernel paths a profile allows on this device, and what losing them costs.
+"""Which fast kernel paths a profile allows on this device (what losing them costs is
+:func:`edgesdk.capability.tables.eager_cost_estimate`, beside the kernel table it reads).
 
-Pure functions of the profile and the capability tables: nothing here probes the machine (host facts
-come from :mod:`edgesdk.host`). Where a figure is an estimate it says which measurement it was scaled
-from.
+A pure function of the profile: nothing here probes the machine (host facts come from :mod:`edgesdk.host`).
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-from edgesdk.capability import tables
 
 FAST_PATHS = ("flash_attention", "cuda_graphs", "triton")
 
@@ -35,18 +32,3 @@ def fast_paths(profile: Any, *, device_is_cuda: bool) -> dict[str, dict[str, Any
         else:
             out[feature] = {"use": True, "reason": f"profile {profile.name}: supported ({entry.get('source')})"}
     return out
-
-
-def eager_cost_estimate(precision: str = "fp32") -> dict[str, Any]:
-    """What running eagerly costs vs compiled / compiled+CUDA graphs, scaled from the one measurement in
-    the kernel table (its ``eager_cost`` entry names the device, model and source). An estimate for other
-    devices/models: small models at batch 1 are launch-bound everywhere, large ones much less so."""
-    table = tables.kernel_table()
-    data = table["eager_cost"]
-    key = "fp16_ms" if precision in ("fp16", "bf16") else "fp32_ms"
-    ms = data[key]
-    return {"measured_on": data["device"], "model": data["model"],
-            "source": table["sources"].get(data["source"], data["source"]), "precision": key[:4],
-            "eager_ms": ms["eager"], "compile_ms": ms["compile"], "compile_cuda_graphs_ms": ms["compile_cuda_graphs"],
-            "eager_vs_compile": round(ms["eager"] / ms["compile"], 2),
-            "eager_vs_compile_cuda_graphs": round(ms["eager"] / ms["compile_cuda_graphs"], 2)}

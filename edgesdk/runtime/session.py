@@ -18,21 +18,13 @@ import numpy as np
 from edgesdk import telemetry
 from edgesdk.bundle import Bundle, open_bundle
 from edgesdk.errors import BackendUnavailableError, InputError, ShapeError
+from edgesdk.formats.embed_batches import EMBED_MAX_BATCH, EMBED_MAX_LENGTH_RATIO, plan_embed_batches
 from edgesdk.manifest import EmbeddingConfig
 from edgesdk.profiles import Profile, resolve_profile
 from edgesdk.runtime.backend import Backend, LLMBackend, LoadContext, check_feeds
 from edgesdk.runtime.backends import get_loader
 from edgesdk.runtime.embed_inputs import encode_inputs, is_token_ids
 from edgesdk.runtime.options import LoadOptions, all_option_names, parse_load_options
-
-# embed() runs at most this many texts per backend call: memory grows with batch x padded length^2
-# (attention), so one call with 1,000 texts would otherwise be one huge batch.
-EMBED_MAX_BATCH = 32
-# ... and a batch never mixes texts whose token counts differ by more than this factor. INT8 bundles
-# quantize activations with one scale per tensor, i.e. per batch: a 256-token neighbour widened the
-# scale of a short text's rows and took MiniLM INT8 from min cosine 0.997 (alone) to 0.994
-# (docs/int8.md, "Padding and batching"). Grouping by length also skips most of the padded compute.
-EMBED_MAX_LENGTH_RATIO = 2.0
 
 
 def usage_of(last: dict[str, Any]) -> dict[str, Any]:
@@ -61,22 +53,6 @@ class Generation(str):
 
     def __reduce__(self) -> tuple[Any, ...]:  # pickles (multiprocessing, caches) with its usage
         return (Generation, (self.text, self.usage))
-
-
-def plan_embed_batches(lengths: list[int], max_batch: int = EMBED_MAX_BATCH,
-                       max_ratio: float = EMBED_MAX_LENGTH_RATIO) -> list[list[int]]:
-    """Indices of ``lengths`` (token counts) grouped as :meth:`Session.embed` runs them: sorted by length,
-    at most ``max_batch`` per batch, the longest at most ``max_ratio`` x the shortest of its batch."""
-    batches: list[list[int]] = []
-    current: list[int] = []
-    for i in sorted(range(len(lengths)), key=lambda j: lengths[j]):
-        if current and (len(current) >= max_batch or lengths[i] > max_ratio * max(lengths[current[0]], 1)):
-            batches.append(current)
-            current = []
-        current.append(i)
-    if current:
-        batches.append(current)
-    return batches
 
 
 # Every option a built-in loader reads (``edgesdk.load(path, **options)``); anything else is a typo

@@ -181,7 +181,7 @@ def padded_batches(feeds: Sequence[Mapping[str, np.ndarray]], extra: Sequence[Ma
     ``how="embed"``: grouped exactly as ``Session.embed`` groups texts (:func:`plan_embed_batches`).
     ``how="pairs"``: every feed beside one long text, one batch each (a caller batching by itself).
     Returns ``(batch feed, rows)``; ``rows[j]`` is the index in ``feeds`` of row ``j`` (-1: a long text)."""
-    from edgesdk.runtime.session import EMBED_MAX_BATCH, plan_embed_batches
+    from edgesdk.formats.embed_batches import EMBED_MAX_BATCH, plan_embed_batches
 
     pool = list(feeds) + list(extra)
     owner = list(range(len(feeds))) + [-1] * len(extra)
@@ -237,7 +237,7 @@ def embed_batch_parity(reference: Sequence[np.ndarray], masks: Sequence[np.ndarr
     """:func:`batched_parity` of ``feeds`` (+ ``extra``) batched as ``Session.embed`` batches them, with at
     most 32, 16, ... 1 texts per batch: the first size whose min cosine reaches ``min_cosine`` is kept
     (``embed_max_batch``; 1 means each text alone), with every size tried in ``min_cosine_by_max_batch``."""
-    from edgesdk.runtime.session import EMBED_MAX_BATCH
+    from edgesdk.formats.embed_batches import EMBED_MAX_BATCH
 
     tried: dict[str, float | None] = {}
     out: dict[str, Any] = {}

@@ -53,7 +53,7 @@ def build_torch_fallback(ctx: BuildContext, export_error: BaseException) -> None
     """Save ``torch.export`` of the module as the bundle's model (format ``torch``) and record why."""
     import torch
 
-    from edgesdk.runtime.fastpaths import eager_cost_estimate
+    from edgesdk.capability.tables import eager_cost_estimate
 
     module = ctx.options.option("module")
     example = ctx.options.option("example_inputs")

@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from edgesdk.capability.tables import eager_cost_estimate
 from edgesdk.errors import BackendUnavailableError
 from edgesdk.runtime.backend import LoadContext, TensorSpec
-from edgesdk.runtime.fastpaths import eager_cost_estimate, fast_paths
+from edgesdk.runtime.fastpaths import fast_paths
 
 if TYPE_CHECKING:
     from edgesdk.bundle import Bundle
