@@ -333,6 +333,46 @@ class Profile:
         cores = (self.data["device"].get("cpu") or {}).get("cores")
         return int(cores) if cores else None
 
+    @property
+    def latency_target_ms(self) -> float | None:
+        """``policy.latency_target_ms`` (the profiler's latency budget), None where not set."""
+        value = self.policy.get("latency_target_ms")
+        return None if value is None else float(value)
+
+    # ------------------------------------------------------------------ typed accessors (device identity, listing)
+    @property
+    def arch(self) -> str:
+        """``device.arch`` (``x86_64``, ``aarch64``)."""
+        return str(self.data["device"]["arch"])
+
+    @property
+    def platform(self) -> str | None:
+        """``device.platform`` (a Jetson's SoC, ``tegra234``), None where absent."""
+        value = self.data["device"].get("platform")
+        return None if value is None else str(value)
+
+    @property
+    def module_part_number(self) -> str | None:
+        """``device.module_part_number`` (a Jetson module's, ``p3767-0003``), None where absent."""
+        value = self.data["device"].get("module_part_number")
+        return None if value is None else str(value)
+
+    @property
+    def gpu_name(self) -> str | None:
+        """``device.gpu.name`` (as NVML reports it), None where the profile names no GPU."""
+        value = (self.data["device"].get("gpu") or {}).get("name")
+        return None if value is None else str(value)
+
+    @property
+    def cpu_isa(self) -> list[str]:
+        """``device.cpu.isa``: the CPU features the profile assumes ([] where none are listed)."""
+        return list((self.data["device"].get("cpu") or {}).get("isa") or [])
+
+    @property
+    def aliases(self) -> list[str]:
+        """``aliases``: other names the profile resolves from."""
+        return list(self.data.get("aliases") or [])
+
     def figure(self, dotted: str) -> float | None:
         """Value of a figure by dotted path (``device.memory.bandwidth_gbps``), or None when absent."""
         node: Any = self.data

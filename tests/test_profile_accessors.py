@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Typed Profile accessors (issue 22 item 3): the planners read ``preferred_formats``, ``precision_order``,
 ``execution_providers``, ``parity_overrides()``, ``llm``, ``kernel()``, ``software_version()`` and ``cpu_cores``
-instead of indexing ``policy`` / ``kernels`` / ``software`` / ``data``; each returns what the YAML says, for every
-shipped profile."""
+instead of indexing ``policy`` / ``kernels`` / ``software`` / ``data`` (and the capability checker, profiler and
+``profiles list`` read ``arch``, ``platform``, ``module_part_number``, ``gpu_name``, ``cpu_isa``, ``aliases`` and
+``latency_target_ms``); each returns what the YAML says, for every shipped profile."""
 
 from __future__ import annotations
 
@@ -30,3 +31,10 @@ def test_accessors_return_what_the_yaml_says(profile):
         assert profile.software_version(key) == data["software"].get(key)
     assert profile.cpu_cores == ((data["device"].get("cpu") or {}).get("cores") or None)
     assert profile.memory_headroom_fraction == float(policy["memory_headroom_fraction"])
+    dev = data["device"]
+    assert profile.arch == dev["arch"] and profile.platform == dev.get("platform")
+    assert profile.module_part_number == dev.get("module_part_number")
+    assert profile.gpu_name == (dev.get("gpu") or {}).get("name")
+    assert profile.cpu_isa == list((dev.get("cpu") or {}).get("isa") or [])
+    assert profile.aliases == list(data.get("aliases") or [])
+    assert profile.latency_target_ms == policy.get("latency_target_ms")

@@ -239,7 +239,7 @@ def backend_chain(profile, use_dla: bool | None = None) -> tuple[list[str], list
     if not profile.is_gpu:
         return ["cpu"], [f"profile {profile.name} has no NVIDIA GPU: TensorRT, DLA and CUDA EP do not apply"]
     chain: list[str] = []
-    trt = profile.software.get("tensorrt")
+    trt = profile.software_version("tensorrt")
     if use_dla is not False and profile.dla_cores > 0:
         ok, why = tables.dla_available(trt or "")
         if ok:
@@ -261,9 +261,9 @@ def check_capability(onnx_path: str | os.PathLike, profile, precision: str | Non
     from edgesdk.capability.partition import partition
 
     view = load_graph(onnx_path)
-    precision = precision or next((p for p in profile.policy["precision"] if p in ("fp32", "fp16", "int8")), "fp32")
+    precision = precision or next((p for p in profile.precision_order if p in ("fp32", "fp16", "int8")), "fp32")
     chain, notes = backend_chain(profile, use_dla)
-    trt_version = profile.software.get("tensorrt") if profile.is_gpu else None
+    trt_version = profile.software_version("tensorrt") if profile.is_gpu else None
     opset_problem = None
     if trt_version:
         max_opset, source = tables.tensorrt_opset_max(trt_version)

@@ -24,8 +24,8 @@ def list_cmd(as_json: bool) -> None:
         emit_json([p.summary() for p in profiles])
         return
     rows = [[p.name, p.kind, p.sm or "-", p.figure("device.memory.total_gb"), p.figure("device.memory.bandwidth_gbps"),
-             p.software.get("tensorrt", "-"), p.dla_cores, "/".join(p.policy["precision"]),
-             ", ".join(p.data.get("aliases", []))] for p in profiles]
+             p.software_version("tensorrt") or "-", p.dla_cores, "/".join(p.precision_order),
+             ", ".join(p.aliases)] for p in profiles]
     click.echo(table(rows, ["profile", "kind", "sm", "mem GB", "BW GB/s", "TRT", "DLA", "precision", "aliases"]))
     click.echo("\nfigures and their sources: edgesdk profiles show NAME")
 

@@ -98,16 +98,15 @@ def read_nvml() -> list[dict]:
 def _score_profiles(result: DetectionResult, profiles: list) -> list[dict]:
     scored = []
     for p in profiles:
-        dev = p.data["device"]
         score = 0.0
         why: list[str] = []
-        if dev["arch"] != result.arch:
+        if p.arch != result.arch:
             continue
         if result.kind == "jetson" and p.kind == "jetson":
             j = result.jetson or {}
-            if j.get("module_part_number") and j["module_part_number"] == dev.get("module_part_number"):
+            if j.get("module_part_number") and j["module_part_number"] == p.module_part_number:
                 score, why = 0.95, [f"module part number {j['module_part_number']} ({j['part_number_source']})"]
-            elif j.get("platform") and j["platform"] == dev.get("platform"):
+            elif j.get("platform") and j["platform"] == p.platform:
                 score, why = 0.4, [f"platform {j['platform']} from device-tree compatible"]
                 words = set(re.findall(r"nano|nx|agx", (j.get("model") or "").lower()))
                 if words and words <= set(re.findall(r"nano|nx|agx", p.name)):
@@ -118,14 +117,13 @@ def _score_profiles(result: DetectionResult, profiles: list) -> list[dict]:
                     score, why = score + 0.2, why + [f"MemTotal {total} GB fits nominal {nominal} GB"]
         elif result.kind == "gpu" and p.kind == "gpu" and result.gpus:
             g = result.gpus[0]
-            pg = dev.get("gpu") or {}
-            if g["name"] == pg.get("name") or g["name"].startswith(pg.get("name", "\0")):
+            if g["name"] == p.gpu_name or g["name"].startswith(p.gpu_name or "\0"):
                 score, why = 0.9, [f"NVML name {g['name']!r}"]
-                if g.get("sm") and g["sm"] == pg.get("sm"):
+                if g.get("sm") and g["sm"] == p.sm:
                     score, why = 0.95, why + [f"compute capability {g['sm']}"]
         elif result.kind == "cpu" and p.kind == "cpu":
             score, why = 0.6, [f"generic {result.arch} CPU host (no GPU found)"]
-            needed = set(dev.get("cpu", {}).get("isa") or [])
+            needed = set(p.cpu_isa)
             have = set(result.cpu.get("flags") or [])
             missing = {f for f in needed if f != "amx" and f not in have}
             if missing:

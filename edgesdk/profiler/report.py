@@ -64,8 +64,7 @@ def check_budgets(report: dict, profile, *, latency_ms: float | None = None,
     A missing measurement is "unmeasured", never a pass.
     """
     checks = []
-    lat_target = latency_ms if latency_ms is not None else (profile.policy.get("latency_target_ms")
-                                                            if profile else None)
+    lat_target = latency_ms if latency_ms is not None else (profile.latency_target_ms if profile else None)
     lat_src = "option" if latency_ms is not None else (f"profile {profile.name}" if profile else None)
     if lat_target is not None:
         if "latency_ms" in report:

@@ -303,7 +303,7 @@ def _cuda_graph_choice(bundle: Bundle, option: bool | None, profile: Any = None)
             from edgesdk.profiles import resolve_profile
 
             profile = resolve_profile(name)
-        rec = (profile.kernels.get("cuda_graphs") or {}).get("recommended") if profile is not None else None
+        rec = profile.kernel("cuda_graphs").recommended if profile is not None else None
     except Exception:  # noqa: BLE001 - an unknown profile here only means: no recommendation
         rec = None
     if rec:
