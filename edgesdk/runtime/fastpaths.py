@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from edgesdk.profiles import KernelSupport
+
 FAST_PATHS = ("flash_attention", "cuda_graphs", "triton")
 
 
@@ -19,16 +21,15 @@ def fast_paths(profile: Any, *, device_is_cuda: bool) -> dict[str, dict[str, Any
     none of them can run regardless of the profile.
     """
     out: dict[str, dict[str, Any]] = {}
-    kernels = profile.kernels if profile is not None else {}
     for feature in FAST_PATHS:
-        entry = kernels.get(feature) or {}
+        entry = profile.kernel(feature) if profile is not None else KernelSupport()
         if not device_is_cuda:
             out[feature] = {"use": False, "reason": "no CUDA device on this host"}
-        elif not entry.get("supported", False):
-            out[feature] = {"use": False, "reason": f"profile {profile.name}: unsupported ({entry.get('source')})"}
-        elif entry.get("recommended") is False:
+        elif not entry.supported:
+            out[feature] = {"use": False, "reason": f"profile {profile.name}: unsupported ({entry.source})"}
+        elif entry.recommended is False:
             out[feature] = {"use": False, "reason": f"profile {profile.name}: supported but not recommended "
-                                                    f"({entry.get('source')})"}
+                                                    f"({entry.source})"}
         else:
-            out[feature] = {"use": True, "reason": f"profile {profile.name}: supported ({entry.get('source')})"}
+            out[feature] = {"use": True, "reason": f"profile {profile.name}: supported ({entry.source})"}
     return out
