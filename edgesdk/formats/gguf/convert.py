@@ -473,18 +473,7 @@ def convert_hf_to_gguf(directory: Path, out_path: Path, *, name: str | None = No
 
 
 # ---------------------------------------------------------------------------------------------
-# Quantization with llama.cpp's own quantizer (in a child process)
-
-_QUANT_CHILD = """
-import sys, llama_cpp
-src, dst, ftype, nthread, requant = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1"
-params = llama_cpp.llama_model_quantize_default_params()
-params.ftype = ftype
-params.nthread = nthread
-params.allow_requantize = requant
-rc = llama_cpp.llama_model_quantize(src.encode(), dst.encode(), params)
-sys.exit(0 if rc == 0 else 3)
-"""
+# Quantization with llama.cpp's own quantizer (in a child process: edgesdk/formats/gguf/_children/quantize.py)
 
 
 def quantize(src: Path, dst: Path, quant_type: str, *, threads: int | None = None,
@@ -493,8 +482,8 @@ def quantize(src: Path, dst: Path, quant_type: str, *, threads: int | None = Non
     if quant_type not in FTYPES:
         raise ModelError(f"unknown GGUF quantization type {quant_type!r} (known: {', '.join(FTYPES)})")
     threads = threads or max(1, os.cpu_count() or 1)
-    proc = subprocess.run([sys.executable, "-c", _QUANT_CHILD, str(src), str(dst), str(FTYPES[quant_type]),
-                           str(threads), "1" if allow_requantize else "0"],
+    proc = subprocess.run([sys.executable, "-m", "edgesdk.formats.gguf._children.quantize", str(src), str(dst),
+                           str(FTYPES[quant_type]), str(threads), "1" if allow_requantize else "0"],
                           capture_output=True, text=True, timeout=timeout_s)
     if proc.returncode != 0:
         lines = [ln for ln in (proc.stderr or "").splitlines() if ln.strip()]
@@ -534,28 +523,9 @@ def sample_prompts(text: str, n: int = 4) -> list[str]:
     return [p[:300] for p in paragraphs[:n]]
 
 
-# The HF reference runs in a child process: torch's bundled CUDA libraries and a CUDA build of
-# llama.cpp in one process crashed with "free(): invalid pointer" on the H200 machine (P4 run).
-_HF_LOGITS_CHILD = """
-import json, sys
-import numpy as np, torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
-hf_dir, prompts_file, out = sys.argv[1], sys.argv[2], sys.argv[3]
-prompts = json.load(open(prompts_file))
-tok = AutoTokenizer.from_pretrained(hf_dir)
-model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
-arrays = {}
-for i, p in enumerate(prompts):
-    full = tok(p, add_special_tokens=False)["input_ids"]
-    ids = full[:96]
-    with torch.no_grad():
-        arrays[f"logits{i}"] = model(torch.tensor([ids])).logits[0].double().numpy()
-    arrays[f"ids{i}"] = np.asarray(ids)
-    arrays[f"full{i}"] = np.asarray(full)
-np.savez(out, **arrays)
-"""
-
-
+# The HF reference runs in a child process (edgesdk/formats/gguf/_children/hf_logits.py): torch's bundled
+# CUDA libraries and a CUDA build of llama.cpp in one process crashed with "free(): invalid pointer" on the
+# H200 machine (P4 run).
 def hf_reference_logits(hf_dir: Path, prompts: list[str]) -> list[tuple[list[int], list[int], np.ndarray]]:
     """(ids fed, full tokenization, fp32 logits) per prompt from the HF model, computed in a child process."""
     import tempfile
@@ -564,7 +534,8 @@ def hf_reference_logits(hf_dir: Path, prompts: list[str]) -> list[tuple[list[int
         pfile, out = Path(tmp) / "prompts.json", Path(tmp) / "logits.npz"
         pfile.write_text(json.dumps(prompts))
         ref_dir = reference_dir(Path(hf_dir), Path(tmp) / "ref")  # a transformers 5 checkpoint on transformers 4
-        proc = subprocess.run([sys.executable, "-c", _HF_LOGITS_CHILD, str(ref_dir), str(pfile), str(out)],
+        proc = subprocess.run([sys.executable, "-m", "edgesdk.formats.gguf._children.hf_logits", str(ref_dir),
+                               str(pfile), str(out)],
                               capture_output=True, text=True, timeout=3600)
         if proc.returncode != 0 or not out.is_file():
             lines = [ln for ln in (proc.stderr or "").splitlines() if ln.strip()]
