@@ -22,8 +22,6 @@ ALLOWED = {
                  "Manifest.from_dict types it",
     "compliance/gate.py": "`edgesdk check licenses BUNDLE` reads the manifest JSON as found (its license "
                           "section, artifacts, extras) so a damaged bundle is still scanned; not runtime steering",
-    "serve/__init__.py": "serve_limits(manifest: dict) takes the JSON (tests call it with dicts); owned by the "
-                         "serving work this session: Manifest.serve_table() is its typed replacement",
 }
 
 _PASS_THROUGH_CALLS = {"get", "to_dict"}

@@ -127,14 +127,19 @@ def test_run_and_serve_refuse_negative_threads(tiny_bundle):
     ({"serve": "lots"}, "manifest serve must be a table of limits (max_tokens, default_max_tokens), got 'lots'"),
     ({"serve": [1, 2]}, "manifest serve must be a table of limits (max_tokens, default_max_tokens), got [1, 2]"),
     ({"profile": {"summary": {"serve": 7}}}, "manifest profile.summary.serve must be a table of limits"),
-    ({"profile": "x"}, None), ({"serve": {"max_tokens": "9" * 50}}, "manifest serve.max_tokens must be a positive "
-                                                                    "integer, got '9999999999999999999999999999"),
+    ({}, None), ({"serve": {}}, None),
+    ({"serve": {"max_tokens": "9" * 50}}, "manifest serve.max_tokens must be a positive "
+                                          "integer, got '9999999999999999999999999999"),
 ])
 def test_manifest_serve_that_is_not_a_table_is_an_input_error(manifest, message):
-    """Before: ``serve: "lots"`` ended in AttributeError (exit 1)."""
+    """Before: ``serve: "lots"`` ended in AttributeError (exit 1). ``manifest`` is the JSON's top-level ``serve``
+    and ``profile`` (a manifest whose ``profile`` is not an object is refused when it is read)."""
     from edgesdk.errors import InputError
+    from edgesdk.manifest import Manifest, ProfileRef
     from edgesdk.serve import serve_limits
 
+    manifest = Manifest(other={k: v for k, v in manifest.items() if k != "profile"},
+                        profile=ProfileRef(summary=manifest.get("profile", {}).get("summary", {})))
     if message is None:
         assert serve_limits(manifest) == {"max_tokens_cap": 2048, "default_max_tokens": 256}
         return

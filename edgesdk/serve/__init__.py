@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgesdk.errors import InputError
+from edgesdk.manifest import Manifest
 from edgesdk.serve.app import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_MAX_TOKENS_CAP,
@@ -39,14 +40,9 @@ __all__ = ["ConnectionLimits", "ServeConfig", "ModelEntry", "bind_sockets", "cre
 _NAME_OK = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:")
 
 
-def serve_limits(manifest: dict) -> dict:
+def serve_limits(manifest: Manifest) -> dict:
     """Per-bundle limits: a ``serve`` table in the manifest (or in its profile summary), else the defaults."""
-    table = manifest.get("serve")
-    where = "serve"
-    if table is None or table == {}:
-        profile = manifest.get("profile")
-        summary = profile.get("summary") if isinstance(profile, dict) else None
-        table, where = (summary.get("serve") if isinstance(summary, dict) else None), "profile.summary.serve"
+    table, where = manifest.serve_table()
     if table is None:
         table = {}
     if not isinstance(table, dict):
@@ -84,7 +80,7 @@ def model_entry(name: str, session, *, allow_local_images: Path | None = None) -
     else:
         raise InputError(f"bundle {bundle.path} ({bundle.format}, task {task!r}) is neither an LLM (GGUF), a VLM "
                          "nor a text-embedding model: edgesdk serve answers chat/completions and embeddings only")
-    limits = serve_limits(bundle.manifest.to_dict())
+    limits = serve_limits(bundle.manifest)
     if kind == "llm":
         # the context: the llama.cpp session's settings; a VLM's report
         settings = getattr(session.backend, "settings", None) or \
