@@ -259,7 +259,7 @@ def test_curl_completions_and_embeddings(server):
     ("/v1/chat/completions", {"model": "gemma", "messages": [{"role": "user", "content": "word " * 5000}]}, 400,
      "context_length_exceeded", "messages"),
     ("/v1/embeddings", {"model": "gemma", "input": "x"}, 400, None, "model"),
-    ("/v1/embeddings", {"model": "minilm", "input": [1, 2, 3]}, 400, None, "input"),
+    ("/v1/embeddings", {"model": "minilm", "input": ["a", [1, 2]]}, 400, None, "input"),
     ("/v1/embeddings", {"model": "minilm", "input": ""}, 400, None, "input"),
     ("/v1/embeddings", {"model": "minilm", "input": "x", "dimensions": 12}, 400, None, "dimensions"),
 ])
