@@ -126,7 +126,7 @@ class _Seq:
     argmax: bool = False  # greedy with no penalty: pick the largest logit directly
     cached: int = 0
     logprobs: list[TokenLogprob] | None = None  # all of them (the request asked for logprobs)
-    grammar: Any = None  # the request's grammar sampler (beside the chain: _sample_grammar)
+    grammar: Any = None  # the request's grammar sampler, compiled at submit (beside the chain: _sample_grammar)
     lp_sent: int = 0  # how many of them went out with a piece
 
 
@@ -410,19 +410,22 @@ class BatchEngine:
         if len(tokens) >= self.n_ctx_seq:
             raise ShapeError(f"prompt is {len(tokens)} tokens; a slot's context holds {self.n_ctx_seq}")
         budget = min(request.max_tokens, self.n_ctx_seq - len(tokens))
-        if request.grammar is not None:  # refused here, on the caller's thread, not at admission
-            test = self._ll.llama_sampler_init_grammar(self._vocab, request.grammar.encode("utf-8"), b"root")
-            if not test:
+        grammar = None
+        if request.grammar is not None:  # compiled here, on the caller's thread: a bad one is refused at submit
+            grammar = self._ll.llama_sampler_init_grammar(self._vocab, request.grammar.encode("utf-8"), b"root")
+            if not grammar:
                 raise InputError("grammar does not compile (llama.cpp GBNF parser refused it)")
-            self._ll.llama_sampler_free(test)
         with self._cv:
-            if self._closing:
-                raise EngineClosed("the batch engine is closing")
-            if len(self._waiting) >= self.max_queue + len(self._free):
+            if self._closing or len(self._waiting) >= self.max_queue + len(self._free):
+                if grammar:
+                    self._ll.llama_sampler_free(grammar)
+                if self._closing:
+                    raise EngineClosed("the batch engine is closing")
                 raise EngineSaturated(f"all {self.slots} slots are busy and {len(self._waiting)} requests wait "
                                       f"(limit {self.max_queue})")
             handle = BatchHandle(self, request, next(self._ids), listener, cancel)
-            seq = _Seq(handle, tokens, budget, stops, hold=max((len(s) for s in stops), default=1) - 1)
+            seq = _Seq(handle, tokens, budget, stops, hold=max((len(s) for s in stops), default=1) - 1,
+                       grammar=grammar)  # freed by _end, however the request ends
             self._waiting.append(seq)
             self._cv.notify()
         return handle
@@ -507,12 +510,6 @@ class BatchEngine:
                 continue
             req = seq.handle.request
             sampler = self._new_sampler(req)
-            if req.grammar is not None:  # compiled once already in submit(): it parses
-                seq.grammar = self._ll.llama_sampler_init_grammar(self._vocab, req.grammar.encode("utf-8"), b"root")
-                if not seq.grammar:
-                    self._ll.llama_sampler_free(sampler)
-                    self._end(seq, "error", "the request's grammar no longer compiles")  # this request, not the engine
-                    continue
             seq.slot, keep = self._pick_slot(seq.prompt)
             seq.sampler = sampler
             seq.argmax = req.plain_greedy  # greedy, penalties neutral, no logit bias, no grammar
@@ -674,14 +671,15 @@ class BatchEngine:
                 seq.pos += 1
                 seq.pending = None
             row = None
-            if seq.logprobs is not None:  # read before sampling: the raw row (samplers work on a copy)
+            if seq.logprobs is not None or (seq.argmax and seq.grammar is None):
+                # the raw row, read before sampling (samplers work on a copy)
                 row = np.ctypeslib.as_array(ll.llama_get_logits_ith(self._ctx, idx), shape=(self.n_vocab,))
             if seq.grammar is not None:
                 tok = self._sample_grammar(seq, idx)
             elif seq.argmax:
                 # greedy without penalties: the first largest logit, as llama.cpp's greedy sampler picks it,
                 # without copying the vocabulary into a candidates array (a 262k vocabulary costs ~1 ms)
-                row = np.ctypeslib.as_array(ll.llama_get_logits_ith(self._ctx, idx), shape=(self.n_vocab,))
+                assert row is not None
                 tok = int(row.argmax())
             else:
                 tok = int(ll.llama_sampler_sample(seq.sampler, self._ctx, idx))
@@ -700,7 +698,6 @@ class BatchEngine:
         ll = self._ll
         if self._cand is None:
             self._cand = np.empty(self.n_vocab, dtype=[("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
-            self._cand["id"] = np.arange(self.n_vocab, dtype=np.int32)
         buf = self._cand
         buf["id"] = np.arange(self.n_vocab, dtype=np.int32)  # samplers sort the buffer in place
         buf["logit"] = np.ctypeslib.as_array(ll.llama_get_logits_ith(self._ctx, idx), shape=(self.n_vocab,))

@@ -141,29 +141,16 @@ def _local_file(url: str, where: str, policy: ImagePolicy) -> bytes:
 
 
 def _decode(data: bytes, what: str, where: str, policy: ImagePolicy) -> Any:
-    """Header first (format, width x height against the model's limits), then the pixels."""
-    import warnings
-
-    from PIL import Image
+    """Header first (width x height against the model's limits), then the pixels, as the VLM runtime decodes
+    an image (:func:`edgesdk.runtime.backends.vlm.decode_image`); PNG, JPEG or WebP only."""
+    from edgesdk.runtime.backends.vlm import decode_image
 
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            img = Image.open(io.BytesIO(data))
-    except Image.DecompressionBombError:
-        raise ImageError(f"{what}: more pixels than this model takes: refused before decoding", where) from None
-    except Exception as exc:  # noqa: BLE001 - Pillow's plugins raise many types on malformed headers
-        raise ImageError(f"{what}: not a readable image ({type(exc).__name__})", where) from None
-    if img.format not in set(FORMATS.values()):
-        raise ImageError(f"{what}: a {img.format} image; PNG, JPEG or WebP are taken", where)
-    try:
-        policy.check_size(int(img.size[0]), int(img.size[1]), what)
+        img = decode_image(io.BytesIO(data), what, policy.check_size)
     except InputError as exc:
         raise ImageError(str(exc), where) from None
-    try:
-        img.load()
-    except Exception as exc:  # noqa: BLE001 - truncated data, bad chunks, codec errors, memory
-        raise ImageError(f"{what}: not a readable image ({type(exc).__name__}: {str(exc)[:80]})", where) from None
+    if img.format not in set(FORMATS.values()):
+        raise ImageError(f"{what}: a {img.format} image; PNG, JPEG or WebP are taken", where)
     return img
 
 

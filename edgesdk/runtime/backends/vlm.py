@@ -53,6 +53,39 @@ DEFAULT_SAMPLING = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.0
 
 # ------------------------------------------------------------------ preprocessing
 
+
+def decode_image(fh: Any, what: str, check_size: Callable[[int, int, str], None], max_pixels: int | None = None) -> Any:
+    """Open ``fh`` with Pillow, pass the header's width x height to ``check_size`` (which raises InputError), and
+    only then decode the pixels. Any failure is an InputError naming ``what``; ``max_pixels`` is quoted when
+    Pillow's own decompression-bomb check refuses the header."""
+    import warnings
+
+    from PIL import Image
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            img = Image.open(fh)
+    except Image.DecompressionBombError as exc:  # Pillow's own header check (over 2x Image.MAX_IMAGE_PIXELS)
+        import re
+
+        n = re.search(r"\((\d+) pixels\)", str(exc))
+        count = f"{int(n.group(1)):,} pixels" if n else "its size"
+        limit = f" ({max_pixels:,} pixels)" if max_pixels else ""
+        raise InputError(f"{what}: {count} is more than this model takes{limit}: "
+                         "refused before decoding (a decompression bomb or a very large image)") from exc
+    except Exception as exc:  # noqa: BLE001 - Pillow's plugins raise many types on malformed headers
+        detail = str(exc).replace(repr(fh), "the data")[:100]  # what names the image, not the file object's repr
+        raise InputError(f"{what}: not a readable image ({type(exc).__name__}: {detail})") from exc
+    check_size(int(img.size[0]), int(img.size[1]), what)
+    try:
+        img.load()
+    except MemoryError as exc:
+        raise InputError(f"{what}: not enough memory to decode it") from exc
+    except Exception as exc:  # noqa: BLE001 - truncated data, bad chunks, codec errors
+        raise InputError(f"{what}: not a readable image ({type(exc).__name__}: {str(exc)[:100]})") from exc
+    return img
+
 class ImagePreprocessor:
     """The model's own image preprocessing (``preprocessor_config.json``): RGB, then either a resize to
     ``size.height x size.width`` (SigLIP) or a shortest-edge resize + center crop (CLIP), with the
@@ -148,31 +181,7 @@ class ImagePreprocessor:
 
     def _decode(self, fh: Any, what: str) -> Any:
         """Open ``fh`` with Pillow, check the header's size, then decode. Any failure is an InputError."""
-        import warnings
-
-        from PIL import Image
-
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-                img = Image.open(fh)
-        except Image.DecompressionBombError as exc:  # Pillow's own header check (over 2x Image.MAX_IMAGE_PIXELS)
-            import re
-
-            n = re.search(r"\((\d+) pixels\)", str(exc))
-            count = f"{int(n.group(1)):,} pixels" if n else "its size"
-            raise InputError(f"{what}: {count} is more than this model takes ({self.max_pixels():,} pixels): "
-                             "refused before decoding (a decompression bomb or a very large image)") from exc
-        except Exception as exc:  # noqa: BLE001 - Pillow's plugins raise many types on malformed headers
-            raise InputError(f"{what}: not a readable image ({type(exc).__name__}: {str(exc)[:100]})") from exc
-        self.check_size(int(img.size[0]), int(img.size[1]), what)
-        try:
-            img.load()
-        except MemoryError as exc:
-            raise InputError(f"{what}: not enough memory to decode it") from exc
-        except Exception as exc:  # noqa: BLE001 - truncated data, bad chunks, codec errors
-            raise InputError(f"{what}: not a readable image ({type(exc).__name__}: {str(exc)[:100]})") from exc
-        return img
+        return decode_image(fh, what, self.check_size, self.max_pixels())
 
     @property
     def tile(self) -> int:
