@@ -29,6 +29,7 @@ from edgesdk.formats.gguf.build import PPL_TEXT, sanity_check
 from edgesdk.formats.gguf.facts import gguf_facts
 from edgesdk.formats.gguf.plan import LOGITS_MIN_COSINE, LOGITS_MIN_TOP1, PPL_RATIO_MAX
 from edgesdk.formats.vlm import convert as vconv
+from edgesdk.formats.vlm.families import config_architecture
 from edgesdk.formats.vlm.plan import ENCODER_MIN_COSINE, GREEDY_TOKENS, vlm_section
 
 if TYPE_CHECKING:
@@ -37,16 +38,20 @@ if TYPE_CHECKING:
 PARITY_PROMPT = "Describe the image."
 
 
-def test_images(directory: Path) -> list[Path]:
+def test_images(directory: Path, sizes: tuple[tuple[int, int], ...] | None = None) -> list[Path]:
     """Three deterministic synthetic images (gradient and checkerboard 100x80, noise 96x60) for parity: a split
-    SmolVLM processor makes 4 x 4 tiles of the first two and 4 x 3 of the third."""
+    SmolVLM processor makes 4 x 4 tiles of the first two and 4 x 3 of the third. ``sizes``: three (width, height)
+    for the gradient, the checkerboard and the noise instead (a dynamic-resolution family's record sets them, so
+    the image tokens differ per image)."""
     from PIL import Image
 
     directory.mkdir(parents=True, exist_ok=True)
-    y, x = np.mgrid[0:80, 0:100]
-    imgs = [np.stack([x * 255 // 99, y * 255 // 79, (x + y) * 255 // 178], axis=-1),
-            np.stack([((x // 10 + y // 10) % 2) * 255] * 3, axis=-1),
-            np.random.default_rng(0).integers(0, 256, size=(60, 96, 3))]
+    (w0, h0), (w1, h1), (w2, h2) = sizes or ((100, 80), (100, 80), (96, 60))
+    y, x = np.mgrid[0:h0, 0:w0]
+    grad = np.stack([x * 255 // (w0 - 1), y * 255 // (h0 - 1), (x + y) * 255 // (w0 + h0 - 2)], axis=-1)
+    y, x = np.mgrid[0:h1, 0:w1]
+    imgs = [grad, np.stack([((x // 10 + y // 10) % 2) * 255] * 3, axis=-1),
+            np.random.default_rng(0).integers(0, 256, size=(h2, w2, 3))]
     out = []
     for i, a in enumerate(imgs):
         out.append(directory / f"parity{i}.png")
@@ -62,7 +67,21 @@ import transformers
 from transformers import AutoProcessor
 hf_dir, spec_file, out = sys.argv[1], sys.argv[2], sys.argv[3]
 spec = json.load(open(spec_file))
-proc = AutoProcessor.from_pretrained(hf_dir)
+try:
+    proc = AutoProcessor.from_pretrained(hf_dir)
+except ImportError:
+    # transformers 4.57's Qwen2.5-VL processor also loads a video processor, which needs torchvision (not a
+    # dependency here); for still images the processor is the image processor + the tokenizer with each image
+    # token repeated once per merged patch (Qwen2_5_VLProcessor.__call__), which this does
+    from transformers import AutoImageProcessor, AutoTokenizer
+    image_proc, tok = AutoImageProcessor.from_pretrained(hf_dir), AutoTokenizer.from_pretrained(hf_dir)
+    if not hasattr(image_proc, "merge_size"):
+        raise
+    pad = "<|image_pad|>"
+    def proc(images, text, return_tensors):
+        out = image_proc(images=[images], return_tensors=return_tensors)
+        n = int(out["image_grid_thw"][0].prod()) // image_proc.merge_size ** 2
+        return {**tok(text.replace(pad, pad * n), return_tensors=return_tensors), **out}
 arch = spec.get("architecture") or "LlavaForConditionalGeneration"
 model = getattr(transformers, arch).from_pretrained(hf_dir, dtype=torch.float32).eval()
 cfg = model.config
@@ -130,7 +149,7 @@ def hf_vlm_reference(hf_dir: Path, images: list[Path], prompt: str, n_tokens: in
     """Per image: PyTorch image features, greedy tokens and input ids (child process)."""
     with tempfile.TemporaryDirectory(prefix="edgesdk-vlm-ref-") as tmp:
         spec, out = Path(tmp) / "spec.json", Path(tmp) / "ref.npz"
-        arch = (vconv.read_config(hf_dir).get("architectures") or [None])[0]
+        arch = config_architecture(vconv.read_config(hf_dir))
         spec.write_text(json.dumps({"images": [str(p) for p in images], "prompt": prompt, "n": n_tokens,
                                     "architecture": arch}))
         # a transformers 5 checkpoint as this host's transformers 4 loads it (unchanged otherwise)
@@ -158,15 +177,16 @@ def component_parity(hf_dir: Path, decoder: Path, mmproj: Path, *, n_tokens: int
     from edgesdk.runtime.backends.vlm import VLMBackend, VLMPipeline
 
     work = Path(work or tempfile.mkdtemp(prefix="edgesdk-vlm-"))
-    images = test_images(work / "images")
     # the family's own prompt with one image, as the runtime formats a plain prompt (backends/vlm.py)
     from edgesdk.formats.vlm.families import by_config
 
-    ref_prompt = by_config(vconv.read_config(hf_dir)).reference_prompt(prompt)
+    fam = by_config(vconv.read_config(hf_dir))
+    images = test_images(work / "images", fam.parity_image_sizes)
+    ref_prompt = fam.reference_prompt(prompt)
     refs = hf_vlm_reference(hf_dir, images, ref_prompt, n_tokens)
     pre = dict(vconv.image_processor(hf_dir))
     cfg = vconv.read_config(hf_dir)
-    pre["_image_size"] = cfg["vision_config"]["image_size"]
+    pre["_image_size"] = cfg["vision_config"].get("image_size")  # None: dynamic resolution
     # the context holds the longest reference prompt (image tokens included) and the greedy tokens
     n_ctx = max(256, max(len(r["input_ids"]) for r in refs) + n_tokens + 16)
     image_encoder = None
@@ -195,7 +215,8 @@ def component_parity(hf_dir: Path, decoder: Path, mmproj: Path, *, n_tokens: int
             same = ours == ref["tokens"]  # both stop at an end-of-generation token or after n_tokens
             equal += int(same)
             cos_min = min(cos_min, float(cos.min()))
-            per_image.append({"image": path.name, "min_cosine": round(float(cos.min()), 6),
+            per_image.append({"image": path.name, "image_tokens": int(got.shape[0]),
+                              "min_cosine": round(float(cos.min()), 6),
                               "max_abs": round(float(np.abs(got - want).max()), 6), "tokens_ours": ours,
                               "tokens_pytorch": ref["tokens"], "input_tokens_ours": backend.last["input_tokens"],
                               "input_tokens_pytorch": len(ref["input_ids"])})

@@ -193,8 +193,9 @@ def write_text_model_dir(directory: Path, out_dir: Path) -> Path:
     from edgesdk.formats.vlm.families import by_config
 
     config = read_config(directory)
-    text = dict(config.get("text_config") or {})
-    text["architectures"] = [by_config(config).text_architecture]
+    fam = by_config(config)
+    text = fam.text_config(config) if fam.text_config is not None else dict(config.get("text_config") or {})
+    text["architectures"] = [fam.text_architecture]
     text.setdefault("model_type", "llama")
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.json").write_text(json.dumps(text, indent=2), encoding="utf-8")
@@ -203,6 +204,11 @@ def write_text_model_dir(directory: Path, out_dir: Path) -> Path:
             shutil.copyfile(Path(directory) / name, out_dir / name)
     tensors: dict[str, np.ndarray] = {}
     for name, data in _arrays(directory):
+        if fam.text_tensor_name is not None:  # the family's own decoder names
+            new_name = fam.text_tensor_name(name)
+            if new_name is not None:
+                tensors[new_name] = np.ascontiguousarray(data)
+            continue
         rest = _strip(name, _TEXT_PREFIXES)
         if rest is not None:
             tensors["model." + rest] = np.ascontiguousarray(data)

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from edgesdk.formats.vlm.families import architectures, by_architecture
+from edgesdk.formats.vlm.families import architectures, by_architecture, config_architecture
 
 # architecture -> family name, from the family records (formats/vlm/families)
 VLM_FAMILIES = {arch: fam.name for arch, fam in architectures().items()}
@@ -83,20 +83,27 @@ def hf_vlm_facts(directory: str | Path) -> dict[str, Any]:
     hidden = text.get("hidden_size")
     size, patch = vision.get("image_size"), vision.get("patch_size")
     files = sorted(directory.glob("*.safetensors"))
-    arch = (cfg.get("architectures") or [None])[0]
+    arch = config_architecture(cfg)
     fam = by_architecture(arch, strict=False)
     pre = image_processor_config(directory) or {}
+    dynamic = fam.frames == "dynamic"
+    tokens = fam.max_image_tokens(pre) if dynamic and fam.max_image_tokens is not None and pre else \
+        fam.image_tokens(cfg)
+    merge = int(vision.get("spatial_merge_size") or 1)
     return {
         "architecture": arch, "family": fam.name, "scale_factor": cfg.get("scale_factor"),  # a pixel shuffle's
         "image_splitting": bool(pre.get("do_image_splitting")) if fam.frames == "tiles" else False,
         "max_frames": _max_frames(pre) if fam.frames == "tiles" and pre.get("do_image_splitting") else 1,
         "vision_model_type": vision.get("model_type"),
         "text_model_type": text.get("model_type", "llama"), "image_size": size, "patch_size": patch,
-        "image_tokens": fam.image_tokens(cfg), "vision_hidden": vision.get("hidden_size"),
+        "image_tokens": tokens, "vision_hidden": vision.get("hidden_size"),
         # the tower's positions per frame (before a pixel shuffle or pooling reduces them to image tokens)
         "encoder_positions": (size // patch) ** 2 if isinstance(size, int) and isinstance(patch, int) and patch
-        else None,
-        "vision_layers": vision.get("num_hidden_layers"), "feature_select": cfg.get("vision_feature_select_strategy"),
+        else (tokens * merge * merge if dynamic and tokens else None),
+        # dynamic resolution: image tokens depend on the image; image_tokens is the most one image becomes
+        "dynamic_resolution": dynamic,
+        "vision_layers": vision.get("num_hidden_layers", vision.get("depth")),
+        "feature_select": cfg.get("vision_feature_select_strategy"),
         "component_params": component_params(files, fam.component_prefixes) if files else {},
         "preprocessor": bool(pre),
         # the decoder as the GGUF planner sees a causal LM

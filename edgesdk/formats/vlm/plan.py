@@ -164,12 +164,16 @@ def _vlm_decisions(facts: ModelFacts, profile: Profile, options: BuildOptions) -
         raise ModelError(f"{facts.source}: cannot find the three components in the weights "
                          f"(vision encoder {enc:,}, projector {proj:,}, decoder {dec:,} params)")
     frames = info.get("max_frames")
+    dynamic = bool(info.get("dynamic_resolution"))
+    size_note = "dynamic resolution" if dynamic else f"{info.get('image_size')} px"
+    tokens_note = (f"up to {info.get('image_tokens')} image tokens per image, by its size" if dynamic
+                   else f"{info.get('image_tokens')} image tokens")
     frames_note = (f" per frame; image splitting: up to {frames - 1} tiles + 1 global frame per image, "
                    f"{(frames or 0) * int(info.get('image_tokens') or 0)} image tokens"
                    if info.get("image_splitting") and frames else "")
     out = [Decision("vlm.components", ["vision encoder", "projector", "language decoder"],
-                    f"{info.get('architecture')}: {vt} encoder {enc:,} params ({info.get('image_size')} px, "
-                    f"patch {info.get('patch_size')} -> {info.get('image_tokens')} image tokens"
+                    f"{info.get('architecture')}: {vt} encoder {enc:,} params ({size_note}, "
+                    f"patch {info.get('patch_size')} -> {tokens_note}"
                     f"{frames_note}), {projector} "
                     f"{proj:,} params, {info.get('text_model_type')} decoder {dec:,} params")]
     mm_bytes = (proj if class_token else enc + proj) * 2  # a class-token tower's mmproj holds the projector only
@@ -217,6 +221,8 @@ def _vlm_decisions(facts: ModelFacts, profile: Profile, options: BuildOptions) -
     # encoder positions (before a pixel shuffle or pooling)
     n_pos = int(info.get("encoder_positions") or n_img * int(info.get("scale_factor") or 1) ** 2)
     enc_act = (n_pos + 1) * width * 4 * 8  # one image's activations in F32, ~8 live tensors
+    if dynamic:  # window attention: llama.cpp's F32 mask over the largest image's positions (n_pos x n_pos)
+        enc_act += n_pos * n_pos * 4
     total = dec_w + kv + comp + mm_bytes + enc_act + onnx_bytes
     budget = profile.memory_budget_gb()
     arith = (f"decoder {quant} {dec:,} x {BPW[quant]} bpw / 8 = {_gb(dec_w)} + KV {_gb(kv)} at {n_ctx} ctx + "

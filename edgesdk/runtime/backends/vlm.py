@@ -251,6 +251,12 @@ class ImagePreprocessor:
         img = img.convert("RGB")
         if self.record.frames == "tiles":
             img = self._idefics3(img)
+        elif self.record.frames == "dynamic" and self.record.resize is not None:
+            # dynamic resolution (Qwen2.5-VL): the processor's own size for this image (aspect kept, multiples of
+            # its token side), with its filter; libmtmd is told image-token limits under which it keeps this size
+            h, w = self.record.resize(img.height, img.width, self.config)
+            if (w, h) != img.size:
+                img = img.resize((w, h), self.resample)
         elif self.shortest_edge:
             w, h = img.size
             edge = int(self.shortest_edge)
@@ -315,6 +321,12 @@ class VLMPipeline:
         params.n_threads = int(threads or self.llm.n_threads)
         params.print_timings = False
         params.warmup = False
+        record = vlm_families.by_processor(preprocessor)
+        if record.frames == "dynamic" and record.max_image_tokens is not None:
+            # the runtime resizes each image as the HF processor does (ImagePreprocessor); these limits make
+            # libmtmd's own resize of those pixels a copy (clip.cpp's defaults for Qwen-VL are 8..4096 tokens)
+            params.image_min_tokens = 1
+            params.image_max_tokens = int(record.max_image_tokens(preprocessor) or 0) or -1
         self.mctx = mtmd.mtmd_init_from_file(str(mmproj).encode(), self.llm.model, params)
         if not self.mctx:
             self.llm.close()
@@ -414,7 +426,10 @@ class VLMPipeline:
                 ptr = mtmd.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n_out))
                 plan.append(("text", [int(ptr[j]) for j in range(n_out.value)]))
             elif kind == mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE:
-                plan.append(("image", (None, chunk, int(mtmd.mtmd_input_chunk_get_n_pos(chunk)))))
+                # positions and tokens differ with M-RoPE (Qwen-VL: an image of r x c tokens takes max(r, c)
+                # positions, libmtmd's mtmd_input_chunk_get_n_pos)
+                plan.append(("image", (None, chunk, int(mtmd.mtmd_input_chunk_get_n_pos(chunk)),
+                                       int(mtmd.mtmd_input_chunk_get_n_tokens(chunk)))))
             else:
                 raise InputError("only images are supported as media")
         plan = self._image_layout(plan)
@@ -423,7 +438,7 @@ class VLMPipeline:
             if kind == "image":
                 if img_i >= len(keys):
                     raise BackendUnavailableError("llama.cpp made more image chunks than images")
-                plan[j] = ("image", (keys[img_i], val[1], val[2]))
+                plan[j] = ("image", (keys[img_i], val[1], val[2], val[3]))
                 img_i += 1
         return plan
 
@@ -495,7 +510,7 @@ class VLMPipeline:
             plan = self._chunk_plan(chunks, keys)
             if not plan or plan[-1][0] != "text" or not plan[-1][1]:
                 plan.append(("text", []))
-            # the sequence as KV entries: one per position
+            # the sequence as KV entries: one per position (an M-RoPE image has fewer positions than tokens)
             seq: list[Any] = []
             for kind, val in plan:
                 if kind == "text":
@@ -505,8 +520,11 @@ class VLMPipeline:
             if not seq or isinstance(seq[-1], tuple):
                 raise InputError("the prompt must end with text after its images")
             n_total = len(seq)
-            if n_total >= llm.n_ctx():
-                raise ShapeError(f"prompt is {n_total} tokens (images included); the context holds {llm.n_ctx()}")
+            # the tokens (KV cells) the prompt takes: text tokens + each image's tokens
+            image_tokens = sum(val[3] for kind, val in plan if kind == "image")
+            n_cells = sum(len(val) for kind, val in plan if kind == "text") + image_tokens
+            if n_cells >= llm.n_ctx():
+                raise ShapeError(f"prompt is {n_cells} tokens (images included); the context holds {llm.n_ctx()}")
             # encode every image first (cached features are reused)
             t0 = perf_counter()
             feats: dict[str, np.ndarray] = {}
@@ -515,11 +533,11 @@ class VLMPipeline:
                 if kind == "image":
                     cached = val[0] in self.features  # a cached image gets an event, not an encode span
                     with telemetry.NOOP_STAGE if cached else rec.stage(
-                            "encode", {"edgesdk.inference.stage.tokens": val[2]}):
+                            "encode", {"edgesdk.inference.stage.tokens": val[3]}):
                         feats[val[0]], hit = self._features(val[0], val[1])
                     if hit:
                         rec.add_event("edgesdk.vlm.image_cached", {"edgesdk.vlm.image.sha256": val[0][:64],
-                                                                   "edgesdk.vlm.image_tokens": val[2]})
+                                                                   "edgesdk.vlm.image_tokens": val[3]})
                     reused += int(hit)
             self.last_stages["encode_s"] = perf_counter() - t0
             # longest common prefix with what the KV cache holds; keep it, but never the last token
@@ -550,7 +568,7 @@ class VLMPipeline:
                         self._kv.extend(todo)
                     pos += len(val)
                 else:
-                    key, chunk, n = val
+                    key, chunk, n, _ = val
                     if pos >= keep:
                         f = np.ascontiguousarray(feats[key], dtype=np.float32)
                         new_n_past = self._llama_cpp.llama_pos(0)
@@ -565,9 +583,8 @@ class VLMPipeline:
                     pos += n
             self.last_stages["prefill_s"] = perf_counter() - t0
             prefill_stage.end()
-            return {"last_token": seq[-1], "input_tokens": n_total, "image_tokens": sum(
-                        1 for s in seq if isinstance(s, tuple)), "images": len(images), "images_cached": reused,
-                    "kv_reused_tokens": keep}
+            return {"last_token": seq[-1], "input_tokens": n_cells, "image_tokens": image_tokens,
+                    "images": len(images), "images_cached": reused, "kv_reused_tokens": keep}
         except BaseException as exc:
             prefill_stage.end(exc)
             raise

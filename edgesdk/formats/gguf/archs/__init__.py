@@ -15,6 +15,7 @@ from edgesdk.formats.gguf.archs.base import TextArch
 _MODULES = (
     "llama",
     "qwen2",
+    "qwen2vl",
     "qwen3",
     "gemma3",
     "phi3",

@@ -23,7 +23,7 @@ from typing import Any
 from edgesdk.errors import ModelError
 
 # the family modules of this package, in lookup order (the first is the default for configs naming no class)
-REGISTRY = ("llava", "idefics3", "gemma3")
+REGISTRY = ("llava", "idefics3", "gemma3", "qwen25vl")
 
 
 @dataclass(frozen=True)
@@ -43,11 +43,22 @@ class VLMFamily:
     processor_types: frozenset[str] = frozenset()  # image_processor_type values that mean this family
     processor_keys: frozenset[str] = frozenset()  # preprocessor-config keys only this family's processor has
     image_text: Callable[[int, int, str], str] | None = None  # (rows, cols, marker) -> one image's layout
-    frames: str = "single"  # runtime preprocessing: "single" or "tiles"
+    frames: str = "single"  # runtime preprocessing: "single", "tiles" or "dynamic" (the family's own resize)
     onnx_encoder: bool = False  # the FP16 ONNX encoder export (onnx_encoder.py) supports this family
     text_architecture: str = "LlamaForCausalLM"  # the HF causal-LM class its language model converts as
     reference_marker: str = "<image>"  # what the HF processor replaces with one image's tokens
     notes: dict[str, str] = field(default_factory=dict)
+    # the decoder directory (convert.write_text_model_dir): a checkpoint tensor name -> its causal-LM name or None
+    # (default: the language_model.* / text_model.* prefixes), and the causal LM's config.json from config.json
+    # (default: text_config with architectures = text_architecture)
+    text_tensor_name: Callable[[str], str | None] | None = None
+    text_config: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    # dynamic resolution (frames "dynamic"): the most image tokens one image becomes, from the image processor's
+    # settings, and the size (height, width) the runtime resizes an image of (height, width) to
+    max_image_tokens: Callable[[dict[str, Any]], int | None] | None = None
+    resize: Callable[[int, int, dict[str, Any]], tuple[int, int]] | None = None
+    # the parity images' (width, height) where the family's image tokens depend on the size (None: the default set)
+    parity_image_sizes: tuple[tuple[int, int], ...] | None = None
 
     def reference_prompt(self, text: str) -> str:
         """The prompt for one image as the HF processor sees it (:attr:`reference_marker` where the image goes)."""
@@ -81,8 +92,15 @@ def by_architecture(arch: str | None, *, strict: bool = True) -> VLMFamily:
     return table[arch]
 
 
+def config_architecture(config: dict[str, Any]) -> str | None:
+    """config.json's ``architectures[0]``; else ``text_config.architectures[0]`` (transformers 4.57's
+    Qwen2_5_VLConfig hands ``architectures`` to its text_config, so its saves have it only there)."""
+    archs = config.get("architectures") or (config.get("text_config") or {}).get("architectures") or [None]
+    return archs[0] if isinstance(archs, list) and archs else None
+
+
 def by_config(config: dict[str, Any], *, strict: bool = True) -> VLMFamily:
-    return by_architecture((config.get("architectures") or [None])[0], strict=strict)
+    return by_architecture(config_architecture(config), strict=strict)
 
 
 def by_processor(preprocessor: dict[str, Any]) -> VLMFamily:

@@ -1,0 +1,300 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Qwen2.5-VL (``Qwen2_5_VLForConditionalGeneration``: Qwen2.5-VL 3B / 7B / 32B / 72B): a ViT with dynamic
+resolution (the image keeps its aspect ratio, resized to multiples of 28 px between ``min_pixels`` and
+``max_pixels``, so the number of image tokens depends on the image), 2-D rotary positions, RMS norms, SwiGLU MLPs,
+window attention in all blocks but ``fullatt_block_indexes``, then the patch merger (2 x 2 patches -> one token: an
+RMS norm and a two-layer GELU MLP) + the Qwen2 decoder with M-RoPE (image tokens get (t, row, column) positions).
+
+The mmproj is clip.cpp's ``qwen2.5vl_merger`` projector (llama.cpp vendored by llama-cpp-python 0.3.36:
+``tools/mtmd/clip.cpp``, ``models/qwen2vl.cpp``, ``clip-impl.h``): ``clip.projector_type = qwen2.5vl_merger``,
+``clip.use_silu``, ``clip.vision.n_wa_pattern`` (every n-th block attends to the whole image: clip.cpp computes
+full attention where ``(block + 1) % n == 0``, so ``fullatt_block_indexes`` must be that pattern; Qwen2.5-VL's
+[7, 15, 23, 31] of 32 is n = 8), ``clip.vision.spatial_merge_size``. Tensors: the Conv3d patch embedding
+``[width, 3, 2, 14, 14]`` as two 2-D kernels ``v.patch_embd.weight`` (frame 0) and ``v.patch_embd.weight.1``
+(frame 1): a still image is two equal frames, so the two convolutions add up to the Conv3d; each block's fused
+``attn.qkv`` split into ``attn_q`` / ``attn_k`` / ``attn_v`` (weights and biases); ``merger.ln_q`` as ``v.post_ln``,
+``merger.mlp.0`` / ``mlp.2`` as ``mm.0`` / ``mm.2``. 1-D tensors F32, matrices F16. clip.cpp uses a window of
+112 px (it reads no window size for this projector), a 2 x 2 merge, 2 frames per patch: other values are refused.
+
+Dynamic resolution at run time (:func:`smart_resize`): the runtime resizes each image as the HF processor does
+(Pillow, the processor's bicubic filter) and gives libmtmd the resized pixels with image-token limits that make its
+own resize a copy (``mtmd_context_params.image_min_tokens`` / ``image_max_tokens``). llama.cpp caps an image at
+:data:`MAX_IMAGE_TOKENS` tokens (its default for Qwen-VL); larger images are resized down to that many tokens, where
+the HF processor would keep up to ``max_pixels`` (16384 tokens for Qwen2.5-VL-3B).
+
+Positions: libmtmd's ``mtmd_helper_decode_image_chunk`` gives image token (row r, column c) of an image starting at
+position p the M-RoPE ids (p, p + r, p + c) and advances the position by max(rows, columns), as HF's
+``get_rope_index``; text tokens get one id used in all three sections.
+
+The prompt: Qwen2.5-VL's chat template (a default system turn ``You are a helpful assistant.``); one image is
+``<|vision_start|><|image_pad|>...<|vision_end|>``, and libmtmd wraps each media marker in ``<|vision_start|>`` /
+``<|vision_end|>`` itself, so the runtime writes the marker alone.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgesdk.errors import ModelError
+from edgesdk.formats.vlm.families import VLMFamily
+
+SYSTEM = "You are a helpful assistant."
+TURN = "<|im_start|>{role}\n{body}<|im_end|>\n"
+GENERATION = "<|im_start|>assistant\n"
+MAX_IMAGE_TOKENS = 4096  # llama.cpp's cap for Qwen-VL images (clip.cpp: set_limit_image_tokens(8, 4096))
+WINDOW = 112  # px: the attention window clip.cpp uses for qwen2.5vl_merger
+_VISION = ("visual.", "model.visual.")
+_MERGER = ("visual.merger.", "model.visual.merger.")
+_TEXT = ("model.language_model.",)  # transformers 5; 4.x saves the hub's model.layers.* / model.embed_tokens.*
+_LEGACY_TEXT = ("model.embed_tokens.", "model.layers.", "model.norm.")
+_MERGER_NAMES = {"ln_q.weight": "v.post_ln.weight", "mlp.0.weight": "mm.0.weight", "mlp.0.bias": "mm.0.bias",
+                 "mlp.2.weight": "mm.2.weight", "mlp.2.bias": "mm.2.bias"}
+_PATCH = "patch_embed.proj.weight"
+
+
+def _vision_name(name: str) -> str | None:
+    """A vision tensor's name below ``visual.`` (either layout), else None."""
+    for p in _VISION:
+        if name.startswith(p):
+            return name[len(p):]
+    return None
+
+
+def text_tensor_name(name: str) -> str | None:
+    """A decoder tensor's name in a plain Qwen2 causal-LM directory (``model.*`` / ``lm_head.*``), else None."""
+    if name.startswith(_TEXT):
+        return "model." + name[len(_TEXT[0]):]
+    if name.startswith(_LEGACY_TEXT) or name.startswith("lm_head."):
+        return name
+    return None
+
+
+def text_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The decoder's config as a Qwen2 causal LM (``model_type qwen2``: transformers runs it as ``Qwen2ForCausalLM``,
+    the text-only reference) that the GGUF converter writes as llama.cpp's ``qwen2vl`` (``architectures``
+    ``Qwen2_5_VLTextModel``, the M-RoPE sections kept in ``rope_scaling``)."""
+    from edgesdk.formats.gguf.archs.qwen2vl import mrope_section
+
+    text = dict(config.get("text_config") or {})
+    for key, value in config.items():  # 4.x writes the decoder's keys at the top level too; text_config wins
+        if key not in ("text_config", "vision_config", "architectures", "model_type", "auto_map"):
+            text.setdefault(key, value)
+    section = mrope_section(text) or mrope_section(config)
+    params = text.pop("rope_parameters", None)
+    theta = text.get("rope_theta", (params or {}).get("rope_theta") if isinstance(params, dict) else None)
+    text.update(model_type="qwen2", rope_theta=theta if theta is not None else 1_000_000.0,
+                rope_scaling={"type": "default", "rope_type": "default", "mrope_section": section})
+    text.pop("layer_types", None)
+    return text
+
+
+def _merge(vision: dict[str, Any]) -> int:
+    return int(vision.get("spatial_merge_size", 2))
+
+
+def wa_pattern(vision: dict[str, Any]) -> int:
+    """The n of clip.cpp's ``n_wa_pattern`` (full attention where ``(block + 1) % n == 0``) for
+    ``fullatt_block_indexes``; ModelError when the indexes are not that pattern."""
+    depth = int(vision.get("depth") or 0)
+    full = vision.get("fullatt_block_indexes")
+    if not (isinstance(full, list) and full and all(isinstance(i, int) for i in full)):
+        raise ModelError(f"vision_config.fullatt_block_indexes {full!r} must be a non-empty list of block indexes")
+    n = int(full[0]) + 1
+    if n < 1 or full != [i for i in range(depth) if (i + 1) % n == 0]:
+        raise ModelError(f"vision_config.fullatt_block_indexes {full} is not every {n}-th of the {depth} blocks "
+                         "(llama.cpp's qwen2.5vl_merger graph attends fully where (block + 1) % n == 0)")
+    return n
+
+
+def pixel_limits(pre: dict[str, Any]) -> tuple[int, int]:
+    """(min_pixels, max_pixels) of the image processor: ``size.shortest_edge`` / ``longest_edge`` (transformers
+    >= 4.50 reads these), else ``min_pixels`` / ``max_pixels``, else Qwen2-VL's defaults."""
+    size = pre.get("size") or {}
+    lo = size.get("shortest_edge") if isinstance(size, dict) else None
+    hi = size.get("longest_edge") if isinstance(size, dict) else None
+    lo = lo if isinstance(lo, int) else pre.get("min_pixels", 56 * 56)
+    hi = hi if isinstance(hi, int) else pre.get("max_pixels", 28 * 28 * 1280)
+    return int(lo), int(hi)
+
+
+def factor(pre: dict[str, Any]) -> int:
+    """The side of one image token in pixels: patch_size x merge_size (28 for Qwen2-VL and Qwen2.5-VL)."""
+    return int(pre.get("patch_size", 14)) * int(pre.get("merge_size", 2))
+
+
+def smart_resize(height: int, width: int, pre: dict[str, Any]) -> tuple[int, int]:
+    """(height, width) the image processor resizes an image to: each edge rounded to a multiple of
+    :func:`factor`, then scaled (aspect kept) into [min_pixels, max_pixels], with llama.cpp's cap of
+    :data:`MAX_IMAGE_TOKENS` tokens as a further maximum (the same arithmetic as transformers' ``smart_resize``)."""
+    f = factor(pre)
+    lo, hi = pixel_limits(pre)
+    hi = min(hi, MAX_IMAGE_TOKENS * f * f)
+    h_bar, w_bar = round(height / f) * f, round(width / f) * f
+    if h_bar * w_bar > hi:
+        beta = math.sqrt(height * width / hi)
+        h_bar, w_bar = max(f, math.floor(height / beta / f) * f), max(f, math.floor(width / beta / f) * f)
+    elif h_bar * w_bar < lo:
+        beta = math.sqrt(lo / (height * width))
+        h_bar, w_bar = math.ceil(height * beta / f) * f, math.ceil(width * beta / f) * f
+    return h_bar, w_bar
+
+
+def max_image_tokens(pre: dict[str, Any]) -> int:
+    """The most image tokens one image becomes: max_pixels over one token's pixels, at most llama.cpp's cap."""
+    return min(MAX_IMAGE_TOKENS, pixel_limits(pre)[1] // factor(pre) ** 2)
+
+
+def _check(config: dict[str, Any], directory: Path) -> None:
+    from edgesdk.formats.vlm.convert import image_processor
+
+    vision = config.get("vision_config") or {}
+    if vision.get("model_type", "qwen2_5_vl") not in ("qwen2_5_vl", "qwen2_5_vl_vision"):
+        raise ModelError(f"{directory}: vision tower {vision.get('model_type')!r} is not Qwen2.5-VL's")
+    text_type = (config.get("text_config") or {}).get("model_type", "qwen2_5_vl_text")
+    if text_type not in ("qwen2_5_vl_text", "qwen2_5_vl"):
+        raise ModelError(f"{directory}: language model {text_type!r} is not Qwen2.5-VL's")
+    if vision.get("hidden_act", "silu") != "silu":
+        raise ModelError(f"{directory}: vision hidden_act {vision.get('hidden_act')!r} is not supported (silu)")
+    checks = (("temporal_patch_size", 2, "frames per patch"), ("spatial_merge_size", 2, "merge"),
+              ("window_size", WINDOW, "attention window (px)"))
+    for key, want, what in checks:
+        if int(vision.get(key, want)) != want:
+            raise ModelError(f"{directory}: vision {key} {vision.get(key)} is not supported: llama.cpp's "
+                             f"qwen2.5vl_merger graph has a fixed {what} of {want}")
+    try:
+        wa_pattern(vision)
+    except ModelError as exc:
+        raise ModelError(f"{directory}: {exc}") from None
+    pre = image_processor(directory)
+    for key, cfg_key in (("patch_size", "patch_size"), ("merge_size", "spatial_merge_size"),
+                         ("temporal_patch_size", "temporal_patch_size")):
+        if key in pre and int(pre[key]) != int(vision.get(cfg_key, pre[key])):
+            raise ModelError(f"{directory}: the image processor's {key} {pre[key]} differs from the vision "
+                             f"config's {cfg_key} {vision.get(cfg_key)}")
+    lo, hi = pixel_limits(pre)
+    if not 0 < lo <= hi:
+        raise ModelError(f"{directory}: the image processor's min_pixels {lo} / max_pixels {hi} are not a range")
+
+
+def _write(directory: Path, out_path: Path, config: dict[str, Any], *, name: str | None = None) -> dict[str, Any]:
+    import gguf
+
+    from edgesdk.formats.vlm.convert import _arrays, _clip_writer, _preprocessor, checkpoint_layout
+
+    vision, text = config["vision_config"], config.get("text_config") or config
+    pre = _preprocessor(directory)
+    depth, width = int(vision["depth"]), int(vision["hidden_size"])
+    shim = {"image_size": MAX_IMAGE_TOKENS ** 0.5 * factor(pre), "patch_size": int(vision.get("patch_size", 14)),
+            "hidden_size": width, "intermediate_size": int(vision["intermediate_size"]), "num_hidden_layers": depth,
+            "num_attention_heads": int(vision["num_heads"]), "layer_norm_eps": 1e-6}
+    shim["image_size"] = int(shim["image_size"])  # nominal (clip.cpp's warm-up size); images keep their own size
+    proj_dim = {"hidden_size": int(vision.get("out_hidden_size") or text["hidden_size"])}
+    layout = checkpoint_layout(directory)
+    writer = _clip_writer(directory, out_path, name, gguf.VisionProjectorType.QWEN25VL, shim, proj_dim, pre,
+                          eps_default=1e-6)
+    writer.add_vision_use_silu(True)
+    writer.add_vision_n_wa_pattern(wa_pattern(vision))
+    writer.add_vision_spatial_merge_size(_merge(vision))
+    tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MMPROJ, depth)
+    written, merger = 0, set()
+
+    def add(new: str, data: np.ndarray) -> None:
+        nonlocal written
+        writer.add_tensor(new, data.astype(np.float32 if data.ndim <= 1 else np.float16))
+        written += 1
+
+    for hf_name, data in _arrays(directory):
+        v = _vision_name(hf_name)
+        if v is None:
+            continue
+        if v.startswith("merger."):
+            key = v[len("merger."):]
+            if key not in _MERGER_NAMES:
+                raise ModelError(f"{directory}: merger tensor {hf_name} is not part of Qwen2.5-VL's patch merger")
+            merger.add(key)
+            add(_MERGER_NAMES[key], data)
+        elif v == _PATCH:
+            if data.ndim != 5 or data.shape[2] != 2:
+                raise ModelError(f"{directory}: {hf_name} {list(data.shape)} is not a Conv3d kernel of 2 frames")
+            add("v.patch_embd.weight", np.ascontiguousarray(data[:, :, 0]))
+            add("v.patch_embd.weight.1", np.ascontiguousarray(data[:, :, 1]))
+        elif ".attn.qkv." in v:
+            if data.shape[0] % 3:
+                raise ModelError(f"{directory}: {hf_name} {list(data.shape)} is not three equal q/k/v parts")
+            for part, chunk in zip("qkv", np.split(data, 3, axis=0), strict=True):
+                new = tmap.get_name("visual." + v.replace(".qkv.", f".{part}."), try_suffixes=(".weight", ".bias"))
+                if new is None:
+                    raise ModelError(f"{directory}: vision tensor {hf_name} has no mmproj GGUF name")
+                add(new, np.ascontiguousarray(chunk))
+        else:
+            new = tmap.get_name("visual." + v, try_suffixes=(".weight", ".bias"))
+            if new is None:
+                raise ModelError(f"{directory}: vision tensor {hf_name} has no mmproj GGUF name")
+            add(new, data)
+    if merger != set(_MERGER_NAMES):
+        writer.close()
+        raise ModelError(f"{directory}: Qwen2.5-VL's patch merger needs "
+                         f"merger.{', merger.'.join(sorted(_MERGER_NAMES))}")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return {"tensors": written, "skipped": [], "projector_type": gguf.VisionProjectorType.QWEN25VL,
+            "family": "qwen25vl", "image_size": None, "dynamic_resolution": True,
+            "patch_size": int(vision.get("patch_size", 14)), "merge_size": _merge(vision),
+            "image_tokens": max_image_tokens(pre), "image_tokens_note": "per image: its resized size / 28 px "
+            f"squared, at most {max_image_tokens(pre)}", "min_max_pixels": list(pixel_limits(pre)),
+            "n_wa_pattern": wa_pattern(vision), "image_mean": pre["image_mean"], "image_std": pre["image_std"],
+            "checkpoint_layout": layout}
+
+
+def image_tokens(config: dict[str, Any]) -> int | None:
+    return None  # dynamic: per image (the facts read the processor's maximum, :func:`max_image_tokens`)
+
+
+def _projector(info: dict[str, Any]) -> str:
+    return "patch merger (2 x 2 patches -> one token: RMS norm + two-layer GELU MLP)"
+
+
+def user_prompt(text: str, n_images: int, marker: str) -> str:
+    """Qwen2.5-VL's chat template for one user turn (the default system turn, images first) + the generation
+    prompt."""
+    return TURN.format(role="system", body=SYSTEM) + TURN.format(role="user", body=marker * n_images + text) + \
+        GENERATION
+
+
+def chat(messages: list[dict[str, Any]], marker: str) -> str:
+    """Qwen2.5-VL's chat template: the default system turn unless the first message is one, each message
+    ``<|im_start|>role\\n`` + its parts (images where they appear) + ``<|im_end|>\\n``, then
+    ``<|im_start|>assistant\\n``."""
+    text = "" if messages and messages[0]["role"] == "system" else TURN.format(role="system", body=SYSTEM)
+    for m in messages:
+        content = m["content"]
+        parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        body = "".join(p["text"] if p.get("type") == "text" else marker for p in parts)
+        text += TURN.format(role=m["role"], body=body)
+    return text + GENERATION
+
+
+FAMILY = VLMFamily(
+    name="qwen25vl",
+    display="Qwen2.5-VL",
+    architectures=("Qwen2_5_VLForConditionalGeneration",),
+    vision_model_types=frozenset({"qwen2_5_vl", "qwen2_5_vl_vision"}),
+    # the merger first: it sits inside the vision prefix (facts count each tensor in its first matching component)
+    component_prefixes=(("projector", _MERGER), ("vision_encoder", _VISION),
+                        ("decoder", _TEXT + _LEGACY_TEXT + ("lm_head.",))),
+    canonical_name=lambda name: name, check=_check, write_mmproj=_write, image_tokens=image_tokens,
+    user_prompt=user_prompt, chat=chat, projector=_projector,
+    processor_types=frozenset({"Qwen2VLImageProcessor", "Qwen2VLImageProcessorFast"}),
+    processor_keys=frozenset({"temporal_patch_size"}),
+    frames="dynamic", text_architecture="Qwen2_5_VLTextModel",
+    reference_marker="<|vision_start|><|image_pad|><|vision_end|>",
+    text_tensor_name=text_tensor_name, text_config=text_config, max_image_tokens=max_image_tokens,
+    resize=smart_resize,
+    parity_image_sizes=((250, 190), (140, 300), (96, 60)),
+)
