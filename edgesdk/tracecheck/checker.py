@@ -6,9 +6,14 @@ Rules come from ``edgesdk/data/semconv/gen_ai_v1.41.1.yaml``. Findings carry Wea
 with a count; the first occurrence gives the file line, trace and span id.
 
 The file is checked as it is read, one export request at a time: what stays in memory is the
-grouped findings and, per span, its trace/span id and name (to check a build stage's parent, which
-an SDK exports after its children), per GenAI span its start and end (for inference-stage children),
-not the spans themselves.
+grouped findings and, per distinct span (trace id + span id), its name (to check a build stage's parent,
+which an SDK exports after its children), per GenAI span its start and end (for inference-stage
+children), per stage span a small reference, not the spans themselves. Both are bounded, so a file of
+any size (a gzip bomb of repeated lines included) is checked in bounded memory: at most
+``MAX_TRACKED_SPANS`` distinct spans are kept for the parent checks (past that, a parent that was not
+kept is not reported missing, and an ``information`` finding says the checks were partial), a span
+seen again under the same ids is the same span, and at most ``MAX_FINDING_GROUPS`` distinct findings
+are listed (further ones are counted per level and rule).
 
 Inference-stage spans (``edgesdk.inference.stage`` set: ``preprocess``, ``encode``, ``prefill``,
 ``decode``) are children of a request's GenAI span, not GenAI operations: they are held to their own
@@ -18,6 +23,7 @@ GenAI parent in the same trace, within the parent's time span), all violations.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import sys
 from collections.abc import Iterable
@@ -33,6 +39,14 @@ from edgesdk.tracecheck.otlp_json import MAX_BYTES, Attr, Metric, Span, Telemetr
 LEVELS = ("violation", "improvement", "information")
 _MASK64 = (1 << 64) - 1
 RULES_FILE = "gen_ai_v1.41.1.yaml"
+# Distinct spans kept for the parent checks (~150-300 bytes each: a few hundred MB at most), and distinct
+# findings listed (further ones are folded into one group per level and rule).
+MAX_TRACKED_SPANS = 1_000_000
+MAX_FINDING_GROUPS = 10_000
+# What is kept of a span's name and ids: names are compared with short convention names and quoted in
+# messages; ids longer than real ones (32 and 16 hex digits) are kept as a digest.
+_NAME_CHARS = 128
+_ID_CHARS = 64
 
 
 @dataclass
@@ -54,35 +68,90 @@ def load_rules() -> dict:
     return yaml.safe_load(text)
 
 
-@dataclass
+@dataclass(slots=True)
 class _StageRef:
-    """What the parent check needs of an inference-stage span (checked once the whole file is read)."""
+    """What a parent check needs of a stage span (checked once the whole file is read)."""
 
     name: str
     trace_id: str
     span_id: str
     parent_span_id: str
+    parent_key: str
     start_ns: int
     end_ns: int
     line: int
 
 
+def _stage_ref(span: Span) -> _StageRef:
+    return _StageRef(sys.intern(_short(span.name, _NAME_CHARS)), _short(span.trace_id, _ID_CHARS),
+                     _short(span.span_id, _ID_CHARS), _short(span.parent_span_id, _ID_CHARS),
+                     _span_key(span.trace_id, span.parent_span_id), span.start_ns, span.end_ns, span.line)
+
+
+class _Spans:
+    """What the parent checks keep, per distinct span (trace id + span id): its name, a GenAI span's
+    start and end, a stage span's reference. At most ``limit`` distinct spans are kept; a span seen again
+    under the same ids is the same span (kept once, the first time)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.names: dict[str, str] = {}
+        # a GenAI span's start and end packed in one int (start << 64 | end): a stage's parent may come
+        # before or after it in the file, so every GenAI span is kept, compactly
+        self.genai: dict[str, int] = {}
+        self.build_stages: dict[str, _StageRef] = {}
+        self.inference_stages: dict[str, _StageRef] = {}
+        self.dropped = 0  # spans not kept: past the limit
+
+    def keep(self, span: Span) -> str | None:
+        """The span's key, or None when it is new and the limit is reached."""
+        key = _span_key(span.trace_id, span.span_id)
+        if key not in self.names:
+            if len(self.names) >= self.limit:
+                self.dropped += 1
+                return None
+            self.names[key] = sys.intern(_short(span.name, _NAME_CHARS))
+        return key
+
+
+def _short(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _span_key(trace_id: str, span_id: str) -> str:
+    """The key of a span in the parent checks: its trace and span id (a digest when they are longer than
+    real ids, so a file of huge ids cannot grow the tables by their length)."""
+    key = trace_id + "/" + span_id
+    if len(key) <= 2 * _ID_CHARS:
+        return key
+    return "#" + hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
 class _Collector:
-    def __init__(self) -> None:
+    def __init__(self, max_groups: int = MAX_FINDING_GROUPS) -> None:
         self.groups: dict[tuple, Finding] = {}
+        self.max_groups = max_groups
 
     def add(self, level: str, rule: str, message: str, *, span: Span | _StageRef | None = None, name: str = "",
             attribute: str = "", line: int = 0) -> None:
-        span_name = span.name if span is not None else name
+        span_name = _short(span.name if span is not None else name, _NAME_CHARS)
+        message, attribute = _short(message, 1000), _short(attribute, _NAME_CHARS)
         key = (level, rule, span_name, attribute, message)
         found = self.groups.get(key)
+        if found is None and len(self.groups) >= self.max_groups:
+            # a file whose findings differ span by span (unique names or values): list no more groups,
+            # count the rest under their level and rule so the verdict and totals stay right
+            span_name, attribute = "", ""
+            message = f"further distinct {rule} findings (the report lists {self.max_groups} distinct findings)"
+            key = (level, rule, span_name, attribute, message)
+            found = self.groups.get(key)
         if found is not None:
             found.count += 1
             return
         self.groups[key] = Finding(level, rule, message, span_name, attribute,
                                    span.line if span is not None else line,
-                                   span.trace_id if span is not None else "",
-                                   span.span_id if span is not None else "")
+                                   _short(span.trace_id, _ID_CHARS) if span is not None else "",
+                                   _short(span.span_id, _ID_CHARS) if span is not None else "")
 
     def findings(self) -> list[Finding]:
         order = {level: i for i, level in enumerate(LEVELS)}
@@ -312,9 +381,11 @@ def _check_http_server_span(span: Span, http: dict, out: _Collector) -> None:
                 span=span, attribute="http.response.status_code")
 
 
-def _check_build_span(span: Span, rules: dict, out: _Collector, stages: list[Span]) -> int:
+def _check_build_span(span: Span, rules: dict, out: _Collector, stages: dict[str, _StageRef] | None,
+                      kept_as: str | None) -> int:
     """Checks one span against the build conventions; a stage whose parent is to be checked goes to
-    ``stages`` (see :func:`_check_stage_parents`). Returns 1 for a build or stage span."""
+    ``stages`` under ``kept_as`` (see :func:`_check_stage_parents`; None: not kept). Returns 1 for a build or
+    stage span."""
     conv = rules["edgesdk_build"]
     for event in span.events:
         if event.name == conv["fallback_event"]:
@@ -352,21 +423,23 @@ def _check_build_span(span: Span, rules: dict, out: _Collector, stages: list[Spa
     if not span.parent_span_id:
         out.add("violation", "build_convention", "a build stage span must have the build span as parent",
                 span=span)
-    else:
-        stages.append(span)
+    elif stages is not None and kept_as is not None and kept_as not in stages:
+        stages[kept_as] = _stage_ref(span)
     return 1
 
 
-def _check_stage_parents(stages: list[Span], names: dict[str, str], rules: dict, out: _Collector) -> None:
+def _check_stage_parents(stages: dict[str, _StageRef], names: dict[str, str], rules: dict,
+                         out: _Collector) -> None:
     root = rules["edgesdk_build"]["root_span"]
-    for span in stages:
-        parent = names.get(span.trace_id + span.parent_span_id)
+    for ref in stages.values():
+        parent = names.get(ref.parent_key)
         if parent is not None and parent != root:
             out.add("violation", "build_convention",
-                    f"a build stage's parent should be {root}, found {parent!r}", span=span)
+                    f"a build stage's parent should be {root}, found {parent!r}", span=ref)
 
 
-def _check_inference_stage(span: Span, rules: dict, out: _Collector, stages: list[_StageRef]) -> None:
+def _check_inference_stage(span: Span, rules: dict, out: _Collector, stages: dict[str, _StageRef],
+                           kept_as: str | None) -> None:
     conv = rules["edgesdk_inference_stage"]
     marker = conv["marker"]
     stage = _value(span, marker)
@@ -395,17 +468,18 @@ def _check_inference_stage(span: Span, rules: dict, out: _Collector, stages: lis
     if not span.parent_span_id:
         bad("an inference-stage span must be a child of its request's GenAI span (it has no parent)")
         return
-    stages.append(_StageRef(sys.intern(span.name), span.trace_id, span.span_id, span.parent_span_id,
-                            span.start_ns, span.end_ns, span.line))
+    if kept_as is not None and kept_as not in stages:
+        stages[kept_as] = _stage_ref(span)
 
 
-def _check_inference_stage_parents(stages: list[_StageRef], genai: dict[str, int],
-                                   names: dict[str, str], out: _Collector) -> None:
-    for ref in stages:
-        key = ref.trace_id + ref.parent_span_id
-        window = genai.get(key)
+def _check_inference_stage_parents(stages: dict[str, _StageRef], genai: dict[str, int],
+                                   names: dict[str, str], out: _Collector, *, partial: bool = False) -> None:
+    for ref in stages.values():
+        window = genai.get(ref.parent_key)
         if window is None:
-            other = names.get(key)
+            other = names.get(ref.parent_key)
+            if other is None and partial:
+                continue  # the parent may be one of the spans not kept
             message = (f"the parent of an inference-stage span must be a GenAI span, found {other!r}"
                        if other is not None else
                        f"the parent span {ref.parent_span_id} is not in trace {ref.trace_id} of this file "
@@ -485,46 +559,52 @@ def _is_genai(span: Span, rules: dict) -> bool:
     return any(event.name in rules["deprecated_events"] for event in span.events)
 
 
-def check_telemetry(data: TelemetryFile | Iterable[TelemetryFile], path: str = "") -> Report:
-    """Check a parsed file, or the parts :func:`~edgesdk.tracecheck.otlp_json.iter_otlp_json` yields."""
+def check_telemetry(data: TelemetryFile | Iterable[TelemetryFile], path: str = "", *,
+                    max_tracked_spans: int = MAX_TRACKED_SPANS, max_finding_groups: int = MAX_FINDING_GROUPS) -> Report:
+    """Check a parsed file, or the parts :func:`~edgesdk.tracecheck.otlp_json.iter_otlp_json` yields.
+
+    Memory is bounded whatever the input: ``max_tracked_spans`` distinct spans kept for the parent
+    checks, ``max_finding_groups`` distinct findings listed (see the module's docstring)."""
     rules = load_rules()
-    out = _Collector()
+    out = _Collector(max_finding_groups)
     parts = [data] if isinstance(data, TelemetryFile) else data
-    names: dict[str, str] = {}  # trace id + span id -> span name, for the stage-parent check
-    stages: list[Span] = []
-    # trace id + span id of each GenAI span -> its start and end packed in one int (start << 64 | end):
-    # a stage's parent may come before or after it in the file, so every GenAI span is kept, compactly
-    genai_windows: dict[str, int] = {}
-    inference_stages: list[_StageRef] = []
+    kept = _Spans(max_tracked_spans)
     marker = rules["edgesdk_inference_stage"]["marker"]
     spans = genai = builds = metrics = stage_spans = 0
     for part in parts:
         path = path or part.path
         for span in part.spans:
             spans += 1
-            key = span.trace_id + span.span_id
-            names[key] = sys.intern(span.name)
+            key = kept.keep(span)
             if marker in span.attributes:
                 stage_spans += 1
-                _check_inference_stage(span, rules, out, inference_stages)
+                _check_inference_stage(span, rules, out, kept.inference_stages, key)
             elif _is_genai(span, rules):
                 genai += 1
-                genai_windows[key] = (max(span.start_ns, 0) << 64) | (max(span.end_ns, 0) & _MASK64)
+                if key is not None and key not in kept.genai:
+                    kept.genai[key] = (max(span.start_ns, 0) << 64) | (max(span.end_ns, 0) & _MASK64)
                 _check_genai_span(span, rules, out)
-            builds += _check_build_span(span, rules, out, stages)
+            builds += _check_build_span(span, rules, out, kept.build_stages, key)
         metrics += len(part.metrics)
         _check_metrics(part.metrics, rules, out)
-    _check_stage_parents(stages, names, rules, out)
-    _check_inference_stage_parents(inference_stages, genai_windows, names, out)
+    _check_stage_parents(kept.build_stages, kept.names, rules, out)
+    _check_inference_stage_parents(kept.inference_stages, kept.genai, kept.names, out, partial=bool(kept.dropped))
+    if kept.dropped:
+        out.add("information", "parent_checks_partial",
+                f"more than {kept.limit:,} distinct spans: the parent checks (build stage -> build span, "
+                f"inference stage -> GenAI span) covered the first {kept.limit:,}; {kept.dropped:,} spans were "
+                "not kept for them")
     if not genai and not builds:
         out.add("information", "no_genai_spans", "no GenAI or edgesdk build spans in the file")
     return Report(path, spans, genai, builds, metrics, out.findings(), stage_spans)
 
 
-def check_trace_file(path: str | Path, *, max_bytes: int = MAX_BYTES) -> Report:
-    """Read and check one file as a stream. Raises TraceFileError (exit 1) when it is not readable
-    OTLP/JSON or holds more than ``max_bytes`` of (decompressed) text."""
-    return check_telemetry(iter_otlp_json(path, max_bytes=max_bytes), str(path))
+def check_trace_file(path: str | Path, *, max_bytes: int = MAX_BYTES, max_tracked_spans: int = MAX_TRACKED_SPANS,
+                     max_finding_groups: int = MAX_FINDING_GROUPS) -> Report:
+    """Read and check one file as a stream, in bounded memory. Raises TraceFileError (exit 1) when it is
+    not readable OTLP/JSON or holds more than ``max_bytes`` of (decompressed) text."""
+    return check_telemetry(iter_otlp_json(path, max_bytes=max_bytes), str(path), max_tracked_spans=max_tracked_spans,
+                           max_finding_groups=max_finding_groups)
 
 
 def render_table(report: Report, fail_on: str = "violation") -> str:
