@@ -12,8 +12,16 @@ per slot, ``kv_unified`` off, as ``llama-server -np N`` runs). One engine thread
 4. per sequence with an output row: sample from its own sampler chain (``llama_sampler_sample`` reads
    that row, ``llama_get_logits_ith``), detokenise UTF-8-safely, check end-of-generation, stop strings
    and ``max_tokens``, hand the text to the request's own queue (a slow reader never blocks the loop);
+   (``listener`` events; a server collects a step's events and hands them over at once,
+   :meth:`BatchEngine.add_step_listener`);
 5. a finished or cancelled sequence leaves at once: its KV cells are removed (``llama_memory_seq_rm``),
    its sampler freed, its slot free for the next request at the next step.
+
+The interpreter lock: the engine thread shares it with the server's event loop. ``llama_decode`` and
+``llama_synchronize`` release it (the loop then formats and sends the previous step's pieces while the device
+computes); the microsecond calls of the host work (logits, a sampler step, a token's piece) keep it
+(:func:`_holding_gil`), since every release lets the busy loop thread in and the engine waits to get it back.
+Pieces and end-of-generation flags are remembered per token; a plain greedy request has no sampler at all.
 
 The sampler chain per sequence is the one ``llama_cpp.Llama.generate`` builds (logit bias when given,
 penalties (repeat, frequency, presence), then greedy at
@@ -63,6 +71,22 @@ from edgesdk.runtime.requests import GenerationRequest
 
 _DONE = object()  # end of a request's event queue
 PENALTY_LAST_N = 64  # llama_cpp.Llama's default last_n_tokens_size: the same penalty window
+
+
+def _holding_gil(fn: Any) -> Any:
+    """``fn`` (a llama-cpp-python foreign function) called without giving up the interpreter lock.
+
+    ctypes releases the lock around every foreign call; the engine thread then has to win it back, and under a
+    server the event loop thread usually has it: each microsecond call (a token's piece, a sampler step) can
+    cost the engine up to the interpreter's switch interval (5 ms). Calls that take microseconds and never
+    wait for the device go through a ``ctypes.PYFUNCTYPE`` prototype of the same address, which keeps the
+    lock; ``llama_decode`` and ``llama_synchronize`` (the waits) keep releasing it. Falls back to ``fn``."""
+    try:
+        proto = ctypes.PYFUNCTYPE(fn.restype, *fn.argtypes)
+        address = ctypes.cast(fn, ctypes.c_void_p).value
+    except (AttributeError, TypeError, ctypes.ArgumentError):
+        return fn
+    return proto(address) if address else fn
 
 
 class EngineSaturated(EdgeSDKError):
@@ -275,6 +299,11 @@ class BatchEngine:
             raise BackendUnavailableError(f"llama.cpp could not create a context with {slots} sequences "
                                           f"x {n_ctx} tokens for {path}")
         self._mem = ll.llama_get_memory(self._ctx)
+        # the short calls of the engine thread's host work, which keep the interpreter lock (_holding_gil)
+        self._get_logits = _holding_gil(ll.llama_get_logits)
+        self._sampler_sample = _holding_gil(ll.llama_sampler_sample)
+        self._token_to_piece = _holding_gil(ll.llama_token_to_piece)
+        self._vocab_is_eog = _holding_gil(ll.llama_vocab_is_eog)
         self._n_swa = int(ll.llama_model_n_swa(self._model)) if hasattr(ll, "llama_model_n_swa") else 0
         self.n_ctx_seq = int(ll.llama_n_ctx_seq(self._ctx)) if hasattr(ll, "llama_n_ctx_seq") else n_ctx
         self._vocab = ll.llama_model_get_vocab(self._model)
@@ -289,6 +318,8 @@ class BatchEngine:
                          "kv_unified": kv_unified, "type_k": type_k or "f16", "type_v": type_v or "f16",
                          "reuse_prefix": self.reuse_prefix}
         self._chat: Any = None  # (formatter, stops), built at the first chat request
+        self._pieces: dict[int, bytes] = {}  # token -> bytes (piece), filled as tokens are generated
+        self._eog: dict[int, bool] = {}  # token -> end of generation
         self._cand: Any = None  # the candidates buffer of grammar sampling (n_vocab llama_token_data)
 
         self._cv = threading.Condition()
@@ -300,6 +331,7 @@ class BatchEngine:
         self._users = 0  # threads inside submit()/tokenize(), using the model outside the engine thread
         self.closed = False
         self._ids = itertools.count(1)
+        self._step_listeners: list[Callable[[], None]] = []
         # decode_s: time in llama_decode (and the logits' transfer); host_s: sampling, detokenising and
         # handing pieces on, per step, for all sequences: what the engine adds around llama.cpp
         self.stats = {"steps": 0, "decoded_tokens": 0, "prompt_tokens": 0, "generated_tokens": 0,
@@ -323,13 +355,30 @@ class BatchEngine:
             n = -got
 
     def piece(self, token: int, special: bool = False) -> bytes:
+        """A token's bytes (``llama_token_to_piece``), remembered: the engine thread asks for every generated
+        token's piece, and each foreign call gives up the interpreter lock to whichever thread wants it (the
+        server's event loop), so a call saved is a wait saved under load."""
+        if not special:
+            got = self._pieces.get(token)
+            if got is not None:
+                return got
         size = 64
         while True:
             buf = (ctypes.c_char * size)()
-            n = self._ll.llama_token_to_piece(self._vocab, token, buf, size, 0, special)
+            n = self._token_to_piece(self._vocab, token, buf, size, 0, special)
             if n >= 0:
-                return buf.raw[:n]
+                out = buf.raw[:n]
+                if not special:
+                    self._pieces[token] = out
+                return out
             size = -n
+
+    def _is_eog(self, token: int) -> bool:
+        """``llama_vocab_is_eog``, remembered per token (as :meth:`piece`)."""
+        got = self._eog.get(token)
+        if got is None:
+            got = self._eog[token] = bool(self._vocab_is_eog(self._vocab, token))
+        return got
 
     def _chat_prompt(self, request: GenerationRequest) -> tuple[list[int], tuple[str, ...]]:
         """Chat messages -> prompt tokens and the template's stop strings (the GGUF's own template)."""
@@ -446,6 +495,16 @@ class BatchEngine:
         with self._cv:
             return len(self._active)
 
+    def add_step_listener(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` on the engine thread after every step (and after requests end outside a step), once
+        the step's ``listener`` events are all out: a server hands a whole step's pieces to its event loop at
+        once instead of one wake-up per token. ``fn`` must not block or raise."""
+        self._step_listeners.append(fn)
+
+    def _stepped(self) -> None:
+        for fn in self._step_listeners:
+            fn()
+
     def _wake(self) -> None:
         with self._cv:
             self._cv.notify()
@@ -509,10 +568,10 @@ class BatchEngine:
                 self._end(seq, "cancelled")
                 continue
             req = seq.handle.request
-            sampler = self._new_sampler(req)
-            seq.slot, keep = self._pick_slot(seq.prompt)
-            seq.sampler = sampler
             seq.argmax = req.plain_greedy  # greedy, penalties neutral, no logit bias, no grammar
+            # a plain greedy request never asks a sampler (its token is the row's argmax): none is made
+            seq.sampler = None if seq.argmax else self._new_sampler(req)
+            seq.slot, keep = self._pick_slot(seq.prompt)
             seq.logprobs = [] if req.logprobs is not None else None
             seq.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
             if keep and self._n_swa > 0:
@@ -599,6 +658,7 @@ class BatchEngine:
                     self._end(seq, "cancelled")
                 if self._active:
                     self._step()
+                self._stepped()
         except BaseException as exc:  # noqa: BLE001 - a failed step fails every request, never hangs them
             with self._cv:
                 self._closing = True
@@ -609,6 +669,7 @@ class BatchEngine:
                 self._end(seq, "error", "the batch engine was closed")
             while self._waiting:
                 self._end(self._waiting.popleft(), "error", "the batch engine was closed")
+        self._stepped()
 
     def _step(self) -> None:
         """One step: the next token of every generating sequence, and prompt chunks of admitted ones.
@@ -661,11 +722,20 @@ class BatchEngine:
         if rc != 0:
             raise RuntimeError(f"llama_decode returned {rc} for a batch of {len(entries)} tokens "
                                f"({len(self._active)} sequences)")
+        if outputs:
+            ll.llama_synchronize(self._ctx)  # the wait for the device, with the interpreter lock released
         self.stats["steps"] += 1
         self.stats["decoded_tokens"] += len(entries)
         now = time.perf_counter()
         t_host = None
-        for idx, seq in outputs:
+        rows = None
+        if any(seq.logprobs is not None or (seq.argmax and seq.grammar is None) for _, seq in outputs):
+            # every output row at once (one foreign call, not one per sequence): llama_get_logits gives them in
+            # the batch's order, which is the order of ``outputs``
+            rows = np.ctypeslib.as_array(self._get_logits(self._ctx), shape=(len(outputs), self.n_vocab))
+            t_host = time.perf_counter()  # reading the logits waits for the device: decode time until then
+            self.stats["decode_s"] += t_host - t_dec
+        for j, (idx, seq) in enumerate(outputs):
             if seq.pending is not None:
                 seq.kv.append(seq.pending)
                 seq.pos += 1
@@ -673,7 +743,8 @@ class BatchEngine:
             row = None
             if seq.logprobs is not None or (seq.argmax and seq.grammar is None):
                 # the raw row, read before sampling (samplers work on a copy)
-                row = np.ctypeslib.as_array(ll.llama_get_logits_ith(self._ctx, idx), shape=(self.n_vocab,))
+                assert rows is not None
+                row = rows[j]
             if seq.grammar is not None:
                 tok = self._sample_grammar(seq, idx)
             elif seq.argmax:
@@ -682,8 +753,8 @@ class BatchEngine:
                 assert row is not None
                 tok = int(row.argmax())
             else:
-                tok = int(ll.llama_sampler_sample(seq.sampler, self._ctx, idx))
-            if row is not None and seq.logprobs is not None and not ll.llama_vocab_is_eog(self._vocab, tok):
+                tok = int(self._sampler_sample(seq.sampler, self._ctx, idx))
+            if row is not None and seq.logprobs is not None and not self._is_eog(tok):
                 seq.logprobs.append(self._logprob(row, tok, int(seq.handle.request.logprobs or 0)))
             if t_host is None:  # reading the first row waits for the device: decode time until then
                 t_host = time.perf_counter()
@@ -744,7 +815,7 @@ class BatchEngine:
         if h.cancelled:
             self._end(seq, "cancelled")
             return
-        if self._ll.llama_vocab_is_eog(self._vocab, tok):
+        if self._is_eog(tok):
             seq.text += seq.decoder.decode(b"", final=True)
             self._end(seq, "stop")
             return

@@ -11,7 +11,11 @@ sets the job's cancel event, which the engine checks at every step, and its slot
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import contextlib
+import ctypes
+import os
 import time
 from typing import Any
 
@@ -79,6 +83,10 @@ class BatchWorker:
         self.reason = reason
         self._backend = session.backend
         self.engine = self._backend.batch_engine(slots=slots, max_queue=max_queue, reuse_prefix=reuse_prefix)
+        # events of the current step, handed to the event loop together when the step ends (engine thread only)
+        self._pending: list[tuple[Job, str, Any]] = []
+        self._wakers: dict[Any, _LoopWaker | None] = {}  # per event loop, made on that loop's thread (submit)
+        self.engine.add_step_listener(self._flush)
         self._mean_s = 2.0  # running mean of request time, for Retry-After
         self._closing = False
 
@@ -104,6 +112,8 @@ class BatchWorker:
             rec.__enter__()
         finally:
             detach_context(token)
+        if job.loop not in self._wakers:
+            self._wakers[job.loop] = _LoopWaker.on(job.loop)
         original = job.request
         rec.capture_input(original.prompt if original.messages is None
                           else [m.as_dict() for m in original.messages])
@@ -127,15 +137,32 @@ class BatchWorker:
             raise
         job.emit("started", time.perf_counter())
 
+    def _flush(self) -> None:
+        """On the engine thread, after each step: the step's events go to their event loops together, in
+        order (one wake-up per token instead would cost a self-pipe write and a wait for the interpreter lock
+        per token: most of a step's host time at 16 sequences)."""
+        if not self._pending:
+            return
+        items, self._pending = self._pending, []
+        loops: dict[Any, list[tuple[Any, tuple[str, Any]]]] = {}
+        for job, kind, value in items:
+            loops.setdefault(job.loop, []).append((job.events, (kind, value)))
+        for loop, batch in loops.items():
+            waker = self._wakers.get(loop)
+            if waker is not None and waker.post(batch):
+                continue
+            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody is listening any more
+                loop.call_soon_threadsafe(_deliver, batch)
+
     def _event(self, job: Job, rec: Any, kind: str, value: Any) -> None:
-        """On the engine thread: hand a piece or the end of ``job`` to the event loop (never blocks)."""
+        """On the engine thread: queue a piece or the end of ``job`` for the event loop (never blocks)."""
         if kind == "chunk":
             rec.first_chunk()
             rec.chunk()
-            job.emit("chunk", value)
+            self._pending.append((job, "chunk", value))
             return
         if kind == "logprobs":  # the tokens behind the next chunk (the request asked for logprobs)
-            job.emit("logprobs", value)
+            self._pending.append((job, "logprobs", value))
             return
         res: GenerationResult = value
         rec.set_output_tokens(len(res.tokens))
@@ -145,17 +172,18 @@ class BatchWorker:
             rec.set_error("generation_failed")
         rec.__exit__(None, None, None)
         if res.finish_reason == "error":
-            job.emit("error", RuntimeError(res.error or "generation failed"))
+            self._pending.append((job, "error", RuntimeError(res.error or "generation failed")))
             return
         self._mean_s = 0.8 * self._mean_s + 0.2 * res.total_s
         first, end = res.first_token_at, res.finished_at
         n_out = len(res.tokens)
-        job.emit("done", {"input_tokens": res.prompt_tokens, "output_tokens": n_out,
-                          "finish_reason": res.finish_reason, "ttft_s": res.ttft_s,
-                          "decode_tok_s": round((n_out - 1) / (end - first), 2)
-                          if first and end and n_out > 1 and end > first else None,
-                          "first_token_at": first, "last_token_at": end if first else None,
-                          "cached_tokens": res.cached_tokens, "logprobs": res.logprobs})
+        done = {"input_tokens": res.prompt_tokens, "output_tokens": n_out, "finish_reason": res.finish_reason,
+                "ttft_s": res.ttft_s,
+                "decode_tok_s": round((n_out - 1) / (end - first), 2) if first and end and n_out > 1 and end > first
+                else None,
+                "first_token_at": first, "last_token_at": end if first else None,
+                "cached_tokens": res.cached_tokens, "logprobs": res.logprobs}
+        self._pending.append((job, "done", done))
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Refuse new requests, let running ones finish (bounded by ``timeout_s``), then stop the engine."""
@@ -164,3 +192,89 @@ class BatchWorker:
         while self.engine.depth and time.monotonic() < deadline:
             time.sleep(0.05)
         self.engine.close(max(1.0, deadline - time.monotonic()))
+        for waker in self._wakers.values():
+            if waker is not None:
+                waker.close()
+
+
+def _deliver(batch: list[tuple[Any, tuple[str, Any]]]) -> None:
+    """On the event loop: put one step's events on their jobs' queues."""
+    for events, item in batch:
+        events.put_nowait(item)
+
+
+class _LoopWaker:
+    """Wakes an asyncio loop from the engine thread without giving up the interpreter lock.
+
+    ``call_soon_threadsafe`` writes to the loop's self-pipe with a Python ``send``, which releases the lock; the
+    loop thread, woken by that very byte, takes it, and the engine thread waits until the loop has handled the
+    whole step's events before it can start the next ``llama_decode``: the loop's work and the device's work
+    run one after the other. Here the engine writes a byte to a pipe of our own through libc's ``write`` called
+    with the lock held (``ctypes.PyDLL``; the pipe is non-blocking, so the call never waits), goes on into the
+    next ``llama_decode`` (which releases the lock), and the loop (watching the pipe with ``add_reader``)
+    handles the events while the device computes. Made on the loop's own thread; ``on`` returns None where
+    the loop cannot watch a file descriptor (then the worker uses ``call_soon_threadsafe``)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, write: Any) -> None:
+        self.loop = loop
+        self._items: collections.deque[tuple[Any, tuple[str, Any]]] = collections.deque()
+        self._signalled = False
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._r, False)
+        os.set_blocking(self._w, False)
+        self._write = write
+        self._byte = ctypes.create_string_buffer(b"x", 1)
+        self._open = True
+        loop.add_reader(self._r, self._drain)
+
+    @classmethod
+    def on(cls, loop: asyncio.AbstractEventLoop) -> _LoopWaker | None:
+        try:
+            if asyncio.get_running_loop() is not loop:
+                return None
+            libc = ctypes.PyDLL(None)  # the process's C library, called with the interpreter lock held
+            write = libc.write
+            write.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t)
+            write.restype = ctypes.c_ssize_t
+            return cls(loop, write)
+        except (RuntimeError, OSError, AttributeError, NotImplementedError):
+            return None
+
+    def post(self, batch: list[tuple[Any, tuple[str, Any]]]) -> bool:
+        """On the engine thread: queue ``batch`` and wake the loop; False when this waker is closed."""
+        if not self._open:
+            return False
+        self._items.extend(batch)
+        if not self._signalled:
+            self._signalled = True
+            self._write(self._w, self._byte, 1)  # EAGAIN on a full pipe is fine: a wake-up is pending
+        return True
+
+    def _drain(self) -> None:
+        """On the loop: read the wake-up bytes, then deliver everything queued, in order."""
+        with contextlib.suppress(OSError):
+            os.read(self._r, 4096)
+        self._signalled = False  # before draining: a batch queued from here on sends a new wake-up
+        items = self._items
+        while items:
+            events, item = items.popleft()
+            events.put_nowait(item)
+
+    def close(self) -> None:
+        if not self._open:
+            return
+        self._open = False
+        with contextlib.suppress(RuntimeError, ValueError, OSError):
+            if not self.loop.is_closed():
+                self.loop.call_soon_threadsafe(self._shut)
+                return
+        self._shut()
+
+    def _shut(self) -> None:
+        with contextlib.suppress(RuntimeError, ValueError, OSError):
+            if not self.loop.is_closed():
+                self.loop.remove_reader(self._r)
+        self._drain()
+        for fd in (self._r, self._w):
+            with contextlib.suppress(OSError):
+                os.close(fd)

@@ -67,14 +67,17 @@ def batched(engine, prompts: list[str], max_tokens: int) -> dict:
     from edgesdk.runtime.requests import GenerationRequest
 
     reqs = [GenerationRequest(prompt=p, max_tokens=max_tokens, temperature=0) for p in prompts]
+    before = dict(engine.stats)
     t0 = time.perf_counter()
     handles = [engine.submit(r) for r in reqs]
     results = [h.result() for h in handles]
     wall = time.perf_counter() - t0
     n = sum(len(r.tokens) for r in results)
+    # where the engine's time went: llama_decode (until the logits are readable) and its own host work
+    spent = {k: engine.stats[k] - before[k] for k in ("steps", "decoded_tokens", "decode_s", "host_s")}
     return {"wall_s": wall, "completion_tokens": n, "tok_s": n / wall,
             "ttft_p50_ms": 1000 * statistics.median(r.ttft_s or 0.0 for r in results),
-            "tokens": [r.tokens for r in results]}
+            "tokens": [r.tokens for r in results], "engine": spent}
 
 
 def first_diff(a: list[int], b: list[int]) -> int | None:
@@ -133,9 +136,19 @@ def main() -> None:
         def agg(runs: list[tuple[list[str], dict]]) -> dict:
             n = sum(r["completion_tokens"] for _, r in runs)
             w = sum(r["wall_s"] for _, r in runs)
-            return {"completion_tokens": n, "wall_s": round(w, 3), "tok_s": round(n / w, 2),
-                    "tok_s_per_turn": [round(r["tok_s"], 2) for _, r in runs],
-                    "ttft_p50_ms": round(statistics.median(r["ttft_p50_ms"] for _, r in runs), 1)}
+            out = {"completion_tokens": n, "wall_s": round(w, 3), "tok_s": round(n / w, 2),
+                   "tok_s_per_turn": [round(r["tok_s"], 2) for _, r in runs],
+                   "ttft_p50_ms": round(statistics.median(r["ttft_p50_ms"] for _, r in runs), 1)}
+            if all("engine" in r for _, r in runs):
+                steps = sum(r["engine"]["steps"] for _, r in runs)
+                dec = sum(r["engine"]["decode_s"] for _, r in runs)
+                host = sum(r["engine"]["host_s"] for _, r in runs)
+                out["engine"] = {"decode_calls": steps, "decode_ms_per_call": round(1000 * dec / max(steps, 1), 3),
+                                 "host_ms_per_call": round(1000 * host / max(steps, 1), 3),
+                                 "wall_ms_per_call": round(1000 * w / max(steps, 1), 3),
+                                 "tokens_per_call": round(sum(r["engine"]["decoded_tokens"] for _, r in runs)
+                                                          / max(steps, 1), 2)}
+            return out
 
         row = {"concurrency": c, "sequential": agg(seq_runs), "batched": agg(bat_runs),
                "identical_requests": sum(d is None for d in diffs), "requests_compared": len(diffs),
@@ -145,6 +158,11 @@ def main() -> None:
         print(f"C={c}: sequential {row['sequential']['tok_s']} tok/s, batched {row['batched']['tok_s']} tok/s, "
               f"ratio {row['ratio']}x; greedy identical {row['identical_requests']}/{row['requests_compared']}",
               flush=True)
+        if "engine" in row["batched"]:
+            e = row["batched"]["engine"]
+            print(f"      engine: {e['decode_calls']} llama_decode calls, {e['tokens_per_call']} tokens each, "
+                  f"decode {e['decode_ms_per_call']} ms + host {e['host_ms_per_call']} ms of "
+                  f"{e['wall_ms_per_call']} ms wall per call", flush=True)
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                 cwd=Path(__file__).resolve().parents[2]).stdout.strip()
