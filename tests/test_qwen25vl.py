@@ -55,9 +55,9 @@ def make_tiny_qwen25vl(directory: Path, *, seed: int = 0, init: float = 0.06) ->
         Qwen2TokenizerFast,
         Qwen2VLImageProcessor,
     )
+    from vlm_fixtures import byte_bpe
 
     from edgesdk.formats.gguf.build import PPL_TEXT
-    from tests.vlm_fixtures import byte_bpe
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -125,3 +125,283 @@ def make_qwen25vl_images(directory: Path) -> list[Path]:
         out.append(directory / f"qwen{i}_{w}x{h}.png")
         Image.fromarray(a.astype(np.uint8)).save(out[-1])
     return out
+
+
+def make_tiny_qwen25vl_tf5(directory: Path, *, seed: int = 0) -> Path:
+    """The same model in a transformers 5 layout: :func:`vlm_fixtures.to_transformers5_layout` (rope_parameters,
+    processor_config.json, the tokenizer files) + the names of transformers 5's module tree (``model.visual.*``,
+    ``model.language_model.*``), which transformers 4.57 maps back to the hub's names when it saves. Derived here
+    (no transformers 5 on this host) and NOT checked against a real transformers 5 save of Qwen2.5-VL."""
+    from safetensors.torch import load_file, save_file
+    from vlm_fixtures import to_transformers5_layout
+
+    src = make_tiny_qwen25vl(Path(directory).with_name(Path(directory).name + "-tf4"), seed=seed)
+    out = to_transformers5_layout(src, Path(directory))
+    tensors = load_file(str(out / "model.safetensors"))
+    renamed = {("model." + k if k.startswith("visual.") else
+                "model.language_model." + k[len("model."):] if k.startswith("model.") else k): v
+               for k, v in tensors.items()}
+    save_file(renamed, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+PROMPT = "Describe the image."
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen25vl(tmp_path_factory) -> Path:
+    return make_tiny_qwen25vl(tmp_path_factory.mktemp("vlm-qwen25vl") / "tiny-qwen25vl")
+
+
+@pytest.fixture(scope="module")
+def qwen_images(tmp_path_factory) -> list[Path]:
+    return make_qwen25vl_images(tmp_path_factory.mktemp("images-qwen25vl"))
+
+
+def test_the_record_is_one_module_and_one_registry_line():
+    from edgesdk.formats.vlm.families import REGISTRY, by_config, by_name
+
+    fam = by_name("qwen25vl")
+    assert "qwen25vl" in REGISTRY and fam.architectures == ("Qwen2_5_VLForConditionalGeneration",)
+    assert fam.parity_image_sizes == QWEN25VL_IMAGE_SIZES and fam.frames == "dynamic"
+    # transformers 4.57's Qwen2_5_VLConfig keeps ``architectures`` in text_config only
+    assert by_config({"text_config": {"architectures": ["Qwen2_5_VLForConditionalGeneration"]}}) is fam
+
+
+@pytest.mark.parametrize("size", [(250, 190), (140, 300), (96, 60), (10, 10), (1000, 7), (4000, 3000), (28, 5600),
+                                  (333, 333), (7000, 5000)])
+def test_the_runtime_resizes_as_the_hf_processor(size):
+    """The runtime's size for an image equals transformers' smart_resize with the processor's min/max pixels (the
+    Qwen2.5-VL-3B values), except above llama.cpp's cap of 4096 image tokens, which it keeps."""
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize as hf_smart_resize
+
+    from edgesdk.formats.vlm.families.qwen25vl import MAX_IMAGE_TOKENS, max_image_tokens, smart_resize
+
+    pre = {"min_pixels": 3136, "max_pixels": 12845056, "size": {"shortest_edge": 3136, "longest_edge": 12845056},
+           "patch_size": 14, "merge_size": 2}
+    w, h = size
+    ours = smart_resize(h, w, pre)
+    hf = hf_smart_resize(h, w, factor=28, min_pixels=3136, max_pixels=12845056)
+    assert ours[0] % 28 == 0 and ours[1] % 28 == 0
+    if hf[0] * hf[1] <= MAX_IMAGE_TOKENS * 28 * 28:
+        assert ours == hf
+    else:
+        assert ours == hf_smart_resize(h, w, factor=28, min_pixels=3136, max_pixels=MAX_IMAGE_TOKENS * 784)
+        assert ours[0] * ours[1] // 784 <= MAX_IMAGE_TOKENS == max_image_tokens(pre)
+
+
+def test_plan_treats_qwen25vl_as_components(tiny_qwen25vl):
+    from edgesdk.build import make_plan
+
+    plan = make_plan(tiny_qwen25vl, "orin")
+    assert plan.format == "vlm" and plan.precision == "mixed"
+    assert plan.decision("vlm.encoder")["precision"] == "F16"
+    assert plan.decision("vlm.vision_runtime")["onnx"] is False  # no ONNX encoder export for this family
+    text = plan.explain()
+    assert "dynamic resolution" in text and "up to 4096 image tokens per image" in text
+    assert "patch merger (2 x 2 patches -> one token" in text and "qwen2_5_vl_text decoder" in text
+
+
+def test_decoder_gguf_is_qwen2vl_with_mrope_sections(tiny_qwen25vl, tmp_path):
+    import gguf
+
+    from edgesdk.formats.gguf.convert import convert_hf_to_gguf
+    from edgesdk.formats.vlm.convert import write_text_model_dir
+
+    text_dir = write_text_model_dir(tiny_qwen25vl, tmp_path / "text")
+    cfg = json.loads((text_dir / "config.json").read_text())
+    assert cfg["model_type"] == "qwen2" and cfg["architectures"] == ["Qwen2_5_VLTextModel"]
+    info = convert_hf_to_gguf(text_dir, tmp_path / "dec.gguf")
+    assert info["gguf_architecture"] == "qwen2vl"
+    r = gguf.GGUFReader(str(tmp_path / "dec.gguf"))
+    assert r.fields["general.architecture"].contents() == "qwen2vl"
+    assert r.fields["qwen2vl.rope.dimension_sections"].contents() == [16, 24, 24, 0]
+    assert r.fields["qwen2vl.rope.freq_base"].contents() == 1_000_000.0
+    assert "output.weight" not in {t.name for t in r.tensors}  # tied to token_embd, as Qwen2.5-VL-3B
+
+
+def test_mmproj_layout_is_llama_cpp_qwen25vl(tiny_qwen25vl, tmp_path):
+    import gguf
+    from safetensors.numpy import load_file
+
+    from edgesdk.formats.vlm.convert import write_mmproj
+
+    info = write_mmproj(tiny_qwen25vl, tmp_path / "mmproj.gguf")
+    assert info["projector_type"] == "qwen2.5vl_merger" and info["n_wa_pattern"] == 2 and info["image_size"] is None
+    r = gguf.GGUFReader(str(tmp_path / "mmproj.gguf"))
+    f = {k: v.contents() for k, v in r.fields.items() if k.startswith("clip.")}
+    assert f["clip.projector_type"] == "qwen2.5vl_merger" and f["clip.use_silu"] is True
+    assert f["clip.vision.n_wa_pattern"] == 2 and f["clip.vision.spatial_merge_size"] == 2
+    assert f["clip.vision.block_count"] == 4 and f["clip.vision.projection_dim"] == 256
+    assert abs(f["clip.vision.attention.layer_norm_epsilon"] - 1e-6) < 1e-12
+    t = {x.name: np.array(x.data) for x in r.tensors}
+    hf = load_file(str(tiny_qwen25vl / "model.safetensors"))
+    conv = hf["visual.patch_embed.proj.weight"]  # [160, 3, 2, 14, 14]: two frames of one Conv3d
+    for name, frame in (("v.patch_embd.weight", 0), ("v.patch_embd.weight.1", 1)):
+        np.testing.assert_allclose(t[name].astype(np.float32).reshape(conv[:, :, frame].shape), conv[:, :, frame],
+                                   atol=1e-3)
+    qkv_w, qkv_b = hf["visual.blocks.2.attn.qkv.weight"], hf["visual.blocks.2.attn.qkv.bias"]
+    for i, part in enumerate("qkv"):
+        np.testing.assert_allclose(t[f"v.blk.2.attn_{part}.weight"].astype(np.float32).reshape(160, 160),
+                                   qkv_w[i * 160:(i + 1) * 160], atol=1e-3)
+        np.testing.assert_allclose(t[f"v.blk.2.attn_{part}.bias"], qkv_b[i * 160:(i + 1) * 160], atol=0)
+    assert {"v.post_ln.weight", "mm.0.weight", "mm.0.bias", "mm.2.weight", "mm.2.bias",
+            "v.blk.0.ffn_gate.weight", "v.blk.0.ffn_up.bias", "v.blk.3.ln2.weight"} <= set(t)
+
+
+def _edited(src: Path, dst: Path, vision: dict | None = None, pre: dict | None = None) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    if vision:
+        cfg = json.loads((dst / "config.json").read_text())
+        cfg["vision_config"].update(vision)
+        (dst / "config.json").write_text(json.dumps(cfg))
+    if pre:
+        data = json.loads((dst / "preprocessor_config.json").read_text())
+        data.update(pre)
+        (dst / "preprocessor_config.json").write_text(json.dumps(data))
+    return dst
+
+
+@pytest.mark.parametrize("vision, pre, match", [
+    ({"fullatt_block_indexes": [0, 3]}, None, r"fullatt_block_indexes \[0, 3\] is not every 1-th"),
+    ({"fullatt_block_indexes": [1]}, None, r"fullatt_block_indexes \[1\] is not every 2-th of the 4 blocks"),
+    ({"window_size": 224}, None, "window_size 224 is not supported"),
+    ({"temporal_patch_size": 3}, None, "temporal_patch_size 3 is not supported"),
+    ({"hidden_act": "gelu"}, None, "hidden_act 'gelu' is not supported"),
+    (None, {"merge_size": 4}, "merge_size 4 differs from the vision config's spatial_merge_size 2"),
+])
+def test_unsupported_qwen25vl_checkpoints_are_one_line_model_errors(tiny_qwen25vl, tmp_path, vision, pre, match):
+    from edgesdk.errors import ModelError
+    from edgesdk.formats.vlm.convert import write_mmproj
+
+    bad = _edited(tiny_qwen25vl, tmp_path / "bad", vision, pre)
+    with pytest.raises(ModelError, match=match) as err:
+        write_mmproj(bad, tmp_path / "mm.gguf")
+    assert "\n" not in str(err.value)
+
+
+@pytest.fixture(scope="module")
+def qwen_bundle(tiny_qwen25vl, tmp_path_factory) -> Path:
+    from edgesdk.build import build
+    from edgesdk.plan import BuildOptions
+
+    out = tmp_path_factory.mktemp("bundles-qwen25vl") / "qwen25vl-f16"
+    return build(tiny_qwen25vl, "cpu-x86_64", out, BuildOptions(progress=False, quant_type="F16"))
+
+
+@pytest.fixture(scope="module")
+def qwen_bundle_5(tmp_path_factory) -> Path:
+    from edgesdk.build import build
+    from edgesdk.plan import BuildOptions
+
+    src = make_tiny_qwen25vl_tf5(tmp_path_factory.mktemp("vlm-qwen25vl-5") / "tiny-qwen25vl-tf5")
+    out = tmp_path_factory.mktemp("bundles-qwen25vl") / "qwen25vl-5-f16"
+    return build(src, "cpu-x86_64", out, BuildOptions(progress=False, quant_type="F16"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["transformers4", "transformers5"])
+def test_f16_build_matches_pytorch(layout, request):
+    """Decoder logits, image features per token and greedy tokens on three images of different sizes (so the image
+    tokens differ: 63, 55 and 6), the prompt tokens equal to the HF processor's."""
+    bundle = request.getfixturevalue("qwen_bundle" if layout == "transformers4" else "qwen_bundle_5")
+    m = json.loads((bundle / "manifest.json").read_text())
+    vlm = m["extras"]["vlm"]
+    assert m["format"] == "vlm" and m["license"]["verdict"] == "pass"
+    assert vlm["mmproj"]["checkpoint_layout"]["transformers"] == layout[-1] + ".x"
+    assert vlm["components"]["projector"]["type"] == "qwen2.5vl_merger" and vlm["image_tokens"] == 4096
+    vision = m["parity"]["vision"]
+    assert vision["encoder_min_cosine"] >= 0.999 and vision["greedy_equal"] == "3/3"
+    assert [p["image_tokens"] for p in vision["per_image"]] == [63, 55, 6]
+    for p in vision["per_image"]:
+        assert p["tokens_ours"] == p["tokens_pytorch"] and p["input_tokens_ours"] == p["input_tokens_pytorch"]
+    assert len({tuple(p["tokens_ours"]) for p in vision["per_image"]}) == 3  # the answer depends on the image
+    assert m["parity"]["decoder_logits_vs_hf"]["min_cosine"] >= 0.999
+
+
+@pytest.mark.slow
+def test_the_parity_is_sensitive_to_positions_windows_and_tokens(tiny_qwen25vl, qwen_bundle, tmp_path):
+    """What the build's equalities rule out: with plain sequential positions for the image tokens (no M-RoPE)
+    PyTorch answers differently; without window attention in the tower the features differ (cosine < 0.999 on the
+    image spanning 3 x 2 windows); and on the checkerboard each feature row differs from its neighbour's (a per-token
+    cosine of 1.0 is not a constant output, nor rows shifted by one)."""
+    import torch
+    from PIL import Image
+    from transformers import AutoImageProcessor, AutoTokenizer, Qwen2_5_VLForConditionalGeneration
+
+    import edgesdk
+    from edgesdk.formats.vlm.build import test_images
+    from edgesdk.formats.vlm.families import by_name
+
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(tiny_qwen25vl).eval()
+    image_proc, tok = AutoImageProcessor.from_pretrained(tiny_qwen25vl), AutoTokenizer.from_pretrained(tiny_qwen25vl)
+    images = test_images(tmp_path, by_name("qwen25vl").parity_image_sizes)
+    per_image = json.loads((qwen_bundle / "manifest.json").read_text())["parity"]["vision"]["per_image"]
+    pad = "<|image_pad|>"
+    differ = 0
+    for path, p in zip(images, per_image, strict=True):
+        px = image_proc(images=[Image.open(path).convert("RGB")], return_tensors="pt")
+        n = int(px["image_grid_thw"][0].prod()) // 4
+        text = by_name("qwen25vl").reference_prompt(PROMPT).replace(pad, pad * n)
+        x = {**tok(text, return_tensors="pt"), **px}
+        seq = torch.arange(x["input_ids"].shape[1])[None]
+        with torch.no_grad():  # the text model's own 1-D positions, broadcast to the three M-RoPE sections
+            out = model.generate(**x, position_ids=seq.expand(3, 1, -1), max_new_tokens=1, do_sample=False)
+        differ += int(out[0, -1].item() != p["tokens_ours"][0])
+    assert differ >= 1
+
+    s = edgesdk.load(qwen_bundle)
+    try:
+        got = s.backend.image_features(images[0]).astype(np.float64)
+        checker = s.backend.image_features(images[1]).astype(np.float64)
+    finally:
+        s.close()
+    px = image_proc(images=[Image.open(images[0]).convert("RGB")], return_tensors="pt")
+    visual = model.model.visual if hasattr(model, "model") else model.visual
+    full = list(visual.fullatt_block_indexes)
+    visual.fullatt_block_indexes = list(range(len(visual.blocks)))  # every block attends to the whole image
+    try:
+        with torch.no_grad():
+            no_windows = visual(px["pixel_values"], grid_thw=px["image_grid_thw"]).double().numpy()
+    finally:
+        visual.fullatt_block_indexes = full
+
+    def cos(a, b):
+        return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+    assert got.shape == no_windows.shape == (63, 256)
+    assert cos(got, no_windows).min() < 0.999
+    assert cos(checker[1:], checker[:-1]).max() < 0.9  # measured 0.50 (the gradient's neighbours: up to 0.998)
+
+
+@pytest.mark.slow
+def test_chat_generate_kv_reuse_and_cli(qwen_bundle, qwen_images, run_cli):
+    """chat() and generate() agree; a second question about the same image reuses its features and the KV cache up
+    to the end of the image (its M-RoPE positions included); ``edgesdk run --image`` answers with the image's own
+    token count."""
+    import edgesdk
+
+    s = edgesdk.load(qwen_bundle)
+    try:
+        a = s.generate(PROMPT, images=[qwen_images[1]], max_tokens=6, temperature=0)
+        first = dict(s.backend.last)
+        assert first["image_tokens"] == 55 and first["encoder_runs"] == 1  # 140 x 300 -> 5 x 11 tokens
+        chat = s.chat([{"role": "user", "content": [{"type": "image", "path": str(qwen_images[1])},
+                                                    {"type": "text", "text": PROMPT}]}], max_tokens=6, temperature=0)
+        assert chat == a and s.backend.last["images_cached"] == 1 and s.backend.last["encoder_runs"] == 1
+        assert s.backend.last["kv_reused_tokens"] > 0 and s.backend.last["output_ids"] == first["output_ids"]
+        fresh = edgesdk.load(qwen_bundle)
+        try:
+            other = fresh.generate("What is this?", images=[qwen_images[1]], max_tokens=6, temperature=0)
+        finally:
+            fresh.close()
+        assert s.generate("What is this?", images=[qwen_images[1]], max_tokens=6, temperature=0) == other
+    finally:
+        s.close()
+    proc = run_cli("run", str(qwen_bundle), "--image", str(qwen_images[0]), "--prompt", PROMPT, "-n", "4",
+                   "--temp", "0", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["report"]["backend_report"]["last_request"]["image_tokens"] == 63  # 250 x 190 -> 252 x 196

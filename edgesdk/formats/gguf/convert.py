@@ -86,7 +86,8 @@ def transformers_major() -> int | None:
 
 def config_for_transformers4(config: dict[str, Any]) -> dict[str, Any]:
     """A transformers 5 config.json as transformers 4 reads it: ``rope_parameters`` back to ``rope_theta`` (and
-    ``rope_scaling`` for a non-default type), ``_pad_token_id`` back to ``pad_token_id``; nested configs too."""
+    ``rope_scaling`` for a non-default type or M-RoPE sections), ``_pad_token_id`` back to ``pad_token_id``; nested
+    configs too."""
     out: dict[str, Any] = {}
     for key, value in config.items():
         if key == "rope_parameters" and isinstance(value, dict) and _per_layer_type(value):
@@ -96,7 +97,9 @@ def config_for_transformers4(config: dict[str, Any]) -> dict[str, Any]:
             if "rope_theta" in value:
                 out["rope_theta"] = value["rope_theta"]
             rest = {k: v for k, v in value.items() if k != "rope_theta"}
-            if (rest.get("rope_type") or rest.get("type")) not in (None, "default"):
+            # a non-default type, or M-RoPE sections (Qwen2-VL / Qwen2.5-VL: type default + mrope_section, which
+            # transformers 4's Qwen2_5_VL attention reads from rope_scaling)
+            if (rest.get("rope_type") or rest.get("type")) not in (None, "default") or "mrope_section" in rest:
                 out["rope_scaling"] = rest
             continue
         if key == "_pad_token_id" and "pad_token_id" not in config:
