@@ -809,7 +809,7 @@ def test_statement_7_predict_for_this_cpu_host_measures_its_figures(tmp_path):
 
 
 def test_statement_8_langchain_embeddings_setting_is_documented():
-    from edgesdk.serve.app import APIError, parse_embeddings
+    from edgesdk.serve.protocol import APIError, parse_embeddings
 
     # Token ids (what OpenAIEmbeddings sends by default) are accepted (tests/test_serve_embeddings_ids.py) ...
     assert parse_embeddings({"model": "m", "input": [[9906, 1917]]})[0] == [[9906, 1917]]

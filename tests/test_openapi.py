@@ -14,15 +14,10 @@ jsonschema = pytest.importorskip("jsonschema")
 
 from starlette.testclient import TestClient  # noqa: E402
 
-from edgesdk.serve.app import (  # noqa: E402
-    REQUEST_FIELDS,
-    APIError,
-    ModelEntry,
-    ServeConfig,
-    create_app,
-    parse_embeddings,
-    parse_generation,
-)
+from edgesdk.serve.app import create_app  # noqa: E402
+from edgesdk.serve.config import ModelEntry, ServeConfig  # noqa: E402
+from edgesdk.serve.fields import REQUEST_FIELDS  # noqa: E402
+from edgesdk.serve.protocol import APIError, parse_embeddings, parse_generation  # noqa: E402
 
 ROUTES = {"/v1/chat/completions": "post", "/v1/completions": "post", "/v1/embeddings": "post",
           "/v1/models": "get", "/v1/models/{model}": "get", "/health": "get", "/metrics": "get",

@@ -19,7 +19,7 @@ pytest.importorskip("starlette")
 
 from test_serve import ServerProcess, gemma_chat_bundle  # noqa: E402,F401  (gemma_chat_bundle: a fixture)
 
-from edgesdk.serve.app import REQUEST_FIELDS, fields_markdown  # noqa: E402
+from edgesdk.serve.fields import REQUEST_FIELDS, fields_markdown  # noqa: E402
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "serve.md"
 PROMPT = "one two three one two three one two three one two three"

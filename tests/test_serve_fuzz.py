@@ -22,7 +22,8 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from edgesdk.runtime.requests import GenerationRequest  # noqa: E402
-from edgesdk.serve.app import APIError, ModelEntry, decode_json, parse_embeddings, parse_generation  # noqa: E402
+from edgesdk.serve.config import ModelEntry  # noqa: E402
+from edgesdk.serve.protocol import APIError, decode_json, parse_embeddings, parse_generation  # noqa: E402
 
 EXAMPLES = int(os.environ.get("EDGESDK_FUZZ_EXAMPLES", "300"))
 ENTRY = ModelEntry(name="m", session=None, kind="llm", max_tokens_cap=2048, default_max_tokens=256)

@@ -117,7 +117,7 @@ def test_exclusion_follows_the_opentelemetry_variable(minilm_bundle, tmp_path, c
 
 def test_untraced_patterns(monkeypatch):
     from edgesdk.errors import InputError
-    from edgesdk.serve.app import untraced_patterns
+    from edgesdk.telemetry.serve_spans import untraced_patterns
 
     for var in ("OTEL_PYTHON_EXCLUDED_URLS", "OTEL_PYTHON_STARLETTE_EXCLUDED_URLS"):
         monkeypatch.delenv(var, raising=False)

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """The server's OpenAPI 3.1 document (``GET /openapi.json``), generated from the routes the app serves and the
-request-field table (:data:`edgesdk.serve.app.REQUEST_FIELDS`), so it cannot drift from what the server does.
+request-field table (:data:`edgesdk.serve.fields.REQUEST_FIELDS`), so it cannot drift from what the server does.
 
 Every field a route knows is a property of its request body: ``description`` says ``implemented`` or
 ``refused (400)`` (with the value that asks for nothing, when there is one) and the note of the table, and
