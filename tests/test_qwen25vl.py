@@ -405,3 +405,18 @@ def test_chat_generate_kv_reuse_and_cli(qwen_bundle, qwen_images, run_cli):
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["report"]["backend_report"]["last_request"]["image_tokens"] == 63  # 250 x 190 -> 252 x 196
+
+
+@pytest.mark.slow
+def test_cli_build_for_orin_and_run(tiny_qwen25vl, qwen_images, run_cli, tmp_path):
+    """``edgesdk build DIR --profile orin -o OUT`` (the profile's own decoder quantization, every parity gate) and
+    ``edgesdk run OUT --image --prompt``."""
+    out = tmp_path / "qwen25vl-orin"
+    proc = run_cli("build", str(tiny_qwen25vl), "--profile", "orin", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["extras"]["llm"]["quant_type"] != "F16" and m["parity"]["vision"]["greedy_equal"] == "3/3"
+    assert m["parity"]["decoder_ppl_ratio"] <= 1.1
+    run = run_cli("run", str(out), "--image", str(qwen_images[2]), "--prompt", "What is this?", "-n", "4", "--json")
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["report"]["backend_report"]["last_request"]["image_tokens"] == 6  # 96 x 60

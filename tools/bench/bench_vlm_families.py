@@ -4,7 +4,11 @@
 Models: the random-weight test fixtures of tests/vlm_fixtures.py, one per family: LLaVA with a SigLIP tower
 (``make_tiny_llava``), LLaVA-1.5 with a CLIP tower (``make_tiny_llava15``: 336 px, 576 image tokens), SmolVLM /
 Idefics3 without and with image splitting (``make_tiny_idefics3``), Gemma-3 vision (``make_tiny_gemma3``: 224 px,
-16 image tokens). RANDOM weights: the text is meaningless.
+16 image tokens), Qwen2.5-VL (tests/test_qwen25vl.py ``make_tiny_qwen25vl``: dynamic resolution, the 120x80 image
+is 12 image tokens). RANDOM weights: the text is meaningless.
+
+A dynamic-resolution family (image tokens depend on the image) is also measured on the family's parity image
+sizes (``by_size``: image tokens, TTFT and encoder time per size, same rounds).
 
 Per family: ``edgesdk build --profile cpu-x86_64`` (the profile's own decoder quantization, every parity gate),
 then the artifact sizes and the build's parity record; then one process loads the bundle with ``threads`` (2),
@@ -43,6 +47,7 @@ FAMILIES = {
     "smolvlm": lambda d: __import__("vlm_fixtures").make_tiny_idefics3(d),
     "smolvlm-split": lambda d: __import__("vlm_fixtures").make_tiny_idefics3(d, image_splitting=True),
     "gemma3": lambda d: __import__("vlm_fixtures").make_tiny_gemma3(d),
+    "qwen25vl": lambda d: __import__("test_qwen25vl").make_tiny_qwen25vl(d),
 }
 
 
@@ -71,6 +76,27 @@ def measure(name: str, work: Path, threads: int, rounds: int, max_tokens: int, i
             last = dict(s.backend.last)
             runs.append({k: last.get(k) for k in ("ttft_s", "decode_tok_s", "output_tokens", "input_tokens",
                                                    "image_tokens", "stages_s")})
+        by_size = []
+        fam = __import__("edgesdk.formats.vlm.families", fromlist=["by_config"]).by_config(
+            json.loads((src / "config.json").read_text()))
+        if fam.frames == "dynamic" and fam.parity_image_sizes:
+            from edgesdk.formats.vlm.build import test_images
+
+            for path in test_images(work / f"{name}-sizes", fam.parity_image_sizes):
+                s.generate("Describe the image.", images=[path], max_tokens=max_tokens, temperature=0)  # warm-up
+                sized = []
+                for _ in range(rounds):
+                    s.backend.pipe.features.clear()
+                    s.backend.pipe._kv = []
+                    s.generate("Describe the image.", images=[path], max_tokens=max_tokens, temperature=0)
+                    sized.append(dict(s.backend.last))
+                w, h = __import__("PIL.Image", fromlist=["open"]).open(path).size
+                by_size.append({"image": f"{w}x{h}", "image_tokens": sized[0]["image_tokens"],
+                                "input_tokens": sized[0]["input_tokens"],
+                                "ttft_ms_median": round(statistics.median(r["ttft_s"] for r in sized) * 1e3, 2),
+                                "ttft_ms_min": round(min(r["ttft_s"] for r in sized) * 1e3, 2),
+                                "encode_ms_median": round(statistics.median(
+                                    r["stages_s"]["encode_s"] for r in sized) * 1e3, 2)})
     finally:
         s.close()
     tok_s = [r["decode_tok_s"] for r in runs if r["decode_tok_s"]]
@@ -82,13 +108,16 @@ def measure(name: str, work: Path, threads: int, rounds: int, max_tokens: int, i
                                         for p in vision["per_image"]],
                        "mmproj_not_used": vision.get("mmproj_not_used", {}).get("encoder_min_cosine"),
                        "decoder_logits_min_cosine": m["parity"]["decoder_logits_vs_hf"]["min_cosine"],
-                       "decoder_ppl_ratio": m["parity"].get("decoder_ppl_ratio")},
+                       "decoder_ppl_ratio": m["parity"].get("decoder_ppl_ratio"),
+                       "per_image": [{k: p.get(k) for k in ("image", "image_tokens", "min_cosine", "max_abs")}
+                                     for p in vision["per_image"]]},
             "image_tokens": runs[0]["image_tokens"], "input_tokens": runs[0]["input_tokens"],
             "ttft_ms_median": round(statistics.median(r["ttft_s"] for r in runs) * 1e3, 2),
             "ttft_ms_min": round(min(r["ttft_s"] for r in runs) * 1e3, 2),
             "decode_tok_s_median": round(statistics.median(tok_s), 1) if tok_s else None,
             "decode_tok_s_max": round(max(tok_s), 1) if tok_s else None,
-            "output_tokens": [r["output_tokens"] for r in runs], "runs": runs}
+            "output_tokens": [r["output_tokens"] for r in runs], **({"by_size": by_size} if by_size else {}),
+            "runs": runs}
 
 
 def main() -> int:
