@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """`edgesdk serve` on a GGUF bundle (continuous batching, and one request at a time) vs llama-cpp-python's own
-server and a bare `Llama` loop.
+server, llama.cpp's own `llama-server -np N` (optional) and a bare `Llama` loop.
 
 Same GGUF file, same settings everywhere: n_ctx (the bundle's, as `edgesdk.load` picks it), the
 same thread count for prompt and decode, greedy decoding (temperature 0), `max_tokens` fixed.
@@ -10,13 +10,20 @@ same thread count for prompt and decode, greedy decoding (temperature 0), `max_t
    model continues to max_tokens). Per server: completion tokens/s over the wall time, TTFT
    (request sent -> first non-empty text chunk) p50/p99, request latency p50/p99, errors. Servers:
    `edgesdk serve` as a user starts it (continuous batching, slots from --parallel or its default),
-   `edgesdk serve --parallel 1` (one request at a time: the single-stream anchor) and llama_cpp.server.
+   `edgesdk serve --parallel 1` (one request at a time: the single-stream anchor), llama_cpp.server and, with
+   `--llama-server PATH`, llama.cpp's own server (`llama-server -np N -c N*n_ctx --no-kv-unified`: N slots of
+   the bundle's n_ctx each, one KV stream per slot as edgesdk's engine; the same threads, GPU layers and flash
+   attention as edgesdk's session; N = edgesdk's slots, read from its /metrics, unless --llama-server-np; build
+   it with tools/device/build_llama_server.sh from the llama.cpp that llama-cpp-python vendors).
    They run at the same time (an idle one costs nothing) and are measured in turns, A B C C B A per
    concurrency, so machine noise hits all alike. llama_cpp.server runs with
    `--interrupt_requests False`: its default stops a streaming response as soon as another request
-   waits, which truncates completions under concurrency. Completion tokens are counted on the
-   client by tokenising the returned text with the model's own tokenizer (llama_cpp.server's stream
-   has no usage). The bare loop runs the same prompts one after another in this process
+   waits, which truncates completions under concurrency. Completion tokens: edgesdk's and
+   llama-server's streams end with `usage` (llama-server's /v1/completions stream always sends it in its
+   final chunk, `completion_tokens` = the tokens it decoded; edgesdk's with `stream_options.include_usage`),
+   and those are counted; llama_cpp.server's stream has no usage, so its returned text is tokenised with the
+   model's own tokenizer (every row also records that text count, `completion_tokens_text`, as a cross-check).
+   The bare loop runs the same prompts one after another in this process
    (`Llama.reset()` + `create_completion(stream=True)`), in turns between the servers' turns: the
    ceiling without HTTP.
 2. Multi-turn prompt reuse: one conversation (a fixed system prompt + growing history, replies
@@ -25,8 +32,10 @@ same thread count for prompt and decode, greedy decoding (temperature 0), `max_t
    every reply is token-identical. Needs a GGUF with a chat template.
 
     python tools/bench/bench_serve_llm.py BUNDLE --threads 2 --max-tokens 32
+    python tools/bench/bench_serve_llm.py BUNDLE --threads 2 --max-tokens 32 --concurrency 1,4,8 \
+        --llama-server .llamacpp/server-cpu/llama-server --out tools/bench/results/serve_llm_cpu_vs_llama_server.json
 
-Writes tools/bench/results/serve_llm.json.
+Writes tools/bench/results/serve_llm.json (--out: elsewhere).
 """
 
 from __future__ import annotations
@@ -35,10 +44,12 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from importlib.util import find_spec
 from pathlib import Path
@@ -86,10 +97,11 @@ def pct(values: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, max(0, int(round(q * (len(xs) - 1)))))]
 
 
-def wait_ready(proc: subprocess.Popen, url: str, what: str, path: str) -> None:
+def wait_ready(proc: subprocess.Popen, url: str, what: str, path: str, log: Path | None = None) -> None:
     for _ in range(900):
         if proc.poll() is not None:
-            raise SystemExit(f"{what} exited {proc.returncode}")
+            tail = ("; its log ends:\n" + "\n".join(log.read_text(errors="replace").splitlines()[-15:])) if log else ""
+            raise SystemExit(f"{what} exited {proc.returncode}{tail}")
         try:
             if httpx.get(url + path, timeout=1).status_code == 200:
                 return
@@ -118,6 +130,57 @@ def start_llama_cpp_server(gguf: str, threads: int, n_ctx: int) -> tuple[subproc
     url = f"http://127.0.0.1:{port}"
     wait_ready(proc, url, "llama_cpp.server", "/v1/models")
     return proc, url
+
+
+def llama_server_command(binary: str, gguf: str, threads: int, n_ctx: int, slots: int, session: dict,
+                         extra: list[str]) -> list[str]:
+    """llama.cpp's own server set up as edgesdk's engine is: ``slots`` sequences of ``n_ctx`` tokens each (``-c``
+    is the whole KV cache, split evenly over the slots when the cache is not unified), one KV stream per slot
+    (``--no-kv-unified``, as edgesdk's ``kv_unified`` off), the threads for decode and prompt, the session's GPU
+    layers (edgesdk's -1, all, is llama-server's ``all``; its -1 means auto) and flash attention, and ``--fit
+    off`` so llama.cpp does not resize anything to fit memory. The rest are llama-server's defaults."""
+    ngl = int(session.get("n_gpu_layers") or 0)
+    return [binary, "-m", gguf, "--alias", "m", "--host", "127.0.0.1", "-np", str(slots), "-c", str(slots * n_ctx),
+            "--no-kv-unified", "-t", str(threads), "-tb", str(threads), "-ngl", "all" if ngl < 0 else str(ngl),
+            "-fa", "on" if session.get("flash_attn") else "off", "--fit", "off", *extra]
+
+
+def start_llama_server(cmd: list[str], log: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    with log.open("wb") as fh:
+        proc = subprocess.Popen([*cmd, "--port", str(port)], stdout=fh, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    wait_ready(proc, url, "llama-server", "/health", log)  # 503 while the model loads, 200 when ready
+    return proc, url
+
+
+def edgesdk_slots(url: str) -> int | None:
+    """The slots edgesdk serve decided on (its ``edgesdk_serve_slots`` gauge), or None."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    m = re.search(r'^edgesdk_serve_slots\{model="m"\} ([0-9.]+)$', text, re.M)
+    return int(float(m.group(1))) if m else None
+
+
+def git_state() -> dict:
+    """HEAD and whether the code this run measures (edgesdk/, this script) differs from it."""
+    root = Path(__file__).resolve().parents[2]
+
+    def git(*a: str) -> str:
+        try:
+            return subprocess.run(["git", "--no-optional-locks", *a], cwd=root, capture_output=True, text=True,
+                                  timeout=30).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+
+    return {"commit": git("rev-parse", "HEAD"),
+            "uncommitted": git("status", "--porcelain", "--", "edgesdk", "tools/bench/bench_serve_llm.py").splitlines()}
+
+
+def loadavg() -> list[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -185,6 +248,7 @@ async def load(url: str, concurrency: int, n: int, offset: int, max_tokens: int,
     ok = [r for r in results if "error" not in r]
     tokens = sum(r["completion_tokens"] if r.get("completion_tokens") is not None else count(r["text"]) for r in ok)
     return {"requests": n, "wall_s": round(wall, 3), "completion_tokens": tokens,
+            "completion_tokens_text": sum(count(r["text"]) for r in ok),
             "tok_per_s": round(tokens / wall, 2),
             "ttft_p50_ms": round(1000 * pct([r["ttft_s"] for r in ok], 0.5), 1) if ok else None,
             "ttft_p99_ms": round(1000 * pct([r["ttft_s"] for r in ok], 0.99), 1) if ok else None,
@@ -199,6 +263,7 @@ def merge(runs: list[dict]) -> dict:
     wall = sum(r["wall_s"] for r in runs)
     tokens = sum(r["completion_tokens"] for r in runs)
     out = {"requests": sum(r["requests"] for r in runs), "wall_s": round(wall, 3), "completion_tokens": tokens,
+           "completion_tokens_text": sum(r["completion_tokens_text"] for r in runs),
            "tok_per_s": round(tokens / wall, 2), "errors": sum(r["errors"] for r in runs),
            "turns_tok_per_s": [r["tok_per_s"] for r in runs]}
     for key in ("ttft_p50_ms", "latency_p50_ms"):
@@ -286,8 +351,18 @@ def main() -> None:
     ap.add_argument("--parallel", type=int, default=None, help="edgesdk serve --parallel (default: its own)")
     ap.add_argument("--no-llama-cpp-server", action="store_true",
                     help="leave llama_cpp.server out (a machine without the bench extra)")
+    ap.add_argument("--llama-server", metavar="PATH", default=None,
+                    help="also measure llama.cpp's own llama-server binary (tools/device/build_llama_server.sh)")
+    ap.add_argument("--llama-server-np", type=int, default=None,
+                    help="llama-server -np (default: the slots edgesdk serve decided on)")
+    ap.add_argument("--llama-server-args", default="",
+                    help="more llama-server arguments, one string: --llama-server-args='--cache-ram 0'")
     ap.add_argument("--out", default=str(RESULTS / "serve_llm.json"))
     args = ap.parse_args()
+    if args.llama_server and not os.access(args.llama_server, os.X_OK):
+        raise SystemExit(f"--llama-server {args.llama_server}: not an executable file")
+    load_before = loadavg()
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import llama_cpp
 
@@ -315,9 +390,23 @@ def main() -> None:
                "edgesdk_parallel_1": start_edgesdk(str(bundle), args.threads, queue + ["--parallel", "1"])}
     if not args.no_llama_cpp_server:
         servers["llama_cpp_server"] = start_llama_cpp_server(gguf, args.threads, n_ctx)
-    names = list(servers)
+    log_dir = tempfile.TemporaryDirectory(prefix="bench-serve-llm-")  # llama-server's log, shown if it fails
     throughput: dict = {}
-    try:
+    try:  # llama-server starts in here: a failure stops the others too
+        if args.llama_server:
+            slots = args.llama_server_np or edgesdk_slots(servers["edgesdk"][1]) or args.parallel
+            if not slots:
+                raise SystemExit("edgesdk serve's /metrics has no edgesdk_serve_slots: pass --llama-server-np")
+            cmd = llama_server_command(os.path.abspath(args.llama_server), gguf, args.threads, n_ctx, slots, got,
+                                       args.llama_server_args.split())
+            version = subprocess.run([cmd[0], "--version"], capture_output=True, text=True, timeout=60)
+            settings["llama_server"] = {"np": slots, "np_from": "--llama-server-np" if args.llama_server_np else
+                                        "edgesdk serve's slots (/metrics edgesdk_serve_slots)",
+                                        "command": [Path(cmd[0]).name, *cmd[1:]],
+                                        "version": (version.stdout + version.stderr).strip().splitlines()}
+            print(f"llama-server: {' '.join(settings['llama_server']['command'])}", flush=True)
+            servers["llama_server"] = start_llama_server(cmd, Path(log_dir.name) / "llama-server.log")
+        names = list(servers)
         for _proc, url in servers.values():  # warm-up: first decodes allocate
             asyncio.run(load(url, 1, 2, 9000, args.max_tokens, count))
         for c in levels:
@@ -327,7 +416,7 @@ def main() -> None:
                 half = turn // len(names)
                 offset = 1000 * c + half * n  # the same prompts for every server in each half
                 runs[name].append(asyncio.run(load(servers[name][1], c, n, offset, args.max_tokens, count,
-                                                   usage=name.startswith("edgesdk"))))
+                                                   usage=name != "llama_cpp_server")))
                 if turn in (0, len(names)):  # the bare loop between turns: same machine conditions
                     bare_loop.turn(offset, 2)
             row = {name: merge(runs[name]) for name in names}
@@ -344,6 +433,7 @@ def main() -> None:
     finally:
         for proc, _url in servers.values():
             stop(proc)
+        log_dir.cleanup()
     single = throughput[str(levels[0])]["edgesdk_parallel_1"]["tok_per_s"] if levels[0] == 1 else None
     if single:
         for row in throughput.values():
@@ -380,8 +470,14 @@ def main() -> None:
         print(f"multi-turn TTFT (turns 2..{args.turns}, p50): prefix reuse off {later_off} ms, on {later_on} ms -> "
               f"{multi_turn['ttft_reduction']}x lower; replies identical: {sum(identical)}/{len(identical)}",
               flush=True)
-    out = {"what": "edgesdk serve (batched, and --parallel 1) vs llama_cpp.server vs a bare Llama loop, streaming "
-                   "/v1/completions, greedy; multi-turn chat TTFT with prefix reuse off/on",
+    out = {"what": "edgesdk serve (batched, and --parallel 1) vs llama_cpp.server" +
+                   (" vs llama.cpp's llama-server -np N" if args.llama_server else "") +
+                   " vs a bare Llama loop, streaming /v1/completions, greedy; multi-turn chat TTFT with prefix reuse "
+                   "off/on",
+           "started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **git_state(),
+           "edgesdk_from": str(Path(edgesdk.__file__).resolve().parent),
+           "load_average_1_5_15": {"before": load_before, "after": loadavg()},
+           "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
            "bundle": bundle.name, "gguf": Path(gguf).name, "machine": machine(),
            "llama_cpp_python": llama_cpp.__version__, "settings": settings,
            "note": "clients run on the same machine as the servers; the machine's cores were shared with other "
