@@ -110,6 +110,44 @@ def make_tiny_qwen25vl(directory: Path, *, seed: int = 0, init: float = 0.06) ->
     return directory
 
 
+def make_tiny_qwen2vl(directory: Path, *, seed: int = 0, init: float = 0.06) -> Path:
+    """A random-weight tiny ``Qwen2VLForConditionalGeneration`` from Qwen/Qwen2-VL-2B-Instruct's published config.json
+    values (decoder: silu, rope_theta 1e6, mrope_section [16, 24, 24], heads 128 wide, grouped KV heads,
+    rms_norm_eps 1e-6, tied output; tower: quick_gelu, LayerNorms, embed_dim with mlp_ratio 4, heads 80 wide as
+    1280 / 16, patch 14, temporal patch 2, merge 2, full attention in every block, ``hidden_size`` = the decoder's
+    width) shrunk as :func:`make_tiny_qwen25vl` (decoder 4 x 256, FFN 1493 = 5.83x as 8960 / 1536; tower 4 blocks
+    of embed_dim 160), with the same tokenizer, chat template and image processor (Qwen2-VL-2B's
+    preprocessor_config.json has the same values). RANDOM weights."""
+    import torch
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    directory = make_tiny_qwen25vl(Path(directory), seed=seed, init=init)  # tokenizer, processor, card
+    for f in directory.glob("*.safetensors"):
+        f.unlink()
+    cfg = json.loads((directory / "config.json").read_text())
+    text = {k: v for k, v in cfg["text_config"].items() if k not in ("architectures", "model_type", "layer_types")}
+    text.update(intermediate_size=1493, max_position_embeddings=32768, max_window_layers=28)
+    text["rope_scaling"] = {"type": "mrope", "mrope_section": [16, 24, 24]}
+    vision = dict(depth=4, embed_dim=160, mlp_ratio=4, num_heads=2, in_chans=3, hidden_size=256,
+                  hidden_act="quick_gelu", patch_size=14, spatial_merge_size=2, spatial_patch_size=14,
+                  temporal_patch_size=2, initializer_range=0.02)
+    config = Qwen2VLConfig(text_config=text, vision_config=vision, image_token_id=cfg["image_token_id"],
+                           video_token_id=cfg["video_token_id"], vision_start_token_id=cfg["vision_start_token_id"],
+                           vision_end_token_id=cfg["vision_end_token_id"], **text)
+    torch.manual_seed(seed)
+    model = Qwen2VLForConditionalGeneration(config).eval()
+    model.generation_config.eos_token_id = [text["eos_token_id"], text["bos_token_id"]]
+    model.generation_config.pad_token_id = text["bos_token_id"]
+    model.save_pretrained(directory, safe_serialization=True)
+    cfg = json.loads((directory / "config.json").read_text())
+    cfg["architectures"] = ["Qwen2VLForConditionalGeneration"]  # as the hub's config.json (4.57: in text_config)
+    (directory / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    pre = json.loads((directory / "preprocessor_config.json").read_text())
+    pre["processor_class"] = "Qwen2VLProcessor"
+    (directory / "preprocessor_config.json").write_text(json.dumps(pre, indent=2) + "\n")
+    return directory
+
+
 def make_qwen25vl_images(directory: Path) -> list[Path]:
     """The three test images (:data:`QWEN25VL_IMAGE_SIZES`): a gradient, a checkerboard, noise."""
     from PIL import Image
@@ -162,7 +200,8 @@ def test_the_record_is_one_module_and_one_registry_line():
     from edgesdk.formats.vlm.families import REGISTRY, by_config, by_name
 
     fam = by_name("qwen25vl")
-    assert "qwen25vl" in REGISTRY and fam.architectures == ("Qwen2_5_VLForConditionalGeneration",)
+    assert "qwen25vl" in REGISTRY and fam.architectures == ("Qwen2_5_VLForConditionalGeneration",
+                                                            "Qwen2VLForConditionalGeneration")
     assert fam.parity_image_sizes == QWEN25VL_IMAGE_SIZES and fam.frames == "dynamic"
     # transformers 4.57's Qwen2_5_VLConfig keeps ``architectures`` in text_config only
     assert by_config({"text_config": {"architectures": ["Qwen2_5_VLForConditionalGeneration"]}}) is fam
@@ -420,3 +459,91 @@ def test_cli_build_for_orin_and_run(tiny_qwen25vl, qwen_images, run_cli, tmp_pat
     run = run_cli("run", str(out), "--image", str(qwen_images[2]), "--prompt", "What is this?", "-n", "4", "--json")
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["report"]["backend_report"]["last_request"]["image_tokens"] == 6  # 96 x 60
+
+
+def _reference_inputs(src: Path, text: str, images: list[Path]):
+    """The HF processor's inputs for ``text`` with ``images`` (Qwen2_5_VLProcessor also loads a video processor,
+    which needs torchvision: the image processor + the tokenizer with each ``<|image_pad|>`` repeated once per
+    merged patch, as the processor does)."""
+    from PIL import Image
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    image_proc, tok = AutoImageProcessor.from_pretrained(src), AutoTokenizer.from_pretrained(src)
+    px = image_proc(images=[Image.open(p).convert("RGB") for p in images], return_tensors="pt")
+    parts = text.split("<|image_pad|>")
+    counts = [int(g.prod()) // image_proc.merge_size ** 2 for g in px["image_grid_thw"]]
+    text = parts[0] + "".join("<|image_pad|>" * n + part for n, part in zip(counts, parts[1:], strict=True))
+    return {**tok(text, return_tensors="pt"), **px}, tok
+
+
+@pytest.mark.slow
+def test_two_images_in_one_prompt_match_pytorch(tiny_qwen25vl, qwen_bundle, qwen_images):
+    """Two images of different sizes in one user turn: the second image's M-RoPE positions start after the first
+    one's max(rows, columns) positions and the text after it; prompt tokens and greedy tokens equal PyTorch's."""
+    import torch
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    import edgesdk
+    from edgesdk.formats.vlm.families import by_name
+
+    pair = [qwen_images[0], qwen_images[1]]
+    s = edgesdk.load(qwen_bundle)
+    try:
+        s.generate("Compare them.", images=pair, max_tokens=8, temperature=0)
+        ours, n_in, n_img = (s.backend.last[k] for k in ("output_ids", "input_tokens", "image_tokens"))
+    finally:
+        s.close()
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(tiny_qwen25vl).eval()
+    marker = by_name("qwen25vl").reference_marker
+    x, tok = _reference_inputs(tiny_qwen25vl, by_name("qwen25vl").user_prompt("Compare them.", 2, marker), pair)
+    with torch.no_grad():
+        want = model.generate(**x, max_new_tokens=8, do_sample=False)[0, x["input_ids"].shape[1]:].tolist()
+    eos = {tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")}
+    want = want[:next((i for i, t in enumerate(want) if t in eos), len(want))]
+    assert n_img == 63 + 55 and n_in == x["input_ids"].shape[1] and ours == want and len(want) >= 4
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen2vl(tmp_path_factory) -> Path:
+    return make_tiny_qwen2vl(tmp_path_factory.mktemp("vlm-qwen2vl") / "tiny-qwen2vl")
+
+
+def test_qwen2vl_mmproj_is_llama_cpp_qwen2vl_merger(tiny_qwen2vl, tmp_path):
+    """Qwen2-VL (same record): LayerNorm tower with biases, QuickGELU fc1 / fc2, full attention everywhere."""
+    import gguf
+    from safetensors.numpy import load_file
+
+    from edgesdk.build import make_plan
+    from edgesdk.formats.vlm.convert import write_mmproj
+
+    info = write_mmproj(tiny_qwen2vl, tmp_path / "mmproj.gguf")
+    assert info["projector_type"] == "qwen2vl_merger" and info["n_wa_pattern"] is None
+    r = gguf.GGUFReader(str(tmp_path / "mmproj.gguf"))
+    f = {k: v.contents() for k, v in r.fields.items() if k.startswith("clip.")}
+    assert f["clip.projector_type"] == "qwen2vl_merger" and "clip.use_silu" not in f  # QuickGELU: clip's default
+    assert "clip.vision.n_wa_pattern" not in f and f["clip.vision.embedding_length"] == 160
+    assert f["clip.vision.feed_forward_length"] == 640 and f["clip.vision.projection_dim"] == 256
+    t = {x.name: np.array(x.data) for x in r.tensors}
+    hf = load_file(str(tiny_qwen2vl / "model.safetensors"))
+    np.testing.assert_allclose(t["v.post_ln.bias"], hf["visual.merger.ln_q.bias"], atol=0)
+    np.testing.assert_allclose(t["v.blk.1.ffn_up.weight"].astype(np.float32).reshape(640, 160),
+                               hf["visual.blocks.1.mlp.fc1.weight"], atol=1e-3)
+    assert {"v.blk.0.ln1.bias", "v.blk.3.ffn_down.bias", "v.patch_embd.weight.1"} <= set(t)
+    text = make_plan(tiny_qwen2vl, "orin").explain()
+    assert "LayerNorm + two-layer GELU MLP" in text and "up to 4096 image tokens per image" in text
+
+
+@pytest.mark.slow
+def test_qwen2vl_f16_build_matches_pytorch(tiny_qwen2vl, tmp_path):
+    from edgesdk.build import build
+    from edgesdk.plan import BuildOptions
+
+    bundle = build(tiny_qwen2vl, "cpu-x86_64", tmp_path / "qwen2vl-f16", BuildOptions(progress=False, quant_type="F16"))
+    m = json.loads((bundle / "manifest.json").read_text())
+    assert m["extras"]["vlm"]["components"]["projector"]["type"] == "qwen2vl_merger"
+    vision = m["parity"]["vision"]
+    assert vision["encoder_min_cosine"] >= 0.999 and vision["greedy_equal"] == "3/3"
+    assert [p["image_tokens"] for p in vision["per_image"]] == [63, 55, 6]
+    for p in vision["per_image"]:
+        assert p["tokens_ours"] == p["tokens_pytorch"] and p["input_tokens_ours"] == p["input_tokens_pytorch"]
+    assert m["parity"]["decoder_logits_vs_hf"]["min_cosine"] >= 0.999

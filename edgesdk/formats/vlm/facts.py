@@ -96,12 +96,14 @@ def hf_vlm_facts(directory: str | Path) -> dict[str, Any]:
         "max_frames": _max_frames(pre) if fam.frames == "tiles" and pre.get("do_image_splitting") else 1,
         "vision_model_type": vision.get("model_type"),
         "text_model_type": text.get("model_type", "llama"), "image_size": size, "patch_size": patch,
-        "image_tokens": tokens, "vision_hidden": vision.get("hidden_size"),
+        # the tower's width (Qwen2-VL: embed_dim; its hidden_size is the merger's output)
+        "image_tokens": tokens, "vision_hidden": vision.get("embed_dim", vision.get("hidden_size")),
         # the tower's positions per frame (before a pixel shuffle or pooling reduces them to image tokens)
         "encoder_positions": (size // patch) ** 2 if isinstance(size, int) and isinstance(patch, int) and patch
         else (tokens * merge * merge if dynamic and tokens else None),
         # dynamic resolution: image tokens depend on the image; image_tokens is the most one image becomes
         "dynamic_resolution": dynamic,
+        "window_attention": bool(vision.get("fullatt_block_indexes")),  # Qwen2.5-VL's tower (Qwen2-VL: none)
         "vision_layers": vision.get("num_hidden_layers", vision.get("depth")),
         "feature_select": cfg.get("vision_feature_select_strategy"),
         "component_params": component_params(files, fam.component_prefixes) if files else {},

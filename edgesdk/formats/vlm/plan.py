@@ -221,7 +221,7 @@ def _vlm_decisions(facts: ModelFacts, profile: Profile, options: BuildOptions) -
     # encoder positions (before a pixel shuffle or pooling)
     n_pos = int(info.get("encoder_positions") or n_img * int(info.get("scale_factor") or 1) ** 2)
     enc_act = (n_pos + 1) * width * 4 * 8  # one image's activations in F32, ~8 live tensors
-    if dynamic:  # window attention: llama.cpp's F32 mask over the largest image's positions (n_pos x n_pos)
+    if info.get("window_attention"):  # llama.cpp's F32 window mask over the largest image's positions (n_pos^2)
         enc_act += n_pos * n_pos * 4
     total = dec_w + kv + comp + mm_bytes + enc_act + onnx_bytes
     budget = profile.memory_budget_gb()

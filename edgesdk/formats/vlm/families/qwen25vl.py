@@ -16,6 +16,13 @@ full attention where ``(block + 1) % n == 0``, so ``fullatt_block_indexes`` must
 ``merger.mlp.0`` / ``mlp.2`` as ``mm.0`` / ``mm.2``. 1-D tensors F32, matrices F16. clip.cpp uses a window of
 112 px (it reads no window size for this projector), a 2 x 2 merge, 2 frames per patch: other values are refused.
 
+Qwen2-VL (``Qwen2VLForConditionalGeneration``: Qwen2-VL 2B / 7B / 72B) is the same record: its tower has LayerNorms
+(with biases), a QuickGELU MLP (``fc1`` / ``fc2`` -> ``ffn_up`` / ``ffn_down``), full attention in every block and
+its width under ``embed_dim`` (``hidden_size`` is the merger's output there), written as clip.cpp's
+``qwen2vl_merger`` (no ``use_silu``: clip.cpp's default activation is QuickGELU; no window pattern); the merger's
+``ln_q`` LayerNorm keeps its bias (``v.post_ln.bias``). The decoder, the processor, the prompt and the positions are
+Qwen2.5-VL's.
+
 Dynamic resolution at run time (:func:`smart_resize`): the runtime resizes each image as the HF processor does
 (Pillow, the processor's bicubic filter) and gives libmtmd the resized pixels with image-token limits that make its
 own resize a copy (``mtmd_context_params.image_min_tokens`` / ``image_max_tokens``). llama.cpp caps an image at
@@ -148,27 +155,54 @@ def max_image_tokens(pre: dict[str, Any]) -> int:
     return min(MAX_IMAGE_TOKENS, pixel_limits(pre)[1] // factor(pre) ** 2)
 
 
+def is_qwen2vl(config: dict[str, Any]) -> bool:
+    """Qwen2-VL (not 2.5): its class or model_type."""
+    from edgesdk.formats.vlm.families import config_architecture
+
+    return config_architecture(config) == "Qwen2VLForConditionalGeneration" or config.get("model_type") == "qwen2_vl"
+
+
+def _tower(config: dict[str, Any]) -> tuple[int, int]:
+    """(tower width, FFN width): Qwen2-VL names them embed_dim and embed_dim x mlp_ratio."""
+    vision = config["vision_config"]
+    if is_qwen2vl(config):
+        width = int(vision["embed_dim"])
+        return width, int(width * float(vision.get("mlp_ratio", 4)))
+    return int(vision["hidden_size"]), int(vision["intermediate_size"])
+
+
 def _check(config: dict[str, Any], directory: Path) -> None:
     from edgesdk.formats.vlm.convert import image_processor
 
     vision = config.get("vision_config") or {}
-    if vision.get("model_type", "qwen2_5_vl") not in ("qwen2_5_vl", "qwen2_5_vl_vision"):
-        raise ModelError(f"{directory}: vision tower {vision.get('model_type')!r} is not Qwen2.5-VL's")
-    text_type = (config.get("text_config") or {}).get("model_type", "qwen2_5_vl_text")
-    if text_type not in ("qwen2_5_vl_text", "qwen2_5_vl"):
-        raise ModelError(f"{directory}: language model {text_type!r} is not Qwen2.5-VL's")
-    if vision.get("hidden_act", "silu") != "silu":
-        raise ModelError(f"{directory}: vision hidden_act {vision.get('hidden_act')!r} is not supported (silu)")
-    checks = (("temporal_patch_size", 2, "frames per patch"), ("spatial_merge_size", 2, "merge"),
-              ("window_size", WINDOW, "attention window (px)"))
+    v2 = is_qwen2vl(config)
+    name, projector = ("Qwen2-VL", "qwen2vl_merger") if v2 else ("Qwen2.5-VL", "qwen2.5vl_merger")
+    towers = ("qwen2_vl",) if v2 else ("qwen2_5_vl", "qwen2_5_vl_vision")
+    if vision.get("model_type", towers[0]) not in towers:
+        raise ModelError(f"{directory}: vision tower {vision.get('model_type')!r} is not {name}'s")
+    text_type = (config.get("text_config") or {}).get("model_type", "qwen2_vl_text" if v2 else "qwen2_5_vl_text")
+    if text_type not in (("qwen2_vl_text", "qwen2_vl") if v2 else ("qwen2_5_vl_text", "qwen2_5_vl")):
+        raise ModelError(f"{directory}: language model {text_type!r} is not {name}'s")
+    act = "quick_gelu" if v2 else "silu"
+    if vision.get("hidden_act", act) != act:
+        raise ModelError(f"{directory}: vision hidden_act {vision.get('hidden_act')!r} is not supported ({act})")
+    checks = [("temporal_patch_size", 2, "frames per patch"), ("spatial_merge_size", 2, "merge")]
+    if not v2:
+        checks.append(("window_size", WINDOW, "attention window (px)"))
     for key, want, what in checks:
         if int(vision.get(key, want)) != want:
             raise ModelError(f"{directory}: vision {key} {vision.get(key)} is not supported: llama.cpp's "
-                             f"qwen2.5vl_merger graph has a fixed {what} of {want}")
+                             f"{projector} graph has a fixed {what} of {want}")
     try:
-        wa_pattern(vision)
+        width, ffn = _tower(config)
+        if not v2:
+            wa_pattern(vision)
     except ModelError as exc:
         raise ModelError(f"{directory}: {exc}") from None
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ModelError(f"{directory}: vision_config lacks a valid {exc} (the tower's width)") from None
+    if v2 and ffn == width:
+        raise ModelError(f"{directory}: a vision FFN as wide as the embedding is not supported by llama.cpp's loader")
     pre = image_processor(directory)
     for key, cfg_key in (("patch_size", "patch_size"), ("merge_size", "spatial_merge_size"),
                          ("temporal_patch_size", "temporal_patch_size")):
@@ -186,19 +220,23 @@ def _write(directory: Path, out_path: Path, config: dict[str, Any], *, name: str
     from edgesdk.formats.vlm.convert import _arrays, _clip_writer, _preprocessor, checkpoint_layout
 
     vision, text = config["vision_config"], config.get("text_config") or config
+    v2 = is_qwen2vl(config)
     pre = _preprocessor(directory)
-    depth, width = int(vision["depth"]), int(vision["hidden_size"])
+    (depth, (width, ffn)) = int(vision["depth"]), _tower(config)
     shim = {"image_size": MAX_IMAGE_TOKENS ** 0.5 * factor(pre), "patch_size": int(vision.get("patch_size", 14)),
-            "hidden_size": width, "intermediate_size": int(vision["intermediate_size"]), "num_hidden_layers": depth,
+            "hidden_size": width, "intermediate_size": ffn, "num_hidden_layers": depth,
             "num_attention_heads": int(vision["num_heads"]), "layer_norm_eps": 1e-6}
     shim["image_size"] = int(shim["image_size"])  # nominal (clip.cpp's warm-up size); images keep their own size
-    proj_dim = {"hidden_size": int(vision.get("out_hidden_size") or text["hidden_size"])}
+    out_dim = vision.get("hidden_size") if v2 else vision.get("out_hidden_size")
+    proj_dim = {"hidden_size": int(out_dim or text["hidden_size"])}
     layout = checkpoint_layout(directory)
-    writer = _clip_writer(directory, out_path, name, gguf.VisionProjectorType.QWEN25VL, shim, proj_dim, pre,
-                          eps_default=1e-6)
-    writer.add_vision_use_silu(True)
-    writer.add_vision_n_wa_pattern(wa_pattern(vision))
+    projector = gguf.VisionProjectorType.QWEN2VL if v2 else gguf.VisionProjectorType.QWEN25VL
+    writer = _clip_writer(directory, out_path, name, projector, shim, proj_dim, pre, eps_default=1e-6)
+    if not v2:  # Qwen2-VL: QuickGELU, clip.cpp's default activation; full attention everywhere
+        writer.add_vision_use_silu(True)
+        writer.add_vision_n_wa_pattern(wa_pattern(vision))
     writer.add_vision_spatial_merge_size(_merge(vision))
+    merger_names = {**_MERGER_NAMES, **({"ln_q.bias": "v.post_ln.bias"} if v2 else {})}
     tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MMPROJ, depth)
     written, merger = 0, set()
 
@@ -213,10 +251,10 @@ def _write(directory: Path, out_path: Path, config: dict[str, Any], *, name: str
             continue
         if v.startswith("merger."):
             key = v[len("merger."):]
-            if key not in _MERGER_NAMES:
-                raise ModelError(f"{directory}: merger tensor {hf_name} is not part of Qwen2.5-VL's patch merger")
+            if key not in merger_names:
+                raise ModelError(f"{directory}: merger tensor {hf_name} is not part of the patch merger")
             merger.add(key)
-            add(_MERGER_NAMES[key], data)
+            add(merger_names[key], data)
         elif v == _PATCH:
             if data.ndim != 5 or data.shape[2] != 2:
                 raise ModelError(f"{directory}: {hf_name} {list(data.shape)} is not a Conv3d kernel of 2 frames")
@@ -235,21 +273,20 @@ def _write(directory: Path, out_path: Path, config: dict[str, Any], *, name: str
             if new is None:
                 raise ModelError(f"{directory}: vision tensor {hf_name} has no mmproj GGUF name")
             add(new, data)
-    if merger != set(_MERGER_NAMES):
+    if merger != set(merger_names):
         writer.close()
-        raise ModelError(f"{directory}: Qwen2.5-VL's patch merger needs "
-                         f"merger.{', merger.'.join(sorted(_MERGER_NAMES))}")
+        raise ModelError(f"{directory}: the patch merger needs merger.{', merger.'.join(sorted(merger_names))}")
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return {"tensors": written, "skipped": [], "projector_type": gguf.VisionProjectorType.QWEN25VL,
+    return {"tensors": written, "skipped": [], "projector_type": projector,
             "family": "qwen25vl", "image_size": None, "dynamic_resolution": True,
             "patch_size": int(vision.get("patch_size", 14)), "merge_size": _merge(vision),
             "image_tokens": max_image_tokens(pre), "image_tokens_note": "per image: its resized size / 28 px "
             f"squared, at most {max_image_tokens(pre)}", "min_max_pixels": list(pixel_limits(pre)),
-            "n_wa_pattern": wa_pattern(vision), "image_mean": pre["image_mean"], "image_std": pre["image_std"],
-            "checkpoint_layout": layout}
+            "n_wa_pattern": None if v2 else wa_pattern(vision), "image_mean": pre["image_mean"],
+            "image_std": pre["image_std"], "checkpoint_layout": layout}
 
 
 def image_tokens(config: dict[str, Any]) -> int | None:
@@ -257,7 +294,8 @@ def image_tokens(config: dict[str, Any]) -> int | None:
 
 
 def _projector(info: dict[str, Any]) -> str:
-    return "patch merger (2 x 2 patches -> one token: RMS norm + two-layer GELU MLP)"
+    norm = "LayerNorm" if info.get("vision_model_type") == "qwen2_vl" else "RMS norm"
+    return f"patch merger (2 x 2 patches -> one token: {norm} + two-layer GELU MLP)"
 
 
 def user_prompt(text: str, n_images: int, marker: str) -> str:
@@ -282,9 +320,9 @@ def chat(messages: list[dict[str, Any]], marker: str) -> str:
 
 FAMILY = VLMFamily(
     name="qwen25vl",
-    display="Qwen2.5-VL",
-    architectures=("Qwen2_5_VLForConditionalGeneration",),
-    vision_model_types=frozenset({"qwen2_5_vl", "qwen2_5_vl_vision"}),
+    display="Qwen2.5-VL / Qwen2-VL",
+    architectures=("Qwen2_5_VLForConditionalGeneration", "Qwen2VLForConditionalGeneration"),
+    vision_model_types=frozenset({"qwen2_5_vl", "qwen2_5_vl_vision", "qwen2_vl"}),
     # the merger first: it sits inside the vision prefix (facts count each tensor in its first matching component)
     component_prefixes=(("projector", _MERGER), ("vision_encoder", _VISION),
                         ("decoder", _TEXT + _LEGACY_TEXT + ("lm_head.",))),
