@@ -547,3 +547,20 @@ def test_qwen2vl_f16_build_matches_pytorch(tiny_qwen2vl, tmp_path):
     for p in vision["per_image"]:
         assert p["tokens_ours"] == p["tokens_pytorch"] and p["input_tokens_ours"] == p["input_tokens_pytorch"]
     assert m["parity"]["decoder_logits_vs_hf"]["min_cosine"] >= 0.999
+
+
+def test_decode_limit_reads_max_pixels_and_resize_keeps_the_aspect(tiny_qwen25vl):
+    """The runtime's preprocessing for this record: the decode limit is 16x the processor's max_pixels (its size
+    dict holds pixel counts, not edges), and an image is resized to the processor's size."""
+    from PIL import Image
+
+    from edgesdk.errors import InputError
+    from edgesdk.runtime.backends.vlm import ImagePreprocessor
+
+    pre = ImagePreprocessor(json.loads((tiny_qwen25vl / "preprocessor_config.json").read_text()), 0)
+    assert pre.family == "qwen25vl" and pre.max_pixels() == 16 * 12845056
+    pre.check_size(14000, 14000, "image")  # 196 Mpx: within
+    with pytest.raises(InputError, match="16x its image processor's max_pixels"):
+        pre.check_size(15000, 14000, "image")
+    out = pre(Image.new("RGB", (250, 190), (10, 20, 30)))
+    assert out.shape == (196, 252, 3) and out.dtype == np.uint8

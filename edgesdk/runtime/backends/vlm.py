@@ -108,8 +108,12 @@ class ImagePreprocessor:
 
     def max_pixels(self) -> int:
         """The largest image (width x height) decoded: generous against the model's own input (16x its largest
-        configured edge, squared), never below 4096 x 4096. Checked from the header before any pixel is decoded."""
+        configured edge, squared; a dynamic-resolution processor: 16x its max_pixels), never below 4096 x 4096.
+        Checked from the header before any pixel is decoded."""
         size = self.config.get("size") or {}
+        if self.record.frames == "dynamic":  # Qwen-VL: size holds pixel counts (min / max pixels), not edges
+            most = (size.get("longest_edge") if isinstance(size, dict) else None) or self.config.get("max_pixels")
+            return max(MIN_MAX_SIDE * MIN_MAX_SIDE, 16 * int(most or 0))
         edges = [self.image_size] + ([int(v) for v in size.values() if isinstance(v, (int, float))]
                                      if isinstance(size, dict) else [])
         edges += [int(v) for v in (self.config.get("max_image_size") or {}).values() if isinstance(v, (int, float))]
@@ -121,8 +125,10 @@ class ImagePreprocessor:
             raise InputError(f"{what}: the image is empty ({width}x{height} pixels)")
         limit = self.max_pixels()
         if width * height > limit:
+            basis = ("16x its image processor's max_pixels" if self.record.frames == "dynamic"
+                     else f"16x its {self.image_size} px input per side")
             raise InputError(f"{what}: {width}x{height} pixels is more than this model takes ({limit:,} pixels, "
-                             f"16x its {self.image_size} px input per side): refused before decoding "
+                             f"{basis}): refused before decoding "
                              "(a decompression bomb or a very large image; resize it first)")
         if max(width, height) > MAX_ASPECT * min(width, height):
             raise InputError(f"{what}: {width}x{height} pixels has an aspect ratio above {MAX_ASPECT}:1")
