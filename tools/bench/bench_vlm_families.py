@@ -5,7 +5,7 @@ Models: the random-weight test fixtures of tests/vlm_fixtures.py, one per family
 (``make_tiny_llava``), LLaVA-1.5 with a CLIP tower (``make_tiny_llava15``: 336 px, 576 image tokens), SmolVLM /
 Idefics3 without and with image splitting (``make_tiny_idefics3``), Gemma-3 vision (``make_tiny_gemma3``: 224 px,
 16 image tokens), Qwen2.5-VL (tests/test_qwen25vl.py ``make_tiny_qwen25vl``: dynamic resolution, the 120x80 image
-is 12 image tokens). RANDOM weights: the text is meaningless.
+is 12 image tokens) and Qwen2-VL (``make_tiny_qwen2vl``, same sizes). RANDOM weights: the text is meaningless.
 
 A dynamic-resolution family (image tokens depend on the image) is also measured on the family's parity image
 sizes (``by_size``: image tokens, TTFT and encoder time per size, same rounds).
@@ -48,6 +48,7 @@ FAMILIES = {
     "smolvlm-split": lambda d: __import__("vlm_fixtures").make_tiny_idefics3(d, image_splitting=True),
     "gemma3": lambda d: __import__("vlm_fixtures").make_tiny_gemma3(d),
     "qwen25vl": lambda d: __import__("test_qwen25vl").make_tiny_qwen25vl(d),
+    "qwen2vl": lambda d: __import__("test_qwen25vl").make_tiny_qwen2vl(d),
 }
 
 
