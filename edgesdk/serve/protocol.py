@@ -15,13 +15,21 @@ import json
 import re
 import uuid
 from dataclasses import dataclass
+from typing import cast
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from edgesdk.errors import EdgeSDKError, InputError, ShapeError
 from edgesdk.runtime import grammar as _grammar
-from edgesdk.runtime.requests import INT32_MAX, MAX_TOP_LOGPROBS, SEED_MAX, check_logit_bias, check_tools
+from edgesdk.runtime.requests import (
+    INT32_MAX,
+    MAX_TOP_LOGPROBS,
+    SEED_MAX,
+    GenerationRequest,
+    check_logit_bias,
+    check_tools,
+)
 from edgesdk.serve.config import ModelEntry
 from edgesdk.serve.fields import (
     FIELD_NAMES,
@@ -344,6 +352,22 @@ def parse_generation(body: dict, entry: ModelEntry, operation: str) -> tuple[
     return opts, stream, stream and bool(include), _prompt(body)
 
 
+def generation_request(operation: str, what: list[dict] | str | list[int], stream: bool,
+                       opts: dict) -> GenerationRequest:
+    """The runtime's request of one chat (``what``: its messages) or one completions prompt (text or token ids)
+    with the options of :func:`parse_generation`; an APIError 400 naming the field the runtime refuses."""
+    try:
+        if isinstance(what, str):
+            return GenerationRequest.from_options(prompt=what, stream=stream, **opts)
+        if operation == "chat":
+            from edgesdk.serve.images import text_only  # a VLM's image parts: checked in _messages
+
+            return GenerationRequest.from_options(messages=text_only(cast("list[dict]", what)), stream=stream, **opts)
+        return GenerationRequest.from_options(prompt_tokens=cast("list[int]", what), stream=stream, **opts)
+    except EdgeSDKError as exc:
+        raise backend_error(exc, "messages" if operation == "chat" else "prompt") from None
+
+
 def _token_ids(value: object) -> bool:
     return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
 
@@ -455,6 +479,21 @@ class ReplyShape:
         return [{"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
                  "function": {"name": name, "arguments": args}} for name, args in calls], content
 
+    def choice(self, index: int, text: str, last: dict) -> dict:
+        """A whole (not streamed) reply as OpenAI's choice: a chat message, with its tool calls, or a completion
+        (``last``: the generation's done event, with its log-probabilities)."""
+        finish = finish_reason(last)
+        lps = self.logprobs_of(last.get("logprobs") or [], 0)
+        if self.operation != "chat":
+            return {"index": index, "text": text, "logprobs": lps, "finish_reason": finish}
+        message: dict = {"role": "assistant", "content": text}
+        calls = self.tool_calls(text, finish)
+        if calls is not None:
+            message = {"role": "assistant", "content": calls[1], "tool_calls": calls[0] or None}
+            if calls[0]:
+                finish = "tool_calls"
+        return {"index": index, "message": message, "logprobs": lps, "finish_reason": finish}
+
     def logprobs_of(self, entries: list, offset: int) -> dict | None:
         """OpenAI's ``logprobs`` of a choice (chat: ``content``; completions: tokens, token_logprobs,
         top_logprobs, text_offset from ``offset`` characters into the completion)."""
@@ -484,6 +523,7 @@ def grammar_error(err: APIError, exc: BaseException, param: str) -> APIError:
 
 
 def finish_reason(last: dict) -> str:
+    """OpenAI's ``finish_reason`` of a generation's done event: ``length`` (cut by max_tokens) or ``stop``."""
     reason = last.get("finish_reason")
     return "length" if reason == "length" else "stop"
 

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import json
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 import numpy as np
@@ -22,7 +24,6 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 
 from edgesdk import __version__
 from edgesdk.errors import EdgeSDKError, InputError
-from edgesdk.runtime.requests import GenerationRequest
 from edgesdk.serve.batch_worker import BatchWorker
 from edgesdk.serve.config import ModelEntry, ServeConfig
 from edgesdk.serve.protocol import (
@@ -30,6 +31,7 @@ from edgesdk.serve.protocol import (
     ReplyShape,
     backend_error,
     finish_reason,
+    generation_request,
     grammar_error,
     parse_embeddings,
     parse_generation,
@@ -42,13 +44,59 @@ from edgesdk.telemetry.serve_metrics import ServerMetrics
 from edgesdk.telemetry.serve_spans import ServerSpan, serve_tracer
 
 
-async def _until_disconnected(receive, job: Job) -> None:
-    """Wait for the ASGI ``http.disconnect`` of a request whose body has been read, then cancel ``job``
-    (the worker checks between tokens; a queued job is skipped) and wake the handler waiting on it."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    job.cancel.set()
-    job.events.put_nowait(("disconnected", None))
+class _Events:
+    """The events of a request's generation jobs (one per prompt) as one sequence of ``(index, kind, value)``.
+    Until :meth:`unwatch`, the client going away (ASGI ``http.disconnect``) cancels every job (the worker checks
+    between tokens; a queued job is skipped) and wakes the reader with a ``disconnected`` event."""
+
+    def __init__(self, jobs: list[Job], receive: Callable[[], Awaitable[Any]]) -> None:
+        loop = asyncio.get_running_loop()
+        self.jobs = jobs
+        self._merged: asyncio.Queue | None = None
+        self._pumps: list[asyncio.Task] = []
+        if len(jobs) > 1:  # one job is read from its own queue: no second hop per token
+            self._merged = asyncio.Queue()
+            self._pumps = [loop.create_task(self._pump(i, job, self._merged)) for i, job in enumerate(jobs)]
+        self._watch = loop.create_task(self._until_disconnected(receive))
+
+    async def get(self) -> tuple[int, str, Any]:
+        if self._merged is None:
+            kind, value = await self.jobs[0].events.get()
+            return 0, kind, value
+        return await self._merged.get()
+
+    @staticmethod
+    async def _pump(i: int, job: Job, merged: asyncio.Queue) -> None:
+        while True:
+            kind, value = await job.events.get()
+            merged.put_nowait((i, kind, value))
+            if kind in ("done", "error"):
+                return
+
+    async def _until_disconnected(self, receive: Callable[[], Awaitable[Any]]) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        for job in self.jobs:
+            job.cancel.set()
+        if self._merged is None:
+            self.jobs[0].events.put_nowait(("disconnected", None))
+        else:
+            self._merged.put_nowait((-1, "disconnected", None))
+
+    async def unwatch(self) -> bool:
+        """Stop watching for the disconnect (StreamingResponse watches a stream); True when it came already."""
+        self._watch.cancel()
+        await asyncio.wait({self._watch})  # (our own cancellation still propagates)
+        return any(job.cancel.is_set() for job in self.jobs)
+
+    def close(self, cancel: bool) -> None:
+        """Stop watching and reading; ``cancel``: cancel the jobs too (the ones still running stop)."""
+        self._watch.cancel()
+        for task in self._pumps:
+            task.cancel()
+        if cancel:
+            for job in self.jobs:
+                job.cancel.set()
 
 
 class Routes:
@@ -120,6 +168,8 @@ class Routes:
         return await self._generate(request, "text_completion", "/v1/completions")
 
     async def _generate(self, request: Request, operation: str, route: str) -> Response:
+        """A chat or completions request: one generation job per prompt (a chat, or a single prompt: one; a
+        completions ``prompt`` that is a list of prompts: one each, submitted together, one choice each)."""
         t0 = time.perf_counter()
         model = ""
         span = ServerSpan(self.tracer, request, operation, route, self._provider("llm"))
@@ -138,28 +188,9 @@ class Routes:
                 how = "a VLM bundle always is" if entry.images is not None else "serve --parallel 2 or more"
                 raise APIError(400, f"'{param}' needs continuous batching, and {model!r} is served one request at a "
                                f"time ({how})", param=param, code="unsupported_parameter")
-            if isinstance(what, tuple):  # several completions prompts: one choice each
-                return await self._generate_many(request, entry, span, opts, stream, include_usage, what, shape, t0)
-            try:
-                if isinstance(what, str):
-                    request_obj = GenerationRequest.from_options(prompt=what, stream=stream, **opts)
-                elif operation == "chat":
-                    from edgesdk.serve.images import text_only  # a VLM's image parts: checked in _messages
-
-                    request_obj = GenerationRequest.from_options(messages=text_only(cast("list[dict]", what)),
-                                                                 stream=stream, **opts)
-                else:
-                    request_obj = GenerationRequest.from_options(prompt_tokens=cast("list[int]", what),
-                                                                 stream=stream, **opts)
-            except EdgeSDKError as exc:
-                raise backend_error(exc, where) from None
+            inputs = list(what) if isinstance(what, tuple) else [what]  # several completions prompts: one each
+            requests = [generation_request(operation, x, stream, opts) for x in inputs]
             session = entry.session
-            if operation == "chat":
-                def start(m=what, o=opts):
-                    return session.chat(m, stream=True, **o)
-            else:
-                def start(p=what, o=opts):
-                    return session.stream(p, **o)
             span.set("gen_ai.request.max_tokens", opts["max_tokens"])
             span.set("gen_ai.request.temperature", opts.get("temperature"))
             span.set("gen_ai.request.top_p", opts.get("top_p"))
@@ -168,77 +199,74 @@ class Routes:
             span.set("gen_ai.request.frequency_penalty", opts.get("frequency_penalty"))
             span.set("gen_ai.request.presence_penalty", opts.get("presence_penalty"))
             loop = asyncio.get_running_loop()
-            job = Job(start=start, loop=loop, events=asyncio.Queue(), otel_ctx=span.ctx, request=request_obj)
             assert entry.worker is not None  # created in start() for every llm entry
+            jobs: list[Job] = []
             try:
-                entry.worker.submit(job)
+                for x, req in zip(inputs, requests, strict=True):
+                    start = (functools.partial(session.chat, x, stream=True, **opts) if operation == "chat"
+                             else functools.partial(session.stream, x, **opts))
+                    job = Job(start=start, loop=loop, events=asyncio.Queue(), otel_ctx=span.ctx, request=req)
+                    entry.worker.submit(job)
+                    jobs.append(job)
             except Saturated as exc:
+                for job in jobs:
+                    job.cancel.set()
                 self.metrics.rejected.inc(model=model, reason="draining" if exc.draining else "queue_full")
                 raise saturated_error(exc) from None
             # Nothing else reads from the client until the response starts: watch for it going away, so a
             # request abandoned while queued or generating stops at the next token (a stream is watched
             # by StreamingResponse once it starts).
-            watch = loop.create_task(_until_disconnected(request.receive, job))
+            events = _Events(jobs, request.receive)
+            streaming = False
+            pieces: list[list[str]] = [[] for _ in jobs]
+            lasts: list[dict | None] = [None] * len(jobs)
             try:
-                kind, value = await job.events.get()  # "started", or "error" before the first token
-                if kind == "disconnected":
-                    return self._abandoned(span, route, model)
-                if kind == "error":
-                    raise grammar_error(backend_error(value, where), value, grammar_param)
+                early: list[tuple[int, str, Any]] = []  # pieces of a started job while others have not started
+                started = 0
+                while started < len(jobs):  # each job's first event: "started", or "error" (a prompt too long)
+                    i, kind, value = await events.get()
+                    if kind == "started":
+                        started += 1
+                    elif kind == "disconnected":
+                        return self._abandoned(span, route, model)
+                    elif kind == "error":
+                        raise grammar_error(backend_error(value, where), value, grammar_param)
+                    else:
+                        early.append((i, kind, value))
                 rid = ("chatcmpl-" if operation == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
                 span.set("gen_ai.response.id", rid)
                 if stream:
-                    watch.cancel()
-                    await asyncio.wait({watch})  # (our own cancellation still propagates)
-                    if job.cancel.is_set():  # it saw the disconnect just before it was stopped
+                    if await events.unwatch():  # it saw the disconnect just before it was stopped
                         return self._abandoned(span, route, model)
-                    return StreamingResponse(self._sse(job, entry, operation, rid, span, t0, include_usage, route,
-                                                       shape),
+                    streaming = True
+                    return StreamingResponse(self._sse(events, early, entry, operation, rid, span, t0, include_usage,
+                                                       route, shape),
                                              media_type="text/event-stream",
                                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-                pieces: list[str] = []
-                t_first = None
-                while True:
-                    kind, value = await job.events.get()
+                while None in lasts:
+                    i, kind, value = early.pop(0) if early else await events.get()
                     if kind == "chunk":
-                        t_first = t_first or time.perf_counter()
-                        pieces.append(value)
+                        pieces[i].append(value)
                     elif kind == "disconnected":
                         return self._abandoned(span, route, model)
                     elif kind == "error":
                         raise backend_error(value, where)
-                    elif kind == "logprobs":  # the done event holds them all
-                        continue
-                    else:
-                        last = value
-                        break
+                    elif kind == "done":  # it holds the log-probabilities too
+                        lasts[i] = value
             except asyncio.CancelledError:
-                job.cancel.set()
                 span.end(None, "cancelled", "client disconnected before the response", cancelled=True)
                 raise
             finally:
-                watch.cancel()
-            usage = self._finish(entry, operation, span, last, t0)
-            text = "".join(pieces)
-            finish = finish_reason(last)
-            created = int(time.time())
-            lps = shape.logprobs_of(last.get("logprobs") or [], 0)
-            if operation == "chat":
-                message: dict = {"role": "assistant", "content": text}
-                calls = shape.tool_calls(text, finish)
-                if calls is not None:
-                    message = {"role": "assistant", "content": calls[1], "tool_calls": calls[0] or None}
-                    if calls[0]:
-                        finish = "tool_calls"
-                choice = {"index": 0, "message": message, "logprobs": lps, "finish_reason": finish}
-                obj = "chat.completion"
-            else:
-                choice = {"index": 0, "text": text, "logprobs": lps, "finish_reason": finish}
-                obj = "text_completion"
+                if not streaming:  # (a stream's generator closes them)
+                    events.close(cancel=None in lasts)
+            done = cast("list[dict]", lasts)
+            usage = self._finish(entry, operation, span, done, t0)
+            choices = [shape.choice(i, "".join(p), last) for i, (p, last) in enumerate(zip(pieces, done, strict=True))]
             span.end(200)
             self._count(route, model, 200)
-            return JSONResponse({"id": rid, "object": obj, "created": created, "model": model,
-                                 "system_fingerprint": f"edgesdk-{__version__}", "choices": [choice], "usage": usage})
+            return JSONResponse({"id": rid, "object": "chat.completion" if operation == "chat" else "text_completion",
+                                 "created": int(time.time()), "model": model,
+                                 "system_fingerprint": f"edgesdk-{__version__}", "choices": choices, "usage": usage})
         except APIError as exc:
             span.end(exc.status, exc.code or exc.type, exc.message)
             self._count(route, model, exc.status)
@@ -247,166 +275,6 @@ class Routes:
             span.end(500, "server_error", f"{type(exc).__name__}: {exc}")
             raise
 
-    async def _generate_many(self, request: Request, entry: ModelEntry, span: ServerSpan, opts: dict, stream: bool,
-                             include_usage: bool, prompts: tuple, shape: ReplyShape, t0: float) -> Response:
-        """/v1/completions with several prompts: one job each, submitted together (the batching engine decodes
-        them side by side), one choice each with its ``index``; streamed, the chunks of all choices interleave."""
-        route, model, session = "/v1/completions", entry.name, entry.session
-        try:
-            reqs = [GenerationRequest.from_options(**({"prompt": p} if isinstance(p, str) else {"prompt_tokens": p}),
-                                                   stream=stream, **opts) for p in prompts]
-        except EdgeSDKError as exc:
-            raise backend_error(exc, "prompt") from None
-        loop = asyncio.get_running_loop()
-        jobs: list[Job] = []
-        assert entry.worker is not None
-        try:
-            for p, r in zip(prompts, reqs, strict=True):
-                def start(p: str | list[int] = p) -> Any:
-                    return session.stream(p, **opts)
-
-                job = Job(start=start, loop=loop, events=asyncio.Queue(), otel_ctx=span.ctx, request=r)
-                entry.worker.submit(job)
-                jobs.append(job)
-        except Saturated as exc:
-            for job in jobs:
-                job.cancel.set()
-            self.metrics.rejected.inc(model=model, reason="draining" if exc.draining else "queue_full")
-            raise saturated_error(exc) from None
-        merged: asyncio.Queue = asyncio.Queue()
-
-        async def pump(i: int, job: Job) -> None:
-            while True:
-                kind, value = await job.events.get()
-                await merged.put((i, kind, value))
-                if kind in ("done", "error", "disconnected"):
-                    return
-
-        async def watch() -> None:
-            while (await request.receive())["type"] != "http.disconnect":
-                pass
-            for job in jobs:
-                job.cancel.set()
-            await merged.put((-1, "disconnected", None))
-
-        pumps = [loop.create_task(pump(i, j)) for i, j in enumerate(jobs)]
-        watcher = loop.create_task(watch())
-
-        def stop() -> None:
-            for job in jobs:
-                job.cancel.set()
-            for t in (*pumps, watcher):
-                t.cancel()
-
-        rid = "cmpl-" + uuid.uuid4().hex[:24]
-        span.set("gen_ai.response.id", rid)
-        created = int(time.time())
-        base = {"id": rid, "object": "text_completion", "created": created, "model": model,
-                "system_fingerprint": f"edgesdk-{__version__}"}
-        texts = [""] * len(jobs)
-        lps: list[list] = [[] for _ in jobs]
-        lasts: list[dict | None] = [None] * len(jobs)
-
-        def usage_of() -> dict:
-            u = [self._finish(entry, "text_completion", span, last, t0) for last in lasts if last is not None]
-            n_in, n_out = sum(x["prompt_tokens"] for x in u), sum(x["completion_tokens"] for x in u)
-            return {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}
-
-        if not stream:
-            try:
-                while any(last is None for last in lasts):
-                    i, kind, value = await merged.get()
-                    if kind == "disconnected":
-                        stop()
-                        return self._abandoned(span, route, model)
-                    if kind == "error":
-                        stop()
-                        raise backend_error(value, "prompt")
-                    if kind == "chunk":
-                        texts[i] += value
-                    elif kind == "done":
-                        lasts[i] = value
-            except asyncio.CancelledError:
-                stop()
-                raise
-            watcher.cancel()
-            choices = [{"index": i, "text": texts[i], "finish_reason": finish_reason(last or {}),
-                        "logprobs": shape.logprobs_of((last or {}).get("logprobs") or [], 0)}
-                       for i, last in enumerate(lasts)]
-            usage = usage_of()
-            span.end(200)
-            self._count(route, model, 200)
-            return JSONResponse({**base, "choices": choices, "usage": usage})
-
-        def line(payload: dict) -> bytes:
-            return b"data: " + json.dumps(payload, separators=(",", ":")).encode("utf-8") + b"\n\n"
-
-        # the first event of each job: "started", or "error" before the first token (a prompt too long: 400)
-        started: set[int] = set()
-        early: list[tuple] = []  # a job's pieces that came before every job had started
-        try:
-            while len(started) < len(jobs):
-                i, kind, value = await merged.get()
-                if kind == "started":
-                    started.add(i)
-                elif kind == "error":
-                    stop()
-                    raise backend_error(value, "prompt")
-                elif kind == "disconnected":
-                    stop()
-                    return self._abandoned(span, route, model)
-                else:
-                    early.append((i, kind, value))
-        except asyncio.CancelledError:
-            stop()
-            raise
-        watcher.cancel()  # StreamingResponse watches for the disconnect from here on
-
-        async def events():
-            finished = False
-            sent = [0] * len(jobs)
-            try:
-                while any(last is None for last in lasts):
-                    i, kind, value = early.pop(0) if early else await merged.get()
-                    if kind == "disconnected":
-                        return
-                    if kind == "error":
-                        err = backend_error(value, "prompt")
-                        yield line({"error": {"message": err.message, "type": err.type, "param": err.param,
-                                              "code": err.code}})
-                        span.end(200, err.code or err.type, err.message, error_type=err.code or err.type)
-                        self._count(route, model, err.status)
-                        finished = True
-                        return
-                    if kind == "logprobs":
-                        lps[i].extend(value)
-                    elif kind == "chunk":
-                        lp = shape.logprobs_of(lps[i], sent[i])
-                        lps[i] = []
-                        sent[i] += len(value)
-                        yield line({**base, "choices": [{"index": i, "text": value, "logprobs": lp,
-                                                         "finish_reason": None}]})
-                    elif kind == "done":
-                        lasts[i] = value
-                        yield line({**base, "choices": [{"index": i, "text": "", "logprobs": None,
-                                                         "finish_reason": finish_reason(value)}]})
-                usage = usage_of()
-                if include_usage:
-                    yield line({**base, "choices": [], "usage": usage})
-                yield b"data: [DONE]\n\n"
-                finished = True
-                span.end(200)
-                self._count(route, model, 200)
-            finally:
-                stop()
-                if not finished:
-                    self.metrics.cancelled.inc(model=model)
-                    span.end(200, "cancelled", "client disconnected before the end of the stream", cancelled=True)
-                    self._count(route, model, 499)
-
-        return StreamingResponse(events(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
     def _abandoned(self, span: ServerSpan, route: str, model: str) -> Response:
         """The client went away before the response (``http.disconnect``): the job is cancelled already."""
         self.metrics.cancelled.inc(model=model)
@@ -414,24 +282,29 @@ class Routes:
         self._count(route, model, 499)
         return Response(status_code=499)  # nobody reads it: the connection is gone
 
-    def _finish(self, entry: ModelEntry, operation: str, span: ServerSpan, last: dict, t0: float) -> dict:
-        n_in, n_out = int(last.get("input_tokens") or 0), int(last.get("output_tokens") or 0)
+    def _finish(self, entry: ModelEntry, operation: str, span: ServerSpan, lasts: list[dict], t0: float) -> dict:
+        """The metrics of each finished generation of a request (one per prompt), and the request's usage (the
+        span's and the response's: sums over the prompts)."""
+        m, labels = self.metrics, {"gen_ai_operation_name": operation, "gen_ai_request_model": entry.name}
+        caching = entry.prompt_cache is not None or (isinstance(entry.worker, BatchWorker) and self.config.prefix_reuse)
+        n_in = n_out = cached = 0
+        for last in lasts:
+            i_in, i_out = int(last.get("input_tokens") or 0), int(last.get("output_tokens") or 0)
+            n_in, n_out, cached = n_in + i_in, n_out + i_out, cached + int(last.get("cached_tokens") or 0)
+            m.duration.observe(time.perf_counter() - t0, **labels)
+            first, end = last.get("first_token_at"), last.get("last_token_at")
+            if first:
+                m.ttft.observe(max(0.0, first - t0), **labels)
+                if end and i_out > 1:
+                    m.tpot.observe((end - first) / (i_out - 1), **labels)
+            m.tokens.inc(i_in, gen_ai_request_model=entry.name, gen_ai_token_type="input")
+            m.tokens.inc(i_out, gen_ai_request_model=entry.name, gen_ai_token_type="output")
         span.set("gen_ai.usage.input_tokens", n_in)
         span.set("gen_ai.usage.output_tokens", n_out)
-        span.set("gen_ai.response.finish_reasons", [finish_reason(last)])
+        span.set("gen_ai.response.finish_reasons", [finish_reason(last) for last in lasts])
         span.set("gen_ai.response.model", entry.name)
-        m, labels = self.metrics, {"gen_ai_operation_name": operation, "gen_ai_request_model": entry.name}
-        m.duration.observe(time.perf_counter() - t0, **labels)
-        first, end = last.get("first_token_at"), last.get("last_token_at")
-        if first:
-            m.ttft.observe(max(0.0, first - t0), **labels)
-            if end and n_out > 1:
-                m.tpot.observe((end - first) / (n_out - 1), **labels)
-        m.tokens.inc(n_in, gen_ai_request_model=entry.name, gen_ai_token_type="input")
-        m.tokens.inc(n_out, gen_ai_request_model=entry.name, gen_ai_token_type="output")
         usage: dict = {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}
-        if entry.prompt_cache is not None or (isinstance(entry.worker, BatchWorker) and self.config.prefix_reuse):
-            cached = int(last.get("cached_tokens") or 0)
+        if caching:
             usage["prompt_tokens_details"] = {"cached_tokens": cached}  # OpenAI's field for reused prompt tokens
             span.set("gen_ai.usage.cache_read.input_tokens", cached)
             m.cached_tokens.inc(cached, model=entry.name)
@@ -439,55 +312,53 @@ class Routes:
                 m.cache_bytes.set(entry.prompt_cache.stats()["bytes"], model=entry.name)
         return usage
 
-    async def _sse(self, job: Job, entry: ModelEntry, operation: str, rid: str, span: ServerSpan, t0: float,
-                   include_usage: bool, route: str, shape: ReplyShape | None = None):
-        created = int(time.time())
+    async def _sse(self, events: _Events, early: list[tuple[int, str, Any]], entry: ModelEntry, operation: str,
+                   rid: str, span: ServerSpan, t0: float, include_usage: bool, route: str, shape: ReplyShape):
+        """The Server-Sent Events of a streamed request: each choice's pieces as they come (the choices of
+        several prompts interleave), its finish, then the usage (``include_usage``) and ``[DONE]``."""
         model = entry.name
         obj = "chat.completion.chunk" if operation == "chat" else "text_completion"
-        base = {"id": rid, "object": obj, "created": created, "model": model,
+        base = {"id": rid, "object": obj, "created": int(time.time()), "model": model,
                 "system_fingerprint": f"edgesdk-{__version__}"}
+        n = len(events.jobs)
+        lp_pending: list[list] = [[] for _ in range(n)]  # token log-probabilities not sent yet
+        sent_chars = [0] * n  # completions: text_offset of the next piece
+        held: list[list[str]] = [[] for _ in range(n)]  # a tool-call reply: sent whole at the end
+        lasts: list[dict | None] = [None] * n
+        usage: dict = {}
 
-        shape = shape or ReplyShape(operation)
-        lp_pending: list = []  # token log-probabilities not sent yet
-        sent_chars = 0  # completions: text_offset of the next piece
-        held: list[str] = []  # a tool-call reply: sent whole at the end, as tool-call deltas or content
-
-        def event(choice_delta: dict | None, finish=None, usage=None) -> bytes:
-            nonlocal sent_chars
+        def event(i: int, delta: dict, finish: str | None = None) -> bytes:
             lps = None
-            if choice_delta is not None and lp_pending and shape.logprobs:
-                lps = shape.logprobs_of(lp_pending, sent_chars)
-                lp_pending.clear()
-            if choice_delta is not None:
-                sent_chars += len(choice_delta.get("content") or "")
+            if lp_pending[i] and shape.logprobs:
+                lps = shape.logprobs_of(lp_pending[i], sent_chars[i])
+                lp_pending[i] = []
+            sent_chars[i] += len(delta.get("content") or "")
             if operation == "chat":
-                choices = [] if choice_delta is None else [{"index": 0, "delta": choice_delta, "logprobs": lps,
-                                                            "finish_reason": finish}]
+                choice = {"index": i, "delta": delta, "logprobs": lps, "finish_reason": finish}
             else:
-                choices = [] if choice_delta is None else [{"index": 0, "text": choice_delta.get("content", ""),
-                                                            "logprobs": lps, "finish_reason": finish}]
-            payload = {**base, "choices": choices}
+                choice = {"index": i, "text": delta.get("content", ""), "logprobs": lps, "finish_reason": finish}
+            payload: dict = {**base, "choices": [choice]}
             if include_usage:
-                payload["usage"] = usage
+                payload["usage"] = None
             return b"data: " + json.dumps(payload, separators=(",", ":")).encode("utf-8") + b"\n\n"
 
         finished = False
         try:
             if operation == "chat":
-                yield event({"role": "assistant", "content": ""})
+                yield event(0, {"role": "assistant", "content": ""})
             first_chunk = True
-            while True:
-                kind, value = await job.events.get()
+            while None in lasts:
+                i, kind, value = early.pop(0) if early else await events.get()
                 if kind == "logprobs":
-                    lp_pending.extend(value)
+                    lp_pending[i].extend(value)
                 elif kind == "chunk":
                     if first_chunk:
                         span.set("gen_ai.response.time_to_first_chunk", time.perf_counter() - t0)
                         first_chunk = False
                     if shape.tools:
-                        held.append(value)
+                        held[i].append(value)
                     else:
-                        yield event({"content": value})
+                        yield event(i, {"content": value})
                 elif kind == "error":
                     err = backend_error(value, "messages" if operation == "chat" else "prompt")
                     payload = {"error": {"message": err.message, "type": err.type, "param": err.param,
@@ -497,31 +368,34 @@ class Routes:
                     self._count(route, model, err.status)
                     finished = True
                     return
-                else:
-                    usage = self._finish(entry, operation, span, value, t0)
+                elif kind == "disconnected":
+                    return
+                elif kind == "done":
+                    lasts[i] = value
+                    if None not in lasts:
+                        usage = self._finish(entry, operation, span, cast("list[dict]", lasts), t0)
                     finish = finish_reason(value)
-                    calls = shape.tool_calls("".join(held), finish) if shape.tools else None
+                    calls = shape.tool_calls("".join(held[i]), finish) if shape.tools else None
                     if calls is not None and calls[0]:
                         finish = "tool_calls"
-                        for i, call in enumerate(calls[0]):  # as OpenAI streams them: id and name, then arguments
+                        for k, call in enumerate(calls[0]):  # as OpenAI streams them: id and name, then arguments
                             fn = call["function"]
-                            yield event({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
-                                                         "function": {"name": fn["name"], "arguments": ""}}]})
-                            yield event({"tool_calls": [{"index": i, "function": {"arguments": fn["arguments"]}}]})
+                            yield event(i, {"tool_calls": [{"index": k, "id": call["id"], "type": "function",
+                                                            "function": {"name": fn["name"], "arguments": ""}}]})
+                            yield event(i, {"tool_calls": [{"index": k, "function": {"arguments": fn["arguments"]}}]})
                     elif calls is not None:
-                        yield event({"content": calls[1]})
-                    yield event({}, finish=finish)
-                    if include_usage:
-                        yield b"data: " + json.dumps({**base, "choices": [], "usage": usage},
-                                                     separators=(",", ":")).encode("utf-8") + b"\n\n"
-                    yield b"data: [DONE]\n\n"
-                    finished = True
-                    span.end(200)
-                    self._count(route, model, 200)
-                    return
+                        yield event(i, {"content": calls[1]})
+                    yield event(i, {}, finish=finish)
+            if include_usage:
+                yield b"data: " + json.dumps({**base, "choices": [], "usage": usage},
+                                             separators=(",", ":")).encode("utf-8") + b"\n\n"
+            yield b"data: [DONE]\n\n"
+            finished = True
+            span.end(200)
+            self._count(route, model, 200)
         finally:
-            if not finished:  # the client went away (or the server is cancelling): stop generating
-                job.cancel.set()
+            events.close(cancel=not finished or None in lasts)  # the client went away (or an error ended it)
+            if not finished:
                 self.metrics.cancelled.inc(model=model)
                 span.end(200, "cancelled", "client disconnected before the end of the stream", cancelled=True)
                 self._count(route, model, 499)
