@@ -1,10 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Soak of `edgesdk serve` on an LLM bundle (continuous batching): does the server's RSS stay flat?
+"""Soak of `edgesdk serve` on an LLM bundle: does the server's RSS stay flat?
 
-Starts `edgesdk serve BUNDLE` as a user does, sends --warmup requests, then --rounds rounds of --requests
-requests from --concurrency asyncio clients, and samples the server's RSS (/proc/PID/status VmRSS)
-after each round. The mix per request (seeded): completions and chat completions, streamed and not, a
-client that reads two chunks then goes away, one that disconnects before the answer, and a stop string.
+Starts `edgesdk serve BUNDLE` as a user does (continuous batching by default; `--parallel 1` for the
+one-request-at-a-time worker with its prompt cache), sends --warmup requests, then --rounds rounds of
+--requests requests from --concurrency asyncio clients, and samples the server's RSS (/proc/PID/status
+VmRSS) after each round. The mix per request (seeded): completions and chat completions, streamed and
+not, a client that reads two chunks then goes away, one that disconnects before the answer, a stop
+string, and with --slow-clients a client that trickles its request head over ~0.3 s (raw socket) and
+one that asks for /v1/models or /health.
 Reported: RSS growth per round against the level after warm-up, status counts, cancelled count.
 
     python tools/bench/soak_serve_llm.py BUNDLE --requests 600 --rounds 3 --concurrency 8
@@ -36,9 +39,33 @@ def rss_mb(pid: int) -> float:
     return int(re.search(r"VmRSS:\s+(\d+) kB", text).group(1)) / 1024  # type: ignore[union-attr]
 
 
-async def one(client: httpx.AsyncClient, url: str, rng: random.Random, i: int) -> str:
-    kind = rng.choice(["completion", "completion_stream", "chat", "chat_stream", "abandon_stream", "abandon",
-                       "stop"])
+async def trickled(url: str, body: dict) -> str:
+    """POST /v1/completions from a slow client: the request head in six pieces 50 ms apart, then the body."""
+    host, port = url.removeprefix("http://").split(":")
+    data = json.dumps(body).encode()
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Connection: close\r\nContent-Length: {len(data)}\r\n\r\n").encode()
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        step = max(1, len(head) // 6)
+        for k in range(0, len(head), step):
+            writer.write(head[k:k + step])
+            await writer.drain()
+            await asyncio.sleep(0.05)
+        writer.write(data)
+        await writer.drain()
+        reply = await asyncio.wait_for(reader.read(), 120)
+    finally:
+        writer.close()
+    return reply.split(b" ", 2)[1].decode() if reply.startswith(b"HTTP/1.1 ") else "no-answer"
+
+
+async def one(client: httpx.AsyncClient, url: str, rng: random.Random, i: int, slow_clients: bool = False) -> str:
+    kinds = ["completion", "completion_stream", "chat", "chat_stream", "abandon_stream", "abandon", "stop"]
+    kind = rng.choice(kinds + (["slow", "route"] if slow_clients else []))
+    if kind == "route":
+        path = rng.choice(["/v1/models", "/health"])
+        return f"{kind} {(await client.get(url + path)).status_code}"
     chat = kind.startswith("chat")
     route = "/v1/chat/completions" if chat else "/v1/completions"
     body: dict = {"model": "m", "max_tokens": rng.choice([1, 2, 4]), "temperature": rng.choice([0, 0.7])}
@@ -50,6 +77,11 @@ async def one(client: httpx.AsyncClient, url: str, rng: random.Random, i: int) -
         body["stream"] = True
     if kind == "stop":
         body.update(stop=["\n"], max_tokens=8)
+    if kind == "slow":
+        try:
+            return f"{kind} {await trickled(url, body)}"
+        except (OSError, asyncio.TimeoutError) as exc:
+            return f"{kind} {type(exc).__name__}"
     if kind == "abandon_stream":
         body["max_tokens"] = 64
         try:
@@ -81,14 +113,14 @@ async def one(client: httpx.AsyncClient, url: str, rng: random.Random, i: int) -
         return f"{kind} {type(exc).__name__}"
 
 
-async def wave(url: str, n: int, concurrency: int, seed: int) -> dict[str, int]:
+async def wave(url: str, n: int, concurrency: int, seed: int, slow_clients: bool = False) -> dict[str, int]:
     rng = random.Random(seed)
     counts: dict[str, int] = {}
     todo = iter(range(n))
     async with httpx.AsyncClient(timeout=120) as client:
         async def worker() -> None:
             for i in todo:
-                key = await one(client, url, rng, i)
+                key = await one(client, url, rng, i, slow_clients)
                 counts[key] = counts.get(key, 0) + 1
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -103,13 +135,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--parallel", type=int, default=None, help="serve --parallel (default: the server decides)")
+    ap.add_argument("--slow-clients", action="store_true", help="add trickled requests and /v1/models, /health")
     ap.add_argument("--out", default=str(RESULTS / "soak_serve_llm_cpu.json"))
     args = ap.parse_args()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen([sys.executable, "-m", "edgesdk", "serve", args.bundle, "--name", "m", "--port",
                              str(port), "--threads", str(args.threads), "--log-level", "warning",
-                             "--max-queue", str(4 * args.concurrency)],
+                             "--max-queue", str(4 * args.concurrency),
+                             *(["--parallel", str(args.parallel)] if args.parallel else [])],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         for _ in range(600):
@@ -119,11 +154,11 @@ def main() -> None:
             except httpx.HTTPError:
                 time.sleep(0.3)
         t0 = time.perf_counter()
-        totals = asyncio.run(wave(url, args.warmup, args.concurrency, 1))
+        totals = asyncio.run(wave(url, args.warmup, args.concurrency, 1, args.slow_clients))
         base = rss_mb(proc.pid)
         growth = []
         for r in range(args.rounds):
-            for k, v in asyncio.run(wave(url, args.requests, args.concurrency, 100 + r)).items():
+            for k, v in asyncio.run(wave(url, args.requests, args.concurrency, 100 + r, args.slow_clients)).items():
                 totals[k] = totals.get(k, 0) + v
             time.sleep(1.0)  # let cancelled requests leave their slots
             growth.append(round(rss_mb(proc.pid) - base, 1))
@@ -136,7 +171,8 @@ def main() -> None:
         proc.terminate()
         proc.wait(60)
     fives = {k: v for k, v in totals.items() if k.split()[-1].startswith("5")}
-    out = {"what": "edgesdk serve (continuous batching) LLM soak: RSS per round over the level after warm-up",
+    mode = "one request at a time" if args.parallel == 1 else "continuous batching"
+    out = {"what": f"edgesdk serve ({mode}) LLM soak: RSS per round over the level after warm-up",
            "bundle": Path(args.bundle).name, "machine": machine(), "settings": vars(args),
            "rss_after_warmup_mb": round(base, 1), "growth_mb_per_round": growth, "outcomes": totals,
            "server_5xx": fives, "slots_busy_at_end": float(busy.group(1)) if busy else None,
