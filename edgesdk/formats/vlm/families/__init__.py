@@ -5,7 +5,8 @@ A record holds what a family is: the HF classes and how its image processor is r
 map of both transformers layouts (to the 4.x names the converter reads), the support check and the mmproj
 writer, image tokens per frame, the prompt template, the chat format and the image-token layout of one image,
 and how the runtime preprocesses an image (``frames``: ``single`` = one resized encoder input, ``tiles`` =
-the Idefics3 frames of :meth:`edgesdk.runtime.backends.vlm.ImagePreprocessor.tiles`). The converter, the plan,
+the Idefics3 frames of :meth:`edgesdk.runtime.backends.vlm.ImagePreprocessor.tiles`, ``dynamic`` = the image at
+the processor's own size for it, the record's ``resize``: Qwen2.5-VL / Qwen2-VL). The converter, the plan,
 the build's parity and the runtime look the family up here (:func:`by_architecture`, :func:`by_processor`).
 
 Adding a family: a module in this package defining ``FAMILY = VLMFamily(...)`` and its name in
