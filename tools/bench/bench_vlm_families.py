@@ -109,6 +109,7 @@ def measure(name: str, work: Path, threads: int, rounds: int, max_tokens: int, i
                                         for p in vision["per_image"]],
                        "mmproj_not_used": vision.get("mmproj_not_used", {}).get("encoder_min_cosine"),
                        "decoder_logits_min_cosine": m["parity"]["decoder_logits_vs_hf"]["min_cosine"],
+                       "decoder_logits_vs_hf": m["parity"]["decoder_logits_vs_hf"],
                        "decoder_ppl_ratio": m["parity"].get("decoder_ppl_ratio"),
                        "per_image": [{k: p.get(k) for k in ("image", "image_tokens", "min_cosine", "max_abs")}
                                      for p in vision["per_image"]]},
