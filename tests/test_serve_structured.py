@@ -6,7 +6,8 @@
 * ``response_format`` ``json_schema``: 20 schemas (nested objects, enums, arrays, numbers, required and
   optional properties, ``$ref``); every reply parses and validates against its schema with ``jsonschema``
   (the grammar guarantees it; a 270M model would not manage it on its own). ``json_object`` too.
-* ``tools`` with ``tool_choice`` required / named / auto, streamed tool-call deltas, tool turns in the history.
+* ``tools`` with ``tool_choice`` required / named / auto, tool-call arguments streamed as they are generated, tool
+  turns in the history.
 * ``logprobs``/``top_logprobs`` (chat) and ``logprobs`` (completions), streamed and not.
 * LangChain: ``bind_tools`` and ``with_structured_output`` (``json_schema`` and ``function_calling``).
 """
@@ -26,6 +27,8 @@ openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 
 from test_serve import ServerProcess, gemma_chat_bundle  # noqa: E402,F401  (gemma_chat_bundle: a fixture)
+
+from edgesdk.serve.replies import ReplyShape, ToolCallStream  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -191,6 +194,64 @@ def test_streamed_tool_call_equals_the_non_streamed_one(client):
         finish = chunk.choices[0].finish_reason or finish
     assert finish == "tool_calls" and len(ids) == 1 and next(iter(ids)).startswith("call_")
     assert name == "get_weather" and json.loads(args) == json.loads(whole.function.arguments)
+
+
+def test_tool_call_arguments_stream_as_they_are_generated(client):
+    """As OpenAI streams a call: the first delta has the id, type and name with empty arguments, then the
+    arguments go out in fragments as they are generated; the openai client's stream helper (which parses the
+    partial arguments of a strict tool at every fragment) accumulates them into the non-streamed call."""
+    fn = WEATHER["function"]
+    strict = {"type": "function", "function": {**fn, "strict": True,
+                                               "parameters": {**fn["parameters"], "additionalProperties": False}}}
+    kw = {"model": "gemma", "messages": ASK, "tools": [strict], "temperature": 0, "max_tokens": 80,
+          "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+    whole = client.chat.completions.create(**kw).choices[0].message.tool_calls[0]
+    deltas, fragments, done = [], [], []
+    with client.chat.completions.stream(**kw) as stream:
+        for ev in stream:
+            if ev.type == "chunk" and ev.chunk.choices:
+                deltas += ev.chunk.choices[0].delta.tool_calls or []
+            elif ev.type == "tool_calls.function.arguments.delta":
+                fragments.append(ev.arguments_delta)
+            elif ev.type == "tool_calls.function.arguments.done":
+                done.append(ev.parsed_arguments)
+        final = stream.get_final_completion()
+    first, rest = deltas[0], deltas[1:]
+    assert first.id.startswith("call_") and first.type == "function"
+    assert first.function.name == "get_weather" and first.function.arguments == ""
+    assert all(d.index == 0 and d.id is None and d.function.name is None for d in rest)
+    assert len(fragments) >= 3, fragments  # piece by piece, not the whole arguments at the end
+    choice = final.choices[0]
+    call = choice.message.tool_calls[0]
+    assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1 and call.id == first.id
+    assert call.function.name == "get_weather" and call.function.arguments == "".join(fragments)
+    assert json.loads(call.function.arguments) == json.loads(whole.function.arguments) == done[0]
+
+
+def _stream(pieces: list[str], finish: str = "stop") -> tuple[list[dict], str]:
+    calls = ToolCallStream(ReplyShape("chat", tools=True))
+    deltas = [d for p in pieces for d in calls.feed(p)]
+    rest, finish = calls.end(finish)
+    return deltas + rest, finish
+
+
+def test_tool_call_stream_wherever_the_pieces_break():
+    args = '{ "city": "Pa\\"ris}{", "unit" : "c", "n": [1, {"x": []}] }'
+    reply = '{"tool_call": {"name": "get_weather", "arguments": ' + args + '} }'
+    for k in range(1, len(reply)):  # two pieces, broken at every character; and one character at a time
+        for pieces in ([reply[:k], reply[k:]], list(reply)):
+            deltas, finish = _stream(pieces)
+            head = deltas[0]["tool_calls"][0]
+            assert head["id"].startswith("call_") and head["type"] == "function"
+            assert head["function"] == {"name": "get_weather", "arguments": ""} and finish == "tool_calls"
+            assert all(d["tool_calls"][0].keys() == {"index", "function"} for d in deltas[1:])
+            assert "".join(d["tool_calls"][0]["function"]["arguments"] for d in deltas[1:]) == args
+    # cut by max_tokens: the arguments sent so far, finish "length"; cut before the name: the raw text, as whole
+    deltas, finish = _stream([reply[:60]], "length")
+    assert finish == "length" and deltas[-1]["tool_calls"][0]["function"]["arguments"] == reply[51:60]
+    assert _stream([reply[:30]], "length") == ([{"content": reply[:30]}], "length")
+    # words under tool_choice "auto": held, then sent whole as content
+    assert _stream(['{"response": "a {', '\\"b\\"}"}']) == ([{"content": 'a {"b"}'}], "stop")
 
 
 def test_tool_turns_in_the_history(client, srv):

@@ -12,7 +12,8 @@ Nothing in a request names a file: ``model`` is looked up in the table of bundle
 This module is the app itself: the server's lifecycle (workers started with the app, drained when it stops)
 and the middleware in front of every route (Host allow-list, API key, draining, the catch-all 500). The
 settings and model entries are :mod:`edgesdk.serve.config`, the request fields :mod:`edgesdk.serve.fields`,
-parsing and reply shapes :mod:`edgesdk.serve.protocol`, the handlers :mod:`edgesdk.serve.routes`.
+request parsing and errors :mod:`edgesdk.serve.protocol`, reply shapes :mod:`edgesdk.serve.replies`, the
+handlers :mod:`edgesdk.serve.routes`.
 """
 
 from __future__ import annotations

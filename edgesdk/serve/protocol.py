@@ -1,9 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The OpenAI protocol of ``edgesdk serve``: request bodies parsed and checked once (JSON, then every field
-against :data:`edgesdk.serve.fields.REQUEST_FIELDS`, into the options of the runtime's
-:class:`~edgesdk.runtime.requests.GenerationRequest`), errors in OpenAI's shape (:class:`APIError`:
-``{"error": {"message", "type", "param", "code"}}``), and replies shaped as OpenAI sends them (finish reasons,
-tool calls, log-probabilities: :class:`ReplyShape`).
+"""The OpenAI protocol of ``edgesdk serve``, requests side: request bodies parsed and checked once (JSON, then
+every field against :data:`edgesdk.serve.fields.REQUEST_FIELDS`, into the runtime's
+:class:`~edgesdk.runtime.requests.GenerationRequest`), and errors in OpenAI's shape (:class:`APIError`:
+``{"error": {"message", "type", "param", "code"}}``, the runtime's exceptions mapped to them). Replies are
+shaped by :mod:`edgesdk.serve.replies`.
 
 Nothing here knows the HTTP routes' state (models, workers, metrics): that is :mod:`edgesdk.serve.routes`.
 """
@@ -13,8 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import uuid
-from dataclasses import dataclass
 from typing import cast
 
 from starlette.requests import Request
@@ -81,6 +79,13 @@ def backend_error(exc: BaseException, prompt_param: str = "messages") -> APIErro
     if isinstance(exc, EdgeSDKError):
         return APIError(500, exc.one_line(), "server_error")
     return APIError(500, f"{type(exc).__name__}: {exc}", "server_error")
+
+
+def grammar_error(err: APIError, exc: BaseException, param: str) -> APIError:
+    """A request whose grammar llama.cpp refused: a 400 naming the field it came from."""
+    if isinstance(exc, InputError) and str(exc).startswith("grammar"):
+        err.param = param
+    return err
 
 
 # ------------------------------------------------------------------------------ request parsing
@@ -457,73 +462,4 @@ def _messages(body: dict, entry: ModelEntry | None = None) -> list[dict]:
 
 
 _TOOL_KEYS = {"assistant": ("tool_calls",), "tool": ("tool_call_id", "name")}
-
-
-# ------------------------------------------------------------------------------ replies
-@dataclass
-class ReplyShape:
-    """How a generation's reply is shaped: tool calls parsed out of it, log-probabilities in OpenAI's form."""
-
-    operation: str
-    tools: bool = False
-    logprobs: bool = False
-
-    def tool_calls(self, text: str, finish: str) -> tuple[list[dict], str | None] | None:
-        """(tool calls, text content) of a reply in the generic tool format; None when tools are off. A reply
-        cut by max_tokens is its raw text."""
-        if not self.tools:
-            return None
-        if finish == "length":
-            return [], text
-        calls, content = _grammar.parse_tool_reply(text)
-        return [{"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
-                 "function": {"name": name, "arguments": args}} for name, args in calls], content
-
-    def choice(self, index: int, text: str, last: dict) -> dict:
-        """A whole (not streamed) reply as OpenAI's choice: a chat message, with its tool calls, or a completion
-        (``last``: the generation's done event, with its log-probabilities)."""
-        finish = finish_reason(last)
-        lps = self.logprobs_of(last.get("logprobs") or [], 0)
-        if self.operation != "chat":
-            return {"index": index, "text": text, "logprobs": lps, "finish_reason": finish}
-        message: dict = {"role": "assistant", "content": text}
-        calls = self.tool_calls(text, finish)
-        if calls is not None:
-            message = {"role": "assistant", "content": calls[1], "tool_calls": calls[0] or None}
-            if calls[0]:
-                finish = "tool_calls"
-        return {"index": index, "message": message, "logprobs": lps, "finish_reason": finish}
-
-    def logprobs_of(self, entries: list, offset: int) -> dict | None:
-        """OpenAI's ``logprobs`` of a choice (chat: ``content``; completions: tokens, token_logprobs,
-        top_logprobs, text_offset from ``offset`` characters into the completion)."""
-        if not self.logprobs:
-            return None
-
-        def tok(b: bytes) -> str:
-            return b.decode("utf-8", errors="replace")
-
-        if self.operation == "chat":
-            return {"content": [{"token": tok(e.text), "logprob": e.logprob, "bytes": list(e.text),
-                                 "top_logprobs": [{"token": tok(t), "logprob": lp, "bytes": list(t)}
-                                                  for _, t, lp in e.top]} for e in entries], "refusal": None}
-        offsets = []
-        for e in entries:
-            offsets.append(offset)
-            offset += len(tok(e.text))
-        return {"tokens": [tok(e.text) for e in entries], "token_logprobs": [e.logprob for e in entries],
-                "top_logprobs": [{tok(t): lp for _, t, lp in e.top} for e in entries], "text_offset": offsets}
-
-
-def grammar_error(err: APIError, exc: BaseException, param: str) -> APIError:
-    """A request whose grammar llama.cpp refused: a 400 naming the field it came from."""
-    if isinstance(exc, InputError) and str(exc).startswith("grammar"):
-        err.param = param
-    return err
-
-
-def finish_reason(last: dict) -> str:
-    """OpenAI's ``finish_reason`` of a generation's done event: ``length`` (cut by max_tokens) or ``stop``."""
-    reason = last.get("finish_reason")
-    return "length" if reason == "length" else "stop"
 

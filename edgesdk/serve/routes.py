@@ -4,7 +4,7 @@ whole), embeddings, the model list, health, ``/metrics`` and ``/openapi.json``.
 
 :class:`Routes` holds what the handlers share (the served models, the settings, the metrics, the tracer, the
 draining flag); :mod:`edgesdk.serve.app` adds the lifecycle and the middleware around it. Request bodies
-are parsed and replies shaped by :mod:`edgesdk.serve.protocol`.
+are parsed by :mod:`edgesdk.serve.protocol`, replies shaped by :mod:`edgesdk.serve.replies`.
 """
 
 from __future__ import annotations
@@ -28,9 +28,7 @@ from edgesdk.serve.batch_worker import BatchWorker
 from edgesdk.serve.config import ModelEntry, ServeConfig
 from edgesdk.serve.protocol import (
     APIError,
-    ReplyShape,
     backend_error,
-    finish_reason,
     generation_request,
     grammar_error,
     parse_embeddings,
@@ -38,6 +36,7 @@ from edgesdk.serve.protocol import (
     read_json,
     saturated_error,
 )
+from edgesdk.serve.replies import ReplyShape, ToolCallStream, finish_reason
 from edgesdk.serve.workers import Job, Saturated
 from edgesdk.telemetry.serve_metrics import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
 from edgesdk.telemetry.serve_metrics import ServerMetrics
@@ -323,7 +322,7 @@ class Routes:
         n = len(events.jobs)
         lp_pending: list[list] = [[] for _ in range(n)]  # token log-probabilities not sent yet
         sent_chars = [0] * n  # completions: text_offset of the next piece
-        held: list[list[str]] = [[] for _ in range(n)]  # a tool-call reply: sent whole at the end
+        calls = [ToolCallStream(shape) for _ in range(n)] if shape.tools else []  # tool-call replies
         lasts: list[dict | None] = [None] * n
         usage: dict = {}
 
@@ -355,8 +354,9 @@ class Routes:
                     if first_chunk:
                         span.set("gen_ai.response.time_to_first_chunk", time.perf_counter() - t0)
                         first_chunk = False
-                    if shape.tools:
-                        held[i].append(value)
+                    if calls:
+                        for delta in calls[i].feed(value):
+                            yield event(i, delta)
                     else:
                         yield event(i, {"content": value})
                 elif kind == "error":
@@ -375,16 +375,10 @@ class Routes:
                     if None not in lasts:
                         usage = self._finish(entry, operation, span, cast("list[dict]", lasts), t0)
                     finish = finish_reason(value)
-                    calls = shape.tool_calls("".join(held[i]), finish) if shape.tools else None
-                    if calls is not None and calls[0]:
-                        finish = "tool_calls"
-                        for k, call in enumerate(calls[0]):  # as OpenAI streams them: id and name, then arguments
-                            fn = call["function"]
-                            yield event(i, {"tool_calls": [{"index": k, "id": call["id"], "type": "function",
-                                                            "function": {"name": fn["name"], "arguments": ""}}]})
-                            yield event(i, {"tool_calls": [{"index": k, "function": {"arguments": fn["arguments"]}}]})
-                    elif calls is not None:
-                        yield event(i, {"content": calls[1]})
+                    if calls:  # what is left of a tool-call reply (all of it when it was held)
+                        deltas, finish = calls[i].end(finish)
+                        for delta in deltas:
+                            yield event(i, delta)
                     yield event(i, {}, finish=finish)
             if include_usage:
                 yield b"data: " + json.dumps({**base, "choices": [], "usage": usage},
