@@ -101,6 +101,27 @@ def test_concurrent_greedy_outputs_and_flip_rate(engine, llama_reference):
     assert identical >= len(PROMPTS) // 4, diffs  # regression guard; the rate itself is reported above
 
 
+def test_gpu_admission_all_prompts_in_the_generating_decode(gemma_gguf, llama_reference):
+    """The admission a GPU engine gets (LlamaCppBackend.batch_engine on an offloaded model): every waiting
+    prompt in the step that admits it, in the same llama_decode as the generating tokens, ordered by slot. The
+    same requests as above: one step per generated token (plus at most a few while the submits arrive), not one
+    more per prompt; a request alone equals plain llama.cpp; together, the flips stay within the same guard."""
+    from edgesdk.runtime.batching import BatchEngine
+
+    with BatchEngine(gemma_gguf, slots=8, n_ctx=512, threads=2, prompts_per_step=8, mixed_prefill=True) as eng:
+        assert eng.generate(greedy(PROMPTS[0])).tokens == llama_reference[PROMPTS[0]]
+        steps = eng.stats["steps"]
+        handles = [eng.submit(greedy(p)) for p in PROMPTS]
+        results = [h.result(timeout=600) for h in handles]
+        steps = eng.stats["steps"] - steps
+    assert N <= steps <= N + 4, steps  # one prompt per step in decodes of their own: >= N + 8
+    diffs = [first_diff(llama_reference[p], r.tokens) for p, r in zip(PROMPTS, results)]
+    assert all(r.finish_reason == "length" and len(r.tokens) == N for r in results)
+    identical = sum(d is None for d in diffs)
+    print(f"mixed admission: {steps} steps; {identical}/{len(PROMPTS)} identical to running alone; {diffs}")
+    assert identical >= len(PROMPTS) // 4, diffs
+
+
 def test_streaming_pieces_join_to_the_result_text(engine):
     h = engine.submit(greedy(PROMPTS[0], 12))
     pieces = list(h)

@@ -593,7 +593,9 @@ class BatchEngine:
         """A free slot and how many leading prompt tokens its KV cells already hold (``reuse_prefix``: the
         slot whose last request shares the longest prefix with ``prompt``, as llama-server picks one; at
         least the last prompt token is evaluated again, for its logits)."""
-        best, keep = len(self._free) - 1, 0
+        # without a shared prefix the lowest free slot: llama.cpp splits a batch of per-sequence KV streams into
+        # micro-batches of consecutive sequence ids, so a compact set of busy slots decodes in fewer of them
+        best, keep = min(range(len(self._free)), key=self._free.__getitem__), 0
         if self.reuse_prefix:
             for i, slot in enumerate(self._free):
                 held = self._slot_kv[slot]
@@ -697,7 +699,9 @@ class BatchEngine:
             room -= take
             self.stats["prompt_tokens"] += take
         if self.mixed_prefill:
-            self._decode(gen + fill)
+            # one llama_decode, tokens in ascending sequence id (each sequence's own in position order): llama.cpp
+            # takes consecutive sequence ids into one micro-batch
+            self._decode(sorted(gen + fill, key=lambda e: e[2].slot))
         else:
             self._decode(gen)
             self._decode(fill)

@@ -95,6 +95,9 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--n-gpu-layers", type=int, default=0)
     ap.add_argument("--flash-attn", action="store_true")
+    ap.add_argument("--prompts-per-step", type=int, default=1, help="prompts evaluated per step (engine setting)")
+    ap.add_argument("--mixed-prefill", action="store_true", help="prompt chunks in the generating tokens' decode")
+    ap.add_argument("--kv-unified", action="store_true", help="one KV stream for all slots (llama.cpp kv_unified)")
     ap.add_argument("--out", default=str(RESULTS / "batching_cpu.json"))
     args = ap.parse_args()
 
@@ -111,7 +114,8 @@ def main() -> None:
     llm = ll.Llama(model_path=gguf, n_ctx=n_ctx, n_threads=args.threads, n_threads_batch=args.threads,
                    n_gpu_layers=args.n_gpu_layers, flash_attn=args.flash_attn, verbose=False)
     engine = BatchEngine(gguf, slots=args.slots, n_ctx=n_ctx, threads=args.threads, n_gpu_layers=args.n_gpu_layers,
-                         flash_attn=args.flash_attn)
+                         flash_attn=args.flash_attn, prompts_per_step=args.prompts_per_step,
+                         mixed_prefill=args.mixed_prefill, kv_unified=args.kv_unified)
     sequential(llm, ll, [prompt(9000)], 4)  # warm-up both
     batched(engine, [prompt(9001)], 4)
     load_before = os.getloadavg()

@@ -4,7 +4,8 @@
 # ran on the same warm machine (it leaves the random-weight 1B llama GGUF and its h200 bundle in /tmp/smoke and
 # edgesdk installed from the wheel):
 #   1. the engine alone (tools/bench/bench_batching.py: BatchEngine vs plain Llama one request after another;
-#      llama_decode ms and host ms per call) at 1, 16 and 64 concurrent requests, 16 slots;
+#      llama_decode ms and host ms per call) at 1, 16 and 64 concurrent requests, 16 slots, for four admission
+#      settings (below);
 #   2. `edgesdk serve` as a user starts it, under 1, 16 and 64 steady streaming clients
 #      (tools/device/serve_load.py), sampled with py-spy during the 16-client load where py-spy is carried
 #      (.whl/py_spy-*.whl) and the machine allows it.
@@ -16,8 +17,18 @@ mkdir -p "$D"
 GGUF=/tmp/smoke/llama-1b-f16.gguf
 BUNDLE=/tmp/smoke/b-llama
 [ -f "$GGUF" ] && [ -d "$BUNDLE" ] || { echo "run tools/device/smoke.sh first (no $GGUF / $BUNDLE)"; exit 2; }
-python3 tools/bench/bench_batching.py --gguf "$GGUF" --n-gpu-layers -1 --flash-attn --threads 8 --slots 16 \
-  --max-tokens 64 --concurrency 1,16,64 --rounds 1 --out "$D/batching_h200.json" 2>&1 | tail -8
+# the engine's admission settings, each a separate run on the same requests: one prompt per step in its own
+# decode (the CPU default), all waiting prompts in the generating tokens' decode (the GPU default), the same with
+# one unified KV stream, and all prompts per step in a decode of their own
+sweep=("pps1:--prompts-per-step 1" "mixed:--prompts-per-step 16 --mixed-prefill"
+       "mixed_kvu:--prompts-per-step 16 --mixed-prefill --kv-unified" "pps16:--prompts-per-step 16")
+for entry in "${sweep[@]}"; do
+  name=${entry%%:*}; flags=${entry#*:}
+  echo "== engine $name ($flags)"
+  # shellcheck disable=SC2086
+  python3 tools/bench/bench_batching.py --gguf "$GGUF" --n-gpu-layers -1 --flash-attn --threads 8 --slots 16 \
+    --max-tokens 64 --concurrency 1,16,64 --rounds 1 $flags --out "$D/batching_h200_$name.json" 2>&1 | tail -7
+done
 PYSPY=""
 if ls .whl/py_spy-*.whl >/dev/null 2>&1; then
   rm -rf /tmp/pyspy && python3 -m zipfile -e "$(ls .whl/py_spy-*.whl | head -1)" /tmp/pyspy \

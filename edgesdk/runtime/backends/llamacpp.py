@@ -361,7 +361,14 @@ class LlamaCppBackend:
         from edgesdk.runtime.batching import BatchEngine
 
         st, rep = self.settings, self._report
+        # On a GPU every waiting prompt is evaluated in the step that admits it, in the same llama_decode as the
+        # generating tokens: a step costs about the same for 16 tokens or a few hundred there (the weights are
+        # read once per step), and a step that changes shape costs the CUDA graph of the step after it. On the
+        # CPU a prompt token costs as much as a generated one: one prompt per step, in a decode of its own,
+        # keeps the others' next tokens coming (docs/serve.md, "Continuous batching").
+        on_gpu = int(st["n_gpu_layers"]) != 0 and bool(rep.get("gpu_offload_supported"))
         return BatchEngine(self._path, model=self._llm.model, slots=slots, max_queue=max_queue,
+                           prompts_per_step=slots if on_gpu else 1, mixed_prefill=on_gpu,
                            n_ctx=int(st["n_ctx"]), n_gpu_layers=int(st["n_gpu_layers"]),
                            flash_attn=bool(st["flash_attn"]), threads=int(st["threads"]),
                            n_batch=int(st["n_batch"]), n_ubatch=int(st["n_ubatch"]),
