@@ -16,7 +16,8 @@ mkdir -p .whl
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 \
   --platform any -d .whl \
   opentelemetry-api opentelemetry-sdk opentelemetry-semantic-conventions opentelemetry-proto \
-  opentelemetry-exporter-otlp-proto-common opentelemetry-exporter-otlp-proto-grpc \
+  opentelemetry-exporter-otlp-proto-common opentelemetry-exporter-otlp-common opentelemetry-exporter-http-transport \
+  opentelemetry-exporter-otlp-proto-grpc \
   opentelemetry-exporter-otlp-proto-http opentelemetry-exporter-prometheus prometheus-client \
   license-expression boolean.py "gguf>=0.19,<0.20" diskcache starlette uvicorn h11 onnxslim \
   "cyclonedx-python-lib>=11,<12" packageurl-python py-serializable defusedxml sortedcontainers \

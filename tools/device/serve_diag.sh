@@ -27,7 +27,7 @@ for entry in "${sweep[@]}"; do
   echo "== engine $name ($flags)"
   # shellcheck disable=SC2086
   python3 tools/bench/bench_batching.py --gguf "$GGUF" --n-gpu-layers -1 --flash-attn --threads 8 --slots 16 \
-    --max-tokens 64 --concurrency 1,16,64 --rounds 1 $flags --out "$D/batching_h200_$name.json" 2>&1 | tail -7
+    --max-tokens 64 --concurrency "${SWEEP_C:-1,16,64}" --rounds 1 $flags --out "$D/batching_h200_$name.json" 2>&1 | tail -7
 done
 PYSPY=""
 if ls .whl/py_spy-*.whl >/dev/null 2>&1; then
