@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import gzip
 import json
-import subprocess
-import sys
-import textwrap
 import tracemalloc
 from pathlib import Path
 
 import pytest
+from cli_fixtures import check_traces_peak_rss_mb
 
 from edgesdk.tracecheck import check_trace_file
 
@@ -42,25 +40,6 @@ BUILD_STAGE = {"edgesdk.build.stage": "convert", "edgesdk.build.stage.outcome": 
 GENAI = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "llama.cpp", "gen_ai.request.model": "m"}
 
 
-def _peak_rss_mb(path: Path) -> tuple[float, subprocess.CompletedProcess]:
-    """`edgesdk check traces PATH` in a child process; its peak RSS (MB) and result."""
-    code = textwrap.dedent(f"""
-        import resource, sys
-        from edgesdk.cli import main
-        sys.argv = ["edgesdk", "check", "traces", {str(path)!r}]
-        try:
-            main()
-        except SystemExit as exc:
-            code = exc.code
-        else:
-            code = 0
-        print("peak_rss_kb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
-        sys.exit(code)
-    """)
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    return int(res.stdout.strip().splitlines()[-1].split()[1]) / 1024, res
-
-
 @pytest.mark.slow
 def test_gzip_bomb_of_repeated_valid_lines_is_checked_in_bounded_memory(tmp_path):
     """300 identical lines of 1,000 identical build-stage spans (a ~0.4 MB gzip, 60 MB of text). Before,
@@ -74,8 +53,8 @@ def test_gzip_bomb_of_repeated_valid_lines_is_checked_in_bounded_memory(tmp_path
     assert bomb.stat().st_size < 1 << 20
     small = tmp_path / "small.jsonl"
     small.write_text(line)
-    base, _ = _peak_rss_mb(small)
-    peak, res = _peak_rss_mb(bomb)
+    base, _ = check_traces_peak_rss_mb(small)
+    peak, res = check_traces_peak_rss_mb(bomb)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "300000 spans (0 GenAI, 300000 build)" in res.stdout, res.stdout[-2000:]
     assert peak - base < 60, (peak, base)  # measured: +365 MB before, +1.6 MB after

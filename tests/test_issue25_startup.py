@@ -9,12 +9,11 @@ out of range, a bundle that is missing or not servable, negative threads. Each r
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_fixtures import build_matmul_bundle, cli
 
 pytest.importorskip("onnx")
 pytest.importorskip("uvicorn")
@@ -22,32 +21,10 @@ pytest.importorskip("uvicorn")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def cli(*args, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "edgesdk", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout)
-
-
 @pytest.fixture(scope="module")
 def matmul_bundle(tmp_path_factory) -> Path:
     """A real bundle of x[N,4] @ W[4,4] (neither an LLM nor an embedding model: serve refuses it)."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    root = tmp_path_factory.mktemp("i25-startup")
-    w = np.eye(4, dtype=np.float32)
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
-                              [numpy_helper.from_array(w, "W")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    model.metadata_props.add(key="license", value="apache-2.0")
-    (root / "src").mkdir()
-    onnx.save(model, str(root / "src" / "model.onnx"))
-    res = cli("build", root / "src" / "model.onnx", "-p", "cpu-x86_64", "--precision", "fp32", "-o",
-              root / "bundle", "--no-progress", timeout=300)
-    assert res.returncode == 0, res.stderr
-    return root / "bundle"
+    return build_matmul_bundle(tmp_path_factory.mktemp("i25-startup"), np.eye(4))
 
 
 @pytest.mark.parametrize("args, says", [

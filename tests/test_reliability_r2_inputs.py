@@ -14,23 +14,17 @@ import os
 import shutil
 import struct
 import subprocess
-import sys
-import textwrap
 import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_fixtures import build_matmul_bundle, check_traces_peak_rss_mb, cli
 
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-
-def cli(*args, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "edgesdk", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout)
 
 
 def one_error_line(res: subprocess.CompletedProcess, code: int) -> str:
@@ -70,25 +64,10 @@ def test_deeply_nested_gguf_arrays_are_one_line_exit_3(tmp_path):
 @pytest.fixture(scope="module")
 def tiny_bundle(tmp_path_factory) -> Path:
     """A real bundle of x[N,4] @ W[4,4], built by the CLI (seconds)."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
     root = tmp_path_factory.mktemp("r2-tiny")
-    w = np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32)
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
-                              [numpy_helper.from_array(w, "W")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    model.metadata_props.add(key="license", value="apache-2.0")
-    (root / "src").mkdir()
-    onnx.save(model, str(root / "src" / "model.onnx"))
-    res = cli("build", root / "src" / "model.onnx", "-p", "cpu-x86_64", "--precision", "fp32", "-o",
-              root / "bundle", "--no-progress")
-    assert res.returncode == 0, res.stderr
+    bundle = build_matmul_bundle(root, np.random.default_rng(0).standard_normal((4, 4)))
     np.savez(root / "x.npz", x=np.ones((2, 4), np.float32))
-    return root / "bundle"
+    return bundle
 
 
 def test_load_refuses_an_unknown_option_naming_the_known_ones(tiny_bundle):
@@ -211,30 +190,10 @@ def test_serve_of_a_bundle_whose_manifest_serve_is_not_a_table(minilm_fp32, tmp_
 
 
 # ------------------------------------------------------------------------ check traces: bounded memory
-def _peak_rss_mb_and_result(path: Path) -> tuple[float, subprocess.CompletedProcess]:
-    """`edgesdk check traces PATH` in a child that reports its own peak RSS on stdout's last line."""
-    code = textwrap.dedent(f"""
-        import resource, sys
-        from edgesdk.cli import main
-        sys.argv = ["edgesdk", "check", "traces", {str(path)!r}]
-        try:
-            main()
-        except SystemExit as exc:
-            code = exc.code
-        else:
-            code = 0
-        print("peak_rss_kb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
-        sys.exit(code)
-    """)
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    kb = int(res.stdout.strip().splitlines()[-1].split()[1])
-    return kb / 1024, res
-
-
 def _baseline_rss_mb(tmp_path: Path) -> float:
     empty = tmp_path / "tiny.jsonl"
     empty.write_text(json.dumps({"resourceSpans": []}) + "\n")
-    return _peak_rss_mb_and_result(empty)[0]
+    return check_traces_peak_rss_mb(empty)[0]
 
 
 def test_huge_single_json_document_is_refused_in_bounded_memory(tmp_path):
@@ -251,7 +210,7 @@ def test_huge_single_json_document_is_refused_in_bounded_memory(tmp_path):
         fh.write("]}]}]}\n")
     assert path.stat().st_size > 100 * 1024 * 1024
     base = _baseline_rss_mb(tmp_path)
-    peak, res = _peak_rss_mb_and_result(path)
+    peak, res = check_traces_peak_rss_mb(path)
     line = one_error_line(res, 1)
     assert "is one JSON document of more than 64 MiB" in line and "OTLP/JSON lines" in line
     assert peak - base < 400, (peak, base)
@@ -271,7 +230,7 @@ def test_gzip_bomb_of_one_endless_line_is_refused_in_bounded_memory(tmp_path):
     with gzip.open(path, "rb") as g:
         assert g.read(4) == b"aaaa"
     base = _baseline_rss_mb(tmp_path)
-    peak, res = _peak_rss_mb_and_result(path)
+    peak, res = check_traces_peak_rss_mb(path)
     line = one_error_line(res, 1)
     assert "is longer than 64 MiB" in line
     assert peak - base < 400, (peak, base)
