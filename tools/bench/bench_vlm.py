@@ -30,7 +30,7 @@ Measured per configuration, all sessions loaded in one process and timed in inte
 Ratios are against anchors measured in the same run: mixed / all-4-bit end-to-end latency (goal
 <= 1.05), mixed encoder cosine vs all-F16's, TTFT question 1 / questions 2..n (goal >= 5x).
 
-Usage: python tools/bench/bench_vlm.py [--size small|medium] [--threads 2] [--n-gpu-layers 0]
+Usage: python tools/bench/bench_vlm.py [--size small|medium|large] [--threads 2] [--n-gpu-layers 0] [--profile P]
        [--rounds 5] [--max-tokens 16] [--mmproj-quant Q4_0] [--out tools/bench/results/vlm_cpu.json]
 With a CUDA build of llama-cpp-python, ``--n-gpu-layers 99`` offloads the decoder and runs the encoder on
 the GPU (libmtmd ``use_gpu``).
@@ -63,6 +63,10 @@ SIZES = {  # SigLIP tower + llama decoder; every matrix width a multiple of 256 
               "t_hidden": 768, "t_inter": 2048, "t_layers": 6, "t_heads": 12, "t_kv": 4},
     "medium": {"image": 224, "patch": 14, "v_hidden": 768, "v_inter": 3072, "v_layers": 12, "v_heads": 12,
                "t_hidden": 1024, "t_inter": 2816, "t_layers": 12, "t_heads": 16, "t_kv": 8},
+    # P9 on a GPU (issue 21): SigLIP-base-sized tower and a TinyLlama-1.1B-shaped decoder (~1.0 B parameters with
+    # the fixture's small vocabulary)
+    "large": {"image": 224, "patch": 14, "v_hidden": 768, "v_inter": 3072, "v_layers": 12, "v_heads": 12,
+              "t_hidden": 2048, "t_inter": 5632, "t_layers": 22, "t_heads": 32, "t_kv": 4},
 }
 QUESTIONS = ["What is on the table?", "What colour is the largest shape?", "How many objects are there?",
              "Is it day or night?", "Describe the background."]
@@ -323,11 +327,11 @@ def parity(sessions: dict, refs: list[dict], images: list[Path], n_tokens: int) 
 
 # ------------------------------------------------------------------ main
 
-def build_bundle(model: Path, out: Path, quant: str, reuse: bool) -> dict:
+def build_bundle(model: Path, out: Path, quant: str, reuse: bool, profile: str = "cpu-x86_64") -> dict:
     if reuse and (out / "manifest.json").is_file():
         return {"wall_s": None, "reused": str(out)}
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "edgesdk", "build", str(model), "--profile", "cpu-x86_64",
+    proc = subprocess.run([sys.executable, "-m", "edgesdk", "build", str(model), "--profile", profile,
                            "--quant-type", quant, "-o", str(out), "--no-progress", "--force"],
                           capture_output=True, text=True, cwd=REPO,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
@@ -341,6 +345,7 @@ def main() -> int:
     ap.add_argument("--size", choices=sorted(SIZES), default="small")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-gpu-layers", type=int, default=0)
+    ap.add_argument("--profile", default="cpu-x86_64", help="profile to build for (h200 on the GPU)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--parity-tokens", type=int, default=8)
@@ -372,8 +377,8 @@ def main() -> int:
     timed_image, parity_images = images[0], images[1:]
 
     bundles = {"mixed": work / "b-mixed", "all_f16": work / "b-f16", "all_4bit": work / "b-4bit"}
-    builds = {"mixed": build_bundle(model, bundles["mixed"], "Q4_K_M", args.reuse),
-              "all_f16": build_bundle(model, bundles["all_f16"], "F16", args.reuse)}
+    builds = {"mixed": build_bundle(model, bundles["mixed"], "Q4_K_M", args.reuse, args.profile),
+              "all_f16": build_bundle(model, bundles["all_f16"], "F16", args.reuse, args.profile)}
     shutil.rmtree(bundles["all_4bit"], ignore_errors=True)
     shutil.copytree(bundles["mixed"], bundles["all_4bit"])
     (bundles["all_4bit"] / "mmproj.gguf").unlink()
@@ -472,7 +477,8 @@ def main() -> int:
         "method": __doc__,
         "model": {"size": args.size, **SIZES[args.size], "weights": "RANDOM (transformers configs)",
                   "make_s": round(make_s, 2)},
-        "settings": {"threads": args.threads, "n_gpu_layers": args.n_gpu_layers, "n_ctx": N_CTX, "rounds": args.rounds,
+        "settings": {"profile": args.profile, "threads": args.threads, "n_gpu_layers": args.n_gpu_layers,
+                     "n_ctx": N_CTX, "rounds": args.rounds,
                      "max_tokens": args.max_tokens, "greedy": True, "questions": QUESTIONS,
                      "timed_image": timed_image.name, "parity_images": [p.name for p in parity_images],
                      "parity_tokens": args.parity_tokens},

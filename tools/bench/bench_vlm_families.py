@@ -17,7 +17,8 @@ same 120x80 image, greedy, ``max_tokens`` new tokens: TTFT (``last_request.ttft_
 prefill + the first token) and decode tok/s (``decode_tok_s``: tokens after the first / their time), medians
 and best rounds (on a shared machine the best round is the least disturbed one).
 
-Usage: python tools/bench/bench_vlm_families.py [--threads 2] [--rounds 5] [--max-tokens 32]
+Usage: python tools/bench/bench_vlm_families.py [--threads 2] [--rounds 5] [--max-tokens 32] [--profile P]
+       [--n-gpu-layers N] [--families a,b]
        [--out tools/bench/results/vlm_families_cpu.json]
 """
 
@@ -52,19 +53,20 @@ FAMILIES = {
 }
 
 
-def measure(name: str, work: Path, threads: int, rounds: int, max_tokens: int, image: Path) -> dict:
+def measure(name: str, work: Path, threads: int, rounds: int, max_tokens: int, image: Path,
+            profile: str = "cpu-x86_64", n_gpu_layers: int | None = None) -> dict:
     from edgesdk.build import build
     from edgesdk.plan import BuildOptions
 
     src = FAMILIES[name](work / name)
     t0 = time.perf_counter()
-    bundle = build(src, "cpu-x86_64", work / f"{name}-bundle", BuildOptions(progress=False))
+    bundle = build(src, profile, work / f"{name}-bundle", BuildOptions(progress=False))
     build_s = time.perf_counter() - t0
     m = json.loads((bundle / "manifest.json").read_text())
     sizes = {a["path"]: a["bytes"] if "bytes" in a else (bundle / a["path"]).stat().st_size
              for a in m["artifacts"] if a["role"] in ("model", "mmproj", "vision_encoder", "config")}
     vision = m["parity"]["vision"]
-    s = edgesdk.load(bundle, threads=threads)
+    s = edgesdk.load(bundle, threads=threads, **({"n_gpu_layers": n_gpu_layers} if n_gpu_layers is not None else {}))
     try:
         enc = s.report()["backend_report"]["vision_encoder"]
         s.generate("Describe the image.", images=[image], max_tokens=max_tokens, temperature=0)  # warm-up
@@ -128,6 +130,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--families", default=",".join(FAMILIES))
+    ap.add_argument("--profile", default="cpu-x86_64", help="profile to build for (h200 on the GPU)")
+    ap.add_argument("--n-gpu-layers", type=int, default=None, help="load option (default: the plan's)")
     ap.add_argument("--out", type=Path, default=REPO / "tools/bench/results/vlm_families_cpu.json")
     args = ap.parse_args()
     import llama_cpp
@@ -140,11 +144,12 @@ def main() -> int:
         work = Path(tmp)
         image = __import__("vlm_fixtures").make_test_images(work / "images")[2]  # 120x80 shapes.jpg
         for name in args.families.split(","):
-            r = measure(name, work, args.threads, args.rounds, args.max_tokens, image)
+            r = measure(name, work, args.threads, args.rounds, args.max_tokens, image, args.profile, args.n_gpu_layers)
             print(json.dumps({k: r[k] for k in r if k != "runs"}), flush=True)
             results.append(r)
     out = {"method": __doc__, "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-           "wall_s": round(time.perf_counter() - t0, 1), "threads": args.threads, "rounds": args.rounds,
+           "wall_s": round(time.perf_counter() - t0, 1), "profile": args.profile, "n_gpu_layers": args.n_gpu_layers,
+           "threads": args.threads, "rounds": args.rounds,
            "max_tokens": args.max_tokens, "image": "tests/vlm_fixtures.py make_test_images shapes.jpg (120x80)",
            "machine": {"cpu_count": os.cpu_count(), "cpu_model": _cpu_model(), "loadavg_at_start": load_start,
                        "loadavg_at_end": os.getloadavg(), "python": platform.python_version(),

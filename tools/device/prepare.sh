@@ -22,7 +22,7 @@ mkdir -p .whl
   license-expression boolean.py "gguf>=0.19,<0.20" diskcache starlette uvicorn h11 onnxslim \
   "cyclonedx-python-lib>=11,<12" packageurl-python py-serializable defusedxml sortedcontainers \
   googleapis-common-protos jsonschema jsonschema-specifications referencing rpds-py attrs typing_extensions \
-  py-spy
+  py-spy pytest pluggy iniconfig
 if ! ls .llamacpp/llama_cpp_python-0.3.36-stripped.tar.xz >/dev/null 2>&1; then
   tmp=$(mktemp -d)
   "$PY" -m pip download -q --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d "$tmp"
