@@ -176,9 +176,9 @@ def serve_load(smoke: Smoke, bundle: Path, clients: int, max_tokens: int) -> Non
 
         wave(1)  # warm-up
         single = wave(1)
-        # the first wave of N after start also pays the first use of the batched kernels (seen on the H200: 16
-        # clients 1,066 tok/s, TTFT p50 729 ms; 3,813 tok/s under steady load): recorded, then the second wave
-        # is the figure
+        # the first wave of N after start was much slower on the H200 (16 clients 1,066 tok/s, TTFT p50 729 ms;
+        # 3,813 tok/s under steady load), likely the first use of the batched shapes (not profiled): recorded,
+        # and the second wave is the figure
         first = wave(clients)
         many = wave(clients)
         step.update(rc=0, figures={"single_tok_s": single["total_tok_s"], "total_tok_s": many["total_tok_s"],
