@@ -42,14 +42,6 @@ if TYPE_CHECKING:
 RISKY_SMS = {"8.7"}  # llama.cpp FA/offload crashes reported on Orin (docs/devices.md)
 GPU_RESERVE_BYTES = 512 * 1024 * 1024  # CUDA context + cuBLAS workspace, kept free when sizing offload
 
-_PROBE_CHILD = """
-import sys, llama_cpp
-path, ngl, fa, n_ctx = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", int(sys.argv[4])
-llm = llama_cpp.Llama(model_path=path, n_gpu_layers=ngl, flash_attn=fa, n_ctx=n_ctx, verbose=False)
-llm.eval(llm.tokenize(b"Hello", add_bos=True))
-"""
-
-
 def free_device_bytes() -> tuple[int | None, str]:
     """Free memory llama.cpp can offload into: NVML on discrete GPUs, MemAvailable on Jetson (unified).
 
@@ -592,8 +584,8 @@ def _check_messages(messages: object) -> None:
 def _probe_in_child(path: str, ngl: int, fa: bool, n_ctx: int) -> str | None:
     """Load + first decode in a child process; None when it worked, else why (signal or last error line)."""
     try:
-        proc = subprocess.run([sys.executable, "-c", _PROBE_CHILD, path, str(ngl), "1" if fa else "0",
-                               str(min(n_ctx, 512))], capture_output=True, text=True, timeout=600)
+        proc = subprocess.run([sys.executable, "-m", "edgesdk.runtime.backends.llamacpp_probe", path, str(ngl),
+                               "1" if fa else "0", str(min(n_ctx, 512))], capture_output=True, text=True, timeout=600)
     except subprocess.TimeoutExpired:
         return "probe timed out after 600 s"
     if proc.returncode == 0:
