@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import hashlib
+import importlib
 import json
 import os
 import platform
@@ -96,6 +97,15 @@ def explain(source: Any, profile: str | Profile, options: BuildOptions | None = 
     return make_plan(source, profile, options)
 
 
+def _runtime_function(spec: str | None) -> Any:
+    """A format's ``"module:function"`` in the runtime (``parity_backend``), imported here: the build sits in the
+    runtime's layer, a format below it may not import the runtime (docs/architecture.md, "Layers")."""
+    if not spec:
+        return None
+    module, func = spec.split(":")
+    return getattr(importlib.import_module(module), func)
+
+
 def _license_gate(ctx: BuildContext, out_dir: Path) -> dict:
     from edgesdk.compliance.components import component_labels
     from edgesdk.compliance.gate import run_license_gate
@@ -144,6 +154,7 @@ def build(source: Any, profile: str | Profile, out_dir: str | Path, options: Bui
             with telemetry.build_trace(facts.name, prof.name, {"edgesdk.build.format": plan.format,
                                                                 "edgesdk.precision": plan.precision}):
                 ctx = BuildContext(source, facts, prof, plan, options, staging, progress)
+                ctx.parity_backend = _runtime_function(getattr(fmt, "parity_backend", None))
                 fmt.build(ctx)
                 with ctx.stage("license_gate"):
                     license_summary = _license_gate(ctx, out_dir)

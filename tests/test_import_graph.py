@@ -39,29 +39,13 @@ ROOT_CONSTANTS = frozenset({"__version__"})  # names of edgesdk/__init__.py that
 VERSION = "edgesdk.__version__"  # the unit of ``from edgesdk import __version__``
 
 # Module-level cycles still present: frozenset of modules -> why it is allowed for now.
-ALLOWED_MODULE_CYCLES: dict[frozenset[str], str] = {
-    frozenset({"edgesdk.formats.vlm.onnx_encoder", "edgesdk.runtime.backends.vlm",
-               "edgesdk.runtime.backends.vlm_onnx"}):
-        "formats/vlm <-> runtime/backends/vlm(+_onnx) (issue 22): the VLM builder verifies through the VLM "
-        "runtime and the runtime reads the VLM format's encoder code; those files are being edited by the "
-        "VLM-families work, which owns this fix",
-}
+ALLOWED_MODULE_CYCLES: dict[frozenset[str], str] = {}
 
 # Unit-level cycles still present: frozenset of units -> why.
-ALLOWED_UNIT_CYCLES: dict[frozenset[str], str] = {
-    frozenset({"edgesdk.formats", "edgesdk.runtime"}):
-        "closed by the upward formats/vlm -> runtime/backends/vlm(+_onnx) edges in ALLOWED_UPWARD, the only "
-        "formats -> runtime imports left (runtime -> formats is the loader registry, which is downward)",
-}
+ALLOWED_UNIT_CYCLES: dict[frozenset[str], str] = {}
 
 # Imports from a lower layer into a higher one still present: (importing module, imported module) -> why.
-_VLM = "the VLM builder and ONNX encoder call the VLM runtime (the formats/vlm <-> runtime/backends/vlm cycle)"
-ALLOWED_UPWARD: dict[tuple[str, str], str] = {
-    ("edgesdk.formats.vlm.build", "edgesdk.runtime.backends.vlm"): _VLM,
-    ("edgesdk.formats.vlm.build", "edgesdk.runtime.backends.vlm_onnx"): _VLM,
-    ("edgesdk.formats.vlm.onnx_encoder", "edgesdk.runtime.backends.vlm"): _VLM,
-    ("edgesdk.formats.vlm.onnx_encoder", "edgesdk.runtime.backends.vlm_onnx"): _VLM,
-}
+ALLOWED_UPWARD: dict[tuple[str, str], str] = {}
 
 
 # ---------------------------------------------------------------------------------------------- the graph

@@ -228,12 +228,13 @@ def test_a_prompt_past_the_sliding_window_matches_pytorch(gemma3_bundle, tmp_pat
     from edgesdk.formats.gguf.convert import convert_hf_to_gguf
     from edgesdk.formats.vlm.build import component_parity
     from edgesdk.formats.vlm.convert import write_mmproj, write_text_model_dir
+    from edgesdk.runtime.backends.vlm import parity_backend
 
     src = make_tiny_gemma3(tmp_path / "tiny-gemma3-window24", sliding_window=24)
     dec, mm = tmp_path / "dec.gguf", tmp_path / "mmproj.gguf"
     convert_hf_to_gguf(write_text_model_dir(src, tmp_path / "text"), dec)
     write_mmproj(src, mm)
-    r = component_parity(src, dec, mm, work=tmp_path / "work")
+    r = component_parity(src, dec, mm, work=tmp_path / "work", open_backend=parity_backend)
     assert r["encoder_min_cosine"] >= 0.999 and r["greedy_equal"] == "3/3"
     assert all(p["input_tokens_ours"] == p["input_tokens_pytorch"] > 24 for p in r["per_image"])
     wide = json.loads((gemma3_bundle / "manifest.json").read_text())["parity"]["vision"]["per_image"]

@@ -14,7 +14,10 @@ that module light: import heavy libraries inside ``plan``/``build``), plus its l
 :data:`BUILTIN`; or, from outside edgesdk, :func:`register` an object at import time.
 
 :class:`BuildContext` (what :meth:`Format.build` is given) lives here beside the protocol, so a format
-imports nothing from :mod:`edgesdk.build`; the build creates one per build.
+imports nothing from :mod:`edgesdk.build`; the build creates one per build. A format sits below the runtime and
+imports nothing from :mod:`edgesdk.runtime`: one whose parity stage runs the runtime's own path names that
+function in an optional ``parity_backend`` attribute (a ``"module:function"`` string, like ``runtime_loader``),
+and the build imports it and hands it over as :attr:`BuildContext.parity_backend`.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -107,6 +110,8 @@ class BuildContext:
         self._progress = progress
         self.precision = plan.precision
         self.fallbacks: list[dict[str, Any]] = []
+        # the format's ``parity_backend`` (a runtime function), imported by the build, which may import the runtime
+        self.parity_backend: Callable[..., Any] | None = None
 
     @contextlib.contextmanager
     def stage(self, name: str, attributes: dict[str, Any] | None = None) -> Iterator[Any]:

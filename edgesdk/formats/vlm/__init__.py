@@ -27,6 +27,7 @@ class VLMFormat:
     name = "vlm"
     stages = ("convert", "quantize", "verify", "license_gate", "package")
     runtime_loader = "edgesdk.runtime.backends.vlm:load_vlm"
+    parity_backend = "edgesdk.runtime.backends.vlm:parity_backend"  # the verify stage's runtime path (BuildContext)
     runtime_requires = ("llama_cpp", "llama-cpp-python (pip install 'edgesdk[gguf]')")
     profiler_backend: str | None = None
     selectable = True

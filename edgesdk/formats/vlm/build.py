@@ -18,12 +18,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edgesdk.errors import ExternalToolError, ParityError
+from edgesdk.errors import BackendUnavailableError, ExternalToolError, ParityError
 from edgesdk.formats.gguf import convert as gconv
 from edgesdk.formats.gguf.build import PPL_TEXT, sanity_check
 from edgesdk.formats.gguf.facts import gguf_facts
@@ -169,13 +170,13 @@ def hf_vlm_reference(hf_dir: Path, images: list[Path], prompt: str, n_tokens: in
 
 def component_parity(hf_dir: Path, decoder: Path, mmproj: Path, *, n_tokens: int = GREEDY_TOKENS,
                      prompt: str = PARITY_PROMPT, work: Path | None = None, onnx_encoder: Path | None = None,
-                     mmproj_encodes: bool = True) -> dict[str, Any]:
+                     mmproj_encodes: bool = True, open_backend: Callable[..., Any]) -> dict[str, Any]:
     """Encoder + projector features (llama.cpp F16 mmproj vs PyTorch) and greedy tokens end to end; with
     ``onnx_encoder``, the same for the FP16 ONNX encoder (``onnx_encoder.onnx_parity``). With
     ``mmproj_encodes=False`` (a class-token CLIP tower with a tokenize-only mmproj, convert.CLASS_TOKEN_NOTE) the
-    pipeline runs the ONNX encoder (CPU provider) and every figure is its own (``encoder: onnx``)."""
-    from edgesdk.runtime.backends.vlm import VLMBackend, VLMPipeline
-
+    pipeline runs the ONNX encoder (CPU provider) and every figure is its own (``encoder: onnx``).
+    ``open_backend``: the runtime's :func:`edgesdk.runtime.backends.vlm.parity_backend` (the build hands it over
+    as ``ctx.parity_backend``: formats sit below the runtime and do not import it)."""
     work = Path(work or tempfile.mkdtemp(prefix="edgesdk-vlm-"))
     # the family's own prompt with one image, as the runtime formats a plain prompt (backends/vlm.py)
     from edgesdk.formats.vlm.families import by_config
@@ -189,15 +190,11 @@ def component_parity(hf_dir: Path, decoder: Path, mmproj: Path, *, n_tokens: int
     pre["_image_size"] = cfg["vision_config"].get("image_size")  # None: dynamic resolution
     # the context holds the longest reference prompt (image tokens included) and the greedy tokens
     n_ctx = max(256, max(len(r["input_ids"]) for r in refs) + n_tokens + 16)
-    image_encoder = None
-    if not mmproj_encodes:  # a tokenize-only mmproj: the ONNX encoder is the encoder, measured as the runtime runs it
-        if onnx_encoder is None:
-            raise ParityError("a class-token vision tower needs the ONNX encoder (the mmproj does not encode)")
-        from edgesdk.runtime.backends.vlm_onnx import OnnxImageEncoder
-
-        image_encoder = OnnxImageEncoder(onnx_encoder, pre, "CPUExecutionProvider")
-    pipe = VLMPipeline(decoder, mmproj, pre, n_ctx=n_ctx, image_encoder=image_encoder)
-    backend = VLMBackend(pipe, report={}, model="parity", attributes={})
+    # a tokenize-only mmproj: the ONNX encoder is the encoder, measured as the runtime runs it
+    if not mmproj_encodes and onnx_encoder is None:
+        raise ParityError("a class-token vision tower needs the ONNX encoder (the mmproj does not encode)")
+    backend = open_backend(decoder, mmproj, pre, n_ctx=n_ctx, onnx=None if mmproj_encodes else onnx_encoder)
+    pipe = backend.pipe
     cos_min, equal, per_image, mm_results = 1.0, 0, [], []
     # Idefics3/SmolVLM on transformers 4.55-4.57: figures vs the unmodified vision embeddings
     unfixed: dict[str, Any] = {}
@@ -247,7 +244,8 @@ def component_parity(hf_dir: Path, decoder: Path, mmproj: Path, *, n_tokens: int
         from edgesdk.formats.vlm.onnx_encoder import onnx_parity
 
         out["onnx_encoder"] = onnx_parity(decoder, mmproj, onnx_encoder, pre, images, refs, mm_results, n_ctx=n_ctx,
-                                          n_tokens=n_tokens, prompt=prompt, mmproj_encode_s=pipe.encode_s["mmproj"])
+                                          n_tokens=n_tokens, prompt=prompt, mmproj_encode_s=pipe.encode_s["mmproj"],
+                                          open_backend=open_backend)
     return out
 
 
@@ -296,9 +294,12 @@ def build_vlm(ctx: BuildContext) -> None:
                     raise ParityError(f"{quant} decoder perplexity is {ratio:.4f}x the F16 one "
                                       f"(limit {PPL_RATIO_MAX.get(quant, 1.1)}x)")
             ctx.progress("parity: image features (llama.cpp mmproj vs PyTorch) and greedy tokens end to end (F16)")
+            if ctx.parity_backend is None:
+                raise BackendUnavailableError("the VLM parity stage needs the runtime's parity_backend "
+                                              "(edgesdk.build hands it over as ctx.parity_backend)")
             comp = component_parity(src, f16, mmproj, n_tokens=int(thresholds.get("greedy_tokens", GREEDY_TOKENS)),
                                     work=work, onnx_encoder=ctx.staging / "vision_encoder.onnx" if onnx_info else None,
-                                    mmproj_encodes=mm_info.get("encodes", True))
+                                    mmproj_encodes=mm_info.get("encodes", True), open_backend=ctx.parity_backend)
             parity["vision"] = comp
             if comp["encoder_min_cosine"] < thresholds.get("encoder_min_cosine", ENCODER_MIN_COSINE):
                 raise ParityError(f"image features from the {comp.get('encoder', 'F16 mmproj')} encoder differ from "

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -164,16 +165,14 @@ def min_token_cosine(got: np.ndarray, want: np.ndarray) -> float:
 
 def onnx_parity(decoder: Path, mmproj: Path, onnx: Path, preprocessor: dict[str, Any], images: list[Path],
                 refs: list[dict[str, Any]], mmproj_results: list[dict[str, Any]], *, n_ctx: int, n_tokens: int,
-                prompt: str, mmproj_encode_s: list[float]) -> dict[str, Any]:
+                prompt: str, mmproj_encode_s: list[float], open_backend: Callable[..., Any]) -> dict[str, Any]:
     """The FP16 ONNX encoder through the runtime's own path (VLMPipeline with the encoder forced onto the CPU
     provider): features vs PyTorch and vs the mmproj's, and greedy tokens vs the mmproj path and PyTorch.
-    ``mmproj_results``: per image ``features`` and ``tokens`` from the mmproj pipeline."""
-    from edgesdk.runtime.backends.vlm import VLMBackend, VLMPipeline
-    from edgesdk.runtime.backends.vlm_onnx import OnnxImageEncoder
-
-    enc = OnnxImageEncoder(onnx, preprocessor, "CPUExecutionProvider")
-    pipe = VLMPipeline(decoder, mmproj, preprocessor, n_ctx=n_ctx, image_encoder=enc)
-    backend = VLMBackend(pipe, report={}, model="parity", attributes={})
+    ``mmproj_results``: per image ``features`` and ``tokens`` from the mmproj pipeline. ``open_backend``: the
+    runtime's :func:`edgesdk.runtime.backends.vlm.parity_backend`, handed over by the build (formats sit below
+    the runtime and do not import it)."""
+    backend = open_backend(decoder, mmproj, preprocessor, n_ctx=n_ctx, onnx=onnx)
+    pipe = backend.pipe
     per_image, cos_min, cos_mm_min, eq_pt, eq_mm = [], 1.0, 1.0, 0, 0
     try:
         for path, ref, mm in zip(images, refs, mmproj_results, strict=True):

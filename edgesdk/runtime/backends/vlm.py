@@ -939,6 +939,20 @@ def load_vlm(bundle: Any, ctx: Any) -> VLMBackend:
     return VLMBackend(pipe, report=report, model=bundle.model_name, attributes=attrs)
 
 
+def parity_backend(decoder: str | Path, mmproj: str | Path, preprocessor: dict[str, Any], *, n_ctx: int,
+                   onnx: str | Path | None = None) -> VLMBackend:
+    """The runtime's own VLM path as the build's parity stage measures it (``formats/vlm/build.py``, which may not
+    import the runtime: the VLM format names this function as its ``parity_backend`` and ``edgesdk.build`` hands
+    it over): decoder + mmproj on the CPU, with ``onnx`` the FP16 ONNX encoder forced onto the CPU provider."""
+    image_encoder = None
+    if onnx is not None:
+        from edgesdk.runtime.backends.vlm_onnx import OnnxImageEncoder
+
+        image_encoder = OnnxImageEncoder(Path(onnx), preprocessor, "CPUExecutionProvider")
+    pipe = VLMPipeline(decoder, mmproj, preprocessor, n_ctx=n_ctx, image_encoder=image_encoder)
+    return VLMBackend(pipe, report={}, model="parity", attributes={})
+
+
 def _onnx_encoder(bundle: Any, ctx: Any, pre: dict[str, Any], threads: int | None) -> tuple[Any, dict[str, Any]]:
     """The ONNX FP16 vision encoder when the bundle has one and a provider suits it (vlm_onnx.choose:
     TensorRT > CUDA, the CPU only when asked with ``vision_encoder="onnx"``), else None: libmtmd's mmproj."""
