@@ -56,7 +56,10 @@ class _Events:
         if len(jobs) > 1:  # one job is read from its own queue: no second hop per token
             self._merged = asyncio.Queue()
             self._pumps = [loop.create_task(self._pump(i, job, self._merged)) for i, job in enumerate(jobs)]
-        self._watch = loop.create_task(self._until_disconnected(receive))
+        # The watch task gets the jobs and the queue, not ``self``: once cancelled, the task keeps its CancelledError,
+        # whose traceback keeps this coroutine's frame; a frame holding ``self`` (which holds the task) was a
+        # reference cycle per request (issue 25), kept with its jobs and their requests until a full collection.
+        self._watch = loop.create_task(self._until_disconnected(jobs, self._merged, receive))
 
     async def get(self) -> tuple[int, str, Any]:
         if self._merged is None:
@@ -72,15 +75,17 @@ class _Events:
             if kind in ("done", "error"):
                 return
 
-    async def _until_disconnected(self, receive: Callable[[], Awaitable[Any]]) -> None:
+    @staticmethod
+    async def _until_disconnected(jobs: list[Job], merged: asyncio.Queue | None,
+                                  receive: Callable[[], Awaitable[Any]]) -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
-        for job in self.jobs:
+        for job in jobs:
             job.cancel.set()
-        if self._merged is None:
-            self.jobs[0].events.put_nowait(("disconnected", None))
+        if merged is None:
+            jobs[0].events.put_nowait(("disconnected", None))
         else:
-            self._merged.put_nowait((-1, "disconnected", None))
+            merged.put_nowait((-1, "disconnected", None))
 
     async def unwatch(self) -> bool:
         """Stop watching for the disconnect (StreamingResponse watches a stream); True when it came already."""

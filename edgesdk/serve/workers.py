@@ -14,13 +14,21 @@ request: a text's vector then moves by float rounding only (cosine >= 0.9999 aga
 A quantized bundle (INT8) scales its activations per batch, so a stranger's text in the batch would move
 a client's vector (MiniLM INT8: cosine 0.9918 against the text alone): there each request runs as its
 own ``Session.embed`` call, and one client's vectors never depend on another's texts.
+
+When an LLM worker's queue drains it runs :class:`IdleReclaim`: ``gc.collect()`` then glibc's ``malloc_trim(0)``
+(at most once a second; while the queue never drains, every 10 s between two jobs). Without it RSS under
+``--parallel 1`` moved by tens of MB with the collector's timing: memory held by cyclic garbage until a full
+collection, then kept by glibc's heap (issue 25; docs/security.md, "Memory under a long run").
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import gc
 import queue
+import sys
 import threading
 import time
 import weakref
@@ -106,11 +114,61 @@ def _mailbox(loop: asyncio.AbstractEventLoop) -> _Mailbox:
     return box
 
 
-class LLMWorker:
-    """Runs jobs for one LLM session on one thread; at most ``max_queue`` jobs wait behind the running one."""
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim`` (returns freed heap pages to the system), or None where the C library has none
+    (musl, macOS, Windows)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        trim = ctypes.CDLL(None).malloc_trim  # the process's own C library
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return trim
 
-    def __init__(self, name: str, session, max_queue: int, on_depth: Callable[[int], None] | None = None):
+
+class IdleReclaim:
+    """Gives memory back after requests: ``gc.collect()`` (native buffers that cyclic garbage still holds), then
+    ``malloc_trim(0)`` where glibc has it (the heap pages freed). :meth:`after_job` runs it when the worker's
+    queue has drained and ``min_interval_s`` has passed since the last run, or while the queue never drains
+    once ``busy_interval_s`` has passed; never per request under load. It runs on the worker's thread, between
+    jobs (``malloc_trim`` releases the interpreter lock; ``gc.collect()`` holds it for its few milliseconds)."""
+
+    def __init__(self, min_interval_s: float = 1.0, busy_interval_s: float = 10.0,
+                 trim: Callable[[int], int] | None = None, collect: Callable[[], int] = gc.collect):
+        self.min_interval_s = float(min_interval_s)
+        self.busy_interval_s = float(busy_interval_s)
+        self._trim = _malloc_trim() if trim is None else trim
+        self._collect = collect
+        self._last = time.monotonic()
+        self.runs = 0
+        self.last_s = 0.0  # how long the last run took
+
+    def after_job(self, queue_empty: bool) -> bool:
+        """Called by the worker after each job; True when it reclaimed."""
+        since = time.monotonic() - self._last
+        if since < (self.min_interval_s if queue_empty else self.busy_interval_s):
+            return False
+        t0 = time.monotonic()
+        self._collect()
+        if self._trim is not None:
+            self._trim(0)
+        self._last = time.monotonic()
+        self.last_s = self._last - t0
+        self.runs += 1
+        return True
+
+
+class LLMWorker:
+    """Runs jobs for one LLM session on one thread; at most ``max_queue`` jobs wait behind the running one.
+    After a job, ``reclaim`` (None: a default :class:`IdleReclaim`) may give memory back; setting the
+    attribute to None switches that off."""
+
+    def __init__(self, name: str, session, max_queue: int, on_depth: Callable[[int], None] | None = None,
+                 reclaim: IdleReclaim | None = None):
         self.name = name
+        self.reclaim = IdleReclaim() if reclaim is None else reclaim
         self.session = session
         self.max_queue = int(max_queue)
         self._jobs: queue.Queue = queue.Queue()
@@ -156,6 +214,12 @@ class LLMWorker:
                 with self._lock:
                     self._set_depth(-1)
                 self._mean_s = 0.8 * self._mean_s + 0.2 * (time.perf_counter() - t0)
+                del job  # the finished job (its request, its queue) is garbage before the collection below
+            if self.reclaim is not None:
+                try:
+                    self.reclaim.after_job(self._jobs.empty())
+                except Exception:  # noqa: BLE001 - giving memory back must never stop the worker
+                    pass
 
     def _run(self, job: Job) -> None:
         token = attach_context(job.otel_ctx)

@@ -8,7 +8,8 @@ VmRSS) after each round. The mix per request (seeded): completions and chat comp
 not, a client that reads two chunks then goes away, one that disconnects before the answer, a stop
 string, and with --slow-clients a client that trickles its request head over ~0.3 s (raw socket) and
 one that asks for /v1/models or /health.
-Reported: RSS growth per round against the level after warm-up, status counts, cancelled count.
+Reported: RSS growth per round against the level after warm-up (sampled 1 s after the round), the highest
+RSS sampled every 0.5 s during each round (over the same level), status counts, cancelled count.
 
     python tools/bench/soak_serve_llm.py BUNDLE --requests 600 --rounds 3 --concurrency 8
 
@@ -24,6 +25,7 @@ import random
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -156,10 +158,21 @@ def main() -> None:
         t0 = time.perf_counter()
         totals = asyncio.run(wave(url, args.warmup, args.concurrency, 1, args.slow_clients))
         base = rss_mb(proc.pid)
-        growth = []
+        growth, peaks = [], []
         for r in range(args.rounds):
+            peak, stop = [0.0], threading.Event()
+
+            def sample(peak=peak, stop=stop) -> None:  # RSS every 0.5 s while the round runs
+                while not stop.wait(0.5):
+                    peak[0] = max(peak[0], rss_mb(proc.pid))
+
+            sampler = threading.Thread(target=sample, daemon=True)
+            sampler.start()
             for k, v in asyncio.run(wave(url, args.requests, args.concurrency, 100 + r, args.slow_clients)).items():
                 totals[k] = totals.get(k, 0) + v
+            stop.set()
+            sampler.join()
+            peaks.append(round(peak[0] - base, 1))
             time.sleep(1.0)  # let cancelled requests leave their slots
             growth.append(round(rss_mb(proc.pid) - base, 1))
             print(f"round {r + 1}: RSS {base + growth[-1]:.1f} MB ({growth[-1]:+.1f} MB over warm-up)", flush=True)
@@ -174,7 +187,8 @@ def main() -> None:
     mode = "one request at a time" if args.parallel == 1 else "continuous batching"
     out = {"what": f"edgesdk serve ({mode}) LLM soak: RSS per round over the level after warm-up",
            "bundle": Path(args.bundle).name, "machine": machine(), "settings": vars(args),
-           "rss_after_warmup_mb": round(base, 1), "growth_mb_per_round": growth, "outcomes": totals,
+           "rss_after_warmup_mb": round(base, 1), "growth_mb_per_round": growth,
+           "peak_during_round_mb_over_warmup": peaks, "outcomes": totals,
            "server_5xx": fives, "slots_busy_at_end": float(busy.group(1)) if busy else None,
            "cancelled_total": float(cancelled.group(1)) if cancelled else None, "wall_s": round(wall, 1)}
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
