@@ -90,6 +90,21 @@ def _recorded_model_findings(root: Path) -> list[LicenseFinding]:
     return out
 
 
+def _model_aliases(built_from: str | None, model_files: Sequence[str], labels: Mapping[str, str]) -> dict[str, str]:
+    """Bundle model file -> the name of the model file it was built from, for waivers (a waiver names the model
+    file as the user gave it to ``build``: ``gemma-3-270m-q4_k_m.gguf``, not the bundle's ``model.gguf``).
+    Only the bundle's ``model`` artifact of the source's own kind (a GGUF from a GGUF): not a VLM's projector,
+    not a model built from a directory."""
+    if not built_from:
+        return {}
+    name = built_from.replace("\\", "/").rsplit("/", 1)[-1]
+    suffix = Path(name).suffix.lower()
+    if suffix not in (".gguf", ".onnx"):
+        return {}
+    return {rel: name for rel in model_files
+            if rel != name and labels.get(rel, "model") == "model" and Path(rel).suffix.lower() == suffix}
+
+
 def _judge(findings: list[LicenseFinding], policy: Policy, accepted: Sequence[str]) -> tuple[list[str], list[str]]:
     accepted_ids = [normalize(a, hf=True).expression or a for a in accepted]
     used: set[str] = set()
@@ -126,6 +141,7 @@ def scan_licenses(path: Path, *, model_source: Path | None = None, runtime_distr
     dists = list(runtime_distributions or [])
     fallback: tuple[str | None, str] | None = None
     accepted_at_build: list[str] = []
+    built_from: str | None = None  # the model file the bundle was built from (manifest model.source)
     if is_bundle:
         if (root / "manifest.json").is_file():
             try:
@@ -142,6 +158,9 @@ def scan_licenses(path: Path, *, model_source: Path | None = None, runtime_distr
             accepted_at_build = [a for a in section.get("accepted", []) if isinstance(a, str)]
             accepted = list(accepted) + [a for a in accepted_at_build if a not in accepted]
             recorded = section.get("model_license_declared")
+            recorded_model = manifest.get("model") if isinstance(manifest, dict) else None
+            if isinstance(recorded_model, dict) and isinstance(recorded_model.get("source"), str):
+                built_from = recorded_model["source"]
             if model_license is None and isinstance(recorded, str) and recorded:
                 model_license = recorded
     else:
@@ -187,7 +206,10 @@ def scan_licenses(path: Path, *, model_source: Path | None = None, runtime_distr
                        weight_files=[w["path"] for w in tree.weights], timeout=scanoss_timeout)
     findings += scan.findings
     accepted_ids, unused = _judge(findings, policy, accepted)
-    audit = apply_waivers(findings, waivers)
+    if model_source is not None and Path(model_source).is_file():
+        built_from = str(model_source)
+    audit = apply_waivers(findings, waivers, model_aliases=_model_aliases(
+        built_from, tree.model_files, components or {}) if is_bundle else None)
     exprs = list(dict.fromkeys(m.spdx for m in model if m.spdx and m.layer == "model"))
     model_expr = " AND ".join(f"({e})" if " " in e else e for e in exprs) or None
     labels = {rel: label for rel, label in (components or {}).items() if rel not in GENERATED}

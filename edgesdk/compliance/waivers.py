@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import datetime as dt
 import fnmatch
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,10 +60,13 @@ class Waiver:
     def expired(self, today: dt.date) -> bool:
         return today > self.expires
 
-    def matches(self, finding: LicenseFinding) -> bool:
+    def matches(self, finding: LicenseFinding, alias: str | None = None) -> bool:
+        """``alias``: another name of the finding's file (a bundle's model file: the model file it was built
+        from); the subject glob may match either."""
         if self.layer and finding.layer != self.layer:
             return False
-        if self.subject and not fnmatch.fnmatchcase(finding.subject, self.subject):
+        if self.subject and not any(fnmatch.fnmatchcase(name, self.subject) for name in (finding.subject, alias)
+                                    if name):
             return False
         if self.license and self.license not in {finding.spdx, finding.chosen}:
             return False
@@ -178,12 +182,18 @@ def load_waivers(path: Path | None) -> list[Waiver]:
 
 
 def apply_waivers(findings: list[LicenseFinding], waivers: list[Waiver],
-                  today: dt.date | None = None) -> dict:
-    """Mark waived findings; return the audit record {applied, expired, unmatched}."""
+                  today: dt.date | None = None, model_aliases: Mapping[str, str] | None = None) -> dict:
+    """Mark waived findings; return the audit record {applied, expired, unmatched}.
+
+    ``model_aliases``: subject of a ``model``-layer finding -> the name of the model file it was built from
+    (a bundle's ``model.gguf`` -> ``gemma-3-270m-q4_k_m.gguf``): a waiver that names the model file as the
+    user gave it to ``build`` clears the bundle's copy of it too."""
     today = today or dt.date.today()
+    aliases = model_aliases or {}
     applied, expired, unmatched, refused = [], [], [], []
     for waiver in waivers:
-        hits = [f for f in findings if f.action != "allow" and waiver.matches(f)]
+        hits = [f for f in findings if f.action != "allow"
+                and waiver.matches(f, aliases.get(f.subject) if f.layer == "model" else None)]
         if not waiver.license and len(hits) > MAX_SUBJECT_MATCHES:
             raise InputError(f"waiver {waiver.id}: subject {waiver.subject!r} without a license matches "
                              f"{len(hits)} findings (limit {MAX_SUBJECT_MATCHES}); waivers must name what they "
