@@ -8,6 +8,7 @@ import asyncio
 import gc
 import sys
 import threading
+import time
 import weakref
 
 import pytest
@@ -115,3 +116,33 @@ def test_disconnect_watch_is_no_reference_cycle() -> None:
         asyncio.run(main())
     finally:
         gc.enable()
+
+
+def test_a_drain_put_off_by_the_rate_limit_is_reclaimed_once_idle() -> None:
+    """The queue drains less than min_interval_s after the last run: the worker runs it when allowed, without
+    waiting for another job (else an idle server could keep the last burst's garbage)."""
+
+    async def main() -> _Recorder:
+        loop = asyncio.get_running_loop()
+        reclaim = _Recorder()
+        reclaim.min_interval_s = 1.0  # just created: the first drain comes sooner and is put off
+        worker = LLMWorker("m", session=object(), max_queue=2, reclaim=reclaim)
+        try:
+            job = Job(start=lambda: iter(["a"]), loop=loop, events=asyncio.Queue())
+            worker.submit(job)
+            while (await job.events.get())[0] != "done":
+                pass
+
+            def first_run() -> int:
+                deadline = time.monotonic() + 10
+                while reclaim.runs < 1 and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                return reclaim.runs
+
+            assert await loop.run_in_executor(None, first_run) == 1
+        finally:
+            worker.close()
+        return reclaim
+
+    reclaim = asyncio.run(main())
+    assert reclaim.calls == [True, True]  # put off after the job, then run while idle

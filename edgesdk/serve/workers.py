@@ -145,8 +145,13 @@ class IdleReclaim:
         self.runs = 0
         self.last_s = 0.0  # how long the last run took
 
+    def due_in(self) -> float:
+        """Seconds until an idle run is allowed (0: now)."""
+        return max(0.0, self.min_interval_s - (time.monotonic() - self._last))
+
     def after_job(self, queue_empty: bool) -> bool:
-        """Called by the worker after each job; True when it reclaimed."""
+        """Called by the worker after each job (and once more when a drained queue's run was put off by the
+        rate limit, as soon as it is allowed, if no job came meanwhile); True when it reclaimed."""
         since = time.monotonic() - self._last
         if since < (self.min_interval_s if queue_empty else self.busy_interval_s):
             return False
@@ -200,8 +205,17 @@ class LLMWorker:
         self._jobs.put(job)
 
     def _loop(self) -> None:
+        owed = False  # the queue drained but the rate limit put its reclaim off: run it once idle
         while True:
-            job = self._jobs.get()
+            try:
+                if owed and self.reclaim is not None:
+                    job = self._jobs.get(timeout=self.reclaim.due_in())
+                else:
+                    job = self._jobs.get()
+            except queue.Empty:
+                owed = False
+                self._reclaim(queue_empty=True)
+                continue
             if job is None:
                 return
             t0 = time.perf_counter()
@@ -215,11 +229,17 @@ class LLMWorker:
                     self._set_depth(-1)
                 self._mean_s = 0.8 * self._mean_s + 0.2 * (time.perf_counter() - t0)
                 del job  # the finished job (its request, its queue) is garbage before the collection below
-            if self.reclaim is not None:
-                try:
-                    self.reclaim.after_job(self._jobs.empty())
-                except Exception:  # noqa: BLE001 - giving memory back must never stop the worker
-                    pass
+            drained = self._jobs.empty()
+            owed = not self._reclaim(drained) and drained
+
+    def _reclaim(self, queue_empty: bool) -> bool:
+        """Run the reclaim hook; True when it ran (or is off, or failed: nothing is owed then)."""
+        if self.reclaim is None:
+            return True
+        try:
+            return self.reclaim.after_job(queue_empty)
+        except Exception:  # noqa: BLE001 - giving memory back must never stop the worker
+            return True
 
     def _run(self, job: Job) -> None:
         token = attach_context(job.otel_ctx)
