@@ -3,9 +3,9 @@
 
 For every node: TensorRT (operator table of the profile's TensorRT version + machine-checked limits),
 DLA (Orin AGX/NX: native layer list, FP16/INT8 only, static shapes, size limits), CUDA EP and CPU EP
-(asked of ONNX Runtime itself, see :mod:`ort_probe`). Each node is placed on the first backend of the
-chain that takes it (DLA -> TensorRT -> CUDA EP -> CPU, limited to what the profile has), and nodes
-placed together form partitions (:mod:`partition`).
+(asked of ONNX Runtime itself, see :mod:`ort_probe`; not when planning, see :func:`check_view`). Each node
+is placed on the first backend of the chain that takes it (DLA -> TensorRT -> CUDA EP -> CPU, limited to what
+the profile has), and nodes placed together form partitions (:mod:`partition`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 
 from edgesdk.capability import tables
-from edgesdk.capability.graph import GraphView, load_graph
+from edgesdk.capability.graph import GraphView, PlainNode, load_graph
 from edgesdk.capability.ort_probe import OrtProbe
 
 BACKENDS = ("dla", "tensorrt", "cuda_ep", "cpu")
@@ -112,6 +112,8 @@ class CapabilityReport:
 # --------------------------------------------------------------------------------------------- limit checks
 
 def _attr(node, name):
+    if isinstance(node, PlainNode):  # a view from facts: attributes already plain
+        return node.attrs.get(name)
     from onnx import helper
 
     for a in node.attribute:
@@ -132,8 +134,7 @@ def failed_check(node, view: GraphView, check: dict) -> Verdict | None:
     elif kind == "zero_input":
         i = check["index"]
         if len(node.input) > i and node.input[i]:
-            value = view.constant_value(node.input[i])
-            if value is None or value.any():
+            if not view.is_zero_constant(node.input[i]):
                 return Verdict("no", f"attribute limit: {reason}", "attribute")
     elif kind == "no_output":
         i = check["index"]
@@ -255,12 +256,35 @@ def backend_chain(profile, use_dla: bool | None = None) -> tuple[list[str], list
     return chain + ["cuda_ep", "cpu"], notes
 
 
+# Domains ONNX Runtime registers ops in; a node of any other domain has no kernel on any of its providers.
+ORT_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "com.microsoft", "com.microsoft.nchwc", "com.ms.internal.nhwc",
+               "ai.onnx.training", "ai.onnx.preview.training", "com.microsoft.experimental")
+
+
+def _unprobed(node, backend: str) -> Verdict:
+    """The CUDA/CPU EP verdict when planning: ONNX Runtime is not asked (its kernels are probed at build time,
+    by the engine stage and ``edgesdk inspect capability``); only a domain it has no ops in is a sure no."""
+    if node.domain not in ORT_DOMAINS:
+        return Verdict("no", f"{node.domain}::{node.op_type} is not a registered op in onnxruntime (no op of "
+                             f"domain {node.domain})", "op")
+    return Verdict("unknown", f"{BACKEND_LABEL[backend]} kernels are probed at build time, not when planning",
+                   "probe")
+
+
 def check_capability(onnx_path: str | os.PathLike, profile, precision: str | None = None,
                      use_dla: bool | None = None) -> CapabilityReport:
-    """Check every node of ``onnx_path`` against ``profile``; place it; partition the graph."""
+    """Check every node of ``onnx_path`` against ``profile``; place it; partition the graph. CUDA/CPU EP
+    support is asked of this host's ONNX Runtime (:mod:`ort_probe`)."""
+    return check_view(load_graph(onnx_path), profile, precision, use_dla)
+
+
+def check_view(view: GraphView, profile, precision: str | None = None, use_dla: bool | None = None,
+               probe: bool = True) -> CapabilityReport:
+    """:func:`check_capability` of a loaded view. ``probe=False`` (the planner, over a view rebuilt from
+    ``ModelFacts.graph``) starts no ONNX Runtime session: CUDA/CPU EP verdicts are "unknown" (probed at build
+    time) except for ops of a domain ONNX Runtime has no ops in."""
     from edgesdk.capability.partition import partition
 
-    view = load_graph(onnx_path)
     precision = precision or next((p for p in profile.precision_order if p in ("fp32", "fp16", "int8")), "fp32")
     chain, notes = backend_chain(profile, use_dla)
     trt_version = profile.software_version("tensorrt") if profile.is_gpu else None
@@ -270,7 +294,7 @@ def check_capability(onnx_path: str | os.PathLike, profile, precision: str | Non
         if max_opset is not None and view.opset > max_opset:
             opset_problem = f"model opset {view.opset} > {max_opset}, the highest TensorRT {trt_version} parses"
             notes.append(f"{opset_problem} ({source}); re-export at opset <= {max_opset}")
-    probes = {b: OrtProbe(ORT_PROVIDER[b]) for b in ("cuda_ep", "cpu") if b in chain}
+    probes = {b: OrtProbe(ORT_PROVIDER[b]) for b in ("cuda_ep", "cpu") if b in chain and probe}
     if "cuda_ep" in probes and not probes["cuda_ep"].usable:
         notes.append(f"CUDA EP column not checkable here: {probes['cuda_ep'].unusable_reason}")
     results: list[NodeResult] = []
@@ -296,6 +320,8 @@ def check_capability(onnx_path: str | os.PathLike, profile, precision: str | Non
                 pr = probes[b].check(node, view)
                 support[b] = Verdict(pr.status, pr.reason, "probe" if pr.status == "unknown" else
                                      ("op" if pr.status == "no" else ""))
+            elif b in chain and not probe:
+                support[b] = _unprobed(node, b)
             else:
                 support[b] = Verdict("n/a", "not in this profile's chain")
         cpu = support["cpu"]

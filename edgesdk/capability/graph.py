@@ -1,13 +1,17 @@
 # SPDX-License-Identifier: Apache-2.0
 """A read-only view of an ONNX graph for the capability checker: producers, consumers, constants,
-inferred element types and shapes (onnx shape inference), dynamic inputs."""
+inferred element types and shapes (onnx shape inference), dynamic inputs.
+
+:func:`load_graph` reads a file (``edgesdk inspect capability``, the build's engine stage). For the planner,
+:func:`graph_view_facts` turns a view into plain data that inspect keeps in ``ModelFacts.graph``
+(``capability``) and :meth:`GraphView.from_facts` rebuilds a view from it without opening anything."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from edgesdk.errors import ModelError
 
@@ -32,15 +36,45 @@ class GraphView:
     shape: dict[str, list] = field(default_factory=dict)  # dims: int, str (symbolic) or None (unknown)
     inputs: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
+    # A view rebuilt from facts (model None): constant tensor names, and those known to be all zeros.
+    constants: set[str] = field(default_factory=set)
+    zero_constants: set[str] = field(default_factory=set)
 
     def is_constant(self, tensor: str) -> bool:
-        return tensor in self.initializers or tensor in self.constant_outputs
+        return tensor in self.initializers or tensor in self.constant_outputs or tensor in self.constants
 
-    def constant_value(self, tensor: str):
+    def constant_value(self, tensor: str, base_dir: str = ""):
         from onnx import numpy_helper
 
         proto = self.initializers.get(tensor) or self.constant_outputs.get(tensor)
-        return None if proto is None else numpy_helper.to_array(proto)
+        return None if proto is None else numpy_helper.to_array(proto, base_dir)
+
+    def is_zero_constant(self, tensor: str) -> bool:
+        """A constant whose values are all zero (a view from facts: as inspect found it)."""
+        if self.model is None:
+            return tensor in self.zero_constants
+        value = self.constant_value(tensor)
+        return value is not None and not value.any()
+
+    @classmethod
+    def from_facts(cls, data: dict[str, Any]) -> GraphView:
+        """The view :func:`graph_view_facts` described: plain nodes, no ONNX model, nothing read."""
+        view = cls(path=Path(data["path"]), model=None, opset=int(data["opset"]))
+        view.elem_type = dict(data["elem_type"])
+        view.shape = {k: list(v) for k, v in data["shape"].items()}
+        view.inputs, view.outputs = list(data["inputs"]), list(data["outputs"])
+        view.constants, view.zero_constants = set(data["constants"]), set(data["zero_constants"])
+        for i, n in enumerate(data["nodes"]):
+            node = PlainNode(n["op_type"], n["domain"], list(n["input"]), list(n["output"]), dict(n["attrs"]))
+            view.nodes.append(node)
+            view.names.append(n["name"])
+            for out in node.output:
+                if out:
+                    view.producer[out] = i
+            for inp in node.input:
+                if inp:
+                    view.consumers.setdefault(inp, []).append(i)
+        return view
 
     def is_static(self, tensor: str) -> bool:
         dims = self.shape.get(tensor)
@@ -57,6 +91,58 @@ class GraphView:
         for tensor, src in self.producer.items():
             for dst in self.consumers.get(tensor, []):
                 yield src, dst, tensor
+
+
+@dataclass
+class PlainNode:
+    """A node of a view rebuilt from facts: what the checks read, attributes as plain values."""
+
+    op_type: str
+    domain: str
+    input: list[str]
+    output: list[str]
+    attrs: dict[str, Any]
+
+
+def _plain_attr(attr) -> Any:
+    from onnx import helper
+
+    if attr.type in (4, 5, 9, 10, 11, 12, 13, 14):  # tensors, graphs, sparse tensors, type protos
+        return f"<{attr.type}>"
+    try:
+        value = helper.get_attribute_value(attr)
+    except Exception:  # noqa: BLE001 - a malformed attribute: inspect describes the model, the checks see "<?>"
+        return "<?>"
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    if isinstance(value, list):
+        return [v.decode(errors="replace") if isinstance(v, bytes) else v for v in value]
+    return value
+
+
+def graph_view_facts(view: GraphView, zero_checked: set[tuple[str, int]]) -> dict[str, Any]:
+    """``view`` as plain data for ``ModelFacts.graph`` (what the capability checks read): nodes with plain
+    attributes, element types, shapes, constants, graph inputs/outputs. Which constants are all zeros is
+    read only for the inputs ``zero_checked`` names ((op type, input index): the ``zero_input`` checks of the
+    capability tables), loading such a tensor's external data beside the model if it has any."""
+    zeros: list[str] = []
+    for node in view.nodes:
+        for op, i in zero_checked:
+            t = node.input[i] if node.op_type == op and len(node.input) > i else ""
+            if t and t not in zeros and view.is_constant(t):
+                try:
+                    value = view.constant_value(t, str(view.path.parent))
+                except Exception:  # noqa: BLE001 - unreadable external data: not known to be zero
+                    value = None
+                if value is not None and not value.any():
+                    zeros.append(t)
+    return {"path": str(view.path), "opset": view.opset,
+            "nodes": [{"name": name, "op_type": n.op_type, "domain": n.domain, "input": list(n.input),
+                       "output": list(n.output), "attrs": {a.name: _plain_attr(a) for a in n.attribute}}
+                      for name, n in zip(view.names, view.nodes)],
+            "elem_type": dict(view.elem_type), "shape": {k: list(v) for k, v in view.shape.items()},
+            "inputs": list(view.inputs), "outputs": list(view.outputs),
+            "constants": sorted({*view.initializers, *view.constant_outputs}), "zero_constants": sorted(zeros)}
 
 
 def _dims(value_info) -> list | None:
@@ -79,6 +165,13 @@ def load_graph(path: str | os.PathLike) -> GraphView:
         raise ModelError(f"{path}: not a readable ONNX model ({type(exc).__name__}: {str(exc)[:120]})") from exc
     if not model.graph.node:
         raise ModelError(f"{path}: ONNX graph has no nodes (is this an ONNX model?)")
+    return view_of(model, path)
+
+
+def view_of(model: Any, path: Path) -> GraphView:
+    """The view of a loaded ``onnx.ModelProto`` (shape-inferred here; external data need not be loaded)."""
+    import onnx
+
     try:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
     except Exception:  # noqa: BLE001 - inference is best effort: unknown types/shapes are reported as such

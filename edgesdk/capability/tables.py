@@ -159,6 +159,17 @@ def dla_available(trt_version: str) -> tuple[bool, str]:
     return True, ""
 
 
+def zero_checked_inputs() -> set[tuple[str, int]]:
+    """(op type, input index) of every ``zero_input`` check in the TensorRT and DLA tables, any version: the
+    constants whose values the checks read (inspect records which of them are all zeros)."""
+    out: set[tuple[str, int]] = set()
+    entries = [(op, e.get("checks") or []) for op, e in tensorrt_table()["ops"].items()]
+    entries += list((dla_table().get("checks") or {}).items())
+    for op, checks in entries:
+        out.update((op, int(c["index"])) for c in checks if c.get("kind") == "zero_input")
+    return out
+
+
 def dla_native_ops(trt_version: str) -> tuple[frozenset[str], str]:
     """DLA-native op list for the newest table at or below ``trt_version`` (with which table was used)."""
     native = dla_table()["native"]

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Planner facts of an ONNX source, read by :func:`edgesdk.inspect.inspect_model` (``ModelFacts.graph``).
 
-Standard library and the ``onnx`` model object inspect already loaded (headers, no external data): the
+The ``onnx`` model object inspect already loaded (headers, no external data) and its sibling files: the
 TensorRT planner reads these facts instead of opening the graph and its sibling files itself.
 """
 
@@ -16,7 +16,9 @@ def onnx_graph_facts(model: Any, path: Path) -> dict[str, Any]:
     """What planners read from an ONNX graph, read here once so the planner opens no file (``ModelFacts.graph``):
     each graph input's declared dims (int, a named axis or None; None without a shape), the input channels of
     the first Conv that reads an input (weight [M, C/group, kH, kW] from an initializer or a Constant), and the
-    first sibling ``config.json`` / ``preprocessor_config.json`` that is a non-empty JSON object (image size)."""
+    first sibling ``config.json`` / ``preprocessor_config.json`` that is a non-empty JSON object (image size),
+    and the shape-inferred graph the capability checks read (``capability``: the DLA decision and the precision
+    report of a TensorRT plan; :func:`edgesdk.capability.graph.graph_view_facts`)."""
     weights = {t.name: list(t.dims) for t in model.graph.initializer}
     for node in model.graph.node:
         if node.op_type == "Constant" and node.output:
@@ -50,4 +52,8 @@ def onnx_graph_facts(model: Any, path: Path) -> dict[str, Any]:
         if isinstance(data, dict) and data:
             sibling = {"file": fname, "config": data}
             break
-    return {"input_dims": dims, "conv_channels": channels, "sibling_config": sibling}
+    from edgesdk.capability.graph import graph_view_facts, view_of
+    from edgesdk.capability.tables import zero_checked_inputs
+
+    capability = graph_view_facts(view_of(model, path), zero_checked_inputs())
+    return {"input_dims": dims, "conv_channels": channels, "sibling_config": sibling, "capability": capability}

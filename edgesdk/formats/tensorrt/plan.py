@@ -18,6 +18,7 @@ from edgesdk.formats.onnx.plan import OnnxPlan
 from edgesdk.types import BuildOptions, Decision, JSONable, JSONValue, ModelFacts, PlanSection
 
 if TYPE_CHECKING:
+    from edgesdk.capability.checker import CapabilityReport
     from edgesdk.host import HostFacts
     from edgesdk.profiles import Profile
 
@@ -146,7 +147,8 @@ def _image_hw(facts: ModelFacts) -> tuple[int | None, str]:
 
 
 def _graph_facts(facts: ModelFacts) -> dict[str, Any]:
-    """An ONNX source's graph facts: inspect's (``facts.graph``), else read now (facts made by hand)."""
+    """An ONNX source's graph facts: inspect's (``facts.graph``), else read now (facts made by hand, without
+    inspect: the one case the planner reads a file)."""
     if facts.graph is not None:
         return facts.graph
     import onnx
@@ -155,6 +157,17 @@ def _graph_facts(facts: ModelFacts) -> dict[str, Any]:
 
     path = Path(str(facts.source))
     return onnx_graph_facts(onnx.load(str(path), load_external_data=False), path)
+
+
+def _capability(facts: ModelFacts, profile: Profile, precision: str, use_dla: bool) -> CapabilityReport:
+    """The capability report of an ONNX source from its graph facts (inspect's shape-inferred graph): tables
+    only, no file read and no ONNX Runtime session (CUDA/CPU EP kernels are probed by the build's engine
+    stage, whose report the bundle carries)."""
+    from edgesdk.capability.checker import check_view
+    from edgesdk.capability.graph import GraphView
+
+    view = GraphView.from_facts(_graph_facts(facts)["capability"])
+    return check_view(view, profile, precision, use_dla=use_dla, probe=False)
 
 
 def _precision(profile: Profile, options: BuildOptions) -> str:
@@ -272,9 +285,7 @@ def _dla_decision(facts: ModelFacts, profile: Profile, options: BuildOptions,
                         "have dynamic shapes the DLA cannot take; pass --dla to force it")
     if precision not in ("fp16", "int8"):
         return Decision("dla", None, f"plan precision {precision}: the DLA runs FP16/INT8 only")
-    from edgesdk.capability import check_capability
-
-    report = check_capability(facts.source, profile, precision, use_dla=True)
+    report = _capability(facts, profile, precision, use_dla=True)
     compute = [n for n in report.nodes if n.placement != "folded"]
     on_dla = sum(1 for n in compute if n.placement == "dla")
     share = on_dla / len(compute) if compute else 0.0
@@ -327,9 +338,9 @@ def plan_tensorrt(facts: ModelFacts, profile: Profile, options: BuildOptions, ho
     out.append(Decision("tensorrt_optimization_profiles", profiles or "static shapes: none needed",
                         why if profiles else "every input shape is static"))
     if facts.kind == "onnx" and precision != "fp32":
-        from edgesdk.capability import precision_report
+        from edgesdk.capability import precision_report_from
 
-        prec = precision_report(facts.source, profile, precision, use_dla=bool(dla and dla.value))
+        prec = precision_report_from(_capability(facts, profile, precision, use_dla=bool(dla and dla.value)))
         kept = sum(r["count"] for r in prec["kept_higher_precision"])
         out.append(Decision("precision_report", f"{prec['float_nodes'] - kept}/{prec['float_nodes']} float ops in "
                             f"{precision.upper()}, {kept} kept higher, {prec['precision_conversions']} reformats, "
