@@ -95,9 +95,12 @@ def test_openai_client_streams_from_16_threads_with_per_request_usage(batched):
         assert u is not None and u.prompt_tokens == prompt_tokens[p], (p, u)
         assert 1 <= u.completion_tokens <= 12 and u.total_tokens == u.prompt_tokens + u.completion_tokens
     # Batched kernels may differ from one sequence alone in the last bits (docs/serve.md): most, not
-    # necessarily all, greedy texts equal the request run alone.
+    # necessarily all, greedy texts equal the request run alone. On 200 natural-text prompts 66.5 % were
+    # identical (tools/bench/results/batching_flips_cpu.json), so 16 replies give ~10.6 on average and the
+    # count varies with how the requests' arrivals group them: at least half is the regression guard (a
+    # broken batch, e.g. rows mixed up between sequences, gives almost none).
     same = sum(results[p]["text"] == alone[p] for p in PROMPTS)
-    assert same >= 12, {p: (results[p]["text"], alone[p]) for p in PROMPTS}
+    assert same >= 8, {p: (results[p]["text"], alone[p]) for p in PROMPTS}
     assert _idle(batched.url)
 
 
