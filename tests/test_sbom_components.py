@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+from waiver_fixtures import license_gguf
 
 from edgesdk.compliance.components import MODEL_FALLBACK, component_labels
 from edgesdk.compliance.gate import scan_licenses
@@ -32,25 +33,12 @@ def test_labels_come_from_format_components_then_artifact_roles():
                                                    "model.gguf": "decoder", "preprocessor_config.json": "config"}
 
 
-def _gguf(path: Path, license_id: str) -> Path:
-    import gguf
-
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_license(license_id)
-    writer.add_tensor("t", __import__("numpy").zeros(4, dtype="float32"))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
 def test_each_component_keeps_its_own_license_in_both_sboms(tmp_path):
     pytest.importorskip("gguf")
     bundle = tmp_path / "b"
     bundle.mkdir()
-    _gguf(bundle / "mmproj.gguf", "mit")
-    _gguf(bundle / "model.gguf", "apache-2.0")
+    license_gguf(bundle / "mmproj.gguf", "mit")
+    license_gguf(bundle / "model.gguf", "apache-2.0")
     (bundle / "preprocessor_config.json").write_text('{"size": {"height": 64, "width": 64}}')
     result = scan_licenses(bundle, bundle=True, components=LABELS)
     assert result.verdict == "pass", [f.to_dict() for f in result.findings]
@@ -93,7 +81,7 @@ def test_each_component_keeps_its_own_license_in_both_sboms(tmp_path):
 
 def test_a_bundle_without_component_labels_still_lists_its_weight_files(tmp_path):
     pytest.importorskip("gguf")
-    _gguf(tmp_path / "model.gguf", "apache-2.0")
+    license_gguf(tmp_path / "model.gguf", "apache-2.0")
     result = scan_licenses(tmp_path, bundle=True)
     assert [(c["path"], c["component"], c["license"]) for c in result.components] == [
         ("model.gguf", "weights", "Apache-2.0")]

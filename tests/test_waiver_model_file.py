@@ -18,27 +18,13 @@ from edgesdk.compliance.gate import run_license_gate, scan_licenses
 from edgesdk.errors import LicenseGateError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from waiver_fixtures import waiver_file  # noqa: E402
+from waiver_fixtures import license_gguf, waiver_file  # noqa: E402
 
 NAME = "gemma-3-270m-q4_k_m.gguf"
 
 
-def _gguf(path: Path, license_id: str = "gemma") -> Path:
-    import gguf
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_license(license_id)
-    writer.add_tensor("t", __import__("numpy").zeros(4, dtype="float32"))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
 def _stage(tmp_path: Path) -> tuple[Path, Path]:
-    source = _gguf(tmp_path / "models" / NAME)
+    source = license_gguf(tmp_path / "models" / NAME)
     stage = tmp_path / "stage"
     stage.mkdir()
     shutil.copy(source, stage / "model.gguf")
@@ -78,7 +64,7 @@ def test_waiver_naming_another_file_or_the_projector_does_not_clear_the_model(tm
     with pytest.raises(LicenseGateError):
         _gate(stage, source, waiver_file(tmp_path, subject="other.gguf"), tmp_path)
     # A VLM: the projector in mmproj.gguf is not the source model file, whatever its license.
-    _gguf(stage / "mmproj.gguf")
+    license_gguf(stage / "mmproj.gguf")
     labels = {"model.gguf": "model", "mmproj.gguf": "vision_encoder + projector"}
     with pytest.raises(LicenseGateError, match="mmproj.gguf"):
         _gate(stage, source, waiver_file(tmp_path, subject=NAME), tmp_path, components=labels)

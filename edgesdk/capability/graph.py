@@ -66,15 +66,19 @@ class GraphView:
         view.constants, view.zero_constants = set(data["constants"]), set(data["zero_constants"])
         for i, n in enumerate(data["nodes"]):
             node = PlainNode(n["op_type"], n["domain"], list(n["input"]), list(n["output"]), dict(n["attrs"]))
-            view.nodes.append(node)
-            view.names.append(n["name"])
-            for out in node.output:
-                if out:
-                    view.producer[out] = i
-            for inp in node.input:
-                if inp:
-                    view.consumers.setdefault(inp, []).append(i)
+            view._add(i, node, n["name"])
         return view
+
+    def _add(self, i: int, node: Any, name: str) -> None:
+        """Node ``i`` with its name, and the producer / consumer edges of its tensors."""
+        self.nodes.append(node)
+        self.names.append(name)
+        for out in node.output:
+            if out:
+                self.producer[out] = i
+        for inp in node.input:
+            if inp:
+                self.consumers.setdefault(inp, []).append(i)
 
     def is_static(self, tensor: str) -> bool:
         dims = self.shape.get(tensor)
@@ -200,18 +204,11 @@ def view_of(model: Any, path: Path) -> GraphView:
     view.outputs = [o.name for o in g.output]
     seen: dict[str, int] = {}
     for i, node in enumerate(g.node):
-        view.nodes.append(node)
         name = node.name or f"{node.op_type}_{i}"
         if name in seen:
             name = f"{name}#{i}"
         seen[name] = i
-        view.names.append(name)
-        for out in node.output:
-            if out:
-                view.producer[out] = i
-        for inp in node.input:
-            if inp:
-                view.consumers.setdefault(inp, []).append(i)
+        view._add(i, node, name)
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             for a in node.attribute:
                 if a.name == "value":
