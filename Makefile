@@ -31,6 +31,7 @@ demo: setup
 test: setup
 	$(BIN)/edgesdk check licenses . --summary
 	$(BIN)/ruff check edgesdk tests tools examples
+	$(BIN)/ruff format --check edgesdk tests tools examples
 	$(MYPY)
 	$(BIN)/python -m pytest -q -ra
 
@@ -47,6 +48,7 @@ typecheck: setup
 
 lint: setup
 	$(BIN)/ruff check edgesdk tests tools examples
+	$(BIN)/ruff format --check edgesdk tests tools examples
 
 clean:
 	rm -rf $(VENV) out build *.egg-info

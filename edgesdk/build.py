@@ -55,9 +55,16 @@ class _Progress:
             try:
                 from tqdm import tqdm
 
-                self.bar = tqdm(total=len(stages), desc="build", unit="stage", file=sys.stderr,
-                                disable=not sys.stderr.isatty(), leave=False, **_bar_size(),
-                                bar_format="{desc}: {n_fmt}/{total_fmt} stages |{bar:20}| {elapsed}")
+                self.bar = tqdm(
+                    total=len(stages),
+                    desc="build",
+                    unit="stage",
+                    file=sys.stderr,
+                    disable=not sys.stderr.isatty(),
+                    leave=False,
+                    **_bar_size(),
+                    bar_format="{desc}: {n_fmt}/{total_fmt} stages |{bar:20}| {elapsed}",
+                )
             except ImportError:
                 self.bar = None
         self.enabled = enabled
@@ -124,15 +131,24 @@ def _license_gate(ctx: BuildContext, out_dir: Path) -> dict:
         model_license=opts.model_license,
         components=component_labels(ctx.manifest.extras, ctx.artifacts),  # per-file license + sha256 in the SBOMs
     )
-    for rel, role in (("sbom.cdx.json", "sbom"), ("sbom.spdx.json", "sbom-spdx"),
-                      ("license-report.json", "license-report")):
+    for rel, role in (
+        ("sbom.cdx.json", "sbom"),
+        ("sbom.spdx.json", "sbom-spdx"),
+        ("license-report.json", "license-report"),
+    ):
         if (ctx.staging / rel).is_file():
             ctx.add_artifact(rel, role)
     return result.to_manifest()
 
 
-def build(source: Any, profile: str | Profile, out_dir: str | Path, options: BuildOptions | None = None, *,
-          plan: Plan | None = None) -> Path:
+def build(
+    source: Any,
+    profile: str | Profile,
+    out_dir: str | Path,
+    options: BuildOptions | None = None,
+    *,
+    plan: Plan | None = None,
+) -> Path:
     """Build ``source`` for ``profile`` into the bundle directory ``out_dir`` (atomically).
 
     ``plan``: execute this plan (from :func:`make_plan` with the same source and options) instead of
@@ -151,8 +167,9 @@ def build(source: Any, profile: str | Profile, out_dir: str | Path, options: Bui
         progress = _Progress(list(fmt.stages), options.progress)
         t_start = time.perf_counter()
         try:
-            with telemetry.build_trace(facts.name, prof.name, {"edgesdk.build.format": plan.format,
-                                                                "edgesdk.precision": plan.precision}):
+            with telemetry.build_trace(
+                facts.name, prof.name, {"edgesdk.build.format": plan.format, "edgesdk.precision": plan.precision}
+            ):
                 ctx = BuildContext(source, facts, prof, plan, options, staging, progress)
                 ctx.parity_backend = _runtime_function(getattr(fmt, "parity_backend", None))
                 fmt.build(ctx)
@@ -190,9 +207,11 @@ def _disk_full(exc: Exception, staging: Path) -> DiskFullError | None:
         free = -1
     if not B.is_disk_full(exc) and not (0 <= free < DISK_FULL_FREE_BYTES):
         return None
-    return DiskFullError(f"no space left on the device while writing the bundle in {staging.parent} "
-                         f"({free / 2**20:.1f} MiB free; {type(exc).__name__}: {str(exc)[:120]})",
-                         hint="free space or build into another directory; nothing was written at the output")
+    return DiskFullError(
+        f"no space left on the device while writing the bundle in {staging.parent} "
+        f"({free / 2**20:.1f} MiB free; {type(exc).__name__}: {str(exc)[:120]})",
+        hint="free space or build into another directory; nothing was written at the output",
+    )
 
 
 @contextlib.contextmanager
@@ -200,8 +219,10 @@ def _sigterm_as_interrupt() -> Iterator[None]:
     """SIGTERM (docker stop, systemd, CI cancellation) unwinds the build like Ctrl-C: the staging
     directory is removed and the CLI prints one ``error:`` line (exit 143). Only in the main thread,
     and only where nobody installed a SIGTERM handler of their own."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) not in (
+        signal.SIG_DFL,
+        None,
+    ):
         yield
         return
 
@@ -225,27 +246,33 @@ def _manifest(ctx: BuildContext, license_summary: dict, wall_s: float) -> Manife
     plan["precision"] = ctx.precision
     id_seed = json.dumps([source_sha, ctx.profile.name, ctx.precision, [a.sha256 for a in artifacts]])
     tools = {"edgesdk": __version__, "python": platform.python_version(), **ctx.tools}
-    model = ModelInfo.from_dict({**facts.to_dict(), "source_sha256": source_sha, **rec.model.details},
-                                "model")
+    model = ModelInfo.from_dict({**facts.to_dict(), "source_sha256": source_sha, **rec.model.details}, "model")
     return Manifest(
         bundle_id=hashlib.sha256(id_seed.encode()).hexdigest()[:16],
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         model=model,
-        profile=ProfileRef(name=ctx.profile.name, sha256=B.sha256_file(ctx.profile.path),
-                           summary=ctx.profile.summary()),
+        profile=ProfileRef(
+            name=ctx.profile.name, sha256=B.sha256_file(ctx.profile.path), summary=ctx.profile.summary()
+        ),
         format=rec.format or ctx.plan.format,
         precision=ctx.precision,
         plan=plan,
         fallbacks=ctx.fallbacks,
         artifacts=artifacts,
-        runtime=RuntimeInfo(backend_chain=list(rec.runtime.backend_chain or ctx.plan.ep_chain),
-                            requires=sorted(set(ctx.runtime_requires))),
+        runtime=RuntimeInfo(
+            backend_chain=list(rec.runtime.backend_chain or ctx.plan.ep_chain),
+            requires=sorted(set(ctx.runtime_requires)),
+        ),
         io=rec.io,
         parity=rec.parity,
         license=license_summary,
         tools=tools,
-        build={"host": platform.node(), "machine": platform.machine(), "wall_s": round(wall_s, 2),
-               "stage_s": ctx.stage_times},
+        build={
+            "host": platform.node(),
+            "machine": platform.machine(),
+            "wall_s": round(wall_s, 2),
+            "stage_s": ctx.stage_times,
+        },
         embedding=rec.embedding,
         llm=rec.llm,
         extras=rec.extras,

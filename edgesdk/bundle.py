@@ -39,9 +39,24 @@ MANIFEST = "manifest.json"
 OWNER_SUFFIX = ".owner"
 _CHUNK = 1 << 20
 
-__all__ = ["MANIFEST", "SCHEMA", "Artifact", "Bundle", "Manifest", "artifact_entry", "check_replaceable",
-           "commit_staging", "clean_stale_staging", "discard_staging", "make_staging", "open_bundle", "output_lock",
-           "sha256_file", "sha256_tree", "write_manifest"]
+__all__ = [
+    "MANIFEST",
+    "SCHEMA",
+    "Artifact",
+    "Bundle",
+    "Manifest",
+    "artifact_entry",
+    "check_replaceable",
+    "commit_staging",
+    "clean_stale_staging",
+    "discard_staging",
+    "make_staging",
+    "open_bundle",
+    "output_lock",
+    "sha256_file",
+    "sha256_tree",
+    "write_manifest",
+]
 
 
 def sha256_file(path: Path) -> str:
@@ -71,6 +86,7 @@ def artifact_entry(staging: Path, rel: str, role: str) -> Artifact:
 
 # --------------------------------------------------------------------------------------------- writing
 
+
 def _proc_start(pid: int) -> str | None:
     """The kernel's start time of ``pid`` (Linux ``/proc``), to tell a live owner from a reused pid."""
     try:
@@ -91,8 +107,12 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _owner() -> dict[str, Any]:
-    return {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
-            "proc_start": _proc_start(os.getpid())}
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": time.time(),
+        "proc_start": _proc_start(os.getpid()),
+    }
 
 
 def _is_stale(owner: dict[str, Any]) -> bool:
@@ -172,8 +192,10 @@ def output_lock(out_dir: Path) -> Iterator[Path]:
                 info = json.loads(os.pread(fd, 4096, 0) or b"{}")
                 holder = f" (pid {info.get('pid')} on {info.get('host')})"
             os.close(fd)
-            raise OutputExistsError(f"another edgesdk build is writing {out_dir}{holder}",
-                                    hint="wait for it to finish, or build into another directory") from None
+            raise OutputExistsError(
+                f"another edgesdk build is writing {out_dir}{holder}",
+                hint="wait for it to finish, or build into another directory",
+            ) from None
         try:
             same = os.fstat(fd).st_ino == os.stat(lock, follow_symlinks=False).st_ino
         except FileNotFoundError:
@@ -227,8 +249,10 @@ def check_replaceable(out_dir: Path) -> None:
         manifest = None
     if isinstance(manifest, dict) and manifest.get("schema") == SCHEMA:
         return
-    raise OutputExistsError(f"refusing to replace {out_dir}: it is not an edgesdk bundle (no valid {MANIFEST}) "
-                            "and not empty", hint="choose another -o, or remove the directory yourself")
+    raise OutputExistsError(
+        f"refusing to replace {out_dir}: it is not an edgesdk bundle (no valid {MANIFEST}) and not empty",
+        hint="choose another -o, or remove the directory yourself",
+    )
 
 
 def write_manifest(staging: Path, manifest: Manifest | dict[str, Any]) -> Path:
@@ -275,6 +299,7 @@ def discard_staging(staging: Path | None) -> None:
 
 # --------------------------------------------------------------------------------------------- reading
 
+
 def _open_regular(root: Path, rel: str) -> tuple[int, os.stat_result]:
     """Open ``root/rel`` read-only without following any symlink; refuse anything but a regular file
     with one link. Returns the fd (caller closes) and its stat."""
@@ -290,14 +315,23 @@ def _open_regular(root: Path, rel: str) -> tuple[int, os.stat_result]:
         except OSError as exc:
             raise BundleIntegrityError(f"{where}: cannot be read ({exc.strerror})") from None
         if stat.S_ISLNK(st.st_mode):
-            raise BundleIntegrityError(f"{where}: is a symbolic link ({'/'.join(parts[:i + 1])}); bundles hold "
-                                       "regular files only")
+            raise BundleIntegrityError(
+                f"{where}: is a symbolic link ({'/'.join(parts[: i + 1])}); bundles hold regular files only"
+            )
         if i < len(parts) - 1 and not stat.S_ISDIR(st.st_mode):
-            raise BundleIntegrityError(f"{where}: {'/'.join(parts[:i + 1])} is not a directory")
+            raise BundleIntegrityError(f"{where}: {'/'.join(parts[: i + 1])} is not a directory")
     if not stat.S_ISREG(st.st_mode):
-        kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device file" if stat.S_ISCHR(st.st_mode)
-                or stat.S_ISBLK(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else "a directory"
-                if stat.S_ISDIR(st.st_mode) else "not a regular file")
+        kind = (
+            "a FIFO"
+            if stat.S_ISFIFO(st.st_mode)
+            else "a device file"
+            if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
+            else "a socket"
+            if stat.S_ISSOCK(st.st_mode)
+            else "a directory"
+            if stat.S_ISDIR(st.st_mode)
+            else "not a regular file"
+        )
         raise BundleIntegrityError(f"{where}: is {kind}; bundles hold regular files only")
     try:
         fd = os.open(current, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -309,8 +343,10 @@ def _open_regular(root: Path, rel: str) -> tuple[int, os.stat_result]:
         raise BundleIntegrityError(f"{where}: changed while it was being opened")
     if fst.st_nlink > 1:
         os.close(fd)
-        raise BundleIntegrityError(f"{where}: has {fst.st_nlink} hard links; a bundle file must have one "
-                                   "(copy the bundle instead of hard-linking it)")
+        raise BundleIntegrityError(
+            f"{where}: has {fst.st_nlink} hard links; a bundle file must have one "
+            "(copy the bundle instead of hard-linking it)"
+        )
     return fd, fst
 
 
@@ -361,8 +397,11 @@ class Bundle:
     def _listed(self, rel: str) -> Artifact | None:
         art = self.manifest.artifact(rel)
         if art is None and os.path.lexists(self.path / rel):
-            raise BundleIntegrityError(f"bundle {self.path}: {rel} is present but not listed in the manifest "
-                                       "(unverified files are never read)", hint="rebuild the bundle")
+            raise BundleIntegrityError(
+                f"bundle {self.path}: {rel} is present but not listed in the manifest "
+                "(unverified files are never read)",
+                hint="rebuild the bundle",
+            )
         return art
 
     def file(self, rel: str) -> Path | None:
@@ -390,8 +429,9 @@ class Bundle:
                 raise BundleIntegrityError(f"bundle {self.path}: size mismatch for {a.path}")
             _, sha = _read_fd(fd)
             if sha != a.sha256:
-                raise BundleIntegrityError(f"bundle {self.path}: sha256 mismatch for {a.path} (file changed "
-                                           "since the build)")
+                raise BundleIntegrityError(
+                    f"bundle {self.path}: sha256 mismatch for {a.path} (file changed since the build)"
+                )
 
 
 def open_bundle(path: str | os.PathLike[str], verify: bool = True) -> Bundle:

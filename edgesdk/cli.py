@@ -25,10 +25,19 @@ from edgesdk.errors import EdgeSDKError, InputError, Terminated
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="edgesdk")
 @click.option("--debug", is_flag=True, help="Show full tracebacks instead of one-line errors.")
-@click.option("-q", "--quiet", is_flag=True, help="No progress bars, informational or warning lines on stderr "
-              "(errors still print). Every command also takes -q.")
-@click.option("-v", "--verbose", is_flag=True, help="edgesdk's INFO log lines and backends' own logs on stderr. "
-              "Every command also takes -v.")
+@click.option(
+    "-q",
+    "--quiet",
+    is_flag=True,
+    help="No progress bars, informational or warning lines on stderr "
+    "(errors still print). Every command also takes -q.",
+)
+@click.option(
+    "-v",
+    "--verbose",
+    is_flag=True,
+    help="edgesdk's INFO log lines and backends' own logs on stderr. Every command also takes -v.",
+)
 @click.pass_context
 def cli(ctx: click.Context, debug: bool, quiet: bool, verbose: bool) -> None:
     """Build, verify, license-gate, ship and profile models for edge and inference devices."""
@@ -50,7 +59,7 @@ def _debug_requested(argv: list[str]) -> bool:
 
 
 def _json_requested(argv: list[str]) -> bool:
-    options = argv[:argv.index("--")] if "--" in argv else argv
+    options = argv[: argv.index("--")] if "--" in argv else argv
     return "--json" in options
 
 
@@ -93,8 +102,12 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # noqa: BLE001 - last resort: never a traceback by default
         if debug:
             raise
-        _fail(f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())} (run with --debug for the "
-              "traceback)", 1, "InternalError", as_json)
+        _fail(
+            f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())} (run with --debug for the traceback)",
+            1,
+            "InternalError",
+            as_json,
+        )
     sys.exit(rv if isinstance(rv, int) else 0)
 
 

@@ -39,8 +39,13 @@ BUILD_MODULES = ("onnx", "onnxslim", "cyclonedx")
 EXPORT_MODULES = ("torch", "transformers", "optimum", "safetensors")
 
 # Builds of ONNX Runtime that all install the module `onnxruntime`.
-ONNXRUNTIME_DISTRIBUTIONS = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-directml", "onnxruntime-openvino",
-                             "onnxruntime-qnn")
+ONNXRUNTIME_DISTRIBUTIONS = (
+    "onnxruntime",
+    "onnxruntime-gpu",
+    "onnxruntime-directml",
+    "onnxruntime-openvino",
+    "onnxruntime-qnn",
+)
 
 
 def install_command(extra: str) -> str:
@@ -75,8 +80,11 @@ def require(extra: str, modules: str | Iterable[str], what: str) -> None:
         raise ValueError(f"unknown extra {extra!r}")
     missing = missing_modules(modules)
     if missing:
-        raise MissingExtraError(f"{what} needs the {extra} extra: {install_command(extra)}",
-                                hint=f"missing: {', '.join(missing)}", extra=extra)
+        raise MissingExtraError(
+            f"{what} needs the {extra} extra: {install_command(extra)}",
+            hint=f"missing: {', '.join(missing)}",
+            extra=extra,
+        )
 
 
 def installed_onnxruntimes() -> list[str]:
@@ -105,5 +113,5 @@ def check_onnxruntime() -> None:
     raise ExternalToolError(
         f"{' and '.join(found)} are both installed: they share the `onnxruntime` module, so which one runs is "
         f"undefined",
-        hint=f"keep one: pip uninstall -y {' '.join(found)} && pip install --no-deps {keep} "
-             f"(README: GPU hosts)")
+        hint=f"keep one: pip uninstall -y {' '.join(found)} && pip install --no-deps {keep} (README: GPU hosts)",
+    )

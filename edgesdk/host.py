@@ -37,20 +37,54 @@ TRTEXEC_FALLBACK_PATH = Path("/usr/src/tensorrt/bin/trtexec")  # where JetPack a
 
 # Jetson iGPU compute capability by SoC (device-tree "nvidia,tegraNNN").
 TEGRA_SM = {"tegra234": "8.7", "tegra194": "7.2", "tegra186": "6.2", "tegra210": "5.3"}
-TEGRA_SM_SOURCE = ("NVIDIA CUDA GPUs compute capability table (developer.nvidia.com/cuda-gpus): "
-                   "Jetson Orin 8.7, Xavier 7.2, TX2 6.2, Nano 5.3")
+TEGRA_SM_SOURCE = (
+    "NVIDIA CUDA GPUs compute capability table (developer.nvidia.com/cuda-gpus): "
+    "Jetson Orin 8.7, Xavier 7.2, TX2 6.2, Nano 5.3"
+)
 
 # ISA features worth naming (x86 and Arm spellings from /proc/cpuinfo).
 INTERESTING_FLAGS = (
-    "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512_fp16",
-    "amx_tile", "amx_int8", "amx_bf16", "asimd", "asimddp", "asimdhp", "sve", "sve2", "i8mm", "bf16",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512_vnni",
+    "avx_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_tile",
+    "amx_int8",
+    "amx_bf16",
+    "asimd",
+    "asimddp",
+    "asimdhp",
+    "sve",
+    "sve2",
+    "i8mm",
+    "bf16",
 )
 
 # The distributions whose versions a host report carries (each looked up, never imported).
 VERSION_DISTS = (
-    "edgesdk", "numpy", "onnx", "onnxruntime", "onnxruntime-gpu", "torch", "transformers", "optimum",
-    "optimum-onnx", "llama-cpp-python", "gguf", "tensorrt", "tensorrt-cu12", "tensorrt-cu13", "nvidia-ml-py",
-    "psutil", "opentelemetry-api", "opentelemetry-sdk",
+    "edgesdk",
+    "numpy",
+    "onnx",
+    "onnxruntime",
+    "onnxruntime-gpu",
+    "torch",
+    "transformers",
+    "optimum",
+    "optimum-onnx",
+    "llama-cpp-python",
+    "gguf",
+    "tensorrt",
+    "tensorrt-cu12",
+    "tensorrt-cu13",
+    "nvidia-ml-py",
+    "psutil",
+    "opentelemetry-api",
+    "opentelemetry-sdk",
 )
 
 # Module part numbers: the middle field of a TNSPEC ("3701-500-0005") is optional.
@@ -60,13 +94,14 @@ _L4T_RE = re.compile(r"#\s*R(\d+)\s*\(release\),\s*REVISION:\s*([\d.]+)")
 
 # ---------------------------------------------------------------- the facts
 
+
 @dataclass(frozen=True)
 class GpuInfo:
     """One discrete GPU as NVML reports it."""
 
     index: int
     name: str
-    sm: str | None = None              # compute capability "9.0"; None on drivers that do not say
+    sm: str | None = None  # compute capability "9.0"; None on drivers that do not say
     memory_bytes: int | None = None
     driver: str | None = None
     source: str = "nvml"
@@ -77,8 +112,8 @@ class JetsonFacts:
     """A Jetson's identity from its device tree and L4T release file."""
 
     model: str | None = None
-    platform: str | None = None        # "tegra234"
-    l4t: str | None = None             # "36.4.3"
+    platform: str | None = None  # "tegra234"
+    l4t: str | None = None  # "36.4.3"
     sm: str | None = None
     sm_source: str | None = None
     compatible: tuple[str, ...] = ()
@@ -94,7 +129,7 @@ class HostFacts:
     arch: str = ""
     python: str = ""
     cpu_model: str | None = None
-    cpu_flags: tuple[str, ...] = ()    # the INTERESTING_FLAGS this CPU has
+    cpu_flags: tuple[str, ...] = ()  # the INTERESTING_FLAGS this CPU has
     cpu_source: str = "unavailable"
     logical_cores: int | None = None
     tensorrt: str | None = None
@@ -126,9 +161,15 @@ class HostFacts:
     def tensorrt_env(self) -> dict[str, Any]:
         """The view engine pre-flight and engine builds take: TensorRT, SM, L4T, platform, GPU, trtexec."""
         j = self.jetson
-        return {"tensorrt": self.tensorrt, "sm": self.sm, "l4t": j.l4t if j else None,
-                "platform": j.platform if j else None, "gpu": self.gpu_name, "trtexec": self.trtexec,
-                "evidence": list(self.evidence)}
+        return {
+            "tensorrt": self.tensorrt,
+            "sm": self.sm,
+            "l4t": j.l4t if j else None,
+            "platform": j.platform if j else None,
+            "gpu": self.gpu_name,
+            "trtexec": self.trtexec,
+            "evidence": list(self.evidence),
+        }
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -138,6 +179,7 @@ class HostFacts:
 
 
 # ---------------------------------------------------------------- one rule each
+
 
 def read_under(root: Path, rel: str) -> str | None:
     """A text file below ``root``; None when unreadable."""
@@ -185,8 +227,10 @@ class _CtypesNvml:
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> ctypes.c_void_p:  # noqa: N802
         handle = ctypes.c_void_p()
-        self._check(self.lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(index), ctypes.byref(handle)),
-                    "nvmlDeviceGetHandleByIndex_v2")
+        self._check(
+            self.lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(index), ctypes.byref(handle)),
+            "nvmlDeviceGetHandleByIndex_v2",
+        )
         return handle
 
     def nvmlDeviceGetName(self, handle: ctypes.c_void_p) -> str:  # noqa: N802
@@ -196,8 +240,10 @@ class _CtypesNvml:
 
     def nvmlDeviceGetCudaComputeCapability(self, handle: ctypes.c_void_p) -> tuple[int, int]:  # noqa: N802
         major, minor = ctypes.c_int(0), ctypes.c_int(0)
-        self._check(self.lib.nvmlDeviceGetCudaComputeCapability(handle, ctypes.byref(major), ctypes.byref(minor)),
-                    "nvmlDeviceGetCudaComputeCapability")
+        self._check(
+            self.lib.nvmlDeviceGetCudaComputeCapability(handle, ctypes.byref(major), ctypes.byref(minor)),
+            "nvmlDeviceGetCudaComputeCapability",
+        )
         return int(major.value), int(minor.value)
 
     def nvmlDeviceGetMemoryInfo(self, handle: ctypes.c_void_p) -> _NvmlMemory:  # noqa: N802
@@ -256,8 +302,15 @@ def read_gpus() -> tuple[GpuInfo, ...]:
                     sm: str | None = f"{major}.{minor}"
                 except Exception:  # noqa: BLE001 - older drivers
                     sm = None
-                gpus.append(GpuInfo(index=i, name=_text(nv.nvmlDeviceGetName(h)), sm=sm,
-                                    memory_bytes=int(nv.nvmlDeviceGetMemoryInfo(h).total), driver=driver))
+                gpus.append(
+                    GpuInfo(
+                        index=i,
+                        name=_text(nv.nvmlDeviceGetName(h)),
+                        sm=sm,
+                        memory_bytes=int(nv.nvmlDeviceGetMemoryInfo(h).total),
+                        driver=driver,
+                    )
+                )
     return tuple(gpus)
 
 
@@ -295,17 +348,28 @@ def read_jetson_identity(root: Path | str = "/") -> JetsonFacts | None:
     part = part_source = None
     # The devkit compatible string carries the module ("nvidia,p3768-0000+p3767-0003"); older L4T put
     # it in the plugin-manager ids; flashed systems also have it in the boot-control TNSPEC.
-    for rel in ("proc/device-tree/compatible", "proc/device-tree/chosen/ids",
-                "proc/device-tree/chosen/plugin-manager/ids", "etc/nv_boot_control.conf"):
+    for rel in (
+        "proc/device-tree/compatible",
+        "proc/device-tree/chosen/ids",
+        "proc/device-tree/chosen/plugin-manager/ids",
+        "etc/nv_boot_control.conf",
+    ):
         part = parse_part_number((read_under(root, rel) or "").replace("\0", " "))
         if part:
             part_source = rel
             break
     plat = next((c.split(",", 1)[1] for c in compatible if c.startswith("nvidia,tegra")), None)
     sm = TEGRA_SM.get(plat or "")
-    return JetsonFacts(model=model.strip("\0\n ") if model else None, platform=plat,
-                       l4t=parse_l4t_release(release or ""), sm=sm, sm_source=TEGRA_SM_SOURCE if sm else None,
-                       compatible=compatible, module_part_number=part, part_number_source=part_source)
+    return JetsonFacts(
+        model=model.strip("\0\n ") if model else None,
+        platform=plat,
+        l4t=parse_l4t_release(release or ""),
+        sm=sm,
+        sm_source=TEGRA_SM_SOURCE if sm else None,
+        compatible=compatible,
+        module_part_number=part,
+        part_number_source=part_source,
+    )
 
 
 def read_cpu(root: Path | str = "/") -> dict[str, Any]:
@@ -323,9 +387,12 @@ def read_cpu(root: Path | str = "/") -> dict[str, Any]:
             model = value.strip() or None
         elif key in ("flags", "features"):
             flags.update(value.split())
-    return {"model": model, "logical_cores": logical or os.cpu_count(),
-            "flags": sorted(f for f in flags if f in INTERESTING_FLAGS),
-            "source": "proc/cpuinfo" if text else "unavailable"}
+    return {
+        "model": model,
+        "logical_cores": logical or os.cpu_count(),
+        "flags": sorted(f for f in flags if f in INTERESTING_FLAGS),
+        "source": "proc/cpuinfo" if text else "unavailable",
+    }
 
 
 def find_trtexec() -> str | None:
@@ -375,6 +442,7 @@ def tool_versions(dists: Iterable[str] = VERSION_DISTS) -> dict[str, str]:
 
 # ---------------------------------------------------------------- the probe
 
+
 @functools.lru_cache(maxsize=8)
 def probe(root: str = "/") -> HostFacts:
     """This host (or the tree under ``root``), probed once per root. NVML and PATH only for the real root."""
@@ -386,24 +454,40 @@ def probe(root: str = "/") -> HostFacts:
     gpus = read_gpus() if real and jetson is None else ()
     arch = platform.machine() if real else ("aarch64" if jetson or "asimd" in cpu["flags"] else "x86_64")
     arch = {"arm64": "aarch64", "AMD64": "x86_64"}.get(arch, arch)
-    evidence = [f"tensorrt: {trt_version} ({trt_why})" if trt_version else trt_why,
-                f"cpu: {cpu['model'] or 'model unknown'}, {cpu['logical_cores']} logical cores ({cpu['source']})"]
+    evidence = [
+        f"tensorrt: {trt_version} ({trt_why})" if trt_version else trt_why,
+        f"cpu: {cpu['model'] or 'model unknown'}, {cpu['logical_cores']} logical cores ({cpu['source']})",
+    ]
     if jetson is not None:
-        evidence.append(f"jetson {jetson.model!r} platform {jetson.platform}, L4T {jetson.l4t}"
-                        + (f", sm_{jetson.sm} ({jetson.sm_source})" if jetson.sm else ""))
+        evidence.append(
+            f"jetson {jetson.model!r} platform {jetson.platform}, L4T {jetson.l4t}"
+            + (f", sm_{jetson.sm} ({jetson.sm_source})" if jetson.sm else "")
+        )
     for g in gpus:
         evidence.append(f"gpu {g.index}: {g.name} sm_{g.sm} (NVML)")
     if jetson is None and not gpus:
-        evidence.append("no NVIDIA GPU found (NVML unavailable or reports none; not a Jetson)" if real
-                        else f"no NVIDIA GPU probed: {root} is not this machine's root")
-    return HostFacts(os=platform.system(), arch=arch, python=platform.python_version(),
-                     cpu_model=cpu["model"], cpu_flags=tuple(cpu["flags"]), cpu_source=cpu["source"],
-                     logical_cores=cpu["logical_cores"], tensorrt=trt_version, tensorrt_reason=trt_why,
-                     trtexec=find_trtexec() if real else None, gpus=gpus, jetson=jetson,
-                     onnxruntime_providers=onnxruntime_providers(),
-                     versions={**tool_versions(), "python": platform.python_version(),
-                               "platform": platform.platform()},
-                     evidence=tuple(evidence))
+        evidence.append(
+            "no NVIDIA GPU found (NVML unavailable or reports none; not a Jetson)"
+            if real
+            else f"no NVIDIA GPU probed: {root} is not this machine's root"
+        )
+    return HostFacts(
+        os=platform.system(),
+        arch=arch,
+        python=platform.python_version(),
+        cpu_model=cpu["model"],
+        cpu_flags=tuple(cpu["flags"]),
+        cpu_source=cpu["source"],
+        logical_cores=cpu["logical_cores"],
+        tensorrt=trt_version,
+        tensorrt_reason=trt_why,
+        trtexec=find_trtexec() if real else None,
+        gpus=gpus,
+        jetson=jetson,
+        onnxruntime_providers=onnxruntime_providers(),
+        versions={**tool_versions(), "python": platform.python_version(), "platform": platform.platform()},
+        evidence=tuple(evidence),
+    )
 
 
 def host_env(root: str = "/") -> dict[str, Any]:
@@ -439,6 +523,22 @@ def preflight(target: Mapping[str, Any], here: Mapping[str, Any] | HostFacts) ->
     return problems
 
 
-__all__ = ["GpuInfo", "HostFacts", "JetsonFacts", "dist_of", "find_trtexec", "gpu_free_bytes", "host_env", "nvml",
-           "onnxruntime_providers", "preflight", "probe", "read_cpu", "read_gpus", "read_jetson_identity",
-           "read_under", "tensorrt_python", "tool_versions"]
+__all__ = [
+    "GpuInfo",
+    "HostFacts",
+    "JetsonFacts",
+    "dist_of",
+    "find_trtexec",
+    "gpu_free_bytes",
+    "host_env",
+    "nvml",
+    "onnxruntime_providers",
+    "preflight",
+    "probe",
+    "read_cpu",
+    "read_gpus",
+    "read_jetson_identity",
+    "read_under",
+    "tensorrt_python",
+    "tool_versions",
+]

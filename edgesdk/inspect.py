@@ -16,18 +16,47 @@ from typing import Any
 from edgesdk.errors import InputError, ModelError
 from edgesdk.types import BuildOptions, ModelFacts
 
-ENCODER_MODEL_TYPES = {"bert", "roberta", "distilbert", "xlm-roberta", "mpnet", "albert", "electra", "deberta",
-                       "deberta-v2"}
+ENCODER_MODEL_TYPES = {
+    "bert",
+    "roberta",
+    "distilbert",
+    "xlm-roberta",
+    "mpnet",
+    "albert",
+    "electra",
+    "deberta",
+    "deberta-v2",
+}
 SAFE_WEIGHTS = ("*.safetensors",)
 PICKLE_WEIGHTS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.ckpt", "model*.bin")
 # JSON files of a model directory the build or the runtime reads, and the top-level type each must have.
-JSON_FILES: dict[str, type] = {"tokenizer.json": dict, "tokenizer_config.json": dict, "special_tokens_map.json": dict,
-                               "generation_config.json": dict, "preprocessor_config.json": dict,
-                               "modules.json": list, "sentence_bert_config.json": dict, "1_Pooling/config.json": dict}
+JSON_FILES: dict[str, type] = {
+    "tokenizer.json": dict,
+    "tokenizer_config.json": dict,
+    "special_tokens_map.json": dict,
+    "generation_config.json": dict,
+    "preprocessor_config.json": dict,
+    "modules.json": list,
+    "sentence_bert_config.json": dict,
+    "1_Pooling/config.json": dict,
+}
 # config.json keys that size the model: when present (and not null) each must be a positive integer.
-CONFIG_INTS = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size",
-               "max_position_embeddings", "num_key_value_heads", "head_dim", "num_channels", "type_vocab_size",
-               "n_positions", "n_embd", "n_layer", "n_head")
+CONFIG_INTS = (
+    "hidden_size",
+    "num_attention_heads",
+    "num_hidden_layers",
+    "intermediate_size",
+    "vocab_size",
+    "max_position_embeddings",
+    "num_key_value_heads",
+    "head_dim",
+    "num_channels",
+    "type_vocab_size",
+    "n_positions",
+    "n_embd",
+    "n_layer",
+    "n_head",
+)
 
 
 def _read_json(path: Path, expect: type = dict) -> Any:
@@ -95,21 +124,37 @@ def _hf_facts(directory: Path, options: BuildOptions | None) -> ModelFacts:
         raise ModelError(f"{directory}: no weights found (expected *.safetensors)")
     allow_pickle = bool(options and options.allow_pickle)
     if not safe and pickles and not allow_pickle:
-        raise ModelError(f"{directory}: only pickle weights ({pickles[0].name}); pickle can execute code on load",
-                         hint="convert to safetensors, or pass --allow-pickle if you trust the source")
+        raise ModelError(
+            f"{directory}: only pickle weights ({pickles[0].name}); pickle can execute code on load",
+            hint="convert to safetensors, or pass --allow-pickle if you trust the source",
+        )
     if config.get("auto_map") and not (options and options.trust_remote_code):
-        raise ModelError(f"{directory}: model needs custom code (auto_map in config.json)",
-                         hint="pass --trust-remote-code only if you trust the source")
+        raise ModelError(
+            f"{directory}: model needs custom code (auto_map in config.json)",
+            hint="pass --trust-remote-code only if you trust the source",
+        )
     task, arch = _hf_task(config, directory)
     weights = safe or pickles
     weight_bytes = sum(p.stat().st_size for p in weights)
     params = _safetensors_params(safe) if safe else None
     tokenizer = any((directory / f).exists() for f in ("tokenizer.json", "tokenizer.model", "vocab.txt"))
-    facts = ModelFacts(source=str(directory), kind="hf", task=task, name=directory.name, architecture=arch,
-                       family=config.get("model_type"), params=params, weight_bytes=weight_bytes, config=config,
-                       extra={"tokenizer": tokenizer, "weights": [p.name for p in weights],
-                              "pickle_weights": not safe,
-                              "sentence_transformers": (directory / "modules.json").exists()})
+    facts = ModelFacts(
+        source=str(directory),
+        kind="hf",
+        task=task,
+        name=directory.name,
+        architecture=arch,
+        family=config.get("model_type"),
+        params=params,
+        weight_bytes=weight_bytes,
+        config=config,
+        extra={
+            "tokenizer": tokenizer,
+            "weights": [p.name for p in weights],
+            "pickle_weights": not safe,
+            "sentence_transformers": (directory / "modules.json").exists(),
+        },
+    )
     if task == "text-generation":
         from edgesdk.formats.gguf.facts import hf_causal_lm_facts
 
@@ -139,8 +184,9 @@ def _safetensors_params(files: list[Path]) -> int | None:
             if key == "__metadata__":
                 continue
             shape = meta.get("shape", []) if isinstance(meta, dict) else None
-            if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
-                                                      for d in shape):
+            if not isinstance(shape, list) or not all(
+                isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+            ):
                 raise ModelError(f"{f}: corrupt safetensors header (tensor {str(key)[:60]!r} has no valid shape)")
             count = 1
             for dim in shape:
@@ -166,23 +212,28 @@ def onnx_external_files(model: Any, path: Path) -> list[str]:
         loc = info.get("location", "")
         rel = Path(loc)
         if not loc or rel.is_absolute() or ".." in rel.parts or "\\" in loc or ":" in loc:
-            raise ModelError(f"{path}: tensor {t.name[:60]!r} names external data {loc[:80]!r} outside the "
-                             "model's directory", hint="external data must be a file beside the .onnx")
+            raise ModelError(
+                f"{path}: tensor {t.name[:60]!r} names external data {loc[:80]!r} outside the model's directory",
+                hint="external data must be a file beside the .onnx",
+            )
         target = base / rel
         if target.is_symlink() or not target.is_file():
-            raise ModelError(f"{path}: external data file {loc[:80]!r} of tensor {t.name[:60]!r} is missing "
-                             "or not a regular file", hint="keep the .data file beside the .onnx")
+            raise ModelError(
+                f"{path}: external data file {loc[:80]!r} of tensor {t.name[:60]!r} is missing or not a regular file",
+                hint="keep the .data file beside the .onnx",
+            )
         if target.resolve().parent != base and base not in target.resolve().parents:
             raise ModelError(f"{path}: external data {loc[:80]!r} resolves outside the model's directory")
         size = sizes.setdefault(rel.as_posix(), target.stat().st_size)
         try:
             offset, length = int(info.get("offset", 0) or 0), int(info.get("length", 0) or 0)
         except ValueError as exc:
-            raise ModelError(f"{path}: tensor {t.name[:60]!r} has a non-numeric external data offset/length") \
-                from exc
+            raise ModelError(f"{path}: tensor {t.name[:60]!r} has a non-numeric external data offset/length") from exc
         if offset < 0 or length < 0 or offset + length > size:
-            raise ModelError(f"{path}: tensor {t.name[:60]!r} reads bytes {offset}..{offset + length} of "
-                             f"{loc[:80]!r}, which has {size} (truncated external data)")
+            raise ModelError(
+                f"{path}: tensor {t.name[:60]!r} reads bytes {offset}..{offset + length} of "
+                f"{loc[:80]!r}, which has {size} (truncated external data)"
+            )
     return sorted(sizes)
 
 
@@ -212,14 +263,25 @@ def _onnx_facts(path: Path) -> ModelFacts:
 
     if task == "other" and any(op in ops for op in ("Conv", "ConvTranspose")):
         task = "vision"
-    return ModelFacts(source=str(path), kind="onnx", task=task, name=path.stem, architecture=None,
-                      family=meta.get("model_type"), params=params,
-                      weight_bytes=path.stat().st_size + sum((path.parent / f).stat().st_size for f in external),
-                      extra={"external_data": external, "inputs": inputs,
-                             "outputs": [o.name for o in model.graph.output], "opset":
-                             max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=None),
-                             "metadata": meta, "op_types": ops},
-                      graph=onnx_graph_facts(model, path))  # formats/onnx/facts.py
+    return ModelFacts(
+        source=str(path),
+        kind="onnx",
+        task=task,
+        name=path.stem,
+        architecture=None,
+        family=meta.get("model_type"),
+        params=params,
+        weight_bytes=path.stat().st_size + sum((path.parent / f).stat().st_size for f in external),
+        extra={
+            "external_data": external,
+            "inputs": inputs,
+            "outputs": [o.name for o in model.graph.output],
+            "opset": max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=None),
+            "metadata": meta,
+            "op_types": ops,
+        },
+        graph=onnx_graph_facts(model, path),
+    )  # formats/onnx/facts.py
 
 
 def inspect_model(source: str | os.PathLike | Any, options: BuildOptions | None = None) -> ModelFacts:
@@ -231,9 +293,15 @@ def inspect_model(source: str | os.PathLike | Any, options: BuildOptions | None 
             raise InputError("model source must be a path (torch is not installed)") from exc
         if isinstance(source, torch.nn.Module):
             params = sum(p.numel() for p in source.parameters())
-            return ModelFacts(source=f"<{type(source).__name__}>", kind="torch", task="other",
-                              name=type(source).__name__, architecture=type(source).__name__, params=params,
-                              weight_bytes=sum(p.numel() * p.element_size() for p in source.parameters()))
+            return ModelFacts(
+                source=f"<{type(source).__name__}>",
+                kind="torch",
+                task="other",
+                name=type(source).__name__,
+                architecture=type(source).__name__,
+                params=params,
+                weight_bytes=sum(p.numel() * p.element_size() for p in source.parameters()),
+            )
         raise InputError(f"unsupported model source type {type(source).__name__}")
     path = Path(source)
     if not path.exists():
@@ -249,11 +317,23 @@ def inspect_model(source: str | os.PathLike | Any, options: BuildOptions | None 
         from edgesdk.formats.gguf.facts import gguf_facts
 
         info = gguf_facts(path)
-        return ModelFacts(source=str(path), kind="gguf", task="text-generation", name=path.stem,
-                          architecture=info.get("architecture"), family=info.get("architecture"),
-                          params=info.get("params"), weight_bytes=path.stat().st_size, extra=info)
+        return ModelFacts(
+            source=str(path),
+            kind="gguf",
+            task="text-generation",
+            name=path.stem,
+            architecture=info.get("architecture"),
+            family=info.get("architecture"),
+            params=info.get("params"),
+            weight_bytes=path.stat().st_size,
+            extra=info,
+        )
     if suffix in (".bin", ".pt", ".pth", ".ckpt", ".pkl"):
-        raise ModelError(f"{path}: pickle checkpoints are not accepted as a model source",
-                         hint="export to ONNX or save a Hugging Face directory with safetensors")
-    raise ModelError(f"{path}: unsupported model file type {suffix or '(none)'}",
-                     hint="expected a Hugging Face directory, .onnx or .gguf")
+        raise ModelError(
+            f"{path}: pickle checkpoints are not accepted as a model source",
+            hint="export to ONNX or save a Hugging Face directory with safetensors",
+        )
+    raise ModelError(
+        f"{path}: unsupported model file type {suffix or '(none)'}",
+        hint="expected a Hugging Face directory, .onnx or .gguf",
+    )

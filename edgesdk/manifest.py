@@ -48,8 +48,15 @@ class ManifestFieldError(Exception):
 
 
 def _type_name(value: object) -> str:
-    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "an integer",
-            float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
+    return {
+        dict: "an object",
+        list: "an array",
+        str: "a string",
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
 
 
 def _obj(data: Any, where: str) -> dict[str, Any]:
@@ -105,6 +112,7 @@ def safe_relpath(rel: Any, where: str) -> str:
 
 # --------------------------------------------------------------------------------------------- sections
 
+
 @dataclass(frozen=True)
 class Artifact:
     """One file of the bundle: bundle-relative path, role, sha256, size."""
@@ -123,8 +131,12 @@ class Artifact:
         sha = _str(d["sha256"], f"{where}.sha256")
         if not _HEX64.match(sha):
             raise ManifestFieldError(f"{where}.sha256", "expected 64 lowercase hex digits")
-        return cls(path=safe_relpath(d["path"], f"{where}.path"), role=_str(d.get("role", ""), f"{where}.role"),
-                   sha256=sha, bytes=_int(d.get("bytes"), f"{where}.bytes", minimum=0, optional=True))
+        return cls(
+            path=safe_relpath(d["path"], f"{where}.path"),
+            role=_str(d.get("role", ""), f"{where}.role"),
+            sha256=sha,
+            bytes=_int(d.get("bytes"), f"{where}.bytes", minimum=0, optional=True),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": self.path, "role": self.role, "sha256": self.sha256, "bytes": self.bytes}
@@ -142,10 +154,12 @@ class ModelInfo:
     @classmethod
     def from_dict(cls, data: Any, where: str = "model") -> ModelInfo:
         d = dict(_obj(data, where))
-        return cls(name=_str(d.pop("name", ""), f"{where}.name", optional=True) or "",
-                   task=_str(d.pop("task", None), f"{where}.task", optional=True),
-                   source_sha256=_str(d.pop("source_sha256", None), f"{where}.source_sha256", optional=True),
-                   details=d)
+        return cls(
+            name=_str(d.pop("name", ""), f"{where}.name", optional=True) or "",
+            task=_str(d.pop("task", None), f"{where}.task", optional=True),
+            source_sha256=_str(d.pop("source_sha256", None), f"{where}.source_sha256", optional=True),
+            details=d,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.details, "name": self.name, "task": self.task, "source_sha256": self.source_sha256}
@@ -162,9 +176,11 @@ class ProfileRef:
     @classmethod
     def from_dict(cls, data: Any, where: str = "profile") -> ProfileRef:
         d = _obj(data, where)
-        return cls(name=_str(d.get("name"), f"{where}.name", optional=True),
-                   sha256=_str(d.get("sha256"), f"{where}.sha256", optional=True),
-                   summary=_obj(d.get("summary") or {}, f"{where}.summary"))
+        return cls(
+            name=_str(d.get("name"), f"{where}.name", optional=True),
+            sha256=_str(d.get("sha256"), f"{where}.sha256", optional=True),
+            summary=_obj(d.get("summary") or {}, f"{where}.summary"),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "sha256": self.sha256, "summary": self.summary}
@@ -180,8 +196,10 @@ class RuntimeInfo:
     @classmethod
     def from_dict(cls, data: Any, where: str = "runtime") -> RuntimeInfo:
         d = _obj(data, where)
-        return cls(backend_chain=_str_list(d.get("backend_chain") or [], f"{where}.backend_chain"),
-                   requires=_str_list(d.get("requires") or [], f"{where}.requires"))
+        return cls(
+            backend_chain=_str_list(d.get("backend_chain") or [], f"{where}.backend_chain"),
+            requires=_str_list(d.get("requires") or [], f"{where}.requires"),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {"backend_chain": list(self.backend_chain), "requires": list(self.requires)}
@@ -226,13 +244,24 @@ class LLMConfig:
         threads = d.pop("threads", "auto")
         if threads != "auto":
             _int(threads, f"{where}.threads", minimum=1)
-        return cls(n_ctx=_int(d.pop("n_ctx", 2048), f"{where}.n_ctx", minimum=1), n_gpu_layers=ngl,
-                   flash_attn=_bool(d.pop("flash_attn", False), f"{where}.flash_attn"), threads=threads,
-                   quant_type=_str(d.pop("quant_type", ""), f"{where}.quant_type"), details=d)
+        return cls(
+            n_ctx=_int(d.pop("n_ctx", 2048), f"{where}.n_ctx", minimum=1),
+            n_gpu_layers=ngl,
+            flash_attn=_bool(d.pop("flash_attn", False), f"{where}.flash_attn"),
+            threads=threads,
+            quant_type=_str(d.pop("quant_type", ""), f"{where}.quant_type"),
+            details=d,
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"n_ctx": self.n_ctx, "n_gpu_layers": self.n_gpu_layers, "flash_attn": self.flash_attn,
-                "threads": self.threads, "quant_type": self.quant_type, **self.details}
+        return {
+            "n_ctx": self.n_ctx,
+            "n_gpu_layers": self.n_gpu_layers,
+            "flash_attn": self.flash_attn,
+            "threads": self.threads,
+            "quant_type": self.quant_type,
+            **self.details,
+        }
 
     # The planned settings and the model shape the llama.cpp runtime steers by (kept in ``details`` in the JSON).
     @property
@@ -270,8 +299,11 @@ class PlannedShapeBuckets:
 
 
 def _positive_ints(value: Any) -> tuple[int, ...] | None:
-    if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) and v > 0
-                                                 for v in value):
+    if (
+        isinstance(value, list)
+        and value
+        and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
+    ):
         return tuple(sorted(set(value)))
     return None
 
@@ -280,8 +312,9 @@ def planned_shape_buckets(plan: Any) -> PlannedShapeBuckets | None:
     """The ``shape_buckets`` decision of a manifest's ``plan`` (None: no such decision, or no usable batch
     buckets: a bundle built before the decision existed, or whose profile had no CUDA EP)."""
     decisions = plan.get("decisions") if isinstance(plan, dict) else None
-    value = next((d.get("value") for d in decisions or [] if isinstance(d, dict) and d.get("key") == "shape_buckets"),
-                 None)
+    value = next(
+        (d.get("value") for d in decisions or [] if isinstance(d, dict) and d.get("key") == "shape_buckets"), None
+    )
     batch = _positive_ints(value.get("batch")) if isinstance(value, dict) else None
     if batch is None:
         return None
@@ -303,8 +336,11 @@ class TorchFallbackInfo:
         cost: dict[str, Any] = d["cost"] if isinstance(d.get("cost"), dict) else {}
         here: dict[str, Any] = cost["measured_here"] if isinstance(cost.get("measured_here"), dict) else {}
         reason = d.get("reason")
-        return cls(reason=reason if isinstance(reason, str) else None,
-                   forcing_ops=list(d.get("forcing_ops") or []), built_on_host_ms_p50=here.get("eager_ms_p50"))
+        return cls(
+            reason=reason if isinstance(reason, str) else None,
+            forcing_ops=list(d.get("forcing_ops") or []),
+            built_on_host_ms_p50=here.get("eager_ms_p50"),
+        )
 
 
 def _io(data: Any, where: str = "io") -> dict[str, Any]:
@@ -319,9 +355,27 @@ def _io(data: Any, where: str = "io") -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------- manifest
 
 # Top-level keys this version reads; any other key (a newer minor's addition) is kept in ``other``.
-_KNOWN = ("schema", "schema_version", HASH_FIELD, "bundle_id", "created", "model", "profile", "format",
-          "precision", "plan", "fallbacks", "artifacts", "runtime", "io", "parity", "license", "tools", "build",
-          "extras")
+_KNOWN = (
+    "schema",
+    "schema_version",
+    HASH_FIELD,
+    "bundle_id",
+    "created",
+    "model",
+    "profile",
+    "format",
+    "precision",
+    "plan",
+    "fallbacks",
+    "artifacts",
+    "runtime",
+    "io",
+    "parity",
+    "license",
+    "tools",
+    "build",
+    "extras",
+)
 
 
 @dataclass
@@ -420,12 +474,25 @@ class Manifest:
         if self.llm is not None:
             extras["llm"] = self.llm.to_dict()
         d: dict[str, Any] = {
-            "schema": SCHEMA, "schema_version": self.schema_version, "bundle_id": self.bundle_id,
-            "created": self.created, "model": self.model.to_dict(), "profile": self.profile.to_dict(),
-            "format": self.format, "precision": self.precision, "plan": self.plan, "fallbacks": self.fallbacks,
+            "schema": SCHEMA,
+            "schema_version": self.schema_version,
+            "bundle_id": self.bundle_id,
+            "created": self.created,
+            "model": self.model.to_dict(),
+            "profile": self.profile.to_dict(),
+            "format": self.format,
+            "precision": self.precision,
+            "plan": self.plan,
+            "fallbacks": self.fallbacks,
             "artifacts": [a.to_dict() for a in sorted(self.artifacts, key=lambda a: a.path)],
-            "runtime": self.runtime.to_dict(), "io": self.io, "parity": self.parity, "license": self.license,
-            "tools": self.tools, "build": self.build, "extras": extras, **self.other,
+            "runtime": self.runtime.to_dict(),
+            "io": self.io,
+            "parity": self.parity,
+            "license": self.license,
+            "tools": self.tools,
+            "build": self.build,
+            "extras": extras,
+            **self.other,
         }
         return d
 
@@ -441,8 +508,9 @@ class Manifest:
         try:
             return cls._from_dict(data)
         except ManifestFieldError as exc:
-            raise BundleIntegrityError(f"{where}: invalid manifest: {exc}",
-                                       hint="the bundle was damaged or edited; rebuild it") from None
+            raise BundleIntegrityError(
+                f"{where}: invalid manifest: {exc}", hint="the bundle was damaged or edited; rebuild it"
+            ) from None
         except RecursionError:
             raise BundleIntegrityError(f"{where}: invalid manifest: nested too deeply") from None
 
@@ -454,8 +522,9 @@ class Manifest:
         check_version(d.get("schema_version"))
         extras = dict(_obj(d.get("extras") or {}, "extras"))
         emb, llm = extras.pop("embedding", None), extras.pop("llm", None)
-        artifacts = [Artifact.from_dict(a, f"artifacts[{i}]") for i, a in enumerate(_list(d.get("artifacts"),
-                                                                                              "artifacts"))]
+        artifacts = [
+            Artifact.from_dict(a, f"artifacts[{i}]") for i, a in enumerate(_list(d.get("artifacts"), "artifacts"))
+        ]
         seen: set[str] = set()
         for a in artifacts:
             if a.path in seen or a.path == "manifest.json":
@@ -465,39 +534,53 @@ class Manifest:
             raise ManifestFieldError(HASH_FIELD, "missing (every manifest of schema 1.x carries its own hash)")
         sha = _str(d[HASH_FIELD], HASH_FIELD)
         return cls(
-            format=_str(d.get("format", ""), "format"), precision=_str(d.get("precision") or "", "precision"),
-            bundle_id=_str(d.get("bundle_id", ""), "bundle_id"), created=_str(d.get("created", ""), "created"),
-            model=ModelInfo.from_dict(d.get("model") or {}), profile=ProfileRef.from_dict(d.get("profile") or {}),
-            plan=_obj(d.get("plan") or {}, "plan"), fallbacks=_obj_list(d.get("fallbacks") or [], "fallbacks"),
-            artifacts=artifacts, runtime=RuntimeInfo.from_dict(d.get("runtime") or {}),
-            io=_io(d.get("io") or {}), parity=_obj(d.get("parity") or {}, "parity"),
-            license=_obj(d.get("license") or {}, "license"), tools=_obj(d.get("tools") or {}, "tools"),
+            format=_str(d.get("format", ""), "format"),
+            precision=_str(d.get("precision") or "", "precision"),
+            bundle_id=_str(d.get("bundle_id", ""), "bundle_id"),
+            created=_str(d.get("created", ""), "created"),
+            model=ModelInfo.from_dict(d.get("model") or {}),
+            profile=ProfileRef.from_dict(d.get("profile") or {}),
+            plan=_obj(d.get("plan") or {}, "plan"),
+            fallbacks=_obj_list(d.get("fallbacks") or [], "fallbacks"),
+            artifacts=artifacts,
+            runtime=RuntimeInfo.from_dict(d.get("runtime") or {}),
+            io=_io(d.get("io") or {}),
+            parity=_obj(d.get("parity") or {}, "parity"),
+            license=_obj(d.get("license") or {}, "license"),
+            tools=_obj(d.get("tools") or {}, "tools"),
             build=_obj(d.get("build") or {}, "build"),
             embedding=EmbeddingConfig.from_dict(emb) if emb is not None else None,
-            llm=LLMConfig.from_dict(llm) if llm is not None else None, extras=extras,
-            schema_version=d["schema_version"], manifest_sha256=sha,
-            other={k: v for k, v in d.items() if k not in _KNOWN})
+            llm=LLMConfig.from_dict(llm) if llm is not None else None,
+            extras=extras,
+            schema_version=d["schema_version"],
+            manifest_sha256=sha,
+            other={k: v for k, v in d.items() if k not in _KNOWN},
+        )
 
 
 def _list(data: Any, where: str) -> list[Any]:
     if not isinstance(data, list):
-        raise ManifestFieldError(where, f"expected an array, got {_type_name(data)}" if data is not None
-                                 else "missing")
+        raise ManifestFieldError(where, f"expected an array, got {_type_name(data)}" if data is not None else "missing")
     return data
 
 
 def check_version(version: Any) -> None:
     """Accept ``1.x`` (older or newer minors); refuse a missing version, a newer major, or nonsense."""
     if version is None:
-        raise ManifestFieldError("schema_version", "missing (the bundle was written by an edgesdk older than "
-                                 "manifest schema 1.0, before manifests were hashed): rebuild the bundle")
+        raise ManifestFieldError(
+            "schema_version",
+            "missing (the bundle was written by an edgesdk older than "
+            "manifest schema 1.0, before manifests were hashed): rebuild the bundle",
+        )
     m = _VERSION.match(version) if isinstance(version, str) else None
     if m is None:
-        raise ManifestFieldError("schema_version", f"expected \"MAJOR.MINOR\", got {version!r}")
+        raise ManifestFieldError("schema_version", f'expected "MAJOR.MINOR", got {version!r}')
     major = int(m.group(1))
     if major > MANIFEST_MAJOR:
-        raise ManifestFieldError("schema_version", f"{version} is newer than this edgesdk reads "
-                                 f"({MANIFEST_MAJOR}.x): upgrade edgesdk to load this bundle")
+        raise ManifestFieldError(
+            "schema_version",
+            f"{version} is newer than this edgesdk reads ({MANIFEST_MAJOR}.x): upgrade edgesdk to load this bundle",
+        )
     if major < MANIFEST_MAJOR:
         raise ManifestFieldError("schema_version", f"{version} is older than {MANIFEST_MAJOR}.x: rebuild the bundle")
 
@@ -525,8 +608,9 @@ def parse_manifest(text: bytes, where: str) -> Manifest:
     except (RecursionError, ValueError) as exc:
         raise BundleIntegrityError(f"{where}: manifest cannot be hashed ({exc})") from None
     if actual != manifest.manifest_sha256:
-        raise BundleIntegrityError(f"{where}: manifest_sha256 mismatch (the manifest was edited after the build)",
-                                   hint="rebuild the bundle")
+        raise BundleIntegrityError(
+            f"{where}: manifest_sha256 mismatch (the manifest was edited after the build)", hint="rebuild the bundle"
+        )
     return manifest
 
 

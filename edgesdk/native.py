@@ -31,9 +31,11 @@ from typing import Any
 SHARED_CXX_RUNTIMES = ("libstdc++.so.6", "libc++.so.1")
 # llama.cpp's C++ libraries (llama-cpp-python's lib/ folder); libggml-base holds ggml's C++ parts.
 CXX_LIBRARIES = ("libllama.so", "libggml-base.so")
-REBUILD_HINT = ('rebuild llama-cpp-python with the system compiler: CC=gcc CXX=g++ CUDAHOSTCXX=g++ '
-                'CMAKE_ARGS="-DGGML_CUDA=on -DGGML_NATIVE=OFF" pip install --no-cache-dir --force-reinstall '
-                'llama-cpp-python (docs/native-libraries.md)')
+REBUILD_HINT = (
+    "rebuild llama-cpp-python with the system compiler: CC=gcc CXX=g++ CUDAHOSTCXX=g++ "
+    'CMAKE_ARGS="-DGGML_CUDA=on -DGGML_NATIVE=OFF" pip install --no-cache-dir --force-reinstall '
+    "llama-cpp-python (docs/native-libraries.md)"
+)
 
 _DT_NEEDED, _DT_STRTAB, _PT_DYNAMIC, _PT_LOAD = 1, 5, 2, 1
 
@@ -50,12 +52,13 @@ def elf_needed(path: str | Path) -> list[str] | None:
     if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:  # ELFCLASS64, little-endian
         return None
     try:
-        phoff, = struct.unpack_from("<Q", data, 0x20)
+        (phoff,) = struct.unpack_from("<Q", data, 0x20)
         phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
         loads, dynamic = [], None
         for i in range(phnum):
-            p_type, _flags, p_offset, p_vaddr, _paddr, p_filesz = struct.unpack_from("<IIQQQQ", data,
-                                                                                     phoff + i * phentsize)
+            p_type, _flags, p_offset, p_vaddr, _paddr, p_filesz = struct.unpack_from(
+                "<IIQQQQ", data, phoff + i * phentsize
+            )
             if p_type == _PT_LOAD:
                 loads.append((p_vaddr, p_offset, p_filesz))
             elif p_type == _PT_DYNAMIC:
@@ -77,7 +80,7 @@ def elf_needed(path: str | Path) -> list[str] | None:
         names = []
         for n in needed:
             end = data.index(b"\0", base + n)
-            names.append(data[base + n:end].decode("utf-8", "replace"))
+            names.append(data[base + n : end].decode("utf-8", "replace"))
         return names
     except (struct.error, StopIteration, ValueError):
         return None
@@ -102,8 +105,13 @@ def llama_cpp_build() -> dict[str, Any]:
     """
     libdir = _libdir()
     if libdir is None or not libdir.is_dir():
-        return {"installed": libdir is not None, "libdir": str(libdir) if libdir else None, "cuda": False,
-                "cxx_runtime": {}, "problem": None}
+        return {
+            "installed": libdir is not None,
+            "libdir": str(libdir) if libdir else None,
+            "cuda": False,
+            "cxx_runtime": {},
+            "problem": None,
+        }
     runtimes: dict[str, str | None] = {}
     for name in CXX_LIBRARIES:
         path = libdir / name
@@ -114,12 +122,19 @@ def llama_cpp_build() -> dict[str, Any]:
             continue
         runtimes[name] = next((n for n in needed if n in SHARED_CXX_RUNTIMES), None)
     private = [name for name, rt in runtimes.items() if rt is None]
-    problem = (f"llama.cpp's {', '.join(private)} link no shared C++ runtime ({' or '.join(SHARED_CXX_RUNTIMES)}): "
-               "the build carries its own copy, which crashed next to onnxruntime and torch on a CUDA host"
-               if private else None)
-    return {"installed": True, "libdir": str(libdir),
-            "cuda": any(p.name.startswith("libggml-cuda") for p in libdir.iterdir()),
-            "cxx_runtime": runtimes, "problem": problem}
+    problem = (
+        f"llama.cpp's {', '.join(private)} link no shared C++ runtime ({' or '.join(SHARED_CXX_RUNTIMES)}): "
+        "the build carries its own copy, which crashed next to onnxruntime and torch on a CUDA host"
+        if private
+        else None
+    )
+    return {
+        "installed": True,
+        "libdir": str(libdir),
+        "cuda": any(p.name.startswith("libggml-cuda") for p in libdir.iterdir()),
+        "cxx_runtime": runtimes,
+        "problem": problem,
+    }
 
 
 def import_llama_cpp(submodule: str | None = None) -> ModuleType:

@@ -54,20 +54,29 @@ def _choose_precision(facts: ModelFacts, profile: Profile, options: BuildOptions
     usable = [p for p in order if p in ("fp32", "fp16", "int8")]
     choice = usable[0] if usable else "fp32"
     if choice == "int8" and facts.task in ("image-classification", "vision"):
-        return Decision("precision", "fp32", "the profile prefers INT8, but this model's compute is convolutions: "
-                        "accuracy-aware dynamic INT8 covers MatMul/Attention only, and static Conv INT8 needs "
-                        "calibration images from your data; pass --precision to override")
+        return Decision(
+            "precision",
+            "fp32",
+            "the profile prefers INT8, but this model's compute is convolutions: "
+            "accuracy-aware dynamic INT8 covers MatMul/Attention only, and static Conv INT8 needs "
+            "calibration images from your data; pass --precision to override",
+        )
     if profile.is_gpu:
-        why = (f"GPU profile: tensor cores run FP16 at {profile.figure('device.peak.fp16_tflops')} TFLOPS "
-               f"(profile), twice FP32 throughput and half the bytes; first in the profile's order {order}")
+        why = (
+            f"GPU profile: tensor cores run FP16 at {profile.figure('device.peak.fp16_tflops')} TFLOPS "
+            f"(profile), twice FP32 throughput and half the bytes; first in the profile's order {order}"
+        )
     else:
-        why = ("CPU profile: dynamic/accuracy-aware INT8 uses VNNI/AMX integer dot products and quarters weight bytes;"
-               f" first in the profile's order {order}")
+        why = (
+            "CPU profile: dynamic/accuracy-aware INT8 uses VNNI/AMX integer dot products and quarters weight bytes;"
+            f" first in the profile's order {order}"
+        )
     return Decision("precision", choice, why)
 
 
-def plan_build(facts: ModelFacts, profile: Profile, options: BuildOptions | None = None,
-               host: HostFacts | None = None) -> Plan:
+def plan_build(
+    facts: ModelFacts, profile: Profile, options: BuildOptions | None = None, host: HostFacts | None = None
+) -> Plan:
     """Decide format, precision, the format's own decisions, parity thresholds and the runtime chain.
 
     ``host`` is what :func:`edgesdk.host.probe` found (None: an unknown host, nothing assumed
@@ -77,8 +86,13 @@ def plan_build(facts: ModelFacts, profile: Profile, options: BuildOptions | None
     host = host if host is not None else HostFacts()
     head: list[Decision] = []
     if profile.resolved_from:
-        head.append(Decision("profile", profile.name, f"alias {profile.resolved_from!r} resolves to "
-                             f"{profile.name} ({profile.data['display_name']})"))
+        head.append(
+            Decision(
+                "profile",
+                profile.name,
+                f"alias {profile.resolved_from!r} resolves to {profile.name} ({profile.data['display_name']})",
+            )
+        )
     fmt = _choose_format(facts, profile, options)
     prec = _choose_precision(facts, profile, options, str(fmt.value))
     head += [fmt, prec]
@@ -86,10 +100,24 @@ def plan_build(facts: ModelFacts, profile: Profile, options: BuildOptions | None
     planned = get_format(name).plan(facts, profile, options, host, precision)
     # a built-in format returns its typed section; a registered one may return its decisions (kept untyped)
     section = planned if isinstance(planned, PlanSection) else PlanSection.from_decisions(planned)
-    tail = [Decision("license_gate", options.license_policy or "default policy",
-                     "packaging is gated on the license scan; unknown licenses are denied")]
-    plan = Plan(format=name, precision=precision, section=section, model=facts.to_dict(), profile=profile.name,
-                head=head, tail=tail, facts=facts, target=profile)
+    tail = [
+        Decision(
+            "license_gate",
+            options.license_policy or "default policy",
+            "packaging is gated on the license scan; unknown licenses are denied",
+        )
+    ]
+    plan = Plan(
+        format=name,
+        precision=precision,
+        section=section,
+        model=facts.to_dict(),
+        profile=profile.name,
+        head=head,
+        tail=tail,
+        facts=facts,
+        target=profile,
+    )
     if not isinstance(section, OnnxRuntimeSection):  # GGUF/VLM/plugins: the profile's ORT chain, as JSON always held
         plan.profile_ep_chain = execution_provider_chain(profile)
         plan.profile_parity = parity_thresholds(profile, precision)

@@ -29,8 +29,15 @@ FIGURE_STATUSES = ("confirmed", "derived", "unconfirmed", "measured")
 # checked with jsonschema; errors become today's one-line messages ("KEY: expected TYPE, got ...", "KEY: missing
 # (expected ...)", "KEY: unknown key"). Ranges the planner relies on are checked after it (_check_ranges).
 _FIGURE_TEXT = "a figure mapping {value, source, status?}"
-_JSON_TYPES = {"string": "string", "integer": "integer", "number": "number", "boolean": "boolean",
-               "object": "mapping", "null": "null", "array": "list"}
+_JSON_TYPES = {
+    "string": "string",
+    "integer": "integer",
+    "number": "number",
+    "boolean": "boolean",
+    "object": "mapping",
+    "null": "null",
+    "array": "list",
+}
 
 
 @functools.lru_cache(maxsize=1)
@@ -169,8 +176,10 @@ def _check_ranges(data: dict[str, Any], errors: list[str]) -> None:
             errors.append(f"policy.{key}: expected a non-empty list")
     for i, ep in enumerate(policy["execution_providers"]):
         if not ep.endswith("ExecutionProvider") or not ep.isidentifier():
-            errors.append(f"policy.execution_providers[{i}]: expected an ONNX Runtime provider name "
-                          f"(...ExecutionProvider), got {ep!r}")
+            errors.append(
+                f"policy.execution_providers[{i}]: expected an ONNX Runtime provider name "
+                f"(...ExecutionProvider), got {ep!r}"
+            )
     frac = policy["memory_headroom_fraction"]
     if not _is_num(frac) or not 0 <= frac < 1:
         errors.append(f"policy.memory_headroom_fraction: expected a number in [0, 1), got {frac!r}")
@@ -187,13 +196,17 @@ def _check_ranges(data: dict[str, Any], errors: list[str]) -> None:
             if key in llm and not 1 <= llm[key] <= MAX_CONTEXT_LENGTH:
                 errors.append(f"policy.llm.{key}: expected an integer in [1, {MAX_CONTEXT_LENGTH}], got {llm[key]!r}")
         if llm.get("min_context_length", 1) > llm["context_length"]:
-            errors.append(f"policy.llm.min_context_length: {llm['min_context_length']} is larger than "
-                          f"context_length {llm['context_length']}")
+            errors.append(
+                f"policy.llm.min_context_length: {llm['min_context_length']} is larger than "
+                f"context_length {llm['context_length']}"
+            )
     parity = policy.get("parity") or {}
     for prec, table in parity.items():
         if prec not in PARITY_PRECISIONS and prec not in BPW:  # GGUF types: their ppl_ratio_max (docs/gguf.md)
-            errors.append(f"policy.parity.{prec}: unknown precision (expected one of {', '.join(PARITY_PRECISIONS)} "
-                          "or a GGUF type such as Q4_K_M)")
+            errors.append(
+                f"policy.parity.{prec}: unknown precision (expected one of {', '.join(PARITY_PRECISIONS)} "
+                "or a GGUF type such as Q4_K_M)"
+            )
             continue
         if not isinstance(table, dict):
             errors.append(f"policy.parity.{prec}: expected a mapping, got {type(table).__name__}")
@@ -310,17 +323,22 @@ class Profile:
         """``policy.llm``."""
         d = self.policy.get("llm") or {}
         order = d.get("quant_order")
-        return LlmPolicy(context_length=d.get("context_length"), min_context_length=d.get("min_context_length"),
-                         quant_order=list(order) if order else None, kv_type=d.get("kv_type"),
-                         n_ubatch=d.get("n_ubatch"))
+        return LlmPolicy(
+            context_length=d.get("context_length"),
+            min_context_length=d.get("min_context_length"),
+            quant_order=list(order) if order else None,
+            kv_type=d.get("kv_type"),
+            n_ubatch=d.get("n_ubatch"),
+        )
 
     def kernel(self, name: str) -> KernelSupport:
         """Row ``name`` of the ``kernels`` table."""
         row = self.kernels.get(name)
         if not isinstance(row, dict):
             return KernelSupport()
-        return KernelSupport(supported=row.get("supported"), recommended=row.get("recommended"),
-                             source=row.get("source"))
+        return KernelSupport(
+            supported=row.get("supported"), recommended=row.get("recommended"), source=row.get("source")
+        )
 
     def software_version(self, name: str) -> str | None:
         """``software.<name>`` (``tensorrt``, ``l4t``, ``jetpack``, ``cuda``), or ``software.source``."""
@@ -448,8 +466,9 @@ def profiles_dir() -> Path:
         checkout = Path(__file__).resolve().parent.parent / "profiles"
         if (checkout / "__init__.py").is_file():
             return checkout
-        raise ProfileError(f"the device profiles are not installed (no package {PROFILES_PACKAGE})",
-                           hint="reinstall edgesdk") from exc
+        raise ProfileError(
+            f"the device profiles are not installed (no package {PROFILES_PACKAGE})", hint="reinstall edgesdk"
+        ) from exc
 
 
 def load_profile_file(path: Path, resolved_from: str | None = None) -> Profile:

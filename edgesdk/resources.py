@@ -31,4 +31,3 @@ def data_file(*parts: str) -> Traversable:
 def read_data_text(*parts: str) -> str:
     """The UTF-8 text of a shipped data file."""
     return data_file(*parts).read_text(encoding="utf-8")
-

@@ -30,9 +30,16 @@ def _text(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def format_table(rows: Sequence[Sequence[Any]], headers: Sequence[Any], *, align: str | Sequence[str] = "",
-                 title: str | None = None, rule: bool = True, max_width: int | None = None,
-                 rstrip: bool = True) -> str:
+def format_table(
+    rows: Sequence[Sequence[Any]],
+    headers: Sequence[Any],
+    *,
+    align: str | Sequence[str] = "",
+    title: str | None = None,
+    rule: bool = True,
+    max_width: int | None = None,
+    rstrip: bool = True,
+) -> str:
     """Render ``rows`` under ``headers`` as aligned text (no trailing newline).
 
     ``align``: one character per column, ``"<"`` (left, the default for columns not given) or ``">"``.

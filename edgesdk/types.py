@@ -261,8 +261,10 @@ class Plan:
         }
 
     def explain(self) -> str:
-        lines = [f"plan for {self.model.get('name')} ({self.model.get('kind')}, {self.model.get('task')}) "
-                 f"on profile {self.profile}:"]
+        lines = [
+            f"plan for {self.model.get('name')} ({self.model.get('kind')}, {self.model.get('task')}) "
+            f"on profile {self.profile}:"
+        ]
         width = max(len(d.key) for d in self.decisions) if self.decisions else 8
         for d in self.decisions:
             value = d.value if not isinstance(d.value, (list, tuple)) else " -> ".join(map(str, d.value))

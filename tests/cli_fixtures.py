@@ -14,8 +14,9 @@ import numpy as np
 
 def cli(*args, timeout: float = 300) -> subprocess.CompletedProcess:
     """``python -m edgesdk ARGS`` in a child process, output captured."""
-    return subprocess.run([sys.executable, "-m", "edgesdk", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "edgesdk", *map(str, args)], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def build_matmul_bundle(root: Path, weight: np.ndarray, timeout: float = 300) -> Path:
@@ -24,17 +25,30 @@ def build_matmul_bundle(root: Path, weight: np.ndarray, timeout: float = 300) ->
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
-                              [numpy_helper.from_array(weight.astype(np.float32), "W")])
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        [numpy_helper.from_array(weight.astype(np.float32), "W")],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     model.metadata_props.add(key="license", value="apache-2.0")
     (root / "src").mkdir()
     onnx.save(model, str(root / "src" / "model.onnx"))
-    res = cli("build", root / "src" / "model.onnx", "-p", "cpu-x86_64", "--precision", "fp32", "-o",
-              root / "bundle", "--no-progress", timeout=timeout)
+    res = cli(
+        "build",
+        root / "src" / "model.onnx",
+        "-p",
+        "cpu-x86_64",
+        "--precision",
+        "fp32",
+        "-o",
+        root / "bundle",
+        "--no-progress",
+        timeout=timeout,
+    )
     assert res.returncode == 0, res.stderr
     return root / "bundle"
 

@@ -79,9 +79,7 @@ def minilm_orin_bundle(minilm_dir, tmp_path_factory) -> Path:
     from edgesdk.plan import BuildOptions
 
     out = tmp_path_factory.mktemp("bundles") / "minilm-orin"
-    return build(
-        minilm_dir, "orin", out, BuildOptions(progress=False, parity_samples=16, calibration_samples=8)
-    )
+    return build(minilm_dir, "orin", out, BuildOptions(progress=False, parity_samples=16, calibration_samples=8))
 
 
 @pytest.fixture

@@ -43,6 +43,7 @@ class Case:
 
 # --------------------------------------------------------------------------------------------- generators
 
+
 def tiny_onnx(path: Path, *, external: bool = False, nan: bool = False, op: str = "MatMul") -> Path:
     """x[N,4] @ W[4,4] -> y, license in metadata_props; ``external``: W in ``<name>.data`` beside it."""
     import onnx
@@ -53,8 +54,13 @@ def tiny_onnx(path: Path, *, external: bool = False, nan: bool = False, op: str 
         w[:] = np.nan
     inits = [numpy_helper.from_array(w, "W")] if op == "MatMul" else []
     node = helper.make_node(op, ["x", "W"] if op == "MatMul" else ["x"], ["y"])
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])], inits)
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     model.metadata_props.add(key="license", value="apache-2.0")
@@ -80,17 +86,33 @@ def retarget_external(path: Path, location: str, length: int | None = None) -> P
     return path
 
 
-def hf_dir(path: Path, config: object = None, *, raw_config: str | bytes | None = None,
-           files: dict[str, str] | None = None, safetensors_header: object = None) -> Path:
+def hf_dir(
+    path: Path,
+    config: object = None,
+    *,
+    raw_config: str | bytes | None = None,
+    files: dict[str, str] | None = None,
+    safetensors_header: object = None,
+) -> Path:
     """A Hugging Face-shaped directory: config.json, a tiny safetensors file, extra files."""
     path.mkdir(parents=True, exist_ok=True)
     if config is None:
-        config = {"architectures": ["BertModel"], "model_type": "bert", "hidden_size": 8,
-                  "num_attention_heads": 2, "num_hidden_layers": 1, "intermediate_size": 16, "vocab_size": 30}
+        config = {
+            "architectures": ["BertModel"],
+            "model_type": "bert",
+            "hidden_size": 8,
+            "num_attention_heads": 2,
+            "num_hidden_layers": 1,
+            "intermediate_size": 16,
+            "vocab_size": 30,
+        }
     raw = raw_config if raw_config is not None else json.dumps(config)
     (path / "config.json").write_bytes(raw if isinstance(raw, bytes) else raw.encode())
-    header = safetensors_header if safetensors_header is not None else \
-        {"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}}
+    header = (
+        safetensors_header
+        if safetensors_header is not None
+        else {"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}}
+    )
     blob = json.dumps(header).encode()
     (path / "model.safetensors").write_bytes(struct.pack("<Q", len(blob)) + blob + bytes(16))
     for name, text in (files or {}).items():
@@ -116,6 +138,7 @@ def _set(dotted: str, value):
         for key in head:
             node = node[key]
         node[last] = value
+
     return edit
 
 
@@ -124,6 +147,7 @@ def gguf_bytes(n_tensors: int, n_kv: int, tail: bytes = b"") -> bytes:
 
 
 # --------------------------------------------------------------------------------------------- corpus
+
 
 def build_corpus(root: Path) -> list[Case]:
     """Generate every case's files under ``root``; return the cases."""
@@ -134,12 +158,35 @@ def build_corpus(root: Path) -> list[Case]:
     cases: list[Case] = []
 
     def build(name, kind, model, *extra, code=3):
-        cases.append(Case(name, kind, ["build", str(model), "-p", "cpu-x86_64", "-o", "{out}", "--no-progress",
-                                       "--precision", "fp32", *map(str, extra)], code))
+        cases.append(
+            Case(
+                name,
+                kind,
+                [
+                    "build",
+                    str(model),
+                    "-p",
+                    "cpu-x86_64",
+                    "-o",
+                    "{out}",
+                    "--no-progress",
+                    "--precision",
+                    "fp32",
+                    *map(str, extra),
+                ],
+                code,
+            )
+        )
 
     def build_p(name, prof, code=3, model=ok):
-        cases.append(Case(name, "profile", ["build", str(model), "-p", str(prof), "-o", "{out}", "--no-progress",
-                                            "--precision", "fp32"], code))
+        cases.append(
+            Case(
+                name,
+                "profile",
+                ["build", str(model), "-p", str(prof), "-o", "{out}", "--no-progress", "--precision", "fp32"],
+                code,
+            )
+        )
 
     # ---- model files
     (m / "random.onnx").write_bytes(np.random.default_rng(1).bytes(4096))
@@ -153,13 +200,19 @@ def build_corpus(root: Path) -> list[Case]:
     esc = retarget_external(tiny_onnx(m / "esc" / "model.onnx", external=True), "../secret.data")
     shutil.copyfile(m / "esc" / "model.onnx.data", m / "secret.data")
     build("onnx-external-data-escapes-dir", "model", esc)
-    build("onnx-external-data-absolute", "model",
-          retarget_external(tiny_onnx(m / "abs" / "model.onnx", external=True), str(m / "secret.data")))
+    build(
+        "onnx-external-data-absolute",
+        "model",
+        retarget_external(tiny_onnx(m / "abs" / "model.onnx", external=True), str(m / "secret.data")),
+    )
     missing = tiny_onnx(m / "missing" / "model.onnx", external=True)
     (m / "missing" / "model.onnx.data").unlink()
     build("onnx-external-data-missing", "model", missing)
-    build("onnx-external-data-truncated", "model",
-          retarget_external(tiny_onnx(m / "trunc" / "model.onnx", external=True), "model.onnx.data", 10_000))
+    build(
+        "onnx-external-data-truncated",
+        "model",
+        retarget_external(tiny_onnx(m / "trunc" / "model.onnx", external=True), "model.onnx.data", 10_000),
+    )
     link = tiny_onnx(m / "link" / "model.onnx", external=True)
     (m / "link" / "model.onnx.data").unlink()
     (m / "link" / "model.onnx.data").symlink_to(m / "secret.data")
@@ -176,17 +229,31 @@ def build_corpus(root: Path) -> list[Case]:
     build("hf-config-not-json", "model", hf_dir(m / "cfg-nojson", raw_config="{hidden_size: 8"))
     build("hf-config-deep-nesting", "model", hf_dir(m / "cfg-deep", raw_config="[" * 200_000))
     build("hf-config-not-utf8", "model", hf_dir(m / "cfg-bin", raw_config=b"\xff\xfe{\x00"))
-    for key, value in (("hidden_size", "big"), ("num_attention_heads", -4), ("num_hidden_layers", 0),
-                       ("vocab_size", 1.5), ("max_position_embeddings", True), ("architectures", "BertModel")):
-        cfg = {"architectures": ["BertModel"], "model_type": "bert", "hidden_size": 8, "num_attention_heads": 2,
-               key: value}
+    for key, value in (
+        ("hidden_size", "big"),
+        ("num_attention_heads", -4),
+        ("num_hidden_layers", 0),
+        ("vocab_size", 1.5),
+        ("max_position_embeddings", True),
+        ("architectures", "BertModel"),
+    ):
+        cfg = {
+            "architectures": ["BertModel"],
+            "model_type": "bert",
+            "hidden_size": 8,
+            "num_attention_heads": 2,
+            key: value,
+        }
         build(f"hf-config-{key}-{value!s}".lower(), "model", hf_dir(m / f"cfg-{key}", cfg))
     build("hf-tokenizer-not-json", "model", hf_dir(m / "tok-nojson", files={"tokenizer.json": "not json at all"}))
     build("hf-tokenizer-list", "model", hf_dir(m / "tok-list", files={"tokenizer.json": "[]"}))
     build("hf-modules-json-object", "model", hf_dir(m / "mod-obj", files={"modules.json": "{}"}))
     build("hf-pooling-config-not-json", "model", hf_dir(m / "pool", files={"1_Pooling/config.json": "{"}))
-    build("hf-safetensors-shape-strings", "model",
-          hf_dir(m / "st-shape", safetensors_header={"w": {"dtype": "F32", "shape": ["a"], "data_offsets": [0, 4]}}))
+    build(
+        "hf-safetensors-shape-strings",
+        "model",
+        hf_dir(m / "st-shape", safetensors_header={"w": {"dtype": "F32", "shape": ["a"], "data_offsets": [0, 4]}}),
+    )
     build("hf-safetensors-header-list", "model", hf_dir(m / "st-list", safetensors_header=[1, 2]))
     build("hf-no-weights", "model", _no_weights(m / "now"))
     (m / "random.gguf").write_bytes(np.random.default_rng(2).bytes(4096))
@@ -234,8 +301,7 @@ def build_corpus(root: Path) -> list[Case]:
     build_p("profile-not-yaml", p / "bad.yaml")
     build_p("profile-billion-laughs", DATA / "billion_laughs.yaml")
     build_p("profile-missing-file", p / "nope.yaml")
-    cases.append(Case("profile-unknown-name", "profile", ["build", str(ok), "-p", "no-such-device", "-o", "{out}"],
-                      3))
+    cases.append(Case("profile-unknown-name", "profile", ["build", str(ok), "-p", "no-such-device", "-o", "{out}"], 3))
 
     # ---- license policy and waivers
     (root / "policy.yaml").write_text("deny: [unclosed\n")
@@ -245,15 +311,17 @@ def build_corpus(root: Path) -> list[Case]:
     (root / "waivers.yaml").write_text("{")
     build("waivers-not-yaml", "waiver", ok, "--waivers", root / "waivers.yaml")
     (root / "waivers-glob.yaml").write_text(
-        "waivers:\n- subject: '?*'\n  license: GPL-3.0-only\n  reason: all\n  approved_by: me\n  expires: 2099-01-01\n")
+        "waivers:\n- subject: '?*'\n  license: GPL-3.0-only\n  reason: all\n  approved_by: me\n  expires: 2099-01-01\n"
+    )
     build("waiver-match-everything-glob", "waiver", ok, "--waivers", root / "waivers-glob.yaml")
 
     # ---- traces
     (root / "trace.json").write_text('{"resourceSpans": [')
     cases.append(Case("trace-not-json", "trace", ["check", "traces", str(root / "trace.json")], 1, builds=False))
     (root / "trace-deep.json").write_text("[" * 200_000)
-    cases.append(Case("trace-deep-nesting", "trace", ["check", "traces", str(root / "trace-deep.json")], 1,
-                      builds=False))
+    cases.append(
+        Case("trace-deep-nesting", "trace", ["check", "traces", str(root / "trace-deep.json")], 1, builds=False)
+    )
     cases.append(Case("trace-missing", "trace", ["check", "traces", str(root / "nope.json")], 1, builds=False))
     return cases
 
@@ -272,8 +340,9 @@ def bundle_cases(root: Path, bundle: Path) -> list[Case]:
         copy = root / "bundles" / name
         shutil.copytree(bundle, copy)
         edit(copy)
-        cases.append(Case(f"bundle-{name}", "bundle", ["run", str(copy), "--inputs", str(root / "good.npz")], code,
-                          builds=False))
+        cases.append(
+            Case(f"bundle-{name}", "bundle", ["run", str(copy), "--inputs", str(root / "good.npz")], code, builds=False)
+        )
 
     np.savez(root / "good.npz", x=np.ones((2, 4), np.float32))
     damaged("manifest-not-json", lambda b: (b / "manifest.json").write_text("{"))
@@ -288,33 +357,42 @@ def bundle_cases(root: Path, bundle: Path) -> list[Case]:
         for a in m.get("artifacts", []):
             a.pop("sha256", None)
         (b / "manifest.json").write_text(json.dumps(m))
+
     damaged("artifact-without-sha256", no_sha)
 
     def swap_symlink(b: Path):
         (root / "outside.data").write_bytes((b / "model.onnx.data").read_bytes())
         (b / "model.onnx.data").unlink()
         (b / "model.onnx.data").symlink_to(root / "outside.data")
+
     damaged("artifact-symlink-outside", swap_symlink)
 
-    for name, arrays in (("wrong-dtype", {"x": np.array([["a"] * 4])}), ("missing-input", {"z": np.ones((1, 4))}),
-                         ("wrong-rank", {"x": np.ones((4,), np.float32)}),
-                         ("wrong-dim", {"x": np.ones((1, 5), np.float32)})):
+    for name, arrays in (
+        ("wrong-dtype", {"x": np.array([["a"] * 4])}),
+        ("missing-input", {"z": np.ones((1, 4))}),
+        ("wrong-rank", {"x": np.ones((4,), np.float32)}),
+        ("wrong-dim", {"x": np.ones((1, 5), np.float32)}),
+    ):
         np.savez(root / f"{name}.npz", **arrays)
-        cases.append(Case(f"input-{name}", "input", ["run", str(bundle), "--inputs", str(root / f"{name}.npz")], 3,
-                          builds=False))
+        cases.append(
+            Case(f"input-{name}", "input", ["run", str(bundle), "--inputs", str(root / f"{name}.npz")], 3, builds=False)
+        )
     (root / "not.npz").write_bytes(b"PK\x03\x04garbage")
-    cases.append(Case("input-not-npz", "input", ["run", str(bundle), "--inputs", str(root / "not.npz")], 3,
-                      builds=False))
+    cases.append(
+        Case("input-not-npz", "input", ["run", str(bundle), "--inputs", str(root / "not.npz")], 3, builds=False)
+    )
     return cases
 
 
 # --------------------------------------------------------------------------------------------- running
 
+
 def run_cli(args: list[str], timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "EDGESDK_DEBUG": ""}
     env.pop("EDGESDK_DEBUG")
-    return subprocess.run([sys.executable, "-m", "edgesdk", *args], capture_output=True, text=True, env=env,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "edgesdk", *args], capture_output=True, text=True, env=env, timeout=timeout
+    )
 
 
 def check_case(case: Case, out: Path) -> list[str]:
@@ -365,10 +443,21 @@ def _case_names() -> list[str]:
 
 
 CASE_NAMES = _case_names()
-BUNDLE_CASE_NAMES = ["bundle-manifest-not-json", "bundle-manifest-list", "bundle-manifest-deep",
-                     "bundle-manifest-missing", "bundle-artifact-tampered", "bundle-artifact-missing",
-                     "bundle-artifact-without-sha256", "bundle-artifact-symlink-outside", "input-wrong-dtype",
-                     "input-missing-input", "input-wrong-rank", "input-wrong-dim", "input-not-npz"]
+BUNDLE_CASE_NAMES = [
+    "bundle-manifest-not-json",
+    "bundle-manifest-list",
+    "bundle-manifest-deep",
+    "bundle-manifest-missing",
+    "bundle-artifact-tampered",
+    "bundle-artifact-missing",
+    "bundle-artifact-without-sha256",
+    "bundle-artifact-symlink-outside",
+    "input-wrong-dtype",
+    "input-missing-input",
+    "input-wrong-rank",
+    "input-wrong-dim",
+    "input-not-npz",
+]
 RESULTS: dict[str, list[str]] = {}
 
 
@@ -379,14 +468,27 @@ def corpus(corpus_root, ok_bundle) -> dict[str, Case]:
 
 
 # One case per class runs in the fast suite; the whole corpus (~85 CLI runs, minutes on 2 cores) is slow.
-FAST = {"onnx-graph-ort-rejects", "onnx-external-data-escapes-dir", "onnx-fifo", "hf-config-list",
-        "hf-config-hidden_size-big", "hf-tokenizer-not-json", "gguf-absurd-counts", "context-length-negative",
-        "profile-budget-negative", "profile-budget-too-small-for-model", "profile-quant-order-unknown-type",
-        "trace-deep-nesting", "bundle-manifest-list", "input-not-npz"}
+FAST = {
+    "onnx-graph-ort-rejects",
+    "onnx-external-data-escapes-dir",
+    "onnx-fifo",
+    "hf-config-list",
+    "hf-config-hidden_size-big",
+    "hf-tokenizer-not-json",
+    "gguf-absurd-counts",
+    "context-length-negative",
+    "profile-budget-negative",
+    "profile-budget-too-small-for-model",
+    "profile-quant-order-unknown-type",
+    "trace-deep-nesting",
+    "bundle-manifest-list",
+    "input-not-npz",
+}
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in FAST else pytest.mark.slow)
-                                  for n in CASE_NAMES + BUNDLE_CASE_NAMES])
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=() if n in FAST else pytest.mark.slow) for n in CASE_NAMES + BUNDLE_CASE_NAMES]
+)
 def test_case_fails_cleanly_with_its_documented_exit_code(name, corpus, corpus_root):
     case = corpus[name]
     out = corpus_root / "out" / name
@@ -407,19 +509,25 @@ def test_corpus_summary(corpus):
     clean = sum(1 for p in RESULTS.values() if not p)
     crashes = sum(1 for p in RESULTS.values() if any(x.startswith(("crash", "hung")) for x in p))
     partial = sum(1 for p in RESULTS.values() if any("partial" in x or "litter" in x for x in p))
-    print(f"\nadversarial corpus: {len(RESULTS)} cases ({', '.join(f'{k} {v}' for k, v in sorted(kinds.items()))}); "
-          f"clean errors {clean}; crashes {crashes}; partial outputs {partial}")
+    print(
+        f"\nadversarial corpus: {len(RESULTS)} cases ({', '.join(f'{k} {v}' for k, v in sorted(kinds.items()))}); "
+        f"clean errors {clean}; crashes {crashes}; partial outputs {partial}"
+    )
     assert clean == len(RESULTS) and crashes == 0 and partial == 0
 
 
 # --------------------------------------------------------------------------------------------- positive cases
 
+
 def test_onnx_with_external_data_builds_and_the_data_file_is_hashed(ok_bundle):
     m = json.loads((ok_bundle / "manifest.json").read_text())
     paths = {a["path"]: a for a in m["artifacts"]}
     assert "model.onnx.data" in paths and len(paths["model.onnx.data"]["sha256"]) == 64
-    res = run_cli(["run", str(ok_bundle), "--inputs", str(ok_bundle.parent / "good.npz")]) \
-        if (ok_bundle.parent / "good.npz").exists() else None
+    res = (
+        run_cli(["run", str(ok_bundle), "--inputs", str(ok_bundle.parent / "good.npz")])
+        if (ok_bundle.parent / "good.npz").exists()
+        else None
+    )
     if res is not None:
         assert res.returncode == 0, res.stderr
 
@@ -455,12 +563,38 @@ def test_gguf_with_nan_weights_fails_the_sanity_check_even_when_repackaged(tmp_p
             fh.seek(header.data_start + t.offset)
             if t.ggml_type in (0, 1):  # F32, F16
                 fh.write(np.full(t.n_elements, np.nan, np.float32 if t.ggml_type == 0 else np.float16).tobytes())
-    ok = run_cli(["build", str(good), "-p", "cpu-x86_64", "--quant-type", "F16", "-o", str(tmp_path / "ok"),
-                  "--no-progress", "--accept-license", "apache-2.0"])
+    ok = run_cli(
+        [
+            "build",
+            str(good),
+            "-p",
+            "cpu-x86_64",
+            "--quant-type",
+            "F16",
+            "-o",
+            str(tmp_path / "ok"),
+            "--no-progress",
+            "--accept-license",
+            "apache-2.0",
+        ]
+    )
     assert ok.returncode == 0, ok.stderr
     m = json.loads((tmp_path / "ok" / "manifest.json").read_text())
     assert m["parity"]["sanity"]["nonfinite_logits"] == 0
-    res = run_cli(["build", str(bad), "-p", "cpu-x86_64", "--quant-type", "F16", "-o", str(tmp_path / "bad"),
-                   "--no-progress", "--accept-license", "apache-2.0"])
+    res = run_cli(
+        [
+            "build",
+            str(bad),
+            "-p",
+            "cpu-x86_64",
+            "--quant-type",
+            "F16",
+            "-o",
+            str(tmp_path / "bad"),
+            "--no-progress",
+            "--accept-license",
+            "apache-2.0",
+        ]
+    )
     assert res.returncode == 5 and "NaN/Inf" in res.stderr, res.stderr
     assert not (tmp_path / "bad").exists()

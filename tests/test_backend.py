@@ -19,7 +19,7 @@ from edgesdk.runtime.backend import Backend, LLMBackend, LoadContext, TensorSpec
 def _docstring_example() -> str:
     doc = contract.__doc__
     start = doc.index("runs this very text::") + len("runs this very text::")
-    block = doc[start:doc.index("To ship it,")]
+    block = doc[start : doc.index("To ship it,")]
     return textwrap.dedent(block)
 
 
@@ -46,8 +46,9 @@ def test_example_backend_served_through_a_session(tmp_path, monkeypatch):
     backend = scope["load_scale"](None, ctx)
 
     class _Bundle:  # just what Session reads from a bundle
-        manifest = SimpleNamespace(model=SimpleNamespace(task="feature-extraction"),
-                                   profile=SimpleNamespace(name="cpu"))
+        manifest = SimpleNamespace(
+            model=SimpleNamespace(task="feature-extraction"), profile=SimpleNamespace(name="cpu")
+        )
         precision, bundle_id, model_name, format, path = "fp32", "b1", "scale", "numpy", tmp_path
 
     session = Session(_Bundle(), backend, ctx, 0.0)
@@ -58,10 +59,19 @@ def test_example_backend_served_through_a_session(tmp_path, monkeypatch):
         session.generate("hi")
 
 
-@pytest.mark.parametrize("spelling,expected", [
-    ("tensor(float)", "float32"), ("tensor(int64)", "int64"), ("float32", "float32"), ("tensor(double)", "float64"),
-    ("tensor(float16)", "float16"), ("tensor(bool)", "bool"), (np.int32, "int32"), ("tensor(bfloat16)", "bfloat16"),
-])
+@pytest.mark.parametrize(
+    "spelling,expected",
+    [
+        ("tensor(float)", "float32"),
+        ("tensor(int64)", "int64"),
+        ("float32", "float32"),
+        ("tensor(double)", "float64"),
+        ("tensor(float16)", "float16"),
+        ("tensor(bool)", "bool"),
+        (np.int32, "int32"),
+        ("tensor(bfloat16)", "bfloat16"),
+    ],
+)
 def test_dtype_spellings_are_normalised(spelling, expected):
     assert normalize_dtype(spelling) == expected
 
@@ -69,15 +79,18 @@ def test_dtype_spellings_are_normalised(spelling, expected):
 SPECS = (TensorSpec("input_ids", "tensor(int64)", [1, "sequence"]), TensorSpec("mask", "int64", (None, None)))
 
 
-@pytest.mark.parametrize("feeds,needle", [
-    ({"input_ids": np.ones((1, 4), np.int64)}, r"missing \['mask'\]"),
-    ({"input_ids": np.ones((1, 4), np.int64), "mask": np.ones((1, 4)), "extra": 1}, r"unexpected \['extra'\]"),
-    ({"input_ids": np.ones(4, np.int64), "mask": np.ones((1, 4), np.int64)}, r"'input_ids': expected rank 2"),
-    ({"input_ids": np.ones((2, 4), np.int64), "mask": np.ones((2, 4), np.int64)}, r"dimension 0 must be 1, got 2"),
-    ({"input_ids": np.full((1, 4), 0.5), "mask": np.ones((1, 4), np.int64)}, r"expected dtype int64, got float64"),
-    ({"input_ids": np.array([["a", "b"]]), "mask": np.ones((1, 2), np.int64)}, r"expected dtype int64, got <U1"),
-    ([np.ones((1, 4))], r"must be a mapping"),
-])
+@pytest.mark.parametrize(
+    "feeds,needle",
+    [
+        ({"input_ids": np.ones((1, 4), np.int64)}, r"missing \['mask'\]"),
+        ({"input_ids": np.ones((1, 4), np.int64), "mask": np.ones((1, 4)), "extra": 1}, r"unexpected \['extra'\]"),
+        ({"input_ids": np.ones(4, np.int64), "mask": np.ones((1, 4), np.int64)}, r"'input_ids': expected rank 2"),
+        ({"input_ids": np.ones((2, 4), np.int64), "mask": np.ones((2, 4), np.int64)}, r"dimension 0 must be 1, got 2"),
+        ({"input_ids": np.full((1, 4), 0.5), "mask": np.ones((1, 4), np.int64)}, r"expected dtype int64, got float64"),
+        ({"input_ids": np.array([["a", "b"]]), "mask": np.ones((1, 2), np.int64)}, r"expected dtype int64, got <U1"),
+        ([np.ones((1, 4))], r"must be a mapping"),
+    ],
+)
 def test_bad_feeds_are_one_line_input_errors(feeds, needle):
     with pytest.raises(InputError, match=needle) as info:
         check_feeds(SPECS, feeds)
@@ -98,9 +111,12 @@ def test_onnxruntime_backend_conforms_and_run_checks_inputs(tmp_path):
 
     from edgesdk.runtime.backends.onnxruntime import OnnxRuntimeBackend
 
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])])
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     onnx.save(model, str(tmp_path / "m.onnx"))
     recorded = []

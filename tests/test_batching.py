@@ -20,9 +20,16 @@ from edgesdk.runtime.requests import GenerationRequest  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-PROMPTS = ["The capital of France is", "Water boils at", "My favourite colour is", "Once upon a time",
-           "The three primary colours are", "def fibonacci(n):", "In 1969, the first man on the moon",
-           "A haiku about autumn:"]
+PROMPTS = [
+    "The capital of France is",
+    "Water boils at",
+    "My favourite colour is",
+    "Once upon a time",
+    "The three primary colours are",
+    "def fibonacci(n):",
+    "In 1969, the first man on the moon",
+    "A haiku about autumn:",
+]
 N = 16
 
 
@@ -147,7 +154,7 @@ def test_max_tokens_and_stop_are_honoured(engine):
     words = full.text.split()
     stop = words[len(words) // 2]
     cut = engine.generate(GenerationRequest(prompt=PROMPTS[3], max_tokens=12, temperature=0, stop=[stop]))
-    assert cut.finish_reason == "stop" and cut.text == full.text[:full.text.find(stop)]
+    assert cut.finish_reason == "stop" and cut.text == full.text[: full.text.find(stop)]
     pieces = list(engine.submit(GenerationRequest(prompt=PROMPTS[3], max_tokens=12, temperature=0, stop=stop)))
     assert "".join(pieces) == cut.text  # a stop string never leaks into the stream
 
@@ -178,16 +185,19 @@ def test_a_cancelled_queued_request_never_runs(one_slot):
     assert a.result(timeout=120).finish_reason == "length"
 
 
-@pytest.mark.parametrize("options, error, message", [
-    ({"top_p": 2}, InputError, "top_p must be <= 1"),
-    ({"temperature": float("nan")}, InputError, "temperature must be finite"),
-    ({"max_tokens": 10**400}, InputError, "max_tokens must be <= 2147483647"),
-    ({"n": 2}, InputError, "n must be 1"),
-    ({"seed": True}, InputError, "seed must be an integer"),
-    ({"prompt": "word " * 600}, ShapeError, "a slot's context holds"),
-    ({"prompt": None, "prompt_tokens": [2, 10**9]}, ShapeError, "prompt_tokens must be <"),
-    ({"prompt": None, "messages": [{"role": "user", "content": "hi"}]}, InputError, "no chat template"),
-])
+@pytest.mark.parametrize(
+    "options, error, message",
+    [
+        ({"top_p": 2}, InputError, "top_p must be <= 1"),
+        ({"temperature": float("nan")}, InputError, "temperature must be finite"),
+        ({"max_tokens": 10**400}, InputError, "max_tokens must be <= 2147483647"),
+        ({"n": 2}, InputError, "n must be 1"),
+        ({"seed": True}, InputError, "seed must be an integer"),
+        ({"prompt": "word " * 600}, ShapeError, "a slot's context holds"),
+        ({"prompt": None, "prompt_tokens": [2, 10**9]}, ShapeError, "prompt_tokens must be <"),
+        ({"prompt": None, "messages": [{"role": "user", "content": "hi"}]}, InputError, "no chat template"),
+    ],
+)
 def test_bad_requests_are_refused_at_submit(engine, options, error, message):
     kw = {"prompt": "hi", **options}
     with pytest.raises(error, match=message):

@@ -34,8 +34,12 @@ def test_impossible_parity_fails_and_leaves_nothing(minilm_dir, tmp_path, monkey
     monkeypatch.setitem(plan_mod.DEFAULT_PARITY, "fp32", {"min_cosine": 1.01, "max_abs": None})
     out = tmp_path / "never"
     with pytest.raises(ParityError, match="min cosine"):
-        build(minilm_dir, "cpu-x86_64", out, BuildOptions(precision="fp32", progress=False, parity_samples=4,
-                                                          calibration_samples=2))
+        build(
+            minilm_dir,
+            "cpu-x86_64",
+            out,
+            BuildOptions(precision="fp32", progress=False, parity_samples=4, calibration_samples=2),
+        )
     assert not out.exists()
     assert list(tmp_path.iterdir()) == [], "staging directory left behind"
 
@@ -50,8 +54,12 @@ def test_onnx_input_taken_as_is_and_shape_errors(minilm_orin_bundle, tmp_path):
     src.write_bytes((minilm_orin_bundle / "model.onnx").read_bytes())
     # The build stamped the card's license into the ONNX: a bare .onnx input still carries it.
     assert {p.key: p.value for p in onnx.load(str(src)).metadata_props}.get("license") == "apache-2.0"
-    out = build(src, "cpu", tmp_path / "b", BuildOptions(precision="fp32", progress=False, parity_samples=4,
-                                                         calibration_samples=2))
+    out = build(
+        src,
+        "cpu",
+        tmp_path / "b",
+        BuildOptions(precision="fp32", progress=False, parity_samples=4, calibration_samples=2),
+    )
     m = json.loads((out / "manifest.json").read_text())
     assert m["parity"]["fp32"]["reference"] == "onnx-fp32" and m["parity"]["fp32"]["passed"]
     s = edgesdk.load(out)
@@ -66,14 +74,17 @@ def test_onnx_input_taken_as_is_and_shape_errors(minilm_orin_bundle, tmp_path):
         s.run({"input_ids": ids.astype(np.float32) + 0.5, "attention_mask": ids, "token_type_ids": ids})
 
 
-@pytest.mark.parametrize("args,code,needle", [
-    (["build", "{minilm}", "--profile", "orin-nanoo", "-o", "{tmp}/x"], 3, "unknown device profile"),
-    (["build", "{tmp}/missing", "--profile", "orin", "-o", "{tmp}/x"], 3, "model not found"),
-    (["build", "{tmp}/corrupt.onnx", "--profile", "cpu", "-o", "{tmp}/x"], 3, "not a valid ONNX model"),
-    (["build", "{tmp}/pickled", "--profile", "cpu", "-o", "{tmp}/x"], 3, "only pickle weights"),
-    (["build", "{minilm}", "--profile", "cpu", "-o", "{tmp}/exists"], 4, "output directory exists"),
-    (["build", "{minilm}", "--profile", "{tmp}/bad.yaml", "-o", "{tmp}/x"], 3, "invalid profile"),
-])
+@pytest.mark.parametrize(
+    "args,code,needle",
+    [
+        (["build", "{minilm}", "--profile", "orin-nanoo", "-o", "{tmp}/x"], 3, "unknown device profile"),
+        (["build", "{tmp}/missing", "--profile", "orin", "-o", "{tmp}/x"], 3, "model not found"),
+        (["build", "{tmp}/corrupt.onnx", "--profile", "cpu", "-o", "{tmp}/x"], 3, "not a valid ONNX model"),
+        (["build", "{tmp}/pickled", "--profile", "cpu", "-o", "{tmp}/x"], 3, "only pickle weights"),
+        (["build", "{minilm}", "--profile", "cpu", "-o", "{tmp}/exists"], 4, "output directory exists"),
+        (["build", "{minilm}", "--profile", "{tmp}/bad.yaml", "-o", "{tmp}/x"], 3, "invalid profile"),
+    ],
+)
 def test_cli_bad_input_is_one_line_with_exit_code(run_cli, minilm_dir, tmp_path, args, code, needle):
     (tmp_path / "corrupt.onnx").write_bytes(b"\x08\x07garbage" * 50)
     (tmp_path / "pickled").mkdir()
@@ -105,8 +116,12 @@ def test_parity_miss_falls_back_to_next_precision_when_asked(minilm_dir, tmp_pat
     assert next_precision("int8", ["fp16", "int8", "fp32"]) == "fp16"
     assert next_precision("fp32", ["fp32"]) is None
     monkeypatch.setitem(plan_mod.DEFAULT_PARITY, "fp16", {"min_cosine": 1.01, "max_abs": None})
-    out = build(minilm_dir, "orin-nx-16gb", tmp_path / "fb", BuildOptions(on_parity_fail="fallback", progress=False,
-                                                                         parity_samples=4, calibration_samples=2))
+    out = build(
+        minilm_dir,
+        "orin-nx-16gb",
+        tmp_path / "fb",
+        BuildOptions(on_parity_fail="fallback", progress=False, parity_samples=4, calibration_samples=2),
+    )
     m = json.loads((out / "manifest.json").read_text())
     assert m["precision"] == "fp32" and m["plan"]["precision"] == "fp32"
     assert not m["parity"]["fp16"]["passed"] and m["parity"]["fp32"]["passed"]

@@ -37,8 +37,9 @@ def test_commit_is_atomic_and_force_replaces(tmp_path):
     assert B.open_bundle(out).bundle_id == "x"
     s2 = B.make_staging(out, force=True)
     (s2 / "model.bin").write_bytes(b"new")
-    B.write_manifest(s2, {"bundle_id": "y", "format": "onnx",
-                          "artifacts": [B.artifact_entry(s2, "model.bin", "model")]})
+    B.write_manifest(
+        s2, {"bundle_id": "y", "format": "onnx", "artifacts": [B.artifact_entry(s2, "model.bin", "model")]}
+    )
     B.commit_staging(s2, out, force=True)
     assert B.open_bundle(out).bundle_id == "y"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "staging/backup dirs left behind"
@@ -66,6 +67,7 @@ def test_path_escape_and_bad_manifest(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ verification gaps
+
 
 def _rewrite(root, edit):
     """Edit the manifest and write it back through write_manifest (a correct self-hash: a careful forger)."""
@@ -150,8 +152,10 @@ def test_tokenizer_dropped_from_manifest_then_altered_is_refused(minilm_copy):
     tok = json.loads((minilm_copy / "tokenizer.json").read_text())
     tok["model"]["vocab"]["hello"] = 0
     (minilm_copy / "tokenizer.json").write_text(json.dumps(tok))
-    with edgesdk.load(minilm_copy) as s, pytest.raises(BundleIntegrityError, match="tokenizer.json is present but "
-                                                                                   "not listed"):
+    with (
+        edgesdk.load(minilm_copy) as s,
+        pytest.raises(BundleIntegrityError, match="tokenizer.json is present but not listed"),
+    ):
         s.embed("hello world")
 
 
@@ -171,11 +175,13 @@ def test_pooling_mode_edited_is_refused(minilm_copy, run_cli):
 
 # ------------------------------------------------------------------------------------------ staging and lock
 
+
 def _owner_file(staging, pid, host=None):
     staging.mkdir()
     (staging / "junk.bin").write_bytes(b"x" * 100)
-    staging.with_name(staging.name + ".owner").write_text(json.dumps(
-        {"pid": pid, "host": host or socket.gethostname(), "started": 0, "proc_start": None}))
+    staging.with_name(staging.name + ".owner").write_text(
+        json.dumps({"pid": pid, "host": host or socket.gethostname(), "started": 0, "proc_start": None})
+    )
 
 
 def _dead_pid():

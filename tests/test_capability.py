@@ -27,8 +27,13 @@ def jetpack5_profile(tmp_path_factory) -> Path:
     data = yaml.safe_load(resolve_profile("orin-agx-64gb").path.read_text())
     data["name"] = "orin-agx-64gb-jp5"
     data["aliases"] = []
-    data["software"] = {"jetpack": "5.1", "l4t": "35.3", "cuda": "11.4", "tensorrt": "8.5",
-                        "source": "docs/devices.md: JetPack 5.1 = L4T 35, CUDA 11.4, TensorRT 8.5.2"}
+    data["software"] = {
+        "jetpack": "5.1",
+        "l4t": "35.3",
+        "cuda": "11.4",
+        "tensorrt": "8.5",
+        "source": "docs/devices.md: JetPack 5.1 = L4T 35, CUDA 11.4, TensorRT 8.5.2",
+    }
     path = tmp_path_factory.mktemp("profiles") / "orin-jp5.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -204,10 +209,15 @@ def test_integer_matmul_is_a_precision_limit(tmp_path):
     import onnx
     from onnx import TensorProto, helper
 
-    graph = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["c"])], "imm",
-                              [helper.make_tensor_value_info("a", TensorProto.INT32, [2, 3]),
-                               helper.make_tensor_value_info("b", TensorProto.INT32, [3, 4])],
-                              [helper.make_tensor_value_info("c", TensorProto.INT32, [2, 4])])
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["a", "b"], ["c"])],
+        "imm",
+        [
+            helper.make_tensor_value_info("a", TensorProto.INT32, [2, 3]),
+            helper.make_tensor_value_info("b", TensorProto.INT32, [3, 4]),
+        ],
+        [helper.make_tensor_value_info("c", TensorProto.INT32, [2, 4])],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 9
     path = tmp_path / "imm.onnx"

@@ -30,16 +30,23 @@ def _stamp_license(path: Path) -> Path:
 def _export(module, args, path: Path, names: list[str], dynamic: dict | None = None) -> Path:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(module.eval(), args, str(path), input_names=names, opset_version=17, dynamo=False,
-                          dynamic_axes=dynamic)
+        torch.onnx.export(
+            module.eval(), args, str(path), input_names=names, opset_version=17, dynamo=False, dynamic_axes=dynamic
+        )
     return _stamp_license(path)
 
 
 def make_cnn(path: Path, dla_only: bool = False) -> Path:
     torch.manual_seed(0)
     nn = torch.nn
-    layers = [nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
-              nn.Conv2d(16, 32, 3, padding=1), nn.ReLU()]
+    layers = [
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.ReLU(),
+    ]
 
     class Cnn(nn.Module):
         def __init__(self):
@@ -74,8 +81,9 @@ def make_lstm(path: Path) -> Path:
 def make_bert(path: Path) -> Path:
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    cfg = transformers.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                  intermediate_size=128, vocab_size=1000)
+    cfg = transformers.BertConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=1000
+    )
     model = transformers.BertModel(cfg).eval()
     ids = torch.ones(1, 16, dtype=torch.long)
     axes = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"}}
@@ -87,9 +95,15 @@ def make_custom_op(path: Path) -> Path:
     h = onnx.helper
     tp = onnx.TensorProto
     graph = h.make_graph(
-        [h.make_node("Relu", ["x"], ["a"]), h.make_node("Mystery", ["a"], ["b"], domain="com.example"),
-         h.make_node("Relu", ["b"], ["y"])], "custom",
-        [h.make_tensor_value_info("x", tp.FLOAT, [1, 4])], [h.make_tensor_value_info("y", tp.FLOAT, [1, 4])])
+        [
+            h.make_node("Relu", ["x"], ["a"]),
+            h.make_node("Mystery", ["a"], ["b"], domain="com.example"),
+            h.make_node("Relu", ["b"], ["y"]),
+        ],
+        "custom",
+        [h.make_tensor_value_info("x", tp.FLOAT, [1, 4])],
+        [h.make_tensor_value_info("y", tp.FLOAT, [1, 4])],
+    )
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("com.example", 1)])
     model.ir_version = 9
     onnx.save(model, str(path))
@@ -106,16 +120,27 @@ def make_lstm_layout1(path: Path) -> Path:
     w = onnx.numpy_helper.from_array(rng.standard_normal((1, 16, 3)).astype("float32"), "W")
     r = onnx.numpy_helper.from_array(rng.standard_normal((1, 16, 4)).astype("float32"), "R")
     node = h.make_node("LSTM", ["x", "W", "R"], ["y"], hidden_size=4, layout=1)
-    graph = h.make_graph([node], "lstm", [h.make_tensor_value_info("x", tp.FLOAT, [2, 5, 3])],
-                         [h.make_tensor_value_info("y", tp.FLOAT, None)], initializer=[w, r])
+    graph = h.make_graph(
+        [node],
+        "lstm",
+        [h.make_tensor_value_info("x", tp.FLOAT, [2, 5, 3])],
+        [h.make_tensor_value_info("y", tp.FLOAT, None)],
+        initializer=[w, r],
+    )
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
     model.ir_version = 9
     onnx.save(model, str(path))
     return path
 
 
-MAKERS = {"cnn": make_cnn, "dla_cnn": lambda p: make_cnn(p, dla_only=True), "lstm": make_lstm, "bert": make_bert,
-          "custom": make_custom_op, "lstm_layout1": make_lstm_layout1}
+MAKERS = {
+    "cnn": make_cnn,
+    "dla_cnn": lambda p: make_cnn(p, dla_only=True),
+    "lstm": make_lstm,
+    "bert": make_bert,
+    "custom": make_custom_op,
+    "lstm_layout1": make_lstm_layout1,
+}
 
 
 def build_all(tmp_path_factory) -> dict[str, Path]:

@@ -23,8 +23,10 @@ from edgesdk.formats.gguf.chat_templates import names  # noqa: E402
 GEMMA_LICENSE = "LicenseRef-gemma"
 MESSAGES = [{"role": "user", "content": "Write one sentence about the sea."}]
 # a turn format unlike Gemma's: what the server formats with when --chat-template names this file
-PLAIN = ("{{ bos_token }}{% for m in messages %}{{ m['role'] | upper }}: {{ m['content'] }}\n{% endfor %}"
-         "{% if add_generation_prompt %}ASSISTANT:{% endif %}")
+PLAIN = (
+    "{{ bos_token }}{% for m in messages %}{{ m['role'] | upper }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}ASSISTANT:{% endif %}"
+)
 
 
 def test_the_registry_maps_architectures_to_shipped_templates():
@@ -64,8 +66,12 @@ def gemma_arch_bundle(gemma_gguf, tmp_path_factory) -> Path:
     from edgesdk.build import build
     from edgesdk.plan import BuildOptions
 
-    return build(gemma_gguf, "cpu-x86_64", tmp_path_factory.mktemp("tpl") / "gemma",
-                 BuildOptions(progress=False, accept_licenses=(GEMMA_LICENSE,)))
+    return build(
+        gemma_gguf,
+        "cpu-x86_64",
+        tmp_path_factory.mktemp("tpl") / "gemma",
+        BuildOptions(progress=False, accept_licenses=(GEMMA_LICENSE,)),
+    )
 
 
 @pytest.mark.slow
@@ -79,8 +85,11 @@ def test_serve_chats_with_the_template_from_the_architecture(gemma_arch_bundle, 
 
     m = json.loads((gemma_arch_bundle / "manifest.json").read_text())
     assert {a["path"]: a["role"] for a in m["artifacts"]}["chat_template.jinja"] == "chat_template"
-    assert m["extras"]["llm"]["chat_template_bundled"] == {"template": "gemma", "source": "architecture",
-                                                           "file": "chat_template.jinja"}
+    assert m["extras"]["llm"]["chat_template_bundled"] == {
+        "template": "gemma",
+        "source": "architecture",
+        "file": "chat_template.jinja",
+    }
     assert (gemma_arch_bundle / "chat_template.jinja").read_text() == read_data_text("chat_templates", "gemma.jinja")
     tpl = tmp_path / "plain.jinja"
     tpl.write_text(PLAIN)
@@ -92,8 +101,11 @@ def test_serve_chats_with_the_template_from_the_architecture(gemma_arch_bundle, 
         plain = str(s.chat(MESSAGES, max_tokens=12, temperature=0, chat_template=str(tpl)))
         plain_tokens = s.backend.last["input_tokens"]
     assert plain_tokens != want_tokens
-    for extra, text, n_in in (([], want, want_tokens), (["--chat-template", tpl], plain, plain_tokens),
-                              (["--parallel", "2"], None, want_tokens)):  # continuous batching formats it too
+    for extra, text, n_in in (
+        ([], want, want_tokens),
+        (["--chat-template", tpl], plain, plain_tokens),
+        (["--parallel", "2"], None, want_tokens),
+    ):  # continuous batching formats it too
         srv = ServerProcess([gemma_arch_bundle, "--name", "gemma", "--parallel", "1", *extra], tmp_path)
         try:
             client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
@@ -101,10 +113,18 @@ def test_serve_chats_with_the_template_from_the_architecture(gemma_arch_bundle, 
             assert reply.usage.prompt_tokens == n_in, extra
             assert text is None or reply.choices[0].message.content == text, extra
             with pytest.raises(openai.BadRequestError) as err:  # a text-only model: image parts are refused
-                client.chat.completions.create(model="gemma", messages=[{"role": "user", "content": [
-                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}])
-            assert err.value.body["param"] == "messages[0].content[0]" and "takes text only" in err.value.body[
-                "message"]
+                client.chat.completions.create(
+                    model="gemma",
+                    messages=[
+                        {
+                            "role": "user",
+                            "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}],
+                        }
+                    ],
+                )
+            assert (
+                err.value.body["param"] == "messages[0].content[0]" and "takes text only" in err.value.body["message"]
+            )
         finally:
             assert srv.stop() == 0, srv.log.read_text()[-3000:]
 
@@ -132,8 +152,11 @@ def test_an_architecture_without_a_template_builds_for_completions_and_refuses_c
     assert "chat_template" not in {a["role"] for a in m["artifacts"]}
     with edgesdk.load(out) as s:
         assert s.generate("The sea", max_tokens=3, temperature=0).usage["completion_tokens"] >= 1
-        with pytest.raises(InputError, match=r"no chat template .*chatml, gemma, llama-2, llama-3, mistral, "
-                                             r"phi-3.*edgesdk run/serve --chat-template NAME\|FILE"):
+        with pytest.raises(
+            InputError,
+            match=r"no chat template .*chatml, gemma, llama-2, llama-3, mistral, "
+            r"phi-3.*edgesdk run/serve --chat-template NAME\|FILE",
+        ):
             s.chat(MESSAGES, max_tokens=2)
     proc = run_cli("run", out, "--chat", "--chat-template", "chatml", "--prompt", "hi", "-n", "2")
     assert proc.returncode == 0, proc.stderr

@@ -36,23 +36,43 @@ def _value(value):
     return {"stringValue": value}
 
 
-def _span(name, attrs, *, kind=1, status=0, span_id="00f067aa0ba902b7", parent="", events=(),
-          start=1_764_662_400_000_000_000, duration_s=0.5):
-    return {"traceId": "4bf92f3577b34da6a3ce929d0e0e4736", "spanId": span_id, "parentSpanId": parent,
-            "name": name, "kind": kind, "startTimeUnixNano": str(start),
-            "endTimeUnixNano": str(start + int(duration_s * 1e9)),
-            "attributes": [{"key": k, "value": _value(v)} for k, v in attrs.items()],
-            "events": [{"name": n, "attributes": [{"key": k, "value": _value(v)} for k, v in a.items()]}
-                       for n, a in events],
-            "status": {"code": status}}
+def _span(
+    name,
+    attrs,
+    *,
+    kind=1,
+    status=0,
+    span_id="00f067aa0ba902b7",
+    parent="",
+    events=(),
+    start=1_764_662_400_000_000_000,
+    duration_s=0.5,
+):
+    return {
+        "traceId": "4bf92f3577b34da6a3ce929d0e0e4736",
+        "spanId": span_id,
+        "parentSpanId": parent,
+        "name": name,
+        "kind": kind,
+        "startTimeUnixNano": str(start),
+        "endTimeUnixNano": str(start + int(duration_s * 1e9)),
+        "attributes": [{"key": k, "value": _value(v)} for k, v in attrs.items()],
+        "events": [
+            {"name": n, "attributes": [{"key": k, "value": _value(v)} for k, v in a.items()]} for n, a in events
+        ],
+        "status": {"code": status},
+    }
 
 
 def _write(tmp_path, spans=(), metrics=(), resource=None) -> Path:
     doc = {}
     if spans:
-        doc["resourceSpans"] = [{"resource": {"attributes": [{"key": k, "value": _value(v)}
-                                                             for k, v in (resource or {}).items()]},
-                                 "scopeSpans": [{"scope": {"name": "t"}, "spans": list(spans)}]}]
+        doc["resourceSpans"] = [
+            {
+                "resource": {"attributes": [{"key": k, "value": _value(v)} for k, v in (resource or {}).items()]},
+                "scopeSpans": [{"scope": {"name": "t"}, "spans": list(spans)}],
+            }
+        ]
     if metrics:
         doc["resourceMetrics"] = [{"scopeMetrics": [{"scope": {"name": "t"}, "metrics": list(metrics)}]}]
     path = tmp_path / "t.json"
@@ -60,8 +80,14 @@ def _write(tmp_path, spans=(), metrics=(), resource=None) -> Path:
     return path
 
 
-GOOD = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "llama.cpp", "gen_ai.request.model": "gemma",
-        "gen_ai.usage.input_tokens": 5, "gen_ai.usage.output_tokens": 3, "gen_ai.response.finish_reasons": ["stop"]}
+GOOD = {
+    "gen_ai.operation.name": "chat",
+    "gen_ai.provider.name": "llama.cpp",
+    "gen_ai.request.model": "gemma",
+    "gen_ai.usage.input_tokens": 5,
+    "gen_ai.usage.output_tokens": 3,
+    "gen_ai.response.finish_reasons": ["stop"],
+}
 
 
 def _rules(report, level="violation") -> set[tuple[str, str]]:
@@ -76,10 +102,15 @@ def test_our_own_exported_file_conforms(clean_env, tmp_path):
             with telemetry.build_stage(stage):
                 pass
         telemetry.fallback_event("tensorrt", "onnxruntime", "TensorRT not installed")
-    ours = {"edgesdk.device.profile": "orin", "edgesdk.backend": "llama.cpp", "edgesdk.precision": "q4_k_m",
-            "edgesdk.bundle.id": "abc"}
-    with telemetry.inference("chat", "gemma-3-270m", "llama.cpp", stream=True, request={"max_tokens": 8},
-                             attributes=ours) as rec:
+    ours = {
+        "edgesdk.device.profile": "orin",
+        "edgesdk.backend": "llama.cpp",
+        "edgesdk.precision": "q4_k_m",
+        "edgesdk.bundle.id": "abc",
+    }
+    with telemetry.inference(
+        "chat", "gemma-3-270m", "llama.cpp", stream=True, request={"max_tokens": 8}, attributes=ours
+    ) as rec:
         rec.set_input_tokens(5)
         for _ in range(4):
             rec.chunk()
@@ -104,9 +135,11 @@ def test_edgesdk_spans_missing_where_they_ran_is_an_improvement(clean_env, tmp_p
     telemetry.shutdown()
     report = check_trace_file(path)
     assert report.count("violation") == 0
-    assert {("edgesdk_convention", "edgesdk.device.profile"), ("edgesdk_convention", "edgesdk.precision"),
-            ("edgesdk_convention", "edgesdk.bundle.id")} == {
-        (f.rule, f.attribute) for f in report.findings if f.rule == "edgesdk_convention"}
+    assert {
+        ("edgesdk_convention", "edgesdk.device.profile"),
+        ("edgesdk_convention", "edgesdk.precision"),
+        ("edgesdk_convention", "edgesdk.bundle.id"),
+    } == {(f.rule, f.attribute) for f in report.findings if f.rule == "edgesdk_convention"}
 
 
 def test_other_tool_conforming_document_passes():
@@ -116,12 +149,16 @@ def test_other_tool_conforming_document_passes():
 
 def test_openllmetry_shaped_file_deprecated_names_and_unconsented_content():
     violations = _rules(check_trace_file(DATA / "openllmetry_style.json"))
-    assert {("deprecated", "gen_ai.system"), ("deprecated", "gen_ai.usage.prompt_tokens"),
-            ("deprecated", "gen_ai.usage.completion_tokens"), ("deprecated", "gen_ai.prompt.0.content"),
-            ("content_without_opt_in", "gen_ai.prompt.0.content"),
-            ("content_without_opt_in", "gen_ai.completion.0.content"),
-            ("missing_attribute", "gen_ai.operation.name"),
-            ("missing_attribute", "gen_ai.provider.name")} <= violations
+    assert {
+        ("deprecated", "gen_ai.system"),
+        ("deprecated", "gen_ai.usage.prompt_tokens"),
+        ("deprecated", "gen_ai.usage.completion_tokens"),
+        ("deprecated", "gen_ai.prompt.0.content"),
+        ("content_without_opt_in", "gen_ai.prompt.0.content"),
+        ("content_without_opt_in", "gen_ai.completion.0.content"),
+        ("missing_attribute", "gen_ai.operation.name"),
+        ("missing_attribute", "gen_ai.provider.name"),
+    } <= violations
 
 
 def test_vllm_shaped_snake_case_file_is_read_and_checked():
@@ -133,33 +170,72 @@ def test_vllm_shaped_snake_case_file_is_read_and_checked():
     assert ("not_in_registry", "gen_ai.latency.time_to_first_token") in improvements
 
 
-@pytest.mark.parametrize(("name", "attrs", "kwargs", "expected"), [
-    ("chat gemma", {**GOOD, "gen_ai.usage.input_tokens": "5"}, {}, ("type_mismatch", "gen_ai.usage.input_tokens")),
-    ("chat gemma", {**GOOD, "gen_ai.request.stream": "yes"}, {}, ("type_mismatch", "gen_ai.request.stream")),
-    ("summarize gemma", {**GOOD, "gen_ai.operation.name": "summarize"}, {},
-     ("undefined_enum_variant", "gen_ai.operation.name")),
-    ("gemma chat", GOOD, {}, ("span_name_format", "")),
-    ("chat gemma", GOOD, {"kind": 2}, ("span_kind_unexpected", "")),
-    ("chat gemma", {k: v for k, v in GOOD.items() if k != "gen_ai.provider.name"}, {},
-     ("missing_attribute", "gen_ai.provider.name")),
-    ("chat gemma", {k: v for k, v in GOOD.items() if k != "gen_ai.request.model"}, {},
-     ("missing_attribute", "gen_ai.request.model")),
-    ("chat gemma", GOOD, {"status": 2}, ("missing_attribute", "error.type")),
-    ("chat gemma", {**GOOD, "server.address": "10.0.0.2"}, {}, ("missing_attribute", "server.port")),
-    ("chat gemma", {**GOOD, "gen_ai.usage.output_tokens": -3}, {},
-     ("token_count_negative", "gen_ai.usage.output_tokens")),
-    ("chat gemma", {**GOOD, "gen_ai.request.max_tokens": 2}, {},
-     ("token_count_inconsistent", "gen_ai.usage.output_tokens")),
-    ("chat gemma", {**GOOD, "gen_ai.usage.reasoning.output_tokens": 9}, {},
-     ("token_count_inconsistent", "gen_ai.usage.reasoning.output_tokens")),
-    ("chat gemma", {**GOOD, "gen_ai.response.time_to_first_chunk": 3.0}, {"duration_s": 0.5},
-     ("value_inconsistent", "gen_ai.response.time_to_first_chunk")),
-    ("chat gemma", {**GOOD, "gen_ai.input.messages": '[{"role":"user"}]'}, {},
-     ("content_without_opt_in", "gen_ai.input.messages")),
-    ("chat gemma", GOOD, {"events": [("gen_ai.user.message", {"content": "hi"})]},
-     ("deprecated", "gen_ai.user.message")),
-    ("chat gemma", {**GOOD, "gen_ai.system": "llama.cpp"}, {}, ("deprecated", "gen_ai.system")),
-])
+@pytest.mark.parametrize(
+    ("name", "attrs", "kwargs", "expected"),
+    [
+        ("chat gemma", {**GOOD, "gen_ai.usage.input_tokens": "5"}, {}, ("type_mismatch", "gen_ai.usage.input_tokens")),
+        ("chat gemma", {**GOOD, "gen_ai.request.stream": "yes"}, {}, ("type_mismatch", "gen_ai.request.stream")),
+        (
+            "summarize gemma",
+            {**GOOD, "gen_ai.operation.name": "summarize"},
+            {},
+            ("undefined_enum_variant", "gen_ai.operation.name"),
+        ),
+        ("gemma chat", GOOD, {}, ("span_name_format", "")),
+        ("chat gemma", GOOD, {"kind": 2}, ("span_kind_unexpected", "")),
+        (
+            "chat gemma",
+            {k: v for k, v in GOOD.items() if k != "gen_ai.provider.name"},
+            {},
+            ("missing_attribute", "gen_ai.provider.name"),
+        ),
+        (
+            "chat gemma",
+            {k: v for k, v in GOOD.items() if k != "gen_ai.request.model"},
+            {},
+            ("missing_attribute", "gen_ai.request.model"),
+        ),
+        ("chat gemma", GOOD, {"status": 2}, ("missing_attribute", "error.type")),
+        ("chat gemma", {**GOOD, "server.address": "10.0.0.2"}, {}, ("missing_attribute", "server.port")),
+        (
+            "chat gemma",
+            {**GOOD, "gen_ai.usage.output_tokens": -3},
+            {},
+            ("token_count_negative", "gen_ai.usage.output_tokens"),
+        ),
+        (
+            "chat gemma",
+            {**GOOD, "gen_ai.request.max_tokens": 2},
+            {},
+            ("token_count_inconsistent", "gen_ai.usage.output_tokens"),
+        ),
+        (
+            "chat gemma",
+            {**GOOD, "gen_ai.usage.reasoning.output_tokens": 9},
+            {},
+            ("token_count_inconsistent", "gen_ai.usage.reasoning.output_tokens"),
+        ),
+        (
+            "chat gemma",
+            {**GOOD, "gen_ai.response.time_to_first_chunk": 3.0},
+            {"duration_s": 0.5},
+            ("value_inconsistent", "gen_ai.response.time_to_first_chunk"),
+        ),
+        (
+            "chat gemma",
+            {**GOOD, "gen_ai.input.messages": '[{"role":"user"}]'},
+            {},
+            ("content_without_opt_in", "gen_ai.input.messages"),
+        ),
+        (
+            "chat gemma",
+            GOOD,
+            {"events": [("gen_ai.user.message", {"content": "hi"})]},
+            ("deprecated", "gen_ai.user.message"),
+        ),
+        ("chat gemma", {**GOOD, "gen_ai.system": "llama.cpp"}, {}, ("deprecated", "gen_ai.system")),
+    ],
+)
 def test_each_violation_kind_is_found(tmp_path, name, attrs, kwargs, expected):
     report = check_trace_file(_write(tmp_path, [_span(name, attrs, **kwargs)]))
     assert expected in _rules(report), report.findings
@@ -175,15 +251,29 @@ def test_content_with_opt_in_marker_is_information_only(tmp_path):
 
 
 def test_build_span_conventions(tmp_path):
-    root = _span("edgesdk.build", {"edgesdk.build.model": "m", "edgesdk.device.profile": "orin",
-                                   "edgesdk.build.outcome": "error"}, span_id="1111111111111111")
-    orphan = _span("edgesdk.build.export", {"edgesdk.build.stage": "export", "edgesdk.build.stage.outcome": "ok"},
-                   span_id="2222222222222222")
-    failed = _span("edgesdk.build.verify", {"edgesdk.build.stage": "verify", "edgesdk.build.stage.outcome": "error"},
-                   span_id="3333333333333333", parent="1111111111111111")
-    odd = _span("edgesdk.build.package", {"edgesdk.build.stage": "package", "edgesdk.build.stage.outcome": "maybe"},
-                span_id="4444444444444444", parent="1111111111111111",
-                events=[("edgesdk.fallback", {"edgesdk.fallback.from": "tensorrt"})])
+    root = _span(
+        "edgesdk.build",
+        {"edgesdk.build.model": "m", "edgesdk.device.profile": "orin", "edgesdk.build.outcome": "error"},
+        span_id="1111111111111111",
+    )
+    orphan = _span(
+        "edgesdk.build.export",
+        {"edgesdk.build.stage": "export", "edgesdk.build.stage.outcome": "ok"},
+        span_id="2222222222222222",
+    )
+    failed = _span(
+        "edgesdk.build.verify",
+        {"edgesdk.build.stage": "verify", "edgesdk.build.stage.outcome": "error"},
+        span_id="3333333333333333",
+        parent="1111111111111111",
+    )
+    odd = _span(
+        "edgesdk.build.package",
+        {"edgesdk.build.stage": "package", "edgesdk.build.stage.outcome": "maybe"},
+        span_id="4444444444444444",
+        parent="1111111111111111",
+        events=[("edgesdk.fallback", {"edgesdk.fallback.from": "tensorrt"})],
+    )
     violations = _rules(check_trace_file(_write(tmp_path, [root, orphan, failed, odd])))
     assert ("build_convention", "") in violations  # stage without the build span as parent
     assert ("missing_attribute", "error.type") in violations
@@ -192,15 +282,30 @@ def test_build_span_conventions(tmp_path):
 
 
 def _histogram(name, unit, attrs, bounds):
-    return {"name": name, "unit": unit, "histogram": {"dataPoints": [
-        {"attributes": [{"key": k, "value": _value(v)} for k, v in attrs.items()], "count": "1", "sum": 1.0,
-         "explicitBounds": bounds, "bucketCounts": ["1"] * (len(bounds) + 1)}], "aggregationTemporality": 2}}
+    return {
+        "name": name,
+        "unit": unit,
+        "histogram": {
+            "dataPoints": [
+                {
+                    "attributes": [{"key": k, "value": _value(v)} for k, v in attrs.items()],
+                    "count": "1",
+                    "sum": 1.0,
+                    "explicitBounds": bounds,
+                    "bucketCounts": ["1"] * (len(bounds) + 1),
+                }
+            ],
+            "aggregationTemporality": 2,
+        },
+    }
 
 
 def test_metric_checks(tmp_path):
     base = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "llama.cpp"}
-    metrics = [_histogram("gen_ai.client.operation.duration", "ms", base, [1.0, 10.0]),
-               _histogram("gen_ai.client.token.usage", "{token}", {**base, "gen_ai.system": "x"}, [1.0, 4.0])]
+    metrics = [
+        _histogram("gen_ai.client.operation.duration", "ms", base, [1.0, 10.0]),
+        _histogram("gen_ai.client.token.usage", "{token}", {**base, "gen_ai.system": "x"}, [1.0, 4.0]),
+    ]
     report = check_trace_file(_write(tmp_path, metrics=metrics))
     violations = _rules(report)
     assert ("metric_unit_mismatch", "") in violations
@@ -231,10 +336,17 @@ def test_gzip_and_bom_files_are_read(tmp_path):
     assert len(read_otlp_json(bom).spans) == 1
 
 
-@pytest.mark.parametrize(("content", "message"), [
-    (None, "not found"), ("", "empty"), ("{not json\n", "not JSON"), ('{"spans": []}', "not OTLP"),
-    (b"\x1f\x8b\x08\x00garbage", "cannot read"), (b"\xff\xfe\x00bad", "cannot read"),
-])
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "not found"),
+        ("", "empty"),
+        ("{not json\n", "not JSON"),
+        ('{"spans": []}', "not OTLP"),
+        (b"\x1f\x8b\x08\x00garbage", "cannot read"),
+        (b"\xff\xfe\x00bad", "cannot read"),
+    ],
+)
 def test_unreadable_or_non_otlp_files_are_errors_with_exit_1(tmp_path, content, message):
     path = tmp_path / "bad.json"
     if isinstance(content, bytes):
@@ -255,15 +367,17 @@ def test_command_exit_codes_and_json_output():
     report = json.loads(bad.output)
     assert report["conforming"] is False and report["summary"]["violation"] >= 8
     assert {"level", "rule", "message", "span", "attribute", "line", "count"} <= set(report["findings"][0])
-    strict = runner.invoke(traces_command, [str(DATA / "vllm_style_snake.json"), "--fail-on", "improvement"],
-                           standalone_mode=False)
+    strict = runner.invoke(
+        traces_command, [str(DATA / "vllm_style_snake.json"), "--fail-on", "improvement"], standalone_mode=False
+    )
     assert strict.return_value == 2
 
 
 def test_real_cli_exit_codes(tmp_path):
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "edgesdk.cli", "check", "traces", *args],
-                              capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "edgesdk.cli", "check", "traces", *args], capture_output=True, text=True, timeout=120
+        )
 
     assert run(str(DATA / "conforming_client_chat.json")).returncode == 0
     assert run(str(DATA / "openllmetry_style.json")).returncode == 2
@@ -280,9 +394,18 @@ def _big_jsonl(path: Path, lines: int, spans_per_line: int = 20, opener=open) ->
     size = 0
     with opener(path, "wt", encoding="utf-8") as out:
         for i in range(lines):
-            spans = [{"traceId": f"{i:032x}", "spanId": f"{i * spans_per_line + j + 1:016x}", "name": "chat gemma",
-                      "kind": 1, "startTimeUnixNano": "1", "endTimeUnixNano": "2", "attributes": attrs}
-                     for j in range(spans_per_line)]
+            spans = [
+                {
+                    "traceId": f"{i:032x}",
+                    "spanId": f"{i * spans_per_line + j + 1:016x}",
+                    "name": "chat gemma",
+                    "kind": 1,
+                    "startTimeUnixNano": "1",
+                    "endTimeUnixNano": "2",
+                    "attributes": attrs,
+                }
+                for j in range(spans_per_line)
+            ]
             line = json.dumps({"resourceSpans": [{"scopeSpans": [{"scope": {"name": "t"}, "spans": spans}]}]})
             size += len(line) + 1
             out.write(line + "\n")
@@ -339,8 +462,11 @@ def test_gzip_trace_is_streamed_with_a_size_bound(tmp_path):
 
 def test_build_stage_parent_is_checked_in_either_order(tmp_path):
     """The SDK exports a parent after its children; a reordered file has it first: both are checked."""
-    root = _span("edgesdk.build", {"edgesdk.build.model": "m", "edgesdk.device.profile": "orin",
-                                   "edgesdk.build.outcome": "ok"}, span_id="00000000000000aa")
+    root = _span(
+        "edgesdk.build",
+        {"edgesdk.build.model": "m", "edgesdk.device.profile": "orin", "edgesdk.build.outcome": "ok"},
+        span_id="00000000000000aa",
+    )
     wrong = _span("other", {}, span_id="00000000000000bb")
     stage = {"edgesdk.build.stage": "export", "edgesdk.build.stage.outcome": "ok"}
     for order in ((0, 1), (1, 0)):

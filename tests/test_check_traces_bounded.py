@@ -23,17 +23,32 @@ from edgesdk.tracecheck import check_trace_file
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 
 
-def _span(name: str, span_id: str, attrs: dict, *, parent: str = "", trace: str = TRACE, start: int = 100,
-          end: int = 200) -> dict:
-    return {"traceId": trace, "spanId": span_id, "parentSpanId": parent, "name": name, "kind": 1,
-            "startTimeUnixNano": str(start), "endTimeUnixNano": str(end),
-            "attributes": [{"key": k, "value": {"stringValue": v} if isinstance(v, str) else {"intValue": str(v)}}
-                           for k, v in attrs.items()]}
+def _span(
+    name: str, span_id: str, attrs: dict, *, parent: str = "", trace: str = TRACE, start: int = 100, end: int = 200
+) -> dict:
+    return {
+        "traceId": trace,
+        "spanId": span_id,
+        "parentSpanId": parent,
+        "name": name,
+        "kind": 1,
+        "startTimeUnixNano": str(start),
+        "endTimeUnixNano": str(end),
+        "attributes": [
+            {"key": k, "value": {"stringValue": v} if isinstance(v, str) else {"intValue": str(v)}}
+            for k, v in attrs.items()
+        ],
+    }
 
 
 def _line(spans: list[dict]) -> str:
-    return json.dumps({"resourceSpans": [{"resource": {}, "scopeSpans": [{"scope": {"name": "t"}, "spans": spans}]}]},
-                      separators=(",", ":")) + "\n"
+    return (
+        json.dumps(
+            {"resourceSpans": [{"resource": {}, "scopeSpans": [{"scope": {"name": "t"}, "spans": spans}]}]},
+            separators=(",", ":"),
+        )
+        + "\n"
+    )
 
 
 BUILD_STAGE = {"edgesdk.build.stage": "convert", "edgesdk.build.stage.outcome": "ok"}
@@ -64,11 +79,25 @@ def _stage_file(path: Path, n: int) -> Path:
     """``n`` build-stage spans with distinct ids, each a child of the build span at the end of the file."""
     with open(path, "w") as out:
         for start in range(0, n, 1000):
-            out.write(_line([_span("edgesdk.build.convert", f"{i + 1:016x}", BUILD_STAGE, parent="ffffffffffffff00")
-                             for i in range(start, min(n, start + 1000))]))
-        out.write(_line([_span("edgesdk.build", "ffffffffffffff00", {"edgesdk.build.model": "m",
-                                                                     "edgesdk.device.profile": "orin",
-                                                                     "edgesdk.build.outcome": "ok"})]))
+            out.write(
+                _line(
+                    [
+                        _span("edgesdk.build.convert", f"{i + 1:016x}", BUILD_STAGE, parent="ffffffffffffff00")
+                        for i in range(start, min(n, start + 1000))
+                    ]
+                )
+            )
+        out.write(
+            _line(
+                [
+                    _span(
+                        "edgesdk.build",
+                        "ffffffffffffff00",
+                        {"edgesdk.build.model": "m", "edgesdk.device.profile": "orin", "edgesdk.build.outcome": "ok"},
+                    )
+                ]
+            )
+        )
     return path
 
 
@@ -102,8 +131,17 @@ def test_distinct_spans_kept_for_parent_checks_are_capped(tmp_path):
 def test_inference_stage_whose_parent_was_not_kept_is_not_called_missing(tmp_path):
     """A stage span kept before the cap whose GenAI parent comes after it: no false 'not in this file';
     a stage whose parent really is missing is still a violation when everything was kept."""
-    stages = [_span("decode", f"{i + 1:016x}", {"edgesdk.inference.stage": "decode"}, parent="00000000000000aa",
-                    start=120, end=180) for i in range(10)]
+    stages = [
+        _span(
+            "decode",
+            f"{i + 1:016x}",
+            {"edgesdk.inference.stage": "decode"},
+            parent="00000000000000aa",
+            start=120,
+            end=180,
+        )
+        for i in range(10)
+    ]
     parent = _span("chat m", "00000000000000aa", GENAI, start=100, end=200)
     path = tmp_path / "t.jsonl"
     path.write_text(_line(stages) + _line([parent]))
@@ -119,10 +157,12 @@ def test_inference_stage_whose_parent_was_not_kept_is_not_called_missing(tmp_pat
 def test_distinct_findings_are_capped_and_counted(tmp_path):
     """5,000 spans each with its own finding (an unknown stage value quoted in the message): with 100
     groups listed, the rest are counted under their level and rule; the totals and verdict are kept."""
-    spans = [_span(f"stage-{i}", f"{i + 1:016x}", {"edgesdk.inference.stage": f"s{i}"}, parent="ffffffffffffff00")
-             for i in range(5_000)]
+    spans = [
+        _span(f"stage-{i}", f"{i + 1:016x}", {"edgesdk.inference.stage": f"s{i}"}, parent="ffffffffffffff00")
+        for i in range(5_000)
+    ]
     path = tmp_path / "t.jsonl"
-    path.write_text("".join(_line(spans[i:i + 500]) for i in range(0, len(spans), 500)))
+    path.write_text("".join(_line(spans[i : i + 500]) for i in range(0, len(spans), 500)))
     full = check_trace_file(path)
     capped = check_trace_file(path, max_finding_groups=100)
     assert len(full.findings) > 5_000
@@ -136,8 +176,12 @@ def test_over_long_names_and_ids_are_not_kept_whole(tmp_path):
     """Ids and names of 100,000 characters: the parent check still pairs a stage with its build span
     (same long trace id), and findings carry shortened names and ids."""
     trace = "f" * 100_000
-    root = _span("edgesdk.build", "00000000000000aa", {"edgesdk.build.model": "m", "edgesdk.device.profile": "o",
-                                                        "edgesdk.build.outcome": "ok"}, trace=trace)
+    root = _span(
+        "edgesdk.build",
+        "00000000000000aa",
+        {"edgesdk.build.model": "m", "edgesdk.device.profile": "o", "edgesdk.build.outcome": "ok"},
+        trace=trace,
+    )
     other = _span("x" * 100_000, "00000000000000bb", {}, trace=trace)
     good = _span("edgesdk.build.convert", "0000000000000001", BUILD_STAGE, parent="00000000000000aa", trace=trace)
     bad = _span("edgesdk.build.convert", "0000000000000002", BUILD_STAGE, parent="00000000000000bb", trace=trace)
@@ -148,4 +192,3 @@ def test_over_long_names_and_ids_are_not_kept_whole(tmp_path):
     assert len(wrong) == 1 and wrong[0].count == 1, report.findings
     assert len(wrong[0].message) < 1100 and len(wrong[0].trace_id) <= 64
     assert all(len(f.span) <= 128 for f in report.findings)
-

@@ -26,16 +26,28 @@ def make_two_output_bundle(out: Path) -> Path:
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", D])
     s = helper.make_tensor_value_info("s", TensorProto.FLOAT, ["batch", 1])
     axes = numpy_helper.from_array(np.array([1], dtype=np.int64), "axes")
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["a"]), helper.make_node("Relu", ["a"], ["y"]),
-             helper.make_node("ReduceSum", ["y", "axes"], ["s"], keepdims=1)]
-    model = helper.make_model(helper.make_graph(nodes, "two", [x], [y, s], [w, axes]),
-                              opset_imports=[helper.make_opsetid("", 17)])
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["a"]),
+        helper.make_node("Relu", ["a"], ["y"]),
+        helper.make_node("ReduceSum", ["y", "axes"], ["s"], keepdims=1),
+    ]
+    model = helper.make_model(
+        helper.make_graph(nodes, "two", [x], [y, s], [w, axes]), opset_imports=[helper.make_opsetid("", 17)]
+    )
     model.ir_version = 8
     onnx.save(model, out / "model.onnx")
-    write_manifest(out, {"bundle_id": "two-out", "model": {"name": "two-out", "task": "other"},
-                         "profile": {"name": "cpu-x86_64"}, "format": "onnx", "precision": "fp32",
-                         "artifacts": [artifact_entry(out, "model.onnx", "model")],
-                         "runtime": {"backend_chain": ["CPUExecutionProvider"]}})
+    write_manifest(
+        out,
+        {
+            "bundle_id": "two-out",
+            "model": {"name": "two-out", "task": "other"},
+            "profile": {"name": "cpu-x86_64"},
+            "format": "onnx",
+            "precision": "fp32",
+            "artifacts": [artifact_entry(out, "model.onnx", "model")],
+            "runtime": {"backend_chain": ["CPUExecutionProvider"]},
+        },
+    )
     return out
 
 
@@ -48,10 +60,14 @@ def make_dynamic_cnn(path: Path, config: dict | None = None) -> Path:
     w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
     x = helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT, ["batch", "num_channels", "height", "width"])
     y = helper.make_tensor_value_info("logits", TensorProto.FLOAT, None)
-    nodes = [helper.make_node("Conv", ["pixel_values", "w"], ["c"], pads=[1, 1, 1, 1]),
-             helper.make_node("GlobalAveragePool", ["c"], ["p"]), helper.make_node("Flatten", ["p"], ["logits"])]
-    model = helper.make_model(helper.make_graph(nodes, "cnn", [x], [y], [w]),
-                              opset_imports=[helper.make_opsetid("", 17)])
+    nodes = [
+        helper.make_node("Conv", ["pixel_values", "w"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("GlobalAveragePool", ["c"], ["p"]),
+        helper.make_node("Flatten", ["p"], ["logits"]),
+    ]
+    model = helper.make_model(
+        helper.make_graph(nodes, "cnn", [x], [y], [w]), opset_imports=[helper.make_opsetid("", 17)]
+    )
     model.ir_version = 8
     onnx.save(model, path)
     if config is not None:
@@ -124,8 +140,9 @@ def test_run_json_carries_the_arrays_or_names_the_file(two_out, x_npz, tmp_path,
 def named_minilm(minilm_dir, tmp_path_factory, run_cli_module) -> Path:
     """MiniLM built through the CLI from a directory called ``model``, with ``--name minilm-l6``."""
     out = tmp_path_factory.mktemp("named") / "bundle"
-    res = run_cli_module("build", minilm_dir, "--profile", "cpu", "--precision", "fp32", "-o", out,
-                         "--name", "minilm-l6")
+    res = run_cli_module(
+        "build", minilm_dir, "--profile", "cpu", "--precision", "fp32", "-o", out, "--name", "minilm-l6"
+    )
     assert res.returncode == 0, res.stderr
     return out
 
@@ -137,8 +154,14 @@ def run_cli_module():
     import sys
 
     def _run(*args, timeout=600):
-        return subprocess.run([sys.executable, "-m", "edgesdk", *map(str, args)], capture_output=True, text=True,
-                              env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=timeout)
+        return subprocess.run(
+            [sys.executable, "-m", "edgesdk", *map(str, args)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+            timeout=timeout,
+        )
+
     return _run
 
 
@@ -171,6 +194,7 @@ def test_run_embeddings_output_and_json_vectors(named_minilm, tmp_path, run_cli)
 
 # ------------------------------------------------------------------------------------ TensorRT shapes
 
+
 def _plan(run_cli, *args) -> dict:
     res = run_cli("build", *args, "--plan-only", "--json")
     assert res.returncode == 0, res.stderr
@@ -196,13 +220,18 @@ def test_shapes_flag_is_recorded_in_plan_and_refused_when_wrong(tmp_path, run_cl
     cnn = make_dynamic_cnn(tmp_path / "model.onnx")
     spec = "pixel_values:1x3x224x224:4x3x224x224:8x3x224x224"
     plan = _plan(run_cli, cnn, "-p", "orin-nx-16gb", "--format", "tensorrt", "--shapes", spec)
-    assert _profiles(plan) == [{"pixel_values": {"min": [1, 3, 224, 224], "opt": [4, 3, 224, 224],
-                                                 "max": [8, 3, 224, 224]}}]
+    assert _profiles(plan) == [
+        {"pixel_values": {"min": [1, 3, 224, 224], "opt": [4, 3, 224, 224], "max": [8, 3, 224, 224]}}
+    ]
     key = next(d["value"] for d in plan["decisions"] if d["key"] == "engine_cache_key")
     assert key["profiles"] == _profiles(plan)
-    for bad in ("pixel_values:1x3x224x224:4x3x224x224", "nope:1:1:1",
-                "pixel_values:4x3x224x224:1x3x224x224:8x3x224x224",
-                "pixel_values:1x3x224:4x3x224x224:8x3x224x224", "pixel_values:1x3xAx224:4x3x224x224:8x3x224x224"):
+    for bad in (
+        "pixel_values:1x3x224x224:4x3x224x224",
+        "nope:1:1:1",
+        "pixel_values:4x3x224x224:1x3x224x224:8x3x224x224",
+        "pixel_values:1x3x224:4x3x224x224:8x3x224x224",
+        "pixel_values:1x3xAx224:4x3x224x224:8x3x224x224",
+    ):
         res = run_cli("build", cnn, "-p", "orin-nx-16gb", "--format", "tensorrt", "--plan-only", "--shapes", bad)
         assert res.returncode == 3, (bad, res.stderr)
         assert res.stderr.count("\n") == 1 and "--shapes" in res.stderr
@@ -220,8 +249,20 @@ def test_seq_len_flags_shape_text_profiles(minilm_dir, run_cli):
 def test_shapes_reach_the_engine_config_and_engine_show(tmp_path, run_cli):
     cnn = make_dynamic_cnn(tmp_path / "src" / "model.onnx")
     out = tmp_path / "cnn-trt"
-    res = run_cli("build", cnn, "-p", "orin-nx-16gb", "--format", "tensorrt", "-o", out, "--model-license",
-                  "Apache-2.0", "--shapes", "pixel_values:1x3x224x224:4x3x224x224:8x3x224x224")
+    res = run_cli(
+        "build",
+        cnn,
+        "-p",
+        "orin-nx-16gb",
+        "--format",
+        "tensorrt",
+        "-o",
+        out,
+        "--model-license",
+        "Apache-2.0",
+        "--shapes",
+        "pixel_values:1x3x224x224:4x3x224x224:8x3x224x224",
+    )
     assert res.returncode == 0, res.stderr
     config = json.loads((out / "tensorrt" / "engine_config.json").read_text())
     assert config["optimization_profiles"][0]["pixel_values"]["opt"] == [4, 3, 224, 224]

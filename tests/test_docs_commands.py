@@ -56,6 +56,7 @@ BIN = Path(sys.executable).parent  # the venv running the tests: its edgesdk and
 @dataclass(frozen=True)
 class Source:
     """A real model (or file) from a fixture of this file or tests/conftest.py."""
+
     fixture: str
     what: str
 
@@ -63,6 +64,7 @@ class Source:
 @dataclass(frozen=True)
 class Made:
     """Made by running a doc command once per session; ``path`` (default: its ``-o``) in its directory."""
+
     command: str
     path: str | None = None
 
@@ -70,12 +72,14 @@ class Made:
 @dataclass(frozen=True)
 class Same:
     """Another placeholder of this table."""
+
     key: str
 
 
 @dataclass(frozen=True)
 class Text:
     """A small file written by the test."""
+
     content: str
 
 
@@ -85,11 +89,15 @@ class RepoRoot:
 
 
 POLICY_YAML = "id: doc-example\nlicenses: {LGPL-2.1-or-later: allow}\n"
-WAIVERS_YAML = ("waivers:\n  - id: W-1\n    license: LGPL-2.1-or-later\n    subject: \"crc32c==*\"\n"
-                "    by: jane@example.com\n    reason: linked dynamically\n    expires: 2099-12-31\n")
-JINJA = ("{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
-         "{{ m['content'] }}<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n"
-         "{% endif %}")
+WAIVERS_YAML = (
+    'waivers:\n  - id: W-1\n    license: LGPL-2.1-or-later\n    subject: "crc32c==*"\n'
+    "    by: jane@example.com\n    reason: linked dynamically\n    expires: 2099-12-31\n"
+)
+JINJA = (
+    "{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
+    "{{ m['content'] }}<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n"
+    "{% endif %}"
+)
 
 #: doc placeholder -> what it is here. A doc that uses a new placeholder fails until it is added here.
 PLACEHOLDERS: dict[str, Source | Made | Same | Text | RepoRoot] = {
@@ -102,16 +110,20 @@ PLACEHOLDERS: dict[str, Source | Made | Same | Text | RepoRoot] = {
     # bundles: made by the docs' own build commands, once per session
     "out/minilm-orin": Made("edgesdk build path/to/hf-model --profile orin -o out/minilm-orin --explain"),
     "out/minilm": Same("out/minilm-orin"),
-    "out/llm-nano": Made("edgesdk build model.gguf --profile orin-nano-8gb -o out/llm-nano --explain "
-                         "--accept-license LicenseRef-gemma"),
+    "out/llm-nano": Made(
+        "edgesdk build model.gguf --profile orin-nano-8gb -o out/llm-nano --explain --accept-license LicenseRef-gemma"
+    ),
     "out/llm": Same("out/llm-nano"),
-    "gemma-chat.gguf": Made("gguf-new-metadata model.gguf gemma-chat.gguf --chat-template-file my-template.jinja",
-                            "gemma-chat.gguf"),
-    "out/gemma-chat": Made("edgesdk build model.gguf --profile cpu -o out/gemma-chat "
-                           "--accept-license LicenseRef-gemma"),
+    "gemma-chat.gguf": Made(
+        "gguf-new-metadata model.gguf gemma-chat.gguf --chat-template-file my-template.jinja", "gemma-chat.gguf"
+    ),
+    "out/gemma-chat": Made(
+        "edgesdk build model.gguf --profile cpu -o out/gemma-chat --accept-license LicenseRef-gemma"
+    ),
     "out/minilm-cpu": Same("out/minilm-orin"),  # an embedding bundle; it runs on this CPU either way
-    "out/det-orin": Made("edgesdk build model.onnx --profile orin-nx-16gb --format tensorrt "
-                         "--model-license Apache-2.0 -o out/det-orin"),
+    "out/det-orin": Made(
+        "edgesdk build model.onnx --profile orin-nx-16gb --format tensorrt --model-license Apache-2.0 -o out/det-orin"
+    ),
     "out/x": Made("edgesdk build MODEL --profile orin -o out/x"),
     # files
     "traces.jsonl": Made('edgesdk run out/minilm --input "hello" --trace-file traces.jsonl', "traces.jsonl"),
@@ -132,8 +144,9 @@ def _gpu() -> tuple[bool, str]:
 
 
 def _tensorrt() -> tuple[bool, str]:
-    return importlib.util.find_spec("tensorrt") is not None and _gpu()[0], \
-        "TensorRT and an NVIDIA GPU are not available here (docs/versions.md)"
+    return importlib.util.find_spec("tensorrt") is not None and _gpu()[
+        0
+    ], "TensorRT and an NVIDIA GPU are not available here (docs/versions.md)"
 
 
 #: ``# needs: NAME`` in a doc line -> (is it available here?, why not)
@@ -209,7 +222,7 @@ def split_comment(line: str) -> tuple[str, str]:
         elif ch in "'\"":
             quote = ch
         elif ch == "#" and (i == 0 or line[i - 1].isspace()):
-            return line[:i].rstrip(), line[i + 1:].strip()
+            return line[:i].rstrip(), line[i + 1 :].strip()
     return line.rstrip(), ""
 
 
@@ -306,8 +319,12 @@ def option_table(cmd) -> dict[str, bool]:
 def looks_like_path(token: str) -> bool:
     if not token or any(c.isspace() for c in token) or token.startswith(("http://", "https://")):
         return False
-    return (token == "." or "/" in token or bool(re.search(r"\.[A-Za-z]\w*$", token))
-            or bool(re.fullmatch(r"[A-Z][A-Z_]+", token)))  # a metavariable such as MODEL (not Q4_K_M)
+    return (
+        token == "."
+        or "/" in token
+        or bool(re.search(r"\.[A-Za-z]\w*$", token))
+        or bool(re.fullmatch(r"[A-Z][A-Z_]+", token))
+    )  # a metavariable such as MODEL (not Q4_K_M)
 
 
 SHELL_OPS = {"|", "||", "&&", ";", ">", ">>", "<", "2>", "2>&1", "&>"}
@@ -368,9 +385,11 @@ def analyse(cmd: DocCommand) -> tuple[list[str], list[str]]:
             elif looks_like_path(tok):
                 unknown.append(tok)
     if unknown:
-        pytest.fail(f"{cmd.where}: {unknown} not in PLACEHOLDERS of tests/test_docs_commands.py: add each "
-                    f"(doc placeholder -> fixture) there, or use a placeholder it already has "
-                    f"({', '.join(sorted(PLACEHOLDERS))})")
+        pytest.fail(
+            f"{cmd.where}: {unknown} not in PLACEHOLDERS of tests/test_docs_commands.py: add each "
+            f"(doc placeholder -> fixture) there, or use a placeholder it already has "
+            f"({', '.join(sorted(PLACEHOLDERS))})"
+        )
     return inputs, outputs
 
 
@@ -393,10 +412,20 @@ class DocWorkspace:
         self.memo: dict[str, Ran] = {}
         self.counter = itertools.count()
         self.resolved: dict[str, Path] = {}
-        self.env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-                    "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "EDGESDK_NO_PROGRESS": "1"}
-        for var in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_TRACES_EXPORTER", "EDGESDK_TRACE_FILE",
-                    "EDGESDK_CAPTURE_CONTENT", "EDGESDK_DEBUG"):
+        self.env = {
+            **os.environ,
+            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "EDGESDK_NO_PROGRESS": "1",
+        }
+        for var in (
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "OTEL_TRACES_EXPORTER",
+            "EDGESDK_TRACE_FILE",
+            "EDGESDK_CAPTURE_CONTENT",
+            "EDGESDK_DEBUG",
+        ):
             self.env.pop(var, None)
 
     def resolve(self, key: str) -> Path:
@@ -415,8 +444,10 @@ class DocWorkspace:
             maker = DocCommand("PLACEHOLDERS", 0, entry.command, "", command_kind(entry.command) or "edgesdk")
             ran = self.run(maker)
             if ran.returncode != 0:
-                pytest.fail(f"making placeholder {key!r} failed: `{entry.command}` exited {ran.returncode}\n"
-                            f"{ran.stderr[-2000:]}")
+                pytest.fail(
+                    f"making placeholder {key!r} failed: `{entry.command}` exited {ran.returncode}\n"
+                    f"{ran.stderr[-2000:]}"
+                )
             rel = entry.path
             if rel is None:
                 outs = analyse(maker)[1]
@@ -453,12 +484,18 @@ class DocWorkspace:
         if re.match(r"(?:[A-Za-z_]\w*=\S*\s+)*edgesdk serve\s", text):
             ran = self._serve(text, cwd)
         else:
-            proc = subprocess.run(["bash", "-o", "pipefail", "-c", text], cwd=cwd, env=self.env, capture_output=True,
-                                  text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+            proc = subprocess.run(
+                ["bash", "-o", "pipefail", "-c", text],
+                cwd=cwd,
+                env=self.env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+            )
             ran = Ran(cwd, proc.returncode, proc.stdout, proc.stderr)
         self.memo[cmd.text] = ran
         return ran
-
 
     def _serve(self, text: str, cwd: Path, timeout: float = 180) -> Ran:
         """A server runs until stopped: start it, wait for ``GET /health`` = 200, SIGTERM, expect a clean exit.
@@ -471,8 +508,15 @@ class DocWorkspace:
         text, n = re.subn(r"--port[= ]\d+", f"--port {port}", text)
         if not n:
             text += f" --port {port}"
-        proc = subprocess.Popen(["bash", "-c", f"exec {text}"], cwd=cwd, env=self.env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            ["bash", "-c", f"exec {text}"],
+            cwd=cwd,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         health, deadline = None, time.monotonic() + timeout
         try:
             while proc.poll() is None and time.monotonic() < deadline:
@@ -491,8 +535,13 @@ class DocWorkspace:
                 proc.kill()
                 out, err = proc.communicate()
         if health != 200:
-            return Ran(cwd, proc.returncode if proc.returncode else 1, out, err,
-                       f"[test] GET /health never answered 200 (got {health})")
+            return Ran(
+                cwd,
+                proc.returncode if proc.returncode else 1,
+                out,
+                err,
+                f"[test] GET /health never answered 200 (got {health})",
+            )
         return Ran(cwd, proc.returncode, out, err)
 
 
@@ -534,14 +583,17 @@ def test_docs_have_commands_to_run():
     assert any(c.doc == "README.md" for c in COMMANDS)
 
 
-@pytest.mark.parametrize("cmd", [pytest.param(c, marks=[pytest.mark.slow] if any(re.search(p, c.text) for p in SLOW)
-                                               else []) for c in COMMANDS],
-                         ids=[f"{c.where} {c.text[:60]}" for c in COMMANDS])
+@pytest.mark.parametrize(
+    "cmd",
+    [pytest.param(c, marks=[pytest.mark.slow] if any(re.search(p, c.text) for p in SLOW) else []) for c in COMMANDS],
+    ids=[f"{c.where} {c.text[:60]}" for c in COMMANDS],
+)
 def test_doc_command_runs(cmd: DocCommand, doc_workspace: DocWorkspace):
     analyse(cmd)  # an unknown placeholder fails even where the command is skipped
     for need in cmd.needs:
-        assert need in NEEDS, (f"{cmd.where}: `needs: {need}` is not one of {sorted(NEEDS)} "
-                               "(tests/test_docs_commands.py)")
+        assert need in NEEDS, (
+            f"{cmd.where}: `needs: {need}` is not one of {sorted(NEEDS)} (tests/test_docs_commands.py)"
+        )
         ok, why = NEEDS[need]()
         if not ok:
             pytest.skip(f"{cmd.where}: the doc marks it `needs: {need}`: {why}")
@@ -549,7 +601,8 @@ def test_doc_command_runs(cmd: DocCommand, doc_workspace: DocWorkspace):
     out = f"\n--- stdout\n{ran.stdout[-3000:]}\n--- stderr\n{ran.stderr[-3000:]}\n{ran.note}"
     assert ran.returncode == cmd.expected_rc, (
         f"{cmd.where}: `{cmd.text}` exited {ran.returncode}, the doc implies {cmd.expected_rc} "
-        f"(write `# exit N` in the doc's comment if another exit is meant){out}")
+        f"(write `# exit N` in the doc's comment if another exit is meant){out}"
+    )
     assert "Traceback (most recent call last)" not in ran.stderr, f"{cmd.where}: traceback{out}"
     if cmd.expected_rc != 0 and cmd.kind == "edgesdk":  # README: "Every error is one line on stderr"
         assert one_error_line(ran.stderr), f"{cmd.where}: exit {ran.returncode} must print one `error:` line{out}"
@@ -565,8 +618,10 @@ def test_placeholders_are_made_by_doc_commands():
     shown = {c.text for c in COMMANDS}
     for key, entry in PLACEHOLDERS.items():
         if isinstance(entry, Made):
-            assert entry.command in shown, (f"PLACEHOLDERS[{key!r}] runs `{entry.command}`, which no doc shows: "
-                                            "use the doc's command verbatim (one build per session)")
+            assert entry.command in shown, (
+                f"PLACEHOLDERS[{key!r}] runs `{entry.command}`, which no doc shows: "
+                "use the doc's command verbatim (one build per session)"
+            )
         if isinstance(entry, Same):
             assert entry.key in PLACEHOLDERS
 
@@ -602,8 +657,10 @@ SYNOPSES = _synopsis_lines()
 
 @pytest.mark.parametrize("doc,line,text", SYNOPSES, ids=[f"{d}:{n}" for d, n, _ in SYNOPSES])
 def test_synopsis_options_exist(doc: str, line: int, text: str):
-    assert text != "UNTAGGED", (f"{doc}:{line}: a fenced block with no language shows an edgesdk command: tag it "
-                                "```bash (executed by this test) or ```text (a synopsis: its options are checked)")
+    assert text != "UNTAGGED", (
+        f"{doc}:{line}: a fenced block with no language shows an edgesdk command: tag it "
+        "```bash (executed by this test) or ```text (a synopsis: its options are checked)"
+    )
     words = re.findall(r"[^\s\[\]|]+", text)[1:]
     cmd, used, name = cli_command(words)
     assert used > 0, f"{doc}:{line}: `{text}`: no such edgesdk command"
@@ -619,7 +676,7 @@ def _inline_spans() -> list[tuple[str, int, str]]:
         text = path.read_text(encoding="utf-8")
         prose = re.sub(r"^\s*(`{3,}|~{3,}).*?^\s*\1", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S | re.M)
         for m in re.finditer(r"`(edgesdk [^`\n]+)`", prose):
-            found.append((str(path.relative_to(REPO)), prose[:m.start()].count("\n") + 1, m.group(1)))
+            found.append((str(path.relative_to(REPO)), prose[: m.start()].count("\n") + 1, m.group(1)))
     return found
 
 
@@ -664,8 +721,11 @@ def python_blocks() -> list[PyBlock]:
             code = "\n".join(text for _, text in block.lines)
             first = code.lstrip().splitlines()[0] if code.strip() else ""
             m = MARKER.match(first)
-            found.append(PyBlock(block.doc, block.line, code, m.group(1) if m else None,
-                                 re.findall(r"^#\s*needs:\s*([\w-]+)", first)))
+            found.append(
+                PyBlock(
+                    block.doc, block.line, code, m.group(1) if m else None, re.findall(r"^#\s*needs:\s*([\w-]+)", first)
+                )
+            )
     return found
 
 
@@ -677,8 +737,11 @@ def _import_lines(code: str) -> str:
     import ast
 
     tree = ast.parse(code)
-    return "\n".join(ast.get_source_segment(code, node) or "" for node in ast.walk(tree)
-                     if isinstance(node, (ast.Import, ast.ImportFrom)))
+    return "\n".join(
+        ast.get_source_segment(code, node) or ""
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+    )
 
 
 @pytest.mark.parametrize("block", PY_BLOCKS, ids=[b.where for b in PY_BLOCKS])
@@ -705,8 +768,14 @@ def test_doc_python_block_runs(block: PyBlock, request):
                 target = ws.resolve(literal)
                 (cwd / literal).parent.mkdir(parents=True, exist_ok=True)
                 (cwd / literal).symlink_to(target, target_is_directory=target.is_dir())
-    proc = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+    )
     assert proc.returncode == 0, f"{block.where}: the python block failed\n{proc.stderr[-3000:]}"
 
 
@@ -725,8 +794,10 @@ def test_statement_1_a_missing_extra_is_exit_10(doc_cnn_onnx):
     """README: anything that needs a missing extra stops with one line naming it and exit code 10 (the
     runtime-only install has no `onnx`: hidden here as it is absent there)."""
     assert "one line naming it and exit code 10" in _doc("README.md")
-    code = ("import sys; sys.modules['onnx'] = None; from edgesdk.cli import main; "
-            f"main(['inspect', 'capability', {str(doc_cnn_onnx)!r}, '--profile', 'orin'])")
+    code = (
+        "import sys; sys.modules['onnx'] = None; from edgesdk.cli import main; "
+        f"main(['inspect', 'capability', {str(doc_cnn_onnx)!r}, '--profile', 'orin'])"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 10 and one_error_line(proc.stderr), proc.stderr
     assert "pip install 'edgesdk[" in proc.stderr
@@ -752,15 +823,30 @@ def test_statement_4_tensorrt_snippet_feeds_a_dynamic_shape_model(doc_workspace)
     with edgesdk.load(target) as s:
         assert any(not isinstance(d, int) for t in s.backend.inputs for d in t.shape)  # really dynamic
     text = cmd.text.replace("out/det-orin", str(target))
-    proc = subprocess.run(["bash", "-c", text], capture_output=True, text=True, timeout=600,
-                          env={**doc_workspace.env})
+    proc = subprocess.run(["bash", "-c", text], capture_output=True, text=True, timeout=600, env={**doc_workspace.env})
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
 def test_statement_5_no_license_is_refused_before_the_export(doc_cnn_onnx, tmp_path):
     out = tmp_path / "out" / "resnet-trt"
-    proc = subprocess.run([sys.executable, "-m", "edgesdk", "build", str(doc_cnn_onnx), "--profile", "orin-nx-16gb",
-                           "--format", "tensorrt", "-o", str(out)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "edgesdk",
+            "build",
+            str(doc_cnn_onnx),
+            "--profile",
+            "orin-nx-16gb",
+            "--format",
+            "tensorrt",
+            "-o",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2 and one_error_line(proc.stderr), proc.stderr
     assert "refused before the export" in proc.stderr and "--model-license" in proc.stderr
     assert not out.exists() and not list(tmp_path.rglob("*license-report*"))  # the gate after the export writes one
@@ -773,16 +859,20 @@ def test_statement_5_no_license_is_refused_before_the_export(doc_cnn_onnx, tmp_p
 def test_statement_6_cpu_match_confidence_as_profiler_md_says(tmp_path):
     from edgesdk.profiler.device import detect_device
 
-    m = re.search(r"generic `cpu-<arch>` profile at (0\.\d+) \((0\.\d+) if the CPU lacks an ISA feature the profile "
-                  r"lists, other than `amx`", _doc("docs/profiler.md"))
+    m = re.search(
+        r"generic `cpu-<arch>` profile at (0\.\d+) \((0\.\d+) if the CPU lacks an ISA feature the profile "
+        r"lists, other than `amx`",
+        _doc("docs/profiler.md"),
+    )
     assert m, "docs/profiler.md no longer states the generic CPU confidences"
     full, lacking = float(m.group(1)), float(m.group(2))
 
     def confidence(flags: str) -> float:
         root = tmp_path / flags.replace(" ", "_")
         (root / "proc").mkdir(parents=True)
-        (root / "proc" / "cpuinfo").write_text(f"processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC\n"
-                                               f"flags\t\t: {flags}\n\n")
+        (root / "proc" / "cpuinfo").write_text(
+            f"processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC\nflags\t\t: {flags}\n\n"
+        )
         (root / "proc" / "meminfo").write_text("MemTotal:       16000000 kB\nMemAvailable:   12000000 kB\n")
         res = detect_device(root, use_nvml=False, run_tools=False)
         assert res.best_match == "cpu-x86_64"
@@ -801,8 +891,12 @@ def test_statement_7_predict_for_this_cpu_host_measures_its_figures(tmp_path):
     if here is None or not here.startswith("cpu-"):
         pytest.skip(f"this host matches {here}, not a generic CPU profile")
     bundle = make_two_output_bundle(tmp_path / "b")
-    proc = subprocess.run([sys.executable, "-m", "edgesdk", "profiler", "predict", str(bundle), "--profile", "cpu"],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "edgesdk", "profiler", "predict", str(bundle), "--profile", "cpu"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "no memory bandwidth figure" not in proc.stdout and "bandwidth measured on this host" in proc.stdout
     assert "`profiler predict` measures them then" in _doc("docs/profiler.md")
@@ -830,6 +924,11 @@ def test_statement_9_the_docs_make_the_gemma_chat_bundle():
 @pytest.mark.slow
 def test_statement_9_gemma_chat_chats_with_its_own_template(doc_workspace):
     bundle = doc_workspace.resolve("out/gemma-chat")
-    proc = subprocess.run(["edgesdk", "run", str(bundle), "--chat", "--prompt", "Hi", "-n", "2"], capture_output=True,
-                          text=True, timeout=300, env=doc_workspace.env)
+    proc = subprocess.run(
+        ["edgesdk", "run", str(bundle), "--chat", "--prompt", "Hi", "-n", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=doc_workspace.env,
+    )
     assert proc.returncode == 0, proc.stderr  # no --chat-template: the build bundled gemma (architecture gemma3)

@@ -20,8 +20,10 @@ ROOT = Path(__file__).resolve().parent.parent
 TOP_DIRS = ("edgesdk", "docs", "tests", "tools", "examples", "profiles", "LICENSES", "specs", "shared")
 # A repository path: starts at a top-level folder of this repository, or is a top-level NAME.md; not
 # part of a URL or of a longer path (``github.com/x/docs/build.md`` is someone else's file).
-_PATH = (r"(?<![\w/.:@-])(?:\.\./)*(?:(?:" + "|".join(TOP_DIRS) + r")/[\w.*/-]*[\w*]"
-         r"|[A-Z][A-Z_-]+\.md)")
+_PATH = (
+    r"(?<![\w/.:@-])(?:\.\./)*(?:(?:" + "|".join(TOP_DIRS) + r")/[\w.*/-]*[\w*]"
+    r"|[A-Z][A-Z_-]+\.md)"
+)
 PATH_RE = re.compile(_PATH)
 DOC_RE = re.compile(r"(?<![\w/.:@-])(?:\.\./)*(?:(?:docs|specs|shared)/[\w.*/-]*[\w*]|[A-Z][A-Z_-]+\.md)")
 SEE_RE = re.compile(r"#.*?\b[Ss]ee\s+`?((?:\.\./)*[\w.-]+/[\w.*/-]*[\w*]|[\w.-]+\.md)")
@@ -48,10 +50,14 @@ def _walk() -> list[Path]:
     out = []
     for folder, dirs, names in os.walk(ROOT):
         rel = Path(folder).relative_to(ROOT).as_posix()
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and f"{rel}/{d}".lstrip("./") not in SKIP_DIRS
-                         and d not in SKIP_DIRS)
-        out += [Path(folder) / n for n in sorted(names)
-                if (Path(folder) / n).relative_to(ROOT).as_posix() not in SKIP_FILES]
+        dirs[:] = sorted(
+            d
+            for d in dirs
+            if not d.startswith(".") and f"{rel}/{d}".lstrip("./") not in SKIP_DIRS and d not in SKIP_DIRS
+        )
+        out += [
+            Path(folder) / n for n in sorted(names) if (Path(folder) / n).relative_to(ROOT).as_posix() not in SKIP_FILES
+        ]
     return out
 
 
@@ -76,8 +82,11 @@ def _exists(cited: str, where: Path) -> bool:
 
 
 def _missing(citations: list[tuple[Path, int, str]]) -> list[str]:
-    return [f"{p.relative_to(ROOT)}:{line}: {cited}" for p, line, cited in citations
-            if cited not in NOT_OURS and not _exists(cited, p)]
+    return [
+        f"{p.relative_to(ROOT)}:{line}: {cited}"
+        for p, line, cited in citations
+        if cited not in NOT_OURS and not _exists(cited, p)
+    ]
 
 
 def _scan(path: Path, regex: re.Pattern[str], *, group: int = 0) -> list[tuple[Path, int, str]]:
@@ -95,8 +104,11 @@ def test_docs_cite_existing_repository_files():
     cited: list[tuple[Path, int, str]] = []
     for doc in _docs():
         cited += _scan(doc, PATH_RE)
-        cited += [(p, n, link) for p, n, link in _scan(doc, MD_LINK_RE, group=1)
-                  if "://" not in link and not link.startswith("mailto:")]
+        cited += [
+            (p, n, link)
+            for p, n, link in _scan(doc, MD_LINK_RE, group=1)
+            if "://" not in link and not link.startswith("mailto:")
+        ]
     assert cited, "no citations found: the scanner is broken"
     missing = _missing(cited)
     assert not missing, "cited but not in the repository:\n" + "\n".join(missing)
@@ -106,8 +118,13 @@ def _sources(node, out: list[str]) -> None:
     if isinstance(node, dict):
         for key, value in node.items():
             if key in ("source", "sources") or key.endswith("_md") or key.startswith("facts"):
-                out += [value] if isinstance(value, str) else [v for v in value if isinstance(v, str)] \
-                    if isinstance(value, list) else []
+                out += (
+                    [value]
+                    if isinstance(value, str)
+                    else [v for v in value if isinstance(v, str)]
+                    if isinstance(value, list)
+                    else []
+                )
             _sources(value, out)
     elif isinstance(node, list):
         for item in node:
@@ -137,15 +154,18 @@ def test_code_comments_cite_existing_files():
     assert not missing, "cited but not in the repository:\n" + "\n".join(missing)
 
 
-@pytest.mark.parametrize("text, ok", [
-    ("see docs/versions.md", True),
-    ("(FACTS.md: measured)", False),
-    ("specs/devices.md", False),
-    ("../shared/FACTS.md", False),
-    ("https://github.com/ggml-org/llama.cpp/blob/master/docs/build.md", True),
-    ("edgesdk/data/capability/*.yaml", True),
-    ("edgesdk/data/nothing/*.yaml", False),
-])
+@pytest.mark.parametrize(
+    "text, ok",
+    [
+        ("see docs/versions.md", True),
+        ("(FACTS.md: measured)", False),
+        ("specs/devices.md", False),
+        ("../shared/FACTS.md", False),
+        ("https://github.com/ggml-org/llama.cpp/blob/master/docs/build.md", True),
+        ("edgesdk/data/capability/*.yaml", True),
+        ("edgesdk/data/nothing/*.yaml", False),
+    ],
+)
 def test_the_checker_itself(text, ok):
     found = [(ROOT / "README.md", 1, m.group(0)) for m in PATH_RE.finditer(text)]
     assert (_missing(found) == []) is ok

@@ -30,6 +30,7 @@ def _fake(figures: dict[str, float], calls: list[str]):
         run(feeds)  # the candidate really runs once on the representative input
         calls.append(label)
         return figures["cpu" if label == "CPUExecutionProvider" else "eager"]
+
     return measure
 
 
@@ -65,8 +66,7 @@ def test_eager_wins_by_its_figure_and_runs(h200_bundle):
     import edgesdk
 
     calls: list[str] = []
-    s = edgesdk.load(h200_bundle, eager_device="cpu", eager_measure=_fake({"cpu": 7.3, "eager": 3.1}, calls),
-                     threads=2)
+    s = edgesdk.load(h200_bundle, eager_device="cpu", eager_measure=_fake({"cpu": 7.3, "eager": 3.1}, calls), threads=2)
     assert calls == ["CPUExecutionProvider", "torch-eager:cpu"]
     assert (s.backend.name, s.backend.device) == ("torch", "cpu")
     rec = s.fallbacks[-1]
@@ -86,8 +86,7 @@ def test_cpu_ep_kept_when_it_measures_faster(h200_bundle):
     import edgesdk
 
     calls: list[str] = []
-    s = edgesdk.load(h200_bundle, eager_device="cpu", eager_measure=_fake({"cpu": 2.0, "eager": 9.0}, calls),
-                     threads=2)
+    s = edgesdk.load(h200_bundle, eager_device="cpu", eager_measure=_fake({"cpu": 2.0, "eager": 9.0}, calls), threads=2)
     assert s.backend.name == "onnxruntime" and s.backend.device == "CPUExecutionProvider"
     rec = s.fallbacks[-1]
     assert rec["to"] == "CPUExecutionProvider" and "CPU EP 2.00 ms vs eager cpu 9.00 ms" in rec["reason"]
@@ -114,8 +113,11 @@ def test_representative_feeds_and_measure():
     from edgesdk.runtime.backend import TensorSpec
     from edgesdk.runtime.backends.torch_eager import measure_ms, representative_feeds
 
-    specs = [TensorSpec("input_ids", "int64", ("batch", "seq")), TensorSpec("attention_mask", "int64", (None, None)),
-             TensorSpec("pixel_values", "float32", (None, 3, None, None))]
+    specs = [
+        TensorSpec("input_ids", "int64", ("batch", "seq")),
+        TensorSpec("attention_mask", "int64", (None, None)),
+        TensorSpec("pixel_values", "float32", (None, 3, None, None)),
+    ]
     feeds = representative_feeds(specs, {"vocab_size": 500, "max_position_embeddings": 64, "image_size": 32})
     assert feeds["input_ids"].shape == (1, 64) and feeds["input_ids"].max() < 500
     assert feeds["attention_mask"].all() and feeds["pixel_values"].shape == (1, 3, 32, 32)

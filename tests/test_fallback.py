@@ -37,17 +37,25 @@ def test_listed_providers_are_probed_not_trusted():
 
 
 def test_cpu_kernel_probe_yes_no_and_custom_domain(tmp_path):
-    view = _save(tmp_path,
-                 [helper.make_node("Relu", ["x"], ["a"]),
-                  helper.make_node("Col2Im", ["d", "s", "b"], ["c"]),
-                  helper.make_node("Mystery", ["a"], ["m"], domain="com.example")],
-                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4]),
-                  helper.make_tensor_value_info("d", TensorProto.DOUBLE, [1, 4, 4]),
-                  helper.make_tensor_value_info("s", TensorProto.INT64, [2]),
-                  helper.make_tensor_value_info("b", TensorProto.INT64, [2])],
-                 [helper.make_tensor_value_info("m", TensorProto.FLOAT, None),
-                  helper.make_tensor_value_info("c", TensorProto.DOUBLE, None)],
-                 opsets=(("", 18), ("com.example", 1)))
+    view = _save(
+        tmp_path,
+        [
+            helper.make_node("Relu", ["x"], ["a"]),
+            helper.make_node("Col2Im", ["d", "s", "b"], ["c"]),
+            helper.make_node("Mystery", ["a"], ["m"], domain="com.example"),
+        ],
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4]),
+            helper.make_tensor_value_info("d", TensorProto.DOUBLE, [1, 4, 4]),
+            helper.make_tensor_value_info("s", TensorProto.INT64, [2]),
+            helper.make_tensor_value_info("b", TensorProto.INT64, [2]),
+        ],
+        [
+            helper.make_tensor_value_info("m", TensorProto.FLOAT, None),
+            helper.make_tensor_value_info("c", TensorProto.DOUBLE, None),
+        ],
+        opsets=(("", 18), ("com.example", 1)),
+    )
     probe = OrtProbe("CPUExecutionProvider")
     relu, col2im, mystery = (probe.check(n, view) for n in view.nodes)
     assert relu.status == "yes"
@@ -60,9 +68,12 @@ def test_unusable_provider_probe_answers_unknown_with_reason(tmp_path):
     ok, why = provider_usable("CUDAExecutionProvider")
     if ok:
         pytest.skip("CUDA EP loads on this host: its probe answers yes/no for real")
-    view = _save(tmp_path, [helper.make_node("Relu", ["x"], ["y"])],
-                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    view = _save(
+        tmp_path,
+        [helper.make_node("Relu", ["x"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
     result = OrtProbe("CUDAExecutionProvider").check(view.nodes[0], view)
     assert result.status == "unknown" and why in result.reason
 

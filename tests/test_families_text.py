@@ -43,9 +43,14 @@ def greedy_tokens(hf_dir: Path, gguf_path: Path, prompt: str, n: int = 16) -> tu
     ids = tok(prompt)["input_ids"]
     model = AutoModelForCausalLM.from_pretrained(ref, dtype=torch.float32).eval()
     with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=None,
-                             pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else 0)
-    hf = out[0, len(ids):].tolist()
+        out = model.generate(
+            torch.tensor([ids]),
+            max_new_tokens=n,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else 0,
+        )
+    hf = out[0, len(ids) :].tolist()
     llm = conv._open_llama(gguf_path, n_ctx=128)
     try:
         got: list[int] = []
@@ -94,8 +99,9 @@ def test_family_converts_with_logit_parity_and_equal_greedy_tokens(tmp_path, fam
         names = {t.name: t for t in reader.tensors}
         assert names["rope_factors_long.weight"].n_elements == 12
         assert names["rope_factors_short.weight"].n_elements == 12
-        assert abs(fields[f"{arch}.rope.scaling.attn_factor"].contents() - (1 + np.log(32) / np.log(4096)) ** 0.5) \
-            < 1e-6
+        assert (
+            abs(fields[f"{arch}.rope.scaling.attn_factor"].contents() - (1 + np.log(32) / np.log(4096)) ** 0.5) < 1e-6
+        )
 
 
 @pytest.mark.slow
@@ -108,8 +114,9 @@ def test_phi_long_factors_match_hf_past_the_original_context(tmp_path):
 
     from edgesdk.formats.gguf import convert as conv
 
-    hf = make_family_model(tmp_path / "phi-long", "phi4mini", original_max_position_embeddings=32,
-                           max_position_embeddings=512)
+    hf = make_family_model(
+        tmp_path / "phi-long", "phi4mini", original_max_position_embeddings=32, max_position_embeddings=512
+    )
     out = tmp_path / "phi-long.gguf"
     conv.convert_hf_to_gguf(hf, out)
     ids = list(range(5, 95))
@@ -127,27 +134,50 @@ def test_phi_long_factors_match_hf_past_the_original_context(tmp_path):
 
 def _config(tmp_path: Path, family: str, **changes) -> Path:
     """A config-only directory of ``family`` (the published shape, no weights needed for the checks)."""
-    base = {"gemma3": {"architectures": ["Gemma3ForCausalLM"], "num_hidden_layers": 2},
-            "phi3": {"architectures": ["Phi3ForCausalLM"], "num_hidden_layers": 2, "num_attention_heads": 4,
-                     "hidden_size": 128, "intermediate_size": 256, "max_position_embeddings": 131072,
-                     "original_max_position_embeddings": 4096, "partial_rotary_factor": 0.75}}[family]
+    base = {
+        "gemma3": {"architectures": ["Gemma3ForCausalLM"], "num_hidden_layers": 2},
+        "phi3": {
+            "architectures": ["Phi3ForCausalLM"],
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "hidden_size": 128,
+            "intermediate_size": 256,
+            "max_position_embeddings": 131072,
+            "original_max_position_embeddings": 4096,
+            "partial_rotary_factor": 0.75,
+        },
+    }[family]
     d = tmp_path / family
     d.mkdir(exist_ok=True)
     (d / "config.json").write_text(json.dumps({**base, **changes}))
     return d
 
 
-@pytest.mark.parametrize("family, changes, match", [
-    ("gemma3", {"attn_logit_softcapping": 50.0}, "attn_logit_softcapping is not supported for gemma3"),
-    ("gemma3", {"use_bidirectional_attention": True}, "use_bidirectional_attention"),
-    ("gemma3", {"query_pre_attn_scalar": 32, "head_dim": 64, "num_attention_heads": 4, "hidden_size": 128},
-     r"query_pre_attn_scalar 32 is not supported for gemma3 \(llama.cpp scales attention by 1/sqrt\(head_dim 64\)\)"),
-    ("gemma3", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
-     r"rope_scaling 'yarn' is not supported by this converter for gemma3 \(supported: none/default, linear\)"),
-    pytest.param("phi3", {"rope_scaling": {"type": "longrope", "long_factor": [1.0] * 5, "short_factor": [1.0] * 12}},
-                 r"rope_scaling.long_factor must list 12 numbers \(rope dims / 2\), got 5", marks=pytest.mark.slow),
-    ("phi3", {"rope_scaling": {"type": "yarn", "factor": 4.0}}, "rope_scaling 'yarn' is not supported"),
-])
+@pytest.mark.parametrize(
+    "family, changes, match",
+    [
+        ("gemma3", {"attn_logit_softcapping": 50.0}, "attn_logit_softcapping is not supported for gemma3"),
+        ("gemma3", {"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+        (
+            "gemma3",
+            {"query_pre_attn_scalar": 32, "head_dim": 64, "num_attention_heads": 4, "hidden_size": 128},
+            r"query_pre_attn_scalar 32 is not supported for gemma3 "
+            r"\(llama.cpp scales attention by 1/sqrt\(head_dim 64\)\)",
+        ),
+        (
+            "gemma3",
+            {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
+            r"rope_scaling 'yarn' is not supported by this converter for gemma3 \(supported: none/default, linear\)",
+        ),
+        pytest.param(
+            "phi3",
+            {"rope_scaling": {"type": "longrope", "long_factor": [1.0] * 5, "short_factor": [1.0] * 12}},
+            r"rope_scaling.long_factor must list 12 numbers \(rope dims / 2\), got 5",
+            marks=pytest.mark.slow,
+        ),
+        ("phi3", {"rope_scaling": {"type": "yarn", "factor": 4.0}}, "rope_scaling 'yarn' is not supported"),
+    ],
+)
 def test_family_configs_llama_cpp_would_run_differently_are_one_line_errors(tmp_path, family, changes, match):
     from edgesdk.formats.gguf import convert as conv
 
@@ -170,12 +200,16 @@ def test_a_phi3_name_without_phi3s_tokens_is_refused_before_llama_cpp_fails(tmp_
     from edgesdk.formats.gguf import convert as conv
 
     hf = make_family_model(tmp_path / "tiny", "phi4mini")  # byte-level BPE: no </s>, <unk>, <s>, <|endoftext|>
-    with pytest.raises(ModelError, match=r"model name 'my-phi3' makes llama.cpp look up Phi-3's tokens </s>, "
-                                         r"<unk>, <s>, <\|endoftext\|>"):
+    with pytest.raises(
+        ModelError,
+        match=r"model name 'my-phi3' makes llama.cpp look up Phi-3's tokens </s>, "
+        r"<unk>, <s>, <\|endoftext\|>",
+    ):
         conv.convert_hf_to_gguf(hf, tmp_path / "x.gguf", name="my-phi3")
 
 
 # ------------------------------------------------------------------ edgesdk build / run / serve, per family
+
 
 @pytest.fixture(scope="module")
 def family_bundles(tmp_path_factory) -> dict[str, Path]:
@@ -184,8 +218,12 @@ def family_bundles(tmp_path_factory) -> dict[str, Path]:
     from edgesdk.plan import BuildOptions
 
     root = tmp_path_factory.mktemp("families")
-    return {f: build(make_family_model(root / "hf" / f, f), "orin-nano-8gb", root / f"{f}-bundle",
-                     BuildOptions(progress=False)) for f in FAMILIES}
+    return {
+        f: build(
+            make_family_model(root / "hf" / f, f), "orin-nano-8gb", root / f"{f}-bundle", BuildOptions(progress=False)
+        )
+        for f in FAMILIES
+    }
 
 
 @pytest.mark.slow
@@ -211,8 +249,7 @@ def test_family_runs_from_the_cli_like_the_session(family_bundles, family, run_c
     import edgesdk
 
     bundle = family_bundles[family]
-    proc = run_cli("run", bundle, "--prompt", PROMPT, "-n", "8", "--temperature", "0", "--threads", "2",
-                   timeout=300)
+    proc = run_cli("run", bundle, "--prompt", PROMPT, "-n", "8", "--temperature", "0", "--threads", "2", timeout=300)
     assert proc.returncode == 0, proc.stderr
     with edgesdk.load(bundle, threads=2) as s:
         want = s.generate(PROMPT, max_tokens=8, temperature=0)
@@ -232,13 +269,27 @@ def test_serve_answers_a_completion_from_each_family(family_bundles, tmp_path):
     import edgesdk
 
     port = _free_port()
-    args = [a for f in FAMILIES for a in (str(family_bundles[f]),)] + \
-        [a for f in FAMILIES for a in ("--name", f)]
+    args = [a for f in FAMILIES for a in (str(family_bundles[f]),)] + [a for f in FAMILIES for a in ("--name", f)]
     log = tmp_path / "serve.log"
     with open(log, "w") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "edgesdk", "serve", *args, "--port", str(port),
-                                 "--threads", "2", "--log-level", "warning"], stdout=fh, stderr=subprocess.STDOUT,
-                                env={**os.environ})
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "edgesdk",
+                "serve",
+                *args,
+                "--port",
+                str(port),
+                "--threads",
+                "2",
+                "--log-level",
+                "warning",
+            ],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            env={**os.environ},
+        )
         try:
             url = f"http://127.0.0.1:{port}"
             deadline = time.monotonic() + 180
@@ -252,8 +303,11 @@ def test_serve_answers_a_completion_from_each_family(family_bundles, tmp_path):
                     pass
                 time.sleep(0.3)
             for family in FAMILIES:
-                r = httpx.post(url + "/v1/completions", json={"model": family, "prompt": PROMPT, "max_tokens": 8,
-                                                                "temperature": 0}, timeout=120)
+                r = httpx.post(
+                    url + "/v1/completions",
+                    json={"model": family, "prompt": PROMPT, "max_tokens": 8, "temperature": 0},
+                    timeout=120,
+                )
                 assert r.status_code == 200, r.text
                 with edgesdk.load(family_bundles[family], threads=2) as s:
                     assert r.json()["choices"][0]["text"] == s.generate(PROMPT, max_tokens=8, temperature=0)

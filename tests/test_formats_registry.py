@@ -73,8 +73,10 @@ class ToyFormat:
         with ctx.stage("write"):
             (ctx.staging / "toy.json").write_text(json.dumps({"scale": ctx.plan.decision("toy.scale")}))
             ctx.add_artifact("toy.json", "model")
-            ctx.manifest.io = {"inputs": [{"name": "x", "dtype": "float32", "shape": [None]}],
-                                  "outputs": [{"name": "y", "dtype": "float32", "shape": [None]}]}
+            ctx.manifest.io = {
+                "inputs": [{"name": "x", "dtype": "float32", "shape": [None]}],
+                "outputs": [{"name": "y", "dtype": "float32", "shape": [None]}],
+            }
 
 
 @pytest.fixture
@@ -89,9 +91,12 @@ def tiny_onnx(tmp_path):
     import onnx
     from onnx import TensorProto, helper
 
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None])])
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None])],
+    )
     path = tmp_path / "relu.onnx"
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 9  # what the installed onnxruntime loads (onnx writes a newer IR by default)
@@ -132,8 +137,7 @@ def test_cli_format_choice_comes_from_the_registry(run_cli):
     assert "[onnx|tensorrt|gguf|vlm]" in res.stdout
 
 
-@pytest.mark.parametrize("profile,fmt", [("cpu-x86_64", None), ("orin", None), ("orin", "tensorrt"),
-                                         ("h200", None)])
+@pytest.mark.parametrize("profile,fmt", [("cpu-x86_64", None), ("orin", None), ("orin", "tensorrt"), ("h200", None)])
 def test_plan_build_reads_no_file_and_probes_nothing(minilm_dir, monkeypatch, profile, fmt):
     facts = inspect_model(minilm_dir)
     prof = resolve_profile(profile)
@@ -156,8 +160,10 @@ def test_tensorrt_engine_build_follows_the_host_facts_passed_in(minilm_dir):
     here = plan_build(facts, orin, BuildOptions(format="tensorrt"), HostFacts())
     assert here.decision("engine_build") == "deferred to the device"
     a_matching_host = HostFacts(tensorrt="10.3.0", gpus=(GpuInfo(index=0, name="Orin", sm="8.7"),))
-    assert plan_build(facts, orin, BuildOptions(format="tensorrt"), a_matching_host).decision("engine_build") \
+    assert (
+        plan_build(facts, orin, BuildOptions(format="tensorrt"), a_matching_host).decision("engine_build")
         == "this host"
+    )
 
 
 def test_cli_build_plans_once_and_builds_the_plan_it_showed(tiny_onnx, tmp_path, monkeypatch):
@@ -170,13 +176,29 @@ def test_cli_build_plans_once_and_builds_the_plan_it_showed(tiny_onnx, tmp_path,
     real = B.plan_build
     monkeypatch.setattr(B, "plan_build", lambda *a, **k: calls.append(1) or real(*a, **k))
     out = tmp_path / "b"
-    res = CliRunner().invoke(cli, ["build", str(tiny_onnx), "--profile", "cpu", "--precision", "fp32", "-o", str(out),
-                                   "--explain", "--no-progress"])
+    res = CliRunner().invoke(
+        cli,
+        [
+            "build",
+            str(tiny_onnx),
+            "--profile",
+            "cpu",
+            "--precision",
+            "fp32",
+            "-o",
+            str(out),
+            "--explain",
+            "--no-progress",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert len(calls) == 1
     manifest = json.loads((out / "manifest.json").read_text())
-    shown = [line.split()[0] for line in res.output.splitlines() if line.startswith("  ") and
-             not line.strip().startswith("because")]
+    shown = [
+        line.split()[0]
+        for line in res.output.splitlines()
+        if line.startswith("  ") and not line.strip().startswith("because")
+    ]
     assert shown == [d["key"] for d in manifest["plan"]["decisions"]]
 
 
@@ -198,10 +220,8 @@ def test_ggml_block_sizes_match_gguf_py():
     from edgesdk.formats.gguf.types import FTYPES
 
     theirs = {int(t): tuple(v) for t, v in gguf.GGML_QUANT_SIZES.items()}
-    assert {t: v for t, v in GGML_BLOCK_SIZES.items() if t in theirs} == \
-        {t: v for t, v in theirs.items() if t in GGML_BLOCK_SIZES}
+    assert {t: v for t, v in GGML_BLOCK_SIZES.items() if t in theirs} == {
+        t: v for t, v in theirs.items() if t in GGML_BLOCK_SIZES
+    }
     assert set(theirs) - set(GGML_BLOCK_SIZES) == set(), "a ggml type gguf-py knows is missing here"
     assert all(gguf.LlamaFileType(v).name.removeprefix("MOSTLY_").removeprefix("ALL_") == k for k, v in FTYPES.items())
-
-
-

@@ -38,16 +38,31 @@ from edgesdk.errors import (  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = int(os.environ.get("EDGESDK_FUZZ_EXAMPLES", "60"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=EXAMPLES <= 200,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
-                                       HealthCheck.data_too_large, HealthCheck.filter_too_much])
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=EXAMPLES <= 200,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.data_too_large,
+        HealthCheck.filter_too_much,
+    ],
+)
 
 # JSON-like values: what YAML or JSON can hold (plus NaN/inf floats).
-scalars = st.one_of(st.none(), st.booleans(), st.integers(min_value=-2**70, max_value=2**70),
-                    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=20))
-values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                        st.dictionaries(st.text(max_size=8), inner, max_size=4)),
-                      max_leaves=12)
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=20),
+)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+    max_leaves=12,
+)
 
 
 def leaf_paths(node, prefix=()):
@@ -81,8 +96,7 @@ DELETE = object()
 
 def mutations(base):
     paths = list(leaf_paths(base))
-    return st.tuples(st.sampled_from(paths), st.one_of(values, st.just(DELETE))).map(
-        lambda pv: mutate(base, *pv))
+    return st.tuples(st.sampled_from(paths), st.one_of(values, st.just(DELETE))).map(lambda pv: mutate(base, *pv))
 
 
 def expect_edgesdk_error(fn, *allowed: type[EdgeSDKError]):
@@ -103,12 +117,36 @@ CPU = yaml.safe_load((REPO / "profiles" / "cpu-x86_64.yaml").read_text())
 def _facts():
     from edgesdk.types import ModelFacts
 
-    onnx = ModelFacts(source="m.onnx", kind="onnx", task="feature-extraction", name="m", params=10**6,
-                      weight_bytes=4 * 10**6, extra={"inputs": ["input_ids"], "external_data": []})
-    gguf = ModelFacts(source="m.gguf", kind="gguf", task="text-generation", name="m", architecture="llama",
-                      family="llama", params=10**8, weight_bytes=2 * 10**8,
-                      extra={"layers": 4, "kv_heads": 2, "head_dim": 64, "hidden": 256, "ffn": 512,
-                             "ctx_train": 2048, "n_vocab": 1000, "file_type": "F16", "tensor_bytes": 2 * 10**8})
+    onnx = ModelFacts(
+        source="m.onnx",
+        kind="onnx",
+        task="feature-extraction",
+        name="m",
+        params=10**6,
+        weight_bytes=4 * 10**6,
+        extra={"inputs": ["input_ids"], "external_data": []},
+    )
+    gguf = ModelFacts(
+        source="m.gguf",
+        kind="gguf",
+        task="text-generation",
+        name="m",
+        architecture="llama",
+        family="llama",
+        params=10**8,
+        weight_bytes=2 * 10**8,
+        extra={
+            "layers": 4,
+            "kv_heads": 2,
+            "head_dim": 64,
+            "hidden": 256,
+            "ffn": 512,
+            "ctx_train": 2048,
+            "n_vocab": 1000,
+            "file_type": "F16",
+            "tensor_bytes": 2 * 10**8,
+        },
+    )
     return onnx, gguf
 
 
@@ -141,8 +179,17 @@ def test_profile_file_of_any_text_is_a_profile_error(text):
 # --------------------------------------------------------------------------------------------- policy, waivers
 
 POLICY = {"licenses": {"LicenseRef-acme": "allow"}, "license_categories": {"MIT": "permissive"}}
-WAIVERS = {"waivers": [{"subject": "pkg:pypi/foo", "license": "GPL-3.0-only", "reason": "vendored for tests",
-                        "approved_by": "legal@example.com", "expires": "2099-01-01"}]}
+WAIVERS = {
+    "waivers": [
+        {
+            "subject": "pkg:pypi/foo",
+            "license": "GPL-3.0-only",
+            "reason": "vendored for tests",
+            "approved_by": "legal@example.com",
+            "expires": "2099-01-01",
+        }
+    ]
+}
 
 
 def _write(obj_or_text, name: str, d: str) -> Path:
@@ -176,6 +223,7 @@ def test_waivers_of_any_shape_are_input_error(data):
 
 # --------------------------------------------------------------------------------------------- manifests
 
+
 @pytest.fixture(scope="module")
 def tiny_bundle(tmp_path_factory) -> Path:
     pytest.importorskip("onnx")
@@ -186,8 +234,9 @@ def tiny_bundle(tmp_path_factory) -> Path:
 
     src = tiny_onnx(tmp_path_factory.mktemp("src") / "model.onnx")
     out = tmp_path_factory.mktemp("b") / "bundle"
-    return build(src, "cpu-x86_64", out, BuildOptions(progress=False, precision="fp32", parity_samples=4,
-                                                      calibration_samples=2))
+    return build(
+        src, "cpu-x86_64", out, BuildOptions(progress=False, precision="fp32", parity_samples=4, calibration_samples=2)
+    )
 
 
 def test_manifest_mutations_open_or_fail_with_exit_7(tiny_bundle, tmp_path):
@@ -212,14 +261,25 @@ def test_manifest_mutations_open_or_fail_with_exit_7(tiny_bundle, tmp_path):
 
 # --------------------------------------------------------------------------------------------- GGUF header
 
+
 def _gguf_header() -> bytes:
     """A small, valid GGUF v3 header: 3 key/values, one F32 tensor of 4 elements, aligned data."""
+
     def s(text: str) -> bytes:
         b = text.encode()
         return struct.pack("<Q", len(b)) + b
-    kv = (s("general.architecture") + struct.pack("<I", 8) + s("llama")
-          + s("llama.block_count") + struct.pack("<II", 4, 2)
-          + s("tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 8, 2) + s("a") + s("b"))
+
+    kv = (
+        s("general.architecture")
+        + struct.pack("<I", 8)
+        + s("llama")
+        + s("llama.block_count")
+        + struct.pack("<II", 4, 2)
+        + s("tokenizer.ggml.tokens")
+        + struct.pack("<IIQ", 9, 8, 2)
+        + s("a")
+        + s("b")
+    )
     tensor = s("w") + struct.pack("<I", 1) + struct.pack("<Q", 4) + struct.pack("<I", 0) + struct.pack("<Q", 0)
     head = b"GGUF" + struct.pack("<IQQ", 3, 1, 3) + kv + tensor
     head += b"\0" * (-len(head) % 32)
@@ -230,12 +290,15 @@ GGUF = _gguf_header()
 
 
 @FUZZ
-@given(st.one_of(
-    st.binary(max_size=256).map(lambda b: b"GGUF" + b),
-    st.tuples(st.integers(0, len(GGUF) - 1), st.binary(min_size=1, max_size=8)).map(
-        lambda t: GGUF[:t[0]] + t[1] + GGUF[t[0] + len(t[1]):]),
-    st.integers(0, len(GGUF)).map(lambda n: GGUF[:n]),
-))
+@given(
+    st.one_of(
+        st.binary(max_size=256).map(lambda b: b"GGUF" + b),
+        st.tuples(st.integers(0, len(GGUF) - 1), st.binary(min_size=1, max_size=8)).map(
+            lambda t: GGUF[: t[0]] + t[1] + GGUF[t[0] + len(t[1]) :]
+        ),
+        st.integers(0, len(GGUF)).map(lambda n: GGUF[:n]),
+    )
+)
 def test_gguf_header_reader_and_facts_raise_model_error_only(blob):
     from edgesdk.formats.gguf.facts import gguf_facts
     from edgesdk.formats.gguf.header import read_gguf_header
@@ -257,19 +320,45 @@ def test_the_seed_gguf_header_is_valid(tmp_path):
 
 # --------------------------------------------------------------------------------------------- traces
 
-SPAN = {"resourceSpans": [{"resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "x"}}]},
-                           "scopeSpans": [{"scope": {"name": "edgesdk"}, "spans": [{
-                               "traceId": "0" * 32, "spanId": "1" * 16, "name": "chat m", "kind": 3,
-                               "startTimeUnixNano": "1", "endTimeUnixNano": "2",
-                               "attributes": [{"key": "gen_ai.operation.name", "value": {"stringValue": "chat"}},
-                                              {"key": "gen_ai.usage.input_tokens", "value": {"intValue": "3"}}],
-                           }]}]}]}
+SPAN = {
+    "resourceSpans": [
+        {
+            "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "x"}}]},
+            "scopeSpans": [
+                {
+                    "scope": {"name": "edgesdk"},
+                    "spans": [
+                        {
+                            "traceId": "0" * 32,
+                            "spanId": "1" * 16,
+                            "name": "chat m",
+                            "kind": 3,
+                            "startTimeUnixNano": "1",
+                            "endTimeUnixNano": "2",
+                            "attributes": [
+                                {"key": "gen_ai.operation.name", "value": {"stringValue": "chat"}},
+                                {"key": "gen_ai.usage.input_tokens", "value": {"intValue": "3"}},
+                            ],
+                        }
+                    ],
+                }
+            ],
+        }
+    ]
+}
 
 
 @FUZZ
-@given(st.one_of(mutations(SPAN), values, st.text(max_size=200),
-                 st.lists(mutations(SPAN), min_size=1, max_size=3).map(
-                     lambda docs: "\n".join(json.dumps(d, allow_nan=True) for d in docs))))
+@given(
+    st.one_of(
+        mutations(SPAN),
+        values,
+        st.text(max_size=200),
+        st.lists(mutations(SPAN), min_size=1, max_size=3).map(
+            lambda docs: "\n".join(json.dumps(d, allow_nan=True) for d in docs)
+        ),
+    )
+)
 def test_trace_checker_reads_any_file_or_raises_trace_file_error(data):
     from edgesdk.tracecheck import check_trace_file
     from edgesdk.tracecheck.otlp_json import TraceFileError

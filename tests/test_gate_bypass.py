@@ -35,8 +35,27 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
 
 # ------------------------------------------------------------------ waivers that name nothing
 
-@pytest.mark.parametrize("subject", ["*", "**", "?*", "***", "*.*", "**/*", "*?", "[!x]*", "*[a-z0-9]*", "?**",
-                                     "[*]*", "*/**", "**.**", "*[!Z]*", "*==*"])
+
+@pytest.mark.parametrize(
+    "subject",
+    [
+        "*",
+        "**",
+        "?*",
+        "***",
+        "*.*",
+        "**/*",
+        "*?",
+        "[!x]*",
+        "*[a-z0-9]*",
+        "?**",
+        "[*]*",
+        "*/**",
+        "**.**",
+        "*[!Z]*",
+        "*==*",
+    ],
+)
 def test_subject_glob_that_matches_everything_is_refused(tmp_path: Path, subject: str) -> None:
     with pytest.raises(InputError, match="would waive everything"):
         load_waivers(_waiver_file(tmp_path, subject=subject))
@@ -77,12 +96,20 @@ def test_subject_only_waiver_matching_too_many_findings_is_refused(tmp_path: Pat
 
 # ------------------------------------------------------------------ deny needs a policy change
 
+
 def test_deny_level_finding_cannot_be_waived(tmp_path: Path) -> None:
     root = _tree(tmp_path, {"gpl.py": "GPL-3.0-only", "lgpl.py": "LGPL-3.0-only"})
     waivers = tmp_path / "w.yaml"
-    waivers.write_text(json.dumps({"waivers": [
-        {"id": "W-GPL", "by": "a", "reason": "r", "expires": "2099-01-01", "license": "GPL-3.0-only"},
-        {"id": "W-LGPL", "by": "a", "reason": "r", "expires": "2099-01-01", "subject": "lgpl.py"}]}))
+    waivers.write_text(
+        json.dumps(
+            {
+                "waivers": [
+                    {"id": "W-GPL", "by": "a", "reason": "r", "expires": "2099-01-01", "license": "GPL-3.0-only"},
+                    {"id": "W-LGPL", "by": "a", "reason": "r", "expires": "2099-01-01", "subject": "lgpl.py"},
+                ]
+            }
+        )
+    )
     result = scan_licenses(root, waivers_path=waivers)
     gpl = next(f for f in result.findings if f.subject == "gpl.py")
     lgpl = next(f for f in result.findings if f.subject == "lgpl.py")
@@ -113,6 +140,7 @@ def test_cli_deny_with_waiver_still_exits_2(tmp_path: Path, run_cli) -> None:
 
 # ------------------------------------------------------------------ scanner answers that are wrong
 
+
 class _Api(BaseHTTPRequestHandler):
     """A SCANOSS API stand-in on loopback whose answer the test picks."""
 
@@ -122,8 +150,14 @@ class _Api(BaseHTTPRequestHandler):
     def do_POST(self):  # noqa: N802 - http.server API
         body = self.rfile.read(int(self.headers["Content-Length"])).decode("utf-8", "replace")
         paths = [line.split(",", 2)[2] for line in body.splitlines() if line.startswith("file=")]
-        good = {"id": "snippet", "component": "gplthing", "version": "1.0", "matched": "80%",
-                "purl": ["pkg:github/acme/gplthing"], "licenses": [{"name": "GPL-2.0-only"}]}
+        good = {
+            "id": "snippet",
+            "component": "gplthing",
+            "version": "1.0",
+            "matched": "80%",
+            "purl": ["pkg:github/acme/gplthing"],
+            "licenses": [{"name": "GPL-2.0-only"}],
+        }
         mode = self.mode
         if mode == "hang":
             self.release.wait(60)
@@ -200,8 +234,9 @@ def code_tree(tmp_path: Path) -> Path:
     root = tmp_path / "src"
     root.mkdir()
     (root / "pyproject.toml").write_text(PYPROJECT)
-    (root / "copied.py").write_text("# SPDX-License-Identifier: MIT\n" + "".join(
-        f"def f{i}(a, b):\n    return a * {i} + b\n" for i in range(40)))
+    (root / "copied.py").write_text(
+        "# SPDX-License-Identifier: MIT\n" + "".join(f"def f{i}(a, b):\n    return a * {i} + b\n" for i in range(40))
+    )
     return root
 
 
@@ -211,24 +246,33 @@ def test_well_formed_answer_still_becomes_a_finding(code_tree: Path, scan_api) -
     assert (match.subject, match.spdx, match.action) == ("copied.py", "GPL-2.0-only", "deny")
 
 
-@pytest.mark.parametrize("mode", ["str-matches", "int-match", "licenses-str", "license-name-int", "id-int",
-                                  "purl-str", "list-top", "null-top"])
+@pytest.mark.parametrize(
+    "mode",
+    ["str-matches", "int-match", "licenses-str", "license-name-int", "id-int", "purl-str", "list-top", "null-top"],
+)
 def test_answer_with_wrong_types_is_an_error_not_a_pass(code_tree: Path, scan_api, mode: str) -> None:
     with pytest.raises(ExternalToolError, match="malformed answer|no usable JSON"):
         scan_licenses(code_tree, scanoss_url=scan_api(mode))
 
 
-@pytest.mark.parametrize("mode, message", [("html", "text/html, not JSON"), ("html-500", "HTTP 500"),
-                                           ("json-500", "HTTP 500"), ("bad-json", "no usable JSON")])
-def test_error_answers_fail_closed_and_leave_no_litter(code_tree: Path, scan_api, tmp_path: Path,
-                                                       monkeypatch, mode: str, message: str) -> None:
+@pytest.mark.parametrize(
+    "mode, message",
+    [
+        ("html", "text/html, not JSON"),
+        ("html-500", "HTTP 500"),
+        ("json-500", "HTTP 500"),
+        ("bad-json", "no usable JSON"),
+    ],
+)
+def test_error_answers_fail_closed_and_leave_no_litter(
+    code_tree: Path, scan_api, tmp_path: Path, monkeypatch, mode: str, message: str
+) -> None:
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     monkeypatch.chdir(cwd)
     with pytest.raises(ExternalToolError, match=message):
         scan_licenses(code_tree, scanoss_url=scan_api(mode))
-    assert list(cwd.iterdir()) == [] and sorted(p.name for p in code_tree.iterdir()) == ["copied.py",
-                                                                                          "pyproject.toml"]
+    assert list(cwd.iterdir()) == [] and sorted(p.name for p in code_tree.iterdir()) == ["copied.py", "pyproject.toml"]
 
 
 @pytest.mark.slow
@@ -249,15 +293,25 @@ def test_cli_exit_10_on_malformed_answer_and_on_timeout(code_tree: Path, scan_ap
     assert proc.returncode == 10, proc.stderr
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: SCANOSS API")
     start = time.monotonic()
-    proc = run_cli("check", "licenses", code_tree, "--scanoss-url", scan_api("hang"), "--scanoss-timeout", "2",
-                   cwd=cwd, timeout=120)
+    proc = run_cli(
+        "check",
+        "licenses",
+        code_tree,
+        "--scanoss-url",
+        scan_api("hang"),
+        "--scanoss-timeout",
+        "2",
+        cwd=cwd,
+        timeout=120,
+    )
     assert proc.returncode == 10 and "did not answer within 2 s" in proc.stderr, proc.stderr
     assert time.monotonic() - start < 60
     proc = run_cli("check", "licenses", code_tree, "--scanoss-url", scan_api("html-500"), cwd=cwd, timeout=120)
     assert proc.returncode == 10 and "HTTP 500" in proc.stderr, proc.stderr
     assert list(cwd.iterdir()) == []
-    proc = run_cli("check", "licenses", code_tree, "--scanoss-url", scan_api("ok"), "--scanoss-timeout", "-1",
-                   cwd=cwd, timeout=120)
+    proc = run_cli(
+        "check", "licenses", code_tree, "--scanoss-url", scan_api("ok"), "--scanoss-timeout", "-1", cwd=cwd, timeout=120
+    )
     assert proc.returncode == 1 and "not a positive number" in proc.stderr, proc.stderr
 
 
@@ -272,4 +326,3 @@ def test_default_timeout_is_documented_and_env_overrides(monkeypatch) -> None:
         configured_timeout(None)
     doc = (Path(__file__).resolve().parent.parent / "docs" / "licenses.md").read_text()
     assert "--scanoss-timeout" in doc and "30 s" in doc
-

@@ -14,40 +14,43 @@ from edgesdk.runtime.requests import DEFAULT_SAMPLING, ChatMessage, GenerationRe
 BIG = 10**400  # float(BIG) overflows: must be an InputError, never an OverflowError
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"max_tokens": 0}, "max_tokens must be >= 1"),
-    ({"max_tokens": -5}, "max_tokens must be >= 1"),
-    ({"max_tokens": 2.5}, "max_tokens must be an integer"),
-    ({"max_tokens": True}, "max_tokens must be an integer"),
-    ({"max_tokens": "8"}, "max_tokens must be an integer"),
-    ({"max_tokens": BIG}, "max_tokens must be <= 2147483647"),
-    ({"max_tokens": float("inf")}, "max_tokens must be finite"),
-    ({"temperature": -1}, "temperature must be >= 0"),
-    ({"temperature": float("nan")}, "temperature must be finite"),
-    ({"temperature": BIG}, "temperature must be finite"),
-    ({"temperature": "0.5"}, "temperature must be a number"),
-    ({"temperature": False}, "temperature must be a number"),
-    ({"top_p": 0}, "top_p must be > 0"),
-    ({"top_p": 1.5}, "top_p must be <= 1"),
-    ({"top_p": float("-inf")}, "top_p must be finite"),
-    ({"min_p": -0.1}, "min_p must be >= 0"),
-    ({"min_p": 2}, "min_p must be <= 1"),
-    ({"top_k": -1}, "top_k must be >= 0"),
-    ({"top_k": 1.5}, "top_k must be an integer"),
-    ({"top_k": BIG}, "top_k must be <= 2147483647"),
-    ({"repeat_penalty": 0}, "repeat_penalty must be > 0"),
-    ({"repeat_penalty": math.nan}, "repeat_penalty must be finite"),
-    ({"seed": -1}, "seed must be >= 0"),
-    ({"seed": 0xFFFFFFFF}, "seed must be <= 4294967294"),
-    ({"seed": True}, "seed must be an integer"),
-    ({"stop": 5}, "stop must be a string or a list of strings"),
-    ({"stop": ["a", 1]}, "stop must be a string or a list of strings"),
-    ({"stop": ["x"] * 17}, "stop must hold at most 16"),
-    ({"n": 2}, "n must be 1"),
-    ({"n": 0}, "n must be 1"),
-    ({"n": True}, "n must be 1"),
-    ({"stream": "yes"}, "stream must be true or false"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"max_tokens": 0}, "max_tokens must be >= 1"),
+        ({"max_tokens": -5}, "max_tokens must be >= 1"),
+        ({"max_tokens": 2.5}, "max_tokens must be an integer"),
+        ({"max_tokens": True}, "max_tokens must be an integer"),
+        ({"max_tokens": "8"}, "max_tokens must be an integer"),
+        ({"max_tokens": BIG}, "max_tokens must be <= 2147483647"),
+        ({"max_tokens": float("inf")}, "max_tokens must be finite"),
+        ({"temperature": -1}, "temperature must be >= 0"),
+        ({"temperature": float("nan")}, "temperature must be finite"),
+        ({"temperature": BIG}, "temperature must be finite"),
+        ({"temperature": "0.5"}, "temperature must be a number"),
+        ({"temperature": False}, "temperature must be a number"),
+        ({"top_p": 0}, "top_p must be > 0"),
+        ({"top_p": 1.5}, "top_p must be <= 1"),
+        ({"top_p": float("-inf")}, "top_p must be finite"),
+        ({"min_p": -0.1}, "min_p must be >= 0"),
+        ({"min_p": 2}, "min_p must be <= 1"),
+        ({"top_k": -1}, "top_k must be >= 0"),
+        ({"top_k": 1.5}, "top_k must be an integer"),
+        ({"top_k": BIG}, "top_k must be <= 2147483647"),
+        ({"repeat_penalty": 0}, "repeat_penalty must be > 0"),
+        ({"repeat_penalty": math.nan}, "repeat_penalty must be finite"),
+        ({"seed": -1}, "seed must be >= 0"),
+        ({"seed": 0xFFFFFFFF}, "seed must be <= 4294967294"),
+        ({"seed": True}, "seed must be an integer"),
+        ({"stop": 5}, "stop must be a string or a list of strings"),
+        ({"stop": ["a", 1]}, "stop must be a string or a list of strings"),
+        ({"stop": ["x"] * 17}, "stop must hold at most 16"),
+        ({"n": 2}, "n must be 1"),
+        ({"n": 0}, "n must be 1"),
+        ({"n": True}, "n must be 1"),
+        ({"stream": "yes"}, "stream must be true or false"),
+    ],
+)
 def test_bad_values_are_one_line_input_errors_naming_the_field(kwargs, message):
     with pytest.raises(InputError, match=message) as err:
         GenerationRequest(prompt="hi", **kwargs)
@@ -55,24 +58,31 @@ def test_bad_values_are_one_line_input_errors_naming_the_field(kwargs, message):
     assert "\n" not in line and len(line) < 160, line  # BIG is not echoed whole
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({}, "exactly one of prompt, prompt_tokens or messages"),
-    ({"prompt": "a", "prompt_tokens": [1]}, r"exactly one of .* \(got prompt, prompt_tokens\)"),
-    ({"prompt": b"hi"}, "prompt must be a string"),
-    ({"prompt_tokens": []}, "prompt_tokens must be a non-empty list"),
-    ({"prompt_tokens": "12"}, "prompt_tokens must be a non-empty list"),
-    ({"prompt_tokens": [2, -1]}, r"prompt_tokens\[1\] must be >= 0"),
-    ({"prompt_tokens": [2, 1.5]}, r"prompt_tokens\[1\] must be an integer"),
-    ({"messages": []}, "messages must be a non-empty list"),
-    ({"messages": "hi"}, "messages must be a non-empty list"),
-    ({"messages": [{"role": "", "content": "x"}]}, r"messages\[0\].role must be a non-empty string"),
-    ({"messages": [{"role": "user", "content": 3}]}, r"messages\[0\].content must be a string"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
-     r"messages\[0\].content\[0\]: only text parts"),
-    ({"messages": [{"role": "user", "content": [{"type": "text", "text": None}]}]},
-     r"messages\[0\].content\[0\].text must be a string"),
-    ({"messages": ["hi"]}, r"messages\[0\] must be a mapping"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({}, "exactly one of prompt, prompt_tokens or messages"),
+        ({"prompt": "a", "prompt_tokens": [1]}, r"exactly one of .* \(got prompt, prompt_tokens\)"),
+        ({"prompt": b"hi"}, "prompt must be a string"),
+        ({"prompt_tokens": []}, "prompt_tokens must be a non-empty list"),
+        ({"prompt_tokens": "12"}, "prompt_tokens must be a non-empty list"),
+        ({"prompt_tokens": [2, -1]}, r"prompt_tokens\[1\] must be >= 0"),
+        ({"prompt_tokens": [2, 1.5]}, r"prompt_tokens\[1\] must be an integer"),
+        ({"messages": []}, "messages must be a non-empty list"),
+        ({"messages": "hi"}, "messages must be a non-empty list"),
+        ({"messages": [{"role": "", "content": "x"}]}, r"messages\[0\].role must be a non-empty string"),
+        ({"messages": [{"role": "user", "content": 3}]}, r"messages\[0\].content must be a string"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+            r"messages\[0\].content\[0\]: only text parts",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": None}]}]},
+            r"messages\[0\].content\[0\].text must be a string",
+        ),
+        ({"messages": ["hi"]}, r"messages\[0\] must be a mapping"),
+    ],
+)
 def test_bad_inputs_are_input_errors(kwargs, message):
     with pytest.raises(InputError, match=message):
         GenerationRequest(**kwargs)
@@ -81,15 +91,17 @@ def test_bad_inputs_are_input_errors(kwargs, message):
 def test_defaults_and_normalisation():
     r = GenerationRequest(prompt="hi")
     assert (r.temperature, r.top_k, r.top_p, r.min_p, r.repeat_penalty) == tuple(
-        DEFAULT_SAMPLING[k] for k in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty"))
+        DEFAULT_SAMPLING[k] for k in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty")
+    )
     assert r.max_tokens == 128 and r.stop == () and r.seed is None and not r.stream and not r.greedy
     r = GenerationRequest(prompt="hi", max_tokens=4.0, top_k=3.0, temperature=0, stop="END", seed=7)
     assert r.max_tokens == 4 and isinstance(r.max_tokens, int) and r.top_k == 3 and isinstance(r.top_k, int)
     assert r.greedy and r.stop == ("END",) and r.seed == 7
     assert GenerationRequest(prompt="hi", stop=["a", "", "b"]).stop == ("a", "b")  # empty strings never match
     assert GenerationRequest(prompt_tokens=[2, 3]).prompt_tokens == (2, 3)
-    r = GenerationRequest(messages=[{"role": "user", "content": [{"type": "text", "text": "a"},
-                                                                 {"type": "text", "text": "b"}]}])
+    r = GenerationRequest(
+        messages=[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
+    )
     assert r.messages == (ChatMessage("user", "ab"),)
     with pytest.raises(AttributeError):
         r.max_tokens = 5  # type: ignore[misc]  # frozen: validated once, never changed after

@@ -123,8 +123,16 @@ def test_explain_json_and_manifest_carry_the_decisions(tmp_path):
     final.write_bytes(b"GGUF")
     out_facts = {"architecture": "llama", "layers": 22, "kv_heads": 4, "head_dim": 64, "params": 1_100_048_384}
     llm = llm_config(plan, out_facts, final, n_ctx=2048, quant="F16", converted=None)
-    B.write_manifest(tmp_path, Manifest(format="gguf", precision="F16", bundle_id="b",
-                                        artifacts=[B.artifact_entry(tmp_path, "model.gguf", "model")], llm=llm))
+    B.write_manifest(
+        tmp_path,
+        Manifest(
+            format="gguf",
+            precision="F16",
+            bundle_id="b",
+            artifacts=[B.artifact_entry(tmp_path, "model.gguf", "model")],
+            llm=llm,
+        ),
+    )
     again = B.open_bundle(tmp_path).manifest.llm
     assert again is not None
     info = again.to_dict()

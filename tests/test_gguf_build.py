@@ -16,12 +16,21 @@ pytest.importorskip("transformers")
 
 from edgesdk.errors import InputError, ModelError, ShapeError  # noqa: E402
 
-CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
-                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 
 
-def make_tiny_causal_lm(directory: Path, family: str, *, tokenizer: bool = True, license_card: bool = True,
-                        rope_theta: float | None = None, layout: str = "transformers4") -> Path:
+def make_tiny_causal_lm(
+    directory: Path,
+    family: str,
+    *,
+    tokenizer: bool = True,
+    license_card: bool = True,
+    rope_theta: float | None = None,
+    layout: str = "transformers4",
+) -> Path:
     """A 2-layer, hidden-256 model of ``family`` (llama|qwen2) with random weights and a BPE tokenizer.
 
     ``layout="transformers5"``: saved by this transformers 4.57, then rewritten as transformers 5 saves it
@@ -46,17 +55,30 @@ def make_tiny_causal_lm(directory: Path, family: str, *, tokenizer: bool = True,
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(PPL_TEXT.read_text().split("\n"), trainers.BpeTrainer(
-        vocab_size=400, special_tokens=["<|bos|>", "<|end|>", "<|user|>", "<|assistant|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        PPL_TEXT.read_text().split("\n"),
+        trainers.BpeTrainer(
+            vocab_size=400,
+            special_tokens=["<|bos|>", "<|end|>", "<|user|>", "<|assistant|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|end|>")
     fast.chat_template = CHAT_TEMPLATE
     if tokenizer:
         fast.save_pretrained(directory)
-    kw = dict(vocab_size=len(tok.get_vocab()), hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-              bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id,
-              **({"rope_theta": rope_theta} if rope_theta is not None else {}))
+    kw = dict(
+        vocab_size=len(tok.get_vocab()),
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=fast.bos_token_id,
+        eos_token_id=fast.eos_token_id,
+        **({"rope_theta": rope_theta} if rope_theta is not None else {}),
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(**kw)) if family == "llama" else Qwen2ForCausalLM(Qwen2Config(**kw))
     model.save_pretrained(directory, safe_serialization=True)
@@ -188,23 +210,35 @@ def test_unsupported_architecture_and_missing_tokenizer_via_cli(tmp_path, run_cl
 
     gpt2 = tmp_path / "gpt2-like"
     gpt2.mkdir()
-    (gpt2 / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
-                                                  "n_layer": 2, "vocab_size": 10}))
+    (gpt2 / "config.json").write_text(
+        json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_layer": 2, "vocab_size": 10})
+    )
     save_file({"wte.weight": np.zeros((10, 4), dtype=np.float32)}, str(gpt2 / "model.safetensors"))
     proc = run_cli("build", gpt2, "--profile", "orin-nano-8gb", "-o", tmp_path / "o1", timeout=120)
     assert proc.returncode == 3
     from edgesdk.formats.gguf.archs import ARCHS  # the registry: one line per text architecture
 
-    assert proc.stderr.strip() == ("error: architecture GPT2LMHeadModel not supported for GGUF conversion "
-                                   f"(supported: {', '.join(sorted(ARCHS))})")
-    assert {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM",
-            "Phi3ForCausalLM"} <= set(ARCHS)
+    assert proc.stderr.strip() == (
+        f"error: architecture GPT2LMHeadModel not supported for GGUF conversion (supported: {', '.join(sorted(ARCHS))})"
+    )
+    assert {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM"} <= set(
+        ARCHS
+    )
     notok = tmp_path / "no-tokenizer"
     notok.mkdir()
-    (notok / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-                                                   "num_hidden_layers": 2, "num_attention_heads": 4,
-                                                   "hidden_size": 8, "vocab_size": 10,
-                                                   "max_position_embeddings": 64}))
+    (notok / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "hidden_size": 8,
+                "vocab_size": 10,
+                "max_position_embeddings": 64,
+            }
+        )
+    )
     save_file({"model.embed_tokens.weight": np.zeros((10, 8), dtype=np.float32)}, str(notok / "model.safetensors"))
     proc = run_cli("build", notok, "--profile", "orin-nano-8gb", "-o", tmp_path / "o2", timeout=120)
     assert proc.returncode == 3 and "tokenizer missing" in proc.stderr and len(proc.stderr.splitlines()) == 1
@@ -216,13 +250,20 @@ def test_rope_scaling_variant_is_rejected_by_the_converter(tmp_path):
 
     d = tmp_path / "m"
     d.mkdir()
-    (d / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"],
-                                               "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}))
+    (d / "config.json").write_text(
+        json.dumps({"architectures": ["LlamaForCausalLM"], "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
+    )
     with pytest.raises(ModelError, match="rope_scaling 'llama3' is not supported"):
         conv.convert_hf_to_gguf(d, tmp_path / "x.gguf")
     # transformers 5 writes the same as rope_parameters
-    (d / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "rope_parameters": {
-        "rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0}}))
+    (d / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "rope_parameters": {"rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0},
+            }
+        )
+    )
     with pytest.raises(ModelError, match="rope_scaling 'llama3' is not supported"):
         conv.convert_hf_to_gguf(d, tmp_path / "x.gguf")
 
@@ -257,18 +298,30 @@ def make_sentencepiece_style_llama(directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
     tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
-    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                     decoders.Strip(" ", 1, 0)])
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
     special = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)]
-    tok.train_from_iterator(PPL_TEXT.read_text().split("\n"), trainers.BpeTrainer(vocab_size=600,
-                                                                                   special_tokens=special))
-    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                            unk_token="<unk>").save_pretrained(directory)
+    tok.train_from_iterator(
+        PPL_TEXT.read_text().split("\n"), trainers.BpeTrainer(vocab_size=600, special_tokens=special)
+    )
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>").save_pretrained(
+        directory
+    )
     torch.manual_seed(1)
-    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok.get_vocab()), hidden_size=256, intermediate_size=512,
-                                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                 max_position_embeddings=512, bos_token_id=1, eos_token_id=2)
-                     ).save_pretrained(directory)
+    LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tok.get_vocab()),
+            hidden_size=256,
+            intermediate_size=512,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+            bos_token_id=1,
+            eos_token_id=2,
+        )
+    ).save_pretrained(directory)
     return directory
 
 

@@ -39,8 +39,11 @@ def _profile(tmp_path: Path, parity: dict, base: str = "cpu-x86_64.yaml") -> Pat
 
 # ------------------------------------------------------------------------------ the plan
 def test_fallback_lists_the_next_better_types_that_fit():
-    plan = plan_build(hf_facts("tinyllama-1.1b"), resolve_profile("h200"),
-                      BuildOptions(quant_type="Q4_K_M", on_parity_fail="fallback"))
+    plan = plan_build(
+        hf_facts("tinyllama-1.1b"),
+        resolve_profile("h200"),
+        BuildOptions(quant_type="Q4_K_M", on_parity_fail="fallback"),
+    )
     d = _d(plan, "gguf.parity_fallback")
     assert [c["quant_type"] for c in d.value] == ["Q5_K_M", "Q6_K", "Q8_0", "F16"]
     assert [c["ppl_ratio_max"] for c in d.value] == [1.03, 1.02, 1.01, 1.005]
@@ -49,12 +52,16 @@ def test_fallback_lists_the_next_better_types_that_fit():
 
 
 def test_types_that_do_not_fit_the_budget_are_not_tried():
-    plan = plan_build(hf_facts("llama3-8b"), resolve_profile("orin-nano-8gb"),
-                      BuildOptions(quant_type="Q3_K_M", on_parity_fail="fallback"))
+    plan = plan_build(
+        hf_facts("llama3-8b"),
+        resolve_profile("orin-nano-8gb"),
+        BuildOptions(quant_type="Q3_K_M", on_parity_fail="fallback"),
+    )
     d = _d(plan, "gguf.parity_fallback")
     assert d.value == [] and "Q4_K_M needs" in d.reason and "> budget 5.4 GB" in d.reason
-    tight = plan_build(hf_facts("llama3-8b"), resolve_profile("cpu"),
-                       BuildOptions(quant_type="Q4_K_M", on_parity_fail="fallback"))
+    tight = plan_build(
+        hf_facts("llama3-8b"), resolve_profile("cpu"), BuildOptions(quant_type="Q4_K_M", on_parity_fail="fallback")
+    )
     assert [c["quant_type"] for c in _d(tight, "gguf.parity_fallback").value] == ["Q5_K_M", "Q6_K"]
     assert "Q8_0 needs" in _d(tight, "gguf.parity_fallback").reason
 
@@ -66,12 +73,30 @@ def test_default_error_mode_tries_nothing_but_says_what_fallback_would_do():
 
 
 def test_quantized_gguf_source_falls_back_to_itself_never_above():
-    extra = {"layers": 18, "kv_heads": 1, "head_dim": 256, "hidden": 640, "ffn": 2048, "n_vocab": 262144,
-             "ctx_train": 32768, "file_type": "Q4_K_M", "tensor_bytes": 240_000_000, "architecture": "gemma3"}
-    facts = ModelFacts(source="/models/gemma.gguf", kind="gguf", task="text-generation", name="gemma",
-                       family="gemma3", params=268_000_000, extra=extra)
-    plan = plan_build(facts, resolve_profile("orin-agx-64gb"),
-                      BuildOptions(quant_type="Q3_K_M", on_parity_fail="fallback"))
+    extra = {
+        "layers": 18,
+        "kv_heads": 1,
+        "head_dim": 256,
+        "hidden": 640,
+        "ffn": 2048,
+        "n_vocab": 262144,
+        "ctx_train": 32768,
+        "file_type": "Q4_K_M",
+        "tensor_bytes": 240_000_000,
+        "architecture": "gemma3",
+    }
+    facts = ModelFacts(
+        source="/models/gemma.gguf",
+        kind="gguf",
+        task="text-generation",
+        name="gemma",
+        family="gemma3",
+        params=268_000_000,
+        extra=extra,
+    )
+    plan = plan_build(
+        facts, resolve_profile("orin-agx-64gb"), BuildOptions(quant_type="Q3_K_M", on_parity_fail="fallback")
+    )
     d = _d(plan, "gguf.parity_fallback")
     assert d.value == [{"quant_type": "Q4_K_M", "ppl_ratio_max": None}]  # the source, repackaged unchanged
     assert "requantizing up cannot restore precision" in d.reason
@@ -101,8 +126,12 @@ def test_a_missed_type_falls_back_to_the_next_and_records_every_attempt(tiny_lla
     from edgesdk.formats.gguf.facts import gguf_facts
 
     profile = _profile(tmp_path, {"Q4_K_M": {"ppl_ratio_max": 0.5}})
-    out = build(tiny_llama, str(profile), tmp_path / "out",
-                BuildOptions(progress=False, quant_type="Q4_K_M", on_parity_fail="fallback"))
+    out = build(
+        tiny_llama,
+        str(profile),
+        tmp_path / "out",
+        BuildOptions(progress=False, quant_type="Q4_K_M", on_parity_fail="fallback"),
+    )
     m = json.loads((out / "manifest.json").read_text())
     assert m["precision"] == "Q5_K_M" and m["extras"]["llm"]["quant_type"] == "Q5_K_M"
     assert gguf_facts(out / "model.gguf")["file_type"] == "Q5_K_M"  # the file really is the fallback type
@@ -122,8 +151,19 @@ def test_exit_5_only_when_no_type_passes(tiny_llama, tmp_path, run_cli):
     strict = {q: {"ppl_ratio_max": 0.5} for q in ("Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0")}
     profile = _profile(tmp_path, strict)
     out = tmp_path / "out"
-    res = run_cli("build", tiny_llama, "--profile", profile, "-o", out, "--quant-type", "Q4_K_M",
-                  "--on-parity-fail", "fallback", "--no-progress")
+    res = run_cli(
+        "build",
+        tiny_llama,
+        "--profile",
+        profile,
+        "-o",
+        out,
+        "--quant-type",
+        "Q4_K_M",
+        "--on-parity-fail",
+        "fallback",
+        "--no-progress",
+    )
     assert res.returncode == 5, res.stdout + res.stderr
     err = [line for line in res.stderr.strip().splitlines() if line.strip()]
     assert "Traceback" not in res.stderr

@@ -31,11 +31,30 @@ SHAPES = {
 
 def hf_facts(shape: str) -> ModelFacts:
     layers, hidden, heads, kv, ffn, vocab, ctx, params = SHAPES[shape]
-    extra = {"architecture": "LlamaForCausalLM", "gguf_supported": True, "layers": layers, "heads": heads,
-             "kv_heads": kv, "hidden": hidden, "head_dim": hidden // heads, "ffn": ffn, "ctx_train": ctx,
-             "n_vocab": vocab, "tokenizer_files": ["tokenizer.json"], "chat_template": True}
-    return ModelFacts(source=f"/models/{shape}", kind="hf", task="text-generation", name=shape,
-                      architecture="LlamaForCausalLM", family="llama", params=params, extra=extra)
+    extra = {
+        "architecture": "LlamaForCausalLM",
+        "gguf_supported": True,
+        "layers": layers,
+        "heads": heads,
+        "kv_heads": kv,
+        "hidden": hidden,
+        "head_dim": hidden // heads,
+        "ffn": ffn,
+        "ctx_train": ctx,
+        "n_vocab": vocab,
+        "tokenizer_files": ["tokenizer.json"],
+        "chat_template": True,
+    }
+    return ModelFacts(
+        source=f"/models/{shape}",
+        kind="hf",
+        task="text-generation",
+        name=shape,
+        architecture="LlamaForCausalLM",
+        family="llama",
+        params=params,
+        extra=extra,
+    )
 
 
 def total_bytes(facts: ModelFacts, quant: str, n_ctx: int) -> float:
@@ -56,7 +75,7 @@ def test_orin_nano_picks_the_largest_type_that_fits_and_explains_the_arithmetic(
     assert total_bytes(facts, quant, n_ctx) <= budget
     assert n_ctx == profile.policy["llm"]["context_length"]
     order = profile.policy["llm"]["quant_order"]
-    for bigger in order[:order.index(quant)]:  # every larger type was rejected for a real reason
+    for bigger in order[: order.index(quant)]:  # every larger type was rejected for a real reason
         assert total_bytes(facts, bigger, profile.policy["llm"]["context_length"]) > budget
     reason = d["gguf.quant_type"].reason
     assert "bpw" in reason and "KV" in reason and f"{profile.memory_budget_gb()} GB" in reason
@@ -101,8 +120,9 @@ def test_cpu_profile_no_offload_and_a_profile_without_memory_figure(tmp_path):
     import yaml
 
     data = dict(profile.data, name="cpu-unknown-memory")
-    data["device"] = dict(data["device"], memory={"total_gb": None, "usable_gb": None, "unified": True,
-                                                  "bandwidth_gbps": None})
+    data["device"] = dict(
+        data["device"], memory={"total_gb": None, "usable_gb": None, "unified": True, "bandwidth_gbps": None}
+    )
     data["policy"] = {k: v for k, v in data["policy"].items() if k != "memory_budget_gb"}
     path = tmp_path / "cpu-unknown-memory.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -121,8 +141,10 @@ def test_unsupported_architecture_and_missing_tokenizer_fail_at_plan_time():
     facts.extra.update(architecture="GPT2LMHeadModel", gguf_supported=False)
     from edgesdk.formats.gguf.archs import ARCHS  # the registry: the message lists every family in it
 
-    with pytest.raises(ModelError, match=r"architecture GPT2LMHeadModel not supported .*supported: "
-                                         + re.escape(", ".join(sorted(ARCHS)))):
+    with pytest.raises(
+        ModelError,
+        match=r"architecture GPT2LMHeadModel not supported .*supported: " + re.escape(", ".join(sorted(ARCHS))),
+    ):
         plan_build(facts, resolve_profile("h200"), BuildOptions())
     facts = hf_facts("tinyllama-1.1b")
     facts.extra["tokenizer_files"] = []
@@ -149,8 +171,9 @@ def test_quantized_gguf_is_repackaged_and_never_requantized_up(gemma_gguf):
     assert d["gguf.quant_type"].value == "Q4_K_M"  # Q8_0..Q5_K_M come first in the order but are higher
     assert d["gguf.source"].value.startswith("repackage")
     assert "cannot restore precision" in d["gguf.quant_type"].reason
-    with pytest.raises(ModelError, match="cannot requantize an already-quantized Q4_K_M file to the "
-                                         "higher-precision type Q8_0"):
+    with pytest.raises(
+        ModelError, match="cannot requantize an already-quantized Q4_K_M file to the higher-precision type Q8_0"
+    ):
         plan_build(facts, resolve_profile("orin-nano-8gb"), BuildOptions(quant_type="Q8_0"))
     down = decisions(plan_build(facts, resolve_profile("orin-nano-8gb"), BuildOptions(quant_type="Q3_K_M")))
     assert down["gguf.source"].value == "requantize Q4_K_M -> Q3_K_M with llama.cpp quantize"
@@ -193,6 +216,8 @@ def test_llama_cpp_load_of_truncated_file_in_child_probe_leaves_host_alive(trunc
     why = _probe_in_child(str(truncated_gguf), 0, False, 256)
     assert why is not None and ("failed" in why or "crashed" in why)
     # and this process is still here to assert it; the same load in-process also only raises:
-    code = ("import llama_cpp,sys\ntry:\n    llama_cpp.Llama(sys.argv[1], verbose=False)\n"
-            "except ValueError:\n    sys.exit(7)")
+    code = (
+        "import llama_cpp,sys\ntry:\n    llama_cpp.Llama(sys.argv[1], verbose=False)\n"
+        "except ValueError:\n    sys.exit(7)"
+    )
     assert subprocess.run([sys.executable, "-c", code, str(truncated_gguf)], timeout=120).returncode == 7

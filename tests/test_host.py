@@ -15,8 +15,9 @@ def _jetson_tree(root):
     (root / "proc/device-tree/compatible").write_bytes(b"nvidia,p3768-0000+p3767-0000\0nvidia,tegra234\0")
     (root / "proc/device-tree/model").write_text("NVIDIA Jetson Orin NX Engineering Reference Developer Kit\0")
     (root / "etc/nv_tegra_release").write_text("# R36 (release), REVISION: 4.3, GCID: 1, BOARD: generic")
-    (root / "proc/cpuinfo").write_text("processor\t: 0\nFeatures\t: fp asimd asimddp i8mm\n"
-                                       "processor\t: 1\nFeatures\t: fp asimd asimddp i8mm\n")
+    (root / "proc/cpuinfo").write_text(
+        "processor\t: 0\nFeatures\t: fp asimd asimddp i8mm\nprocessor\t: 1\nFeatures\t: fp asimd asimddp i8mm\n"
+    )
 
 
 def test_probe_reads_a_jetson_tree_without_nvml(tmp_path, monkeypatch):
@@ -28,9 +29,15 @@ def test_probe_reads_a_jetson_tree_without_nvml(tmp_path, monkeypatch):
     monkeypatch.setattr(host, "read_gpus", no_nvml)
     facts = probe(str(tmp_path))
     assert facts.jetson == JetsonFacts(
-        model="NVIDIA Jetson Orin NX Engineering Reference Developer Kit", platform="tegra234", l4t="36.4.3",
-        sm="8.7", sm_source=host.TEGRA_SM_SOURCE, compatible=("nvidia,p3768-0000+p3767-0000", "nvidia,tegra234"),
-        module_part_number="p3767-0000", part_number_source="proc/device-tree/compatible")
+        model="NVIDIA Jetson Orin NX Engineering Reference Developer Kit",
+        platform="tegra234",
+        l4t="36.4.3",
+        sm="8.7",
+        sm_source=host.TEGRA_SM_SOURCE,
+        compatible=("nvidia,p3768-0000+p3767-0000", "nvidia,tegra234"),
+        module_part_number="p3767-0000",
+        part_number_source="proc/device-tree/compatible",
+    )
     assert (facts.sm, facts.arch, facts.gpus, facts.trtexec) == ("8.7", "aarch64", (), None)
     assert facts.cpu_flags == ("asimd", "asimddp", "i8mm") and facts.logical_cores == 2
     assert any("L4T 36.4.3" in e and "sm_8.7" in e for e in facts.evidence)
@@ -57,8 +64,20 @@ def test_non_nvidia_device_tree_is_not_a_jetson(tmp_path):
 def test_real_probe_and_dict():
     facts = probe()
     d = facts.to_dict()
-    assert set(d) >= {"os", "arch", "python", "tensorrt", "tensorrt_reason", "trtexec", "gpus", "jetson",
-                      "versions", "evidence", "onnxruntime_providers", "sm"}
+    assert set(d) >= {
+        "os",
+        "arch",
+        "python",
+        "tensorrt",
+        "tensorrt_reason",
+        "trtexec",
+        "gpus",
+        "jetson",
+        "versions",
+        "evidence",
+        "onnxruntime_providers",
+        "sm",
+    }
     assert d["versions"]["python"] == facts.python and "edgesdk" in d["versions"]
     if facts.tensorrt is None:
         assert "TensorRT Python API not importable" in facts.tensorrt_reason
@@ -103,13 +122,19 @@ def test_nvml_block_yields_none_without_a_driver():
 def test_doctor_reports_from_the_facts_it_is_given():
     from edgesdk.doctor import diagnose
 
-    orin = HostFacts(jetson=JetsonFacts(model="Jetson AGX Orin", platform="tegra234", l4t="36.4.3", sm="8.7",
-                                        sm_source="test"), trtexec="/usr/src/tensorrt/bin/trtexec",
-                     tensorrt_reason="TensorRT Python API not importable (test)")
+    orin = HostFacts(
+        jetson=JetsonFacts(model="Jetson AGX Orin", platform="tegra234", l4t="36.4.3", sm="8.7", sm_source="test"),
+        trtexec="/usr/src/tensorrt/bin/trtexec",
+        tensorrt_reason="TensorRT Python API not importable (test)",
+    )
     rows = {r["component"]: r for r in diagnose(orin)}
     gpu = rows["NVIDIA GPU"]
     assert gpu["available"] and gpu["version"] == "L4T 36.4.3" and "sm_8.7" in gpu["detail"]
-    assert rows["trtexec"] == {"component": "trtexec", "available": True, "version": None,
-                               "detail": "/usr/src/tensorrt/bin/trtexec"}
+    assert rows["trtexec"] == {
+        "component": "trtexec",
+        "available": True,
+        "version": None,
+        "detail": "/usr/src/tensorrt/bin/trtexec",
+    }
     trt = rows["TensorRT (Python API)"]
     assert not trt["available"] and "(test)" in trt["detail"]

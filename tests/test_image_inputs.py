@@ -22,12 +22,17 @@ from edgesdk.errors import InputError  # noqa: E402
 from edgesdk.runtime.backends.vlm import MAX_IMAGE_BYTES, ImagePreprocessor  # noqa: E402
 
 SIGLIP_64 = {"size": {"height": 64, "width": 64}, "resample": 2, "image_mean": [0.5] * 3, "image_std": [0.5] * 3}
-CLIP_336 = {"size": {"shortest_edge": 336}, "crop_size": {"height": 336, "width": 336}, "do_center_crop": True,
-            "resample": 3}
+CLIP_336 = {
+    "size": {"shortest_edge": 336},
+    "crop_size": {"height": 336, "width": 336},
+    "do_center_crop": True,
+    "resample": 3,
+}
 
 
 def png_bomb(path: Path, side: int = 20000) -> Path:
     """A 1-bit greyscale PNG of side x side zero pixels: ~50 MB of scanlines deflated to tens of KB."""
+
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
 
@@ -36,8 +41,9 @@ def png_bomb(path: Path, side: int = 20000) -> Path:
         parts.append(comp.compress(row))
     parts.append(comp.flush())
     ihdr = struct.pack(">IIBBBBB", side, side, 1, 0, 0, 0, 0)
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", b"".join(parts))
-                     + chunk(b"IEND", b""))
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", b"".join(parts)) + chunk(b"IEND", b"")
+    )
     return path
 
 
@@ -114,19 +120,22 @@ def test_garbage_and_missing_files(pre, tmp_path):
         pre.load(b"")
 
 
-@pytest.mark.parametrize("array, match", [
-    (np.zeros((0, 0, 3), np.uint8), r"empty \(0x0 pixels\)"),
-    (np.zeros((4, 0, 3), np.uint8), r"empty \(0x4 pixels\)"),
-    (np.full((8, 8, 3), np.nan, np.float32), "NaN or infinite"),
-    (np.full((8, 8, 3), np.inf), "NaN or infinite"),
-    (np.full((8, 8, 3), 300.0), r"within 0\.\.255"),
-    (np.full((8, 8, 3), -1, np.int16), r"within 0\.\.255"),
-    (np.zeros((8, 8, 4), np.uint8), "HxWx3"),
-    (np.zeros((8, 8), np.uint8), "HxWx3"),
-    (np.array([[["a"] * 3]], dtype=object), "numeric"),
-    (np.zeros((1, 1000, 3), np.uint8), "aspect ratio above 200:1"),
-    (np.zeros((5000, 5000, 3), np.uint8), "5000x5000 pixels is more than this model takes"),
-])
+@pytest.mark.parametrize(
+    "array, match",
+    [
+        (np.zeros((0, 0, 3), np.uint8), r"empty \(0x0 pixels\)"),
+        (np.zeros((4, 0, 3), np.uint8), r"empty \(0x4 pixels\)"),
+        (np.full((8, 8, 3), np.nan, np.float32), "NaN or infinite"),
+        (np.full((8, 8, 3), np.inf), "NaN or infinite"),
+        (np.full((8, 8, 3), 300.0), r"within 0\.\.255"),
+        (np.full((8, 8, 3), -1, np.int16), r"within 0\.\.255"),
+        (np.zeros((8, 8, 4), np.uint8), "HxWx3"),
+        (np.zeros((8, 8), np.uint8), "HxWx3"),
+        (np.array([[["a"] * 3]], dtype=object), "numeric"),
+        (np.zeros((1, 1000, 3), np.uint8), "aspect ratio above 200:1"),
+        (np.zeros((5000, 5000, 3), np.uint8), "5000x5000 pixels is more than this model takes"),
+    ],
+)
 def test_bad_arrays_are_refused(pre, array, match):
     with pytest.raises(InputError, match="image array: .*" + match):
         pre.load(array)
@@ -153,7 +162,9 @@ def test_valid_images_still_load(pre, tmp_path):
 
 
 def test_limit_grows_with_the_model_input():
-    assert ImagePreprocessor(SIGLIP_64, 64).max_pixels() == 4096 ** 2  # the floor
+    assert ImagePreprocessor(SIGLIP_64, 64).max_pixels() == 4096**2  # the floor
     assert ImagePreprocessor(CLIP_336, 336).max_pixels() == (16 * 336) ** 2
-    assert ImagePreprocessor({"size": {"longest_edge": 1536}, "max_image_size": {"longest_edge": 384}},
-                             384).max_pixels() == (16 * 1536) ** 2
+    assert (
+        ImagePreprocessor({"size": {"longest_edge": 1536}, "max_image_size": {"longest_edge": 384}}, 384).max_pixels()
+        == (16 * 1536) ** 2
+    )

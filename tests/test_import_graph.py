@@ -50,6 +50,7 @@ ALLOWED_UPWARD: dict[tuple[str, str], str] = {}
 
 # ---------------------------------------------------------------------------------------------- the graph
 
+
 def modules(package: Path = PACKAGE) -> dict[str, Path]:
     """Dotted module name -> file, for every ``.py`` file of the package (``__init__`` named as its package)."""
     out = {}
@@ -105,9 +106,15 @@ def import_edges(package: Path = PACKAGE) -> dict[str, dict[str, int]]:
 
 # ---------------------------------------------------------------------------------------------- the layers
 
+
 def _doc_name(text: str) -> str:
-    return "edgesdk" if text == "edgesdk" else VERSION if text == "__version__" else \
-        "edgesdk." + text.removesuffix(".py").replace("/", ".")
+    return (
+        "edgesdk"
+        if text == "edgesdk"
+        else VERSION
+        if text == "__version__"
+        else "edgesdk." + text.removesuffix(".py").replace("/", ".")
+    )
 
 
 def layers(doc: Path = ARCHITECTURE) -> list[list[str]]:
@@ -146,8 +153,12 @@ def upward_edges(graph: dict[str, dict[str, int]], layer_list: list[list[str]]) 
     """(module, imported module) pairs whose imported unit sits in a higher layer than the importer's."""
     rank = {u: i for i, layer in enumerate(layer_list) for u in layer}
     leaves = [u for u in rank if u.count(".") > 1]
-    return {(src, dst) for src, targets in graph.items() for dst in targets
-            if rank[unit_of(dst, leaves)] > rank[unit_of(src, leaves)]}
+    return {
+        (src, dst)
+        for src, targets in graph.items()
+        for dst in targets
+        if rank[unit_of(dst, leaves)] > rank[unit_of(src, leaves)]
+    }
 
 
 def cycles(graph: dict[str, Iterable[str]]) -> set[frozenset[str]]:
@@ -198,6 +209,7 @@ def _leaves(layer_list: list[list[str]]) -> list[str]:
 
 # ---------------------------------------------------------------------------------------------- the tests
 
+
 def test_every_unit_has_a_layer():
     graph = import_edges()
     layer_list = layers()
@@ -238,9 +250,13 @@ def test_root_package_imports_nothing_at_module_level():
     """``from edgesdk import __version__`` is a leaf edge only while the root package imports nothing itself
     at module level (its ``load`` facade imports the runtime lazily)."""
     tree = ast.parse((PACKAGE / "__init__.py").read_text(encoding="utf-8"))
-    eager = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom, ast.If))
-             and any(isinstance(x, (ast.Import, ast.ImportFrom)) for x in ast.walk(n))
-             and not (isinstance(n, ast.ImportFrom) and n.module == "__future__")]
+    eager = [
+        n
+        for n in tree.body
+        if isinstance(n, (ast.Import, ast.ImportFrom, ast.If))
+        and any(isinstance(x, (ast.Import, ast.ImportFrom)) for x in ast.walk(n))
+        and not (isinstance(n, ast.ImportFrom) and n.module == "__future__")
+    ]
     assert eager == []
 
 
@@ -258,5 +274,6 @@ def test_the_checks_see_lazy_and_type_checking_imports(tmp_path):
     assert graph["edgesdk.sub"] == {"edgesdk.sub.c": 1}
     assert graph["edgesdk.sub.c"] == {"edgesdk.a": 1, "edgesdk.sub": 2}
     assert cycles(graph) == {frozenset({"edgesdk.a", "edgesdk.b"}), frozenset({"edgesdk.sub", "edgesdk.sub.c"})}
-    assert upward_edges(graph, [[VERSION, "edgesdk.a"], ["edgesdk.b", "edgesdk.sub", "edgesdk"]]) == \
-        {("edgesdk.a", "edgesdk.b")}
+    assert upward_edges(graph, [[VERSION, "edgesdk.a"], ["edgesdk.b", "edgesdk.sub", "edgesdk"]]) == {
+        ("edgesdk.a", "edgesdk.b")
+    }

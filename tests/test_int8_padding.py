@@ -37,9 +37,11 @@ def test_plan_embed_batches_groups_similar_lengths():
 
 
 def _feed(n_tokens: int) -> dict[str, np.ndarray]:
-    return {"input_ids": np.arange(1, n_tokens + 1, dtype=np.int64)[None],
-            "attention_mask": np.ones((1, n_tokens), np.int64),
-            "token_type_ids": np.zeros((1, n_tokens), np.int64)}
+    return {
+        "input_ids": np.arange(1, n_tokens + 1, dtype=np.int64)[None],
+        "attention_mask": np.ones((1, n_tokens), np.int64),
+        "token_type_ids": np.zeros((1, n_tokens), np.int64),
+    }
 
 
 def test_batched_parity_sees_a_batch_wide_scale():
@@ -86,8 +88,7 @@ def int8_bundle(minilm_dir, tmp_path_factory):
     from edgesdk.plan import BuildOptions
 
     out = tmp_path_factory.mktemp("int8pad") / "minilm-cpu"
-    return build(minilm_dir, "cpu-x86_64", out, BuildOptions(progress=False, parity_samples=16,
-                                                             calibration_samples=16))
+    return build(minilm_dir, "cpu-x86_64", out, BuildOptions(progress=False, parity_samples=16, calibration_samples=16))
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +103,7 @@ def reference(minilm_dir):
         with torch.no_grad():
             enc = tok(text, return_tensors="pt", truncation=True, max_length=256)
             return model(**enc).last_hidden_state[0].mean(0).numpy()
+
     return embed
 
 

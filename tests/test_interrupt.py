@@ -26,9 +26,13 @@ def matmul_onnx(tmp_path_factory) -> Path:
     from onnx import TensorProto, helper, numpy_helper
 
     w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((512, 2048)).astype(np.float32), "w")
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 512])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2048])], [w])
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 512])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2048])],
+        [w],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 9
     model.metadata_props.add(key="license", value="apache-2.0")
@@ -94,13 +98,20 @@ def test_two_builds_into_one_output_second_fails_with_exit_4(matmul_onnx, tmp_pa
     build into the same output fails at once with exit 4 naming the holder; once the holder is gone
     (even by kill -9: the kernel drops flock locks), builds proceed and leave no lock file behind."""
     out = tmp_path / "out"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom edgesdk.bundle import output_lock\n"
-                               f"with output_lock({str(out)!r}):\n    print('locked', flush=True)\n"
-                               "    time.sleep(600)"], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\nfrom edgesdk.bundle import output_lock\n"
+            f"with output_lock({str(out)!r}):\n    print('locked', flush=True)\n"
+            "    time.sleep(600)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
-        second = subprocess.run(_build_cmd(matmul_onnx, out, "--force"), capture_output=True, text=True,
-                                timeout=300)
+        second = subprocess.run(_build_cmd(matmul_onnx, out, "--force"), capture_output=True, text=True, timeout=300)
         assert second.returncode == 4, second.stderr
         assert f"another edgesdk build is writing {out} (pid {holder.pid}" in second.stderr
         assert not out.exists()
@@ -119,8 +130,11 @@ def test_full_disk_is_exit_11_and_nothing_half_written(matmul_onnx, tmp_path):
     simulated test below always runs)."""
     mnt = tmp_path / "small"
     mnt.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
-                                           capture_output=True).returncode != 0:
+    if (
+        os.geteuid() != 0
+        or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True).returncode
+        != 0
+    ):
         pytest.skip("cannot mount a small tmpfs here (not root or no mount rights)")
     try:
         res = subprocess.run(_build_cmd(matmul_onnx, mnt / "out"), capture_output=True, text=True, timeout=300)
@@ -143,19 +157,27 @@ def test_full_disk_simulated(matmul_onnx, tmp_path, monkeypatch, fault):
     from edgesdk.types import BuildOptions
 
     if fault == "enospc":
+
         def full(*args, **kwargs):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
         monkeypatch.setattr(B, "write_manifest", full)
     else:
+
         def truncated(*args, **kwargs):
             return json.loads('{"class": "Mod')
+
         real_usage = shutil.disk_usage
         monkeypatch.setattr(B, "write_manifest", truncated)
         monkeypatch.setattr(shutil, "disk_usage", lambda p: real_usage(p)._replace(free=4096))
     out = tmp_path / "out"
     with pytest.raises(DiskFullError, match="no space left on the device") as err:
-        build(matmul_onnx, "cpu", out, BuildOptions(precision="fp32", progress=False, parity_samples=2,
-                                                    calibration_samples=2))
+        build(
+            matmul_onnx,
+            "cpu",
+            out,
+            BuildOptions(precision="fp32", progress=False, parity_samples=2, calibration_samples=2),
+        )
     assert err.value.exit_code == 11
     assert not out.exists() and _litter(tmp_path, "out") == []
 

@@ -34,9 +34,25 @@ def test_build_of_gemma_is_not_cleared_by_a_wildcard_waiver(gemma_gguf, tmp_path
     """Before c11b706: the build exited 0 (the waiver cleared the restricted-model review). Now the waiver
     file is refused at once: exit 3, one error line, no bundle."""
     out = tmp_path / "out"
-    res = subprocess.run([sys.executable, "-m", "edgesdk", "build", str(gemma_gguf), "-p", "cpu-x86_64", "-o", str(out),
-                          "--waivers", str(waiver_file(tmp_path, subject=subject)), "--no-progress"],
-                         capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "edgesdk",
+            "build",
+            str(gemma_gguf),
+            "-p",
+            "cpu-x86_64",
+            "-o",
+            str(out),
+            "--waivers",
+            str(waiver_file(tmp_path, subject=subject)),
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 3, res.stderr[-2000:]
     assert len(lines) == 1 and lines[0].startswith("error: ") and "names no file, directory or package" in lines[0]
@@ -59,10 +75,13 @@ def test_abandoned_non_streaming_request_frees_its_slot_when_batched(gemma_chat_
         url = srv.url
         busy = 'edgesdk_serve_slots_busy{model="gemma"}'
         cancelled0 = _metric(url, 'edgesdk_serve_cancelled_total{model="gemma"}')
-        body = json.dumps({"model": "gemma", "prompt": "1, 2, 3, 4, 5, 6, 7,", "max_tokens": 400,
-                           "temperature": 0, "stream": False}).encode()
-        head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{srv.port}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n").encode()
+        body = json.dumps(
+            {"model": "gemma", "prompt": "1, 2, 3, 4, 5, 6, 7,", "max_tokens": 400, "temperature": 0, "stream": False}
+        ).encode()
+        head = (
+            f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{srv.port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
         with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as sock:
             sock.sendall(head + body)
             deadline = time.monotonic() + 30
@@ -77,10 +96,13 @@ def test_abandoned_non_streaming_request_frees_its_slot_when_batched(gemma_chat_
             time.sleep(0.05)
         assert _metric(url, 'edgesdk_serve_cancelled_total{model="gemma"}') == cancelled0 + 1
         text = httpx.get(url + "/metrics", timeout=10).text
-        assert re.search(r'^edgesdk_serve_requests_total\{[^}]*status="499"[^}]*\} [1-9]', text, re.M), \
-            "no 499 counted"
-        replies = [httpx.post(url + "/v1/completions", timeout=60,
-                              json={"model": "gemma", "prompt": f"Hi {i}", "max_tokens": 2}) for i in range(2)]
+        assert re.search(r'^edgesdk_serve_requests_total\{[^}]*status="499"[^}]*\} [1-9]', text, re.M), "no 499 counted"
+        replies = [
+            httpx.post(
+                url + "/v1/completions", timeout=60, json={"model": "gemma", "prompt": f"Hi {i}", "max_tokens": 2}
+            )
+            for i in range(2)
+        ]
         assert [r.status_code for r in replies] == [200, 200], [r.text for r in replies]
     finally:
         assert srv.stop() == 0, srv.log.read_text()[-3000:]

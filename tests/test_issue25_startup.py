@@ -27,16 +27,25 @@ def matmul_bundle(tmp_path_factory) -> Path:
     return build_matmul_bundle(tmp_path_factory.mktemp("i25-startup"), np.eye(4))
 
 
-@pytest.mark.parametrize("args, says", [
-    (["--host", "192.0.2.1", "--port", "8123"],  # TEST-NET-1 (RFC 5737): never this machine's
-     "error: cannot listen on 192.0.2.1:8123: the address is not one of this machine's (check --host)"),
-    (["--host", "no-such-host.invalid", "--port", "8123"],  # .invalid never resolves (RFC 2606)
-     "error: cannot listen on no-such-host.invalid:8123: "),
-    (["--port", "70000"], "error: Invalid value for '--port': 70000 is not in the range 0<=x<=65535."),
-    (["--port", "0", "--threads", "-4"], "error: threads must be a positive integer (CPU threads), got -4"),
-    (["--port", "0"], "error: bundle BUNDLE (onnx, task 'other') is neither an LLM (GGUF), a VLM nor a "
-                      "text-embedding model"),
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (
+            ["--host", "192.0.2.1", "--port", "8123"],  # TEST-NET-1 (RFC 5737): never this machine's
+            "error: cannot listen on 192.0.2.1:8123: the address is not one of this machine's (check --host)",
+        ),
+        (
+            ["--host", "no-such-host.invalid", "--port", "8123"],  # .invalid never resolves (RFC 2606)
+            "error: cannot listen on no-such-host.invalid:8123: ",
+        ),
+        (["--port", "70000"], "error: Invalid value for '--port': 70000 is not in the range 0<=x<=65535."),
+        (["--port", "0", "--threads", "-4"], "error: threads must be a positive integer (CPU threads), got -4"),
+        (
+            ["--port", "0"],
+            "error: bundle BUNDLE (onnx, task 'other') is neither an LLM (GGUF), a VLM nor a text-embedding model",
+        ),
+    ],
+)
 def test_serve_start_up_failure_is_one_error_line_and_exit_3(matmul_bundle, args, says):
     res = cli("serve", matmul_bundle, *args)
     lines = res.stderr.strip().splitlines()

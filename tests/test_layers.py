@@ -87,6 +87,10 @@ def test_cycle_detector_finds_a_cycle():
 
 def test_no_library_module_imports_commands():
     graph = _import_graph()
-    upward = [(m, d) for m, deps in graph.items() for d in deps
-              if d.startswith("edgesdk.commands") and not (m.startswith("edgesdk.commands") or m == "edgesdk.cli")]
+    upward = [
+        (m, d)
+        for m, deps in graph.items()
+        for d in deps
+        if d.startswith("edgesdk.commands") and not (m.startswith("edgesdk.commands") or m == "edgesdk.cli")
+    ]
     assert upward == []

@@ -92,12 +92,19 @@ def assert_spdx23(doc: dict) -> None:
             assert p[key], (p["name"], key)
         if p.get("filesAnalyzed", True):
             assert "packageVerificationCode" in p
-    refs = {m for p in doc["packages"] for k in ("licenseConcluded", "licenseDeclared")
-            for m in re.findall(r"LicenseRef-[A-Za-z0-9.-]+", p[k])}
+    refs = {
+        m
+        for p in doc["packages"]
+        for k in ("licenseConcluded", "licenseDeclared")
+        for m in re.findall(r"LicenseRef-[A-Za-z0-9.-]+", p[k])
+    }
     assert refs <= {x["licenseId"] for x in doc.get("hasExtractedLicensingInfos", [])}
     rels = doc["relationships"]
-    assert {"spdxElementId": "SPDXRef-DOCUMENT", "relationshipType": "DESCRIBES",
-            "relatedSpdxElement": doc["packages"][0]["SPDXID"]} in rels
+    assert {
+        "spdxElementId": "SPDXRef-DOCUMENT",
+        "relationshipType": "DESCRIBES",
+        "relatedSpdxElement": doc["packages"][0]["SPDXID"],
+    } in rels
     for r in rels:
         assert r["spdxElementId"] in ids and r["relatedSpdxElement"] in ids, r
     from edgesdk.compliance.sbom import check_spdx
@@ -107,6 +114,7 @@ def assert_spdx23(doc: dict) -> None:
 
 # ------------------------------------------------------------------ check licenses --html / --spdx
 
+
 def test_html_report_has_verdict_levels_waivers_and_refused_waivers(tmp_path, run_cli):
     pytest.importorskip("scanoss")
     root = tmp_path / "tree"
@@ -114,12 +122,30 @@ def test_html_report_has_verdict_levels_waivers_and_refused_waivers(tmp_path, ru
     (root / "pyproject.toml").write_text(PYPROJECT)
     for rel, spdx in {"gpl.py": "GPL-3.0-only", "lgpl.py": "LGPL-3.0-only", "ok.py": "BSD-3-Clause"}.items():
         (root / rel).write_text(f"# SPDX-License-Identifier: {spdx}\nx = 1\n")
-    (root / "note<b>.py").write_text("# SPDX-License-Identifier: ISC\n")   # markup in a file name is escaped
+    (root / "note<b>.py").write_text("# SPDX-License-Identifier: ISC\n")  # markup in a file name is escaped
     waivers = tmp_path / "w.yaml"
-    waivers.write_text(json.dumps({"waivers": [
-        {"id": "W-GPL", "by": "a@example.com", "reason": "no", "expires": "2099-01-01", "license": "GPL-3.0-only"},
-        {"id": "W-LGPL", "by": "b@example.com", "reason": "dynamic", "expires": "2099-01-01",
-         "subject": "lgpl.py"}]}))
+    waivers.write_text(
+        json.dumps(
+            {
+                "waivers": [
+                    {
+                        "id": "W-GPL",
+                        "by": "a@example.com",
+                        "reason": "no",
+                        "expires": "2099-01-01",
+                        "license": "GPL-3.0-only",
+                    },
+                    {
+                        "id": "W-LGPL",
+                        "by": "b@example.com",
+                        "reason": "dynamic",
+                        "expires": "2099-01-01",
+                        "subject": "lgpl.py",
+                    },
+                ]
+            }
+        )
+    )
     html, spdx = tmp_path / "r.html", tmp_path / "r.spdx.json"
     done = run_cli("check", "licenses", root, "--waivers", waivers, "--summary", "--html", html, "--spdx", spdx)
     assert done.returncode == 2, done.stderr
@@ -131,9 +157,10 @@ def test_html_report_has_verdict_levels_waivers_and_refused_waivers(tmp_path, ru
     assert rows["gpl.py"][0] == "deny" and rows["gpl.py"][1][0] == "deny"
     assert rows["lgpl.py"][0] == "allow resolved" and rows["lgpl.py"][1][6] == "review -> waived (W-LGPL)"
     assert rows["ok.py"][0] == "allow"
-    assert "note<b>.py" in rows and "note<b>.py" not in text   # escaped, not markup
-    assert [c for _, c in page.tables["waivers"][1:]] == [["applied", "W-LGPL", "b@example.com", "2099-01-01",
-                                                            "dynamic"]]
+    assert "note<b>.py" in rows and "note<b>.py" not in text  # escaped, not markup
+    assert [c for _, c in page.tables["waivers"][1:]] == [
+        ["applied", "W-LGPL", "b@example.com", "2099-01-01", "dynamic"]
+    ]
     ((cls, refused),) = page.tables["refused"][1:]
     assert cls == "deny" and refused[:3] == ["W-GPL", "a@example.com", "source:gpl.py"]
     counts = page.tables["counts"]
@@ -149,9 +176,25 @@ def built_bundle(tmp_path_factory) -> Path:
 
     src = make_mlp_bundle(tmp_path_factory.mktemp("src") / "mlp") / "model.onnx"
     out = tmp_path_factory.mktemp("built") / "b"
-    done = subprocess.run([sys.executable, "-m", "edgesdk", "build", str(src), "--profile", "cpu-x86_64", "-o",
-                           str(out), "--no-progress", "--model-license", "Apache-2.0"],
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "edgesdk",
+            "build",
+            str(src),
+            "--profile",
+            "cpu-x86_64",
+            "-o",
+            str(out),
+            "--no-progress",
+            "--model-license",
+            "Apache-2.0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     return out
 
@@ -172,8 +215,10 @@ def test_build_writes_spdx_beside_cyclonedx(built_bundle):
     cdx = json.loads((built_bundle / "sbom.cdx.json").read_text())
     libs = {(c["name"], c.get("version")) for c in cdx["components"] if c["type"] == "library"}
     assert libs and libs <= {(p["name"], p.get("versionInfo")) for p in doc["packages"]}
-    assert any(p.get("externalRefs", [{}])[0].get("referenceLocator", "").startswith("pkg:pypi/onnxruntime@")
-               for p in doc["packages"])
+    assert any(
+        p.get("externalRefs", [{}])[0].get("referenceLocator", "").startswith("pkg:pypi/onnxruntime@")
+        for p in doc["packages"]
+    )
 
 
 @pytest.mark.slow
@@ -199,6 +244,7 @@ def test_unwritable_report_path_is_one_line(tmp_path, run_cli):
 
 # ------------------------------------------------------------------ inspect capability --html / --dot
 
+
 def parse_dot(text: str) -> dict:
     """A small DOT reader for what render_dot writes: clusters with their nodes, node fill colours, edges."""
     assert text.startswith("digraph ") and text.rstrip().endswith("}")
@@ -214,7 +260,7 @@ def parse_dot(text: str) -> dict:
             clusters[current] = []
         elif s == "}":
             current = None
-        elif m := re.match(r'(n\d+) -> (n\d+)(?: \[(.*)\])?;$', s):
+        elif m := re.match(r"(n\d+) -> (n\d+)(?: \[(.*)\])?;$", s):
             edges.append((m.group(1), m.group(2), m.group(3) or ""))
         elif m := re.match(r'(\w+) \[label=".*", fillcolor="(#[0-9a-f]{6})"', s):
             nodes[m.group(1)] = m.group(2)
@@ -237,8 +283,9 @@ def test_capability_dot_and_html_show_partitions_and_crossings(cnn_onnx, run_cli
     from edgesdk.capability.render import PLACEMENT_STYLE
 
     dot, html = tmp_path / "cnn.dot", tmp_path / "cnn.html"
-    done = run_cli("inspect", "capability", cnn_onnx, "-p", "orin-agx-64gb", "--precision", "fp16",
-                   "--dot", dot, "--html", html)
+    done = run_cli(
+        "inspect", "capability", cnn_onnx, "-p", "orin-agx-64gb", "--precision", "fp16", "--dot", dot, "--html", html
+    )
     assert done.returncode == 0, done.stderr
     g = parse_dot(dot.read_text())
     parts = {k: v for k, v in g["clusters"].items() if k.startswith("cluster_p")}
@@ -258,8 +305,10 @@ def test_capability_dot_and_html_show_partitions_and_crossings(cnn_onnx, run_cli
     assert [cells[1] for _, cells in parts_rows] == ["DLA", "TensorRT", "DLA"]
     assert [int(cells[2]) for _, cells in parts_rows] == [len(v) for v in parts.values()]
     assert len(page.tables["crossings"]) - 1 == 2
-    assert [(c[1], c[2]) for _, c in page.tables["crossings"][1:]] == [("#0 DLA", "#1 TensorRT"),
-                                                                       ("#1 TensorRT", "#2 DLA")]
+    assert [(c[1], c[2]) for _, c in page.tables["crossings"][1:]] == [
+        ("#0 DLA", "#1 TensorRT"),
+        ("#1 TensorRT", "#2 DLA"),
+    ]
     strip = [a["style"] for t, a in page.tags if t == "div" and "flex:" in a.get("style", "")]
     assert len(strip) == 3 and dla in strip[0] and trt in strip[1]
 

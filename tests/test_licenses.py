@@ -27,16 +27,19 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-@pytest.mark.parametrize("raw,hf,expected", [
-    ("apache-2.0", True, "Apache-2.0"),
-    ("gemma", True, "LicenseRef-gemma"),
-    ("GPL-2.0", False, "GPL-2.0-only"),
-    ("GPL-2.0+", False, "GPL-2.0-or-later"),
-    ("GPL-2.0-with-classpath-exception", False, "GPL-2.0-only WITH Classpath-exception-2.0"),
-    ("Apache Software License", False, "Apache-2.0"),
-    ("MIT OR llama3", False, "MIT OR LicenseRef-llama3"),
-    ("BSD License", False, None),  # names a family: the license file decides
-])
+@pytest.mark.parametrize(
+    "raw,hf,expected",
+    [
+        ("apache-2.0", True, "Apache-2.0"),
+        ("gemma", True, "LicenseRef-gemma"),
+        ("GPL-2.0", False, "GPL-2.0-only"),
+        ("GPL-2.0+", False, "GPL-2.0-or-later"),
+        ("GPL-2.0-with-classpath-exception", False, "GPL-2.0-only WITH Classpath-exception-2.0"),
+        ("Apache Software License", False, "Apache-2.0"),
+        ("MIT OR llama3", False, "MIT OR LicenseRef-llama3"),
+        ("BSD License", False, None),  # names a family: the license file decides
+    ],
+)
 def test_normalize(raw: str, hf: bool, expected: str | None) -> None:
     assert normalize(raw, hf=hf).expression == expected
 
@@ -107,8 +110,12 @@ def _minilm_stage(tmp_path: Path) -> tuple[Path, Path]:
 @pytest.mark.slow
 def test_minilm_passes_with_both_licenses_recorded_and_valid_sbom(tmp_path: Path) -> None:
     source, stage = _minilm_stage(tmp_path)
-    result = run_license_gate(stage, model_source=source, runtime_distributions=["onnxruntime-gpu", "numpy"],
-                              report_path=tmp_path / "x.license-report.json")
+    result = run_license_gate(
+        stage,
+        model_source=source,
+        runtime_distributions=["onnxruntime-gpu", "numpy"],
+        report_path=tmp_path / "x.license-report.json",
+    )
     assert result.verdict == "pass"
     by_layer = {f.layer: f for f in result.findings}
     assert by_layer["model"].spdx == "Apache-2.0"  # the card
@@ -160,8 +167,9 @@ def test_gemma_needs_review_and_accept_license_records_it(tmp_path: Path) -> Non
     denied = json.loads(report.read_text())
     assert denied["verdict"] == "review" and denied["worst"]["category"] == "restricted-model"
     assert not (stage / SBOM_NAME).exists()
-    result = run_license_gate(stage, model_source=source, runtime_distributions=["numpy"], report_path=report,
-                              accepted=["gemma"])
+    result = run_license_gate(
+        stage, model_source=source, runtime_distributions=["numpy"], report_path=report, accepted=["gemma"]
+    )
     assert (result.verdict, result.policy_verdict) == ("pass", "review")
     assert result.to_manifest()["accepted"] == ["LicenseRef-gemma"]
     # `check licenses` on the finished bundle honours (and reports) the acceptance recorded at build.
@@ -178,8 +186,13 @@ def test_gemma_needs_review_and_accept_license_records_it(tmp_path: Path) -> Non
 def test_configured_scanner_unreachable_fails_closed_in_gate(tmp_path: Path) -> None:
     source, stage = _minilm_stage(tmp_path)
     with pytest.raises(ExternalToolError, match="SCANOSS API"):
-        run_license_gate(stage, model_source=source, runtime_distributions=[], report_path=tmp_path / "r.json",
-                         scanoss_url=closed_loopback_url())
+        run_license_gate(
+            stage,
+            model_source=source,
+            runtime_distributions=[],
+            report_path=tmp_path / "r.json",
+            scanoss_url=closed_loopback_url(),
+        )
     assert not (stage / SBOM_NAME).exists()
 
 
@@ -192,9 +205,23 @@ class _ScanApi(BaseHTTPRequestHandler):
     def do_POST(self):  # noqa: N802 - http.server API
         body = self.rfile.read(int(self.headers["Content-Length"])).decode("utf-8", "replace")
         paths = [line.split(",", 2)[2] for line in body.splitlines() if line.startswith("file=")]
-        answer = {} if self.omit else {p: [{"id": "snippet", "component": "gplthing", "version": "1.0",
-                                            "matched": "80%", "purl": ["pkg:github/acme/gplthing"],
-                                            "licenses": [{"name": "GPL-2.0-only"}]}] for p in paths}
+        answer = (
+            {}
+            if self.omit
+            else {
+                p: [
+                    {
+                        "id": "snippet",
+                        "component": "gplthing",
+                        "version": "1.0",
+                        "matched": "80%",
+                        "purl": ["pkg:github/acme/gplthing"],
+                        "licenses": [{"name": "GPL-2.0-only"}],
+                    }
+                ]
+                for p in paths
+            }
+        )
         data = json.dumps(answer).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -209,8 +236,9 @@ class _ScanApi(BaseHTTPRequestHandler):
 @pytest.mark.parametrize("omit", [False, True])
 def test_scanoss_api_matches_become_findings_and_partial_answers_fail(tmp_path: Path, omit: bool) -> None:
     (tmp_path / "pyproject.toml").write_text('[project]\nname="x"\nversion="0"\nlicense="MIT"\ndependencies=[]\n')
-    (tmp_path / "copied.py").write_text("# SPDX-License-Identifier: MIT\n" + "".join(
-        f"def f{i}(a, b):\n    return a * {i} + b\n" for i in range(40)))
+    (tmp_path / "copied.py").write_text(
+        "# SPDX-License-Identifier: MIT\n" + "".join(f"def f{i}(a, b):\n    return a * {i} + b\n" for i in range(40))
+    )
     handler = type("Handler", (_ScanApi,), {"omit": omit})
     server = HTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
@@ -244,8 +272,7 @@ def test_cli_exit_codes_and_formats(tmp_path: Path, capsys) -> None:
     (tmp_path / "b.py").write_text("# SPDX-License-Identifier: LGPL-3.0-only\n")
     code, out = _cli(["check", "licenses", str(tmp_path), "--json"], capsys)
     assert code == 2 and json.loads(out)["verdict"] == "review"
-    code, out = _cli(["check", "licenses", str(tmp_path), "--accept-license", "LGPL-3.0-only", "--markdown"],
-                     capsys)
+    code, out = _cli(["check", "licenses", str(tmp_path), "--accept-license", "LGPL-3.0-only", "--markdown"], capsys)
     assert code == 0 and out.startswith("# License report")
     code, _ = _cli(["check", "licenses", str(tmp_path / "missing")], capsys)
     assert code == 1
@@ -289,9 +316,15 @@ def test_sbom_lists_vendored_code_and_validates(tmp_path: Path) -> None:
     text = build_sbom("case", result.findings, result.weights, result.vendored, None)
     assert validate_sbom(text) is None
     vendored = [c for c in json.loads(text)["components"] if c["bom-ref"].startswith("vendored:")]
-    assert vendored == [{"bom-ref": "vendored:third_party/fastlib", "licenses": [{"expression": "GPL-2.0-only"}],
-                         "name": "third_party/fastlib", "type": "library",
-                         "properties": [{"name": "edgesdk:license-file", "value": "third_party/fastlib/COPYING"}]}]
+    assert vendored == [
+        {
+            "bom-ref": "vendored:third_party/fastlib",
+            "licenses": [{"expression": "GPL-2.0-only"}],
+            "name": "third_party/fastlib",
+            "type": "library",
+            "properties": [{"name": "edgesdk:license-file", "value": "third_party/fastlib/COPYING"}],
+        }
+    ]
 
 
 def test_reuse_layout_reports_ids_without_license_text(tmp_path: Path) -> None:

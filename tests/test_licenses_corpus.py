@@ -45,8 +45,12 @@ def write_onnx(path: Path, license_id: str | None) -> None:
     from onnx import TensorProto, helper
 
     node = helper.make_node("Identity", ["x"], ["y"])
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
     model = helper.make_model(graph)
     if license_id:
         helper.set_model_props(model, {"license": license_id, "producer_note": "corpus"})

@@ -40,8 +40,10 @@ def test_repackaged_bundle_manifest(gemma_bundle):
     m = json.loads((gemma_bundle / "manifest.json").read_text())
     assert m["precision"] == "Q4_K_M" and m["parity"]["reference"].startswith("none: output is the source")
     assert m["extras"]["llm"]["n_gpu_layers"] == 0 and m["extras"]["llm"]["chat_template"] is False
-    assert m["plan"]["decisions"][[d["key"] for d in m["plan"]["decisions"]].index("gguf.source")]["value"] \
+    assert (
+        m["plan"]["decisions"][[d["key"] for d in m["plan"]["decisions"]].index("gguf.source")]["value"]
         == "repackage: source is already Q4_K_M"
+    )
 
 
 @pytest.mark.slow
@@ -61,7 +63,7 @@ def test_stop_sequence_cuts_the_text_and_reports_stop(session):
         pytest.skip(f"greedy continuation too short to pick a stop word: {text!r}")
     stop = " " + words[1]
     cut = session.generate(PROMPT, max_tokens=10, temperature=0, stop=[stop])
-    assert cut == text[:text.index(stop)]
+    assert cut == text[: text.index(stop)]
     assert session.backend.last["finish_reason"] == "stop"
 
 
@@ -137,12 +139,27 @@ def _llm_bundle(root, gguf, **llm):
     shutil.copyfile(gguf, root / "model.gguf")
     f = gguf_facts(root / "model.gguf")
     typed = {k: llm.pop(k) for k in ("n_ctx", "n_gpu_layers", "flash_attn") if k in llm}
-    B.write_manifest(root, Manifest(
-        format="gguf", precision="F16", bundle_id=root.name,
-        artifacts=[B.artifact_entry(root, "model.gguf", "model")],
-        llm=LLMConfig(**typed, threads=2, quant_type="F16",
-                      details={"layers": f["layers"], "kv_heads": f["kv_heads"], "head_dim": f["head_dim"],
-                               "file_bytes": (root / "model.gguf").stat().st_size, **llm})))
+    B.write_manifest(
+        root,
+        Manifest(
+            format="gguf",
+            precision="F16",
+            bundle_id=root.name,
+            artifacts=[B.artifact_entry(root, "model.gguf", "model")],
+            llm=LLMConfig(
+                **typed,
+                threads=2,
+                quant_type="F16",
+                details={
+                    "layers": f["layers"],
+                    "kv_heads": f["kv_heads"],
+                    "head_dim": f["head_dim"],
+                    "file_bytes": (root / "model.gguf").stat().st_size,
+                    **llm,
+                },
+            ),
+        ),
+    )
     return root
 
 
@@ -157,8 +174,16 @@ def test_runtime_passes_the_planned_batch_and_kv_types_and_load_options_override
 
     import edgesdk
 
-    root = _llm_bundle(tmp_path / "planned", tiny_gguf, n_ctx=1024, flash_attn=True, n_batch=256, n_ubatch=128,
-                       type_k="q8_0", type_v="q8_0")
+    root = _llm_bundle(
+        tmp_path / "planned",
+        tiny_gguf,
+        n_ctx=1024,
+        flash_attn=True,
+        n_batch=256,
+        n_ubatch=128,
+        type_k="q8_0",
+        type_v="q8_0",
+    )
     with edgesdk.load(root) as s:
         assert _context(s) == (256, 128, llama_cpp.GGML_TYPE_Q8_0, llama_cpp.GGML_TYPE_Q8_0)
         rep = s.report()["backend_report"]
@@ -194,8 +219,17 @@ def test_cpu_load_of_a_gpu_plan_steps_down_to_512_and_f16_without_flash_attentio
 
     import edgesdk
 
-    root = _llm_bundle(tmp_path / "gpu-plan", tiny_gguf, n_ctx=2048, n_gpu_layers=0, flash_attn=False,
-                       n_batch=2048, n_ubatch=2048, type_k="q8_0", type_v="q8_0")
+    root = _llm_bundle(
+        tmp_path / "gpu-plan",
+        tiny_gguf,
+        n_ctx=2048,
+        n_gpu_layers=0,
+        flash_attn=False,
+        n_batch=2048,
+        n_ubatch=2048,
+        type_k="q8_0",
+        type_v="q8_0",
+    )
     with edgesdk.load(root) as s:
         assert _context(s) == (512, 512, llama_cpp.GGML_TYPE_F16, llama_cpp.GGML_TYPE_F16)
         notes = " | ".join(s.report()["backend_report"]["notes"])

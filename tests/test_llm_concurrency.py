@@ -67,8 +67,12 @@ def session(gemma_bundle):
 
 def test_four_threads_share_one_session_in_a_child_process(gemma_bundle):
     rounds = 3
-    proc = subprocess.run([sys.executable, "-c", _CHILD, str(gemma_bundle), json.dumps(PROMPTS), str(rounds)],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(gemma_bundle), json.dumps(PROMPTS), str(rounds)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, f"child died with {proc.returncode}: {proc.stderr[-2000:]}"
     doc = json.loads(proc.stdout.strip().splitlines()[-1])
     assert doc["errors"] == []
@@ -113,8 +117,7 @@ def test_stream_and_generate_from_two_threads_never_mix(session):
     stream = session.stream(PROMPTS[0], max_tokens=10, temperature=0)
     got: list[str] = [next(stream)]
     out: dict = {}
-    t = threading.Thread(target=lambda: out.setdefault("b", session.generate(PROMPTS[1], max_tokens=10,
-                                                                                temperature=0)))
+    t = threading.Thread(target=lambda: out.setdefault("b", session.generate(PROMPTS[1], max_tokens=10, temperature=0)))
     t.start()
     t.join()
     assert out["b"] == ref_b
@@ -127,21 +130,24 @@ def test_stream_and_generate_from_two_threads_never_mix(session):
     assert ref_a.startswith("".join(got))
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"max_tokens": 0}, "max_tokens must be >= 1"),
-    ({"max_tokens": -5}, "max_tokens must be >= 1"),
-    ({"max_tokens": 2.5}, "max_tokens must be an integer"),
-    ({"temperature": -1}, "temperature must be >= 0"),
-    ({"top_p": 0}, "top_p must be > 0"),
-    ({"top_p": 1.5}, "top_p must be <= 1"),
-    ({"min_p": -0.1}, "min_p must be >= 0"),
-    ({"top_k": -1}, "top_k must be >= 0"),
-    ({"repeat_penalty": 0}, "repeat_penalty must be > 0"),
-    ({"seed": -1}, "seed must be >= 0"),
-    ({"temperature": float("nan")}, "temperature must be finite"),
-    ({"stop": 5}, "stop must be a string"),
-    ({"nucleus": 0.9}, "unknown generation option"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"max_tokens": 0}, "max_tokens must be >= 1"),
+        ({"max_tokens": -5}, "max_tokens must be >= 1"),
+        ({"max_tokens": 2.5}, "max_tokens must be an integer"),
+        ({"temperature": -1}, "temperature must be >= 0"),
+        ({"top_p": 0}, "top_p must be > 0"),
+        ({"top_p": 1.5}, "top_p must be <= 1"),
+        ({"min_p": -0.1}, "min_p must be >= 0"),
+        ({"top_k": -1}, "top_k must be >= 0"),
+        ({"repeat_penalty": 0}, "repeat_penalty must be > 0"),
+        ({"seed": -1}, "seed must be >= 0"),
+        ({"temperature": float("nan")}, "temperature must be finite"),
+        ({"stop": 5}, "stop must be a string"),
+        ({"nucleus": 0.9}, "unknown generation option"),
+    ],
+)
 def test_bad_generation_options_are_input_errors(session, kwargs, message):
     with pytest.raises(InputError, match=message):
         session.generate(PROMPTS[0], **kwargs)

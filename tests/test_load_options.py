@@ -29,9 +29,16 @@ def _bundle(root: Path, fmt: str) -> Path:
     root.mkdir(parents=True)
     name = {"onnx": "model.onnx", "gguf": "model.gguf"}[fmt]
     (root / name).write_bytes(b"placeholder: the loader is replaced in these tests")
-    B.write_manifest(root, Manifest(format=fmt, precision="fp32" if fmt == "onnx" else "F16", bundle_id=root.name,
-                                    artifacts=[B.artifact_entry(root, name, "model")],
-                                    llm=LLMConfig(n_ctx=256, threads=2) if fmt == "gguf" else None))
+    B.write_manifest(
+        root,
+        Manifest(
+            format=fmt,
+            precision="fp32" if fmt == "onnx" else "F16",
+            bundle_id=root.name,
+            artifacts=[B.artifact_entry(root, name, "model")],
+            llm=LLMConfig(n_ctx=256, threads=2) if fmt == "gguf" else None,
+        ),
+    )
     return root
 
 
@@ -50,6 +57,7 @@ def loaded(monkeypatch):
         def _load(bundle, ctx):
             seen.append(dict(ctx.options))
             return _Backend()
+
         return _load
 
     monkeypatch.setattr(S, "get_loader", _get_loader)
@@ -77,8 +85,11 @@ def test_an_option_of_another_backend_kind_is_refused(tmp_path, loaded):
         edgesdk.load(onnx, n_ctx=512)
     with pytest.raises(InputError, match=r"^unknown load options cuda_graphs, providers \(known: "):
         edgesdk.load(gguf, providers=["CPUExecutionProvider"], cuda_graphs=True)
-    with pytest.raises(InputError, match=r"^OnnxLoadOptions is for onnx, tensorrt, torch bundles, not gguf: use "
-                                         r"GgufLoadOptions$"):
+    with pytest.raises(
+        InputError,
+        match=r"^OnnxLoadOptions is for onnx, tensorrt, torch bundles, not gguf: use "
+        r"GgufLoadOptions$",
+    ):
         edgesdk.load(gguf, options=OnnxLoadOptions(threads=2))
     with pytest.raises(InputError, match="not both"):
         edgesdk.load(gguf, options=GgufLoadOptions(n_ctx=64), threads=2)
@@ -91,9 +102,12 @@ def test_the_loader_gets_the_options_that_were_set(tmp_path, loaded):
     edgesdk.load(gguf, n_ctx=512, n_gpu_layers="all", flash_attn=False, verbose=True)
     edgesdk.load(gguf, options=GgufLoadOptions(n_batch=64, n_ubatch=32))
     edgesdk.load(gguf)
-    assert loaded == [{"threads": 2, "providers": ["CPUExecutionProvider"]},  # None: the default, not passed
-                      {"verbose": True, "n_ctx": 512, "n_gpu_layers": "all", "flash_attn": False},
-                      {"n_batch": 64, "n_ubatch": 32}, {}]
+    assert loaded == [
+        {"threads": 2, "providers": ["CPUExecutionProvider"]},  # None: the default, not passed
+        {"verbose": True, "n_ctx": 512, "n_gpu_layers": "all", "flash_attn": False},
+        {"n_batch": 64, "n_ubatch": 32},
+        {},
+    ]
 
 
 @pytest.mark.parametrize("threads", [-4, 0, True, 2.5, "2"])

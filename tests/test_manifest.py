@@ -25,9 +25,14 @@ from edgesdk.manifest import (
 
 def _bundle(root, **extra):
     (root / "model.bin").write_bytes(b"weights")
-    m = Manifest(format="onnx", precision="fp32", bundle_id="b1", artifacts=[B.artifact_entry(root, "model.bin",
-                                                                                                "model")],
-                 embedding=EmbeddingConfig(pooling="mean", normalize=True), **extra)
+    m = Manifest(
+        format="onnx",
+        precision="fp32",
+        bundle_id="b1",
+        artifacts=[B.artifact_entry(root, "model.bin", "model")],
+        embedding=EmbeddingConfig(pooling="mean", normalize=True),
+        **extra,
+    )
     B.write_manifest(root, m)
     return root
 
@@ -44,8 +49,7 @@ def _write_rehashed(root, data):
 
 
 def test_roundtrip_and_typed_fields(tmp_path):
-    b = B.open_bundle(_bundle(tmp_path, llm=LLMConfig(n_ctx=512, n_gpu_layers="all", threads=2,
-                                                      details={"layers": 4})))
+    b = B.open_bundle(_bundle(tmp_path, llm=LLMConfig(n_ctx=512, n_gpu_layers="all", threads=2, details={"layers": 4})))
     m = b.manifest
     assert isinstance(m, Manifest) and m.schema_version == SCHEMA_VERSION and len(m.manifest_sha256) == 64
     assert m.artifacts == [Artifact("model.bin", "model", m.artifacts[0].sha256, 7)]
@@ -100,8 +104,9 @@ def test_malformed_manifest_is_integrity_error_naming_the_file(tmp_path, case):
     assert "\n" not in err.value.one_line()
 
 
-@pytest.mark.parametrize("body", [b"[" * 100_000, b'{"a":' * 50_000 + b"1" + b"}" * 50_000, b"\xff\xfe{}",
-                                  b"", b"{not json", b"null"])
+@pytest.mark.parametrize(
+    "body", [b"[" * 100_000, b'{"a":' * 50_000 + b"1" + b"}" * 50_000, b"\xff\xfe{}", b"", b"{not json", b"null"]
+)
 def test_unparsable_manifest_is_integrity_error(tmp_path, body):
     root = _bundle(tmp_path)
     (root / "manifest.json").write_bytes(body)
@@ -122,8 +127,11 @@ def test_newer_major_is_refused_older_minor_and_unknown_fields_accepted(tmp_path
     root = _bundle(tmp_path)
     data = _raw(root)
     _write_rehashed(root, {**data, "schema_version": "2.0"})
-    with pytest.raises(BundleIntegrityError, match=r"schema_version: 2.0 is newer than this edgesdk reads \(1.x\): "
-                                                   "upgrade edgesdk"):
+    with pytest.raises(
+        BundleIntegrityError,
+        match=r"schema_version: 2.0 is newer than this edgesdk reads \(1.x\): "
+        "upgrade edgesdk",
+    ):
         B.open_bundle(root)
     _write_rehashed(root, {**data, "schema_version": "1.7", "signatures": [{"by": "ci"}]})
     b = B.open_bundle(root)
@@ -135,13 +143,16 @@ def test_newer_major_is_refused_older_minor_and_unknown_fields_accepted(tmp_path
         B.open_bundle(root)
 
 
-@pytest.mark.parametrize("edit", [
-    lambda m: m["extras"]["embedding"].update(pooling="cls"),
-    lambda m: m["extras"]["embedding"].update(normalize=False),
-    lambda m: m["runtime"].update(backend_chain=["CUDAExecutionProvider"]),
-    lambda m: m.update(format="gguf"),
-    lambda m: m["artifacts"].pop(),
-])
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda m: m["extras"]["embedding"].update(pooling="cls"),
+        lambda m: m["extras"]["embedding"].update(normalize=False),
+        lambda m: m["runtime"].update(backend_chain=["CUDAExecutionProvider"]),
+        lambda m: m.update(format="gguf"),
+        lambda m: m["artifacts"].pop(),
+    ],
+)
 def test_edits_to_steering_fields_are_refused(tmp_path, edit):
     root = _bundle(tmp_path)
     data = _raw(root)

@@ -19,9 +19,9 @@ ROOT = Path(__file__).resolve().parent.parent / "edgesdk"
 # (take it off the list).
 ALLOWED = {
     "bundle.py": "the manifest reader/writer itself: checks the raw JSON's schema and artifact list before "
-                 "Manifest.from_dict types it",
+    "Manifest.from_dict types it",
     "compliance/gate.py": "`edgesdk check licenses BUNDLE` reads the manifest JSON as found (its license "
-                          "section, artifacts, extras) so a damaged bundle is still scanned; not runtime steering",
+    "section, artifacts, extras) so a damaged bundle is still scanned; not runtime steering",
 }
 
 _PASS_THROUGH_CALLS = {"get", "to_dict"}
@@ -31,8 +31,11 @@ def _is_manifest(node: ast.AST, tainted: set[str]) -> bool:
     if isinstance(node, ast.Name):
         return node.id == "manifest" or node.id in tainted
     if isinstance(node, ast.Attribute):
-        return node.attr == "manifest" or _is_manifest(node.value, tainted) or \
-            (isinstance(node.value, ast.Name) and node.value.id == "self" and f"self.{node.attr}" in tainted)
+        return (
+            node.attr == "manifest"
+            or _is_manifest(node.value, tainted)
+            or (isinstance(node.value, ast.Name) and node.value.id == "self" and f"self.{node.attr}" in tainted)
+        )
     if isinstance(node, ast.Subscript):
         return _is_manifest(node.value, tainted)
     if isinstance(node, ast.Call):
@@ -63,8 +66,12 @@ def findings(source: str, rel: str) -> list[str]:
                         elif isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
                             tainted.add(f"self.{t.attr}")
         for n in ast.walk(fn):
-            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "get" and \
-                    _is_manifest(n.func.value, tainted):
+            if (
+                isinstance(n, ast.Call)
+                and isinstance(n.func, ast.Attribute)
+                and n.func.attr == "get"
+                and _is_manifest(n.func.value, tainted)
+            ):
                 out.append(f"{rel}:{n.lineno}: {ast.unparse(n)[:100]}")
     return sorted(set(out))
 
@@ -78,18 +85,19 @@ def test_no_get_on_manifest_data_outside_manifest_py():
             if hits:
                 found[rel] = hits
     unexpected = [h for rel, hits in found.items() if rel not in ALLOWED for h in hits]
-    assert not unexpected, "read manifest data through edgesdk/manifest.py's typed accessors:\n" + \
-        "\n".join(unexpected)
+    assert not unexpected, "read manifest data through edgesdk/manifest.py's typed accessors:\n" + "\n".join(unexpected)
     stale = sorted(set(ALLOWED) - set(found))
     assert not stale, f"no finding left in {stale}: take them off ALLOWED"
 
 
 def test_the_scan_finds_what_it_should():
-    src = ("def f(bundle):\n"
-           "    info = bundle.manifest.llm.to_dict() if bundle.manifest.llm else {}\n"
-           "    a = info.get('layers')\n"
-           "    b = (bundle.manifest.extras.get('vlm') or {}).get('image_size')\n"
-           "    c = bundle.manifest.embed_max_batch('fp16')\n"
-           "    d = resolve(bundle.manifest.profile.name).kernels.get('x')\n")
+    src = (
+        "def f(bundle):\n"
+        "    info = bundle.manifest.llm.to_dict() if bundle.manifest.llm else {}\n"
+        "    a = info.get('layers')\n"
+        "    b = (bundle.manifest.extras.get('vlm') or {}).get('image_size')\n"
+        "    c = bundle.manifest.embed_max_batch('fp16')\n"
+        "    d = resolve(bundle.manifest.profile.name).kernels.get('x')\n"
+    )
     hits = findings(src, "probe.py")
     assert [h.split(": ", 1)[0].rsplit(":", 1)[1] for h in hits] == ["3", "4", "4"]

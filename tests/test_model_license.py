@@ -46,8 +46,9 @@ def test_without_a_declared_license_the_deny_names_the_option(unlicensed_onnx, t
 @pytest.mark.slow
 def test_declared_license_is_recorded_in_manifest_and_sbom_and_checked_later(unlicensed_onnx, tmp_path, run_cli):
     out = tmp_path / "b"
-    done = run_cli("build", unlicensed_onnx, "--profile", "cpu-x86_64", "-o", out, "--no-progress",
-                   "--model-license", "apache-2.0")
+    done = run_cli(
+        "build", unlicensed_onnx, "--profile", "cpu-x86_64", "-o", out, "--no-progress", "--model-license", "apache-2.0"
+    )
     assert done.returncode == 0, done.stderr
     section = _license_section(json.loads((out / "manifest.json").read_text()))
     assert section["model_license_declared"] == "Apache-2.0" and section["model_license"] == "Apache-2.0"
@@ -63,32 +64,56 @@ def test_declared_license_is_recorded_in_manifest_and_sbom_and_checked_later(unl
     report = json.loads(checked.stdout)
     assert report["model_license_declared"] == "Apache-2.0"
     assert [f["source"] for f in report["findings"] if f["layer"] == "model"] == [
-        "--model-license (declared by whoever built the bundle)"]
+        "--model-license (declared by whoever built the bundle)"
+    ]
 
 
 @pytest.mark.slow
 def test_proprietary_license_ref_needs_a_policy_entry(unlicensed_onnx, tmp_path, run_cli):
     out = tmp_path / "b"
-    denied = run_cli("build", unlicensed_onnx, "--profile", "cpu-x86_64", "-o", out, "--no-progress",
-                     "--model-license", "LicenseRef-acme-proprietary")
+    denied = run_cli(
+        "build",
+        unlicensed_onnx,
+        "--profile",
+        "cpu-x86_64",
+        "-o",
+        out,
+        "--no-progress",
+        "--model-license",
+        "LicenseRef-acme-proprietary",
+    )
     assert denied.returncode == 2
     line = _error(denied)
     assert "licenses: {LicenseRef-acme-proprietary: allow}" in line and "--license-policy FILE" in line
     assert not out.exists() and not (tmp_path / "b.license-report.json").exists()  # refused before building
     policy = tmp_path / "policy.yaml"
     policy.write_text("licenses:\n  LicenseRef-acme-proprietary: allow\n")
-    done = run_cli("build", unlicensed_onnx, "--profile", "cpu-x86_64", "-o", out, "--no-progress",
-                   "--model-license", "LicenseRef-acme-proprietary", "--license-policy", policy)
+    done = run_cli(
+        "build",
+        unlicensed_onnx,
+        "--profile",
+        "cpu-x86_64",
+        "-o",
+        out,
+        "--no-progress",
+        "--model-license",
+        "LicenseRef-acme-proprietary",
+        "--license-policy",
+        policy,
+    )
     assert done.returncode == 0, done.stderr
-    assert _license_section(json.loads((out / "manifest.json").read_text()))["model_license"] == \
-        "LicenseRef-acme-proprietary"
+    assert (
+        _license_section(json.loads((out / "manifest.json").read_text()))["model_license"]
+        == "LicenseRef-acme-proprietary"
+    )
     assert run_cli("check", "licenses", out, "--policy", policy).returncode == 0
     assert run_cli("check", "licenses", out).returncode == 2  # the default policy still denies it
 
 
 def test_free_text_is_not_a_license_expression(unlicensed_onnx, tmp_path, run_cli):
-    done = run_cli("build", unlicensed_onnx, "--profile", "cpu-x86_64", "-o", tmp_path / "b",
-                   "--model-license", "our own terms")
+    done = run_cli(
+        "build", unlicensed_onnx, "--profile", "cpu-x86_64", "-o", tmp_path / "b", "--model-license", "our own terms"
+    )
     assert done.returncode == 3
     assert "not an SPDX license expression or LicenseRef-<id>" in _error(done)
 

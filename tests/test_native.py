@@ -21,9 +21,11 @@ import pytest
 from edgesdk.native import elf_needed, llama_cpp_build
 
 REPO = Path(__file__).resolve().parents[1]
-CXX_SOURCE = "#include <mutex>\n#include <string>\nstatic std::once_flag f;\n" \
-             "extern \"C\" int probe() { int n = 0; std::call_once(f, [&] { n = std::string(\"ab\").size(); });" \
-             " return n; }\n"
+CXX_SOURCE = (
+    "#include <mutex>\n#include <string>\nstatic std::once_flag f;\n"
+    'extern "C" int probe() { int n = 0; std::call_once(f, [&] { n = std::string("ab").size(); });'
+    " return n; }\n"
+)
 
 
 def _fake_llama_cpp(root: Path, *, static_cxx: bool) -> Path:
@@ -70,12 +72,14 @@ def test_elf_needed_refuses_what_is_not_a_64_bit_elf(tmp_path):
     assert elf_needed(tmp_path / "missing.so") is None
 
 
-CHECK = ("import json, sys; from edgesdk.native import llama_cpp_build, import_llama_cpp; "
-         "from edgesdk.doctor import _llama_cpp; b = llama_cpp_build(); import_llama_cpp(); "
-         "mods = list(sys.modules); row = _llama_cpp(); "
-         "print(json.dumps({'problem': b['problem'], 'runtime': b['cxx_runtime'], 'row': row, "
-         "'ort_first': 'onnxruntime' in mods and mods.index('onnxruntime') < mods.index('llama_cpp'), "
-         "'ort_loaded': 'onnxruntime' in mods}))")
+CHECK = (
+    "import json, sys; from edgesdk.native import llama_cpp_build, import_llama_cpp; "
+    "from edgesdk.doctor import _llama_cpp; b = llama_cpp_build(); import_llama_cpp(); "
+    "mods = list(sys.modules); row = _llama_cpp(); "
+    "print(json.dumps({'problem': b['problem'], 'runtime': b['cxx_runtime'], 'row': row, "
+    "'ort_first': 'onnxruntime' in mods and mods.index('onnxruntime') < mods.index('llama_cpp'), "
+    "'ort_loaded': 'onnxruntime' in mods}))"
+)
 
 
 def test_a_build_with_its_own_cxx_runtime_is_named_and_loaded_after_onnxruntime(tmp_path):
@@ -100,11 +104,20 @@ def test_every_llama_cpp_import_goes_through_edgesdk_native():
         if path.name == "native.py" and path.parent.name == "edgesdk":
             continue
         tree = ast.parse(path.read_text())
-        type_checking = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-                         and getattr(node.test, "id", None) == "TYPE_CHECKING" for n in ast.walk(node)}
+        type_checking = {
+            id(n)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING"
+            for n in ast.walk(node)
+        }
         for node in ast.walk(tree):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             if any(n == "llama_cpp" or n.startswith("llama_cpp.") for n in names) and id(node) not in type_checking:
                 offenders.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert offenders == [], "import llama_cpp through edgesdk.native.import_llama_cpp: " + ", ".join(offenders)
@@ -127,12 +140,23 @@ def test_nvml_reads_through_the_driver_library_without_pynvml(monkeypatch):
 @pytest.mark.slow
 def test_loading_a_gguf_bundle_imports_no_onnxruntime(gemma_gguf, tmp_path, run_cli):
     out = tmp_path / "gemma"
-    res = run_cli("build", str(gemma_gguf), "--profile", "cpu-x86_64", "-o", str(out), "--accept-license",
-                  "LicenseRef-gemma", "--no-progress")
+    res = run_cli(
+        "build",
+        str(gemma_gguf),
+        "--profile",
+        "cpu-x86_64",
+        "-o",
+        str(out),
+        "--accept-license",
+        "LicenseRef-gemma",
+        "--no-progress",
+    )
     assert res.returncode == 0, res.stderr
     assert res.stderr == ""  # llama.cpp's own lines (llama_kv_cache_iswa ...) go to the logger, not stderr
-    code = ("import json, sys, edgesdk; s = edgesdk.load(sys.argv[1]); t = s.generate('Hi', max_tokens=2, "
-            "temperature=0); print(json.dumps({'ort': 'onnxruntime' in sys.modules, 'torch': 'torch' in sys.modules}))")
+    code = (
+        "import json, sys, edgesdk; s = edgesdk.load(sys.argv[1]); t = s.generate('Hi', max_tokens=2, "
+        "temperature=0); print(json.dumps({'ort': 'onnxruntime' in sys.modules, 'torch': 'torch' in sys.modules}))"
+    )
     proc = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"ort": False, "torch": False}

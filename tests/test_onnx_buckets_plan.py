@@ -26,8 +26,15 @@ from edgesdk.runtime.backends.ort_buckets import (
 def _facts(**config):
     from edgesdk.types import ModelFacts
 
-    return ModelFacts(source="x", kind="hf", task="feature-extraction", name="enc", family="bert",
-                      config={"num_attention_heads": 12, "hidden_size": 384, **config}, weight_bytes=90_000_000)
+    return ModelFacts(
+        source="x",
+        kind="hf",
+        task="feature-extraction",
+        name="enc",
+        family="bert",
+        config={"num_attention_heads": 12, "hidden_size": 384, **config},
+        weight_bytes=90_000_000,
+    )
 
 
 def _decision(facts, profile, **options):
@@ -70,17 +77,31 @@ def test_cpu_profile_and_image_models():
     assert _decision(_facts(max_position_embeddings=512), "cpu").value is None
     from edgesdk.types import ModelFacts
 
-    image = ModelFacts(source="x", kind="hf", task="image-classification", name="resnet", family="resnet",
-                       config={}, weight_bytes=1_000_000)
+    image = ModelFacts(
+        source="x",
+        kind="hf",
+        task="image-classification",
+        name="resnet",
+        family="resnet",
+        config={},
+        weight_bytes=1_000_000,
+    )
     d = _decision(image, "h200")
     assert d.value["seq"] is None and d.value["batch"] == [1, 8] and "batch buckets only" in d.reason
 
 
 def test_bucket_options_from_a_manifest_plan():
-    plan = {"decisions": [{"key": "shape_buckets", "value": {"batch": [1, 4], "seq": [32, 64], "capture": "at load"},
-                           "reason": "r"}]}
-    assert bucket_options(plan, 512) == {"seq_buckets": (32, 64), "batch_buckets": (1, 4), "max_seq": 64,
-                                         "source": "plan"}
+    plan = {
+        "decisions": [
+            {"key": "shape_buckets", "value": {"batch": [1, 4], "seq": [32, 64], "capture": "at load"}, "reason": "r"}
+        ]
+    }
+    assert bucket_options(plan, 512) == {
+        "seq_buckets": (32, 64),
+        "batch_buckets": (1, 4),
+        "max_seq": 64,
+        "source": "plan",
+    }
     old = bucket_options({"decisions": [{"key": "ep_chain", "value": [], "reason": ""}]}, 512)  # older bundle
     assert old["seq_buckets"] == DEFAULT_SEQ_BUCKETS and old["batch_buckets"] == DEFAULT_BATCH_BUCKETS
     assert old["max_seq"] == 512 and old["source"].startswith("runtime defaults")
@@ -129,8 +150,9 @@ def bounded_h200_bundle(minilm_dir, tmp_path_factory):
     from edgesdk.plan import BuildOptions
 
     out = tmp_path_factory.mktemp("buckets") / "minilm-h200"
-    return build(minilm_dir, "h200", out, BuildOptions(progress=False, parity_samples=2, max_batch=4,
-                                                       max_seq_len=64, seq_len=32))
+    return build(
+        minilm_dir, "h200", out, BuildOptions(progress=False, parity_samples=2, max_batch=4, max_seq_len=64, seq_len=32)
+    )
 
 
 @pytest.mark.slow

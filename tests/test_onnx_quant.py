@@ -32,10 +32,17 @@ def minilm(minilm_dir, tmp_path_factory):
     held_out = P.encode_texts(tok, P.sample_sentences(32, offset=0), names)  # disjoint from calibration
     model = AutoModel.from_pretrained(str(minilm_dir)).eval()
     with torch.no_grad():
+
         def reference(feeds):
             return [model(**{k: torch.from_numpy(v) for k, v in f.items()}).last_hidden_state.numpy() for f in feeds]
-        return {"fp32": out / "model.onnx", "cal": calibration, "cal_ref": reference(calibration),
-                "held": held_out, "held_ref": reference(held_out)}
+
+        return {
+            "fp32": out / "model.onnx",
+            "cal": calibration,
+            "cal_ref": reference(calibration),
+            "held": held_out,
+            "held_ref": reference(held_out),
+        }
 
 
 def _parity_fn(feeds):
@@ -55,12 +62,17 @@ def test_int8_meets_min_cosine_on_held_out_sentences(minilm, tmp_path):
     import onnx
 
     result = quantize_int8_accuracy_aware(
-        minilm["fp32"], tmp_path / "int8.onnx", calibration_feeds=minilm["cal"],
-        reference_outputs=minilm["cal_ref"], parity_fn=_parity_fn(minilm["cal"]), min_cosine=0.995,
+        minilm["fp32"],
+        tmp_path / "int8.onnx",
+        calibration_feeds=minilm["cal"],
+        reference_outputs=minilm["cal_ref"],
+        parity_fn=_parity_fn(minilm["cal"]),
+        min_cosine=0.995,
     )
     assert result.path.is_file() and result.parity["min_cosine"] >= 0.995
-    held = P.compare(minilm["held_ref"], _first_outputs(result.path, minilm["held"]),
-                     [f["attention_mask"] for f in minilm["held"]])
+    held = P.compare(
+        minilm["held_ref"], _first_outputs(result.path, minilm["held"]), [f["attention_mask"] for f in minilm["held"]]
+    )
     assert held["min_cosine"] >= 0.995, held  # sentences the calibration never saw
     ops = [n.op_type for n in onnx.load(str(result.path)).graph.node]
     assert ops.count("MatMulIntegerToFloat") == 36 - len(result.excluded_nodes) > 18
@@ -71,8 +83,12 @@ def test_int8_meets_min_cosine_on_held_out_sentences(minilm, tmp_path):
 @pytest.mark.slow
 def test_tighter_threshold_keeps_the_most_damaging_nodes_in_fp32(minilm, tmp_path):
     result = quantize_int8_accuracy_aware(
-        minilm["fp32"], tmp_path / "int8.onnx", calibration_feeds=minilm["cal"],
-        reference_outputs=minilm["cal_ref"], parity_fn=_parity_fn(minilm["cal"]), min_cosine=0.998,
+        minilm["fp32"],
+        tmp_path / "int8.onnx",
+        calibration_feeds=minilm["cal"],
+        reference_outputs=minilm["cal_ref"],
+        parity_fn=_parity_fn(minilm["cal"]),
+        min_cosine=0.998,
     )
     first = result.steps[0]["parity"]["min_cosine"]
     if first >= 0.998:
@@ -86,33 +102,44 @@ def test_tighter_threshold_keeps_the_most_damaging_nodes_in_fp32(minilm, tmp_pat
 def test_unreachable_threshold_raises_parity_error(minilm, tmp_path):
     with pytest.raises(ParityError, match="cannot reach min cosine 0.99999"):
         quantize_int8_accuracy_aware(
-            minilm["fp32"], tmp_path / "int8.onnx", calibration_feeds=minilm["cal"],
-            reference_outputs=minilm["cal_ref"], parity_fn=_parity_fn(minilm["cal"]),
-            min_cosine=0.99999, max_excluded_fraction=0.1,
+            minilm["fp32"],
+            tmp_path / "int8.onnx",
+            calibration_feeds=minilm["cal"],
+            reference_outputs=minilm["cal_ref"],
+            parity_fn=_parity_fn(minilm["cal"]),
+            min_cosine=0.99999,
+            max_excluded_fraction=0.1,
         )
     assert not (tmp_path / "int8.onnx").exists()
 
 
 @pytest.mark.slow
 def test_transformer_fusion_fires_and_the_fused_graph_quantizes(minilm, tmp_path):
-    path, report = optimize_transformer(minilm["fp32"], tmp_path / "fused.onnx", model_type="bert",
-                                        num_heads=12, hidden_size=384)
+    path, report = optimize_transformer(
+        minilm["fp32"], tmp_path / "fused.onnx", model_type="bert", num_heads=12, hidden_size=384
+    )
     assert report["applied"] and report["fused"]["Attention"] == 6
     assert report["fused"]["SkipLayerNormalization"] == 12 and report["fused"].get("BiasGelu") == 6
-    fused = P.compare(minilm["held_ref"], _first_outputs(path, minilm["held"]),
-                      [f["attention_mask"] for f in minilm["held"]])
+    fused = P.compare(
+        minilm["held_ref"], _first_outputs(path, minilm["held"]), [f["attention_mask"] for f in minilm["held"]]
+    )
     assert fused["min_cosine"] > 0.99999
     # the fused graph quantizes too (Attention -> QAttention), still within the threshold on held-out text
     result = quantize_int8_accuracy_aware(
-        path, tmp_path / "int8.onnx", calibration_feeds=minilm["cal"], reference_outputs=minilm["cal_ref"],
-        parity_fn=_parity_fn(minilm["cal"]), min_cosine=0.995,
+        path,
+        tmp_path / "int8.onnx",
+        calibration_feeds=minilm["cal"],
+        reference_outputs=minilm["cal_ref"],
+        parity_fn=_parity_fn(minilm["cal"]),
+        min_cosine=0.995,
     )
     import onnx
 
     ops = [n.op_type for n in onnx.load(str(result.path)).graph.node]
     assert ops.count("QAttention") + len([n for n in result.excluded_nodes if "Attention" in n]) == 6
-    held = P.compare(minilm["held_ref"], _first_outputs(result.path, minilm["held"]),
-                     [f["attention_mask"] for f in minilm["held"]])
+    held = P.compare(
+        minilm["held_ref"], _first_outputs(result.path, minilm["held"]), [f["attention_mask"] for f in minilm["held"]]
+    )
     assert held["min_cosine"] >= 0.995, held
 
 
@@ -122,9 +149,11 @@ def _tiny_matmul_model(path: Path) -> Path:
 
     w = numpy_helper.from_array(np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32), "w")
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "tiny",
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        "tiny",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 4])], initializer=[w],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 4])],
+        initializer=[w],
     )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
     return path
@@ -141,8 +170,9 @@ def test_tiny_model_int8_matches_fp32_and_bad_inputs_are_one_line_errors(tmp_pat
     src = _tiny_matmul_model(tmp_path / "tiny.onnx")
     feeds = [{"x": np.random.default_rng(i).normal(size=(1, 3, 8)).astype(np.float32)} for i in range(4)]
     refs = _first_outputs(src, feeds)
-    result = quantize_int8_accuracy_aware(src, tmp_path / "q.onnx", calibration_feeds=feeds,
-                                          reference_outputs=refs, parity_fn=P.compare, min_cosine=0.99)
+    result = quantize_int8_accuracy_aware(
+        src, tmp_path / "q.onnx", calibration_feeds=feeds, reference_outputs=refs, parity_fn=P.compare, min_cosine=0.99
+    )
     assert result.parity["min_cosine"] >= 0.99 and result.excluded_nodes == []
     common = {"reference_outputs": refs, "parity_fn": P.compare}
     with pytest.raises(ModelError, match="not found"):
@@ -150,8 +180,9 @@ def test_tiny_model_int8_matches_fp32_and_bad_inputs_are_one_line_errors(tmp_pat
     with pytest.raises(InputError, match="one reference output per calibration feed"):
         quantize_int8_accuracy_aware(src, tmp_path / "x.onnx", calibration_feeds=feeds[:2], **common)
     with pytest.raises(InputError, match="lacks model input"):
-        quantize_int8_accuracy_aware(src, tmp_path / "x.onnx", calibration_feeds=[{"z": f["x"]} for f in feeds],
-                                     **common)
+        quantize_int8_accuracy_aware(
+            src, tmp_path / "x.onnx", calibration_feeds=[{"z": f["x"]} for f in feeds], **common
+        )
     (tmp_path / "junk.onnx").write_bytes(b"not a protobuf")
     with pytest.raises(ModelError, match="cannot parse"):
         quantize_int8_accuracy_aware(tmp_path / "junk.onnx", tmp_path / "x.onnx", calibration_feeds=feeds, **common)

@@ -19,9 +19,16 @@ from edgesdk.serve.config import ModelEntry, ServeConfig  # noqa: E402
 from edgesdk.serve.fields import REQUEST_FIELDS  # noqa: E402
 from edgesdk.serve.protocol import APIError, parse_embeddings, parse_generation  # noqa: E402
 
-ROUTES = {"/v1/chat/completions": "post", "/v1/completions": "post", "/v1/embeddings": "post",
-          "/v1/models": "get", "/v1/models/{model}": "get", "/health": "get", "/metrics": "get",
-          "/openapi.json": "get"}
+ROUTES = {
+    "/v1/chat/completions": "post",
+    "/v1/completions": "post",
+    "/v1/embeddings": "post",
+    "/v1/models": "get",
+    "/v1/models/{model}": "get",
+    "/health": "get",
+    "/metrics": "get",
+    "/openapi.json": "get",
+}
 
 
 @pytest.fixture(scope="module")
@@ -61,27 +68,38 @@ def test_every_route_and_every_field_is_there(served):
                 assert "type" in prop or "oneOf" in prop, (route, f.name)  # every implemented field is typed
 
 
-@pytest.mark.parametrize("route,body,ok", [
-    ("/v1/embeddings", {"model": "m", "input": "hi"}, True),
-    ("/v1/embeddings", {"model": "m", "input": [[101, 2023, 102], [101, 102]]}, True),
-    ("/v1/embeddings", {"model": "m", "input": [101, 2023, 102], "encoding_format": "base64"}, True),
-    ("/v1/embeddings", {"model": "m", "input": []}, False),
-    ("/v1/embeddings", {"model": "m", "input": "hi", "truncate": True}, False),
-    ("/v1/embeddings", {"model": "m", "input": "hi", "encoding_format": "int8"}, False),
-    ("/v1/completions", {"model": "m", "prompt": [1, 2, 3], "max_tokens": 4, "stop": ["\n"]}, True),
-    ("/v1/completions", {"model": "m", "prompt": "x", "suffix": "y"}, False),
-    ("/v1/completions", {"model": "m", "prompt": "x", "best_of": 1}, True),
-    ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0},
-     True),
-    ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 3},
-     False),
-    ("/v1/chat/completions", {"model": "m"}, False),
-])
+@pytest.mark.parametrize(
+    "route,body,ok",
+    [
+        ("/v1/embeddings", {"model": "m", "input": "hi"}, True),
+        ("/v1/embeddings", {"model": "m", "input": [[101, 2023, 102], [101, 102]]}, True),
+        ("/v1/embeddings", {"model": "m", "input": [101, 2023, 102], "encoding_format": "base64"}, True),
+        ("/v1/embeddings", {"model": "m", "input": []}, False),
+        ("/v1/embeddings", {"model": "m", "input": "hi", "truncate": True}, False),
+        ("/v1/embeddings", {"model": "m", "input": "hi", "encoding_format": "int8"}, False),
+        ("/v1/completions", {"model": "m", "prompt": [1, 2, 3], "max_tokens": 4, "stop": ["\n"]}, True),
+        ("/v1/completions", {"model": "m", "prompt": "x", "suffix": "y"}, False),
+        ("/v1/completions", {"model": "m", "prompt": "x", "best_of": 1}, True),
+        (
+            "/v1/chat/completions",
+            {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0},
+            True,
+        ),
+        (
+            "/v1/chat/completions",
+            {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 3},
+            False,
+        ),
+        ("/v1/chat/completions", {"model": "m"}, False),
+    ],
+)
 def test_request_schemas_agree_with_the_server(served, route, body, ok):
     doc, _ = served
     ref = doc["paths"][route]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
-    schema = {**doc["components"]["schemas"][ref.rsplit("/", 1)[1]], "$schema":
-              "https://json-schema.org/draft/2020-12/schema"}
+    schema = {
+        **doc["components"]["schemas"][ref.rsplit("/", 1)[1]],
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+    }
     errors = list(jsonschema.Draft202012Validator(schema).iter_errors(body))
     assert (not errors) == ok, [e.message for e in errors]
     # The server's own parser of that route says the same (400 exactly when the schema says invalid).

@@ -11,8 +11,11 @@ import pytest
 
 from edgesdk.runtime.backends.ort_buckets import Bucket, cut_outputs, pad_feeds, plan_buckets, request_shape
 
-BERT_INPUTS = [NS(name="input_ids", shape=["batch", "seq"]), NS(name="attention_mask", shape=["batch", "seq"]),
-               NS(name="token_type_ids", shape=["batch", "seq"])]
+BERT_INPUTS = [
+    NS(name="input_ids", shape=["batch", "seq"]),
+    NS(name="attention_mask", shape=["batch", "seq"]),
+    NS(name="token_type_ids", shape=["batch", "seq"]),
+]
 
 
 def test_plan_and_choose_smallest_bucket():
@@ -40,8 +43,11 @@ def test_no_mask_means_batch_only():
 
 def test_pad_masks_tokens_and_rows_then_cut():
     plan = plan_buckets(BERT_INPUTS, seq_buckets=(8,), batch_buckets=(4,))
-    feeds = {"input_ids": np.array([[101, 7, 102], [101, 9, 102]]), "attention_mask": np.ones((2, 3), np.int64),
-             "token_type_ids": np.zeros((2, 3), np.int64)}
+    feeds = {
+        "input_ids": np.array([[101, 7, 102], [101, 9, 102]]),
+        "attention_mask": np.ones((2, 3), np.int64),
+        "token_type_ids": np.zeros((2, 3), np.int64),
+    }
     padded = pad_feeds(plan, feeds, Bucket(4, 8))
     assert padded["input_ids"].shape == (4, 8) and padded["input_ids"][0, 3:].sum() == 0
     assert padded["attention_mask"][:2, 3:].sum() == 0 and padded["attention_mask"][:2, :3].all()

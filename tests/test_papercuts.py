@@ -63,15 +63,18 @@ def test_json_failures_print_an_error_object(onnx_bundle, tmp_path, run_cli):
     assert res.returncode == 3 and json.loads(res.stdout)["error"]["type"] == "UsageError"
 
 
-@pytest.mark.parametrize("args, words", [
-    (["build", "{m}", "-p", "cpu", "--plan-only", "-o", "{t}/x"], "--plan-only builds nothing"),
-    (["build", "{m}", "-p", "cpu", "--plan-only", "--force"], "--plan-only"),
-    (["build", "{m}", "-p", "cpu", "--explain", "--json", "-o", "{t}/x"], "--json"),
-    (["build", "{m}", "-p", "cpu", "--format", "onnx", "--dla", "-o", "{t}/x"], "--dla"),
-    (["run", "{b}", "--prompt", "hi", "--stream", "--json"], "--stream"),
-    (["run", "{b}", "--input", "hi", "--force"], "--force"),
-    (["profiles", "detect", "--force"], "--force"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["build", "{m}", "-p", "cpu", "--plan-only", "-o", "{t}/x"], "--plan-only builds nothing"),
+        (["build", "{m}", "-p", "cpu", "--plan-only", "--force"], "--plan-only"),
+        (["build", "{m}", "-p", "cpu", "--explain", "--json", "-o", "{t}/x"], "--json"),
+        (["build", "{m}", "-p", "cpu", "--format", "onnx", "--dla", "-o", "{t}/x"], "--dla"),
+        (["run", "{b}", "--prompt", "hi", "--stream", "--json"], "--stream"),
+        (["run", "{b}", "--input", "hi", "--force"], "--force"),
+        (["profiles", "detect", "--force"], "--force"),
+    ],
+)
 def test_mutually_exclusive_flags_exit_3(args, words, minilm_dir, onnx_bundle, tmp_path, run_cli):
     argv = [a.format(m=minilm_dir, b=onnx_bundle, t=tmp_path) for a in args]
     res = run_cli(*argv)
@@ -106,23 +109,28 @@ def test_every_command_takes_quiet_and_verbose(run_cli):
 @pytest.mark.slow
 def test_profiler_prints_no_progress_bar_into_logs(onnx_bundle, run_cli):
     """stderr is a pipe here, as in CI: no tqdm bar, even without --no-progress."""
-    res = run_cli("profiler", "run", onnx_bundle, "--iterations", "300", "--warmup", "1", "--op-profile-runs", "0",
-                  "--json")
+    res = run_cli(
+        "profiler", "run", onnx_bundle, "--iterations", "300", "--warmup", "1", "--op-profile-runs", "0", "--json"
+    )
     assert res.returncode == 0, res.stderr
     budget = ("--latency-budget-ms", "0.000001")  # missed: a warning line
-    res = run_cli("profiler", "run", onnx_bundle, "--iterations", "300", "--warmup", "1", "--op-profile-runs", "0",
-                  *budget)
+    res = run_cli(
+        "profiler", "run", onnx_bundle, "--iterations", "300", "--warmup", "1", "--op-profile-runs", "0", *budget
+    )
     assert res.returncode == 0, res.stderr
     assert "it/s" not in res.stderr and "300/300" not in res.stderr and "\r" not in res.stderr
     assert "warning:" in res.stderr
-    quiet = run_cli("profiler", "run", onnx_bundle, "--iterations", "50", "--warmup", "1", "--op-profile-runs", "0",
-                    *budget, "-q")
+    quiet = run_cli(
+        "profiler", "run", onnx_bundle, "--iterations", "50", "--warmup", "1", "--op-profile-runs", "0", *budget, "-q"
+    )
     assert quiet.returncode == 0 and quiet.stderr == "" and quiet.stdout
 
 
 AMD_CPUINFO = "".join(
     f"processor\t: {i}\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9R14 96-Core Processor\n"
-    "flags\t\t: fpu sse sse2 avx avx2 fma f16c avx512f avx512bw avx512_vnni avx512_bf16\n\n" for i in range(2))
+    "flags\t\t: fpu sse sse2 avx avx2 fma f16c avx512f avx512bw avx512_vnni avx512_bf16\n\n"
+    for i in range(2)
+)
 MEMINFO_24GB = "MemTotal:       25165824 kB\nMemFree:        20000000 kB\nMemAvailable:   23068672 kB\n"
 
 
@@ -149,6 +157,7 @@ def test_detect_write_records_this_hosts_isa_and_memory(tmp_path, run_cli):
 
 # ----------------------------------------------------------------------------------- HF -> GGUF through the CLI
 
+
 @pytest.fixture(scope="module")
 def tiny_llama_cli_bundle(tmp_path_factory):
     import os
@@ -159,9 +168,27 @@ def tiny_llama_cli_bundle(tmp_path_factory):
 
     src = make_tiny_causal_lm(tmp_path_factory.mktemp("hf") / "tiny-llama", "llama")
     out = tmp_path_factory.mktemp("gguf") / "tiny-llama-cpu"
-    res = subprocess.run([sys.executable, "-m", "edgesdk", "build", str(src), "-p", "cpu", "--format", "gguf",
-                          "--quant-type", "Q8_0", "-o", str(out)], capture_output=True, text=True,
-                         env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=900)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "edgesdk",
+            "build",
+            str(src),
+            "-p",
+            "cpu",
+            "--format",
+            "gguf",
+            "--quant-type",
+            "Q8_0",
+            "-o",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        timeout=900,
+    )
     return out, res
 
 

@@ -20,8 +20,12 @@ def gemma_bundle(gemma_gguf, tmp_path_factory) -> Path:
     from edgesdk.types import BuildOptions
 
     out = tmp_path_factory.mktemp("api") / "gemma-cpu"
-    return build(gemma_gguf, "cpu-x86_64", out, BuildOptions(progress=False, accept_licenses=("LicenseRef-gemma",),
-                                                              context_length=256))
+    return build(
+        gemma_gguf,
+        "cpu-x86_64",
+        out,
+        BuildOptions(progress=False, accept_licenses=("LicenseRef-gemma",), context_length=256),
+    )
 
 
 def test_generate_returns_text_with_usage(gemma_bundle):
@@ -34,9 +38,13 @@ def test_generate_returns_text_with_usage(gemma_bundle):
     assert isinstance(out, str) and isinstance(out, Generation)
     assert out == again == streamed and out.text == streamed and type(out.text) is str and type(str(out)) is str
     assert out + "!" == streamed + "!" and json.dumps({"t": out}) == json.dumps({"t": streamed})
-    assert out.usage == {"prompt_tokens": last["input_tokens"], "completion_tokens": last["output_tokens"],
-                         "ttft_ms": round(last["ttft_s"] * 1000, 2), "tokens_per_s": last["decode_tok_s"],
-                         "finish_reason": last["finish_reason"]}
+    assert out.usage == {
+        "prompt_tokens": last["input_tokens"],
+        "completion_tokens": last["output_tokens"],
+        "ttft_ms": round(last["ttft_s"] * 1000, 2),
+        "tokens_per_s": last["decode_tok_s"],
+        "finish_reason": last["finish_reason"],
+    }
     assert out.usage["completion_tokens"] == 6 and out.usage["finish_reason"] == "length"
     assert out.usage["prompt_tokens"] > 0 and out.usage["ttft_ms"] > 0
     assert isinstance(reply, Generation) and reply.usage["completion_tokens"] <= 4

@@ -28,16 +28,27 @@ def _one_line(stderr: str) -> bool:
 
 
 def _cli(*args, stdin=None, env=None, timeout=600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "edgesdk", *map(str, args)], input=stdin, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "edgesdk", *map(str, args)],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
+    )
 
 
 def _pty_run(argv: list[str], *, feed: bytes = b"", timeout: float = 300, stdin_tty: bool = False):
     """Run ``argv`` with stderr (and, with ``stdin_tty``, stdin) on a pseudo-terminal that has no window size, as
     `script` gives when it is run from a pipe. Returns (returncode, stdout text, what the terminal received)."""
     master, slave = pty.openpty()
-    proc = subprocess.Popen(argv, stdin=slave if stdin_tty else subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=slave, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    proc = subprocess.Popen(
+        argv,
+        stdin=slave if stdin_tty else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=slave,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     os.close(slave)
     if feed:
         time.sleep(0.5)
@@ -70,8 +81,18 @@ def _pty_run(argv: list[str], *, feed: bytes = b"", timeout: float = 300, stdin_
 def gemma_bundle(gemma_gguf, tmp_path_factory) -> Path:
     """Gemma-3-270M Q4_K_M repackaged for this CPU with a 256-token context (so end-of-generation is near)."""
     out = tmp_path_factory.mktemp("pc") / "gemma-cpu"
-    res = _cli("build", gemma_gguf, "--profile", "cpu", "-o", out, "--accept-license", "LicenseRef-gemma",
-               "--context-length", "256")
+    res = _cli(
+        "build",
+        gemma_gguf,
+        "--profile",
+        "cpu",
+        "-o",
+        out,
+        "--accept-license",
+        "LicenseRef-gemma",
+        "--context-length",
+        "256",
+    )
     assert res.returncode == 0, res.stderr
     return out
 
@@ -115,7 +136,7 @@ def test_stop_unescapes_backslash_n_as_llama_cli(gemma_bundle):
     assert "\n\nIt" in full, full  # greedy Gemma-3-270M: paragraphs starting "It is a place ..."
     stopped = _cli(*args, "--stop", r"\n\nIt")
     assert stopped.returncode == 0, stopped.stderr
-    assert stopped.stdout == full[:full.index("\n\nIt")] + "\n"
+    assert stopped.stdout == full[: full.index("\n\nIt")] + "\n"
 
 
 def test_unescape_rules():
@@ -133,12 +154,18 @@ def test_interactive_chat_runs_to_end_of_generation_not_64_tokens(gemma_bundle):
     msg = "Count from 1 to 40, one number per line."
     one_shot = _cli("run", gemma_bundle, *common, "--prompt", msg)
     assert one_shot.returncode == 0, one_shot.stderr
-    rc, out, _ = _pty_run([sys.executable, "-m", "edgesdk", "run", str(gemma_bundle), *common], stdin_tty=True,
-                          feed=msg.encode() + b"\n\x04", timeout=240)
+    rc, out, _ = _pty_run(
+        [sys.executable, "-m", "edgesdk", "run", str(gemma_bundle), *common],
+        stdin_tty=True,
+        feed=msg.encode() + b"\n\x04",
+        timeout=240,
+    )
     assert rc == 0, out
     reply = out.removeprefix("> ").split("\n> ")[0]
     assert reply.startswith(one_shot.stdout.strip()) and len(reply) > len(one_shot.stdout.strip()) + 20, (
-        reply, one_shot.stdout)
+        reply,
+        one_shot.stdout,
+    )
 
 
 def test_image_on_a_text_bundle_says_it_is_not_a_vlm(gemma_bundle, tmp_path):
@@ -163,8 +190,9 @@ def test_p_is_the_prompt_and_deprecated_for_profile(minilm_dir):
     rc, out, term = _pty_run([sys.executable, "-m", "edgesdk", "build", str(minilm_dir), "-p", "cpu", "--plan-only"])
     assert rc == 0 and "on profile cpu-x86_64" in out
     assert "warning: -p for --profile is deprecated" in term and "write --profile" in term
-    rc, out, term = _pty_run([sys.executable, "-m", "edgesdk", "build", str(minilm_dir), "--profile", "cpu",
-                              "--plan-only"])
+    rc, out, term = _pty_run(
+        [sys.executable, "-m", "edgesdk", "build", str(minilm_dir), "--profile", "cpu", "--plan-only"]
+    )
     assert rc == 0 and "deprecated" not in term
 
 
@@ -179,8 +207,10 @@ def test_inspect_capability_of_a_gguf_says_it_has_no_onnx_graph(gemma_bundle, ge
 def test_inspect_capability_without_onnx_names_the_extra(onnx_bundle):
     """README: anything that needs a missing extra exits 10 with one line naming it (the runtime-only install
     has no `onnx`; hidden here as it is absent there)."""
-    code = ("import sys; sys.modules['onnx'] = None; from edgesdk.cli import main; "
-            f"main(['inspect', 'capability', {str(onnx_bundle)!r}])")
+    code = (
+        "import sys; sys.modules['onnx'] = None; from edgesdk.cli import main; "
+        f"main(['inspect', 'capability', {str(onnx_bundle)!r}])"
+    )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert res.returncode == 10 and _one_line(res.stderr), res.stderr
     assert "pip install 'edgesdk[build]'" in res.stderr and "missing: onnx" in res.stderr
@@ -205,12 +235,31 @@ def test_profiler_tables_print_plain_numbers():
     from edgesdk.profiler.compare import compare_reports, render_comparison
     from edgesdk.profiler.report import plain, render_table
 
-    assert [plain(v) for v in (1534.2, 0.00123, 12345.6, 0.0, 42.0, 1.5, 0.0000123)] == \
-        ["1534", "0.00123", "12,346", "0", "42", "1.5", "0.0000123"]
-    lat = {"p50": 1534.2, "p90": 1700.4, "p99": 1812.9, "min": 1500.1, "max": 1900.3, "stdev": 120.5, "iqr": 98.7,
-           "cv_pct": 7.8}
-    report = {"bundle": {"model": "m", "format": "onnx", "precision": "fp16", "bundle_id": "a"},
-              "latency_ms": lat, "load": {"time_ms": 2345.6}, "memory": {"host_peak_rss_mb": 1234.5}}
+    assert [plain(v) for v in (1534.2, 0.00123, 12345.6, 0.0, 42.0, 1.5, 0.0000123)] == [
+        "1534",
+        "0.00123",
+        "12,346",
+        "0",
+        "42",
+        "1.5",
+        "0.0000123",
+    ]
+    lat = {
+        "p50": 1534.2,
+        "p90": 1700.4,
+        "p99": 1812.9,
+        "min": 1500.1,
+        "max": 1900.3,
+        "stdev": 120.5,
+        "iqr": 98.7,
+        "cv_pct": 7.8,
+    }
+    report = {
+        "bundle": {"model": "m", "format": "onnx", "precision": "fp16", "bundle_id": "a"},
+        "latency_ms": lat,
+        "load": {"time_ms": 2345.6},
+        "memory": {"host_peak_rss_mb": 1234.5},
+    }
     text = render_table(report)
     assert "e+" not in text and "1534 / 1700 / 1813 ms" in text
     table = render_comparison(compare_reports(report, report))
@@ -222,10 +271,11 @@ def test_profiler_compare_of_different_builds_says_so_and_the_plot_keeps_the_noi
     from edgesdk.profiler.plots import _worse_text
 
     lat = {"p50": 2.0, "p90": 2.2, "p99": 2.5, "iqr": 0.1}
-    fp16 = {"bundle": {"model": "minilm", "format": "onnx", "precision": "fp16", "bundle_id": "aaa"},
-            "latency_ms": lat}
-    int8 = {"bundle": {"model": "minilm", "format": "onnx", "precision": "int8", "bundle_id": "bbb"},
-            "latency_ms": {**lat, "p50": 1.5}}
+    fp16 = {"bundle": {"model": "minilm", "format": "onnx", "precision": "fp16", "bundle_id": "aaa"}, "latency_ms": lat}
+    int8 = {
+        "bundle": {"model": "minilm", "format": "onnx", "precision": "int8", "bundle_id": "bbb"},
+        "latency_ms": {**lat, "p50": 1.5},
+    }
     different = render_comparison(compare_reports(fp16, int8))
     assert "different builds" in different and "onnx/fp16" in different and "onnx/int8" in different
     assert "different builds" not in render_comparison(compare_reports(fp16, fp16))
@@ -247,8 +297,15 @@ def test_demo_echoes_copy_pasteable_commands_with_the_models_name(capsys, monkey
         sys.path.pop(0)
     line = demo.echo_line(["build", "/tmp/my models/m", "--name", demo.MODEL_NAME, "--input", "The cat sits."])
     assert line.startswith("$ edgesdk build ")
-    assert shlex.split(line[2:]) == ["edgesdk", "build", "/tmp/my models/m", "--name", "all-MiniLM-L6-v2",
-                                     "--input", "The cat sits."]
+    assert shlex.split(line[2:]) == [
+        "edgesdk",
+        "build",
+        "/tmp/my models/m",
+        "--name",
+        "all-MiniLM-L6-v2",
+        "--input",
+        "The cat sits.",
+    ]
     builds = [s for s in demo.steps("/m") if s[0] == "build"]
     assert builds and all(s[s.index("--name") + 1] == "all-MiniLM-L6-v2" for s in builds)
 
@@ -259,8 +316,9 @@ def test_build_draws_its_stage_bar_on_a_terminal_without_a_window_size(tmp_path)
     import test_capability_models as models
 
     src = models.make_cnn(tmp_path / "cnn.onnx")
-    rc, out, term = _pty_run([sys.executable, "-m", "edgesdk", "build", str(src), "--profile", "cpu", "-o",
-                              str(tmp_path / "out")])
+    rc, out, term = _pty_run(
+        [sys.executable, "-m", "edgesdk", "build", str(src), "--profile", "cpu", "-o", str(tmp_path / "out")]
+    )
     assert rc == 0 and "bundle:" in out, term
     assert "build [export]" in term and "/6 stages |" in term, term
     assert "build [export]: :" not in term  # the stage name is the description, without a doubled colon

@@ -27,9 +27,13 @@ def conv_onnx(tmp_path):
     from onnx import TensorProto, helper, numpy_helper
 
     w = numpy_helper.from_array(np.ones((4, 3, 3, 3), np.float32), "W")
-    graph = helper.make_graph([helper.make_node("Conv", ["pixel_values", "W"], ["y"])], "g",
-                              [helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT, ["N", 3, "H", "W"])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["pixel_values", "W"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT, ["N", 3, "H", "W"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [w],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 9
     path = tmp_path / "conv.onnx"
@@ -63,11 +67,14 @@ def _plan(facts, profile, precision: str):
 def test_graph_facts_come_from_inspect(conv_onnx):
     facts = inspect_model(conv_onnx)
     capability = facts.graph.pop("capability")
-    assert facts.graph == {"input_dims": {"pixel_values": ["N", 3, "H", "W"]}, "conv_channels": {"pixel_values": 3},
-                           "sibling_config": {"file": "preprocessor_config.json",
-                                              "config": {"size": {"height": 96, "width": 96}}}}
+    assert facts.graph == {
+        "input_dims": {"pixel_values": ["N", 3, "H", "W"]},
+        "conv_channels": {"pixel_values": 3},
+        "sibling_config": {"file": "preprocessor_config.json", "config": {"size": {"height": 96, "width": 96}}},
+    }
     assert [(n["op_type"], n["input"], n["output"]) for n in capability["nodes"]] == [
-        ("Conv", ["pixel_values", "W"], ["y"])]
+        ("Conv", ["pixel_values", "W"], ["y"])
+    ]
     assert capability["constants"] == ["W"] and capability["inputs"] == ["pixel_values"]
     assert capability["shape"]["pixel_values"] == ["N", 3, "H", "W"]
     assert json.loads(json.dumps(capability)) == capability  # plain data
@@ -120,11 +127,16 @@ def test_planned_placement_of_nodes_tensorrt_leaves(tmp_path):
     from edgesdk.capability.checker import check_view
     from edgesdk.capability.graph import GraphView
 
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["a"]),
-                               helper.make_node("Mystery", ["a"], ["b"], domain="com.example"),
-                               helper.make_node("Det", ["b"], ["y"])], "g",  # Det: not in TensorRT's parser
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])])
+    graph = helper.make_graph(
+        [
+            helper.make_node("Relu", ["x"], ["a"]),
+            helper.make_node("Mystery", ["a"], ["b"], domain="com.example"),
+            helper.make_node("Det", ["b"], ["y"]),
+        ],
+        "g",  # Det: not in TensorRT's parser
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
     model.ir_version = 9
     path = tmp_path / "custom.onnx"

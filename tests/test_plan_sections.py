@@ -25,15 +25,17 @@ GOLDEN = json.loads((Path(__file__).parent / "data" / "plans_before_typed_sectio
 
 def _plan(source: Path, key: str) -> Plan:
     _, profile, fmt, prec = key.split("/")
-    options = BuildOptions(format=None if fmt == "None" else fmt, precision=None if prec == "None" else prec,
-                           progress=False)
+    options = BuildOptions(
+        format=None if fmt == "None" else fmt, precision=None if prec == "None" else prec, progress=False
+    )
     return plan_build(inspect_model(source), resolve_profile(profile), options, HostFacts())
 
 
 def _same_as_before(plan: Plan, key: str) -> None:
     now, before = plan.to_dict(), GOLDEN[key]
-    assert {k: now[k] for k in ("profile", "format", "precision", "ep_chain", "parity")} == \
-        {k: before[k] for k in ("profile", "format", "precision", "ep_chain", "parity")}
+    assert {k: now[k] for k in ("profile", "format", "precision", "ep_chain", "parity")} == {
+        k: before[k] for k in ("profile", "format", "precision", "ep_chain", "parity")
+    }
     # every decision of the plan before, unchanged and in order (a decision added since, e.g. another
     # module's, may sit between them)
     it = iter(now["decisions"])

@@ -30,7 +30,7 @@ def decode_png(path: Path) -> np.ndarray:
 
 
 def has_colour(img: np.ndarray, hex_colour: str, min_pixels: int = 50) -> bool:
-    rgb = np.array([int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)]) / 255.0
+    rgb = np.array([int(hex_colour[i : i + 2], 16) for i in (1, 3, 5)]) / 255.0
     close = np.all(np.abs(img[..., :3] - rgb) < 0.02, axis=-1)
     return int(close.sum()) >= min_pixels
 
@@ -50,10 +50,31 @@ def mlp_runs(mlp, tmp_path_factory):
     paths = []
     for k in (1, 2):
         report, plot = out / f"r{k}.json", out / f"r{k}.png"
-        done = subprocess.run([sys.executable, "-m", "edgesdk", "profiler", "run", str(mlp), "--iterations", "40",
-                               "--warmup", "3", "--threads", "1", "--op-profile-runs", "3", "--no-progress",
-                               "-o", str(report)] + (["--plot", str(plot)] if k == 2 else []),
-                              capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "edgesdk",
+                "profiler",
+                "run",
+                str(mlp),
+                "--iterations",
+                "40",
+                "--warmup",
+                "3",
+                "--threads",
+                "1",
+                "--op-profile-runs",
+                "3",
+                "--no-progress",
+                "-o",
+                str(report),
+            ]
+            + (["--plot", str(plot)] if k == 2 else []),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert done.returncode == 0, done.stderr
         paths.append((report, plot))
     return paths
@@ -71,8 +92,9 @@ def test_run_plot_of_an_encoder_keeps_histogram_and_op_times(mlp_runs):
 def test_predict_plot_is_a_roofline_per_profile(mlp, mlp_runs, run_cli, tmp_path):
     plot = tmp_path / "roof.png"
     report, _ = mlp_runs[0]
-    done = run_cli("profiler", "predict", mlp, "-p", "orin-nano-8gb", "-p", "cpu-x86_64", "--report", report,
-                   "--plot", plot)
+    done = run_cli(
+        "profiler", "predict", mlp, "-p", "orin-nano-8gb", "-p", "cpu-x86_64", "--report", report, "--plot", plot
+    )
     assert done.returncode == 0, done.stderr
     assert f"plot: {plot}" in done.stdout
     img = decode_png(plot)
@@ -98,9 +120,9 @@ def test_roofline_points_sit_on_the_roof_and_the_measurement_on_its_device(mlp, 
         work = pred["work"]
         assert pt["intensity"] == pytest.approx(work["flops"] / work["weight_bytes"])
         roof = min(pt["intensity"] * pred["bandwidth_gbps"] * 1e9, pred["peak_flops"] or float("inf"))
-        assert pt["bound"] == pytest.approx(roof, rel=1e-9)   # the bound is on the roof
+        assert pt["bound"] == pytest.approx(roof, rel=1e-9)  # the bound is on the roof
         assert pt["predicted"] is None or pt["predicted"] <= pt["bound"] * (1 + 1e-9)
-        if name == here:   # measured: flops / p50 latency
+        if name == here:  # measured: flops / p50 latency
             assert pt["measured"] == pytest.approx(work["flops"] / (measured["latency_ms"]["p50"] / 1e3))
         else:
             assert pt["measured"] is None
@@ -135,14 +157,35 @@ def test_run_plot_of_an_llm_shows_every_repeat(gemma_gguf, tmp_path, run_cli):
 
     bundle = tmp_path / "gemma"
     bundle.mkdir()
-    shutil.copyfile(gemma_gguf, bundle / "model.gguf")   # bundles hold regular files only
-    write_manifest(bundle, {"bundle_id": "gemma-plot", "format": "gguf", "precision": "Q4_K_M",
-                            "model": {"name": "gemma-3-270m", "task": "text-generation"},
-                            "profile": {"name": "cpu-x86_64"},
-                            "artifacts": [artifact_entry(bundle, "model.gguf", "model")]})
+    shutil.copyfile(gemma_gguf, bundle / "model.gguf")  # bundles hold regular files only
+    write_manifest(
+        bundle,
+        {
+            "bundle_id": "gemma-plot",
+            "format": "gguf",
+            "precision": "Q4_K_M",
+            "model": {"name": "gemma-3-270m", "task": "text-generation"},
+            "profile": {"name": "cpu-x86_64"},
+            "artifacts": [artifact_entry(bundle, "model.gguf", "model")],
+        },
+    )
     report, plot = tmp_path / "g.json", tmp_path / "g.png"
-    done = run_cli("profiler", "run", bundle, "--prompt-tokens", "16", "--gen-tokens", "6", "--repeats", "3",
-                   "--no-progress", "-o", report, "--plot", plot)
+    done = run_cli(
+        "profiler",
+        "run",
+        bundle,
+        "--prompt-tokens",
+        "16",
+        "--gen-tokens",
+        "6",
+        "--repeats",
+        "3",
+        "--no-progress",
+        "-o",
+        report,
+        "--plot",
+        plot,
+    )
     assert done.returncode == 0, done.stderr
     llm = json.loads(report.read_text())["llm"]
     reps = llm["per_repeat"]

@@ -21,8 +21,12 @@ def test_accessors_return_what_the_yaml_says(profile):
         assert profile.parity_overrides(prec) == dict((policy.get("parity") or {}).get(prec) or {})
     llm = policy.get("llm") or {}
     assert isinstance(profile.llm, LlmPolicy)
-    assert (profile.llm.context_length, profile.llm.min_context_length, profile.llm.kv_type, profile.llm.n_ubatch) \
-        == tuple(llm.get(k) for k in ("context_length", "min_context_length", "kv_type", "n_ubatch"))
+    assert (
+        profile.llm.context_length,
+        profile.llm.min_context_length,
+        profile.llm.kv_type,
+        profile.llm.n_ubatch,
+    ) == tuple(llm.get(k) for k in ("context_length", "min_context_length", "kv_type", "n_ubatch"))
     assert profile.llm.quant_order == (list(llm["quant_order"]) if llm.get("quant_order") else None)
     for name in ("flash_attention", "cuda_graphs", "fp8", "no-such-kernel"):
         row = data["kernels"].get(name) or {}

@@ -32,17 +32,28 @@ def make_mlp_bundle(out: Path) -> Path:
     w2 = numpy_helper.from_array(rng.standard_normal((H, D)).astype(np.float32), "w2")
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", D])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", D])
-    nodes = [helper.make_node("MatMul", ["x", "w1"], ["a"], name="fc1"),
-             helper.make_node("Relu", ["a"], ["r"], name="relu"),
-             helper.make_node("MatMul", ["r", "w2"], ["y"], name="fc2")]
-    model = helper.make_model(helper.make_graph(nodes, "mlp", [x], [y], [w1, w2]),
-                              opset_imports=[helper.make_opsetid("", 17)])
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["a"], name="fc1"),
+        helper.make_node("Relu", ["a"], ["r"], name="relu"),
+        helper.make_node("MatMul", ["r", "w2"], ["y"], name="fc2"),
+    ]
+    model = helper.make_model(
+        helper.make_graph(nodes, "mlp", [x], [y], [w1, w2]), opset_imports=[helper.make_opsetid("", 17)]
+    )
     model.ir_version = 8
     onnx.save(model, out / "model.onnx")
-    write_manifest(out, {"bundle_id": "mlp-test", "model": {"name": "mlp", "task": "feature-extraction"},
-                         "profile": {"name": "cpu-x86_64"}, "format": "onnx", "precision": "fp32",
-                         "artifacts": [artifact_entry(out, "model.onnx", "model")],
-                         "runtime": {"backend_chain": ["CPUExecutionProvider"]}})
+    write_manifest(
+        out,
+        {
+            "bundle_id": "mlp-test",
+            "model": {"name": "mlp", "task": "feature-extraction"},
+            "profile": {"name": "cpu-x86_64"},
+            "format": "onnx",
+            "precision": "fp32",
+            "artifacts": [artifact_entry(out, "model.onnx", "model")],
+            "runtime": {"backend_chain": ["CPUExecutionProvider"]},
+        },
+    )
     return out
 
 
@@ -59,18 +70,45 @@ def mlp_report(mlp_bundle, tmp_path_factory):
 
     out = tmp_path_factory.mktemp("reports")
     report, plot = out / "r.json", out / "r.png"
-    done = subprocess.run([sys.executable, "-m", "edgesdk", "profiler", "run", str(mlp_bundle), "--iterations", "60",
-                           "--warmup", "5", "--concurrency", "2", "--threads", "1", "--op-profile-runs", "5",
-                           "--no-progress", "-o", str(report), "--plot", str(plot), "--latency-budget-ms", "0.000001"],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "edgesdk",
+            "profiler",
+            "run",
+            str(mlp_bundle),
+            "--iterations",
+            "60",
+            "--warmup",
+            "5",
+            "--concurrency",
+            "2",
+            "--threads",
+            "1",
+            "--op-profile-runs",
+            "5",
+            "--no-progress",
+            "-o",
+            str(report),
+            "--plot",
+            str(plot),
+            "--latency-budget-ms",
+            "0.000001",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return done, report, plot
 
 
 # ---------------------------------------------------------------- roofline
 
+
 def test_onnx_flops_and_weight_bytes_counted_from_the_graph(mlp_bundle):
     facts = roofline.onnx_work(mlp_bundle / "model.onnx", batch=2, seq=SEQ)
-    assert facts.flops == 2 * (2 * 2 * SEQ * D * H)       # two MatMuls, batch 2
+    assert facts.flops == 2 * (2 * 2 * SEQ * D * H)  # two MatMuls, batch 2
     assert facts.weight_bytes == 2 * D * H * 4
     assert facts.params == 2 * D * H and facts.tokens == 2 * SEQ and not facts.notes
 
@@ -94,7 +132,7 @@ def test_broken_gguf_is_a_model_error(tmp_path, gemma_gguf):
         with pytest.raises(ModelError):
             roofline.gguf_work(path)
     absurd = tmp_path / "absurd.gguf"
-    absurd.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + (2 ** 40).to_bytes(8, "little") + bytes(8))
+    absurd.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + (2**40).to_bytes(8, "little") + bytes(8))
     with pytest.raises(ModelError, match="implausible"):
         roofline.gguf_work(absurd)
 
@@ -107,7 +145,7 @@ def test_decode_prediction_scales_with_profile_bandwidth(gemma_gguf):
     assert ratio == pytest.approx(204.8 / 68, rel=1e-6)
     assert nano["decode"]["efficiency_source"].startswith(("published", "measured", "derived"))
     longer = roofline.predict(facts, resolve_profile("orin-nano-8gb"), backend="llama.cpp", context=4096)
-    assert longer["decode"]["bound_tok_s"] < nano["decode"]["bound_tok_s"]   # KV reads grow with context
+    assert longer["decode"]["bound_tok_s"] < nano["decode"]["bound_tok_s"]  # KV reads grow with context
 
 
 def test_efficiency_is_per_device_class_not_global():
@@ -124,9 +162,11 @@ def test_prediction_unavailable_without_bandwidth(mlp_bundle):
     facts = roofline.onnx_work(mlp_bundle / "model.onnx")
     pred = roofline.predict(facts, resolve_profile("cpu-x86_64"))
     assert "detect --write" in pred["unavailable"]
-    pred = roofline.predict(facts, resolve_profile("cpu-x86_64"),
-                            measured_host={"bandwidth_gbps": 10.0, "peak_flops": 1e11, "method": "t",
-                                           "peak_method": "t"})
+    pred = roofline.predict(
+        facts,
+        resolve_profile("cpu-x86_64"),
+        measured_host={"bandwidth_gbps": 10.0, "peak_flops": 1e11, "method": "t", "peak_method": "t"},
+    )
     assert pred["encoder"]["compute_ms"] == pytest.approx(facts.flops / 1e11 * 1e3)
     assert pred["encoder"]["limited_by"] == "compute"
 
@@ -138,6 +178,7 @@ def test_prediction_error_sign():
 
 
 # ---------------------------------------------------------------- measurement through the CLI
+
 
 def test_profiler_run_report(mlp_report):
     done, report_path, plot = mlp_report
@@ -151,11 +192,11 @@ def test_profiler_run_report(mlp_report):
     assert report["ort_profile"]["placement"] == {"CPUExecutionProvider": 3}
     assert {r["op_type"] for r in report["ort_profile"]["by_op_type"]} == {"MatMul", "Relu"}
     assert report["memory"]["host_peak_rss_mb"] > 10
-    assert report["memory"]["device"]["peak_mb"] is None          # no GPU here: unavailable, not 0
+    assert report["memory"]["device"]["peak_mb"] is None  # no GPU here: unavailable, not 0
     assert report["runtime"]["backend"] == "onnxruntime"
     assert report["versions"].get("onnxruntime") or report["versions"].get("onnxruntime-gpu")
     assert report["load"]["time_ms"] > 0
-    assert report["prediction"]["encoder"]["bound_ms"] > 0            # host bandwidth/peak measured
+    assert report["prediction"]["encoder"]["bound_ms"] > 0  # host bandwidth/peak measured
     # a 1 ns budget is missed: a warning, exit 0 without --fail-on-budget
     assert "budget miss: p99 latency" in done.stderr
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -163,8 +204,22 @@ def test_profiler_run_report(mlp_report):
 
 @pytest.mark.slow
 def test_fail_on_budget_exits_2(mlp_bundle, run_cli):
-    done = run_cli("profiler", "run", mlp_bundle, "--iterations", "5", "--warmup", "1", "--op-profile-runs", "0",
-                   "--no-progress", "--latency-budget-ms", "0.000001", "--fail-on-budget", "--json")
+    done = run_cli(
+        "profiler",
+        "run",
+        mlp_bundle,
+        "--iterations",
+        "5",
+        "--warmup",
+        "1",
+        "--op-profile-runs",
+        "0",
+        "--no-progress",
+        "--latency-budget-ms",
+        "0.000001",
+        "--fail-on-budget",
+        "--json",
+    )
     assert done.returncode == 2
     assert done.stderr.strip().startswith("error: budget miss: p99 latency")
 
@@ -173,8 +228,15 @@ def test_bundle_for_unavailable_runtime_is_a_clear_error(tmp_path, run_cli):
     from edgesdk.bundle import artifact_entry, write_manifest
 
     (tmp_path / "model.engine").write_bytes(b"\0" * 64)
-    write_manifest(tmp_path, {"bundle_id": "x", "format": "tensorrt", "model": {"name": "x"},
-                              "artifacts": [artifact_entry(tmp_path, "model.engine", "engine")]})
+    write_manifest(
+        tmp_path,
+        {
+            "bundle_id": "x",
+            "format": "tensorrt",
+            "model": {"name": "x"},
+            "artifacts": [artifact_entry(tmp_path, "model.engine", "engine")],
+        },
+    )
     done = run_cli("profiler", "run", tmp_path, "--no-progress")
     assert done.returncode == 6
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
@@ -182,6 +244,7 @@ def test_bundle_for_unavailable_runtime_is_a_clear_error(tmp_path, run_cli):
 
 
 # ---------------------------------------------------------------- reports, compare, budgets
+
 
 def test_other_schema_version_is_refused(tmp_path, run_cli, mlp_report):
     other = json.loads(mlp_report[1].read_text())
@@ -204,7 +267,7 @@ def _with_latency(report: dict, scale: float, iqr_scale: float = 1.0) -> dict:
 
 def test_compare_flags_regression_beyond_threshold_and_noise(mlp_report, tmp_path, run_cli):
     base = load_report(mlp_report[1])
-    base["latency_ms"]["iqr"] = 0.01 * base["latency_ms"]["p50"]           # a quiet run: 1 % IQR
+    base["latency_ms"]["iqr"] = 0.01 * base["latency_ms"]["p50"]  # a quiet run: 1 % IQR
     slow = _with_latency(base, 1.10)
     result = compare_reports(base, slow, 0.05)
     assert "latency p50 (ms)" in result["regressions"]
@@ -221,9 +284,11 @@ def test_compare_flags_regression_beyond_threshold_and_noise(mlp_report, tmp_pat
     (tmp_path / "n.json").write_text(json.dumps(slow))
     done = run_cli("profiler", "compare", tmp_path / "b.json", tmp_path / "n.json", "--max-regression", "5%")
     assert done.returncode == 2 and "latency p50" in done.stderr
-    assert "±" in done.stdout   # the noise column is shown
-    assert run_cli("profiler", "compare", tmp_path / "b.json", tmp_path / "b.json", "--max-regression", "5%"
-                   ).returncode == 0
+    assert "±" in done.stdout  # the noise column is shown
+    assert (
+        run_cli("profiler", "compare", tmp_path / "b.json", tmp_path / "b.json", "--max-regression", "5%").returncode
+        == 0
+    )
 
 
 def test_threshold_parsing():
@@ -250,11 +315,14 @@ def test_budgets_from_profile_and_unmeasured_is_not_a_pass(mlp_report):
 
 # ---------------------------------------------------------------- LLM measurement
 
+
 def test_llm_metrics_from_chunk_times():
     from edgesdk.profiler.llm_bench import llm_metrics
 
-    runs = [{"chunk_times_ms": [100.0 + 10.0 * i for i in range(11)], "output_tokens": 11},
-            {"chunk_times_ms": [120.0 + 12.0 * i for i in range(11)], "output_tokens": 11}]
+    runs = [
+        {"chunk_times_ms": [100.0 + 10.0 * i for i in range(11)], "output_tokens": 11},
+        {"chunk_times_ms": [120.0 + 12.0 * i for i in range(11)], "output_tokens": 11},
+    ]
     m = llm_metrics(50, runs)
     assert m["ttft_ms"]["p50"] == pytest.approx(110.0)
     assert m["tpot_ms"]["p50"] == pytest.approx(11.0)
@@ -290,10 +358,17 @@ def test_profiler_run_on_real_gguf_bundle(gemma_gguf, tmp_path):
     bundle = tmp_path / "gemma"
     bundle.mkdir()
     shutil.copyfile(gemma_gguf, bundle / "model.gguf")  # bundles hold regular files only (no symlinks)
-    write_manifest(bundle, {"bundle_id": "gemma-test", "format": "gguf", "precision": "Q4_K_M",
-                            "model": {"name": "gemma-3-270m", "task": "text-generation"},
-                            "profile": {"name": "cpu-x86_64"},
-                            "artifacts": [artifact_entry(bundle, "model.gguf", "model")]})
+    write_manifest(
+        bundle,
+        {
+            "bundle_id": "gemma-test",
+            "format": "gguf",
+            "precision": "Q4_K_M",
+            "model": {"name": "gemma-3-270m", "task": "text-generation"},
+            "profile": {"name": "cpu-x86_64"},
+            "artifacts": [artifact_entry(bundle, "model.gguf", "model")],
+        },
+    )
     report = run_profiler(bundle, BenchOptions(prompt_tokens=24, gen_tokens=8, llm_repeats=2, progress=False))
     llm = report["llm"]
     assert 20 <= llm["prompt_tokens"] <= 28
@@ -337,8 +412,7 @@ def test_real_minilm_bundle_flops_fallbacks_and_placement(minilm_orin_bundle):
     # plus attention scores and weighted sum (2 x 2 x 128^2 x 384) - whether fused into Attention or not.
     analytic = 6 * (2 * 128 * (4 * 384 * 384 + 2 * 384 * 1536) + 4 * 128 * 128 * 384)
     assert facts.flops == pytest.approx(analytic, rel=0.01)
-    report = run_profiler(minilm_orin_bundle, BenchOptions(warmup=2, iterations=10, ort_profile_runs=2,
-                                                           progress=False))
+    report = run_profiler(minilm_orin_bundle, BenchOptions(warmup=2, iterations=10, ort_profile_runs=2, progress=False))
     # Built for Orin (TensorRT/CUDA EPs first): here they cannot start, and the report says so.
     assert report["fallbacks"] and all(f["to"] for f in report["fallbacks"])
     assert set(report["ort_profile"]["placement"]) == {"CPUExecutionProvider"}

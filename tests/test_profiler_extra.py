@@ -30,11 +30,19 @@ def _required_modules(extra: str) -> set[str]:
     found = set()
     for path in (REPO / "edgesdk").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "require" and node.args
-                    and isinstance(node.args[0], ast.Constant) and node.args[0].value == extra):
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "id", None) == "require"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and node.args[0].value == extra
+            ):
                 mods = node.args[1]
-                values = [mods.value] if isinstance(mods, ast.Constant) else \
-                    [e.value for e in getattr(mods, "elts", []) if isinstance(e, ast.Constant)]
+                values = (
+                    [mods.value]
+                    if isinstance(mods, ast.Constant)
+                    else [e.value for e in getattr(mods, "elts", []) if isinstance(e, ast.Constant)]
+                )
                 found |= {v.split(".")[0] for v in values}
     return found
 
@@ -61,15 +69,21 @@ def test_graph_analysis_without_sympy_falls_back_to_onnx_inference(tmp_path):
     from onnx import TensorProto, helper
 
     w = helper.make_tensor("w", TensorProto.FLOAT, [8, 4], [0.5] * 32)
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [w],
+    )
     path = tmp_path / "m.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-    code = ("import sys; sys.modules['sympy'] = None\n"  # as on a device where sympy is not installed
-            "from edgesdk.profiler.roofline import onnx_work\n"
-            f"w = onnx_work({str(path)!r}, batch=2, seq=3)\n"
-            "print(w.flops, w.weight_bytes)")
+    code = (
+        "import sys; sys.modules['sympy'] = None\n"  # as on a device where sympy is not installed
+        "from edgesdk.profiler.roofline import onnx_work\n"
+        f"w = onnx_work({str(path)!r}, batch=2, seq=3)\n"
+        "print(w.flops, w.weight_bytes)"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     flops, weight_bytes = map(float, done.stdout.split())

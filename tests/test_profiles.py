@@ -9,8 +9,19 @@ import yaml
 from edgesdk.errors import ProfileError
 from edgesdk.profiles import list_profiles, resolve_profile, validate_profile_data
 
-REQUIRED = {"orin-agx-64gb", "orin-agx-32gb", "orin-nx-16gb", "orin-nx-8gb", "orin-nano-8gb", "orin-nano-4gb",
-            "a10", "l4", "h200", "cpu-x86_64", "cpu-aarch64"}
+REQUIRED = {
+    "orin-agx-64gb",
+    "orin-agx-32gb",
+    "orin-nx-16gb",
+    "orin-nx-8gb",
+    "orin-nano-8gb",
+    "orin-nano-4gb",
+    "a10",
+    "l4",
+    "h200",
+    "cpu-x86_64",
+    "cpu-aarch64",
+}
 
 
 def _figures(node, path=""):

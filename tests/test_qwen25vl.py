@@ -25,9 +25,22 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
-QWEN25VL_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-                     "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
-                     "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>"]
+QWEN25VL_SPECIALS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+]
 # Qwen2.5-VL-3B-Instruct's chat_template.json (add_vision_id left out: it defaults to off)
 QWEN25VL_CHAT_TEMPLATE = (
     "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
@@ -39,7 +52,8 @@ QWEN25VL_CHAT_TEMPLATE = (
     "<|vision_start|><|image_pad|><|vision_end|>{% elif content['type'] == 'video' or 'video' in content %}"
     "{% set video_count.value = video_count.value + 1 %}<|vision_start|><|video_pad|><|vision_end|>"
     "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 # test images: three sizes, so the image tokens differ (smart_resize to multiples of 28: 252 x 196 -> 9 x 7 = 63
 # tokens over 3 x 2 attention windows; 140 x 308 -> 5 x 11 = 55; 84 x 56 -> 3 x 2 = 6, below llama.cpp's default
 # minimum of 8 tokens)
@@ -62,36 +76,89 @@ def make_tiny_qwen25vl(directory: Path, *, seed: int = 0, init: float = 0.06) ->
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     lines = PPL_TEXT.read_text().split("\n")
-    corpus = lines + ["\n\n".join(lines[i:i + 3]) for i in range(0, len(lines), 3)] + ["user\n", "assistant\n",
-                                                                                       "system\n"] * 20
+    corpus = (
+        lines
+        + ["\n\n".join(lines[i : i + 3]) for i in range(0, len(lines), 3)]
+        + ["user\n", "assistant\n", "system\n"] * 20
+    )
     tok = byte_bpe(corpus, 480, QWEN25VL_SPECIALS)
-    fast = Qwen2TokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token=None,
-                              unk_token=None, additional_special_tokens=QWEN25VL_SPECIALS[1:],
-                              chat_template=QWEN25VL_CHAT_TEMPLATE)
+    fast = Qwen2TokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        unk_token=None,
+        additional_special_tokens=QWEN25VL_SPECIALS[1:],
+        chat_template=QWEN25VL_CHAT_TEMPLATE,
+    )
     fast.save_pretrained(directory)
     image_processor = Qwen2VLImageProcessor(
-        do_resize=True, resample=3, do_rescale=True, rescale_factor=1 / 255, do_normalize=True,
-        image_mean=[0.48145466, 0.4578275, 0.40821073], image_std=[0.26862954, 0.26130258, 0.27577711],
-        do_convert_rgb=True, min_pixels=3136, max_pixels=12845056, patch_size=14, temporal_patch_size=2,
-        merge_size=2)
+        do_resize=True,
+        resample=3,
+        do_rescale=True,
+        rescale_factor=1 / 255,
+        do_normalize=True,
+        image_mean=[0.48145466, 0.4578275, 0.40821073],
+        image_std=[0.26862954, 0.26130258, 0.27577711],
+        do_convert_rgb=True,
+        min_pixels=3136,
+        max_pixels=12845056,
+        patch_size=14,
+        temporal_patch_size=2,
+        merge_size=2,
+    )
     image_processor.save_pretrained(directory)
     pre = json.loads((directory / "preprocessor_config.json").read_text())
     pre["processor_class"] = "Qwen2_5_VLProcessor"
     (directory / "preprocessor_config.json").write_text(json.dumps(pre, indent=2) + "\n")
     ids = {t: fast.convert_tokens_to_ids(t) for t in QWEN25VL_SPECIALS}
-    text = dict(vocab_size=len(fast), hidden_size=256, intermediate_size=1376, num_hidden_layers=4,
-                num_attention_heads=2, num_key_value_heads=1, hidden_act="silu", max_position_embeddings=128000,
-                rms_norm_eps=1e-6, rope_theta=1_000_000.0,
-                rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24]},
-                sliding_window=32768, use_sliding_window=False, max_window_layers=70, tie_word_embeddings=True,
-                attention_dropout=0.0, initializer_range=init, bos_token_id=ids["<|endoftext|>"],
-                eos_token_id=ids["<|im_end|>"])
-    vision = dict(depth=4, hidden_act="silu", hidden_size=160, intermediate_size=432, num_heads=2, in_chans=3,
-                  out_hidden_size=256, patch_size=14, spatial_merge_size=2, spatial_patch_size=14, window_size=112,
-                  fullatt_block_indexes=[1, 3], tokens_per_second=2, temporal_patch_size=2, initializer_range=0.02)
-    config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
-                              video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
-                              vision_end_token_id=ids["<|vision_end|>"], **text)
+    text = dict(
+        vocab_size=len(fast),
+        hidden_size=256,
+        intermediate_size=1376,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        hidden_act="silu",
+        max_position_embeddings=128000,
+        rms_norm_eps=1e-6,
+        rope_theta=1_000_000.0,
+        rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24]},
+        sliding_window=32768,
+        use_sliding_window=False,
+        max_window_layers=70,
+        tie_word_embeddings=True,
+        attention_dropout=0.0,
+        initializer_range=init,
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=ids["<|im_end|>"],
+    )
+    vision = dict(
+        depth=4,
+        hidden_act="silu",
+        hidden_size=160,
+        intermediate_size=432,
+        num_heads=2,
+        in_chans=3,
+        out_hidden_size=256,
+        patch_size=14,
+        spatial_merge_size=2,
+        spatial_patch_size=14,
+        window_size=112,
+        fullatt_block_indexes=[1, 3],
+        tokens_per_second=2,
+        temporal_patch_size=2,
+        initializer_range=0.02,
+    )
+    config = Qwen2_5_VLConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        **text,
+    )
     torch.manual_seed(seed)
     model = Qwen2_5_VLForConditionalGeneration(config).eval()
     model.generation_config.eos_token_id = [ids["<|im_end|>"], ids["<|endoftext|>"]]
@@ -106,7 +173,8 @@ def make_tiny_qwen25vl(directory: Path, *, seed: int = 0, init: float = 0.06) ->
     (directory / "README.md").write_text(
         "---\nlicense: apache-2.0\n---\n# tiny-qwen2.5-vl (random weights)\n\nQwen2.5-VL-3B-Instruct's architecture "
         "(shrunk) built from transformers configs with RANDOM weights for tests: it describes nothing.\n",
-        encoding="utf-8")
+        encoding="utf-8",
+    )
     return directory
 
 
@@ -128,12 +196,29 @@ def make_tiny_qwen2vl(directory: Path, *, seed: int = 0, init: float = 0.06) -> 
     text = {k: v for k, v in cfg["text_config"].items() if k not in ("architectures", "model_type", "layer_types")}
     text.update(intermediate_size=1493, max_position_embeddings=32768, max_window_layers=28)
     text["rope_scaling"] = {"type": "mrope", "mrope_section": [16, 24, 24]}
-    vision = dict(depth=4, embed_dim=160, mlp_ratio=4, num_heads=2, in_chans=3, hidden_size=256,
-                  hidden_act="quick_gelu", patch_size=14, spatial_merge_size=2, spatial_patch_size=14,
-                  temporal_patch_size=2, initializer_range=0.02)
-    config = Qwen2VLConfig(text_config=text, vision_config=vision, image_token_id=cfg["image_token_id"],
-                           video_token_id=cfg["video_token_id"], vision_start_token_id=cfg["vision_start_token_id"],
-                           vision_end_token_id=cfg["vision_end_token_id"], **text)
+    vision = dict(
+        depth=4,
+        embed_dim=160,
+        mlp_ratio=4,
+        num_heads=2,
+        in_chans=3,
+        hidden_size=256,
+        hidden_act="quick_gelu",
+        patch_size=14,
+        spatial_merge_size=2,
+        spatial_patch_size=14,
+        temporal_patch_size=2,
+        initializer_range=0.02,
+    )
+    config = Qwen2VLConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=cfg["image_token_id"],
+        video_token_id=cfg["video_token_id"],
+        vision_start_token_id=cfg["vision_start_token_id"],
+        vision_end_token_id=cfg["vision_end_token_id"],
+        **text,
+    )
     torch.manual_seed(seed)
     model = Qwen2VLForConditionalGeneration(config).eval()
     model.generation_config.eos_token_id = [text["eos_token_id"], text["bos_token_id"]]
@@ -157,9 +242,11 @@ def make_qwen25vl_images(directory: Path) -> list[Path]:
     rng = np.random.default_rng(1)
     for i, (w, h) in enumerate(QWEN25VL_IMAGE_SIZES):
         y, x = np.mgrid[0:h, 0:w]
-        a = [np.stack([x * 255 // (w - 1), y * 255 // (h - 1), (x + y) * 255 // (w + h - 2)], axis=-1),
-             np.stack([((x // 12 + y // 12) % 2) * 255] * 3, axis=-1),
-             rng.integers(0, 256, size=(h, w, 3))][i]
+        a = [
+            np.stack([x * 255 // (w - 1), y * 255 // (h - 1), (x + y) * 255 // (w + h - 2)], axis=-1),
+            np.stack([((x // 12 + y // 12) % 2) * 255] * 3, axis=-1),
+            rng.integers(0, 256, size=(h, w, 3)),
+        ][i]
         out.append(directory / f"qwen{i}_{w}x{h}.png")
         Image.fromarray(a.astype(np.uint8)).save(out[-1])
     return out
@@ -176,9 +263,16 @@ def make_tiny_qwen25vl_tf5(directory: Path, *, seed: int = 0) -> Path:
     src = make_tiny_qwen25vl(Path(directory).with_name(Path(directory).name + "-tf4"), seed=seed)
     out = to_transformers5_layout(src, Path(directory))
     tensors = load_file(str(out / "model.safetensors"))
-    renamed = {("model." + k if k.startswith("visual.") else
-                "model.language_model." + k[len("model."):] if k.startswith("model.") else k): v
-               for k, v in tensors.items()}
+    renamed = {
+        (
+            "model." + k
+            if k.startswith("visual.")
+            else "model.language_model." + k[len("model.") :]
+            if k.startswith("model.")
+            else k
+        ): v
+        for k, v in tensors.items()
+    }
     save_file(renamed, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
 
@@ -200,15 +294,18 @@ def test_the_record_is_one_module_and_one_registry_line():
     from edgesdk.formats.vlm.families import REGISTRY, by_config, by_name
 
     fam = by_name("qwen25vl")
-    assert "qwen25vl" in REGISTRY and fam.architectures == ("Qwen2_5_VLForConditionalGeneration",
-                                                            "Qwen2VLForConditionalGeneration")
+    assert "qwen25vl" in REGISTRY and fam.architectures == (
+        "Qwen2_5_VLForConditionalGeneration",
+        "Qwen2VLForConditionalGeneration",
+    )
     assert fam.parity_image_sizes == QWEN25VL_IMAGE_SIZES and fam.frames == "dynamic"
     # transformers 4.57's Qwen2_5_VLConfig keeps ``architectures`` in text_config only
     assert by_config({"text_config": {"architectures": ["Qwen2_5_VLForConditionalGeneration"]}}) is fam
 
 
-@pytest.mark.parametrize("size", [(250, 190), (140, 300), (96, 60), (10, 10), (1000, 7), (4000, 3000), (28, 5600),
-                                  (333, 333), (7000, 5000)])
+@pytest.mark.parametrize(
+    "size", [(250, 190), (140, 300), (96, 60), (10, 10), (1000, 7), (4000, 3000), (28, 5600), (333, 333), (7000, 5000)]
+)
 def test_the_runtime_resizes_as_the_hf_processor(size):
     """The runtime's size for an image equals transformers' smart_resize with the processor's min/max pixels (the
     Qwen2.5-VL-3B values), except above llama.cpp's cap of 4096 image tokens, which it keeps."""
@@ -216,8 +313,13 @@ def test_the_runtime_resizes_as_the_hf_processor(size):
 
     from edgesdk.formats.vlm.families.qwen25vl import MAX_IMAGE_TOKENS, max_image_tokens, smart_resize
 
-    pre = {"min_pixels": 3136, "max_pixels": 12845056, "size": {"shortest_edge": 3136, "longest_edge": 12845056},
-           "patch_size": 14, "merge_size": 2}
+    pre = {
+        "min_pixels": 3136,
+        "max_pixels": 12845056,
+        "size": {"shortest_edge": 3136, "longest_edge": 12845056},
+        "patch_size": 14,
+        "merge_size": 2,
+    }
     w, h = size
     ours = smart_resize(h, w, pre)
     hf = hf_smart_resize(h, w, factor=28, min_pixels=3136, max_pixels=12845056)
@@ -277,15 +379,27 @@ def test_mmproj_layout_is_llama_cpp_qwen25vl(tiny_qwen25vl, tmp_path):
     hf = load_file(str(tiny_qwen25vl / "model.safetensors"))
     conv = hf["visual.patch_embed.proj.weight"]  # [160, 3, 2, 14, 14]: two frames of one Conv3d
     for name, frame in (("v.patch_embd.weight", 0), ("v.patch_embd.weight.1", 1)):
-        np.testing.assert_allclose(t[name].astype(np.float32).reshape(conv[:, :, frame].shape), conv[:, :, frame],
-                                   atol=1e-3)
+        np.testing.assert_allclose(
+            t[name].astype(np.float32).reshape(conv[:, :, frame].shape), conv[:, :, frame], atol=1e-3
+        )
     qkv_w, qkv_b = hf["visual.blocks.2.attn.qkv.weight"], hf["visual.blocks.2.attn.qkv.bias"]
     for i, part in enumerate("qkv"):
-        np.testing.assert_allclose(t[f"v.blk.2.attn_{part}.weight"].astype(np.float32).reshape(160, 160),
-                                   qkv_w[i * 160:(i + 1) * 160], atol=1e-3)
-        np.testing.assert_allclose(t[f"v.blk.2.attn_{part}.bias"], qkv_b[i * 160:(i + 1) * 160], atol=0)
-    assert {"v.post_ln.weight", "mm.0.weight", "mm.0.bias", "mm.2.weight", "mm.2.bias",
-            "v.blk.0.ffn_gate.weight", "v.blk.0.ffn_up.bias", "v.blk.3.ln2.weight"} <= set(t)
+        np.testing.assert_allclose(
+            t[f"v.blk.2.attn_{part}.weight"].astype(np.float32).reshape(160, 160),
+            qkv_w[i * 160 : (i + 1) * 160],
+            atol=1e-3,
+        )
+        np.testing.assert_allclose(t[f"v.blk.2.attn_{part}.bias"], qkv_b[i * 160 : (i + 1) * 160], atol=0)
+    assert {
+        "v.post_ln.weight",
+        "mm.0.weight",
+        "mm.0.bias",
+        "mm.2.weight",
+        "mm.2.bias",
+        "v.blk.0.ffn_gate.weight",
+        "v.blk.0.ffn_up.bias",
+        "v.blk.3.ln2.weight",
+    } <= set(t)
 
 
 def _edited(src: Path, dst: Path, vision: dict | None = None, pre: dict | None = None) -> Path:
@@ -303,14 +417,17 @@ def _edited(src: Path, dst: Path, vision: dict | None = None, pre: dict | None =
     return dst
 
 
-@pytest.mark.parametrize("vision, pre, match", [
-    ({"fullatt_block_indexes": [0, 3]}, None, r"fullatt_block_indexes \[0, 3\] is not every 1-th"),
-    ({"fullatt_block_indexes": [1]}, None, r"fullatt_block_indexes \[1\] is not every 2-th of the 4 blocks"),
-    ({"window_size": 224}, None, "window_size 224 is not supported"),
-    ({"temporal_patch_size": 3}, None, "temporal_patch_size 3 is not supported"),
-    ({"hidden_act": "gelu"}, None, "hidden_act 'gelu' is not supported"),
-    (None, {"merge_size": 4}, "merge_size 4 differs from the vision config's spatial_merge_size 2"),
-])
+@pytest.mark.parametrize(
+    "vision, pre, match",
+    [
+        ({"fullatt_block_indexes": [0, 3]}, None, r"fullatt_block_indexes \[0, 3\] is not every 1-th"),
+        ({"fullatt_block_indexes": [1]}, None, r"fullatt_block_indexes \[1\] is not every 2-th of the 4 blocks"),
+        ({"window_size": 224}, None, "window_size 224 is not supported"),
+        ({"temporal_patch_size": 3}, None, "temporal_patch_size 3 is not supported"),
+        ({"hidden_act": "gelu"}, None, "hidden_act 'gelu' is not supported"),
+        (None, {"merge_size": 4}, "merge_size 4 differs from the vision config's spatial_merge_size 2"),
+    ],
+)
 def test_unsupported_qwen25vl_checkpoints_are_one_line_model_errors(tiny_qwen25vl, tmp_path, vision, pre, match):
     from edgesdk.errors import ModelError
     from edgesdk.formats.vlm.convert import write_mmproj
@@ -427,8 +544,16 @@ def test_chat_generate_kv_reuse_and_cli(qwen_bundle, qwen_images, run_cli):
         a = s.generate(PROMPT, images=[qwen_images[1]], max_tokens=6, temperature=0)
         first = dict(s.backend.last)
         assert first["image_tokens"] == 55 and first["encoder_runs"] == 1  # 140 x 300 -> 5 x 11 tokens
-        chat = s.chat([{"role": "user", "content": [{"type": "image", "path": str(qwen_images[1])},
-                                                    {"type": "text", "text": PROMPT}]}], max_tokens=6, temperature=0)
+        chat = s.chat(
+            [
+                {
+                    "role": "user",
+                    "content": [{"type": "image", "path": str(qwen_images[1])}, {"type": "text", "text": PROMPT}],
+                }
+            ],
+            max_tokens=6,
+            temperature=0,
+        )
         assert chat == a and s.backend.last["images_cached"] == 1 and s.backend.last["encoder_runs"] == 1
         assert s.backend.last["kv_reused_tokens"] > 0 and s.backend.last["output_ids"] == first["output_ids"]
         fresh = edgesdk.load(qwen_bundle)
@@ -439,8 +564,9 @@ def test_chat_generate_kv_reuse_and_cli(qwen_bundle, qwen_images, run_cli):
         assert s.generate("What is this?", images=[qwen_images[1]], max_tokens=6, temperature=0) == other
     finally:
         s.close()
-    proc = run_cli("run", str(qwen_bundle), "--image", str(qwen_images[0]), "--prompt", PROMPT, "-n", "4",
-                   "--temp", "0", "--json")
+    proc = run_cli(
+        "run", str(qwen_bundle), "--image", str(qwen_images[0]), "--prompt", PROMPT, "-n", "4", "--temp", "0", "--json"
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["report"]["backend_report"]["last_request"]["image_tokens"] == 63  # 250 x 190 -> 252 x 196
@@ -471,7 +597,7 @@ def _reference_inputs(src: Path, text: str, images: list[Path]):
     image_proc, tok = AutoImageProcessor.from_pretrained(src), AutoTokenizer.from_pretrained(src)
     px = image_proc(images=[Image.open(p).convert("RGB") for p in images], return_tensors="pt")
     parts = text.split("<|image_pad|>")
-    counts = [int(g.prod()) // image_proc.merge_size ** 2 for g in px["image_grid_thw"]]
+    counts = [int(g.prod()) // image_proc.merge_size**2 for g in px["image_grid_thw"]]
     text = parts[0] + "".join("<|image_pad|>" * n + part for n, part in zip(counts, parts[1:], strict=True))
     return {**tok(text, return_tensors="pt"), **px}, tok
 
@@ -497,9 +623,9 @@ def test_two_images_in_one_prompt_match_pytorch(tiny_qwen25vl, qwen_bundle, qwen
     marker = by_name("qwen25vl").reference_marker
     x, tok = _reference_inputs(tiny_qwen25vl, by_name("qwen25vl").user_prompt("Compare them.", 2, marker), pair)
     with torch.no_grad():
-        want = model.generate(**x, max_new_tokens=8, do_sample=False)[0, x["input_ids"].shape[1]:].tolist()
+        want = model.generate(**x, max_new_tokens=8, do_sample=False)[0, x["input_ids"].shape[1] :].tolist()
     eos = {tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")}
-    want = want[:next((i for i, t in enumerate(want) if t in eos), len(want))]
+    want = want[: next((i for i, t in enumerate(want) if t in eos), len(want))]
     assert n_img == 63 + 55 and n_in == x["input_ids"].shape[1] and ours == want and len(want) >= 4
 
 
@@ -526,8 +652,9 @@ def test_qwen2vl_mmproj_is_llama_cpp_qwen2vl_merger(tiny_qwen2vl, tmp_path):
     t = {x.name: np.array(x.data) for x in r.tensors}
     hf = load_file(str(tiny_qwen2vl / "model.safetensors"))
     np.testing.assert_allclose(t["v.post_ln.bias"], hf["visual.merger.ln_q.bias"], atol=0)
-    np.testing.assert_allclose(t["v.blk.1.ffn_up.weight"].astype(np.float32).reshape(640, 160),
-                               hf["visual.blocks.1.mlp.fc1.weight"], atol=1e-3)
+    np.testing.assert_allclose(
+        t["v.blk.1.ffn_up.weight"].astype(np.float32).reshape(640, 160), hf["visual.blocks.1.mlp.fc1.weight"], atol=1e-3
+    )
     assert {"v.blk.0.ln1.bias", "v.blk.3.ffn_down.bias", "v.patch_embd.weight.1"} <= set(t)
     text = make_plan(tiny_qwen2vl, "orin").explain()
     assert "LayerNorm + two-layer GELU MLP" in text and "up to 4096 image tokens per image" in text
@@ -581,13 +708,32 @@ def test_served_chat_with_an_image_equals_edgesdk_run(qwen_bundle, qwen_images, 
     try:
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
         reply = client.chat.completions.create(
-            model="qwen", max_tokens=6, temperature=0,
-            messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
-                                                   {"type": "text", "text": PROMPT}]}])
+            model="qwen",
+            max_tokens=6,
+            temperature=0,
+            messages=[
+                {
+                    "role": "user",
+                    "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": PROMPT}],
+                }
+            ],
+        )
     finally:
         assert srv.stop() == 0, srv.log.read_text()[-3000:]
-    proc = run_cli("run", str(qwen_bundle), "--chat", "--image", str(qwen_images[1]), "--prompt", PROMPT, "-n", "6",
-                   "--temp", "0", "--json")
+    proc = run_cli(
+        "run",
+        str(qwen_bundle),
+        "--chat",
+        "--image",
+        str(qwen_images[1]),
+        "--prompt",
+        PROMPT,
+        "-n",
+        "6",
+        "--temp",
+        "0",
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert reply.choices[0].message.content == out["text"]

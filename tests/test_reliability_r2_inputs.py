@@ -102,14 +102,20 @@ def test_run_and_serve_refuse_negative_threads(tiny_bundle):
 
 
 # ------------------------------------------------------------------------ manifest serve table
-@pytest.mark.parametrize("manifest, message", [
-    ({"serve": "lots"}, "manifest serve must be a table of limits (max_tokens, default_max_tokens), got 'lots'"),
-    ({"serve": [1, 2]}, "manifest serve must be a table of limits (max_tokens, default_max_tokens), got [1, 2]"),
-    ({"profile": {"summary": {"serve": 7}}}, "manifest profile.summary.serve must be a table of limits"),
-    ({}, None), ({"serve": {}}, None),
-    ({"serve": {"max_tokens": "9" * 50}}, "manifest serve.max_tokens must be a positive "
-                                          "integer, got '9999999999999999999999999999"),
-])
+@pytest.mark.parametrize(
+    "manifest, message",
+    [
+        ({"serve": "lots"}, "manifest serve must be a table of limits (max_tokens, default_max_tokens), got 'lots'"),
+        ({"serve": [1, 2]}, "manifest serve must be a table of limits (max_tokens, default_max_tokens), got [1, 2]"),
+        ({"profile": {"summary": {"serve": 7}}}, "manifest profile.summary.serve must be a table of limits"),
+        ({}, None),
+        ({"serve": {}}, None),
+        (
+            {"serve": {"max_tokens": "9" * 50}},
+            "manifest serve.max_tokens must be a positive integer, got '9999999999999999999999999999",
+        ),
+    ],
+)
 def test_manifest_serve_that_is_not_a_table_is_an_input_error(manifest, message):
     """Before: ``serve: "lots"`` ended in AttributeError (exit 1). ``manifest`` is the JSON's top-level ``serve``
     and ``profile`` (a manifest whose ``profile`` is not an object is refused when it is read)."""
@@ -117,8 +123,10 @@ def test_manifest_serve_that_is_not_a_table_is_an_input_error(manifest, message)
     from edgesdk.manifest import Manifest, ProfileRef
     from edgesdk.serve import serve_limits
 
-    manifest = Manifest(other={k: v for k, v in manifest.items() if k != "profile"},
-                        profile=ProfileRef(summary=manifest.get("profile", {}).get("summary", {})))
+    manifest = Manifest(
+        other={k: v for k, v in manifest.items() if k != "profile"},
+        profile=ProfileRef(summary=manifest.get("profile", {}).get("summary", {})),
+    )
     if message is None:
         assert serve_limits(manifest) == {"max_tokens_cap": 2048, "default_max_tokens": 256}
         return
@@ -152,14 +160,20 @@ def test_out_of_vocab_ids_and_empty_batches_are_shape_errors(minilm_fp32, capfd,
 
     with edgesdk.load(minilm_fp32, threads=1) as s:
         cases = {
-            "oov": (_feeds([[101, 99999, 102]]), "input 'input_ids' holds id 99999, outside 0..30521 (the model's "
-                                                 "vocabulary has 30522 tokens)"),
+            "oov": (
+                _feeds([[101, 99999, 102]]),
+                "input 'input_ids' holds id 99999, outside 0..30521 (the model's vocabulary has 30522 tokens)",
+            ),
             "negative": (_feeds([[101, -5, 102]]), "input 'input_ids' holds id -5, outside 0..30521"),
             "batch 0": (_feeds(np.zeros((0, 3))), "input 'input_ids' is empty (shape (0, 3))"),
-            "too long": (_feeds(np.ones((1, 600))), "input 'input_ids' is 600 tokens long; this model takes at "
-                                                    "most 512"),
-            "token type": ({**_feeds([[101, 102]]), "token_type_ids": np.full((1, 2), 7)},
-                           "model.onnx: the inputs are not valid for this model: "),
+            "too long": (
+                _feeds(np.ones((1, 600))),
+                "input 'input_ids' is 600 tokens long; this model takes at most 512",
+            ),
+            "token type": (
+                {**_feeds([[101, 102]]), "token_type_ids": np.full((1, 2), 7)},
+                "model.onnx: the inputs are not valid for this model: ",
+            ),
         }
         for name, (feeds, message) in cases.items():
             with pytest.raises(ShapeError) as info:
@@ -199,8 +213,17 @@ def _baseline_rss_mb(tmp_path: Path) -> float:
 def test_huge_single_json_document_is_refused_in_bounded_memory(tmp_path):
     """A 100 MiB OTLP document written over many lines (so not JSON Lines). Before: parsed whole (a 200 MB
     one took 2.6 GB); now refused past 64 MiB with a pointer to JSON Lines, memory ~ the limit."""
-    span = json.dumps({"traceId": "0" * 32, "spanId": "1" * 16, "name": "x" * 200, "kind": 2,
-                       "startTimeUnixNano": "1", "endTimeUnixNano": "2", "attributes": []})
+    span = json.dumps(
+        {
+            "traceId": "0" * 32,
+            "spanId": "1" * 16,
+            "name": "x" * 200,
+            "kind": 2,
+            "startTimeUnixNano": "1",
+            "endTimeUnixNano": "2",
+            "attributes": [],
+        }
+    )
     path = tmp_path / "huge.json"
     with open(path, "w") as fh:
         fh.write('{"resourceSpans": [{"resource": {"attributes": []}, "scopeSpans": [{"scope": {}, "spans": [\n')

@@ -43,8 +43,21 @@ class Server(ServerProcess):
 
 def cli_server(bundles: list, names: list[str], tmp: Path, *extra: str) -> Server:
     port = free_port()
-    argv = [sys.executable, "-m", "edgesdk", "serve", *map(str, bundles), *[a for n in names for a in ("--name", n)],
-            "--port", str(port), "--threads", "2", "--log-level", "warning", *extra]
+    argv = [
+        sys.executable,
+        "-m",
+        "edgesdk",
+        "serve",
+        *map(str, bundles),
+        *[a for n in names for a in ("--name", n)],
+        "--port",
+        str(port),
+        "--threads",
+        "2",
+        "--log-level",
+        "warning",
+        *extra,
+    ]
     return Server(argv, tmp, port)
 
 
@@ -82,8 +95,13 @@ HEAD = b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: applic
 
 @pytest.fixture(scope="module")
 def guarded(tmp_path_factory):
-    srv = run_server(tmp_path_factory.mktemp("slowloris"), header_timeout_s=2.0, body_timeout_s=2.0,
-                     keep_alive_s=1, max_connections=400)
+    srv = run_server(
+        tmp_path_factory.mktemp("slowloris"),
+        header_timeout_s=2.0,
+        body_timeout_s=2.0,
+        keep_alive_s=1,
+        max_connections=400,
+    )
     yield srv
     assert srv.stop() == 0, srv.log.read_text()[-3000:]
 
@@ -106,7 +124,7 @@ def test_slowloris_200_sockets_are_closed_and_others_still_served(guarded):
         for i in list(open_):
             if i >= len(idle):
                 try:
-                    socks[i].send(HEAD[byte % len(HEAD):byte % len(HEAD) + 1] if byte < len(HEAD) else b"X")
+                    socks[i].send(HEAD[byte % len(HEAD) : byte % len(HEAD) + 1] if byte < len(HEAD) else b"X")
                 except OSError:
                     pass
             if closed_by_server(socks[i]):
@@ -224,7 +242,7 @@ def test_body_after_100_continue_is_not_taken_for_a_slow_head(tmp_path):
             interim = s.recv(4096)
             assert interim.startswith(b"HTTP/1.1 100"), interim
             for i in range(3):  # the body in three parts over 2.4 s: past the header deadline
-                s.sendall(body[i * len(body) // 3:(i + 1) * len(body) // 3])
+                s.sendall(body[i * len(body) // 3 : (i + 1) * len(body) // 3])
                 time.sleep(0.8)
             reply = s.recv(65536)
         assert reply.startswith(b"HTTP/1.1 404 "), reply[:200]  # the request was answered: model not found
@@ -251,8 +269,8 @@ def test_port_in_use_is_one_error_line_and_exit_3(tmp_path):
         res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == 3, res.stderr
     assert res.stderr.strip().splitlines() == [
-        f"error: cannot listen on 127.0.0.1:{port}: the address is already in use (another server? pick another "
-        "--port)"], res.stderr
+        f"error: cannot listen on 127.0.0.1:{port}: the address is already in use (another server? pick another --port)"
+    ], res.stderr
 
 
 # ------------------------------------------------------------------------ findings 4 and 5: embeddings
@@ -271,8 +289,7 @@ def minilm_int8(minilm_dir, tmp_path_factory) -> Path:
     from edgesdk.plan import BuildOptions
 
     out = tmp_path_factory.mktemp("r2-bundles") / "minilm-int8"
-    return build(minilm_dir, "cpu-x86_64", out, BuildOptions(progress=False, parity_samples=16,
-                                                             calibration_samples=16))
+    return build(minilm_dir, "cpu-x86_64", out, BuildOptions(progress=False, parity_samples=16, calibration_samples=16))
 
 
 @pytest.fixture(scope="module")
@@ -297,6 +314,7 @@ def _sentences(n: int, seed: int) -> list[str]:
 
 async def _alone_and_among_strangers(url: str, model: str, target: str, strangers: list[str]):
     async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+
         async def one(text: str):
             r = await client.post("/v1/embeddings", json={"model": model, "input": [text]})
             r.raise_for_status()
@@ -312,10 +330,13 @@ async def _alone_and_among_strangers(url: str, model: str, target: str, stranger
 
 def _batch_stats(url: str, model: str) -> tuple[float, float]:
     text = httpx.get(url + "/metrics", timeout=10).text
+
     def series(name: str) -> float:
-        found = re.search(rf'^edgesdk_serve_embedding_batch_size_{name}{{[^}}]*model="{model}"[^}}]*}} (\S+)$',
-                          text, re.M)
+        found = re.search(
+            rf'^edgesdk_serve_embedding_batch_size_{name}{{[^}}]*model="{model}"[^}}]*}} (\S+)$', text, re.M
+        )
         return float(found.group(1)) if found else 0.0
+
     return series("sum"), series("count")
 
 
@@ -391,7 +412,7 @@ async def _soak(url: str, port: int, n: int, seed: int) -> dict[str, int]:
         try:
             if trickle:  # a slow client: the head in pieces, 50 ms apart
                 for i in range(0, len(payload), max(1, len(payload) // 6)):
-                    writer.write(payload[i:i + max(1, len(payload) // 6)])
+                    writer.write(payload[i : i + max(1, len(payload) // 6)])
                     await writer.drain()
                     await asyncio.sleep(0.05)
             else:
@@ -403,38 +424,53 @@ async def _soak(url: str, port: int, n: int, seed: int) -> dict[str, int]:
 
     def body(obj) -> bytes:
         data = json.dumps(obj).encode()
-        return (b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                b"Connection: close\r\nContent-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
+        return (
+            b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Connection: close\r\nContent-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data
+        )
 
     async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+
         async def one(i: int) -> None:
-            kind = rng.choices(["embed", "abandon", "slow", "health", "models", "metrics", "404", "415", "413",
-                                "badjson"], [40, 10, 10, 10, 10, 4, 4, 4, 4, 4])[0]
+            kind = rng.choices(
+                ["embed", "abandon", "slow", "health", "models", "metrics", "404", "415", "413", "badjson"],
+                [40, 10, 10, 10, 10, 4, 4, 4, 4, 4],
+            )[0]
             async with sem:
                 if kind == "embed":
-                    r = await client.post("/v1/embeddings", json={"model": "fp32",
-                                                                  "input": rng.sample(texts, rng.randint(1, 4))})
+                    r = await client.post(
+                        "/v1/embeddings", json={"model": "fp32", "input": rng.sample(texts, rng.randint(1, 4))}
+                    )
                     status = r.status_code
                 elif kind == "abandon":  # sent, then the socket is closed before the answer
                     await raw(body({"model": "fp32", "input": rng.sample(texts, 4)}), read=False)
                     status = 0
                 elif kind == "slow":
-                    reply = await raw(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
-                                      trickle=True)
+                    reply = await raw(
+                        b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", trickle=True
+                    )
                     status = int(reply.split(b" ", 2)[1]) if reply.startswith(b"HTTP/1.1 ") else -1
                 elif kind in ("health", "models", "metrics", "404"):
-                    path = {"health": "/health", "models": "/v1/models", "metrics": "/metrics",
-                            "404": "/v1/nothing"}[kind]
+                    path = {"health": "/health", "models": "/v1/models", "metrics": "/metrics", "404": "/v1/nothing"}[
+                        kind
+                    ]
                     status = (await client.get(path)).status_code
                 elif kind == "415":
-                    status = (await client.post("/v1/embeddings", content=b"{}",
-                                                headers={"content-type": "text/plain"})).status_code
+                    status = (
+                        await client.post("/v1/embeddings", content=b"{}", headers={"content-type": "text/plain"})
+                    ).status_code
                 elif kind == "413":
-                    status = (await client.post("/v1/embeddings", json={"model": "fp32",
-                                                                        "input": "x" * (1 << 20)})).status_code
+                    status = (
+                        await client.post("/v1/embeddings", json={"model": "fp32", "input": "x" * (1 << 20)})
+                    ).status_code
                 else:
-                    status = (await client.post("/v1/embeddings", content=b'{"model": "fp32", "input": [',
-                                                headers={"content-type": "application/json"})).status_code
+                    status = (
+                        await client.post(
+                            "/v1/embeddings",
+                            content=b'{"model": "fp32", "input": [',
+                            headers={"content-type": "application/json"},
+                        )
+                    ).status_code
             key = f"{kind} {status}"
             outcomes[key] = outcomes.get(key, 0) + 1
 
@@ -470,10 +506,15 @@ def test_cli_serve_on_a_taken_port_is_one_error_line(minilm_fp32):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        res = subprocess.run([sys.executable, "-m", "edgesdk", "serve", str(minilm_fp32), "--port", str(port)],
-                             capture_output=True, text=True, timeout=120)
+        res = subprocess.run(
+            [sys.executable, "-m", "edgesdk", "serve", str(minilm_fp32), "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert res.returncode == 3, res.stderr
     errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error: ")]
-    assert errors == [f"error: cannot listen on 127.0.0.1:{port}: the address is already in use (another server? "
-                      "pick another --port)"], res.stderr
+    assert errors == [
+        f"error: cannot listen on 127.0.0.1:{port}: the address is already in use (another server? pick another --port)"
+    ], res.stderr
     assert "Traceback" not in res.stderr and "INFO" not in res.stderr and "Errno" not in res.stderr, res.stderr

@@ -20,21 +20,36 @@ class _Profile:
     name = "recorded"
 
     def __init__(self, bw: float, peak: float, kind: str):
-        self.kind, self._fig = kind, {"device.memory.bandwidth_gbps": bw, "device.peak.fp16_tflops": peak / 1e12,
-                                      "device.peak.fp32_tflops": peak / 1e12}
+        self.kind, self._fig = (
+            kind,
+            {
+                "device.memory.bandwidth_gbps": bw,
+                "device.peak.fp16_tflops": peak / 1e12,
+                "device.peak.fp32_tflops": peak / 1e12,
+            },
+        )
 
     def figure(self, key: str):
         return self._fig.get(key)
 
 
 def _predict(p: dict) -> float:
-    facts = roofline.WorkFacts(kind="encoder", format="onnx", precision=p["precision"], params=22_600_000,
-                               weight_bytes=p["weight_bytes"], flops=p["flops"], nodes=p["nodes"])
-    backend = {"onnxruntime-cpu": "onnxruntime", "onnxruntime-cuda": "onnxruntime"}.get(p["backend_class"],
-                                                                                         p["backend_class"])
+    facts = roofline.WorkFacts(
+        kind="encoder",
+        format="onnx",
+        precision=p["precision"],
+        params=22_600_000,
+        weight_bytes=p["weight_bytes"],
+        flops=p["flops"],
+        nodes=p["nodes"],
+    )
+    backend = {"onnxruntime-cpu": "onnxruntime", "onnxruntime-cuda": "onnxruntime"}.get(
+        p["backend_class"], p["backend_class"]
+    )
     kind = "cpu" if p["backend_class"] == "onnxruntime-cpu" else "gpu"
-    return roofline.predict(facts, _Profile(p["bandwidth_gbps"], p["peak_flops"], kind),
-                            backend=backend)["encoder"]["latency_ms"]
+    return roofline.predict(facts, _Profile(p["bandwidth_gbps"], p["peak_flops"], kind), backend=backend)["encoder"][
+        "latency_ms"
+    ]
 
 
 HELD_OUT = [p for p in CAL["points"] if p.get("role") == "validation" and p["model"] == "minilm"]
@@ -56,8 +71,15 @@ def test_backend_class_is_never_borrowed_silently():
     assert roofline.backend_class("onnxruntime", "gpu") == "onnxruntime-cuda"
     assert roofline.backend_class("onnxruntime", "cpu") == "onnxruntime-cpu"
     table = roofline.load_efficiency_table()
-    facts = roofline.WorkFacts(kind="encoder", format="onnx", precision="fp16", params=22_700_000,
-                               weight_bytes=21_493_248, flops=2.87e9, nodes=47)
+    facts = roofline.WorkFacts(
+        kind="encoder",
+        format="onnx",
+        precision="fp16",
+        params=22_700_000,
+        weight_bytes=21_493_248,
+        flops=2.87e9,
+        nodes=47,
+    )
     pred = roofline.predict(facts, _Profile(300, 121e12, "gpu"), backend="onnxruntime", table=table)
     assert pred["encoder"]["backend_class"] == "onnxruntime-cuda" and "CUDA EP" in pred["encoder"]["efficiency_source"]
     assert pred["encoder"]["latency_ms"] < 2.0  # an ORT CUDA bundle is not predicted at torch-eager speed (51 ms)
@@ -68,14 +90,21 @@ def test_backend_class_is_never_borrowed_silently():
 
 def test_llamacpp_decode_held_out_model_size():
     """Decode on the H200: each model size predicted from the other size's launch-bound entry."""
-    table = [e for e in roofline.load_efficiency_table() if e["workload"] == "decode" and e["device_class"] == "gpu"
-             and e.get("launch_us_per_layer")]
-    cases = [(246_000_000, 1_100_000_000, 2_069_209_088, 22, None, 724.0),   # TinyLlama F16 from the 246M entry
-             (1_100_000_000, 246_000_000, 428_560_384, 16, None, 1274.0)]    # 246M F16 from the TinyLlama entry
+    table = [
+        e
+        for e in roofline.load_efficiency_table()
+        if e["workload"] == "decode" and e["device_class"] == "gpu" and e.get("launch_us_per_layer")
+    ]
+    cases = [
+        (246_000_000, 1_100_000_000, 2_069_209_088, 22, None, 724.0),  # TinyLlama F16 from the 246M entry
+        (1_100_000_000, 246_000_000, 428_560_384, 16, None, 1274.0),
+    ]  # 246M F16 from the TinyLlama entry
     for keep, params, nbytes, layers, quant, measured in cases:
         sub = [e for e in table if e["params"] == keep and e.get("quant") == quant]
-        facts = roofline.WorkFacts(kind="llm", format="gguf", precision="F16", params=params, weight_bytes=nbytes,
-                                   layers=layers)
-        tok_s = roofline.predict(facts, _Profile(4800, 989e12, "gpu"), backend="llama.cpp",
-                                 table=sub)["decode"]["tok_s"]
+        facts = roofline.WorkFacts(
+            kind="llm", format="gguf", precision="F16", params=params, weight_bytes=nbytes, layers=layers
+        )
+        tok_s = roofline.predict(facts, _Profile(4800, 989e12, "gpu"), backend="llama.cpp", table=sub)["decode"][
+            "tok_s"
+        ]
         assert abs(tok_s - measured) / measured <= 0.25

@@ -69,5 +69,3 @@ def test_cli_run_embeds_and_reports(run_cli, minilm_orin_bundle):
     assert out["report"]["backend"] == "onnxruntime"
     res = run_cli("run", minilm_orin_bundle)
     assert res.returncode == 3 and res.stderr.startswith("error: nothing to run")
-
-

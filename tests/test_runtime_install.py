@@ -23,8 +23,10 @@ def test_require_names_the_extra_the_command_and_the_missing_modules():
         extras.require("build", ("json", "no_such_module_xyz", "another_missing_one"), "edgesdk build")
     err = info.value
     assert err.exit_code == 10 and err.extra == "build"
-    assert err.one_line() == ("edgesdk build needs the build extra: pip install 'edgesdk[build]' "
-                              "(missing: no_such_module_xyz, another_missing_one)")
+    assert err.one_line() == (
+        "edgesdk build needs the build extra: pip install 'edgesdk[build]' "
+        "(missing: no_such_module_xyz, another_missing_one)"
+    )
     extras.require("gguf", "json", "a GGUF bundle")  # present: no error, nothing imported beyond lookup
     with pytest.raises(ValueError):
         extras.require("nonsense", "json", "x")
@@ -49,8 +51,7 @@ def test_every_extra_named_in_pyproject_is_known():
     assert "onnxruntime-gpu" not in base and "opentelemetry-sdk" not in base
     for group in [pyproject["project"]["dependencies"], *pyproject["project"]["optional-dependencies"].values()]:
         for req in group:
-            if req.split("=")[0].split(">")[0].split("<")[0].strip().startswith(("opentelemetry", "numpy",
-                                                                                 "protobuf")):
+            if req.split("=")[0].split(">")[0].split("<")[0].strip().startswith(("opentelemetry", "numpy", "protobuf")):
                 assert "==" not in req, req
 
 
@@ -81,8 +82,12 @@ def _onnx_model(props: dict[str, str]) -> bytes:
 
 
 def test_onnx_metadata_read_from_the_wire_format_matches_onnx(tmp_path):
-    props = {"license": "Apache-2.0", "license_link": "https://www.apache.org/licenses/LICENSE-2.0",
-             "ünïcode": "välue", "empty": ""}
+    props = {
+        "license": "Apache-2.0",
+        "license_link": "https://www.apache.org/licenses/LICENSE-2.0",
+        "ünïcode": "välue",
+        "empty": "",
+    }
     path = tmp_path / "m.onnx"
     path.write_bytes(_onnx_model(props))
     assert read_onnx_metadata(path) == props

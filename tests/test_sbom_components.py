@@ -17,20 +17,36 @@ from edgesdk.compliance.gate import scan_licenses
 from edgesdk.compliance.report import to_html, to_markdown
 from edgesdk.compliance.sbom import build_sbom, build_spdx, check_spdx, validate_sbom
 
-LABELS = {"mmproj.gguf": "vision_encoder + projector", "model.gguf": "decoder",
-          "preprocessor_config.json": "image_preprocessor"}
+LABELS = {
+    "mmproj.gguf": "vision_encoder + projector",
+    "model.gguf": "decoder",
+    "preprocessor_config.json": "image_preprocessor",
+}
 
 
 def test_labels_come_from_format_components_then_artifact_roles():
-    extras = {"vlm": {"components": {"vision_encoder": {"artifact": "mmproj.gguf"},
-                                     "projector": {"artifact": "mmproj.gguf", "type": "mlp"},
-                                     "decoder": {"artifact": "model.gguf"}}},
-              "llm": {"n_ctx": 512}}
-    artifacts = [{"path": "model.gguf", "role": "model"}, {"path": "mmproj.gguf", "role": "mmproj"},
-                 {"path": "preprocessor_config.json", "role": "config"}, {"path": "sbom.cdx.json", "role": "sbom"},
-                 {"path": "license-report.json", "role": "license-report"}]
-    assert component_labels(extras, artifacts) == {"mmproj.gguf": "vision_encoder + projector",
-                                                   "model.gguf": "decoder", "preprocessor_config.json": "config"}
+    extras = {
+        "vlm": {
+            "components": {
+                "vision_encoder": {"artifact": "mmproj.gguf"},
+                "projector": {"artifact": "mmproj.gguf", "type": "mlp"},
+                "decoder": {"artifact": "model.gguf"},
+            }
+        },
+        "llm": {"n_ctx": 512},
+    }
+    artifacts = [
+        {"path": "model.gguf", "role": "model"},
+        {"path": "mmproj.gguf", "role": "mmproj"},
+        {"path": "preprocessor_config.json", "role": "config"},
+        {"path": "sbom.cdx.json", "role": "sbom"},
+        {"path": "license-report.json", "role": "license-report"},
+    ]
+    assert component_labels(extras, artifacts) == {
+        "mmproj.gguf": "vision_encoder + projector",
+        "model.gguf": "decoder",
+        "preprocessor_config.json": "config",
+    }
 
 
 def test_each_component_keeps_its_own_license_in_both_sboms(tmp_path):
@@ -71,10 +87,14 @@ def test_each_component_keeps_its_own_license_in_both_sboms(tmp_path):
     pkgs = {p["name"]: p for p in spdx["packages"]}
     assert pkgs["mmproj.gguf"]["licenseDeclared"] == "MIT" and pkgs["model.gguf"]["licenseConcluded"] == "Apache-2.0"
     assert pkgs["preprocessor_config.json"]["checksums"] == [
-        {"algorithm": "SHA256", "checksumValue": parts["preprocessor_config.json"]["sha256"]}]
+        {"algorithm": "SHA256", "checksumValue": parts["preprocessor_config.json"]["sha256"]}
+    ]
     model_id = pkgs["b model"]["SPDXID"]
-    contained = {r["relatedSpdxElement"] for r in spdx["relationships"]
-                 if r["spdxElementId"] == model_id and r["relationshipType"] == "CONTAINS"}
+    contained = {
+        r["relatedSpdxElement"]
+        for r in spdx["relationships"]
+        if r["spdxElementId"] == model_id and r["relationshipType"] == "CONTAINS"
+    }
     assert {pkgs[n]["SPDXID"] for n in LABELS} <= contained
     assert "vision_encoder + projector" in to_markdown(result) and 'id="components"' in to_html(result)
 
@@ -84,7 +104,8 @@ def test_a_bundle_without_component_labels_still_lists_its_weight_files(tmp_path
     license_gguf(tmp_path / "model.gguf", "apache-2.0")
     result = scan_licenses(tmp_path, bundle=True)
     assert [(c["path"], c["component"], c["license"]) for c in result.components] == [
-        ("model.gguf", "weights", "Apache-2.0")]
+        ("model.gguf", "weights", "Apache-2.0")
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -97,16 +118,20 @@ def vlm_bundle(tmp_path_factory) -> Path:
     from edgesdk.plan import BuildOptions
 
     src = make_tiny_llava(tmp_path_factory.mktemp("vlm") / "tiny-llava")
-    return build(src, "cpu-x86_64", tmp_path_factory.mktemp("bundles") / "vlm", BuildOptions(progress=False,
-                                                                                            quant_type="Q8_0"))
+    return build(
+        src, "cpu-x86_64", tmp_path_factory.mktemp("bundles") / "vlm", BuildOptions(progress=False, quant_type="Q8_0")
+    )
 
 
 @pytest.mark.slow
 def test_vlm_bundle_sboms_and_report_list_each_component(vlm_bundle, run_cli):
     manifest = json.loads((vlm_bundle / "manifest.json").read_text())
     sha = {a["path"]: a["sha256"] for a in manifest["artifacts"]}
-    want = {"mmproj.gguf": "vision_encoder + projector", "model.gguf": "decoder",
-            "preprocessor_config.json": "image_preprocessor"}
+    want = {
+        "mmproj.gguf": "vision_encoder + projector",
+        "model.gguf": "decoder",
+        "preprocessor_config.json": "image_preprocessor",
+    }
 
     cdx_text = (vlm_bundle / "sbom.cdx.json").read_text()
     assert validate_sbom(cdx_text) is None
@@ -119,8 +144,9 @@ def test_vlm_bundle_sboms_and_report_list_each_component(vlm_bundle, run_cli):
         assert files[rel]["hashes"] == [{"alg": "SHA-256", "content": sha[rel]}]
         assert files[rel]["licenses"] == [{"expression": "Apache-2.0"}]  # the fixture's card: apache-2.0
     # the GGUFs carry general.license (written from the model card); the config is covered by the model's
-    assert {p["name"]: p["value"] for p in files["mmproj.gguf"]["properties"]}["edgesdk:license-source"] == \
-        "GGUF general.license*"
+    assert {p["name"]: p["value"] for p in files["mmproj.gguf"]["properties"]}[
+        "edgesdk:license-source"
+    ] == "GGUF general.license*"
 
     spdx = json.loads((vlm_bundle / "sbom.spdx.json").read_text())
     assert check_spdx(spdx) == []
@@ -132,7 +158,8 @@ def test_vlm_bundle_sboms_and_report_list_each_component(vlm_bundle, run_cli):
     report = json.loads((vlm_bundle / "license-report.json").read_text())
     listed = {c["path"]: c for c in report["components"]}
     assert {rel: (c["component"], c["sha256"]) for rel, c in listed.items()} == {
-        rel: (label, sha[rel]) for rel, label in want.items()}
+        rel: (label, sha[rel]) for rel, label in want.items()
+    }
 
     # edgesdk check licenses on the bundle reads the components from its manifest
     proc = run_cli("check", "licenses", str(vlm_bundle), "--json")

@@ -33,7 +33,8 @@ pytestmark = pytest.mark.slow
 GEMMA_CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'assistant' %}<start_of_turn>model\n"
     "{% else %}<start_of_turn>user\n{% endif %}{{ m['content'] }}<end_of_turn>\n{% endfor %}"
-    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
 MESSAGES = [{"role": "user", "content": "Write one sentence about the sea."}]
 
 
@@ -47,11 +48,24 @@ def gemma_chat_bundle(gemma_gguf, tmp_path_factory) -> Path:
     tpl = work / "chat_template.jinja"
     tpl.write_text(GEMMA_CHAT_TEMPLATE)
     gguf = work / "gemma-3-270m-chat-q4_k_m.gguf"
-    proc = subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(gemma_gguf), str(gguf),
-                           "--chat-template-file", str(tpl)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gguf.scripts.gguf_new_metadata",
+            str(gemma_gguf),
+            str(gguf),
+            "--chat-template-file",
+            str(tpl),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    return build(gguf, "cpu-x86_64", work / "gemma-chat",
-                 BuildOptions(progress=False, accept_licenses=("LicenseRef-gemma",)))
+    return build(
+        gguf, "cpu-x86_64", work / "gemma-chat", BuildOptions(progress=False, accept_licenses=("LicenseRef-gemma",))
+    )
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +86,9 @@ def free_port() -> int:
 class ServerProcess:
     """`python -m edgesdk serve ...` on a free loopback port, ready when /health answers."""
 
-    def __init__(self, args: list, tmp: Path, env: dict | None = None, *, argv: list[str] | None = None,
-                 port: int | None = None):
+    def __init__(
+        self, args: list, tmp: Path, env: dict | None = None, *, argv: list[str] | None = None, port: int | None = None
+    ):
         """``args`` after ``edgesdk serve`` (port, threads and log level added); or a whole ``argv`` that
         serves on ``port``."""
         self.args = list(args)
@@ -81,10 +96,20 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tmp / f"serve-{self.port}.log"
         self._fh = open(self.log, "w")  # noqa: SIM115 - closed in stop()
-        cmd = argv or [sys.executable, "-m", "edgesdk", "serve", *map(str, args), "--port", str(self.port),
-                       "--threads", "2", "--log-level", "warning"]
-        self.proc = subprocess.Popen(cmd, stdout=self._fh, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **(env or {})})
+        cmd = argv or [
+            sys.executable,
+            "-m",
+            "edgesdk",
+            "serve",
+            *map(str, args),
+            "--port",
+            str(self.port),
+            "--threads",
+            "2",
+            "--log-level",
+            "warning",
+        ]
+        self.proc = subprocess.Popen(cmd, stdout=self._fh, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -112,8 +137,9 @@ class ServerProcess:
 
 @pytest.fixture(scope="module")
 def server(gemma_chat_bundle, minilm_cpu_bundle, tmp_path_factory):
-    srv = ServerProcess([gemma_chat_bundle, minilm_cpu_bundle, "--name", "gemma", "--name", "minilm"],
-                        tmp_path_factory.mktemp("serve"))
+    srv = ServerProcess(
+        [gemma_chat_bundle, minilm_cpu_bundle, "--name", "gemma", "--name", "minilm"], tmp_path_factory.mktemp("serve")
+    )
     yield srv
     assert srv.stop() == 0, srv.log.read_text()[-3000:]
 
@@ -166,8 +192,14 @@ def test_chat_greedy_is_token_identical_to_the_session(client, gemma_session):
 
 def test_chat_streaming_matches_non_streaming(client):
     full = client.chat.completions.create(model="gemma", messages=MESSAGES, max_tokens=16, temperature=0)
-    stream = client.chat.completions.create(model="gemma", messages=MESSAGES, max_tokens=16, temperature=0,
-                                            stream=True, stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model="gemma",
+        messages=MESSAGES,
+        max_tokens=16,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) > 1  # really streamed
@@ -184,7 +216,7 @@ def test_completions_with_stop_and_seed(client, gemma_session):
     if len(words) >= 2:
         stop = " " + words[1]
         cut = client.completions.create(model="gemma", prompt=prompt, max_tokens=8, temperature=0, stop=[stop])
-        assert cut.choices[0].text == r.choices[0].text[:r.choices[0].text.index(stop)]
+        assert cut.choices[0].text == r.choices[0].text[: r.choices[0].text.index(stop)]
         assert cut.choices[0].finish_reason == "stop"
     a = client.completions.create(model="gemma", prompt=prompt, max_tokens=8, temperature=0.9, seed=7)
     b = client.completions.create(model="gemma", prompt=prompt, max_tokens=8, temperature=0.9, seed=7)
@@ -208,8 +240,9 @@ def test_async_client_concurrent_chat_and_embeddings(server):
 
     async def main():
         a = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-        chats = [a.chat.completions.create(model="gemma", messages=MESSAGES, max_tokens=6, temperature=0)
-                 for _ in range(4)]
+        chats = [
+            a.chat.completions.create(model="gemma", messages=MESSAGES, max_tokens=6, temperature=0) for _ in range(4)
+        ]
         embs = [a.embeddings.create(model="minilm", input=f"sentence number {i}") for i in range(16)]
         return await asyncio.gather(*chats, *embs)
 
@@ -227,7 +260,7 @@ def test_async_client_concurrent_chat_and_embeddings(server):
 def test_curl_chat_stream_is_server_sent_events(server):
     body = json.dumps({"model": "gemma", "messages": MESSAGES, "max_tokens": 6, "temperature": 0, "stream": True})
     out = curl("-N", server.url + "/v1/chat/completions", "-H", "Content-Type: application/json", "-d", body)
-    events = [line[len("data: "):] for line in out.stdout.splitlines() if line.startswith("data: ")]
+    events = [line[len("data: ") :] for line in out.stdout.splitlines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
@@ -237,32 +270,50 @@ def test_curl_chat_stream_is_server_sent_events(server):
 
 def test_curl_completions_and_embeddings(server):
     json_type = ("-H", "Content-Type: application/json")  # curl -d alone says form-urlencoded: 415
-    out = curl(server.url + "/v1/completions", *json_type, "-d", json.dumps({"model": "gemma", "prompt": "Hello",
-                                                                             "max_tokens": 4, "temperature": 0}))
+    out = curl(
+        server.url + "/v1/completions",
+        *json_type,
+        "-d",
+        json.dumps({"model": "gemma", "prompt": "Hello", "max_tokens": 4, "temperature": 0}),
+    )
     r = json.loads(out.stdout)
     assert r["object"] == "text_completion" and r["usage"]["completion_tokens"] <= 4
-    out = curl(server.url + "/v1/embeddings", *json_type, "-d",
-               json.dumps({"model": "minilm", "input": ["hi", "there"]}))
+    out = curl(
+        server.url + "/v1/embeddings", *json_type, "-d", json.dumps({"model": "minilm", "input": ["hi", "there"]})
+    )
     r = json.loads(out.stdout)
     assert len(r["data"]) == 2 and len(r["data"][1]["embedding"]) == 384
 
 
-@pytest.mark.parametrize("path,body,status,code,param", [
-    ("/v1/chat/completions", {"model": "nope", "messages": MESSAGES}, 404, "model_not_found", "model"),
-    ("/v1/chat/completions", {"messages": MESSAGES}, 400, None, "model"),
-    ("/v1/chat/completions", {"model": "gemma", "messages": []}, 400, None, "messages"),
-    ("/v1/chat/completions", {"model": "gemma", "messages": MESSAGES, "max_tokens": 10 ** 6}, 400, None,
-     "max_tokens"),
-    ("/v1/chat/completions", {"model": "gemma", "messages": MESSAGES, "temperature": 5}, 400, None, "temperature"),
-    ("/v1/chat/completions", {"model": "gemma", "messages": MESSAGES, "n": 2}, 400, None, "n"),
-    ("/v1/chat/completions", {"model": "minilm", "messages": MESSAGES}, 400, None, "model"),
-    ("/v1/chat/completions", {"model": "gemma", "messages": [{"role": "user", "content": "word " * 5000}]}, 400,
-     "context_length_exceeded", "messages"),
-    ("/v1/embeddings", {"model": "gemma", "input": "x"}, 400, None, "model"),
-    ("/v1/embeddings", {"model": "minilm", "input": ["a", [1, 2]]}, 400, None, "input"),
-    ("/v1/embeddings", {"model": "minilm", "input": ""}, 400, None, "input"),
-    ("/v1/embeddings", {"model": "minilm", "input": "x", "dimensions": 12}, 400, None, "dimensions"),
-])
+@pytest.mark.parametrize(
+    "path,body,status,code,param",
+    [
+        ("/v1/chat/completions", {"model": "nope", "messages": MESSAGES}, 404, "model_not_found", "model"),
+        ("/v1/chat/completions", {"messages": MESSAGES}, 400, None, "model"),
+        ("/v1/chat/completions", {"model": "gemma", "messages": []}, 400, None, "messages"),
+        (
+            "/v1/chat/completions",
+            {"model": "gemma", "messages": MESSAGES, "max_tokens": 10**6},
+            400,
+            None,
+            "max_tokens",
+        ),
+        ("/v1/chat/completions", {"model": "gemma", "messages": MESSAGES, "temperature": 5}, 400, None, "temperature"),
+        ("/v1/chat/completions", {"model": "gemma", "messages": MESSAGES, "n": 2}, 400, None, "n"),
+        ("/v1/chat/completions", {"model": "minilm", "messages": MESSAGES}, 400, None, "model"),
+        (
+            "/v1/chat/completions",
+            {"model": "gemma", "messages": [{"role": "user", "content": "word " * 5000}]},
+            400,
+            "context_length_exceeded",
+            "messages",
+        ),
+        ("/v1/embeddings", {"model": "gemma", "input": "x"}, 400, None, "model"),
+        ("/v1/embeddings", {"model": "minilm", "input": ["a", [1, 2]]}, 400, None, "input"),
+        ("/v1/embeddings", {"model": "minilm", "input": ""}, 400, None, "input"),
+        ("/v1/embeddings", {"model": "minilm", "input": "x", "dimensions": 12}, 400, None, "dimensions"),
+    ],
+)
 def test_errors_have_openai_shape_and_status(server, path, body, status, code, param):
     r = httpx.post(server.url + path, json=body, timeout=120)
     assert r.status_code == status, r.text
@@ -286,20 +337,23 @@ _DEEP = b"[" * 100_000 + b"]" * 100_000
 _GEN = b'"model": "gemma", "prompt": "Hi", "max_tokens": 2'
 
 
-@pytest.mark.parametrize("path,raw,param", [
-    ("/v1/chat/completions", _DEEP, None),
-    ("/v1/completions", b'{' + _GEN + b', "stream": true, "stream_options": "yes"}', "stream_options"),
-    ("/v1/completions", b'{' + _GEN + b', "stream": true, "stream_options": [1]}', "stream_options"),
-    ("/v1/completions", b'{' + _GEN + b', "seed": ' + b"9" * 4000 + b"}", "seed"),
-    ("/v1/completions", b'{' + _GEN + b', "seed": -1}', "seed"),
-    ("/v1/completions", b'{"model": "gemma", "prompt": "Hi", "max_tokens": 1' + b"0" * 400 + b"}", "max_tokens"),
-    ("/v1/completions", b'{' + _GEN + b', "temperature": 1' + b"0" * 400 + b"}", "temperature"),
-    ("/v1/completions", b'{' + _GEN + b', "top_p": 0}', "top_p"),
-    ("/v1/completions", b'{"model": "gemma", "prompt": "\\ud800", "max_tokens": 2}', None),
-    ("/v1/chat/completions", b'{"model": "gemma", "messages": [{"role": "user", "content": "a\\udfffb"}]}', None),
-    ("/v1/embeddings", b'{"model": "minilm", "input": "\\ud800"}', None),
-    ("/v1/embeddings", b'{"model": "minilm\\ud800", "input": "x"}', None),
-])
+@pytest.mark.parametrize(
+    "path,raw,param",
+    [
+        ("/v1/chat/completions", _DEEP, None),
+        ("/v1/completions", b"{" + _GEN + b', "stream": true, "stream_options": "yes"}', "stream_options"),
+        ("/v1/completions", b"{" + _GEN + b', "stream": true, "stream_options": [1]}', "stream_options"),
+        ("/v1/completions", b"{" + _GEN + b', "seed": ' + b"9" * 4000 + b"}", "seed"),
+        ("/v1/completions", b"{" + _GEN + b', "seed": -1}', "seed"),
+        ("/v1/completions", b'{"model": "gemma", "prompt": "Hi", "max_tokens": 1' + b"0" * 400 + b"}", "max_tokens"),
+        ("/v1/completions", b"{" + _GEN + b', "temperature": 1' + b"0" * 400 + b"}", "temperature"),
+        ("/v1/completions", b"{" + _GEN + b', "top_p": 0}', "top_p"),
+        ("/v1/completions", b'{"model": "gemma", "prompt": "\\ud800", "max_tokens": 2}', None),
+        ("/v1/chat/completions", b'{"model": "gemma", "messages": [{"role": "user", "content": "a\\udfffb"}]}', None),
+        ("/v1/embeddings", b'{"model": "minilm", "input": "\\ud800"}', None),
+        ("/v1/embeddings", b'{"model": "minilm\\ud800", "input": "x"}', None),
+    ],
+)
 def test_malformed_input_is_400_not_500(server, path, raw, param):
     """Issue 25, finding 7: each of these was a 500 (RecursionError, AttributeError, OverflowError,
     TypeError, or an error message that could not be encoded) or an error only from the model."""
@@ -320,15 +374,23 @@ def test_fuzzed_requests_never_get_a_5xx(server):
     common = {k: v for k, v in _COMMON.items() if k not in ("max_tokens", "max_completion_tokens")}
     common["model"] = _field(st.sampled_from(["gemma", "minilm", "nope"]))
     routes = {
-        "/v1/chat/completions": ({"model": "gemma", "messages": MESSAGES, "max_tokens": 2, "temperature": 0},
-                                 {**common, "messages": _field(st.lists(_message, min_size=1, max_size=3))}),
-        "/v1/completions": ({"model": "gemma", "prompt": "Hi", "max_tokens": 2, "temperature": 0},
-                            {**common, "prompt": _field(_text | st.lists(_text, max_size=2)),
-                             "echo": _field(st.booleans())}),
-        "/v1/embeddings": ({"model": "minilm", "input": ["hi", "there"]},
-                           {"model": common["model"], "input": _field(_text | st.lists(_text, max_size=4)),
-                            "encoding_format": _field(st.sampled_from(["float", "base64"])),
-                            "dimensions": _field(st.integers(-1, 500))}),
+        "/v1/chat/completions": (
+            {"model": "gemma", "messages": MESSAGES, "max_tokens": 2, "temperature": 0},
+            {**common, "messages": _field(st.lists(_message, min_size=1, max_size=3))},
+        ),
+        "/v1/completions": (
+            {"model": "gemma", "prompt": "Hi", "max_tokens": 2, "temperature": 0},
+            {**common, "prompt": _field(_text | st.lists(_text, max_size=2)), "echo": _field(st.booleans())},
+        ),
+        "/v1/embeddings": (
+            {"model": "minilm", "input": ["hi", "there"]},
+            {
+                "model": common["model"],
+                "input": _field(_text | st.lists(_text, max_size=4)),
+                "encoding_format": _field(st.sampled_from(["float", "base64"])),
+                "dimensions": _field(st.integers(-1, 500)),
+            },
+        ),
     }
     seen: list[int] = []
 
@@ -339,8 +401,9 @@ def test_fuzzed_requests_never_get_a_5xx(server):
         body = dict(base)
         for key in data.draw(st.lists(st.sampled_from(sorted(fields)), max_size=2, unique=True)):
             body[key] = data.draw(fields[key])
-        r = httpx.post(server.url + path, content=_wire(body), headers={"Content-Type": "application/json"},
-                       timeout=120)
+        r = httpx.post(
+            server.url + path, content=_wire(body), headers={"Content-Type": "application/json"}, timeout=120
+        )
         seen.append(r.status_code)
         assert r.status_code in (200, 400, 404), (r.status_code, r.text[:300], body)
         if r.status_code != 200:
@@ -354,11 +417,13 @@ def test_openai_client_raises_typed_errors(client):
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="nope", messages=MESSAGES)
     with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(model="gemma", messages=MESSAGES, max_tokens=10 ** 6)
+        client.chat.completions.create(model="gemma", messages=MESSAGES, max_tokens=10**6)
 
 
-_PROM_LINE = re.compile(r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*",?)*\})? '
-                        r'(-?[0-9.e+-]+|\+Inf|-Inf|NaN)$')
+_PROM_LINE = re.compile(
+    r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*",?)*\})? '
+    r"(-?[0-9.e+-]+|\+Inf|-Inf|NaN)$"
+)
 
 
 def _sample(text: str, series: str, default: float | None = None) -> float:
@@ -367,8 +432,12 @@ def _sample(text: str, series: str, default: float | None = None) -> float:
     from prometheus_client.parser import text_string_to_metric_families
 
     want = next(iter(next(iter(text_string_to_metric_families(series + " 0\n"))).samples))
-    found = [s.value for f in text_string_to_metric_families(text) for s in f.samples
-             if s.name == want.name and want.labels.items() <= s.labels.items()]
+    found = [
+        s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == want.name and want.labels.items() <= s.labels.items()
+    ]
     if not found and default is not None:
         return default
     assert len(found) == 1, f"{series}: {len(found)} samples in /metrics"
@@ -383,14 +452,18 @@ def test_metrics_are_prometheus_text(server, client):
     assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
     lines = [ln for ln in r.text.splitlines() if ln and not ln.startswith("#")]
     assert lines and all(_PROM_LINE.match(ln) for ln in lines), [ln for ln in lines if not _PROM_LINE.match(ln)]
-    assert _sample(r.text, 'edgesdk_serve_requests_total{route="/v1/completions",model="gemma",status="200"}') \
-        == n0 + 1
+    assert _sample(r.text, 'edgesdk_serve_requests_total{route="/v1/completions",model="gemma",status="200"}') == n0 + 1
     # Histogram buckets are cumulative and end at +Inf == _count.
-    series = 'gen_ai_server_request_duration_seconds_count{gen_ai_operation_name="text_completion",' \
-             'gen_ai_request_model="gemma"}'
+    series = (
+        'gen_ai_server_request_duration_seconds_count{gen_ai_operation_name="text_completion",'
+        'gen_ai_request_model="gemma"}'
+    )
     count = _sample(r.text, series)
-    inf = _sample(r.text, 'gen_ai_server_request_duration_seconds_bucket{gen_ai_operation_name="text_completion",'
-                          'gen_ai_request_model="gemma",le="+Inf"}')
+    inf = _sample(
+        r.text,
+        'gen_ai_server_request_duration_seconds_bucket{gen_ai_operation_name="text_completion",'
+        'gen_ai_request_model="gemma",le="+Inf"}',
+    )
     assert count == inf >= 1
 
 
@@ -399,8 +472,11 @@ def test_metrics_are_prometheus_text(server, client):
 def small_server(gemma_chat_bundle, tmp_path_factory):
     """One LLM served one request at a time (--parallel 1), no waiting room (--max-queue 0), an API key from
     the environment. (The batched path's back-pressure: tests/test_serve_batching.py.)"""
-    srv = ServerProcess([gemma_chat_bundle, "--name", "gemma", "--max-queue", "0", "--parallel", "1"],
-                        tmp_path_factory.mktemp("serve-small"), env={"EDGESDK_API_KEY": "s3cret"})
+    srv = ServerProcess(
+        [gemma_chat_bundle, "--name", "gemma", "--max-queue", "0", "--parallel", "1"],
+        tmp_path_factory.mktemp("serve-small"),
+        env={"EDGESDK_API_KEY": "s3cret"},
+    )
     yield srv
     srv.stop()
 
@@ -438,8 +514,12 @@ def test_full_queue_answers_429_with_retry_after(small_server):
             lines = resp.iter_lines()
             next(lines)  # generating now
             assert httpx.get(small_server.url + "/health").json()["models"]["gemma"] == 1
-            r = httpx.post(small_server.url + "/v1/completions", headers=AUTH, timeout=30,
-                           json={"model": "gemma", "prompt": "Hi", "max_tokens": 2})
+            r = httpx.post(
+                small_server.url + "/v1/completions",
+                headers=AUTH,
+                timeout=30,
+                json={"model": "gemma", "prompt": "Hi", "max_tokens": 2},
+            )
             still_busy = httpx.get(small_server.url + "/health").json()["models"]["gemma"] == 1
         seen.append((r.status_code, still_busy))
         if r.status_code == 429:
@@ -459,8 +539,12 @@ def _next_request(url: str) -> tuple[httpx.Response, float]:
     """A 2-token completion, retried while the model answers 429 (up to 3 s): the answer and the seconds it took."""
     t0 = time.monotonic()
     while True:
-        r = httpx.post(url + "/v1/completions", headers=AUTH, timeout=60,
-                       json={"model": "gemma", "prompt": "Hi", "max_tokens": 2, "temperature": 0})
+        r = httpx.post(
+            url + "/v1/completions",
+            headers=AUTH,
+            timeout=60,
+            json={"model": "gemma", "prompt": "Hi", "max_tokens": 2, "temperature": 0},
+        )
         if r.status_code != 429 or time.monotonic() - t0 > 3:
             return r, time.monotonic() - t0
         time.sleep(0.02)
@@ -490,11 +574,14 @@ def test_abandoned_non_streaming_request_is_cancelled(small_server):
     before = httpx.get(url + "/metrics", headers=AUTH).text
     series = 'edgesdk_serve_cancelled_total{model="gemma"}'
     cancelled0 = _sample(before, series, 0)
-    body = json.dumps({"model": "gemma", "prompt": "1, 2, 3, 4, 5, 6, 7,", "max_tokens": 400, "temperature": 0,
-                       "stream": False}).encode()
-    head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{small_server.port}\r\n"
-            f"Content-Type: application/json\r\nAuthorization: Bearer s3cret\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    body = json.dumps(
+        {"model": "gemma", "prompt": "1, 2, 3, 4, 5, 6, 7,", "max_tokens": 400, "temperature": 0, "stream": False}
+    ).encode()
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{small_server.port}\r\n"
+        f"Content-Type: application/json\r\nAuthorization: Bearer s3cret\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
     with socket.create_connection(("127.0.0.1", small_server.port), timeout=30) as sock:
         sock.sendall(head + body)
         deadline = time.monotonic() + 30
@@ -512,8 +599,9 @@ def test_abandoned_non_streaming_request_is_cancelled(small_server):
 
 def test_sigterm_finishes_the_stream_in_flight(gemma_chat_bundle, tmp_path):
     trace = tmp_path / "traces.jsonl"
-    srv = ServerProcess([gemma_chat_bundle, "--name", "gemma", "--trace-file", trace, "--shutdown-timeout", "60"],
-                        tmp_path)
+    srv = ServerProcess(
+        [gemma_chat_bundle, "--name", "gemma", "--trace-file", trace, "--shutdown-timeout", "60"], tmp_path
+    )
     try:
         body = {"model": "gemma", "prompt": "Once upon a time", "max_tokens": 40, "temperature": 0, "stream": True}
         with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=120) as resp:
@@ -530,8 +618,13 @@ def test_sigterm_finishes_the_stream_in_flight(gemma_chat_bundle, tmp_path):
     finally:
         srv.stop()
     # The stream's inference span reached the trace file before the process exited.
-    spans = [s for line in trace.read_text().splitlines() for rs in json.loads(line).get("resourceSpans", [])
-             for ss in rs["scopeSpans"] for s in ss["spans"]]
+    spans = [
+        s
+        for line in trace.read_text().splitlines()
+        for rs in json.loads(line).get("resourceSpans", [])
+        for ss in rs["scopeSpans"]
+        for s in ss["spans"]
+    ]
     assert any(s["name"].startswith("text_completion") for s in spans), [s["name"] for s in spans]
 
 
@@ -564,8 +657,7 @@ def test_server_span_joins_the_client_trace(gemma_chat_bundle, minilm_cpu_bundle
             time.sleep(0.05)
         trace_id, parent_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
         headers = {"traceparent": f"00-{trace_id}-{parent_id}-01"}
-        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0,
-                          default_headers=headers)
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, default_headers=headers)
         r = c.chat.completions.create(model="gemma", messages=MESSAGES, max_tokens=5, temperature=0, stream=True)
         assert "".join(ch.choices[0].delta.content or "" for ch in r if ch.choices)
         c.embeddings.create(model="minilm", input=["hello"])
@@ -587,8 +679,14 @@ def test_server_span_joins_the_client_trace(gemma_chat_bundle, minilm_cpu_bundle
     assert a["gen_ai.usage.output_tokens"] >= 1 and a["gen_ai.usage.input_tokens"] > 1
     assert a["gen_ai.request.stream"] is True and a["http.response.status_code"] == 200
     # The backend's own inference span is a child of the server span.
-    inner = [s for s in spans if s.kind != SpanKind.SERVER and s.context.trace_id == chat.context.trace_id
-             and s.parent is not None and s.parent.span_id == chat.context.span_id]
+    inner = [
+        s
+        for s in spans
+        if s.kind != SpanKind.SERVER
+        and s.context.trace_id == chat.context.trace_id
+        and s.parent is not None
+        and s.parent.span_id == chat.context.span_id
+    ]
     assert inner, [(s.name, s.kind) for s in spans]
     emb = by_op["embeddings"]
     assert emb.attributes["gen_ai.embeddings.dimension.count"] == 384
@@ -612,19 +710,43 @@ def _spans(path: Path) -> list[dict]:
 
 def test_trace_file_holds_server_spans_that_pass_check_traces(gemma_chat_bundle, minilm_cpu_bundle, tmp_path):
     trace = tmp_path / "traces.jsonl"
-    srv = ServerProcess([gemma_chat_bundle, minilm_cpu_bundle, "--name", "gemma", "--name", "minilm",
-                         "--trace-file", trace, "--prompt-cache-mb", "32"], tmp_path)
+    srv = ServerProcess(
+        [
+            gemma_chat_bundle,
+            minilm_cpu_bundle,
+            "--name",
+            "gemma",
+            "--name",
+            "minilm",
+            "--trace-file",
+            trace,
+            "--prompt-cache-mb",
+            "32",
+        ],
+        tmp_path,
+    )
     try:
         c = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
         tp = {"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"}
-        history = [{"role": "system", "content": "You answer in one short sentence about the sea and ships."},
-                   {"role": "user", "content": "Name a sea."}]
-        first = c.chat.completions.create(model="gemma", messages=history, max_tokens=8, temperature=0,
-                                          extra_headers=tp)
-        history += [{"role": "assistant", "content": first.choices[0].message.content},
-                    {"role": "user", "content": "And another one?"}]
-        stream = c.chat.completions.create(model="gemma", messages=history, max_tokens=8, temperature=0,
-                                           stream=True, stream_options={"include_usage": True})
+        history = [
+            {"role": "system", "content": "You answer in one short sentence about the sea and ships."},
+            {"role": "user", "content": "Name a sea."},
+        ]
+        first = c.chat.completions.create(
+            model="gemma", messages=history, max_tokens=8, temperature=0, extra_headers=tp
+        )
+        history += [
+            {"role": "assistant", "content": first.choices[0].message.content},
+            {"role": "user", "content": "And another one?"},
+        ]
+        stream = c.chat.completions.create(
+            model="gemma",
+            messages=history,
+            max_tokens=8,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
         chunks = list(stream)
         c.embeddings.create(model="minilm", input=["hello"], extra_headers=tp)
         with pytest.raises(openai.NotFoundError):
@@ -661,8 +783,9 @@ def test_trace_file_holds_server_spans_that_pass_check_traces(gemma_chat_bundle,
     # The runtime's inference span is a child of the SERVER span.
     inner = [s for s in spans if s["kind"] != 2 and s.get("parentSpanId") == chat["spanId"]]
     assert inner and inner[0]["traceId"] == TRACE_ID
-    proc = subprocess.run([sys.executable, "-m", "edgesdk", "check", "traces", str(trace)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "edgesdk", "check", "traces", str(trace)], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -710,8 +833,11 @@ def test_prompt_cache_stays_within_its_budget(gemma_chat_bundle):
         assert size > 0
         small = PromptCache(int(size * 1.5))  # room for one entry of this size, not two
         s.backend.prompt_cache = small
-        for topic in ("rivers and lakes in the north", "mountains and valleys in the south",
-                      "deserts and dunes in the east"):
+        for topic in (
+            "rivers and lakes in the north",
+            "mountains and valleys in the south",
+            "deserts and dunes in the east",
+        ):
             s.generate(f"A prompt about {topic}", max_tokens=2, temperature=0)
         st = small.stats()
         assert st["entries"] == 1 and st["bytes"] <= small.budget_bytes and st["evictions"] == 2

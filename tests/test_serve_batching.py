@@ -22,15 +22,37 @@ from test_serve import ServerProcess, gemma_chat_bundle  # noqa: E402,F401  (gem
 
 pytestmark = pytest.mark.slow
 
-PROMPTS = [f"Note {i}: the harbour town of {town} is known for" for i, town in enumerate(
-    ["Brest", "Oban", "Kiel", "Split", "Bergen", "Cadiz", "Genoa", "Riga", "Hull", "Bari", "Tromso", "Gdansk",
-     "Porto", "Malmo", "Cork", "Nantes"])]
+PROMPTS = [
+    f"Note {i}: the harbour town of {town} is known for"
+    for i, town in enumerate(
+        [
+            "Brest",
+            "Oban",
+            "Kiel",
+            "Split",
+            "Bergen",
+            "Cadiz",
+            "Genoa",
+            "Riga",
+            "Hull",
+            "Bari",
+            "Tromso",
+            "Gdansk",
+            "Porto",
+            "Malmo",
+            "Cork",
+            "Nantes",
+        ]
+    )
+]
 
 
 @pytest.fixture(scope="module")
 def batched(gemma_chat_bundle, tmp_path_factory):  # noqa: F811 - the imported fixture
-    srv = ServerProcess([gemma_chat_bundle, "--name", "gemma", "--parallel", "4", "--max-queue", "16"],
-                        tmp_path_factory.mktemp("serve-batched"))
+    srv = ServerProcess(
+        [gemma_chat_bundle, "--name", "gemma", "--parallel", "4", "--max-queue", "16"],
+        tmp_path_factory.mktemp("serve-batched"),
+    )
     yield srv
     srv.stop()
 
@@ -71,8 +93,14 @@ def test_openai_client_streams_from_16_threads_with_per_request_usage(batched):
     def one(prompt: str) -> None:
         try:
             pieces, usage = [], None
-            for chunk in client.completions.create(model="gemma", prompt=prompt, max_tokens=12, temperature=0,
-                                                   stream=True, stream_options={"include_usage": True}):
+            for chunk in client.completions.create(
+                model="gemma",
+                prompt=prompt,
+                max_tokens=12,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
+            ):
                 if chunk.choices:
                     pieces.append(chunk.choices[0].text)
                 if chunk.usage is not None:
@@ -112,9 +140,17 @@ def test_16_clients_that_disconnect_mid_stream_free_every_slot(batched):
     streams = []
     for i in range(16):
         c = httpx.Client(timeout=60)
-        req = c.build_request("POST", batched.url + "/v1/completions",
-                              json={"model": "gemma", "prompt": f"Story {i}: once upon a time", "max_tokens": 400,
-                                    "temperature": 0.8, "stream": True})
+        req = c.build_request(
+            "POST",
+            batched.url + "/v1/completions",
+            json={
+                "model": "gemma",
+                "prompt": f"Story {i}: once upon a time",
+                "max_tokens": 400,
+                "temperature": 0.8,
+                "stream": True,
+            },
+        )
         resp = c.send(req, stream=True)
         assert resp.status_code == 200
         streams.append((c, resp, resp.iter_lines()))
@@ -126,8 +162,9 @@ def test_16_clients_that_disconnect_mid_stream_free_every_slot(batched):
         resp.close()
         c.close()
     assert _idle(batched.url), "slots or queue still busy after every client went away"
-    r = httpx.post(batched.url + "/v1/completions", timeout=60,
-                   json={"model": "gemma", "prompt": "Hello", "max_tokens": 2})
+    r = httpx.post(
+        batched.url + "/v1/completions", timeout=60, json={"model": "gemma", "prompt": "Hello", "max_tokens": 2}
+    )
     assert r.status_code == 200
     cancelled = httpx.get(batched.url + "/metrics").text
     m = re.search(r'^edgesdk_serve_cancelled_total\{model="gemma"\} (\S+)$', cancelled, re.M)
@@ -140,23 +177,36 @@ def test_full_slots_and_queue_answer_429(gemma_chat_bundle, tmp_path):  # noqa: 
         held = []
         for i in range(2):
             c = httpx.Client(timeout=60)
-            resp = c.send(c.build_request("POST", srv.url + "/v1/completions",
-                                          json={"model": "gemma", "prompt": f"Long story {i}", "max_tokens": 1000,
-                                                "temperature": 0.8, "stream": True}), stream=True)
+            resp = c.send(
+                c.build_request(
+                    "POST",
+                    srv.url + "/v1/completions",
+                    json={
+                        "model": "gemma",
+                        "prompt": f"Long story {i}",
+                        "max_tokens": 1000,
+                        "temperature": 0.8,
+                        "stream": True,
+                    },
+                ),
+                stream=True,
+            )
             lines = resp.iter_lines()
             next(lines)
             held.append((c, resp, lines))
         assert _gauge(srv.url, "edgesdk_serve_slots_busy") == 2
-        r = httpx.post(srv.url + "/v1/completions", timeout=30, json={"model": "gemma", "prompt": "Hi",
-                                                                      "max_tokens": 2})
+        r = httpx.post(
+            srv.url + "/v1/completions", timeout=30, json={"model": "gemma", "prompt": "Hi", "max_tokens": 2}
+        )
         assert r.status_code == 429, r.text
         assert int(r.headers["Retry-After"]) >= 1 and r.json()["error"]["code"] == "queue_full"
         for c, resp, _ in held:
             resp.close()
             c.close()
         assert _idle(srv.url)
-        r = httpx.post(srv.url + "/v1/completions", timeout=60, json={"model": "gemma", "prompt": "Hi",
-                                                                      "max_tokens": 2})
+        r = httpx.post(
+            srv.url + "/v1/completions", timeout=60, json={"model": "gemma", "prompt": "Hi", "max_tokens": 2}
+        )
         assert r.status_code == 200
     finally:
         assert srv.stop() == 0

@@ -87,15 +87,18 @@ def test_too_long_token_ids_are_truncated_as_text_is(client, tokenizer):
     assert _cosines(_vectors(by_text), _vectors(by_ids))[0] >= 0.9999
 
 
-@pytest.mark.parametrize("bad,says", [
-    ([[101, 30522, 102]], "outside this model's vocabulary"),
-    ([[101, 7592, 102], [101, 99999999, 102]], "input[1] holds token id 99999999"),
-    ([[101, -1, 102]], "token ids must be from 0"),
-    ([[101, True, 102]], "not a mix or other values"),
-    ([[101, 102], "text"], "not a mix or other values"),
-    ([[101, 102], []], "empty token-id lists"),
-    ([], "non-empty"),
-])
+@pytest.mark.parametrize(
+    "bad,says",
+    [
+        ([[101, 30522, 102]], "outside this model's vocabulary"),
+        ([[101, 7592, 102], [101, 99999999, 102]], "input[1] holds token id 99999999"),
+        ([[101, -1, 102]], "token ids must be from 0"),
+        ([[101, True, 102]], "not a mix or other values"),
+        ([[101, 102], "text"], "not a mix or other values"),
+        ([[101, 102], []], "empty token-id lists"),
+        ([], "non-empty"),
+    ],
+)
 def test_bad_token_ids_are_400_naming_input(server, bad, says):
     r = httpx.post(server.url + "/v1/embeddings", json={"model": "minilm", "input": bad}, timeout=30)
     assert r.status_code == 400, r.text
@@ -104,8 +107,11 @@ def test_bad_token_ids_are_400_naming_input(server, bad, says):
 
 
 def test_unknown_and_wrong_fields_are_400_naming_them(server):
-    for body, param in (({"input": "x", "truncate": True}, "truncate"), ({"input": "x", "user": 5}, "user"),
-                        ({"input": "x", "encoding_format": "int8"}, "encoding_format")):
+    for body, param in (
+        ({"input": "x", "truncate": True}, "truncate"),
+        ({"input": "x", "user": 5}, "user"),
+        ({"input": "x", "encoding_format": "int8"}, "encoding_format"),
+    ):
         r = httpx.post(server.url + "/v1/embeddings", json={"model": "minilm", **body}, timeout=30)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
 
@@ -143,8 +149,9 @@ def test_langchain_with_the_documented_setting(server, client):
     """docs/serve.md's LangChain setting (``check_embedding_ctx_length=False``: send the text) gives the vectors
     the openai client gets. Its default (tiktoken ids in OpenAI's vocabulary) is not run: see the module doc."""
     lc = pytest.importorskip("langchain_openai")
-    emb = lc.OpenAIEmbeddings(model="minilm", base_url=server.url + "/v1", api_key="x",
-                              check_embedding_ctx_length=False, max_retries=0)
+    emb = lc.OpenAIEmbeddings(
+        model="minilm", base_url=server.url + "/v1", api_key="x", check_embedding_ctx_length=False, max_retries=0
+    )
     got = np.asarray(emb.embed_documents(TEXTS), dtype=np.float64)
     ref = _vectors(client.embeddings.create(model="minilm", input=TEXTS))
     assert _cosines(got, ref).min() >= 0.9999

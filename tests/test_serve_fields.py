@@ -42,10 +42,12 @@ def test_generation_request_penalties_and_logit_bias():
     assert r.logit_bias == ((3, -100.0), (7, 5.0)) and not r.plain_greedy
     assert GenerationRequest(prompt="x", temperature=0).plain_greedy
     assert not GenerationRequest(prompt="x", temperature=0, presence_penalty=0.5).plain_greedy
-    for bad, says in (({"frequency_penalty": 2.5}, "frequency_penalty must be <= 2"),
-                      ({"presence_penalty": -3}, "presence_penalty must be >= -2"),
-                      ({"logit_bias": {"a": 1}}, "logit_bias keys must be token ids"),
-                      ({"logit_bias": {"1": 101}}, "logit_bias\\[1\\] must be <= 100")):
+    for bad, says in (
+        ({"frequency_penalty": 2.5}, "frequency_penalty must be <= 2"),
+        ({"presence_penalty": -3}, "presence_penalty must be >= -2"),
+        ({"logit_bias": {"a": 1}}, "logit_bias keys must be token ids"),
+        ({"logit_bias": {"1": 101}}, "logit_bias\\[1\\] must be <= 100"),
+    ):
         with pytest.raises(InputError, match=says):
             GenerationRequest.from_options(prompt="x", **bad)
 
@@ -53,8 +55,9 @@ def test_generation_request_penalties_and_logit_bias():
 # ------------------------------------------------------------------------------ against a real server
 @pytest.fixture(scope="module", params=["2", "1"], ids=["batched", "one-at-a-time"])
 def served(request, gemma_chat_bundle, tmp_path_factory):  # noqa: F811 - the imported fixture
-    srv = ServerProcess([gemma_chat_bundle, "--name", "gemma", "--parallel", request.param],
-                        tmp_path_factory.mktemp("serve-fields"))
+    srv = ServerProcess(
+        [gemma_chat_bundle, "--name", "gemma", "--parallel", request.param], tmp_path_factory.mktemp("serve-fields")
+    )
     yield srv
     srv.stop()
 
@@ -97,12 +100,23 @@ def test_sampling_fields_change_greedy_output(served, vocab):
     tok = vocab.tokenize(b" banana", add_bos=False)[0]
     piece = vocab.detokenize([tok]).decode("utf-8")
     assert _complete(c, max_tokens=3, logit_bias={str(tok): 100}) == piece * 3
-    chat = c.chat.completions.create(model="gemma", messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
-                                     temperature=0, logit_bias={str(tok): 100})
+    chat = c.chat.completions.create(
+        model="gemma",
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=2,
+        temperature=0,
+        logit_bias={str(tok): 100},
+    )
     assert chat.choices[0].message.content == piece * 2
     # neutral values of refused fields are accepted
-    ok = c.chat.completions.create(model="gemma", messages=[{"role": "user", "content": "Hi"}], max_tokens=1,
-                                   response_format={"type": "text"}, logprobs=False, tool_choice="none")
+    ok = c.chat.completions.create(
+        model="gemma",
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=1,
+        response_format={"type": "text"},
+        logprobs=False,
+        tool_choice="none",
+    )
     assert ok.choices[0].finish_reason in ("stop", "length")
 
 
@@ -115,11 +129,11 @@ def test_token_prompts_and_prompt_errors(served, vocab):
     assert _complete(c, prompt=[ids], max_tokens=6) == text
     err = _error(served, "/v1/completions", {"prompt": ["a"] * 17})
     assert err["param"] == "prompt" and "17 prompts" in err["message"]
-    err = _error(served, "/v1/completions", {"prompt": [10 ** 7]})  # beyond the vocabulary
+    err = _error(served, "/v1/completions", {"prompt": [10**7]})  # beyond the vocabulary
     assert err["param"] == "prompt"
     err = _error(served, "/v1/completions", {"prompt": "word " * 5000})
     assert (err["param"], err["code"]) == ("prompt", "context_length_exceeded")
-    err = _error(served, "/v1/completions", {"prompt": "x", "logit_bias": {str(10 ** 7): 1}})
+    err = _error(served, "/v1/completions", {"prompt": "x", "logit_bias": {str(10**7): 1}})
     assert err["param"] == "logit_bias"
 
 
@@ -157,8 +171,11 @@ def test_refused_and_unknown_fields_name_the_param(served):
     assert err["param"] == "messages[0].name"
     openai = pytest.importorskip("openai")
     with pytest.raises(openai.BadRequestError) as exc:
-        _client(served).chat.completions.create(model="gemma", messages=[{"role": "user", "content": "Hi"}],
-                                                response_format={"type": "json_schema", "json_schema": {}})
+        _client(served).chat.completions.create(
+            model="gemma",
+            messages=[{"role": "user", "content": "Hi"}],
+            response_format={"type": "json_schema", "json_schema": {}},
+        )
     assert exc.value.body["param"] == "response_format"
 
 
@@ -170,8 +187,9 @@ def test_engine_only_fields_are_400_one_request_at_a_time(served):
     hi = [{"role": "user", "content": "Hi"}]
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     for path, body, param in (
-            ("/v1/chat/completions", {"messages": hi, "response_format": {"type": "json_object"}}, "response_format"),
-            ("/v1/chat/completions", {"messages": hi, "tools": [tool]}, "tools"),
-            ("/v1/chat/completions", {"messages": hi, "logprobs": True}, "logprobs"),
-            ("/v1/completions", {"prompt": "x", "logprobs": 1}, "logprobs")):
+        ("/v1/chat/completions", {"messages": hi, "response_format": {"type": "json_object"}}, "response_format"),
+        ("/v1/chat/completions", {"messages": hi, "tools": [tool]}, "tools"),
+        ("/v1/chat/completions", {"messages": hi, "logprobs": True}, "logprobs"),
+        ("/v1/completions", {"prompt": "x", "logprobs": 1}, "logprobs"),
+    ):
         assert _error(served, path, body)["param"] == param

@@ -30,11 +30,15 @@ ENTRY = ModelEntry(name="m", session=None, kind="llm", max_tokens_cap=2048, defa
 
 _text = st.text(max_size=12) | st.sampled_from(["\ud800", "a\udfffb", "\x00", "é", "😀", ""])
 _number = st.one_of(
-    st.integers(-(2**70), 2**70), st.sampled_from([10**400, -(10**400), 2**32, 2**31, 0xFFFFFFFE, 0xFFFFFFFF, 0, 1]),
-    st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([0.0, 1.0, 2.0, 1e-300, 1e308]))
+    st.integers(-(2**70), 2**70),
+    st.sampled_from([10**400, -(10**400), 2**32, 2**31, 0xFFFFFFFE, 0xFFFFFFFF, 0, 1]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([0.0, 1.0, 2.0, 1e-300, 1e308]),
+)
 _scalar = st.none() | st.booleans() | _number | _text
-_json = st.recursive(_scalar, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_text, inner, max_size=3),
-                     max_leaves=8)
+_json = st.recursive(
+    _scalar, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_text, inner, max_size=3), max_leaves=8
+)
 
 
 def _field(valid: st.SearchStrategy) -> st.SearchStrategy:
@@ -42,11 +46,15 @@ def _field(valid: st.SearchStrategy) -> st.SearchStrategy:
     return st.one_of(valid, _json, st.just(...))
 
 
-_message = st.fixed_dictionaries({}, optional={
-    "role": st.sampled_from(["system", "user", "assistant"]) | _json,
-    "content": _text | st.lists(st.fixed_dictionaries({"type": st.just("text") | _json, "text": _text | _json}),
-                                max_size=2) | _json,
-})
+_message = st.fixed_dictionaries(
+    {},
+    optional={
+        "role": st.sampled_from(["system", "user", "assistant"]) | _json,
+        "content": _text
+        | st.lists(st.fixed_dictionaries({"type": st.just("text") | _json, "text": _text | _json}), max_size=2)
+        | _json,
+    },
+)
 _COMMON = {
     "model": _field(st.just("m")),
     "max_tokens": _field(st.integers(1, 4096)),
@@ -66,11 +74,17 @@ _COMMON = {
     "logit_bias": _field(st.dictionaries(st.integers(0, 1000).map(str), st.floats(-100, 100), max_size=3)),
 }
 _chat = st.fixed_dictionaries({**_COMMON, "messages": _field(st.lists(_message, min_size=1, max_size=3))})
-_completion = st.fixed_dictionaries({**_COMMON, "prompt": _field(_text | st.lists(_text, max_size=2)),
-                                     "echo": _field(st.booleans())})
-_embedding = st.fixed_dictionaries({
-    "model": _field(st.just("m")), "input": _field(_text | st.lists(_text, max_size=4)),
-    "encoding_format": _field(st.sampled_from(["float", "base64"])), "dimensions": _field(st.integers(-1, 500))})
+_completion = st.fixed_dictionaries(
+    {**_COMMON, "prompt": _field(_text | st.lists(_text, max_size=2)), "echo": _field(st.booleans())}
+)
+_embedding = st.fixed_dictionaries(
+    {
+        "model": _field(st.just("m")),
+        "input": _field(_text | st.lists(_text, max_size=4)),
+        "encoding_format": _field(st.sampled_from(["float", "base64"])),
+        "dimensions": _field(st.integers(-1, 500)),
+    }
+)
 
 
 def _wire(body: dict) -> bytes:
@@ -147,16 +161,19 @@ def test_embeddings_body_parses_or_400(body):
     assert dims is None or (isinstance(dims, int) and dims >= 1)
 
 
-@pytest.mark.parametrize("raw,says", [
-    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
-    (b'{"model": "m", "prompt": "x", "stream": true, "stream_options": "yes"}', "stream_options"),
-    (b'{"model": "m", "prompt": "x", "seed": ' + b"9" * 4000 + b"}", "seed"),
-    (b'{"model": "m", "prompt": "x", "seed": ' + b"9" * 5000 + b"}", "not valid JSON"),
-    (b'{"model": "m", "prompt": "x", "max_tokens": 1e400}', "max_tokens"),
-    (b'{"model": "m", "prompt": "x", "temperature": ' + b"1" + b"0" * 400 + b"}", "temperature"),
-    (b'{"model": "m", "input": "\\ud800"}', "surrogate"),
-    (b'{"model": "m", "prompt": "x", "top_p": 0}', "top_p"),
-])
+@pytest.mark.parametrize(
+    "raw,says",
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+        (b'{"model": "m", "prompt": "x", "stream": true, "stream_options": "yes"}', "stream_options"),
+        (b'{"model": "m", "prompt": "x", "seed": ' + b"9" * 4000 + b"}", "seed"),
+        (b'{"model": "m", "prompt": "x", "seed": ' + b"9" * 5000 + b"}", "not valid JSON"),
+        (b'{"model": "m", "prompt": "x", "max_tokens": 1e400}', "max_tokens"),
+        (b'{"model": "m", "prompt": "x", "temperature": ' + b"1" + b"0" * 400 + b"}", "temperature"),
+        (b'{"model": "m", "input": "\\ud800"}', "surrogate"),
+        (b'{"model": "m", "prompt": "x", "top_p": 0}', "top_p"),
+    ],
+)
 def test_the_issue_cases_are_400(raw, says):
     with pytest.raises(APIError) as info:
         body = decode_json(raw)

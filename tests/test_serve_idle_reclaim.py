@@ -62,9 +62,12 @@ def test_llm_worker_reclaims_after_its_queue_drains_not_between_queued_jobs() ->
 
 def test_idle_reclaim_collects_then_trims_and_is_rate_limited() -> None:
     order: list[str] = []
-    r = IdleReclaim(min_interval_s=0.0, busy_interval_s=3600.0,
-                    trim=lambda pad: order.append(f"trim {pad}") or 1,
-                    collect=lambda: order.append("collect") or 0)
+    r = IdleReclaim(
+        min_interval_s=0.0,
+        busy_interval_s=3600.0,
+        trim=lambda pad: order.append(f"trim {pad}") or 1,
+        collect=lambda: order.append("collect") or 0,
+    )
     assert r.after_job(queue_empty=False) is False  # busy, and the busy interval has not passed
     assert r.after_job(queue_empty=True) is True
     assert order == ["collect", "trim 0"]

@@ -26,12 +26,19 @@ from tests.test_serve import ServerProcess  # noqa: E402
 
 # The /metrics families docs/serve.md lists ("Prometheus metrics"), and their Prometheus types.
 DOCUMENTED = {
-    "edgesdk_serve_requests": "counter", "edgesdk_serve_rejected": "counter", "edgesdk_serve_cancelled": "counter",
-    "edgesdk_serve_queue_depth": "gauge", "edgesdk_serve_embedding_batch_size": "histogram",
-    "edgesdk_serve_prompt_cache_reused_tokens": "counter", "edgesdk_serve_prompt_cache_bytes": "gauge",
-    "edgesdk_serve_slots": "gauge", "edgesdk_serve_slots_busy": "gauge",
-    "gen_ai_server_request_duration_seconds": "histogram", "gen_ai_server_time_to_first_token_seconds": "histogram",
-    "gen_ai_server_time_per_output_token_seconds": "histogram", "edgesdk_serve_token_usage": "counter",
+    "edgesdk_serve_requests": "counter",
+    "edgesdk_serve_rejected": "counter",
+    "edgesdk_serve_cancelled": "counter",
+    "edgesdk_serve_queue_depth": "gauge",
+    "edgesdk_serve_embedding_batch_size": "histogram",
+    "edgesdk_serve_prompt_cache_reused_tokens": "counter",
+    "edgesdk_serve_prompt_cache_bytes": "gauge",
+    "edgesdk_serve_slots": "gauge",
+    "edgesdk_serve_slots_busy": "gauge",
+    "gen_ai_server_request_duration_seconds": "histogram",
+    "gen_ai_server_time_to_first_token_seconds": "histogram",
+    "gen_ai_server_time_per_output_token_seconds": "histogram",
+    "edgesdk_serve_token_usage": "counter",
 }
 
 
@@ -58,8 +65,11 @@ def value(fams: dict, sample: str, **labels: str) -> float:
 def check_histogram(fams: dict, name: str, buckets: list, **labels: str) -> float:
     """The bucket boundaries are ``buckets`` (the advised ones), the counts cumulative up to +Inf == _count;
     returns _count."""
-    rows = sorted((float(s.labels["le"]), s.value) for s in fams[name].samples
-                   if s.name == name + "_bucket" and {k: v for k, v in s.labels.items() if k != "le"} == labels)
+    rows = sorted(
+        (float(s.labels["le"]), s.value)
+        for s in fams[name].samples
+        if s.name == name + "_bucket" and {k: v for k, v in s.labels.items() if k != "le"} == labels
+    )
     assert [b for b, _ in rows] == [float(b) for b in buckets] + [float("inf")], rows
     counts = [c for _, c in rows]
     assert counts == sorted(counts)
@@ -91,14 +101,16 @@ def check_figures(text: str, inputs: int, tokens: int) -> None:
     assert value(fams, req, route="/v1/embeddings", model="minilm", status="200") == 3
     assert value(fams, req, route="/v1/embeddings", model="minilm", status="400") == 1
     assert value(fams, req, route="/v1/embeddings", model="", status="404") == 1
-    genai = {"gen_ai_operation_name": "embeddings", "gen_ai_request_model": "minilm",
-             "gen_ai_provider_name": "onnxruntime"}
+    genai = {
+        "gen_ai_operation_name": "embeddings",
+        "gen_ai_request_model": "minilm",
+        "gen_ai_provider_name": "onnxruntime",
+    }
     assert check_histogram(fams, "gen_ai_server_request_duration_seconds", N.DURATION_BUCKETS, **genai) == 3
     assert value(fams, "gen_ai_server_request_duration_seconds_sum", **genai) > 0
     tok = {k: v for k, v in genai.items() if k != "gen_ai_operation_name"}
     assert value(fams, "edgesdk_serve_token_usage_total", **tok, gen_ai_token_type="input") == tokens
-    batches = check_histogram(fams, "edgesdk_serve_embedding_batch_size", [1, 2, 4, 8, 16, 32, 64, 128],
-                              model="minilm")
+    batches = check_histogram(fams, "edgesdk_serve_embedding_batch_size", [1, 2, 4, 8, 16, 32, 64, 128], model="minilm")
     assert 3 <= batches <= inputs  # each request is at least one batch (they came one after another)
     assert value(fams, "edgesdk_serve_embedding_batch_size_sum", model="minilm") == inputs
 
@@ -109,8 +121,16 @@ def test_metrics_are_the_otel_figures_on_a_real_server(minilm_bundle, tmp_path, 
     try:
         empty = httpx.get(srv.url + "/metrics", timeout=10)
         assert empty.status_code == 200 and empty.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
-        assert value(families(empty.text), "edgesdk_serve_requests_total", route="/v1/embeddings", model="minilm",
-                     status="200") == 0
+        assert (
+            value(
+                families(empty.text),
+                "edgesdk_serve_requests_total",
+                route="/v1/embeddings",
+                model="minilm",
+                status="200",
+            )
+            == 0
+        )
         inputs, tokens = exercise(srv.url)
         r = httpx.get(srv.url + "/metrics", timeout=10)
         check_figures(r.text, inputs, tokens)
@@ -119,9 +139,12 @@ def test_metrics_are_the_otel_figures_on_a_real_server(minilm_bundle, tmp_path, 
     finally:
         assert srv.stop() == 0
     # The OTLP file gets the runtime's own GenAI metrics (scope edgesdk), not the server's (docs/serve.md).
-    scopes = {sm["scope"]["name"]: {m["name"] for m in sm.get("metrics", [])}
-              for line in (tmp_path / "t.jsonl").read_text().splitlines()
-              for rm in json.loads(line).get("resourceMetrics", []) for sm in rm.get("scopeMetrics", [])}
+    scopes = {
+        sm["scope"]["name"]: {m["name"] for m in sm.get("metrics", [])}
+        for line in (tmp_path / "t.jsonl").read_text().splitlines()
+        for rm in json.loads(line).get("resourceMetrics", [])
+        for sm in rm.get("scopeMetrics", [])
+    }
     assert "gen_ai.client.operation.duration" in scopes.get("edgesdk", set()), scopes
     assert "edgesdk.serve" not in scopes
 
@@ -162,8 +185,9 @@ APP_WITH_ITS_OWN_PROVIDER = textwrap.dedent("""
 def test_metrics_when_the_application_brings_its_own_meter_provider(minilm_bundle, tmp_path, clean_env):
     script = tmp_path / "app.py"
     script.write_text(APP_WITH_ITS_OWN_PROVIDER)
-    done = subprocess.run([sys.executable, str(script), str(minilm_bundle)], capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(script), str(minilm_bundle)], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["status"] == 200 and got["bad"] == 400 and got["missing"] == 404

@@ -39,8 +39,9 @@ def _status(span: dict):
 
 
 def _check_traces(path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "edgesdk", "check", "traces", str(path)],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "edgesdk", "check", "traces", str(path)], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_plain_http_requests_get_server_spans_and_pass_check_traces(minilm_bundle, tmp_path, clean_env):
@@ -56,19 +57,29 @@ def test_plain_http_requests_get_server_spans_and_pass_check_traces(minilm_bundl
         assert httpx.get(srv.url + "/no/such/path", headers=tp, timeout=10).status_code == 404
         assert httpx.get(srv.url + "/v1/embeddings", headers=auth, timeout=10).status_code == 405
         assert httpx.request("BREW", srv.url + "/metrics", headers=auth, timeout=10).status_code == 405
-        assert httpx.post(srv.url + "/v1/embeddings", json={"model": "minilm", "input": "hi"},
-                          timeout=10).status_code == 401
-        ok = httpx.post(srv.url + "/v1/embeddings", json={"model": "minilm", "input": "hi"}, headers=auth,
-                        timeout=60)
+        assert (
+            httpx.post(srv.url + "/v1/embeddings", json={"model": "minilm", "input": "hi"}, timeout=10).status_code
+            == 401
+        )
+        ok = httpx.post(srv.url + "/v1/embeddings", json={"model": "minilm", "input": "hi"}, headers=auth, timeout=60)
         assert ok.status_code == 200, ok.text
     finally:
         assert srv.stop() == 0, srv.log.read_text()[-3000:]
     servers = [s for s in _spans(trace) if s["kind"] == 2]
     names = sorted(s["name"] for s in servers)
     # /health is not traced by default (probes); every other request has exactly one SERVER span.
-    assert names == sorted(["GET /metrics", "GET /v1/models", "GET /v1/models/{model}", "GET",
-                            "GET /v1/embeddings", "HTTP /metrics", "POST /v1/embeddings",
-                            "embeddings minilm"]), names
+    assert names == sorted(
+        [
+            "GET /metrics",
+            "GET /v1/models",
+            "GET /v1/models/{model}",
+            "GET",
+            "GET /v1/embeddings",
+            "HTTP /metrics",
+            "POST /v1/embeddings",
+            "embeddings minilm",
+        ]
+    ), names
     by = {s["name"]: s for s in servers}
     m = by["GET /metrics"]
     a = m["attrs"]
@@ -78,8 +89,7 @@ def test_plain_http_requests_get_server_spans_and_pass_check_traces(minilm_bundl
     assert a["server.address"] == "127.0.0.1" and int(a["server.port"]) == srv.port
     assert a["network.protocol.version"] == "1.1" and a["user_agent.original"] == "spans-test/1"
     assert a["client.address"] == "127.0.0.1" and int(a["client.port"]) > 0
-    assert not any(k.startswith("gen_ai.") for s in servers if s["name"] != "embeddings minilm"
-                   for k in s["attrs"])
+    assert not any(k.startswith("gen_ai.") for s in servers if s["name"] != "embeddings minilm" for k in s["attrs"])
     assert by["GET /v1/models/{model}"]["attrs"]["url.path"] == "/v1/models/minilm"
     unknown = by["GET"]  # no route matched: the name is the method alone, no http.route, status unset (4xx)
     assert int(unknown["attrs"]["http.response.status_code"]) == 404 and "http.route" not in unknown["attrs"]
@@ -99,8 +109,11 @@ def test_plain_http_requests_get_server_spans_and_pass_check_traces(minilm_bundl
 def test_exclusion_follows_the_opentelemetry_variable(minilm_bundle, tmp_path, clean_env):
     """OTEL_PYTHON_EXCLUDED_URLS replaces the default: here /health is traced and /metrics is not."""
     trace = tmp_path / "traces.jsonl"
-    srv = ServerProcess([minilm_bundle, "--name", "minilm", "--trace-file", trace], tmp_path,
-                        env={"OTEL_PYTHON_EXCLUDED_URLS": "/metrics$"})
+    srv = ServerProcess(
+        [minilm_bundle, "--name", "minilm", "--trace-file", trace],
+        tmp_path,
+        env={"OTEL_PYTHON_EXCLUDED_URLS": "/metrics$"},
+    )
     try:
         assert httpx.get(srv.url + "/metrics", timeout=10).status_code == 200
         assert httpx.get(srv.url + "/v1/models", timeout=10).status_code == 200

@@ -37,62 +37,176 @@ INT = {"type": "integer", "minimum": 0, "maximum": 99}  # as an enum in the gram
 SCHEMAS: list[tuple[str, dict]] = [
     ("a name", {"type": "object", "properties": {"name": S}, "required": ["name"]}),
     ("a person", {"type": "object", "properties": {"name": S, "age": INT}, "required": ["name", "age"]}),
-    ("a colour", {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}},
-                  "required": ["color"]}),
-    ("a yes/no answer: is the sky blue", {"type": "object", "properties": {"answer": {"type": "boolean"}},
-                                          "required": ["answer"]}),
-    ("three fruits", {"type": "object", "properties": {
-        "fruits": {"type": "array", "items": S, "minItems": 1, "maxItems": 3}}, "required": ["fruits"]}),
-    ("some small numbers", {"type": "object", "properties": {
-        "numbers": {"type": "array", "items": INT, "minItems": 2, "maxItems": 4}}, "required": ["numbers"]}),
-    ("an address", {"type": "object", "properties": {"address": {
-        "type": "object", "properties": {"city": S, "zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
-        "required": ["city", "zip"]}}, "required": ["address"]}),
+    (
+        "a colour",
+        {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}}, "required": ["color"]},
+    ),
+    (
+        "a yes/no answer: is the sky blue",
+        {"type": "object", "properties": {"answer": {"type": "boolean"}}, "required": ["answer"]},
+    ),
+    (
+        "three fruits",
+        {
+            "type": "object",
+            "properties": {"fruits": {"type": "array", "items": S, "minItems": 1, "maxItems": 3}},
+            "required": ["fruits"],
+        },
+    ),
+    (
+        "some small numbers",
+        {
+            "type": "object",
+            "properties": {"numbers": {"type": "array", "items": INT, "minItems": 2, "maxItems": 4}},
+            "required": ["numbers"],
+        },
+    ),
+    (
+        "an address",
+        {
+            "type": "object",
+            "properties": {
+                "address": {
+                    "type": "object",
+                    "properties": {"city": S, "zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
+                    "required": ["city", "zip"],
+                }
+            },
+            "required": ["address"],
+        },
+    ),
     ("a temperature", {"type": "object", "properties": {"celsius": {"type": "number"}}, "required": ["celsius"]}),
-    ("a book, title required", {"type": "object", "properties": {"title": S, "year": INT, "author": S},
-                                "required": ["title"]}),
-    ("two points", {"type": "object", "properties": {"points": {
-        "type": "array", "maxItems": 2, "items": {"type": "object", "properties": {"x": INT, "y": INT},
-                                                  "required": ["x", "y"]}}}, "required": ["points"]}),
+    (
+        "a book, title required",
+        {"type": "object", "properties": {"title": S, "year": INT, "author": S}, "required": ["title"]},
+    ),
+    (
+        "two points",
+        {
+            "type": "object",
+            "properties": {
+                "points": {
+                    "type": "array",
+                    "maxItems": 2,
+                    "items": {"type": "object", "properties": {"x": INT, "y": INT}, "required": ["x", "y"]},
+                }
+            },
+            "required": ["points"],
+        },
+    ),
     ("a rating", {"type": "object", "properties": {"stars": {"enum": [1, 2, 3, 4, 5]}}, "required": ["stars"]}),
-    ("a version", {"type": "object", "properties": {"kind": {"const": "semver"}, "major": INT},
-                   "required": ["kind", "major"]}),
+    (
+        "a version",
+        {"type": "object", "properties": {"kind": {"const": "semver"}, "major": INT}, "required": ["kind", "major"]},
+    ),
     ("an id", {"type": "object", "properties": {"id": {"anyOf": [S, INT]}}, "required": ["id"]}),
-    ("a nickname or null", {"type": "object", "properties": {"nickname": {"type": ["string", "null"],
-                                                                          "maxLength": 12}},
-                            "required": ["nickname"]}),
-    ("a closed record", {"type": "object", "properties": {"a": INT, "b": S, "c": {"type": "boolean"}},
-                         "required": ["a", "b", "c"], "additionalProperties": False}),
-    ("a nested config", {"type": "object", "properties": {"server": {
-        "type": "object", "properties": {"tls": {"type": "object", "properties": {"enabled": {"type": "boolean"}},
-                                                 "required": ["enabled"]}, "port": INT},
-        "required": ["tls", "port"]}}, "required": ["server"]}),
-    ("a pet, by reference", {"$defs": {"pet": {"type": "object", "properties": {"species": {
-        "enum": ["cat", "dog"]}, "name": S}, "required": ["species", "name"]}},
-        "type": "object", "properties": {"pet": {"$ref": "#/$defs/pet"}}, "required": ["pet"]}),
-    ("the weekdays you like", {"type": "object", "properties": {"days": {
-        "type": "array", "items": {"enum": ["mon", "tue", "wed"]}, "maxItems": 3}}, "required": ["days"]}),
-    ("a product, price optional", {"type": "object", "properties": {"sku": S, "price": {
-        "type": "object", "properties": {"amount": INT, "currency": {"enum": ["EUR", "USD"]}},
-        "required": ["amount", "currency"]}}, "required": ["sku"]}),
+    (
+        "a nickname or null",
+        {
+            "type": "object",
+            "properties": {"nickname": {"type": ["string", "null"], "maxLength": 12}},
+            "required": ["nickname"],
+        },
+    ),
+    (
+        "a closed record",
+        {
+            "type": "object",
+            "properties": {"a": INT, "b": S, "c": {"type": "boolean"}},
+            "required": ["a", "b", "c"],
+            "additionalProperties": False,
+        },
+    ),
+    (
+        "a nested config",
+        {
+            "type": "object",
+            "properties": {
+                "server": {
+                    "type": "object",
+                    "properties": {
+                        "tls": {
+                            "type": "object",
+                            "properties": {"enabled": {"type": "boolean"}},
+                            "required": ["enabled"],
+                        },
+                        "port": INT,
+                    },
+                    "required": ["tls", "port"],
+                }
+            },
+            "required": ["server"],
+        },
+    ),
+    (
+        "a pet, by reference",
+        {
+            "$defs": {
+                "pet": {
+                    "type": "object",
+                    "properties": {"species": {"enum": ["cat", "dog"]}, "name": S},
+                    "required": ["species", "name"],
+                }
+            },
+            "type": "object",
+            "properties": {"pet": {"$ref": "#/$defs/pet"}},
+            "required": ["pet"],
+        },
+    ),
+    (
+        "the weekdays you like",
+        {
+            "type": "object",
+            "properties": {"days": {"type": "array", "items": {"enum": ["mon", "tue", "wed"]}, "maxItems": 3}},
+            "required": ["days"],
+        },
+    ),
+    (
+        "a product, price optional",
+        {
+            "type": "object",
+            "properties": {
+                "sku": S,
+                "price": {
+                    "type": "object",
+                    "properties": {"amount": INT, "currency": {"enum": ["EUR", "USD"]}},
+                    "required": ["amount", "currency"],
+                },
+            },
+            "required": ["sku"],
+        },
+    ),
     ("a list of up to two names", {"type": "array", "items": S, "minItems": 1, "maxItems": 2}),
 ]
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
-                                                    "unit": {"enum": ["c", "f"]}},
-                   "required": ["city", "unit"]}}}
-ADD = {"type": "function", "function": {
-    "name": "add", "description": "Add two integers",
-    "parameters": {"type": "object", "properties": {"a": INT, "b": INT}, "required": ["a", "b"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["c", "f"]}},
+            "required": ["city", "unit"],
+        },
+    },
+}
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two integers",
+        "parameters": {"type": "object", "properties": {"a": INT, "b": INT}, "required": ["a", "b"]},
+    },
+}
 TOOLS = [WEATHER, ADD]
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
 def srv(gemma_chat_bundle, tmp_path_factory):  # noqa: F811 - the imported fixture
-    s = ServerProcess([gemma_chat_bundle, "--name", "gemma", "--parallel", "4"],
-                      tmp_path_factory.mktemp("serve-structured"))
+    s = ServerProcess(
+        [gemma_chat_bundle, "--name", "gemma", "--parallel", "4"], tmp_path_factory.mktemp("serve-structured")
+    )
     yield s
     assert s.stop() == 0, s.log.read_text()[-3000:]
 
@@ -113,9 +227,12 @@ def test_json_schema_replies_parse_and_validate(client):
     def one(item):
         what, schema = item
         r = client.chat.completions.create(
-            model="gemma", temperature=0, max_tokens=120,
+            model="gemma",
+            temperature=0,
+            max_tokens=120,
             messages=[{"role": "user", "content": f"Reply with JSON: {what}."}],
-            response_format={"type": "json_schema", "json_schema": {"name": "reply", "schema": schema}})
+            response_format={"type": "json_schema", "json_schema": {"name": "reply", "schema": schema}},
+        )
         return what, schema, r.choices[0]
 
     with ThreadPoolExecutor(4) as pool:
@@ -127,19 +244,26 @@ def test_json_schema_replies_parse_and_validate(client):
 
 
 def test_json_object(client):
-    r = client.chat.completions.create(model="gemma", temperature=0, max_tokens=60, messages=[
-        {"role": "user", "content": 'Reply with the JSON object {"ok": true} and nothing else.'}],
-        response_format={"type": "json_object"})
+    r = client.chat.completions.create(
+        model="gemma",
+        temperature=0,
+        max_tokens=60,
+        messages=[{"role": "user", "content": 'Reply with the JSON object {"ok": true} and nothing else.'}],
+        response_format={"type": "json_object"},
+    )
     assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
     assert isinstance(json.loads(r.choices[0].message.content), dict)
 
 
 def test_response_format_errors_name_it(srv):
-    for fmt in ({"type": "json_schema", "json_schema": {"name": "x"}},  # no schema
-                {"type": "json_schema", "json_schema": {"schema": {"$ref": "https://example.com/s.json"}}},
-                {"type": "json_schema", "json_schema": {"schema": {"type": "number", "minimum": 0.5}}},
-                {"type": "json_schema", "json_schema": {"schema": {"type": "array", "uniqueItems": True}}},
-                {"type": "yaml"}, "json"):
+    for fmt in (
+        {"type": "json_schema", "json_schema": {"name": "x"}},  # no schema
+        {"type": "json_schema", "json_schema": {"schema": {"$ref": "https://example.com/s.json"}}},
+        {"type": "json_schema", "json_schema": {"schema": {"type": "number", "minimum": 0.5}}},
+        {"type": "json_schema", "json_schema": {"schema": {"type": "array", "uniqueItems": True}}},
+        {"type": "yaml"},
+        "json",
+    ):
         err = _error(srv, "/v1/chat/completions", {"messages": ASK, "response_format": fmt})
         assert err["param"] == "response_format", (fmt, err)
 
@@ -154,14 +278,20 @@ def _check_call(call, tools=TOOLS) -> dict:
 
 
 def test_tool_choice_required_named_and_auto(client):
-    r = client.chat.completions.create(model="gemma", messages=ASK, tools=TOOLS, tool_choice="required",
-                                       temperature=0, max_tokens=80)
+    r = client.chat.completions.create(
+        model="gemma", messages=ASK, tools=TOOLS, tool_choice="required", temperature=0, max_tokens=80
+    )
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1
     _check_call(choice.message.tool_calls[0])
-    r = client.chat.completions.create(model="gemma", messages=[{"role": "user", "content": "What is 2 plus 3?"}],
-                                       tools=TOOLS, tool_choice={"type": "function", "function": {"name": "add"}},
-                                       temperature=0, max_tokens=80)
+    r = client.chat.completions.create(
+        model="gemma",
+        messages=[{"role": "user", "content": "What is 2 plus 3?"}],
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "add"}},
+        temperature=0,
+        max_tokens=80,
+    )
     call = r.choices[0].message.tool_calls[0]
     assert call.function.name == "add" and r.choices[0].finish_reason == "tool_calls"
     _check_call(call)
@@ -172,14 +302,21 @@ def test_tool_choice_required_named_and_auto(client):
         _check_call(choice.message.tool_calls[0])
     else:
         assert choice.finish_reason == "stop" and isinstance(choice.message.content, str)
-    none = client.chat.completions.create(model="gemma", messages=ASK, tools=TOOLS, tool_choice="none",
-                                          temperature=0, max_tokens=8)
+    none = client.chat.completions.create(
+        model="gemma", messages=ASK, tools=TOOLS, tool_choice="none", temperature=0, max_tokens=8
+    )
     assert none.choices[0].message.tool_calls is None
 
 
 def test_streamed_tool_call_equals_the_non_streamed_one(client):
-    kw = {"model": "gemma", "messages": ASK, "tools": TOOLS, "temperature": 0, "max_tokens": 80,
-          "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+    kw = {
+        "model": "gemma",
+        "messages": ASK,
+        "tools": TOOLS,
+        "temperature": 0,
+        "max_tokens": 80,
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+    }
     whole = client.chat.completions.create(**kw).choices[0].message.tool_calls[0]
     name, args, ids, finish = "", "", set(), None
     for chunk in client.chat.completions.create(stream=True, **kw):
@@ -201,10 +338,18 @@ def test_tool_call_arguments_stream_as_they_are_generated(client):
     arguments go out in fragments as they are generated; the openai client's stream helper (which parses the
     partial arguments of a strict tool at every fragment) accumulates them into the non-streamed call."""
     fn = WEATHER["function"]
-    strict = {"type": "function", "function": {**fn, "strict": True,
-                                               "parameters": {**fn["parameters"], "additionalProperties": False}}}
-    kw = {"model": "gemma", "messages": ASK, "tools": [strict], "temperature": 0, "max_tokens": 80,
-          "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+    strict = {
+        "type": "function",
+        "function": {**fn, "strict": True, "parameters": {**fn["parameters"], "additionalProperties": False}},
+    }
+    kw = {
+        "model": "gemma",
+        "messages": ASK,
+        "tools": [strict],
+        "temperature": 0,
+        "max_tokens": 80,
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+    }
     whole = client.chat.completions.create(**kw).choices[0].message.tool_calls[0]
     deltas, fragments, done = [], [], []
     with client.chat.completions.stream(**kw) as stream:
@@ -237,7 +382,7 @@ def _stream(pieces: list[str], finish: str = "stop") -> tuple[list[dict], str]:
 
 def test_tool_call_stream_wherever_the_pieces_break():
     args = '{ "city": "Pa\\"ris}{", "unit" : "c", "n": [1, {"x": []}] }'
-    reply = '{"tool_call": {"name": "get_weather", "arguments": ' + args + '} }'
+    reply = '{"tool_call": {"name": "get_weather", "arguments": ' + args + "} }"
     for k in range(1, len(reply)):  # two pieces, broken at every character; and one character at a time
         for pieces in ([reply[:k], reply[k:]], list(reply)):
             deltas, finish = _stream(pieces)
@@ -255,14 +400,28 @@ def test_tool_call_stream_wherever_the_pieces_break():
 
 
 def test_tool_turns_in_the_history(client, srv):
-    msgs = [*ASK, {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "get_weather",
-                                                          "arguments": '{"city": "Paris", "unit": "c"}'}}]},
-            {"role": "tool", "tool_call_id": "call_1", "content": "21 degrees and sunny"}]
+    msgs = [
+        *ASK,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "c"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "21 degrees and sunny"},
+    ]
     r = client.chat.completions.create(model="gemma", messages=msgs, tools=TOOLS, temperature=0, max_tokens=40)
     assert r.choices[0].finish_reason in ("stop", "tool_calls", "length")
-    err = _error(srv, "/v1/chat/completions", {"messages": ASK, "tools": TOOLS,
-                                               "tool_choice": {"type": "function", "function": {"name": "nope"}}})
+    err = _error(
+        srv,
+        "/v1/chat/completions",
+        {"messages": ASK, "tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+    )
     assert err["param"] == "tool_choice"
     assert _error(srv, "/v1/chat/completions", {"messages": ASK, "tool_choice": "required"})["param"] == "tool_choice"
     assert _error(srv, "/v1/chat/completions", {"messages": ASK, "tools": [{"type": "function"}]})["param"] == "tools"
@@ -272,8 +431,14 @@ def test_tool_turns_in_the_history(client, srv):
 
 # ------------------------------------------------------------------------------ logprobs
 def test_chat_logprobs_streamed_and_not(client, srv):
-    kw = {"model": "gemma", "messages": [{"role": "user", "content": "Count to five."}], "temperature": 0,
-          "max_tokens": 8, "logprobs": True, "top_logprobs": 3}
+    kw = {
+        "model": "gemma",
+        "messages": [{"role": "user", "content": "Count to five."}],
+        "temperature": 0,
+        "max_tokens": 8,
+        "logprobs": True,
+        "top_logprobs": 3,
+    }
     r = client.chat.completions.create(**kw)
     content = r.choices[0].logprobs.content
     assert "".join(t.token for t in content) == r.choices[0].message.content and len(content) == 8
@@ -293,8 +458,10 @@ def test_chat_logprobs_streamed_and_not(client, srv):
     assert all(math.isclose(a.logprob, b.logprob, abs_tol=0.3) for a, b in zip(streamed, content, strict=True))
     plain = client.chat.completions.create(**{**kw, "logprobs": None, "top_logprobs": None})
     assert plain.choices[0].logprobs is None
-    assert _error(srv, "/v1/chat/completions", {"messages": ASK, "logprobs": True,
-                                                "top_logprobs": 21})["param"] == "top_logprobs"
+    assert (
+        _error(srv, "/v1/chat/completions", {"messages": ASK, "logprobs": True, "top_logprobs": 21})["param"]
+        == "top_logprobs"
+    )
     assert _error(srv, "/v1/chat/completions", {"messages": ASK, "top_logprobs": 2})["param"] == "top_logprobs"
 
 
@@ -323,8 +490,14 @@ def test_completions_with_several_prompts(client):
     assert [c.text for c in r.choices] == [a.choices[0].text for a in alone]
     assert r.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
     texts, finishes = {0: "", 1: "", 2: ""}, {}
-    for chunk in client.completions.create(model="gemma", prompt=[*prompts, [2, 651, 6250]], max_tokens=6,
-                                           temperature=0, stream=True, stream_options={"include_usage": True}):
+    for chunk in client.completions.create(
+        model="gemma",
+        prompt=[*prompts, [2, 651, 6250]],
+        max_tokens=6,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    ):
         for c in chunk.choices:
             texts[c.index] += c.text
             if c.finish_reason:
@@ -337,8 +510,15 @@ def test_completions_with_several_prompts(client):
 # ------------------------------------------------------------------------------ LangChain
 def test_langchain_bind_tools_and_structured_output(srv):
     lc = pytest.importorskip("langchain_openai")
-    llm = lc.ChatOpenAI(model="gemma", base_url=srv.url + "/v1", api_key="unused", temperature=0, max_tokens=80,
-                        max_retries=0, timeout=300)
+    llm = lc.ChatOpenAI(
+        model="gemma",
+        base_url=srv.url + "/v1",
+        api_key="unused",
+        temperature=0,
+        max_tokens=80,
+        max_retries=0,
+        timeout=300,
+    )
 
     def get_weather(city: str, unit: str) -> str:
         """The weather in a city.
@@ -355,8 +535,13 @@ def test_langchain_bind_tools_and_structured_output(srv):
     msg = llm.bind_tools([get_weather], tool_choice="required").invoke("Weather in Rome?")
     assert msg.tool_calls[0]["name"] == "get_weather"
 
-    schema = {"title": "Person", "description": "A person", "type": "object",
-              "properties": {"name": {"type": "string", "maxLength": 12}, "age": INT}, "required": ["name", "age"]}
+    schema = {
+        "title": "Person",
+        "description": "A person",
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 12}, "age": INT},
+        "required": ["name", "age"],
+    }
     for method in ("json_schema", "function_calling"):
         out = llm.with_structured_output(schema, method=method).invoke("Invent a person.")
         assert isinstance(out, dict), (method, out)
@@ -376,8 +561,9 @@ def test_engine_grammar_and_logprobs(gemma_chat_bundle):  # noqa: F811 - the imp
         with pytest.raises(InputError, match="grammar does not compile"):
             engine.submit(GenerationRequest(prompt="x", grammar="root ::= ("))
         # the grammar decides every token: a literal comes out whatever the model prefers, then end of generation
-        res = engine.generate(GenerationRequest(prompt="Say no.", max_tokens=8, temperature=0,
-                                                grammar='root ::= "yes, " [0-9] [0-9]'))
+        res = engine.generate(
+            GenerationRequest(prompt="Say no.", max_tokens=8, temperature=0, grammar='root ::= "yes, " [0-9] [0-9]')
+        )
         assert res.finish_reason == "stop" and res.text[:5] == "yes, " and res.text[5:].isdigit()
         assert res.logprobs is None  # not asked: nothing computed
         res = engine.generate(GenerationRequest(prompt="Say no.", max_tokens=3, temperature=0, logprobs=2))
@@ -389,17 +575,24 @@ def test_generation_request_tool_turns_and_limits():
     from edgesdk.errors import InputError
     from edgesdk.runtime.requests import GenerationRequest
 
-    msgs = [{"role": "user", "content": "hi"},
-            {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}]},
-            {"role": "tool", "tool_call_id": "c1", "content": "2"}]
+    msgs = [
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "2"},
+    ]
     r = GenerationRequest.from_options(messages=msgs, tools=[ADD], tool_choice="auto")
     assert r.messages[1].tool_calls[0].arguments == '{"a": 1}' and r.messages[2].as_dict()["tool_call_id"] == "c1"
     assert not GenerationRequest(prompt="x", temperature=0, grammar='root ::= "a"').plain_greedy
-    for bad, says in (({"messages": [{"role": "tool", "content": "x"}]}, "tool_call_id must be a string"),
-                      ({"messages": [{"role": "user", "content": "x", "tool_calls": [{}]}]}, "only assistant"),
-                      ({"messages": msgs, "tools": [{"type": "function"}]}, r"tools\[0\]"),
-                      ({"prompt": "x", "tools": [ADD]}, "tools need chat messages"),
-                      ({"prompt": "x", "logprobs": 21}, "logprobs must be <= 20")):
+    for bad, says in (
+        ({"messages": [{"role": "tool", "content": "x"}]}, "tool_call_id must be a string"),
+        ({"messages": [{"role": "user", "content": "x", "tool_calls": [{}]}]}, "only assistant"),
+        ({"messages": msgs, "tools": [{"type": "function"}]}, r"tools\[0\]"),
+        ({"prompt": "x", "tools": [ADD]}, "tools need chat messages"),
+        ({"prompt": "x", "logprobs": 21}, "logprobs must be <= 20"),
+    ):
         with pytest.raises(InputError, match=says):
             GenerationRequest.from_options(**bad)

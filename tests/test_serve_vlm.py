@@ -33,8 +33,12 @@ def vlm_bundle(tmp_path_factory) -> Path:
     from edgesdk.plan import BuildOptions
 
     src = make_tiny_llava(tmp_path_factory.mktemp("vlm") / "tiny-llava")
-    return build(src, "cpu-x86_64", tmp_path_factory.mktemp("bundles") / "vlm-f16",
-                 BuildOptions(progress=False, quant_type="F16"))
+    return build(
+        src,
+        "cpu-x86_64",
+        tmp_path_factory.mktemp("bundles") / "vlm-f16",
+        BuildOptions(progress=False, quant_type="F16"),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +48,9 @@ def images(tmp_path_factory) -> list[Path]:
 
 @pytest.fixture(scope="module")
 def server(vlm_bundle, images, tmp_path_factory):
-    srv = ServerProcess([vlm_bundle, "--name", "vlm", "--allow-local-images", images[0].parent],
-                        tmp_path_factory.mktemp("serve-vlm"))
+    srv = ServerProcess(
+        [vlm_bundle, "--name", "vlm", "--allow-local-images", images[0].parent], tmp_path_factory.mktemp("serve-vlm")
+    )
     yield srv
     assert srv.stop() == 0, srv.log.read_text()[-3000:]
 
@@ -62,9 +67,17 @@ def data_url(path: Path) -> str:
 
 def ask(client, url: str, text: str = PROMPT, **kw):
     return client.chat.completions.create(
-        model="vlm", max_tokens=6, temperature=0,
-        messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
-                                               {"type": "text", "text": text}]}], **kw)
+        model="vlm",
+        max_tokens=6,
+        temperature=0,
+        messages=[
+            {
+                "role": "user",
+                "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": text}],
+            }
+        ],
+        **kw,
+    )
 
 
 def refused(client, url: str, param: str, match: str) -> None:
@@ -81,14 +94,16 @@ def test_data_url_reply_equals_edgesdk_run_on_the_same_image(client, vlm_bundle,
         text = reply.choices[0].message.content
         assert reply.usage.prompt_tokens > 16  # the 16 image tokens are counted
         for chat in ((), ("--chat",)):
-            proc = run_cli("run", vlm_bundle, *chat, "--image", image, "--prompt", PROMPT, "-n", "6", "--temp", "0",
-                           "--json")
+            proc = run_cli(
+                "run", vlm_bundle, *chat, "--image", image, "--prompt", PROMPT, "-n", "6", "--temp", "0", "--json"
+            )
             assert proc.returncode == 0, proc.stderr
             out = json.loads(proc.stdout)
             assert out["text"] == text, (chat, out["text"], text)
             assert out["usage"]["prompt_tokens"] == reply.usage.prompt_tokens
-    streamed = "".join(c.choices[0].delta.content or "" for c in ask(client, data_url(images[0]), stream=True)
-                       if c.choices)
+    streamed = "".join(
+        c.choices[0].delta.content or "" for c in ask(client, data_url(images[0]), stream=True) if c.choices
+    )
     assert streamed == ask(client, data_url(images[0])).choices[0].message.content
 
 
@@ -123,7 +138,7 @@ def test_bad_images_are_400_naming_the_field(client, images, tmp_path):
     junk = "data:image/png;base64," + base64.b64encode(b"this is not an image at all").decode()
     refused(client, junk, where, "not a readable image")
     whole = images[0].read_bytes()
-    cut = "data:image/png;base64," + base64.b64encode(whole[:len(whole) // 2]).decode()
+    cut = "data:image/png;base64," + base64.b64encode(whole[: len(whole) // 2]).decode()
     refused(client, cut, where, "not a readable image")
     refused(client, "data:image/png;base64,@@not-base64@@", where, "not valid base64")
     refused(client, "data:image/gif;base64,R0lGODlhAQABAAAAACw=", where, "image/png, image/jpeg or image/webp")
@@ -131,8 +146,15 @@ def test_bad_images_are_400_naming_the_field(client, images, tmp_path):
     bomb = png_bomb(tmp_path / "bomb.png", side=5000)  # 25 M pixels in 30 kB: over the 4096 x 4096 limit
     refused(client, data_url(bomb), where, "refused before decoding")
     with pytest.raises(openai.BadRequestError) as err:
-        client.chat.completions.create(model="vlm", messages=[{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": data_url(images[0]), "detail": "high"}}]}])
+        client.chat.completions.create(
+            model="vlm",
+            messages=[
+                {
+                    "role": "user",
+                    "content": [{"type": "image_url", "image_url": {"url": data_url(images[0]), "detail": "high"}}],
+                }
+            ],
+        )
     assert err.value.body["param"] == "messages[0].content[0].image_url.detail"
 
 
@@ -166,8 +188,15 @@ def test_feature_cache_is_shared_by_concurrent_requests(vlm_bundle, images):
     import edgesdk
 
     with edgesdk.load(vlm_bundle) as s:
-        msgs = [{"role": "user", "content": [{"type": "image", "image": Image.open(images[1]).convert("RGB")},
-                                             {"type": "text", "text": PROMPT}]}]
+        msgs = [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image", "image": Image.open(images[1]).convert("RGB")},
+                    {"type": "text", "text": PROMPT},
+                ],
+            }
+        ]
         replies: list[str] = []
 
         def one() -> None:
@@ -190,7 +219,9 @@ def test_run_chat_with_an_image_and_a_chat_template_on_a_vlm(vlm_bundle, images,
 
 
 def test_serve_flags_that_apply_to_no_served_bundle_are_refused(vlm_bundle, images, run_cli, tmp_path):
-    for args, message in ((["--chat-template", "gemma"], "none of these is one (vlm)"),
-                          (["--allow-local-images", tmp_path / "missing"], "not a directory")):
+    for args, message in (
+        (["--chat-template", "gemma"], "none of these is one (vlm)"),
+        (["--allow-local-images", tmp_path / "missing"], "not a directory"),
+    ):
         proc = run_cli("serve", vlm_bundle, *args, "--port", "0")
         assert proc.returncode == 3 and proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr

@@ -42,18 +42,21 @@ def metric_points(reader) -> dict[str, list]:
     for resource in data.resource_metrics if data else []:
         for scope in resource.scope_metrics:
             for metric in scope.metrics:
-                out.setdefault(metric.name, []).extend(
-                    (metric.unit, point) for point in metric.data.data_points)
+                out.setdefault(metric.name, []).extend((metric.unit, point) for point in metric.data.data_points)
     return out
 
 
 def test_streaming_chat_span_and_metrics_follow_semconv(memory):
     spans, reader = memory
     step = 0.005
-    with telemetry.inference("chat", "gemma-3-270m", "llama.cpp", stream=True,
-                             request={"max_tokens": 16, "temperature": 0.7, "top_p": 0.9, "top_k": 40, "seed": 7},
-                             attributes={N.BACKEND: "llama.cpp", N.DEVICE_PROFILE: "orin", N.PRECISION: "q4_k_m",
-                                         N.BUNDLE_ID: "abc123"}) as rec:
+    with telemetry.inference(
+        "chat",
+        "gemma-3-270m",
+        "llama.cpp",
+        stream=True,
+        request={"max_tokens": 16, "temperature": 0.7, "top_p": 0.9, "top_k": 40, "seed": 7},
+        attributes={N.BACKEND: "llama.cpp", N.DEVICE_PROFILE: "orin", N.PRECISION: "q4_k_m", N.BUNDLE_ID: "abc123"},
+    ) as rec:
         rec.set_input_tokens(12)
         time.sleep(step * 4)  # prefill
         for _ in range(6):
@@ -86,11 +89,11 @@ def test_streaming_chat_span_and_metrics_follow_semconv(memory):
     usage = {dict(p.attributes)[N.TOKEN_TYPE]: p for _, p in points[N.CLIENT_TOKEN_USAGE]}
     assert usage["input"].sum == 12 and usage["output"].sum == 6
     assert list(usage["input"].explicit_bounds) == N.TOKEN_BUCKETS
-    (_, per_chunk), = points[N.CLIENT_TIME_PER_OUTPUT_CHUNK]
+    ((_, per_chunk),) = points[N.CLIENT_TIME_PER_OUTPUT_CHUNK]
     assert per_chunk.count == 5 and per_chunk.sum >= step * 5  # one interval per chunk after the first
-    (_, tpot), = points[N.SERVER_TIME_PER_OUTPUT_TOKEN]
+    ((_, tpot),) = points[N.SERVER_TIME_PER_OUTPUT_TOKEN]
     assert tpot.count == 1 and list(tpot.explicit_bounds) == N.TPOT_BUCKETS
-    (_, ttft), = points[N.SERVER_TIME_TO_FIRST_TOKEN]
+    ((_, ttft),) = points[N.SERVER_TIME_TO_FIRST_TOKEN]
     assert list(ttft.explicit_bounds) == N.TTFT_BUCKETS and ttft.min >= step * 4
 
 
@@ -104,7 +107,7 @@ def test_exception_sets_error_type_status_and_still_records_duration(memory):
     assert span.name == "embeddings all-MiniLM-L6-v2"
     assert span.attributes[N.ERROR_TYPE] == "RuntimeError"
     assert span.status.status_code is StatusCode.ERROR
-    (_, duration), = metric_points(reader)[N.CLIENT_OPERATION_DURATION]
+    ((_, duration),) = metric_points(reader)[N.CLIENT_OPERATION_DURATION]
     assert dict(duration.attributes)[N.ERROR_TYPE] == "RuntimeError"
 
 
@@ -150,9 +153,11 @@ def test_content_capture_opt_in_writes_semconv_messages_and_marker(clean_env, ho
     (span,) = finished(spans)
     assert span.attributes[N.CAPTURE_MARKER] is True
     assert json.loads(span.attributes[N.INPUT_MESSAGES]) == [
-        {"role": "user", "parts": [{"type": "text", "content": "hello there"}]}]
+        {"role": "user", "parts": [{"type": "text", "content": "hello there"}]}
+    ]
     assert json.loads(span.attributes[N.OUTPUT_MESSAGES]) == [
-        {"role": "assistant", "parts": [{"type": "text", "content": "general kenobi"}], "finish_reason": "stop"}]
+        {"role": "assistant", "parts": [{"type": "text", "content": "general kenobi"}], "finish_reason": "stop"}
+    ]
 
 
 def test_nothing_configured_means_noop_and_no_spans(clean_env):
@@ -334,8 +339,10 @@ def test_stream_span_is_not_current_but_takes_events(memory):
         before = time.time_ns()
         with telemetry.inference("chat", "m", "llama.cpp", stream=True) as rec:
             time.sleep(0.02)
-            rec.add_event("edgesdk.fallback", {"edgesdk.fallback.from": "cuda", "edgesdk.fallback.to": "cpu",
-                                               "edgesdk.fallback.reason": "OOM"})
+            rec.add_event(
+                "edgesdk.fallback",
+                {"edgesdk.fallback.from": "cuda", "edgesdk.fallback.to": "cpu", "edgesdk.fallback.reason": "OOM"},
+            )
             time.sleep(0.02)
             assert trace.get_current_span() is not rec.span
             assert rec.span.is_recording()  # started with the request, never made current
@@ -411,8 +418,13 @@ def test_forked_child_keeps_exporting(clean_env, tmp_path):
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     telemetry.shutdown()
-    names = [s["name"] for line in path.read_text().splitlines() for rs in json.loads(line).get("resourceSpans", [])
-             for ss in rs["scopeSpans"] for s in ss["spans"]]
+    names = [
+        s["name"]
+        for line in path.read_text().splitlines()
+        for rs in json.loads(line).get("resourceSpans", [])
+        for ss in rs["scopeSpans"]
+        for s in ss["spans"]
+    ]
     assert sorted(names) == ["chat child", "chat parent"]
 
 
@@ -438,10 +450,17 @@ def test_names_match_the_semantic_conventions_package():
     metrics = pytest.importorskip("opentelemetry.semconv._incubating.metrics.gen_ai_metrics")
     from opentelemetry.semconv.attributes import error_attributes, server_attributes
 
-    known = {value for module in (attrs, metrics, error_attributes, server_attributes)
-             for key, value in vars(module).items() if key.isupper() and isinstance(value, str)}
-    ours = [value for key, value in vars(N).items() if key.isupper() and isinstance(value, str)
-            and value.startswith(("gen_ai.", "error.", "server."))]
+    known = {
+        value
+        for module in (attrs, metrics, error_attributes, server_attributes)
+        for key, value in vars(module).items()
+        if key.isupper() and isinstance(value, str)
+    }
+    ours = [
+        value
+        for key, value in vars(N).items()
+        if key.isupper() and isinstance(value, str) and value.startswith(("gen_ai.", "error.", "server."))
+    ]
     ours += [name for name, _ in N.REQUEST_PARAMS.values()]
     assert len(ours) > 25
     assert sorted(set(ours) - known) == []
@@ -462,16 +481,21 @@ sys.meta_path.insert(0, _Blocker())
 
 
 def test_base_install_cli_trace_file_is_a_one_line_error(clean_env, tmp_path):
-    script = _NO_SDK + f"""
+    script = (
+        _NO_SDK
+        + f"""
 from edgesdk.cli import main
 sys.argv = ["edgesdk", "run", {str(tmp_path / "missing-bundle")!r}, "--input", "hi",
             "--trace-file", {str(tmp_path / "t.jsonl")!r}]
 main()
 """
+    )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 10, done.stdout + done.stderr  # MissingExtraError (docs/exit-codes.md)
-    assert done.stderr.startswith("error: exporting telemetry (--trace-file, OTEL_EXPORTER_OTLP_*) needs the otel "
-                                  "extra: pip install 'edgesdk[otel]'")
+    assert done.stderr.startswith(
+        "error: exporting telemetry (--trace-file, OTEL_EXPORTER_OTLP_*) needs the otel "
+        "extra: pip install 'edgesdk[otel]'"
+    )
     assert "Traceback" not in done.stderr
 
 
@@ -504,5 +528,4 @@ print([s.name for s in exporter.get_finished_spans()], names)
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == ("['chat m'] ['gen_ai.client.operation.duration', "
-                                   "'gen_ai.client.token.usage']")
+    assert done.stdout.strip() == ("['chat m'] ['gen_ai.client.operation.duration', 'gen_ai.client.token.usage']")

@@ -88,14 +88,20 @@ def test_env_configured_otlp_file_from_cli(run_cli, minilm_orin_bundle, tmp_path
 # The backend is built straight on the registry GGUF (a full `edgesdk build` of it takes ~75 s here,
 # mostly its perplexity verification): real llama.cpp decoding, real tokenizer counts.
 
+
 @pytest.fixture(scope="module")
 def gemma_backend(gemma_gguf):
     llama_cpp = pytest.importorskip("llama_cpp")
     from edgesdk.runtime.backends.llamacpp import LlamaCppBackend
 
     llm = llama_cpp.Llama(model_path=str(gemma_gguf), n_ctx=256, n_threads=2, n_threads_batch=2, verbose=False)
-    backend = LlamaCppBackend(llm, settings={"n_gpu_layers": 0}, report={}, model="gemma-3-270m",
-                              attributes={"edgesdk.backend": "llama.cpp", "edgesdk.precision": "q4_k_m"})
+    backend = LlamaCppBackend(
+        llm,
+        settings={"n_gpu_layers": 0},
+        report={},
+        model="gemma-3-270m",
+        attributes={"edgesdk.backend": "llama.cpp", "edgesdk.precision": "q4_k_m"},
+    )
     yield backend
     backend.close()
 
@@ -116,8 +122,12 @@ def test_gguf_generate_span_has_exact_tokens_and_timing(memory, gemma_backend):
     duration = (span.end_time - span.start_time) / 1e9
     assert 0 < attrs["gen_ai.response.time_to_first_chunk"] < duration
     assert not any(text.strip() and text.strip() in str(v) for v in attrs.values())  # no content by default
-    points = {m.name: m.data.data_points for rm in reader.get_metrics_data().resource_metrics
-              for sm in rm.scope_metrics for m in sm.metrics}
+    points = {
+        m.name: m.data.data_points
+        for rm in reader.get_metrics_data().resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+    }
     # Client chunk metrics are for streaming calls only (semconv: SHOULD NOT be reported otherwise).
     assert "gen_ai.client.operation.time_per_output_chunk" not in points
     assert "gen_ai.client.operation.time_to_first_chunk" not in points
@@ -129,8 +139,12 @@ def test_gguf_stream_records_one_chunk_metric_per_token(memory, gemma_backend):
     _, reader = memory
     pieces = list(gemma_backend.stream("The capital of France is", max_tokens=8, seed=1, temperature=0.0))
     assert telemetry.force_flush()
-    points = {m.name: m.data.data_points for rm in reader.get_metrics_data().resource_metrics
-              for sm in rm.scope_metrics for m in sm.metrics}
+    points = {
+        m.name: m.data.data_points
+        for rm in reader.get_metrics_data().resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+    }
     (per_chunk,) = points["gen_ai.client.operation.time_per_output_chunk"]
     (first,) = points["gen_ai.client.operation.time_to_first_chunk"]
     assert first.count == 1 and per_chunk.count >= gemma_backend.last["output_tokens"] - 1 >= len(pieces) - 2
@@ -161,8 +175,13 @@ def test_gguf_content_capture_opt_in_records_the_real_output(monkeypatch, gemma_
         text = gemma_backend.generate("Paris is the capital of", max_tokens=6, seed=2, temperature=0.0)
     finally:
         telemetry.shutdown()
-    span = next(s for line in trace_file.read_text().splitlines() for rs in json.loads(line).get("resourceSpans", [])
-                for ss in rs["scopeSpans"] for s in ss["spans"])
+    span = next(
+        s
+        for line in trace_file.read_text().splitlines()
+        for rs in json.loads(line).get("resourceSpans", [])
+        for ss in rs["scopeSpans"]
+        for s in ss["spans"]
+    )
     attrs = {a["key"]: a["value"] for a in span["attributes"]}
     output = json.loads(attrs["gen_ai.output.messages"]["stringValue"])
     assert output[0]["parts"][0]["content"] == text
@@ -183,8 +202,18 @@ def test_gguf_chat_capture_records_messages_with_roles(monkeypatch, gemma_backen
         messages = [{"role": "user", "content": "Name one colour."}]
         # This GGUF ships no chat template, so chat() refuses it; drive the same path chat() takes with
         # a hand-formatted prompt and the messages it captures.
-        reply = "".join(gemma_backend._run("User: Name one colour.\nAssistant:", "chat", stream=False, special=False,
-                                           _capture_messages=messages, max_tokens=6, seed=3, temperature=0.0))
+        reply = "".join(
+            gemma_backend._run(
+                "User: Name one colour.\nAssistant:",
+                "chat",
+                stream=False,
+                special=False,
+                _capture_messages=messages,
+                max_tokens=6,
+                seed=3,
+                temperature=0.0,
+            )
+        )
         assert telemetry.force_flush()
         (span,) = spans.get_finished_spans()
     finally:
@@ -208,8 +237,13 @@ def test_gguf_stream_trace_file_passes_check_traces(clean_env, gemma_backend, tm
     report = check_trace_file(trace_file)
     assert report.genai_spans == 1
     assert report.count("violation") == 0, report.findings
-    spans = [span for line in trace_file.read_text().splitlines() for rs in json.loads(line).get("resourceSpans", [])
-             for ss in rs["scopeSpans"] for span in ss["spans"]]
+    spans = [
+        span
+        for line in trace_file.read_text().splitlines()
+        for rs in json.loads(line).get("resourceSpans", [])
+        for ss in rs["scopeSpans"]
+        for span in ss["spans"]
+    ]
     (span,) = spans
     attrs = {a["key"]: next(iter(a["value"].values())) for a in span["attributes"]}
     duration_s = (int(span["endTimeUnixNano"]) - int(span["startTimeUnixNano"])) / 1e9
@@ -219,7 +253,9 @@ def test_gguf_stream_trace_file_passes_check_traces(clean_env, gemma_backend, tm
 
 
 def test_base_install_runs_a_session_and_configure_fails_clearly(clean_env, tmp_path, minilm_orin_bundle):
-    script = _NO_SDK + f"""
+    script = (
+        _NO_SDK
+        + f"""
 import numpy as np
 from edgesdk import telemetry
 from edgesdk.errors import MissingExtraError
@@ -235,6 +271,7 @@ except MissingExtraError as exc:
     print("ERROR", exc.one_line())
 print(sorted(m for m in sys.modules if m.startswith(("opentelemetry.sdk", "opentelemetry.semconv"))))
 """
+    )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.strip().splitlines()

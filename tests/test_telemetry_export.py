@@ -75,10 +75,14 @@ def test_otlp_grpc_receiver_gets_spans_and_metrics(clean_env, grpc_receiver, how
     attrs = {kv.key: kv.value for kv in span.attributes}
     assert attrs["gen_ai.provider.name"].string_value == "llama.cpp"
     assert attrs["gen_ai.usage.output_tokens"].int_value == 3
-    names = {m.name for req in receiver.metrics for rm in req.resource_metrics for sm in rm.scope_metrics
-             for m in sm.metrics}
-    assert {"gen_ai.client.operation.duration", "gen_ai.client.token.usage",
-            "gen_ai.client.operation.time_per_output_chunk"} <= names
+    names = {
+        m.name for req in receiver.metrics for rm in req.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+    }
+    assert {
+        "gen_ai.client.operation.duration",
+        "gen_ai.client.token.usage",
+        "gen_ai.client.operation.time_per_output_chunk",
+    } <= names
 
 
 class _HTTPReceiver(http.server.ThreadingHTTPServer):
@@ -93,9 +97,15 @@ class _HTTPReceiver(http.server.ThreadingHTTPServer):
             def do_POST(self):  # noqa: N802 - http.server API
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 receiver.posts.append((self.path, {k.lower(): v for k, v in self.headers.items()}, body))
-                reply = b"" if receiver.status != 200 else (
-                    metrics_service_pb2.ExportMetricsServiceResponse() if "metrics" in self.path
-                    else trace_service_pb2.ExportTraceServiceResponse()).SerializeToString()
+                reply = (
+                    b""
+                    if receiver.status != 200
+                    else (
+                        metrics_service_pb2.ExportMetricsServiceResponse()
+                        if "metrics" in self.path
+                        else trace_service_pb2.ExportTraceServiceResponse()
+                    ).SerializeToString()
+                )
                 self.send_response(receiver.status)
                 self.send_header("Content-Type", "application/x-protobuf")
                 self.send_header("Content-Length", str(len(reply)))
@@ -155,10 +165,19 @@ def test_otlp_http_receiver_gets_what_the_sdk_encoder_builds(clean_env, http_rec
     for _ in range(3):
         _one_request()
     telemetry.shutdown()
-    posted = [span for request in receiver.traces() for rs in request.resource_spans for ss in rs.scope_spans
-              for span in ss.spans]
-    reference = [span for rs in encode_spans(memory.get_finished_spans()).resource_spans for ss in rs.scope_spans
-                 for span in ss.spans]
+    posted = [
+        span
+        for request in receiver.traces()
+        for rs in request.resource_spans
+        for ss in rs.scope_spans
+        for span in ss.spans
+    ]
+    reference = [
+        span
+        for rs in encode_spans(memory.get_finished_spans()).resource_spans
+        for ss in rs.scope_spans
+        for span in ss.spans
+    ]
     assert len(posted) == 3 and sorted(posted, key=lambda s: s.span_id) == sorted(reference, key=lambda s: s.span_id)
     assert telemetry.stats()["spans_exported"] == 6  # both exporters, counted
 
@@ -254,9 +273,14 @@ def test_trace_file_lines_are_the_exporter_encoding_in_otlp_json(clean_env, tmp_
     path = tmp_path / "t.jsonl"
     memory = InMemorySpanExporter()
     telemetry.configure(trace_file=path, span_exporter=memory, capture_content=True)
-    with telemetry.inference("chat", "gemma", "llama.cpp", stream=True,
-                             request={"max_tokens": 8, "temperature": 0.5, "stop_sequences": ["\n", "END"]},
-                             attributes={"edgesdk.bundle.id": "", "edgesdk.flag": False}) as rec:
+    with telemetry.inference(
+        "chat",
+        "gemma",
+        "llama.cpp",
+        stream=True,
+        request={"max_tokens": 8, "temperature": 0.5, "stop_sequences": ["\n", "END"]},
+        attributes={"edgesdk.bundle.id": "", "edgesdk.flag": False},
+    ) as rec:
         rec.set_input_tokens(3)
         rec.chunk()
         rec.capture_input("héllo")
@@ -270,15 +294,24 @@ def test_trace_file_lines_are_the_exporter_encoding_in_otlp_json(clean_env, tmp_
     spans = memory.get_finished_spans()
     assert len(spans) == 3
     docs = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
-    written = sorted((span for doc in docs for rs in doc.get("resourceSpans", []) for ss in rs["scopeSpans"]
-                      for span in ss["spans"]), key=lambda span: span["spanId"])
+    written = sorted(
+        (
+            span
+            for doc in docs
+            for rs in doc.get("resourceSpans", [])
+            for ss in rs["scopeSpans"]
+            for span in ss["spans"]
+        ),
+        key=lambda span: span["spanId"],
+    )
     assert written == _reference_otlp_json(spans)
     chat = next(span for span in written if span["name"] == "chat gemma")
     attrs = {a["key"]: a["value"] for a in chat["attributes"]}
     assert len(chat["traceId"]) == 32 and int(chat["traceId"], 16) and chat["kind"] == 1
     assert attrs["gen_ai.usage.input_tokens"] == {"intValue": "3"}
-    assert attrs["gen_ai.request.stop_sequences"] == {"arrayValue": {"values": [{"stringValue": "\n"},
-                                                                               {"stringValue": "END"}]}}
+    assert attrs["gen_ai.request.stop_sequences"] == {
+        "arrayValue": {"values": [{"stringValue": "\n"}, {"stringValue": "END"}]}
+    }
     assert chat["events"][0]["attributes"][0]["value"] == {"doubleValue": "NaN"}
     assert "héllo" in json.dumps(attrs["gen_ai.input.messages"], ensure_ascii=False)
     assert any("resourceMetrics" in doc for doc in docs)

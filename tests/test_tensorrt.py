@@ -23,8 +23,10 @@ from edgesdk.plan import BuildOptions, inspect_model
 from edgesdk.profiles import resolve_profile
 
 TRT_VERSION, TRT_WHY = tensorrt_python()
-needs_tensorrt = pytest.mark.skipif(TRT_VERSION is None, reason=f"needs a real TensorRT: {TRT_WHY} "
-                                    "(not installable on these machines, docs/versions.md)")
+needs_tensorrt = pytest.mark.skipif(
+    TRT_VERSION is None,
+    reason=f"needs a real TensorRT: {TRT_WHY} (not installable on these machines, docs/versions.md)",
+)
 
 
 @pytest.fixture(scope="session")
@@ -79,20 +81,29 @@ def test_preflight_names_every_mismatch():
     target = {"sm": "8.7", "tensorrt": "10.3", "l4t": "36.4"}
     assert preflight(target, {"sm": "8.7", "tensorrt": "10.3.0", "l4t": "36.4.3"}) == []
     problems = preflight(target, {"sm": "8.6", "tensorrt": "8.6.2", "l4t": "36.2"})
-    assert problems == ["engine targets sm_8.7, this GPU is sm_8.6",
-                        "engine targets TensorRT 10.3, this host has 8.6.2",
-                        "engine targets L4T 36.4, this Jetson runs L4T 36.2"]
-    assert preflight(target, {"sm": None, "tensorrt": None}) == ["no NVIDIA GPU here",
-                                                                 "TensorRT is not installed here"]
+    assert problems == [
+        "engine targets sm_8.7, this GPU is sm_8.6",
+        "engine targets TensorRT 10.3, this host has 8.6.2",
+        "engine targets L4T 36.4, this Jetson runs L4T 36.2",
+    ]
+    assert preflight(target, {"sm": None, "tensorrt": None}) == ["no NVIDIA GPU here", "TensorRT is not installed here"]
 
 
 def _config(tmp_path: Path) -> dict:
     fields = {"sm": "8.7", "tensorrt": "10.3", "l4t": "36.4", "precision": "fp16", "model_sha256": "ab" * 32}
-    return {"schema": 1, "onnx": "model.onnx", "precision": "fp16", "precision_flags": ["fp16"],
-            "dla": {"core": 1, "gpu_fallback": True},
-            "optimization_profiles": [{"x": {"min": [1, 3], "opt": [1, 128], "max": [8, 512]}}],
-            "workspace_mb": 1024, "builder_optimization_level": 3, "target": {"sm": "8.7", "tensorrt": "10.3"},
-            "cache_key_fields": fields, "cache_key": E.cache_key(fields)}
+    return {
+        "schema": 1,
+        "onnx": "model.onnx",
+        "precision": "fp16",
+        "precision_flags": ["fp16"],
+        "dla": {"core": 1, "gpu_fallback": True},
+        "optimization_profiles": [{"x": {"min": [1, 3], "opt": [1, 128], "max": [8, 512]}}],
+        "workspace_mb": 1024,
+        "builder_optimization_level": 3,
+        "target": {"sm": "8.7", "tensorrt": "10.3"},
+        "cache_key_fields": fields,
+        "cache_key": E.cache_key(fields),
+    }
 
 
 def test_trtexec_command_and_config_validation(tmp_path):
@@ -131,8 +142,12 @@ def deferred_bundle(capability_models, tmp_path_factory) -> Path:
     from edgesdk.build import build
 
     out = tmp_path_factory.mktemp("trt") / "cnn-orin-nx"
-    return build(str(capability_models["cnn"]), "orin-nx-16gb", out,
-                 BuildOptions(format="tensorrt", progress=False, parity_samples=8, calibration_samples=4))
+    return build(
+        str(capability_models["cnn"]),
+        "orin-nx-16gb",
+        out,
+        BuildOptions(format="tensorrt", progress=False, parity_samples=8, calibration_samples=4),
+    )
 
 
 @pytest.mark.slow
@@ -145,7 +160,8 @@ def test_deferred_engine_bundle(deferred_bundle):
     config = E.read_config(deferred_bundle / "tensorrt" / "engine_config.json")
     assert config["target"]["sm"] == "8.7" and config["precision_flags"] == ["fp16"]
     assert config["cache_key_fields"]["model_sha256"] == next(
-        a["sha256"] for a in manifest["artifacts"] if a["role"] == "model")
+        a["sha256"] for a in manifest["artifacts"] if a["role"] == "model"
+    )
     assert config["trtexec"].startswith("trtexec --onnx=model.onnx")
     assert info["capability"]["placement"] == {"tensorrt": info["capability"]["nodes"]}
     if TRT_VERSION is None:
@@ -257,8 +273,9 @@ def test_fallbacks_are_telemetry_events(deferred_bundle):
         with edgesdk.load(deferred_bundle) as session:
             recorded = session.report()["fallbacks"]
         assert telemetry.force_flush()
-        events = [dict(e.attributes) for s in spans.get_finished_spans() for e in s.events
-                  if e.name == "edgesdk.fallback"]
+        events = [
+            dict(e.attributes) for s in spans.get_finished_spans() for e in s.events if e.name == "edgesdk.fallback"
+        ]
     finally:
         telemetry.shutdown()
     assert len(events) == len(recorded) >= 1
@@ -269,8 +286,12 @@ def test_fallbacks_are_telemetry_events(deferred_bundle):
 def test_dla_build_config_carries_core_and_gpu_fallback(capability_models, tmp_path):
     from edgesdk.build import build
 
-    out = build(str(capability_models["dla_cnn"]), "orin-agx-64gb", tmp_path / "dla",
-                BuildOptions(format="tensorrt", dla=True, progress=False, parity_samples=4, calibration_samples=2))
+    out = build(
+        str(capability_models["dla_cnn"]),
+        "orin-agx-64gb",
+        tmp_path / "dla",
+        BuildOptions(format="tensorrt", dla=True, progress=False, parity_samples=4, calibration_samples=2),
+    )
     config = E.read_config(out / "tensorrt" / "engine_config.json")
     assert config["dla"] == {"core": 0, "gpu_fallback": True}
     assert config["cache_key_fields"]["dla"] == {"core": 0, "gpu_fallback": True}

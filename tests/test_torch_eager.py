@@ -38,8 +38,16 @@ def torch_bundle(tmp_path_factory) -> tuple[Path, torch.nn.Module, torch.Tensor]
     module = CumMaxHead().eval()
     x = torch.randn(2, 8)
     out = tmp_path_factory.mktemp("torch") / "cummax-orin"
-    build(module, "orin-agx-64gb", out, BuildOptions(format="tensorrt", progress=False, extra={
-        "module": module, "example_inputs": (x,), "input_names": ["x"], "license": "Apache-2.0"}))
+    build(
+        module,
+        "orin-agx-64gb",
+        out,
+        BuildOptions(
+            format="tensorrt",
+            progress=False,
+            extra={"module": module, "example_inputs": (x,), "input_names": ["x"], "license": "Apache-2.0"},
+        ),
+    )
     return out, module, x
 
 
@@ -73,7 +81,10 @@ def test_torch_backend_runs_it_eagerly_and_says_why(torch_bundle):
     assert br["cost"]["measured_here_ms_p50"] > 0 and br["cost"]["runs_measured"] >= 1
     if not torch.cuda.is_available():
         assert {(f["from"], f["to"]) for f in report["fallbacks"]} == {
-            ("torch.compile", "eager"), ("cuda-graphs", "eager"), ("flash-attention", "eager")}
+            ("torch.compile", "eager"),
+            ("cuda-graphs", "eager"),
+            ("flash-attention", "eager"),
+        }
 
 
 def test_fast_paths_follow_the_profile_kernel_table():

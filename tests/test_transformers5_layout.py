@@ -25,24 +25,30 @@ from edgesdk.formats.vlm import convert as vconv  # noqa: E402
 # ------------------------------------------------------------------ config, tokenizer and name rules (no model)
 
 
-@pytest.mark.parametrize("config, want", [
-    ({}, (10000.0, "default")),
-    ({"rope_theta": 500000.0}, (500000.0, "default")),  # transformers 4
-    ({"rope_parameters": {"rope_theta": 1e6, "rope_type": "default"}}, (1e6, "default")),  # transformers 5
-    ({"rope_theta": 1e6, "rope_parameters": {"rope_theta": 1e6}}, (1e6, "default")),  # both, agreeing
-    ({"rope_theta": 1e4, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}, (1e4, "linear")),
-    ({"rope_parameters": {"rope_theta": 1e4, "rope_type": "yarn", "factor": 4.0}}, (1e4, "yarn")),
-])
+@pytest.mark.parametrize(
+    "config, want",
+    [
+        ({}, (10000.0, "default")),
+        ({"rope_theta": 500000.0}, (500000.0, "default")),  # transformers 4
+        ({"rope_parameters": {"rope_theta": 1e6, "rope_type": "default"}}, (1e6, "default")),  # transformers 5
+        ({"rope_theta": 1e6, "rope_parameters": {"rope_theta": 1e6}}, (1e6, "default")),  # both, agreeing
+        ({"rope_theta": 1e4, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}, (1e4, "linear")),
+        ({"rope_parameters": {"rope_theta": 1e4, "rope_type": "yarn", "factor": 4.0}}, (1e4, "yarn")),
+    ],
+)
 def test_rope_settings_read_either_layout(config, want):
     assert conv.rope_settings(config) == want
 
 
-@pytest.mark.parametrize("config, match", [
-    ({"rope_theta": 1e4, "rope_parameters": {"rope_theta": 1e6}}, "disagree"),
-    ({"rope_parameters": {"full_attention": {"rope_theta": 1e6}}}, "per layer type"),
-    ({"rope_parameters": [1e6]}, "must be an object"),
-    ({"rope_parameters": {"rope_theta": "big"}}, "not a positive number"),
-])
+@pytest.mark.parametrize(
+    "config, match",
+    [
+        ({"rope_theta": 1e4, "rope_parameters": {"rope_theta": 1e6}}, "disagree"),
+        ({"rope_parameters": {"full_attention": {"rope_theta": 1e6}}}, "per layer type"),
+        ({"rope_parameters": [1e6]}, "must be an object"),
+        ({"rope_parameters": {"rope_theta": "big"}}, "not a positive number"),
+    ],
+)
 def test_bad_rope_settings_are_one_line_errors(config, match):
     with pytest.raises(ModelError, match=match) as err:
         conv.rope_settings(config)
@@ -50,29 +56,51 @@ def test_bad_rope_settings_are_one_line_errors(config, match):
 
 
 def test_config_and_tokenizer_config_back_to_transformers4():
-    cfg = {"_pad_token_id": 1, "text_config": {"rope_parameters": {"rope_theta": 1e6, "rope_type": "default"},
-                                               "tie_word_embeddings": False}}
-    assert conv.config_for_transformers4(cfg) == {"pad_token_id": 1, "text_config": {
-        "rope_theta": 1e6, "tie_word_embeddings": False}}
-    scaled = conv.config_for_transformers4({"rope_parameters": {"rope_theta": 1e4, "rope_type": "linear",
-                                                                "factor": 2.0}})
+    cfg = {
+        "_pad_token_id": 1,
+        "text_config": {"rope_parameters": {"rope_theta": 1e6, "rope_type": "default"}, "tie_word_embeddings": False},
+    }
+    assert conv.config_for_transformers4(cfg) == {
+        "pad_token_id": 1,
+        "text_config": {"rope_theta": 1e6, "tie_word_embeddings": False},
+    }
+    scaled = conv.config_for_transformers4(
+        {"rope_parameters": {"rope_theta": 1e4, "rope_type": "linear", "factor": 2.0}}
+    )
     assert scaled == {"rope_theta": 1e4, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}
-    tc = {"backend": "tokenizers", "tokenizer_class": "TokenizersBackend", "bos_token": "<s>",
-          "extra_special_tokens": ["<a>", "<b>"], "image_token": "<image>"}
+    tc = {
+        "backend": "tokenizers",
+        "tokenizer_class": "TokenizersBackend",
+        "bos_token": "<s>",
+        "extra_special_tokens": ["<a>", "<b>"],
+        "image_token": "<image>",
+    }
     assert conv.tokenizer_config_for_transformers4(tc) == {
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "additional_special_tokens": ["<a>", "<b>"],
-        "extra_special_tokens": {"image_token": "<image>"}}
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<s>",
+        "additional_special_tokens": ["<a>", "<b>"],
+        "extra_special_tokens": {"image_token": "<image>"},
+    }
 
 
 def test_llava_vision_names_map_to_the_transformers4_layout():
-    assert vconv.canonical_name("vision_tower.encoder.layers.0.mlp.fc1.weight") == \
-        "vision_tower.vision_model.encoder.layers.0.mlp.fc1.weight"
-    assert vconv.canonical_name("model.vision_tower.embeddings.patch_embedding.bias") == \
-        "model.vision_tower.vision_model.embeddings.patch_embedding.bias"
-    assert vconv.canonical_name("vision_tower.post_layernorm.weight") == \
-        "vision_tower.vision_model.post_layernorm.weight"
-    for same in ("vision_tower.vision_model.encoder.layers.0.mlp.fc1.weight", "language_model.model.norm.weight",
-                 "model.vision_model.encoder.layers.0.mlp.fc1.weight", "multi_modal_projector.linear_1.weight"):
+    assert (
+        vconv.canonical_name("vision_tower.encoder.layers.0.mlp.fc1.weight")
+        == "vision_tower.vision_model.encoder.layers.0.mlp.fc1.weight"
+    )
+    assert (
+        vconv.canonical_name("model.vision_tower.embeddings.patch_embedding.bias")
+        == "model.vision_tower.vision_model.embeddings.patch_embedding.bias"
+    )
+    assert (
+        vconv.canonical_name("vision_tower.post_layernorm.weight") == "vision_tower.vision_model.post_layernorm.weight"
+    )
+    for same in (
+        "vision_tower.vision_model.encoder.layers.0.mlp.fc1.weight",
+        "language_model.model.norm.weight",
+        "model.vision_model.encoder.layers.0.mlp.fc1.weight",
+        "multi_modal_projector.linear_1.weight",
+    ):
         assert vconv.canonical_name(same) == same
 
 
@@ -81,11 +109,24 @@ def _fake_llava(directory: Path, names: list[str], *, processor: dict | None = N
     from safetensors.numpy import save_file
 
     directory.mkdir(parents=True)
-    (directory / "config.json").write_text(json.dumps({
-        "architectures": ["LlavaForConditionalGeneration"], "vision_feature_select_strategy": "full",
-        "vision_config": {"model_type": "siglip_vision_model", "image_size": 32, "patch_size": 16, "hidden_size": 8,
-                          "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2},
-        "text_config": {"model_type": "llama", "hidden_size": 8}}))
+    (directory / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlavaForConditionalGeneration"],
+                "vision_feature_select_strategy": "full",
+                "vision_config": {
+                    "model_type": "siglip_vision_model",
+                    "image_size": 32,
+                    "patch_size": 16,
+                    "hidden_size": 8,
+                    "intermediate_size": 16,
+                    "num_hidden_layers": 1,
+                    "num_attention_heads": 2,
+                },
+                "text_config": {"model_type": "llama", "hidden_size": 8},
+            }
+        )
+    )
     if processor is not None:
         (directory / "processor_config.json").write_text(json.dumps(processor))
     save_file({n: np.zeros(2, dtype=np.float32) for n in names}, str(directory / "model.safetensors"))
@@ -93,18 +134,23 @@ def _fake_llava(directory: Path, names: list[str], *, processor: dict | None = N
 
 
 def test_mixed_and_unknown_layouts_are_one_line_model_errors(tmp_path):
-    image = {"image_processor": {"image_mean": [0.5] * 3, "image_std": [0.5] * 3, "size": {"height": 32,
-                                                                                            "width": 32}}}
-    mixed = _fake_llava(tmp_path / "mixed", ["vision_tower.vision_model.embeddings.patch_embedding.bias",
-                                             "vision_tower.encoder.layers.0.layer_norm1.bias"], processor=image)
+    image = {"image_processor": {"image_mean": [0.5] * 3, "image_std": [0.5] * 3, "size": {"height": 32, "width": 32}}}
+    mixed = _fake_llava(
+        tmp_path / "mixed",
+        ["vision_tower.vision_model.embeddings.patch_embedding.bias", "vision_tower.encoder.layers.0.layer_norm1.bias"],
+        processor=image,
+    )
     with pytest.raises(ModelError, match="mix the transformers 4 .* and 5 .* layouts") as err:
         vconv.write_mmproj(mixed, tmp_path / "mixed.gguf")
     assert "\n" not in str(err.value)
     odd = _fake_llava(tmp_path / "odd", ["vision_tower.trunk.blocks.0.norm.bias"], processor=image)
     with pytest.raises(ModelError, match="vision_tower.trunk.blocks.0.norm.bias has no mmproj GGUF name"):
         vconv.write_mmproj(odd, tmp_path / "odd.gguf")
-    bare = _fake_llava(tmp_path / "bare", ["vision_tower.encoder.layers.0.layer_norm1.bias"],
-                       processor={"processor_class": "LlavaProcessor"})
+    bare = _fake_llava(
+        tmp_path / "bare",
+        ["vision_tower.encoder.layers.0.layer_norm1.bias"],
+        processor={"processor_class": "LlavaProcessor"},
+    )
     with pytest.raises(ModelError, match="no image processor .*preprocessor_config.json.*processor_config.json"):
         vconv.write_mmproj(bare, tmp_path / "bare.gguf")
 
@@ -112,10 +158,19 @@ def test_mixed_and_unknown_layouts_are_one_line_model_errors(tmp_path):
 def test_image_processor_comes_from_either_file(tmp_path):
     from edgesdk.formats.vlm.facts import hf_vlm_facts
 
-    d = _fake_llava(tmp_path / "m", ["vision_tower.encoder.layers.0.layer_norm1.bias"], processor={
-        "processor_class": "LlavaProcessor", "image_processor": {"image_mean": [0.5] * 3, "image_std": [0.5] * 3}})
-    assert vconv.image_processor(d) == {"image_mean": [0.5] * 3, "image_std": [0.5] * 3,
-                                        "processor_class": "LlavaProcessor"}
+    d = _fake_llava(
+        tmp_path / "m",
+        ["vision_tower.encoder.layers.0.layer_norm1.bias"],
+        processor={
+            "processor_class": "LlavaProcessor",
+            "image_processor": {"image_mean": [0.5] * 3, "image_std": [0.5] * 3},
+        },
+    )
+    assert vconv.image_processor(d) == {
+        "image_mean": [0.5] * 3,
+        "image_std": [0.5] * 3,
+        "processor_class": "LlavaProcessor",
+    }
     assert hf_vlm_facts(d)["preprocessor"] is True
     (d / "preprocessor_config.json").write_text(json.dumps({"image_mean": [0.1] * 3, "image_std": [0.2] * 3}))
     assert vconv.image_processor(d)["image_mean"] == [0.1] * 3  # transformers 4's file wins where both exist
@@ -139,8 +194,10 @@ def _gguf(path: Path):
     import numpy as np
 
     r = gguf.GGUFReader(str(path))
-    return ({k: str(f.contents()) for k, f in r.fields.items() if not k.startswith("GGUF.")},
-            {t.name: np.array(t.data) for t in r.tensors})
+    return (
+        {k: str(f.contents()) for k, f in r.fields.items() if not k.startswith("GGUF.")},
+        {t.name: np.array(t.data) for t in r.tensors},
+    )
 
 
 @pytest.mark.slow

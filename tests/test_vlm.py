@@ -112,9 +112,19 @@ def test_generate_chat_and_image_prefix_reuse(vlm_bundle, images):
         second = dict(s.backend.last)
         assert second["encoder_runs"] == 1 and second["images_cached"] == 1  # the encoder did not run again
         assert second["kv_reused_tokens"] >= 16 + 2  # BOS/"USER: " + the image stayed in the KV cache
-        chat = s.chat([{"role": "user", "content": [{"type": "image", "path": str(images[2])},
-                                                    {"type": "text", "text": "What is on the table?"}]}],
-                      max_tokens=6, temperature=0)
+        chat = s.chat(
+            [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image", "path": str(images[2])},
+                        {"type": "text", "text": "What is on the table?"},
+                    ],
+                }
+            ],
+            max_tokens=6,
+            temperature=0,
+        )
         assert chat == a and s.backend.last["encoder_runs"] == 1
     finally:
         s.close()
@@ -127,8 +137,21 @@ def test_generate_chat_and_image_prefix_reuse(vlm_bundle, images):
 
 @pytest.mark.slow
 def test_cli_run_with_images(vlm_bundle, images, run_cli):
-    proc = run_cli("run", str(vlm_bundle), "--image", str(images[0]), "--image", str(images[1]), "--prompt",
-                   "Compare them", "-n", "4", "--temp", "0", "--json")
+    proc = run_cli(
+        "run",
+        str(vlm_bundle),
+        "--image",
+        str(images[0]),
+        "--image",
+        str(images[1]),
+        "--prompt",
+        "Compare them",
+        "-n",
+        "4",
+        "--temp",
+        "0",
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["report"]["backend_report"]["last_request"]["image_tokens"] == 32

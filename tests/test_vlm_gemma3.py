@@ -58,12 +58,21 @@ def test_mmproj_layout_is_llama_cpp_gemma3(tiny_gemma3, tmp_path):
     assert r.fields["clip.projector_type"].contents() == "gemma3"
     assert r.fields["clip.vision.projector.scale_factor"].contents() == 4
     tensors = {t.name: t for t in r.tensors}
-    assert {"mm.input_projection.weight", "mm.soft_emb_norm.weight", "v.post_ln.weight", "v.patch_embd.weight",
-            "v.position_embd.weight"} <= set(tensors)
+    assert {
+        "mm.input_projection.weight",
+        "mm.soft_emb_norm.weight",
+        "v.post_ln.weight",
+        "v.patch_embd.weight",
+        "v.position_embd.weight",
+    } <= set(tensors)
     hf = load_file(str(tiny_gemma3 / "model.safetensors"))
     # clip.cpp multiplies by the stored norm (HF: 1 + w) and transposes the [vision, text] projection in its graph
-    np.testing.assert_allclose(np.array(tensors["mm.soft_emb_norm.weight"].data),
-                               hf["multi_modal_projector.mm_soft_emb_norm.weight"] + 1.0, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(
+        np.array(tensors["mm.soft_emb_norm.weight"].data),
+        hf["multi_modal_projector.mm_soft_emb_norm.weight"] + 1.0,
+        rtol=0,
+        atol=1e-6,
+    )
     proj = hf["multi_modal_projector.mm_input_projection_weight"]
     assert proj.shape == (64, 160) and list(tensors["mm.input_projection.weight"].shape) == [160, 64]
 
@@ -78,12 +87,15 @@ def _edited(src: Path, dst: Path, config: dict | None = None, pre: dict | None =
     return dst
 
 
-@pytest.mark.parametrize("config, pre, match", [
-    ({"mm_tokens_per_image": 15}, None, "mm_tokens_per_image 15 must be a square whose side divides the 16 x 16"),
-    ({"mm_tokens_per_image": 9}, None, "mm_tokens_per_image 9 must be a square whose side divides"),
-    (None, {"do_pan_and_scan": True}, "do_pan_and_scan .* is not supported"),
-    (None, {"size": {"height": 448, "width": 448}}, "size .* differs from the vision image_size 224"),
-])
+@pytest.mark.parametrize(
+    "config, pre, match",
+    [
+        ({"mm_tokens_per_image": 15}, None, "mm_tokens_per_image 15 must be a square whose side divides the 16 x 16"),
+        ({"mm_tokens_per_image": 9}, None, "mm_tokens_per_image 9 must be a square whose side divides"),
+        (None, {"do_pan_and_scan": True}, "do_pan_and_scan .* is not supported"),
+        (None, {"size": {"height": 448, "width": 448}}, "size .* differs from the vision image_size 224"),
+    ],
+)
 def test_unsupported_gemma3_checkpoints_are_one_line_model_errors(tiny_gemma3, tmp_path, config, pre, match):
     from edgesdk.formats.vlm.convert import write_mmproj
 
@@ -148,11 +160,12 @@ def test_image_tokens_attend_both_ways_as_in_pytorch(tiny_gemma3, gemma3_bundle,
     model = Gemma3ForConditionalGeneration.from_pretrained(tiny_gemma3).eval()
     differ = 0
     for path, p in zip(test_images(tmp_path), vision["per_image"], strict=True):
-        x = proc(images=Image.open(path).convert("RGB"), text=by_name("gemma3").reference_prompt(PROMPT),
-                 return_tensors="pt")
+        x = proc(
+            images=Image.open(path).convert("RGB"), text=by_name("gemma3").reference_prompt(PROMPT), return_tensors="pt"
+        )
         x.pop("token_type_ids")  # causal attention over the image tokens
         with torch.no_grad():
-            causal = model.generate(**x, max_new_tokens=8, do_sample=False)[0, x["input_ids"].shape[1]:].tolist()
+            causal = model.generate(**x, max_new_tokens=8, do_sample=False)[0, x["input_ids"].shape[1] :].tolist()
         differ += int(causal != p["tokens_ours"])
     assert differ >= 1
 
@@ -176,17 +189,27 @@ def test_prompt_tokens_chat_and_cli(tiny_gemma3, gemma3_bundle, images, run_cli)
         text = proc.apply_chat_template(msgs, add_generation_prompt=True).removeprefix("<bos>")
         ids = proc(text=text, images=[Image.open(images[2]).convert("RGB")], return_tensors="np")["input_ids"][0]
         image_id = proc.tokenizer.convert_tokens_to_ids("<image_soft_token>")
-        prompt_kv = kv[:len(ids)]  # the KV cache holds the prompt, then the answer
+        prompt_kv = kv[: len(ids)]  # the KV cache holds the prompt, then the answer
         assert [t for t in prompt_kv if not isinstance(t, tuple)] == [int(t) for t in ids if t != image_id]
-        assert [i for i, t in enumerate(prompt_kv) if isinstance(t, tuple)] == \
-            [i for i, t in enumerate(ids) if t == image_id]
-        chat = s.chat([{"role": "user", "content": [{"type": "image", "path": str(images[2])},
-                                                    {"type": "text", "text": PROMPT}]}], max_tokens=6, temperature=0)
+        assert [i for i, t in enumerate(prompt_kv) if isinstance(t, tuple)] == [
+            i for i, t in enumerate(ids) if t == image_id
+        ]
+        chat = s.chat(
+            [
+                {
+                    "role": "user",
+                    "content": [{"type": "image", "path": str(images[2])}, {"type": "text", "text": PROMPT}],
+                }
+            ],
+            max_tokens=6,
+            temperature=0,
+        )
         assert chat == a and s.backend.last["images_cached"] == 1 and s.backend.last["encoder_runs"] == 1
     finally:
         s.close()
-    proc_run = run_cli("run", str(gemma3_bundle), "--image", str(images[0]), "--prompt", PROMPT, "-n", "4",
-                       "--temp", "0", "--json")
+    proc_run = run_cli(
+        "run", str(gemma3_bundle), "--image", str(images[0]), "--prompt", PROMPT, "-n", "4", "--temp", "0", "--json"
+    )
     assert proc_run.returncode == 0, proc_run.stderr
     out = json.loads(proc_run.stdout)
     assert out["report"]["backend_report"]["last_request"]["image_tokens"] == GEMMA3_IMAGE_TOKENS
@@ -207,13 +230,32 @@ def test_served_chat_with_an_image_equals_edgesdk_run(gemma3_bundle, images, tmp
     try:
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
         reply = client.chat.completions.create(
-            model="gemma3", max_tokens=6, temperature=0,
-            messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
-                                                   {"type": "text", "text": PROMPT}]}])
+            model="gemma3",
+            max_tokens=6,
+            temperature=0,
+            messages=[
+                {
+                    "role": "user",
+                    "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": PROMPT}],
+                }
+            ],
+        )
     finally:
         assert srv.stop() == 0, srv.log.read_text()[-3000:]
-    proc = run_cli("run", str(gemma3_bundle), "--chat", "--image", str(images[2]), "--prompt", PROMPT, "-n", "6",
-                   "--temp", "0", "--json")
+    proc = run_cli(
+        "run",
+        str(gemma3_bundle),
+        "--chat",
+        "--image",
+        str(images[2]),
+        "--prompt",
+        PROMPT,
+        "-n",
+        "6",
+        "--temp",
+        "0",
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert reply.choices[0].message.content == out["text"]
@@ -262,12 +304,15 @@ def test_two_images_in_one_prompt_match_pytorch(tiny_gemma3, gemma3_bundle, tmp_
         s.close()
     proc = AutoProcessor.from_pretrained(tiny_gemma3)
     model = Gemma3ForConditionalGeneration.from_pretrained(tiny_gemma3).eval()
-    x = proc(images=[[Image.open(p).convert("RGB") for p in pair]], return_tensors="pt",
-             text=by_name("gemma3").user_prompt("Compare them.", 2, "<start_of_image>"))
+    x = proc(
+        images=[[Image.open(p).convert("RGB") for p in pair]],
+        return_tensors="pt",
+        text=by_name("gemma3").user_prompt("Compare them.", 2, "<start_of_image>"),
+    )
     with torch.no_grad():
-        want = model.generate(**x, max_new_tokens=8, do_sample=False)[0, x["input_ids"].shape[1]:].tolist()
+        want = model.generate(**x, max_new_tokens=8, do_sample=False)[0, x["input_ids"].shape[1] :].tolist()
     eos = {proc.tokenizer.eos_token_id, proc.tokenizer.convert_tokens_to_ids("<end_of_turn>")}
-    want = want[:next((i for i, t in enumerate(want) if t in eos), len(want))]
+    want = want[: next((i for i, t in enumerate(want) if t in eos), len(want))]
     assert n_in == x["input_ids"].shape[1] == 56 and ours == want  # 2 x 16 image tokens + 24 text tokens
 
 
@@ -279,8 +324,17 @@ def test_a_tokenizer_config_saved_again_by_transformers5_reads_on_transformers4(
     from edgesdk.formats.gguf.convert import tokenizer_config_for_transformers4
 
     named = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
-    saved = {"backend": "tokenizers", "tokenizer_class": "TokenizersBackend", "bos_token": "<bos>",
-             "eos_token": "<eos>", **named, "model_specific_special_tokens": dict(named)}
+    saved = {
+        "backend": "tokenizers",
+        "tokenizer_class": "TokenizersBackend",
+        "bos_token": "<bos>",
+        "eos_token": "<eos>",
+        **named,
+        "model_specific_special_tokens": dict(named),
+    }
     assert tokenizer_config_for_transformers4(saved) == {
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<bos>", "eos_token": "<eos>",
-        "extra_special_tokens": named}
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<bos>",
+        "eos_token": "<eos>",
+        "extra_special_tokens": named,
+    }

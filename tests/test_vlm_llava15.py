@@ -60,8 +60,12 @@ def llava15_bundle_5(tiny_llava15, tmp_path_factory) -> Path:
 def test_published_config_values(tiny_llava15):
     cfg = json.loads((tiny_llava15 / "config.json").read_text())
     v = cfg["vision_config"]
-    assert (v["model_type"], v["image_size"], v["patch_size"], v["hidden_act"]) == \
-        ("clip_vision_model", 336, 14, "quick_gelu")
+    assert (v["model_type"], v["image_size"], v["patch_size"], v["hidden_act"]) == (
+        "clip_vision_model",
+        336,
+        14,
+        "quick_gelu",
+    )
     assert cfg["vision_feature_select_strategy"] == "default" and cfg["vision_feature_layer"] == -2
     assert cfg["projector_hidden_act"] == "gelu" and cfg["image_seq_length"] == 576
     pre = json.loads((tiny_llava15 / "preprocessor_config.json").read_text())
@@ -153,17 +157,20 @@ def test_runtime_encodes_with_onnx_on_the_cpu_and_refuses_the_mmproj(llava15_bun
             inputs = proc(images=img, text="USER: <image>\nWhat is it? ASSISTANT:", return_tensors="pt")
             inputs.pop("token_type_ids", None)
             with torch.no_grad():
-                f = model.get_image_features(pixel_values=inputs["pixel_values"], vision_feature_layer=-2,
-                                             vision_feature_select_strategy="default")
+                f = model.get_image_features(
+                    pixel_values=inputs["pixel_values"],
+                    vision_feature_layer=-2,
+                    vision_feature_select_strategy="default",
+                )
                 f = f[0] if isinstance(f, (list, tuple)) else f
                 f = f.reshape(-1, f.shape[-1]).numpy()
-                want = model.generate(**inputs, max_new_tokens=6, do_sample=False)[0, inputs["input_ids"].shape[1]:]
+                want = model.generate(**inputs, max_new_tokens=6, do_sample=False)[0, inputs["input_ids"].shape[1] :]
             got = s.backend.image_features(path)
             assert got.shape == (LLAVA15_IMAGE_TOKENS, 128) and min_token_cosine(got, f) >= 0.999
             s.generate("What is it?", images=[path], max_tokens=6, temperature=0)
             eos = model.config.text_config.eos_token_id
             want = [int(t) for t in want.tolist()]
-            want = want[:want.index(eos)] if eos in want else want
+            want = want[: want.index(eos)] if eos in want else want
             assert s.backend.last["output_ids"] == want
             assert s.backend.last["input_tokens"] == inputs["input_ids"].shape[1]
     finally:
@@ -171,8 +178,19 @@ def test_runtime_encodes_with_onnx_on_the_cpu_and_refuses_the_mmproj(llava15_bun
 
 
 def test_cli_run_with_an_image(llava15_bundle, images, run_cli):
-    proc = run_cli("run", str(llava15_bundle), "--image", str(images[2]), "--prompt", "What is it?", "-n", "4",
-                   "--temp", "0", "--json")
+    proc = run_cli(
+        "run",
+        str(llava15_bundle),
+        "--image",
+        str(images[2]),
+        "--prompt",
+        "What is it?",
+        "-n",
+        "4",
+        "--temp",
+        "0",
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     last = json.loads(proc.stdout)["report"]["backend_report"]["last_request"]
     assert last["image_tokens"] == LLAVA15_IMAGE_TOKENS

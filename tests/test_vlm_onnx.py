@@ -115,8 +115,9 @@ def test_onnx_features_match_pytorch_on_the_test_images(tiny_llava, exported, im
         pv = proc.image_processor(images=img.convert("RGB"), return_tensors="pt")["pixel_values"]
         assert np.abs(normalise(pixels, pre) - pv.numpy()).max() < 1e-5  # same input as the processor's
         with torch.no_grad():
-            f = model.get_image_features(pixel_values=pv, vision_feature_layer=-2,
-                                         vision_feature_select_strategy="full")
+            f = model.get_image_features(
+                pixel_values=pv, vision_feature_layer=-2, vision_feature_select_strategy="full"
+            )
         f = (f[0] if isinstance(f, (list, tuple)) else f).reshape(-1, 64).numpy()
         got = onnx_features(path, [pixels], pre)[0]
         assert min_token_cosine(got, f) >= 0.999, p.name
@@ -135,8 +136,9 @@ def test_export_from_the_transformers5_layout_gives_the_same_encoder(tiny_llava,
     export_encoder(src, tmp_path / "enc32.onnx", tmp_path / "enc16.onnx")
     pre = json.loads((tiny_llava / "preprocessor_config.json").read_text())
     pixels = [ImagePreprocessor(pre, 64)(Image.open(p)) for p in images]
-    for a, b in zip(onnx_features(exported[0], pixels, pre), onnx_features(tmp_path / "enc16.onnx", pixels, pre),
-                    strict=True):
+    for a, b in zip(
+        onnx_features(exported[0], pixels, pre), onnx_features(tmp_path / "enc16.onnx", pixels, pre), strict=True
+    ):
         assert np.array_equal(a, b)
 
 

@@ -87,8 +87,9 @@ def test_prompt_layout_matches_the_hf_processor(tiny_smolvlm, tmp_path, images):
         hf_text = [int(t) for t in ids if t != image_id]
         # the KV cache holds the prompt: text token ids and one ("img", ...) entry per image position
         assert [t for t in backend.pipe._kv if not isinstance(t, tuple)] == hf_text
-        assert [i for i, t in enumerate(backend.pipe._kv) if isinstance(t, tuple)] == \
-            [i for i, t in enumerate(ids) if t == image_id]  # image positions where the HF processor puts them
+        assert [i for i, t in enumerate(backend.pipe._kv) if isinstance(t, tuple)] == [
+            i for i, t in enumerate(ids) if t == image_id
+        ]  # image positions where the HF processor puts them
     finally:
         backend.close()
 
@@ -140,14 +141,35 @@ def test_generate_chat_reuse_and_cli(smol_bundle, images, run_cli):
         a = s.generate("What is on the table?", images=[images[2]], max_tokens=6, temperature=0)
         first = dict(s.backend.last)
         assert first["image_tokens"] == IDEFICS3_IMAGE_TOKENS and first["encoder_runs"] == 1
-        chat = s.chat([{"role": "user", "content": [{"type": "image", "path": str(images[2])},
-                                                    {"type": "text", "text": "What is on the table?"}]}],
-                      max_tokens=6, temperature=0)
+        chat = s.chat(
+            [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image", "path": str(images[2])},
+                        {"type": "text", "text": "What is on the table?"},
+                    ],
+                }
+            ],
+            max_tokens=6,
+            temperature=0,
+        )
         assert chat == a and s.backend.last["encoder_runs"] == 1 and s.backend.last["images_cached"] == 1
     finally:
         s.close()
-    proc = run_cli("run", str(smol_bundle), "--image", str(images[0]), "--prompt", "Describe it", "-n", "4",
-                   "--temp", "0", "--json")
+    proc = run_cli(
+        "run",
+        str(smol_bundle),
+        "--image",
+        str(images[0]),
+        "--prompt",
+        "Describe it",
+        "-n",
+        "4",
+        "--temp",
+        "0",
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["report"]["backend_report"]["last_request"]["image_tokens"] == IDEFICS3_IMAGE_TOKENS

@@ -83,16 +83,22 @@ def test_prompt_layout_matches_the_hf_processor(tiny_smolvlm_split, tmp_path, im
     try:
         for paths in ([images[2]], [images[0]], [images[2], images[3]]):  # 120x80 -> 3 rows x 4 cols; 96x96 -> 4x4
             backend.generate("Describe the image.", images=paths, max_tokens=1, temperature=0)
-            msgs = [{"role": "user", "content": [{"type": "image"}] * len(paths)
-                     + [{"type": "text", "text": "Describe the image."}]}]
+            msgs = [
+                {
+                    "role": "user",
+                    "content": [{"type": "image"}] * len(paths) + [{"type": "text", "text": "Describe the image."}],
+                }
+            ]
             text = proc.apply_chat_template(msgs, add_generation_prompt=True)
-            ids = proc(text=text, images=[[Image.open(p).convert("RGB") for p in paths]],
-                       return_tensors="np")["input_ids"][0]
+            ids = proc(text=text, images=[[Image.open(p).convert("RGB") for p in paths]], return_tensors="np")[
+                "input_ids"
+            ][0]
             n_img = int((ids == image_id).sum())
             assert backend.last["input_tokens"] == len(ids) and backend.last["image_tokens"] == n_img
             assert [t for t in backend.pipe._kv if not isinstance(t, tuple)] == [int(t) for t in ids if t != image_id]
-            assert [i for i, t in enumerate(backend.pipe._kv) if isinstance(t, tuple)] == \
-                [i for i, t in enumerate(ids) if t == image_id]
+            assert [i for i, t in enumerate(backend.pipe._kv) if isinstance(t, tuple)] == [
+                i for i, t in enumerate(ids) if t == image_id
+            ]
     finally:
         backend.close()
 
@@ -144,8 +150,19 @@ def test_generate_reuses_the_tiles_and_runs_from_the_cli(split_bundle, images, r
         assert s.backend.last["encoder_runs"] == 13 and s.backend.last["images_cached"] == 13
     finally:
         s.close()
-    proc = run_cli("run", str(split_bundle), "--image", str(images[0]), "--prompt", "Describe it", "-n", "4",
-                   "--temp", "0", "--json")
+    proc = run_cli(
+        "run",
+        str(split_bundle),
+        "--image",
+        str(images[0]),
+        "--prompt",
+        "Describe it",
+        "-n",
+        "4",
+        "--temp",
+        "0",
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     last = json.loads(proc.stdout)["report"]["backend_report"]["last_request"]
     assert last["image_tokens"] == 17 * IDEFICS3_IMAGE_TOKENS
@@ -155,5 +172,7 @@ def test_plan_counts_the_frames(tiny_smolvlm_split):
     from edgesdk.build import make_plan
 
     text = make_plan(tiny_smolvlm_split, "cpu-x86_64").explain()
-    assert "16 image tokens per frame; image splitting: up to 16 tiles + 1 global frame per image, 272 image " \
-           "tokens" in text
+    assert (
+        "16 image tokens per frame; image splitting: up to 16 tiles + 1 global frame per image, 272 image "
+        "tokens" in text
+    )

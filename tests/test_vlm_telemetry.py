@@ -20,6 +20,7 @@ T0 = 1_764_662_400_000_000_000
 
 # ------------------------------------------------------------------ the API, without a model
 
+
 @pytest.fixture
 def memory(clean_env):
     spans = InMemorySpanExporter()
@@ -82,25 +83,43 @@ def test_stage_names_are_the_checker_rules():
 
 # ------------------------------------------------------------------ the checker on broken stage spans
 
+
 def _attr(key, value):
     kind = "intValue" if isinstance(value, int) else "stringValue"
     return {"key": key, "value": {kind: str(value) if kind == "intValue" else value}}
 
 
 def _span(name, span_id, attrs, *, parent="", start=T0, end=T0 + 10**9, kind=1):
-    return {"traceId": TRACE, "spanId": span_id, "parentSpanId": parent, "name": name, "kind": kind,
-            "startTimeUnixNano": str(start), "endTimeUnixNano": str(end),
-            "attributes": [_attr(k, v) for k, v in attrs.items()], "status": {"code": 0}}
+    return {
+        "traceId": TRACE,
+        "spanId": span_id,
+        "parentSpanId": parent,
+        "name": name,
+        "kind": kind,
+        "startTimeUnixNano": str(start),
+        "endTimeUnixNano": str(end),
+        "attributes": [_attr(k, v) for k, v in attrs.items()],
+        "status": {"code": 0},
+    }
 
 
-REQUEST = _span("chat tiny", "00f067aa0ba90200", {
-    "gen_ai.operation.name": "chat", "gen_ai.provider.name": "llama.cpp", "gen_ai.request.model": "tiny",
-    "gen_ai.usage.input_tokens": 30, "gen_ai.usage.output_tokens": 4})
+REQUEST = _span(
+    "chat tiny",
+    "00f067aa0ba90200",
+    {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": "llama.cpp",
+        "gen_ai.request.model": "tiny",
+        "gen_ai.usage.input_tokens": 30,
+        "gen_ai.usage.output_tokens": 4,
+    },
+)
 
 
 def _stage(name, span_id, *, parent="00f067aa0ba90200", start=T0 + 1000, end=T0 + 2000, stage=None, **extra):
-    return _span(name, span_id, {"edgesdk.inference.stage": stage or name, **extra}, parent=parent,
-                 start=start, end=end)
+    return _span(
+        name, span_id, {"edgesdk.inference.stage": stage or name, **extra}, parent=parent, start=start, end=end
+    )
 
 
 def _check(tmp_path, spans):
@@ -110,24 +129,29 @@ def _check(tmp_path, spans):
 
 
 def test_well_formed_stage_children_are_clean(tmp_path):
-    stages = [_stage(n, f"00f067aa0ba9020{i}", start=T0 + i * 1000, end=T0 + i * 1000 + 500)
-              for i, n in enumerate(telemetry.INFERENCE_STAGES, 1)]
+    stages = [
+        _stage(n, f"00f067aa0ba9020{i}", start=T0 + i * 1000, end=T0 + i * 1000 + 500)
+        for i, n in enumerate(telemetry.INFERENCE_STAGES, 1)
+    ]
     report = _check(tmp_path, [*stages, REQUEST])  # children first, as an SDK exports them
     assert report.stage_spans == 4 and report.genai_spans == 1
     assert not [f for f in report.findings if f.rule == "inference_stage"], report.findings
     assert report.count("violation") == 0, report.findings
 
 
-@pytest.mark.parametrize("span, message", [
-    (_stage("prefill", "00f067aa0ba90211", parent="00f067aa0ba999ff"), "is not in trace"),
-    (_stage("prefill", "00f067aa0ba90212", parent=""), "has no parent"),
-    (_stage("tokenize", "00f067aa0ba90213"), "not a known stage"),
-    (_stage("decode", "00f067aa0ba90214", stage="prefill"), "named after its stage"),
-    (_stage("decode", "00f067aa0ba90215", start=T0 + 5000, end=T0 + 4000), "ends before it starts"),
-    (_stage("decode", "00f067aa0ba90216", end=T0 + 2 * 10**9), "outside its request's span"),
-    (_stage("decode", "00f067aa0ba90217", **{"gen_ai.usage.output_tokens": 3}), "not GenAI operations"),
-    (_stage("decode", "00f067aa0ba90218", **{"edgesdk.inference.stage.tokens": -1}), "is negative"),
-])
+@pytest.mark.parametrize(
+    "span, message",
+    [
+        (_stage("prefill", "00f067aa0ba90211", parent="00f067aa0ba999ff"), "is not in trace"),
+        (_stage("prefill", "00f067aa0ba90212", parent=""), "has no parent"),
+        (_stage("tokenize", "00f067aa0ba90213"), "not a known stage"),
+        (_stage("decode", "00f067aa0ba90214", stage="prefill"), "named after its stage"),
+        (_stage("decode", "00f067aa0ba90215", start=T0 + 5000, end=T0 + 4000), "ends before it starts"),
+        (_stage("decode", "00f067aa0ba90216", end=T0 + 2 * 10**9), "outside its request's span"),
+        (_stage("decode", "00f067aa0ba90217", **{"gen_ai.usage.output_tokens": 3}), "not GenAI operations"),
+        (_stage("decode", "00f067aa0ba90218", **{"edgesdk.inference.stage.tokens": -1}), "is negative"),
+    ],
+)
 def test_broken_stage_spans_are_violations(tmp_path, span, message):
     report = _check(tmp_path, [span, REQUEST])
     found = [f for f in report.findings if f.rule == "inference_stage"]
@@ -142,6 +166,7 @@ def test_a_stage_under_a_non_genai_parent_is_a_violation(tmp_path):
 
 
 # ------------------------------------------------------------------ a real VLM request
+
 
 @pytest.fixture(scope="module")
 def vlm_bundle(tmp_path_factory) -> Path:
@@ -158,8 +183,13 @@ def vlm_bundle(tmp_path_factory) -> Path:
 
 
 def _spans(trace_file: Path) -> list[dict]:
-    return [s for line in trace_file.read_text().splitlines() for rs in json.loads(line).get("resourceSpans", [])
-            for ss in rs["scopeSpans"] for s in ss["spans"]]
+    return [
+        s
+        for line in trace_file.read_text().splitlines()
+        for rs in json.loads(line).get("resourceSpans", [])
+        for ss in rs["scopeSpans"]
+        for s in ss["spans"]
+    ]
 
 
 def _attrs(span: dict) -> dict:
@@ -190,15 +220,22 @@ def test_vlm_request_has_four_stage_children_and_checks_clean(clean_env, vlm_bun
     one, two = sorted(requests, key=lambda s: int(s["startTimeUnixNano"]))
 
     def children(parent):
-        return {s["name"]: s for s in spans if s.get("parentSpanId") == parent["spanId"]
-                and s["traceId"] == parent["traceId"]}
+        return {
+            s["name"]: s
+            for s in spans
+            if s.get("parentSpanId") == parent["spanId"] and s["traceId"] == parent["traceId"]
+        }
 
     kids = children(one)
     assert set(kids) == {"preprocess", "encode", "prefill", "decode"}
     for name, kid in kids.items():
         assert _attrs(kid)["edgesdk.inference.stage"] == name and kid["kind"] in (1, "SPAN_KIND_INTERNAL")
-        assert int(one["startTimeUnixNano"]) <= int(kid["startTimeUnixNano"]) <= int(kid["endTimeUnixNano"]) \
+        assert (
+            int(one["startTimeUnixNano"])
+            <= int(kid["startTimeUnixNano"])
+            <= int(kid["endTimeUnixNano"])
             <= int(one["endTimeUnixNano"])
+        )
     order = sorted(kids, key=lambda n: int(kids[n]["startTimeUnixNano"]))
     assert order == ["preprocess", "encode", "prefill", "decode"]
     req = _attrs(one)

@@ -32,9 +32,14 @@ def _stage(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def _gate(stage: Path, source: Path, waivers: Path, tmp_path: Path, components=None):
-    return run_license_gate(stage, model_source=source, runtime_distributions=[], waivers_path=waivers,
-                            report_path=tmp_path / "out.license-report.json",
-                            components=components or {"model.gguf": "model"})
+    return run_license_gate(
+        stage,
+        model_source=source,
+        runtime_distributions=[],
+        waivers_path=waivers,
+        report_path=tmp_path / "out.license-report.json",
+        components=components or {"model.gguf": "model"},
+    )
 
 
 def test_waiver_naming_the_model_file_clears_it_and_the_bundles_copy(tmp_path: Path) -> None:
@@ -48,8 +53,9 @@ def test_waiver_naming_the_model_file_clears_it_and_the_bundles_copy(tmp_path: P
     (applied,) = result.waiver_audit["applied"]
     assert applied["matched"] == [f"model:{NAME}", "model:model.gguf"]
     # `check licenses` on the finished bundle with the same waiver file agrees (the manifest names the source).
-    (stage / "manifest.json").write_text(json.dumps({"model": {"source": str(source)},
-                                                     "license": result.to_manifest()}))
+    (stage / "manifest.json").write_text(
+        json.dumps({"model": {"source": str(source)}, "license": result.to_manifest()})
+    )
     assert scan_licenses(stage, waivers_path=waivers).verdict == "pass"
     assert scan_licenses(stage).verdict == "review"  # without the waiver: still a review
 

@@ -40,15 +40,44 @@ def _thing(subject: str) -> tuple[str, str]:
 
 # ------------------------------------------------------------------ the cases of the issue
 
-@pytest.mark.parametrize("subject", ["*.gguf", "*0*", "*2*", "*.py", "gemma*", "*/LICENSE", "*==1.0", "?emma-3-270m",
-                                     "[g]emma-3-270m", "model.*", "*-3-270m", "./*", "-/*", "*/vendor/*"])
+
+@pytest.mark.parametrize(
+    "subject",
+    [
+        "*.gguf",
+        "*0*",
+        "*2*",
+        "*.py",
+        "gemma*",
+        "*/LICENSE",
+        "*==1.0",
+        "?emma-3-270m",
+        "[g]emma-3-270m",
+        "model.*",
+        "*-3-270m",
+        "./*",
+        "-/*",
+        "*/vendor/*",
+    ],
+)
 def test_pattern_that_stands_for_the_name_is_refused(tmp_path: Path, subject: str) -> None:
     with pytest.raises(InputError, match="names no file, directory or package|would waive everything"):
         load_waivers(_waiver_file(tmp_path, subject=subject))
 
 
-@pytest.mark.parametrize("subject", ["model.gguf", "gemma-3-270m", "crc32c==*", "crc32c==2.*", "vendor/*",
-                                     "src/legacy_*.c", "third_party/fastlib/*", "(files without a header)"])
+@pytest.mark.parametrize(
+    "subject",
+    [
+        "model.gguf",
+        "gemma-3-270m",
+        "crc32c==*",
+        "crc32c==2.*",
+        "vendor/*",
+        "src/legacy_*.c",
+        "third_party/fastlib/*",
+        "(files without a header)",
+    ],
+)
 def test_pattern_that_narrows_a_named_thing_is_kept(tmp_path: Path, subject: str) -> None:
     (waiver,) = load_waivers(_waiver_file(tmp_path, subject=subject))
     assert waiver.subject == subject
@@ -88,14 +117,18 @@ def test_check_licenses_is_not_cleared_by_a_wildcard_waiver(tmp_path: Path, run_
 _LITERAL = st.text(alphabet="ab0.-_", min_size=1, max_size=4)
 _TOKEN = st.one_of(
     _LITERAL.map(lambda s: ("lit", s)),
-    st.sampled_from([("lit", "/"), ("lit", "=="), ("lit", "="), ("star", "*"), ("one", "?"), ("set", "[a0/]"),
-                     ("notset", "[!a]")]),
+    st.sampled_from(
+        [("lit", "/"), ("lit", "=="), ("lit", "="), ("star", "*"), ("one", "?"), ("set", "[a0/]"), ("notset", "[!a]")]
+    ),
 )
 _FILL_CHARS = "ab0./=-"
 
 
-@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                        HealthCheck.too_slow])
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(tokens=st.lists(_TOKEN, min_size=1, max_size=7), data=st.data())
 def test_accepted_subject_glob_names_one_thing(tmp_path: Path, tokens, data) -> None:
     pattern = "".join(text for _, text in tokens)
@@ -125,8 +158,10 @@ def test_accepted_subject_glob_names_one_thing(tmp_path: Path, tokens, data) -> 
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(name=st.text(alphabet="abcxyz019-_", min_size=1, max_size=8).filter(lambda s: any(c.isalnum() for c in s)),
-       shape=st.sampled_from(["{n}", "{n}==*", "{n}==1.*", "{n}/*", "{n}/sub/*.c", "{n}/x.py"]))
+@given(
+    name=st.text(alphabet="abcxyz019-_", min_size=1, max_size=8).filter(lambda s: any(c.isalnum() for c in s)),
+    shape=st.sampled_from(["{n}", "{n}==*", "{n}==1.*", "{n}/*", "{n}/sub/*.c", "{n}/x.py"]),
+)
 def test_named_thing_narrowed_by_a_pattern_is_accepted(tmp_path: Path, name: str, shape: str) -> None:
     subject = shape.format(n=name)
     (waiver,) = load_waivers(_waiver_file(tmp_path, subject=subject))

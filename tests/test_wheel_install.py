@@ -23,14 +23,35 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parent.parent
 # What `pip install edgesdk` must NOT pull in: each belongs to an extra (pyproject.toml).
-NOT_IN_RUNTIME = ("onnxruntime-gpu", "onnx", "torch", "transformers", "optimum", "grpcio", "cyclonedx-python-lib",
-                  "scanoss", "opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-grpc", "llama-cpp-python",
-                  "matplotlib", "nvidia-ml-py", "psutil", "starlette", "uvicorn")
+NOT_IN_RUNTIME = (
+    "onnxruntime-gpu",
+    "onnx",
+    "torch",
+    "transformers",
+    "optimum",
+    "grpcio",
+    "cyclonedx-python-lib",
+    "scanoss",
+    "opentelemetry-sdk",
+    "opentelemetry-exporter-otlp-proto-grpc",
+    "llama-cpp-python",
+    "matplotlib",
+    "nvidia-ml-py",
+    "psutil",
+    "starlette",
+    "uvicorn",
+)
 
 
 def _run(cmd: list, *, timeout: float = 900, env: dict | None = None, cwd: Path | None = None):
-    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}, cwd=cwd)
+    return subprocess.run(
+        [str(c) for c in cmd],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
+        cwd=cwd,
+    )
 
 
 def _dist_names(python: Path) -> set[str]:
@@ -44,8 +65,11 @@ def runtime_venv(tmp_path_factory) -> Path:
     """A fresh venv holding only `pip install <the wheel>`; returns its bin directory."""
     root = tmp_path_factory.mktemp("wheel")
     dist = root / "dist"
-    built = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", REPO, "-w", dist],
-                 timeout=600, cwd=root)
+    built = _run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", REPO, "-w", dist],
+        timeout=600,
+        cwd=root,
+    )
     assert built.returncode == 0, built.stdout + built.stderr
     (wheel,) = dist.glob("edgesdk-*.whl")
     venv = root / "venv"
@@ -56,14 +80,18 @@ def runtime_venv(tmp_path_factory) -> Path:
     if installed.returncode != 0 and "No matching distribution" in installed.stderr + installed.stdout:
         pytest.skip(f"the package index is not reachable: {installed.stderr.strip().splitlines()[-1]}")
     assert installed.returncode == 0, installed.stdout + installed.stderr
-    site = Path(_run([bindir / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]
-                     ).stdout.strip())
+    site = Path(
+        _run([bindir / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
+    )
     total = _du_mb(site)
-    tooling_paths = [p for p in site.iterdir()
-                     if p.name.split("-")[0] in ("pip", "setuptools", "pkg_resources", "_distutils_hack")]
+    tooling_paths = [
+        p for p in site.iterdir() if p.name.split("-")[0] in ("pip", "setuptools", "pkg_resources", "_distutils_hack")
+    ]
     tooling = _du_mb(*tooling_paths) if tooling_paths else 0.0
-    print(f"\nruntime-only venv: site-packages {total:.0f} MB ({total - tooling:.0f} MB without pip/setuptools, "
-          f"which `python -m venv` puts there); {sysconfig.get_platform()}, Python {sys.version.split()[0]}")
+    print(
+        f"\nruntime-only venv: site-packages {total:.0f} MB ({total - tooling:.0f} MB without pip/setuptools, "
+        f"which `python -m venv` puts there); {sysconfig.get_platform()}, Python {sys.version.split()[0]}"
+    )
     return bindir
 
 
@@ -78,8 +106,9 @@ def _du_mb(*paths: Path) -> float:
 @pytest.fixture(scope="module")
 def minilm_cpu_bundle(minilm_dir, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel-bundles") / "minilm-cpu"
-    done = _run([sys.executable, "-m", "edgesdk", "build", minilm_dir, "--profile", "cpu-x86_64", "-o", out,
-                 "--no-progress"])
+    done = _run(
+        [sys.executable, "-m", "edgesdk", "build", minilm_dir, "--profile", "cpu-x86_64", "-o", out, "--no-progress"]
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return out
 
@@ -87,8 +116,22 @@ def minilm_cpu_bundle(minilm_dir, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def gguf_bundle(gemma_gguf, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel-bundles") / "gemma-cpu"
-    done = _run([sys.executable, "-m", "edgesdk", "build", gemma_gguf, "--profile", "cpu-x86_64", "-o", out,
-                 "--accept-license", "LicenseRef-gemma", "--no-progress"])
+    done = _run(
+        [
+            sys.executable,
+            "-m",
+            "edgesdk",
+            "build",
+            gemma_gguf,
+            "--profile",
+            "cpu-x86_64",
+            "-o",
+            out,
+            "--accept-license",
+            "LicenseRef-gemma",
+            "--no-progress",
+        ]
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return out
 
@@ -138,8 +181,16 @@ def test_run_and_check_licenses_of_a_cpu_bundle(runtime_venv, minilm_cpu_bundle,
 
 
 def test_build_names_the_build_extra(runtime_venv, minilm_cpu_bundle, tmp_path):
-    done = _cli(runtime_venv, "build", minilm_cpu_bundle / "model.onnx", "--profile", "cpu-x86_64", "-o",
-                tmp_path / "out", cwd=tmp_path)
+    done = _cli(
+        runtime_venv,
+        "build",
+        minilm_cpu_bundle / "model.onnx",
+        "--profile",
+        "cpu-x86_64",
+        "-o",
+        tmp_path / "out",
+        cwd=tmp_path,
+    )
     assert done.returncode == 10
     line = _one_error_line(done)
     assert line.startswith("error: edgesdk build needs the build extra: pip install 'edgesdk[build]'"), line
@@ -154,8 +205,9 @@ def test_gguf_bundle_names_the_gguf_extra(runtime_venv, gguf_bundle, tmp_path):
 
 
 def test_plot_names_the_profiler_extra(runtime_venv, minilm_cpu_bundle, tmp_path):
-    done = _cli(runtime_venv, "profiler", "run", minilm_cpu_bundle, "--plot", tmp_path / "p.png", "--no-progress",
-                cwd=tmp_path)
+    done = _cli(
+        runtime_venv, "profiler", "run", minilm_cpu_bundle, "--plot", tmp_path / "p.png", "--no-progress", cwd=tmp_path
+    )
     assert done.returncode == 10
     line = _one_error_line(done)
     assert line.startswith("error: --plot needs the profiler extra: pip install 'edgesdk[profiler]'"), line
@@ -163,8 +215,9 @@ def test_plot_names_the_profiler_extra(runtime_venv, minilm_cpu_bundle, tmp_path
 
 
 def test_trace_file_names_the_otel_extra(runtime_venv, minilm_cpu_bundle, tmp_path):
-    done = _cli(runtime_venv, "run", minilm_cpu_bundle, "--input", "x", "--trace-file", tmp_path / "t.jsonl",
-                cwd=tmp_path)
+    done = _cli(
+        runtime_venv, "run", minilm_cpu_bundle, "--input", "x", "--trace-file", tmp_path / "t.jsonl", cwd=tmp_path
+    )
     assert done.returncode == 10
     assert "needs the otel extra: pip install 'edgesdk[otel]'" in _one_error_line(done)
 
@@ -173,8 +226,11 @@ def test_two_onnxruntime_builds_are_refused(runtime_venv, minilm_cpu_bundle, tmp
     """What `pip install 'edgesdk[gpu]'` leaves behind (pip cannot drop the base onnxruntime): both
     distributions recorded as installed. A stand-in onnxruntime-gpu record (metadata only) is enough
     for the check, which reads distribution metadata."""
-    purelib = Path(_run([runtime_venv / "python", "-c",
-                         "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip())
+    purelib = Path(
+        _run(
+            [runtime_venv / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]
+        ).stdout.strip()
+    )
     record = purelib / "onnxruntime_gpu-1.31.1.dist-info"
     record.mkdir()
     try:

@@ -9,8 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
-                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 FAMILIES = ("gemma3", "qwen3", "phi3", "phi4mini", "mistral")
 
 # The published values each tiny config keeps, and what it shrinks (docs/benchmarks.md, "Text families").
@@ -40,37 +42,50 @@ def _tokenizer(directory: Path, style: str) -> Any:
     if style == "phi3":  # Phi-3-mini / Mistral: Llama-2's SentencePiece vocabulary ("▁" prepended) + chat tokens
         tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
         tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
-        tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                         decoders.Strip(" ", 1, 0)])
-        special = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)] + \
-            ["<|endoftext|>", "<|assistant|>", "<|end|>", "<|user|>"]
+        tok.decoder = decoders.Sequence(
+            [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+        )
+        special = (
+            ["<unk>", "<s>", "</s>"]
+            + [f"<0x{i:02X}>" for i in range(256)]
+            + ["<|endoftext|>", "<|assistant|>", "<|end|>", "<|user|>"]
+        )
         tok.train_from_iterator(lines, trainers.BpeTrainer(vocab_size=700, special_tokens=special))
-        fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="<|endoftext|>",
-                                       unk_token="<unk>")
+        fast = PreTrainedTokenizerFast(
+            tokenizer_object=tok, bos_token="<s>", eos_token="<|endoftext|>", unk_token="<unk>"
+        )
     elif style == "gemma3":  # Gemma's tokenizer.json: BPE with byte fallback, spaces as "▁", no "▁" prepended
         tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
         tok.normalizer = normalizers.Replace(" ", "\u2581")
         tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
-        special = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"] + \
-            [f"<0x{i:02X}>" for i in range(256)]
+        special = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"] + [
+            f"<0x{i:02X}>" for i in range(256)
+        ]
         tok.train_from_iterator(lines, trainers.BpeTrainer(vocab_size=700, special_tokens=special))
-        fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>",
-                                       unk_token="<unk>", pad_token="<pad>")
+        fast = PreTrainedTokenizerFast(
+            tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>", pad_token="<pad>"
+        )
     else:
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
-        tok.train_from_iterator(lines, trainers.BpeTrainer(
-            vocab_size=400, special_tokens=["<|bos|>", "<|end|>", "<|user|>", "<|assistant|>"],
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+        tok.train_from_iterator(
+            lines,
+            trainers.BpeTrainer(
+                vocab_size=400,
+                special_tokens=["<|bos|>", "<|end|>", "<|user|>", "<|assistant|>"],
+                initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            ),
+        )
         fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|end|>")
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(directory)
     return fast
 
 
-def make_family_model(directory: Path, family: str, *, layout: str = "transformers4", seed: int = 0,
-                      **overrides: Any) -> Path:
+def make_family_model(
+    directory: Path, family: str, *, layout: str = "transformers4", seed: int = 0, **overrides: Any
+) -> Path:
     """A random-weight ``family`` model (one of :data:`FAMILIES`) in ``directory``; ``overrides`` change config
     values. ``layout="transformers5"``: saved by this transformers 4.57, then rewritten as transformers 5 saves it
     (``vlm_fixtures.to_transformers5_layout``)."""
@@ -81,46 +96,96 @@ def make_family_model(directory: Path, family: str, *, layout: str = "transforme
         directory = directory.with_name(directory.name + "-tf4")
     directory.mkdir(parents=True, exist_ok=True)
     fast = _tokenizer(directory, {"gemma3": "gemma3", "phi3": "phi3", "mistral": "phi3"}.get(family, "bytelevel"))
-    common: dict[str, Any] = dict(vocab_size=len(fast), bos_token_id=fast.bos_token_id,
-                                  eos_token_id=fast.eos_token_id, max_position_embeddings=512)
+    common: dict[str, Any] = dict(
+        vocab_size=len(fast),
+        bos_token_id=fast.bos_token_id,
+        eos_token_id=fast.eos_token_id,
+        max_position_embeddings=512,
+    )
     if family == "gemma3":
         from transformers import Gemma3ForCausalLM as Model
         from transformers import Gemma3TextConfig as Config
 
-        kw: dict[str, Any] = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=6, num_attention_heads=4,
-                                  num_key_value_heads=1, head_dim=64, query_pre_attn_scalar=64,
-                                  rope_theta=1_000_000.0, rope_local_base_freq=10_000.0, rope_scaling=None,
-                                  sliding_window=24, layer_types=["sliding_attention"] * 5 + ["full_attention"],
-                                  hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6,
-                                  final_logit_softcapping=None, attn_logit_softcapping=None,
-                                  tie_word_embeddings=True, pad_token_id=fast.pad_token_id)
+        kw: dict[str, Any] = dict(
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=6,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=64,
+            query_pre_attn_scalar=64,
+            rope_theta=1_000_000.0,
+            rope_local_base_freq=10_000.0,
+            rope_scaling=None,
+            sliding_window=24,
+            layer_types=["sliding_attention"] * 5 + ["full_attention"],
+            hidden_activation="gelu_pytorch_tanh",
+            rms_norm_eps=1e-6,
+            final_logit_softcapping=None,
+            attn_logit_softcapping=None,
+            tie_word_embeddings=True,
+            pad_token_id=fast.pad_token_id,
+        )
     elif family == "qwen3":
         from transformers import Qwen3Config as Config
         from transformers import Qwen3ForCausalLM as Model
 
-        kw = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=64, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
-                  attention_bias=False, use_sliding_window=False, tie_word_embeddings=True)
+        kw = dict(
+            hidden_size=128,
+            intermediate_size=384,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=64,
+            rope_theta=1_000_000.0,
+            rms_norm_eps=1e-6,
+            attention_bias=False,
+            use_sliding_window=False,
+            tie_word_embeddings=True,
+        )
     elif family == "phi4mini":
         from transformers import Phi3Config as Config
         from transformers import Phi3ForCausalLM as Model
 
         # head_dim 32, 0.75 of it rotary = 24 dims -> 12 factors (Phi-4-mini: 96 dims, 48 factors)
-        kw = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, partial_rotary_factor=0.75, rope_theta=10_000.0, rms_norm_eps=1e-5,
-                  original_max_position_embeddings=4096, max_position_embeddings=131072,
-                  rope_scaling={"type": "longrope", "short_factor": _factors(12, 1.6),
-                                "long_factor": _factors(12, 24.0)},
-                  sliding_window=262144, tie_word_embeddings=True, hidden_act="silu", pad_token_id=None)
+        kw = dict(
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            partial_rotary_factor=0.75,
+            rope_theta=10_000.0,
+            rms_norm_eps=1e-5,
+            original_max_position_embeddings=4096,
+            max_position_embeddings=131072,
+            rope_scaling={"type": "longrope", "short_factor": _factors(12, 1.6), "long_factor": _factors(12, 24.0)},
+            sliding_window=262144,
+            tie_word_embeddings=True,
+            hidden_act="silu",
+            pad_token_id=None,
+        )
         common.pop("max_position_embeddings")
     elif family == "phi3":
         from transformers import Phi3Config as Config
         from transformers import Phi3ForCausalLM as Model
 
-        kw = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=4, rope_theta=10_000.0, rms_norm_eps=1e-5, rope_scaling=None,
-                  original_max_position_embeddings=4096, max_position_embeddings=4096, sliding_window=2047,
-                  tie_word_embeddings=False, hidden_act="silu", pad_token_id=None)
+        kw = dict(
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            rope_theta=10_000.0,
+            rms_norm_eps=1e-5,
+            rope_scaling=None,
+            original_max_position_embeddings=4096,
+            max_position_embeddings=4096,
+            sliding_window=2047,
+            tie_word_embeddings=False,
+            hidden_act="silu",
+            pad_token_id=None,
+        )
         common.pop("max_position_embeddings")
     elif family == "mistral":
         from transformers import MistralConfig as Config
@@ -128,9 +193,19 @@ def make_family_model(directory: Path, family: str, *, layout: str = "transforme
 
         # Mistral-7B v0.3: GQA 32:8, rope_theta 1e6, no sliding window, untied, Llama SentencePiece vocabulary;
         # head_dim 64 on a 128-wide, 4-head model as Mistral-Nemo's 128 on 5120 / 32 (not hidden / heads)
-        kw = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=64, rope_theta=1_000_000.0, rms_norm_eps=1e-5,
-                  sliding_window=None, tie_word_embeddings=False, hidden_act="silu")
+        kw = dict(
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=64,
+            rope_theta=1_000_000.0,
+            rms_norm_eps=1e-5,
+            sliding_window=None,
+            tie_word_embeddings=False,
+            hidden_act="silu",
+        )
     else:
         raise ValueError(family)
     torch.manual_seed(seed)
@@ -150,8 +225,10 @@ def make_family_model(directory: Path, family: str, *, layout: str = "transforme
 
             cfg = json.loads((out / "config.json").read_text())
             full = cfg.pop("rope_parameters")
-            cfg["rope_parameters"] = {"full_attention": full, "sliding_attention": {
-                "rope_theta": cfg.pop("rope_local_base_freq"), "rope_type": "default"}}
+            cfg["rope_parameters"] = {
+                "full_attention": full,
+                "sliding_attention": {"rope_theta": cfg.pop("rope_local_base_freq"), "rope_type": "default"},
+            }
             (out / "config.json").write_text(json.dumps(cfg, indent=2))
         return out
     return directory

@@ -21,14 +21,15 @@ from pathlib import Path
 IMAGE_SIZE = 64
 PATCH_SIZE = 16
 IMAGE_TOKENS = (IMAGE_SIZE // PATCH_SIZE) ** 2
-CHAT_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'user' %}USER: "
-                 "{% if m['content'] is string %}{{ m['content'] }}{% else %}"
-                 "{% for c in m['content'] %}{% if c['type'] == 'image' %}<image>\n{% endif %}{% endfor %}"
-                 "{% for c in m['content'] %}{% if c['type'] == 'text' %}{{ c['text'] }}{% endif %}{% endfor %}"
-                 "{% endif %} {% else %}ASSISTANT: {{ m['content'] if m['content'] is string else "
-                 "m['content'][0]['text'] }}<|end|>{% endif %}{% endfor %}"
-                 "{% if add_generation_prompt %}ASSISTANT:{% endif %}")
-
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'user' %}USER: "
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}"
+    "{% for c in m['content'] %}{% if c['type'] == 'image' %}<image>\n{% endif %}{% endfor %}"
+    "{% for c in m['content'] %}{% if c['type'] == 'text' %}{{ c['text'] }}{% endif %}{% endfor %}"
+    "{% endif %} {% else %}ASSISTANT: {{ m['content'] if m['content'] is string else "
+    "m['content'][0]['text'] }}<|end|>{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}ASSISTANT:{% endif %}"
+)
 
 
 def byte_bpe(corpus: list[str], vocab_size: int, special_tokens: list[str]):
@@ -38,9 +39,14 @@ def byte_bpe(corpus: list[str], vocab_size: int, special_tokens: list[str]):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special_tokens,
-                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(
+            vocab_size=vocab_size, special_tokens=special_tokens, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
     return tok
+
 
 def make_tiny_llava(directory: Path, *, vision: str = "siglip", seed: int = 0) -> Path:
     """Save the random-weight tiny LLaVA (weights, config, processor, tokenizer, model card) in ``directory``.
@@ -65,40 +71,89 @@ def make_tiny_llava(directory: Path, *, vision: str = "siglip", seed: int = 0) -
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tok = byte_bpe(PPL_TEXT.read_text().split("\n"), 400, ["<|bos|>", "<|end|>", "<image>"])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|end|>",
-                                   extra_special_tokens={"image_token": "<image>"})
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|end|>", extra_special_tokens={"image_token": "<image>"}
+    )
     clip = vision == "clip"
-    image_processor = SiglipImageProcessor(
-        size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}, resample=2, do_resize=True, do_rescale=True,
-        rescale_factor=1 / 255, do_normalize=True, image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5],
-        do_convert_rgb=True) if not clip else CLIPImageProcessor(
-        size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
-        do_center_crop=True, do_resize=True, resample=3, do_rescale=True, rescale_factor=1 / 255,
-        do_normalize=True, image_mean=[0.48145466, 0.4578275, 0.40821073],
-        image_std=[0.26862954, 0.26130258, 0.27577711], do_convert_rgb=True)
-    processor = LlavaProcessor(image_processor=image_processor, tokenizer=fast, patch_size=PATCH_SIZE,
-                               vision_feature_select_strategy="default" if clip else "full",
-                               image_token="<image>", num_additional_image_tokens=1 if clip else 0,
-                               chat_template=CHAT_TEMPLATE)
+    image_processor = (
+        SiglipImageProcessor(
+            size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+            resample=2,
+            do_resize=True,
+            do_rescale=True,
+            rescale_factor=1 / 255,
+            do_normalize=True,
+            image_mean=[0.5, 0.5, 0.5],
+            image_std=[0.5, 0.5, 0.5],
+            do_convert_rgb=True,
+        )
+        if not clip
+        else CLIPImageProcessor(
+            size={"shortest_edge": IMAGE_SIZE},
+            crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+            do_center_crop=True,
+            do_resize=True,
+            resample=3,
+            do_rescale=True,
+            rescale_factor=1 / 255,
+            do_normalize=True,
+            image_mean=[0.48145466, 0.4578275, 0.40821073],
+            image_std=[0.26862954, 0.26130258, 0.27577711],
+            do_convert_rgb=True,
+        )
+    )
+    processor = LlavaProcessor(
+        image_processor=image_processor,
+        tokenizer=fast,
+        patch_size=PATCH_SIZE,
+        vision_feature_select_strategy="default" if clip else "full",
+        image_token="<image>",
+        num_additional_image_tokens=1 if clip else 0,
+        chat_template=CHAT_TEMPLATE,
+    )
     processor.save_pretrained(directory)
-    vcfg = dict(image_size=IMAGE_SIZE, patch_size=PATCH_SIZE, hidden_size=64, intermediate_size=128,
-                num_hidden_layers=2, num_attention_heads=4)
-    vision_cfg = CLIPVisionConfig(**vcfg, projection_dim=64, hidden_act="quick_gelu") if clip else \
-        SiglipVisionConfig(**vcfg, hidden_act="gelu_pytorch_tanh", vision_use_head=False)
-    text = LlamaConfig(vocab_size=len(tok.get_vocab()), hidden_size=64, intermediate_size=160, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                       bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id, initializer_range=0.2)
-    config = LlavaConfig(vision_config=vision_cfg, text_config=text,
-                         image_token_index=fast.convert_tokens_to_ids("<image>"),
-                         projector_hidden_act="gelu",
-                         vision_feature_select_strategy="default" if clip else "full",
-                         vision_feature_layer=-2, image_seq_length=IMAGE_TOKENS)
+    vcfg = dict(
+        image_size=IMAGE_SIZE,
+        patch_size=PATCH_SIZE,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+    )
+    vision_cfg = (
+        CLIPVisionConfig(**vcfg, projection_dim=64, hidden_act="quick_gelu")
+        if clip
+        else SiglipVisionConfig(**vcfg, hidden_act="gelu_pytorch_tanh", vision_use_head=False)
+    )
+    text = LlamaConfig(
+        vocab_size=len(tok.get_vocab()),
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=fast.bos_token_id,
+        eos_token_id=fast.eos_token_id,
+        initializer_range=0.2,
+    )
+    config = LlavaConfig(
+        vision_config=vision_cfg,
+        text_config=text,
+        image_token_index=fast.convert_tokens_to_ids("<image>"),
+        projector_hidden_act="gelu",
+        vision_feature_select_strategy="default" if clip else "full",
+        vision_feature_layer=-2,
+        image_seq_length=IMAGE_TOKENS,
+    )
     torch.manual_seed(seed)
     model = LlavaForConditionalGeneration(config).eval()
     model.save_pretrained(directory, safe_serialization=True)
     (directory / "README.md").write_text(
         "---\nlicense: apache-2.0\n---\n# tiny-llava (random weights)\n\nA LLaVA-style model built from "
-        "transformers configs with RANDOM weights for tests: it describes nothing.\n", encoding="utf-8")
+        "transformers configs with RANDOM weights for tests: it describes nothing.\n",
+        encoding="utf-8",
+    )
     return directory
 
 
@@ -137,31 +192,76 @@ def make_tiny_llava15(directory: Path, *, seed: int = 0) -> Path:
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    tok = byte_bpe(PPL_TEXT.read_text().split("\n") + ["USER:", "ASSISTANT:"] * 10, 420,
-                   ["<|bos|>", "<|end|>", "<image>", "<pad>"])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|end|>", pad_token="<pad>",
-                                   extra_special_tokens={"image_token": "<image>"})
+    tok = byte_bpe(
+        PPL_TEXT.read_text().split("\n") + ["USER:", "ASSISTANT:"] * 10, 420, ["<|bos|>", "<|end|>", "<image>", "<pad>"]
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|bos|>",
+        eos_token="<|end|>",
+        pad_token="<pad>",
+        extra_special_tokens={"image_token": "<image>"},
+    )
     image_processor = CLIPImageProcessor(
         size={"shortest_edge": LLAVA15_IMAGE_SIZE},
         crop_size={"height": LLAVA15_IMAGE_SIZE, "width": LLAVA15_IMAGE_SIZE},
-        do_center_crop=True, do_resize=True, resample=3, do_rescale=True, rescale_factor=1 / 255, do_normalize=True,
-        image_mean=CLIP_MEAN, image_std=CLIP_STD, do_convert_rgb=True)
-    processor = LlavaProcessor(image_processor=image_processor, tokenizer=fast, patch_size=LLAVA15_PATCH_SIZE,
-                               vision_feature_select_strategy="default", image_token="<image>",
-                               num_additional_image_tokens=1, chat_template=CHAT_TEMPLATE)
+        do_center_crop=True,
+        do_resize=True,
+        resample=3,
+        do_rescale=True,
+        rescale_factor=1 / 255,
+        do_normalize=True,
+        image_mean=CLIP_MEAN,
+        image_std=CLIP_STD,
+        do_convert_rgb=True,
+    )
+    processor = LlavaProcessor(
+        image_processor=image_processor,
+        tokenizer=fast,
+        patch_size=LLAVA15_PATCH_SIZE,
+        vision_feature_select_strategy="default",
+        image_token="<image>",
+        num_additional_image_tokens=1,
+        chat_template=CHAT_TEMPLATE,
+    )
     processor.save_pretrained(directory)
-    vision = CLIPVisionConfig(image_size=LLAVA15_IMAGE_SIZE, patch_size=LLAVA15_PATCH_SIZE, hidden_size=128,
-                              intermediate_size=512, num_hidden_layers=3, num_attention_heads=2, projection_dim=768,
-                              hidden_act="quick_gelu", layer_norm_eps=1e-5)
-    text = LlamaConfig(vocab_size=len(fast), hidden_size=128, intermediate_size=344, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=4096, rms_norm_eps=1e-5,
-                       rope_theta=10000.0, bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id,
-                       pad_token_id=fast.pad_token_id, initializer_range=0.2)
-    config = LlavaConfig(vision_config=vision, text_config=text,
-                         image_token_index=fast.convert_tokens_to_ids("<image>"),
-                         projector_hidden_act="gelu", vision_feature_select_strategy="default", vision_feature_layer=-2,
-                         image_seq_length=LLAVA15_IMAGE_TOKENS, pad_token_id=fast.pad_token_id,
-                         tie_word_embeddings=False)
+    vision = CLIPVisionConfig(
+        image_size=LLAVA15_IMAGE_SIZE,
+        patch_size=LLAVA15_PATCH_SIZE,
+        hidden_size=128,
+        intermediate_size=512,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        projection_dim=768,
+        hidden_act="quick_gelu",
+        layer_norm_eps=1e-5,
+    )
+    text = LlamaConfig(
+        vocab_size=len(fast),
+        hidden_size=128,
+        intermediate_size=344,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        bos_token_id=fast.bos_token_id,
+        eos_token_id=fast.eos_token_id,
+        pad_token_id=fast.pad_token_id,
+        initializer_range=0.2,
+    )
+    config = LlavaConfig(
+        vision_config=vision,
+        text_config=text,
+        image_token_index=fast.convert_tokens_to_ids("<image>"),
+        projector_hidden_act="gelu",
+        vision_feature_select_strategy="default",
+        vision_feature_layer=-2,
+        image_seq_length=LLAVA15_IMAGE_TOKENS,
+        pad_token_id=fast.pad_token_id,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(seed)
     model = LlavaForConditionalGeneration(config).eval()
     model.save_pretrained(directory, safe_serialization=True)
@@ -169,7 +269,8 @@ def make_tiny_llava15(directory: Path, *, seed: int = 0) -> Path:
         "---\nlicense: apache-2.0\n---\n# tiny-llava-1.5 (random weights)\n\nLLaVA-1.5's architecture "
         "(CLIP ViT-L/14-336 "
         "layout, shrunk) built from transformers configs with RANDOM weights for tests: it describes nothing.\n",
-        encoding="utf-8")
+        encoding="utf-8",
+    )
     return directory
 
 
@@ -206,18 +307,20 @@ def make_test_images(directory: Path) -> list[Path]:
 IDEFICS3_IMAGE_SIZE = 64
 IDEFICS3_PATCH_SIZE = 8
 IDEFICS3_SCALE_FACTOR = 2
-IDEFICS3_IMAGE_TOKENS = (IDEFICS3_IMAGE_SIZE // IDEFICS3_PATCH_SIZE) ** 2 // IDEFICS3_SCALE_FACTOR ** 2
+IDEFICS3_IMAGE_TOKENS = (IDEFICS3_IMAGE_SIZE // IDEFICS3_PATCH_SIZE) ** 2 // IDEFICS3_SCALE_FACTOR**2
 # SmolVLM's chat format (its processor's DEFAULT_CHAT_TEMPLATE, without the video branch)
 IDEFICS3_CHAT_TEMPLATE = (
     "<|im_start|>{% for message in messages %}{{message['role'] | capitalize}}"
     "{% if message['content'][0]['type'] == 'image' %}{{':'}}{% else %}{{': '}}{% endif %}"
     "{% for line in message['content'] %}{% if line['type'] == 'text' %}{{line['text']}}"
     "{% elif line['type'] == 'image' %}{{ '<image>' }}{% endif %}{% endfor %}<end_of_utterance>\n{% endfor %}"
-    "{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}")
+    "{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
+)
 
 
-def make_tiny_idefics3(directory: Path, *, seed: int = 0, arch: str = "idefics3",
-                       image_splitting: bool = False) -> Path:
+def make_tiny_idefics3(
+    directory: Path, *, seed: int = 0, arch: str = "idefics3", image_splitting: bool = False
+) -> Path:
     """Save a random-weight tiny SmolVLM-style ``Idefics3ForConditionalGeneration`` (the architecture of
     the SmolVLM checkpoints) in ``directory``: SigLIP-style vision tower (64 px, 8 px patches, 2 layers,
     hidden 64) + pixel-shuffle connector (scale factor 2 -> 16 image tokens, one bias-free linear) +
@@ -249,44 +352,90 @@ def make_tiny_idefics3(directory: Path, *, seed: int = 0, arch: str = "idefics3"
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    specials = ["<|im_start|>", "<|im_end|>", "<end_of_utterance>", "<fake_token_around_image>", "<image>",
-                "<global-img>"] + [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]
+    specials = [
+        "<|im_start|>",
+        "<|im_end|>",
+        "<end_of_utterance>",
+        "<fake_token_around_image>",
+        "<image>",
+        "<global-img>",
+    ] + [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]
     lines = PPL_TEXT.read_text().split("\n")
-    corpus = lines + ["\n\n".join(lines[i:i + 3]) for i in range(0, len(lines), 3)] + ["User:", "Assistant:"] * 20
+    corpus = lines + ["\n\n".join(lines[i : i + 3]) for i in range(0, len(lines), 3)] + ["User:", "Assistant:"] * 20
     tok = byte_bpe(corpus, 420, specials)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<end_of_utterance>",
-                                   pad_token="<|im_end|>", additional_special_tokens=specials[2:])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|im_start|>",
+        eos_token="<end_of_utterance>",
+        pad_token="<|im_end|>",
+        additional_special_tokens=specials[2:],
+    )
     assert len(fast("\n\n", add_special_tokens=False)["input_ids"]) == 1, "\\n\\n must be one token"
     image_processor = Idefics3ImageProcessor(
-        do_convert_rgb=True, do_resize=True,
-        size={"longest_edge": IDEFICS3_IMAGE_SIZE * (4 if image_splitting else 1)}, resample=1,
-        do_rescale=True, rescale_factor=1 / 255, do_normalize=True, image_mean=[0.5, 0.5, 0.5],
-        image_std=[0.5, 0.5, 0.5], do_pad=True, do_image_splitting=image_splitting,
-        max_image_size={"longest_edge": IDEFICS3_IMAGE_SIZE})
-    processor = Idefics3Processor(image_processor=image_processor, tokenizer=fast,
-                                  image_seq_len=IDEFICS3_IMAGE_TOKENS, chat_template=IDEFICS3_CHAT_TEMPLATE)
+        do_convert_rgb=True,
+        do_resize=True,
+        size={"longest_edge": IDEFICS3_IMAGE_SIZE * (4 if image_splitting else 1)},
+        resample=1,
+        do_rescale=True,
+        rescale_factor=1 / 255,
+        do_normalize=True,
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5],
+        do_pad=True,
+        do_image_splitting=image_splitting,
+        max_image_size={"longest_edge": IDEFICS3_IMAGE_SIZE},
+    )
+    processor = Idefics3Processor(
+        image_processor=image_processor,
+        tokenizer=fast,
+        image_seq_len=IDEFICS3_IMAGE_TOKENS,
+        chat_template=IDEFICS3_CHAT_TEMPLATE,
+    )
     processor.save_pretrained(directory)
-    text = LlamaConfig(vocab_size=len(fast), hidden_size=64, intermediate_size=160, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                       bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id,
-                       pad_token_id=fast.pad_token_id, initializer_range=0.2)
-    vision = {"image_size": IDEFICS3_IMAGE_SIZE, "patch_size": IDEFICS3_PATCH_SIZE, "hidden_size": 64,
-              "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "hidden_act": "gelu_pytorch_tanh", "layer_norm_eps": 1e-6}
+    text = LlamaConfig(
+        vocab_size=len(fast),
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=fast.bos_token_id,
+        eos_token_id=fast.eos_token_id,
+        pad_token_id=fast.pad_token_id,
+        initializer_range=0.2,
+    )
+    vision = {
+        "image_size": IDEFICS3_IMAGE_SIZE,
+        "patch_size": IDEFICS3_PATCH_SIZE,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "hidden_act": "gelu_pytorch_tanh",
+        "layer_norm_eps": 1e-6,
+    }
     config_cls, model_cls = (Idefics3Config, Idefics3ForConditionalGeneration)
     if arch == "smolvlm":
         from transformers import SmolVLMConfig, SmolVLMForConditionalGeneration
 
         config_cls, model_cls = SmolVLMConfig, SmolVLMForConditionalGeneration
-    config = config_cls(vision_config=vision, text_config=text.to_dict(), scale_factor=IDEFICS3_SCALE_FACTOR,
-                        image_token_id=fast.convert_tokens_to_ids("<image>"), tie_word_embeddings=False,
-                        pad_token_id=fast.pad_token_id)
+    config = config_cls(
+        vision_config=vision,
+        text_config=text.to_dict(),
+        scale_factor=IDEFICS3_SCALE_FACTOR,
+        image_token_id=fast.convert_tokens_to_ids("<image>"),
+        tie_word_embeddings=False,
+        pad_token_id=fast.pad_token_id,
+    )
     torch.manual_seed(seed)
     model = model_cls(config).eval()
     model.save_pretrained(directory, safe_serialization=True)
     (directory / "README.md").write_text(
         "---\nlicense: apache-2.0\n---\n# tiny-smolvlm (random weights)\n\nA SmolVLM-style (Idefics3) model built "
-        "from transformers configs with RANDOM weights for tests: it describes nothing.\n", encoding="utf-8")
+        "from transformers configs with RANDOM weights for tests: it describes nothing.\n",
+        encoding="utf-8",
+    )
     return directory
 
 
@@ -336,8 +485,10 @@ def to_transformers5_layout(src: Path, dst: Path) -> Path:
         if f.suffix == ".safetensors":
             tensors = load_file(str(f))
             if siglip_tower:
-                tensors = {(_V5_VISION_STRIP[1] + k[len(_V5_VISION_STRIP[0]):] if k.startswith(_V5_VISION_STRIP[0])
-                            else k): v for k, v in tensors.items()}
+                tensors = {
+                    (_V5_VISION_STRIP[1] + k[len(_V5_VISION_STRIP[0]) :] if k.startswith(_V5_VISION_STRIP[0]) else k): v
+                    for k, v in tensors.items()
+                }
             save_file(tensors, str(dst / f.name), metadata={"format": "pt"})
         elif f.is_file():
             shutil.copyfile(f, dst / f.name)
@@ -374,17 +525,23 @@ def to_transformers5_layout(src: Path, dst: Path) -> Path:
 
     if (src / "generation_config.json").is_file():
         gen = json.loads((src / "generation_config.json").read_text())
-        gen.update(output_attentions=False, output_hidden_states=False, use_cache=True,
-                   transformers_version=TRANSFORMERS5_VERSION)
+        gen.update(
+            output_attentions=False,
+            output_hidden_states=False,
+            use_cache=True,
+            transformers_version=TRANSFORMERS5_VERSION,
+        )
         (dst / "generation_config.json").write_text(json.dumps(gen, indent=2, sort_keys=True) + "\n")
 
     if (src / "preprocessor_config.json").is_file():
         image = json.loads((src / "preprocessor_config.json").read_text())
         image.pop("processor_class", None)
-        proc = json.loads((src / "processor_config.json").read_text()) \
-            if (src / "processor_config.json").is_file() else {}
-        (dst / "processor_config.json").write_text(json.dumps({**proc, "image_processor": image}, indent=2,
-                                                              sort_keys=True) + "\n")
+        proc = (
+            json.loads((src / "processor_config.json").read_text()) if (src / "processor_config.json").is_file() else {}
+        )
+        (dst / "processor_config.json").write_text(
+            json.dumps({**proc, "image_processor": image}, indent=2, sort_keys=True) + "\n"
+        )
 
     if not (src / "tokenizer_config.json").is_file():
         return dst
@@ -393,8 +550,9 @@ def to_transformers5_layout(src: Path, dst: Path) -> Path:
         tc.pop(k, None)
     named = tc.pop("extra_special_tokens", None) or {}
     tc.update(named if isinstance(named, dict) else {})
-    tc["extra_special_tokens"] = [t["content"] if isinstance(t, dict) else t
-                                  for t in tc.pop("additional_special_tokens", [])]
+    tc["extra_special_tokens"] = [
+        t["content"] if isinstance(t, dict) else t for t in tc.pop("additional_special_tokens", [])
+    ]
     if not tc["extra_special_tokens"] and not named and not llava:
         del tc["extra_special_tokens"]
     tc.update(backend="tokenizers", tokenizer_class="TokenizersBackend")
@@ -403,8 +561,12 @@ def to_transformers5_layout(src: Path, dst: Path) -> Path:
     tok = json.loads((src / "tokenizer.json").read_text())
     if tok.get("post_processor") is None:
         seq = [{"Sequence": {"id": "A", "type_id": 0}}]
-        tok["post_processor"] = {"type": "TemplateProcessing", "single": seq,
-                                 "pair": seq + [{"Sequence": {"id": "B", "type_id": 1}}], "special_tokens": {}}
+        tok["post_processor"] = {
+            "type": "TemplateProcessing",
+            "single": seq,
+            "pair": seq + [{"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {},
+        }
     (dst / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False, indent=2))
     return dst
 
@@ -436,7 +598,8 @@ GEMMA3_CHAT_TEMPLATE = (
     "{% if message['content'] is string %}{{ message['content'] | trim }}{% else %}"
     "{% for item in message['content'] %}{% if item['type'] == 'image' %}{{ '<start_of_image>' }}"
     "{% elif item['type'] == 'text' %}{{ item['text'] | trim }}{% endif %}{% endfor %}{% endif %}"
-    "{{ '<end_of_turn>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}")
+    "{{ '<end_of_turn>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
 
 
 def _gemma3_tokenizer():
@@ -451,17 +614,35 @@ def _gemma3_tokenizer():
     tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
     tok.normalizer = normalizers.Replace(" ", "\u2581")
     tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
-    special = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>",
-               "<end_of_image>", "<image_soft_token>"] + [f"<0x{i:02X}>" for i in range(256)]
-    corpus = lines + ["\n\n".join(lines[i:i + 3]) for i in range(0, len(lines), 3)] + ["user\n", "model\n"] * 20
+    special = [
+        "<pad>",
+        "<eos>",
+        "<bos>",
+        "<unk>",
+        "<start_of_turn>",
+        "<end_of_turn>",
+        "<start_of_image>",
+        "<end_of_image>",
+        "<image_soft_token>",
+    ] + [f"<0x{i:02X}>" for i in range(256)]
+    corpus = lines + ["\n\n".join(lines[i : i + 3]) for i in range(0, len(lines), 3)] + ["user\n", "model\n"] * 20
     tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=760, special_tokens=special))
     bos = tok.token_to_id("<bos>")
-    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", pair="<bos> $A <bos> $B",
-                                                       special_tokens=[("<bos>", bos)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>",
-                                   pad_token="<pad>", extra_special_tokens={
-                                       "boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
-                                       "image_token": "<image_soft_token>"})
+    tok.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", pair="<bos> $A <bos> $B", special_tokens=[("<bos>", bos)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<bos>",
+        eos_token="<eos>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+        extra_special_tokens={
+            "boi_token": "<start_of_image>",
+            "eoi_token": "<end_of_image>",
+            "image_token": "<image_soft_token>",
+        },
+    )
 
 
 def make_tiny_gemma3(directory: Path, *, seed: int = 0, layout: str = "transformers4", **text_overrides) -> Path:
@@ -490,29 +671,75 @@ def make_tiny_gemma3(directory: Path, *, seed: int = 0, layout: str = "transform
     directory.mkdir(parents=True, exist_ok=True)
     fast = _gemma3_tokenizer()
     image_processor = Gemma3ImageProcessor(
-        size={"height": GEMMA3_IMAGE_SIZE, "width": GEMMA3_IMAGE_SIZE}, resample=2, do_resize=True, do_rescale=True,
-        rescale_factor=1 / 255, do_normalize=True, image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5],
-        do_convert_rgb=None, do_pan_and_scan=None)
-    processor = Gemma3Processor(image_processor=image_processor, tokenizer=fast, image_seq_length=GEMMA3_IMAGE_TOKENS,
-                                chat_template=GEMMA3_CHAT_TEMPLATE)
+        size={"height": GEMMA3_IMAGE_SIZE, "width": GEMMA3_IMAGE_SIZE},
+        resample=2,
+        do_resize=True,
+        do_rescale=True,
+        rescale_factor=1 / 255,
+        do_normalize=True,
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5],
+        do_convert_rgb=None,
+        do_pan_and_scan=None,
+    )
+    processor = Gemma3Processor(
+        image_processor=image_processor,
+        tokenizer=fast,
+        image_seq_length=GEMMA3_IMAGE_TOKENS,
+        chat_template=GEMMA3_CHAT_TEMPLATE,
+    )
     processor.save_pretrained(directory)
     eot = fast.convert_tokens_to_ids("<end_of_turn>")
-    text = Gemma3TextConfig(**{**dict(
-        vocab_size=len(fast) + 63, hidden_size=160, intermediate_size=640, num_hidden_layers=6, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=32, rope_theta=1_000_000.0,
-        rope_local_base_freq=10_000.0, rope_scaling={"rope_type": "linear", "factor": 8.0}, sliding_window=1024,
-        hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6, max_position_embeddings=131072,
-        final_logit_softcapping=None, attn_logit_softcapping=None, tie_word_embeddings=True,
-        bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id, pad_token_id=fast.pad_token_id,
-        initializer_range=0.06), **text_overrides})
-    vision = SiglipVisionConfig(image_size=GEMMA3_IMAGE_SIZE, patch_size=GEMMA3_PATCH_SIZE, hidden_size=64,
-                                intermediate_size=240, num_hidden_layers=2, num_attention_heads=4,
-                                hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6, vision_use_head=False)
-    config = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=GEMMA3_IMAGE_TOKENS,
-                          boi_token_index=fast.convert_tokens_to_ids("<start_of_image>"),
-                          eoi_token_index=fast.convert_tokens_to_ids("<end_of_image>"),
-                          image_token_index=fast.convert_tokens_to_ids("<image_soft_token>"),
-                          eos_token_id=[fast.eos_token_id, eot], initializer_range=0.2)
+    text = Gemma3TextConfig(
+        **{
+            **dict(
+                vocab_size=len(fast) + 63,
+                hidden_size=160,
+                intermediate_size=640,
+                num_hidden_layers=6,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=32,
+                query_pre_attn_scalar=32,
+                rope_theta=1_000_000.0,
+                rope_local_base_freq=10_000.0,
+                rope_scaling={"rope_type": "linear", "factor": 8.0},
+                sliding_window=1024,
+                hidden_activation="gelu_pytorch_tanh",
+                rms_norm_eps=1e-6,
+                max_position_embeddings=131072,
+                final_logit_softcapping=None,
+                attn_logit_softcapping=None,
+                tie_word_embeddings=True,
+                bos_token_id=fast.bos_token_id,
+                eos_token_id=fast.eos_token_id,
+                pad_token_id=fast.pad_token_id,
+                initializer_range=0.06,
+            ),
+            **text_overrides,
+        }
+    )
+    vision = SiglipVisionConfig(
+        image_size=GEMMA3_IMAGE_SIZE,
+        patch_size=GEMMA3_PATCH_SIZE,
+        hidden_size=64,
+        intermediate_size=240,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        hidden_act="gelu_pytorch_tanh",
+        layer_norm_eps=1e-6,
+        vision_use_head=False,
+    )
+    config = Gemma3Config(
+        text_config=text,
+        vision_config=vision,
+        mm_tokens_per_image=GEMMA3_IMAGE_TOKENS,
+        boi_token_index=fast.convert_tokens_to_ids("<start_of_image>"),
+        eoi_token_index=fast.convert_tokens_to_ids("<end_of_image>"),
+        image_token_index=fast.convert_tokens_to_ids("<image_soft_token>"),
+        eos_token_id=[fast.eos_token_id, eot],
+        initializer_range=0.2,
+    )
     torch.manual_seed(seed)
     model = Gemma3ForConditionalGeneration(config).eval()
     with torch.no_grad():
@@ -525,20 +752,29 @@ def make_tiny_gemma3(directory: Path, *, seed: int = 0, layout: str = "transform
     model.save_pretrained(directory, safe_serialization=True)
     (directory / "README.md").write_text(
         "---\nlicense: apache-2.0\n---\n# tiny-gemma3-vision (random weights)\n\nGemma-3-4B's architecture (shrunk) "
-        "built from transformers configs with RANDOM weights for tests: it describes nothing.\n", encoding="utf-8")
+        "built from transformers configs with RANDOM weights for tests: it describes nothing.\n",
+        encoding="utf-8",
+    )
     if layout != "transformers5":
         return directory
     out = to_transformers5_layout(directory, final)
     cfg = json.loads((out / "config.json").read_text())
     tc = cfg["text_config"]  # transformers 5's Gemma3TextConfig: rope per layer type, no rope_local_base_freq
-    tc["rope_parameters"] = {"full_attention": tc.pop("rope_parameters"), "sliding_attention": {
-        "rope_theta": tc.pop("rope_local_base_freq"), "rope_type": "default"}}
-    tc.update(bos_token_id=text.bos_token_id, eos_token_id=text.eos_token_id, pad_token_id=text.pad_token_id,
-              tie_word_embeddings=True)  # Gemma-3's defaults, which 4.57 leaves out and 5.x writes
+    tc["rope_parameters"] = {
+        "full_attention": tc.pop("rope_parameters"),
+        "sliding_attention": {"rope_theta": tc.pop("rope_local_base_freq"), "rope_type": "default"},
+    }
+    tc.update(
+        bos_token_id=text.bos_token_id,
+        eos_token_id=text.eos_token_id,
+        pad_token_id=text.pad_token_id,
+        tie_word_embeddings=True,
+    )  # Gemma-3's defaults, which 4.57 leaves out and 5.x writes
     cfg["tie_word_embeddings"] = True
     (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     proc = json.loads((out / "processor_config.json").read_text())  # 5.x leaves out the unset pan-and-scan keys
-    proc["image_processor"] = {k: v for k, v in proc["image_processor"].items()
-                               if v is not None or k == "do_convert_rgb"}
+    proc["image_processor"] = {
+        k: v for k, v in proc["image_processor"].items() if v is not None or k == "do_convert_rgb"
+    }
     (out / "processor_config.json").write_text(json.dumps(proc, indent=2, sort_keys=True) + "\n")
     return out

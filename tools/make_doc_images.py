@@ -36,19 +36,37 @@ def _mlp_bundle(out: Path) -> Path:
     out.mkdir(parents=True)
     rng = np.random.default_rng(0)
     d, h = 256, 1024
-    inits = [numpy_helper.from_array(rng.standard_normal((d, h)).astype(np.float32), "w1"),
-             numpy_helper.from_array(rng.standard_normal((h, d)).astype(np.float32), "w2")]
-    nodes = [helper.make_node("MatMul", ["x", "w1"], ["a"]), helper.make_node("Relu", ["a"], ["r"]),
-             helper.make_node("MatMul", ["r", "w2"], ["y"])]
-    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", d])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "s", d])], inits)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((d, h)).astype(np.float32), "w1"),
+        numpy_helper.from_array(rng.standard_normal((h, d)).astype(np.float32), "w2"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["a"]),
+        helper.make_node("Relu", ["a"], ["r"]),
+        helper.make_node("MatMul", ["r", "w2"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", d])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "s", d])],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, out / "model.onnx")
-    write_manifest(out, {"bundle_id": "doc-mlp", "model": {"name": "mlp", "task": "feature-extraction"},
-                         "profile": {"name": "cpu-x86_64"}, "format": "onnx", "precision": "fp32",
-                         "artifacts": [artifact_entry(out, "model.onnx", "model")],
-                         "runtime": {"backend_chain": ["CPUExecutionProvider"]}})
+    write_manifest(
+        out,
+        {
+            "bundle_id": "doc-mlp",
+            "model": {"name": "mlp", "task": "feature-extraction"},
+            "profile": {"name": "cpu-x86_64"},
+            "format": "onnx",
+            "precision": "fp32",
+            "artifacts": [artifact_entry(out, "model.onnx", "model")],
+            "runtime": {"backend_chain": ["CPUExecutionProvider"]},
+        },
+    )
     return out
 
 
@@ -59,9 +77,17 @@ def _gemma_bundle(out: Path) -> Path:
 
     out.mkdir(parents=True)
     shutil.copyfile(gemma.assemble(out.parent / "gemma.gguf"), out / "model.gguf")
-    write_manifest(out, {"bundle_id": "doc-gemma", "format": "gguf", "precision": "Q4_K_M",
-                         "model": {"name": "gemma-3-270m", "task": "text-generation"},
-                         "profile": {"name": "cpu-x86_64"}, "artifacts": [artifact_entry(out, "model.gguf", "model")]})
+    write_manifest(
+        out,
+        {
+            "bundle_id": "doc-gemma",
+            "format": "gguf",
+            "precision": "Q4_K_M",
+            "model": {"name": "gemma-3-270m", "task": "text-generation"},
+            "profile": {"name": "cpu-x86_64"},
+            "artifacts": [artifact_entry(out, "model.gguf", "model")],
+        },
+    )
     return out
 
 
@@ -75,22 +101,38 @@ def main() -> None:
     from edgesdk.profiler.bench import BenchOptions
     from edgesdk.profiler.compare import compare_reports
 
-    plots.DPI = 72   # small files for the docs; the CLI writes at 100 dpi
+    plots.DPI = 72  # small files for the docs; the CLI writes at 100 dpi
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         gemma = _gemma_bundle(work / "gemma")
         llm = run_profiler(gemma, BenchOptions(prompt_tokens=32, gen_tokens=16, llm_repeats=3, progress=False))
         written = [plots.plot_report(llm, args.out / "profiler-run-llm.png")]
-        preds = [predict_bundle(gemma, name, prompt_tokens=llm["llm"]["prompt_tokens"], measured=llm,
-                                measured_host=_host_figures_of(llm, name))
-                 for name in (llm["device"]["best_match"], "orin-nano-8gb")]
+        preds = [
+            predict_bundle(
+                gemma,
+                name,
+                prompt_tokens=llm["llm"]["prompt_tokens"],
+                measured=llm,
+                measured_host=_host_figures_of(llm, name),
+            )
+            for name in (llm["device"]["best_match"], "orin-nano-8gb")
+        ]
         written.append(plots.plot_roofline(preds, args.out / "profiler-predict-roofline.png", llm))
         mlp = _mlp_bundle(work / "mlp")
-        base, new = (run_profiler(mlp, BenchOptions(iterations=200, warmup=10, threads=t, ort_profile_runs=0,
-                                                    progress=False)) for t in (1, 2))
-        written.append(plots.plot_comparison(base, new, compare_reports(base, new, 0.05),
-                                             args.out / "profiler-compare.png", labels=("1 thread", "2 threads")))
+        base, new = (
+            run_profiler(mlp, BenchOptions(iterations=200, warmup=10, threads=t, ort_profile_runs=0, progress=False))
+            for t in (1, 2)
+        )
+        written.append(
+            plots.plot_comparison(
+                base,
+                new,
+                compare_reports(base, new, 0.05),
+                args.out / "profiler-compare.png",
+                labels=("1 thread", "2 threads"),
+            )
+        )
     for path in written:
         size = path.stat().st_size
         print(f"{path.relative_to(REPO) if path.is_relative_to(REPO) else path}: {size / 1e3:.0f} KB")

@@ -13,5 +13,12 @@ from edgesdk.capability.checker import BACKENDS, CapabilityReport, backend_chain
 from edgesdk.capability.precision import precision_report, precision_report_from
 from edgesdk.capability.render import render_table
 
-__all__ = ["BACKENDS", "CapabilityReport", "backend_chain", "check_capability", "precision_report",
-           "precision_report_from", "render_table"]
+__all__ = [
+    "BACKENDS",
+    "CapabilityReport",
+    "backend_chain",
+    "check_capability",
+    "precision_report",
+    "precision_report_from",
+    "render_table",
+]

@@ -46,9 +46,15 @@ class NodeResult:
     uncertain: bool = False  # an earlier backend in the chain could not be checked here
 
     def to_dict(self) -> dict:
-        return {"index": self.index, "name": self.name, "op_type": self.op_type, "domain": self.domain,
-                "placement": self.placement, "uncertain": self.uncertain,
-                "support": {b: v.to_dict() for b, v in self.support.items()}}
+        return {
+            "index": self.index,
+            "name": self.name,
+            "op_type": self.op_type,
+            "domain": self.domain,
+            "placement": self.placement,
+            "uncertain": self.uncertain,
+            "support": {b: v.to_dict() for b, v in self.support.items()},
+        }
 
 
 @dataclass
@@ -73,9 +79,15 @@ class CapabilityReport:
         rows: dict[str, dict] = {}
         for n in self.nodes:
             key = n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}"
-            row = rows.setdefault(key, {"op_type": key, "count": 0, "placement": {},
-                                        **{b: {"yes": 0, "no": 0, "unknown": 0, "n/a": 0, "reasons": []}
-                                           for b in BACKENDS}})
+            row = rows.setdefault(
+                key,
+                {
+                    "op_type": key,
+                    "count": 0,
+                    "placement": {},
+                    **{b: {"yes": 0, "no": 0, "unknown": 0, "n/a": 0, "reasons": []} for b in BACKENDS},
+                },
+            )
             row["count"] += 1
             row["placement"][n.placement] = row["placement"].get(n.placement, 0) + 1
             for b, v in n.support.items():
@@ -93,16 +105,23 @@ class CapabilityReport:
             placed[n.placement] = placed.get(n.placement, 0) + 1
             ops_by.setdefault(n.placement, set()).add(n.op_type)
         return {
-            "model": self.model, "profile": self.profile, "tensorrt_version": self.tensorrt_version,
-            "precision": self.precision, "opset": self.opset, "chain": self.chain,
-            "dynamic_inputs": self.dynamic_inputs, "notes": self.notes,
-            "summary": {"nodes": len(self.nodes), "placement": placed,
-                        "ops_by_placement": {k: sorted(v) for k, v in ops_by.items() if k != "folded"},
-                        "partitions": {b: sum(1 for p in self.partitions if p.backend == b)
-                                       for b in placed if b != "folded"},
-                        "uncertain": sum(1 for n in self.nodes if n.uncertain),
-                        "unsupported_everywhere": sorted({n.op_type for n in self.unsupported_everywhere()}),
-                        **boundary_summary(self)},
+            "model": self.model,
+            "profile": self.profile,
+            "tensorrt_version": self.tensorrt_version,
+            "precision": self.precision,
+            "opset": self.opset,
+            "chain": self.chain,
+            "dynamic_inputs": self.dynamic_inputs,
+            "notes": self.notes,
+            "summary": {
+                "nodes": len(self.nodes),
+                "placement": placed,
+                "ops_by_placement": {k: sorted(v) for k, v in ops_by.items() if k != "folded"},
+                "partitions": {b: sum(1 for p in self.partitions if p.backend == b) for b in placed if b != "folded"},
+                "uncertain": sum(1 for n in self.nodes if n.uncertain),
+                "unsupported_everywhere": sorted({n.op_type for n in self.unsupported_everywhere()}),
+                **boundary_summary(self),
+            },
             "ops": self.op_summary(),
             "partitions": [p.to_dict() for p in self.partitions],
             "nodes": [n.to_dict() for n in self.nodes],
@@ -110,6 +129,7 @@ class CapabilityReport:
 
 
 # --------------------------------------------------------------------------------------------- limit checks
+
 
 def _attr(node, name):
     if isinstance(node, PlainNode):  # a view from facts: attributes already plain
@@ -138,8 +158,11 @@ def failed_check(node, view: GraphView, check: dict) -> Verdict | None:
                 return Verdict("no", f"attribute limit: {reason}", "attribute")
     elif kind == "no_output":
         i = check["index"]
-        if len(node.output) > i and node.output[i] and (node.output[i] in view.consumers
-                                                         or node.output[i] in view.outputs):
+        if (
+            len(node.output) > i
+            and node.output[i]
+            and (node.output[i] in view.consumers or node.output[i] in view.outputs)
+        ):
             return Verdict("no", f"attribute limit: {reason}", "attribute")
     elif kind == "attr_in":
         value = _attr(node, check["attr"])
@@ -167,8 +190,17 @@ def failed_check(node, view: GraphView, check: dict) -> Verdict | None:
 # ONNX elem type -> the label the TensorRT operator tables use; only types whose absence means "cannot run".
 _TRT_TYPE = {6: "INT32", 7: "INT64", 16: "BF16"}
 # Ops whose first input is a shape/size or whose type column describes outputs, not input 0.
-_TYPE_EXEMPT = {"Shape", "Size", "ConstantOfShape", "Cast", "CastLike", "EyeLike", "RandomNormalLike",
-                "RandomUniformLike", "NonZero"}
+_TYPE_EXEMPT = {
+    "Shape",
+    "Size",
+    "ConstantOfShape",
+    "Cast",
+    "CastLike",
+    "EyeLike",
+    "RandomNormalLike",
+    "RandomUniformLike",
+    "NonZero",
+}
 
 
 def _type_problem(node, view: GraphView, info, trt_version: str | None) -> Verdict | None:
@@ -181,8 +213,11 @@ def _type_problem(node, view: GraphView, info, trt_version: str | None) -> Verdi
     if label == "INT64" and major[0] < 9:
         label = "INT32"  # 8.x casts INT64 down to INT32 (onnx-tensorrt operators.md note)
     if label not in info.types:
-        return Verdict("no", f"precision: TensorRT {trt_version} documents {node.op_type} for "
-                             f"{', '.join(info.types)}; input is {label}", "precision")
+        return Verdict(
+            "no",
+            f"precision: TensorRT {trt_version} documents {node.op_type} for {', '.join(info.types)}; input is {label}",
+            "precision",
+        )
     return None
 
 
@@ -215,16 +250,22 @@ def _dla_verdict(node, view: GraphView, trt_version: str, precision: str, trt: V
         return Verdict("no", f"op not DLA-native ({which.split(' (')[0]})", "op")
     tensors = [t for t in list(node.input) + list(node.output) if t and not view.is_constant(t)]
     if any(not view.is_float(t) for t in tensors):
-        return Verdict("no", "precision: DLA runs FP16/INT8 tensors only (integer/bool shape arithmetic runs on "
-                             "the GPU)", "precision")
+        return Verdict(
+            "no",
+            "precision: DLA runs FP16/INT8 tensors only (integer/bool shape arithmetic runs on the GPU)",
+            "precision",
+        )
     if any(not view.is_static(t) for t in tensors):
         return Verdict("no", "dynamic shape: DLA needs static shapes", "dynamic-shape")
     limit = rules["max_non_batch_dim"]["value"]
     for t in tensors:
         dims = view.shape.get(t) or []
         if dims and (dims[0] > rules["max_batch"]["value"] or any(d > limit for d in dims[1:])):
-            return Verdict("no", f"size limit: {t} {dims} exceeds DLA batch <= {rules['max_batch']['value']} / "
-                                 f"dims <= {limit}", "size")
+            return Verdict(
+                "no",
+                f"size limit: {t} {dims} exceeds DLA batch <= {rules['max_batch']['value']} / dims <= {limit}",
+                "size",
+            )
     for check in (data.get("checks") or {}).get(node.op_type, []):
         bad = failed_check(node, view, check)
         if bad is not None:
@@ -257,29 +298,42 @@ def backend_chain(profile, use_dla: bool | None = None) -> tuple[list[str], list
 
 
 # Domains ONNX Runtime registers ops in; a node of any other domain has no kernel on any of its providers.
-ORT_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "com.microsoft", "com.microsoft.nchwc", "com.ms.internal.nhwc",
-               "ai.onnx.training", "ai.onnx.preview.training", "com.microsoft.experimental")
+ORT_DOMAINS = (
+    "",
+    "ai.onnx",
+    "ai.onnx.ml",
+    "com.microsoft",
+    "com.microsoft.nchwc",
+    "com.ms.internal.nhwc",
+    "ai.onnx.training",
+    "ai.onnx.preview.training",
+    "com.microsoft.experimental",
+)
 
 
 def _unprobed(node, backend: str) -> Verdict:
     """The CUDA/CPU EP verdict when planning: ONNX Runtime is not asked (its kernels are probed at build time,
     by the engine stage and ``edgesdk inspect capability``); only a domain it has no ops in is a sure no."""
     if node.domain not in ORT_DOMAINS:
-        return Verdict("no", f"{node.domain}::{node.op_type} is not a registered op in onnxruntime (no op of "
-                             f"domain {node.domain})", "op")
-    return Verdict("unknown", f"{BACKEND_LABEL[backend]} kernels are probed at build time, not when planning",
-                   "probe")
+        return Verdict(
+            "no",
+            f"{node.domain}::{node.op_type} is not a registered op in onnxruntime (no op of domain {node.domain})",
+            "op",
+        )
+    return Verdict("unknown", f"{BACKEND_LABEL[backend]} kernels are probed at build time, not when planning", "probe")
 
 
-def check_capability(onnx_path: str | os.PathLike, profile, precision: str | None = None,
-                     use_dla: bool | None = None) -> CapabilityReport:
+def check_capability(
+    onnx_path: str | os.PathLike, profile, precision: str | None = None, use_dla: bool | None = None
+) -> CapabilityReport:
     """Check every node of ``onnx_path`` against ``profile``; place it; partition the graph. CUDA/CPU EP
     support is asked of this host's ONNX Runtime (:mod:`ort_probe`)."""
     return check_view(load_graph(onnx_path), profile, precision, use_dla)
 
 
-def check_view(view: GraphView, profile, precision: str | None = None, use_dla: bool | None = None,
-               probe: bool = True) -> CapabilityReport:
+def check_view(
+    view: GraphView, profile, precision: str | None = None, use_dla: bool | None = None, probe: bool = True
+) -> CapabilityReport:
     """:func:`check_capability` of a loaded view. ``probe=False`` (the planner, over a view rebuilt from
     ``ModelFacts.graph``) starts no ONNX Runtime session: CUDA/CPU EP verdicts are "unknown" (probed at build
     time) except for ops of a domain ONNX Runtime has no ops in."""
@@ -301,25 +355,42 @@ def check_view(view: GraphView, profile, precision: str | None = None, use_dla: 
     folded: set[str] = set()
     for i, node in enumerate(view.nodes):
         static_shape_of = node.op_type == "Shape" and node.input and view.is_static(node.input[0])
-        if node.op_type == "Constant" or static_shape_of or (
-                node.input and all(not t or view.is_constant(t) or t in folded for t in node.input)):
+        if (
+            node.op_type == "Constant"
+            or static_shape_of
+            or (node.input and all(not t or view.is_constant(t) or t in folded for t in node.input))
+        ):
             # Constant-foldable: TensorRT and ONNX Runtime evaluate it once at build/load time.
             folded.update(t for t in node.output if t)
-            results.append(NodeResult(i, view.names[i], node.op_type, node.domain,
-                                      {b: Verdict("n/a", "constant-folded at build time") for b in BACKENDS},
-                                      placement="folded"))
+            results.append(
+                NodeResult(
+                    i,
+                    view.names[i],
+                    node.op_type,
+                    node.domain,
+                    {b: Verdict("n/a", "constant-folded at build time") for b in BACKENDS},
+                    placement="folded",
+                )
+            )
             continue
         support: dict[str, Verdict] = {}
-        trt = (_tensorrt_verdict(node, view, trt_version, opset_problem) if "tensorrt" in chain
-               else Verdict("n/a", "not in this profile's chain"))
+        trt = (
+            _tensorrt_verdict(node, view, trt_version, opset_problem)
+            if "tensorrt" in chain
+            else Verdict("n/a", "not in this profile's chain")
+        )
         support["tensorrt"] = trt
-        support["dla"] = (_dla_verdict(node, view, trt_version or "", precision, trt) if "dla" in chain
-                          else Verdict("n/a", "not in this profile's chain"))
+        support["dla"] = (
+            _dla_verdict(node, view, trt_version or "", precision, trt)
+            if "dla" in chain
+            else Verdict("n/a", "not in this profile's chain")
+        )
         for b in ("cuda_ep", "cpu"):
             if b in probes:
                 pr = probes[b].check(node, view)
-                support[b] = Verdict(pr.status, pr.reason, "probe" if pr.status == "unknown" else
-                                     ("op" if pr.status == "no" else ""))
+                support[b] = Verdict(
+                    pr.status, pr.reason, "probe" if pr.status == "unknown" else ("op" if pr.status == "no" else "")
+                )
             elif b in chain and not probe:
                 support[b] = _unprobed(node, b)
             else:
@@ -343,10 +414,21 @@ def check_view(view: GraphView, profile, precision: str | None = None, use_dla: 
         results.append(res)
     contrib = sorted({n.op_type for n in view.nodes if n.domain == "com.microsoft"})
     if contrib and "tensorrt" in chain:
-        notes.append(f"onnxruntime contrib ops ({', '.join(contrib)}): this ONNX was fused for ONNX Runtime; "
-                     "TensorRT parses only standard ONNX ops, so export unfused ONNX for a TensorRT engine")
-    report = CapabilityReport(model=str(view.path), profile=profile.name, tensorrt_version=trt_version,
-                              precision=precision, opset=view.opset, chain=chain,
-                              dynamic_inputs=view.dynamic_inputs(), nodes=results, view=view, notes=notes)
+        notes.append(
+            f"onnxruntime contrib ops ({', '.join(contrib)}): this ONNX was fused for ONNX Runtime; "
+            "TensorRT parses only standard ONNX ops, so export unfused ONNX for a TensorRT engine"
+        )
+    report = CapabilityReport(
+        model=str(view.path),
+        profile=profile.name,
+        tensorrt_version=trt_version,
+        precision=precision,
+        opset=view.opset,
+        chain=chain,
+        dynamic_inputs=view.dynamic_inputs(),
+        nodes=results,
+        view=view,
+        notes=notes,
+    )
     report.partitions = partition(report)
     return report

@@ -140,13 +140,27 @@ def graph_view_facts(view: GraphView, zero_checked: set[tuple[str, int]]) -> dic
                     value = None
                 if value is not None and not value.any():
                     zeros.append(t)
-    return {"path": str(view.path), "opset": view.opset,
-            "nodes": [{"name": name, "op_type": n.op_type, "domain": n.domain, "input": list(n.input),
-                       "output": list(n.output), "attrs": {a.name: _plain_attr(a) for a in n.attribute}}
-                      for name, n in zip(view.names, view.nodes)],
-            "elem_type": dict(view.elem_type), "shape": {k: list(v) for k, v in view.shape.items()},
-            "inputs": list(view.inputs), "outputs": list(view.outputs),
-            "constants": sorted({*view.initializers, *view.constant_outputs}), "zero_constants": sorted(zeros)}
+    return {
+        "path": str(view.path),
+        "opset": view.opset,
+        "nodes": [
+            {
+                "name": name,
+                "op_type": n.op_type,
+                "domain": n.domain,
+                "input": list(n.input),
+                "output": list(n.output),
+                "attrs": {a.name: _plain_attr(a) for a in n.attribute},
+            }
+            for name, n in zip(view.names, view.nodes)
+        ],
+        "elem_type": dict(view.elem_type),
+        "shape": {k: list(v) for k, v in view.shape.items()},
+        "inputs": list(view.inputs),
+        "outputs": list(view.outputs),
+        "constants": sorted({*view.initializers, *view.constant_outputs}),
+        "zero_constants": sorted(zeros),
+    }
 
 
 def _dims(value_info) -> list | None:

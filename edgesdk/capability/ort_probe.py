@@ -35,9 +35,12 @@ def provider_usable(provider: str) -> tuple[bool, str]:
         return False, f"{provider} is not in this onnxruntime build ({ort.__version__})"
     if provider == "CPUExecutionProvider":
         return True, ""
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "probe",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "probe",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = PROBE_IR_VERSION
     so = ort.SessionOptions()
@@ -52,8 +55,10 @@ def provider_usable(provider: str) -> tuple[bool, str]:
     finally:
         ort.set_default_logger_severity(2)
     if provider not in sess.get_providers():
-        return False, (f"{provider} is listed by onnxruntime {ort.__version__} but its libraries do not load "
-                       "here (session fell back to CPU)")
+        return False, (
+            f"{provider} is listed by onnxruntime {ort.__version__} but its libraries do not load "
+            "here (session fell back to CPU)"
+        )
     return True, ""
 
 
@@ -146,13 +151,17 @@ class OrtProbe:
             if "NOT_IMPLEMENTED" in text or "Could not find an implementation" in text:
                 return ProbeResult("no", f"no {self.provider} kernel for {node.op_type} with these input types")
             if "is not a registered function/op" in text:
-                return ProbeResult("no", f"{node.domain or 'ai.onnx'}::{node.op_type} is not a registered op "
-                                         "in onnxruntime")
+                return ProbeResult(
+                    "no", f"{node.domain or 'ai.onnx'}::{node.op_type} is not a registered op in onnxruntime"
+                )
             if "Exception during initialization" in text:
                 # The kernel exists but refuses this node's attributes (e.g. LSTM layout=1 on CPU).
                 detail = text.split(" was false. ", 1)[-1] if " was false. " in text else text
-                return ProbeResult("no", f"{self.provider} kernel rejects this node: "
-                                         f"{detail.splitlines()[0].split(' If you need')[0][:160]}")
+                return ProbeResult(
+                    "no",
+                    f"{self.provider} kernel rejects this node: "
+                    f"{detail.splitlines()[0].split(' If you need')[0][:160]}",
+                )
             if "fallback to the CPU EP has been explicitly disabled" in text or "assigned to the default CPU" in text:
                 return ProbeResult("no", f"{self.provider} does not take {node.op_type} (would run on CPU)")
             return ProbeResult("unknown", f"probe inconclusive: {text.splitlines()[0][:140]}")

@@ -22,9 +22,14 @@ class Partition:
     outputs: list[str] = field(default_factory=list)  # tensors leaving to another partition / graph output
 
     def to_dict(self) -> dict:
-        return {"id": self.id, "backend": self.backend, "node_count": len(self.nodes),
-                "op_types": dict(sorted(self.op_types.items(), key=lambda kv: -kv[1])),
-                "inputs": self.inputs, "outputs": self.outputs}
+        return {
+            "id": self.id,
+            "backend": self.backend,
+            "node_count": len(self.nodes),
+            "op_types": dict(sorted(self.op_types.items(), key=lambda kv: -kv[1])),
+            "inputs": self.inputs,
+            "outputs": self.outputs,
+        }
 
 
 class _UnionFind:
@@ -99,8 +104,10 @@ def partition(report) -> list[Partition]:
             for t in node.output:
                 if not t:
                     continue
-                leaves = (any(c in node_part and node_part[c] is not part for c in view.consumers.get(t, []))
-                          or t in view.outputs)
+                leaves = (
+                    any(c in node_part and node_part[c] is not part for c in view.consumers.get(t, []))
+                    or t in view.outputs
+                )
                 if leaves and t not in outs:
                     outs.append(t)
         part.inputs, part.outputs = ins, outs
@@ -119,8 +126,16 @@ def crossings(report) -> list[dict]:
         if a is None or b is None or a == b or (tensor, b) in seen:
             continue
         seen.add((tensor, b))
-        out.append({"tensor": tensor, "from": parts[a].backend, "to": parts[b].backend, "from_partition": a,
-                    "to_partition": b, "float": report.view.is_float(tensor)})
+        out.append(
+            {
+                "tensor": tensor,
+                "from": parts[a].backend,
+                "to": parts[b].backend,
+                "from_partition": a,
+                "to_partition": b,
+                "float": report.view.is_float(tensor),
+            }
+        )
     return out
 
 

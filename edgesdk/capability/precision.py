@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-""""Why is lower precision slower?": which ops an FP16/INT8 plan leaves in higher precision, and how many
+""" "Why is lower precision slower?": which ops an FP16/INT8 plan leaves in higher precision, and how many
 format conversions happen where precision or backend changes.
 
 Each node placed on TensorRT/DLA gets the precision TensorRT can run it in (the op's documented types for
@@ -21,8 +21,24 @@ from edgesdk.capability.partition import crossings
 
 ORDER = {"int8": 0, "fp8": 0, "fp16": 1, "bf16": 1, "fp32": 2, "fp64": 3}
 # Data-movement ops do no arithmetic: TensorRT runs them in whatever format their input arrives in.
-PRECISION_NEUTRAL = {"Reshape", "Transpose", "Identity", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Gather",
-                     "Concat", "Split", "Expand", "Tile", "Pad", "Dropout", "DepthToSpace", "SpaceToDepth"}
+PRECISION_NEUTRAL = {
+    "Reshape",
+    "Transpose",
+    "Identity",
+    "Flatten",
+    "Squeeze",
+    "Unsqueeze",
+    "Slice",
+    "Gather",
+    "Concat",
+    "Split",
+    "Expand",
+    "Tile",
+    "Pad",
+    "Dropout",
+    "DepthToSpace",
+    "SpaceToDepth",
+}
 
 
 def _node_float_type(node, view) -> str | None:
@@ -62,8 +78,11 @@ def _effective(node, placement: str, requested: str, trt_version: str | None, vi
         want = "FP16" if requested == "fp16" else "BF16"
         if want in types:
             return requested, f"{want} listed for this op"
-        return "fp32", f"{want} not listed for {node.op_type} in TensorRT {trt_version} (types: " \
-                       f"{', '.join(sorted(types)) or 'none'}): runs FP32"
+        return (
+            "fp32",
+            f"{want} not listed for {node.op_type} in TensorRT {trt_version} (types: "
+            f"{', '.join(sorted(types)) or 'none'}): runs FP32",
+        )
     return own, "precision not modelled"
 
 
@@ -102,30 +121,46 @@ def precision_report_from(report: CapabilityReport) -> dict:
         reformats[edge] = reformats.get(edge, 0) + 1
     cross = crossings(report)
     float_cross = [c for c in cross if c["float"]]
-    kept_rows: list[dict[str, Any]] = [{"op_type": op, "count": c, "runs_in": p, "reason": why}
-                 for (op, p, why), c in sorted(kept.items(), key=lambda kv: -kv[1])]
+    kept_rows: list[dict[str, Any]] = [
+        {"op_type": op, "count": c, "runs_in": p, "reason": why}
+        for (op, p, why), c in sorted(kept.items(), key=lambda kv: -kv[1])
+    ]
     n_float = sum(counts.values())
     n_kept = sum(r["count"] for r in kept_rows)
-    lines = [f"{requested.upper()} plan on {report.profile}: {n_float - n_kept} of {n_float} float ops run in "
-             f"{requested.upper()}; {n_kept} stay in higher precision."]
+    lines = [
+        f"{requested.upper()} plan on {report.profile}: {n_float - n_kept} of {n_float} float ops run in "
+        f"{requested.upper()}; {n_kept} stay in higher precision."
+    ]
     for r in kept_rows[:8]:
         lines.append(f"  {r['count']} x {r['op_type']} run {r['runs_in'].upper()}: {r['reason']}")
     n_ref = sum(reformats.values())
     if n_ref:
-        lines.append(f"{n_ref} precision conversions (reformat kernels) inside the graph: "
-                     + ", ".join(f"{k.upper()} x{v}" for k, v in sorted(reformats.items())))
+        lines.append(
+            f"{n_ref} precision conversions (reformat kernels) inside the graph: "
+            + ", ".join(f"{k.upper()} x{v}" for k, v in sorted(reformats.items()))
+        )
     if float_cross:
-        lines.append(f"{len(float_cross)} float tensors cross between partitions "
-                     f"({', '.join(sorted({c['from'] + '->' + c['to'] for c in float_cross}))}): each is a copy plus a "
-                     "synchronisation (DLA <-> GPU, or TensorRT <-> ONNX Runtime)")
+        lines.append(
+            f"{len(float_cross)} float tensors cross between partitions "
+            f"({', '.join(sorted({c['from'] + '->' + c['to'] for c in float_cross}))}): each is a copy plus a "
+            "synchronisation (DLA <-> GPU, or TensorRT <-> ONNX Runtime)"
+        )
     if n_ref or float_cross:
-        lines.append("At batch 1 these conversions and copies are memory/launch-bound and can outweigh the faster "
-                     "math: measure before trusting the lower precision.")
+        lines.append(
+            "At batch 1 these conversions and copies are memory/launch-bound and can outweigh the faster "
+            "math: measure before trusting the lower precision."
+        )
     return {
-        "precision": requested, "profile": report.profile, "tensorrt_version": report.tensorrt_version,
-        "float_nodes": n_float, "by_precision": counts, "kept_higher_precision": kept_rows,
-        "precision_conversions": n_ref, "precision_conversions_by_pair": reformats,
-        "partition_crossings": len(cross), "float_partition_crossings": len(float_cross),
+        "precision": requested,
+        "profile": report.profile,
+        "tensorrt_version": report.tensorrt_version,
+        "float_nodes": n_float,
+        "by_precision": counts,
+        "kept_higher_precision": kept_rows,
+        "precision_conversions": n_ref,
+        "precision_conversions_by_pair": reformats,
+        "partition_crossings": len(cross),
+        "float_partition_crossings": len(float_cross),
         "explanation": lines,
         "method": "static: TensorRT operator types per version (edgesdk/data/capability) + placement; not measured",
     }

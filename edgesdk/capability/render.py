@@ -27,11 +27,15 @@ def render_table(report: CapabilityReport) -> str:
     header = ["op", "count"] + [BACKEND_LABEL[b] for b in cols] + ["runs on"]
     table = []
     for r in rows:
-        runs = ", ".join(f"{BACKEND_LABEL.get(k, k)} {v}" if len(r["placement"]) > 1 else BACKEND_LABEL.get(k, k)
-                         for k, v in sorted(r["placement"].items(), key=lambda kv: -kv[1]))
+        runs = ", ".join(
+            f"{BACKEND_LABEL.get(k, k)} {v}" if len(r["placement"]) > 1 else BACKEND_LABEL.get(k, k)
+            for k, v in sorted(r["placement"].items(), key=lambda kv: -kv[1])
+        )
         table.append([r["op_type"], str(r["count"])] + [_cell(r[b], r["count"]) for b in cols] + [runs])
-    lines = [f"capability of {report.model} on {report.profile} (TensorRT {report.tensorrt_version or '-'}, "
-             f"{report.precision}, opset {report.opset}, {len(report.nodes)} nodes)"]
+    lines = [
+        f"capability of {report.model} on {report.profile} (TensorRT {report.tensorrt_version or '-'}, "
+        f"{report.precision}, opset {report.opset}, {len(report.nodes)} nodes)"
+    ]
     if report.dynamic_inputs:
         lines.append("dynamic inputs: " + ", ".join(f"{k}{v}" for k, v in report.dynamic_inputs.items()))
     lines.append("")
@@ -55,15 +59,19 @@ def render_table(report: CapabilityReport) -> str:
     if len(report.partitions) > 30:
         lines.append(f"  ... {len(report.partitions) - 30} more")
     crossings = boundary_summary(report)
-    lines.append(f"boundary crossings: {crossings['boundary_crossings']} "
-                 + (str(crossings["boundary_crossings_by_backend"]) if crossings["boundary_crossings"] else ""))
+    lines.append(
+        f"boundary crossings: {crossings['boundary_crossings']} "
+        + (str(crossings["boundary_crossings_by_backend"]) if crossings["boundary_crossings"] else "")
+    )
     uncertain = sum(1 for n in report.nodes if n.uncertain)
     if uncertain:
         lines.append(f"{uncertain} nodes placed after a backend that could not be checked here (marked ? above)")
     unknown = sorted({n.op_type for n in report.nodes if n.placement == "unknown"})
     if unknown:
-        lines.append(f"only unverifiable backends left for: {', '.join(unknown)} (runs on the device only if its "
-                     "CUDA EP has the kernel)")
+        lines.append(
+            f"only unverifiable backends left for: {', '.join(unknown)} (runs on the device only if its "
+            "CUDA EP has the kernel)"
+        )
     none = report.unsupported_everywhere()
     if none:
         lines.append(f"NO BACKEND runs: {', '.join(sorted({n.op_type for n in none}))}")
@@ -75,9 +83,14 @@ def render_table(report: CapabilityReport) -> str:
 # ---------------------------------------------------------------- pictures: DOT and HTML
 
 #: placement -> (fill colour, label). CPU EP on a GPU profile is the fallback the colour warns about.
-PLACEMENT_STYLE = {"dla": ("#cc79a7", "DLA"), "tensorrt": ("#009e73", "TensorRT"), "cuda_ep": ("#56b4e9", "CUDA EP"),
-                   "cpu": ("#e69f00", "CPU EP"), "unknown": ("#bbbbbb", "unverified"),
-                   "none": ("#d55e00", "no backend")}
+PLACEMENT_STYLE = {
+    "dla": ("#cc79a7", "DLA"),
+    "tensorrt": ("#009e73", "TensorRT"),
+    "cuda_ep": ("#56b4e9", "CUDA EP"),
+    "cpu": ("#e69f00", "CPU EP"),
+    "unknown": ("#bbbbbb", "unverified"),
+    "none": ("#d55e00", "no backend"),
+}
 
 
 def _style(placement: str, report: CapabilityReport) -> tuple[str, str]:
@@ -97,40 +110,52 @@ def render_dot(report: CapabilityReport) -> str:
     are left out."""
     from edgesdk.capability.partition import crossings
 
-    title = (f"{report.model} on {report.profile} ({report.precision}): {len(report.partitions)} partitions, "
-             f"{len(crossings(report))} boundary crossings")
-    lines = ["digraph capability {",
-             f"  label={_dot_str(title)};",
-             "  labelloc=t; rankdir=TB; fontname=Helvetica;",
-             '  node [shape=box, style="filled,rounded", fontname=Helvetica, fontsize=10];',
-             "  edge [color=\"#7f7f7f\"];"]
+    title = (
+        f"{report.model} on {report.profile} ({report.precision}): {len(report.partitions)} partitions, "
+        f"{len(crossings(report))} boundary crossings"
+    )
+    lines = [
+        "digraph capability {",
+        f"  label={_dot_str(title)};",
+        "  labelloc=t; rankdir=TB; fontname=Helvetica;",
+        '  node [shape=box, style="filled,rounded", fontname=Helvetica, fontsize=10];',
+        '  edge [color="#7f7f7f"];',
+    ]
     by_index = {n.index: n for n in report.nodes}
     placed = getattr(report, "node_partition", {})
     for p in report.partitions:
         colour, label = _style(p.backend, report)
         lines.append(f"  subgraph cluster_p{p.id} {{")
-        lines.append(f"    label={_dot_str(f'#{p.id} {label} ({len(p.nodes)} nodes)')}; style=dashed; "
-                     f"color={_dot_str(colour)}; penwidth=2;")
+        lines.append(
+            f"    label={_dot_str(f'#{p.id} {label} ({len(p.nodes)} nodes)')}; style=dashed; "
+            f"color={_dot_str(colour)}; penwidth=2;"
+        )
         for i in p.nodes:
             n = by_index[i]
             tip = n.support.get(n.placement)
             text = n.op_type + ("\n" + n.name if n.name else "")
-            lines.append(f"    n{i} [label={_dot_str(text)}, "
-                         f"fillcolor={_dot_str(colour)}, tooltip={_dot_str(tip.reason if tip else n.placement)}];")
+            lines.append(
+                f"    n{i} [label={_dot_str(text)}, "
+                f"fillcolor={_dot_str(colour)}, tooltip={_dot_str(tip.reason if tip else n.placement)}];"
+            )
         lines.append("  }")
     cross = {(c["tensor"], c["to_partition"]) for c in crossings(report)}
     for src, dst, tensor in report.view.edges():
         if src not in placed or dst not in placed:
             continue
         if placed[src] != placed[dst] and (tensor, placed[dst]) in cross:
-            lines.append(f"  n{src} -> n{dst} [color=\"#d55e00\", penwidth=2.5, label={_dot_str(tensor)}, "
-                         "fontcolor=\"#d55e00\", fontsize=8];")
+            lines.append(
+                f'  n{src} -> n{dst} [color="#d55e00", penwidth=2.5, label={_dot_str(tensor)}, '
+                'fontcolor="#d55e00", fontsize=8];'
+            )
         else:
             lines.append(f"  n{src} -> n{dst};")
     lines.append("  subgraph cluster_legend {")
     lines.append('    label="placement"; style=solid; color="#cccccc";')
-    shown = sorted({p.backend for p in report.partitions}, key=lambda b: list(PLACEMENT_STYLE).index(b)
-                   if b in PLACEMENT_STYLE else 99)
+    shown = sorted(
+        {p.backend for p in report.partitions},
+        key=lambda b: list(PLACEMENT_STYLE).index(b) if b in PLACEMENT_STYLE else 99,
+    )
     for b in shown:
         colour, label = _style(b, report)
         lines.append(f"    legend_{b.replace('-', '_')} [label={_dot_str(label)}, fillcolor={_dot_str(colour)}];")
@@ -163,51 +188,69 @@ def render_html(report: CapabilityReport) -> str:
     cross = crossings(report)
     summary = boundary_summary(report)
     total = sum(len(p.nodes) for p in report.partitions) or 1
-    out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-           f"<title>Capability: {e(report.model)} on {e(report.profile)}</title>",
-           f"<style>{_HTML_CSS}</style></head><body>",
-           f"<h1>{e(report.model)} on {e(report.profile)}</h1>",
-           f"<p>TensorRT {e(report.tensorrt_version or '-')}, {e(report.precision)}, opset {report.opset}, "
-           f"{len(report.nodes)} nodes; backend chain {e(' → '.join(BACKEND_LABEL.get(b, b) for b in report.chain))}. "
-           f'<b>{len(report.partitions)} partitions, <span class="cross">{summary["boundary_crossings"]} boundary '
-           f"crossings</span></b>.</p>", "<h2>Partitions in graph order</h2>", '<div class="strip" id="strip">']
+    out = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>Capability: {e(report.model)} on {e(report.profile)}</title>",
+        f"<style>{_HTML_CSS}</style></head><body>",
+        f"<h1>{e(report.model)} on {e(report.profile)}</h1>",
+        f"<p>TensorRT {e(report.tensorrt_version or '-')}, {e(report.precision)}, opset {report.opset}, "
+        f"{len(report.nodes)} nodes; backend chain {e(' → '.join(BACKEND_LABEL.get(b, b) for b in report.chain))}. "
+        f'<b>{len(report.partitions)} partitions, <span class="cross">{summary["boundary_crossings"]} boundary '
+        f"crossings</span></b>.</p>",
+        "<h2>Partitions in graph order</h2>",
+        '<div class="strip" id="strip">',
+    ]
     for p in report.partitions:
         colour, label = _style(p.backend, report)
-        out.append(f'<div style="flex:{len(p.nodes)} 1 0;background:{colour}" title="#{p.id} {e(label)}: '
-                   f'{len(p.nodes)} nodes">#{p.id}</div>')
+        out.append(
+            f'<div style="flex:{len(p.nodes)} 1 0;background:{colour}" title="#{p.id} {e(label)}: '
+            f'{len(p.nodes)} nodes">#{p.id}</div>'
+        )
     out.append("</div><p>")
     for b in sorted({p.backend for p in report.partitions}):
         colour, label = _style(b, report)
         nodes = sum(len(p.nodes) for p in report.partitions if p.backend == b)
-        out.append(f'<span class="swatch" style="background:{colour}"></span>{e(label)} '
-                   f"({nodes} nodes, {100 * nodes / total:.0f}%)")
+        out.append(
+            f'<span class="swatch" style="background:{colour}"></span>{e(label)} '
+            f"({nodes} nodes, {100 * nodes / total:.0f}%)"
+        )
     out.append("</p>")
-    out += ['<table id="partitions"><tr><th>#</th><th>placement</th><th>nodes</th><th>op types</th>'
-            "<th>tensors in</th><th>tensors out</th></tr>"]
+    out += [
+        '<table id="partitions"><tr><th>#</th><th>placement</th><th>nodes</th><th>op types</th>'
+        "<th>tensors in</th><th>tensors out</th></tr>"
+    ]
     for p in report.partitions:
         colour, label = _style(p.backend, report)
         ops = ", ".join(f"{k} {v}" for k, v in p.to_dict()["op_types"].items())
-        out.append(f'<tr class="partition" data-backend="{e(p.backend)}"><td>{p.id}</td>'
-                   f'<td style="background:{colour}">{e(label)}</td><td>{len(p.nodes)}</td><td>{e(ops)}</td>'
-                   f"<td><code>{e(', '.join(p.inputs))}</code></td>"
-                   f"<td><code>{e(', '.join(p.outputs))}</code></td></tr>")
+        out.append(
+            f'<tr class="partition" data-backend="{e(p.backend)}"><td>{p.id}</td>'
+            f'<td style="background:{colour}">{e(label)}</td><td>{len(p.nodes)}</td><td>{e(ops)}</td>'
+            f"<td><code>{e(', '.join(p.inputs))}</code></td>"
+            f"<td><code>{e(', '.join(p.outputs))}</code></td></tr>"
+        )
     out.append("</table>")
     out.append(f"<h2>Boundary crossings ({len(cross)})</h2>")
     if cross:
         out.append('<table id="crossings"><tr><th>tensor</th><th>from</th><th>to</th><th>float</th></tr>')
         for c in cross:
-            out.append(f'<tr class="crossing"><td><code>{e(c["tensor"])}</code></td>'
-                       f"<td>#{c['from_partition']} {e(_style(c['from'], report)[1])}</td>"
-                       f"<td>#{c['to_partition']} {e(_style(c['to'], report)[1])}</td>"
-                       f"<td>{'yes' if c['float'] else 'no'}</td></tr>")
+            out.append(
+                f'<tr class="crossing"><td><code>{e(c["tensor"])}</code></td>'
+                f"<td>#{c['from_partition']} {e(_style(c['from'], report)[1])}</td>"
+                f"<td>#{c['to_partition']} {e(_style(c['to'], report)[1])}</td>"
+                f"<td>{'yes' if c['float'] else 'no'}</td></tr>"
+            )
         out.append("</table>")
     else:
         out.append("<p>None: the whole graph is one partition.</p>")
-    out += ["<h2>Ops</h2>",
-            '<table id="ops"><tr><th>op</th><th>count</th><th>runs on</th><th>why not elsewhere</th></tr>']
+    out += [
+        "<h2>Ops</h2>",
+        '<table id="ops"><tr><th>op</th><th>count</th><th>runs on</th><th>why not elsewhere</th></tr>',
+    ]
     for r in report.op_summary():
-        runs = ", ".join(f"{_style(k, report)[1]} {v}"
-                         for k, v in sorted(r["placement"].items(), key=lambda kv: -kv[1]))
+        runs = ", ".join(
+            f"{_style(k, report)[1]} {v}" for k, v in sorted(r["placement"].items(), key=lambda kv: -kv[1])
+        )
         why = "; ".join(f"{BACKEND_LABEL[b]}: {w}" for b in BACKENDS for w in r[b]["reasons"][:2])
         out.append(f"<tr><td>{e(r['op_type'])}</td><td>{r['count']}</td><td>{e(runs)}</td><td>{e(why)}</td></tr>")
     out.append("</table>")

@@ -17,8 +17,7 @@ from edgesdk.errors import InputError
 from edgesdk.resources import data_file
 
 DATA_DIR = data_file("capability")
-CHECK_KINDS = ("const_input", "zero_input", "no_output", "attr_in", "attr_not_contains", "spatial_rank",
-               "static_shape")
+CHECK_KINDS = ("const_input", "zero_input", "no_output", "attr_in", "attr_not_contains", "spatial_rank", "static_shape")
 
 
 def version_tuple(text: str | None) -> tuple[int, ...]:
@@ -47,8 +46,10 @@ def _validate_checks(checks: Any, where: str) -> None:
         raise InputError(f"capability data {where}.checks: expected a list")
     for i, c in enumerate(checks):
         if not isinstance(c, dict) or c.get("kind") not in CHECK_KINDS or not isinstance(c.get("reason"), str):
-            raise InputError(f"capability data {where}.checks[{i}]: expected {{kind: one of {', '.join(CHECK_KINDS)}, "
-                             "reason: string, ...}}")
+            raise InputError(
+                f"capability data {where}.checks[{i}]: expected {{kind: one of {', '.join(CHECK_KINDS)}, "
+                "reason: string, ...}}"
+            )
 
 
 def _validate_trt(data: dict) -> None:
@@ -95,11 +96,17 @@ def eager_cost_estimate(precision: str = "fp32") -> dict[str, Any]:
     data = table["eager_cost"]
     key = "fp16_ms" if precision in ("fp16", "bf16") else "fp32_ms"
     ms = data[key]
-    return {"measured_on": data["device"], "model": data["model"],
-            "source": table["sources"].get(data["source"], data["source"]), "precision": key[:4],
-            "eager_ms": ms["eager"], "compile_ms": ms["compile"], "compile_cuda_graphs_ms": ms["compile_cuda_graphs"],
-            "eager_vs_compile": round(ms["eager"] / ms["compile"], 2),
-            "eager_vs_compile_cuda_graphs": round(ms["eager"] / ms["compile_cuda_graphs"], 2)}
+    return {
+        "measured_on": data["device"],
+        "model": data["model"],
+        "source": table["sources"].get(data["source"], data["source"]),
+        "precision": key[:4],
+        "eager_ms": ms["eager"],
+        "compile_ms": ms["compile"],
+        "compile_cuda_graphs_ms": ms["compile_cuda_graphs"],
+        "eager_vs_compile": round(ms["eager"] / ms["compile"], 2),
+        "eager_vs_compile_cuda_graphs": round(ms["eager"] / ms["compile_cuda_graphs"], 2),
+    }
 
 
 @dataclass(frozen=True)
@@ -116,25 +123,40 @@ def tensorrt_op(op_type: str, trt_version: str | None, domain: str = "") -> TrtO
     """What the TensorRT ONNX parser of ``trt_version`` documents for ``op_type`` (default domain only)."""
     table = tensorrt_table()
     if domain not in ("", "ai.onnx"):
-        return TrtOpSupport(False, f"custom-domain op {domain}::{op_type}: TensorRT parses it only through a "
-                                   "registered plugin of that name")
+        return TrtOpSupport(
+            False,
+            f"custom-domain op {domain}::{op_type}: TensorRT parses it only through a registered plugin of that name",
+        )
     entry = table["ops"].get(op_type)
     want = version_tuple(trt_version)
     if entry is None:
         if op_type in table.get("unsupported", {}):
-            return TrtOpSupport(False, f"op not supported by the TensorRT {trt_version} ONNX parser",
-                                source=table["unsupported"][op_type])
+            return TrtOpSupport(
+                False,
+                f"op not supported by the TensorRT {trt_version} ONNX parser",
+                source=table["unsupported"][op_type],
+            )
         return TrtOpSupport(False, f"op not in the TensorRT {trt_version} operator table")
     since = entry["since"]
     if want and want < version_tuple(since):
-        return TrtOpSupport(False, f"op not in the TensorRT {trt_version} operator table (first documented in "
-                                   f"{since})", source=entry["source"])
+        return TrtOpSupport(
+            False,
+            f"op not in the TensorRT {trt_version} operator table (first documented in {since})",
+            source=entry["source"],
+        )
     types = entry.get("types_8") if want and want[0] < 9 else entry.get("types_10")
     limits = entry.get("limits_8") if want and want[0] < 9 else entry.get("limits_10")
-    active = tuple(c for c in entry.get("checks", [])
-                   if not (c.get("until") and want and want >= version_tuple(c["until"])))
-    return TrtOpSupport(True, "in the operator table", tuple(types or entry.get("types_10") or ()), active,
-                        limits or "", entry["source"])
+    active = tuple(
+        c for c in entry.get("checks", []) if not (c.get("until") and want and want >= version_tuple(c["until"]))
+    )
+    return TrtOpSupport(
+        True,
+        "in the operator table",
+        tuple(types or entry.get("types_10") or ()),
+        active,
+        limits or "",
+        entry["source"],
+    )
 
 
 def tensorrt_opset_max(trt_version: str) -> tuple[int | None, str]:
@@ -183,8 +205,9 @@ def dla_native_ops(trt_version: str) -> tuple[frozenset[str], str]:
     return frozenset(entry["ops"]), f"DLA table for TensorRT {chosen} ({entry['source']})"
 
 
-def kernel_feature(feature: str, sm: str | None, arch: str | None = None,
-                   platform: str | None = None) -> tuple[bool, bool, str]:
+def kernel_feature(
+    feature: str, sm: str | None, arch: str | None = None, platform: str | None = None
+) -> tuple[bool, bool, str]:
     """(supported, recommended, source) of a fast-path kernel feature for a bare SM/arch/platform."""
     spec = kernel_table()["features"].get(feature)
     if spec is None:

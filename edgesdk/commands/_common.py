@@ -18,8 +18,18 @@ import click
 
 from edgesdk.textable import format_table as table
 
-__all__ = ["emit_json", "info", "is_quiet", "is_verbose", "profile_option", "progress_enabled", "set_verbosity",
-           "stderr_is_tty", "table", "warn"]
+__all__ = [
+    "emit_json",
+    "info",
+    "is_quiet",
+    "is_verbose",
+    "profile_option",
+    "progress_enabled",
+    "set_verbosity",
+    "stderr_is_tty",
+    "table",
+    "warn",
+]
 
 _state = {"level": 0}  # -1 quiet, 0 normal, 1 verbose
 
@@ -84,13 +94,25 @@ def _verbose_cb(ctx: click.Context, _param: click.Parameter, value: bool) -> Non
 
 
 def quiet_option() -> click.Option:
-    return click.Option(["-q", "--quiet"], is_flag=True, expose_value=False, is_eager=True, callback=_quiet_cb,
-                        help="No progress bars, informational or warning lines on stderr (errors still print).")
+    return click.Option(
+        ["-q", "--quiet"],
+        is_flag=True,
+        expose_value=False,
+        is_eager=True,
+        callback=_quiet_cb,
+        help="No progress bars, informational or warning lines on stderr (errors still print).",
+    )
 
 
 def verbose_option() -> click.Option:
-    return click.Option(["-v", "--verbose"], is_flag=True, expose_value=False, is_eager=True, callback=_verbose_cb,
-                        help="More detail on stderr: edgesdk's INFO log lines and backends' own logs (llama.cpp).")
+    return click.Option(
+        ["-v", "--verbose"],
+        is_flag=True,
+        expose_value=False,
+        is_eager=True,
+        callback=_verbose_cb,
+        help="More detail on stderr: edgesdk's INFO log lines and backends' own logs (llama.cpp).",
+    )
 
 
 def add_verbosity_options(cmd: click.Command) -> None:
@@ -108,8 +130,10 @@ def add_verbosity_options(cmd: click.Command) -> None:
 # ------------------------------------------------------------------ -p: the prompt (llama.cpp), not the profile
 #: ``-p`` is the prompt of ``edgesdk run``, as in llama.cpp. build/inspect/profiler took ``-p`` for --profile
 #: before 0.4: still accepted there (hidden from --help), with a deprecation warning on a terminal; removed in 0.5.
-P_DEPRECATION = ("-p for --profile is deprecated and goes away in edgesdk 0.5 (-p is the prompt, as in "
-                 "llama.cpp and `edgesdk run`): write --profile")
+P_DEPRECATION = (
+    "-p for --profile is deprecated and goes away in edgesdk 0.5 (-p is the prompt, as in "
+    "llama.cpp and `edgesdk run`): write --profile"
+)
 
 
 class _ProfileOption(click.Option):
@@ -137,7 +161,15 @@ def profile_option(dest: str = "profile", *, help: str, required: bool = False, 
 
     def decorate(f):  # type: ignore[no-untyped-def]
         f = click.option("--profile", dest, cls=_ProfileOption, required=required, multiple=multiple, help=help)(f)
-        return click.option("-p", "_short_p", hidden=True, multiple=multiple, is_eager=True, expose_value=False,
-                            callback=_short_p_cb, help="Deprecated spelling of --profile.")(f)
+        return click.option(
+            "-p",
+            "_short_p",
+            hidden=True,
+            multiple=multiple,
+            is_eager=True,
+            expose_value=False,
+            callback=_short_p_cb,
+            help="Deprecated spelling of --profile.",
+        )(f)
 
     return decorate

@@ -19,46 +19,104 @@ from edgesdk.formats import format_names
 @click.option("--format", "fmt", type=click.Choice(format_names(selectable=True)), help="Override the planned format.")
 @click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16", "int8"]), help="Override the precision.")
 @click.option("--quant-type", help="GGUF quantization type (e.g. Q4_K_M) instead of the planned one.")
-@click.option("--vision-runtime", type=click.Choice(["auto", "onnx", "gguf"]), help="VLM vision encoder: also an "
-              "FP16 ONNX graph for TensorRT/CUDA (onnx), the F16 mmproj only (gguf), or by the profile (auto).")
+@click.option(
+    "--vision-runtime",
+    type=click.Choice(["auto", "onnx", "gguf"]),
+    help="VLM vision encoder: also an "
+    "FP16 ONNX graph for TensorRT/CUDA (onnx), the F16 mmproj only (gguf), or by the profile (auto).",
+)
 @click.option("--context-length", type=click.IntRange(min=1), help="LLM context length to plan memory for.")
-@click.option("--chat-template", metavar="NAME|FILE", help="GGUF: the chat template to bundle (a shipped name: "
-              "chatml, gemma, llama-2, llama-3, mistral, phi-3; or a Jinja file), instead of the model's own or "
-              "the one its architecture gets.")
-@click.option("--name", "model_name", help="Model name in spans, manifest, SBOM and reports (default: the source's "
-              "file or directory name).")
-@click.option("--seq-len", type=click.IntRange(min=1), help="Planned sequence length of text models: the opt of "
-              "TensorRT shape profiles, and the length of calibration/parity inputs (default 128).")
-@click.option("--max-seq-len", type=click.IntRange(min=1), help="Sequence-length upper bound of TensorRT shape "
-              "profiles for text models (default: the model's max positions).")
-@click.option("--max-batch", type=click.IntRange(min=1), help="Batch upper bound of TensorRT shape profiles "
-              "(default 8).")
-@click.option("--shapes", "shapes", multiple=True, metavar="NAME:MIN:OPT:MAX",
-              help="TensorRT optimization profile for one input, trtexec's triple, e.g. "
-              "pixel_values:1x3x224x224:4x3x224x224:8x3x224x224 (repeatable; --format tensorrt).")
+@click.option(
+    "--chat-template",
+    metavar="NAME|FILE",
+    help="GGUF: the chat template to bundle (a shipped name: "
+    "chatml, gemma, llama-2, llama-3, mistral, phi-3; or a Jinja file), instead of the model's own or "
+    "the one its architecture gets.",
+)
+@click.option(
+    "--name",
+    "model_name",
+    help="Model name in spans, manifest, SBOM and reports (default: the source's file or directory name).",
+)
+@click.option(
+    "--seq-len",
+    type=click.IntRange(min=1),
+    help="Planned sequence length of text models: the opt of "
+    "TensorRT shape profiles, and the length of calibration/parity inputs (default 128).",
+)
+@click.option(
+    "--max-seq-len",
+    type=click.IntRange(min=1),
+    help="Sequence-length upper bound of TensorRT shape profiles for text models (default: the model's max positions).",
+)
+@click.option(
+    "--max-batch", type=click.IntRange(min=1), help="Batch upper bound of TensorRT shape profiles (default 8)."
+)
+@click.option(
+    "--shapes",
+    "shapes",
+    multiple=True,
+    metavar="NAME:MIN:OPT:MAX",
+    help="TensorRT optimization profile for one input, trtexec's triple, e.g. "
+    "pixel_values:1x3x224x224:4x3x224x224:8x3x224x224 (repeatable; --format tensorrt).",
+)
 @click.option("--dla/--no-dla", default=None, help="Force DLA on/off for TensorRT builds (Orin AGX/NX).")
 @click.option("--explain", is_flag=True, help="Print the plan with a reason for every decision.")
 @click.option("--plan-only", is_flag=True, help="Plan and explain, build nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Emit the plan (and result) as JSON.")
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
-@click.option("--on-parity-fail", type=click.Choice(["error", "fallback"]), default="error", show_default=True,
-              help="On a parity miss: fail, or fall back to the next precision (recorded).")
+@click.option(
+    "--on-parity-fail",
+    type=click.Choice(["error", "fallback"]),
+    default="error",
+    show_default=True,
+    help="On a parity miss: fail, or fall back to the next precision (recorded).",
+)
 @click.option("--allow-pickle", is_flag=True, help="Accept pickle weights (can execute code on load).")
 @click.option("--trust-remote-code", is_flag=True, help="Run model code shipped with the model directory.")
 @click.option("--license-policy", type=click.Path(exists=True, dir_okay=False), help="Policy extending the default.")
 @click.option("--waivers", type=click.Path(exists=True, dir_okay=False), help="Waivers file (who/why/expiry).")
 @click.option("--accept-license", "accept", multiple=True, help="Accept a review-level license id (repeatable).")
-@click.option("--model-license", metavar="SPDX-OR-LicenseRef",
-              help="The model's license when it declares none itself (e.g. your own model: Apache-2.0, "
-                   "LicenseRef-acme-proprietary); recorded in the manifest and SBOM, judged by the policy.")
+@click.option(
+    "--model-license",
+    metavar="SPDX-OR-LicenseRef",
+    help="The model's license when it declares none itself (e.g. your own model: Apache-2.0, "
+    "LicenseRef-acme-proprietary); recorded in the manifest and SBOM, judged by the policy.",
+)
 @click.option("--scanoss-url", help="SCANOSS API to match fingerprints against (else offline only).")
 @click.option("--trace-file", type=click.Path(dir_okay=False), help="Write the build trace as OTLP-JSON lines.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-def build_cmd(model: Path, profile: str, output: Path | None, fmt, precision, quant_type, vision_runtime,
-              context_length, dla,
-              explain: bool, plan_only: bool, as_json: bool, force: bool, on_parity_fail: str, allow_pickle: bool,
-              trust_remote_code: bool, license_policy, waivers, accept, model_license, scanoss_url, trace_file,
-              no_progress, model_name, seq_len, max_seq_len, max_batch, shapes, chat_template=None) -> int:
+def build_cmd(
+    model: Path,
+    profile: str,
+    output: Path | None,
+    fmt,
+    precision,
+    quant_type,
+    vision_runtime,
+    context_length,
+    dla,
+    explain: bool,
+    plan_only: bool,
+    as_json: bool,
+    force: bool,
+    on_parity_fail: str,
+    allow_pickle: bool,
+    trust_remote_code: bool,
+    license_policy,
+    waivers,
+    accept,
+    model_license,
+    scanoss_url,
+    trace_file,
+    no_progress,
+    model_name,
+    seq_len,
+    max_seq_len,
+    max_batch,
+    shapes,
+    chat_template=None,
+) -> int:
     """Plan, export, verify, license-gate and package MODEL for a device profile."""
     from edgesdk import build as B
     from edgesdk import telemetry
@@ -66,31 +124,57 @@ def build_cmd(model: Path, profile: str, output: Path | None, fmt, precision, qu
     from edgesdk.extras import BUILD_MODULES, require
     from edgesdk.types import BuildOptions
 
-    check_flags(output=output, plan_only=plan_only, explain=explain, as_json=as_json, force=force,
-                fmt=fmt, shapes=shapes, dla=dla)
+    check_flags(
+        output=output,
+        plan_only=plan_only,
+        explain=explain,
+        as_json=as_json,
+        force=force,
+        fmt=fmt,
+        shapes=shapes,
+        dla=dla,
+    )
     require("build", BUILD_MODULES, "edgesdk build")
     from edgesdk.formats.tensorrt.plan import parse_shapes
 
-    extra_opts: dict = {"name": check_name(model_name) if model_name is not None else None,
-                        "shapes": parse_shapes(shapes) if shapes else None,
-                        "max_seq_len": max_seq_len, "max_batch": max_batch}
+    extra_opts: dict = {
+        "name": check_name(model_name) if model_name is not None else None,
+        "shapes": parse_shapes(shapes) if shapes else None,
+        "max_seq_len": max_seq_len,
+        "max_batch": max_batch,
+    }
     if seq_len is not None:
         extra_opts["seq_len"] = seq_len
     if trace_file:
         telemetry.configure(trace_file=trace_file)
-    options = BuildOptions(format=fmt, precision=precision, force=force, allow_pickle=allow_pickle,
-                           trust_remote_code=trust_remote_code, on_parity_fail=on_parity_fail, dla=dla,
-                           quant_type=quant_type, vision_runtime=vision_runtime, context_length=context_length,
-                           chat_template=chat_template, license_policy=license_policy,
-                           waivers=waivers, accept_licenses=tuple(accept), scanoss_url=scanoss_url,
-                           model_license=check_model_license(model_license, license_policy),
-                           progress=progress_enabled(not no_progress and not as_json), **extra_opts)
+    options = BuildOptions(
+        format=fmt,
+        precision=precision,
+        force=force,
+        allow_pickle=allow_pickle,
+        trust_remote_code=trust_remote_code,
+        on_parity_fail=on_parity_fail,
+        dla=dla,
+        quant_type=quant_type,
+        vision_runtime=vision_runtime,
+        context_length=context_length,
+        chat_template=chat_template,
+        license_policy=license_policy,
+        waivers=waivers,
+        accept_licenses=tuple(accept),
+        scanoss_url=scanoss_url,
+        model_license=check_model_license(model_license, license_policy),
+        progress=progress_enabled(not no_progress and not as_json),
+        **extra_opts,
+    )
     plan = B.make_plan(model, profile, options)
     if chat_template is not None and plan.format != "gguf":
         raise InputError(f"--chat-template bundles a chat template with a GGUF build; this plan builds {plan.format}")
     if shapes and plan.format != "tensorrt":
-        raise InputError(f"--shapes sets TensorRT optimization profiles; this plan builds {plan.format}",
-                         hint="add --format tensorrt")
+        raise InputError(
+            f"--shapes sets TensorRT optimization profiles; this plan builds {plan.format}",
+            hint="add --format tensorrt",
+        )
     if plan_only and as_json:
         emit_json(plan.to_dict())
         return 0
@@ -112,17 +196,18 @@ def build_cmd(model: Path, profile: str, output: Path | None, fmt, precision, qu
 
 
 # Flags that cannot go together (each pair exits 3; docs/exit-codes.md lists them).
-EXCLUSIVE = (("plan_only", "output", "--plan-only builds nothing: drop -o/--output, or drop --plan-only to build"),
-             ("plan_only", "force", "--plan-only builds nothing, so --force has nothing to replace"),
-             ("json", "explain", "--json prints the plan as JSON and --explain as text: pass one"))
+EXCLUSIVE = (
+    ("plan_only", "output", "--plan-only builds nothing: drop -o/--output, or drop --plan-only to build"),
+    ("plan_only", "force", "--plan-only builds nothing, so --force has nothing to replace"),
+    ("json", "explain", "--json prints the plan as JSON and --explain as text: pass one"),
+)
 
 
 def check_flags(*, output, plan_only: bool, explain: bool, as_json: bool, force: bool, fmt, shapes, dla) -> None:
     """Refuse contradictory flags before any work (exit 3)."""
     from edgesdk.errors import InputError
 
-    given = {"plan_only": plan_only, "output": output is not None, "force": force, "json": as_json,
-             "explain": explain}
+    given = {"plan_only": plan_only, "output": output is not None, "force": force, "json": as_json, "explain": explain}
     for a, b, why in EXCLUSIVE:
         if given[a] and given[b]:
             raise InputError(why)
@@ -155,8 +240,10 @@ def check_name(name: str) -> str:
     from edgesdk.errors import InputError
 
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+@:-]{0,127}", name):
-        raise InputError(f"--name {name[:60]!r}: use 1-128 characters from letters, digits and . _ + @ : - "
-                         "(starting with a letter or digit)")
+        raise InputError(
+            f"--name {name[:60]!r}: use 1-128 characters from letters, digits and . _ + @ : - "
+            "(starting with a letter or digit)"
+        )
     return name
 
 
@@ -167,17 +254,23 @@ def _parity_lines(parity: dict) -> list[str]:
         if not isinstance(p, dict):
             continue
         if prec == "logits_vs_hf":  # GGUF: HF logits vs the F16 conversion
-            lines.append(f"parity logits (HF vs F16 GGUF): min cosine {p.get('min_cosine', float('nan')):.5f}, "
-                         f"top-1 agreement {p.get('top1_agreement', float('nan')):.3f} over "
-                         f"{p.get('positions')} positions")
+            lines.append(
+                f"parity logits (HF vs F16 GGUF): min cosine {p.get('min_cosine', float('nan')):.5f}, "
+                f"top-1 agreement {p.get('top1_agreement', float('nan')):.3f} over "
+                f"{p.get('positions')} positions"
+            )
         elif "min_cosine" in p:
             max_abs = p.get("max_abs")
-            lines.append(f"parity {prec}: min cosine {p['min_cosine']:.5f}, max abs "
-                         f"{'-' if max_abs is None else format(max_abs, '.4g')} over {p.get('samples', '?')} samples "
-                         f"vs {p.get('reference')} -> {'pass' if p.get('passed', True) else 'FAIL'}")
+            lines.append(
+                f"parity {prec}: min cosine {p['min_cosine']:.5f}, max abs "
+                f"{'-' if max_abs is None else format(max_abs, '.4g')} over {p.get('samples', '?')} samples "
+                f"vs {p.get('reference')} -> {'pass' if p.get('passed', True) else 'FAIL'}"
+            )
     if isinstance(parity.get("ppl"), dict) and parity.get("ppl_ratio") is not None:
-        lines.append(f"parity perplexity: {parity['ppl'].get('ppl', float('nan')):.3f}, {parity['ppl_ratio']}x "
-                     f"the {parity.get('reference')}")
+        lines.append(
+            f"parity perplexity: {parity['ppl'].get('ppl', float('nan')):.3f}, {parity['ppl_ratio']}x "
+            f"the {parity.get('reference')}"
+        )
     elif isinstance(parity.get("reference"), str) and parity["reference"].startswith("none"):
         lines.append(f"parity: {parity['reference']}")
     return lines
@@ -210,8 +303,10 @@ def check_model_license(value: str | None, policy_path: str | None) -> str | Non
     decision = policy.evaluate(expression)
     if decision.action == "deny":
         finding = declared_finding(expression, "model")
-        raise LicenseGateError(f"license gate: deny: --model-license {expression}: {decision.reason} "
-                               f"(policy {policy.id})", hint=gate_hint("deny", finding, policy))
+        raise LicenseGateError(
+            f"license gate: deny: --model-license {expression}: {decision.reason} (policy {policy.id})",
+            hint=gate_hint("deny", finding, policy),
+        )
     return expression
 
 
@@ -238,9 +333,12 @@ def check_declares_a_license(model: Path, policy_path: str | None) -> None:
         from edgesdk.compliance.findings import LicenseFinding
 
         none = LicenseFinding("model", model.name, "", "model card / GGUF / ONNX metadata", None, "")
-        raise LicenseGateError(f"license gate: deny: {model.name} declares no license (no model card license, "
-                               f"ONNX/GGUF license field or owning package): refused before the export "
-                               f"({decision.reason}, policy {policy.id})", hint=gate_hint("deny", none, policy))
+        raise LicenseGateError(
+            f"license gate: deny: {model.name} declares no license (no model card license, "
+            f"ONNX/GGUF license field or owning package): refused before the export "
+            f"({decision.reason}, policy {policy.id})",
+            hint=gate_hint("deny", none, policy),
+        )
 
 
 def register(group: click.Group) -> None:

@@ -20,34 +20,84 @@ from edgesdk.errors import EdgeSDKError
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report.")
 @click.option("--markdown", is_flag=True, help="Print a Markdown report (for PR comments, CI summaries).")
 @click.option("--summary", is_flag=True, help="Print the verdict and only the findings that need action.")
-@click.option("--policy", "policy_path", type=click.Path(path_type=Path),
-              help="Policy YAML extending the shipped default (docs/licenses.md).")
-@click.option("--waivers", "waivers_path", type=click.Path(path_type=Path),
-              help="Waivers YAML (id, by, reason, expires, license/subject).")
-@click.option("--accept-license", "accepted", multiple=True, metavar="ID",
-              help="Accept review-level findings of this license id (repeatable), e.g. gemma.")
-@click.option("--scanoss-url", default=None, help="SCANOSS API base URL (default: $SCANOSS_SCAN_URL; none: "
-              "fingerprints only).")
-@click.option("--scanoss-timeout", type=float, default=None, metavar="SECONDS",
-              help="Seconds one SCANOSS request may take in all (default: $EDGESDK_SCANOSS_TIMEOUT or 30); "
-              "slower is an error (exit 10).")
-@click.option("--model-source", type=click.Path(path_type=Path), default=None,
-              help="The original model (HF dir, .onnx, .gguf) whose card/metadata applies.")
-@click.option("--dist", "dists", multiple=True, metavar="NAME",
-              help="Python distribution the runtime needs (repeatable; its requirement closure is scanned).")
-@click.option("--environment", is_flag=True,
-              help="Scan every distribution installed in this Python environment.")
-@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
-              help="Also write the JSON report to this file.")
-@click.option("--html", "html_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
-              help="Also write a self-contained HTML report (verdict, findings by level, waivers) to this file.")
-@click.option("--spdx", "spdx_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
-              help="Also write an SPDX 2.3 JSON SBOM of what was scanned to this file.")
-def check_licenses_command(path: Path, as_json: bool, markdown: bool, summary: bool, policy_path: Path | None,
-                           waivers_path: Path | None, accepted: tuple[str, ...], scanoss_url: str | None,
-                           scanoss_timeout: float | None, model_source: Path | None, dists: tuple[str, ...],
-                           environment: bool, output: Path | None, html_path: Path | None,
-                           spdx_path: Path | None) -> int:
+@click.option(
+    "--policy",
+    "policy_path",
+    type=click.Path(path_type=Path),
+    help="Policy YAML extending the shipped default (docs/licenses.md).",
+)
+@click.option(
+    "--waivers",
+    "waivers_path",
+    type=click.Path(path_type=Path),
+    help="Waivers YAML (id, by, reason, expires, license/subject).",
+)
+@click.option(
+    "--accept-license",
+    "accepted",
+    multiple=True,
+    metavar="ID",
+    help="Accept review-level findings of this license id (repeatable), e.g. gemma.",
+)
+@click.option(
+    "--scanoss-url", default=None, help="SCANOSS API base URL (default: $SCANOSS_SCAN_URL; none: fingerprints only)."
+)
+@click.option(
+    "--scanoss-timeout",
+    type=float,
+    default=None,
+    metavar="SECONDS",
+    help="Seconds one SCANOSS request may take in all (default: $EDGESDK_SCANOSS_TIMEOUT or 30); "
+    "slower is an error (exit 10).",
+)
+@click.option(
+    "--model-source",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="The original model (HF dir, .onnx, .gguf) whose card/metadata applies.",
+)
+@click.option(
+    "--dist",
+    "dists",
+    multiple=True,
+    metavar="NAME",
+    help="Python distribution the runtime needs (repeatable; its requirement closure is scanned).",
+)
+@click.option("--environment", is_flag=True, help="Scan every distribution installed in this Python environment.")
+@click.option(
+    "-o", "--output", type=click.Path(path_type=Path), default=None, help="Also write the JSON report to this file."
+)
+@click.option(
+    "--html",
+    "html_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Also write a self-contained HTML report (verdict, findings by level, waivers) to this file.",
+)
+@click.option(
+    "--spdx",
+    "spdx_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Also write an SPDX 2.3 JSON SBOM of what was scanned to this file.",
+)
+def check_licenses_command(
+    path: Path,
+    as_json: bool,
+    markdown: bool,
+    summary: bool,
+    policy_path: Path | None,
+    waivers_path: Path | None,
+    accepted: tuple[str, ...],
+    scanoss_url: str | None,
+    scanoss_timeout: float | None,
+    model_source: Path | None,
+    dists: tuple[str, ...],
+    environment: bool,
+    output: Path | None,
+    html_path: Path | None,
+    spdx_path: Path | None,
+) -> int:
     """License findings for a bundle (dir with manifest.json) or any source tree.
 
     Exit 0 pass, 2 violation, 1 error, 10 configured scanner failed.
@@ -58,12 +108,21 @@ def check_licenses_command(path: Path, as_json: bool, markdown: bool, summary: b
 
     views = [flag for flag, on in (("--json", as_json), ("--markdown", markdown), ("--summary", summary)) if on]
     if len(views) > 1:  # before the scan: one report format on stdout
-        raise InputError(f"{' and '.join(views)} each choose what stdout shows: pass one (-o FILE also writes "
-                         "the JSON report)")
+        raise InputError(
+            f"{' and '.join(views)} each choose what stdout shows: pass one (-o FILE also writes the JSON report)"
+        )
     try:
-        result = scan_licenses(path, model_source=model_source, runtime_distributions=list(dists) or None,
-                               environment=environment, policy_path=policy_path, waivers_path=waivers_path,
-                               accepted=accepted, scanoss_url=scanoss_url, scanoss_timeout=scanoss_timeout)
+        result = scan_licenses(
+            path,
+            model_source=model_source,
+            runtime_distributions=list(dists) or None,
+            environment=environment,
+            policy_path=policy_path,
+            waivers_path=waivers_path,
+            accepted=accepted,
+            scanoss_url=scanoss_url,
+            scanoss_timeout=scanoss_timeout,
+        )
         for dest, render in ((output, to_json), (html_path, to_html), (spdx_path, _spdx_of)):
             if dest is not None:
                 _write(dest, render(result))
@@ -87,8 +146,14 @@ def _spdx_of(result) -> str:
     from edgesdk.compliance.sbom import build_spdx
 
     name = Path(result.scanned).name or str(result.scanned)
-    return build_spdx(name, result.findings, result.components, result.vendored, result.model_expression,
-                      declared=result.model_license_declared)
+    return build_spdx(
+        name,
+        result.findings,
+        result.components,
+        result.vendored,
+        result.model_expression,
+        declared=result.model_license_declared,
+    )
 
 
 def _write(dest: Path, text: str) -> None:

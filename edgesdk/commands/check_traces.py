@@ -15,8 +15,13 @@ import click
 @click.command("traces")
 @click.argument("trace_file", type=click.Path(path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@click.option("--fail-on", type=click.Choice(["violation", "improvement", "information"]), default="violation",
-              show_default=True, help="Lowest finding level that makes the check fail (exit 2).")
+@click.option(
+    "--fail-on",
+    type=click.Choice(["violation", "improvement", "information"]),
+    default="violation",
+    show_default=True,
+    help="Lowest finding level that makes the check fail (exit 2).",
+)
 def traces_command(trace_file: str, as_json: bool, fail_on: str) -> int:
     """Check OTLP/JSON traces/metrics (file-exporter lines or one document) against GenAI semconv v1.41.1."""
     from edgesdk.tracecheck import check_trace_file, render_table

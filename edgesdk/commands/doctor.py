@@ -18,8 +18,7 @@ def doctor_cmd(as_json: bool) -> int:
     if as_json:
         emit_json(checks)
         return 0
-    rows = [[c["component"], "yes" if c["available"] else "no", c.get("version") or "-", c["detail"]]
-            for c in checks]
+    rows = [[c["component"], "yes" if c["available"] else "no", c.get("version") or "-", c["detail"]] for c in checks]
     click.echo(table(rows, ["component", "usable", "version", "detail"]))
     return 0
 

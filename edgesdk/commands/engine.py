@@ -55,13 +55,20 @@ def render_engine(info: dict) -> str:
     """The human view of ``engine show``: target, precision, DLA, shape profiles, where the engine is, trtexec."""
     cfg = info["config"]
     target = cfg.get("target") or {}
-    lines = [f"bundle: {info['bundle']}",
-             f"target: {target.get('profile')} (sm {target.get('sm')}, TensorRT {target.get('tensorrt')}"
-             + (f", L4T {target['l4t']}" if target.get("l4t") else "") + ")",
-             f"precision: {cfg.get('precision')} (builder flags: {', '.join(cfg['precision_flags']) or 'none'})",
-             "dla: " + (f"core {cfg['dla']['core']}, GPU fallback {'on' if cfg['dla'].get('gpu_fallback') else 'off'}"
-                        if cfg.get("dla") else "off"),
-             f"workspace: {cfg['workspace_mb']} MB, builder optimization level {cfg['builder_optimization_level']}"]
+    lines = [
+        f"bundle: {info['bundle']}",
+        f"target: {target.get('profile')} (sm {target.get('sm')}, TensorRT {target.get('tensorrt')}"
+        + (f", L4T {target['l4t']}" if target.get("l4t") else "")
+        + ")",
+        f"precision: {cfg.get('precision')} (builder flags: {', '.join(cfg['precision_flags']) or 'none'})",
+        "dla: "
+        + (
+            f"core {cfg['dla']['core']}, GPU fallback {'on' if cfg['dla'].get('gpu_fallback') else 'off'}"
+            if cfg.get("dla")
+            else "off"
+        ),
+        f"workspace: {cfg['workspace_mb']} MB, builder optimization level {cfg['builder_optimization_level']}",
+    ]
     profiles = cfg.get("optimization_profiles") or []
     if not profiles:
         lines.append("optimization profiles: none (static shapes)")
@@ -70,11 +77,23 @@ def render_engine(info: dict) -> str:
         lines.append(f"optimization profile {i}:")
         lines.extend("  " + r for r in table(rows, ["input", "min", "opt", "max"]).splitlines())
     problems = info.get("preflight_problems") or []
-    lines.append("this host: " + ("matches the target: `edgesdk engine build` builds here" if not problems
-                                  else "cannot build it: " + "; ".join(problems)))
-    engine = "prebuilt in the bundle" if info.get("prebuilt_engine") else (
-        f"cached at {info['cache']['engine']}" if info["cache"].get("engine")
-        else f"not built ({info['cache']['state']})")
+    lines.append(
+        "this host: "
+        + (
+            "matches the target: `edgesdk engine build` builds here"
+            if not problems
+            else "cannot build it: " + "; ".join(problems)
+        )
+    )
+    engine = (
+        "prebuilt in the bundle"
+        if info.get("prebuilt_engine")
+        else (
+            f"cached at {info['cache']['engine']}"
+            if info["cache"].get("engine")
+            else f"not built ({info['cache']['state']})"
+        )
+    )
     lines.append(f"engine: {engine}")
     lines.append(f"cache key: {cfg['cache_key']}")
     if cfg.get("trtexec"):

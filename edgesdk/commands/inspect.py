@@ -17,20 +17,40 @@ def inspect_group() -> None:
 
 @inspect_group.command("capability")
 @click.argument("model", type=click.Path(path_type=Path))
-@profile_option("profile_name", help="Device profile name, alias or YAML path (default for a bundle: the profile "
-                "it was built for).")
-@click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16", "int8"]),
-              help="Precision to check for (default: the profile's first).")
+@profile_option(
+    "profile_name", help="Device profile name, alias or YAML path (default for a bundle: the profile it was built for)."
+)
+@click.option(
+    "--precision",
+    type=click.Choice(["fp32", "fp16", "bf16", "int8"]),
+    help="Precision to check for (default: the profile's first).",
+)
 @click.option("--dla/--no-dla", "dla", default=None, help="Consider the DLA (default: when the profile has one).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
 @click.option("--strict", is_flag=True, help="Exit 2 when some op runs on no backend of the profile.")
-@click.option("--html", "html_path", type=click.Path(path_type=Path, dir_okay=False),
-              help="Also write a self-contained HTML page of the partitions (coloured by placement) and crossings.")
-@click.option("--dot", "dot_path", type=click.Path(path_type=Path, dir_okay=False),
-              help="Also write a Graphviz DOT graph: one cluster per partition, nodes coloured by placement, "
-                   "boundary crossings in red (render: dot -Tsvg FILE).")
-def capability_cmd(model: Path, profile_name: str | None, precision, dla, as_json: bool, strict: bool,
-                   html_path: Path | None, dot_path: Path | None) -> int:
+@click.option(
+    "--html",
+    "html_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Also write a self-contained HTML page of the partitions (coloured by placement) and crossings.",
+)
+@click.option(
+    "--dot",
+    "dot_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Also write a Graphviz DOT graph: one cluster per partition, nodes coloured by placement, "
+    "boundary crossings in red (render: dot -Tsvg FILE).",
+)
+def capability_cmd(
+    model: Path,
+    profile_name: str | None,
+    precision,
+    dla,
+    as_json: bool,
+    strict: bool,
+    html_path: Path | None,
+    dot_path: Path | None,
+) -> int:
     """Per-op support on TensorRT / DLA / CUDA EP / CPU EP, partitions, and what falls back where.
 
     MODEL is an .onnx file or a bundle directory (its ONNX artifact is checked)."""
@@ -42,17 +62,20 @@ def capability_cmd(model: Path, profile_name: str | None, precision, dla, as_jso
 
         bundle = open_bundle(model)
         if bundle.format in ("gguf", "vlm"):
-            raise InputError(f"{model}: a {bundle.format.upper()} bundle has no ONNX graph to check: inspect "
-                             "capability reads ONNX models and bundles (llama.cpp runs every op of a GGUF on its "
-                             "own CPU/CUDA kernels)")
+            raise InputError(
+                f"{model}: a {bundle.format.upper()} bundle has no ONNX graph to check: inspect "
+                "capability reads ONNX models and bundles (llama.cpp runs every op of a GGUF on its "
+                "own CPU/CUDA kernels)"
+            )
         if not bundle.has_artifact("model") or bundle.artifact_path("model").suffix != ".onnx":
             raise InputError(f"bundle {model} has no ONNX model artifact (format {bundle.format})")
         profile_name = profile_name or bundle.manifest.profile.name
         precision = precision or (bundle.precision if bundle.precision in ("fp32", "fp16", "bf16", "int8") else None)
         model = bundle.artifact_path("model")
     elif model.suffix.lower() == ".gguf":
-        raise InputError(f"{model}: a GGUF file has no ONNX graph to check: inspect capability reads ONNX models "
-                         "and bundles")
+        raise InputError(
+            f"{model}: a GGUF file has no ONNX graph to check: inspect capability reads ONNX models and bundles"
+        )
     if not profile_name:
         raise InputError("--profile is required for an .onnx file")
     require("build", "onnx", "edgesdk inspect capability")  # the runtime-only install has no onnx: exit 10

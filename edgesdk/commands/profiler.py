@@ -17,32 +17,73 @@ def profiler_group() -> None:
 @click.argument("bundle", type=click.Path())
 @click.option("--warmup", type=click.IntRange(min=0), default=10, show_default=True, help="Untimed calls first.")
 @click.option("--iterations", type=click.IntRange(min=1), default=200, show_default=True, help="Timed calls.")
-@click.option("--concurrency", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Also measure throughput with N threads calling the session.")
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Also measure throughput with N threads calling the session.",
+)
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True, help="Batch of synthetic inputs.")
-@click.option("--seq-len", type=click.IntRange(min=1), default=128, show_default=True,
-              help="Sequence length of synthetic inputs (dynamic dims).")
+@click.option(
+    "--seq-len",
+    type=click.IntRange(min=1),
+    default=128,
+    show_default=True,
+    help="Sequence length of synthetic inputs (dynamic dims).",
+)
 @click.option("--prompt-tokens", type=click.IntRange(min=1), default=128, show_default=True, help="LLM prompt size.")
-@click.option("--gen-tokens", type=click.IntRange(min=2), default=128, show_default=True,
-              help="LLM tokens to generate.")
-@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
-              help="LLM generations measured (after one warm-up generation).")
+@click.option(
+    "--gen-tokens", type=click.IntRange(min=2), default=128, show_default=True, help="LLM tokens to generate."
+)
+@click.option(
+    "--repeats",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="LLM generations measured (after one warm-up generation).",
+)
 @click.option("--threads", type=click.IntRange(min=1), help="Runtime threads (default: the runtime's).")
-@click.option("--op-profile-runs", type=click.IntRange(min=0), default=10, show_default=True,
-              help="ONNX Runtime profiler runs for per-node time (0: skip).")
+@click.option(
+    "--op-profile-runs",
+    type=click.IntRange(min=0),
+    default=10,
+    show_default=True,
+    help="ONNX Runtime profiler runs for per-node time (0: skip).",
+)
 @profile_option(help="Profile to predict and check budgets for (default: detected).")
 @click.option("--latency-budget-ms", type=float, help="Latency target (default: the profile's latency_target_ms).")
 @click.option("--memory-budget-gb", type=float, help="Memory target (default: the profile's memory budget).")
 @click.option("--fail-on-budget", is_flag=True, help="Exit 2 when a budget is missed (default: warn).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON instead of a table.")
 @click.option("--output", "-o", type=click.Path(dir_okay=False), help="Write the JSON report here.")
-@click.option("--plot", type=click.Path(dir_okay=False),
-              help="Write a PNG: latency histogram and op times (encoders); TTFT, prefill and decode of every "
-                   "repeat (LLMs).")
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False),
+    help="Write a PNG: latency histogram and op times (encoders); TTFT, prefill and decode of every repeat (LLMs).",
+)
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-def run_cmd(bundle, warmup, iterations, concurrency, batch, seq_len, prompt_tokens, gen_tokens, repeats, threads,
-            op_profile_runs, profile, latency_budget_ms, memory_budget_gb, fail_on_budget, as_json, output, plot,
-            no_progress) -> int:
+def run_cmd(
+    bundle,
+    warmup,
+    iterations,
+    concurrency,
+    batch,
+    seq_len,
+    prompt_tokens,
+    gen_tokens,
+    repeats,
+    threads,
+    op_profile_runs,
+    profile,
+    latency_budget_ms,
+    memory_budget_gb,
+    fail_on_budget,
+    as_json,
+    output,
+    plot,
+    no_progress,
+) -> int:
     """Measure BUNDLE on this device: latency, throughput, memory, LLM rates, per-op time, fallbacks."""
     from edgesdk.extras import require
 
@@ -54,13 +95,22 @@ def run_cmd(bundle, warmup, iterations, concurrency, batch, seq_len, prompt_toke
     from edgesdk.profiler.plots import plot_report
     from edgesdk.profiler.report import enforce_budgets, render_table, save_report
 
-    opts = BenchOptions(warmup=warmup, iterations=iterations, concurrency=concurrency, batch=batch, seq_len=seq_len,
-                        prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, llm_repeats=repeats,
-                        ort_profile_runs=op_profile_runs, threads=threads, profile=profile,
-                        progress=progress_enabled(not no_progress and not as_json))
+    opts = BenchOptions(
+        warmup=warmup,
+        iterations=iterations,
+        concurrency=concurrency,
+        batch=batch,
+        seq_len=seq_len,
+        prompt_tokens=prompt_tokens,
+        gen_tokens=gen_tokens,
+        llm_repeats=repeats,
+        ort_profile_runs=op_profile_runs,
+        threads=threads,
+        profile=profile,
+        progress=progress_enabled(not no_progress and not as_json),
+    )
     log = (lambda _m: None) if as_json else info
-    report = run_profiler(bundle, opts, latency_budget_ms=latency_budget_ms, memory_budget_gb=memory_budget_gb,
-                          log=log)
+    report = run_profiler(bundle, opts, latency_budget_ms=latency_budget_ms, memory_budget_gb=memory_budget_gb, log=log)
     if output:
         save_report(report, output)
     if plot:
@@ -84,12 +134,19 @@ def run_cmd(bundle, warmup, iterations, concurrency, batch, seq_len, prompt_toke
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--seq-len", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--prompt-tokens", type=click.IntRange(min=1), default=128, show_default=True)
-@click.option("--report", "report_path", type=click.Path(dir_okay=False),
-              help="A measured report: show the prediction error for the profile it was measured on.")
+@click.option(
+    "--report",
+    "report_path",
+    type=click.Path(dir_okay=False),
+    help="A measured report: show the prediction error for the profile it was measured on.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option("--plot", type=click.Path(dir_okay=False),
-              help="Write a roofline PNG per profile: roofs, the model's arithmetic intensity, bound, prediction, "
-                   "measured point (with --report).")
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False),
+    help="Write a roofline PNG per profile: roofs, the model's arithmetic intensity, bound, prediction, "
+    "measured point (with --report).",
+)
 def predict_cmd(bundle, profiles, batch, seq_len, prompt_tokens, report_path, as_json, plot) -> int:
     """Roofline prediction of BUNDLE on device profiles (bandwidth, peak rates, calibrated efficiency)."""
     from edgesdk.extras import require
@@ -101,9 +158,18 @@ def predict_cmd(bundle, profiles, batch, seq_len, prompt_tokens, report_path, as
     from edgesdk.profiler.report import load_report, prediction_lines
 
     measured = load_report(report_path) if report_path else None
-    results = [predict_bundle(bundle, name, batch=batch, seq=seq_len, prompt_tokens=prompt_tokens,
-                              measured=measured, measured_host=_host_figures_of(measured, name))
-               for name in profiles]
+    results = [
+        predict_bundle(
+            bundle,
+            name,
+            batch=batch,
+            seq=seq_len,
+            prompt_tokens=prompt_tokens,
+            measured=measured,
+            measured_host=_host_figures_of(measured, name),
+        )
+        for name in profiles
+    ]
     if plot:
         from edgesdk.profiler.plots import plot_roofline
 
@@ -134,19 +200,27 @@ def _host_figures_of(measured: dict | None, profile_name: str) -> dict | None:
     pred = measured.get("prediction") or {}
     if not pred.get("bandwidth_gbps"):
         return None
-    return {"bandwidth_gbps": pred["bandwidth_gbps"], "peak_flops": pred.get("peak_flops"),
-            "method": "as measured on this host by the report's run", "peak_method": "as measured on this host by "
-            "the report's run"}
+    return {
+        "bandwidth_gbps": pred["bandwidth_gbps"],
+        "peak_flops": pred.get("peak_flops"),
+        "method": "as measured on this host by the report's run",
+        "peak_method": "as measured on this host by the report's run",
+    }
 
 
 @profiler_group.command("compare")
 @click.argument("base", type=click.Path())
 @click.argument("new", type=click.Path())
-@click.option("--max-regression", help="Exit 2 if a gated metric is worse by more than this (e.g. 5%) and "
-                                       "by more than the runs' noise.")
+@click.option(
+    "--max-regression",
+    help="Exit 2 if a gated metric is worse by more than this (e.g. 5%) and by more than the runs' noise.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option("--plot", type=click.Path(dir_okay=False),
-              help="Write a PNG: base vs new bars of each key metric (p50 with p99 marked).")
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False),
+    help="Write a PNG: base vs new bars of each key metric (p50 with p99 marked).",
+)
 def compare_cmd(base, new, max_regression, as_json, plot) -> int:
     """Two reports side by side with ratios and noise; a regression gate for CI."""
     from edgesdk.errors import VerdictError
@@ -169,8 +243,10 @@ def compare_cmd(base, new, max_regression, as_json, plot) -> int:
         if plot:
             click.echo(f"plot: {plot}")
     if result["regressions"]:
-        raise VerdictError(f"performance regression beyond {result['max_regression_pct']:.3g}% and noise: "
-                           + ", ".join(result["regressions"]))
+        raise VerdictError(
+            f"performance regression beyond {result['max_regression_pct']:.3g}% and noise: "
+            + ", ".join(result["regressions"])
+        )
     return 0
 
 

@@ -23,9 +23,20 @@ def list_cmd(as_json: bool) -> None:
     if as_json:
         emit_json([p.summary() for p in profiles])
         return
-    rows = [[p.name, p.kind, p.sm or "-", p.figure("device.memory.total_gb"), p.figure("device.memory.bandwidth_gbps"),
-             p.software_version("tensorrt") or "-", p.dla_cores, "/".join(p.precision_order),
-             ", ".join(p.aliases)] for p in profiles]
+    rows = [
+        [
+            p.name,
+            p.kind,
+            p.sm or "-",
+            p.figure("device.memory.total_gb"),
+            p.figure("device.memory.bandwidth_gbps"),
+            p.software_version("tensorrt") or "-",
+            p.dla_cores,
+            "/".join(p.precision_order),
+            ", ".join(p.aliases),
+        ]
+        for p in profiles
+    ]
     click.echo(table(rows, ["profile", "kind", "sm", "mem GB", "BW GB/s", "TRT", "DLA", "precision", "aliases"]))
     click.echo("\nfigures and their sources: edgesdk profiles show NAME")
 
@@ -47,11 +58,20 @@ def show_cmd(name: str, as_json: bool) -> None:
 
 @profiles_group.command("detect")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option("--write", "write_path", type=click.Path(dir_okay=False),
-              help="Write a profile for this machine: its measured CPU ISA, memory, budget and bandwidth.")
+@click.option(
+    "--write",
+    "write_path",
+    type=click.Path(dir_okay=False),
+    help="Write a profile for this machine: its measured CPU ISA, memory, budget and bandwidth.",
+)
 @click.option("--force", is_flag=True, help="Overwrite an existing --write file.")
-@click.option("--root", type=click.Path(exists=True, file_okay=False), default="/", hidden=True,
-              help="Read /proc, /etc and the device tree below this directory (a captured device's files).")
+@click.option(
+    "--root",
+    type=click.Path(exists=True, file_okay=False),
+    default="/",
+    hidden=True,
+    help="Read /proc, /etc and the device tree below this directory (a captured device's files).",
+)
 def detect_cmd(as_json: bool, write_path: str | None, force: bool, root: str) -> None:
     """Detect this device and match it to a profile (with confidence and evidence)."""
     from pathlib import Path

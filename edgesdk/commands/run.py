@@ -45,8 +45,9 @@ def read_prompt(prompt: str | None, prompt_file: Path | None) -> str | None:
         try:
             return prompt_file.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            raise InputError(f"-f {prompt_file}: cannot read the prompt file ({type(exc).__name__}: "
-                             f"{str(exc)[:100]})") from exc
+            raise InputError(
+                f"-f {prompt_file}: cannot read the prompt file ({type(exc).__name__}: {str(exc)[:100]})"
+            ) from exc
     if prompt == "-":
         text = sys.stdin.read()
         if not text.strip():
@@ -72,8 +73,10 @@ def _check_output_path(path: Path, force: bool) -> None:
     from edgesdk.errors import InputError, OutputExistsError
 
     if path.suffix.lower() not in OUTPUT_SUFFIXES:
-        raise InputError(f"--output {path}: unknown file type {path.suffix or '(none)'}",
-                         hint=".npy (one output), .npz (all outputs), .json (all outputs), .txt (LLM text)")
+        raise InputError(
+            f"--output {path}: unknown file type {path.suffix or '(none)'}",
+            hint=".npy (one output), .npz (all outputs), .json (all outputs), .txt (LLM text)",
+        )
     if path.is_dir():
         raise InputError(f"--output {path} is a directory; name a file")
     if path.exists() and not force:
@@ -95,14 +98,17 @@ def write_outputs(path: Path, arrays: dict, extra: dict | None = None) -> None:
 
     suffix = path.suffix.lower()
     if suffix == ".npy" and len(arrays) != 1:
-        raise InputError(f"--output {path}: .npy holds one array and this run has "
-                         f"{len(arrays) or 'no'} output arrays ({', '.join(arrays) or 'text only'})",
-                         hint="use .npz or .json")
+        raise InputError(
+            f"--output {path}: .npy holds one array and this run has "
+            f"{len(arrays) or 'no'} output arrays ({', '.join(arrays) or 'text only'})",
+            hint="use .npz or .json",
+        )
     if suffix == ".npz" and not arrays:
         raise InputError(f"--output {path}: this run produced text, not arrays", hint="use .json or .txt")
     if suffix == ".txt" and (arrays or not extra or "text" not in extra):
-        raise InputError(f"--output {path}: .txt holds LLM text; this run produced arrays", hint="use .npy, .npz "
-                         "or .json")
+        raise InputError(
+            f"--output {path}: .txt holds LLM text; this run produced arrays", hint="use .npy, .npz or .json"
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
@@ -127,16 +133,22 @@ _SAMPLING_FLAGS = ("temperature", "seed", "top_k", "top_p", "min_p", "repeat_pen
 
 def _usage(last: dict) -> dict:
     """Usage numbers of the last LLM request, named as llama.cpp users know them."""
-    return {"prompt_tokens": last.get("input_tokens"), "completion_tokens": last.get("output_tokens"),
-            "ttft_ms": round(last["ttft_s"] * 1000, 2) if last.get("ttft_s") is not None else None,
-            "tokens_per_s": last.get("decode_tok_s"), "finish_reason": last.get("finish_reason")}
+    return {
+        "prompt_tokens": last.get("input_tokens"),
+        "completion_tokens": last.get("output_tokens"),
+        "ttft_ms": round(last["ttft_s"] * 1000, 2) if last.get("ttft_s") is not None else None,
+        "tokens_per_s": last.get("decode_tok_s"),
+        "finish_reason": last.get("finish_reason"),
+    }
 
 
 def _usage_line(u: dict) -> str:
     ttft = f"{u['ttft_ms']:.1f} ms" if u["ttft_ms"] is not None else "-"
     rate = f"{u['tokens_per_s']:.1f} tok/s" if u["tokens_per_s"] is not None else "- tok/s"
-    return (f"usage: prompt {u['prompt_tokens']} tokens, completion {u['completion_tokens']} tokens, "
-            f"TTFT {ttft}, decode {rate}, finish {u['finish_reason']}")
+    return (
+        f"usage: prompt {u['prompt_tokens']} tokens, completion {u['completion_tokens']} tokens, "
+        f"TTFT {ttft}, decode {rate}, finish {u['finish_reason']}"
+    )
 
 
 def _interactive_chat(session, system, gen_kw) -> list[dict]:
@@ -165,50 +177,124 @@ def _interactive_chat(session, system, gen_kw) -> list[dict]:
 @click.command("run")
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.option("--input", "-i", "texts", multiple=True, help="Text to embed (text encoders; repeatable).")
-@click.option("--inputs", "npz", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help=".npz file of named input arrays (any model).")
+@click.option(
+    "--inputs",
+    "npz",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help=".npz file of named input arrays (any model).",
+)
 @click.option("--prompt", "-p", help="Prompt for an LLM bundle (with --chat: the user message); - reads stdin.")
-@click.option("--file", "-f", "prompt_file", type=click.Path(dir_okay=False, path_type=Path),
-              help="Read the prompt from FILE (UTF-8), as llama-cli's -f.")
-@click.option("--image", "images", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="VLM: an image the prompt is about (repeatable; needs --prompt).")
-@click.option("--max-tokens", "-n", type=int, default=None,
-              help=f"LLM: tokens to generate (>= 1; default {DEFAULT_MAX_TOKENS}, and in the interactive chat until "
-              "the model ends its turn, bounded by the context).")
+@click.option(
+    "--file",
+    "-f",
+    "prompt_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Read the prompt from FILE (UTF-8), as llama-cli's -f.",
+)
+@click.option(
+    "--image",
+    "images",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="VLM: an image the prompt is about (repeatable; needs --prompt).",
+)
+@click.option(
+    "--max-tokens",
+    "-n",
+    type=int,
+    default=None,
+    help=f"LLM: tokens to generate (>= 1; default {DEFAULT_MAX_TOKENS}, and in the interactive chat until "
+    "the model ends its turn, bounded by the context).",
+)
 @click.option("--stream", is_flag=True, help="LLM: print tokens as they are generated.")
-@click.option("--temperature", "--temp", "temperature", type=float, default=None,
-              help="LLM sampling temperature (0 = greedy; default 0.8).")
+@click.option(
+    "--temperature",
+    "--temp",
+    "temperature",
+    type=float,
+    default=None,
+    help="LLM sampling temperature (0 = greedy; default 0.8).",
+)
 @click.option("--seed", type=int, default=None, help="LLM sampling seed (same seed, same settings: same text).")
 @click.option("--top-k", type=int, default=None, help="LLM top-k (0 = off; default 40).")
 @click.option("--top-p", type=float, default=None, help="LLM top-p, in (0, 1] (default 0.95).")
 @click.option("--min-p", type=float, default=None, help="LLM min-p, in [0, 1] (default 0.05).")
 @click.option("--repeat-penalty", type=float, default=None, help="LLM repeat penalty, > 0 (default 1.0 = off).")
-@click.option("--stop", "stops", multiple=True, metavar="TEXT",
-              help="LLM: stop before this text (repeatable). \\n, \\t, \\r, \\\\, \\' and \\\" are unescaped "
-              "as llama-cli does: --stop \"\\n\\n\" stops at a blank line.")
-@click.option("--chat", is_flag=True, help="LLM: format the prompt as a chat turn (one turn with --prompt or piped "
-              "stdin; an interactive loop when stdin is a terminal).")
+@click.option(
+    "--stop",
+    "stops",
+    multiple=True,
+    metavar="TEXT",
+    help="LLM: stop before this text (repeatable). \\n, \\t, \\r, \\\\, \\' and \\\" are unescaped "
+    'as llama-cli does: --stop "\\n\\n" stops at a blank line.',
+)
+@click.option(
+    "--chat",
+    is_flag=True,
+    help="LLM: format the prompt as a chat turn (one turn with --prompt or piped "
+    "stdin; an interactive loop when stdin is a terminal).",
+)
 @click.option("--system", default=None, help="LLM chat: system message (implies --chat).")
-@click.option("--chat-template", default=None, metavar="NAME|FILE",
-              help="LLM chat template, over the one bundled at build time or the GGUF's own: gemma, llama-3, "
-              "chatml, llama-2, mistral, phi-3, or a Jinja file.")
+@click.option(
+    "--chat-template",
+    default=None,
+    metavar="NAME|FILE",
+    help="LLM chat template, over the one bundled at build time or the GGUF's own: gemma, llama-3, "
+    "chatml, llama-2, mistral, phi-3, or a Jinja file.",
+)
 @click.option("--profile", help="Device profile to run under (default: the one the bundle was built for).")
 @click.option("--threads", type=int, help="CPU threads for the backend.")
-@click.option("--report", "show_report", is_flag=True,
-              help="Print the session report (backend, fallbacks) and, for LLMs, usage (tokens, TTFT, tok/s) on "
-              "stderr.")
-@click.option("--json", "as_json", is_flag=True,
-              help="Machine-readable output: the vectors/arrays (or, with --output, the file's name); LLMs: text "
-              "and usage.")
-@click.option("--output", "-o", "output", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write the outputs to FILE: .npy (the one output), .npz (all outputs), .json (all outputs as "
-              "lists; LLMs: text and usage), .txt (LLM text).")
+@click.option(
+    "--report",
+    "show_report",
+    is_flag=True,
+    help="Print the session report (backend, fallbacks) and, for LLMs, usage (tokens, TTFT, tok/s) on stderr.",
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Machine-readable output: the vectors/arrays (or, with --output, the file's name); LLMs: text and usage.",
+)
+@click.option(
+    "--output",
+    "-o",
+    "output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the outputs to FILE: .npy (the one output), .npz (all outputs), .json (all outputs as "
+    "lists; LLMs: text and usage), .txt (LLM text).",
+)
 @click.option("--force", is_flag=True, help="Overwrite an existing --output file.")
 @click.option("--verbose", "-v", is_flag=True, help="Show the backend's own log lines (llama.cpp) on stderr.")
 @click.option("--trace-file", type=click.Path(dir_okay=False), help="Write traces/metrics as OTLP-JSON lines.")
-def run_cmd(bundle: Path, texts, npz, prompt, prompt_file, max_tokens, stream, temperature, seed, top_k, top_p, min_p,
-            repeat_penalty, stops, chat, system, chat_template, profile, threads, show_report, as_json, output, force,
-            verbose, trace_file, images=()) -> int:
+def run_cmd(
+    bundle: Path,
+    texts,
+    npz,
+    prompt,
+    prompt_file,
+    max_tokens,
+    stream,
+    temperature,
+    seed,
+    top_k,
+    top_p,
+    min_p,
+    repeat_penalty,
+    stops,
+    chat,
+    system,
+    chat_template,
+    profile,
+    threads,
+    show_report,
+    as_json,
+    output,
+    force,
+    verbose,
+    trace_file,
+    images=(),
+) -> int:
     """Run BUNDLE on this machine: embed text, run tensors, or generate from a prompt / chat."""
     import edgesdk
     from edgesdk import telemetry
@@ -218,12 +304,17 @@ def run_cmd(bundle: Path, texts, npz, prompt, prompt_file, max_tokens, stream, t
     stops = tuple(unescape(s) for s in stops)
     prompt = read_prompt(prompt, prompt_file)
     llm = prompt is not None or chat
-    given = [f"--{k.replace('_', '-')}" for k, v in zip(_SAMPLING_FLAGS, (temperature, seed, top_k, top_p, min_p,
-                                                                          repeat_penalty)) if v is not None]
+    given = [
+        f"--{k.replace('_', '-')}"
+        for k, v in zip(_SAMPLING_FLAGS, (temperature, seed, top_k, top_p, min_p, repeat_penalty))
+        if v is not None
+    ]
     given += ["--stop"] if stops else []
     if (texts or npz is not None) and llm:
-        raise InputError("--input/--inputs run encoders and tensors; --prompt/--chat/--system/--chat-template "
-                         "run LLMs: pass one kind")
+        raise InputError(
+            "--input/--inputs run encoders and tensors; --prompt/--chat/--system/--chat-template "
+            "run LLMs: pass one kind"
+        )
     if texts and npz is not None:
         raise InputError("pass --input TEXT or --inputs FILE.npz, not both")
     if images and prompt is None:
@@ -254,16 +345,51 @@ def run_cmd(bundle: Path, texts, npz, prompt, prompt_file, max_tokens, stream, t
         options["verbose"] = True
     session = edgesdk.load(bundle, profile=profile, **options)
     try:
-        return _run_loaded(session, texts, npz, prompt, max_tokens, stream, stops, chat, system, chat_template,
-                           show_report, as_json, {"seed": seed, "temperature": temperature, "top_k": top_k,
-                                                   "top_p": top_p, "min_p": min_p, "repeat_penalty": repeat_penalty},
-                           output, images=images)
+        return _run_loaded(
+            session,
+            texts,
+            npz,
+            prompt,
+            max_tokens,
+            stream,
+            stops,
+            chat,
+            system,
+            chat_template,
+            show_report,
+            as_json,
+            {
+                "seed": seed,
+                "temperature": temperature,
+                "top_k": top_k,
+                "top_p": top_p,
+                "min_p": min_p,
+                "repeat_penalty": repeat_penalty,
+            },
+            output,
+            images=images,
+        )
     finally:
         session.close()
 
 
-def _run_loaded(session, texts, npz, prompt, max_tokens, stream, stops, chat, system, chat_template, show_report,
-                as_json, sampling, output: Path | None = None, images=()) -> int:
+def _run_loaded(
+    session,
+    texts,
+    npz,
+    prompt,
+    max_tokens,
+    stream,
+    stops,
+    chat,
+    system,
+    chat_template,
+    show_report,
+    as_json,
+    sampling,
+    output: Path | None = None,
+    images=(),
+) -> int:
     import sys
 
     from edgesdk.errors import InputError
@@ -277,25 +403,35 @@ def _run_loaded(session, texts, npz, prompt, max_tokens, stream, stops, chat, sy
     if texts and is_llm:
         raise InputError(f"--input embeds text with an encoder; this is an LLM ({what}): use --prompt TEXT or --chat")
     if images and session.bundle.format != "vlm":
-        raise InputError(f"this bundle is not a VLM ({what} of {session.report()['model']}, text only): drop "
-                         "--image, or build a VLM bundle from an image-text-to-text model (docs/vlm.md)")
+        raise InputError(
+            f"this bundle is not a VLM ({what} of {session.report()['model']}, text only): drop "
+            "--image, or build a VLM bundle from an image-text-to-text model (docs/vlm.md)"
+        )
     result: dict = {}
-    gen_kw = {"max_tokens": DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens, "stop": list(stops) or None,
-              **sampling}
+    gen_kw = {
+        "max_tokens": DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
+        "stop": list(stops) or None,
+        **sampling,
+    }
     if llm:
         if chat:
             gen_kw["chat_template"] = chat_template
             if prompt is None and sys.stdin.isatty() and not as_json:
-                result["messages"] = _interactive_chat(session, system, {
-                    **gen_kw, "max_tokens": UNTIL_END if max_tokens is None else max_tokens})
+                result["messages"] = _interactive_chat(
+                    session, system, {**gen_kw, "max_tokens": UNTIL_END if max_tokens is None else max_tokens}
+                )
             else:
                 user = prompt if prompt is not None else sys.stdin.read()
                 if not user.strip():
                     raise InputError("--chat needs a message: --prompt TEXT, piped stdin, or a terminal")
-                content = user if not images else \
-                    [*({"type": "image", "path": str(p)} for p in images), {"type": "text", "text": user}]
-                messages = ([{"role": "system", "content": system}] if system else []) + \
-                    [{"role": "user", "content": content}]
+                content = (
+                    user
+                    if not images
+                    else [*({"type": "image", "path": str(p)} for p in images), {"type": "text", "text": user}]
+                )
+                messages = ([{"role": "system", "content": system}] if system else []) + [
+                    {"role": "user", "content": content}
+                ]
                 call = lambda **kw: session.chat(messages, **kw)  # noqa: E731
         elif images:
             call = lambda **kw: session.generate(prompt, images=list(images), **kw)  # noqa: E731
@@ -317,8 +453,11 @@ def _run_loaded(session, texts, npz, prompt, max_tokens, stream, stops, chat, sy
     elif texts:
         emb = session.embed(list(texts))
         arrays = {"embeddings": emb}
-        result["embeddings"] = {"shape": list(emb.shape), "dtype": str(emb.dtype),
-                                "norms": np.linalg.norm(emb, axis=1).round(4).tolist()}
+        result["embeddings"] = {
+            "shape": list(emb.shape),
+            "dtype": str(emb.dtype),
+            "norms": np.linalg.norm(emb, axis=1).round(4).tolist(),
+        }
         if as_json and output is None:
             result["embeddings"]["values"] = emb.tolist()
         if len(texts) > 1:

@@ -11,58 +11,143 @@ import click
 
 @click.command("serve")
 @click.argument("bundles", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--name", "names", multiple=True,
-              help="Model name for the bundle in the same position (default: the bundle directory name).")
+@click.option(
+    "--name",
+    "names",
+    multiple=True,
+    help="Model name for the bundle in the same position (default: the bundle directory name).",
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback unless given).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True)
-@click.option("--api-key", envvar="EDGESDK_API_KEY", help="Require 'Authorization: Bearer KEY' "
-              "(or set EDGESDK_API_KEY). An empty key is refused.")
-@click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME",
-              help="Also answer requests whose Host header names NAME (repeatable; default: localhost and IP "
-              "addresses only, others get 421; '*' answers any name).")
-@click.option("--cors-origin", "cors_origins", multiple=True, metavar="ORIGIN",
-              help="Answer CORS requests from ORIGIN, e.g. https://app.example.com (repeatable; '*' for any). "
-              "Default: none, so web pages of other origins cannot read answers.")
-@click.option("--max-queue", type=click.IntRange(0), default=16, show_default=True,
-              help="LLM requests allowed to wait behind the running one; more get 429.")
-@click.option("--max-batch", type=click.IntRange(1), default=32, show_default=True,
-              help="Embeddings: most inputs in one dynamic batch.")
-@click.option("--max-wait-ms", type=click.FloatRange(0), default=5.0, show_default=True,
-              help="Embeddings: longest wait for a batch to fill.")
-@click.option("--max-body-bytes", type=click.IntRange(1), default=1 << 20, show_default=True,
-              help="Largest request body; larger gets 413.")
-@click.option("--shutdown-timeout", type=click.FloatRange(0), default=30.0, show_default=True,
-              help="Seconds in-flight requests get to finish after SIGTERM.")
-@click.option("--prompt-cache-mb", type=click.FloatRange(0), default=None,
-              help="Per LLM: keep the KV state of recent prompts (up to this many MiB) and reuse the longest "
-              "shared token prefix. Default: the profile's policy.llm.prompt_cache_mb, else off (0).")
-@click.option("--parallel", type=click.IntRange(1, 256), default=None,
-              help="Per LLM: requests decoded together in one llama.cpp context (continuous batching). Default: "
-              "16 on a GPU, 4 on the CPU, fewer if their KV cache does not fit (the start-up line says why); "
-              "1: one request at a time (outputs bit-identical to edgesdk run; --prompt-cache-mb applies).")
-@click.option("--no-prefix-reuse", is_flag=True,
-              help="Batched LLMs: do not let a slot reuse the KV cells of its previous request's shared prefix.")
-@click.option("--chat-template", metavar="NAME|FILE",
-              help="GGUF bundles: format chats with this template (a shipped name: chatml, gemma, llama-2, llama-3, "
-              "mistral, phi-3; or a Jinja file) instead of the one bundled at build time or the GGUF's own.")
-@click.option("--allow-local-images", metavar="DIR", type=click.Path(path_type=Path),
-              help="VLM bundles: let image_url parts name files under DIR (file:///... or an absolute path; no "
-              "escaping DIR). Default: data URLs only.")
+@click.option(
+    "--api-key",
+    envvar="EDGESDK_API_KEY",
+    help="Require 'Authorization: Bearer KEY' (or set EDGESDK_API_KEY). An empty key is refused.",
+)
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="Also answer requests whose Host header names NAME (repeatable; default: localhost and IP "
+    "addresses only, others get 421; '*' answers any name).",
+)
+@click.option(
+    "--cors-origin",
+    "cors_origins",
+    multiple=True,
+    metavar="ORIGIN",
+    help="Answer CORS requests from ORIGIN, e.g. https://app.example.com (repeatable; '*' for any). "
+    "Default: none, so web pages of other origins cannot read answers.",
+)
+@click.option(
+    "--max-queue",
+    type=click.IntRange(0),
+    default=16,
+    show_default=True,
+    help="LLM requests allowed to wait behind the running one; more get 429.",
+)
+@click.option(
+    "--max-batch",
+    type=click.IntRange(1),
+    default=32,
+    show_default=True,
+    help="Embeddings: most inputs in one dynamic batch.",
+)
+@click.option(
+    "--max-wait-ms",
+    type=click.FloatRange(0),
+    default=5.0,
+    show_default=True,
+    help="Embeddings: longest wait for a batch to fill.",
+)
+@click.option(
+    "--max-body-bytes",
+    type=click.IntRange(1),
+    default=1 << 20,
+    show_default=True,
+    help="Largest request body; larger gets 413.",
+)
+@click.option(
+    "--shutdown-timeout",
+    type=click.FloatRange(0),
+    default=30.0,
+    show_default=True,
+    help="Seconds in-flight requests get to finish after SIGTERM.",
+)
+@click.option(
+    "--prompt-cache-mb",
+    type=click.FloatRange(0),
+    default=None,
+    help="Per LLM: keep the KV state of recent prompts (up to this many MiB) and reuse the longest "
+    "shared token prefix. Default: the profile's policy.llm.prompt_cache_mb, else off (0).",
+)
+@click.option(
+    "--parallel",
+    type=click.IntRange(1, 256),
+    default=None,
+    help="Per LLM: requests decoded together in one llama.cpp context (continuous batching). Default: "
+    "16 on a GPU, 4 on the CPU, fewer if their KV cache does not fit (the start-up line says why); "
+    "1: one request at a time (outputs bit-identical to edgesdk run; --prompt-cache-mb applies).",
+)
+@click.option(
+    "--no-prefix-reuse",
+    is_flag=True,
+    help="Batched LLMs: do not let a slot reuse the KV cells of its previous request's shared prefix.",
+)
+@click.option(
+    "--chat-template",
+    metavar="NAME|FILE",
+    help="GGUF bundles: format chats with this template (a shipped name: chatml, gemma, llama-2, llama-3, "
+    "mistral, phi-3; or a Jinja file) instead of the one bundled at build time or the GGUF's own.",
+)
+@click.option(
+    "--allow-local-images",
+    metavar="DIR",
+    type=click.Path(path_type=Path),
+    help="VLM bundles: let image_url parts name files under DIR (file:///... or an absolute path; no "
+    "escaping DIR). Default: data URLs only.",
+)
 @click.option("--profile", help="Device profile to run under (default: the one each bundle was built for).")
 @click.option("--threads", type=int, help="CPU threads per backend.")
 @click.option("--trace-file", type=click.Path(dir_okay=False), help="Write traces/metrics as OTLP-JSON lines.")
-@click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info",
-              show_default=True)
-def serve_cmd(bundles, names, host, port, api_key, allowed_hosts, cors_origins, max_queue, max_batch, max_wait_ms,
-              max_body_bytes, shutdown_timeout, prompt_cache_mb, parallel, no_prefix_reuse, profile, threads,
-              trace_file, log_level, chat_template=None, allow_local_images=None) -> int:
+@click.option(
+    "--log-level",
+    type=click.Choice(["critical", "error", "warning", "info", "debug"]),
+    default="info",
+    show_default=True,
+)
+def serve_cmd(
+    bundles,
+    names,
+    host,
+    port,
+    api_key,
+    allowed_hosts,
+    cors_origins,
+    max_queue,
+    max_batch,
+    max_wait_ms,
+    max_body_bytes,
+    shutdown_timeout,
+    prompt_cache_mb,
+    parallel,
+    no_prefix_reuse,
+    profile,
+    threads,
+    trace_file,
+    log_level,
+    chat_template=None,
+    allow_local_images=None,
+) -> int:
     """Serve BUNDLES over the OpenAI API: chat/completions for GGUF bundles, embeddings for text encoders."""
     from edgesdk import telemetry
     from edgesdk.errors import InputError
     from edgesdk.extras import require
 
-    require("serve", ("starlette", "uvicorn", "prometheus_client", "opentelemetry.exporter.prometheus"),
-            "edgesdk serve")
+    require(
+        "serve", ("starlette", "uvicorn", "prometheus_client", "opentelemetry.exporter.prometheus"), "edgesdk serve"
+    )
     from edgesdk.serve import ServeConfig, load_models, run
 
     # click ignores an empty EDGESDK_API_KEY; an empty key, given either way, would turn auth off: refused.
@@ -72,33 +157,55 @@ def serve_cmd(bundles, names, host, port, api_key, allowed_hosts, cors_origins, 
     else:
         where = "--api-key is"
     if api_key is not None and (not api_key.strip() or api_key != api_key.strip()):
-        raise InputError(f"{where} empty or has surrounding whitespace: that would turn authentication off "
-                         "(give a key, or leave --api-key and EDGESDK_API_KEY out to serve without one)")
+        raise InputError(
+            f"{where} empty or has surrounding whitespace: that would turn authentication off "
+            "(give a key, or leave --api-key and EDGESDK_API_KEY out to serve without one)"
+        )
     # Checked before any bundle is loaded: a bad option fails at once.
-    config = ServeConfig(host=host, port=port, api_key=api_key, allowed_hosts=tuple(allowed_hosts),
-                         cors_origins=tuple(cors_origins), max_body_bytes=max_body_bytes, max_queue=max_queue,
-                         max_batch=max_batch, max_wait_ms=max_wait_ms, prompt_cache_mb=prompt_cache_mb,
-                         parallel=parallel, prefix_reuse=not no_prefix_reuse)
+    config = ServeConfig(
+        host=host,
+        port=port,
+        api_key=api_key,
+        allowed_hosts=tuple(allowed_hosts),
+        cors_origins=tuple(cors_origins),
+        max_body_bytes=max_body_bytes,
+        max_queue=max_queue,
+        max_batch=max_batch,
+        max_wait_ms=max_wait_ms,
+        prompt_cache_mb=prompt_cache_mb,
+        parallel=parallel,
+        prefix_reuse=not no_prefix_reuse,
+    )
     if trace_file:
         telemetry.configure(trace_file=trace_file, service_name="edgesdk-serve")
     from edgesdk.serve import bind_sockets
 
     sockets = bind_sockets(host, port)  # a taken port fails now, before minutes of model loading
-    entries = load_models(list(bundles), list(names), profile=profile, threads=threads, chat_template=chat_template,
-                          allow_local_images=allow_local_images)
+    entries = load_models(
+        list(bundles),
+        list(names),
+        profile=profile,
+        threads=threads,
+        chat_template=chat_template,
+        allow_local_images=allow_local_images,
+    )
     for e in entries:
         what = "chat/completions, completions" if e.kind == "llm" else "embeddings"
         if e.images is not None:
-            what = "chat/completions with image_url parts (data URLs" + \
-                (f", files under {e.images.allow_local}" if e.images.allow_local else "") + "), completions"
+            what = (
+                "chat/completions with image_url parts (data URLs"
+                + (f", files under {e.images.allow_local}" if e.images.allow_local else "")
+                + "), completions"
+            )
         if e.kind == "llm":
             from edgesdk.serve.app import llm_parallel
             from edgesdk.serve.app import prompt_cache_mb as _cache_mb
 
             e.parallel, e.parallel_reason = llm_parallel(e.session, config.parallel)
             if e.parallel > 1:
-                what += f"; continuous batching, slots: {e.parallel_reason}; prefix reuse " + \
-                    ("on" if config.prefix_reuse else "off")
+                what += f"; continuous batching, slots: {e.parallel_reason}; prefix reuse " + (
+                    "on" if config.prefix_reuse else "off"
+                )
             else:
                 mb = _cache_mb(e.session, config.prompt_cache_mb)
                 what += f"; slots: {e.parallel_reason}; prompt cache " + (f"{mb:g} MiB" if mb > 0 else "off")

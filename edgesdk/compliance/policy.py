@@ -19,8 +19,18 @@ from edgesdk.compliance.findings import ACTIONS, worse
 from edgesdk.compliance.spdx import licensing, load_data, normalize, read_user_yaml
 from edgesdk.errors import InputError
 
-CATEGORIES = ("public-domain", "permissive", "file-copyleft", "weak-copyleft", "strong-copyleft",
-              "network-copyleft", "non-commercial", "restricted-model", "proprietary", "unknown")
+CATEGORIES = (
+    "public-domain",
+    "permissive",
+    "file-copyleft",
+    "weak-copyleft",
+    "strong-copyleft",
+    "network-copyleft",
+    "non-commercial",
+    "restricted-model",
+    "proprietary",
+    "unknown",
+)
 _POLICY_KEYS = {"id", "version", "extends", "categories", "licenses", "exceptions", "license_categories"}
 
 
@@ -93,7 +103,9 @@ class Policy:
                     cat, sym_action, why = self._symbol_action(sym.key)
                 # Report the most notable category among the parts with the worst action.
                 if (ACTIONS.index(sym_action), CATEGORIES.index(cat)) > (
-                        ACTIONS.index(action), CATEGORIES.index(category)):
+                    ACTIONS.index(action),
+                    CATEGORIES.index(category),
+                ):
                     category = cat
                 action = worse(action, sym_action)
                 if sym_action == "review":
@@ -123,7 +135,7 @@ def _check_policy(data: dict, path: str) -> None:
         for name, action in (data.get(key) or {}).items():
             if action not in ACTIONS:
                 raise InputError(f"{path}: {key}.{name} = {action!r}; expected one of {list(ACTIONS)}")
-    for name in (data.get("categories") or {}):
+    for name in data.get("categories") or {}:
         if name not in CATEGORIES:
             raise InputError(f"{path}: categories.{name} is not a category; expected one of {list(CATEGORIES)}")
     for lid, cat in (data.get("license_categories") or {}).items():

@@ -16,8 +16,7 @@ _ORDER = {"deny": 0, "review": 1, "allow": 2}
 
 
 def _sorted(result: GateResult):
-    return sorted(result.findings, key=lambda f: (_ORDER[f.effective_action], _ORDER[f.action], f.layer,
-                                                  f.subject))
+    return sorted(result.findings, key=lambda f: (_ORDER[f.effective_action], _ORDER[f.action], f.layer, f.subject))
 
 
 def to_json(result: GateResult) -> str:
@@ -43,10 +42,20 @@ def to_table(result: GateResult, *, only_problems: bool = False) -> str:
     for f in _sorted(result):
         if only_problems and f.action == "allow":
             continue
-        rows.append((_cell(f"[{f.layer}] {_row_subject(f)}", 60), _cell(f.found, 34),
-                     _cell(f.chosen or f.spdx, 34), f.category, _action_text(f)))
-    lines = [format_table(rows, ("FILE / SUBJECT", "LICENSE AS FOUND", "SPDX", "CATEGORY", "ACTION"),
-                          rule=False, rstrip=False)]
+        rows.append(
+            (
+                _cell(f"[{f.layer}] {_row_subject(f)}", 60),
+                _cell(f.found, 34),
+                _cell(f.chosen or f.spdx, 34),
+                f.category,
+                _action_text(f),
+            )
+        )
+    lines = [
+        format_table(
+            rows, ("FILE / SUBJECT", "LICENSE AS FOUND", "SPDX", "CATEGORY", "ACTION"), rule=False, rstrip=False
+        )
+    ]
     lines.append("")
     lines.append(summary_line(result))
     return "\n".join(lines) + "\n"
@@ -54,8 +63,10 @@ def to_table(result: GateResult, *, only_problems: bool = False) -> str:
 
 def summary_line(result: GateResult) -> str:
     c = result.counts()
-    text = (f"license verdict: {result.verdict.upper()} (policy {result.policy.id}: {c['deny']} deny, "
-            f"{c['review']} review, {c['allow']} allow; {c['waived']} waived, {c['accepted']} accepted)")
+    text = (
+        f"license verdict: {result.verdict.upper()} (policy {result.policy.id}: {c['deny']} deny, "
+        f"{c['review']} review, {c['allow']} allow; {c['waived']} waived, {c['accepted']} accepted)"
+    )
     worst = result.worst()
     if worst is not None and result.verdict != "pass":
         text += f"; worst: {worst.headline()}"
@@ -67,8 +78,10 @@ def to_summary(result: GateResult) -> str:
     lines = [summary_line(result)]
     problems = [f for f in _sorted(result) if f.action != "allow"]
     for f in problems:
-        lines.append(f"  {_action_text(f):<10} [{f.layer}] {_row_subject(f)}: {f.chosen or f.spdx or f.found or '-'}"
-                     f" ({f.category}) {f.reason}")
+        lines.append(
+            f"  {_action_text(f):<10} [{f.layer}] {_row_subject(f)}: {f.chosen or f.spdx or f.found or '-'}"
+            f" ({f.category}) {f.reason}"
+        )
     audit = result.waiver_audit
     for key in ("expired", "unmatched"):
         for w in audit.get(key, []):
@@ -81,10 +94,11 @@ def to_summary(result: GateResult) -> str:
         lines.append(f"  --accept-license {acc} matched no review finding")
     gaps = result.without_own_info
     if gaps:
-        lines.append(f"  {len(gaps)} file(s) carry no license information of their own (REUSE); covered by "
-                     "an enclosing LICENSE file, the project's declared license, or (bundle) the model's:")
-        lines.extend(textwrap.wrap(", ".join(sorted(gaps)), width=108, initial_indent="    ",
-                                   subsequent_indent="    "))
+        lines.append(
+            f"  {len(gaps)} file(s) carry no license information of their own (REUSE); covered by "
+            "an enclosing LICENSE file, the project's declared license, or (bundle) the model's:"
+        )
+        lines.extend(textwrap.wrap(", ".join(sorted(gaps)), width=108, initial_indent="    ", subsequent_indent="    "))
     if result.missing_license_texts:
         lines.append("  REUSE: no license text in LICENSES/ for " + ", ".join(result.missing_license_texts))
     lines.append(f"  scanoss: {result.scanoss.note} ({result.scanoss.fingerprinted} files fingerprinted)")
@@ -93,19 +107,30 @@ def to_summary(result: GateResult) -> str:
 
 def to_markdown(result: GateResult) -> str:
     c = result.counts()
-    out = [f"# License report: {result.scanned}", "",
-           f"**Verdict: {result.verdict}** (before waivers/acceptance: {result.policy_verdict}) under policy "
-           f"`{result.policy.id}` (sha256 `{result.policy.sha256[:12]}`).", "",
-           "| deny | review | allow | waived | accepted |", "|---|---|---|---|---|",
-           f"| {c['deny']} | {c['review']} | {c['allow']} | {c['waived']} | {c['accepted']} |", ""]
+    out = [
+        f"# License report: {result.scanned}",
+        "",
+        f"**Verdict: {result.verdict}** (before waivers/acceptance: {result.policy_verdict}) under policy "
+        f"`{result.policy.id}` (sha256 `{result.policy.sha256[:12]}`).",
+        "",
+        "| deny | review | allow | waived | accepted |",
+        "|---|---|---|---|---|",
+        f"| {c['deny']} | {c['review']} | {c['allow']} | {c['waived']} | {c['accepted']} |",
+        "",
+    ]
     problems = [f for f in _sorted(result) if f.action != "allow"]
     if problems:
-        out += ["## Findings the policy did not allow (with their resolution)", "",
-                "| layer | file / subject | license as found | SPDX | category | action | reason |",
-                "|---|---|---|---|---|---|---|"]
+        out += [
+            "## Findings the policy did not allow (with their resolution)",
+            "",
+            "| layer | file / subject | license as found | SPDX | category | action | reason |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for f in problems:
-            out.append(f"| {f.layer} | `{_row_subject(f)}` | {_md(f.found)} | `{f.chosen or f.spdx or '-'}` | "
-                       f"{f.category} | {_action_text(f)} | {_md(f.reason)} |")
+            out.append(
+                f"| {f.layer} | `{_row_subject(f)}` | {_md(f.found)} | `{f.chosen or f.spdx or '-'}` | "
+                f"{f.category} | {_action_text(f)} | {_md(f.reason)} |"
+            )
         out.append("")
     audit = result.waiver_audit
     if any(audit.values()):
@@ -115,17 +140,29 @@ def to_markdown(result: GateResult) -> str:
                 out.append(f"- **{key}** `{w['id']}` by {w['by']}, expires {w['expires']}: {_md(w['reason'])}")
         out.append("")
     if result.components:
-        out += ["## Components (each file with its own license and SHA-256)", "",
-                "| file | component | license | license from | sha256 | bytes |", "|---|---|---|---|---|---|"]
+        out += [
+            "## Components (each file with its own license and SHA-256)",
+            "",
+            "| file | component | license | license from | sha256 | bytes |",
+            "|---|---|---|---|---|---|",
+        ]
         for comp in result.components:
-            out.append(f"| `{comp['path']}` | {_md(comp['component'])} | `{comp['license'] or 'NOASSERTION'}` | "
-                       f"{_md(comp['license_source'])} | `{comp['sha256']}` | {comp['bytes']} |")
+            out.append(
+                f"| `{comp['path']}` | {_md(comp['component'])} | `{comp['license'] or 'NOASSERTION'}` | "
+                f"{_md(comp['license_source'])} | `{comp['sha256']}` | {comp['bytes']} |"
+            )
         out.append("")
-    out += ["## All findings", "", "| layer | file / subject | license as found | SPDX | category | action |",
-            "|---|---|---|---|---|---|"]
+    out += [
+        "## All findings",
+        "",
+        "| layer | file / subject | license as found | SPDX | category | action |",
+        "|---|---|---|---|---|---|",
+    ]
     for f in _sorted(result):
-        out.append(f"| {f.layer} | `{_row_subject(f)}` | {_md(f.found)} | `{f.chosen or f.spdx or '-'}` | "
-                   f"{f.category} | {_action_text(f)} |")
+        out.append(
+            f"| {f.layer} | `{_row_subject(f)}` | {_md(f.found)} | `{f.chosen or f.spdx or '-'}` | "
+            f"{f.category} | {_action_text(f)} |"
+        )
     out += ["", f"SCANOSS: {result.scanoss.note}.", ""]
     return "\n".join(out)
 
@@ -158,38 +195,59 @@ def to_html(result: GateResult) -> str:
     c = result.counts()
     verdict = result.verdict
     worst = result.worst()
-    out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-           f"<title>License report: {e(result.scanned)}</title>", f"<style>{_CSS}</style></head><body>",
-           f"<h1>License report: {e(result.scanned)}</h1>",
-           f'<div class="banner" id="verdict" style="background:{_VERDICT_COLOUR.get(verdict, "#6c757d")}">'
-           f"Verdict: {e(verdict.upper())}</div>",
-           f"<p>Before waivers and --accept-license: <b>{e(result.policy_verdict)}</b>. Policy "
-           f"<code>{e(result.policy.id)}</code> (sha256 <code>{e(result.policy.sha256[:12])}</code>). "
-           f"Model license: <code>{e(result.model_expression or 'none found')}</code>"
-           + (f" (declared at build: <code>{e(result.model_license_declared)}</code>)"
-              if result.model_license_declared else "") + ".</p>"]
+    out = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>License report: {e(result.scanned)}</title>",
+        f"<style>{_CSS}</style></head><body>",
+        f"<h1>License report: {e(result.scanned)}</h1>",
+        f'<div class="banner" id="verdict" style="background:{_VERDICT_COLOUR.get(verdict, "#6c757d")}">'
+        f"Verdict: {e(verdict.upper())}</div>",
+        f"<p>Before waivers and --accept-license: <b>{e(result.policy_verdict)}</b>. Policy "
+        f"<code>{e(result.policy.id)}</code> (sha256 <code>{e(result.policy.sha256[:12])}</code>). "
+        f"Model license: <code>{e(result.model_expression or 'none found')}</code>"
+        + (
+            f" (declared at build: <code>{e(result.model_license_declared)}</code>)"
+            if result.model_license_declared
+            else ""
+        )
+        + ".</p>",
+    ]
     if worst is not None and verdict != "pass":
         out.append(f"<p>Worst finding: {e(worst.headline())}</p>")
-    out += ['<table id="counts"><tr><th>deny</th><th>review</th><th>allow</th><th>waived</th><th>accepted</th></tr>',
-            "<tr>" + "".join(f"<td>{c[k]}</td>" for k in ("deny", "review", "allow", "waived", "accepted"))
-            + "</tr></table>"]
-    out += ["<h2>Findings</h2>", '<table id="findings"><tr><th>level</th><th>layer</th><th>file / subject</th>'
-            "<th>license as found</th><th>SPDX</th><th>category</th><th>action</th><th>reason</th></tr>"]
+    out += [
+        '<table id="counts"><tr><th>deny</th><th>review</th><th>allow</th><th>waived</th><th>accepted</th></tr>',
+        "<tr>"
+        + "".join(f"<td>{c[k]}</td>" for k in ("deny", "review", "allow", "waived", "accepted"))
+        + "</tr></table>",
+    ]
+    out += [
+        "<h2>Findings</h2>",
+        '<table id="findings"><tr><th>level</th><th>layer</th><th>file / subject</th>'
+        "<th>license as found</th><th>SPDX</th><th>category</th><th>action</th><th>reason</th></tr>",
+    ]
     for f in _sorted(result):
         resolved = " resolved" if f.resolution else ""
-        out.append(f'<tr class="{e(f.effective_action)}{resolved}"><td>{e(f.action)}</td><td>{e(f.layer)}</td>'
-                   f"<td><code>{e(_row_subject(f))}</code></td><td>{e(f.found or '-')}</td>"
-                   f"<td><code>{e(f.chosen or f.spdx or '-')}</code></td><td>{e(f.category)}</td>"
-                   f'<td class="action">{e(_action_text(f))}</td><td>{e(f.reason)}</td></tr>')
+        out.append(
+            f'<tr class="{e(f.effective_action)}{resolved}"><td>{e(f.action)}</td><td>{e(f.layer)}</td>'
+            f"<td><code>{e(_row_subject(f))}</code></td><td>{e(f.found or '-')}</td>"
+            f"<td><code>{e(f.chosen or f.spdx or '-')}</code></td><td>{e(f.category)}</td>"
+            f'<td class="action">{e(_action_text(f))}</td><td>{e(f.reason)}</td></tr>'
+        )
     out.append("</table>")
     if result.components:
-        out += ["<h2>Components</h2>", '<table id="components"><tr><th>file</th><th>component</th><th>license</th>'
-                "<th>license from</th><th>sha256</th><th>bytes</th></tr>"]
+        out += [
+            "<h2>Components</h2>",
+            '<table id="components"><tr><th>file</th><th>component</th><th>license</th>'
+            "<th>license from</th><th>sha256</th><th>bytes</th></tr>",
+        ]
         for comp in result.components:
-            out.append(f"<tr><td><code>{e(comp['path'])}</code></td><td>{e(comp['component'])}</td>"
-                       f"<td><code>{e(comp['license'] or 'NOASSERTION')}</code></td>"
-                       f"<td>{e(comp['license_source'])}</td>"
-                       f"<td><code>{e(comp['sha256'])}</code></td><td>{comp['bytes']}</td></tr>")
+            out.append(
+                f"<tr><td><code>{e(comp['path'])}</code></td><td>{e(comp['component'])}</td>"
+                f"<td><code>{e(comp['license'] or 'NOASSERTION')}</code></td>"
+                f"<td>{e(comp['license_source'])}</td>"
+                f"<td><code>{e(comp['sha256'])}</code></td><td>{comp['bytes']}</td></tr>"
+            )
         out.append("</table>")
     audit = result.waiver_audit
     out += ["<h2>Waivers</h2>"]
@@ -197,8 +255,10 @@ def to_html(result: GateResult) -> str:
     if listed:
         out.append('<table id="waivers"><tr><th>status</th><th>id</th><th>by</th><th>expires</th><th>reason</th></tr>')
         for key, w in listed:
-            out.append(f"<tr><td>{e(key)}</td><td>{e(w['id'])}</td><td>{e(w['by'])}</td><td>{e(str(w['expires']))}"
-                       f"</td><td>{e(w['reason'])}</td></tr>")
+            out.append(
+                f"<tr><td>{e(key)}</td><td>{e(w['id'])}</td><td>{e(w['by'])}</td><td>{e(str(w['expires']))}"
+                f"</td><td>{e(w['reason'])}</td></tr>"
+            )
         out.append("</table>")
     else:
         out.append('<p class="muted">No waivers.</p>')
@@ -207,16 +267,19 @@ def to_html(result: GateResult) -> str:
     if refused:
         out.append('<table id="refused"><tr><th>id</th><th>by</th><th>refused for</th><th>why</th></tr>')
         for w in refused:
-            out.append(f"<tr class=\"deny\"><td>{e(w['id'])}</td><td>{e(w['by'])}</td>"
-                       f"<td>{e(', '.join(w['refused']))}</td><td>{e(w['why'])}</td></tr>")
+            out.append(
+                f'<tr class="deny"><td>{e(w["id"])}</td><td>{e(w["by"])}</td>'
+                f"<td>{e(', '.join(w['refused']))}</td><td>{e(w['why'])}</td></tr>"
+            )
         out.append("</table>")
     else:
         out.append('<p class="muted">None: no waiver tried to clear a deny.</p>')
     if result.accepted_at_build or result.unused_accepts:
         out.append("<h2>Accepted licenses</h2><ul>")
         out += [f"<li>accepted at build time: <code>{e(a)}</code></li>" for a in result.accepted_at_build]
-        out += [f"<li><code>--accept-license {e(a)}</code> matched no review finding</li>"
-                for a in result.unused_accepts]
+        out += [
+            f"<li><code>--accept-license {e(a)}</code> matched no review finding</li>" for a in result.unused_accepts
+        ]
         out.append("</ul>")
     out.append(f'<p class="muted">SCANOSS: {e(result.scanoss.note)}. Generated by edgesdk check licenses.</p>')
     out.append("</body></html>")

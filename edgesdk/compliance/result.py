@@ -62,34 +62,54 @@ class GateResult:
     def counts(self) -> dict[str, int]:
         c = {a: sum(1 for f in self.findings if f.action == a) for a in ACTIONS}
         c["waived"] = sum(1 for f in self.findings if f.waived_by and f.action != "allow")
-        c["accepted"] = sum(1 for f in self.findings if f.action == "review" and f.accepted_as
-                            and not f.waived_by)
+        c["accepted"] = sum(1 for f in self.findings if f.action == "review" and f.accepted_as and not f.waived_by)
         return c
 
     def worst(self) -> LicenseFinding | None:
-        ranked = sorted(self.findings, key=lambda f: (ACTIONS.index(f.effective_action),
-                                                      ACTIONS.index(f.action)), reverse=True)
+        ranked = sorted(
+            self.findings, key=lambda f: (ACTIONS.index(f.effective_action), ACTIONS.index(f.action)), reverse=True
+        )
         return ranked[0] if ranked else None
 
     def to_manifest(self) -> dict:
-        return {"verdict": self.verdict, "policy_verdict": self.policy_verdict, "counts": self.counts(),
-                "accepted": self.accepted, "waivers_used": [w["id"] for w in self.waiver_audit["applied"]],
-                "policy": {"id": self.policy.id, "sha256": self.policy.sha256},
-                "model_license": self.model_expression, "model_license_declared": self.model_license_declared,
-                "runtime_distributions": self.runtime_distributions, "sbom": SBOM_NAME, "report": REPORT_NAME}
+        return {
+            "verdict": self.verdict,
+            "policy_verdict": self.policy_verdict,
+            "counts": self.counts(),
+            "accepted": self.accepted,
+            "waivers_used": [w["id"] for w in self.waiver_audit["applied"]],
+            "policy": {"id": self.policy.id, "sha256": self.policy.sha256},
+            "model_license": self.model_expression,
+            "model_license_declared": self.model_license_declared,
+            "runtime_distributions": self.runtime_distributions,
+            "sbom": SBOM_NAME,
+            "report": REPORT_NAME,
+        }
 
     def to_report(self) -> dict:
         worst = self.worst()
-        return {"schema": "edgesdk.license-report/1", "scanned": self.scanned, "mode": self.mode,
-                "verdict": self.verdict, "policy_verdict": self.policy_verdict, "counts": self.counts(),
-                "worst": worst.to_dict() if worst and self.verdict != "pass" else None,
-                "policy": {"id": self.policy.id, "sha256": self.policy.sha256, "sources": self.policy.sources},
-                "accepted": self.accepted, "accepted_at_build": self.accepted_at_build,
-                "unused_accepts": self.unused_accepts, "waivers": self.waiver_audit,
-                "model_license": self.model_expression, "model_license_declared": self.model_license_declared,
-                "runtime_distributions": self.runtime_distributions, "findings": [f.to_dict() for f in self.findings],
-                "vendored": self.vendored,
-                "weights": self.weights, "components": self.components,
-                "files_without_own_license_info": self.without_own_info,
-                "missing_license_texts": self.missing_license_texts,
-                "scanoss": self.scanoss.to_dict(), "elapsed_s": round(self.elapsed_s, 3)}
+        return {
+            "schema": "edgesdk.license-report/1",
+            "scanned": self.scanned,
+            "mode": self.mode,
+            "verdict": self.verdict,
+            "policy_verdict": self.policy_verdict,
+            "counts": self.counts(),
+            "worst": worst.to_dict() if worst and self.verdict != "pass" else None,
+            "policy": {"id": self.policy.id, "sha256": self.policy.sha256, "sources": self.policy.sources},
+            "accepted": self.accepted,
+            "accepted_at_build": self.accepted_at_build,
+            "unused_accepts": self.unused_accepts,
+            "waivers": self.waiver_audit,
+            "model_license": self.model_expression,
+            "model_license_declared": self.model_license_declared,
+            "runtime_distributions": self.runtime_distributions,
+            "findings": [f.to_dict() for f in self.findings],
+            "vendored": self.vendored,
+            "weights": self.weights,
+            "components": self.components,
+            "files_without_own_license_info": self.without_own_info,
+            "missing_license_texts": self.missing_license_texts,
+            "scanoss": self.scanoss.to_dict(),
+            "elapsed_s": round(self.elapsed_s, 3),
+        }

@@ -12,12 +12,29 @@ from pathlib import Path
 
 from edgesdk.errors import InputError
 
-IGNORED_DIRS = {".git", ".hg", ".svn", ".venv", "venv", "node_modules", "__pycache__", ".pytest_cache",
-                ".ruff_cache", ".mypy_cache", "out", "build", "dist", ".tox", ".eggs"}
+IGNORED_DIRS = {
+    ".git",
+    ".hg",
+    ".svn",
+    ".venv",
+    "venv",
+    "node_modules",
+    "__pycache__",
+    ".pytest_cache",
+    ".ruff_cache",
+    ".mypy_cache",
+    "out",
+    "build",
+    "dist",
+    ".tox",
+    ".eggs",
+}
 _HEADER_LINES = 30
 # A header is a comment line; a string literal that merely contains the tag is not (pitfall 7).
-_HEADER = re.compile(r"^\s*(?:#+|//+|/\*+|\*|--|;+|<!--|%+|\.\.|@REM|REM)?\s*"
-                     r"SPDX-License-Identifier:\s*(?P<expr>.+?)\s*(?:\*/|-->)?\s*$")
+_HEADER = re.compile(
+    r"^\s*(?:#+|//+|/\*+|\*|--|;+|<!--|%+|\.\.|@REM|REM)?\s*"
+    r"SPDX-License-Identifier:\s*(?P<expr>.+?)\s*(?:\*/|-->)?\s*$"
+)
 
 
 @dataclass
@@ -76,8 +93,9 @@ def load_reuse_toml(root: Path) -> list[Annotation]:
         expr = " AND ".join(expr) if isinstance(expr, list) else str(expr)
         precedence = ann.get("precedence", "closest")
         if precedence not in ("closest", "aggregate", "override"):
-            raise InputError(f"{path}: annotations[{index}].precedence {precedence!r} is not "
-                             "closest, aggregate or override")
+            raise InputError(
+                f"{path}: annotations[{index}].precedence {precedence!r} is not closest, aggregate or override"
+            )
         out.append(Annotation(index, patterns, [_glob_to_regex(p) for p in patterns], expr, precedence))
     return out
 
@@ -113,8 +131,12 @@ def list_files(root: Path, *, use_git: bool = True) -> list[str]:
     if not use_git:
         return _walk(root, skip_dirs=False)  # everything in a bundle ships
     try:
-        proc = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others",
-                               "--exclude-standard", "--", "."], capture_output=True, timeout=60, check=False)
+        proc = subprocess.run(
+            ["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", "."],
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
         if proc.returncode == 0:
             names = [n for n in proc.stdout.decode("utf-8", errors="replace").split("\0") if n]
             files = sorted({n for n in names if (root / n).is_file() and not _ignored(n)})

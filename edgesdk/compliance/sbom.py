@@ -23,8 +23,15 @@ def _licenses(expression: str | None):
     return [LicenseExpression(expression)] if expression else []
 
 
-def build_sbom(name: str, findings: list[LicenseFinding], weights: list[dict], vendored: list[dict],
-               model_expression: str | None, *, declared: str | None = None) -> str:
+def build_sbom(
+    name: str,
+    findings: list[LicenseFinding],
+    weights: list[dict],
+    vendored: list[dict],
+    model_expression: str | None,
+    *,
+    declared: str | None = None,
+) -> str:
     """Return the SBOM as a JSON string (CycloneDX 1.6). ``declared``: the builder's ``--model-license``
     (part of ``model_expression``), recorded as a property of the model component too."""
     from cyclonedx.model import HashAlgorithm, HashType, Property
@@ -36,12 +43,20 @@ def build_sbom(name: str, findings: list[LicenseFinding], weights: list[dict], v
     from edgesdk import __version__
 
     bom = Bom()
-    root = Component(name=name, type=ComponentType.APPLICATION, bom_ref="bundle",
-                     properties=[Property(name="edgesdk:version", value=__version__)])
+    root = Component(
+        name=name,
+        type=ComponentType.APPLICATION,
+        bom_ref="bundle",
+        properties=[Property(name="edgesdk:version", value=__version__)],
+    )
     bom.metadata.component = root
-    model = Component(name=f"{name} model", type=ComponentType.MACHINE_LEARNING_MODEL, bom_ref="model",
-                      licenses=_licenses(model_expression),
-                      properties=[Property(name="edgesdk:model-license-declared", value=declared)] if declared else [])
+    model = Component(
+        name=f"{name} model",
+        type=ComponentType.MACHINE_LEARNING_MODEL,
+        bom_ref="model",
+        licenses=_licenses(model_expression),
+        properties=[Property(name="edgesdk:model-license-declared", value=declared)] if declared else [],
+    )
     bom.components.add(model)
     children = [model]
     for w in weights:
@@ -50,25 +65,38 @@ def build_sbom(name: str, findings: list[LicenseFinding], weights: list[dict], v
             props.append(Property(name="edgesdk:component", value=str(w["component"])))
         if w.get("license_source"):
             props.append(Property(name="edgesdk:license-source", value=str(w["license_source"])))
-        comp = Component(name=w["path"], type=ComponentType.FILE, bom_ref=f"file:{w['path']}",
-                         hashes=[HashType(alg=HashAlgorithm.SHA_256, content=w["sha256"])],
-                         licenses=_licenses(_file_license(w, model_expression)),
-                         description=str(w["component"]) if w.get("component") else None, properties=props)
+        comp = Component(
+            name=w["path"],
+            type=ComponentType.FILE,
+            bom_ref=f"file:{w['path']}",
+            hashes=[HashType(alg=HashAlgorithm.SHA_256, content=w["sha256"])],
+            licenses=_licenses(_file_license(w, model_expression)),
+            description=str(w["component"]) if w.get("component") else None,
+            properties=props,
+        )
         model.components.add(comp)
     for f in findings:
         if f.layer != "distribution" or "==" not in f.subject:
             continue
         dist_name, version = f.subject.split("==", 1)
-        comp = Component(name=dist_name, version=version, type=ComponentType.LIBRARY,
-                         bom_ref=f"pypi:{dist_name}@{version}",
-                         purl=PackageURL(type="pypi", name=dist_name.lower(), version=version),
-                         licenses=_licenses(f.spdx))
+        comp = Component(
+            name=dist_name,
+            version=version,
+            type=ComponentType.LIBRARY,
+            bom_ref=f"pypi:{dist_name}@{version}",
+            purl=PackageURL(type="pypi", name=dist_name.lower(), version=version),
+            licenses=_licenses(f.spdx),
+        )
         bom.components.add(comp)
         children.append(comp)
     for v in vendored:
-        comp = Component(name=v["path"], type=ComponentType.LIBRARY, bom_ref=f"vendored:{v['path']}",
-                         licenses=_licenses(v["spdx"]),
-                         properties=[Property(name="edgesdk:license-file", value=v["license_file"])])
+        comp = Component(
+            name=v["path"],
+            type=ComponentType.LIBRARY,
+            bom_ref=f"vendored:{v['path']}",
+            licenses=_licenses(v["spdx"]),
+            properties=[Property(name="edgesdk:license-file", value=v["license_file"])],
+        )
         bom.components.add(comp)
         children.append(comp)
     bom.register_dependency(root, children)
@@ -115,8 +143,16 @@ def _file_license(entry: dict, model_expression: str | None) -> str | None:
     return entry["license"] if "license" in entry else model_expression
 
 
-def build_spdx(name: str, findings: list[LicenseFinding], weights: list[dict], vendored: list[dict],
-               model_expression: str | None, *, declared: str | None = None, created: str | None = None) -> str:
+def build_spdx(
+    name: str,
+    findings: list[LicenseFinding],
+    weights: list[dict],
+    vendored: list[dict],
+    model_expression: str | None,
+    *,
+    declared: str | None = None,
+    created: str | None = None,
+) -> str:
     """The same inventory as :func:`build_sbom` as an SPDX 2.3 JSON document: the bundle package
     DESCRIBES-d by the document, CONTAINS the model, its weight files (packages of purpose FILE with
     their SHA-256, so no SHA-1 per file is needed) and vendored code, DEPENDS_ON the runtime's Python
@@ -133,27 +169,51 @@ def build_spdx(name: str, findings: list[LicenseFinding], weights: list[dict], v
     root_id = _spdx_id("Package", f"bundle-{name}")
     model_id = _spdx_id("Package", f"model-{name}")
     packages: list[dict] = [
-        {"SPDXID": root_id, "name": name, "versionInfo": __version__, "downloadLocation": "NOASSERTION",
-         "filesAnalyzed": False, "licenseConcluded": "NOASSERTION", "licenseDeclared": "NOASSERTION",
-         "copyrightText": "NOASSERTION", "primaryPackagePurpose": "APPLICATION",
-         "comment": f"edgesdk bundle (edgesdk {__version__})"},
-        {"SPDXID": model_id, "name": f"{name} model", "downloadLocation": "NOASSERTION", "filesAnalyzed": False,
-         "licenseConcluded": _spdx_license(model_expression), "licenseDeclared": _spdx_license(model_expression),
-         "copyrightText": "NOASSERTION", "primaryPackagePurpose": "OTHER",
-         "comment": "machine-learning model" + (f"; license declared at build (--model-license): {declared}"
-                                                if declared else "")},
+        {
+            "SPDXID": root_id,
+            "name": name,
+            "versionInfo": __version__,
+            "downloadLocation": "NOASSERTION",
+            "filesAnalyzed": False,
+            "licenseConcluded": "NOASSERTION",
+            "licenseDeclared": "NOASSERTION",
+            "copyrightText": "NOASSERTION",
+            "primaryPackagePurpose": "APPLICATION",
+            "comment": f"edgesdk bundle (edgesdk {__version__})",
+        },
+        {
+            "SPDXID": model_id,
+            "name": f"{name} model",
+            "downloadLocation": "NOASSERTION",
+            "filesAnalyzed": False,
+            "licenseConcluded": _spdx_license(model_expression),
+            "licenseDeclared": _spdx_license(model_expression),
+            "copyrightText": "NOASSERTION",
+            "primaryPackagePurpose": "OTHER",
+            "comment": "machine-learning model"
+            + (f"; license declared at build (--model-license): {declared}" if declared else ""),
+        },
     ]
-    rels = [{"spdxElementId": "SPDXRef-DOCUMENT", "relationshipType": "DESCRIBES", "relatedSpdxElement": root_id},
-            {"spdxElementId": root_id, "relationshipType": "CONTAINS", "relatedSpdxElement": model_id}]
+    rels = [
+        {"spdxElementId": "SPDXRef-DOCUMENT", "relationshipType": "DESCRIBES", "relatedSpdxElement": root_id},
+        {"spdxElementId": root_id, "relationshipType": "CONTAINS", "relatedSpdxElement": model_id},
+    ]
     for w in weights:
         wid = _spdx_id("File", w["path"])
         lic = _spdx_license(_file_license(w, model_expression))
-        entry = {"SPDXID": wid, "name": w["path"], "downloadLocation": "NOASSERTION", "filesAnalyzed": False,
-                 "checksums": [{"algorithm": "SHA256", "checksumValue": w["sha256"]}],
-                 "licenseConcluded": lic, "licenseDeclared": lic, "copyrightText": "NOASSERTION",
-                 "primaryPackagePurpose": "FILE",
-                 "comment": f"{w['bytes']} bytes" + (f"; license from {w['license_source']}"
-                                                     if w.get("license_source") else "")}
+        entry = {
+            "SPDXID": wid,
+            "name": w["path"],
+            "downloadLocation": "NOASSERTION",
+            "filesAnalyzed": False,
+            "checksums": [{"algorithm": "SHA256", "checksumValue": w["sha256"]}],
+            "licenseConcluded": lic,
+            "licenseDeclared": lic,
+            "copyrightText": "NOASSERTION",
+            "primaryPackagePurpose": "FILE",
+            "comment": f"{w['bytes']} bytes"
+            + (f"; license from {w['license_source']}" if w.get("license_source") else ""),
+        }
         if w.get("component"):
             entry["summary"] = f"component: {w['component']}"
         packages.append(entry)
@@ -163,33 +223,73 @@ def build_spdx(name: str, findings: list[LicenseFinding], weights: list[dict], v
             continue
         dist, version = f.subject.split("==", 1)
         did = _spdx_id("Package", f"pypi-{dist}-{version}")
-        packages.append({"SPDXID": did, "name": dist, "versionInfo": version,
-                         "downloadLocation": f"https://pypi.org/project/{dist}/{version}/", "filesAnalyzed": False,
-                         "licenseConcluded": _spdx_license(f.chosen or f.spdx),
-                         "licenseDeclared": _spdx_license(f.spdx),
-                         "copyrightText": "NOASSERTION", "primaryPackagePurpose": "LIBRARY",
-                         "externalRefs": [{"referenceCategory": "PACKAGE-MANAGER", "referenceType": "purl",
-                                           "referenceLocator": f"pkg:pypi/{dist.lower()}@{version}"}]})
+        packages.append(
+            {
+                "SPDXID": did,
+                "name": dist,
+                "versionInfo": version,
+                "downloadLocation": f"https://pypi.org/project/{dist}/{version}/",
+                "filesAnalyzed": False,
+                "licenseConcluded": _spdx_license(f.chosen or f.spdx),
+                "licenseDeclared": _spdx_license(f.spdx),
+                "copyrightText": "NOASSERTION",
+                "primaryPackagePurpose": "LIBRARY",
+                "externalRefs": [
+                    {
+                        "referenceCategory": "PACKAGE-MANAGER",
+                        "referenceType": "purl",
+                        "referenceLocator": f"pkg:pypi/{dist.lower()}@{version}",
+                    }
+                ],
+            }
+        )
         rels.append({"spdxElementId": root_id, "relationshipType": "DEPENDS_ON", "relatedSpdxElement": did})
     for v in vendored:
         vid = _spdx_id("Package", f"vendored-{v['path']}")
-        packages.append({"SPDXID": vid, "name": v["path"], "downloadLocation": "NOASSERTION", "filesAnalyzed": False,
-                         "licenseConcluded": _spdx_license(v["spdx"]), "licenseDeclared": _spdx_license(v["spdx"]),
-                         "copyrightText": "NOASSERTION", "primaryPackagePurpose": "LIBRARY",
-                         "comment": f"vendored code; license file {v['license_file']}"})
+        packages.append(
+            {
+                "SPDXID": vid,
+                "name": v["path"],
+                "downloadLocation": "NOASSERTION",
+                "filesAnalyzed": False,
+                "licenseConcluded": _spdx_license(v["spdx"]),
+                "licenseDeclared": _spdx_license(v["spdx"]),
+                "copyrightText": "NOASSERTION",
+                "primaryPackagePurpose": "LIBRARY",
+                "comment": f"vendored code; license file {v['license_file']}",
+            }
+        )
         rels.append({"spdxElementId": root_id, "relationshipType": "CONTAINS", "relatedSpdxElement": vid})
-    refs = sorted({m for p in packages for key in ("licenseConcluded", "licenseDeclared")
-                   for m in re.findall(r"LicenseRef-[A-Za-z0-9.-]+", p[key])})
+    refs = sorted(
+        {
+            m
+            for p in packages
+            for key in ("licenseConcluded", "licenseDeclared")
+            for m in re.findall(r"LicenseRef-[A-Za-z0-9.-]+", p[key])
+        }
+    )
     slug = re.sub(r"[^A-Za-z0-9.-]+", "-", name).strip("-") or "bundle"
-    doc = {"spdxVersion": "SPDX-2.3", "dataLicense": "CC0-1.0", "SPDXID": "SPDXRef-DOCUMENT",
-           "name": f"{name} bundle", "documentNamespace": f"https://spdx.org/spdxdocs/edgesdk-{slug}-{uuid.uuid4()}",
-           "creationInfo": {"created": created, "creators": [f"Tool: edgesdk-{__version__}"]},
-           "documentDescribes": [root_id], "packages": packages, "relationships": rels}
+    doc = {
+        "spdxVersion": "SPDX-2.3",
+        "dataLicense": "CC0-1.0",
+        "SPDXID": "SPDXRef-DOCUMENT",
+        "name": f"{name} bundle",
+        "documentNamespace": f"https://spdx.org/spdxdocs/edgesdk-{slug}-{uuid.uuid4()}",
+        "creationInfo": {"created": created, "creators": [f"Tool: edgesdk-{__version__}"]},
+        "documentDescribes": [root_id],
+        "packages": packages,
+        "relationships": rels,
+    }
     if refs:
         doc["hasExtractedLicensingInfos"] = [
-            {"licenseId": r, "name": r.removeprefix("LicenseRef-"),
-             "extractedText": f"{r}: a license with no SPDX identifier, named as the license scan found it; "
-                              "see license-report.json for where it was found."} for r in refs]
+            {
+                "licenseId": r,
+                "name": r.removeprefix("LicenseRef-"),
+                "extractedText": f"{r}: a license with no SPDX identifier, named as the license scan found it; "
+                "see license-report.json for where it was found.",
+            }
+            for r in refs
+        ]
     return json.dumps(doc, indent=2) + "\n"
 
 

@@ -38,9 +38,14 @@ class ScanossResult:
     note: str = ""
 
     def to_dict(self) -> dict:
-        return {"available": self.available, "fingerprinted_files": self.fingerprinted,
-                "wfp_sha256": self.wfp_sha256, "api_url": self.api_url, "matched_files": self.matched_files,
-                "note": self.note}
+        return {
+            "available": self.available,
+            "fingerprinted_files": self.fingerprinted,
+            "wfp_sha256": self.wfp_sha256,
+            "api_url": self.api_url,
+            "matched_files": self.matched_files,
+            "note": self.note,
+        }
 
 
 def configured_url(explicit: str | None) -> str | None:
@@ -134,12 +139,18 @@ def _post(endpoint: str, wfp: str, api_key: str | None, timeout: float) -> bytes
     headers = {"User-Agent": "edgesdk-license-gate", "x-request-id": str(uuid.uuid4())}
     if api_key:
         headers["X-Session"] = headers["x-api-key"] = api_key
-    too_slow = ExternalToolError(f"SCANOSS API {endpoint} did not answer within {timeout:g} s (--scanoss-timeout)",
-                                 hint=_FAIL_CLOSED)
+    too_slow = ExternalToolError(
+        f"SCANOSS API {endpoint} did not answer within {timeout:g} s (--scanoss-timeout)", hint=_FAIL_CLOSED
+    )
     try:
-        with requests.post(endpoint, files={"file": (headers["x-request-id"] + ".wfp", wfp)},
-                           data={"format": "plain"}, headers=headers, timeout=(timeout, timeout),
-                           stream=True) as resp:
+        with requests.post(
+            endpoint,
+            files={"file": (headers["x-request-id"] + ".wfp", wfp)},
+            data={"format": "plain"},
+            headers=headers,
+            timeout=(timeout, timeout),
+            stream=True,
+        ) as resp:
             status, ctype = resp.status_code, resp.headers.get("Content-Type", "")
             raw = resp.raw
             # read1 returns what one receive brings (urllib3 2), so the deadline is checked while
@@ -149,30 +160,33 @@ def _post(endpoint: str, wfp: str, api_key: str | None, timeout: float) -> bytes
             while chunk := read(1 << 16, decode_content=True):
                 body += chunk
                 if len(body) > _MAX_ANSWER_BYTES:
-                    raise ExternalToolError(f"SCANOSS API {endpoint} answered more than "
-                                            f"{_MAX_ANSWER_BYTES >> 20} MB", hint=_FAIL_CLOSED)
+                    raise ExternalToolError(
+                        f"SCANOSS API {endpoint} answered more than {_MAX_ANSWER_BYTES >> 20} MB", hint=_FAIL_CLOSED
+                    )
                 if time.monotonic() > deadline:
                     raise too_slow
     except (requests.Timeout, ReadTimeoutError) as exc:
         raise too_slow from exc
     except (requests.RequestException, Urllib3Error, OSError) as exc:
-        raise ExternalToolError(f"SCANOSS API {endpoint} failed: {type(exc).__name__}: {_short(exc)}",
-                                hint=_FAIL_CLOSED) from exc
+        raise ExternalToolError(
+            f"SCANOSS API {endpoint} failed: {type(exc).__name__}: {_short(exc)}", hint=_FAIL_CLOSED
+        ) from exc
     if time.monotonic() > deadline:
         raise too_slow
     if status != 200:
         snippet = _short(Exception(bytes(body[:200]).decode("utf-8", "replace"))) or "(empty body)"
-        raise ExternalToolError(f"SCANOSS API {endpoint} answered HTTP {status}: {snippet[:120]}",
-                                hint=_FAIL_CLOSED)
+        raise ExternalToolError(f"SCANOSS API {endpoint} answered HTTP {status}: {snippet[:120]}", hint=_FAIL_CLOSED)
     if "json" not in ctype.lower() and not bytes(body[:1]).strip().startswith((b"{", b"[")):
-        raise ExternalToolError(f"SCANOSS API {endpoint} answered {ctype or 'no content type'}, not JSON",
-                                hint=_FAIL_CLOSED)
+        raise ExternalToolError(
+            f"SCANOSS API {endpoint} answered {ctype or 'no content type'}, not JSON", hint=_FAIL_CLOSED
+        )
     return bytes(body)
 
 
 def _check_answer(answer, batch: list[tuple[str, str]], url: str) -> dict:
     """The answer must be {file: [match, ...]} for every posted file, each match typed as the API
     documents; anything else is an error, never a pass."""
+
     def bad(what: str) -> ExternalToolError:
         return ExternalToolError(f"SCANOSS API {url} returned a malformed answer: {what}", hint=_FAIL_CLOSED)
 
@@ -180,8 +194,10 @@ def _check_answer(answer, batch: list[tuple[str, str]], url: str) -> dict:
         raise bad(f"top level is {type(answer).__name__}, expected an object of files")
     missing = [rel for rel, _ in batch if rel not in answer]
     if missing:
-        raise ExternalToolError(f"SCANOSS API {url} returned no result for {len(missing)} of "
-                                f"{len(batch)} files (first: {missing[0]})", hint=_FAIL_CLOSED)
+        raise ExternalToolError(
+            f"SCANOSS API {url} returned no result for {len(missing)} of {len(batch)} files (first: {missing[0]})",
+            hint=_FAIL_CLOSED,
+        )
     for rel, matches in answer.items():
         if not isinstance(matches, list):
             raise bad(f"{rel}: {type(matches).__name__} where a list of matches belongs")
@@ -222,8 +238,9 @@ def match(blocks: list[tuple[str, str]], url: str, api_key: str | None, timeout:
         try:
             answer = json.loads(body)
         except (ValueError, RecursionError) as exc:
-            raise ExternalToolError(f"SCANOSS API {url} returned no usable JSON ({type(exc).__name__})",
-                                    hint=_FAIL_CLOSED) from exc
+            raise ExternalToolError(
+                f"SCANOSS API {url} returned no usable JSON ({type(exc).__name__})", hint=_FAIL_CLOSED
+            ) from exc
         results.update(_check_answer(answer, batch, url))
     return results
 
@@ -245,11 +262,20 @@ def findings_from_results(results: dict) -> list[LicenseFinding]:
             # Several sources (declared, file header, license file) can disagree: all apply.
             expr = " AND ".join(f"({e})" if " " in e else e for e in exprs) or None
             purl = (m.get("purl") or [""])[0]
-            found = (f"{m.get('component') or '?'}@{m.get('version') or '?'} {m.get('id')} "
-                     f"match {m.get('matched') or ''}")
-            out.append(LicenseFinding("scanoss", rel, found.strip(), f"SCANOSS API match {purl}".strip(), expr,
-                                      "licenses: " + ", ".join(names) if names else "match declares no license",
-                                      [rel]))
+            found = (
+                f"{m.get('component') or '?'}@{m.get('version') or '?'} {m.get('id')} match {m.get('matched') or ''}"
+            )
+            out.append(
+                LicenseFinding(
+                    "scanoss",
+                    rel,
+                    found.strip(),
+                    f"SCANOSS API match {purl}".strip(),
+                    expr,
+                    "licenses: " + ", ".join(names) if names else "match declares no license",
+                    [rel],
+                )
+            )
     return out
 
 
@@ -266,8 +292,14 @@ def _whole_file_blocks(root: Path, rels: list[str]) -> list[tuple[str, str]]:
     return out
 
 
-def run_scanoss(root: Path, code_files: list[str], url: str | None, api_key: str | None = None,
-                weight_files: Sequence[str] = (), timeout: float | None = None) -> ScanossResult:
+def run_scanoss(
+    root: Path,
+    code_files: list[str],
+    url: str | None,
+    api_key: str | None = None,
+    weight_files: Sequence[str] = (),
+    timeout: float | None = None,
+) -> ScanossResult:
     blocks, available = fingerprint(root, code_files)
     result = ScanossResult(available=available, fingerprinted=len(blocks), api_url=url)
     if blocks:

@@ -25,11 +25,60 @@ from edgesdk.errors import InputError
 
 # LICENSE, COPYING.txt, LICENSE-MIT, LICENSE.APACHE2, COPYING.LESSER; not "license-list.md" (pitfall 7).
 LICENSE_FILE = re.compile(r"^(?i:LICEN[CS]E|COPYING)(?:[-._][A-Z0-9][A-Z0-9.+-]*)?(?i:\.(?:txt|md|rst))?$")
-WEIGHT_SUFFIXES = {".safetensors", ".bin", ".pt", ".pth", ".gguf", ".onnx", ".engine", ".plan", ".trt",
-                   ".npz", ".npy", ".h5", ".tflite", ".ckpt", ".onnx_data", ".data", ".pb", ".mlmodel"}
-CODE_SUFFIXES = {".py", ".pyx", ".pxd", ".c", ".h", ".cc", ".cpp", ".cxx", ".hpp", ".cu", ".cuh", ".js",
-                 ".mjs", ".ts", ".sh", ".bash", ".go", ".rs", ".java", ".kt", ".rb", ".pl", ".lua",
-                 ".swift", ".cs", ".cmake", ".m", ".mm", ".scala", ".php", ".r", ".jl"}
+WEIGHT_SUFFIXES = {
+    ".safetensors",
+    ".bin",
+    ".pt",
+    ".pth",
+    ".gguf",
+    ".onnx",
+    ".engine",
+    ".plan",
+    ".trt",
+    ".npz",
+    ".npy",
+    ".h5",
+    ".tflite",
+    ".ckpt",
+    ".onnx_data",
+    ".data",
+    ".pb",
+    ".mlmodel",
+}
+CODE_SUFFIXES = {
+    ".py",
+    ".pyx",
+    ".pxd",
+    ".c",
+    ".h",
+    ".cc",
+    ".cpp",
+    ".cxx",
+    ".hpp",
+    ".cu",
+    ".cuh",
+    ".js",
+    ".mjs",
+    ".ts",
+    ".sh",
+    ".bash",
+    ".go",
+    ".rs",
+    ".java",
+    ".kt",
+    ".rb",
+    ".pl",
+    ".lua",
+    ".swift",
+    ".cs",
+    ".cmake",
+    ".m",
+    ".mm",
+    ".scala",
+    ".php",
+    ".r",
+    ".jl",
+}
 _CHUNK = 1 << 20
 
 
@@ -65,8 +114,14 @@ def _is_model_card(path: Path) -> bool:
     return head.startswith("---") and re.search(r"^license(_name)?\s*:", head, re.M) is not None
 
 
-def scan_tree(root: Path, *, fallback: tuple[str | None, str] | None, skip: AbstractSet[str] = frozenset(),
-              payload_is_model: bool = False, only: list[str] | None = None) -> TreeScan:
+def scan_tree(
+    root: Path,
+    *,
+    fallback: tuple[str | None, str] | None,
+    skip: AbstractSet[str] = frozenset(),
+    payload_is_model: bool = False,
+    only: list[str] | None = None,
+) -> TreeScan:
     """Walk ``root``. ``fallback`` = (expression, where it was declared) for files no header,
     sidecar, annotation or LICENSE file covers. ``payload_is_model``: in a bundle, non-code files
     without their own declaration are the model's payload and covered by the model's license."""
@@ -91,12 +146,22 @@ def scan_tree(root: Path, *, fallback: tuple[str | None, str] | None, skip: Abst
         name = path.name
         parent = rel.rsplit("/", 1)[0] if "/" in rel else ""
         ann = annotation_for(rel, annotations)
-        if name == "REUSE.toml" or rel.startswith("LICENSES/") or (name.endswith(".license") and
-                                                                      rel[: -len(".license")] in present):
+        if (
+            name == "REUSE.toml"
+            or rel.startswith("LICENSES/")
+            or (name.endswith(".license") and rel[: -len(".license")] in present)
+        ):
             continue
         if ann and ann.precedence == "override":
-            group("source", parent, ann.expression, f"REUSE.toml annotation #{ann.index} (override)",
-                  normalize(ann.expression).expression, normalize(ann.expression).note, rel)
+            group(
+                "source",
+                parent,
+                ann.expression,
+                f"REUSE.toml annotation #{ann.index} (override)",
+                normalize(ann.expression).expression,
+                normalize(ann.expression).note,
+                rel,
+            )
             continue
         if name == "scanoss.json":
             scan.scanoss_settings.append(rel)
@@ -115,8 +180,11 @@ def scan_tree(root: Path, *, fallback: tuple[str | None, str] | None, skip: Abst
                 raise InputError(f"cannot read {path}: {exc.strerror}") from exc
             norm = identify_text(text)
             dir_license[parent] = (rel, norm.expression)
-            scan.findings.append(LicenseFinding("license-file", rel, _first_line(text), "license file text",
-                                                norm.expression, norm.note, [rel]))
+            scan.findings.append(
+                LicenseFinding(
+                    "license-file", rel, _first_line(text), "license file text", norm.expression, norm.note, [rel]
+                )
+            )
             continue
         if _is_model_card(path):
             scan.cards.append(rel)
@@ -131,8 +199,9 @@ def scan_tree(root: Path, *, fallback: tuple[str | None, str] | None, skip: Abst
             group("source", parent, own, where, norm.expression, norm.note, rel)
         elif ann:
             norm = normalize(ann.expression)
-            group("source", parent, ann.expression, f"REUSE.toml annotation #{ann.index}", norm.expression,
-                  norm.note, rel)
+            group(
+                "source", parent, ann.expression, f"REUSE.toml annotation #{ann.index}", norm.expression, norm.note, rel
+            )
         else:
             pending.append(rel)
         if suffix in CODE_SUFFIXES:
@@ -153,15 +222,23 @@ def scan_tree(root: Path, *, fallback: tuple[str | None, str] | None, skip: Abst
         elif payload_is_model and suffix not in CODE_SUFFIXES:
             scan.without_own_info[rel] = "model license (bundle payload)"
         elif fallback and fallback[0]:
-            group("source", "(files without a header)", fallback[0], fallback[1], normalize(fallback[0]).expression,
-                  "files without a header inherit the project's declared license", rel)
+            group(
+                "source",
+                "(files without a header)",
+                fallback[0],
+                fallback[1],
+                normalize(fallback[0]).expression,
+                "files without a header inherit the project's declared license",
+                rel,
+            )
             scan.without_own_info[rel] = fallback[1]
         else:
             unlicensed.append(rel)
     for rel in unlicensed:
         parent = rel.rsplit("/", 1)[0] if "/" in rel else ""
-        group("source", parent, "", "no header, sidecar, REUSE.toml or LICENSE file", None,
-              "no license information", rel)
+        group(
+            "source", parent, "", "no header, sidecar, REUSE.toml or LICENSE file", None, "no license information", rel
+        )
     scan.findings.extend(groups.values())
     for f in scan.findings:
         if f.layer == "source" and len(f.files) == 1:
@@ -200,9 +277,18 @@ def scanoss_settings_findings(root: Path, rels: list[str]) -> list[LicenseFindin
         removing = {k: len(bom.get(k) or []) for k in ("remove", "replace") if bom.get(k)}
         if removing:
             desc = ", ".join(f"bom.{k}: {n} entr{'y' if n == 1 else 'ies'}" for k, n in removing.items())
-            out.append(LicenseFinding("settings", rel, desc, "scanoss.json", None,
-                                      "scanoss.json tries to clear scanner findings; not applied", [rel],
-                                      category="scanner-settings", action="review",
-                                      reason="scanoss.json bom.remove/bom.replace is not obeyed: clear it "
-                                             "with an audited waiver instead"))
+            out.append(
+                LicenseFinding(
+                    "settings",
+                    rel,
+                    desc,
+                    "scanoss.json",
+                    None,
+                    "scanoss.json tries to clear scanner findings; not applied",
+                    [rel],
+                    category="scanner-settings",
+                    action="review",
+                    reason="scanoss.json bom.remove/bom.replace is not obeyed: clear it with an audited waiver instead",
+                )
+            )
     return out

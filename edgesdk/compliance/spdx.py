@@ -110,8 +110,11 @@ def _parse_expression(text: str) -> Normalized:
         return Normalized(None, "empty")
     from license_expression import LicenseWithExceptionSymbol
 
-    used_exceptions = {s.exception_symbol.key for s in lic.license_symbols(expr, decompose=False)
-                       if isinstance(s, LicenseWithExceptionSymbol)}
+    used_exceptions = {
+        s.exception_symbol.key
+        for s in lic.license_symbols(expr, decompose=False)
+        if isinstance(s, LicenseWithExceptionSymbol)
+    }
     replacements = {}
     notes = []
     made_up = False
@@ -140,7 +143,7 @@ def from_classifiers(classifiers: list[str]) -> Normalized:
     for line in classifiers:
         if not line.startswith("License ::"):
             continue
-        key = line[len("License ::"):].strip()
+        key = line[len("License ::") :].strip()
         mapped = table.get(key)
         if mapped:
             ids.append(mapped)

@@ -65,16 +65,24 @@ class Waiver:
         from); the subject glob may match either."""
         if self.layer and finding.layer != self.layer:
             return False
-        if self.subject and not any(fnmatch.fnmatchcase(name, self.subject) for name in (finding.subject, alias)
-                                    if name):
+        if self.subject and not any(
+            fnmatch.fnmatchcase(name, self.subject) for name in (finding.subject, alias) if name
+        ):
             return False
         if self.license and self.license not in {finding.spdx, finding.chosen}:
             return False
         return True
 
     def to_dict(self) -> dict:
-        return {"id": self.id, "by": self.by, "reason": self.reason, "expires": self.expires.isoformat(),
-                "license": self.license, "subject": self.subject, "layer": self.layer}
+        return {
+            "id": self.id,
+            "by": self.by,
+            "reason": self.reason,
+            "expires": self.expires.isoformat(),
+            "license": self.license,
+            "subject": self.subject,
+            "layer": self.layer,
+        }
 
 
 def _literal_chars(pattern: str) -> str:
@@ -149,18 +157,24 @@ def load_waivers(path: Path | None) -> list[Waiver]:
             raise InputError(f"{where} ({entry['id']}) names neither license nor subject: it would waive everything")
         subject = entry.get("subject")
         if subject is not None and (not isinstance(subject, str) or not subject.strip()):
-            raise InputError(f"{where} ({entry['id']}): subject must be a non-empty string (a file, "
-                             "name==version or model name, globs allowed)")
+            raise InputError(
+                f"{where} ({entry['id']}): subject must be a non-empty string (a file, "
+                "name==version or model name, globs allowed)"
+            )
         if subject and not entry.get("license"):
             if not any(c.isalnum() for c in _literal_chars(subject)):
-                raise InputError(f"{where} ({entry['id']}) subject {subject!r} without a license would waive "
-                                 "everything: it names nothing (only wildcards); name the file or package it "
-                                 "waives, or add the license")
+                raise InputError(
+                    f"{where} ({entry['id']}) subject {subject!r} without a license would waive "
+                    "everything: it names nothing (only wildcards); name the file or package it "
+                    "waives, or add the license"
+                )
             if named_thing(subject) is None:
-                raise InputError(f"{where} ({entry['id']}) subject {subject!r} without a license names no file, "
-                                 "directory or package: a wildcard stands for the name (a pattern may narrow a "
-                                 "named thing, e.g. 'vendor/*' or 'crc32c==*', never stand for it); name what "
-                                 "it waives, or add the license")
+                raise InputError(
+                    f"{where} ({entry['id']}) subject {subject!r} without a license names no file, "
+                    "directory or package: a wildcard stands for the name (a pattern may narrow a "
+                    "named thing, e.g. 'vendor/*' or 'crc32c==*', never stand for it); name what "
+                    "it waives, or add the license"
+                )
         if entry.get("layer") and entry["layer"] not in LAYERS:
             raise InputError(f"{where}: layer {entry['layer']!r} is not one of {list(LAYERS)}")
         expires = entry["expires"]
@@ -176,13 +190,18 @@ def load_waivers(path: Path | None) -> list[Waiver]:
         lic = normalize(str(entry["license"])).expression if entry.get("license") else None
         if entry.get("license") and not lic:
             raise InputError(f"{where} ({wid}): license {entry['license']!r} is not a license expression")
-        waivers.append(Waiver(wid, str(entry["by"]), str(entry["reason"]), expires, lic,
-                              entry.get("subject"), entry.get("layer")))
+        waivers.append(
+            Waiver(wid, str(entry["by"]), str(entry["reason"]), expires, lic, entry.get("subject"), entry.get("layer"))
+        )
     return waivers
 
 
-def apply_waivers(findings: list[LicenseFinding], waivers: list[Waiver],
-                  today: dt.date | None = None, model_aliases: Mapping[str, str] | None = None) -> dict:
+def apply_waivers(
+    findings: list[LicenseFinding],
+    waivers: list[Waiver],
+    today: dt.date | None = None,
+    model_aliases: Mapping[str, str] | None = None,
+) -> dict:
     """Mark waived findings; return the audit record {applied, expired, unmatched}.
 
     ``model_aliases``: subject of a ``model``-layer finding -> the name of the model file it was built from
@@ -192,19 +211,29 @@ def apply_waivers(findings: list[LicenseFinding], waivers: list[Waiver],
     aliases = model_aliases or {}
     applied, expired, unmatched, refused = [], [], [], []
     for waiver in waivers:
-        hits = [f for f in findings if f.action != "allow"
-                and waiver.matches(f, aliases.get(f.subject) if f.layer == "model" else None)]
+        hits = [
+            f
+            for f in findings
+            if f.action != "allow" and waiver.matches(f, aliases.get(f.subject) if f.layer == "model" else None)
+        ]
         if not waiver.license and len(hits) > MAX_SUBJECT_MATCHES:
-            raise InputError(f"waiver {waiver.id}: subject {waiver.subject!r} without a license matches "
-                             f"{len(hits)} findings (limit {MAX_SUBJECT_MATCHES}); waivers must name what they "
-                             "waive: narrow the subject or add the license")
+            raise InputError(
+                f"waiver {waiver.id}: subject {waiver.subject!r} without a license matches "
+                f"{len(hits)} findings (limit {MAX_SUBJECT_MATCHES}); waivers must name what they "
+                "waive: narrow the subject or add the license"
+            )
         if waiver.expired(today):
             expired.append({**waiver.to_dict(), "would_match": [f.subject for f in hits]})
             continue
         denied = [f for f in hits if f.action == "deny"]
         if denied:
-            refused.append({**waiver.to_dict(), "refused": [f"{f.layer}:{f.subject}" for f in denied],
-                            "why": "deny-level findings cannot be waived: change the policy (--policy) instead"})
+            refused.append(
+                {
+                    **waiver.to_dict(),
+                    "refused": [f"{f.layer}:{f.subject}" for f in denied],
+                    "why": "deny-level findings cannot be waived: change the policy (--policy) instead",
+                }
+            )
         hits = [f for f in hits if f.action != "deny"]
         if not hits:
             if not denied:

@@ -66,8 +66,9 @@ class Format(Protocol):
         """A format-specific ``precision`` decision (None: the profile's precision order decides)."""
         ...
 
-    def plan(self, facts: ModelFacts, profile: Profile, options: BuildOptions, host: HostFacts,
-             precision: str) -> PlanSection | list[Decision]:
+    def plan(
+        self, facts: ModelFacts, profile: Profile, options: BuildOptions, host: HostFacts, precision: str
+    ) -> PlanSection | list[Decision]:
         """This format's decisions as its typed :class:`~edgesdk.types.PlanSection` (a registered format may
         return a list of decisions, kept untyped). Pure: no file, device or network access."""
         ...
@@ -90,8 +91,16 @@ class StageProgress(Protocol):
 class BuildContext:
     """What a format builder sees: inputs, the staging dir, and ways to record what it did."""
 
-    def __init__(self, source: Any, facts: ModelFacts, profile: Profile, plan: Plan, options: BuildOptions,
-                 staging: Path, progress: StageProgress):
+    def __init__(
+        self,
+        source: Any,
+        facts: ModelFacts,
+        profile: Profile,
+        plan: Plan,
+        options: BuildOptions,
+        staging: Path,
+        progress: StageProgress,
+    ):
         from edgesdk.manifest import Manifest
 
         self.source = source
@@ -202,5 +211,15 @@ def all_formats() -> list[Format]:
     return [f for n in format_names() if (f := find_format(n)) is not None]
 
 
-__all__ = ["BUILTIN", "BuildContext", "Format", "StageProgress", "all_formats", "find_format", "format_names",
-           "get_format", "register", "unregister"]
+__all__ = [
+    "BUILTIN",
+    "BuildContext",
+    "Format",
+    "StageProgress",
+    "all_formats",
+    "find_format",
+    "format_names",
+    "get_format",
+    "register",
+    "unregister",
+]

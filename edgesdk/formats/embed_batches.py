@@ -16,8 +16,9 @@ EMBED_MAX_BATCH = 32
 EMBED_MAX_LENGTH_RATIO = 2.0
 
 
-def plan_embed_batches(lengths: list[int], max_batch: int = EMBED_MAX_BATCH,
-                       max_ratio: float = EMBED_MAX_LENGTH_RATIO) -> list[list[int]]:
+def plan_embed_batches(
+    lengths: list[int], max_batch: int = EMBED_MAX_BATCH, max_ratio: float = EMBED_MAX_LENGTH_RATIO
+) -> list[list[int]]:
     """Indices of ``lengths`` (token counts) grouped as :meth:`Session.embed` runs them: sorted by length,
     at most ``max_batch`` per batch, the longest at most ``max_ratio`` x the shortest of its batch."""
     batches: list[list[int]] = []

@@ -24,16 +24,20 @@ def attach_measurement(prediction: dict, measured: dict) -> dict:
     llm = measured.get("llm") or {}
     # The model's own rates where the backend times them (llama.cpp's eval / prompt-eval counters):
     # the roofline models the model's work, not the stream's Python around it.
-    for key, value in (("decode", llm.get("decode_tok_s_backend") or llm.get("decode_tok_s")),
-                       ("prefill", llm.get("prefill_tok_s"))):
+    for key, value in (
+        ("decode", llm.get("decode_tok_s_backend") or llm.get("decode_tok_s")),
+        ("prefill", llm.get("prefill_tok_s")),
+    ):
         sec = prediction.get(key)
         if sec and value:
             err[key] = roofline.prediction_error(sec.get("tok_s"), value)
             implied[key] = roofline.efficiency_from_measurement(sec["bound_tok_s"], value, higher_is_better=True)
     prediction["error_pct"] = err
     prediction["implied_efficiency"] = implied
-    prediction["error_definition"] = ("(predicted - measured) / measured; encoder vs measured p50 latency; LLM "
-                                      "decode/prefill vs the backend's own timers when it has them")
+    prediction["error_definition"] = (
+        "(predicted - measured) / measured; encoder vs measured p50 latency; LLM "
+        "decode/prefill vs the backend's own timers when it has them"
+    )
     return prediction
 
 
@@ -55,13 +59,25 @@ def host_figures() -> dict:
     from edgesdk.profiler.device import measure_cpu_peak_flops, measure_memory_bandwidth
 
     bw, peak = measure_memory_bandwidth(), measure_cpu_peak_flops()
-    return {"bandwidth_gbps": bw["value_gbps"], "method": bw["method"],
-            "peak_flops": peak["value_tflops"] * 1e12, "peak_method": peak["method"]}
+    return {
+        "bandwidth_gbps": bw["value_gbps"],
+        "method": bw["method"],
+        "peak_flops": peak["value_tflops"] * 1e12,
+        "peak_method": peak["method"],
+    }
 
 
-def predict_bundle(path: str | os.PathLike, profile_name: str, *, batch: int = 1, seq: int = 128,
-                   prompt_tokens: int = 128, backend: str | None = None, measured: dict | None = None,
-                   measured_host: dict | None = None) -> dict:
+def predict_bundle(
+    path: str | os.PathLike,
+    profile_name: str,
+    *,
+    batch: int = 1,
+    seq: int = 128,
+    prompt_tokens: int = 128,
+    backend: str | None = None,
+    measured: dict | None = None,
+    measured_host: dict | None = None,
+) -> dict:
     from edgesdk.bundle import open_bundle
     from edgesdk.formats import find_format
     from edgesdk.profiles import resolve_profile
@@ -73,20 +89,29 @@ def predict_bundle(path: str | os.PathLike, profile_name: str, *, batch: int = 1
     facts = roofline.bundle_work(bundle, batch=batch, seq=seq)
     fmt = find_format(bundle.format)
     default_backend = fmt.profiler_backend if fmt is not None else None
-    pred = roofline.predict(facts, profile, backend=backend or default_backend, prompt_tokens=prompt_tokens,
-                            measured_host=measured_host)
+    pred = roofline.predict(
+        facts, profile, backend=backend or default_backend, prompt_tokens=prompt_tokens, measured_host=measured_host
+    )
     if measured is not None:
         same = (measured.get("device") or {}).get("best_match") == profile.name
         if same:
             attach_measurement(pred, measured)
         else:
-            pred["notes"].append(f"the report was measured on {(measured.get('device') or {}).get('best_match')}, "
-                                 f"not {profile.name}: no error shown")
+            pred["notes"].append(
+                f"the report was measured on {(measured.get('device') or {}).get('best_match')}, "
+                f"not {profile.name}: no error shown"
+            )
     return pred
 
 
-def run_profiler(path: str | os.PathLike, opts: BenchOptions, *, latency_budget_ms: float | None = None,
-                 memory_budget_gb: float | None = None, log: Callable[[str], None] = lambda _m: None) -> dict:
+def run_profiler(
+    path: str | os.PathLike,
+    opts: BenchOptions,
+    *,
+    latency_budget_ms: float | None = None,
+    memory_budget_gb: float | None = None,
+    log: Callable[[str], None] = lambda _m: None,
+) -> dict:
     """Detect the device, measure the bundle, predict for this device's profile, check budgets."""
     from edgesdk.errors import EdgeSDKError
     from edgesdk.profiler.device import detect_device
@@ -101,16 +126,21 @@ def run_profiler(path: str | os.PathLike, opts: BenchOptions, *, latency_budget_
     prediction = None
     if profile is not None:
         try:
-            prediction = predict_bundle(path, profile.name, batch=opts.batch, seq=opts.seq_len,
-                                        prompt_tokens=(body.get("llm") or {}).get("prompt_tokens",
-                                                                                  opts.prompt_tokens),
-                                        backend=(body.get("runtime") or {}).get("backend"),
-                                        measured_host=host_figures() if profile.kind == "cpu" else None)
+            prediction = predict_bundle(
+                path,
+                profile.name,
+                batch=opts.batch,
+                seq=opts.seq_len,
+                prompt_tokens=(body.get("llm") or {}).get("prompt_tokens", opts.prompt_tokens),
+                backend=(body.get("runtime") or {}).get("backend"),
+                measured_host=host_figures() if profile.kind == "cpu" else None,
+            )
             if profile.name == detection.best_match:
                 attach_measurement(prediction, body)
             else:
-                prediction["notes"].append(f"measured on {detection.best_match}, predicted for {profile.name}: "
-                                           "no prediction error shown")
+                prediction["notes"].append(
+                    f"measured on {detection.best_match}, predicted for {profile.name}: no prediction error shown"
+                )
         except EdgeSDKError as exc:
             prediction = {"profile": profile.name, "unavailable": exc.one_line()}
     report = assemble(body, device=device, prediction=prediction, budgets=None)

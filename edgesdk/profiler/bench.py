@@ -40,7 +40,7 @@ class BenchOptions:
     prompt_tokens: int = 128
     gen_tokens: int = 128
     llm_repeats: int = 3
-    ort_profile_runs: int = 10      # 0 disables the per-node pass
+    ort_profile_runs: int = 10  # 0 disables the per-node pass
     threads: int | None = None
     profile: str | None = None
     progress: bool = True
@@ -64,8 +64,14 @@ def _progress(total: int, desc: str, enabled: bool):
         sized = bool(size.columns and size.lines)
     except (OSError, ValueError):
         sized = True
-    return tqdm(total=total, desc=desc, unit="it", leave=False, mininterval=0.25,
-                **({"dynamic_ncols": True} if sized else {"ncols": 80, "nrows": 24}))
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit="it",
+        leave=False,
+        mininterval=0.25,
+        **({"dynamic_ncols": True} if sized else {"ncols": 80, "nrows": 24}),
+    )
 
 
 def timed_loop(fn: Callable[[], Any], iterations: int, *, desc: str = "measure", progress: bool = False) -> list[float]:
@@ -119,11 +125,17 @@ def concurrent_throughput(fn: Callable[[], Any], iterations: int, threads: int) 
     if errors:
         raise errors[0]
     flat = [x for xs in lat for x in xs]
-    return {"concurrency": threads, "calls": len(flat), "wall_s": wall, "per_s": len(flat) / wall,
-            "latency_ms": latency_stats(flat)}
+    return {
+        "concurrency": threads,
+        "calls": len(flat),
+        "wall_s": wall,
+        "per_s": len(flat) / wall,
+        "latency_ms": latency_stats(flat),
+    }
 
 
 # ---------------------------------------------------------------- memory
+
 
 def host_rss_bytes() -> int | None:
     try:
@@ -149,8 +161,10 @@ def nvml_device_used_bytes() -> int | None:
         if pynvml is None:  # no NVML: unavailable, not zero
             return None
         try:
-            return sum(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).used
-                       for i in range(pynvml.nvmlDeviceGetCount()))
+            return sum(
+                pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).used
+                for i in range(pynvml.nvmlDeviceGetCount())
+            )
         except Exception:  # noqa: BLE001
             return None
 
@@ -162,8 +176,10 @@ def device_memory(backend_name: str, used_before_load: int | None) -> dict:
 
     torch = sys.modules.get("torch")
     if backend_name == "torch" and torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
-        return {"peak_mb": torch.cuda.max_memory_allocated() / 1e6,
-                "method": "torch.cuda.max_memory_allocated (allocator peak)"}
+        return {
+            "peak_mb": torch.cuda.max_memory_allocated() / 1e6,
+            "method": "torch.cuda.max_memory_allocated (allocator peak)",
+        }
     from edgesdk.host import nvml
 
     with nvml() as pynvml:
@@ -183,16 +199,24 @@ def device_memory(backend_name: str, used_before_load: int | None) -> dict:
     now = nvml_device_used_bytes()
     if now is None or used_before_load is None:
         return {"peak_mb": None, "method": "unavailable: NVML lists no memory for this process"}
-    return {"peak_mb": max(0, now - used_before_load) / 1e6,
-            "method": "NVML device-wide used memory, end of run minus before load (per-process not listed)"}
+    return {
+        "peak_mb": max(0, now - used_before_load) / 1e6,
+        "method": "NVML device-wide used memory, end of run minus before load (per-process not listed)",
+    }
 
 
 # ---------------------------------------------------------------- feeds
 
 _INT_TYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}
 _FLOAT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64}
-_MANIFEST_TYPES = {"int64": "tensor(int64)", "int32": "tensor(int32)", "float32": "tensor(float)",
-                   "float16": "tensor(float16)", "float64": "tensor(double)", "bool": "tensor(bool)"}
+_MANIFEST_TYPES = {
+    "int64": "tensor(int64)",
+    "int32": "tensor(int32)",
+    "float32": "tensor(float)",
+    "float16": "tensor(float16)",
+    "float64": "tensor(double)",
+    "bool": "tensor(bool)",
+}
 
 
 def synthetic_feeds(inputs: dict, batch: int, seq: int, seed: int = 0) -> dict:
@@ -225,8 +249,10 @@ def synthetic_feeds(inputs: dict, batch: int, seq: int, seed: int = 0) -> dict:
 
 # ---------------------------------------------------------------- ONNX Runtime per-node profile
 
-def ort_node_profile(model_path: Path, providers: list[str], feeds: dict, runs: int,
-                     threads: int | None = None) -> dict:
+
+def ort_node_profile(
+    model_path: Path, providers: list[str], feeds: dict, runs: int, threads: int | None = None
+) -> dict:
     """Per-node mean time and EP placement from ONNX Runtime's profiler (a twin session, ``runs`` runs)."""
     import onnxruntime as ort
 
@@ -238,7 +264,7 @@ def ort_node_profile(model_path: Path, providers: list[str], feeds: dict, runs: 
     with tempfile.TemporaryDirectory() as tmp:
         so.profile_file_prefix = os.path.join(tmp, "edgesdk")
         sess = ort.InferenceSession(str(model_path), so, providers=providers)
-        sess.run(None, feeds)   # first run allocates: keep it out of the per-node figures
+        sess.run(None, feeds)  # first run allocates: keep it out of the per-node figures
         for _ in range(runs):
             sess.run(None, feeds)
         events = json.loads(Path(sess.end_profiling()).read_text())
@@ -267,24 +293,46 @@ def summarize_ort_events(events: list[dict], total_runs: int, skip_first: bool =
         by_op[n["op_type"]] += n["mean_us"]
         by_ep[n["provider"]] += 1
     total = sum(by_op.values()) or 1.0
-    return {"source": "onnxruntime SessionOptions.enable_profiling (twin session, first run dropped)",
-            "runs": total_runs - (1 if skip_first else 0),
-            "placement": dict(by_ep),
-            "by_op_type": sorted(({"op_type": k, "total_us": v, "share_pct": 100 * v / total}
-                                  for k, v in by_op.items()), key=lambda r: -r["total_us"]),
-            "top_nodes": nodes[:25], "node_count": len(nodes)}
+    return {
+        "source": "onnxruntime SessionOptions.enable_profiling (twin session, first run dropped)",
+        "runs": total_runs - (1 if skip_first else 0),
+        "placement": dict(by_ep),
+        "by_op_type": sorted(
+            ({"op_type": k, "total_us": v, "share_pct": 100 * v / total} for k, v in by_op.items()),
+            key=lambda r: -r["total_us"],
+        ),
+        "top_nodes": nodes[:25],
+        "node_count": len(nodes),
+    }
 
 
 # ---------------------------------------------------------------- the whole measurement
+
 
 def _versions() -> dict:
     import platform
 
     from edgesdk.host import tool_versions
 
-    return {"python": platform.python_version(), "platform": platform.platform(),
-            **tool_versions(("edgesdk", "numpy", "onnx", "onnxruntime", "onnxruntime-gpu", "llama_cpp_python",
-                             "torch", "transformers", "tensorrt", "nvidia-ml-py", "psutil"))}
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        **tool_versions(
+            (
+                "edgesdk",
+                "numpy",
+                "onnx",
+                "onnxruntime",
+                "onnxruntime-gpu",
+                "llama_cpp_python",
+                "torch",
+                "transformers",
+                "tensorrt",
+                "nvidia-ml-py",
+                "psutil",
+            )
+        ),
+    }
 
 
 def _bundle_can_run_here(bundle) -> None:
@@ -296,12 +344,14 @@ def _bundle_can_run_here(bundle) -> None:
     fmt = find_format(bundle.format)
     need = fmt.runtime_requires if fmt is not None else None
     if need and importlib.util.find_spec(need[0]) is None:
-        raise BackendUnavailableError(f"cannot profile a {bundle.format} bundle on this machine: {need[1]} is "
-                                      "not installed")
+        raise BackendUnavailableError(
+            f"cannot profile a {bundle.format} bundle on this machine: {need[1]} is not installed"
+        )
 
 
-def measure_bundle(path: str | os.PathLike, opts: BenchOptions | None = None,
-                   log: Callable[[str], None] = lambda _m: None) -> dict:
+def measure_bundle(
+    path: str | os.PathLike, opts: BenchOptions | None = None, log: Callable[[str], None] = lambda _m: None
+) -> dict:
     """Load a bundle with ``edgesdk.load`` and measure it; returns the report body (see report.py)."""
     import edgesdk
     from edgesdk.bundle import open_bundle
@@ -323,17 +373,21 @@ def measure_bundle(path: str | os.PathLike, opts: BenchOptions | None = None,
     t0 = time.perf_counter()
     session = edgesdk.load(path, profile=opts.profile, **load_kw)
     load_s = time.perf_counter() - t0
-    log(f"loaded {bundle.model_name} ({bundle.format}) on {session.backend.name}/{session.backend.device} "
-        f"in {load_s * 1e3:.0f} ms")
-    body: dict[str, Any] = {"settings": opts.to_dict(), "load": {"time_ms": load_s * 1e3,
-                                                                 "method": "wall time of edgesdk.load()"}}
+    log(
+        f"loaded {bundle.model_name} ({bundle.format}) on {session.backend.name}/{session.backend.device} "
+        f"in {load_s * 1e3:.0f} ms"
+    )
+    body: dict[str, Any] = {
+        "settings": opts.to_dict(),
+        "load": {"time_ms": load_s * 1e3, "method": "wall time of edgesdk.load()"},
+    }
     is_llm = isinstance(session.backend, LLMBackend)
     try:
         if is_llm:
             prompt, n_prompt = prompt_of(session, opts.prompt_tokens)
             runs = []
             bar = _progress(opts.llm_repeats + 1, "generate", opts.progress)
-            for i in range(opts.llm_repeats + 1):   # the first generation warms caches: not reported
+            for i in range(opts.llm_repeats + 1):  # the first generation warms caches: not reported
                 # A different first word each time: llama-cpp-python reuses the KV cache of a repeated
                 # prompt prefix, which would turn TTFT into the time for one token.
                 r = llm_stream_once(session, f"{OPENERS[i % len(OPENERS)]} {prompt}", opts.gen_tokens)
@@ -346,8 +400,11 @@ def measure_bundle(path: str | os.PathLike, opts: BenchOptions | None = None,
             n_prompt = len(session.tokenize(f"{OPENERS[1]} {prompt}"))
             body["llm"] = llm_metrics(n_prompt, runs)
         else:
-            feeds = synthetic_feeds({s.name: {"dtype": s.dtype, "shape": list(s.shape or [])}
-                                     for s in session.backend.inputs}, opts.batch, opts.seq_len)
+            feeds = synthetic_feeds(
+                {s.name: {"dtype": s.dtype, "shape": list(s.shape or [])} for s in session.backend.inputs},
+                opts.batch,
+                opts.seq_len,
+            )
             call = lambda: session.run(feeds)  # noqa: E731
             for _ in range(opts.warmup):
                 call()
@@ -355,8 +412,14 @@ def measure_bundle(path: str | os.PathLike, opts: BenchOptions | None = None,
             body["latency_ms"] = latency_stats(samples)
             body["latency_ms"]["samples"] = samples
             total_s = sum(samples) / 1e3
-            body["throughput"] = [{"concurrency": 1, "calls": len(samples), "per_s": len(samples) / total_s,
-                                   "items_per_s": len(samples) * opts.batch / total_s}]
+            body["throughput"] = [
+                {
+                    "concurrency": 1,
+                    "calls": len(samples),
+                    "per_s": len(samples) / total_s,
+                    "items_per_s": len(samples) * opts.batch / total_s,
+                }
+            ]
             if opts.concurrency > 1:
                 conc = concurrent_throughput(call, opts.iterations, opts.concurrency)
                 conc["items_per_s"] = conc["per_s"] * opts.batch
@@ -364,9 +427,13 @@ def measure_bundle(path: str | os.PathLike, opts: BenchOptions | None = None,
             if opts.ort_profile_runs and bundle.format == "onnx" and isinstance(session.backend, OnnxRuntimeBackend):
                 model_path = session.backend.model_path
                 log("per-node profile (onnxruntime profiler, separate session)")
-                body["ort_profile"] = ort_node_profile(model_path, list(session.backend.providers_active),
-                                                       check_feeds(session.backend.inputs, feeds),
-                                                       opts.ort_profile_runs, opts.threads)
+                body["ort_profile"] = ort_node_profile(
+                    model_path,
+                    list(session.backend.providers_active),
+                    check_feeds(session.backend.inputs, feeds),
+                    opts.ort_profile_runs,
+                    opts.threads,
+                )
         peak = peak_rss_bytes()
         body["memory"] = {
             "host_rss_before_load_mb": rss_before / 1e6 if rss_before is not None else None,
@@ -381,8 +448,13 @@ def measure_bundle(path: str | os.PathLike, opts: BenchOptions | None = None,
         session.close()
     body["device_state"] = {"before": state_before, "after": read_device_state()}
     body["versions"] = _versions()
-    body["bundle"] = {"path": str(bundle.path), "bundle_id": bundle.bundle_id, "format": bundle.format,
-                      "precision": bundle.precision, "model": bundle.model_name,
-                      "built_for": bundle.manifest.profile.name,
-                      "task": bundle.manifest.model.task}
+    body["bundle"] = {
+        "path": str(bundle.path),
+        "bundle_id": bundle.bundle_id,
+        "format": bundle.format,
+        "precision": bundle.precision,
+        "model": bundle.model_name,
+        "built_for": bundle.manifest.profile.name,
+        "task": bundle.manifest.model.task,
+    }
     return body

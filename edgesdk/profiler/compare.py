@@ -28,8 +28,14 @@ METRICS: list[tuple[str, tuple[str | int, ...], tuple[str | int, ...] | None, bo
     ("device memory (MB)", ("memory", "device", "peak_mb"), None, False),
 ]
 # Load time and memory are informative but too noisy/host-dependent to gate on by default.
-GATED = {"latency p50 (ms)", "latency p99 (ms)", "throughput x1 (calls/s)", "TTFT p50 (ms)", "TPOT p50 (ms)",
-         "decode (tok/s)"}
+GATED = {
+    "latency p50 (ms)",
+    "latency p99 (ms)",
+    "throughput x1 (calls/s)",
+    "TTFT p50 (ms)",
+    "TPOT p50 (ms)",
+    "decode (tok/s)",
+}
 
 
 def parse_threshold(text: str | float | None) -> float | None:
@@ -56,8 +62,15 @@ def compare_reports(base: dict, new: dict, max_regression: float | None = None) 
         a, b = value_at(base, path), value_at(new, path)
         if a is None and b is None:
             continue
-        row: dict[str, Any] = {"metric": label, "base": a, "new": b, "ratio": None, "worse_pct": None,
-                               "noise_pct": None, "regression": False}
+        row: dict[str, Any] = {
+            "metric": label,
+            "base": a,
+            "new": b,
+            "ratio": None,
+            "worse_pct": None,
+            "noise_pct": None,
+            "regression": False,
+        }
         if a and b is not None:
             row["ratio"] = b / a
             row["worse_pct"] = 100.0 * ((a / b - 1.0) if higher_better else (b / a - 1.0)) if b else None
@@ -71,13 +84,17 @@ def compare_reports(base: dict, new: dict, max_regression: float | None = None) 
                 row["regression"] = bool(beyond and above_noise)
         rows.append(row)
     regressions = [r["metric"] for r in rows if r["regression"]]
-    return {"rows": rows, "max_regression_pct": None if max_regression is None else 100 * max_regression,
-            "regressions": regressions,
-            "rule": "regression = worse by more than the threshold and by more than the runs' noise "
-                    "(half IQR / median of each run, added)",
-            "base_device": value_at(base, ("device", "best_match")),
-            "new_device": value_at(new, ("device", "best_match")),
-            "base_build": build_of(base), "new_build": build_of(new)}
+    return {
+        "rows": rows,
+        "max_regression_pct": None if max_regression is None else 100 * max_regression,
+        "regressions": regressions,
+        "rule": "regression = worse by more than the threshold and by more than the runs' noise "
+        "(half IQR / median of each run, added)",
+        "base_device": value_at(base, ("device", "best_match")),
+        "new_device": value_at(new, ("device", "best_match")),
+        "base_build": build_of(base),
+        "new_build": build_of(new),
+    }
 
 
 def build_of(report: dict) -> str | None:
@@ -94,18 +111,28 @@ def build_note(result: dict) -> str | None:
     a, b = result.get("base_build"), result.get("new_build")
     if a is None or b is None or a == b:
         return None
-    return (f"note: the reports measure different builds ({a} vs {b}): differences include the build's "
-            "format/precision, not only this device's run-to-run change")
+    return (
+        f"note: the reports measure different builds ({a} vs {b}): differences include the build's "
+        "format/precision, not only this device's run-to-run change"
+    )
 
 
 def render_comparison(result: dict) -> str:
     def f(v):
         return "-" if v is None else (plain(v, 4) if isinstance(v, float) else str(v))
 
-    rows = [[r["metric"], f(r["base"]), f(r["new"]), f(r["ratio"]),
-             "-" if r["worse_pct"] is None else f"{r['worse_pct']:+.1f}%",
-             "-" if r["noise_pct"] is None else f"±{r['noise_pct']:.1f}%",
-             "REGRESSION" if r["regression"] else ""] for r in result["rows"]]
+    rows = [
+        [
+            r["metric"],
+            f(r["base"]),
+            f(r["new"]),
+            f(r["ratio"]),
+            "-" if r["worse_pct"] is None else f"{r['worse_pct']:+.1f}%",
+            "-" if r["noise_pct"] is None else f"±{r['noise_pct']:.1f}%",
+            "REGRESSION" if r["regression"] else "",
+        ]
+        for r in result["rows"]
+    ]
     text = format_table(rows, ["metric", "base", "new", "new/base", "worse by", "noise", ""])
     if result["base_device"] != result["new_device"]:
         text += f"\nnote: the reports come from different devices ({result['base_device']} vs {result['new_device']})"

@@ -28,16 +28,27 @@ from edgesdk.host import parse_l4t_release, parse_part_number, read_cpu, read_un
 from edgesdk.profiler.sensors import parse_nvpmodel, parse_tegrastats, run_tool, tegrastats_sample
 
 # Re-exported: the parsers and the CPU reader live in edgesdk.host (one reader of each file).
-__all__ = ["DetectionResult", "build_profile_data", "detect_device", "measure_cpu_peak_flops",
-           "measure_memory_bandwidth", "parse_l4t_release", "parse_part_number", "read_cpu", "read_jetson",
-           "read_memory", "read_nvml", "write_profile"]
+__all__ = [
+    "DetectionResult",
+    "build_profile_data",
+    "detect_device",
+    "measure_cpu_peak_flops",
+    "measure_memory_bandwidth",
+    "parse_l4t_release",
+    "parse_part_number",
+    "read_cpu",
+    "read_jetson",
+    "read_memory",
+    "read_nvml",
+    "write_profile",
+]
 
 
 @dataclass
 class DetectionResult:
     """What was found on this machine and which profile it matches best."""
 
-    kind: str                                   # "jetson" | "gpu" | "cpu"
+    kind: str  # "jetson" | "gpu" | "cpu"
     arch: str
     cpu: dict = field(default_factory=dict)
     memory: dict = field(default_factory=dict)
@@ -47,13 +58,14 @@ class DetectionResult:
     confidence: float = 0.0
     evidence: list[str] = field(default_factory=list)
     candidates: list[dict] = field(default_factory=list)
-    bandwidth: dict | None = None               # measured memory bandwidth, when asked for
+    bandwidth: dict | None = None  # measured memory bandwidth, when asked for
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 # ---------------------------------------------------------------- readers (all below ``root``)
+
 
 def read_memory(root: Path) -> dict:
     text = read_under(root, "proc/meminfo") or ""
@@ -75,9 +87,15 @@ def read_jetson(root: Path, run_tools: bool = True) -> dict | None:
     if ident is None:
         return None
     info: dict[str, Any] = {
-        "model": ident.model, "compatible": list(ident.compatible), "platform": ident.platform,
-        "module_part_number": ident.module_part_number, "part_number_source": ident.part_number_source,
-        "l4t": ident.l4t, "sm": ident.sm, "nvpmodel": None, "tegrastats": None,
+        "model": ident.model,
+        "compatible": list(ident.compatible),
+        "platform": ident.platform,
+        "module_part_number": ident.module_part_number,
+        "part_number_source": ident.part_number_source,
+        "l4t": ident.l4t,
+        "sm": ident.sm,
+        "nvpmodel": None,
+        "tegrastats": None,
     }
     if run_tools:
         info["nvpmodel"] = parse_nvpmodel(run_tool(["nvpmodel", "-q"]) or "")
@@ -88,12 +106,21 @@ def read_jetson(root: Path, run_tools: bool = True) -> dict | None:
 
 def read_nvml() -> list[dict]:
     """Discrete GPUs (:func:`edgesdk.host.read_gpus`) in the profile's units. Empty without NVML."""
-    return [{"index": g.index, "name": g.name, "sm": g.sm,
-             "memory_total_gb": round(g.memory_bytes / 1e9, 2) if g.memory_bytes is not None else None,
-             "driver": g.driver, "source": g.source} for g in host.probe().gpus]
+    return [
+        {
+            "index": g.index,
+            "name": g.name,
+            "sm": g.sm,
+            "memory_total_gb": round(g.memory_bytes / 1e9, 2) if g.memory_bytes is not None else None,
+            "driver": g.driver,
+            "source": g.source,
+        }
+        for g in host.probe().gpus
+    ]
 
 
 # ---------------------------------------------------------------- matching
+
 
 def _score_profiles(result: DetectionResult, profiles: list) -> list[dict]:
     scored = []
@@ -134,8 +161,9 @@ def _score_profiles(result: DetectionResult, profiles: list) -> list[dict]:
     return scored
 
 
-def detect_device(root: str | os.PathLike = "/", *, profiles: list | None = None, use_nvml: bool = True,
-                  run_tools: bool | None = None) -> DetectionResult:
+def detect_device(
+    root: str | os.PathLike = "/", *, profiles: list | None = None, use_nvml: bool = True, run_tools: bool | None = None
+) -> DetectionResult:
     """Detect this machine (or the tree under ``root``) and match it to the closest profile.
 
     ``run_tools`` (nvpmodel, tegrastats) defaults to True only for the real root: a fixture tree's
@@ -154,16 +182,19 @@ def detect_device(root: str | os.PathLike = "/", *, profiles: list | None = None
     gpus = read_nvml() if (use_nvml and real and not jetson) else []
     kind = "jetson" if jetson else ("gpu" if gpus else "cpu")
     result = DetectionResult(kind=kind, arch=arch, cpu=cpu, memory=memory, gpus=gpus, jetson=jetson)
-    result.evidence.append(f"cpu: {cpu['model'] or 'model unknown'}, {cpu['logical_cores']} logical cores "
-                           f"({cpu['source']})")
+    result.evidence.append(
+        f"cpu: {cpu['model'] or 'model unknown'}, {cpu['logical_cores']} logical cores ({cpu['source']})"
+    )
     if jetson:
-        result.evidence.append(f"jetson: model {jetson['model']!r}, part {jetson['module_part_number']}, "
-                               f"L4T {jetson['l4t']}")
+        result.evidence.append(
+            f"jetson: model {jetson['model']!r}, part {jetson['module_part_number']}, L4T {jetson['l4t']}"
+        )
     for g in gpus:
         result.evidence.append(f"gpu {g['index']}: {g['name']} sm_{g['sm']}, {g['memory_total_gb']} GB (NVML)")
     if not gpus and not jetson:
-        result.evidence.append("no NVIDIA GPU: NVML unavailable or reports none" if use_nvml and real
-                               else "GPU probing skipped")
+        result.evidence.append(
+            "no NVIDIA GPU: NVML unavailable or reports none" if use_nvml and real else "GPU probing skipped"
+        )
     result.candidates = _score_profiles(result, profiles if profiles is not None else list_profiles())
     if result.candidates:
         best = result.candidates[0]
@@ -173,6 +204,7 @@ def detect_device(root: str | os.PathLike = "/", *, profiles: list | None = None
 
 
 # ---------------------------------------------------------------- bandwidth + --write
+
 
 def measure_memory_bandwidth(megabytes: int = 256, repeats: int = 5) -> dict:
     """Host memory bandwidth from a numpy copy: bytes read + written over the best of ``repeats``.
@@ -192,9 +224,11 @@ def measure_memory_bandwidth(megabytes: int = 256, repeats: int = 5) -> dict:
         np.copyto(dst, src)
         best = min(best, time.perf_counter() - t0)
     gbps = 2 * src.nbytes / best / 1e9
-    return {"value_gbps": round(gbps, 1),
-            "method": f"numpy.copyto of {megabytes} MiB float64, best of {repeats}, bytes read+written, 1 thread",
-            "measured_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    return {
+        "value_gbps": round(gbps, 1),
+        "method": f"numpy.copyto of {megabytes} MiB float64, best of {repeats}, bytes read+written, 1 thread",
+        "measured_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
 
 
 def measure_cpu_peak_flops(n: int = 1024, repeats: int = 5) -> dict:
@@ -212,10 +246,13 @@ def measure_cpu_peak_flops(n: int = 1024, repeats: int = 5) -> dict:
         import onnxruntime as ort
         from onnx import TensorProto, helper, numpy_helper
 
-        graph = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["c"])], "peak",
-                                  [helper.make_tensor_value_info("a", TensorProto.FLOAT, [n, n])],
-                                  [helper.make_tensor_value_info("c", TensorProto.FLOAT, [n, n])],
-                                  [numpy_helper.from_array(a, "b")])
+        graph = helper.make_graph(
+            [helper.make_node("MatMul", ["a", "b"], ["c"])],
+            "peak",
+            [helper.make_tensor_value_info("a", TensorProto.FLOAT, [n, n])],
+            [helper.make_tensor_value_info("c", TensorProto.FLOAT, [n, n])],
+            [numpy_helper.from_array(a, "b")],
+        )
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
         model.ir_version = 8
         so = ort.SessionOptions()
@@ -225,21 +262,33 @@ def measure_cpu_peak_flops(n: int = 1024, repeats: int = 5) -> dict:
         how = f"onnxruntime {ort.__version__} MatMul (CPU EP)"
     except Exception:  # noqa: BLE001 - onnxruntime/onnx missing or broken: numpy's BLAS instead
         run = lambda: a @ a  # noqa: E731
-    run()   # thread pool start-up is not throughput
+    run()  # thread pool start-up is not throughput
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
         run()
         best = min(best, time.perf_counter() - t0)
-    return {"value_tflops": round(2 * n ** 3 / best / 1e12, 4),
-            "method": f"{how}, float32 {n}x{n}x{n}, best of {repeats}, all cores"}
+    return {
+        "value_tflops": round(2 * n**3 / best / 1e12, 4),
+        "method": f"{how}, float32 {n}x{n}x{n}, best of {repeats}, all cores",
+    }
 
 
 # Profile ISA names (device.cpu.isa) and the /proc/cpuinfo flags that show each one.
-ISA_FLAGS = {"avx2": ("avx2",), "avx512f": ("avx512f",), "avx512_vnni": ("avx512_vnni",),
-             "avx512_bf16": ("avx512_bf16",), "avx512_fp16": ("avx512_fp16",), "avx_vnni": ("avx_vnni",),
-             "amx": ("amx_tile",), "neon": ("asimd",), "dotprod": ("asimddp",), "sve": ("sve",), "sve2": ("sve2",),
-             "i8mm": ("i8mm",)}
+ISA_FLAGS = {
+    "avx2": ("avx2",),
+    "avx512f": ("avx512f",),
+    "avx512_vnni": ("avx512_vnni",),
+    "avx512_bf16": ("avx512_bf16",),
+    "avx512_fp16": ("avx512_fp16",),
+    "avx_vnni": ("avx_vnni",),
+    "amx": ("amx_tile",),
+    "neon": ("asimd",),
+    "dotprod": ("asimddp",),
+    "sve": ("sve",),
+    "sve2": ("sve2",),
+    "i8mm": ("i8mm",),
+}
 
 
 def measured_isa(flags) -> list[str]:
@@ -290,16 +339,23 @@ def build_profile_data(result: DetectionResult, name: str) -> dict:
         peak = measure_cpu_peak_flops()
         dev["peak"]["fp32_tflops"] = _figure(peak["value_tflops"], f"measured: {peak['method']} on {when}")
     if result.bandwidth:
-        mem["bandwidth_gbps"] = _figure(result.bandwidth["value_gbps"],
-                                        f"measured: {result.bandwidth['method']} on {when}")
+        mem["bandwidth_gbps"] = _figure(
+            result.bandwidth["value_gbps"], f"measured: {result.bandwidth['method']} on {when}"
+        )
     if result.jetson and result.jetson.get("l4t"):
         data["software"]["l4t"] = result.jetson["l4t"]
         data["software"]["source"] = f"measured: /etc/nv_tegra_release on {when}"
     elif result.kind == "cpu":
         data["software"]["source"] = f"detected host on {when} (edgesdk profiles detect --write)"
-    data["measured"] = {"detected_on": when, "best_match": result.best_match, "confidence": result.confidence,
-                        "evidence": list(result.evidence), "bandwidth": result.bandwidth,
-                        "gpus": result.gpus, "jetson": result.jetson}
+    data["measured"] = {
+        "detected_on": when,
+        "best_match": result.best_match,
+        "confidence": result.confidence,
+        "evidence": list(result.evidence),
+        "bandwidth": result.bandwidth,
+        "gpus": result.gpus,
+        "jetson": result.jetson,
+    }
     return data
 
 
@@ -314,9 +370,9 @@ def write_profile(result: DetectionResult, path: str | os.PathLike) -> Path:
     data = build_profile_data(result, name)
     validate_profile_data(data, str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
-    header = ("# SPDX-License-Identifier: Apache-2.0\n"
-              "# Written by `edgesdk profiles detect --write`: measured figures carry status: measured.\n")
+    header = (
+        "# SPDX-License-Identifier: Apache-2.0\n"
+        "# Written by `edgesdk profiles detect --write`: measured figures carry status: measured.\n"
+    )
     path.write_text(header + yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return path
-
-

@@ -17,8 +17,20 @@ from edgesdk.profiler.stats import latency_stats
 from edgesdk.resources import read_data_text
 from edgesdk.runtime.backend import LLMBackend
 
-OPENERS = ("Yesterday", "Meanwhile", "Honestly", "Suddenly", "Later", "Eventually", "Often", "Perhaps", "Today",
-            "Tomorrow", "Somewhere", "Afterwards")
+OPENERS = (
+    "Yesterday",
+    "Meanwhile",
+    "Honestly",
+    "Suddenly",
+    "Later",
+    "Eventually",
+    "Often",
+    "Perhaps",
+    "Today",
+    "Tomorrow",
+    "Somewhere",
+    "Afterwards",
+)
 
 
 def prompt_of(session, target: int) -> tuple[str, int]:
@@ -28,7 +40,7 @@ def prompt_of(session, target: int) -> tuple[str, int]:
     while len(words) < target * 2:
         words = words + words
     lo, hi = 1, target * 2
-    target = max(1, target - 1)   # room for the opener word added per generation
+    target = max(1, target - 1)  # room for the opener word added per generation
     best = (" ".join(words[:1]), len(session.tokenize(" ".join(words[:1]))))
     while lo <= hi:
         mid = (lo + hi) // 2
@@ -53,10 +65,14 @@ def llm_stream_once(session, prompt: str, gen_tokens: int) -> dict:
     first_at, last_at = last.get("first_token_at"), last.get("last_token_at")
     # Text chunks are not tokens (a partial UTF-8 byte, or a token with no text, yields nothing): take
     # the backend's token count, and its token instants when it has them.
-    return {"chunk_times_ms": times, "output_tokens": last.get("output_tokens"),
-            "first_token_ms": (first_at - t0) * 1e3 if first_at else None,
-            "last_token_ms": (last_at - t0) * 1e3 if first_at and last_at else None,
-            "finish_reason": last.get("finish_reason"), "backend_timings": last.get("llama_cpp_timings") or {}}
+    return {
+        "chunk_times_ms": times,
+        "output_tokens": last.get("output_tokens"),
+        "first_token_ms": (first_at - t0) * 1e3 if first_at else None,
+        "last_token_ms": (last_at - t0) * 1e3 if first_at and last_at else None,
+        "finish_reason": last.get("finish_reason"),
+        "backend_timings": last.get("llama_cpp_timings") or {},
+    }
 
 
 def llm_metrics(prompt_tokens: int, runs: list[dict]) -> dict:
@@ -66,13 +82,19 @@ def llm_metrics(prompt_tokens: int, runs: list[dict]) -> dict:
         # tokens of a random-weight model) delays the next text chunk, not the token.
         timing_source = "tokens (backend loop)"
         ttft = [r["first_token_ms"] for r in runs]
-        tpot = [(r["last_token_ms"] - r["first_token_ms"]) / (n - 1) for r, n in zip(runs, gen)
-                if n > 1 and r.get("last_token_ms") is not None]
+        tpot = [
+            (r["last_token_ms"] - r["first_token_ms"]) / (n - 1)
+            for r, n in zip(runs, gen)
+            if n > 1 and r.get("last_token_ms") is not None
+        ]
     else:
         timing_source = "text chunks"
         ttft = [r["chunk_times_ms"][0] for r in runs if r["chunk_times_ms"]]
-        tpot = [(r["chunk_times_ms"][-1] - r["chunk_times_ms"][0]) / (n - 1)
-                for r, n in zip(runs, gen) if len(r["chunk_times_ms"]) > 1 and n > 1]
+        tpot = [
+            (r["chunk_times_ms"][-1] - r["chunk_times_ms"][0]) / (n - 1)
+            for r, n in zip(runs, gen)
+            if len(r["chunk_times_ms"]) > 1 and n > 1
+        ]
     prefill_ttft = prompt_tokens / (statistics.median(ttft) / 1e3) if ttft else None
     # The backend's own timers (llama.cpp's prompt-eval and eval counters, as llama-bench reports
     # them), when every run has them: the rate of the model itself, without the stream's Python,
@@ -81,26 +103,32 @@ def llm_metrics(prompt_tokens: int, runs: list[dict]) -> dict:
     prompt_rates = [t["prompt_eval_tokens"] / t["prompt_eval_ms"] * 1e3 for t in timings if t.get("prompt_eval_ms")]
     eval_rates = [t["eval_tokens"] / t["eval_ms"] * 1e3 for t in timings if t.get("eval_ms")]
     backend_prefill = statistics.median(prompt_rates) if runs and len(prompt_rates) == len(runs) else None
-    out = {"prompt_tokens": prompt_tokens, "generated_tokens": gen, "repeats": len(runs),
-           "ttft_ms": latency_stats(ttft), "tpot_ms": latency_stats(tpot), "timing_source": timing_source,
-           "prefill_tok_s": backend_prefill or prefill_ttft,
-           "prefill_source": "backend prompt-eval timer" if backend_prefill else "TTFT",
-           "prefill_tok_s_from_ttft": prefill_ttft,
-           # llama-cpp-python keeps the KV of a prefix shared with the last request (here the BOS
-           # token), so the timer may count a token or so fewer than prompt_tokens: say how many.
-           "prefill_eval_tokens": [t["prompt_eval_tokens"] for t in timings] if backend_prefill else None,
-           "decode_tok_s": 1e3 / statistics.median(tpot) if tpot else None,
-           "decode_tok_s_backend": statistics.median(eval_rates) if runs and len(eval_rates) == len(runs) else None,
-           "finish_reasons": [r.get("finish_reason") for r in runs],
-           "token_times_ms": runs[-1]["chunk_times_ms"] if runs else [],
-           "per_repeat": [_repeat_phases(r, n) for r, n in zip(runs, gen)],
-           "method": "session.stream: TTFT = first generated token (the backend loop's instant; first text "
-                     "chunk when the backend has none: timing_source); TPOT = (last - first token) / (tokens - 1), "
-                     "tokens as the backend counted them; decode tok/s = 1 / median TPOT (the stream's rate). "
-                     "prefill tok/s = median over runs of the backend's prompt-eval timer (llama.cpp: tokens "
-                     "evaluated / prompt-eval time, as llama-bench reports) when every run has it, else prompt "
-                     "tokens / median TTFT (which also holds the first sampled token and the stream's setup); "
-                     "both kept: prefill_tok_s_from_ttft, decode_tok_s_backend"}
+    out = {
+        "prompt_tokens": prompt_tokens,
+        "generated_tokens": gen,
+        "repeats": len(runs),
+        "ttft_ms": latency_stats(ttft),
+        "tpot_ms": latency_stats(tpot),
+        "timing_source": timing_source,
+        "prefill_tok_s": backend_prefill or prefill_ttft,
+        "prefill_source": "backend prompt-eval timer" if backend_prefill else "TTFT",
+        "prefill_tok_s_from_ttft": prefill_ttft,
+        # llama-cpp-python keeps the KV of a prefix shared with the last request (here the BOS
+        # token), so the timer may count a token or so fewer than prompt_tokens: say how many.
+        "prefill_eval_tokens": [t["prompt_eval_tokens"] for t in timings] if backend_prefill else None,
+        "decode_tok_s": 1e3 / statistics.median(tpot) if tpot else None,
+        "decode_tok_s_backend": statistics.median(eval_rates) if runs and len(eval_rates) == len(runs) else None,
+        "finish_reasons": [r.get("finish_reason") for r in runs],
+        "token_times_ms": runs[-1]["chunk_times_ms"] if runs else [],
+        "per_repeat": [_repeat_phases(r, n) for r, n in zip(runs, gen)],
+        "method": "session.stream: TTFT = first generated token (the backend loop's instant; first text "
+        "chunk when the backend has none: timing_source); TPOT = (last - first token) / (tokens - 1), "
+        "tokens as the backend counted them; decode tok/s = 1 / median TPOT (the stream's rate). "
+        "prefill tok/s = median over runs of the backend's prompt-eval timer (llama.cpp: tokens "
+        "evaluated / prompt-eval time, as llama-bench reports) when every run has it, else prompt "
+        "tokens / median TTFT (which also holds the first sampled token and the stream's setup); "
+        "both kept: prefill_tok_s_from_ttft, decode_tok_s_backend",
+    }
     return out
 
 
@@ -112,6 +140,11 @@ def _repeat_phases(run: dict, tokens: int) -> dict:
     last = run.get("last_token_ms") if run.get("first_token_ms") is not None else (chunks[-1] if chunks else None)
     timings = run.get("backend_timings") or {}
     decode = last - first if first is not None and last is not None else None
-    return {"ttft_ms": first, "prompt_eval_ms": timings.get("prompt_eval_ms"), "decode_ms": decode,
-            "tokens": tokens, "tpot_ms": decode / (tokens - 1) if decode is not None and tokens > 1 else None,
-            "chunk_times_ms": chunks}
+    return {
+        "ttft_ms": first,
+        "prompt_eval_ms": timings.get("prompt_eval_ms"),
+        "decode_ms": decode,
+        "tokens": tokens,
+        "tpot_ms": decode / (tokens - 1) if decode is not None and tokens > 1 else None,
+        "chunk_times_ms": chunks,
+    }

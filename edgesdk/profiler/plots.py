@@ -24,8 +24,15 @@ from edgesdk.errors import InputError
 from edgesdk.profiler.values import value_at
 
 # One palette for every plot (colour-blind safe, Okabe-Ito).
-BLUE, ORANGE, GREEN, VERMILION, SKY, PURPLE, GREY = ("#0072b2", "#e69f00", "#009e73", "#d55e00", "#56b4e9",
-                                                     "#cc79a7", "#7f7f7f")
+BLUE, ORANGE, GREEN, VERMILION, SKY, PURPLE, GREY = (
+    "#0072b2",
+    "#e69f00",
+    "#009e73",
+    "#d55e00",
+    "#56b4e9",
+    "#cc79a7",
+    "#7f7f7f",
+)
 DPI = 100
 
 
@@ -56,6 +63,7 @@ def _save(fig, plt, path: str | os.PathLike) -> Path:
 
 # ---------------------------------------------------------------- profiler run
 
+
 def _llm_repeats(report: dict) -> list[dict]:
     llm = report.get("llm") or {}
     reps = [r for r in llm.get("per_repeat") or [] if r.get("ttft_ms") is not None]
@@ -73,18 +81,25 @@ def plot_report(report: dict, path: str | os.PathLike) -> Path:
     if _llm_repeats(report):
         panels += ["phases", "decode"]
     elif (report.get("llm") or {}).get("token_times_ms"):
-        panels.append("tokens")   # a report written before per-repeat phases were recorded
+        panels.append("tokens")  # a report written before per-repeat phases were recorded
     if not panels:
         raise InputError("nothing to plot: the report has no latency samples, per-op times or token times")
     widths = [7.5 if k == "phases" else 5.5 for k in panels]
-    fig, axes = plt.subplots(1, len(panels), figsize=(sum(widths), 4.2), squeeze=False,
-                             gridspec_kw={"width_ratios": widths})
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(sum(widths), 4.2), squeeze=False, gridspec_kw={"width_ratios": widths}
+    )
     for ax, kind in zip(axes[0], panels):
-        {"hist": _latency_hist, "ops": _op_times, "phases": _llm_phases, "decode": _llm_decode,
-         "tokens": _tokens_over_time}[kind](ax, report)
+        {
+            "hist": _latency_hist,
+            "ops": _op_times,
+            "phases": _llm_phases,
+            "decode": _llm_decode,
+            "tokens": _tokens_over_time,
+        }[kind](ax, report)
     b, rt = report.get("bundle") or {}, report.get("runtime") or {}
-    fig.suptitle(f"{b.get('model')} ({b.get('format')}, {b.get('precision')}) on {rt.get('backend')}/"
-                 f"{rt.get('device')}")
+    fig.suptitle(
+        f"{b.get('model')} ({b.get('format')}, {b.get('precision')}) on {rt.get('backend')}/{rt.get('device')}"
+    )
     fig.tight_layout()
     return _save(fig, plt, path)
 
@@ -118,7 +133,7 @@ def _llm_phases(ax, report: dict) -> None:
         labelled.add(label)
 
     for i, r in enumerate(reps):
-        y = len(reps) - i   # repeat 1 on top
+        y = len(reps) - i  # repeat 1 on top
         ttft = r["ttft_ms"]
         pe = r.get("prompt_eval_ms")
         if pe is not None and 0 < pe <= ttft:
@@ -128,18 +143,32 @@ def _llm_phases(ax, report: dict) -> None:
             seg(y, 0, ttft, BLUE, "prefill (TTFT)")
         if r.get("decode_ms"):
             seg(y, ttft, r["decode_ms"], GREEN, "decode")
-        ax.plot([ttft, ttft], [y - 0.38, y + 0.38], color="k", linewidth=2,
-                label=None if "TTFT" in labelled else "TTFT")
+        ax.plot(
+            [ttft, ttft], [y - 0.38, y + 0.38], color="k", linewidth=2, label=None if "TTFT" in labelled else "TTFT"
+        )
         labelled.add("TTFT")
         chunks = [t for t in r.get("chunk_times_ms") or [] if t >= 0]
         if chunks:
-            ax.plot(chunks, [y - 0.42] * len(chunks), linestyle="none", marker="|", markersize=5, color=GREY,
-                    label=None if "chunks" in labelled else "text chunks")
+            ax.plot(
+                chunks,
+                [y - 0.42] * len(chunks),
+                linestyle="none",
+                marker="|",
+                markersize=5,
+                color=GREY,
+                label=None if "chunks" in labelled else "text chunks",
+            )
             labelled.add("chunks")
         end = ttft + (r.get("decode_ms") or 0)
         tpot = f", {_num(r['tpot_ms'])} ms/token" if r.get("tpot_ms") else ""
-        ax.annotate(f"TTFT {_num(ttft)} ms\n{r['tokens']} tokens{tpot}", (end, y), xytext=(4, 0),
-                    textcoords="offset points", va="center", fontsize=8)
+        ax.annotate(
+            f"TTFT {_num(ttft)} ms\n{r['tokens']} tokens{tpot}",
+            (end, y),
+            xytext=(4, 0),
+            textcoords="offset points",
+            va="center",
+            fontsize=8,
+        )
     ax.set_yticks(range(1, len(reps) + 1), [f"repeat {len(reps) - k}" for k in range(len(reps))])
     ax.set_ylim(0.3, len(reps) + 1.5)
     right = max(r["ttft_ms"] + (r.get("decode_ms") or 0) for r in reps)
@@ -182,6 +211,7 @@ def _tokens_over_time(ax, report: dict) -> None:
 
 # ---------------------------------------------------------------- roofline (profiler predict)
 
+
 def roofline_points(pred: dict, measured: dict | None = None) -> list[dict]:
     """Points of one prediction on its roofline: per workload (encoder | decode | prefill) the
     arithmetic intensity (FLOP/byte) and FLOP/s of the bound, the prediction and the measurement.
@@ -196,26 +226,44 @@ def roofline_points(pred: dict, measured: dict | None = None) -> list[dict]:
     if enc and work.get("flops") and work.get("weight_bytes"):
         flops = work["flops"]
         lat = (measured or {}).get("latency_ms", {}).get("p50") if same_device else None
-        out.append({"workload": "encoder", "intensity": flops / work["weight_bytes"],
-                    "bound": flops / (enc["bound_ms"] / 1e3),
-                    "predicted": flops / (enc["latency_ms"] / 1e3) if enc.get("latency_ms") else None,
-                    "measured": flops / (lat / 1e3) if lat else None, "limited_by": enc.get("limited_by")})
+        out.append(
+            {
+                "workload": "encoder",
+                "intensity": flops / work["weight_bytes"],
+                "bound": flops / (enc["bound_ms"] / 1e3),
+                "predicted": flops / (enc["latency_ms"] / 1e3) if enc.get("latency_ms") else None,
+                "measured": flops / (lat / 1e3) if lat else None,
+                "limited_by": enc.get("limited_by"),
+            }
+        )
     dec = pred.get("decode")
     if dec and work.get("flops") and dec.get("bytes_per_token"):
         flops = work["flops"]
         rate = (llm.get("decode_tok_s_backend") or llm.get("decode_tok_s")) if same_device else None
-        out.append({"workload": "decode", "intensity": flops / dec["bytes_per_token"],
-                    "bound": dec["bound_tok_s"] * flops,
-                    "predicted": dec["tok_s"] * flops if dec.get("tok_s") else None,
-                    "measured": rate * flops if rate else None, "limited_by": "memory"})
+        out.append(
+            {
+                "workload": "decode",
+                "intensity": flops / dec["bytes_per_token"],
+                "bound": dec["bound_tok_s"] * flops,
+                "predicted": dec["tok_s"] * flops if dec.get("tok_s") else None,
+                "measured": rate * flops if rate else None,
+                "limited_by": "memory",
+            }
+        )
     pre = pred.get("prefill")
     if pre and pre.get("flops") and work.get("weight_bytes"):
         per_token = pre["flops"] / pre["prompt_tokens"]
         rate = llm.get("prefill_tok_s") if same_device else None
-        out.append({"workload": "prefill", "intensity": pre["flops"] / work["weight_bytes"],
-                    "bound": pre["bound_tok_s"] * per_token,
-                    "predicted": pre["tok_s"] * per_token if pre.get("tok_s") else None,
-                    "measured": rate * per_token if rate else None, "limited_by": None})
+        out.append(
+            {
+                "workload": "prefill",
+                "intensity": pre["flops"] / work["weight_bytes"],
+                "bound": pre["bound_tok_s"] * per_token,
+                "predicted": pre["tok_s"] * per_token if pre.get("tok_s") else None,
+                "measured": rate * per_token if rate else None,
+                "limited_by": None,
+            }
+        )
     return out
 
 
@@ -228,8 +276,10 @@ def plot_roofline(predictions: list[dict], path: str | os.PathLike, measured: di
     for ax, pred in zip(axes[0], predictions):
         _roofline_panel(ax, pred, measured)
     work = predictions[0].get("work") or {}
-    fig.suptitle(f"roofline: {work.get('format')} {work.get('precision') or ''} model, "
-                 f"{(work.get('params') or 0) / 1e6:.3g} M parameters")
+    fig.suptitle(
+        f"roofline: {work.get('format')} {work.get('precision') or ''} model, "
+        f"{(work.get('params') or 0) / 1e6:.3g} M parameters"
+    )
     fig.tight_layout()
     return _save(fig, plt, path)
 
@@ -239,8 +289,7 @@ def _roofline_panel(ax, pred: dict, measured: dict | None) -> None:
 
     ax.set_title(f"{pred['profile']} ({pred.get('device_class')})")
     if pred.get("unavailable"):
-        ax.text(0.5, 0.5, pred["unavailable"], ha="center", va="center", wrap=True, fontsize=9,
-                transform=ax.transAxes)
+        ax.text(0.5, 0.5, pred["unavailable"], ha="center", va="center", wrap=True, fontsize=9, transform=ax.transAxes)
         ax.set_axis_off()
         return
     bw = float(pred["bandwidth_gbps"]) * 1e9
@@ -253,29 +302,62 @@ def _roofline_panel(ax, pred: dict, measured: dict | None) -> None:
     x = np.logspace(math.log10(lo), math.log10(hi), 200)
     roof = np.minimum(x * bw, peak) if peak else x * bw
     ax.loglog(x, roof, color="k", linewidth=2)
-    ax.loglog(x, x * bw, color=BLUE, linestyle=":", linewidth=1,
-              label=f"memory roof {pred['bandwidth_gbps']:.4g} GB/s")
+    ax.loglog(x, x * bw, color=BLUE, linestyle=":", linewidth=1, label=f"memory roof {pred['bandwidth_gbps']:.4g} GB/s")
     if peak:
-        ax.axhline(peak, color=VERMILION, linestyle=":", linewidth=1,
-                   label=f"compute roof {peak / 1e12:.4g} TFLOP/s ({pred.get('peak_figure')})")
+        ax.axhline(
+            peak,
+            color=VERMILION,
+            linestyle=":",
+            linewidth=1,
+            label=f"compute roof {peak / 1e12:.4g} TFLOP/s ({pred.get('peak_figure')})",
+        )
         ax.axvline(ridge, color=GREY, linewidth=0.8, linestyle="-.")
-        ax.annotate(f"ridge {ridge:.3g} FLOP/B", (ridge, peak), xytext=(4, -12), textcoords="offset points",
-                    fontsize=7, color=GREY)
+        ax.annotate(
+            f"ridge {ridge:.3g} FLOP/B",
+            (ridge, peak),
+            xytext=(4, -12),
+            textcoords="offset points",
+            fontsize=7,
+            color=GREY,
+        )
     else:
-        ax.text(0.02, 0.96, "profile has no compute peak: memory roof only", transform=ax.transAxes,
-                fontsize=7, va="top")
+        ax.text(
+            0.02, 0.96, "profile has no compute peak: memory roof only", transform=ax.transAxes, fontsize=7, va="top"
+        )
     markers = {"encoder": "o", "decode": "s", "prefill": "^"}
     for p in points:
         m = markers[p["workload"]]
         ax.axvline(p["intensity"], color=GREY, linewidth=0.6)
-        ax.scatter([p["intensity"]], [p["bound"]], marker=m, s=60, facecolors="none", edgecolors="k",
-                   zorder=3, label=f"{p['workload']} bound (AI {p['intensity']:.3g} FLOP/B)")
+        ax.scatter(
+            [p["intensity"]],
+            [p["bound"]],
+            marker=m,
+            s=60,
+            facecolors="none",
+            edgecolors="k",
+            zorder=3,
+            label=f"{p['workload']} bound (AI {p['intensity']:.3g} FLOP/B)",
+        )
         if p["predicted"]:
-            ax.scatter([p["intensity"]], [p["predicted"]], marker=m, s=60, color=ORANGE, zorder=3,
-                       label=f"{p['workload']} predicted")
+            ax.scatter(
+                [p["intensity"]],
+                [p["predicted"]],
+                marker=m,
+                s=60,
+                color=ORANGE,
+                zorder=3,
+                label=f"{p['workload']} predicted",
+            )
         if p["measured"]:
-            ax.scatter([p["intensity"]], [p["measured"]], marker=m, s=60, color=GREEN, zorder=4,
-                       label=f"{p['workload']} measured")
+            ax.scatter(
+                [p["intensity"]],
+                [p["measured"]],
+                marker=m,
+                s=60,
+                color=GREEN,
+                zorder=4,
+                label=f"{p['workload']} measured",
+            )
     if measured is not None and "error_pct" not in pred:
         where = (measured.get("device") or {}).get("best_match")
         ax.text(0.02, 0.02, f"report measured on {where}: not plotted here", transform=ax.transAxes, fontsize=7)
@@ -307,11 +389,13 @@ def _worse_text(row: dict | None, prefix: str = "") -> str:
         return ""
     noise = (row or {}).get("noise_pct")
     return f"{prefix}{'worse' if worse > 0 else 'better'} {abs(worse):.1f}%" + (
-        f" ±{noise:.1f}%" if noise is not None else "")
+        f" ±{noise:.1f}%" if noise is not None else ""
+    )
 
 
-def plot_comparison(base: dict, new: dict, result: dict, path: str | os.PathLike,
-                    labels: tuple[str, str] = ("base", "new")) -> Path:
+def plot_comparison(
+    base: dict, new: dict, result: dict, path: str | os.PathLike, labels: tuple[str, str] = ("base", "new")
+) -> Path:
     """Side-by-side bars per metric: base vs new at p50 and p99 (distributions), or the value (rates,
     load time, memory); a metric ``compare`` flags as a regression has a red title. A panel whose bars
     span more than 20x uses a log axis."""
@@ -340,8 +424,14 @@ def plot_comparison(base: dict, new: dict, result: dict, path: str | os.PathLike
             bars = ax.bar(xs, [h or 0 for h in heights[k]], width=width, color=color, label=label)
             for bar, h in zip(bars, heights[k]):
                 if h is not None:
-                    ax.annotate(_num(h), (bar.get_x() + width / 2, h), xytext=(0, 2), textcoords="offset points",
-                                ha="center", fontsize=7)
+                    ax.annotate(
+                        _num(h),
+                        (bar.get_x() + width / 2, h),
+                        xytext=(0, 2),
+                        textcoords="offset points",
+                        ha="center",
+                        fontsize=7,
+                    )
         present = [h for hs in heights for h in hs if h]
         if present and max(present) / min(present) > 20:
             ax.set_yscale("log")
@@ -352,10 +442,13 @@ def plot_comparison(base: dict, new: dict, result: dict, path: str | os.PathLike
         ax.margins(y=0.2)
         bad = any(m.startswith(title) for m in flagged)
         sub = ", ".join(n for n in notes if n)
-        ax.set_title(f"{title} ({unit})" + (f"\n{sub}" if sub else "") + (" REGRESSION" if bad else ""),
-                     fontsize=9, color=VERMILION if bad else "k")
+        ax.set_title(
+            f"{title} ({unit})" + (f"\n{sub}" if sub else "") + (" REGRESSION" if bad else ""),
+            fontsize=9,
+            color=VERMILION if bad else "k",
+        )
         ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.set_axis_off()
     devs = (result.get("base_device"), result.get("new_device"))
     title = f"{labels[0]} ({devs[0]}) vs {labels[1]} ({devs[1]})"

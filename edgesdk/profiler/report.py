@@ -49,15 +49,17 @@ def load_report(path: str | os.PathLike) -> dict:
         raise InputError(f"{path}: not a JSON report ({exc})") from exc
     schema = data.get("schema") if isinstance(data, dict) else None
     if schema != SCHEMA:
-        raise InputError(f"{path}: report schema {schema!r} is not {SCHEMA!r}",
-                         hint="re-run `edgesdk profiler run` with this edgesdk version")
+        raise InputError(
+            f"{path}: report schema {schema!r} is not {SCHEMA!r}",
+            hint="re-run `edgesdk profiler run` with this edgesdk version",
+        )
     return data
 
 
 # ---------------------------------------------------------------- budgets
 
-def check_budgets(report: dict, profile, *, latency_ms: float | None = None,
-                  memory_gb: float | None = None) -> dict:
+
+def check_budgets(report: dict, profile, *, latency_ms: float | None = None, memory_gb: float | None = None) -> dict:
     """Latency (encoder p99, LLM median TTFT) and memory (host peak RSS + device) against targets.
 
     Targets come from options first, then the profile (policy.latency_target_ms, memory budget).
@@ -93,14 +95,19 @@ def enforce_budgets(budgets: dict | None, fail: bool) -> list[str]:
     """Warnings for misses; with ``fail`` a miss raises VerdictError (exit 2)."""
     if not budgets:
         return []
-    msgs = [f"budget miss: {c['what']} {plain(c['value'])} {c['unit']} > target {plain(c['target'])} {c['unit']} "
-            f"(target from {c['target_from']})" for c in budgets["checks"] if c["status"] == "miss"]
+    msgs = [
+        f"budget miss: {c['what']} {plain(c['value'])} {c['unit']} > target {plain(c['target'])} {c['unit']} "
+        f"(target from {c['target_from']})"
+        for c in budgets["checks"]
+        if c["status"] == "miss"
+    ]
     if msgs and fail:
         raise VerdictError("; ".join(msgs))
     return msgs
 
 
 # ---------------------------------------------------------------- terminal table
+
 
 def _fmt(v: Any, digits: int = 3) -> str:
     if v is None:
@@ -113,8 +120,9 @@ def _fmt(v: Any, digits: int = 3) -> str:
 def render_table(report: dict) -> str:
     rows: list[list] = []
     b = report.get("bundle") or {}
-    rows.append(["bundle", f"{b.get('model')} ({b.get('format')}, {b.get('precision')}), built for "
-                           f"{b.get('built_for')}"])
+    rows.append(
+        ["bundle", f"{b.get('model')} ({b.get('format')}, {b.get('precision')}), built for {b.get('built_for')}"]
+    )
     rt = report.get("runtime") or {}
     rows.append(["backend", f"{rt.get('backend')} on {rt.get('device')}"])
     dev = report.get("device") or {}
@@ -132,14 +140,22 @@ def render_table(report: dict) -> str:
         rows.append(["prompt / generated", f"{llm['prompt_tokens']} / {llm['generated_tokens']} tokens"])
         rows.append(["TTFT p50", f"{_fmt(llm['ttft_ms'].get('p50'))} ms"])
         rows.append(["TPOT p50", f"{_fmt(llm['tpot_ms'].get('p50'))} ms"])
-        rows.append(["prefill / decode", f"{_fmt(llm['prefill_tok_s'])} / {_fmt(llm['decode_tok_s'])} tok/s"
-                                         + (f" (prefill from {llm['prefill_source']})" if llm.get("prefill_source")
-                                            else "")])
+        rows.append(
+            [
+                "prefill / decode",
+                f"{_fmt(llm['prefill_tok_s'])} / {_fmt(llm['decode_tok_s'])} tok/s"
+                + (f" (prefill from {llm['prefill_source']})" if llm.get("prefill_source") else ""),
+            ]
+        )
     mem = report.get("memory") or {}
     rows.append(["host peak RSS", f"{_fmt(mem.get('host_peak_rss_mb'))} MB"])
     d = mem.get("device") or {}
-    rows.append(["device memory", f"{_fmt(d.get('peak_mb'))} MB" if d.get("peak_mb") is not None
-                 else d.get("method", "unavailable")])
+    rows.append(
+        [
+            "device memory",
+            f"{_fmt(d.get('peak_mb'))} MB" if d.get("peak_mb") is not None else d.get("method", "unavailable"),
+        ]
+    )
     prof = report.get("ort_profile")
     if prof:
         place = ", ".join(f"{k}: {v}" for k, v in prof["placement"].items())
@@ -163,8 +179,11 @@ def prediction_lines(pred: dict) -> list[str]:
         return [pred["unavailable"]]
     out = []
     err = pred.get("error_pct") or {}
-    for key, unit, field in (("encoder", "ms", "latency_ms"), ("decode", "tok/s", "tok_s"),
-                             ("prefill", "tok/s", "tok_s")):
+    for key, unit, field in (
+        ("encoder", "ms", "latency_ms"),
+        ("decode", "tok/s", "tok_s"),
+        ("prefill", "tok/s", "tok_s"),
+    ):
         sec = pred.get(key)
         if not sec:
             continue
@@ -172,16 +191,21 @@ def prediction_lines(pred: dict) -> list[str]:
         tail = f", error {e:+.0f}% vs measured" if e is not None else ""
         bound = f"{_fmt(sec.get('bound_ms') or sec.get('bound_tok_s'))} {unit}"
         if sec.get("efficiency") is None:
-            out.append(f"{pred['profile']} {key}: roofline bound {bound} only (no efficiency calibrated for "
-                       f"{pred.get('device_class')}/{key}: measure one device of this class to add one){tail}")
+            out.append(
+                f"{pred['profile']} {key}: roofline bound {bound} only (no efficiency calibrated for "
+                f"{pred.get('device_class')}/{key}: measure one device of this class to add one){tail}"
+            )
             continue
         launch = f", launch {sec['launch_us_per_layer']:.0f} us/layer" if sec.get("launch_us_per_layer") else ""
-        out.append(f"{pred['profile']} {key}: {_fmt(sec.get(field))} {unit} (bound {bound}, "
-                   f"efficiency {_fmt(sec.get('efficiency'))}{launch}{tail})")
+        out.append(
+            f"{pred['profile']} {key}: {_fmt(sec.get(field))} {unit} (bound {bound}, "
+            f"efficiency {_fmt(sec.get('efficiency'))}{launch}{tail})"
+        )
     return out
 
 
 # ---------------------------------------------------------------- plots
+
 
 def plot_report(report: dict, path: str | os.PathLike) -> Path:
     """One PNG of a run report (edgesdk/profiler/plots.py draws it)."""

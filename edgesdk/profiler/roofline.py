@@ -23,23 +23,42 @@ from edgesdk.resources import Traversable, data_file
 
 EFFICIENCY_FILE = data_file("profiler", "efficiency.yaml")
 _LOOKUP_OPS = {"Gather", "EmbedLayerNormalization"}
-_ONNX_DTYPE_BYTES = {1: 4, 2: 1, 3: 1, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 16: 2, 17: 1, 18: 1,
-                     19: 1, 20: 1, 21: 1, 22: 1, 23: 1}
+_ONNX_DTYPE_BYTES = {
+    1: 4,
+    2: 1,
+    3: 1,
+    5: 2,
+    6: 4,
+    7: 8,
+    9: 1,
+    10: 2,
+    11: 8,
+    12: 4,
+    13: 8,
+    16: 2,
+    17: 1,
+    18: 1,
+    19: 1,
+    20: 1,
+    21: 1,
+    22: 1,
+    23: 1,
+}
 
 
 @dataclass
 class WorkFacts:
     """What one inference (encoder) or one token (LLM) costs, independent of the device."""
 
-    kind: str                          # "encoder" | "llm"
+    kind: str  # "encoder" | "llm"
     format: str
     precision: str | None
     params: int | None
-    weight_bytes: int                  # bytes of weights streamed per forward pass / decode step
-    flops: float | None = None         # encoder: per inference at the fixed shape
-    tokens: int | None = None          # encoder: batch x sequence the FLOPs were counted for
+    weight_bytes: int  # bytes of weights streamed per forward pass / decode step
+    flops: float | None = None  # encoder: per inference at the fixed shape
+    tokens: int | None = None  # encoder: batch x sequence the FLOPs were counted for
     nodes: int | None = None
-    kv_bytes_per_position: int | None = None   # LLM: K+V bytes one cached position adds per layer stack
+    kv_bytes_per_position: int | None = None  # LLM: K+V bytes one cached position adds per layer stack
     layers: int | None = None
     d_model: int | None = None
     notes: list[str] = field(default_factory=list)
@@ -49,6 +68,7 @@ class WorkFacts:
 
 
 # ---------------------------------------------------------------- ONNX
+
 
 def _static_shapes(model, batch: int, seq: int):
     """Fix dynamic input dims (batch first, the rest ``seq``) and infer every tensor's shape."""
@@ -132,10 +152,10 @@ def onnx_work(path: str | Path, *, batch: int = 1, seq: int = 128) -> WorkFacts:
                 trans_a = next((x.i for x in node.attribute if x.name == "transA"), 0)
                 k = a[0] if trans_a else a[1]
                 flops += 2.0 * _prod(out) * k
-            elif node.op_type == "Attention":   # com.microsoft fused attention: QKV projection + scores
+            elif node.op_type == "Attention":  # com.microsoft fused attention: QKV projection + scores
                 x, w = ins[0], ins[1]
                 flops += 2.0 * _prod(x[:-1]) * w[0] * w[1] + 4.0 * x[0] * x[1] * x[1] * (w[1] // 3)
-            elif node.op_type == "MultiHeadAttention":   # scores and weighted sum over projected Q/K/V
+            elif node.op_type == "MultiHeadAttention":  # scores and weighted sum over projected Q/K/V
                 q = ins[0]
                 flops += 4.0 * q[0] * q[1] * q[1] * q[2]
             elif node.op_type in ("Conv", "ConvInteger", "QLinearConv"):
@@ -145,15 +165,24 @@ def onnx_work(path: str | Path, *, batch: int = 1, seq: int = 128) -> WorkFacts:
             else:
                 continue
         except (TypeError, IndexError, StopIteration):
-            uncounted += 1   # a dim stayed symbolic: the FLOP count is a floor
-    facts = WorkFacts(kind="encoder", format="onnx", precision=None, params=params, weight_bytes=weight_bytes,
-                      flops=flops, tokens=batch * seq, nodes=len(model.graph.node))
+            uncounted += 1  # a dim stayed symbolic: the FLOP count is a floor
+    facts = WorkFacts(
+        kind="encoder",
+        format="onnx",
+        precision=None,
+        params=params,
+        weight_bytes=weight_bytes,
+        flops=flops,
+        tokens=batch * seq,
+        nodes=len(model.graph.node),
+    )
     if uncounted:
         facts.notes.append(f"{uncounted} MatMul/Gemm/Conv nodes had symbolic shapes: FLOPs are a lower bound")
     return facts
 
 
 # ---------------------------------------------------------------- GGUF
+
 
 def gguf_work(path: str | Path) -> WorkFacts:
     """Bytes streamed per decode step and KV bytes per cached position, from a GGUF file's header."""
@@ -182,12 +211,12 @@ def gguf_work(path: str | Path) -> WorkFacts:
         params += t.n_elements
         if t.name == "token_embd.weight":
             embed_params = t.n_elements
-            if not tied:   # an untied input embedding is a row lookup per token
+            if not tied:  # an untied input embedding is a row lookup per token
                 continue
         weight_bytes += t.n_bytes
     kv = None
     if layers and kv_heads and key_len:
-        kv = int(layers * kv_heads * (key_len + value_len) * 2)   # llama.cpp caches K and V as F16 by default
+        kv = int(layers * kv_heads * (key_len + value_len) * 2)  # llama.cpp caches K and V as F16 by default
     file_type = field_value("general.file_type")
     try:
         from gguf import LlamaFileType
@@ -195,11 +224,21 @@ def gguf_work(path: str | Path) -> WorkFacts:
         precision = LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_") if file_type is not None else None
     except (ImportError, ValueError):  # no gguf-py on a bare install, or a file type it does not name
         precision = FTYPE_NAMES.get(int(file_type)) if file_type is not None else None
-    facts = WorkFacts(kind="llm", format="gguf", precision=precision, params=params, weight_bytes=weight_bytes,
-                      kv_bytes_per_position=kv, layers=layers, d_model=d_model)
-    facts.notes.append(f"architecture {arch}; {'tied' if tied else 'untied'} output embedding; "
-                       f"{params - embed_params:,} non-embedding parameters")
-    facts.flops = 2.0 * (params - (0 if tied else embed_params))   # matmul FLOPs per token
+    facts = WorkFacts(
+        kind="llm",
+        format="gguf",
+        precision=precision,
+        params=params,
+        weight_bytes=weight_bytes,
+        kv_bytes_per_position=kv,
+        layers=layers,
+        d_model=d_model,
+    )
+    facts.notes.append(
+        f"architecture {arch}; {'tied' if tied else 'untied'} output embedding; "
+        f"{params - embed_params:,} non-embedding parameters"
+    )
+    facts.flops = 2.0 * (params - (0 if tied else embed_params))  # matmul FLOPs per token
     return facts
 
 
@@ -211,7 +250,8 @@ def bundle_work(bundle, *, batch: int = 1, seq: int = 128) -> WorkFacts:
     if suffix is None:
         raise InputError(f"prediction supports ONNX and GGUF bundles; this bundle is {fmt!r}")
     chosen = next((a for a in arts if a.role == "model" and a.path.endswith(suffix)), None) or next(
-        (a for a in arts if a.path.endswith(suffix)), None)
+        (a for a in arts if a.path.endswith(suffix)), None
+    )
     if chosen is None:
         raise InputError(f"bundle {bundle.path} lists no {suffix} artifact")
     path = Path(bundle.path) / chosen.path
@@ -221,6 +261,7 @@ def bundle_work(bundle, *, batch: int = 1, seq: int = 128) -> WorkFacts:
 
 
 # ---------------------------------------------------------------- efficiency + prediction
+
 
 def backend_class(backend: str | None, dev_class: str) -> str | None:
     """Calibration class of a runtime backend on a device class: ONNX Runtime splits into its CPU EP and its
@@ -241,26 +282,37 @@ def load_efficiency_table(path: str | Path | Traversable = EFFICIENCY_FILE) -> l
     return list(data["entries"])
 
 
-def pick_efficiency(table: list[dict], dev_class: str, workload: str, backend: str | None,
-                    params: int | None, quant: str | None = None) -> dict | None:
+def pick_efficiency(
+    table: list[dict], dev_class: str, workload: str, backend: str | None, params: int | None, quant: str | None = None
+) -> dict | None:
     """Closest calibration entry: same class + workload; prefer same backend, quant, then nearest size."""
-    pool = [e for e in table if e["device_class"] == dev_class and e["workload"] == workload
-            and e.get("status") != "superseded"]
+    pool = [
+        e
+        for e in table
+        if e["device_class"] == dev_class and e["workload"] == workload and e.get("status") != "superseded"
+    ]
     if not pool:
         return None
 
     def distance(e: dict) -> tuple:
         size = abs(math.log10(e["params"] / params)) if params and e.get("params") else 9.0
         # Size before quantization: launch overhead, not the weight format, dominates small models.
-        return (0 if backend and e.get("backend") == backend else 1, round(size * 2) / 2,
-                0 if (quant or None) == e.get("quant") else 1, size)
+        return (
+            0 if backend and e.get("backend") == backend else 1,
+            round(size * 2) / 2,
+            0 if (quant or None) == e.get("quant") else 1,
+            size,
+        )
 
     return min(pool, key=distance)
 
 
 def _peak_flops(profile, precision: str | None) -> tuple[float | None, str]:
-    keys = {"fp32": ["fp32_tflops", "fp16_tflops"], "int8": ["int8_tops", "fp16_tflops"],
-            "fp8": ["fp8_tflops", "fp16_tflops"]}.get(precision or "", ["fp16_tflops", "fp32_tflops"])
+    keys = {
+        "fp32": ["fp32_tflops", "fp16_tflops"],
+        "int8": ["int8_tops", "fp16_tflops"],
+        "fp8": ["fp8_tflops", "fp16_tflops"],
+    }.get(precision or "", ["fp16_tflops", "fp32_tflops"])
     for k in keys:
         v = profile.figure(f"device.peak.{k}")
         if v:
@@ -268,8 +320,16 @@ def _peak_flops(profile, precision: str | None) -> tuple[float | None, str]:
     return None, "none"
 
 
-def predict(facts: WorkFacts, profile, *, backend: str | None = None, prompt_tokens: int = 128,
-            context: int | None = None, table: list[dict] | None = None, measured_host: dict | None = None) -> dict:
+def predict(
+    facts: WorkFacts,
+    profile,
+    *,
+    backend: str | None = None,
+    prompt_tokens: int = 128,
+    context: int | None = None,
+    table: list[dict] | None = None,
+    measured_host: dict | None = None,
+) -> dict:
     """Predicted latency/throughput of ``facts`` on ``profile``; each figure says what it rests on.
 
     ``measured_host`` ({bandwidth_gbps, peak_flops, method}) fills figures a generic profile lacks
@@ -287,12 +347,20 @@ def predict(facts: WorkFacts, profile, *, backend: str | None = None, prompt_tok
             peak, peak_key = measured_host["peak_flops"], "measured_fp32"
             notes.append(f"peak FLOP/s measured on this host: {measured_host.get('peak_method')}")
     dev_class = device_class(profile)
-    out: dict[str, Any] = {"profile": profile.name, "device_class": dev_class,
-                           "bandwidth_gbps": bw_gbps, "peak_flops": peak, "peak_figure": peak_key,
-                           "work": facts.to_dict(), "notes": notes}
+    out: dict[str, Any] = {
+        "profile": profile.name,
+        "device_class": dev_class,
+        "bandwidth_gbps": bw_gbps,
+        "peak_flops": peak,
+        "peak_figure": peak_key,
+        "work": facts.to_dict(),
+        "notes": notes,
+    }
     if not bw_gbps:
-        out["unavailable"] = (f"profile {profile.name} has no memory bandwidth figure: run "
-                              "`edgesdk profiles detect --write` on the device to measure one")
+        out["unavailable"] = (
+            f"profile {profile.name} has no memory bandwidth figure: run "
+            "`edgesdk profiles detect --write` on the device to measure one"
+        )
         return out
     bw = float(bw_gbps) * 1e9
     quant = "int4" if facts.precision and "4" in str(facts.precision) else None
@@ -309,14 +377,19 @@ def predict(facts: WorkFacts, profile, *, backend: str | None = None, prompt_tok
         if eff is not None and eff.get("backend") != cls:
             notes.append(f"no {dev_class} encoder calibration for backend {cls}: used {eff.get('backend')}'s")
         overhead_ms = (facts.nodes or 0) * float(eff.get("overhead_us_per_node", 0.0)) / 1e3 if eff else 0.0
-        out["encoder"] = {"bound_ms": bound * 1e3, "memory_ms": t_mem * 1e3, "compute_ms": t_cmp * 1e3,
-                          "limited_by": "memory" if t_mem >= t_cmp else "compute", "backend_class": cls,
-                          "efficiency": eff["efficiency"] if eff else None,
-                          "overhead_us_per_node": eff.get("overhead_us_per_node") if eff else None,
-                          "overhead_ms": overhead_ms if eff else None,
-                          "efficiency_source": eff["source"] if eff else None,
-                          "model": "nodes x overhead per node + bound / efficiency",
-                          "latency_ms": overhead_ms + bound * 1e3 / eff["efficiency"] if eff else None}
+        out["encoder"] = {
+            "bound_ms": bound * 1e3,
+            "memory_ms": t_mem * 1e3,
+            "compute_ms": t_cmp * 1e3,
+            "limited_by": "memory" if t_mem >= t_cmp else "compute",
+            "backend_class": cls,
+            "efficiency": eff["efficiency"] if eff else None,
+            "overhead_us_per_node": eff.get("overhead_us_per_node") if eff else None,
+            "overhead_ms": overhead_ms if eff else None,
+            "efficiency_source": eff["source"] if eff else None,
+            "model": "nodes x overhead per node + bound / efficiency",
+            "latency_ms": overhead_ms + bound * 1e3 / eff["efficiency"] if eff else None,
+        }
         return out
     ctx = context if context is not None else prompt_tokens
     kv = (facts.kv_bytes_per_position or 0) * ctx
@@ -328,25 +401,33 @@ def predict(facts: WorkFacts, profile, *, backend: str | None = None, prompt_tok
     tpot_s = None
     if eff_d:
         tpot_s = 1.0 / (decode_bound * eff_d["efficiency"]) + (facts.layers or 0) * launch_us * 1e-6
-    out["decode"] = {"bound_tok_s": decode_bound, "bytes_per_token": facts.weight_bytes + kv,
-                     "kv_bytes_at_context": kv, "context": ctx,
-                     "efficiency": eff_d["efficiency"] if eff_d else None,
-                     "launch_us_per_layer": launch_us or None,
-                     "efficiency_source": eff_d["source"] if eff_d else None,
-                     "tok_s": 1.0 / tpot_s if tpot_s else None,
-                     "tpot_ms": tpot_s * 1e3 if tpot_s else None,
-                     "model": "bytes / (bandwidth x efficiency) + layers x launch cost" if launch_us else
-                              "bandwidth / bytes per token x efficiency"}
+    out["decode"] = {
+        "bound_tok_s": decode_bound,
+        "bytes_per_token": facts.weight_bytes + kv,
+        "kv_bytes_at_context": kv,
+        "context": ctx,
+        "efficiency": eff_d["efficiency"] if eff_d else None,
+        "launch_us_per_layer": launch_us or None,
+        "efficiency_source": eff_d["source"] if eff_d else None,
+        "tok_s": 1.0 / tpot_s if tpot_s else None,
+        "tpot_ms": tpot_s * 1e3 if tpot_s else None,
+        "model": "bytes / (bandwidth x efficiency) + layers x launch cost"
+        if launch_us
+        else "bandwidth / bytes per token x efficiency",
+    }
     if peak and facts.flops:
-        attn = 2.0 * (facts.layers or 0) * (facts.d_model or 0) * prompt_tokens ** 2
+        attn = 2.0 * (facts.layers or 0) * (facts.d_model or 0) * prompt_tokens**2
         flops = facts.flops * prompt_tokens + attn
         prefill_bound_s = max(flops / peak, facts.weight_bytes / bw)
         eff_p = pick_efficiency(table, dev_class, "prefill", backend, facts.params, quant)
-        out["prefill"] = {"bound_tok_s": prompt_tokens / prefill_bound_s, "flops": flops,
-                          "prompt_tokens": prompt_tokens,
-                          "efficiency": eff_p["efficiency"] if eff_p else None,
-                          "efficiency_source": eff_p["source"] if eff_p else None,
-                          "tok_s": prompt_tokens / prefill_bound_s * eff_p["efficiency"] if eff_p else None}
+        out["prefill"] = {
+            "bound_tok_s": prompt_tokens / prefill_bound_s,
+            "flops": flops,
+            "prompt_tokens": prompt_tokens,
+            "efficiency": eff_p["efficiency"] if eff_p else None,
+            "efficiency_source": eff_p["source"] if eff_p else None,
+            "tok_s": prompt_tokens / prefill_bound_s * eff_p["efficiency"] if eff_p else None,
+        }
         p_tok_s = out["prefill"]["tok_s"]
         out["ttft_ms"] = 1e3 * prompt_tokens / p_tok_s if p_tok_s else None
     return out

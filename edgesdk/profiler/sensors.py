@@ -23,7 +23,7 @@ def parse_nvpmodel(text: str) -> dict | None:
     m = re.search(r"NV Power Mode:\s*(\S+)", text or "")
     if not m:
         return None
-    mode_id = re.search(r"^\s*(\d+)\s*$", text[m.end():], re.M)
+    mode_id = re.search(r"^\s*(\d+)\s*$", text[m.end() :], re.M)
     return {"mode": m.group(1), "id": int(mode_id.group(1)) if mode_id else None}
 
 
@@ -34,8 +34,7 @@ def parse_tegrastats(line: str) -> dict:
         out["ram_used_mb"], out["ram_total_mb"] = int(m.group(1)), int(m.group(2))
     for name in ("EMC_FREQ", "GR3D_FREQ"):
         if m := re.search(name + r" (\d+)%(?:@\[?(\d+)\]?)?", line):
-            out[name.lower()] = {"load_pct": int(m.group(1)),
-                                 "mhz": int(m.group(2)) if m.group(2) else None}
+            out[name.lower()] = {"load_pct": int(m.group(1)), "mhz": int(m.group(2)) if m.group(2) else None}
     temps = {k.lower(): float(v) for k, v in re.findall(r"\b([A-Za-z0-9_]+)@(-?[\d.]+)C\b", line)}
     if temps:
         out["temperatures_c"] = temps
@@ -79,6 +78,7 @@ def tegrastats_sample(timeout: float = 3.0) -> str | None:
 
 # ---------------------------------------------------------------- device state during a measurement
 
+
 def read_device_state(root: str | os.PathLike = "/") -> dict:
     """Governor, clocks, temperatures and power mode now; each unreadable item is None (unavailable)."""
     root = Path(root)
@@ -98,8 +98,10 @@ def read_device_state(root: str | os.PathLike = "/") -> dict:
     }
     if root.resolve() == Path("/") and host.probe().is_jetson:
         sample = tegrastats_sample()
-        state["jetson"] = {"nvpmodel": parse_nvpmodel(run_tool(["nvpmodel", "-q"]) or ""),
-                           "tegrastats": parse_tegrastats(sample) if sample else None}
+        state["jetson"] = {
+            "nvpmodel": parse_nvpmodel(run_tool(["nvpmodel", "-q"]) or ""),
+            "tegrastats": parse_tegrastats(sample) if sample else None,
+        }
     return state
 
 
@@ -114,16 +116,20 @@ def _nvml_readings(pynvml: Any) -> list[dict]:
     out = []
     for i in range(pynvml.nvmlDeviceGetCount()):
         h = pynvml.nvmlDeviceGetHandleByIndex(i)
-        out.append({
-            "index": i,
-            "sm_clock_mhz": _nvml_try(pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_SM),
-            "mem_clock_mhz": _nvml_try(pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_MEM),
-            "temperature_c": _nvml_try(pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU),
-            "power_w": (lambda mw: mw / 1000 if mw is not None else None)(
-                _nvml_try(pynvml.nvmlDeviceGetPowerUsage, h)),
-            "memory_used_gb": (lambda m: round(m.used / 1e9, 3) if m is not None else None)(
-                _nvml_try(pynvml.nvmlDeviceGetMemoryInfo, h)),
-        })
+        out.append(
+            {
+                "index": i,
+                "sm_clock_mhz": _nvml_try(pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_SM),
+                "mem_clock_mhz": _nvml_try(pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_MEM),
+                "temperature_c": _nvml_try(pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU),
+                "power_w": (lambda mw: mw / 1000 if mw is not None else None)(
+                    _nvml_try(pynvml.nvmlDeviceGetPowerUsage, h)
+                ),
+                "memory_used_gb": (lambda m: round(m.used / 1e9, 3) if m is not None else None)(
+                    _nvml_try(pynvml.nvmlDeviceGetMemoryInfo, h)
+                ),
+            }
+        )
     return out
 
 

@@ -90,9 +90,22 @@ if TYPE_CHECKING:
 Dim = int | str | None
 
 # ONNX Runtime spells element types "tensor(float)"; manifests and numpy say "float32".
-_ORT_TYPES = {"float": "float32", "double": "float64", "float16": "float16", "bfloat16": "bfloat16",
-              "int64": "int64", "int32": "int32", "int16": "int16", "int8": "int8", "uint8": "uint8",
-              "uint16": "uint16", "uint32": "uint32", "uint64": "uint64", "bool": "bool", "string": "str"}
+_ORT_TYPES = {
+    "float": "float32",
+    "double": "float64",
+    "float16": "float16",
+    "bfloat16": "bfloat16",
+    "int64": "int64",
+    "int32": "int32",
+    "int16": "int16",
+    "int8": "int8",
+    "uint8": "uint8",
+    "uint16": "uint16",
+    "uint32": "uint32",
+    "uint64": "uint64",
+    "bool": "bool",
+    "string": "str",
+}
 
 
 def normalize_dtype(dtype: Any) -> str:
@@ -122,16 +135,16 @@ class TensorSpec:
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
         if self.shape is not None:
-            dims = tuple(d if isinstance(d, str) or d is None else (int(d) if int(d) > 0 else None)
-                         for d in self.shape)
+            dims = tuple(d if isinstance(d, str) or d is None else (int(d) if int(d) > 0 else None) for d in self.shape)
             object.__setattr__(self, "shape", dims)
 
     @classmethod
     def from_manifest(cls, entry: Mapping[str, Any]) -> TensorSpec:
         """A manifest ``io`` entry ``{"name", "dtype", "shape"}``."""
         shape = entry.get("shape")
-        return cls(str(entry["name"]), str(entry.get("dtype") or "float32"),
-                   tuple(shape) if shape is not None else None)
+        return cls(
+            str(entry["name"]), str(entry.get("dtype") or "float32"), tuple(shape) if shape is not None else None
+        )
 
 
 def check_feeds(specs: Sequence[TensorSpec], feeds: Any) -> dict[str, np.ndarray]:
@@ -143,19 +156,23 @@ def check_feeds(specs: Sequence[TensorSpec], feeds: Any) -> dict[str, np.ndarray
     missing = [n for n in names if n not in feeds]
     extra = [n for n in feeds if n not in names]
     if missing or extra:
-        raise ShapeError(f"inputs do not match the model: missing {missing or '-'}, unexpected {extra or '-'} "
-                         f"(expected {names})")
+        raise ShapeError(
+            f"inputs do not match the model: missing {missing or '-'}, unexpected {extra or '-'} (expected {names})"
+        )
     out = {}
     for spec in specs:
         arr = np.asarray(feeds[spec.name])
         if spec.shape is not None:
             if arr.ndim != len(spec.shape):
-                raise ShapeError(f"input {spec.name!r}: expected rank {len(spec.shape)} {list(spec.shape)}, got "
-                                 f"shape {list(arr.shape)}")
+                raise ShapeError(
+                    f"input {spec.name!r}: expected rank {len(spec.shape)} {list(spec.shape)}, got "
+                    f"shape {list(arr.shape)}"
+                )
             for axis, (got, want) in enumerate(zip(arr.shape, spec.shape)):
                 if isinstance(want, int) and got != want:
-                    raise ShapeError(f"input {spec.name!r}: dimension {axis} must be {want}, got {got} "
-                                     f"(shape {list(arr.shape)})")
+                    raise ShapeError(
+                        f"input {spec.name!r}: dimension {axis} must be {want}, got {got} (shape {list(arr.shape)})"
+                    )
         try:
             want_dtype = np.dtype(spec.dtype)
         except TypeError:
@@ -170,6 +187,7 @@ def check_feeds(specs: Sequence[TensorSpec], feeds: Any) -> dict[str, np.ndarray
 
 
 # ---------------------------------------------------------------- the protocols
+
 
 @runtime_checkable
 class Backend(Protocol):

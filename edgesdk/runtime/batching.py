@@ -158,8 +158,14 @@ class BatchHandle:
     """One submitted request: iterate it for text pieces (as they are generated), ``result()`` for the
     whole of it, ``cancel()`` to stop it (its slot is freed at the next step). Thread-safe."""
 
-    def __init__(self, engine: BatchEngine, request: GenerationRequest, rid: int,
-                 listener: Callable[[str, Any], None] | None = None, cancel: threading.Event | None = None) -> None:
+    def __init__(
+        self,
+        engine: BatchEngine,
+        request: GenerationRequest,
+        rid: int,
+        listener: Callable[[str, Any], None] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> None:
         self._engine = engine
         self.request = request
         self.id = rid
@@ -208,8 +214,11 @@ class BatchHandle:
                 self._events.put(_DONE)  # a second iteration ends at once
                 res = self._result
                 if res is not None and res.finish_reason == "error":
-                    raise EngineClosed(res.error or "generation failed") if self._engine.closed else \
-                        RuntimeError(res.error or "generation failed")
+                    raise (
+                        EngineClosed(res.error or "generation failed")
+                        if self._engine.closed
+                        else RuntimeError(res.error or "generation failed")
+                    )
                 return
             assert isinstance(item, str)
             yield item
@@ -231,16 +240,38 @@ class BatchEngine:
     ``prompts_per_step`` the prompts evaluated in one step (default 1: requests admitted together have
     their prompts evaluated one per step, between the others' tokens)."""
 
-    def __init__(self, model_path: str | os.PathLike[str], *, slots: int = 4, n_ctx: int = 2048,
-                 n_gpu_layers: int = 0, flash_attn: bool = False, threads: int | None = None,
-                 n_batch: int = 512, n_ubatch: int = 512, prefill_chunk: int = 512, prompts_per_step: int = 1,
-                 mixed_prefill: bool = False, max_queue: int = 64,
-                 kv_unified: bool = False, type_k: str | None = None, type_v: str | None = None,
-                 reuse_prefix: bool = False, model: Any = None, verbose: bool = False) -> None:
-        for name, value, lo in (("slots", slots, 1), ("n_ctx", n_ctx, 16), ("n_batch", n_batch, 1),
-                                ("n_ubatch", n_ubatch, 1), ("prefill_chunk", prefill_chunk, 1),
-                                ("prompts_per_step", prompts_per_step, 1),
-                                ("max_queue", max_queue, 0), ("n_gpu_layers", n_gpu_layers, -1)):
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str],
+        *,
+        slots: int = 4,
+        n_ctx: int = 2048,
+        n_gpu_layers: int = 0,
+        flash_attn: bool = False,
+        threads: int | None = None,
+        n_batch: int = 512,
+        n_ubatch: int = 512,
+        prefill_chunk: int = 512,
+        prompts_per_step: int = 1,
+        mixed_prefill: bool = False,
+        max_queue: int = 64,
+        kv_unified: bool = False,
+        type_k: str | None = None,
+        type_v: str | None = None,
+        reuse_prefix: bool = False,
+        model: Any = None,
+        verbose: bool = False,
+    ) -> None:
+        for name, value, lo in (
+            ("slots", slots, 1),
+            ("n_ctx", n_ctx, 16),
+            ("n_batch", n_batch, 1),
+            ("n_ubatch", n_ubatch, 1),
+            ("prefill_chunk", prefill_chunk, 1),
+            ("prompts_per_step", prompts_per_step, 1),
+            ("max_queue", max_queue, 0),
+            ("n_gpu_layers", n_gpu_layers, -1),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < lo:
                 raise InputError(f"{name} must be an integer >= {lo}, got {value!r}")
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
@@ -296,8 +327,9 @@ class BatchEngine:
         if not self._ctx:
             if self._own_model:
                 ll.llama_model_free(self._model)
-            raise BackendUnavailableError(f"llama.cpp could not create a context with {slots} sequences "
-                                          f"x {n_ctx} tokens for {path}")
+            raise BackendUnavailableError(
+                f"llama.cpp could not create a context with {slots} sequences x {n_ctx} tokens for {path}"
+            )
         self._mem = ll.llama_get_memory(self._ctx)
         # the short calls of the engine thread's host work, which keep the interpreter lock (_holding_gil)
         self._get_logits = _holding_gil(ll.llama_get_logits)
@@ -311,12 +343,22 @@ class BatchEngine:
         self._bos = int(ll.llama_vocab_bos(self._vocab))
         self._random_seed = int(ll.LLAMA_DEFAULT_SEED)
         self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
-        self.settings = {"slots": slots, "n_ctx_per_slot": self.n_ctx_seq, "n_gpu_layers": n_gpu_layers,
-                         "flash_attn": flash_attn, "threads": threads, "n_batch": self.n_batch,
-                         "n_ubatch": int(cparams.n_ubatch), "prefill_chunk": self.prefill_chunk,
-                         "prompts_per_step": prompts_per_step, "mixed_prefill": self.mixed_prefill,
-                         "kv_unified": kv_unified, "type_k": type_k or "f16", "type_v": type_v or "f16",
-                         "reuse_prefix": self.reuse_prefix}
+        self.settings = {
+            "slots": slots,
+            "n_ctx_per_slot": self.n_ctx_seq,
+            "n_gpu_layers": n_gpu_layers,
+            "flash_attn": flash_attn,
+            "threads": threads,
+            "n_batch": self.n_batch,
+            "n_ubatch": int(cparams.n_ubatch),
+            "prefill_chunk": self.prefill_chunk,
+            "prompts_per_step": prompts_per_step,
+            "mixed_prefill": self.mixed_prefill,
+            "kv_unified": kv_unified,
+            "type_k": type_k or "f16",
+            "type_v": type_v or "f16",
+            "reuse_prefix": self.reuse_prefix,
+        }
         self._chat: Any = None  # (formatter, stops), built at the first chat request
         self._pieces: dict[int, bytes] = {}  # token -> bytes (piece), filled as tokens are generated
         self._eog: dict[int, bool] = {}  # token -> end of generation
@@ -334,8 +376,15 @@ class BatchEngine:
         self._step_listeners: list[Callable[[], None]] = []
         # decode_s: time in llama_decode (and the logits' transfer); host_s: sampling, detokenising and
         # handing pieces on, per step, for all sequences: what the engine adds around llama.cpp
-        self.stats = {"steps": 0, "decoded_tokens": 0, "prompt_tokens": 0, "generated_tokens": 0,
-                      "max_active": 0, "decode_s": 0.0, "host_s": 0.0}
+        self.stats = {
+            "steps": 0,
+            "decoded_tokens": 0,
+            "prompt_tokens": 0,
+            "generated_tokens": 0,
+            "max_active": 0,
+            "decode_s": 0.0,
+            "host_s": 0.0,
+        }
         self._thread = threading.Thread(target=self._loop, name="edgesdk-batch-engine", daemon=True)
         self._thread.start()
 
@@ -390,10 +439,12 @@ class BatchEngine:
                 raise InputError("this GGUF has no chat template (tokenizer.chat_template): send a prompt instead")
             eos = int(self._ll.llama_vocab_eos(self._vocab))
             text = self._ll.llama_vocab_get_text
-            self._chat = fmt_cls(template=buf.value.decode("utf-8"),
-                                 eos_token=(text(self._vocab, eos) or b"").decode("utf-8", "replace"),
-                                 bos_token=(text(self._vocab, self._bos) or b"").decode("utf-8", "replace"),
-                                 stop_token_ids=[eos])
+            self._chat = fmt_cls(
+                template=buf.value.decode("utf-8"),
+                eos_token=(text(self._vocab, eos) or b"").decode("utf-8", "replace"),
+                bos_token=(text(self._vocab, self._bos) or b"").decode("utf-8", "replace"),
+                stop_token_ids=[eos],
+            )
         assert request.messages is not None
         try:
             res = self._chat(messages=[m.as_dict() for m in request.messages], tools=list(request.tools) or None)
@@ -404,9 +455,15 @@ class BatchEngine:
         return tokens, tuple(s for s in stops if s)
 
     # ------------------------------------------------------------------ submit / cancel / close
-    def submit(self, request: GenerationRequest | None = None, /, *,
-               listener: Callable[[str, Any], None] | None = None, cancel: threading.Event | None = None,
-               **options: Any) -> BatchHandle:
+    def submit(
+        self,
+        request: GenerationRequest | None = None,
+        /,
+        *,
+        listener: Callable[[str, Any], None] | None = None,
+        cancel: threading.Event | None = None,
+        **options: Any,
+    ) -> BatchHandle:
         """Queue one request (a :class:`GenerationRequest`, or its fields as keywords) and return its
         handle at once. Raises InputError/ShapeError for a bad request, EngineSaturated when full.
 
@@ -438,12 +495,17 @@ class BatchEngine:
                 self._users -= 1
                 self._cv.notify_all()
 
-    def _submit(self, request: GenerationRequest, listener: Callable[[str, Any], None] | None = None,
-                cancel: threading.Event | None = None) -> BatchHandle:
+    def _submit(
+        self,
+        request: GenerationRequest,
+        listener: Callable[[str, Any], None] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> BatchHandle:
         stops = request.stop
         if request.logit_bias and request.logit_bias[-1][0] >= self.n_vocab:
-            raise InputError(f"logit_bias token ids must be < {self.n_vocab} (the vocabulary), "
-                             f"got {request.logit_bias[-1][0]}")
+            raise InputError(
+                f"logit_bias token ids must be < {self.n_vocab} (the vocabulary), got {request.logit_bias[-1][0]}"
+            )
         if request.prompt_tokens is not None:
             tokens = list(request.prompt_tokens)
             if max(tokens) >= self.n_vocab:
@@ -470,11 +532,13 @@ class BatchEngine:
                     self._ll.llama_sampler_free(grammar)
                 if self._closing:
                     raise EngineClosed("the batch engine is closing")
-                raise EngineSaturated(f"all {self.slots} slots are busy and {len(self._waiting)} requests wait "
-                                      f"(limit {self.max_queue})")
+                raise EngineSaturated(
+                    f"all {self.slots} slots are busy and {len(self._waiting)} requests wait (limit {self.max_queue})"
+                )
             handle = BatchHandle(self, request, next(self._ids), listener, cancel)
-            seq = _Seq(handle, tokens, budget, stops, hold=max((len(s) for s in stops), default=1) - 1,
-                       grammar=grammar)  # freed by _end, however the request ends
+            seq = _Seq(
+                handle, tokens, budget, stops, hold=max((len(s) for s in stops), default=1) - 1, grammar=grammar
+            )  # freed by _end, however the request ends
             self._waiting.append(seq)
             self._cv.notify()
         return handle
@@ -548,8 +612,12 @@ class BatchEngine:
             for i, (tok, bias) in enumerate(r.logit_bias):
                 biases[i].token, biases[i].bias = tok, bias
             add(chain, ll.llama_sampler_init_logit_bias(self.n_vocab, len(r.logit_bias), biases))
-        add(chain, ll.llama_sampler_init_penalties(self.n_vocab, PENALTY_LAST_N, r.repeat_penalty,
-                                                   r.frequency_penalty, r.presence_penalty))
+        add(
+            chain,
+            ll.llama_sampler_init_penalties(
+                self.n_vocab, PENALTY_LAST_N, r.repeat_penalty, r.frequency_penalty, r.presence_penalty
+            ),
+        )
         if r.temperature == 0:
             add(chain, ll.llama_sampler_init_greedy())
         else:
@@ -630,20 +698,30 @@ class BatchEngine:
                 self._active.remove(seq)
         h = seq.handle
         if len(seq.text) > seq.emitted and finish in ("stop", "length"):
-            h._put(seq.text[seq.emitted:], self._unsent(seq))
+            h._put(seq.text[seq.emitted :], self._unsent(seq))
             seq.emitted = len(seq.text)
         now = time.perf_counter()
-        h._finish(GenerationResult(text=seq.text, tokens=list(seq.out), finish_reason=finish,
-                                   prompt_tokens=len(seq.prompt),
-                                   ttft_s=(h.first_token_at - h.submitted) if h.first_token_at else None,
-                                   total_s=now - h.submitted, error=error, cached_tokens=seq.cached,
-                                   first_token_at=h.first_token_at, finished_at=now, logprobs=seq.logprobs))
+        h._finish(
+            GenerationResult(
+                text=seq.text,
+                tokens=list(seq.out),
+                finish_reason=finish,
+                prompt_tokens=len(seq.prompt),
+                ttft_s=(h.first_token_at - h.submitted) if h.first_token_at else None,
+                total_s=now - h.submitted,
+                error=error,
+                cached_tokens=seq.cached,
+                first_token_at=h.first_token_at,
+                finished_at=now,
+                logprobs=seq.logprobs,
+            )
+        )
 
     @staticmethod
     def _unsent(seq: _Seq) -> list[TokenLogprob] | None:
         if not seq.logprobs or seq.lp_sent >= len(seq.logprobs):
             return None
-        out = seq.logprobs[seq.lp_sent:]
+        out = seq.logprobs[seq.lp_sent :]
         seq.lp_sent = len(seq.logprobs)
         return out
 
@@ -682,7 +760,8 @@ class BatchEngine:
         ``mixed_prefill`` off (the default) prompt chunks are a second ``llama_decode`` after the
         generating tokens, so the decode micro-batch stays one token per sequence."""
         gen: list[tuple[int, int, _Seq, bool]] = [
-            (s.pending, s.pos, s, True) for s in sorted(self._active, key=lambda q: q.slot) if s.pending is not None]
+            (s.pending, s.pos, s, True) for s in sorted(self._active, key=lambda q: q.slot) if s.pending is not None
+        ]
         fill: list[tuple[int, int, _Seq, bool]] = []
         room = min(self.prefill_chunk, self.n_batch - (len(gen) if self.mixed_prefill else 0))
         prompts = 0
@@ -693,7 +772,7 @@ class BatchEngine:
             take = min(room, len(seq.prompt) - seq.n_fed)
             end = len(seq.prompt)
             fill += [(seq.prompt[i], i, seq, i == end - 1) for i in range(seq.n_fed, seq.n_fed + take)]
-            seq.kv += seq.prompt[seq.n_fed:seq.n_fed + take]
+            seq.kv += seq.prompt[seq.n_fed : seq.n_fed + take]
             seq.n_fed += take
             seq.pos = seq.n_fed
             room -= take
@@ -724,8 +803,9 @@ class BatchEngine:
         t_dec = time.perf_counter()
         rc = ll.llama_decode(self._ctx, b)
         if rc != 0:
-            raise RuntimeError(f"llama_decode returned {rc} for a batch of {len(entries)} tokens "
-                               f"({len(self._active)} sequences)")
+            raise RuntimeError(
+                f"llama_decode returned {rc} for a batch of {len(entries)} tokens ({len(self._active)} sequences)"
+            )
         if outputs:
             ll.llama_synchronize(self._ctx)  # the wait for the device, with the interpreter lock released
         self.stats["steps"] += 1
@@ -777,8 +857,9 @@ class BatchEngine:
         buf["id"] = np.arange(self.n_vocab, dtype=np.int32)  # samplers sort the buffer in place
         buf["logit"] = np.ctypeslib.as_array(ll.llama_get_logits_ith(self._ctx, idx), shape=(self.n_vocab,))
         buf["p"] = 0.0
-        return ll.llama_token_data_array(data=buf.ctypes.data_as(ctypes.POINTER(ll.llama_token_data)),
-                                         size=self.n_vocab, selected=-1, sorted=False)
+        return ll.llama_token_data_array(
+            data=buf.ctypes.data_as(ctypes.POINTER(ll.llama_token_data)), size=self.n_vocab, selected=-1, sorted=False
+        )
 
     def _sample_grammar(self, seq: _Seq, idx: int) -> int:
         """The chain's token under the grammar: the chain picks from all candidates; if the grammar rejects that
@@ -789,8 +870,9 @@ class BatchEngine:
         ll.llama_sampler_apply(seq.sampler, ctypes.byref(arr))
         tok = int(self._cand["id"][arr.selected])
         one = (ll.llama_token_data * 1)(ll.llama_token_data(tok, 1.0, 0.0))
-        ll.llama_sampler_apply(seq.grammar, ctypes.byref(ll.llama_token_data_array(
-            data=one, size=1, selected=-1, sorted=False)))
+        ll.llama_sampler_apply(
+            seq.grammar, ctypes.byref(ll.llama_token_data_array(data=one, size=1, selected=-1, sorted=False))
+        )
         if not np.isfinite(one[0].logit):  # rejected: the grammar first, then the chain
             arr = self._candidates(idx)
             ll.llama_sampler_apply(seq.grammar, ctypes.byref(arr))
@@ -828,8 +910,9 @@ class BatchEngine:
         self.stats["generated_tokens"] += 1
         seq.text += seq.decoder.decode(self.piece(tok))
         if seq.stops:
-            cut = min((i for i in (seq.text.find(s, max(0, seq.emitted - len(s))) for s in seq.stops) if i >= 0),
-                      default=-1)
+            cut = min(
+                (i for i in (seq.text.find(s, max(0, seq.emitted - len(s))) for s in seq.stops) if i >= 0), default=-1
+            )
             if cut >= 0:
                 seq.text = seq.text[:cut]
                 self._end(seq, "stop")
@@ -839,7 +922,6 @@ class BatchEngine:
             self._end(seq, "length")
             return
         if len(seq.text) - seq.hold > seq.emitted:
-            h._put(seq.text[seq.emitted:len(seq.text) - seq.hold], self._unsent(seq))
+            h._put(seq.text[seq.emitted : len(seq.text) - seq.hold], self._unsent(seq))
             seq.emitted = len(seq.text) - seq.hold
         seq.pending = tok
-

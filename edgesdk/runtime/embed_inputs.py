@@ -28,8 +28,9 @@ class Row(NamedTuple):
 
 def is_token_ids(value: object) -> bool:
     """A non-empty list of integers (booleans are not integers here)."""
-    return (isinstance(value, list) and bool(value)
-            and all(isinstance(t, int) and not isinstance(t, bool) for t in value))
+    return (
+        isinstance(value, list) and bool(value) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+    )
 
 
 def vocab_size(tokenizer: Any) -> int:
@@ -43,8 +44,9 @@ def check_token_ids(tokenizer: Any, inputs: Sequence[object], name: str = "input
         if isinstance(item, list):
             bad = next((t for t in item if not 0 <= t < size), None)
             if bad is not None:
-                raise InputError(f"{name}[{i}] holds token id {bad}, outside this model's vocabulary "
-                                 f"(ids 0 to {size - 1})")
+                raise InputError(
+                    f"{name}[{i}] holds token id {bad}, outside this model's vocabulary (ids 0 to {size - 1})"
+                )
 
 
 def _truncate(tokenizer: Any, ids: list[int]) -> list[int]:
@@ -54,7 +56,7 @@ def _truncate(tokenizer: Any, ids: list[int]) -> list[int]:
         return ids
     special = {i for i, tok in tokenizer.get_added_tokens_decoder().items() if tok.special}
     if limit > 1 and ids[-1] in special:
-        return ids[:limit - 1] + [ids[-1]]
+        return ids[: limit - 1] + [ids[-1]]
     return ids[:limit]
 
 
@@ -76,5 +78,11 @@ def encode_inputs(tokenizer: Any, inputs: Sequence[str | list[int]]) -> list[Row
     padding = tokenizer.padding or {}
     pad_id = int(padding.get("pad_id", 0))
     width = max(len(r.ids) for r in rows)
-    return [Row(r.ids + [pad_id] * (width - len(r.ids)), r.attention_mask + [0] * (width - len(r.ids)),
-                r.type_ids + [0] * (width - len(r.ids))) for r in rows]
+    return [
+        Row(
+            r.ids + [pad_id] * (width - len(r.ids)),
+            r.attention_mask + [0] * (width - len(r.ids)),
+            r.type_ids + [0] * (width - len(r.ids)),
+        )
+        for r in rows
+    ]

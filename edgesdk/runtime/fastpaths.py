@@ -28,8 +28,10 @@ def fast_paths(profile: Any, *, device_is_cuda: bool) -> dict[str, dict[str, Any
         elif not entry.supported:
             out[feature] = {"use": False, "reason": f"profile {profile.name}: unsupported ({entry.source})"}
         elif entry.recommended is False:
-            out[feature] = {"use": False, "reason": f"profile {profile.name}: supported but not recommended "
-                                                    f"({entry.source})"}
+            out[feature] = {
+                "use": False,
+                "reason": f"profile {profile.name}: supported but not recommended ({entry.source})",
+            }
         else:
             out[feature] = {"use": True, "reason": f"profile {profile.name}: supported ({entry.source})"}
     return out

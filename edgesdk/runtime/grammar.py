@@ -32,9 +32,25 @@ _JSON_CHAR = 'char ::= [^"\\\\\\x7F\\x00-\\x1F] |'
 
 #: Validation keywords llama-cpp-python's converter does not turn into grammar: a schema using them is refused
 #: rather than half-enforced (integer bounds spanning at most MAX_INT_RANGE values become an enum instead).
-UNENFORCED = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "uniqueItems",
-              "minProperties", "maxProperties", "patternProperties", "propertyNames", "not", "if", "then", "else",
-              "contains", "dependentRequired", "dependentSchemas")
+UNENFORCED = (
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "multipleOf",
+    "uniqueItems",
+    "minProperties",
+    "maxProperties",
+    "patternProperties",
+    "propertyNames",
+    "not",
+    "if",
+    "then",
+    "else",
+    "contains",
+    "dependentRequired",
+    "dependentSchemas",
+)
 MAX_INT_RANGE = 256
 _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
@@ -50,16 +66,23 @@ def enforceable(schema: Any, where: str = "schema") -> Any:
         types = out.pop("type")
         return enforceable({"anyOf": [{**out, "type": t} for t in types]}, where)
     bounds = [k for k in ("minimum", "maximum") if k in out]
-    if out.get("type") == "integer" and len(bounds) == 2 and not isinstance(out["minimum"], bool) \
-            and isinstance(out["minimum"], int | float) and isinstance(out["maximum"], int | float) \
-            and 0 <= out["maximum"] - out["minimum"] < MAX_INT_RANGE:
+    if (
+        out.get("type") == "integer"
+        and len(bounds) == 2
+        and not isinstance(out["minimum"], bool)
+        and isinstance(out["minimum"], int | float)
+        and isinstance(out["maximum"], int | float)
+        and 0 <= out["maximum"] - out["minimum"] < MAX_INT_RANGE
+    ):
         lo, hi = math.ceil(out.pop("minimum")), math.floor(out.pop("maximum"))
         out.pop("type")
         out["enum"] = list(range(lo, hi + 1))
     for key in UNENFORCED:
         if key in out:
-            raise InputError(f"{where}.{key}: the grammar cannot enforce '{key}' (only integer ranges of at most "
-                             f"{MAX_INT_RANGE} values, with both minimum and maximum); leave it out")
+            raise InputError(
+                f"{where}.{key}: the grammar cannot enforce '{key}' (only integer ranges of at most "
+                f"{MAX_INT_RANGE} values, with both minimum and maximum); leave it out"
+            )
     for key in _SUBSCHEMA_MAPS:
         if isinstance(out.get(key), Mapping):
             out[key] = {k: enforceable(v, f"{where}.{key}.{k}") for k, v in out[key].items()}
@@ -101,8 +124,11 @@ def _function(tool: Mapping[str, Any]) -> Mapping[str, Any]:
 def _call_schema(tool: Mapping[str, Any]) -> dict[str, Any]:
     fn = _function(tool)
     params = fn.get("parameters") or ANY_OBJECT
-    return {"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": params},
-            "required": ["name", "arguments"]}
+    return {
+        "type": "object",
+        "properties": {"name": {"const": fn["name"]}, "arguments": params},
+        "required": ["name", "arguments"],
+    }
 
 
 def tool_schema(tools: Sequence[Mapping[str, Any]], choice: str | None) -> dict[str, Any]:
@@ -112,8 +138,11 @@ def tool_schema(tools: Sequence[Mapping[str, Any]], choice: str | None) -> dict[
     if not chosen:
         raise InputError(f"tool_choice names {choice!r}, which is not one of the tools")
     calls = [_call_schema(t) for t in chosen]
-    call = {"type": "object", "properties": {"tool_call": calls[0] if len(calls) == 1 else {"anyOf": calls}},
-            "required": ["tool_call"]}
+    call = {
+        "type": "object",
+        "properties": {"tool_call": calls[0] if len(calls) == 1 else {"anyOf": calls}},
+        "required": ["tool_call"],
+    }
     if choice != "auto":
         return call
     text = {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"]}
@@ -129,15 +158,23 @@ def tool_grammar(tools: Sequence[Mapping[str, Any]], choice: str | None) -> str:
 def tool_preamble(tools: Sequence[Mapping[str, Any]], choice: str | None, *, list_tools: bool = True) -> str:
     """The system text that tells the model its tools and the reply format (``list_tools=False``: the format
     only, for a template that renders the tools itself)."""
-    specs = [{"name": _function(t).get("name"), "description": _function(t).get("description", ""),
-              "parameters": _function(t).get("parameters") or ANY_OBJECT} for t in tools]
+    specs = [
+        {
+            "name": _function(t).get("name"),
+            "description": _function(t).get("description", ""),
+            "parameters": _function(t).get("parameters") or ANY_OBJECT,
+        }
+        for t in tools
+    ]
     out = []
     if list_tools:
         out.append("You can call these tools:\n" + json.dumps(specs, ensure_ascii=False, indent=2) + "\n")
     call = '{"tool_call": {"name": "<tool name>", "arguments": {<the arguments>}}}'
     if choice == "auto":
-        out.append(f"Reply with one JSON object: {call} to call a tool, or "
-                   '{"response": "<your answer>"} to answer without one.')
+        out.append(
+            f"Reply with one JSON object: {call} to call a tool, or "
+            '{"response": "<your answer>"} to answer without one.'
+        )
     else:
         name = choice if choice not in (None, "required") else "<tool name>"
         out.append("Reply with one JSON object calling a tool: " + call.replace("<tool name>", str(name)))
@@ -163,13 +200,20 @@ def generic_tool_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[st
                     args = fn.get("arguments")
                 parsed.append({"name": fn["name"], "arguments": args})
             body = {"tool_call": parsed[0]} if len(parsed) == 1 else {"tool_calls": parsed}
-            text = (str(m.get("content") or "") + "\n" if m.get("content") else "") + json.dumps(body,
-                                                                                               ensure_ascii=False)
+            text = (str(m.get("content") or "") + "\n" if m.get("content") else "") + json.dumps(
+                body, ensure_ascii=False
+            )
             out.append({"role": "assistant", "content": text})
         elif m.get("role") == "tool":
             name = m.get("name") or names.get(m.get("tool_call_id"), "")
-            out.append({"role": "user", "content": json.dumps(
-                {"tool_response": {"tool": name, "content": m.get("content", "")}}, ensure_ascii=False)})
+            out.append(
+                {
+                    "role": "user",
+                    "content": json.dumps(
+                        {"tool_response": {"tool": name, "content": m.get("content", "")}}, ensure_ascii=False
+                    ),
+                }
+            )
         else:
             out.append({"role": m["role"], "content": m.get("content", "")})
     return out
@@ -195,8 +239,11 @@ def parse_tool_reply(text: str) -> tuple[list[tuple[str, str]], str | None]:
         return [], text
     many, one = data.get("tool_calls"), data.get("tool_call")
     calls: list[Any] = many if isinstance(many, list) else [one] if isinstance(one, dict) else []
-    out = [(str(c.get("name")), json.dumps(c.get("arguments", {}), ensure_ascii=False))
-           for c in calls if isinstance(c, dict) and isinstance(c.get("name"), str)]
+    out = [
+        (str(c.get("name")), json.dumps(c.get("arguments", {}), ensure_ascii=False))
+        for c in calls
+        if isinstance(c, dict) and isinstance(c.get("name"), str)
+    ]
     if out:
         return out, None
     if isinstance(data.get("response"), str):

@@ -108,8 +108,9 @@ def all_option_names() -> frozenset[str]:
     return frozenset(name for cls in classes for name in cls.names())
 
 
-def parse_load_options(options: Mapping[str, Any] | LoadOptions, fmt: str | None = None,
-                       extra_names: tuple[str, ...] = ()) -> LoadOptions:
+def parse_load_options(
+    options: Mapping[str, Any] | LoadOptions, fmt: str | None = None, extra_names: tuple[str, ...] = ()
+) -> LoadOptions:
     """``options`` as ``fmt``'s dataclass; an unknown key is one :class:`InputError` naming it and the known ones.
 
     ``fmt=None`` (the bundle not opened yet) checks only the options every backend shares (``threads``);
@@ -117,8 +118,10 @@ def parse_load_options(options: Mapping[str, Any] | LoadOptions, fmt: str | None
     """
     if isinstance(options, LoadOptions):
         if fmt is not None and not isinstance(options, options_class(fmt)):
-            raise InputError(f"{type(options).__name__} is for {', '.join(type(options).formats) or 'any'} bundles, "
-                             f"not {fmt}: use {options_class(fmt).__name__}")
+            raise InputError(
+                f"{type(options).__name__} is for {', '.join(type(options).formats) or 'any'} bundles, "
+                f"not {fmt}: use {options_class(fmt).__name__}"
+            )
         return options
     if fmt is None:
         return LoadOptions(**{k: v for k, v in options.items() if k in LoadOptions.names()})
@@ -144,9 +147,19 @@ def _unknown_message(unknown: list[str], known: set[str], fmt: str) -> str:
                 hints.append(f"{cand} applies to {', '.join(owners)} bundles, not {fmt}")
                 break
     more = f"; {'; '.join(hints)}" if hints else ""
-    return (f"unknown load option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
-            f"(known: {', '.join(sorted(known))}{more})")
+    return (
+        f"unknown load option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
+        f"(known: {', '.join(sorted(known))}{more})"
+    )
 
 
-__all__ = ["OPTION_CLASSES", "GgufLoadOptions", "LoadOptions", "OnnxLoadOptions", "VlmLoadOptions",
-           "all_option_names", "options_class", "parse_load_options"]
+__all__ = [
+    "OPTION_CLASSES",
+    "GgufLoadOptions",
+    "LoadOptions",
+    "OnnxLoadOptions",
+    "VlmLoadOptions",
+    "all_option_names",
+    "options_class",
+    "parse_load_options",
+]

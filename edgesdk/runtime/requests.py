@@ -26,8 +26,15 @@ from typing import Any
 from edgesdk.errors import InputError
 
 #: The runtime's defaults for options left out (llama-cpp-python's, as ``Session.generate`` uses them).
-DEFAULT_SAMPLING: dict[str, float] = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05,
-                                      "repeat_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
+DEFAULT_SAMPLING: dict[str, float] = {
+    "temperature": 0.8,
+    "top_k": 40,
+    "top_p": 0.95,
+    "min_p": 0.05,
+    "repeat_penalty": 1.0,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+}
 #: Penalty values that leave the logits alone (a greedy request with these needs no sampler chain).
 NEUTRAL_PENALTIES: dict[str, float] = {"repeat_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
 PENALTY_RANGE = 2.0  # frequency_penalty / presence_penalty: -2..2 (OpenAI's range)
@@ -47,8 +54,15 @@ def _show(value: object) -> str:
     return text if len(text) <= 40 else f"{text[:30]}... ({len(text)} characters)"
 
 
-def _number(name: str, value: object, *, lo: float | None = None, hi: float | None = None,
-            lo_open: bool = False, integer: bool = False) -> float:
+def _number(
+    name: str,
+    value: object,
+    *,
+    lo: float | None = None,
+    hi: float | None = None,
+    lo_open: bool = False,
+    integer: bool = False,
+) -> float:
     """``value`` as a finite number in range, else one InputError naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise InputError(f"{name} must be {'an integer' if integer else 'a number'}, got {_show(value)}")
@@ -157,8 +171,10 @@ class ChatMessage:
         """The turn as OpenAI's message shape (what a Jinja chat template reads)."""
         out: dict[str, Any] = {"role": self.role, "content": self.content}
         if self.tool_calls:
-            out["tool_calls"] = [{"id": c.id, "type": "function",
-                                  "function": {"name": c.name, "arguments": c.arguments}} for c in self.tool_calls]
+            out["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in self.tool_calls
+            ]
         if self.tool_call_id is not None:
             out["tool_call_id"] = self.tool_call_id
         if self.name is not None:
@@ -178,8 +194,10 @@ def _check_tool_calls(i: int, calls: object) -> tuple[ToolCall, ...]:
             continue
         fn = c.get("function") if isinstance(c, Mapping) else None
         if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise InputError(f"messages[{i}].tool_calls[{j}] must be {{'id', 'type': 'function', "
-                             "'function': {'name', 'arguments'}}")
+            raise InputError(
+                f"messages[{i}].tool_calls[{j}] must be {{'id', 'type': 'function', "
+                "'function': {'name', 'arguments'}}"
+            )
         args = fn.get("arguments", "{}")
         if isinstance(args, Mapping):
             args = json.dumps(args, ensure_ascii=False)
@@ -225,8 +243,10 @@ def _check_messages(messages: object) -> tuple[ChatMessage, ...]:
         for j, part in enumerate(content):
             kind = part.get("type") if isinstance(part, Mapping) else None
             if kind != "text":
-                raise InputError(f"messages[{i}].content[{j}]: only text parts ({{'type': 'text', 'text': ...}}) "
-                                 f"are supported here, got type {kind!r}")
+                raise InputError(
+                    f"messages[{i}].content[{j}]: only text parts ({{'type': 'text', 'text': ...}}) "
+                    f"are supported here, got type {kind!r}"
+                )
             if not isinstance(part.get("text"), str):
                 raise InputError(f"messages[{i}].content[{j}].text must be a string")
             texts.append(part["text"])
@@ -286,8 +306,10 @@ class GenerationRequest:
     def __post_init__(self) -> None:
         given = [k for k in ("prompt", "prompt_tokens", "messages") if getattr(self, k) is not None]
         if len(given) != 1:
-            raise InputError("a generation request needs exactly one of prompt, prompt_tokens or messages"
-                             + (f" (got {', '.join(given)})" if given else ""))
+            raise InputError(
+                "a generation request needs exactly one of prompt, prompt_tokens or messages"
+                + (f" (got {', '.join(given)})" if given else "")
+            )
         if self.prompt is not None and not isinstance(self.prompt, str):
             raise InputError(f"prompt must be a string, got {type(self.prompt).__name__}")
         if self.prompt_tokens is not None:
@@ -306,8 +328,9 @@ class GenerationRequest:
         for k, default in DEFAULT_SAMPLING.items():
             if params[k] is None:
                 params[k] = default
-        max_tokens, seed = check_sampling(DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens,
-                                          self.seed, params)
+        max_tokens, seed = check_sampling(
+            DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens, self.seed, params
+        )
         object.__setattr__(self, "max_tokens", max_tokens)
         object.__setattr__(self, "seed", seed)
         for k in DEFAULT_SAMPLING:
@@ -316,12 +339,14 @@ class GenerationRequest:
         object.__setattr__(self, "top_k", int(params["top_k"]))  # type: ignore[call-overload]  # checked
         object.__setattr__(self, "stop", check_stop(self.stop))
         object.__setattr__(self, "logit_bias", check_logit_bias(self.logit_bias))
-        if self.grammar is not None and (not isinstance(self.grammar, str) or not self.grammar.strip()
-                                         or len(self.grammar) > MAX_GRAMMAR_CHARS):
+        if self.grammar is not None and (
+            not isinstance(self.grammar, str) or not self.grammar.strip() or len(self.grammar) > MAX_GRAMMAR_CHARS
+        ):
             raise InputError(f"grammar must be a non-empty GBNF text of at most {MAX_GRAMMAR_CHARS} characters")
         if self.logprobs is not None:
-            object.__setattr__(self, "logprobs", int(_number("logprobs", self.logprobs, lo=0, hi=MAX_TOP_LOGPROBS,
-                                                             integer=True)))
+            object.__setattr__(
+                self, "logprobs", int(_number("logprobs", self.logprobs, lo=0, hi=MAX_TOP_LOGPROBS, integer=True))
+            )
         object.__setattr__(self, "tools", check_tools(self.tools or None))
         if self.tools and self.messages is None:
             raise InputError("tools need chat messages (a prompt or prompt_tokens is formatted already)")
@@ -335,29 +360,56 @@ class GenerationRequest:
     @property
     def plain_greedy(self) -> bool:
         """Greedy with neutral penalties, no logit bias and no grammar: the largest logit is the token."""
-        return self.greedy and not self.logit_bias and self.grammar is None and all(
-            getattr(self, k) == v for k, v in NEUTRAL_PENALTIES.items())
+        return (
+            self.greedy
+            and not self.logit_bias
+            and self.grammar is None
+            and all(getattr(self, k) == v for k, v in NEUTRAL_PENALTIES.items())
+        )
 
     @classmethod
-    def from_options(cls, *, prompt: str | None = None, prompt_tokens: Sequence[int] | None = None,
-                     messages: Sequence[Mapping[str, Any]] | None = None, **options: Any) -> GenerationRequest:
+    def from_options(
+        cls,
+        *,
+        prompt: str | None = None,
+        prompt_tokens: Sequence[int] | None = None,
+        messages: Sequence[Mapping[str, Any]] | None = None,
+        **options: Any,
+    ) -> GenerationRequest:
         """Build from keyword options as ``Session.generate`` takes them (``temp`` = ``temperature``;
         ``None`` values mean the default; an unknown option is an InputError naming it)."""
         named = {("temperature" if k == "temp" else k): v for k, v in options.items()}
-        known = {"max_tokens", "stop", "seed", "stream", "n", "logit_bias", "grammar", "logprobs", "tools",
-                 "tool_choice", *DEFAULT_SAMPLING}
+        known = {
+            "max_tokens",
+            "stop",
+            "seed",
+            "stream",
+            "n",
+            "logit_bias",
+            "grammar",
+            "logprobs",
+            "tools",
+            "tool_choice",
+            *DEFAULT_SAMPLING,
+        }
         unknown = set(named) - known
         if unknown:
-            raise InputError(f"unknown generation option(s): {', '.join(sorted(unknown))} "
-                             f"(known: max_tokens, stop, seed, stream, logit_bias, grammar, logprobs, tools, "
-                             f"tool_choice, {', '.join(DEFAULT_SAMPLING)})")
+            raise InputError(
+                f"unknown generation option(s): {', '.join(sorted(unknown))} "
+                f"(known: max_tokens, stop, seed, stream, logit_bias, grammar, logprobs, tools, "
+                f"tool_choice, {', '.join(DEFAULT_SAMPLING)})"
+            )
         kw = {k: v for k, v in named.items() if v is not None or k == "seed"}
         stop = kw.pop("stop", None)
         if "tools" in kw:
             kw["tools"] = check_tools(kw["tools"])
-        return cls(prompt=prompt, prompt_tokens=tuple(prompt_tokens) if prompt_tokens is not None else None,
-                   messages=tuple(messages) if messages is not None else None,  # type: ignore[arg-type]
-                   stop=check_stop(stop), **kw)
+        return cls(
+            prompt=prompt,
+            prompt_tokens=tuple(prompt_tokens) if prompt_tokens is not None else None,
+            messages=tuple(messages) if messages is not None else None,  # type: ignore[arg-type]
+            stop=check_stop(stop),
+            **kw,
+        )
 
     def sampling(self) -> dict[str, float]:
         """The sampling options as the llama.cpp backends take them."""

@@ -30,9 +30,13 @@ from edgesdk.runtime.options import LoadOptions, all_option_names, parse_load_op
 def usage_of(last: dict[str, Any]) -> dict[str, Any]:
     """A backend's figures of its last request, named as OpenAI/llama.cpp users know them."""
     ttft = last.get("ttft_s")
-    return {"prompt_tokens": last.get("input_tokens"), "completion_tokens": last.get("output_tokens"),
-            "ttft_ms": round(ttft * 1000, 2) if ttft is not None else None,
-            "tokens_per_s": last.get("decode_tok_s"), "finish_reason": last.get("finish_reason")}
+    return {
+        "prompt_tokens": last.get("input_tokens"),
+        "completion_tokens": last.get("output_tokens"),
+        "ttft_ms": round(ttft * 1000, 2) if ttft is not None else None,
+        "tokens_per_s": last.get("decode_tok_s"),
+        "finish_reason": last.get("finish_reason"),
+    }
 
 
 class Generation(str):
@@ -75,8 +79,17 @@ def check_load_options(options: dict[str, Any], fmt: str | None = None) -> LoadO
 
 
 # LoadContext lives in runtime/backend.py
-__all__ = ["EMBED_MAX_BATCH", "EMBED_MAX_LENGTH_RATIO", "LOAD_OPTIONS", "LoadContext", "LoadOptions", "Session",
-           "check_load_options", "load", "plan_embed_batches"]
+__all__ = [
+    "EMBED_MAX_BATCH",
+    "EMBED_MAX_LENGTH_RATIO",
+    "LOAD_OPTIONS",
+    "LoadContext",
+    "LoadOptions",
+    "Session",
+    "check_load_options",
+    "load",
+    "plan_embed_batches",
+]
 
 
 class Session:
@@ -90,9 +103,13 @@ class Session:
         self.profile = ctx.profile
         self._tokenizer = None
         m = bundle.manifest
-        self._attrs = {"edgesdk.device.profile": (ctx.profile.name if ctx.profile else m.profile.name or ""),
-                       "edgesdk.backend": backend.name, "edgesdk.backend.device": str(backend.device),
-                       "edgesdk.precision": bundle.precision, "edgesdk.bundle.id": bundle.bundle_id}
+        self._attrs = {
+            "edgesdk.device.profile": (ctx.profile.name if ctx.profile else m.profile.name or ""),
+            "edgesdk.backend": backend.name,
+            "edgesdk.backend.device": str(backend.device),
+            "edgesdk.precision": bundle.precision,
+            "edgesdk.bundle.id": bundle.bundle_id,
+        }
         self._model = bundle.model_name
         self._operation = "embeddings" if m.model.task == "feature-extraction" else "predict"
 
@@ -116,8 +133,9 @@ class Session:
             # the bytes are hashed again as they are read.
             raw = self.bundle.read_bytes("tokenizer.json")
             if raw is None:
-                raise BackendUnavailableError(f"bundle {self.bundle.path} has no tokenizer.json: use run() with "
-                                              "token ids")
+                raise BackendUnavailableError(
+                    f"bundle {self.bundle.path} has no tokenizer.json: use run() with token ids"
+                )
             tok = Tokenizer.from_str(raw.decode("utf-8"))
             max_len = 512
             cfg = self.bundle.read_bytes("tokenizer_config.json")
@@ -132,8 +150,13 @@ class Session:
             self._tokenizer = tok
         return self._tokenizer
 
-    def embed(self, texts: str | list[str] | list[str | list[int]], *, normalize: bool | None = None,
-              max_batch: int | None = None) -> np.ndarray:
+    def embed(
+        self,
+        texts: str | list[str] | list[str | list[int]],
+        *,
+        normalize: bool | None = None,
+        max_batch: int | None = None,
+    ) -> np.ndarray:
         """Sentence embeddings (pooling as the model's sentence-transformers config says), shape [n, dim].
 
         Texts run in batches of at most ``max_batch`` (default: the largest batch the build verified,
@@ -159,14 +182,15 @@ class Session:
         parts, order = [], []
         for rows in plan_embed_batches(lengths, max_batch):
             width = max(max(lengths[i] for i in rows), 1)
-            feeds = {"input_ids": np.asarray([encs[i].ids[:width] for i in rows], dtype=np.int64),
-                     "attention_mask": np.asarray([encs[i].attention_mask[:width] for i in rows], dtype=np.int64),
-                     "token_type_ids": np.asarray([encs[i].type_ids[:width] for i in rows], dtype=np.int64)}
+            feeds = {
+                "input_ids": np.asarray([encs[i].ids[:width] for i in rows], dtype=np.int64),
+                "attention_mask": np.asarray([encs[i].attention_mask[:width] for i in rows], dtype=np.int64),
+                "token_type_ids": np.asarray([encs[i].type_ids[:width] for i in rows], dtype=np.int64),
+            }
             order.extend(rows)
             mask_all = feeds["attention_mask"]
             feeds = {k: v for k, v in feeds.items() if k in names}
-            with telemetry.inference("embeddings", self._model, self.backend.provider,
-                                     attributes=self._attrs) as rec:
+            with telemetry.inference("embeddings", self._model, self.backend.provider, attributes=self._attrs) as rec:
                 rec.set_input_tokens(int(mask_all.sum()))
                 hidden = next(iter(self.backend.run(feeds).values()))
                 rec.set_attribute("gen_ai.embeddings.dimension.count", int(hidden.shape[-1]))  # semconv: recommended
@@ -199,8 +223,9 @@ class Session:
     # ------------------------------------------------------------------ LLMs (delegated)
     def _llm(self, what: str) -> LLMBackend:
         if not isinstance(self.backend, LLMBackend):
-            raise BackendUnavailableError(f"{what}() needs an LLM bundle; this bundle is "
-                                          f"{self.bundle.format}/{self.bundle.manifest.model.task}")
+            raise BackendUnavailableError(
+                f"{what}() needs an LLM bundle; this bundle is {self.bundle.format}/{self.bundle.manifest.model.task}"
+            )
         return self.backend
 
     def generate(self, prompt: str, **kwargs: Any) -> Any:
@@ -253,8 +278,14 @@ class Session:
         self.close()
 
 
-def load(path: str | Path, *, profile: str | Profile | None = None, verify: bool = True,
-         options: LoadOptions | None = None, **kwargs: Any) -> Session:
+def load(
+    path: str | Path,
+    *,
+    profile: str | Profile | None = None,
+    verify: bool = True,
+    options: LoadOptions | None = None,
+    **kwargs: Any,
+) -> Session:
     """Open and verify a bundle, then load it with the best backend present (see module docstring).
 
     ``profile`` overrides the device profile used for kernel decisions (default: the one the bundle was
@@ -266,14 +297,15 @@ def load(path: str | Path, *, profile: str | Profile | None = None, verify: bool
     t0 = time.perf_counter()
     host = kwargs.pop("host", None)  # HostFacts to load as if on another host (tests, what-if reports)
     if options is not None and kwargs:
-        raise InputError(f"pass load options as keywords or as options={type(options).__name__}(...), not both "
-                         f"(got {', '.join(sorted(kwargs))} too)")
+        raise InputError(
+            f"pass load options as keywords or as options={type(options).__name__}(...), not both "
+            f"(got {', '.join(sorted(kwargs))} too)"
+        )
     if options is None:
         check_load_options(kwargs)  # threads, before the bundle's bytes are hashed
     bundle = open_bundle(path, verify=verify)
     # a typo (n_gpu_layer=8), or an option of another backend kind, is refused, not ignored
-    typed = check_load_options(kwargs, bundle.format) if options is None else \
-        parse_load_options(options, bundle.format)
+    typed = check_load_options(kwargs, bundle.format) if options is None else parse_load_options(options, bundle.format)
     prof = profile if isinstance(profile, Profile) or profile is None else resolve_profile(profile)
     if prof is None:
         name = bundle.manifest.profile.name

@@ -34,8 +34,17 @@ from edgesdk.serve.app import (
     create_app,
 )
 
-__all__ = ["ConnectionLimits", "ServeConfig", "ModelEntry", "bind_sockets", "create_app", "load_models",
-           "model_entry", "run", "serve_limits"]
+__all__ = [
+    "ConnectionLimits",
+    "ServeConfig",
+    "ModelEntry",
+    "bind_sockets",
+    "create_app",
+    "load_models",
+    "model_entry",
+    "run",
+    "serve_limits",
+]
 
 _NAME_OK = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:")
 
@@ -46,8 +55,9 @@ def serve_limits(manifest: Manifest) -> dict:
     if table is None:
         table = {}
     if not isinstance(table, dict):
-        raise InputError(f"manifest {where} must be a table of limits (max_tokens, default_max_tokens), "
-                         f"got {_show(table)}")
+        raise InputError(
+            f"manifest {where} must be a table of limits (max_tokens, default_max_tokens), got {_show(table)}"
+        )
     cap = table.get("max_tokens", DEFAULT_MAX_TOKENS_CAP)
     default = table.get("default_max_tokens", DEFAULT_MAX_TOKENS)
     if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
@@ -78,22 +88,31 @@ def model_entry(name: str, session, *, allow_local_images: Path | None = None) -
     elif task == "feature-extraction":
         kind = "embedding"
     else:
-        raise InputError(f"bundle {bundle.path} ({bundle.format}, task {task!r}) is neither an LLM (GGUF), a VLM "
-                         "nor a text-embedding model: edgesdk serve answers chat/completions and embeddings only")
+        raise InputError(
+            f"bundle {bundle.path} ({bundle.format}, task {task!r}) is neither an LLM (GGUF), a VLM "
+            "nor a text-embedding model: edgesdk serve answers chat/completions and embeddings only"
+        )
     limits = serve_limits(bundle.manifest)
     if kind == "llm":
         # the context: the llama.cpp session's settings; a VLM's report
-        settings = getattr(session.backend, "settings", None) or \
-            (session.backend.report() if bundle.format == "vlm" else {})
+        settings = getattr(session.backend, "settings", None) or (
+            session.backend.report() if bundle.format == "vlm" else {}
+        )
         n_ctx = int(settings.get("n_ctx") or limits["max_tokens_cap"])
         limits["max_tokens_cap"] = min(limits["max_tokens_cap"], n_ctx)
         limits["default_max_tokens"] = min(limits["default_max_tokens"], limits["max_tokens_cap"])
     return ModelEntry(name=name, session=session, kind=kind, images=images, **limits)
 
 
-def load_models(bundles: list[str | Path], names: list[str] | None = None, *, profile: str | None = None,
-                threads: int | None = None, chat_template: str | None = None,
-                allow_local_images: str | Path | None = None) -> list[ModelEntry]:
+def load_models(
+    bundles: list[str | Path],
+    names: list[str] | None = None,
+    *,
+    profile: str | None = None,
+    threads: int | None = None,
+    chat_template: str | None = None,
+    allow_local_images: str | Path | None = None,
+) -> list[ModelEntry]:
     """Load each bundle with :func:`edgesdk.load`; a model's name is its directory name unless ``names`` says.
 
     ``chat_template`` (a shipped name or a Jinja file) formats the chats of every GGUF bundle, over the one
@@ -113,8 +132,10 @@ def load_models(bundles: list[str | Path], names: list[str] | None = None, *, pr
     local = allowed_dir(allow_local_images)
     formats = [open_bundle(p, verify=False).format for p in bundles]  # the manifests only
     if chat_template is not None and "gguf" not in formats:
-        raise InputError(f"--chat-template formats the chats of GGUF bundles; none of these is one "
-                         f"({', '.join(sorted(set(formats)))})")
+        raise InputError(
+            f"--chat-template formats the chats of GGUF bundles; none of these is one "
+            f"({', '.join(sorted(set(formats)))})"
+        )
     if local is not None and "vlm" not in formats:
         raise InputError("--allow-local-images lets VLM chats name image files; none of these bundles is a VLM")
     names = list(names or [])
@@ -164,15 +185,24 @@ class ConnectionLimits:
 
 def _http_error(status: int, reason: str, message: str, code: str) -> bytes:
     """A whole HTTP/1.1 response (OpenAI error shape) written straight to a socket, then closed."""
-    body = json.dumps({"error": {"message": message, "type": "invalid_request_error" if status < 500
-                                 else "service_unavailable", "param": None, "code": code}}).encode()
-    head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
-            "connection: close\r\n" + ("retry-after: 1\r\n" if status == 503 else "") + "\r\n")
+    body = json.dumps(
+        {
+            "error": {
+                "message": message,
+                "type": "invalid_request_error" if status < 500 else "service_unavailable",
+                "param": None,
+                "code": code,
+            }
+        }
+    ).encode()
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+        "connection: close\r\n" + ("retry-after: 1\r\n" if status == 503 else "") + "\r\n"
+    )
     return head.encode("ascii") + body
 
 
-_HEADERS_TIMEOUT = _http_error(408, "Request Timeout", "the request headers did not arrive in time",
-                               "request_timeout")
+_HEADERS_TIMEOUT = _http_error(408, "Request Timeout", "the request headers did not arrive in time", "request_timeout")
 _TOO_MANY = _http_error(503, "Service Unavailable", "too many open connections", "too_many_connections")
 
 
@@ -342,12 +372,27 @@ class _BodyDeadline:
             if not timed_out:
                 raise
         if timed_out and not started:
-            body = json.dumps({"error": {"message": f"the request body did not arrive within {self.timeout_s:g} s",
-                                         "type": "invalid_request_error", "param": None,
-                                         "code": "request_timeout"}}).encode()
-            await send({"type": "http.response.start", "status": 408,
-                        "headers": [(b"content-type", b"application/json"), (b"connection", b"close"),
-                                    (b"content-length", str(len(body)).encode())]})
+            body = json.dumps(
+                {
+                    "error": {
+                        "message": f"the request body did not arrive within {self.timeout_s:g} s",
+                        "type": "invalid_request_error",
+                        "param": None,
+                        "code": "request_timeout",
+                    }
+                }
+            ).encode()
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 408,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"connection", b"close"),
+                        (b"content-length", str(len(body)).encode()),
+                    ],
+                }
+            )
             await send({"type": "http.response.body", "body": body})
 
 
@@ -359,8 +404,7 @@ def bind_sockets(host: str, port: int) -> list[socket.socket]:
     try:
         infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except (socket.gaierror, UnicodeError) as exc:
-        raise InputError(f"cannot listen on {where}: {getattr(exc, 'strerror', None) or exc} (check --host)") \
-            from None
+        raise InputError(f"cannot listen on {where}: {getattr(exc, 'strerror', None) or exc} (check --host)") from None
     sockets: list[socket.socket] = []
     seen: set = set()
     try:
@@ -379,17 +423,24 @@ def bind_sockets(host: str, port: int) -> list[socket.socket]:
     except OSError as exc:
         for sock in sockets:
             sock.close()
-        why = {errno.EADDRINUSE: "the address is already in use (another server? pick another --port)",
-               errno.EACCES: "permission denied (ports below 1024 need privileges)",
-               errno.EADDRNOTAVAIL: "the address is not one of this machine's (check --host)"}.get(
-                   exc.errno or 0, exc.strerror or str(exc))
+        why = {
+            errno.EADDRINUSE: "the address is already in use (another server? pick another --port)",
+            errno.EACCES: "permission denied (ports below 1024 need privileges)",
+            errno.EADDRNOTAVAIL: "the address is not one of this machine's (check --host)",
+        }.get(exc.errno or 0, exc.strerror or str(exc))
         raise InputError(f"cannot listen on {where}: {why}") from None
     return sockets
 
 
-def run(entries: list[ModelEntry], config: ServeConfig, *, shutdown_timeout_s: float = 30.0,
-        log_level: str = "info", limits: ConnectionLimits | None = None,
-        sockets: list[socket.socket] | None = None) -> None:
+def run(
+    entries: list[ModelEntry],
+    config: ServeConfig,
+    *,
+    shutdown_timeout_s: float = 30.0,
+    log_level: str = "info",
+    limits: ConnectionLimits | None = None,
+    sockets: list[socket.socket] | None = None,
+) -> None:
     """Serve until SIGTERM/SIGINT: then refuse new requests (503), let in-flight ones finish for up to
     ``shutdown_timeout_s``, cancel the rest, stop the workers and flush telemetry. ``limits``: the
     header/body deadlines and connection cap (:class:`ConnectionLimits`; its defaults otherwise).
@@ -412,18 +463,27 @@ def run(entries: list[ModelEntry], config: ServeConfig, *, shutdown_timeout_s: f
                 super().handle_exit(sig, frame)
 
         # uvicorn annotates timeout_graceful_shutdown as int; it goes to asyncio.timeout(), which takes a float
-        ucfg = uvicorn.Config(_BodyDeadline(app, limits.body_timeout_s), host=config.host, port=config.port,
-                              log_level=log_level, timeout_graceful_shutdown=shutdown_timeout_s,  # type: ignore[arg-type]
-                              timeout_keep_alive=limits.keep_alive_s, access_log=log_level == "debug",
-                              server_header=False, lifespan="on")
+        ucfg = uvicorn.Config(
+            _BodyDeadline(app, limits.body_timeout_s),
+            host=config.host,
+            port=config.port,
+            log_level=log_level,
+            timeout_graceful_shutdown=shutdown_timeout_s,  # type: ignore[arg-type]
+            timeout_keep_alive=limits.keep_alive_s,
+            access_log=log_level == "debug",
+            server_header=False,
+            lifespan="on",
+        )
         ucfg.load()  # picks uvicorn's HTTP protocol class, which the guard then wraps
         ucfg.http_protocol_class = functools.partial(  # type: ignore[assignment]
-            _GuardedProtocol, ucfg.http_protocol_class, limits, _Open())
+            _GuardedProtocol, ucfg.http_protocol_class, limits, _Open()
+        )
         server = _Uvicorn(ucfg)
         for sock in sockets:
             host, port = sock.getsockname()[:2]
             logging.getLogger("uvicorn.error").info(
-                "Uvicorn running on http://%s:%d (Press CTRL+C to quit)", f"[{host}]" if ":" in host else host, port)
+                "Uvicorn running on http://%s:%d (Press CTRL+C to quit)", f"[{host}]" if ":" in host else host, port
+            )
         # uvicorn re-raises the signal it handled once it has shut down; a quiet handler here lets the
         # command return normally (exit code 0, atexit telemetry flush) after a graceful SIGTERM.
         main = threading.current_thread() is threading.main_thread()

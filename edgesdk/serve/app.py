@@ -48,8 +48,15 @@ from edgesdk.serve.workers import EmbeddingBatcher, LLMWorker
 from edgesdk.telemetry.serve_spans import HTTPSpan, untraced_patterns
 
 # edgesdk/serve/__init__.py takes these from here (its public ServeConfig, ModelEntry and serve-table defaults)
-__all__ = ["DEFAULT_MAX_TOKENS", "DEFAULT_MAX_TOKENS_CAP", "ModelEntry", "ServeConfig", "create_app",
-           "llm_parallel", "prompt_cache_mb"]
+__all__ = [
+    "DEFAULT_MAX_TOKENS",
+    "DEFAULT_MAX_TOKENS_CAP",
+    "ModelEntry",
+    "ServeConfig",
+    "create_app",
+    "llm_parallel",
+    "prompt_cache_mb",
+]
 
 
 def prompt_cache_mb(session, configured: float | None) -> float:
@@ -93,8 +100,14 @@ class _Server(Routes):
                     e.parallel, e.parallel_reason = llm_parallel(e.session, self.config.parallel)
                 self.metrics.slots.set(e.parallel, model=e.name)
                 if e.parallel > 1:
-                    batch = BatchWorker(e.name, e.session, slots=e.parallel, max_queue=self.config.max_queue,
-                                        reuse_prefix=self.config.prefix_reuse, reason=e.parallel_reason)
+                    batch = BatchWorker(
+                        e.name,
+                        e.session,
+                        slots=e.parallel,
+                        max_queue=self.config.max_queue,
+                        reuse_prefix=self.config.prefix_reuse,
+                        reason=e.parallel_reason,
+                    )
                     e.worker = batch
                     self.metrics.queue_depth.set_function(functools.partial(getattr, batch, "depth"), model=e.name)
                     self.metrics.slots_busy.set_function(functools.partial(getattr, batch, "busy"), model=e.name)
@@ -105,13 +118,21 @@ class _Server(Routes):
                     from edgesdk.serve.prompt_cache import PromptCache
 
                     e.prompt_cache = backend.prompt_cache = PromptCache(int(mb * (1 << 20)))
-                e.worker = LLMWorker(e.name, e.session, self.config.max_queue,
-                                     on_depth=functools.partial(self.metrics.queue_depth.set, model=e.name))
+                e.worker = LLMWorker(
+                    e.name,
+                    e.session,
+                    self.config.max_queue,
+                    on_depth=functools.partial(self.metrics.queue_depth.set, model=e.name),
+                )
             elif e.kind == "embedding" and e.batcher is None:
-                e.batcher = EmbeddingBatcher(e.name, e.session, max_batch=self.config.max_batch,
-                                             max_wait_ms=self.config.max_wait_ms,
-                                             max_pending=self.config.max_pending_embeddings,
-                                             on_batch=functools.partial(self.metrics.batch_size.observe, model=e.name))
+                e.batcher = EmbeddingBatcher(
+                    e.name,
+                    e.session,
+                    max_batch=self.config.max_batch,
+                    max_wait_ms=self.config.max_wait_ms,
+                    max_pending=self.config.max_pending_embeddings,
+                    on_batch=functools.partial(self.metrics.batch_size.observe, model=e.name),
+                )
 
     async def stop(self, timeout_s: float = 10.0) -> None:
         self.draining = True
@@ -173,18 +194,32 @@ class _Guard:
         refusal = None
         name = host_name(headers.get("host"))
         if name is None:
-            refusal = APIError(400, f"missing or malformed Host header {headers.get('host')!r}", param="Host",
-                               code="invalid_host")
+            refusal = APIError(
+                400, f"missing or malformed Host header {headers.get('host')!r}", param="Host", code="invalid_host"
+            )
         elif not host_allowed(name, self.server.allowed_hosts):
-            refusal = APIError(421, f"this server does not answer for host {name!r} (start it with "
-                               f"--allowed-host {name} to allow it)", param="Host", code="host_not_allowed")
+            refusal = APIError(
+                421,
+                f"this server does not answer for host {name!r} (start it with --allowed-host {name} to allow it)",
+                param="Host",
+                code="host_not_allowed",
+            )
         elif path not in self.OPEN:
             if not self.server.authorized(headers):
-                refusal = APIError(401, "Incorrect API key provided (send 'Authorization: Bearer <key>')",
-                                   code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+                refusal = APIError(
+                    401,
+                    "Incorrect API key provided (send 'Authorization: Bearer <key>')",
+                    code="invalid_api_key",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
             elif self.server.draining and path.startswith("/v1/"):
-                refusal = APIError(503, "the server is shutting down", "service_unavailable",
-                                   code="server_shutting_down", headers={"Retry-After": "5"})
+                refusal = APIError(
+                    503,
+                    "the server is shutting down",
+                    "service_unavailable",
+                    code="server_shutting_down",
+                    headers={"Retry-After": "5"},
+                )
         # A GenAI handler that will run starts its own span (with the GenAI attributes); all else gets one here.
         traced_by_handler = refusal is None and scope.get("method") == "POST" and path in self.genai
         span = None if traced_by_handler else self._http_span(scope, headers)
@@ -209,7 +244,8 @@ class _Guard:
             if status is not None:
                 raise
             await APIError(500, f"internal error: {type(exc).__name__}", "server_error").response()(
-                scope, receive, send)
+                scope, receive, send
+            )
             return
         except BaseException:  # cancelled (shutdown, client gone): no status sent is the truth
             if span is not None:
@@ -264,10 +300,19 @@ def create_app(entries: list[ModelEntry], config: ServeConfig | None = None) -> 
     if config.cors_origins:  # outermost: preflights carry no API key, and refusals need CORS headers too
         from starlette.middleware.cors import CORSMiddleware
 
-        middleware.insert(0, Middleware(CORSMiddleware, allow_origins=list(config.cors_origins),
-                                        allow_methods=["GET", "POST"], allow_headers=["*"],
-                                        expose_headers=["Retry-After"], max_age=600))
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_found},
-                    middleware=middleware)
+        middleware.insert(
+            0,
+            Middleware(
+                CORSMiddleware,
+                allow_origins=list(config.cors_origins),
+                allow_methods=["GET", "POST"],
+                allow_headers=["*"],
+                expose_headers=["Retry-After"],
+                max_age=600,
+            ),
+        )
+    app = Starlette(
+        routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_found}, middleware=middleware
+    )
     app.state.server = server
     return app

@@ -49,8 +49,10 @@ def decide_parallel(session: Any, requested: int | None) -> tuple[int, str]:
     per_token = int(backend.kv_bytes_per_token())
     per_slot = per_token * n_ctx
     if requested is not None:
-        return requested, (f"{requested} (--parallel; KV cache {requested} x {n_ctx} tokens x "
-                           f"{per_token / 1024:.1f} KiB = {requested * per_slot / 1e9:.2f} GB)")
+        return requested, (
+            f"{requested} (--parallel; KV cache {requested} x {n_ctx} tokens x "
+            f"{per_token / 1024:.1f} KiB = {requested * per_slot / 1e9:.2f} GB)"
+        )
     on_gpu = int(backend.settings.get("n_gpu_layers") or 0) > 0
     base = GPU_SLOTS if on_gpu else CPU_SLOTS
     from edgesdk.runtime.backends.llamacpp import free_device_bytes
@@ -65,8 +67,10 @@ def decide_parallel(session: Any, requested: int | None) -> tuple[int, str]:
     fit = budget // per_slot if budget and per_slot else base
     slots = max(1, min(base, int(fit)))
     kind = "GPU" if on_gpu else "CPU"
-    why = (f"{slots} ({kind} default {base}; KV cache {slots} x {n_ctx} tokens x {per_token / 1024:.1f} KiB = "
-           f"{slots * per_slot / 1e9:.2f} GB" + (f", {int(fit)} slots fit in {where})" if where else ")"))
+    why = (
+        f"{slots} ({kind} default {base}; KV cache {slots} x {n_ctx} tokens x {per_token / 1024:.1f} KiB = "
+        f"{slots * per_slot / 1e9:.2f} GB" + (f", {int(fit)} slots fit in {where})" if where else ")")
+    )
     return slots, why
 
 
@@ -74,8 +78,9 @@ class BatchWorker:
     """Serves one GGUF session with continuous batching (the same ``submit``/``depth``/``close`` as
     :class:`~edgesdk.serve.workers.LLMWorker`, which serves one request at a time)."""
 
-    def __init__(self, name: str, session: Any, *, slots: int, max_queue: int, reuse_prefix: bool = True,
-                 reason: str = "") -> None:
+    def __init__(
+        self, name: str, session: Any, *, slots: int, max_queue: int, reuse_prefix: bool = True, reason: str = ""
+    ) -> None:
         self.name = name
         self.session = session
         self.slots = slots
@@ -115,22 +120,24 @@ class BatchWorker:
         if job.loop not in self._wakers:
             self._wakers[job.loop] = _LoopWaker.on(job.loop)
         original = job.request
-        rec.capture_input(original.prompt if original.messages is None
-                          else [m.as_dict() for m in original.messages])
+        rec.capture_input(original.prompt if original.messages is None else [m.as_dict() for m in original.messages])
         try:
             request = self._backend.encode(job.request)
             rec.set_input_tokens(len(request.prompt_tokens or ()))
-            self.engine.submit(request, listener=lambda kind, value: self._event(job, rec, kind, value),
-                               cancel=job.cancel)
+            self.engine.submit(
+                request, listener=lambda kind, value: self._event(job, rec, kind, value), cancel=job.cancel
+            )
         except BaseException as exc:
             rec.__exit__(type(exc), exc, None)
             if isinstance(exc, EngineClosed):
                 raise Saturated(f"model {self.name!r} is shutting down", retry_after=5, draining=True) from None
             if isinstance(exc, EngineSaturated):
                 waiting = max(0, self.depth - self.slots)
-                raise Saturated(f"model {self.name!r} is busy: all {self.slots} slots run and {waiting} requests "
-                                f"are queued (limit {self.max_queue})",
-                                retry_after=self._mean_s * (1 + waiting / self.slots)) from exc
+                raise Saturated(
+                    f"model {self.name!r} is busy: all {self.slots} slots run and {waiting} requests "
+                    f"are queued (limit {self.max_queue})",
+                    retry_after=self._mean_s * (1 + waiting / self.slots),
+                ) from exc
             if isinstance(exc, (InputError, ShapeError, EdgeSDKError)):  # too long, bad template: a 400
                 job.emit("error", exc)
                 return
@@ -177,12 +184,19 @@ class BatchWorker:
         self._mean_s = 0.8 * self._mean_s + 0.2 * res.total_s
         first, end = res.first_token_at, res.finished_at
         n_out = len(res.tokens)
-        done = {"input_tokens": res.prompt_tokens, "output_tokens": n_out, "finish_reason": res.finish_reason,
-                "ttft_s": res.ttft_s,
-                "decode_tok_s": round((n_out - 1) / (end - first), 2) if first and end and n_out > 1 and end > first
-                else None,
-                "first_token_at": first, "last_token_at": end if first else None,
-                "cached_tokens": res.cached_tokens, "logprobs": res.logprobs}
+        done = {
+            "input_tokens": res.prompt_tokens,
+            "output_tokens": n_out,
+            "finish_reason": res.finish_reason,
+            "ttft_s": res.ttft_s,
+            "decode_tok_s": round((n_out - 1) / (end - first), 2)
+            if first and end and n_out > 1 and end > first
+            else None,
+            "first_token_at": first,
+            "last_token_at": end if first else None,
+            "cached_tokens": res.cached_tokens,
+            "logprobs": res.logprobs,
+        }
         self._pending.append((job, "done", done))
 
     def close(self, timeout_s: float = 10.0) -> None:

@@ -45,12 +45,17 @@ class ServeConfig:
     prefix_reuse: bool = True  # batched LLMs: a slot keeps its last prompt's KV cells for a request sharing it
 
     def __post_init__(self) -> None:
-        if self.parallel is not None and (isinstance(self.parallel, bool) or not isinstance(self.parallel, int)
-                                          or not 1 <= self.parallel <= MAX_PARALLEL):
+        if self.parallel is not None and (
+            isinstance(self.parallel, bool)
+            or not isinstance(self.parallel, int)
+            or not 1 <= self.parallel <= MAX_PARALLEL
+        ):
             raise InputError(f"parallel must be an integer from 1 to {MAX_PARALLEL}, got {self.parallel!r}")
         if self.api_key is not None and (not self.api_key.strip() or self.api_key != self.api_key.strip()):
-            raise InputError("the API key is empty or has surrounding whitespace: an empty key would turn "
-                             "authentication off (give a key, or leave --api-key and EDGESDK_API_KEY out)")
+            raise InputError(
+                "the API key is empty or has surrounding whitespace: an empty key would turn "
+                "authentication off (give a key, or leave --api-key and EDGESDK_API_KEY out)"
+            )
         self.allowed_hosts = tuple(check_allowed_host(h) for h in self.allowed_hosts)
         self.cors_origins = tuple(check_cors_origin(o) for o in self.cors_origins)
 
@@ -74,8 +79,9 @@ def check_cors_origin(value: str) -> str:
     v = str(value).strip()
     if v == "*" or _ORIGIN.match(v.lower()):
         return v.lower()
-    raise InputError(f"--cors-origin {value!r} is not an origin (scheme://host[:port], http or https, no path; "
-                     "'*' for any)")
+    raise InputError(
+        f"--cors-origin {value!r} is not an origin (scheme://host[:port], http or https, no path; '*' for any)"
+    )
 
 
 def _ip_literal(name: str) -> bool:
@@ -92,7 +98,7 @@ def host_name(header: str | None) -> str | None:
     v = (header or "").strip().lower()
     if v.startswith("["):
         end = v.find("]")
-        name, port = (v[1:end], v[end + 1:]) if end > 0 else ("", "")
+        name, port = (v[1:end], v[end + 1 :]) if end > 0 else ("", "")
         if not _ip_literal(name):
             return None
         return name if port == "" or re.fullmatch(r":[0-9]{1,5}", port) else None
@@ -104,8 +110,7 @@ def host_name(header: str | None) -> str | None:
 
 
 def host_allowed(name: str, allowed: tuple[str, ...]) -> bool:
-    return (name == "localhost" or name.endswith(".localhost") or _ip_literal(name) or name in allowed
-            or "*" in allowed)
+    return name == "localhost" or name.endswith(".localhost") or _ip_literal(name) or name in allowed or "*" in allowed
 
 
 @dataclass
@@ -128,4 +133,3 @@ class ModelEntry:
     @property
     def provider(self) -> str:
         return str(getattr(getattr(self.session, "backend", None), "provider", "edgesdk"))
-

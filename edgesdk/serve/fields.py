@@ -61,21 +61,32 @@ _COMMON = (
 #: 400 naming it unless its value is null or neutral. docs/serve.md's field table is generated from this.
 REQUEST_FIELDS: dict[str, tuple[RequestField, ...]] = {
     "/v1/chat/completions": (
-        _f("messages", "role and text content (a string or text parts; `image_url` parts for VLM bundles: data "
-                       "URLs, see Images); assistant `tool_calls`, tool `tool_call_id` and `name`; any other "
-                       "message field (audio, ...): 400 naming it"),
+        _f(
+            "messages",
+            "role and text content (a string or text parts; `image_url` parts for VLM bundles: data "
+            "URLs, see Images); assistant `tool_calls`, tool `tool_call_id` and `name`; any other "
+            "message field (audio, ...): 400 naming it",
+        ),
         *_COMMON,
         _f("max_completion_tokens", "as max_tokens (wins when both are given)"),
-        _f("response_format", "`text`, `json_object`, `json_schema` (`json_schema.schema`): a llama.cpp grammar "
-                              "from the schema constrains every token (continuous batching only)"),
-        _f("tools", "function tools: rendered by the chat template (or a system turn when it ignores tools); "
-                    "the reply is grammar-constrained to a call (continuous batching only)"),
+        _f(
+            "response_format",
+            "`text`, `json_object`, `json_schema` (`json_schema.schema`): a llama.cpp grammar "
+            "from the schema constrains every token (continuous batching only)",
+        ),
+        _f(
+            "tools",
+            "function tools: rendered by the chat template (or a system turn when it ignores tools); "
+            "the reply is grammar-constrained to a call (continuous batching only)",
+        ),
         _f("tool_choice", "`none`, `auto` (a call or text), `required`, or a named function"),
         _f("parallel_tool_calls", "a boolean; at most one call per reply either way"),
         _r("functions", "function calling (deprecated) is not implemented", []),
         _r("function_call", "function calling (deprecated) is not implemented", "none"),
-        _f("logprobs", "per-token log-softmax of the raw logits (before sampling changes them; continuous "
-                       "batching only)"),
+        _f(
+            "logprobs",
+            "per-token log-softmax of the raw logits (before sampling changes them; continuous batching only)",
+        ),
         _f("top_logprobs", f"0 to {MAX_TOP_LOGPROBS} most likely tokens per position (needs `logprobs: true`)"),
         _r("modalities", "text output only", ["text"]),
         _r("audio", "audio output is not implemented"),
@@ -90,22 +101,31 @@ REQUEST_FIELDS: dict[str, tuple[RequestField, ...]] = {
         _r("safety_identifier", "no abuse monitoring here"),
     ),
     "/v1/completions": (
-        _f("prompt", "a string, token ids (a list of integers), or a list of up to 16 strings or token-id lists "
-                     "(one choice per prompt, `index` in order)"),
+        _f(
+            "prompt",
+            "a string, token ids (a list of integers), or a list of up to 16 strings or token-id lists "
+            "(one choice per prompt, `index` in order)",
+        ),
         *_COMMON,
         _r("echo", "echoing the prompt is not implemented", False),
-        _f("logprobs", f"0 to {MAX_TOP_LOGPROBS}: per-token log-softmax of the raw logits and that many most likely "
-                       "tokens (continuous batching only)"),
+        _f(
+            "logprobs",
+            f"0 to {MAX_TOP_LOGPROBS}: per-token log-softmax of the raw logits and that many most likely "
+            "tokens (continuous batching only)",
+        ),
         _r("best_of", "one completion per request", 1),
         _r("suffix", "insertion (fill-in-the-middle) is not implemented", ""),
     ),
     "/v1/embeddings": (
         _f("model", "a served text-embedding model name (GET /v1/models)"),
-        _f("input", f"a string, a list of strings, token ids (a list of integers) or a list of token-id lists; at "
-                    f"most {MAX_EMBEDDING_INPUTS} inputs, none empty. Token ids are the model's own vocabulary "
-                    "(its tokenizer.json; an id outside it: 400) and are the encoder's input as given (a BERT "
-                    "model's [CLS] ... [SEP] included); text and token ids longer than the model's max length are "
-                    "truncated alike"),
+        _f(
+            "input",
+            f"a string, a list of strings, token ids (a list of integers) or a list of token-id lists; at "
+            f"most {MAX_EMBEDDING_INPUTS} inputs, none empty. Token ids are the model's own vocabulary "
+            "(its tokenizer.json; an id outside it: 400) and are the encoder's input as given (a BERT "
+            "model's [CLS] ... [SEP] included); text and token ids longer than the model's max length are "
+            "truncated alike",
+        ),
         _f("encoding_format", "`float` or `base64`"),
         _f("dimensions", "the model's dimension only (no truncation); other values 400"),
         _f("user", "an end-user id (a string); it does not change the output"),
@@ -123,8 +143,9 @@ def fields_markdown() -> str:
             if f.status == "implemented":
                 status = "implemented (llama.cpp extra)" if f.extra else "implemented"
             else:
-                status = "refused (400)" + (" unless " + " or ".join(f"`{json.dumps(n)}`" for n in f.neutral)
-                                            if f.neutral else "")
+                status = "refused (400)" + (
+                    " unless " + " or ".join(f"`{json.dumps(n)}`" for n in f.neutral) if f.neutral else ""
+                )
             out.append(f"| `{f.name}` | {status} | {f.note} |")
         out.append("")
     return "\n".join(out).rstrip("\n") + "\n"

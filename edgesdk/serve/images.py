@@ -76,19 +76,25 @@ def image_part(part: dict[str, Any], param: str, policy: ImagePolicy | None, mod
     for key, value in spec.items():
         if key == "detail":
             if value not in (None, "auto"):
-                raise ImageError(f"{param}.image_url.detail {str(value)[:20]!r} is not supported: the model "
-                                 "preprocesses every image its own way (accepted: \"auto\" or null)",
-                                 f"{param}.image_url.detail")
+                raise ImageError(
+                    f"{param}.image_url.detail {str(value)[:20]!r} is not supported: the model "
+                    'preprocesses every image its own way (accepted: "auto" or null)',
+                    f"{param}.image_url.detail",
+                )
         elif key != "url":
-            raise ImageError(f"{param}.image_url.{key[:40]}: unknown field (url and detail only)",
-                             f"{param}.image_url.{key[:40]}")
+            raise ImageError(
+                f"{param}.image_url.{key[:40]}: unknown field (url and detail only)", f"{param}.image_url.{key[:40]}"
+            )
     url, where = spec["url"], f"{param}.image_url.url"
     if url[:5].lower() == "data:":
         data = _data_url(url, where, policy)
         what = f"{where} (data URL, {len(data):,} bytes)"
     elif url.lower().startswith(("http://", "https://")):
-        raise ImageError(f"{where}: image URLs are not fetched (the device is offline by design); send the image "
-                         "inline as a data URL (data:image/png;base64,...)", where)
+        raise ImageError(
+            f"{where}: image URLs are not fetched (the device is offline by design); send the image "
+            "inline as a data URL (data:image/png;base64,...)",
+            where,
+        )
     else:
         data = _local_file(url, where, policy)
         what = f"{where} ({url[:80]})"
@@ -102,14 +108,18 @@ def _data_url(url: str, where: str, policy: ImagePolicy) -> bytes:
     media, params = m.group(1).strip().lower(), [p.strip().lower() for p in m.group(2).split(";") if p.strip()]
     kind = media.removeprefix("image/") if media.startswith("image/") else None
     if kind not in FORMATS:
-        raise ImageError(f"{where}: media type {media[:40]!r} is not taken (image/png, image/jpeg or image/webp)",
-                         where)
+        raise ImageError(
+            f"{where}: media type {media[:40]!r} is not taken (image/png, image/jpeg or image/webp)", where
+        )
     if "base64" not in params:
         raise ImageError(f"{where}: the data URL must be base64-encoded (data:{media};base64,...)", where)
-    payload = url[m.end():]
+    payload = url[m.end() :]
     if len(payload) // 4 * 3 > policy.max_bytes:
-        raise ImageError(f"{where}: the image is about {len(payload) // 4 * 3:,} bytes, more than the "
-                         f"{policy.max_bytes:,} this server takes per image; refused before decoding", where)
+        raise ImageError(
+            f"{where}: the image is about {len(payload) // 4 * 3:,} bytes, more than the "
+            f"{policy.max_bytes:,} this server takes per image; refused before decoding",
+            where,
+        )
     try:
         return base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError) as exc:
@@ -118,12 +128,16 @@ def _data_url(url: str, where: str, policy: ImagePolicy) -> bytes:
 
 def _local_file(url: str, where: str, policy: ImagePolicy) -> bytes:
     if policy.allow_local is None:
-        raise ImageError(f"{where}: local image paths are refused (start the server with --allow-local-images DIR "
-                         "to serve files under DIR, or send a data URL)", where)
-    raw = url[len("file://"):] if url.lower().startswith("file://") else url
+        raise ImageError(
+            f"{where}: local image paths are refused (start the server with --allow-local-images DIR "
+            "to serve files under DIR, or send a data URL)",
+            where,
+        )
+    raw = url[len("file://") :] if url.lower().startswith("file://") else url
     if not raw.startswith("/"):
-        raise ImageError(f"{where}: a local image must be an absolute path or a file:/// URL under "
-                         f"{policy.allow_local}", where)
+        raise ImageError(
+            f"{where}: a local image must be an absolute path or a file:/// URL under {policy.allow_local}", where
+        )
     try:
         path = Path(raw).resolve(strict=True)
     except (OSError, RuntimeError):
@@ -132,8 +146,11 @@ def _local_file(url: str, where: str, policy: ImagePolicy) -> bytes:
         raise ImageError(f"{where}: not a file under the allowed directory {policy.allow_local}", where)
     size = path.stat().st_size
     if size > policy.max_bytes:
-        raise ImageError(f"{where}: the file is {size:,} bytes, more than the {policy.max_bytes:,} this server "
-                         "takes per image; refused unread", where)
+        raise ImageError(
+            f"{where}: the file is {size:,} bytes, more than the {policy.max_bytes:,} this server "
+            "takes per image; refused unread",
+            where,
+        )
     try:
         return path.read_bytes()
     except OSError as exc:

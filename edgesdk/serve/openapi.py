@@ -33,61 +33,111 @@ _TYPES: dict[str, dict[str | None, dict[str, Any]]] = {
     "seed": {None: {"type": "integer", "minimum": 0}},
     "stop": {None: {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "maxItems": 16}]}},
     "stream": {None: {"type": "boolean"}},
-    "stream_options": {None: {"type": "object", "properties": {"include_usage": {"type": "boolean"}},
-                              "additionalProperties": False}},
+    "stream_options": {
+        None: {"type": "object", "properties": {"include_usage": {"type": "boolean"}}, "additionalProperties": False}
+    },
     "frequency_penalty": {None: {"type": "number", "minimum": -2, "maximum": 2}},
     "presence_penalty": {None: {"type": "number", "minimum": -2, "maximum": 2}},
-    "logit_bias": {None: {"type": "object", "additionalProperties": {"type": "number", "minimum": -100,
-                                                                      "maximum": 100}}},
+    "logit_bias": {
+        None: {"type": "object", "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}}
+    },
     "n": {None: {"type": "integer", "const": 1}},
     "user": {None: {"type": "string"}},
     "top_k": {None: {"type": "integer", "minimum": 0}},
     "min_p": {None: {"type": "number", "minimum": 0, "maximum": 1}},
     "repeat_penalty": {None: {"type": "number", "exclusiveMinimum": 0}},
-    "messages": {None: {"type": "array", "minItems": 1, "items": {
-        "type": "object", "required": ["role"],
-        "properties": {"role": {"type": "string", "minLength": 1},
-                       "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}},
-                                             {"type": "null"}]}}}}},
+    "messages": {
+        None: {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "required": ["role"],
+                "properties": {
+                    "role": {"type": "string", "minLength": 1},
+                    "content": {
+                        "oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}, {"type": "null"}]
+                    },
+                },
+            },
+        }
+    },
     "prompt": {None: {"oneOf": [{"type": "string"}, _STRINGS, _IDS, {"type": "array", "items": _IDS}]}},
-    "input": {None: {"oneOf": [{"type": "string", "minLength": 1},
-                               {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1},
-                               _IDS, {"type": "array", "items": _IDS, "minItems": 1}]}},
+    "input": {
+        None: {
+            "oneOf": [
+                {"type": "string", "minLength": 1},
+                {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1},
+                _IDS,
+                {"type": "array", "items": _IDS, "minItems": 1},
+            ]
+        }
+    },
     "encoding_format": {None: {"type": "string", "enum": ["float", "base64"]}},
     "dimensions": {None: {"type": "integer", "minimum": 1}},
-    "response_format": {None: {"type": "object", "required": ["type"],
-                               "properties": {"type": {"type": "string",
-                                                       "enum": ["text", "json_object", "json_schema"]}}}},
+    "response_format": {
+        None: {
+            "type": "object",
+            "required": ["type"],
+            "properties": {"type": {"type": "string", "enum": ["text", "json_object", "json_schema"]}},
+        }
+    },
     "tools": {None: {"type": "array", "items": {"type": "object"}}},
     "tool_choice": {None: {"oneOf": [{"type": "string", "enum": ["none", "auto", "required"]}, {"type": "object"}]}},
     "parallel_tool_calls": {None: {"type": "boolean"}},
-    "logprobs": {"/v1/chat/completions": {"type": "boolean"},
-                 "/v1/completions": {"type": "integer", "minimum": 0, "maximum": 20}},
+    "logprobs": {
+        "/v1/chat/completions": {"type": "boolean"},
+        "/v1/completions": {"type": "integer", "minimum": 0, "maximum": 20},
+    },
     "top_logprobs": {None: {"type": "integer", "minimum": 0, "maximum": 20}},
 }
 
-_REQUIRED = {"/v1/chat/completions": ["model", "messages"], "/v1/completions": ["model", "prompt"],
-             "/v1/embeddings": ["model", "input"]}
+_REQUIRED = {
+    "/v1/chat/completions": ["model", "messages"],
+    "/v1/completions": ["model", "prompt"],
+    "/v1/embeddings": ["model", "input"],
+}
 
 _OPERATIONS: dict[tuple[str, str], tuple[str, str, str]] = {
     # (path, method) -> (operationId, summary, tag)
-    ("/v1/chat/completions", "post"): ("createChatCompletion", "Chat with an LLM (GGUF) bundle; "
-                                       "`stream: true` answers Server-Sent Events", "OpenAI"),
-    ("/v1/completions", "post"): ("createCompletion", "Complete a raw prompt with an LLM (GGUF) bundle; "
-                                  "`stream: true` answers Server-Sent Events", "OpenAI"),
+    ("/v1/chat/completions", "post"): (
+        "createChatCompletion",
+        "Chat with an LLM (GGUF) bundle; `stream: true` answers Server-Sent Events",
+        "OpenAI",
+    ),
+    ("/v1/completions", "post"): (
+        "createCompletion",
+        "Complete a raw prompt with an LLM (GGUF) bundle; `stream: true` answers Server-Sent Events",
+        "OpenAI",
+    ),
     ("/v1/embeddings", "post"): ("createEmbedding", "Embed texts or token ids with a text-encoder bundle", "OpenAI"),
     ("/v1/models", "get"): ("listModels", "The served models", "OpenAI"),
     ("/v1/models/{model}", "get"): ("retrieveModel", "One served model", "OpenAI"),
-    ("/health", "get"): ("health", "Liveness: ok, or 503 while draining; requests waiting or running per model "
-                         "(no API key needed)", "server"),
+    ("/health", "get"): (
+        "health",
+        "Liveness: ok, or 503 while draining; requests waiting or running per model (no API key needed)",
+        "server",
+    ),
     ("/metrics", "get"): ("metrics", "Prometheus text exposition format 0.0.4 (docs/serve.md)", "server"),
     ("/openapi.json", "get"): ("openapi", "This document", "server"),
 }
 
-_ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
-    "type": "object", "required": ["message", "type", "param", "code"],
-    "properties": {"message": {"type": "string"}, "type": {"type": "string"},
-                   "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
+_ERROR = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "param", "code"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+        }
+    },
+}
 
 
 def _status(field: Any) -> str:
@@ -108,8 +158,12 @@ def field_schema(route: str, field: Any) -> dict[str, Any]:
 
 
 def request_schema(route: str, fields: Sequence[Any]) -> dict[str, Any]:
-    return {"type": "object", "required": [n for n in _REQUIRED.get(route, []) if n in {f.name for f in fields}],
-            "properties": {f.name: field_schema(route, f) for f in fields}, "additionalProperties": False}
+    return {
+        "type": "object",
+        "required": [n for n in _REQUIRED.get(route, []) if n in {f.name for f in fields}],
+        "properties": {f.name: field_schema(route, f) for f in fields},
+        "additionalProperties": False,
+    }
 
 
 def _template(path: str) -> str:
@@ -117,31 +171,42 @@ def _template(path: str) -> str:
 
 
 def _operation(path: str, method: str, fields: Mapping[str, Sequence[Any]]) -> dict[str, Any]:
-    op_id, summary, tag = _OPERATIONS.get((path, method), (f"{method}_{path.strip('/').replace('/', '_')}",
-                                                            f"{method.upper()} {path}", "server"))
-    errors = {code: {"description": why, "content": {"application/json": {"schema": {"$ref":
-                                                                                      "#/components/schemas/Error"}}}}
-              for code, why in (("400", "a bad request; `param` names the field"),
-                                ("401", "the API key is missing or wrong (`serve --api-key`)"),
-                                ("404", "an unknown model"), ("429", "the model's queue is full (Retry-After)"),
-                                ("503", "the server is draining (Retry-After)"))}
+    op_id, summary, tag = _OPERATIONS.get(
+        (path, method), (f"{method}_{path.strip('/').replace('/', '_')}", f"{method.upper()} {path}", "server")
+    )
+    errors = {
+        code: {"description": why, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+        for code, why in (
+            ("400", "a bad request; `param` names the field"),
+            ("401", "the API key is missing or wrong (`serve --api-key`)"),
+            ("404", "an unknown model"),
+            ("429", "the model's queue is full (Retry-After)"),
+            ("503", "the server is draining (Retry-After)"),
+        )
+    }
     op: dict[str, Any] = {"operationId": op_id, "summary": summary, "tags": [tag]}
     if path == "/metrics":
-        op["responses"] = {"200": {"description": "Prometheus text", "content": {"text/plain": {
-            "schema": {"type": "string"}}}}}
+        op["responses"] = {
+            "200": {"description": "Prometheus text", "content": {"text/plain": {"schema": {"type": "string"}}}}
+        }
     elif path in fields:
-        op["requestBody"] = {"required": True, "content": {"application/json": {
-            "schema": {"$ref": f"#/components/schemas/{_schema_name(path)}"}}}}
+        op["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{_schema_name(path)}"}}},
+        }
         ok: dict[str, Any] = {"application/json": {"schema": {"type": "object"}}}
         if path != "/v1/embeddings":
             ok["text/event-stream"] = {"schema": {"type": "string"}}
         op["responses"] = {"200": {"description": "the OpenAI response object", "content": ok}, **errors}
     else:
-        op["responses"] = {"200": {"description": "OK", "content": {"application/json": {
-            "schema": {"type": "object"}}}}}
+        op["responses"] = {
+            "200": {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}}
+        }
         if path == "/health":
-            op["responses"]["503"] = {"description": "draining", "content": {"application/json": {
-                "schema": {"type": "object"}}}}
+            op["responses"]["503"] = {
+                "description": "draining",
+                "content": {"application/json": {"schema": {"type": "object"}}},
+            }
         elif path == "/v1/models/{model}":
             op["responses"]["404"] = errors["404"]
     if path == "/v1/models/{model}":
@@ -152,8 +217,11 @@ def _operation(path: str, method: str, fields: Mapping[str, Sequence[Any]]) -> d
 
 
 def _schema_name(route: str) -> str:
-    return {"/v1/chat/completions": "ChatCompletionRequest", "/v1/completions": "CompletionRequest",
-            "/v1/embeddings": "EmbeddingRequest"}.get(route, route.strip("/").replace("/", "_") + "_request")
+    return {
+        "/v1/chat/completions": "ChatCompletionRequest",
+        "/v1/completions": "CompletionRequest",
+        "/v1/embeddings": "EmbeddingRequest",
+    }.get(route, route.strip("/").replace("/", "_") + "_request")
 
 
 def openapi_document(routes: Iterable[tuple[str, Iterable[str]]], fields: Mapping[str, Sequence[Any]]) -> dict:
@@ -166,14 +234,22 @@ def openapi_document(routes: Iterable[tuple[str, Iterable[str]]], fields: Mappin
             paths.setdefault(template, {})[method] = _operation(template, method, fields)
     return {
         "openapi": OPENAPI_VERSION,
-        "info": {"title": "edgesdk serve", "version": __version__,
-                 "description": "OpenAI-compatible API over edgesdk bundles (docs/serve.md). Every field of a "
-                                "request body is implemented or answered with 400 naming it."},
+        "info": {
+            "title": "edgesdk serve",
+            "version": __version__,
+            "description": "OpenAI-compatible API over edgesdk bundles (docs/serve.md). Every field of a "
+            "request body is implemented or answered with 400 naming it.",
+        },
         "paths": paths,
-        "components": {"schemas": {"Error": _ERROR,
-                                   **{_schema_name(r): request_schema(r, f) for r, f in fields.items()}},
-                       "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer",
-                                                      "description": "when the server was started with "
-                                                                     "--api-key (or EDGESDK_API_KEY)"}}},
+        "components": {
+            "schemas": {"Error": _ERROR, **{_schema_name(r): request_schema(r, f) for r, f in fields.items()}},
+            "securitySchemes": {
+                "apiKey": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "when the server was started with --api-key (or EDGESDK_API_KEY)",
+                }
+            },
+        },
         "security": [{"apiKey": []}, {}],
     }

@@ -112,7 +112,7 @@ class PromptCache:
         key = tuple(int(t) for t in llm.input_ids[:n])
         entry = _Entry(key, bytes(buf)[:written])
         with self._guard:
-            for old in [k for k in self._entries if len(k) <= n and key[:len(k)] == k]:
+            for old in [k for k in self._entries if len(k) <= n and key[: len(k)] == k]:
                 self._bytes -= len(self._entries.pop(old).state)
             self._entries[key] = entry
             self._bytes += len(entry.state)
@@ -124,6 +124,12 @@ class PromptCache:
     # ------------------------------------------------------------------ reporting
     def stats(self) -> dict:
         with self._guard:
-            return {"entries": len(self._entries), "bytes": self._bytes, "budget_bytes": self.budget_bytes,
-                    "hits": self.hits, "misses": self.misses, "evictions": self.evictions,
-                    "reused_tokens": self.reused_tokens}
+            return {
+                "entries": len(self._entries),
+                "bytes": self._bytes,
+                "budget_bytes": self.budget_bytes,
+                "hits": self.hits,
+                "misses": self.misses,
+                "evictions": self.evictions,
+                "reused_tokens": self.reused_tokens,
+            }

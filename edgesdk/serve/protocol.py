@@ -43,22 +43,37 @@ from edgesdk.serve.workers import Saturated
 class APIError(Exception):
     """An error answer in OpenAI's shape (``{"error": {"message", "type", "param", "code"}}``)."""
 
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, headers: dict | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
         self.headers = headers or {}
 
     def response(self) -> JSONResponse:
-        return JSONResponse({"error": {"message": self.message, "type": self.type, "param": self.param,
-                                       "code": self.code}}, status_code=self.status, headers=self.headers)
+        return JSONResponse(
+            {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}},
+            status_code=self.status,
+            headers=self.headers,
+        )
 
 
 def saturated_error(exc: Saturated) -> APIError:
     """A worker's full queue (429) or shutdown (503), with its Retry-After."""
     if exc.draining:
-        return APIError(503, str(exc), "service_unavailable", code="server_shutting_down",
-                        headers={"Retry-After": str(exc.retry_after)})
+        return APIError(
+            503,
+            str(exc),
+            "service_unavailable",
+            code="server_shutting_down",
+            headers={"Retry-After": str(exc.retry_after)},
+        )
     return APIError(429, str(exc), "rate_limit_error", code="queue_full", headers={"Retry-After": str(exc.retry_after)})
 
 
@@ -71,8 +86,13 @@ def backend_error(exc: BaseException, prompt_param: str = "messages") -> APIErro
         text = str(exc)
         first = re.match(r"[a-z_]+", text)
         name = first.group(0) if first else ""
-        param = ("prompt" if name in ("prompt", "prompt_tokens") and prompt_param == "prompt"
-                 else name if name in FIELD_NAMES else None)
+        param = (
+            "prompt"
+            if name in ("prompt", "prompt_tokens") and prompt_param == "prompt"
+            else name
+            if name in FIELD_NAMES
+            else None
+        )
         return APIError(400, text, param=param)
     if isinstance(exc, asyncio.CancelledError):
         return APIError(503, "request cancelled", "service_unavailable", code="cancelled")
@@ -94,14 +114,19 @@ async def read_json(request: Request, limit: int) -> dict:
     # CORS preflight), so accepting any type would let every web page start a generation here.
     ctype = request.headers.get("content-type")
     if (ctype or "").partition(";")[0].strip().lower() != "application/json":
-        raise APIError(415, f"Content-Type must be application/json (got {ctype!r})", param="Content-Type",
-                       code="unsupported_media_type")
+        raise APIError(
+            415,
+            f"Content-Type must be application/json (got {ctype!r})",
+            param="Content-Type",
+            code="unsupported_media_type",
+        )
     length = request.headers.get("content-length")
     if length is not None:
         try:
             if int(length) > limit:
-                raise APIError(413, f"request body is {int(length)} bytes; the limit is {limit}",
-                               code="request_too_large")
+                raise APIError(
+                    413, f"request body is {int(length)} bytes; the limit is {limit}", code="request_too_large"
+                )
         except ValueError:
             raise APIError(400, "invalid Content-Length header") from None
     body = bytearray()
@@ -128,8 +153,9 @@ def decode_json(raw: bytes) -> dict:
         try:
             json.dumps(data, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError:
-            raise APIError(400, "request body holds a lone UTF-16 surrogate escape (\\ud800-\\udfff without "
-                           "its pair): not text") from None
+            raise APIError(
+                400, "request body holds a lone UTF-16 surrogate escape (\\ud800-\\udfff without its pair): not text"
+            ) from None
         except RecursionError:
             raise APIError(400, "request body is not valid JSON (nested too deeply)") from None
     return data
@@ -175,14 +201,23 @@ def check_fields(body: dict, route: str) -> None:
     for key, value in body.items():
         f = known.get(key)
         if f is None:
-            raise APIError(400, f"unknown field {_show(key)}: not a field of {route} that this server knows "
-                           f"(OpenAI's request fields and the llama.cpp extras top_k, min_p, repeat_penalty; "
-                           f"docs/serve.md lists them)", param=str(key), code="unsupported_parameter")
+            raise APIError(
+                400,
+                f"unknown field {_show(key)}: not a field of {route} that this server knows "
+                f"(OpenAI's request fields and the llama.cpp extras top_k, min_p, repeat_penalty; "
+                f"docs/serve.md lists them)",
+                param=str(key),
+                code="unsupported_parameter",
+            )
         if value is None or f.status == "implemented" or any(_same(value, n) for n in f.neutral):
             continue
         allowed = " or ".join(json.dumps(n) for n in (None, *f.neutral))
-        raise APIError(400, f"'{key}' is not supported by this server: {f.note} (accepted: {allowed})",
-                       param=key, code="unsupported_parameter")
+        raise APIError(
+            400,
+            f"'{key}' is not supported by this server: {f.note} (accepted: {allowed})",
+            param=key,
+            code="unsupported_parameter",
+        )
 
 
 def _generation_options(body: dict, entry: ModelEntry) -> dict:
@@ -192,20 +227,30 @@ def _generation_options(body: dict, entry: ModelEntry) -> dict:
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _integer(body, key, 1)
     if max_tokens is not None and max_tokens > entry.max_tokens_cap:
-        raise APIError(400, f"'{key}' is {_show(max_tokens)}; this server allows at most {entry.max_tokens_cap} "
-                       f"for {entry.name!r}", param=key)
+        raise APIError(
+            400,
+            f"'{key}' is {_show(max_tokens)}; this server allows at most {entry.max_tokens_cap} for {entry.name!r}",
+            param=key,
+        )
     opts: dict = {"max_tokens": max_tokens or entry.default_max_tokens}
-    for name, lo, hi, lo_open in (("temperature", 0.0, 2.0, False), ("top_p", 0.0, 1.0, True),
-                                  ("min_p", 0.0, 1.0, False), ("frequency_penalty", -2.0, 2.0, False),
-                                  ("presence_penalty", -2.0, 2.0, False)):
+    for name, lo, hi, lo_open in (
+        ("temperature", 0.0, 2.0, False),
+        ("top_p", 0.0, 1.0, True),
+        ("min_p", 0.0, 1.0, False),
+        ("frequency_penalty", -2.0, 2.0, False),
+        ("presence_penalty", -2.0, 2.0, False),
+    ):
         value = _number(body, name, lo, hi, lo_open=lo_open)  # top_p: the runtime's rule 0 < top_p <= 1
         if value is not None:
             opts[name] = value
     repeat = body.get("repeat_penalty")
     if repeat is not None:
         if isinstance(repeat, bool) or not isinstance(repeat, int | float) or not 0 < repeat <= 1e6:
-            raise APIError(400, f"'repeat_penalty' must be a number above 0 (1 is off), got {_show(repeat)}",
-                           param="repeat_penalty")
+            raise APIError(
+                400,
+                f"'repeat_penalty' must be a number above 0 (1 is off), got {_show(repeat)}",
+                param="repeat_penalty",
+            )
         opts["repeat_penalty"] = float(repeat)
     top_k = _integer(body, "top_k", 0, INT32_MAX)
     if top_k is not None:
@@ -224,10 +269,10 @@ def _generation_options(body: dict, entry: ModelEntry) -> dict:
     stop = body.get("stop")
     if stop is not None:
         stops = [stop] if isinstance(stop, str) else stop
-        if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops) \
-                or len(stops) > MAX_STOP_SEQUENCES:
-            raise APIError(400, f"'stop' must be a string or a list of at most {MAX_STOP_SEQUENCES} strings",
-                           param="stop")
+        if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops) or len(stops) > MAX_STOP_SEQUENCES:
+            raise APIError(
+                400, f"'stop' must be a string or a list of at most {MAX_STOP_SEQUENCES} strings", param="stop"
+            )
         if stops:
             opts["stop"] = stops
     stream = body.get("stream", False)
@@ -266,14 +311,21 @@ def _structured(body: dict, operation: str) -> dict:
         fn = choice.get("function") if choice.get("type") == "function" else None
         name = fn.get("name") if isinstance(fn, dict) else None
         if not isinstance(name, str) or name not in names:
-            raise APIError(400, f"'tool_choice' must name one of the tools ({', '.join(names) or 'none given'}), "
-                           f"got {_show(choice)}", param="tool_choice")
+            raise APIError(
+                400,
+                f"'tool_choice' must name one of the tools ({', '.join(names) or 'none given'}), got {_show(choice)}",
+                param="tool_choice",
+            )
         choice = name
     elif choice is None:
         choice = "auto" if tools else "none"
     elif choice not in ("none", "auto", "required"):
-        raise APIError(400, f"'tool_choice' must be 'none', 'auto', 'required' or "
-                       f"{{'type': 'function', 'function': {{'name': ...}}}}, got {_show(choice)}", param="tool_choice")
+        raise APIError(
+            400,
+            f"'tool_choice' must be 'none', 'auto', 'required' or "
+            f"{{'type': 'function', 'function': {{'name': ...}}}}, got {_show(choice)}",
+            param="tool_choice",
+        )
     if choice != "none" and not tools:
         raise APIError(400, f"'tool_choice' {choice!r} needs 'tools'", param="tool_choice")
     ptc = body.get("parallel_tool_calls")
@@ -293,14 +345,19 @@ def _structured(body: dict, operation: str) -> dict:
                     raise InputError("response_format.json_schema.schema must be a JSON Schema object")
                 schema_grammar = _grammar.json_schema_grammar(schema, "response_format.json_schema.schema")
             elif kind != "text":
-                raise InputError(f"response_format.type must be 'text', 'json_object' or 'json_schema', "
-                                 f"got {_show(kind)}")
+                raise InputError(
+                    f"response_format.type must be 'text', 'json_object' or 'json_schema', got {_show(kind)}"
+                )
         except InputError as exc:
             raise APIError(400, str(exc), param="response_format") from None
     if tools and choice != "none":
         if schema_grammar is not None:
-            raise APIError(400, "'response_format' cannot be combined with tools (unless tool_choice is 'none'): "
-                           "the reply is a tool call or text", param="response_format")
+            raise APIError(
+                400,
+                "'response_format' cannot be combined with tools (unless tool_choice is 'none'): "
+                "the reply is a tool call or text",
+                param="response_format",
+            )
         try:
             opts["grammar"] = _grammar.tool_grammar(tools, choice)
         except InputError as exc:
@@ -326,15 +383,21 @@ def _prompt(body: dict) -> str | list[int] | tuple[str | list[int], ...]:
         return prompt
     if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, str | list) for p in prompt):
         if len(prompt) > MAX_PROMPTS:
-            raise APIError(400, f"'prompt' holds {len(prompt)} prompts; the limit is {MAX_PROMPTS} per request",
-                           param="prompt")
+            raise APIError(
+                400, f"'prompt' holds {len(prompt)} prompts; the limit is {MAX_PROMPTS} per request", param="prompt"
+            )
         return tuple(_prompt({"prompt": p}) for p in prompt)  # type: ignore[misc]  # one each: never a tuple
-    raise APIError(400, "'prompt' must be a string, token ids (a non-empty list of integers), or a list of "
-                   f"up to {MAX_PROMPTS} strings or token-id lists", param="prompt")
+    raise APIError(
+        400,
+        "'prompt' must be a string, token ids (a non-empty list of integers), or a list of "
+        f"up to {MAX_PROMPTS} strings or token-id lists",
+        param="prompt",
+    )
 
 
-def parse_generation(body: dict, entry: ModelEntry, operation: str) -> tuple[
-        dict, bool, bool, list[dict] | str | list[int] | tuple[str | list[int], ...]]:
+def parse_generation(
+    body: dict, entry: ModelEntry, operation: str
+) -> tuple[dict, bool, bool, list[dict] | str | list[int] | tuple[str | list[int], ...]]:
     """A chat (``operation="chat"``) or completions body -> (generation options, stream, include_usage,
     messages, prompt text or prompt token ids). Anything the model cannot take is an APIError 400 naming
     the field: every field is checked against :data:`REQUEST_FIELDS`."""
@@ -346,8 +409,12 @@ def parse_generation(body: dict, entry: ModelEntry, operation: str) -> tuple[
         raise APIError(400, "'stream_options' must be an object", param="stream_options")
     for key in stream_options or {}:
         if key != "include_usage":
-            raise APIError(400, f"'stream_options.{key}' is not supported (include_usage only)",
-                           param=f"stream_options.{key}", code="unsupported_parameter")
+            raise APIError(
+                400,
+                f"'stream_options.{key}' is not supported (include_usage only)",
+                param=f"stream_options.{key}",
+                code="unsupported_parameter",
+            )
     include = (stream_options or {}).get("include_usage")
     if include is not None and not isinstance(include, bool):
         raise APIError(400, "'stream_options.include_usage' must be a boolean", param="stream_options")
@@ -357,8 +424,9 @@ def parse_generation(body: dict, entry: ModelEntry, operation: str) -> tuple[
     return opts, stream, stream and bool(include), _prompt(body)
 
 
-def generation_request(operation: str, what: list[dict] | str | list[int], stream: bool,
-                       opts: dict) -> GenerationRequest:
+def generation_request(
+    operation: str, what: list[dict] | str | list[int], stream: bool, opts: dict
+) -> GenerationRequest:
     """The runtime's request of one chat (``what``: its messages) or one completions prompt (text or token ids)
     with the options of :func:`parse_generation`; an APIError 400 naming the field the runtime refuses."""
     try:
@@ -386,23 +454,29 @@ def parse_embeddings(body: dict) -> tuple[list[str | list[int]], str, int | None
     if isinstance(inputs, str) or (_token_ids(inputs) and inputs):
         inputs = [inputs]  # one text, or one input's token ids
     if not isinstance(inputs, list) or not inputs:
-        raise APIError(400, "'input' must be a non-empty string, list of strings, list of token ids, or list of "
-                       "token-id lists", param="input")
+        raise APIError(
+            400,
+            "'input' must be a non-empty string, list of strings, list of token ids, or list of token-id lists",
+            param="input",
+        )
     texts = all(isinstance(t, str) for t in inputs)
     if not texts and not all(_token_ids(t) for t in inputs):
-        raise APIError(400, "'input' must be a list of strings or a list of token-id lists (lists of integers), "
-                       "not a mix or other values", param="input")
+        raise APIError(
+            400,
+            "'input' must be a list of strings or a list of token-id lists (lists of integers), "
+            "not a mix or other values",
+            param="input",
+        )
     if any(not t for t in inputs):
-        raise APIError(400, f"'input' must not contain empty {'strings' if texts else 'token-id lists'}",
-                       param="input")
+        raise APIError(400, f"'input' must not contain empty {'strings' if texts else 'token-id lists'}", param="input")
     if not texts:
         bad = next((t for ids in inputs for t in ids if not 0 <= t <= INT32_MAX), None)
         if bad is not None:
-            raise APIError(400, f"'input' token ids must be from 0 to the model's vocabulary size, got {_show(bad)}",
-                           param="input")
+            raise APIError(
+                400, f"'input' token ids must be from 0 to the model's vocabulary size, got {_show(bad)}", param="input"
+            )
     if len(inputs) > MAX_EMBEDDING_INPUTS:
-        raise APIError(400, f"'input' holds {len(inputs)} items; the limit is {MAX_EMBEDDING_INPUTS}",
-                       param="input")
+        raise APIError(400, f"'input' holds {len(inputs)} items; the limit is {MAX_EMBEDDING_INPUTS}", param="input")
     fmt = body.get("encoding_format")
     if fmt is None:
         fmt = "float"
@@ -426,9 +500,13 @@ def _messages(body: dict, entry: ModelEntry | None = None) -> list[dict]:
             raise APIError(400, f"messages[{i}] must be an object with a 'role'", param=f"messages[{i}]")
         for key, value in m.items():  # audio, refusal, function_call, ...: not passed to the template
             if key not in ("role", "content", *_TOOL_KEYS.get(m["role"], ())) and value not in (None, [], ""):
-                raise APIError(400, f"messages[{i}].{key[:40]}: only 'role' and 'content' (and an assistant's "
-                               "'tool_calls', a tool's 'tool_call_id' and 'name') are supported in a message",
-                               param=f"messages[{i}].{key[:40]}", code="unsupported_parameter")
+                raise APIError(
+                    400,
+                    f"messages[{i}].{key[:40]}: only 'role' and 'content' (and an assistant's "
+                    "'tool_calls', a tool's 'tool_call_id' and 'name') are supported in a message",
+                    param=f"messages[{i}].{key[:40]}",
+                    code="unsupported_parameter",
+                )
         content = m.get("content")
         if isinstance(content, list):  # content parts: text, and image_url for a VLM
             texts, parts = [], []
@@ -437,24 +515,33 @@ def _messages(body: dict, entry: ModelEntry | None = None) -> list[dict]:
                     from edgesdk.serve.images import ImageError, image_part
 
                     try:
-                        parts.append(image_part(part, f"messages[{i}].content[{j}]",
-                                                entry.images if entry is not None else None,
-                                                entry.name if entry is not None else ""))
+                        parts.append(
+                            image_part(
+                                part,
+                                f"messages[{i}].content[{j}]",
+                                entry.images if entry is not None else None,
+                                entry.name if entry is not None else "",
+                            )
+                        )
                     except ImageError as exc:
                         raise APIError(400, str(exc), param=exc.param) from None
                     continue
                 if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise APIError(400, f"messages[{i}].content: only text parts are supported"
-                                   + (" besides image_url" if entry is not None and entry.images else ""),
-                                   param=f"messages[{i}].content")
+                    raise APIError(
+                        400,
+                        f"messages[{i}].content: only text parts are supported"
+                        + (" besides image_url" if entry is not None and entry.images else ""),
+                        param=f"messages[{i}].content",
+                    )
                 texts.append(part["text"])
                 parts.append({"type": "text", "text": part["text"]})
             content = parts if entry is not None and entry.images is not None else "".join(texts)
         if content is None:
             content = ""
         if not isinstance(content, str | list):
-            raise APIError(400, f"messages[{i}].content must be a string or a list of text parts",
-                           param=f"messages[{i}].content")
+            raise APIError(
+                400, f"messages[{i}].content must be a string or a list of text parts", param=f"messages[{i}].content"
+            )
         msg = {"role": m["role"], "content": content}
         msg.update({k: m[k] for k in _TOOL_KEYS.get(m["role"], ()) if m.get(k) not in (None, [], "")})
         out.append(msg)
@@ -462,4 +549,3 @@ def _messages(body: dict, entry: ModelEntry | None = None) -> list[dict]:
 
 
 _TOOL_KEYS = {"assistant": ("tool_calls",), "tool": ("tool_call_id", "name")}
-

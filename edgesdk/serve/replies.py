@@ -29,8 +29,10 @@ class ReplyShape:
         if finish == "length":
             return [], text
         calls, content = _grammar.parse_tool_reply(text)
-        return [{"id": new_call_id(), "type": "function",
-                 "function": {"name": name, "arguments": args}} for name, args in calls], content
+        return [
+            {"id": new_call_id(), "type": "function", "function": {"name": name, "arguments": args}}
+            for name, args in calls
+        ], content
 
     def choice(self, index: int, text: str, last: dict) -> dict:
         """A whole (not streamed) reply as OpenAI's choice: a chat message, with its tool calls, or a completion
@@ -57,15 +59,28 @@ class ReplyShape:
             return b.decode("utf-8", errors="replace")
 
         if self.operation == "chat":
-            return {"content": [{"token": tok(e.text), "logprob": e.logprob, "bytes": list(e.text),
-                                 "top_logprobs": [{"token": tok(t), "logprob": lp, "bytes": list(t)}
-                                                  for _, t, lp in e.top]} for e in entries], "refusal": None}
+            return {
+                "content": [
+                    {
+                        "token": tok(e.text),
+                        "logprob": e.logprob,
+                        "bytes": list(e.text),
+                        "top_logprobs": [{"token": tok(t), "logprob": lp, "bytes": list(t)} for _, t, lp in e.top],
+                    }
+                    for e in entries
+                ],
+                "refusal": None,
+            }
         offsets = []
         for e in entries:
             offsets.append(offset)
             offset += len(tok(e.text))
-        return {"tokens": [tok(e.text) for e in entries], "token_logprobs": [e.logprob for e in entries],
-                "top_logprobs": [{tok(t): lp for _, t, lp in e.top} for e in entries], "text_offset": offsets}
+        return {
+            "tokens": [tok(e.text) for e in entries],
+            "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{tok(t): lp for _, t, lp in e.top} for e in entries],
+            "text_offset": offsets,
+        }
 
 
 _CALL_HEAD = re.compile(r'\s*\{\s*"tool_call"\s*:\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
@@ -100,20 +115,30 @@ class ToolCallStream:
                 if first is not None and first.group(1) != "tool_call":
                     self.mode = "held"
                 return out
-            if not self.text[head.end():]:
+            if not self.text[head.end() :]:
                 return out  # the arguments' first character decides
             if self.text[head.end()] != "{":
                 self.mode = "held"
                 return out
             self.mode, self._args_from = "args", head.end()
             self._sent = head.end()
-            out.append({"tool_calls": [{"index": 0, "id": new_call_id(), "type": "function",
-                                        "function": {"name": json.loads(head.group(1)), "arguments": ""}}]})
+            out.append(
+                {
+                    "tool_calls": [
+                        {
+                            "index": 0,
+                            "id": new_call_id(),
+                            "type": "function",
+                            "function": {"name": json.loads(head.group(1)), "arguments": ""},
+                        }
+                    ]
+                }
+            )
         if self.mode == "args":
             end = self._scan()
             upto = len(self.text) if end is None else end
             if upto > self._sent:
-                out.append({"tool_calls": [{"index": 0, "function": {"arguments": self.text[self._sent:upto]}}]})
+                out.append({"tool_calls": [{"index": 0, "function": {"arguments": self.text[self._sent : upto]}}]})
                 self._sent = upto
             if end is not None:
                 self.mode = "after"
@@ -156,8 +181,18 @@ class ToolCallStream:
             out = []
             for i, call in enumerate(calls[0]):  # as OpenAI streams them: id and name, then arguments
                 fn = call["function"]
-                out.append({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
-                                            "function": {"name": fn["name"], "arguments": ""}}]})
+                out.append(
+                    {
+                        "tool_calls": [
+                            {
+                                "index": i,
+                                "id": call["id"],
+                                "type": "function",
+                                "function": {"name": fn["name"], "arguments": ""},
+                            }
+                        ]
+                    }
+                )
                 out.append({"tool_calls": [{"index": i, "function": {"arguments": fn["arguments"]}}]})
             return out, "tool_calls"
         return ([{"content": calls[1]}] if calls is not None else []), finish

@@ -76,8 +76,9 @@ class _Events:
                 return
 
     @staticmethod
-    async def _until_disconnected(jobs: list[Job], merged: asyncio.Queue | None,
-                                  receive: Callable[[], Awaitable[Any]]) -> None:
+    async def _until_disconnected(
+        jobs: list[Job], merged: asyncio.Queue | None, receive: Callable[[], Awaitable[Any]]
+    ) -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
         for job in jobs:
@@ -123,8 +124,12 @@ class Routes:
             raise APIError(400, "'model' is required (GET /v1/models lists them)", param="model")
         entry = self.models.get(name)
         if entry is None:
-            raise APIError(404, f"The model '{name}' does not exist (served: {', '.join(sorted(self.models))})",
-                           param="model", code="model_not_found")
+            raise APIError(
+                404,
+                f"The model '{name}' does not exist (served: {', '.join(sorted(self.models))})",
+                param="model",
+                code="model_not_found",
+            )
         if entry.kind != kind:
             want = "an LLM (GGUF) bundle" if kind == "llm" else "a text-embedding bundle"
             raise APIError(400, f"model {name!r} is a {entry.kind} bundle; this endpoint needs {want}", param="model")
@@ -139,8 +144,9 @@ class Routes:
 
     # -- routes
     async def health(self, request: Request) -> Response:
-        depth = {n: (e.worker.depth if e.worker else e.batcher.depth if e.batcher else 0)
-                 for n, e in self.models.items()}
+        depth = {
+            n: (e.worker.depth if e.worker else e.batcher.depth if e.batcher else 0) for n, e in self.models.items()
+        }
         status = 503 if self.draining else 200
         return JSONResponse({"status": "draining" if self.draining else "ok", "models": depth}, status_code=status)
 
@@ -156,14 +162,20 @@ class Routes:
     async def get_model(self, request: Request) -> Response:
         e = self.models.get(request.path_params["model"])
         if e is None:
-            return APIError(404, f"The model '{request.path_params['model']}' does not exist", param="model",
-                            code="model_not_found").response()
+            return APIError(
+                404, f"The model '{request.path_params['model']}' does not exist", param="model", code="model_not_found"
+            ).response()
         return JSONResponse(self._model_card(e))
 
     @staticmethod
     def _model_card(e: ModelEntry) -> dict:
-        return {"id": e.name, "object": "model", "created": e.created, "owned_by": "edgesdk",
-                "edgesdk": {"kind": e.kind, "backend": e.provider}}
+        return {
+            "id": e.name,
+            "object": "model",
+            "created": e.created,
+            "owned_by": "edgesdk",
+            "edgesdk": {"kind": e.kind, "backend": e.provider},
+        }
 
     async def chat(self, request: Request) -> Response:
         return await self._generate(request, "chat", "/v1/chat/completions")
@@ -190,8 +202,12 @@ class Routes:
             if needs_engine and not isinstance(entry.worker, BatchWorker):
                 param = grammar_param if needs_engine[0] == "grammar" else "logprobs"
                 how = "a VLM bundle always is" if entry.images is not None else "serve --parallel 2 or more"
-                raise APIError(400, f"'{param}' needs continuous batching, and {model!r} is served one request at a "
-                               f"time ({how})", param=param, code="unsupported_parameter")
+                raise APIError(
+                    400,
+                    f"'{param}' needs continuous batching, and {model!r} is served one request at a time ({how})",
+                    param=param,
+                    code="unsupported_parameter",
+                )
             inputs = list(what) if isinstance(what, tuple) else [what]  # several completions prompts: one each
             requests = [generation_request(operation, x, stream, opts) for x in inputs]
             session = entry.session
@@ -207,8 +223,11 @@ class Routes:
             jobs: list[Job] = []
             try:
                 for x, req in zip(inputs, requests, strict=True):
-                    start = (functools.partial(session.chat, x, stream=True, **opts) if operation == "chat"
-                             else functools.partial(session.stream, x, **opts))
+                    start = (
+                        functools.partial(session.chat, x, stream=True, **opts)
+                        if operation == "chat"
+                        else functools.partial(session.stream, x, **opts)
+                    )
                     job = Job(start=start, loop=loop, events=asyncio.Queue(), otel_ctx=span.ctx, request=req)
                     entry.worker.submit(job)
                     jobs.append(job)
@@ -243,10 +262,11 @@ class Routes:
                     if await events.unwatch():  # it saw the disconnect just before it was stopped
                         return self._abandoned(span, route, model)
                     streaming = True
-                    return StreamingResponse(self._sse(events, early, entry, operation, rid, span, t0, include_usage,
-                                                       route, shape),
-                                             media_type="text/event-stream",
-                                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                    return StreamingResponse(
+                        self._sse(events, early, entry, operation, rid, span, t0, include_usage, route, shape),
+                        media_type="text/event-stream",
+                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                    )
                 while None in lasts:
                     i, kind, value = early.pop(0) if early else await events.get()
                     if kind == "chunk":
@@ -268,9 +288,17 @@ class Routes:
             choices = [shape.choice(i, "".join(p), last) for i, (p, last) in enumerate(zip(pieces, done, strict=True))]
             span.end(200)
             self._count(route, model, 200)
-            return JSONResponse({"id": rid, "object": "chat.completion" if operation == "chat" else "text_completion",
-                                 "created": int(time.time()), "model": model,
-                                 "system_fingerprint": f"edgesdk-{__version__}", "choices": choices, "usage": usage})
+            return JSONResponse(
+                {
+                    "id": rid,
+                    "object": "chat.completion" if operation == "chat" else "text_completion",
+                    "created": int(time.time()),
+                    "model": model,
+                    "system_fingerprint": f"edgesdk-{__version__}",
+                    "choices": choices,
+                    "usage": usage,
+                }
+            )
         except APIError as exc:
             span.end(exc.status, exc.code or exc.type, exc.message)
             self._count(route, model, exc.status)
@@ -316,14 +344,30 @@ class Routes:
                 m.cache_bytes.set(entry.prompt_cache.stats()["bytes"], model=entry.name)
         return usage
 
-    async def _sse(self, events: _Events, early: list[tuple[int, str, Any]], entry: ModelEntry, operation: str,
-                   rid: str, span: ServerSpan, t0: float, include_usage: bool, route: str, shape: ReplyShape):
+    async def _sse(
+        self,
+        events: _Events,
+        early: list[tuple[int, str, Any]],
+        entry: ModelEntry,
+        operation: str,
+        rid: str,
+        span: ServerSpan,
+        t0: float,
+        include_usage: bool,
+        route: str,
+        shape: ReplyShape,
+    ):
         """The Server-Sent Events of a streamed request: each choice's pieces as they come (the choices of
         several prompts interleave), its finish, then the usage (``include_usage``) and ``[DONE]``."""
         model = entry.name
         obj = "chat.completion.chunk" if operation == "chat" else "text_completion"
-        base = {"id": rid, "object": obj, "created": int(time.time()), "model": model,
-                "system_fingerprint": f"edgesdk-{__version__}"}
+        base = {
+            "id": rid,
+            "object": obj,
+            "created": int(time.time()),
+            "model": model,
+            "system_fingerprint": f"edgesdk-{__version__}",
+        }
         n = len(events.jobs)
         lp_pending: list[list] = [[] for _ in range(n)]  # token log-probabilities not sent yet
         sent_chars = [0] * n  # completions: text_offset of the next piece
@@ -366,8 +410,9 @@ class Routes:
                         yield event(i, {"content": value})
                 elif kind == "error":
                     err = backend_error(value, "messages" if operation == "chat" else "prompt")
-                    payload = {"error": {"message": err.message, "type": err.type, "param": err.param,
-                                         "code": err.code}}
+                    payload = {
+                        "error": {"message": err.message, "type": err.type, "param": err.param, "code": err.code}
+                    }
                     yield b"data: " + json.dumps(payload).encode("utf-8") + b"\n\n"
                     span.end(200, err.code or err.type, err.message, error_type=err.code or err.type)
                     self._count(route, model, err.status)
@@ -386,8 +431,11 @@ class Routes:
                             yield event(i, delta)
                     yield event(i, {}, finish=finish)
             if include_usage:
-                yield b"data: " + json.dumps({**base, "choices": [], "usage": usage},
-                                             separators=(",", ":")).encode("utf-8") + b"\n\n"
+                yield (
+                    b"data: "
+                    + json.dumps({**base, "choices": [], "usage": usage}, separators=(",", ":")).encode("utf-8")
+                    + b"\n\n"
+                )
             yield b"data: [DONE]\n\n"
             finished = True
             span.end(200)
@@ -414,8 +462,9 @@ class Routes:
                 try:
                     entry.session.count_tokens(inputs)
                 except EdgeSDKError as exc:
-                    raise APIError(400, exc.one_line() if isinstance(exc, InputError) else str(exc),
-                                   param="input") from None
+                    raise APIError(
+                        400, exc.one_line() if isinstance(exc, InputError) else str(exc), param="input"
+                    ) from None
             assert entry.batcher is not None  # created in start() for every embedding entry
             try:
                 emb, counts = await entry.batcher.embed(inputs, otel_ctx=span.ctx)
@@ -425,24 +474,33 @@ class Routes:
             except EdgeSDKError as exc:
                 raise backend_error(exc, "input") from None
             if dims is not None and dims != emb.shape[1]:
-                raise APIError(400, f"'dimensions' must be {emb.shape[1]} for {model!r} (no truncation)",
-                               param="dimensions")
+                raise APIError(
+                    400, f"'dimensions' must be {emb.shape[1]} for {model!r} (no truncation)", param="dimensions"
+                )
             n_tokens = int(sum(counts))
             data = []
             for i, vec in enumerate(np.asarray(emb, dtype=np.float32)):
-                value = (base64.b64encode(vec.astype("<f4").tobytes()).decode("ascii") if fmt == "base64"
-                         else vec.tolist())
+                value = (
+                    base64.b64encode(vec.astype("<f4").tobytes()).decode("ascii") if fmt == "base64" else vec.tolist()
+                )
                 data.append({"object": "embedding", "index": i, "embedding": value})
             span.set("gen_ai.usage.input_tokens", n_tokens)
             span.set("gen_ai.embeddings.dimension.count", int(emb.shape[1]))
             span.set("gen_ai.response.model", model)
-            self.metrics.duration.observe(time.perf_counter() - t0, gen_ai_operation_name="embeddings",
-                                          gen_ai_request_model=model)
+            self.metrics.duration.observe(
+                time.perf_counter() - t0, gen_ai_operation_name="embeddings", gen_ai_request_model=model
+            )
             self.metrics.tokens.inc(n_tokens, gen_ai_request_model=model, gen_ai_token_type="input")
             span.end(200)
             self._count(route, model, 200)
-            return JSONResponse({"object": "list", "data": data, "model": model,
-                                 "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}})
+            return JSONResponse(
+                {
+                    "object": "list",
+                    "data": data,
+                    "model": model,
+                    "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
+                }
+            )
         except APIError as exc:
             span.end(exc.status, exc.code or exc.type, exc.message)
             self._count(route, model, exc.status)
@@ -450,4 +508,3 @@ class Routes:
         except Exception as exc:  # the guard answers 500: the span says so
             span.end(500, "server_error", f"{type(exc).__name__}: {exc}")
             raise
-

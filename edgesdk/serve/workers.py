@@ -135,8 +135,13 @@ class IdleReclaim:
     once ``busy_interval_s`` has passed; never per request under load. It runs on the worker's thread, between
     jobs (``malloc_trim`` releases the interpreter lock; ``gc.collect()`` holds it for its few milliseconds)."""
 
-    def __init__(self, min_interval_s: float = 1.0, busy_interval_s: float = 10.0,
-                 trim: Callable[[int], int] | None = None, collect: Callable[[], int] = gc.collect):
+    def __init__(
+        self,
+        min_interval_s: float = 1.0,
+        busy_interval_s: float = 10.0,
+        trim: Callable[[int], int] | None = None,
+        collect: Callable[[], int] = gc.collect,
+    ):
         self.min_interval_s = float(min_interval_s)
         self.busy_interval_s = float(busy_interval_s)
         self._trim = _malloc_trim() if trim is None else trim
@@ -170,8 +175,14 @@ class LLMWorker:
     After a job, ``reclaim`` (None: a default :class:`IdleReclaim`) may give memory back; setting the
     attribute to None switches that off."""
 
-    def __init__(self, name: str, session, max_queue: int, on_depth: Callable[[int], None] | None = None,
-                 reclaim: IdleReclaim | None = None):
+    def __init__(
+        self,
+        name: str,
+        session,
+        max_queue: int,
+        on_depth: Callable[[int], None] | None = None,
+        reclaim: IdleReclaim | None = None,
+    ):
         self.name = name
         self.reclaim = IdleReclaim() if reclaim is None else reclaim
         self.session = session
@@ -199,8 +210,10 @@ class LLMWorker:
             if self._closing:
                 raise Saturated(f"model {self.name!r} is shutting down", retry_after=5, draining=True)
             if self._depth >= self.max_queue + 1:
-                raise Saturated(f"model {self.name!r} is busy: {self._depth - 1} requests are queued "
-                                f"(limit {self.max_queue})", retry_after=self._mean_s * self._depth)
+                raise Saturated(
+                    f"model {self.name!r} is busy: {self._depth - 1} requests are queued (limit {self.max_queue})",
+                    retry_after=self._mean_s * self._depth,
+                )
             self._set_depth(+1)
         self._jobs.put(job)
 
@@ -306,9 +319,17 @@ class EmbeddingBatcher:
     429 always means other requests are queued. ``shared_batches`` (default: the bundle's precision decides,
     :func:`batch_independent`) lets texts of different requests share a backend batch."""
 
-    def __init__(self, name: str, session, *, max_batch: int = 32, max_wait_ms: float = 5.0,
-                 max_pending: int = 1024, on_batch: Callable[[int], None] | None = None,
-                 shared_batches: bool | None = None):
+    def __init__(
+        self,
+        name: str,
+        session,
+        *,
+        max_batch: int = 32,
+        max_wait_ms: float = 5.0,
+        max_pending: int = 1024,
+        on_batch: Callable[[int], None] | None = None,
+        shared_batches: bool | None = None,
+    ):
         self.name = name
         self.session = session
         self.max_batch = max(1, int(max_batch))
@@ -334,9 +355,11 @@ class EmbeddingBatcher:
         if self._closing:
             raise Saturated(f"model {self.name!r} is shutting down", retry_after=5, draining=True)
         if self._pending and self._pending + len(texts) > self.max_pending:
-            raise Saturated(f"model {self.name!r} is busy: {self._pending} inputs are queued "
-                            f"(limit {self.max_pending}; a larger request waits for an empty queue)",
-                            retry_after=1)
+            raise Saturated(
+                f"model {self.name!r} is busy: {self._pending} inputs are queued "
+                f"(limit {self.max_pending}; a larger request waits for an empty queue)",
+                retry_after=1,
+            )
         if self._task is None:
             self._queue = asyncio.Queue()
             self._task = asyncio.get_running_loop().create_task(self._run(self._queue))
@@ -397,7 +420,7 @@ class EmbeddingBatcher:
         for r in batch:
             k = len(r.texts)
             if not r.future.done():
-                r.future.set_result((emb[i:i + k], counts[i:i + k]))
+                r.future.set_result((emb[i : i + k], counts[i : i + k]))
             i += k
 
     def _embed(self, texts: list[str | list[int]], otel_ctx):

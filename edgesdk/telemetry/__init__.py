@@ -51,9 +51,24 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.trace import TracerProvider
 
-__all__ = ["configure", "tracer_provider", "shutdown", "force_flush", "stats", "build_trace", "build_stage",
-           "inference", "fallback_event", "capture_enabled", "BUILD_STAGES", "INFERENCE_STAGES",
-           "InferenceRecorder", "StageSpan", "NOOP_RECORDER", "NOOP_STAGE"]
+__all__ = [
+    "configure",
+    "tracer_provider",
+    "shutdown",
+    "force_flush",
+    "stats",
+    "build_trace",
+    "build_stage",
+    "inference",
+    "fallback_event",
+    "capture_enabled",
+    "BUILD_STAGES",
+    "INFERENCE_STAGES",
+    "InferenceRecorder",
+    "StageSpan",
+    "NOOP_RECORDER",
+    "NOOP_STAGE",
+]
 
 _log = logging.getLogger("edgesdk.telemetry")
 
@@ -91,19 +106,32 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def configure(*, trace_file: str | Path | None = None, otlp_endpoint: str | None = None,
-              otlp_protocol: str | None = None, console: bool = False, capture_content: bool | None = None,
-              service_name: str = "edgesdk", span_exporter=None, metric_reader=None) -> None:
+def configure(
+    *,
+    trace_file: str | Path | None = None,
+    otlp_endpoint: str | None = None,
+    otlp_protocol: str | None = None,
+    console: bool = False,
+    capture_content: bool | None = None,
+    service_name: str = "edgesdk",
+    span_exporter=None,
+    metric_reader=None,
+) -> None:
     """Set up tracing and metrics; the same settings twice is a no-op, others replace the providers.
 
     Arguments override the ``OTEL_*`` / ``EDGESDK_*`` environment (docs/telemetry.md). With an
     exporter to set up (``span_exporter`` / ``metric_reader``: caller-owned), edgesdk builds its own
     SDK providers and never touches the global ones; without, it records into the application's.
     """
-    settings = resolve_settings(trace_file=trace_file, otlp_endpoint=otlp_endpoint, otlp_protocol=otlp_protocol,
-                                console=console, capture_content=capture_content, service_name=service_name)
-    key = (repr(settings), id(span_exporter) if span_exporter else None,
-           id(metric_reader) if metric_reader else None)
+    settings = resolve_settings(
+        trace_file=trace_file,
+        otlp_endpoint=otlp_endpoint,
+        otlp_protocol=otlp_protocol,
+        console=console,
+        capture_content=capture_content,
+        service_name=service_name,
+    )
+    key = (repr(settings), id(span_exporter) if span_exporter else None, id(metric_reader) if metric_reader else None)
     with _state.lock:
         if _state.configured and _state.config_key == key:
             return
@@ -129,7 +157,8 @@ def configure(*, trace_file: str | Path | None = None, otlp_endpoint: str | None
             atexit.register(shutdown)
             _state.atexit_registered = True
         _state.tracer_provider, _state.meter_provider, names = build_providers(
-            settings, _state.counters, span_exporter=span_exporter, metric_reader=metric_reader)
+            settings, _state.counters, span_exporter=span_exporter, metric_reader=metric_reader
+        )
         _use_locked(_state.tracer_provider, _state.meter_provider, names)
 
 
@@ -221,12 +250,24 @@ def stats() -> dict:
     """Export bookkeeping of edgesdk's own exporters: spans ended / exported / failed / dropped (a full
     queue; settled at shutdown), exporter errors, the exporters, whether content is captured."""
     enabled = _state.tracer is not None
-    return {**_state.counters.snapshot(), "enabled": enabled, "exporters": list(_state.exporter_names),
-            "capture_content": bool(_state.capture_content and enabled)}
+    return {
+        **_state.counters.snapshot(),
+        "enabled": enabled,
+        "exporters": list(_state.exporter_names),
+        "capture_content": bool(_state.capture_content and enabled),
+    }
 
 
-def inference(operation: str, model: str, provider: str, *, stream: bool = False, request: dict | None = None,
-              attributes: dict | None = None, attach: bool = True) -> InferenceRecorder | _NoopRecorder:
+def inference(
+    operation: str,
+    model: str,
+    provider: str,
+    *,
+    stream: bool = False,
+    request: dict | None = None,
+    attributes: dict | None = None,
+    attach: bool = True,
+) -> InferenceRecorder | _NoopRecorder:
     """Context manager for one inference request; yields a recorder (see module docstring).
 
     ``attach=False``: the span is never made the current one, so ``__enter__`` and ``__exit__`` may run on
@@ -234,33 +275,59 @@ def inference(operation: str, model: str, provider: str, *, stream: bool = False
     tracer = _state.tracer or _tracer()
     if tracer is None:
         return NOOP_RECORDER
-    return InferenceRecorder(tracer, _state.instruments, _state.capture_content, operation, model, provider,
-                             stream, request, attributes, _state.chunk_metric, attach)
+    return InferenceRecorder(
+        tracer,
+        _state.instruments,
+        _state.capture_content,
+        operation,
+        model,
+        provider,
+        stream,
+        request,
+        attributes,
+        _state.chunk_metric,
+        attach,
+    )
 
 
-def build_trace(model: str, profile: str,
-                attributes: dict | None = None) -> contextlib.AbstractContextManager[trace.Span]:
+def build_trace(
+    model: str, profile: str, attributes: dict | None = None
+) -> contextlib.AbstractContextManager[trace.Span]:
     """Root span of one build (a new trace): ``edgesdk.build``; stages nest under it."""
     # context=Context(): always a new trace, even when called inside another span.
-    return _build_span(N.BUILD_SPAN, {N.BUILD_MODEL: str(model), N.DEVICE_PROFILE: str(profile)}, attributes,
-                       N.BUILD_OUTCOME, None, otel_context.Context())
+    return _build_span(
+        N.BUILD_SPAN,
+        {N.BUILD_MODEL: str(model), N.DEVICE_PROFILE: str(profile)},
+        attributes,
+        N.BUILD_OUTCOME,
+        None,
+        otel_context.Context(),
+    )
 
 
 def build_stage(stage: str, attributes: dict | None = None) -> contextlib.AbstractContextManager[trace.Span]:
     """Child span per build stage ``edgesdk.build.{stage}`` with duration and outcome."""
-    return _build_span(f"{N.BUILD_SPAN}.{stage}", {N.BUILD_STAGE: str(stage)}, attributes,
-                       N.BUILD_STAGE_OUTCOME, str(stage))
+    return _build_span(
+        f"{N.BUILD_SPAN}.{stage}", {N.BUILD_STAGE: str(stage)}, attributes, N.BUILD_STAGE_OUTCOME, str(stage)
+    )
 
 
 @contextlib.contextmanager
-def _build_span(name: str, attrs: dict, attributes: dict | None, outcome_attr: str, stage: str | None,
-                context: otel_context.Context | None = None) -> Iterator[trace.Span]:
+def _build_span(
+    name: str,
+    attrs: dict,
+    attributes: dict | None,
+    outcome_attr: str,
+    stage: str | None,
+    context: otel_context.Context | None = None,
+) -> Iterator[trace.Span]:
     tracer = _tracer()
     if tracer is None:
         yield trace.INVALID_SPAN
         return
-    span = tracer.start_span(name, context=context, kind=SpanKind.INTERNAL,
-                             attributes={**attrs, **N.clean_attributes(attributes or {})})
+    span = tracer.start_span(
+        name, context=context, kind=SpanKind.INTERNAL, attributes={**attrs, **N.clean_attributes(attributes or {})}
+    )
     token = otel_context.attach(trace.set_span_in_context(span))
     start = time.perf_counter()
     outcome = "ok"
@@ -296,8 +363,12 @@ def fallback_event(from_: str, to: str, reason: str, attributes: dict | None = N
     tracer = _tracer()
     if tracer is None:
         return
-    attrs = {N.FALLBACK_FROM: str(from_), N.FALLBACK_TO: str(to), N.FALLBACK_REASON: str(reason),
-             **N.clean_attributes(attributes or {})}
+    attrs = {
+        N.FALLBACK_FROM: str(from_),
+        N.FALLBACK_TO: str(to),
+        N.FALLBACK_REASON: str(reason),
+        **N.clean_attributes(attributes or {}),
+    }
     current = trace.get_current_span()
     if current.is_recording():
         current.add_event(N.FALLBACK_EVENT, attrs)

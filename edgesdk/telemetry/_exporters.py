@@ -136,8 +136,7 @@ class JsonLinesMetricExporter(MetricExporter):
         super().__init__(preferred_aggregation=preferred_aggregation)
         self._sink = sink.acquire()
 
-    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
-               **kwargs) -> MetricExportResult:
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs) -> MetricExportResult:
         try:
             document = to_otlp_json(encode_metrics(metrics_data))
             if document.get("resourceMetrics"):
@@ -172,8 +171,9 @@ class CountingSpanExporter(SpanExporter):
             self._counters.add("spans_exported", len(spans))
         else:
             self._counters.add("spans_failed", len(spans))
-            self._counters.warn_once(self._label, f"telemetry: {self._label} export failed; spans are being "
-                                                  "dropped (inference continues)")
+            self._counters.warn_once(
+                self._label, f"telemetry: {self._label} export failed; spans are being dropped (inference continues)"
+            )
         return result
 
     def shutdown(self) -> None:
@@ -222,8 +222,13 @@ def _otlp_exporters(settings: Settings):
 
 def build_providers(settings: Settings, counters: Counters, *, span_exporter=None, metric_reader=None):
     """Return ``(tracer_provider, meter_provider, exporter_names)``. Nothing here touches the network."""
-    resource = Resource.create({"service.name": settings.service_name, "telemetry.distro.name": "edgesdk",
-                                "telemetry.distro.version": __version__})
+    resource = Resource.create(
+        {
+            "service.name": settings.service_name,
+            "telemetry.distro.name": "edgesdk",
+            "telemetry.distro.version": __version__,
+        }
+    )
     # Not the SDK's own atexit hooks: telemetry.shutdown() (registered once at configure) must drain the
     # metrics worker first and then shut both providers down in parallel, with a bound.
     tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
@@ -232,24 +237,34 @@ def build_providers(settings: Settings, counters: Counters, *, span_exporter=Non
 
     def add_spans(exporter, label):
         processor = CountingBatchSpanProcessor(
-            CountingSpanExporter(exporter, counters, label), counters, max_queue_size=SPAN_QUEUE_SIZE,
+            CountingSpanExporter(exporter, counters, label),
+            counters,
+            max_queue_size=SPAN_QUEUE_SIZE,
             max_export_batch_size=SPAN_BATCH_SIZE,
-            export_timeout_millis=int(settings.export_timeout_s * 1000))
+            export_timeout_millis=int(settings.export_timeout_s * 1000),
+        )
         tracer_provider.add_span_processor(processor)
         names.append(label)
 
     if settings.trace_file:
         sink = _JsonLinesFile(settings.trace_file)
         add_spans(JsonLinesSpanExporter(sink), f"file:{settings.trace_file}")
-        readers.append(PeriodicExportingMetricReader(JsonLinesMetricExporter(sink),
-                                                     export_interval_millis=METRIC_EXPORT_INTERVAL_MS))
+        readers.append(
+            PeriodicExportingMetricReader(
+                JsonLinesMetricExporter(sink), export_interval_millis=METRIC_EXPORT_INTERVAL_MS
+            )
+        )
     if settings.otlp_endpoint:
         span_otlp, metric_otlp = _otlp_exporters(settings)
         add_spans(span_otlp, f"otlp-{settings.otlp_protocol}:{settings.otlp_endpoint}")
         if settings.otlp_metrics:
-            readers.append(PeriodicExportingMetricReader(
-                metric_otlp, export_interval_millis=METRIC_EXPORT_INTERVAL_MS,
-                export_timeout_millis=int(settings.export_timeout_s * 1000)))
+            readers.append(
+                PeriodicExportingMetricReader(
+                    metric_otlp,
+                    export_interval_millis=METRIC_EXPORT_INTERVAL_MS,
+                    export_timeout_millis=int(settings.export_timeout_s * 1000),
+                )
+            )
     if settings.console:
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 

@@ -70,7 +70,7 @@ SERVE_SLOTS_BUSY = "edgesdk.serve.slots.busy"
 
 # Advised bucket boundaries (semconv v1.41.1, docs/gen-ai/gen-ai-metrics.md).
 DURATION_BUCKETS = [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92]
-TOKEN_BUCKETS = [4 ** i for i in range(14)]  # 1, 4, 16 ... 67108864
+TOKEN_BUCKETS = [4**i for i in range(14)]  # 1, 4, 16 ... 67108864
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0]
 TPOT_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5]
 
@@ -107,8 +107,11 @@ def clean_attributes(attributes: Mapping[str, Any]) -> dict[str, Any]:
             continue
         if isinstance(value, _SCALARS):
             out[str(key)] = value
-        elif isinstance(value, list | tuple) and value and (all(isinstance(v, str) for v in value)
-                                                           or all(isinstance(v, int | float) for v in value)):
+        elif (
+            isinstance(value, list | tuple)
+            and value
+            and (all(isinstance(v, str) for v in value) or all(isinstance(v, int | float) for v in value))
+        ):
             out[str(key)] = list(value)
         else:
             out[str(key)] = str(value)
@@ -150,8 +153,10 @@ def text_messages(role: str, content, finish_reason: str | None = None) -> str:
         if isinstance(item, str):
             item = {"role": role, "content": item}
         text = item.get("content", "")
-        message = {"role": item.get("role", role),
-                   "parts": [{"type": "text", "content": text if isinstance(text, str) else str(text)}]}
+        message = {
+            "role": item.get("role", role),
+            "parts": [{"type": "text", "content": text if isinstance(text, str) else str(text)}],
+        }
         if finish_reason is not None:
             message["finish_reason"] = finish_reason
         messages.append(message)

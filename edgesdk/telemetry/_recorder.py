@@ -26,18 +26,18 @@ class Instruments:
 
     def __init__(self, meter):
         def hist(name, description, buckets=N.DURATION_BUCKETS, unit="s"):
-            return meter.create_histogram(name, unit=unit, description=description,
-                                          explicit_bucket_boundaries_advisory=buckets)
+            return meter.create_histogram(
+                name, unit=unit, description=description, explicit_bucket_boundaries_advisory=buckets
+            )
 
         self.duration = hist(N.CLIENT_OPERATION_DURATION, "GenAI operation duration")
-        self.token_usage = hist(N.CLIENT_TOKEN_USAGE, "Number of input and output tokens used",
-                                N.TOKEN_BUCKETS, "{token}")
+        self.token_usage = hist(
+            N.CLIENT_TOKEN_USAGE, "Number of input and output tokens used", N.TOKEN_BUCKETS, "{token}"
+        )
         self.ttfc = hist(N.CLIENT_TIME_TO_FIRST_CHUNK, "Time to receive the first chunk")
         self.tpoc = hist(N.CLIENT_TIME_PER_OUTPUT_CHUNK, "Time between consecutive output chunks")
-        self.server_ttft = hist(N.SERVER_TIME_TO_FIRST_TOKEN, "Time to generate the first token",
-                                N.TTFT_BUCKETS)
-        self.server_tpot = hist(N.SERVER_TIME_PER_OUTPUT_TOKEN, "Time per output token after the first",
-                                N.TPOT_BUCKETS)
+        self.server_ttft = hist(N.SERVER_TIME_TO_FIRST_TOKEN, "Time to generate the first token", N.TTFT_BUCKETS)
+        self.server_tpot = hist(N.SERVER_TIME_PER_OUTPUT_TOKEN, "Time per output token after the first", N.TPOT_BUCKETS)
         self.build_stage_duration = hist(N.BUILD_STAGE_DURATION, "edgesdk build stage duration")
 
 
@@ -78,8 +78,9 @@ class StageSpan:
     def __enter__(self) -> StageSpan:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> Literal[False]:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
         self.end(exc)
         return False
 
@@ -93,8 +94,9 @@ class _Noop:
     def __enter__(self: _Self) -> _Self:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> Literal[False]:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
         return False
 
     def _nothing(self, *args: object, **kwargs: object) -> None:
@@ -139,13 +141,45 @@ class InferenceRecorder:
     may be closed from another context). Use :meth:`add_event` for events on a stream's span.
     """
 
-    __slots__ = ("_tracer", "_instruments", "_capture", "_operation", "_model", "_provider", "_stream",
-                 "_chunk_metric", "_span", "_token", "_t0", "_first", "_times", "_input_tokens",
-                 "_output_tokens", "_reasons", "_response_model", "_input_content", "_output_content",
-                 "_error_type", "_end_attrs", "_attach")
+    __slots__ = (
+        "_tracer",
+        "_instruments",
+        "_capture",
+        "_operation",
+        "_model",
+        "_provider",
+        "_stream",
+        "_chunk_metric",
+        "_span",
+        "_token",
+        "_t0",
+        "_first",
+        "_times",
+        "_input_tokens",
+        "_output_tokens",
+        "_reasons",
+        "_response_model",
+        "_input_content",
+        "_output_content",
+        "_error_type",
+        "_end_attrs",
+        "_attach",
+    )
 
-    def __init__(self, tracer, instruments, capture, operation, model, provider, stream, request, attributes,
-                 chunk_metric=True, attach=True):
+    def __init__(
+        self,
+        tracer,
+        instruments,
+        capture,
+        operation,
+        model,
+        provider,
+        stream,
+        request,
+        attributes,
+        chunk_metric=True,
+        attach=True,
+    ):
         self._tracer = tracer
         self._instruments = instruments
         self._capture = capture
@@ -175,15 +209,17 @@ class InferenceRecorder:
             attrs.update(N.request_attributes(request))
         if attributes:
             attrs.update(N.clean_attributes(attributes))
-        self._span = tracer.start_span(f"{self._operation} {model}" if model else self._operation,
-                                       kind=SpanKind.INTERNAL, attributes=attrs)
+        self._span = tracer.start_span(
+            f"{self._operation} {model}" if model else self._operation, kind=SpanKind.INTERNAL, attributes=attrs
+        )
         if not self._stream and self._attach:
             self._token = otel_context.attach(trace.set_span_in_context(self._span))
         self._t0 = perf_counter()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> Literal[False]:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
         end = perf_counter()
         if self._token is not None:
             otel_context.detach(self._token)
@@ -305,8 +341,11 @@ class InferenceRecorder:
         if not span.is_recording():
             return NOOP_STAGE
         attrs = {N.INFERENCE_STAGE: name, **N.clean_attributes(attributes or {})}
-        return StageSpan(self._tracer.start_span(name, context=trace.set_span_in_context(span),
-                                                 kind=SpanKind.INTERNAL, attributes=attrs))
+        return StageSpan(
+            self._tracer.start_span(
+                name, context=trace.set_span_in_context(span), kind=SpanKind.INTERNAL, attributes=attrs
+            )
+        )
 
     @property
     def span(self) -> trace.Span:

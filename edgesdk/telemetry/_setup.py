@@ -73,8 +73,7 @@ def _normalise_protocol(protocol: str | None, endpoint: str | None) -> str:
     return "http/protobuf" if endpoint and ":4318" in endpoint else "grpc"
 
 
-def resolve_settings(*, trace_file, otlp_endpoint, otlp_protocol, console, capture_content,
-                     service_name) -> Settings:
+def resolve_settings(*, trace_file, otlp_endpoint, otlp_protocol, console, capture_content, service_name) -> Settings:
     settings = Settings(service_name=os.environ.get("OTEL_SERVICE_NAME") or service_name)
     exporters = {e.strip().lower() for e in os.getenv("OTEL_TRACES_EXPORTER", "").split(",") if e.strip()}
     explicit = trace_file or otlp_endpoint or console
@@ -83,8 +82,11 @@ def resolve_settings(*, trace_file, otlp_endpoint, otlp_protocol, console, captu
         return settings
     file_value = trace_file if trace_file is not None else os.environ.get("EDGESDK_TRACE_FILE")
     settings.trace_file = Path(file_value) if file_value else None
-    endpoint = otlp_endpoint or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") \
+    endpoint = (
+        otlp_endpoint
+        or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
         or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    )
     # The spec's default exporter is otlp at localhost; we only export over the network when asked,
     # because an edge device without a collector would otherwise log a warning per batch forever.
     if not endpoint and "otlp" in exporters:
@@ -92,8 +94,11 @@ def resolve_settings(*, trace_file, otlp_endpoint, otlp_protocol, console, captu
     settings.otlp_endpoint = endpoint or None
     settings.otlp_endpoint_from_env = bool(endpoint) and not otlp_endpoint
     settings.otlp_protocol = _normalise_protocol(
-        otlp_protocol or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-        or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL"), settings.otlp_endpoint)
+        otlp_protocol
+        or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL"),
+        settings.otlp_endpoint,
+    )
     settings.console = bool(console) or "console" in exporters
     settings.capture_content = capture_content if capture_content is not None else _capture_from_env()
     timeout = os.environ.get("OTEL_EXPORTER_OTLP_TIMEOUT")
@@ -139,5 +144,7 @@ class Counters:
 
     def snapshot(self) -> dict:
         with self.lock:
-            return {name: getattr(self, name) for name in
-                    ("spans_ended", "spans_exported", "spans_failed", "spans_dropped", "export_errors")}
+            return {
+                name: getattr(self, name)
+                for name in ("spans_ended", "spans_exported", "spans_failed", "spans_dropped", "export_errors")
+            }

@@ -36,8 +36,11 @@ BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128]
 
 # The keyword labels the server records with -> OpenTelemetry attribute names (the Prometheus label is the
 # attribute with dots made underscores, so ``gen_ai.request.model`` is ``gen_ai_request_model`` on /metrics).
-_ATTRIBUTES = {"gen_ai_operation_name": N.OPERATION_NAME, "gen_ai_request_model": N.REQUEST_MODEL,
-               "gen_ai_token_type": N.TOKEN_TYPE}
+_ATTRIBUTES = {
+    "gen_ai_operation_name": N.OPERATION_NAME,
+    "gen_ai_request_model": N.REQUEST_MODEL,
+    "gen_ai_token_type": N.TOKEN_TYPE,
+}
 
 
 class _Instrument:
@@ -101,19 +104,27 @@ class ServerMetrics:
         self._providers: dict[str, str] = {}
         self.registry = CollectorRegistry()
         # No target_info (resource) series and no otel_scope_* labels: the series are the server's own.
-        self._reader = PrometheusMetricReader(disable_target_info=True, scope_info_enabled=False,
-                                              registry=self.registry)
+        self._reader = PrometheusMetricReader(
+            disable_target_info=True, scope_info_enabled=False, registry=self.registry
+        )
         # shutdown_on_exit=False: nothing to flush (a pull reader), and no atexit hook holding every server.
-        self.provider = MeterProvider(metric_readers=[self._reader], shutdown_on_exit=False,
-                                      resource=Resource.create({"service.name": "edgesdk-serve"}))
+        self.provider = MeterProvider(
+            metric_readers=[self._reader],
+            shutdown_on_exit=False,
+            resource=Resource.create({"service.name": "edgesdk-serve"}),
+        )
         meter = self.provider.get_meter("edgesdk.serve", N.SDK_VERSION, schema_url=N.SCHEMA_URL)
 
         def counter(name: str, unit: str, description: str) -> Counter:
             return Counter(self, meter.create_counter(name, unit=unit, description=description))
 
         def histogram(name: str, unit: str, description: str, buckets: list) -> Histogram:
-            return Histogram(self, meter.create_histogram(name, unit=unit, description=description,
-                                                          explicit_bucket_boundaries_advisory=buckets))
+            return Histogram(
+                self,
+                meter.create_histogram(
+                    name, unit=unit, description=description, explicit_bucket_boundaries_advisory=buckets
+                ),
+            )
 
         def gauge(name: str, unit: str, description: str) -> Gauge:
             g = Gauge(self)
@@ -121,25 +132,40 @@ class ServerMetrics:
             return g
 
         self.requests = counter(N.SERVE_REQUESTS, "{request}", "HTTP requests answered, by route, model and status.")
-        self.rejected = counter(N.SERVE_REJECTED, "{request}",
-                                "Requests refused because a queue was full or the server was draining.")
-        self.cancelled = counter(N.SERVE_CANCELLED, "{request}",
-                                 "Generations stopped early because the client went away.")
-        self.duration = histogram(N.SERVER_REQUEST_DURATION, "s",
-                                  "Time from request received to last byte of the response.", N.DURATION_BUCKETS)
-        self.ttft = histogram(N.SERVER_TIME_TO_FIRST_TOKEN, "s",
-                              "Time from request received to the first generated token (queue wait included).",
-                              N.TTFT_BUCKETS)
-        self.tpot = histogram(N.SERVER_TIME_PER_OUTPUT_TOKEN, "s", "Mean time per output token after the first.",
-                              N.TPOT_BUCKETS)
+        self.rejected = counter(
+            N.SERVE_REJECTED, "{request}", "Requests refused because a queue was full or the server was draining."
+        )
+        self.cancelled = counter(
+            N.SERVE_CANCELLED, "{request}", "Generations stopped early because the client went away."
+        )
+        self.duration = histogram(
+            N.SERVER_REQUEST_DURATION,
+            "s",
+            "Time from request received to last byte of the response.",
+            N.DURATION_BUCKETS,
+        )
+        self.ttft = histogram(
+            N.SERVER_TIME_TO_FIRST_TOKEN,
+            "s",
+            "Time from request received to the first generated token (queue wait included).",
+            N.TTFT_BUCKETS,
+        )
+        self.tpot = histogram(
+            N.SERVER_TIME_PER_OUTPUT_TOKEN, "s", "Mean time per output token after the first.", N.TPOT_BUCKETS
+        )
         # Not gen_ai.*: the conventions have no server token metric (/metrics used to call it
         # gen_ai_server_token_usage_tokens_total as if they had one).
         self.tokens = counter(N.SERVE_TOKEN_USAGE, "{token}", "Tokens processed, input and output.")
         self.queue_depth = gauge(N.SERVE_QUEUE_DEPTH, "{request}", "Requests waiting or running, per model.")
-        self.batch_size = histogram(N.SERVE_EMBEDDING_BATCH_SIZE, "{input}",
-                                    "Inputs per embedding batch run by the dynamic batcher.", BATCH_BUCKETS)
-        self.cached_tokens = counter(N.SERVE_PROMPT_CACHE_REUSED, "{token}",
-                                     "Prompt tokens restored from the prompt cache instead of evaluated.")
+        self.batch_size = histogram(
+            N.SERVE_EMBEDDING_BATCH_SIZE,
+            "{input}",
+            "Inputs per embedding batch run by the dynamic batcher.",
+            BATCH_BUCKETS,
+        )
+        self.cached_tokens = counter(
+            N.SERVE_PROMPT_CACHE_REUSED, "{token}", "Prompt tokens restored from the prompt cache instead of evaluated."
+        )
         self.cache_bytes = gauge(N.SERVE_PROMPT_CACHE, "By", "Bytes held by the prompt cache.")
         self.slots = gauge(N.SERVE_SLOTS, "{slot}", "Sequences an LLM decodes together (serve --parallel).")
         self.slots_busy = gauge(N.SERVE_SLOTS_BUSY, "{slot}", "Slots holding a request now, per LLM.")

@@ -33,8 +33,11 @@ def http_attributes(scope: Mapping[str, Any], user_agent: str | None) -> dict:
     """HTTP server span attributes (OpenTelemetry HTTP semantic conventions) of an ASGI request scope.
     A method outside the conventions' list is recorded as ``_OTHER`` with the original alongside."""
     method = str(scope.get("method") or "")
-    attrs: dict = {"http.request.method": method if method in HTTP_METHODS else "_OTHER",
-                   "url.path": str(scope.get("path") or "/"), "url.scheme": str(scope.get("scheme") or "http")}
+    attrs: dict = {
+        "http.request.method": method if method in HTTP_METHODS else "_OTHER",
+        "url.path": str(scope.get("path") or "/"),
+        "url.scheme": str(scope.get("scheme") or "http"),
+    }
     if method not in HTTP_METHODS:
         attrs["http.request.method_original"] = method[:64]
     if scope.get("http_version"):
@@ -97,8 +100,12 @@ class HTTPSpan:
             attrs["http.route"] = route
         method = attrs["http.request.method"]
         name = "HTTP" if method == "_OTHER" else method
-        self.span = tracer.start_span(f"{name} {route}" if route else name, context=propagate.extract(headers),
-                                      kind=SpanKind.SERVER, attributes=attrs)
+        self.span = tracer.start_span(
+            f"{name} {route}" if route else name,
+            context=propagate.extract(headers),
+            kind=SpanKind.SERVER,
+            attributes=attrs,
+        )
 
     def end(self, status: int | None, error_type: str | None = None) -> None:
         if status is not None:
@@ -124,8 +131,11 @@ class ServerSpan:
         parent = propagate.extract(request.headers)
         self.operation = operation
         # The provider is known before the model only when one serves this kind; else "edgesdk" until then.
-        attrs: dict = {"gen_ai.operation.name": operation, "gen_ai.provider.name": provider,
-                       **http_attributes(request.scope, request.headers.get("user-agent"))}
+        attrs: dict = {
+            "gen_ai.operation.name": operation,
+            "gen_ai.provider.name": provider,
+            **http_attributes(request.scope, request.headers.get("user-agent")),
+        }
         attrs["http.route"] = route
         self.span = tracer.start_span(operation, context=parent, kind=SpanKind.SERVER, attributes=attrs)
         self.ctx = trace.set_span_in_context(self.span, parent)
@@ -142,8 +152,14 @@ class ServerSpan:
         if value is not None:
             self.span.set_attribute(key, value)
 
-    def end(self, status: int | None, code: str | None = None, message: str | None = None,
-            cancelled: bool = False, error_type: str | None = None) -> None:
+    def end(
+        self,
+        status: int | None,
+        code: str | None = None,
+        message: str | None = None,
+        cancelled: bool = False,
+        error_type: str | None = None,
+    ) -> None:
         """``status``: the HTTP status sent (None when none was); ``code``: the OpenAI error code;
         ``error_type``: the request failed after its status was sent (a stream that broke off)."""
         if self._ended:

@@ -7,5 +7,13 @@
 from edgesdk.tracecheck.checker import Finding, Report, check_telemetry, check_trace_file, render_table
 from edgesdk.tracecheck.otlp_json import TraceFileError, iter_otlp_json, read_otlp_json
 
-__all__ = ["Finding", "Report", "TraceFileError", "check_telemetry", "check_trace_file", "iter_otlp_json",
-           "read_otlp_json", "render_table"]
+__all__ = [
+    "Finding",
+    "Report",
+    "TraceFileError",
+    "check_telemetry",
+    "check_trace_file",
+    "iter_otlp_json",
+    "read_otlp_json",
+    "render_table",
+]

@@ -135,7 +135,7 @@ def _enum(value, table: dict[int, str], prefix: str) -> str:
             return table.get(int(text), text)
         for candidate in (prefix, "SPANKIND.", "STATUSCODE."):
             if text.startswith(candidate):
-                text = text[len(candidate):]
+                text = text[len(candidate) :]
         return text
     return table[0]
 
@@ -186,17 +186,26 @@ def _read_spans(document: dict, line: int, result: TelemetryFile) -> None:
             scope_name = str((scope.get("scope") or scope.get("instrumentationLibrary") or {}).get("name", ""))
             for raw in scope.get("spans") or []:
                 status = raw.get("status") or {}
-                result.spans.append(Span(
-                    name=str(raw.get("name", "")),
-                    kind=_enum(raw.get("kind", 0), SPAN_KINDS, "SPAN_KIND_"),
-                    trace_id=str(raw.get("traceId", "")), span_id=str(raw.get("spanId", "")),
-                    parent_span_id=str(raw.get("parentSpanId", "") or ""),
-                    attributes=_attributes(raw.get("attributes")), resource=resource,
-                    events=[Event(str(e.get("name", "")), _attributes(e.get("attributes")))
-                            for e in raw.get("events") or []],
-                    status=_enum(status.get("code", 0), STATUS_CODES, "STATUS_CODE_"),
-                    start_ns=_int(raw.get("startTimeUnixNano")), end_ns=_int(raw.get("endTimeUnixNano")),
-                    line=line, scope=scope_name))
+                result.spans.append(
+                    Span(
+                        name=str(raw.get("name", "")),
+                        kind=_enum(raw.get("kind", 0), SPAN_KINDS, "SPAN_KIND_"),
+                        trace_id=str(raw.get("traceId", "")),
+                        span_id=str(raw.get("spanId", "")),
+                        parent_span_id=str(raw.get("parentSpanId", "") or ""),
+                        attributes=_attributes(raw.get("attributes")),
+                        resource=resource,
+                        events=[
+                            Event(str(e.get("name", "")), _attributes(e.get("attributes")))
+                            for e in raw.get("events") or []
+                        ],
+                        status=_enum(status.get("code", 0), STATUS_CODES, "STATUS_CODE_"),
+                        start_ns=_int(raw.get("startTimeUnixNano")),
+                        end_ns=_int(raw.get("endTimeUnixNano")),
+                        line=line,
+                        scope=scope_name,
+                    )
+                )
 
 
 def _read_metrics(document: dict, line: int, result: TelemetryFile) -> None:
@@ -211,10 +220,15 @@ def _read_metrics(document: dict, line: int, result: TelemetryFile) -> None:
                 points = []
                 for point in (raw.get(data_kind) or {}).get("dataPoints") or []:
                     bounds = point.get("explicitBounds")
-                    points.append(MetricPoint(_attributes(point.get("attributes")),
-                                              [float(b) for b in bounds] if bounds is not None else None))
-                result.metrics.append(Metric(str(raw.get("name", "")), str(raw.get("unit", "")),
-                                             data_kind, points, line))
+                    points.append(
+                        MetricPoint(
+                            _attributes(point.get("attributes")),
+                            [float(b) for b in bounds] if bounds is not None else None,
+                        )
+                    )
+                result.metrics.append(
+                    Metric(str(raw.get("name", "")), str(raw.get("unit", "")), data_kind, points, line)
+                )
 
 
 def _add_document(document, line: int, result: TelemetryFile) -> bool:
@@ -234,8 +248,10 @@ def _add_document(document, line: int, result: TelemetryFile) -> bool:
             return True
     except (AttributeError, TypeError, ValueError, OverflowError, RecursionError) as exc:
         # A field of the wrong JSON type (a span that is null, attributes that are a string, ...)
-        raise TraceFileError(f"{result.path}:{line}: not OTLP/JSON ({type(exc).__name__}: {str(exc)[:80]})",
-                             hint="expected OTLP/JSON lines or one OTLP/JSON document") from exc
+        raise TraceFileError(
+            f"{result.path}:{line}: not OTLP/JSON ({type(exc).__name__}: {str(exc)[:80]})",
+            hint="expected OTLP/JSON lines or one OTLP/JSON document",
+        ) from exc
     return "resourceLogs" in document  # a logs line from the collector's file exporter: valid, not checked
 
 
@@ -252,8 +268,9 @@ class _Bounded(io.RawIOBase):
         n = self._inner.readinto(buffer)
         self._left -= n
         if self._left < 0:
-            raise TraceFileError(f"{self._path} is larger than {self._limit} bytes uncompressed",
-                                 hint="split it, or raise max_bytes")
+            raise TraceFileError(
+                f"{self._path} is larger than {self._limit} bytes uncompressed", hint="split it, or raise max_bytes"
+            )
         return n
 
 
@@ -295,16 +312,20 @@ def iter_otlp_json(path: str | Path, *, max_bytes: int = MAX_BYTES) -> Iterator[
             number += 1
             if len(line) > MAX_LINE_BYTES and not line.endswith("\n"):
                 what = "one JSON document or line" if empty else f"line {number}"
-                raise TraceFileError(f"{path}: {what} is longer than {MAX_LINE_BYTES >> 20} MiB; not read whole "
-                                     "(memory)", hint="write OTLP/JSON lines, one export request per line")
+                raise TraceFileError(
+                    f"{path}: {what} is longer than {MAX_LINE_BYTES >> 20} MiB; not read whole (memory)",
+                    hint="write OTLP/JSON lines, one export request per line",
+                )
             if not line.strip():
                 blank += 1
                 if blank > MAX_LINES_WITHOUT_OTLP and not found and empty:
                     raise TraceFileError(f"{path}: {blank} blank lines and no JSON: not a trace file")
                 continue
             if not found and number - blank > MAX_LINES_WITHOUT_OTLP:
-                raise TraceFileError(f"{path} is JSON but not OTLP (no resourceSpans or resourceMetrics in its "
-                                     f"first {MAX_LINES_WITHOUT_OTLP} lines)")
+                raise TraceFileError(
+                    f"{path} is JSON but not OTLP (no resourceSpans or resourceMetrics in its "
+                    f"first {MAX_LINES_WITHOUT_OTLP} lines)"
+                )
             try:
                 document = json.loads(line)
             except RecursionError as exc:
@@ -313,8 +334,9 @@ def iter_otlp_json(path: str | Path, *, max_bytes: int = MAX_BYTES) -> Iterator[
                 if empty:  # line 1 is not a whole document: maybe the file is one multi-line document
                     yield _whole_document(path, max_bytes, number, exc)
                     return
-                raise TraceFileError(f"{path}:{number}: not JSON ({exc.msg})",
-                                     hint="expected OTLP/JSON lines or one OTLP/JSON document") from exc
+                raise TraceFileError(
+                    f"{path}:{number}: not JSON ({exc.msg})", hint="expected OTLP/JSON lines or one OTLP/JSON document"
+                ) from exc
             empty = False
             part = TelemetryFile(path=str(path))
             if _add_document(document, number, part):
@@ -331,16 +353,20 @@ def _whole_document(path: Path, max_bytes: int, number: int, line_error: json.JS
     with _read_errors(path), _open_text(path, max_bytes) as text:
         raw = text.read(limit + 1)  # characters: never more than the limit held, whatever the file's size
         if len(raw) > limit:
-            raise TraceFileError(f"{path} is one JSON document of more than {limit >> 20} MiB: parsing it whole "
-                                 "would take ~13x that in memory", hint="write OTLP/JSON lines (one export "
-                                 "request per line), which are read as a stream")
+            raise TraceFileError(
+                f"{path} is one JSON document of more than {limit >> 20} MiB: parsing it whole "
+                "would take ~13x that in memory",
+                hint="write OTLP/JSON lines (one export request per line), which are read as a stream",
+            )
         try:
             document = json.loads(raw)
         except RecursionError as exc:
             raise TraceFileError(f"{path}: JSON nested too deeply to be OTLP") from exc
         except json.JSONDecodeError:
-            raise TraceFileError(f"{path}:{number}: not JSON ({line_error.msg})",
-                                 hint="expected OTLP/JSON lines or one OTLP/JSON document") from line_error
+            raise TraceFileError(
+                f"{path}:{number}: not JSON ({line_error.msg})",
+                hint="expected OTLP/JSON lines or one OTLP/JSON document",
+            ) from line_error
     result = TelemetryFile(path=str(path))
     if not _add_document(document, number, result):
         raise TraceFileError(f"{path} is JSON but not OTLP (no resourceSpans or resourceMetrics)")

@@ -36,8 +36,9 @@ def steps(model: str) -> list[list[str]]:
     directory's name, which is "model" for this package)."""
     out = [["doctor"]]
     for profile, name in (("orin", "minilm-orin"), ("cpu-x86_64", "minilm-cpu")):
-        out.append(["build", model, "--profile", profile, "-o", str(OUT / name), "--name", MODEL_NAME, "--explain",
-                    "--force"])
+        out.append(
+            ["build", model, "--profile", profile, "-o", str(OUT / name), "--name", MODEL_NAME, "--explain", "--force"]
+        )
         out.append(["run", str(OUT / name), "--report", *[a for s in SENTENCES for a in ("--input", s)]])
     return out
 

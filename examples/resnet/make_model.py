@@ -30,17 +30,33 @@ def make(out: Path, tiny: bool = False) -> Path:
 
     torch.manual_seed(0)
     if tiny:
-        cfg = ResNetConfig(embedding_size=16, hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1],
-                           layer_type="basic", num_labels=10)
+        cfg = ResNetConfig(
+            embedding_size=16, hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1], layer_type="basic", num_labels=10
+        )
     else:
-        cfg = ResNetConfig(embedding_size=64, hidden_sizes=[64, 128, 256, 512], depths=[2, 2, 2, 2],
-                           layer_type="basic", num_labels=1000)
+        cfg = ResNetConfig(
+            embedding_size=64,
+            hidden_sizes=[64, 128, 256, 512],
+            depths=[2, 2, 2, 2],
+            layer_type="basic",
+            num_labels=1000,
+        )
     model = ResNetForImageClassification(cfg).eval()
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
-    (out / "preprocessor_config.json").write_text(json.dumps({
-        "image_processor_type": "ConvNextImageProcessor", "do_resize": True, "size": {"shortest_edge": 224},
-        "do_normalize": True, "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]}, indent=2))
+    (out / "preprocessor_config.json").write_text(
+        json.dumps(
+            {
+                "image_processor_type": "ConvNextImageProcessor",
+                "do_resize": True,
+                "size": {"shortest_edge": 224},
+                "do_normalize": True,
+                "image_mean": [0.485, 0.456, 0.406],
+                "image_std": [0.229, 0.224, 0.225],
+            },
+            indent=2,
+        )
+    )
     (out / "README.md").write_text(CARD)
     return out
 

@@ -59,8 +59,13 @@ def sequential(llm, ll, prompts: list[str], max_tokens: int) -> dict:
         tokens.append(out)
     wall = time.perf_counter() - t0
     n = sum(len(t) for t in tokens)
-    return {"wall_s": wall, "completion_tokens": n, "tok_s": n / wall, "ttft_p50_ms": 1000 * statistics.median(ttft),
-            "tokens": tokens}
+    return {
+        "wall_s": wall,
+        "completion_tokens": n,
+        "tok_s": n / wall,
+        "ttft_p50_ms": 1000 * statistics.median(ttft),
+        "tokens": tokens,
+    }
 
 
 def batched(engine, prompts: list[str], max_tokens: int) -> dict:
@@ -75,9 +80,14 @@ def batched(engine, prompts: list[str], max_tokens: int) -> dict:
     n = sum(len(r.tokens) for r in results)
     # where the engine's time went: llama_decode (until the logits are readable) and its own host work
     spent = {k: engine.stats[k] - before[k] for k in ("steps", "decoded_tokens", "decode_s", "host_s")}
-    return {"wall_s": wall, "completion_tokens": n, "tok_s": n / wall,
-            "ttft_p50_ms": 1000 * statistics.median(r.ttft_s or 0.0 for r in results),
-            "tokens": [r.tokens for r in results], "engine": spent}
+    return {
+        "wall_s": wall,
+        "completion_tokens": n,
+        "tok_s": n / wall,
+        "ttft_p50_ms": 1000 * statistics.median(r.ttft_s or 0.0 for r in results),
+        "tokens": [r.tokens for r in results],
+        "engine": spent,
+    }
 
 
 def first_diff(a: list[int], b: list[int]) -> int | None:
@@ -111,11 +121,26 @@ def main() -> None:
 
         gguf = str(g.assemble(Path(tempfile.mkdtemp()) / "gemma-3-270m-q4_k_m.gguf"))
     n_ctx = 512
-    llm = ll.Llama(model_path=gguf, n_ctx=n_ctx, n_threads=args.threads, n_threads_batch=args.threads,
-                   n_gpu_layers=args.n_gpu_layers, flash_attn=args.flash_attn, verbose=False)
-    engine = BatchEngine(gguf, slots=args.slots, n_ctx=n_ctx, threads=args.threads, n_gpu_layers=args.n_gpu_layers,
-                         flash_attn=args.flash_attn, prompts_per_step=args.prompts_per_step,
-                         mixed_prefill=args.mixed_prefill, kv_unified=args.kv_unified)
+    llm = ll.Llama(
+        model_path=gguf,
+        n_ctx=n_ctx,
+        n_threads=args.threads,
+        n_threads_batch=args.threads,
+        n_gpu_layers=args.n_gpu_layers,
+        flash_attn=args.flash_attn,
+        verbose=False,
+    )
+    engine = BatchEngine(
+        gguf,
+        slots=args.slots,
+        n_ctx=n_ctx,
+        threads=args.threads,
+        n_gpu_layers=args.n_gpu_layers,
+        flash_attn=args.flash_attn,
+        prompts_per_step=args.prompts_per_step,
+        mixed_prefill=args.mixed_prefill,
+        kv_unified=args.kv_unified,
+    )
     sequential(llm, ll, [prompt(9000)], 4)  # warm-up both
     batched(engine, [prompt(9001)], 4)
     load_before = os.getloadavg()
@@ -140,46 +165,75 @@ def main() -> None:
         def agg(runs: list[tuple[list[str], dict]]) -> dict:
             n = sum(r["completion_tokens"] for _, r in runs)
             w = sum(r["wall_s"] for _, r in runs)
-            out = {"completion_tokens": n, "wall_s": round(w, 3), "tok_s": round(n / w, 2),
-                   "tok_s_per_turn": [round(r["tok_s"], 2) for _, r in runs],
-                   "ttft_p50_ms": round(statistics.median(r["ttft_p50_ms"] for _, r in runs), 1)}
+            out = {
+                "completion_tokens": n,
+                "wall_s": round(w, 3),
+                "tok_s": round(n / w, 2),
+                "tok_s_per_turn": [round(r["tok_s"], 2) for _, r in runs],
+                "ttft_p50_ms": round(statistics.median(r["ttft_p50_ms"] for _, r in runs), 1),
+            }
             if all("engine" in r for _, r in runs):
                 steps = sum(r["engine"]["steps"] for _, r in runs)
                 dec = sum(r["engine"]["decode_s"] for _, r in runs)
                 host = sum(r["engine"]["host_s"] for _, r in runs)
-                out["engine"] = {"decode_calls": steps, "decode_ms_per_call": round(1000 * dec / max(steps, 1), 3),
-                                 "host_ms_per_call": round(1000 * host / max(steps, 1), 3),
-                                 "wall_ms_per_call": round(1000 * w / max(steps, 1), 3),
-                                 "tokens_per_call": round(sum(r["engine"]["decoded_tokens"] for _, r in runs)
-                                                          / max(steps, 1), 2)}
+                out["engine"] = {
+                    "decode_calls": steps,
+                    "decode_ms_per_call": round(1000 * dec / max(steps, 1), 3),
+                    "host_ms_per_call": round(1000 * host / max(steps, 1), 3),
+                    "wall_ms_per_call": round(1000 * w / max(steps, 1), 3),
+                    "tokens_per_call": round(sum(r["engine"]["decoded_tokens"] for _, r in runs) / max(steps, 1), 2),
+                }
             return out
 
-        row = {"concurrency": c, "sequential": agg(seq_runs), "batched": agg(bat_runs),
-               "identical_requests": sum(d is None for d in diffs), "requests_compared": len(diffs),
-               "first_divergence": [d for d in diffs if d is not None]}
+        row = {
+            "concurrency": c,
+            "sequential": agg(seq_runs),
+            "batched": agg(bat_runs),
+            "identical_requests": sum(d is None for d in diffs),
+            "requests_compared": len(diffs),
+            "first_divergence": [d for d in diffs if d is not None],
+        }
         row["ratio"] = round(row["batched"]["tok_s"] / row["sequential"]["tok_s"], 2)
         rows.append(row)
-        print(f"C={c}: sequential {row['sequential']['tok_s']} tok/s, batched {row['batched']['tok_s']} tok/s, "
-              f"ratio {row['ratio']}x; greedy identical {row['identical_requests']}/{row['requests_compared']}",
-              flush=True)
+        print(
+            f"C={c}: sequential {row['sequential']['tok_s']} tok/s, batched {row['batched']['tok_s']} tok/s, "
+            f"ratio {row['ratio']}x; greedy identical {row['identical_requests']}/{row['requests_compared']}",
+            flush=True,
+        )
         if "engine" in row["batched"]:
             e = row["batched"]["engine"]
-            print(f"      engine: {e['decode_calls']} llama_decode calls, {e['tokens_per_call']} tokens each, "
-                  f"decode {e['decode_ms_per_call']} ms + host {e['host_ms_per_call']} ms of "
-                  f"{e['wall_ms_per_call']} ms wall per call", flush=True)
+            print(
+                f"      engine: {e['decode_calls']} llama_decode calls, {e['tokens_per_call']} tokens each, "
+                f"decode {e['decode_ms_per_call']} ms + host {e['host_ms_per_call']} ms of "
+                f"{e['wall_ms_per_call']} ms wall per call",
+                flush=True,
+            )
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).resolve().parents[2]).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).resolve().parents[2],
+        ).stdout.strip()
     except OSError:
         commit = ""
-    doc = {"what": "BatchEngine (edgesdk.runtime.batching) vs the same requests one after another through "
-                   "plain llama_cpp.Llama greedy; the engine, not the HTTP server",
-           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit, "host": machine(),
-           "load_average_before": [round(x, 2) for x in load_before],
-           "load_average_after": [round(x, 2) for x in os.getloadavg()],
-           "gguf": os.path.basename(gguf), "threads": args.threads, "max_tokens": args.max_tokens,
-           "n_ctx_per_sequence": n_ctx, "engine": engine.settings, "rounds": args.rounds,
-           "order": "A B B A per round (A sequential, B batched)", "results": rows}
+    doc = {
+        "what": "BatchEngine (edgesdk.runtime.batching) vs the same requests one after another through "
+        "plain llama_cpp.Llama greedy; the engine, not the HTTP server",
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "commit": commit,
+        "host": machine(),
+        "load_average_before": [round(x, 2) for x in load_before],
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        "gguf": os.path.basename(gguf),
+        "threads": args.threads,
+        "max_tokens": args.max_tokens,
+        "n_ctx_per_sequence": n_ctx,
+        "engine": engine.settings,
+        "rounds": args.rounds,
+        "order": "A B B A per round (A sequential, B batched)",
+        "results": rows,
+    }
     engine.close()
     llm.close()
     Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")

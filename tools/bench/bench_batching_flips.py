@@ -34,7 +34,7 @@ def prompts(n: int) -> list[str]:
     words = (REPO / "edgesdk" / "data" / "ppl_text.txt").read_text().split()
     seen, out = set(), []
     for start in range(0, len(words) - 6, 3):
-        p = " ".join(words[start:start + 6])
+        p = " ".join(words[start : start + 6])
         if p not in seen:
             seen.add(p)
             out.append(p)
@@ -89,15 +89,24 @@ def main() -> None:
         firsts.append(i)
     same = sum(1 for i in firsts if i is None)
     tokens_same = sum((len(a) if i is None else i) for a, i in zip(alone, firsts, strict=True))
-    out = {"what": "greedy tokens of each prompt alone vs decoded together (BatchEngine), same GGUF",
-           "gguf": Path(gguf).name, "machine": machine(), "settings": {**vars(args), "gguf": Path(gguf).name},
-           "prompts": len(reqs), "identical_requests": same, "identical_share": round(same / len(reqs), 4),
-           "tokens_before_first_difference": tokens_same, "tokens_total": sum(len(a) for a in alone),
-           "first_difference_at": dict(sorted(Counter(i for i in firsts if i is not None).items())),
-           "seconds": {"alone": round(t_alone, 1), "batched": round(t_batched, 1)}}
+    out = {
+        "what": "greedy tokens of each prompt alone vs decoded together (BatchEngine), same GGUF",
+        "gguf": Path(gguf).name,
+        "machine": machine(),
+        "settings": {**vars(args), "gguf": Path(gguf).name},
+        "prompts": len(reqs),
+        "identical_requests": same,
+        "identical_share": round(same / len(reqs), 4),
+        "tokens_before_first_difference": tokens_same,
+        "tokens_total": sum(len(a) for a in alone),
+        "first_difference_at": dict(sorted(Counter(i for i in firsts if i is not None).items())),
+        "seconds": {"alone": round(t_alone, 1), "batched": round(t_batched, 1)},
+    }
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
-    print(f"{same}/{len(reqs)} requests token-identical ({100 * same / len(reqs):.1f} %); first differences at "
-          f"{out['first_difference_at']}; alone {t_alone:.1f} s, batched ({args.slots} slots) {t_batched:.1f} s")
+    print(
+        f"{same}/{len(reqs)} requests token-identical ({100 * same / len(reqs):.1f} %); first differences at "
+        f"{out['first_difference_at']}; alone {t_alone:.1f} s, batched ({args.slots} slots) {t_batched:.1f} s"
+    )
     print("wrote", args.out)
 
 

@@ -59,9 +59,15 @@ def main() -> None:
         onnx_path = Path(tmp) / "minilm.onnx"
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")
-            torch.onnx.export(model, (ids, mask), str(onnx_path), input_names=["input_ids", "attention_mask"],
-                              opset_version=17, dynamo=False,
-                              dynamic_axes={"input_ids": {0: "b", 1: "s"}, "attention_mask": {0: "b", 1: "s"}})
+            torch.onnx.export(
+                model,
+                (ids, mask),
+                str(onnx_path),
+                input_names=["input_ids", "attention_mask"],
+                opset_version=17,
+                dynamo=False,
+                dynamic_axes={"input_ids": {0: "b", 1: "s"}, "attention_mask": {0: "b", 1: "s"}},
+            )
         so = ort.SessionOptions()
         so.intra_op_num_threads = THREADS
         sess = ort.InferenceSession(str(onnx_path), so, providers=["CPUExecutionProvider"])
@@ -79,8 +85,8 @@ def main() -> None:
     result = {
         "benchmark": "eager_fallback",
         "how": f"all-MiniLM-L6-v2 real weights, batch 1, seq {SEQ}, {THREADS} threads, {WARMUP} warm-up + {RUNS} "
-               "timed runs, p50/p90 wall ms; anchor = ONNX Runtime CPU EP FP32 on torch.onnx export (same run); "
-               "candidate = torch.export program run eagerly",
+        "timed runs, p50/p90 wall ms; anchor = ONNX Runtime CPU EP FP32 on torch.onnx export (same run); "
+        "candidate = torch.export program run eagerly",
         "anchor_ort_cpu_ms": {"p50": round(anchor_p50, 3), "p90": round(anchor_p90, 3)},
         "torch_export_eager_ms": {"p50": round(eager_p50, 3), "p90": round(eager_p90, 3)},
         "ratio_eager_vs_anchor_p50": round(eager_p50 / anchor_p50, 3),

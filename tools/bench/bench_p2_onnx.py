@@ -64,11 +64,17 @@ def main() -> None:
         theirs += _timed(lambda: bare.run(None, feeds), per)
         ours += _timed(lambda: session.run(feeds), per)
     o, t = statistics.median(ours) * 1e3, statistics.median(theirs) * 1e3
-    result = {"benchmark": "P2 ONNX: session.run vs bare InferenceSession.run",
-              "how": f"p50 of {len(ours)} calls each, {args.rounds} interleaved rounds, seq 128, batch 1, 2 threads, "
-                     "telemetry not configured (default)",
-              "bundle": str(bundle), "precision": session.bundle.precision,
-              "edgesdk_p50_ms": o, "bare_ort_p50_ms": t, "ratio": o / t, "target": 1.02}
+    result = {
+        "benchmark": "P2 ONNX: session.run vs bare InferenceSession.run",
+        "how": f"p50 of {len(ours)} calls each, {args.rounds} interleaved rounds, seq 128, batch 1, 2 threads, "
+        "telemetry not configured (default)",
+        "bundle": str(bundle),
+        "precision": session.bundle.precision,
+        "edgesdk_p50_ms": o,
+        "bare_ort_p50_ms": t,
+        "ratio": o / t,
+        "target": 1.02,
+    }
     path = save("p2_onnx", result)
     print(f"P2 session.run p50 {o:.3f} ms vs bare ORT {t:.3f} ms -> ratio {o / t:.4f} (target <= 1.02) -> {path}")
 

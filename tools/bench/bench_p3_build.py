@@ -33,18 +33,59 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeats):
             out = Path(tmp) / f"ours{i}"
-            r = run_measured([sys.executable, "-m", "edgesdk", "build", model, "--profile", "cpu-x86_64", "-o",
-                              str(out), "--no-progress"], env)
+            r = run_measured(
+                [
+                    sys.executable,
+                    "-m",
+                    "edgesdk",
+                    "build",
+                    model,
+                    "--profile",
+                    "cpu-x86_64",
+                    "-o",
+                    str(out),
+                    "--no-progress",
+                ],
+                env,
+            )
             assert r["rc"] == 0, r["stderr"]
             ours.append(r)
             exp, q = Path(tmp) / f"exp{i}", Path(tmp) / f"q{i}"
-            a = run_measured([str(bindir / "optimum-cli"), "export", "onnx", "--model", model, "--task",
-                              "feature-extraction", str(exp)], env)
-            b = run_measured([str(bindir / "optimum-cli"), "onnxruntime", "quantize", "--onnx_model", str(exp),
-                              "--avx512_vnni", "-o", str(q)], env)
+            a = run_measured(
+                [
+                    str(bindir / "optimum-cli"),
+                    "export",
+                    "onnx",
+                    "--model",
+                    model,
+                    "--task",
+                    "feature-extraction",
+                    str(exp),
+                ],
+                env,
+            )
+            b = run_measured(
+                [
+                    str(bindir / "optimum-cli"),
+                    "onnxruntime",
+                    "quantize",
+                    "--onnx_model",
+                    str(exp),
+                    "--avx512_vnni",
+                    "-o",
+                    str(q),
+                ],
+                env,
+            )
             assert a["rc"] == 0 and b["rc"] == 0, (a["stderr"], b["stderr"])
-            theirs.append({"wall_s": a["wall_s"] + b["wall_s"], "peak_rss_gb": max(a["peak_rss_gb"], b["peak_rss_gb"]),
-                           "export_s": a["wall_s"], "quantize_s": b["wall_s"]})
+            theirs.append(
+                {
+                    "wall_s": a["wall_s"] + b["wall_s"],
+                    "peak_rss_gb": max(a["peak_rss_gb"], b["peak_rss_gb"]),
+                    "export_s": a["wall_s"],
+                    "quantize_s": b["wall_s"],
+                }
+            )
             shutil.rmtree(out, ignore_errors=True)
     ow = statistics.median(r["wall_s"] for r in ours)
     tw = statistics.median(r["wall_s"] for r in theirs)
@@ -53,11 +94,12 @@ def main() -> None:
     result = {
         "benchmark": "P3 build wall/RSS vs optimum-cli export+quantize (MiniLM, CPU profile)",
         "how": "subprocess wall time and RUSAGE_CHILDREN peak RSS per command; median wall over repeats, "
-               "interleaved; optimum pair = export onnx + onnxruntime quantize --avx512_vnni (peak of the two)",
+        "interleaved; optimum pair = export onnx + onnxruntime quantize --avx512_vnni (peak of the two)",
         "repeats": args.repeats,
         "edgesdk": {"wall_s": ow, "peak_rss_gb": orss, "runs": ours},
         "optimum": {"wall_s": tw, "peak_rss_gb": trss, "runs": theirs},
-        "wall_ratio": ow / tw, "rss_ratio": orss / trss,
+        "wall_ratio": ow / tw,
+        "rss_ratio": orss / trss,
         "target": {"wall_ratio": 1.0, "rss_ratio": 1.0},
     }
     for r in ours:

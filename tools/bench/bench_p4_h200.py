@@ -45,14 +45,38 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-TINYLLAMA = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
-                 num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048, rms_norm_eps=1e-5)
+TINYLLAMA = dict(
+    hidden_size=2048,
+    intermediate_size=5632,
+    num_hidden_layers=22,
+    num_attention_heads=32,
+    num_key_value_heads=4,
+    vocab_size=32000,
+    max_position_embeddings=2048,
+    rms_norm_eps=1e-5,
+)
 # 16 layers x 2048 wide: Llama-3.2-1B's layer shape (ffn 8192, 8 KV heads) with TinyLlama's vocabulary
-L16 = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-           num_key_value_heads=8, vocab_size=32000, max_position_embeddings=2048, rms_norm_eps=1e-5)
+L16 = dict(
+    hidden_size=2048,
+    intermediate_size=8192,
+    num_hidden_layers=16,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    vocab_size=32000,
+    max_position_embeddings=2048,
+    rms_norm_eps=1e-5,
+)
 # --shape tiny: a seconds-long dry run of the whole script on a CPU host (figures meaningless there)
-TINY = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
-            num_key_value_heads=2, vocab_size=1024, max_position_embeddings=1024, rms_norm_eps=1e-5)
+TINY = dict(
+    hidden_size=256,
+    intermediate_size=512,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=1024,
+    max_position_embeddings=1024,
+    rms_norm_eps=1e-5,
+)
 SHAPES = {"tinyllama": TINYLLAMA, "l16": L16, "tiny": TINY}
 PROFILE = "h200"
 BATCHES = ((512, 512), (2048, 512), (2048, 2048))  # (n_batch, n_ubatch); llama.cpp's CLI default is 2048 / 512
@@ -68,8 +92,12 @@ def make_model(directory: Path, shape: dict) -> None:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(text.split("\n"), trainers.BpeTrainer(
-        vocab_size=1000, special_tokens=["<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        text.split("\n"),
+        trainers.BpeTrainer(
+            vocab_size=1000, special_tokens=["<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
     fast.save_pretrained(directory)
     cfg = LlamaConfig(**shape, bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id)
@@ -92,12 +120,25 @@ def make_bundle(gguf: Path, bundle_dir: Path, plan, quant: str) -> Path:
     if not target.exists():
         os.replace(gguf, target)
     facts = gguf_facts(target)
-    llm = llm_config(plan, facts, target, n_ctx=int(plan.decision("gguf.context_length")), quant=quant,
-                     converted=None, extra={"chat_template": facts["chat_template"]})
-    manifest = {"bundle_id": f"p4-{bundle_dir.name}", "format": "gguf", "precision": facts["file_type"],
-                "model": {"name": bundle_dir.name}, "profile": {"name": PROFILE}, "plan": plan.to_dict(),
-                "artifacts": [B.artifact_entry(bundle_dir, "model.gguf", "model")],  # loads skip verify
-                "extras": {"llm": llm.to_dict()}}
+    llm = llm_config(
+        plan,
+        facts,
+        target,
+        n_ctx=int(plan.decision("gguf.context_length")),
+        quant=quant,
+        converted=None,
+        extra={"chat_template": facts["chat_template"]},
+    )
+    manifest = {
+        "bundle_id": f"p4-{bundle_dir.name}",
+        "format": "gguf",
+        "precision": facts["file_type"],
+        "model": {"name": bundle_dir.name},
+        "profile": {"name": PROFILE},
+        "plan": plan.to_dict(),
+        "artifacts": [B.artifact_entry(bundle_dir, "model.gguf", "model")],  # loads skip verify
+        "extras": {"llm": llm.to_dict()},
+    }
     B.write_manifest(bundle_dir, manifest)
     return bundle_dir
 
@@ -171,9 +212,17 @@ def measure_bare(gguf: Path, cfg: dict, n_ctx: int, n_prefill: int, n_long: int,
     llama_cpp = import_llama_cpp()
     kv = getattr(llama_cpp, f"GGML_TYPE_{cfg['kv'].upper()}")
     t0 = time.perf_counter()
-    llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=n_ctx, n_gpu_layers=cfg["n_gpu_layers"],
-                          flash_attn=cfg["flash_attn"], n_batch=cfg["n_batch"], n_ubatch=cfg["n_ubatch"],
-                          type_k=kv, type_v=kv, verbose=False)
+    llm = llama_cpp.Llama(
+        model_path=str(gguf),
+        n_ctx=n_ctx,
+        n_gpu_layers=cfg["n_gpu_layers"],
+        flash_attn=cfg["flash_attn"],
+        n_batch=cfg["n_batch"],
+        n_ubatch=cfg["n_ubatch"],
+        type_k=kv,
+        type_v=kv,
+        verbose=False,
+    )
     load_s = time.perf_counter() - t0
     try:
         runs = _timed_runs(llm, _prompts(n_prefill, n_long), n_decode, reps)
@@ -197,7 +246,7 @@ def _text_of(llm, n_tokens: int) -> str:
     text = base
     while len(llm.tokenize(text.encode("utf-8"), add_bos=False)) < n_tokens + 16:
         text += "\n" + base
-    ids = llm.tokenize(text.encode("utf-8"), add_bos=False)[:n_tokens - 1]
+    ids = llm.tokenize(text.encode("utf-8"), add_bos=False)[: n_tokens - 1]
     return llm.detokenize(ids).decode("utf-8", errors="ignore")
 
 
@@ -212,10 +261,12 @@ def measure_planner(bundle_dir: Path, n_prefill: int, n_long: int, n_decode: int
     backend = session.backend
     try:
         ids = _timed_runs(backend._llm, _prompts(n_prefill, n_long), n_decode, reps)
-        texts = {label: _text_of(backend._llm, n) for label, n in (("prefill", n_prefill), ("long_prefill", n_long))
-                 if n}
-        text = _text_runs(lambda t: len(backend.tokenize(t)),
-                          lambda t: session.generate(t, max_tokens=1, temperature=0), texts, reps)
+        texts = {
+            label: _text_of(backend._llm, n) for label, n in (("prefill", n_prefill), ("long_prefill", n_long)) if n
+        }
+        text = _text_runs(
+            lambda t: len(backend.tokenize(t)), lambda t: session.generate(t, max_tokens=1, temperature=0), texts, reps
+        )
         decode, out_tokens = [], []
         for _ in range(reps + 1):
             session.generate("The harbour town", max_tokens=n_decode + 1, temperature=0)
@@ -225,8 +276,13 @@ def measure_planner(bundle_dir: Path, n_prefill: int, n_long: int, n_decode: int
         report = session.report()
     finally:
         session.close()
-    return {"load_s": round(load_s, 2), "ids": ids, "text": text, "settings": report["backend_report"],
-            "fallbacks": report["fallbacks"]}
+    return {
+        "load_s": round(load_s, 2),
+        "ids": ids,
+        "text": text,
+        "settings": report["backend_report"],
+        "fallbacks": report["fallbacks"],
+    }
 
 
 def _child(args: list[str], timeout: float = 600) -> dict:
@@ -276,7 +332,12 @@ def sweep(layers: int, n_ctx: int, offload: tuple[str, ...]) -> dict[str, dict]:
                 for where in offload:
                     ngl = layers + 1 if where == "all" else layers // 2
                     out[f"fa{int(fa)}_b{nb}_ub{nub}_{kv}_{where}"] = {
-                        "flash_attn": fa, "n_batch": nb, "n_ubatch": nub, "kv": kv, "n_gpu_layers": ngl}
+                        "flash_attn": fa,
+                        "n_batch": nb,
+                        "n_ubatch": nub,
+                        "kv": kv,
+                        "n_gpu_layers": ngl,
+                    }
     return out
 
 
@@ -304,18 +365,30 @@ def run_shape(shape_name: str, args: argparse.Namespace, work: Path) -> dict:
         gguf = bundle / "model.gguf"
         n_ctx = int(plan.decision("gguf.context_length"))
         n_long = min(args.long_prefill, n_ctx - args.decode - 32) if args.long_prefill else 0
-        common = ["--prefill", str(args.prefill), "--long-prefill", str(n_long), "--decode", str(args.decode),
-                  "--reps", str(args.reps)]
+        common = [
+            "--prefill",
+            str(args.prefill),
+            "--long-prefill",
+            str(n_long),
+            "--decode",
+            str(args.decode),
+            "--reps",
+            str(args.reps),
+        ]
         planner = _child(["--stage", "planner", "--bundle", str(bundle), *common])
         bare = {}
         for name, cfg in sweep(layers, n_ctx, tuple(args.offload.split(","))).items():
-            r = _child(["--stage", "bare", "--gguf", str(gguf), "--config", json.dumps(cfg), "--n-ctx", str(n_ctx),
-                        *common])
+            r = _child(
+                ["--stage", "bare", "--gguf", str(gguf), "--config", json.dumps(cfg), "--n-ctx", str(n_ctx), *common]
+            )
             bare[name] = r if "error" not in r else {"config": cfg, **r}
             if "error" in r:
                 print(f"  {shape_name} {quant} {name}: {r}", flush=True)
-        res: dict = {"planner_decisions": {d.key: d.value for d in plan.decisions if d.key.startswith("gguf.")},
-                     "planner": planner, "bare": bare}
+        res: dict = {
+            "planner_decisions": {d.key: d.value for d in plan.decisions if d.key.startswith("gguf.")},
+            "planner": planner,
+            "bare": bare,
+        }
         ok = {k: v for k, v in bare.items() if "error" not in v}
         if "error" in planner or not ok:
             res["error"] = "planner run failed" if "error" in planner else "every bare run failed"
@@ -345,28 +418,48 @@ def run_shape(shape_name: str, args: argparse.Namespace, work: Path) -> dict:
             p_runs, b_runs = [], []
             for _ in range(args.confirm_rounds):
                 p = _child(["--stage", "planner", "--bundle", str(bundle), *common])
-                b = _child(["--stage", "bare", "--gguf", str(gguf), "--config", json.dumps(cfg), "--n-ctx",
-                            str(n_ctx), *common])
+                b = _child(
+                    [
+                        "--stage",
+                        "bare",
+                        "--gguf",
+                        str(gguf),
+                        "--config",
+                        json.dumps(cfg),
+                        "--n-ctx",
+                        str(n_ctx),
+                        *common,
+                    ]
+                )
                 if "error" in p or "error" in b:
                     continue
                 p_runs.append(p[form][key])
                 b_runs.append((b if form == "ids" else b["text"])[key])
             if p_runs:
-                confirm[label] = {"config": best[label]["config"], "planner": p_runs, "bare": b_runs,
-                                  "ratio_of_medians": round(statistics.median(p_runs) / statistics.median(b_runs), 4)}
+                confirm[label] = {
+                    "config": best[label]["config"],
+                    "planner": p_runs,
+                    "bare": b_runs,
+                    "ratio_of_medians": round(statistics.median(p_runs) / statistics.median(b_runs), 4),
+                }
         res["confirm"] = confirm
         res.update(ratios=ratios, best_bare=best)
         out["results"][quant] = res
-        print(f"{shape_name} {quant}: planner/best bare {json.dumps(ratios)}; best bare {json.dumps(best)}",
-              flush=True)
+        print(f"{shape_name} {quant}: planner/best bare {json.dumps(ratios)}; best bare {json.dumps(best)}", flush=True)
         s = planner["settings"]
-        print(f"  planner: FA {s['flash_attn']}, n_batch {s['n_batch']}, n_ubatch {s['n_ubatch']}, "
-              f"K/V {s['type_k']}/{s['type_v']}, {s['placement']}; ids: prefill {planner['ids']['prefill_tok_s']} "
-              f"decode {planner['ids']['decode_tok_s']}; text: prefill {planner['text'].get('prefill_tok_s')} "
-              f"decode {planner['text'].get('decode_tok_s')} tok/s", flush=True)
+        print(
+            f"  planner: FA {s['flash_attn']}, n_batch {s['n_batch']}, n_ubatch {s['n_ubatch']}, "
+            f"K/V {s['type_k']}/{s['type_v']}, {s['placement']}; ids: prefill {planner['ids']['prefill_tok_s']} "
+            f"decode {planner['ids']['decode_tok_s']}; text: prefill {planner['text'].get('prefill_tok_s')} "
+            f"decode {planner['text'].get('decode_tok_s')} tok/s",
+            flush=True,
+        )
         for label, c in confirm.items():
-            print(f"  confirm {label} vs {c['config']}: planner {c['planner']} bare {c['bare']} -> "
-                  f"{c['ratio_of_medians']}x", flush=True)
+            print(
+                f"  confirm {label} vs {c['config']}: planner {c['planner']} bare {c['bare']} -> "
+                f"{c['ratio_of_medians']}x",
+                flush=True,
+            )
     return out
 
 
@@ -377,8 +470,11 @@ def main() -> int:
     ap.add_argument("--gguf", default=None)
     ap.add_argument("--config", default="{}")
     ap.add_argument("--n-ctx", type=int, default=2048)
-    ap.add_argument("--out", default=None, help="default: tools/bench/results/p4_h200_sweep.json (tiny: the work "
-                                                "directory, never the results)")
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="default: tools/bench/results/p4_h200_sweep.json (tiny: the work directory, never the results)",
+    )
     ap.add_argument("--work", default=None)
     ap.add_argument("--prefill", type=int, default=None, help="prompt tokens (default 512; tiny 128)")
     ap.add_argument("--long-prefill", type=int, default=None, help="longer prompt, 0 = none (default 1536; tiny 256)")
@@ -386,14 +482,22 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=None, help="timed rounds after one warm-up (default 3; tiny 1)")
     ap.add_argument("--shape", choices=("both", "tinyllama", "l16", "tiny"), default="both")
     ap.add_argument("--quants", default="F16,Q4_K_M")
-    ap.add_argument("--confirm-rounds", type=int, default=3,
-                    help="planner vs the best bare setting, alternating in fresh processes, where the sweep "
-                         "says < 0.98x")
+    ap.add_argument(
+        "--confirm-rounds",
+        type=int,
+        default=3,
+        help="planner vs the best bare setting, alternating in fresh processes, where the sweep says < 0.98x",
+    )
     ap.add_argument("--offload", default=None, help="all,half (default; tiny: all, a CPU host offloads nothing)")
     args = ap.parse_args()
     tiny = args.shape == "tiny"
-    for name, big, small in (("prefill", 512, 128), ("long_prefill", 1536, 256), ("decode", 128, 16),
-                             ("reps", 8, 1), ("offload", "all,half", "all")):
+    for name, big, small in (
+        ("prefill", 512, 128),
+        ("long_prefill", 1536, 256),
+        ("decode", 128, 16),
+        ("reps", 8, 1),
+        ("offload", "all,half", "all"),
+    ):
         if getattr(args, name) is None:
             setattr(args, name, small if tiny else big)
     work = Path(args.work or tempfile.mkdtemp(prefix="p4-"))
@@ -401,38 +505,67 @@ def main() -> int:
         print(json.dumps(stage_prepare(work, args.shape)))
         return 0
     if args.stage == "bare":
-        print(json.dumps(measure_bare(Path(args.gguf), json.loads(args.config), args.n_ctx, args.prefill,
-                                      args.long_prefill, args.decode, args.reps)))
+        print(
+            json.dumps(
+                measure_bare(
+                    Path(args.gguf),
+                    json.loads(args.config),
+                    args.n_ctx,
+                    args.prefill,
+                    args.long_prefill,
+                    args.decode,
+                    args.reps,
+                )
+            )
+        )
         return 0
     if args.stage == "planner":
-        print(json.dumps(measure_planner(Path(args.bundle), args.prefill, args.long_prefill, args.decode,
-                                         args.reps)))
+        print(json.dumps(measure_planner(Path(args.bundle), args.prefill, args.long_prefill, args.decode, args.reps)))
         return 0
     t0 = time.perf_counter()
     shapes = ("tinyllama", "l16") if args.shape == "both" else (args.shape,)
     try:
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version,clocks.max.sm",
-                              "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version,clocks.max.sm", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
     except OSError:
         smi = "no nvidia-smi (not a GPU host)"
     from edgesdk.native import import_llama_cpp
 
     llama_cpp = import_llama_cpp()
     results: dict = {}
-    out = {"benchmark": "P4 (GGUF on H200): planner settings vs the best bare setting of a sweep, same run",
-           "goal": "planner >= 0.98x the best bare decode and prefill tok/s",
-           "method": __doc__,
-           "machine": {"gpu": smi, "cpu_count": os.cpu_count(), "python": platform.python_version(),
-                       "llama_cpp_python": llama_cpp.__version__,
-                       "llama_cpp_system_info": llama_cpp.llama_print_system_info().decode()},
-           "settings": {"prefill": args.prefill, "long_prefill": args.long_prefill, "decode": args.decode,
-                        "reps": args.reps, "quants": args.quants, "offload": args.offload, "profile": PROFILE},
-           "weights": "random (torch.manual_seed(0)), transformers LlamaForCausalLM",
-           "shapes": results}
+    out = {
+        "benchmark": "P4 (GGUF on H200): planner settings vs the best bare setting of a sweep, same run",
+        "goal": "planner >= 0.98x the best bare decode and prefill tok/s",
+        "method": __doc__,
+        "machine": {
+            "gpu": smi,
+            "cpu_count": os.cpu_count(),
+            "python": platform.python_version(),
+            "llama_cpp_python": llama_cpp.__version__,
+            "llama_cpp_system_info": llama_cpp.llama_print_system_info().decode(),
+        },
+        "settings": {
+            "prefill": args.prefill,
+            "long_prefill": args.long_prefill,
+            "decode": args.decode,
+            "reps": args.reps,
+            "quants": args.quants,
+            "offload": args.offload,
+            "profile": PROFILE,
+        },
+        "weights": "random (torch.manual_seed(0)), transformers LlamaForCausalLM",
+        "shapes": results,
+    }
     if tiny:
         out["note"] = "--shape tiny: a dry run of the script; the figures mean nothing"
-    path = Path(args.out) if args.out else (work / "p4_tiny.json" if tiny
-                                            else REPO / "tools/bench/results/p4_h200_sweep.json")
+    path = (
+        Path(args.out)
+        if args.out
+        else (work / "p4_tiny.json" if tiny else REPO / "tools/bench/results/p4_h200_sweep.json")
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     for name in shapes:  # written after each shape: a run cut short keeps the shapes it finished
         results[name] = run_shape(name, args, work / name)

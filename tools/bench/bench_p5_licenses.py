@@ -94,8 +94,19 @@ def main() -> int:
 
         tree, meta_dirs = _stage_inputs(bundle, work)
         sc_json = work / "scancode.json"
-        sc_cmd = [args.scancode, "--license", "--package", "--processes", "2", "--quiet", "--timeout", "120",
-                  "--json", str(sc_json), str(tree)]
+        sc_cmd = [
+            args.scancode,
+            "--license",
+            "--package",
+            "--processes",
+            "2",
+            "--quiet",
+            "--timeout",
+            "120",
+            "--json",
+            str(sc_json),
+            str(tree),
+        ]
         scancode = run_measured(["timeout", "1500", *sc_cmd]) if Path(args.scancode).exists() else None
         load_after = os.getloadavg()
 
@@ -127,33 +138,60 @@ def main() -> int:
                 else:
                     differ += 1
                     examples.append({"dist": name, "ours": f["spdx"], "scancode": theirs[name]})
-            agreement = {"same": same, "same_but_scancode_adds_unknown_reference": only_unknown_ref,
-                         "different": differ, "scancode_no_declared_license": missing, "different_all": examples}
+            agreement = {
+                "same": same,
+                "same_but_scancode_adds_unknown_reference": only_unknown_ref,
+                "different": differ,
+                "scancode_no_declared_license": missing,
+                "different_all": examples,
+            }
 
         dists = sum(1 for f in ours_report["findings"] if f["layer"] == "distribution")
         result = {
             "benchmark": "P5 license check: edgesdk check licenses vs ScanCode, same inputs, same run",
             "target": f"ours <= {TARGET_S} s wall",
-            "inputs": {"bundle": str(bundle), "bundle_kind": bundle_kind, "bundle_files": len(files),
-                       "bundle_bytes": sum(p.stat().st_size for p in files), "distributions": dists,
-                       "scancode_metadata_dirs": meta_dirs},
-            "ours": {"cmd": " ".join(cmd), "runs": ours, "median_wall_s": round(ours_median, 3),
-                     "verdict": ours_report["verdict"], "findings": len(ours_report["findings"])},
-            "scancode": ({"cmd": " ".join(sc_cmd), **scancode} if scancode else
-                         {"skipped": f"{args.scancode} not found (install scancode-toolkit-mini 'pluggy<1.6' in a "
-                                     "throwaway venv)"}),
+            "inputs": {
+                "bundle": str(bundle),
+                "bundle_kind": bundle_kind,
+                "bundle_files": len(files),
+                "bundle_bytes": sum(p.stat().st_size for p in files),
+                "distributions": dists,
+                "scancode_metadata_dirs": meta_dirs,
+            },
+            "ours": {
+                "cmd": " ".join(cmd),
+                "runs": ours,
+                "median_wall_s": round(ours_median, 3),
+                "verdict": ours_report["verdict"],
+                "findings": len(ours_report["findings"]),
+            },
+            "scancode": (
+                {"cmd": " ".join(sc_cmd), **scancode}
+                if scancode
+                else {
+                    "skipped": f"{args.scancode} not found (install scancode-toolkit-mini 'pluggy<1.6' in a "
+                    "throwaway venv)"
+                }
+            ),
             "ratio_ours_over_scancode": round(ours_median / scancode["wall_s"], 4) if scancode else None,
             "target_met": ours_median <= TARGET_S,
             "agreement_on_distribution_licenses": agreement,
-            "load_average": {"before": load_before, "after": load_after,
-                             "note": "2 shared cores; other developers' jobs ran at the same time"},
+            "load_average": {
+                "before": load_before,
+                "after": load_after,
+                "note": "2 shared cores; other developers' jobs ran at the same time",
+            },
         }
         path = save("p5_licenses", result)
-        print(f"ours (median of {args.rounds}): {ours_median:.2f} s  [target <= {TARGET_S} s: "
-              f"{'met' if result['target_met'] else 'MISSED'}]  {dists} distributions, {len(files)} bundle files")
+        print(
+            f"ours (median of {args.rounds}): {ours_median:.2f} s  [target <= {TARGET_S} s: "
+            f"{'met' if result['target_met'] else 'MISSED'}]  {dists} distributions, {len(files)} bundle files"
+        )
         if scancode:
-            print(f"ScanCode (anchor, same inputs): {scancode['wall_s']:.1f} s rc={scancode['rc']}  "
-                  f"ratio ours/ScanCode = {result['ratio_ours_over_scancode']:.4f}")
+            print(
+                f"ScanCode (anchor, same inputs): {scancode['wall_s']:.1f} s rc={scancode['rc']}  "
+                f"ratio ours/ScanCode = {result['ratio_ours_over_scancode']:.4f}"
+            )
         if agreement:
             print(f"agreement on distribution licenses: {agreement}")
         print(f"written {path}")

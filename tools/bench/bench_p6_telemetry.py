@@ -97,12 +97,17 @@ def _stream_body(tokens: int):
     from edgesdk import telemetry
 
     request = {"max_tokens": tokens or 1, "temperature": 0.7, "top_p": 0.95, "seed": 1}
-    attributes = {"edgesdk.backend": "llama.cpp", "edgesdk.device.profile": "cpu-x86_64",
-                  "edgesdk.precision": "q4_k_m", "edgesdk.bundle.id": "bench"}
+    attributes = {
+        "edgesdk.backend": "llama.cpp",
+        "edgesdk.device.profile": "cpu-x86_64",
+        "edgesdk.precision": "q4_k_m",
+        "edgesdk.bundle.id": "bench",
+    }
 
     def body():
-        with telemetry.inference("chat", "gemma-3-270m", "llama.cpp", stream=True, request=request,
-                                 attributes=attributes) as rec:
+        with telemetry.inference(
+            "chat", "gemma-3-270m", "llama.cpp", stream=True, request=request, attributes=attributes
+        ) as rec:
             rec.set_input_tokens(62)
             for _ in range(tokens):
                 rec.chunk()
@@ -119,8 +124,11 @@ def _sdk_record_us(n: int) -> float:
 
     provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
     hist = provider.get_meter("anchor").create_histogram("gen_ai.client.operation.time_per_output_chunk", unit="s")
-    attrs = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "llama.cpp",
-             "gen_ai.request.model": "gemma-3-270m"}
+    attrs = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": "llama.cpp",
+        "gen_ai.request.model": "gemma-3-270m",
+    }
     gc.collect()
     cpu = time.process_time()
     for i in range(n):
@@ -137,8 +145,12 @@ def main() -> int:
     parser.add_argument("--embeds", type=int, default=200, help="embed requests per round and mode")
     parser.add_argument("--requests", type=int, default=300, help="synthetic requests per round and mode")
     parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--exporter", choices=["file", "null"], default="file",
-                        help="file: OTLP/JSON lines (CI setup); null: the SDK's own cost, export left out")
+    parser.add_argument(
+        "--exporter",
+        choices=["file", "null"],
+        default="file",
+        help="file: OTLP/JSON lines (CI setup); null: the SDK's own cost, export left out",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     EXPORTER[0] = args.exporter
@@ -155,8 +167,9 @@ def main() -> int:
 
     def telemetry_only():
         # What Session.embed does around the model run, with the session's own attributes.
-        with telemetry.inference("embeddings", session._model, session.backend.provider,
-                                 attributes=session._attrs) as rec:
+        with telemetry.inference(
+            "embeddings", session._model, session.backend.provider, attributes=session._attrs
+        ) as rec:
             rec.set_input_tokens(5)
             rec.set_attribute("gen_ai.embeddings.dimension.count", 384)
 
@@ -195,10 +208,10 @@ def main() -> int:
     t = args.tokens
     per_request_stream = paired("stream0_on", "stream0_off")
     per_token = (paired("streamT_on", "streamT_off") - per_request_stream) / t
-    per_token_nochunk = (statistics.median(a[1] - b[1] for a, b in zip(samples["streamT_on_nochunk"],
-                                                                          samples["streamT_off"]))
-                         - statistics.median(a[1] - b[1] for a, b in zip(samples["stream0_on_nochunk"],
-                                                                           samples["stream0_off"]))) / t
+    per_token_nochunk = (
+        statistics.median(a[1] - b[1] for a, b in zip(samples["streamT_on_nochunk"], samples["streamT_off"]))
+        - statistics.median(a[1] - b[1] for a, b in zip(samples["stream0_on_nochunk"], samples["stream0_off"]))
+    ) / t
     sdk_record = statistics.median(samples["sdk_record_us"])
     beyond_sdk = per_token * 1e6 - sdk_record
     fraction = telemetry_cpu / request_wall
@@ -206,12 +219,16 @@ def main() -> int:
         "benchmark": "P6 telemetry overhead (telemetry on vs off, same run)",
         "bundle": str(args.bundle),
         "request": f"session.embed({TEXT!r}), MiniLM CPU INT8 bundle",
-        "exporter": {"file": "OTLP/JSON lines file: encode_spans/encode_metrics + json_format (batch span "
-                             "processor, periodic metric reader)",
-                     "null": "SDK batch span processor with an exporter that does nothing; in-memory metric "
-                             "reader (the SDK's own recording cost, no encoding)"}[args.exporter],
+        "exporter": {
+            "file": "OTLP/JSON lines file: encode_spans/encode_metrics + json_format (batch span "
+            "processor, periodic metric reader)",
+            "null": "SDK batch span processor with an exporter that does nothing; in-memory metric "
+            "reader (the SDK's own recording cost, no encoding)",
+        }[args.exporter],
         "clock": "time.process_time (all threads), loop plus force_flush",
-        "rounds": args.rounds, "embeds_per_round": args.embeds, "requests_per_round": args.requests,
+        "rounds": args.rounds,
+        "embeds_per_round": args.embeds,
+        "requests_per_round": args.requests,
         "tokens": t,
         "embed": {
             "request_wall_us": round(request_wall * 1e6, 1),
@@ -228,23 +245,37 @@ def main() -> int:
             "per_token_beyond_sdk_us": round(beyond_sdk, 3),
             "per_token_without_chunk_metric_us": round(per_token_nochunk * 1e6, 3),
         },
-        "budget": {"request_fraction": BUDGET_REQUEST_FRACTION, "token_us_beyond_sdk": BUDGET_TOKEN_US,
-                   "request_ok": fraction <= BUDGET_REQUEST_FRACTION, "token_ok": beyond_sdk <= BUDGET_TOKEN_US},
-        "per_round_cpu_us": {key: [round(s[1] * 1e6, 2) for s in value] if key != "sdk_record_us"
-                             else [round(v, 3) for v in value] for key, value in samples.items()},
-        "machine": {"platform": platform.platform(), "python": sys.version.split()[0], "cpus": os.cpu_count(),
-                    "load_1min": round(os.getloadavg()[0], 2)},
+        "budget": {
+            "request_fraction": BUDGET_REQUEST_FRACTION,
+            "token_us_beyond_sdk": BUDGET_TOKEN_US,
+            "request_ok": fraction <= BUDGET_REQUEST_FRACTION,
+            "token_ok": beyond_sdk <= BUDGET_TOKEN_US,
+        },
+        "per_round_cpu_us": {
+            key: [round(s[1] * 1e6, 2) for s in value] if key != "sdk_record_us" else [round(v, 3) for v in value]
+            for key, value in samples.items()
+        },
+        "machine": {
+            "platform": platform.platform(),
+            "python": sys.version.split()[0],
+            "cpus": os.cpu_count(),
+            "load_1min": round(os.getloadavg()[0], 2),
+        },
         "versions": _versions(),
         "note": "shared 2-core machine: compare the on-off differences and ratios of one run, not absolute times",
     }
-    print(f"P6 embed {TEXT!r}: request {request_wall * 1e6:.0f} us wall / {request_cpu * 1e6:.0f} us CPU (off); "
-          f"telemetry {telemetry_cpu * 1e6:.1f} us CPU = {fraction * 100:.2f} % of the request "
-          f"(budget 1 %: {'ok' if fraction <= BUDGET_REQUEST_FRACTION else 'MISS'}); "
-          f"paired embed on-off {embed_delta_cpu * 1e6:.0f} us CPU")
-    print(f"P6 stream: {per_request_stream * 1e6:.1f} us CPU per request, {per_token * 1e6:.2f} us per token "
-          f"(SDK Histogram.record {sdk_record:.2f} us) -> {beyond_sdk:.2f} us beyond the SDK "
-          f"(budget 2 us: {'ok' if beyond_sdk <= BUDGET_TOKEN_US else 'MISS'}); "
-          f"without the chunk metric {per_token_nochunk * 1e6:.2f} us per token")
+    print(
+        f"P6 embed {TEXT!r}: request {request_wall * 1e6:.0f} us wall / {request_cpu * 1e6:.0f} us CPU (off); "
+        f"telemetry {telemetry_cpu * 1e6:.1f} us CPU = {fraction * 100:.2f} % of the request "
+        f"(budget 1 %: {'ok' if fraction <= BUDGET_REQUEST_FRACTION else 'MISS'}); "
+        f"paired embed on-off {embed_delta_cpu * 1e6:.0f} us CPU"
+    )
+    print(
+        f"P6 stream: {per_request_stream * 1e6:.1f} us CPU per request, {per_token * 1e6:.2f} us per token "
+        f"(SDK Histogram.record {sdk_record:.2f} us) -> {beyond_sdk:.2f} us beyond the SDK "
+        f"(budget 2 us: {'ok' if beyond_sdk <= BUDGET_TOKEN_US else 'MISS'}); "
+        f"without the chunk metric {per_token_nochunk * 1e6:.2f} us per token"
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")

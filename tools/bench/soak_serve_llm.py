@@ -45,13 +45,15 @@ async def trickled(url: str, body: dict) -> str:
     """POST /v1/completions from a slow client: the request head in six pieces 50 ms apart, then the body."""
     host, port = url.removeprefix("http://").split(":")
     data = json.dumps(body).encode()
-    head = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-            f"Connection: close\r\nContent-Length: {len(data)}\r\n\r\n").encode()
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Connection: close\r\nContent-Length: {len(data)}\r\n\r\n"
+    ).encode()
     reader, writer = await asyncio.open_connection(host, int(port))
     try:
         step = max(1, len(head) // 6)
         for k in range(0, len(head), step):
-            writer.write(head[k:k + step])
+            writer.write(head[k : k + step])
             await writer.drain()
             await asyncio.sleep(0.05)
         writer.write(data)
@@ -120,6 +122,7 @@ async def wave(url: str, n: int, concurrency: int, seed: int, slow_clients: bool
     counts: dict[str, int] = {}
     todo = iter(range(n))
     async with httpx.AsyncClient(timeout=120) as client:
+
         async def worker() -> None:
             for i in todo:
                 key = await one(client, url, rng, i, slow_clients)
@@ -143,11 +146,29 @@ def main() -> None:
     args = ap.parse_args()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "edgesdk", "serve", args.bundle, "--name", "m", "--port",
-                             str(port), "--threads", str(args.threads), "--log-level", "warning",
-                             "--max-queue", str(4 * args.concurrency),
-                             *(["--parallel", str(args.parallel)] if args.parallel else [])],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "edgesdk",
+            "serve",
+            args.bundle,
+            "--name",
+            "m",
+            "--port",
+            str(port),
+            "--threads",
+            str(args.threads),
+            "--log-level",
+            "warning",
+            "--max-queue",
+            str(4 * args.concurrency),
+            *(["--parallel", str(args.parallel)] if args.parallel else []),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         for _ in range(600):
             try:
@@ -185,15 +206,25 @@ def main() -> None:
         proc.wait(60)
     fives = {k: v for k, v in totals.items() if k.split()[-1].startswith("5")}
     mode = "one request at a time" if args.parallel == 1 else "continuous batching"
-    out = {"what": f"edgesdk serve ({mode}) LLM soak: RSS per round over the level after warm-up",
-           "bundle": Path(args.bundle).name, "machine": machine(), "settings": vars(args),
-           "rss_after_warmup_mb": round(base, 1), "growth_mb_per_round": growth,
-           "peak_during_round_mb_over_warmup": peaks, "outcomes": totals,
-           "server_5xx": fives, "slots_busy_at_end": float(busy.group(1)) if busy else None,
-           "cancelled_total": float(cancelled.group(1)) if cancelled else None, "wall_s": round(wall, 1)}
+    out = {
+        "what": f"edgesdk serve ({mode}) LLM soak: RSS per round over the level after warm-up",
+        "bundle": Path(args.bundle).name,
+        "machine": machine(),
+        "settings": vars(args),
+        "rss_after_warmup_mb": round(base, 1),
+        "growth_mb_per_round": growth,
+        "peak_during_round_mb_over_warmup": peaks,
+        "outcomes": totals,
+        "server_5xx": fives,
+        "slots_busy_at_end": float(busy.group(1)) if busy else None,
+        "cancelled_total": float(cancelled.group(1)) if cancelled else None,
+        "wall_s": round(wall, 1),
+    }
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
-    print(f"RSS after warm-up {base:.1f} MB, growth per {args.requests} requests {growth}; 5xx {fives or 'none'}; "
-          f"slots busy at the end {out['slots_busy_at_end']}; wrote {args.out}")
+    print(
+        f"RSS after warm-up {base:.1f} MB, growth per {args.requests} requests {growth}; 5xx {fives or 'none'}; "
+        f"slots busy at the end {out['slots_busy_at_end']}; wrote {args.out}"
+    )
 
 
 if __name__ == "__main__":

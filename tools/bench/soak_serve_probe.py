@@ -35,8 +35,10 @@ from soak_serve_llm import wave  # noqa: E402
 
 def _rss() -> tuple[float, float]:
     text = Path("/proc/self/status").read_text()
-    return tuple(int(re.search(rf"{k}:\s+(\d+) kB", text).group(1)) / 1024  # type: ignore[union-attr,return-value]
-                 for k in ("VmRSS", "RssAnon"))
+    return tuple(
+        int(re.search(rf"{k}:\s+(\d+) kB", text).group(1)) / 1024  # type: ignore[union-attr,return-value]
+        for k in ("VmRSS", "RssAnon")
+    )
 
 
 def wrapped(log: str, serve_args: list[str]) -> None:
@@ -49,8 +51,17 @@ def wrapped(log: str, serve_args: list[str]) -> None:
         libc.malloc_trim(0)
         after_trim = _rss()
         with open(log, "a") as fh:
-            fh.write(json.dumps({"rss_anon_mb": before, "gc_objects": collected, "after_gc": after_gc,
-                                 "after_malloc_trim": after_trim}) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "rss_anon_mb": before,
+                        "gc_objects": collected,
+                        "after_gc": after_gc,
+                        "after_malloc_trim": after_trim,
+                    }
+                )
+                + "\n"
+            )
 
     signal.signal(signal.SIGUSR1, probe)
     from edgesdk.cli import main
@@ -76,10 +87,29 @@ def main() -> None:
     url = f"http://127.0.0.1:{port}"
     log = Path(args.out).with_suffix(".probe.jsonl")
     log.unlink(missing_ok=True)
-    proc = subprocess.Popen([sys.executable, __file__, "--wrapped", str(log), args.bundle, "--name", "m", "--port",
-                             str(port), "--threads", "2", "--log-level", "warning", "--max-queue",
-                             str(4 * args.concurrency), "--parallel", str(args.parallel)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            __file__,
+            "--wrapped",
+            str(log),
+            args.bundle,
+            "--name",
+            "m",
+            "--port",
+            str(port),
+            "--threads",
+            "2",
+            "--log-level",
+            "warning",
+            "--max-queue",
+            str(4 * args.concurrency),
+            "--parallel",
+            str(args.parallel),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         for _ in range(600):
             try:
@@ -98,9 +128,14 @@ def main() -> None:
         proc.wait(60)
     probes = [json.loads(line) for line in log.read_text().splitlines()]
     log.unlink()
-    out = {"what": "edgesdk serve RSS/RssAnon (MB) after warm-up and each round: as is, after gc.collect(), "
-                   "after malloc_trim(0)", "bundle": Path(args.bundle).name, "machine": machine(),
-           "settings": vars(args), "probes": probes}
+    out = {
+        "what": "edgesdk serve RSS/RssAnon (MB) after warm-up and each round: as is, after gc.collect(), "
+        "after malloc_trim(0)",
+        "bundle": Path(args.bundle).name,
+        "machine": machine(),
+        "settings": vars(args),
+        "probes": probes,
+    }
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {args.out}")
 

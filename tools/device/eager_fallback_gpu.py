@@ -22,8 +22,12 @@ import numpy as np
 
 def _stats(samples: list[float]) -> dict:
     a = np.asarray(samples)
-    return {"n": len(a), "p50": round(float(np.median(a)), 4), "p99": round(float(np.percentile(a, 99)), 4),
-            "min": round(float(a.min()), 4)}
+    return {
+        "n": len(a),
+        "p50": round(float(np.median(a)), 4),
+        "p99": round(float(np.percentile(a, 99)), 4),
+        "min": round(float(a.min()), 4),
+    }
 
 
 def _time(session, feeds, iters: int, warmup: int, budget_s: float) -> dict:
@@ -50,13 +54,19 @@ def main() -> None:
     import edgesdk
     from edgesdk.resources import data_file
 
-    rec: dict = {"date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                 "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-                 "versions": {"torch": torch.__version__, "onnxruntime": onnxruntime.__version__,
-                              "onnxruntime_providers": onnxruntime.get_available_providers(),
-                              "transformers": transformers.__version__, "python": platform.python_version()},
-                 "bundle": str(args.bundle),
-                 "method": __doc__}
+    rec: dict = {
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "versions": {
+            "torch": torch.__version__,
+            "onnxruntime": onnxruntime.__version__,
+            "onnxruntime_providers": onnxruntime.get_available_providers(),
+            "transformers": transformers.__version__,
+            "python": platform.python_version(),
+        },
+        "bundle": str(args.bundle),
+        "method": __doc__,
+    }
     t0 = time.perf_counter()
     sess = edgesdk.load(args.bundle)
     rec["load_s"] = round(time.perf_counter() - t0, 3)
@@ -71,23 +81,30 @@ def main() -> None:
     sents = data_file("sample_sentences.txt").read_text(encoding="utf-8").splitlines()[:32]
     a, b = sess.embed(sents), cpu.embed(sents)
     cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
-    rec["parity_eager_vs_cpu_ep"] = {"sentences": len(sents), "min_cosine": round(float(cos.min()), 6),
-                                     "max_abs": round(float(np.abs(a - b).max()), 6), "via": "Session.embed"}
+    rec["parity_eager_vs_cpu_ep"] = {
+        "sentences": len(sents),
+        "min_cosine": round(float(cos.min()), 6),
+        "max_abs": round(float(np.abs(a - b).max()), 6),
+        "via": "Session.embed",
+    }
     print("parity:", rec["parity_eager_vs_cpu_ep"])
     rng = np.random.default_rng(0)
     table = {}
     for bsz in (1, 8):
         for seq in (32, 128, 256):
-            feeds = {"input_ids": rng.integers(1000, 30000, size=(bsz, seq)).astype(np.int64),
-                     "attention_mask": np.ones((bsz, seq), np.int64),
-                     "token_type_ids": np.zeros((bsz, seq), np.int64)}
+            feeds = {
+                "input_ids": rng.integers(1000, 30000, size=(bsz, seq)).astype(np.int64),
+                "attention_mask": np.ones((bsz, seq), np.int64),
+                "token_type_ids": np.zeros((bsz, seq), np.int64),
+            }
             feeds = {k: v for k, v in feeds.items() if k in {s.name for s in sess.backend.inputs}}
-            row = {"chosen": _time(sess, feeds, args.iters, 10, 20.0),
-                   "cpu_ep": _time(cpu, feeds, 30, 2, 6.0)}
+            row = {"chosen": _time(sess, feeds, args.iters, 10, 20.0), "cpu_ep": _time(cpu, feeds, 30, 2, 6.0)}
             row["cpu_ep_over_chosen"] = round(row["cpu_ep"]["p50"] / row["chosen"]["p50"], 2)
             table[f"b{bsz}_s{seq}"] = row
-            print(f"b{bsz} s{seq}: {rec['chosen']['backend']}/{rec['chosen']['device']} p50 {row['chosen']['p50']} ms,"
-                  f" CPU EP p50 {row['cpu_ep']['p50']} ms ({row['cpu_ep_over_chosen']}x)")
+            print(
+                f"b{bsz} s{seq}: {rec['chosen']['backend']}/{rec['chosen']['device']} p50 {row['chosen']['p50']} ms,"
+                f" CPU EP p50 {row['cpu_ep']['p50']} ms ({row['cpu_ep_over_chosen']}x)"
+            )
     rec["latency_ms"] = table
     rec["host_cpu_threads"] = torch.get_num_threads()
     Path(args.out).mkdir(parents=True, exist_ok=True)

@@ -57,16 +57,25 @@ print(json.dumps(out))
 def run_one(order: tuple[str, ...], gguf: str, vlm: str, image: str, timeout: float) -> dict:
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(order), gguf, vlm, image],
-                              capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(
+            [sys.executable, "-c", CHILD, json.dumps(order), gguf, vlm, image],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         rc, out, err = proc.returncode, proc.stdout, proc.stderr
     except subprocess.TimeoutExpired:
         rc, out, err = 124, "", "timed out"
     lines = [ln for ln in out.splitlines() if ln.startswith("{")]
     result = json.loads(lines[-1]) if rc == 0 and lines else None
     tail = [ln for ln in err.splitlines() if ln.strip()][-2:]
-    return {"order": list(order), "rc": rc, "seconds": round(time.perf_counter() - t0, 1), "result": result,
-            **({} if rc == 0 else {"stderr_tail": tail})}
+    return {
+        "order": list(order),
+        "rc": rc,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "result": result,
+        **({} if rc == 0 else {"stderr_tail": tail}),
+    }
 
 
 def main() -> int:
@@ -81,7 +90,7 @@ def main() -> int:
     args = ap.parse_args()
     orders = list(itertools.permutations(MODULES))
     if args.limit:
-        orders = orders[:args.limit]
+        orders = orders[: args.limit]
     t0 = time.perf_counter()
     runs: list[dict] = []
     lock = threading.Lock()
@@ -89,11 +98,17 @@ def main() -> int:
     def summarize() -> dict:
         passed = [r for r in runs if r["rc"] == 0]
         reference = passed[0]["result"] if passed else None
-        return {"orders": len(orders), "finished": len(runs), "passed": len(passed),
-                "same_text_as_first": sum(1 for r in passed if r["result"] == reference),
-                "failed": [{"order": r["order"], "rc": r["rc"], "stderr_tail": r.get("stderr_tail")}
-                           for r in runs if r["rc"] != 0][:10],
-                "reference": reference, "wall_s": round(time.perf_counter() - t0, 1)}
+        return {
+            "orders": len(orders),
+            "finished": len(runs),
+            "passed": len(passed),
+            "same_text_as_first": sum(1 for r in passed if r["result"] == reference),
+            "failed": [
+                {"order": r["order"], "rc": r["rc"], "stderr_tail": r.get("stderr_tail")} for r in runs if r["rc"] != 0
+            ][:10],
+            "reference": reference,
+            "wall_s": round(time.perf_counter() - t0, 1),
+        }
 
     def one(order: tuple[str, ...]) -> None:
         r = run_one(order, args.gguf, args.vlm, args.image, args.timeout)

@@ -60,8 +60,7 @@ def minilm_feeds(b: int, s: int, seed: int = 0) -> dict:
     g = np.random.default_rng(seed)
     ids = g.integers(1000, 30000, size=(b, s), dtype=np.int64)
     ids[:, 0], ids[:, -1] = 101, 102
-    return {"input_ids": ids, "attention_mask": np.ones((b, s), np.int64),
-            "token_type_ids": np.zeros((b, s), np.int64)}
+    return {"input_ids": ids, "attention_mask": np.ones((b, s), np.int64), "token_type_ids": np.zeros((b, s), np.int64)}
 
 
 def resnet_feeds(b: int, _s: int, seed: int = 0) -> dict:
@@ -99,13 +98,16 @@ def torch_model(kind: str, stage: Path):
     cls = transformers.BertModel if kind == "minilm" else transformers.ResNetForImageClassification
     model = (cls(cfg, add_pooling_layer=False) if kind == "minilm" else cls(cfg)).eval()
     sd = load_file(wdir / "model.safetensors")
-    sd = {k[len("bert."):] if k.startswith("bert.") else k: v for k, v in sd.items()}
+    sd = {k[len("bert.") :] if k.startswith("bert.") else k: v for k, v in sd.items()}
     missing, unexpected = model.load_state_dict(sd, strict=False)
     missing = [k for k in missing if "position_ids" not in k and "pooler" not in k]
     if missing:
         raise RuntimeError(f"weights missing for {kind}: {missing[:5]}")
-    return model.half().cuda().eval(), {"missing_ignored": len(missing), "unexpected": list(unexpected)[:5],
-                                         "attn_implementation": getattr(cfg, "_attn_implementation", None)}
+    return model.half().cuda().eval(), {
+        "missing_ignored": len(missing),
+        "unexpected": list(unexpected)[:5],
+        "attn_implementation": getattr(cfg, "_attn_implementation", None),
+    }
 
 
 def torch_call(model, kind: str, feeds: dict):
@@ -157,8 +159,9 @@ def ort_variants(ort, model_path: Path, kind: str, shapes, iters: int, result: d
         try:
             gso = ort.SessionOptions()
             gso.log_severity_level = 3
-            gs = ort.InferenceSession(str(model_path), gso, providers=[("CUDAExecutionProvider",
-                                                                          {"enable_cuda_graph": "1"})])
+            gs = ort.InferenceSession(
+                str(model_path), gso, providers=[("CUDAExecutionProvider", {"enable_cuda_graph": "1"})]
+            )
             gio = gs.io_binding()
             gin = {k: ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0) for k, v in feeds.items()}
             shape_out = list(ref_plain.shape)
@@ -181,8 +184,9 @@ def ort_variants(ort, model_path: Path, kind: str, shapes, iters: int, result: d
                 gs.run_with_iobinding(gio)
 
             row["ort_cuda_graph_no_input_copy"] = timeit(graph_replay, iters)
-            row["graph_vs_run_max_abs"] = float(np.abs(gout.numpy().astype(np.float32)
-                                                       - ref_plain.astype(np.float32)).max())
+            row["graph_vs_run_max_abs"] = float(
+                np.abs(gout.numpy().astype(np.float32) - ref_plain.astype(np.float32)).max()
+            )
         except Exception as exc:  # noqa: BLE001 - record why capture failed, keep the other numbers
             row["ort_cuda_graph_error"] = str(exc).splitlines()[0][:300]
         print(kind, key, {k: (round(v["p50"], 4) if isinstance(v, dict) else v) for k, v in row.items()}, flush=True)
@@ -190,8 +194,9 @@ def ort_variants(ort, model_path: Path, kind: str, shapes, iters: int, result: d
     try:
         mso = ort.SessionOptions()
         mso.log_severity_level = 3
-        ms = ort.InferenceSession(str(model_path), mso, providers=[("CUDAExecutionProvider",
-                                                                      {"enable_cuda_graph": "1"})])
+        ms = ort.InferenceSession(
+            str(model_path), mso, providers=[("CUDAExecutionProvider", {"enable_cuda_graph": "1"})]
+        )
         multi = {}
         for gid, (b, s) in enumerate(shapes, start=1):
             feeds = feeds_of(b, s)
@@ -221,8 +226,9 @@ def placement(ort, model_path: Path, feeds: dict, tmp: Path) -> dict:
     for ev in events:
         a = ev.get("args") or {}
         if ev.get("cat") == "Node" and "provider" in a and ev.get("name", "").endswith("_kernel_time"):
-            n = nodes.setdefault(ev["name"][: -len("_kernel_time")], {"op": a.get("op_name"), "ep": a["provider"],
-                                                                          "us": []})
+            n = nodes.setdefault(
+                ev["name"][: -len("_kernel_time")], {"op": a.get("op_name"), "ep": a["provider"], "us": []}
+            )
             n["us"].append(ev.get("dur", 0))
     by_ep: dict = {}
     for n in nodes.values():
@@ -230,20 +236,30 @@ def placement(ort, model_path: Path, feeds: dict, tmp: Path) -> dict:
         d["nodes"] += 1
         d["ops"][n["op"]] = d["ops"].get(n["op"], 0) + 1
         d["median_us_sum"] += statistics.median(n["us"])
-    return {"source": "onnxruntime profiler, 3 runs, CUDA EP session", "by_provider": by_ep,
-            "cpu_nodes": sorted(k for k, v in nodes.items() if v["ep"] == "CPUExecutionProvider")}
+    return {
+        "source": "onnxruntime profiler, 3 runs, CUDA EP session",
+        "by_provider": by_ep,
+        "cpu_nodes": sorted(k for k, v in nodes.items() if v["ep"] == "CPUExecutionProvider"),
+    }
 
 
 def phase_ort(stage: Path, out: Path, iters: int) -> dict:
     import onnxruntime as ort
 
     ort.preload_dlls()
-    res: dict = {"onnxruntime": {"version": ort.__version__, "file": ort.__file__,
-                                 "available_providers": ort.get_available_providers()}}
+    res: dict = {
+        "onnxruntime": {
+            "version": ort.__version__,
+            "file": ort.__file__,
+            "available_providers": ort.get_available_providers(),
+        }
+    }
     try:
         from edgesdk.runtime.backends.onnxruntime import probe_provider
-        res["ep_probe"] = {ep: list(probe_provider(ep)) for ep in ("TensorrtExecutionProvider",
-                                                                     "CUDAExecutionProvider")}
+
+        res["ep_probe"] = {
+            ep: list(probe_provider(ep)) for ep in ("TensorrtExecutionProvider", "CUDAExecutionProvider")
+        }
     except Exception as exc:  # noqa: BLE001
         res["ep_probe_error"] = repr(exc)
     import torch
@@ -259,18 +275,23 @@ def phase_ort(stage: Path, out: Path, iters: int) -> dict:
             model, info = torch_model(kind, stage)
             r["torch_model"] = info
             if kind == "minilm":
-                feeds = {"input_ids": ref["input_ids"], "attention_mask": ref["attention_mask"],
-                         "token_type_ids": np.zeros_like(ref["input_ids"])}
+                feeds = {
+                    "input_ids": ref["input_ids"],
+                    "attention_mask": ref["attention_mask"],
+                    "token_type_ids": np.zeros_like(ref["input_ids"]),
+                }
                 mask, fp32 = ref["attention_mask"], ref["last_hidden_state"]
             else:
                 feeds, mask, fp32 = {"pixel_values": ref["pixel_values"]}, None, ref["logits"]
             got = sess.run(None, feeds)[0]
             tout = torch_out(torch_call(model, kind, feeds)(), kind)
-            r["parity"] = {"ort_cuda_fp16_vs_fp32_reference": compare(got, fp32, mask),
-                           "torch_cuda_fp16_vs_fp32_reference": compare(tout, fp32, mask),
-                           "ort_cuda_fp16_vs_torch_cuda_fp16": compare(got, tout, mask),
-                           "samples": int(fp32.shape[0]),
-                           "reference": "FP32 PyTorch on CPU with the original weights (build host)"}
+            r["parity"] = {
+                "ort_cuda_fp16_vs_fp32_reference": compare(got, fp32, mask),
+                "torch_cuda_fp16_vs_fp32_reference": compare(tout, fp32, mask),
+                "ort_cuda_fp16_vs_torch_cuda_fp16": compare(got, tout, mask),
+                "samples": int(fp32.shape[0]),
+                "reference": "FP32 PyTorch on CPU with the original weights (build host)",
+            }
             print(kind, "parity", json.dumps(r["parity"]), flush=True)
             b0, s0 = shapes[0][0], (128 if kind == "minilm" else 224)
             r["placement"] = placement(ort, mp, (minilm_feeds if kind == "minilm" else resnet_feeds)(b0, s0), out)
@@ -311,8 +332,15 @@ def phase_torch(stage: Path, iters: int, budget_s: float) -> dict:
                     call()
                     r["compile_s"][f"{name}_{key}"] = round(time.perf_counter() - t0, 2)
                     r["latency_ms"].setdefault(key, {})[name] = timeit(call, iters)
-                    print(kind, key, name, round(r["latency_ms"][key][name]["p50"], 4),
-                          "compile", r["compile_s"][f"{name}_{key}"], flush=True)
+                    print(
+                        kind,
+                        key,
+                        name,
+                        round(r["latency_ms"][key][name]["p50"], 4),
+                        "compile",
+                        r["compile_s"][f"{name}_{key}"],
+                        flush=True,
+                    )
                 except Exception as exc:  # noqa: BLE001
                     r["latency_ms"].setdefault(key, {})[name + "_error"] = str(exc).splitlines()[0][:300]
                     print(kind, key, name, "ERROR", exc, flush=True)

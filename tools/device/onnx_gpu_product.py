@@ -29,15 +29,19 @@ from onnx_gpu_bench import compare, minilm_feeds, ort_variants, placement, timei
 def decision(ort, stage: Path, out: Path, iters: int) -> dict:
     res = {}
     ref = np.load(stage / ".gpuw" / "reference_fp32.npz")
-    feeds = {"input_ids": ref["input_ids"], "attention_mask": ref["attention_mask"],
-             "token_type_ids": np.zeros_like(ref["input_ids"])}
+    feeds = {
+        "input_ids": ref["input_ids"],
+        "attention_mask": ref["attention_mask"],
+        "token_type_ids": np.zeros_like(ref["input_ids"]),
+    }
     for name in ("minilm-h200", "minilm-h200-std"):
         mp = stage / ".gpubundles" / name / "model.onnx"
         r = res.setdefault(name, {})
         try:
             sess = ort.InferenceSession(str(mp), providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
-            r["parity_vs_fp32_reference"] = compare(sess.run(None, feeds)[0], ref["last_hidden_state"],
-                                                    ref["attention_mask"])
+            r["parity_vs_fp32_reference"] = compare(
+                sess.run(None, feeds)[0], ref["last_hidden_state"], ref["attention_mask"]
+            )
             r["placement"] = placement(ort, mp, minilm_feeds(1, 128), out)
             ort_variants(ort, mp, "minilm", [(1, 32), (1, 128), (1, 256), (8, 128)], iters, r)
         except Exception as exc:  # noqa: BLE001
@@ -61,13 +65,20 @@ def product(stage: Path, profile: str, iters: int) -> dict:
         got = be.run(feeds)
         key = f"b{b}_s{s}"
         res.setdefault("parity_graph_vs_plain", {})[key] = {
-            "shape": list(got[names[0]].shape), **compare(got[names[0]], plain[names[0]], feeds["attention_mask"])}
+            "shape": list(got[names[0]].shape),
+            **compare(got[names[0]], plain[names[0]], feeds["attention_mask"]),
+        }
         res.setdefault("latency_ms", {})[key] = {
             "plain_session_run": timeit(lambda: be.session.run(names, feeds), iters),
             "backend_run_cuda_graph": timeit(lambda: be.run(feeds), iters),
-            "Session_run_cuda_graph": timeit(lambda: sess.run(feeds), iters)}
-        print(key, {k: round(v["p50"], 4) for k, v in res["latency_ms"][key].items()},
-              res["parity_graph_vs_plain"][key], flush=True)
+            "Session_run_cuda_graph": timeit(lambda: sess.run(feeds), iters),
+        }
+        print(
+            key,
+            {k: round(v["p50"], 4) for k, v in res["latency_ms"][key].items()},
+            res["parity_graph_vs_plain"][key],
+            flush=True,
+        )
     res["report_after"] = be.report()["cuda_graphs"]
     off = load(bundle, profile=profile, cuda_graphs=False)
     res["off_report"] = off.backend.report()["cuda_graphs"]
@@ -85,8 +96,11 @@ def main() -> None:
 
     ort.preload_dlls()
     t0 = time.time()
-    res = {"onnxruntime": ort.__version__, "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "method": __doc__.split("Usage")[0].strip()}
+    res = {
+        "onnxruntime": ort.__version__,
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "method": __doc__.split("Usage")[0].strip(),
+    }
     res["optimize_decision"] = decision(ort, a.stage, a.out, a.iters)
     try:
         res["product_cuda_graphs"] = product(a.stage, a.profile, a.iters)

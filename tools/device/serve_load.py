@@ -23,9 +23,14 @@ async def client(http: httpx.AsyncClient, url: str, i: int, until: float, max_to
     k = 0
     while time.perf_counter() < until:
         start = 100 + 37 * (1000 * i + k)
-        body = {"model": out["model"], "prompt": ", ".join(str(start + j) for j in range(12)) + ",",
-                "max_tokens": max_tokens, "temperature": 0, "stream": True,
-                "stream_options": {"include_usage": True}}
+        body = {
+            "model": out["model"],
+            "prompt": ", ".join(str(start + j) for j in range(12)) + ",",
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         t0 = time.perf_counter()
         first = None
         async with http.stream("POST", url, json=body) as resp:
@@ -60,13 +65,23 @@ async def main() -> None:
         out = {"model": model, "tokens": 0, "requests": 0, "errors": 0, "ttft": []}
         t0 = time.perf_counter()
         until = t0 + args.seconds
-        await asyncio.gather(*(client(http, f"{base}/v1/completions", i, until, args.max_tokens, out)
-                               for i in range(args.clients)))
+        await asyncio.gather(
+            *(client(http, f"{base}/v1/completions", i, until, args.max_tokens, out) for i in range(args.clients))
+        )
         wall = time.perf_counter() - t0
-    print(json.dumps({"clients": args.clients, "requests": out["requests"], "errors": out["errors"],
-                      "completion_tokens": out["tokens"], "wall_s": round(wall, 2),
-                      "tok_s": round(out["tokens"] / wall, 1),
-                      "ttft_p50_ms": round(1000 * statistics.median(out["ttft"]), 1) if out["ttft"] else None}))
+    print(
+        json.dumps(
+            {
+                "clients": args.clients,
+                "requests": out["requests"],
+                "errors": out["errors"],
+                "completion_tokens": out["tokens"],
+                "wall_s": round(wall, 2),
+                "tok_s": round(out["tokens"] / wall, 1),
+                "ttft_p50_ms": round(1000 * statistics.median(out["ttft"]), 1) if out["ttft"] else None,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

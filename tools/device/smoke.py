@@ -46,18 +46,37 @@ class Smoke:
     def left(self) -> float:
         return self.deadline - (time.monotonic() - self.t0)
 
-    def run(self, name: str, cmd: list[str] | str, *, timeout: float = 120, figures=None, shell: bool = False,
-            background: bool = False) -> dict:
+    def run(
+        self,
+        name: str,
+        cmd: list[str] | str,
+        *,
+        timeout: float = 120,
+        figures=None,
+        shell: bool = False,
+        background: bool = False,
+    ) -> dict:
         if self.left() < 10:
-            step = {"step": name, "cmd": cmd if isinstance(cmd, str) else shlex.join(cmd), "rc": None,
-                    "skipped": "deadline"}
+            step = {
+                "step": name,
+                "cmd": cmd if isinstance(cmd, str) else shlex.join(cmd),
+                "rc": None,
+                "skipped": "deadline",
+            }
             self.steps.append(step)
             self.save()
             return step
         t = time.monotonic()
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=min(timeout, self.left() - 5),
-                                  env=USER_ENV, cwd=WORK, shell=shell)
+            proc = subprocess.run(
+                cmd,
+                capture_output=True,
+                text=True,
+                timeout=min(timeout, self.left() - 5),
+                env=USER_ENV,
+                cwd=WORK,
+                shell=shell,
+            )
             rc, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
         except OSError as exc:  # the command itself is missing (an install step before it failed)
             rc, stdout, stderr = 127, "", f"{type(exc).__name__}: {exc}"
@@ -65,8 +84,12 @@ class Smoke:
             rc, stdout, stderr = 124, exc.stdout or "", exc.stderr or ""
             stdout = stdout.decode() if isinstance(stdout, bytes) else stdout
             stderr = stderr.decode() if isinstance(stderr, bytes) else stderr
-        step = {"step": name, "cmd": cmd if isinstance(cmd, str) else shlex.join(cmd), "rc": rc,
-                "seconds": round(time.monotonic() - t, 1)}
+        step = {
+            "step": name,
+            "cmd": cmd if isinstance(cmd, str) else shlex.join(cmd),
+            "rc": rc,
+            "seconds": round(time.monotonic() - t, 1),
+        }
         if rc != 0:
             step["stderr_tail"] = [ln for ln in stderr.splitlines() if ln.strip()][-4:]
             step["stdout_tail"] = [ln for ln in stdout.splitlines() if ln.strip()][-2:]
@@ -104,17 +127,22 @@ class Smoke:
         m = self.fig("import matrix")
         run = self.fig("gguf run --report --json")
         serve = self.fig("serve: 16 concurrent clients")
-        return (f"device smoke {self.meta.get('commit')} {self.meta.get('date')} on {self.meta.get('gpu')}: "
-                f"{ok}/{len(self.steps)} steps passed; import matrix {m.get('same_text_as_first', '-')}/"
-                f"{m.get('orders', '-')}; gguf decode {run.get('decode_tok_s', '-')} tok/s on "
-                f"{run.get('placement', '-')}; serve 16 clients {serve.get('total_tok_s', '-')} tok/s "
-                f"(1 client {serve.get('single_tok_s', '-')}); vlm "
-                f"{'ok' if self.fig('vlm run --image') else 'failed or not run'}")
+        return (
+            f"device smoke {self.meta.get('commit')} {self.meta.get('date')} on {self.meta.get('gpu')}: "
+            f"{ok}/{len(self.steps)} steps passed; import matrix {m.get('same_text_as_first', '-')}/"
+            f"{m.get('orders', '-')}; gguf decode {run.get('decode_tok_s', '-')} tok/s on "
+            f"{run.get('placement', '-')}; serve 16 clients {serve.get('total_tok_s', '-')} tok/s "
+            f"(1 client {serve.get('single_tok_s', '-')}); vlm "
+            f"{'ok' if self.fig('vlm run --image') else 'failed or not run'}"
+        )
 
 
 def _json_last(stdout: str) -> dict:
-    return json.loads(stdout[stdout.index("{"):]) if stdout.strip().startswith("{") else json.loads(
-        [ln for ln in stdout.splitlines() if ln.startswith("{")][-1])
+    return (
+        json.loads(stdout[stdout.index("{") :])
+        if stdout.strip().startswith("{")
+        else json.loads([ln for ln in stdout.splitlines() if ln.startswith("{")][-1])
+    )
 
 
 def _free_port() -> int:
@@ -145,8 +173,14 @@ def serve_load(smoke: Smoke, bundle: Path, clients: int, max_tokens: int) -> Non
         step["server_start_s"] = round(time.monotonic() - t, 1)
 
         def one(i: int, res: list) -> None:
-            body = {"model": "llm", "prompt": f"Request {i}: the harbour town", "max_tokens": max_tokens,
-                    "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+            body = {
+                "model": "llm",
+                "prompt": f"Request {i}: the harbour town",
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
             t1 = time.monotonic()
             first, tokens = None, 0
             with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=300) as r:
@@ -171,8 +205,10 @@ def serve_load(smoke: Smoke, bundle: Path, clients: int, max_tokens: int) -> Non
                 th.join()
             wall = time.monotonic() - t2
             assert len(res) == n and all(r["tokens"] > 0 for r in res), res
-            return {"total_tok_s": round(sum(r["tokens"] for r in res) / wall, 1),
-                    "ttft_p50_ms": round(statistics.median(r["ttft_s"] for r in res) * 1000, 1)}
+            return {
+                "total_tok_s": round(sum(r["tokens"] for r in res) / wall, 1),
+                "ttft_p50_ms": round(statistics.median(r["ttft_s"] for r in res) * 1000, 1),
+            }
 
         wave(1)  # warm-up
         single = wave(1)
@@ -181,10 +217,18 @@ def serve_load(smoke: Smoke, bundle: Path, clients: int, max_tokens: int) -> Non
         # and the second wave is the figure
         first = wave(clients)
         many = wave(clients)
-        step.update(rc=0, figures={"single_tok_s": single["total_tok_s"], "total_tok_s": many["total_tok_s"],
-                                   "ttft_p50_ms": many["ttft_p50_ms"], "clients": clients,
-                                   "first_wave_tok_s": first["total_tok_s"], "first_wave_ttft_p50_ms":
-                                   first["ttft_p50_ms"], "max_tokens": max_tokens})
+        step.update(
+            rc=0,
+            figures={
+                "single_tok_s": single["total_tok_s"],
+                "total_tok_s": many["total_tok_s"],
+                "ttft_p50_ms": many["ttft_p50_ms"],
+                "clients": clients,
+                "first_wave_tok_s": first["total_tok_s"],
+                "first_wave_ttft_p50_ms": first["ttft_p50_ms"],
+                "max_tokens": max_tokens,
+            },
+        )
     except Exception as exc:  # noqa: BLE001 - recorded as the step's failure
         step.update(rc=1, error=f"{type(exc).__name__}: {str(exc)[:300]}")
     finally:
@@ -222,8 +266,10 @@ if "onnx" in kinds:
 print(json.dumps(out))
 """
 
-CONVERT = ("import sys; from pathlib import Path; from edgesdk.formats.gguf.convert import convert_hf_to_gguf; "
-           "convert_hf_to_gguf(Path(sys.argv[1]), Path(sys.argv[2]), name='llama-1b-random')")
+CONVERT = (
+    "import sys; from pathlib import Path; from edgesdk.formats.gguf.convert import convert_hf_to_gguf; "
+    "convert_hf_to_gguf(Path(sys.argv[1]), Path(sys.argv[2]), name='llama-1b-random')"
+)
 
 
 def main() -> int:
@@ -234,22 +280,36 @@ def main() -> int:
     ap.add_argument("--deadline", type=float, default=330, help="seconds for the whole run; steps past it skip")
     ap.add_argument("--steps", default="install,llm,serve,vlm,matrix,profiler,onnx")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
-    ap.add_argument("--llm-shape", choices=("tinyllama", "tiny"), default="tinyllama",
-                    help="tiny: a seconds-long rehearsal of the whole run on a CPU host (figures meaningless)")
-    ap.add_argument("--resume", action="store_true",
-                    help="continue the record of an earlier call on this warm machine (same commit)")
+    ap.add_argument(
+        "--llm-shape",
+        choices=("tinyllama", "tiny"),
+        default="tinyllama",
+        help="tiny: a seconds-long rehearsal of the whole run on a CPU host (figures meaningless)",
+    )
+    ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the record of an earlier call on this warm machine (same commit)",
+    )
     ap.add_argument("--matrix-limit", type=int, default=0, help="first N import orders only (0: all 120)")
     args = ap.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
     out = Path(args.out) / "device_smoke.json"
     smoke = Smoke(args.deadline, out)
     try:
-        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True).stdout.strip()
+        gpu = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"], capture_output=True, text=True
+        ).stdout.strip()
     except OSError:
         gpu = "no NVIDIA GPU (nvidia-smi not found)"
-    smoke.meta = {"commit": args.commit, "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                  "gpu": gpu, "python": sys.version.split()[0], "deadline_s": args.deadline, "calls": 1}
+    smoke.meta = {
+        "commit": args.commit,
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "gpu": gpu,
+        "python": sys.version.split()[0],
+        "deadline_s": args.deadline,
+        "calls": 1,
+    }
     if args.resume:
         smoke.resume(args.commit)
     steps = set(args.steps.split(","))
@@ -259,75 +319,208 @@ def main() -> int:
     es = str(BIN / "edgesdk")
     if "install" in steps:
         # 1. the wheel, no extras, into the machine's environment (pip has no index there: --find-links only)
-        smoke.run("pip install edgesdk (no extras)", [py, "-m", "pip", "install", "-q", "--no-index", *links, wheel],
-                  timeout=120)
-        smoke.run("edgesdk doctor --json (no extras)", [es, "doctor", "--json"], timeout=60,
-                  figures=lambda o, e: {c["component"]: c["available"] for c in json.loads(o)})
-        smoke.run("pip install edgesdk[gguf,serve,otel] + build modules",
-                  [py, "-m", "pip", "install", "-q", "--no-index", *links, f"{wheel}[gguf,serve,otel]", "onnxslim",
-                   "cyclonedx-python-lib"], timeout=180)
-        smoke.run("edgesdk doctor --json", [es, "doctor", "--json"], timeout=60,
-                  figures=lambda o, e: [c for c in json.loads(o)
-                                        if "llama" in c["component"] or "GPU" in c["component"]])
+        smoke.run(
+            "pip install edgesdk (no extras)",
+            [py, "-m", "pip", "install", "-q", "--no-index", *links, wheel],
+            timeout=120,
+        )
+        smoke.run(
+            "edgesdk doctor --json (no extras)",
+            [es, "doctor", "--json"],
+            timeout=60,
+            figures=lambda o, e: {c["component"]: c["available"] for c in json.loads(o)},
+        )
+        smoke.run(
+            "pip install edgesdk[gguf,serve,otel] + build modules",
+            [
+                py,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-index",
+                *links,
+                f"{wheel}[gguf,serve,otel]",
+                "onnxslim",
+                "cyclonedx-python-lib",
+            ],
+            timeout=180,
+        )
+        smoke.run(
+            "edgesdk doctor --json",
+            [es, "doctor", "--json"],
+            timeout=60,
+            figures=lambda o, e: [c for c in json.loads(o) if "llama" in c["component"] or "GPU" in c["component"]],
+        )
     kinds = [k for k in ("llm", "vlm", "onnx") if k in steps]
-    made = smoke.run("make random-weight models (machine's torch + transformers)",
-                     [sys.executable, "-c", MAKE_MODELS, str(REPO), str(WORK),
-                      ",".join(kinds + (["tiny"] if args.llm_shape == "tiny" else []))], timeout=180,
-                     figures=lambda o, e: _json_last(o))
+    made = smoke.run(
+        "make random-weight models (machine's torch + transformers)",
+        [
+            sys.executable,
+            "-c",
+            MAKE_MODELS,
+            str(REPO),
+            str(WORK),
+            ",".join(kinds + (["tiny"] if args.llm_shape == "tiny" else [])),
+        ],
+        timeout=180,
+        figures=lambda o, e: _json_last(o),
+    )
     gguf_bundle, vlm_bundle = WORK / "b-llama", WORK / "b-llava"
     if "llm" in steps:
-        smoke.run("convert HF -> GGUF F16 (edgesdk converter)", [py, "-c", CONVERT, str(WORK / "llama-1b"),
-                                                                  str(WORK / "llama-1b-f16.gguf")], timeout=120)
-        smoke.run("edgesdk build random-1b.gguf --profile h200",
-                  [es, "build", str(WORK / "llama-1b-f16.gguf"), "--profile", "h200", "-o", str(gguf_bundle),
-                   "--model-license", "Apache-2.0", "--no-progress", "--force"], timeout=240)
-        smoke.run("gguf run --stream", [es, "run", str(gguf_bundle), "--prompt", "Write a haiku", "--max-tokens",
-                                        "64", "--stream"], timeout=120)
+        smoke.run(
+            "convert HF -> GGUF F16 (edgesdk converter)",
+            [py, "-c", CONVERT, str(WORK / "llama-1b"), str(WORK / "llama-1b-f16.gguf")],
+            timeout=120,
+        )
+        smoke.run(
+            "edgesdk build random-1b.gguf --profile h200",
+            [
+                es,
+                "build",
+                str(WORK / "llama-1b-f16.gguf"),
+                "--profile",
+                "h200",
+                "-o",
+                str(gguf_bundle),
+                "--model-license",
+                "Apache-2.0",
+                "--no-progress",
+                "--force",
+            ],
+            timeout=240,
+        )
+        smoke.run(
+            "gguf run --stream",
+            [es, "run", str(gguf_bundle), "--prompt", "Write a haiku", "--max-tokens", "64", "--stream"],
+            timeout=120,
+        )
 
         def run_figs(o: str, e: str) -> dict:
             j = _json_last(o)
             rep = j.get("report", {})
             usage = j.get("usage", {})
-            return {"decode_tok_s": usage.get("tokens_per_s"),
-                    "ttft_ms": usage.get("ttft_ms"), "placement": (rep.get("backend_report") or {}).get("placement"),
-                    "fallbacks": len(rep.get("fallbacks", []))}
-        smoke.run("gguf run --report --json", [es, "run", str(gguf_bundle), "--prompt", "The harbour town",
-                                               "--max-tokens", "128", "--temperature", "0", "--report", "--json"],
-                  timeout=120, figures=run_figs)
+            return {
+                "decode_tok_s": usage.get("tokens_per_s"),
+                "ttft_ms": usage.get("ttft_ms"),
+                "placement": (rep.get("backend_report") or {}).get("placement"),
+                "fallbacks": len(rep.get("fallbacks", [])),
+            }
+
+        smoke.run(
+            "gguf run --report --json",
+            [
+                es,
+                "run",
+                str(gguf_bundle),
+                "--prompt",
+                "The harbour town",
+                "--max-tokens",
+                "128",
+                "--temperature",
+                "0",
+                "--report",
+                "--json",
+            ],
+            timeout=120,
+            figures=run_figs,
+        )
     if "serve" in steps and gguf_bundle.is_dir():
         serve_load(smoke, gguf_bundle, clients=16, max_tokens=64)
     image = (made.get("figures") or {}).get("image") or next(
-        (str(p) for p in sorted((WORK / "images").glob("*.png"))), None)  # made by an earlier call (--resume)
+        (str(p) for p in sorted((WORK / "images").glob("*.png"))), None
+    )  # made by an earlier call (--resume)
     if "vlm" in steps:
-        smoke.run("edgesdk build llava (transformers 5 checkpoint) --profile h200",
-                  [es, "build", str(WORK / "llava"), "--profile", "h200", "-o", str(vlm_bundle), "--no-progress",
-                   "--force"], timeout=240)
+        smoke.run(
+            "edgesdk build llava (transformers 5 checkpoint) --profile h200",
+            [es, "build", str(WORK / "llava"), "--profile", "h200", "-o", str(vlm_bundle), "--no-progress", "--force"],
+            timeout=240,
+        )
         if image:
-            smoke.run("vlm run --image", [es, "run", str(vlm_bundle), "--image", image, "--prompt",
-                                          "What is in the picture?", "--max-tokens", "16", "--temperature", "0",
-                                          "--json", "--report"], timeout=120,
-                      figures=lambda o, e: {"text": _json_last(o).get("text"),
-                                            "encoder": ((_json_last(o).get("report") or {}).get("backend_report")
-                                                        or {}).get("vision_encoder")})
+            smoke.run(
+                "vlm run --image",
+                [
+                    es,
+                    "run",
+                    str(vlm_bundle),
+                    "--image",
+                    image,
+                    "--prompt",
+                    "What is in the picture?",
+                    "--max-tokens",
+                    "16",
+                    "--temperature",
+                    "0",
+                    "--json",
+                    "--report",
+                ],
+                timeout=120,
+                figures=lambda o, e: {
+                    "text": _json_last(o).get("text"),
+                    "encoder": ((_json_last(o).get("report") or {}).get("backend_report") or {}).get("vision_encoder"),
+                },
+            )
     if "matrix" in steps and gguf_bundle.is_dir():
-        smoke.run("import matrix", [py, str(REPO / "tools/device/import_matrix.py"), "--gguf", str(gguf_bundle),
-                                    "--vlm", str(vlm_bundle) if vlm_bundle.is_dir() else "", "--image", image or "",
-                                    "--jobs", "12", "--limit", str(args.matrix_limit),
-                                    "--out", str(Path(args.out) / "import_matrix.json")],
-                  timeout=300, figures=lambda o, e: {k: v for k, v in _json_last(o).items() if k != "failed"})
+        smoke.run(
+            "import matrix",
+            [
+                py,
+                str(REPO / "tools/device/import_matrix.py"),
+                "--gguf",
+                str(gguf_bundle),
+                "--vlm",
+                str(vlm_bundle) if vlm_bundle.is_dir() else "",
+                "--image",
+                image or "",
+                "--jobs",
+                "12",
+                "--limit",
+                str(args.matrix_limit),
+                "--out",
+                str(Path(args.out) / "import_matrix.json"),
+            ],
+            timeout=300,
+            figures=lambda o, e: {k: v for k, v in _json_last(o).items() if k != "failed"},
+        )
     if "profiler" in steps and gguf_bundle.is_dir():
-        smoke.run("edgesdk profiler run (gguf) --json", [es, "profiler", "run", str(gguf_bundle), "--json"],
-                  timeout=120, figures=lambda o, e: {"backend": _json_last(o)["runtime"]["backend"],
-                                        "device": _json_last(o)["runtime"]["device"], "llm": _json_last(o).get("llm")})
+        smoke.run(
+            "edgesdk profiler run (gguf) --json",
+            [es, "profiler", "run", str(gguf_bundle), "--json"],
+            timeout=120,
+            figures=lambda o, e: {
+                "backend": _json_last(o)["runtime"]["backend"],
+                "device": _json_last(o)["runtime"]["device"],
+                "llm": _json_last(o).get("llm"),
+            },
+        )
     if "onnx" in steps and (WORK / "mlp.onnx").is_file():
-        smoke.run("edgesdk build mlp.onnx --profile h200", [es, "build", str(WORK / "mlp.onnx"), "--profile", "h200",
-                                                            "-o", str(WORK / "b-mlp"), "--model-license",
-                                                            "Apache-2.0", "--no-progress", "--force"], timeout=120)
-        smoke.run("edgesdk profiler run (onnx, eager CUDA fallback) --json",
-                  [es, "profiler", "run", str(WORK / "b-mlp"), "--json"], timeout=120,
-                  figures=lambda o, e: {"backend": _json_last(o)["runtime"]["backend"],
-                                        "device": _json_last(o)["runtime"]["device"],
-                                        "fallbacks": _json_last(o)["runtime"]["fallbacks"]})
+        smoke.run(
+            "edgesdk build mlp.onnx --profile h200",
+            [
+                es,
+                "build",
+                str(WORK / "mlp.onnx"),
+                "--profile",
+                "h200",
+                "-o",
+                str(WORK / "b-mlp"),
+                "--model-license",
+                "Apache-2.0",
+                "--no-progress",
+                "--force",
+            ],
+            timeout=120,
+        )
+        smoke.run(
+            "edgesdk profiler run (onnx, eager CUDA fallback) --json",
+            [es, "profiler", "run", str(WORK / "b-mlp"), "--json"],
+            timeout=120,
+            figures=lambda o, e: {
+                "backend": _json_last(o)["runtime"]["backend"],
+                "device": _json_last(o)["runtime"]["device"],
+                "fallbacks": _json_last(o)["runtime"]["fallbacks"],
+            },
+        )
     smoke.save()
     print(smoke.summary(), flush=True)
     return 0 if all(s.get("rc") == 0 for s in smoke.steps) else 1

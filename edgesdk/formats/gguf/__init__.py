@@ -39,21 +39,28 @@ class GGUFFormat:
             return None
         if "gguf" not in profile.policy["formats"]:
             raise InputError(f"profile {profile.name} does not list gguf; pass --format to override")
-        return Decision("format", "gguf", "causal LM: llama.cpp is the runtime Jetson and CPU hosts use for LLMs; "
-                                          "GGUF carries weights, tokenizer and chat template in one file")
+        return Decision(
+            "format",
+            "gguf",
+            "causal LM: llama.cpp is the runtime Jetson and CPU hosts use for LLMs; "
+            "GGUF carries weights, tokenizer and chat template in one file",
+        )
 
     def plan_precision(self, facts: ModelFacts, profile: Profile, options: BuildOptions) -> Decision | None:
         return Decision("precision", "quantized", "GGUF quantization type is chosen by the memory arithmetic below")
 
-    def plan(self, facts: ModelFacts, profile: Profile, options: BuildOptions, host: HostFacts,
-             precision: str) -> GgufPlan:
+    def plan(
+        self, facts: ModelFacts, profile: Profile, options: BuildOptions, host: HostFacts, precision: str
+    ) -> GgufPlan:
         from edgesdk.formats.gguf.chat_templates import DECISION_KEY, plan_decision
         from edgesdk.formats.gguf.plan import parity_fallback_decision, plan_gguf
 
         section = plan_gguf(facts, profile, options)
         template, source, why = plan_decision(facts, options.chat_template)
-        for d in (parity_fallback_decision(facts, profile, options, section),
-                  Decision(DECISION_KEY, {"template": template, "source": source}, why)):
+        for d in (
+            parity_fallback_decision(facts, profile, options, section),
+            Decision(DECISION_KEY, {"template": template, "source": source}, why),
+        ):
             section.record(d.key, d.value, d.reason)
         return section
 

@@ -46,11 +46,15 @@ def sanity_check(path: Path, label: str | None = None) -> dict[str, Any]:
         spread = float(np.nanmax(logits) - np.nanmin(logits)) if bad < logits.size else 0.0
     result = {"prompt_tokens": len(tokens), "nonfinite_logits": bad, "logit_range": round(spread, 4)}
     if bad:
-        raise ParityError(f"{label or path}: {bad} of {logits.size} logits on the sanity prompt are NaN/Inf "
-                          "(the weights are broken)", hint="rebuild the GGUF from a good source")
+        raise ParityError(
+            f"{label or path}: {bad} of {logits.size} logits on the sanity prompt are NaN/Inf (the weights are broken)",
+            hint="rebuild the GGUF from a good source",
+        )
     if spread == 0.0:
-        raise ParityError(f"{label or path}: every logit on the sanity prompt is the same value (the weights are "
-                          "broken)", hint="rebuild the GGUF from a good source")
+        raise ParityError(
+            f"{label or path}: every logit on the sanity prompt is the same value (the weights are broken)",
+            hint="rebuild the GGUF from a good source",
+        )
     return result
 
 
@@ -100,17 +104,23 @@ def build_gguf(ctx: BuildContext) -> None:
             nxt = candidates[i + 1][0] if i + 1 < len(candidates) else None
             if nxt is None:
                 tried = "; ".join(a["summary"] for a in attempts)
-                raise ParityError(f"parity check failed for every type tried: {tried}", hint=(
-                    "pass --on-parity-fail fallback to try the next type of the profile's quant order that fits"
-                    if ctx.options.on_parity_fail != "fallback" else
-                    "pick a higher-precision --quant-type, a profile with more memory, or relax the profile's "
-                    "policy.parity limits"))
+                raise ParityError(
+                    f"parity check failed for every type tried: {tried}",
+                    hint=(
+                        "pass --on-parity-fail fallback to try the next type of the profile's quant order that fits"
+                        if ctx.options.on_parity_fail != "fallback"
+                        else "pick a higher-precision --quant-type, a profile with more memory, or relax the profile's "
+                        "policy.parity limits"
+                    ),
+                )
             ctx.record_precision_fallback(q, nxt, parity["attempt"]["summary"])
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if len(candidates) > 1 or attempts[-1].get("ppl_ratio") is not None:
-        recorded = [Decision("gguf.parity_attempt", {k: v for k, v in a.items() if k != "summary"},
-                             a["summary"]) for a in attempts]
+        recorded = [
+            Decision("gguf.parity_attempt", {k: v for k, v in a.items() if k != "summary"}, a["summary"])
+            for a in attempts
+        ]
         ctx.plan = dataclasses.replace(ctx.plan, added=[*ctx.plan.added, *recorded])  # the caller's plan stays
     ctx.add_artifact("model.gguf", "model")
     out_facts = gguf_facts(final)
@@ -119,14 +129,18 @@ def build_gguf(ctx: BuildContext) -> None:
     if len(attempts) > 1:
         parity["attempts"] = attempts
     ctx.manifest.parity = parity
-    ctx.manifest.io = {"inputs": [{"name": "prompt", "type": "text"}, {"name": "messages", "type": "chat"}],
-                       "outputs": [{"name": "text", "type": "text"}], "n_vocab": out_facts.get("n_vocab")}
+    ctx.manifest.io = {
+        "inputs": [{"name": "prompt", "type": "text"}, {"name": "messages", "type": "chat"}],
+        "outputs": [{"name": "text", "type": "text"}],
+        "n_vocab": out_facts.get("n_vocab"),
+    }
     details: dict[str, Any] = {"chat_template": out_facts["chat_template"]}
     bundled = bundle_chat_template(ctx)
     if bundled is not None:
         details["chat_template_bundled"] = bundled
-    ctx.manifest.llm = llm_config(plan, out_facts, final, n_ctx=n_ctx, quant=quant, extra=details,
-                                  converted=convert_info or None)
+    ctx.manifest.llm = llm_config(
+        plan, out_facts, final, n_ctx=n_ctx, quant=quant, extra=details, converted=convert_info or None
+    )
     ctx.manifest.runtime.backend_chain = ["llama.cpp (GPU offload)", "llama.cpp (CPU)"]
     ctx.runtime_requires.append("llama-cpp-python")
     ctx.tools.update(_tool_versions())
@@ -172,12 +186,15 @@ class _Verifier:
         if self._logits is None:
             self.ctx.progress("parity: HF logits vs F16 GGUF")
             logits = conv.logits_parity(Path(self.ctx.facts.source), self.reference, self.text)
-            if logits["min_cosine"] < thresholds.get("logits_min_cosine", LOGITS_MIN_COSINE) or \
-                    logits["top1_agreement"] < thresholds.get("logits_min_top1", LOGITS_MIN_TOP1):
+            if logits["min_cosine"] < thresholds.get("logits_min_cosine", LOGITS_MIN_COSINE) or logits[
+                "top1_agreement"
+            ] < thresholds.get("logits_min_top1", LOGITS_MIN_TOP1):
                 # The F16 conversion itself is off: no quantization type can fix that, so no fallback.
-                raise ParityError(f"F16 GGUF logits differ from the HF model: min cosine {logits['min_cosine']:.5f}, "
-                                  f"top-1 agreement {logits['top1_agreement']:.3f} over {logits['positions']} "
-                                  "positions")
+                raise ParityError(
+                    f"F16 GGUF logits differ from the HF model: min cosine {logits['min_cosine']:.5f}, "
+                    f"top-1 agreement {logits['top1_agreement']:.3f} over {logits['positions']} "
+                    "positions"
+                )
             self._logits = logits
         return self._logits
 
@@ -187,7 +204,8 @@ class _Verifier:
         facts = self.ctx.facts
         result: dict[str, Any] = {
             "method": "llama.cpp perplexity on edgesdk/data/ppl_text.txt (windows of up to 256 tokens)",
-            "thresholds": thresholds}
+            "thresholds": thresholds,
+        }
         if facts.kind == "hf":
             result["logits_vs_hf"] = self._hf_logits(thresholds)
         self.ctx.progress("sanity: finite, non-constant logits on a fixed prompt")
@@ -197,8 +215,12 @@ class _Verifier:
             # to compare; a perplexity run of a large-vocabulary model costs a minute on a 2-core host.
             result["reference"] = "none: output is the source file unchanged (repackaged)"
             result["passed"] = True
-            result["attempt"] = {"quant_type": quant, "ppl_ratio": None, "passed": True,
-                                 "summary": f"{quant}: the source repackaged unchanged, nothing to compare"}
+            result["attempt"] = {
+                "quant_type": quant,
+                "ppl_ratio": None,
+                "passed": True,
+                "summary": f"{quant}: the source repackaged unchanged, nothing to compare",
+            }
             return result
         ppl_out = conv.perplexity(final, self.text, self.ppl_ctx)
         if self._ppl_ref is None:
@@ -206,31 +228,68 @@ class _Verifier:
         ppl_ref = self._ppl_ref
         ratio = ppl_out["ppl"] / ppl_ref["ppl"]
         result["ppl"] = ppl_out
-        result.update(ppl_reference=ppl_ref, ppl_ratio=round(ratio, 5),
-                      reference="F16 conversion" if facts.kind == "hf" else f"source {facts.extra.get('file_type')}")
+        result.update(
+            ppl_reference=ppl_ref,
+            ppl_ratio=round(ratio, 5),
+            reference="F16 conversion" if facts.kind == "hf" else f"source {facts.extra.get('file_type')}",
+        )
         limit = thresholds.get("ppl_ratio_max")
         limit = PPL_RATIO_MAX.get(quant, 1.1) if limit is None else limit
         passed = math.isfinite(ratio) and ratio <= limit
         result["passed"] = passed
         result["attempt"] = {
-            "quant_type": quant, "ppl": round(ppl_out["ppl"], 4), "ppl_reference": round(ppl_ref["ppl"], 4),
-            "ppl_ratio": round(ratio, 5), "ppl_ratio_max": limit, "passed": passed,
+            "quant_type": quant,
+            "ppl": round(ppl_out["ppl"], 4),
+            "ppl_reference": round(ppl_ref["ppl"], 4),
+            "ppl_ratio": round(ratio, 5),
+            "ppl_ratio_max": limit,
+            "passed": passed,
             "summary": f"{quant}: perplexity {ppl_out['ppl']:.3f} is {ratio:.4f}x the reference's "
-                       f"{ppl_ref['ppl']:.3f} ({'<=' if passed else '>'} limit {limit}x)"}
+            f"{ppl_ref['ppl']:.3f} ({'<=' if passed else '>'} limit {limit}x)",
+        }
         return result
 
 
-def llm_config(plan: Plan, out_facts: Any, final: Path, *, n_ctx: int, quant: str, converted: Any,
-               extra: dict[str, Any] | None = None) -> LLMConfig:
+def llm_config(
+    plan: Plan,
+    out_facts: Any,
+    final: Path,
+    *,
+    n_ctx: int,
+    quant: str,
+    converted: Any,
+    extra: dict[str, Any] | None = None,
+) -> LLMConfig:
     """The manifest's llama.cpp settings for a built GGUF (shared by the GGUF and VLM formats)."""
-    details = {"architecture": out_facts["architecture"], "layers": out_facts["layers"],
-               "kv_heads": out_facts["kv_heads"], "head_dim": out_facts["head_dim"], "params": out_facts["params"],
-               **(extra or {}), "file_bytes": final.stat().st_size, "converted": converted}
+    details = {
+        "architecture": out_facts["architecture"],
+        "layers": out_facts["layers"],
+        "kv_heads": out_facts["kv_heads"],
+        "head_dim": out_facts["head_dim"],
+        "params": out_facts["params"],
+        **(extra or {}),
+        "file_bytes": final.stat().st_size,
+        "converted": converted,
+    }
     # Batch sizes and the K/V cache type (llama.cpp names: "f16", "q8_0"), when the plan decided them; the
     # runtime reads them (load_gguf) and keeps llama-cpp-python's defaults (512 / 512 / f16) without them.
     section = gguf_section(plan.section)
     kv_type = section.kv_type
-    batching = {k: v for k, v in (("n_batch", section.n_batch), ("n_ubatch", section.n_ubatch),
-                                  ("type_k", kv_type), ("type_v", kv_type)) if v is not None}
-    return LLMConfig(n_ctx=n_ctx, n_gpu_layers=section.n_gpu_layers, flash_attn=bool(section.flash_attn),
-                     threads=section.threads, quant_type=quant, details={**batching, **details})
+    batching = {
+        k: v
+        for k, v in (
+            ("n_batch", section.n_batch),
+            ("n_ubatch", section.n_ubatch),
+            ("type_k", kv_type),
+            ("type_v", kv_type),
+        )
+        if v is not None
+    }
+    return LLMConfig(
+        n_ctx=n_ctx,
+        n_gpu_layers=section.n_gpu_layers,
+        flash_attn=bool(section.flash_attn),
+        threads=section.threads,
+        quant_type=quant,
+        details={**batching, **details},
+    )

@@ -22,8 +22,16 @@ from edgesdk.errors import InputError
 DECISION_KEY = "gguf.chat_template"
 #: The bundle file (artifact role ``chat_template``) holding the chosen template's text.
 ARTIFACT = "chat_template.jinja"
-ALIASES = {"llama3": "llama-3", "llama-3.1": "llama-3", "llama2": "llama-2", "qwen": "chatml", "qwen2": "chatml",
-           "phi3": "phi-3", "gemma3": "gemma", "gemma-3": "gemma"}
+ALIASES = {
+    "llama3": "llama-3",
+    "llama-3.1": "llama-3",
+    "llama2": "llama-2",
+    "qwen": "chatml",
+    "qwen2": "chatml",
+    "phi3": "phi-3",
+    "gemma3": "gemma",
+    "gemma-3": "gemma",
+}
 _STOP_MARK = re.compile(r"\{#-?\s*edgesdk-stop:\s*(.*?)\s*-?#\}")
 
 
@@ -31,8 +39,7 @@ def names() -> list[str]:
     """Named chat templates shipped in ``edgesdk/data/chat_templates`` (``NAME.jinja``)."""
     from edgesdk.resources import data_file
 
-    return sorted(p.name[:-len(".jinja")] for p in data_file("chat_templates").iterdir()
-                  if p.name.endswith(".jinja"))
+    return sorted(p.name[: -len(".jinja")] for p in data_file("chat_templates").iterdir() if p.name.endswith(".jinja"))
 
 
 def shipped_name(spec: str) -> str | None:
@@ -58,8 +65,9 @@ def resolve(spec: str) -> tuple[str, str, list[str]]:
     else:
         path = Path(spec).expanduser()
         if not path.is_file():
-            raise InputError(f"chat template {spec!r} is neither a shipped name ({', '.join(names())}) "
-                             "nor a readable file")
+            raise InputError(
+                f"chat template {spec!r} is neither a shipped name ({', '.join(names())}) nor a readable file"
+            )
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
@@ -92,24 +100,42 @@ def plan_decision(facts: Any, requested: str | None) -> tuple[str | None, str, s
         if name is None:
             path = Path(requested).expanduser()
             if not path.is_file():
-                raise InputError(f"--chat-template {requested!r} is neither a shipped name ({', '.join(names())}) "
-                                 "nor a readable file")
+                raise InputError(
+                    f"--chat-template {requested!r} is neither a shipped name ({', '.join(names())}) "
+                    "nor a readable file"
+                )
             value = str(path.resolve())
         else:
             value = name
         over = f"; it replaces the model's own template ({where})" if own else ""
-        return value, "requested", (f"--chat-template {requested}: chats are formatted with "
-                                    f"{'the shipped ' + value if name else 'the file ' + value} template, bundled as "
-                                    f"{ARTIFACT}{over}")
+        return (
+            value,
+            "requested",
+            (
+                f"--chat-template {requested}: chats are formatted with "
+                f"{'the shipped ' + value if name else 'the file ' + value} template, bundled as "
+                f"{ARTIFACT}{over}"
+            ),
+        )
     if own:
         return None, "gguf", f"the model carries its own chat template ({where}): chats use it"
     chosen = chat_template_for(arch)
     if chosen is not None:
-        return chosen, "architecture", (
-            f"the model carries no chat template ({where}); architecture {arch} -> the shipped {chosen} template "
-            f"(edgesdk/formats/gguf/archs), bundled as {ARTIFACT}; edgesdk serve/run --chat-template NAME|FILE "
-            "overrides it at run time")
-    return None, "none", (
-        f"no chat template: the model carries none ({where}) and architecture {arch or '(unknown)'} maps to no "
-        f"shipped one, so completions work and chat is refused; rebuild with --chat-template NAME|FILE or pass "
-        f"--chat-template to edgesdk serve/run (names: {', '.join(names())})")
+        return (
+            chosen,
+            "architecture",
+            (
+                f"the model carries no chat template ({where}); architecture {arch} -> the shipped {chosen} template "
+                f"(edgesdk/formats/gguf/archs), bundled as {ARTIFACT}; edgesdk serve/run --chat-template NAME|FILE "
+                "overrides it at run time"
+            ),
+        )
+    return (
+        None,
+        "none",
+        (
+            f"no chat template: the model carries none ({where}) and architecture {arch or '(unknown)'} maps to no "
+            f"shipped one, so completions work and chat is refused; rebuild with --chat-template NAME|FILE or pass "
+            f"--chat-template to edgesdk serve/run (names: {', '.join(names())})"
+        ),
+    )

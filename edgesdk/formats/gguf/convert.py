@@ -109,8 +109,11 @@ def config_for_transformers4(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _per_layer_type(params: Mapping[str, Any]) -> bool:
-    return bool(params) and set(params) <= {"full_attention", "sliding_attention"} and \
-        all(isinstance(v, dict) for v in params.values())
+    return (
+        bool(params)
+        and set(params) <= {"full_attention", "sliding_attention"}
+        and all(isinstance(v, dict) for v in params.values())
+    )
 
 
 def per_layer_rope_for_transformers4(params: Mapping[str, Any]) -> dict[str, Any]:
@@ -142,8 +145,11 @@ def tokenizer_config_for_transformers4(config: dict[str, Any]) -> dict[str, Any]
     if isinstance(extra, list) or isinstance(specific, dict):
         if isinstance(extra, list) and extra:
             out.setdefault("additional_special_tokens", extra)
-        named = {k: out.pop(k) for k in list(out) if k.endswith("_token") and k not in _SPECIAL_ATTRS
-                 and isinstance(out[k], str)}
+        named = {
+            k: out.pop(k)
+            for k in list(out)
+            if k.endswith("_token") and k not in _SPECIAL_ATTRS and isinstance(out[k], str)
+        }
         if isinstance(specific, dict):
             named.update({k: v for k, v in specific.items() if isinstance(v, str)})
         out["extra_special_tokens"] = named
@@ -158,8 +164,11 @@ def reference_dir(directory: Path, tmp: Path, *, rename: Callable[[str], str] | 
     directory = Path(directory)
     if transformers_major() != 4:
         return directory
-    jsons = {n: json.loads((directory / n).read_text(encoding="utf-8")) for n in
-             ("config.json", "tokenizer_config.json", "processor_config.json") if (directory / n).is_file()}
+    jsons = {
+        n: json.loads((directory / n).read_text(encoding="utf-8"))
+        for n in ("config.json", "tokenizer_config.json", "processor_config.json")
+        if (directory / n).is_file()
+    }
     new = dict(jsons)
     if "config.json" in new:
         new["config.json"] = config_for_transformers4(new["config.json"])
@@ -171,8 +180,10 @@ def reference_dir(directory: Path, tmp: Path, *, rename: Callable[[str], str] | 
         image = proc.pop("image_processor")
         new["processor_config.json"] = proc
         if not (directory / "preprocessor_config.json").is_file():
-            new["preprocessor_config.json"] = {**image, **({"processor_class": proc["processor_class"]}
-                                                           if "processor_class" in proc else {})}
+            new["preprocessor_config.json"] = {
+                **image,
+                **({"processor_class": proc["processor_class"]} if "processor_class" in proc else {}),
+            }
     files = sorted(directory.glob("*.safetensors"))
     renamed = [f for f in files if rename is not None and any(rename(k) != k for k in _safetensors_keys(f))]
     if new == jsons and not renamed:
@@ -248,8 +259,10 @@ def _load_vocab(directory: Path) -> tuple[Vocab, str, str]:
 
     tok_json = directory / "tokenizer.json"
     if not tok_json.is_file() and not (directory / "tokenizer.model").is_file():
-        raise ModelError(f"{directory}: tokenizer missing (expected tokenizer.json or tokenizer.model)",
-                         hint="save the tokenizer next to the weights with tokenizer.save_pretrained()")
+        raise ModelError(
+            f"{directory}: tokenizer missing (expected tokenizer.json or tokenizer.model)",
+            hint="save the tokenizer next to the weights with tokenizer.save_pretrained()",
+        )
     if tok_json.is_file():
         spec = json.loads(tok_json.read_text(encoding="utf-8"))
         model = spec.get("model", {})
@@ -280,9 +293,11 @@ def _check_name_quirk(writer: Any, tokens: Sequence[bytes]) -> None:
         have = set(tokens)
         missing = [t.decode() for t in _PHI3_NAME_TOKENS if t not in have]
         if missing:
-            raise ModelError(f"model name {name!r} makes llama.cpp look up Phi-3's tokens {', '.join(missing)}, "
-                             "which this tokenizer lacks (llama.cpp would fail to load the file)",
-                             hint="rename the model directory (or pass a name) without 'phi3' / 'phi-3'")
+            raise ModelError(
+                f"model name {name!r} makes llama.cpp look up Phi-3's tokens {', '.join(missing)}, "
+                "which this tokenizer lacks (llama.cpp would fail to load the file)",
+                hint="rename the model directory (or pass a name) without 'phi3' / 'phi-3'",
+            )
 
 
 def _spm_adds_space_prefix(directory: Path) -> bool:
@@ -301,9 +316,12 @@ def _spm_adds_space_prefix(directory: Path) -> bool:
 
     normalizers = parts(spec.get("normalizer"), "normalizers")
     pre = parts(spec.get("pre_tokenizer"), "pretokenizers")
-    return (any(n.get("type") == "Prepend" for n in normalizers)
-            or any(p.get("type") == "Metaspace" and p.get("prepend_scheme", "always") != "never"
-                   and p.get("add_prefix_space", True) for p in pre))
+    return any(n.get("type") == "Prepend" for n in normalizers) or any(
+        p.get("type") == "Metaspace"
+        and p.get("prepend_scheme", "always") != "never"
+        and p.get("add_prefix_space", True)
+        for p in pre
+    )
 
 
 def _merge_rank_scores(directory: Path, tokens: Sequence[object], scores: list[float]) -> list[float]:
@@ -374,13 +392,17 @@ def convert_hf_to_gguf(directory: Path, out_path: Path, *, name: str | None = No
     params = config.get("rope_parameters")
     if rec.layer_rope and isinstance(params, dict) and _per_layer_type(params):
         # transformers 5 Gemma-3: rope per layer type; read as the transformers 4 keys the record knows
-        config = {**{k: v for k, v in config.items() if k != "rope_parameters"},
-                  **per_layer_rope_for_transformers4(params)}
+        config = {
+            **{k: v for k, v in config.items() if k != "rope_parameters"},
+            **per_layer_rope_for_transformers4(params),
+        }
     rope_theta, rope_type = rope_settings(config, where)
     if rope_type not in rec.rope_types:
         known = ", ".join("none/default" if t == "default" else t for t in rec.rope_types)
-        raise ModelError(f"{directory}: rope_scaling {rope_type!r} is not supported by this converter for "
-                         f"{gguf_arch} (supported: {known})")
+        raise ModelError(
+            f"{directory}: rope_scaling {rope_type!r} is not supported by this converter for "
+            f"{gguf_arch} (supported: {known})"
+        )
     if rec.check is not None:
         rec.check(config, where)
     hp = archbase.hparams(config, where, rope_theta, rope_type)
@@ -458,8 +480,9 @@ def convert_hf_to_gguf(directory: Path, out_path: Path, *, name: str | None = No
             continue  # llama.cpp reuses token_embd when output.weight is absent
         new_name = _gguf_name(rec, tmap, hf_name)
         if new_name is None:
-            raise ModelError(f"{directory}: tensor {hf_name} has no GGUF name for {gguf_arch} "
-                             "(unexpected architecture variant)")
+            raise ModelError(
+                f"{directory}: tensor {hf_name} has no GGUF name for {gguf_arch} (unexpected architecture variant)"
+            )
         if rec.transform is not None:
             data = rec.transform(hf_name, data, config, hp)
         add(new_name, data)
@@ -470,24 +493,49 @@ def convert_hf_to_gguf(directory: Path, out_path: Path, *, name: str | None = No
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return {"architecture": arch, "gguf_architecture": gguf_arch, "tensors": written, "n_vocab": len(tokens),
-            "tokenizer_model": tok_model, "tokenizer_pre": tok_pre,
-            "chat_template": special.chat_template is not None}
+    return {
+        "architecture": arch,
+        "gguf_architecture": gguf_arch,
+        "tensors": written,
+        "n_vocab": len(tokens),
+        "tokenizer_model": tok_model,
+        "tokenizer_pre": tok_pre,
+        "chat_template": special.chat_template is not None,
+    }
 
 
 # ---------------------------------------------------------------------------------------------
 # Quantization with llama.cpp's own quantizer (in a child process: edgesdk/formats/gguf/_children/quantize.py)
 
 
-def quantize(src: Path, dst: Path, quant_type: str, *, threads: int | None = None,
-             allow_requantize: bool = False, timeout_s: float = 3600) -> None:
+def quantize(
+    src: Path,
+    dst: Path,
+    quant_type: str,
+    *,
+    threads: int | None = None,
+    allow_requantize: bool = False,
+    timeout_s: float = 3600,
+) -> None:
     """``llama_model_quantize(src -> dst, quant_type)`` in a subprocess; ExternalToolError on failure."""
     if quant_type not in FTYPES:
         raise ModelError(f"unknown GGUF quantization type {quant_type!r} (known: {', '.join(FTYPES)})")
     threads = threads or max(1, os.cpu_count() or 1)
-    proc = subprocess.run([sys.executable, "-m", "edgesdk.formats.gguf._children.quantize", str(src), str(dst),
-                           str(FTYPES[quant_type]), str(threads), "1" if allow_requantize else "0"],
-                          capture_output=True, text=True, timeout=timeout_s)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "edgesdk.formats.gguf._children.quantize",
+            str(src),
+            str(dst),
+            str(FTYPES[quant_type]),
+            str(threads),
+            "1" if allow_requantize else "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
     if proc.returncode != 0:
         lines = [ln for ln in (proc.stderr or "").splitlines() if ln.strip()]
         detail = lines[-1][:200] if lines else f"exit code {proc.returncode}"
@@ -509,8 +557,19 @@ def _open_llama(path: Path, n_ctx: int, *, logits_all: bool = True, threads: int
     llama_cls = import_llama_cpp().Llama
     route_llama_logs(False)  # llama.cpp's load lines go to the edgesdk.llama_cpp logger, not stderr
     try:
-        return cast("Llama", llama_cls(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=min(n_ctx, 512),
-                     logits_all=logits_all, n_gpu_layers=0, n_threads=threads, verbose=False))
+        return cast(
+            "Llama",
+            llama_cls(
+                model_path=str(path),
+                n_ctx=n_ctx,
+                n_batch=n_ctx,
+                n_ubatch=min(n_ctx, 512),
+                logits_all=logits_all,
+                n_gpu_layers=0,
+                n_threads=threads,
+                verbose=False,
+            ),
+        )
     except ValueError as exc:
         raise ModelError(f"{path}: llama.cpp cannot load this GGUF ({exc})") from exc
 
@@ -537,15 +596,19 @@ def hf_reference_logits(hf_dir: Path, prompts: list[str]) -> list[tuple[list[int
         pfile, out = Path(tmp) / "prompts.json", Path(tmp) / "logits.npz"
         pfile.write_text(json.dumps(prompts))
         ref_dir = reference_dir(Path(hf_dir), Path(tmp) / "ref")  # a transformers 5 checkpoint on transformers 4
-        proc = subprocess.run([sys.executable, "-m", "edgesdk.formats.gguf._children.hf_logits", str(ref_dir),
-                               str(pfile), str(out)],
-                              capture_output=True, text=True, timeout=3600)
+        proc = subprocess.run(
+            [sys.executable, "-m", "edgesdk.formats.gguf._children.hf_logits", str(ref_dir), str(pfile), str(out)],
+            capture_output=True,
+            text=True,
+            timeout=3600,
+        )
         if proc.returncode != 0 or not out.is_file():
             lines = [ln for ln in (proc.stderr or "").splitlines() if ln.strip()]
             raise ExternalToolError(f"HF reference logits failed: {lines[-1][:200] if lines else proc.returncode}")
         with np.load(out) as data:
-            return [(data[f"ids{i}"].tolist(), data[f"full{i}"].tolist(), data[f"logits{i}"])
-                    for i in range(len(prompts))]
+            return [
+                (data[f"ids{i}"].tolist(), data[f"full{i}"].tolist(), data[f"logits{i}"]) for i in range(len(prompts))
+            ]
 
 
 def logits_parity(hf_dir: Path, gguf_path: Path, text: str) -> dict[str, Any]:
@@ -567,9 +630,14 @@ def logits_parity(hf_dir: Path, gguf_path: Path, text: str) -> dict[str, Any]:
             tok_match += int(llm.tokenize(prompt.encode(), add_bos=False, special=False) == full)
     finally:
         llm.close()
-    return {"prompts": len(prompts), "positions": positions, "min_cosine": round(cos_min, 6),
-            "max_abs": round(max_abs, 6), "top1_agreement": round(agree / max(positions, 1), 4),
-            "tokenizer_agreement": f"{tok_match}/{len(prompts)} prompts tokenized identically by llama.cpp and HF"}
+    return {
+        "prompts": len(prompts),
+        "positions": positions,
+        "min_cosine": round(cos_min, 6),
+        "max_abs": round(max_abs, 6),
+        "top1_agreement": round(agree / max(positions, 1), 4),
+        "tokenizer_agreement": f"{tok_match}/{len(prompts)} prompts tokenized identically by llama.cpp and HF",
+    }
 
 
 def perplexity(path: Path, text: str, n_ctx: int = 256, *, threads: int | None = None) -> dict[str, float]:
@@ -581,14 +649,14 @@ def perplexity(path: Path, text: str, n_ctx: int = 256, *, threads: int | None =
         nll, count = 0.0, 0
         step = n_ctx - 1
         for start in range(0, max(len(tokens) - 1, 1), step):
-            window = tokens[start:start + step + 1]
+            window = tokens[start : start + step + 1]
             if len(window) < 2:
                 break
             ids = ([bos] if bos >= 0 else []) + window[:-1]
             llm.reset()
             llm.eval(ids)
             # float32 view of llama.cpp's logits: a 262k vocabulary makes float64 copies cost seconds
-            logits = llm.scores[len(ids) - (len(window) - 1):len(ids)]
+            logits = llm.scores[len(ids) - (len(window) - 1) : len(ids)]
             targets = np.asarray(window[1:])
             shift = logits.max(axis=1)
             lse = np.log(np.exp(logits - shift[:, None], dtype=np.float32).sum(axis=1, dtype=np.float64)) + shift

@@ -29,20 +29,30 @@ def gguf_facts(path: str | Path) -> dict[str, Any]:
         raise ModelError(f"{path}: GGUF file has no general.architecture")
     heads = header.scalar(f"{arch}.attention.head_count")
     hidden = header.scalar(f"{arch}.embedding_length")
-    kv_heads = header.scalar(f"{arch}.attention.head_count_kv") if f"{arch}.attention.head_count_kv" in \
-        header.fields else heads
+    kv_heads = (
+        header.scalar(f"{arch}.attention.head_count_kv")
+        if f"{arch}.attention.head_count_kv" in header.fields
+        else heads
+    )
     file_type = header.scalar("general.file_type")
     return {
-        "architecture": arch, "name": header.scalar("general.name"), "params": int(params),
-        "layers": header.scalar(f"{arch}.block_count"), "heads": heads, "kv_heads": kv_heads,
+        "architecture": arch,
+        "name": header.scalar("general.name"),
+        "params": int(params),
+        "layers": header.scalar(f"{arch}.block_count"),
+        "heads": heads,
+        "kv_heads": kv_heads,
         "head_dim": header.scalar(f"{arch}.attention.key_length") or (hidden // heads if hidden and heads else None),
-        "hidden": hidden, "ffn": header.scalar(f"{arch}.feed_forward_length"),
+        "hidden": hidden,
+        "ffn": header.scalar(f"{arch}.feed_forward_length"),
         "ctx_train": header.scalar(f"{arch}.context_length"),
         "n_vocab": header.array_length("tokenizer.ggml.tokens"),
         "file_type": FTYPE_NAMES.get(file_type, f"ftype {file_type}") if file_type is not None else None,
-        "license": header.scalar("general.license"), "license_name": header.scalar("general.license.name"),
+        "license": header.scalar("general.license"),
+        "license_name": header.scalar("general.license.name"),
         "license_link": header.scalar("general.license.link"),
-        "chat_template": "tokenizer.chat_template" in header.fields, "tensor_bytes": int(end),
+        "chat_template": "tokenizer.chat_template" in header.fields,
+        "tensor_bytes": int(end),
     }
 
 
@@ -57,15 +67,20 @@ def hf_causal_lm_facts(directory: str | Path) -> dict[str, Any]:
     hidden = cfg.get("hidden_size")
     tok_cfg = directory / "tokenizer_config.json"
     chat = (directory / "chat_template.jinja").is_file() or (
-        tok_cfg.is_file() and "chat_template" in json.loads(tok_cfg.read_text(encoding="utf-8")))
+        tok_cfg.is_file() and "chat_template" in json.loads(tok_cfg.read_text(encoding="utf-8"))
+    )
     return {
         "architecture": archs[0] if archs else cfg.get("model_type"),
         "gguf_supported": bool(archs) and archs[0] in ARCHS,
-        "layers": cfg.get("num_hidden_layers"), "heads": heads,
-        "kv_heads": cfg.get("num_key_value_heads") or heads, "hidden": hidden,
+        "layers": cfg.get("num_hidden_layers"),
+        "heads": heads,
+        "kv_heads": cfg.get("num_key_value_heads") or heads,
+        "hidden": hidden,
         "head_dim": cfg.get("head_dim") or (hidden // heads if hidden and heads else None),
-        "ffn": cfg.get("intermediate_size"), "ctx_train": cfg.get("max_position_embeddings"),
-        "n_vocab": cfg.get("vocab_size"), "tied_embeddings": bool(cfg.get("tie_word_embeddings", False)),
+        "ffn": cfg.get("intermediate_size"),
+        "ctx_train": cfg.get("max_position_embeddings"),
+        "n_vocab": cfg.get("vocab_size"),
+        "tied_embeddings": bool(cfg.get("tie_word_embeddings", False)),
         "tokenizer_files": [f for f in ("tokenizer.json", "tokenizer.model") if (directory / f).is_file()],
         "chat_template": chat,
     }

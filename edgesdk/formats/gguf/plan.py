@@ -26,9 +26,24 @@ if TYPE_CHECKING:
 # built-in text must stay under these. Set a little looser than the PPL increases llama.cpp's
 # quantize tool lists for Llama-class models (Q8_0 ~+0.0004, Q6_K ~+0.004, Q5_K_M ~+0.014,
 # Q4_K_M ~+0.05, Q3_K_M ~+0.24, Q2_K ~+0.87 on PPL ~6), because our text is short (~1k tokens).
-PPL_RATIO_MAX = {"F16": 1.005, "BF16": 1.005, "Q8_0": 1.01, "Q6_K": 1.02, "Q5_K_M": 1.03, "Q5_K_S": 1.035,
-                 "Q5_0": 1.04, "Q5_1": 1.04, "Q4_K_M": 1.06, "Q4_K_S": 1.07, "Q4_0": 1.10, "Q4_1": 1.09,
-                 "Q3_K_L": 1.12, "Q3_K_M": 1.15, "Q3_K_S": 1.2, "Q2_K": 1.4}
+PPL_RATIO_MAX = {
+    "F16": 1.005,
+    "BF16": 1.005,
+    "Q8_0": 1.01,
+    "Q6_K": 1.02,
+    "Q5_K_M": 1.03,
+    "Q5_K_S": 1.035,
+    "Q5_0": 1.04,
+    "Q5_1": 1.04,
+    "Q4_K_M": 1.06,
+    "Q4_K_S": 1.07,
+    "Q4_0": 1.10,
+    "Q4_1": 1.09,
+    "Q3_K_L": 1.12,
+    "Q3_K_M": 1.15,
+    "Q3_K_S": 1.2,
+    "Q2_K": 1.4,
+}
 # HF (float32) vs F16 GGUF logits on the sample prompts.
 LOGITS_MIN_COSINE = 0.999
 LOGITS_MIN_TOP1 = 0.95
@@ -42,13 +57,17 @@ N_UBATCH = 512
 N_UBATCH_GPU = 2048  # GPU, all layers offloaded, flash attention on (H200 sweep, see _batch_rule)
 # llama.cpp's own words for the two batch sizes: `common/arg.cpp` help texts of -b / -ub, and the
 # comments on llama_context_params in include/llama.h.
-BATCH_SOURCE = ("llama.cpp: -b/--batch-size = 'logical maximum batch size' (the most tokens one "
-                "llama_decode call takes), -ub/--ubatch-size = 'physical maximum batch size' (the tokens one "
-                "graph evaluation takes; it sizes the compute buffer) (common/arg.cpp, include/llama.h)")
-BATCH_MEASUREMENT = ("H200 sweep, 2026-12-03 device log: hidden random-weight 16-layer 2048-wide F16 llama, all "
-                     "layers on the GPU, llama-cpp-python 0.3.36 CUDA: best bare prefill of a 512-token prompt "
-                     "was flash attention on with n_batch = n_ubatch = 2048 (63.3k tok/s); edgesdk with "
-                     "llama-cpp-python's 512/512 defaults reached 46.8k (0.74x, text input incl. tokenising)")
+BATCH_SOURCE = (
+    "llama.cpp: -b/--batch-size = 'logical maximum batch size' (the most tokens one "
+    "llama_decode call takes), -ub/--ubatch-size = 'physical maximum batch size' (the tokens one "
+    "graph evaluation takes; it sizes the compute buffer) (common/arg.cpp, include/llama.h)"
+)
+BATCH_MEASUREMENT = (
+    "H200 sweep, 2026-12-03 device log: hidden random-weight 16-layer 2048-wide F16 llama, all "
+    "layers on the GPU, llama-cpp-python 0.3.36 CUDA: best bare prefill of a 512-token prompt "
+    "was flash attention on with n_batch = n_ubatch = 2048 (63.3k tok/s); edgesdk with "
+    "llama-cpp-python's 512/512 defaults reached 46.8k (0.74x, text input incl. tokenising)"
+)
 GB = 1e9
 
 
@@ -65,8 +84,11 @@ def _gb(n_bytes: float) -> str:
 def compute_bytes(info: Mapping[str, Any], weight_bytes: float, n_ubatch: int = N_UBATCH) -> float:
     """Compute-buffer estimate: one micro-batch of the widest activations in F32
     (n_ubatch x (n_vocab + ffn + 4 x hidden) x 4 B) plus 5 % of the weights for allocator slack."""
-    width = int(info.get("n_vocab") or 32000) + int(info.get("ffn") or 4 * (info.get("hidden") or 0)) \
+    width = (
+        int(info.get("n_vocab") or 32000)
+        + int(info.get("ffn") or 4 * (info.get("hidden") or 0))
         + 4 * int(info.get("hidden") or 0)
+    )
     return n_ubatch * width * 4 + 0.05 * weight_bytes
 
 
@@ -76,11 +98,15 @@ def _check_shape(facts: ModelFacts) -> dict[str, Any]:
     info = facts.extra
     if facts.kind == "hf":
         if not info.get("gguf_supported"):
-            raise ModelError(f"architecture {info.get('architecture')} not supported for GGUF conversion "
-                             f"(supported: {supported_list()})")
+            raise ModelError(
+                f"architecture {info.get('architecture')} not supported for GGUF conversion "
+                f"(supported: {supported_list()})"
+            )
         if not info.get("tokenizer_files"):
-            raise ModelError(f"{facts.source}: tokenizer missing (expected tokenizer.json or tokenizer.model)",
-                             hint="save the tokenizer next to the weights with tokenizer.save_pretrained()")
+            raise ModelError(
+                f"{facts.source}: tokenizer missing (expected tokenizer.json or tokenizer.model)",
+                hint="save the tokenizer next to the weights with tokenizer.save_pretrained()",
+            )
     missing = [k for k in ("layers", "kv_heads", "head_dim") if not info.get(k)]
     if missing or not facts.params:
         raise ModelError(f"{facts.source}: cannot size the model (missing {', '.join(missing) or 'params'})")
@@ -93,20 +119,26 @@ def _candidate_types(facts: ModelFacts, profile: Profile, options: BuildOptions)
     if options.quant_type:
         q = options.quant_type.upper()
         if q not in FTYPES or q not in BPW:
-            raise InputError(f"unknown GGUF quantization type {options.quant_type!r} "
-                             f"(known: {', '.join(t for t in BPW if t in FTYPES)})")
+            raise InputError(
+                f"unknown GGUF quantization type {options.quant_type!r} "
+                f"(known: {', '.join(t for t in BPW if t in FTYPES)})"
+            )
         order, why = [q], f"requested with --quant-type {q}"
     else:
         why = f"profile {profile.name} quant_order {order}"
     if source_type in BPW and source_type not in ("F32", "F16", "BF16"):
         higher = [q for q in order if BPW[q] > BPW[source_type]]
         if options.quant_type and higher:
-            raise ModelError(f"cannot requantize an already-quantized {source_type} file to the higher-precision "
-                             f"type {higher[0]}: the lost precision cannot be restored",
-                             hint=f"pick {source_type} or a smaller type, or start from the F16/HF model")
+            raise ModelError(
+                f"cannot requantize an already-quantized {source_type} file to the higher-precision "
+                f"type {higher[0]}: the lost precision cannot be restored",
+                hint=f"pick {source_type} or a smaller type, or start from the F16/HF model",
+            )
         if higher:
-            why += (f"; source is already {source_type}, so higher-precision types ({', '.join(higher)}) are "
-                    "skipped (requantizing up cannot restore precision)")
+            why += (
+                f"; source is already {source_type}, so higher-precision types ({', '.join(higher)}) are "
+                "skipped (requantizing up cannot restore precision)"
+            )
         order = [q for q in order if q not in higher] or [source_type]
     return order, why
 
@@ -130,23 +162,41 @@ class _Fit(NamedTuple):
     rank: int  # index of ``quant`` in the candidate order (0 = the profile's first choice)
 
 
-def _fit_memory(facts: ModelFacts, profile: Profile, info: dict[str, Any], order: list[str], n_ctx: int,
-                min_ctx: int, kv_type: str, n_ubatch: int) -> _Fit:
+def _fit_memory(
+    facts: ModelFacts,
+    profile: Profile,
+    info: dict[str, Any],
+    order: list[str],
+    n_ctx: int,
+    min_ctx: int,
+    kv_type: str,
+    n_ubatch: int,
+) -> _Fit:
     """First type of ``order`` whose weights + KV (``kv_type``) + compute (``n_ubatch``) fit the budget at
     ``n_ctx``, else the smallest type at the longest context that fits (>= ``min_ctx``), else ResourceError."""
     budget_gb = profile.memory_budget_gb()
     kv = kv_bytes(info, n_ctx, kv_type)
-    kv_why = (f"KV cache = 2 x {info['layers']} layers x {info['kv_heads']} kv heads x {info['head_dim']} head dim "
-              f"x {n_ctx} ctx x {KV_TYPE_BYTES[kv_type]:g} B ({kv_type}) = {_gb(kv)}; compute buffer sized for "
-              f"n_ubatch {n_ubatch}")
+    kv_why = (
+        f"KV cache = 2 x {info['layers']} layers x {info['kv_heads']} kv heads x {info['head_dim']} head dim "
+        f"x {n_ctx} ctx x {KV_TYPE_BYTES[kv_type]:g} B ({kv_type}) = {_gb(kv)}; compute buffer sized for "
+        f"n_ubatch {n_ubatch}"
+    )
     if budget_gb is None:
         w, w_why = _weight_bytes(facts, order[0])
-        return _Fit(order[0], n_ctx, f"profile {profile.name} has no memory figure (host-dependent; `edgesdk "
-                    f"profiles detect --write` records it): took the first type; {order[0]} weights = {w_why} = "
-                    f"{_gb(w)}, {kv_why}", False, 0)
+        return _Fit(
+            order[0],
+            n_ctx,
+            f"profile {profile.name} has no memory figure (host-dependent; `edgesdk "
+            f"profiles detect --write` records it): took the first type; {order[0]} weights = {w_why} = "
+            f"{_gb(w)}, {kv_why}",
+            False,
+            0,
+        )
     budget = budget_gb * GB
-    head = (f"budget {budget_gb} GB (profile {profile.name}: usable memory minus "
-            f"{profile.memory_headroom_fraction:.0%} headroom)")
+    head = (
+        f"budget {budget_gb} GB (profile {profile.name}: usable memory minus "
+        f"{profile.memory_headroom_fraction:.0%} headroom)"
+    )
     tried = []
     for rank, q in enumerate(order):
         w, w_why = _weight_bytes(facts, q)
@@ -168,10 +218,13 @@ def _fit_memory(facts: ModelFacts, profile: Profile, info: dict[str, Any], order
         raise ResourceError(
             f"{facts.name} does not fit profile {profile.name}: smallest allowed type {q} needs "
             f"{_gb(w + comp + kv_bytes(info, min_ctx, kv_type))} at the minimum context "
-            f"{min_ctx} ({_gb(w)} weights + {_gb(kv_bytes(info, min_ctx, kv_type))} KV), budget is {budget_gb} GB")
-    why = (f"no type fits at {n_ctx} ctx ({'; '.join(t + ' > budget' for t in tried)}); {q} leaves "
-           f"{_gb(spare)} of {head} for KV at {_gb(per_tok)}/token -> {fit_ctx} ctx "
-           f"(rounded down to 256, >= min {min_ctx})")
+            f"{min_ctx} ({_gb(w)} weights + {_gb(kv_bytes(info, min_ctx, kv_type))} KV), budget is {budget_gb} GB"
+        )
+    why = (
+        f"no type fits at {n_ctx} ctx ({'; '.join(t + ' > budget' for t in tried)}); {q} leaves "
+        f"{_gb(spare)} of {head} for KV at {_gb(per_tok)}/token -> {fit_ctx} ctx "
+        f"(rounded down to 256, >= min {min_ctx})"
+    )
     return _Fit(q, fit_ctx, why, True, len(order) - 1)
 
 
@@ -180,18 +233,25 @@ def _kv_type(profile: Profile, use_fa: bool) -> tuple[str, str]:
     else llama.cpp's default f16."""
     asked = profile.llm.kv_type
     if asked is None or str(asked).lower() == DEFAULT_KV_TYPE:
-        return DEFAULT_KV_TYPE, (f"llama.cpp's default K and V cache type (f16); profile {profile.name} sets no "
-                                 "other policy.llm.kv_type")
+        return DEFAULT_KV_TYPE, (
+            f"llama.cpp's default K and V cache type (f16); profile {profile.name} sets no other policy.llm.kv_type"
+        )
     name = str(asked).lower()
     if name not in KV_TYPE_BYTES:
-        raise InputError(f"profile {profile.name}: policy.llm.kv_type {asked!r} is not a llama.cpp KV cache type "
-                         f"(known: {', '.join(KV_TYPE_BYTES)})")
+        raise InputError(
+            f"profile {profile.name}: policy.llm.kv_type {asked!r} is not a llama.cpp KV cache type "
+            f"(known: {', '.join(KV_TYPE_BYTES)})"
+        )
     if not use_fa:
-        return DEFAULT_KV_TYPE, (f"profile {profile.name} asks for {name}, but flash attention is off: llama.cpp "
-                                 "refuses a quantized V cache without it ('V cache quantization requires "
-                                 "flash_attn', src/llama-context.cpp), so the cache stays f16")
-    return name, (f"profile {profile.name} policy.llm.kv_type {name} with flash attention on: K and V cached as "
-                  f"{name} ({KV_TYPE_BYTES[name]:g} B per element vs 2 for f16; llama.cpp --cache-type-k/-v)")
+        return DEFAULT_KV_TYPE, (
+            f"profile {profile.name} asks for {name}, but flash attention is off: llama.cpp "
+            "refuses a quantized V cache without it ('V cache quantization requires "
+            "flash_attn', src/llama-context.cpp), so the cache stays f16"
+        )
+    return name, (
+        f"profile {profile.name} policy.llm.kv_type {name} with flash attention on: K and V cached as "
+        f"{name} ({KV_TYPE_BYTES[name]:g} B per element vs 2 for f16; llama.cpp --cache-type-k/-v)"
+    )
 
 
 def _batch_target(profile: Profile, use_fa: bool) -> tuple[int, str]:
@@ -200,15 +260,20 @@ def _batch_target(profile: Profile, use_fa: bool) -> tuple[int, str]:
     if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0:
         return asked, f"profile {profile.name} policy.llm.n_ubatch {asked}"
     if profile.is_gpu and use_fa:
-        return N_UBATCH_GPU, (f"GPU profile with every layer offloaded and flash attention on: {N_UBATCH_GPU} "
-                              f"({BATCH_MEASUREMENT})")
+        return N_UBATCH_GPU, (
+            f"GPU profile with every layer offloaded and flash attention on: {N_UBATCH_GPU} ({BATCH_MEASUREMENT})"
+        )
     if profile.is_gpu:
-        return N_UBATCH, (f"GPU profile without flash attention: llama-cpp-python's default {N_UBATCH} (without "
-                          "flash attention the attention scores of a micro-batch are materialised, n_ubatch x "
-                          "context per head, so a larger micro-batch costs memory; the H200 gain was measured "
-                          "with flash attention on)")
-    return N_UBATCH, (f"CPU profile: llama-cpp-python's default {N_UBATCH}; a larger micro-batch does not speed a "
-                      "CPU up and costs compute-buffer memory")
+        return N_UBATCH, (
+            f"GPU profile without flash attention: llama-cpp-python's default {N_UBATCH} (without "
+            "flash attention the attention scores of a micro-batch are materialised, n_ubatch x "
+            "context per head, so a larger micro-batch costs memory; the H200 gain was measured "
+            "with flash attention on)"
+        )
+    return N_UBATCH, (
+        f"CPU profile: llama-cpp-python's default {N_UBATCH}; a larger micro-batch does not speed a "
+        "CPU up and costs compute-buffer memory"
+    )
 
 
 @dataclass
@@ -249,10 +314,18 @@ class GgufPlan(PlanSection):
     parity_fallback: list[QuantCandidate] = field(default_factory=list)  # tried in order on a parity miss
 
     FIELDS: ClassVar[dict[str, str]] = {
-        "gguf.source": "source", "gguf.quant_type": "quant_type", "gguf.context_length": "context_length",
-        "gguf.n_gpu_layers": "n_gpu_layers", "gguf.flash_attn": "flash_attn", "gguf.threads": "threads",
-        "gguf.n_ubatch": "n_ubatch", "gguf.n_batch": "n_batch", "gguf.kv_type": "kv_type", "parity": "parity",
-        "gguf.parity_fallback": "parity_fallback"}
+        "gguf.source": "source",
+        "gguf.quant_type": "quant_type",
+        "gguf.context_length": "context_length",
+        "gguf.n_gpu_layers": "n_gpu_layers",
+        "gguf.flash_attn": "flash_attn",
+        "gguf.threads": "threads",
+        "gguf.n_ubatch": "n_ubatch",
+        "gguf.n_batch": "n_batch",
+        "gguf.kv_type": "kv_type",
+        "parity": "parity",
+        "gguf.parity_fallback": "parity_fallback",
+    }
     PARSE: ClassVar[dict[str, object]] = {"parity_fallback": _candidates}
 
 
@@ -267,8 +340,11 @@ def plan_gguf(facts: ModelFacts, profile: Profile, options: BuildOptions) -> Ggu
     info = _check_shape(facts)
     llm = profile.llm
     ctx_train = int(info.get("ctx_train") or 4096)
-    if options.context_length is not None and (isinstance(options.context_length, bool) or not isinstance(
-            options.context_length, int) or options.context_length < 1):
+    if options.context_length is not None and (
+        isinstance(options.context_length, bool)
+        or not isinstance(options.context_length, int)
+        or options.context_length < 1
+    ):
         raise InputError(f"context length must be a positive integer, got {options.context_length!r}")
     want_ctx = int(options.context_length or llm.context_length or 4096)
     n_ctx = min(want_ctx, ctx_train)
@@ -290,8 +366,10 @@ def plan_gguf(facts: ModelFacts, profile: Profile, options: BuildOptions) -> Ggu
         small = _fit_memory(facts, profile, info, order, n_ctx, min_ctx, kv_type, N_UBATCH)
         if fit is None or (small.rank, -small.n_ctx) < (fit.rank, -fit.n_ctx):
             lost = "leave no type that fits" if fit is None else f"push the plan to {fit.quant} at {fit.n_ctx} ctx"
-            batch_why += (f"; but its compute buffer would {lost} where n_ubatch {N_UBATCH} keeps {small.quant} at "
-                          f"{small.n_ctx} ctx, so {N_UBATCH}")
+            batch_why += (
+                f"; but its compute buffer would {lost} where n_ubatch {N_UBATCH} keeps {small.quant} at "
+                f"{small.n_ctx} ctx, so {N_UBATCH}"
+            )
             fit, target = small, N_UBATCH
     assert fit is not None
     chosen, mem_why = fit.quant, fit.why
@@ -299,14 +377,20 @@ def plan_gguf(facts: ModelFacts, profile: Profile, options: BuildOptions) -> Ggu
         n_ctx, ctx_note = fit.n_ctx, " (shortened to fit the memory budget)"
     source_type = info.get("file_type") if facts.kind == "gguf" else None
     if facts.kind == "hf":
-        action = f"convert HF -> F16 GGUF (gguf-py), then llama.cpp quantize -> {chosen}" if chosen != "F16" \
+        action = (
+            f"convert HF -> F16 GGUF (gguf-py), then llama.cpp quantize -> {chosen}"
+            if chosen != "F16"
             else "convert HF -> F16 GGUF (gguf-py)"
+        )
     elif source_type == chosen:
         action = f"repackage: source is already {chosen}"
     else:
         action = f"requantize {source_type} -> {chosen} with llama.cpp quantize"
-    source_desc = ("a HF " + str(info.get("architecture")) + " directory" if facts.kind == "hf"
-                   else "a " + str(source_type) + " GGUF file")
+    source_desc = (
+        "a HF " + str(info.get("architecture")) + " directory"
+        if facts.kind == "hf"
+        else "a " + str(source_type) + " GGUF file"
+    )
     out: list[Decision] = []
     out.append(Decision("gguf.source", action, f"source is {source_desc}"))
     out.append(Decision("gguf.quant_type", chosen, f"{order_why}; {mem_why}"))
@@ -316,12 +400,24 @@ def plan_gguf(facts: ModelFacts, profile: Profile, options: BuildOptions) -> Ggu
     cap = f", capped at the context {n_ctx}" if n_ubatch < target else ""
     w = _weight_bytes(facts, chosen)[0]
     comp = compute_bytes(info, w, n_ubatch)
-    out.append(Decision("gguf.n_ubatch", n_ubatch, f"{batch_why}{cap}; compute buffer at {n_ubatch} = "
-                        f"{n_ubatch} x (n_vocab + ffn + 4 x hidden) x 4 B + 5 % of weights = {_gb(comp)}, "
-                        f"counted in the memory arithmetic; {BATCH_SOURCE}"))
-    out.append(Decision("gguf.n_batch", n_ubatch, f"= n_ubatch: llama-cpp-python evaluates a prompt in chunks of "
-                        f"n_batch tokens (Llama.eval) and caps n_ubatch at n_batch, so a prompt of up to {n_ubatch} "
-                        "tokens is one llama_decode call of one micro-batch"))
+    out.append(
+        Decision(
+            "gguf.n_ubatch",
+            n_ubatch,
+            f"{batch_why}{cap}; compute buffer at {n_ubatch} = "
+            f"{n_ubatch} x (n_vocab + ffn + 4 x hidden) x 4 B + 5 % of weights = {_gb(comp)}, "
+            f"counted in the memory arithmetic; {BATCH_SOURCE}",
+        )
+    )
+    out.append(
+        Decision(
+            "gguf.n_batch",
+            n_ubatch,
+            f"= n_ubatch: llama-cpp-python evaluates a prompt in chunks of "
+            f"n_batch tokens (Llama.eval) and caps n_ubatch at n_batch, so a prompt of up to {n_ubatch} "
+            "tokens is one llama_decode call of one micro-batch",
+        )
+    )
     out.append(Decision("gguf.kv_type", kv_type, kv_why))
     ref = "F16 conversion" if facts.kind == "hf" else "source GGUF"
     parity = {"ppl_ratio_max": ppl_limit(profile, chosen)}
@@ -330,8 +426,10 @@ def plan_gguf(facts: ModelFacts, profile: Profile, options: BuildOptions) -> Ggu
         parity, why = {}, "repackaged: the bytes are the source's (sha256 in the manifest); nothing to compare"
     if facts.kind == "hf":
         parity.update(logits_min_cosine=LOGITS_MIN_COSINE, logits_min_top1=LOGITS_MIN_TOP1)
-        why += (f"; HF (fp32) vs F16 GGUF logits on sample prompts: min cosine >= {LOGITS_MIN_COSINE}, "
-                f"top-1 agreement >= {LOGITS_MIN_TOP1}")
+        why += (
+            f"; HF (fp32) vs F16 GGUF logits on sample prompts: min cosine >= {LOGITS_MIN_COSINE}, "
+            f"top-1 agreement >= {LOGITS_MIN_TOP1}"
+        )
     out.append(Decision("parity", parity, why))
     return GgufPlan.from_decisions(out)
 
@@ -346,8 +444,7 @@ def ppl_limit(profile: Profile, quant: str) -> float:
     return PPL_RATIO_MAX.get(quant, 1.1)
 
 
-def parity_fallback_decision(facts: ModelFacts, profile: Profile, options: BuildOptions,
-                             plan: GgufPlan) -> Decision:
+def parity_fallback_decision(facts: ModelFacts, profile: Profile, options: BuildOptions, plan: GgufPlan) -> Decision:
     """What a parity miss of the chosen type leads to (``--on-parity-fail``).
 
     With ``fallback``: the types of the profile's quant order with more bits per weight than the chosen
@@ -366,8 +463,9 @@ def parity_fallback_decision(facts: ModelFacts, profile: Profile, options: Build
             pool.append(source_type)
         above = [q for q in pool if BPW[q] > BPW[source_type]]
         if above:
-            notes.append(f"above the source's {source_type} ({', '.join(above)}): requantizing up cannot restore "
-                         "precision")
+            notes.append(
+                f"above the source's {source_type} ({', '.join(above)}): requantizing up cannot restore precision"
+            )
         pool = [q for q in pool if BPW[q] <= BPW[source_type]]
     higher = sorted({q for q in pool if BPW[q] > BPW[chosen]}, key=lambda q: BPW[q])
     budget_gb = profile.memory_budget_gb()
@@ -384,37 +482,71 @@ def parity_fallback_decision(facts: ModelFacts, profile: Profile, options: Build
             continue
         repack = facts.kind == "gguf" and q == source_type
         fits.append({"quant_type": q, "ppl_ratio_max": None if repack else ppl_limit(profile, q)})
-        detail = ("the source repackaged, nothing to compare" if repack
-                  else f"{_gb(total)}, ppl ratio <= {ppl_limit(profile, q)}")
+        detail = (
+            "the source repackaged, nothing to compare"
+            if repack
+            else f"{_gb(total)}, ppl ratio <= {ppl_limit(profile, q)}"
+        )
         shown.append(f"{q} ({detail})")
     listed = " -> ".join(shown) or "none"
     skipped = f"; not tried: {'; '.join(notes)}" if notes else ""
     if options.on_parity_fail != "fallback":
-        return Decision("gguf.parity_fallback", [], f"--on-parity-fail {options.on_parity_fail}: a parity miss of "
-                        f"{chosen} fails the build (exit 5); with --on-parity-fail fallback the build would try "
-                        f"{listed}{skipped}")
+        return Decision(
+            "gguf.parity_fallback",
+            [],
+            f"--on-parity-fail {options.on_parity_fail}: a parity miss of "
+            f"{chosen} fails the build (exit 5); with --on-parity-fail fallback the build would try "
+            f"{listed}{skipped}",
+        )
     if not fits:
-        return Decision("gguf.parity_fallback", [], f"--on-parity-fail fallback, but no type of the quant order "
-                        f"{order} has more bits than {chosen} and fits: a miss still fails the build (exit 5)"
-                        f"{skipped}")
-    return Decision("gguf.parity_fallback", fits, f"--on-parity-fail fallback: if {chosen} misses parity, try the "
-                    f"next type of the quant order {order} with more bits that fits the budget at {n_ctx} ctx, in "
-                    f"turn: {listed}; each attempt is recorded with its figures, and the build fails (exit 5) only "
-                    f"if none passes{skipped}")
+        return Decision(
+            "gguf.parity_fallback",
+            [],
+            f"--on-parity-fail fallback, but no type of the quant order "
+            f"{order} has more bits than {chosen} and fits: a miss still fails the build (exit 5)"
+            f"{skipped}",
+        )
+    return Decision(
+        "gguf.parity_fallback",
+        fits,
+        f"--on-parity-fail fallback: if {chosen} misses parity, try the "
+        f"next type of the quant order {order} with more bits that fits the budget at {n_ctx} ctx, in "
+        f"turn: {listed}; each attempt is recorded with its figures, and the build fails (exit 5) only "
+        f"if none passes{skipped}",
+    )
 
 
-def _runtime_decisions(profile: Profile, info: dict[str, Any], *, use_fa: bool,
-                       fa_entry: KernelSupport) -> list[Decision]:
+def _runtime_decisions(
+    profile: Profile, info: dict[str, Any], *, use_fa: bool, fa_entry: KernelSupport
+) -> list[Decision]:
     out = []
     if profile.is_gpu:
-        out.append(Decision("gguf.n_gpu_layers", "all", f"weights + KV fit the budget, so all {info['layers']} "
-                            "layers (and the output layer) go to the GPU; the runtime re-sizes to free device "
-                            "memory at load time and records any step down"))
+        out.append(
+            Decision(
+                "gguf.n_gpu_layers",
+                "all",
+                f"weights + KV fit the budget, so all {info['layers']} "
+                "layers (and the output layer) go to the GPU; the runtime re-sizes to free device "
+                "memory at load time and records any step down",
+            )
+        )
     else:
         out.append(Decision("gguf.n_gpu_layers", 0, f"profile {profile.name} has no GPU"))
-    out.append(Decision("gguf.flash_attn", use_fa, f"profile kernel table: flash_attention supported="
-                        f"{fa_entry.supported} ({fa_entry.source})"))
+    out.append(
+        Decision(
+            "gguf.flash_attn",
+            use_fa,
+            f"profile kernel table: flash_attention supported={fa_entry.supported} ({fa_entry.source})",
+        )
+    )
     cores = profile.cpu_cores
-    out.append(Decision("gguf.threads", cores or "auto", f"profile lists {cores} CPU cores" if cores else
-                        "profile lists no core count: the runtime uses the physical cores it finds"))
+    out.append(
+        Decision(
+            "gguf.threads",
+            cores or "auto",
+            f"profile lists {cores} CPU cores"
+            if cores
+            else "profile lists no core count: the runtime uses the physical cores it finds",
+        )
+    )
     return out

@@ -38,16 +38,21 @@ class OnnxFormat:
             return None  # causal LMs and VLMs go to a format with a KV cache and a sampler (GGUF, VLM)
         allowed = profile.preferred_formats
         if "tensorrt" in allowed and profile.is_gpu:
-            return Decision("format", "onnx", "portable ONNX: the runtime takes TensorRT EP -> CUDA EP -> CPU EP, "
-                                              "whichever the device has; pass --format tensorrt for a native engine "
-                                              "(built on the device, deferred when this host cannot build it)")
+            return Decision(
+                "format",
+                "onnx",
+                "portable ONNX: the runtime takes TensorRT EP -> CUDA EP -> CPU EP, "
+                "whichever the device has; pass --format tensorrt for a native engine "
+                "(built on the device, deferred when this host cannot build it)",
+            )
         return Decision("format", "onnx", f"profile {profile.name} prefers {allowed[0]}; ONNX Runtime is its runtime")
 
     def plan_precision(self, facts: ModelFacts, profile: Profile, options: BuildOptions) -> Decision | None:
         return None
 
-    def plan(self, facts: ModelFacts, profile: Profile, options: BuildOptions, host: HostFacts,
-             precision: str) -> OnnxPlan:
+    def plan(
+        self, facts: ModelFacts, profile: Profile, options: BuildOptions, host: HostFacts, precision: str
+    ) -> OnnxPlan:
         from edgesdk.formats.onnx.plan import plan_onnx
 
         return plan_onnx(facts, profile, options, precision)

@@ -28,8 +28,16 @@ if TYPE_CHECKING:
 
 Feed = dict[str, np.ndarray]  # one model input: graph input name -> array
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
-                   "config.json", "modules.json", "sentence_bert_config.json", "preprocessor_config.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+    "config.json",
+    "modules.json",
+    "sentence_bert_config.json",
+    "preprocessor_config.json",
+)
 FIDELITY = ["int8", "fp16", "bf16", "fp32"]  # lowest to highest
 # Protobuf's 2 GiB limit on one message: larger models keep their weights in "<model>.onnx.data" beside.
 INLINE_MAX_BYTES = 1_800_000_000
@@ -52,8 +60,14 @@ def save_onnx(model: ModelProto, out: Path, *, external: bool | None = None) -> 
     if external is None:
         external = model.ByteSize() > INLINE_MAX_BYTES
     if external:
-        onnx.save(model, str(out), save_as_external_data=True, all_tensors_to_one_file=True, location=data.name,
-                  size_threshold=0)
+        onnx.save(
+            model,
+            str(out),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=data.name,
+            size_threshold=0,
+        )
     else:
         onnx.save(model, str(out))
 
@@ -86,7 +100,7 @@ def check_ort_loads(path: Path) -> None:
 
 def next_precision(current: str, profile_order: list[str]) -> str | None:
     """The next higher-fidelity precision the profile allows (fp32 always), for a parity fallback."""
-    higher = FIDELITY[FIDELITY.index(current) + 1:] if current in FIDELITY else []
+    higher = FIDELITY[FIDELITY.index(current) + 1 :] if current in FIDELITY else []
     for p in higher:
         if p in profile_order or p == "fp32":
             return p
@@ -97,11 +111,13 @@ def _versions() -> dict[str, str]:
     """Tool versions from distribution metadata (importing torch/transformers here would cost seconds)."""
     from edgesdk.host import dist_of, tool_versions
 
-    return tool_versions(("onnx", dist_of("onnxruntime"), "torch", "transformers", "optimum", "optimum-onnx",
-                          "onnxslim"))
+    return tool_versions(
+        ("onnx", dist_of("onnxruntime"), "torch", "transformers", "optimum", "optimum-onnx", "onnxslim")
+    )
 
 
 # --------------------------------------------------------------------------------------------- export
+
 
 def _export_torch(ctx: BuildContext, module: Any, out: Path) -> None:
     import torch
@@ -111,22 +127,30 @@ def _export_torch(ctx: BuildContext, module: Any, out: Path) -> None:
         raise InputError("building an nn.Module needs example inputs (BuildOptions.example_inputs)")
     example = example if isinstance(example, tuple) else (example,)
     names = ctx.options.option("input_names") or [f"input_{i}" for i in range(len(example))]
-    torch.onnx.export(module.eval(), example, str(out), input_names=names, opset_version=ctx.options.opset,
-                      dynamo=False, dynamic_axes={n: {0: "batch"} for n in names})
+    torch.onnx.export(
+        module.eval(),
+        example,
+        str(out),
+        input_names=names,
+        opset_version=ctx.options.opset,
+        dynamo=False,
+        dynamic_axes={n: {0: "batch"} for n in names},
+    )
 
 
 # --------------------------------------------------------------------------------------------- inputs
 
+
 class _Samples:
     """Sample feeds for parity and calibration plus the reference outputs from the source model."""
 
-    def __init__(self, feeds: list[Feed], reference: list[np.ndarray] | None,
-                 masks: list[np.ndarray | None]) -> None:
+    def __init__(self, feeds: list[Feed], reference: list[np.ndarray] | None, masks: list[np.ndarray | None]) -> None:
         self.feeds, self.reference, self.masks = feeds, reference, masks
 
 
-def _make_samples(ctx: BuildContext, input_names: list[str], model: Any | None, n: int, offset: int = 0,
-                  fixed_length: bool = True) -> _Samples:
+def _make_samples(
+    ctx: BuildContext, input_names: list[str], model: Any | None, n: int, offset: int = 0, fixed_length: bool = True
+) -> _Samples:
     """Sample feeds for ONNX / nn.Module sources (tokenizer beside an .onnx file, else typed noise)."""
     if "input_ids" in input_names and (Path(str(ctx.source)).parent / "tokenizer.json").exists():
         tok = P.load_tokenizer(Path(ctx.source).parent, ctx.options.seq_len, fixed_length)
@@ -150,8 +174,10 @@ def _hf_feeds(ctx: BuildContext, n: int, offset: int, fixed_length: bool) -> lis
         rng = np.random.default_rng(1234 + offset)
         shape = (1, int(cfg.get("num_channels", 3)), size, size)
         return [{"pixel_values": rng.standard_normal(shape).astype(np.float32)} for _ in range(n)]
-    raise ModelError(f"{ctx.facts.name}: task {task!r} ({ctx.facts.architecture}) is not supported by the ONNX path "
-                     "(supported: feature-extraction, text-classification, image-classification)")
+    raise ModelError(
+        f"{ctx.facts.name}: task {task!r} ({ctx.facts.architecture}) is not supported by the ONNX path "
+        "(supported: feature-extraction, text-classification, image-classification)"
+    )
 
 
 def _export_hf_in_child(ctx: BuildContext, work: Path, exported: Path) -> tuple[_Samples, _Samples]:
@@ -163,11 +189,18 @@ def _export_hf_in_child(ctx: BuildContext, work: Path, exported: Path) -> tuple[
     files = [work / "feeds_calib.npz", work / "feeds_parity.npz"]
     for f, feeds in zip(files, (calib, parity)):
         save_feeds(f, feeds)
-    spec = {"source": str(ctx.source), "task": ctx.facts.task, "family": ctx.facts.family, "name": ctx.facts.name,
-            "trust_remote_code": ctx.options.trust_remote_code, "pickle_weights": bool(ctx.facts.extra.get(
-                "pickle_weights")), "opset": ctx.options.opset, "out": str(exported),
-            "feed_files": [str(f) for f in files], "reference_files": [str(work / "refs_calib.npz"),
-                                                                        str(work / "refs_parity.npz")]}
+    spec = {
+        "source": str(ctx.source),
+        "task": ctx.facts.task,
+        "family": ctx.facts.family,
+        "name": ctx.facts.name,
+        "trust_remote_code": ctx.options.trust_remote_code,
+        "pickle_weights": bool(ctx.facts.extra.get("pickle_weights")),
+        "opset": ctx.options.opset,
+        "out": str(exported),
+        "feed_files": [str(f) for f in files],
+        "reference_files": [str(work / "refs_calib.npz"), str(work / "refs_parity.npz")],
+    }
     refs = run_export(spec, work)
     names = {i.name for i in onnx.load(str(exported), load_external_data=False).graph.input}
     out = []
@@ -218,7 +251,7 @@ def _ort_outputs(path: Path, feeds: list[Feed], threads: int = 2, chunk: int = 1
     sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
     outs: list[np.ndarray] = []
     for i in range(0, len(feeds), chunk):
-        part = feeds[i:i + chunk]
+        part = feeds[i : i + chunk]
         batch = stack(part)
         try:
             arr = sess.run(None, batch)[0] if batch is not None else None
@@ -227,15 +260,14 @@ def _ort_outputs(path: Path, feeds: list[Feed], threads: int = 2, chunk: int = 1
         if arr is None:
             outs.extend(sess.run(None, f)[0] for f in part)
         else:
-            outs.extend(arr[j:j + 1] for j in range(arr.shape[0]))
+            outs.extend(arr[j : j + 1] for j in range(arr.shape[0]))
     return outs
 
 
 _PAIRS = 16
 
 
-def _padded_parity(ctx: BuildContext, path: Path, held_out: _Samples,
-                   min_cosine: float | None) -> JSONObject | None:
+def _padded_parity(ctx: BuildContext, path: Path, held_out: _Samples, min_cosine: float | None) -> JSONObject | None:
     """The held-out texts in padded batches: grouped as ``Session.embed`` groups them (gated), and each one
     beside a long text in its own batch (``pairs``: recorded, not gated; embed() never forms such batches).
 
@@ -245,8 +277,12 @@ def _padded_parity(ctx: BuildContext, path: Path, held_out: _Samples,
     ``Session.embed`` then uses. Text encoders with a tokenizer only; None otherwise."""
 
     feeds, ref = held_out.feeds, held_out.reference
-    if not feeds or ref is None or any("input_ids" not in f or "attention_mask" not in f for f in feeds) \
-            or any(np.ndim(r) != 3 for r in ref):
+    if (
+        not feeds
+        or ref is None
+        or any("input_ids" not in f or "attention_mask" not in f for f in feeds)
+        or any(np.ndim(r) != 3 for r in ref)
+    ):
         return None
     tok_dir = Path(ctx.source) if ctx.facts.kind == "hf" else Path(str(ctx.source)).parent
     if not (tok_dir / "tokenizer.json").is_file():
@@ -272,15 +308,20 @@ def _padded_parity(ctx: BuildContext, path: Path, held_out: _Samples,
     # the ungated worst case on the first _PAIRS texts only: each pair runs 2 x embed()'s full length
     pairs = P.batched_parity(ref, held_out.masks, P.padded_batches(feeds[:_PAIRS], extra, pad_id, how="pairs"), run)
     out["long_texts"] = [int(f["attention_mask"].sum()) for f in extra]
-    out["how"] = ("each held-out text's mean-pooled output inside a padded batch vs its batch-1 reference; batches "
-                  "as Session.embed forms them (length-grouped) from the held-out texts plus the long texts")
+    out["how"] = (
+        "each held-out text's mean-pooled output inside a padded batch vs its batch-1 reference; batches "
+        "as Session.embed forms them (length-grouped) from the held-out texts plus the long texts"
+    )
     out["pairs"] = {k: pairs[k] for k in ("samples", "min_cosine", "mean_cosine", "padded_length_max")}
-    out["pairs"]["how"] = "each held-out text beside one long text in one padded batch (not gated: embed() " \
-                          "never batches texts whose lengths differ more than EMBED_MAX_LENGTH_RATIO)"
+    out["pairs"]["how"] = (
+        "each held-out text beside one long text in one padded batch (not gated: embed() "
+        "never batches texts whose lengths differ more than EMBED_MAX_LENGTH_RATIO)"
+    )
     return out
 
 
 # --------------------------------------------------------------------------------------------- stages
+
 
 def _optimize(ctx: BuildContext, src: Path, out: Path) -> JSONObject:
     method = onnx_section(ctx.plan.section).optimize
@@ -291,8 +332,14 @@ def _optimize(ctx: BuildContext, src: Path, out: Path) -> JSONObject:
         from edgesdk.formats.onnx.quant import optimize_transformer
 
         cfg = ctx.facts.config
-        _, report = optimize_transformer(src, out, model_type="bert", num_heads=int(cfg["num_attention_heads"]),
-                                         hidden_size=int(cfg["hidden_size"]), use_gpu_fusions=ctx.profile.is_gpu)
+        _, report = optimize_transformer(
+            src,
+            out,
+            model_type="bert",
+            num_heads=int(cfg["num_attention_heads"]),
+            hidden_size=int(cfg["hidden_size"]),
+            use_gpu_fusions=ctx.profile.is_gpu,
+        )
         return {"tool": "onnxruntime.transformers.optimizer", **report}
     try:
         import contextlib
@@ -333,11 +380,22 @@ def _quantize(ctx: BuildContext, precision: str, src: Path, out: Path, samples: 
 
         assert samples.reference is not None  # set in build_onnx's export stage
         res = quantize_int8_accuracy_aware(
-            src, out, calibration_feeds=samples.feeds, reference_outputs=samples.reference,
-            parity_fn=parity_fn, min_cosine=float(ctx.plan.parity.get("min_cosine") or 0.995),
-            progress=ctx.progress)
-        return {"method": res.method, "excluded_nodes": res.excluded_nodes, "calibration_parity": res.parity,
-                "latency_ms": res.latency_ms, "reason": res.reason, "steps": res.steps}
+            src,
+            out,
+            calibration_feeds=samples.feeds,
+            reference_outputs=samples.reference,
+            parity_fn=parity_fn,
+            min_cosine=float(ctx.plan.parity.get("min_cosine") or 0.995),
+            progress=ctx.progress,
+        )
+        return {
+            "method": res.method,
+            "excluded_nodes": res.excluded_nodes,
+            "calibration_parity": res.parity,
+            "latency_ms": res.latency_ms,
+            "reason": res.reason,
+            "steps": res.steps,
+        }
     raise InputError(f"precision {precision!r} is not supported for ONNX")
 
 
@@ -368,8 +426,14 @@ def build_onnx(ctx: BuildContext) -> None:
             input_names = [i.name for i in onnx.load(str(exported), load_external_data=False).graph.input]
             # Calibration and held-out parity samples, with the source model's outputs as the reference.
             samples = _make_samples(ctx, input_names, model, ctx.options.calibration_samples)
-            held_out = _make_samples(ctx, input_names, model, ctx.options.parity_samples,
-                                     offset=ctx.options.calibration_samples, fixed_length=False)
+            held_out = _make_samples(
+                ctx,
+                input_names,
+                model,
+                ctx.options.parity_samples,
+                offset=ctx.options.calibration_samples,
+                fixed_length=False,
+            )
         if model is None and ctx.facts.kind == "onnx":
             # No PyTorch source: the FP32 ONNX itself is the reference.
             samples.reference = _ort_outputs(exported, samples.feeds)
@@ -398,14 +462,20 @@ def build_onnx(ctx: BuildContext) -> None:
                 padded_miss = P.check_thresholds(padded, {"min_cosine": thresholds.get("min_cosine")})
                 if miss is None and padded_miss is not None:
                     miss = f"{padded_miss} (held-out texts in padded batches, as embed() runs them)"
-        ctx.manifest.parity[precision] = {**metrics, "thresholds": thresholds, "passed": miss is None,
-                                                            "reference": reference_kind}
+        ctx.manifest.parity[precision] = {
+            **metrics,
+            "thresholds": thresholds,
+            "passed": miss is None,
+            "reference": reference_kind,
+        }
         if miss is None:
             break
         nxt = next_precision(precision, ctx.profile.precision_order)
         if ctx.options.on_parity_fail != "fallback" or nxt is None:
-            raise ParityError(f"parity check failed at {precision}: {miss} over {metrics['samples']} samples",
-                              hint="pass --on-parity-fail fallback to try the next precision")
+            raise ParityError(
+                f"parity check failed at {precision}: {miss} over {metrics['samples']} samples",
+                hint="pass --on-parity-fail fallback to try the next precision",
+            )
         ctx.record_precision_fallback(precision, nxt, miss)
         precision = nxt
     if artifact_precision is None:
@@ -467,8 +537,9 @@ def _stamp_license(model_path: Path, fields: JSONObject) -> None:
     existing = {p.key for p in model.metadata_props}
     for key, value in fields.items():
         if key not in existing:
-            model.metadata_props.add(key=key, value=str(value if not isinstance(value, list) else
-                                                         " AND ".join(map(str, value))))
+            model.metadata_props.add(
+                key=key, value=str(value if not isinstance(value, list) else " AND ".join(map(str, value)))
+            )
     save_onnx(model, model_path, external=(model_path.with_name(model_path.name + ".data")).is_file() or None)
 
 
@@ -479,8 +550,11 @@ def _io_spec(path: Path) -> JSONObject:
 
     def spec(v: ValueInfoProto) -> JSONObject:
         t = v.type.tensor_type
-        return {"name": v.name, "dtype": onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name,
-                "shape": [d.dim_value if d.dim_value > 0 else (d.dim_param or None) for d in t.shape.dim]}
+        return {
+            "name": v.name,
+            "dtype": onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name,
+            "shape": [d.dim_value if d.dim_value > 0 else (d.dim_param or None) for d in t.shape.dim],
+        }
 
     return {"inputs": [spec(i) for i in g.input], "outputs": [spec(o) for o in g.output]}
 

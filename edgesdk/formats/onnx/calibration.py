@@ -36,8 +36,9 @@ MIN_SMOOTH_GAIN = 0.85  # a smoothing Mul costs a few microseconds per call; pay
 _SIMULATED_ROWS = 512  # token rows kept per tensor for the error simulation (the scale uses whole tensors)
 
 
-def ort_session(model_or_path: ModelProto | str | os.PathLike[str], threads: int, *, optimize: bool = True,
-                spin: bool = False) -> InferenceSession:
+def ort_session(
+    model_or_path: ModelProto | str | os.PathLike[str], threads: int, *, optimize: bool = True, spin: bool = False
+) -> InferenceSession:
     """A CPU session. ``spin=False`` (calibration work): ORT's worker threads otherwise keep spinning
     after each run and fight numpy, which runs in between, for the same cores."""
     import onnxruntime as ort
@@ -74,8 +75,9 @@ class _Activation:
     token_aligned: bool = False  # one row per attention_mask token: padded rows are zeroed at run time (quant.py)
 
 
-def capture_activations(model: ModelProto, tensor_names: list[str], feeds: Sequence[Feed],
-                        threads: int) -> dict[str, _Activation]:
+def capture_activations(
+    model: ModelProto, tensor_names: list[str], feeds: Sequence[Feed], threads: int
+) -> dict[str, _Activation]:
     import onnx
     from onnx import helper
 
@@ -91,7 +93,8 @@ def capture_activations(model: ModelProto, tensor_names: list[str], feeds: Seque
     rng = np.random.default_rng(0)
     rows_per_feed = max(4, _SIMULATED_ROWS // len(feeds))
     seen: dict[str, tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]] = {
-        name: ([], [], []) for name in tensor_names}
+        name: ([], [], []) for name in tensor_names
+    }
     aligned = dict.fromkeys(tensor_names, True)
     absmax: dict[str, np.ndarray] = {}
     for feed in feeds:
@@ -120,8 +123,9 @@ def capture_activations(model: ModelProto, tensor_names: list[str], feeds: Seque
     acts: dict[str, _Activation] = {}
     for name, (mins, maxs, kept) in seen.items():
         ch_min, ch_max = np.stack(mins), np.stack(maxs)
-        acts[name] = _Activation(absmax[name], ch_min, ch_max,
-                                 np.concatenate(kept).astype(np.float32), rows_per_feed, aligned[name])
+        acts[name] = _Activation(
+            absmax[name], ch_min, ch_max, np.concatenate(kept).astype(np.float32), rows_per_feed, aligned[name]
+        )
     return acts
 
 
@@ -145,8 +149,9 @@ def _quantize_weight_s8(weight: np.ndarray) -> np.ndarray:
     return out
 
 
-def _simulated_error(act: _Activation, weights: list[np.ndarray], references: list[np.ndarray],
-                     smooth: np.ndarray | None) -> list[float]:
+def _simulated_error(
+    act: _Activation, weights: list[np.ndarray], references: list[np.ndarray], smooth: np.ndarray | None
+) -> list[float]:
     """Relative output error ||XqWq - XW|| / ||XW|| of each consumer weight, over the kept rows.
 
     ``references[i]`` is ``act.rows @ weights[i]`` (computed once by the caller).
@@ -184,8 +189,9 @@ class SmoothingPlan:
     node_macs: dict[str, int]  # node name -> K*N, the work INT8 saves per token
 
 
-def plan_smoothing(model: ModelProto, nodes: Sequence[NodeProto], acts: dict[str, _Activation],
-                   alpha: float) -> SmoothingPlan:
+def plan_smoothing(
+    model: ModelProto, nodes: Sequence[NodeProto], acts: dict[str, _Activation], alpha: float
+) -> SmoothingPlan:
     """Smooth a node input tensor where that cuts its consumers' simulated error by >= 1 - MIN_SMOOTH_GAIN."""
     from onnx import numpy_helper
 
@@ -262,9 +268,17 @@ def parity_on(parity_fn: ParityFn, references: list[np.ndarray], candidates: dic
     return float(parity_fn(references, full)["min_cosine"])
 
 
-def output_sensitivity(smoothed: ModelProto, nodes: Sequence[NodeProto], plan: SmoothingPlan,
-                       all_feeds: Sequence[Feed], picked: list[int], references: list[np.ndarray],
-                       parity_fn: ParityFn, threads: int, masked: frozenset[str] = frozenset()) -> dict[str, float]:
+def output_sensitivity(
+    smoothed: ModelProto,
+    nodes: Sequence[NodeProto],
+    plan: SmoothingPlan,
+    all_feeds: Sequence[Feed],
+    picked: list[int],
+    references: list[np.ndarray],
+    parity_fn: ParityFn,
+    threads: int,
+    masked: frozenset[str] = frozenset(),
+) -> dict[str, float]:
     """Per node: 1 - min cosine of the FP32 model when only that node carries its simulated INT8 error.
 
     One session serves every node: each MatMul output gets an ``Add`` of an extra graph input, fed
@@ -283,8 +297,10 @@ def output_sensitivity(smoothed: ModelProto, nodes: Sequence[NodeProto], plan: S
     probed = [x for x in x_names if x not in graph_inputs]
     probe.graph.output.extend(helper.make_tensor_value_info(x, onnx.TensorProto.FLOAT, None) for x in probed)
     probe_session = ort_session(probe, threads, optimize=False)
-    inputs = [{**f, **dict(zip(probed, probe_session.run(probed, feed_for(probe_session, f)) if probed else []))}
-              for f in feeds]
+    inputs = [
+        {**f, **dict(zip(probed, probe_session.run(probed, feed_for(probe_session, f)) if probed else []))}
+        for f in feeds
+    ]
 
     inject = onnx.ModelProto()
     inject.CopyFrom(smoothed)

@@ -49,8 +49,9 @@ def run_export(spec: JSONObject, work: Path) -> list[list[np.ndarray]]:
     spec_path = work / "export_spec.json"
     spec_path.write_text(json.dumps(spec))
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run([sys.executable, "-m", "edgesdk.formats.onnx.export", str(spec_path)],
-                          capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "edgesdk.formats.onnx.export", str(spec_path)], capture_output=True, text=True, env=env
+    )
     err_path = work / "export_error.json"
     if err_path.is_file():
         err = json.loads(err_path.read_text())
@@ -66,6 +67,7 @@ def run_export(spec: JSONObject, work: Path) -> list[list[np.ndarray]]:
 
 # ------------------------------------------------------------------------------------------- the child
 
+
 def _load(spec: JSONObject) -> PreTrainedModel:
     from edgesdk.extras import EXPORT_MODULES, require
 
@@ -73,15 +75,18 @@ def _load(spec: JSONObject) -> PreTrainedModel:
     import torch
     from transformers import AutoModel, AutoModelForImageClassification, AutoModelForSequenceClassification
 
-    cls = {"image-classification": AutoModelForImageClassification,
-           "text-classification": AutoModelForSequenceClassification}.get(spec["task"], AutoModel)
+    cls = {
+        "image-classification": AutoModelForImageClassification,
+        "text-classification": AutoModelForSequenceClassification,
+    }.get(spec["task"], AutoModel)
     try:
         model: PreTrainedModel = cls.from_pretrained(
-            spec["source"], trust_remote_code=spec["trust_remote_code"],
-            use_safetensors=not spec["pickle_weights"])
+            spec["source"], trust_remote_code=spec["trust_remote_code"], use_safetensors=not spec["pickle_weights"]
+        )
     except Exception as exc:  # transformers raises OSError/ValueError/KeyError for broken dirs
-        raise E.ModelError(f"{spec['source']}: cannot load the model ({type(exc).__name__}: "
-                           f"{str(exc).splitlines()[0][:200]})") from exc
+        raise E.ModelError(
+            f"{spec['source']}: cannot load the model ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
+        ) from exc
     torch.set_grad_enabled(False)
     model.eval()  # in place
     return model
@@ -93,16 +98,16 @@ def _export(spec: JSONObject, model: PreTrainedModel) -> None:
 
     task = spec["task"] if spec["task"] in ("image-classification", "text-classification") else "feature-extraction"
     try:
-        ctor = TasksManager.get_exporter_config_constructor("onnx", model=model, task=task,
-                                                            library_name="transformers")
+        ctor = TasksManager.get_exporter_config_constructor("onnx", model=model, task=task, library_name="transformers")
     except Exception as exc:  # optimum raises ValueError/KeyError for unsupported architectures
-        raise E.ModelError(f"{spec['name']}: architecture {spec['family']!r} is not supported by the ONNX exporter "
-                           f"({str(exc).splitlines()[0][:160]})") from exc
+        raise E.ModelError(
+            f"{spec['name']}: architecture {spec['family']!r} is not supported by the ONNX exporter "
+            f"({str(exc).splitlines()[0][:160]})"
+        ) from exc
     export(model, ctor(model.config), Path(spec["out"]), opset=spec["opset"])
 
 
-def torch_reference(model: torch.nn.Module, feeds: list[dict[str, np.ndarray]],
-                    chunk: int = 16) -> list[np.ndarray]:
+def torch_reference(model: torch.nn.Module, feeds: list[dict[str, np.ndarray]], chunk: int = 16) -> list[np.ndarray]:
     """Source-model first output per sample, computed in batches of equally shaped feeds."""
     import torch
 
@@ -110,13 +115,13 @@ def torch_reference(model: torch.nn.Module, feeds: list[dict[str, np.ndarray]],
     positional = not hasattr(model, "config")
     with torch.inference_mode():
         for i in range(0, len(feeds), chunk):
-            part = feeds[i:i + chunk]
+            part = feeds[i : i + chunk]
             batch = stack(part)
-            for group in ([batch] if batch is not None else part):
+            for group in [batch] if batch is not None else part:
                 kwargs = {k: torch.from_numpy(v) for k, v in group.items()}
                 res = first_output(model(*kwargs.values()) if positional else model(**kwargs))
                 arr = res.float().numpy()
-                outs.extend(arr[j:j + 1] for j in range(arr.shape[0]))
+                outs.extend(arr[j : j + 1] for j in range(arr.shape[0]))
     return outs
 
 

@@ -31,8 +31,11 @@ def onnx_graph_facts(model: Any, path: Path) -> dict[str, Any]:
         if vi.name in initializers:
             continue
         t = vi.type.tensor_type
-        dims[vi.name] = ([d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
-                         if t.HasField("shape") else None)
+        dims[vi.name] = (
+            [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
+            if t.HasField("shape")
+            else None
+        )
     channels: dict[str, int] = {}
     for name in dims:
         for node in model.graph.node:

@@ -71,8 +71,9 @@ def mean_pool(hidden: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
     return pooled
 
 
-def compare(reference: list[np.ndarray], candidate: list[np.ndarray],
-            masks: Sequence[np.ndarray | None] | None = None) -> dict[str, Any]:
+def compare(
+    reference: list[np.ndarray], candidate: list[np.ndarray], masks: Sequence[np.ndarray | None] | None = None
+) -> dict[str, Any]:
     """Parity of candidate vs reference outputs (one array per sample): max-abs and min/mean cosine.
 
     Non-finite candidate values (a NaN-producing model) are counted and reported, never warned about:
@@ -127,6 +128,7 @@ def check_thresholds(metrics: Mapping[str, Any], thresholds: Mapping[str, Any]) 
 
 # ------------------------------------------------------------------ padded, batched inputs (as embed() runs them)
 
+
 def embed_max_length(model_dir: Path) -> int:
     """The truncation length :meth:`edgesdk.runtime.session.Session.embed` uses for this model's texts:
     tokenizer_config's ``model_max_length`` (512 if absent), capped by sentence_bert_config's
@@ -147,8 +149,9 @@ def embed_max_length(model_dir: Path) -> int:
     return limit
 
 
-def long_feeds(model_dir: Path, max_len: int, input_names: Sequence[str], n: int = 4,
-               offset: int = 200) -> list[dict[str, np.ndarray]]:
+def long_feeds(
+    model_dir: Path, max_len: int, input_names: Sequence[str], n: int = 4, offset: int = 200
+) -> list[dict[str, np.ndarray]]:
     """``n`` batch-1 feeds of long texts (sample sentences run together): half of them ``max_len`` tokens,
     half about 0.8x that, the lengths that widened a short neighbour's INT8 scale the most."""
     tok = load_tokenizer(Path(model_dir), max_len, fixed_length=False)
@@ -173,9 +176,14 @@ def _right_pad(feeds: Sequence[Mapping[str, np.ndarray]], pad_id: int) -> dict[s
     return batch
 
 
-def padded_batches(feeds: Sequence[Mapping[str, np.ndarray]], extra: Sequence[Mapping[str, np.ndarray]],
-                   pad_id: int, *, how: str,
-                   max_batch: int | None = None) -> list[tuple[dict[str, np.ndarray], list[int]]]:
+def padded_batches(
+    feeds: Sequence[Mapping[str, np.ndarray]],
+    extra: Sequence[Mapping[str, np.ndarray]],
+    pad_id: int,
+    *,
+    how: str,
+    max_batch: int | None = None,
+) -> list[tuple[dict[str, np.ndarray], list[int]]]:
     """Padded batches of the batch-1 text ``feeds`` (plus ``extra`` long texts as neighbours).
 
     ``how="embed"``: grouped exactly as ``Session.embed`` groups texts (:func:`plan_embed_batches`).
@@ -196,8 +204,12 @@ def padded_batches(feeds: Sequence[Mapping[str, np.ndarray]], extra: Sequence[Ma
     return [(_right_pad([pool[i] for i in g], pad_id), [owner[i] for i in g]) for g in groups]
 
 
-def batched_parity(reference: Sequence[np.ndarray], masks: Sequence[np.ndarray | None],
-                   batches: Sequence[tuple[Mapping[str, np.ndarray], list[int]]], run: Any) -> dict[str, Any]:
+def batched_parity(
+    reference: Sequence[np.ndarray],
+    masks: Sequence[np.ndarray | None],
+    batches: Sequence[tuple[Mapping[str, np.ndarray], list[int]]],
+    run: Any,
+) -> dict[str, Any]:
     """Cosine of each text's mean-pooled output inside its padded batch vs its batch-1 reference.
 
     ``run(feed) -> first output [batch, seq, dim]``; ``reference[i]``/``masks[i]`` are feed i's reference
@@ -231,9 +243,15 @@ def batched_parity(reference: Sequence[np.ndarray], masks: Sequence[np.ndarray |
     }
 
 
-def embed_batch_parity(reference: Sequence[np.ndarray], masks: Sequence[np.ndarray | None],
-                       feeds: Sequence[Mapping[str, np.ndarray]], extra: Sequence[Mapping[str, np.ndarray]],
-                       pad_id: int, run: Any, min_cosine: float | None) -> dict[str, Any]:
+def embed_batch_parity(
+    reference: Sequence[np.ndarray],
+    masks: Sequence[np.ndarray | None],
+    feeds: Sequence[Mapping[str, np.ndarray]],
+    extra: Sequence[Mapping[str, np.ndarray]],
+    pad_id: int,
+    run: Any,
+    min_cosine: float | None,
+) -> dict[str, Any]:
     """:func:`batched_parity` of ``feeds`` (+ ``extra``) batched as ``Session.embed`` batches them, with at
     most 32, 16, ... 1 texts per batch: the first size whose min cosine reaches ``min_cosine`` is kept
     (``embed_max_batch``; 1 means each text alone), with every size tried in ``min_cosine_by_max_batch``."""

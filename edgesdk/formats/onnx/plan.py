@@ -25,8 +25,15 @@ from edgesdk.types import (
 if TYPE_CHECKING:
     from edgesdk.profiles import Profile
 
-FUSION_MODEL_TYPE = {"bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "distilbert": "bert",
-                     "mpnet": "bert", "electra": "bert", "albert": "bert"}
+FUSION_MODEL_TYPE = {
+    "bert": "bert",
+    "roberta": "bert",
+    "xlm-roberta": "bert",
+    "distilbert": "bert",
+    "mpnet": "bert",
+    "electra": "bert",
+    "albert": "bert",
+}
 
 
 @dataclass
@@ -38,16 +45,22 @@ class ShapeBuckets(JSONable):
     capture: str  # "at load" | "on request"
 
     def to_json(self) -> JSONValue:
-        return {"batch": list(self.batch), "seq": list(self.seq) if self.seq is not None else None,
-                "capture": self.capture}
+        return {
+            "batch": list(self.batch),
+            "seq": list(self.seq) if self.seq is not None else None,
+            "capture": self.capture,
+        }
 
     @classmethod
     def from_json(cls, value: JSONValue) -> ShapeBuckets:
         assert isinstance(value, dict)
         batch, seq = value["batch"], value.get("seq")
         assert isinstance(batch, list) and (seq is None or isinstance(seq, list))
-        return cls([int(str(b)) for b in batch], [int(str(s)) for s in seq] if seq is not None else None,
-                   str(value.get("capture")))
+        return cls(
+            [int(str(b)) for b in batch],
+            [int(str(s)) for s in seq] if seq is not None else None,
+            str(value.get("capture")),
+        )
 
 
 @dataclass
@@ -65,9 +78,16 @@ class OnnxPlan(PlanSection):
     eager_fallback: str | None = None  # "safetensors+config": the bundle carries weights for eager CUDA
 
     FIELDS: ClassVar[dict[str, str]] = {
-        "export": "export", "optimize": "optimize", "onnx_precision": "onnx_precision", "quantize": "quantize",
-        "memory": "memory_gb", "ep_chain": "ep_chain", "shape_buckets": "shape_buckets", "parity": "parity",
-        "eager_fallback": "eager_fallback"}
+        "export": "export",
+        "optimize": "optimize",
+        "onnx_precision": "onnx_precision",
+        "quantize": "quantize",
+        "memory": "memory_gb",
+        "ep_chain": "ep_chain",
+        "shape_buckets": "shape_buckets",
+        "parity": "parity",
+        "eager_fallback": "eager_fallback",
+    }
     PARSE: ClassVar[dict[str, object]] = {"optimize": OptimizeMethod, "shape_buckets": ShapeBuckets.from_json}
 
 
@@ -78,15 +98,22 @@ def onnx_section(section: PlanSection) -> OnnxPlan:
 
 
 def ep_chain_decision(profile: Profile) -> Decision:
-    return Decision("ep_chain", execution_provider_chain(profile), "profile's execution providers, best first; the "
-                    "runtime takes only those present and records each fallback; CPU is always last")
+    return Decision(
+        "ep_chain",
+        execution_provider_chain(profile),
+        "profile's execution providers, best first; the "
+        "runtime takes only those present and records each fallback; CPU is always last",
+    )
 
 
 def parity_decision(profile: Profile, options: BuildOptions, precision: str) -> Decision:
-    return Decision("parity", parity_thresholds(profile, precision), f"{precision} thresholds vs the PyTorch/source "
-                    f"outputs on {options.parity_samples} sample inputs; a miss "
-                    + ("falls back to the next precision" if options.on_parity_fail == "fallback"
-                       else "fails the build"))
+    return Decision(
+        "parity",
+        parity_thresholds(profile, precision),
+        f"{precision} thresholds vs the PyTorch/source "
+        f"outputs on {options.parity_samples} sample inputs; a miss "
+        + ("falls back to the next precision" if options.on_parity_fail == "fallback" else "fails the build"),
+    )
 
 
 # Weight bytes at a precision relative to an FP32 source (INT8: weights only; scales are ~1 %).
@@ -106,21 +133,29 @@ def memory_decision(facts: ModelFacts, profile: Profile, precision: str) -> Deci
     size = facts.weight_bytes or 0
     factor = PRECISION_BYTES.get(precision, 1.0) if facts.kind in ("hf", "torch") else 1.0
     need = size * factor
-    arith = (f"{_size(size)} source weights x {factor} ({precision})" if factor != 1.0
-             else f"{_size(size)} weights")
+    arith = f"{_size(size)} source weights x {factor} ({precision})" if factor != 1.0 else f"{_size(size)} weights"
     if budget_gb is None:
         return Decision("memory", None, f"profile {profile.name} has no memory figure; {arith} not checked")
     if need > budget_gb * 1e9:
-        raise ResourceError(f"{facts.name} does not fit profile {profile.name}: {arith} = {_size(need)} > "
-                            f"budget {budget_gb} GB", hint="pick a larger device profile or a smaller model")
-    return Decision("memory", round(need / 1e9, 3), f"{arith} = {_size(need)} <= budget {budget_gb} GB "
-                    f"(profile {profile.name}); activations come on top")
+        raise ResourceError(
+            f"{facts.name} does not fit profile {profile.name}: {arith} = {_size(need)} > budget {budget_gb} GB",
+            hint="pick a larger device profile or a smaller model",
+        )
+    return Decision(
+        "memory",
+        round(need / 1e9, 3),
+        f"{arith} = {_size(need)} <= budget {budget_gb} GB (profile {profile.name}); activations come on top",
+    )
 
 
 def plan_onnx(facts: ModelFacts, profile: Profile, options: BuildOptions, precision: str) -> OnnxPlan:
-    out = [*export_decisions(facts, profile, options, precision), memory_decision(facts, profile, precision),
-           ep_chain_decision(profile), shape_buckets_decision(facts, profile, options),
-           parity_decision(profile, options, precision)]
+    out = [
+        *export_decisions(facts, profile, options, precision),
+        memory_decision(facts, profile, precision),
+        ep_chain_decision(profile),
+        shape_buckets_decision(facts, profile, options),
+        parity_decision(profile, options, precision),
+    ]
     eager = eager_fallback_decision(facts, profile, precision)
     return OnnxPlan.from_decisions(out + ([eager] if eager is not None else []))
 
@@ -128,8 +163,14 @@ def plan_onnx(facts: ModelFacts, profile: Profile, options: BuildOptions, precis
 # Shape buckets for CUDA-graph capture (the runtime's defaults before the planner recorded them).
 SEQ_BUCKETS = (32, 128, 256, 512)
 BATCH_BUCKETS = (1, 8)
-TEXT_TASKS = ("feature-extraction", "text-classification", "token-classification", "fill-mask",
-              "question-answering", "sentence-similarity")
+TEXT_TASKS = (
+    "feature-extraction",
+    "text-classification",
+    "token-classification",
+    "fill-mask",
+    "question-answering",
+    "sentence-similarity",
+)
 
 
 def shape_buckets_decision(facts: ModelFacts, profile: Profile, options: BuildOptions) -> Decision:
@@ -143,12 +184,17 @@ def shape_buckets_decision(facts: ModelFacts, profile: Profile, options: BuildOp
     without a token axis. Batch buckets: 1 and 8, capped by ``--max-batch`` (which is added)."""
     chain = execution_provider_chain(profile)
     if "CUDAExecutionProvider" not in chain:
-        return Decision("shape_buckets", None, f"profile {profile.name}'s EP chain ({' -> '.join(chain)}) has no "
-                        "CUDA EP: requests run at their own shapes (CUDA graphs, which need static shapes, do not "
-                        "apply)")
+        return Decision(
+            "shape_buckets",
+            None,
+            f"profile {profile.name}'s EP chain ({' -> '.join(chain)}) has no "
+            "CUDA EP: requests run at their own shapes (CUDA graphs, which need static shapes, do not "
+            "apply)",
+        )
     max_batch = options.option("max_batch")
-    batches = sorted({b for b in BATCH_BUCKETS if max_batch is None or b <= max_batch}
-                     | ({int(max_batch)} if max_batch else set()))
+    batches = sorted(
+        {b for b in BATCH_BUCKETS if max_batch is None or b <= max_batch} | ({int(max_batch)} if max_batch else set())
+    )
     positions = facts.config.get("max_position_embeddings")
     text = isinstance(positions, int) or facts.task in TEXT_TASKS
     seqs: list[int] | None = None
@@ -162,28 +208,40 @@ def shape_buckets_decision(facts: ModelFacts, profile: Profile, options: BuildOp
         if cap is None or options.seq_len <= cap:
             ladder.add(options.seq_len)
         seqs = sorted(ladder)
-        bound = (f"capped at {cap} ({'--max-seq-len' if user_cap else 'the model max positions'})" if cap and
-                 (user_cap or cap <= max(SEQ_BUCKETS)) else
-                 f"none above {max(SEQ_BUCKETS)} although the model takes {cap} positions (a longer request runs "
-                 "the plain session; --max-seq-len adds a bucket)" if cap else "(the model states no max positions)")
-        seq_why = (f"sequence {'/'.join(map(str, seqs))}: the ladder {'/'.join(map(str, SEQ_BUCKETS))} {bound}, "
-                   f"with the planned --seq-len {options.seq_len}")
+        bound = (
+            f"capped at {cap} ({'--max-seq-len' if user_cap else 'the model max positions'})"
+            if cap and (user_cap or cap <= max(SEQ_BUCKETS))
+            else f"none above {max(SEQ_BUCKETS)} although the model takes {cap} positions (a longer request runs "
+            "the plain session; --max-seq-len adds a bucket)"
+            if cap
+            else "(the model states no max positions)"
+        )
+        seq_why = (
+            f"sequence {'/'.join(map(str, seqs))}: the ladder {'/'.join(map(str, SEQ_BUCKETS))} {bound}, "
+            f"with the planned --seq-len {options.seq_len}"
+        )
     graphs = len(batches) * (len(seqs) if seqs else 1)
     cuda_graphs = profile.kernel("cuda_graphs")
     recommended = bool(cuda_graphs.recommended)
     capture = "at load" if recommended else "on request"
-    when = ("the profile recommends CUDA graphs, so the runtime enables them at load" if recommended else
-            f"profile {profile.name} does not recommend CUDA graphs "
-            f"({cuda_graphs.source if cuda_graphs.source is not None else 'no reason given'}); "
-            "the runtime uses these buckets when they are asked for (cuda_graphs=True)")
-    return Decision("shape_buckets", {"batch": batches, "seq": seqs, "capture": capture},
-                    f"CUDA graphs need static shapes: up to {graphs} graphs, each captured on its bucket's first "
-                    f"request; a request is padded to the smallest bucket holding it and masked (attention_mask), "
-                    f"a larger one runs the plain session. Batch {'/'.join(map(str, batches))} "
-                    f"({'--max-batch' if max_batch else 'batch 1 latency and a small batch'}); {seq_why}. "
-                    f"{when[0].upper() + when[1:]}. Measured on an H200 (MiniLM FP16, batch 1, seq 128): "
-                    "plain run 0.54 ms, captured "
-                    "graph 0.22 ms; padded seq 100 -> 128: 0.34 ms")
+    when = (
+        "the profile recommends CUDA graphs, so the runtime enables them at load"
+        if recommended
+        else f"profile {profile.name} does not recommend CUDA graphs "
+        f"({cuda_graphs.source if cuda_graphs.source is not None else 'no reason given'}); "
+        "the runtime uses these buckets when they are asked for (cuda_graphs=True)"
+    )
+    return Decision(
+        "shape_buckets",
+        {"batch": batches, "seq": seqs, "capture": capture},
+        f"CUDA graphs need static shapes: up to {graphs} graphs, each captured on its bucket's first "
+        f"request; a request is padded to the smallest bucket holding it and masked (attention_mask), "
+        f"a larger one runs the plain session. Batch {'/'.join(map(str, batches))} "
+        f"({'--max-batch' if max_batch else 'batch 1 latency and a small batch'}); {seq_why}. "
+        f"{when[0].upper() + when[1:]}. Measured on an H200 (MiniLM FP16, batch 1, seq 128): "
+        "plain run 0.54 ms, captured "
+        "graph 0.22 ms; padded seq 100 -> 128: 0.34 ms",
+    )
 
 
 def eager_fallback_decision(facts: ModelFacts, profile: Profile, precision: str) -> Decision | None:
@@ -194,69 +252,135 @@ def eager_fallback_decision(facts: ModelFacts, profile: Profile, precision: str)
     if not profile.is_gpu:
         return None
     if facts.kind != "hf":
-        return Decision("eager_fallback", None, f"GPU profile, but the source is {facts.kind!r}: no Hugging Face "
-                        "safetensors + config to rebuild the module from, so a device without a GPU execution "
-                        "provider runs this bundle on the CPU EP")
+        return Decision(
+            "eager_fallback",
+            None,
+            f"GPU profile, but the source is {facts.kind!r}: no Hugging Face "
+            "safetensors + config to rebuild the module from, so a device without a GPU execution "
+            "provider runs this bundle on the CPU EP",
+        )
     size = (facts.weight_bytes or 0) * PRECISION_BYTES.get(precision, 1.0)
-    return Decision("eager_fallback", "safetensors+config", f"GPU profile: the bundle also carries the weights "
-                    f"({precision} safetensors, ~{_size(size)}) and config.json, so where no GPU execution provider "
-                    "initialises but PyTorch sees a CUDA device (e.g. a GPU server with the CPU-only onnxruntime) the "
-                    "runtime measures CPU EP vs eager CUDA at load (a few warm runs, batch 1) and runs the faster, "
-                    "with both figures in the fallback record. Safetensors + config rather than a torch.export "
-                    "program: the same weight bytes, but loadable by any torch/transformers version, dynamic "
-                    "batch/sequence, no pickle; a .pt2 adds a graph traced at one shape for one torch release")
+    return Decision(
+        "eager_fallback",
+        "safetensors+config",
+        f"GPU profile: the bundle also carries the weights "
+        f"({precision} safetensors, ~{_size(size)}) and config.json, so where no GPU execution provider "
+        "initialises but PyTorch sees a CUDA device (e.g. a GPU server with the CPU-only onnxruntime) the "
+        "runtime measures CPU EP vs eager CUDA at load (a few warm runs, batch 1) and runs the faster, "
+        "with both figures in the fallback record. Safetensors + config rather than a torch.export "
+        "program: the same weight bytes, but loadable by any torch/transformers version, dynamic "
+        "batch/sequence, no pickle; a .pt2 adds a graph traced at one shape for one torch release",
+    )
 
 
-def export_decisions(facts: ModelFacts, profile: Profile, options: BuildOptions, precision: str,
-                     fmt: str = "onnx") -> list[Decision]:
+def export_decisions(
+    facts: ModelFacts, profile: Profile, options: BuildOptions, precision: str, fmt: str = "onnx"
+) -> list[Decision]:
     """Export, optimize and precision decisions of the ONNX artifact (``fmt="tensorrt"``: the engine's input)."""
     out: list[Decision] = []
     if facts.kind == "hf":
-        out.append(Decision("export", f"optimum ONNX exporter, opset {options.opset}, dynamic batch/sequence axes",
-                            "optimum-onnx knows each Hugging Face architecture's inputs/outputs and dynamic axes"))
+        out.append(
+            Decision(
+                "export",
+                f"optimum ONNX exporter, opset {options.opset}, dynamic batch/sequence axes",
+                "optimum-onnx knows each Hugging Face architecture's inputs/outputs and dynamic axes",
+            )
+        )
     elif facts.kind == "torch":
         out.append(Decision("export", f"torch.onnx.export, opset {options.opset}", "plain nn.Module source"))
     else:
         out.append(Decision("export", "none (ONNX taken as is)", "the source is already ONNX"))
     if fmt == "tensorrt":
-        out.append(Decision("optimize", OptimizeMethod.ONNXSLIM, "TensorRT parses standard ONNX only: onnxruntime's "
-                            "fused com.microsoft ops (Attention, SkipLayerNormalization) would split the engine"))
-        out.append(Decision("onnx_precision", "fp32", f"TensorRT applies {precision} itself when it builds the "
-                            "engine; FP16-converted or dynamic-INT8 ONNX ops would fall off TensorRT"))
+        out.append(
+            Decision(
+                "optimize",
+                OptimizeMethod.ONNXSLIM,
+                "TensorRT parses standard ONNX only: onnxruntime's "
+                "fused com.microsoft ops (Attention, SkipLayerNormalization) would split the engine",
+            )
+        )
+        out.append(
+            Decision(
+                "onnx_precision",
+                "fp32",
+                f"TensorRT applies {precision} itself when it builds the "
+                "engine; FP16-converted or dynamic-INT8 ONNX ops would fall off TensorRT",
+            )
+        )
         return out
     fusion = FUSION_MODEL_TYPE.get(facts.family or "")
     chain = execution_provider_chain(profile)
     if profile.kind == "jetson" and chain[:1] == ["TensorrtExecutionProvider"]:
-        out.append(Decision("optimize", OptimizeMethod.ONNXSLIM, "TensorRT ships with JetPack and heads this "
-                            "profile's EP chain: standard ONNX ops only (onnxslim: constant folding, no onnxruntime "
-                            "contrib fusions such as Attention/SkipLayerNormalization/BiasGelu), so TensorRT takes "
-                            "the graph whole (MiniLM: 1 TensorRT partition, 0 crossings; fused: 41 partitions, 57 "
-                            "crossings)"))
+        out.append(
+            Decision(
+                "optimize",
+                OptimizeMethod.ONNXSLIM,
+                "TensorRT ships with JetPack and heads this "
+                "profile's EP chain: standard ONNX ops only (onnxslim: constant folding, no onnxruntime "
+                "contrib fusions such as Attention/SkipLayerNormalization/BiasGelu), so TensorRT takes "
+                "the graph whole (MiniLM: 1 TensorRT partition, 0 crossings; fused: 41 partitions, 57 "
+                "crossings)",
+            )
+        )
     elif precision == "int8" and not profile.is_gpu:
-        out.append(Decision("optimize", OptimizeMethod.NONE, "plain export; ONNX Runtime's session optimizer runs "
-                            "at load: measured on CPU, INT8 on the fused graph ran at 0.56-0.68x FP32 "
-                            "against 0.52-0.58x on "
-                            "the plain export in the same runs, and fusion gave FP32 no gain (docs/int8.md)"))
+        out.append(
+            Decision(
+                "optimize",
+                OptimizeMethod.NONE,
+                "plain export; ONNX Runtime's session optimizer runs "
+                "at load: measured on CPU, INT8 on the fused graph ran at 0.56-0.68x FP32 "
+                "against 0.52-0.58x on "
+                "the plain export in the same runs, and fusion gave FP32 no gain (docs/int8.md)",
+            )
+        )
     elif fusion and facts.kind == "hf":
         heads = facts.config.get("num_attention_heads")
         hidden = facts.config.get("hidden_size")
-        gpu = (" Where the CUDA EP runs it (no TensorRT on the host), measured on an H200 (MiniLM FP16, batch 1, "
-               "seq 128): fused 0.45 ms vs 1.06 ms for the standard-op graph, and only the fused graph captures as a "
-               "CUDA graph (0.22 ms; the standard-op graph leaves 63 shape nodes on the CPU EP); for TensorRT "
-               "pass --format tensorrt") if profile.is_gpu else ""
-        out.append(Decision("optimize", OptimizeMethod.ORT_TRANSFORMER, f"onnxruntime transformer optimizer "
-                            f"(model_type={fusion}, heads={heads}, hidden={hidden}) fuses attention, "
-                            "LayerNorm+residual "
-                            "and GELU into single kernels that both CPU and CUDA EPs implement." + gpu))
+        gpu = (
+            (
+                " Where the CUDA EP runs it (no TensorRT on the host), measured on an H200 (MiniLM FP16, batch 1, "
+                "seq 128): fused 0.45 ms vs 1.06 ms for the standard-op graph, and only the fused graph captures as a "
+                "CUDA graph (0.22 ms; the standard-op graph leaves 63 shape nodes on the CPU EP); for TensorRT "
+                "pass --format tensorrt"
+            )
+            if profile.is_gpu
+            else ""
+        )
+        out.append(
+            Decision(
+                "optimize",
+                OptimizeMethod.ORT_TRANSFORMER,
+                f"onnxruntime transformer optimizer "
+                f"(model_type={fusion}, heads={heads}, hidden={hidden}) fuses attention, "
+                "LayerNorm+residual "
+                "and GELU into single kernels that both CPU and CUDA EPs implement." + gpu,
+            )
+        )
     else:
-        out.append(Decision("optimize", OptimizeMethod.ONNXSLIM, "generic graph cleanup (constant folding, "
-                            "dead nodes); no transformer fusion pattern applies to this model"))
+        out.append(
+            Decision(
+                "optimize",
+                OptimizeMethod.ONNXSLIM,
+                "generic graph cleanup (constant folding, "
+                "dead nodes); no transformer fusion pattern applies to this model",
+            )
+        )
     if precision == "int8":
-        out.append(Decision("quantize", "accuracy-aware dynamic INT8 (per-channel weights), excluding the most "
-                            "sensitive nodes until parity holds",
-                            f"INT8 must keep min cosine >= {parity_thresholds(profile, 'int8')['min_cosine']} "
-                            "vs the source"))
+        out.append(
+            Decision(
+                "quantize",
+                "accuracy-aware dynamic INT8 (per-channel weights), excluding the most "
+                "sensitive nodes until parity holds",
+                f"INT8 must keep min cosine >= {parity_thresholds(profile, 'int8')['min_cosine']} vs the source",
+            )
+        )
     elif precision == "fp16":
-        out.append(Decision("quantize", "FP16 weights and activations, keeping I/O FP32 and LayerNorm/Softmax "
-                            "inputs in FP32 where FP16 overflows", "GPU profile; halves weight bytes"))
+        out.append(
+            Decision(
+                "quantize",
+                "FP16 weights and activations, keeping I/O FP32 and LayerNorm/Softmax "
+                "inputs in FP32 where FP16 overflows",
+                "GPU profile; halves weight bytes",
+            )
+        )
     return out

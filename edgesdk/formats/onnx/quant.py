@@ -105,16 +105,25 @@ def optimize_transformer(
     try:
         options = FusionOptions(model_type)
         model = optimize_model(
-            str(fp32_onnx), model_type=model_type, num_heads=num_heads, hidden_size=hidden_size,
-            optimization_options=options, opt_level=0, use_gpu=use_gpu_fusions,
+            str(fp32_onnx),
+            model_type=model_type,
+            num_heads=num_heads,
+            hidden_size=hidden_size,
+            optimization_options=options,
+            opt_level=0,
+            use_gpu=use_gpu_fusions,
         )
     except KeyError as exc:
         raise InputError(f"unsupported transformer model_type {model_type!r} for graph fusion") from exc
     except Exception as exc:  # the optimizer raises bare exceptions on graphs it cannot parse
         raise ModelError(f"graph fusion failed on {fp32_onnx}: {type(exc).__name__}: {exc}") from exc
     fused = {op: n for op, n in model.get_fused_operator_statistics().items() if n}
-    report: dict[str, Any] = {"fused": fused, "model_type": model_type, "num_heads": num_heads,
-                              "hidden_size": hidden_size}
+    report: dict[str, Any] = {
+        "fused": fused,
+        "model_type": model_type,
+        "num_heads": num_heads,
+        "hidden_size": hidden_size,
+    }
     out_path.parent.mkdir(parents=True, exist_ok=True)
     if not fused:
         shutil.copyfile(fp32_onnx, out_path)
@@ -148,7 +157,8 @@ def _weight_nodes(model: ModelProto) -> list[NodeProto]:
     """Nodes ORT's dynamic INT8 can quantize: MatMul / fused Attention with a 2-D constant weight."""
     shapes = {init.name: tuple(init.dims) for init in model.graph.initializer}
     return [
-        node for node in model.graph.node
+        node
+        for node in model.graph.node
         if node.op_type in QUANTIZABLE_OPS and len(node.input) > 1 and len(shapes.get(node.input[1], ())) == 2
     ]
 
@@ -156,8 +166,13 @@ def _weight_nodes(model: ModelProto) -> list[NodeProto]:
 # ------------------------------------------------------------------ quantize, measure, search
 
 
-def _int8_model(smoothed: ModelProto, nodes: list[NodeProto], exclude: set[str], out_path: Path,
-                masked: frozenset[str] = frozenset()) -> None:
+def _int8_model(
+    smoothed: ModelProto,
+    nodes: list[NodeProto],
+    exclude: set[str],
+    out_path: Path,
+    masked: frozenset[str] = frozenset(),
+) -> None:
     """Write the INT8 model: MatMul -> DynamicQuantizeLinear + MatMulIntegerToFloat (per-column s8 weights).
 
     Activations in ``masked`` (one row per token of the ``attention_mask`` input) are multiplied by the
@@ -201,8 +216,9 @@ def _int8_model(smoothed: ModelProto, nodes: list[NodeProto], exclude: set[str],
             if mask_f is not None and x in masked:
                 source = f"{x}_unpadded"
                 ordered.append(helper.make_node("Mul", [x, mask_f], [source], name=f"{x}_ZeroPadding"))
-            ordered.append(helper.make_node("DynamicQuantizeLinear", [source], list(names),
-                                            name=f"{x}_DynamicQuantize"))
+            ordered.append(
+                helper.make_node("DynamicQuantizeLinear", [source], list(names), name=f"{x}_DynamicQuantize")
+            )
             quantized_inputs[x] = names
         x_u8, x_scale, x_zp = quantized_inputs[x]
         w = numpy_helper.to_array(inits[node.input[1]]).astype(np.float32)
@@ -210,11 +226,13 @@ def _int8_model(smoothed: ModelProto, nodes: list[NodeProto], exclude: set[str],
         scale[scale == 0] = 1.0
         w_s8 = np.clip(np.round(w / scale), -127, 127).astype(np.int8)
         base = f"{node.name}_int8"
-        model.graph.initializer.extend([
-            numpy_helper.from_array(w_s8, f"{base}_weight"),
-            numpy_helper.from_array(scale, f"{base}_weight_scale"),
-            numpy_helper.from_array(np.zeros_like(w_s8[0]), f"{base}_weight_zero_point"),
-        ])
+        model.graph.initializer.extend(
+            [
+                numpy_helper.from_array(w_s8, f"{base}_weight"),
+                numpy_helper.from_array(scale, f"{base}_weight_scale"),
+                numpy_helper.from_array(np.zeros_like(w_s8[0]), f"{base}_weight_zero_point"),
+            ]
+        )
         inputs = [x_u8, f"{base}_weight", x_scale, f"{base}_weight_scale", x_zp, f"{base}_weight_zero_point"]
         outputs = list(node.output)
         if node.name in biases:  # the bias Add rides along inside the INT8 kernel
@@ -237,7 +255,11 @@ def _int8_model(smoothed: ModelProto, nodes: list[NodeProto], exclude: set[str],
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     quantize_dynamic(
-        model, out_path, op_types_to_quantize=["Attention"], per_channel=True, weight_type=QuantType.QInt8,
+        model,
+        out_path,
+        op_types_to_quantize=["Attention"],
+        per_channel=True,
+        weight_type=QuantType.QInt8,
         nodes_to_quantize=attention,
         # contrib ops (fused Attention, SkipLayerNormalization) defeat ONNX shape inference
         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
@@ -254,19 +276,32 @@ def _float_mask(model: ModelProto, ordered: list[NodeProto]) -> str | None:
     opset = next((d.version for d in model.opset_import if d.domain in ("", "ai.onnx")), 13)
     if opset >= 13:
         model.graph.initializer.append(numpy_helper.from_array(np.asarray([-1], np.int64), "attention_mask_axes_int8"))
-        unsqueeze = helper.make_node("Unsqueeze", ["attention_mask", "attention_mask_axes_int8"],
-                                     ["attention_mask_3d_int8"], name="attention_mask_Unsqueeze_int8")
+        unsqueeze = helper.make_node(
+            "Unsqueeze",
+            ["attention_mask", "attention_mask_axes_int8"],
+            ["attention_mask_3d_int8"],
+            name="attention_mask_Unsqueeze_int8",
+        )
     else:
-        unsqueeze = helper.make_node("Unsqueeze", ["attention_mask"], ["attention_mask_3d_int8"], axes=[-1],
-                                     name="attention_mask_Unsqueeze_int8")
+        unsqueeze = helper.make_node(
+            "Unsqueeze", ["attention_mask"], ["attention_mask_3d_int8"], axes=[-1], name="attention_mask_Unsqueeze_int8"
+        )
     ordered.append(unsqueeze)
-    ordered.append(helper.make_node("Cast", ["attention_mask_3d_int8"], ["attention_mask_float_int8"],
-                                    to=TensorProto.FLOAT, name="attention_mask_Cast_int8"))
+    ordered.append(
+        helper.make_node(
+            "Cast",
+            ["attention_mask_3d_int8"],
+            ["attention_mask_float_int8"],
+            to=TensorProto.FLOAT,
+            name="attention_mask_Cast_int8",
+        )
+    )
     return "attention_mask_float_int8"
 
 
-def _foldable_bias_adds(model: ModelProto, todo: set[str],
-                        inits: dict[str, TensorProto]) -> dict[str, tuple[NodeProto, str]]:
+def _foldable_bias_adds(
+    model: ModelProto, todo: set[str], inits: dict[str, TensorProto]
+) -> dict[str, tuple[NodeProto, str]]:
     """MatMul name -> (Add node, bias name) where the MatMul's only consumer adds a constant [N] bias.
 
     Folding it into MatMulIntegerToFloat's bias input saves one elementwise pass per MatMul. (Fusing
@@ -298,15 +333,34 @@ def _run_first_output(path: Path, feeds: Sequence[Feed], threads: int) -> list[n
     return [session.run(None, feed_for(session, f))[0] for f in feeds]
 
 
-def measure_latency_ms(paths: list[Path], feed: dict[str, np.ndarray], *, threads: int = 2,
-                       rounds: int = 8, runs_per_round: int = 2, warmup: int = 3) -> list[float]:
+def measure_latency_ms(
+    paths: list[Path],
+    feed: dict[str, np.ndarray],
+    *,
+    threads: int = 2,
+    rounds: int = 8,
+    runs_per_round: int = 2,
+    warmup: int = 3,
+) -> list[float]:
     """p50 latency of each model on ``feed``; the models take turns so machine load hits all alike."""
-    return [float(np.median(x)) for x in latency_samples_ms(paths, feed, threads=threads, rounds=rounds,
-                                                            runs_per_round=runs_per_round, warmup=warmup)]
+    return [
+        float(np.median(x))
+        for x in latency_samples_ms(
+            paths, feed, threads=threads, rounds=rounds, runs_per_round=runs_per_round, warmup=warmup
+        )
+    ]
 
 
-def latency_samples_ms(paths: list[Path], feed: dict[str, np.ndarray], *, threads: int = 2, rounds: int = 8,
-                       runs_per_round: int = 2, warmup: int = 3, settle_s: float = 0.02) -> list[list[float]]:
+def latency_samples_ms(
+    paths: list[Path],
+    feed: dict[str, np.ndarray],
+    *,
+    threads: int = 2,
+    rounds: int = 8,
+    runs_per_round: int = 2,
+    warmup: int = 3,
+    settle_s: float = 0.02,
+) -> list[list[float]]:
     """Per model, one mean latency per round; round r of every model ran back to back.
 
     ``settle_s``: a pause before each model's turn so the previous session's spinning worker threads
@@ -377,13 +431,15 @@ def quantize_int8_accuracy_aware(
     smoothed = apply_smoothing(model, nodes, plan)
     # activations with one row per token: padded rows are zeroed before quantization (see _int8_model)
     has_mask = any(i.name == "attention_mask" and len(i.type.tensor_type.shape.dim) == 2 for i in model.graph.input)
-    masked = frozenset(t for name, act in acts.items() if has_mask and act.token_aligned
-                       for t in (name, f"{name}_smoothed"))
+    masked = frozenset(
+        t for name, act in acts.items() if has_mask and act.token_aligned for t in (name, f"{name}_smoothed")
+    )
     max_excluded = int(max_excluded_fraction * len(nodes))
     order: list[str] = []  # exclusion order, decided after the first attempt if that one fails
     steps: list[dict[str, Any]] = []
 
     with tempfile.TemporaryDirectory(prefix="edgesdk-int8-") as tmp:
+
         def attempt(n_excluded: int) -> tuple[bool, Path, dict[str, Any], list[np.ndarray]]:
             candidate = Path(tmp) / f"int8_excl{n_excluded}.onnx"
             t0 = time.perf_counter()
@@ -391,10 +447,19 @@ def quantize_int8_accuracy_aware(
             outputs = _run_first_output(candidate, calibration_feeds, intra_op_threads)
             parity = parity_fn(reference_outputs, outputs)
             ok = float(parity["min_cosine"]) >= min_cosine
-            steps.append({"excluded": n_excluded, "excluded_nodes": order[:n_excluded], "parity": parity,
-                          "passed": ok, "seconds": round(time.perf_counter() - t0, 2)})
-            say(f"INT8 with {n_excluded} node(s) in FP32: min cosine {parity['min_cosine']:.5f}"
-                f" ({'pass' if ok else 'below'} {min_cosine})")
+            steps.append(
+                {
+                    "excluded": n_excluded,
+                    "excluded_nodes": order[:n_excluded],
+                    "parity": parity,
+                    "passed": ok,
+                    "seconds": round(time.perf_counter() - t0, 2),
+                }
+            )
+            say(
+                f"INT8 with {n_excluded} node(s) in FP32: min cosine {parity['min_cosine']:.5f}"
+                f" ({'pass' if ok else 'below'} {min_cosine})"
+            )
             return ok, candidate, parity, outputs
 
         first = attempt(0)
@@ -404,13 +469,25 @@ def quantize_int8_accuracy_aware(
             per_feed = [parity_on(parity_fn, reference_outputs, {i: o}) for i, o in enumerate(first[3])]
             worst = [int(i) for i in np.argsort(per_feed)[:_SENSITIVITY_FEEDS]]
             sensitivity = output_sensitivity(
-                smoothed, nodes, plan, calibration_feeds, worst, reference_outputs, parity_fn, intra_op_threads,
+                smoothed,
+                nodes,
+                plan,
+                calibration_feeds,
+                worst,
+                reference_outputs,
+                parity_fn,
+                intra_op_threads,
                 masked,
             )
             # damage to the output per MAC that INT8 would save: the cheapest accuracy first
             order.extend(sorted(sensitivity, key=lambda n: sensitivity[n] / plan.node_macs[n], reverse=True))
-            steps.append({"sensitivity": {n: round(sensitivity[n], 6) for n in order},
-                          "feeds": [int(i) for i in worst], "seconds": round(time.perf_counter() - t0, 2)})
+            steps.append(
+                {
+                    "sensitivity": {n: round(sensitivity[n], 6) for n in order},
+                    "feeds": [int(i) for i in worst],
+                    "seconds": round(time.perf_counter() - t0, 2),
+                }
+            )
             say(f"measured each node's output sensitivity on the {len(worst)} worst feeds")
             best = _search_exclusions(lambda k: attempt(k)[:3], max_excluded)
         if best is None:
@@ -431,8 +508,11 @@ def quantize_int8_accuracy_aware(
         f"dynamic INT8 (ONNX Runtime: u8 activations per tensor, s8 weights per channel) on "
         f"{len(nodes) - n_excluded}/{len(nodes)} {'/'.join(op_types)} nodes; SmoothQuant on "
         f"{len(plan.smooth)} activation tensors (alpha {', '.join(f'{a:g}' for a in alphas) or '-'})"
-        + (f"; padded rows zeroed before quantizing {len({m.removesuffix('_smoothed') for m in masked})} tensors"
-           if masked else "")
+        + (
+            f"; padded rows zeroed before quantizing {len({m.removesuffix('_smoothed') for m in masked})} tensors"
+            if masked
+            else ""
+        )
     )
     reason = (
         f"min cosine {parity['min_cosine']:.5f} >= {min_cosine} on {len(calibration_feeds)} calibration "
@@ -440,15 +520,24 @@ def quantize_int8_accuracy_aware(
         f"{time.perf_counter() - started:.1f} s"
     )
     return QuantResult(
-        path=out_path, method=method, excluded_nodes=order[:n_excluded], parity=parity,
-        latency_ms={"fp32": round(fp32_ms, 3), "int8": round(int8_ms, 3), "ratio": round(int8_ms / fp32_ms, 3),
-                    "how": f"p50, ORT CPU EP, {intra_op_threads} intra-op threads, calibration feed 0, interleaved"},
-        steps=steps, reason=reason,
+        path=out_path,
+        method=method,
+        excluded_nodes=order[:n_excluded],
+        parity=parity,
+        latency_ms={
+            "fp32": round(fp32_ms, 3),
+            "int8": round(int8_ms, 3),
+            "ratio": round(int8_ms / fp32_ms, 3),
+            "how": f"p50, ORT CPU EP, {intra_op_threads} intra-op threads, calibration feed 0, interleaved",
+        },
+        steps=steps,
+        reason=reason,
     )
 
 
-def _search_exclusions(attempt: Callable[[int], _Attempt],
-                       max_excluded: int) -> tuple[int, Path, dict[str, Any]] | None:
+def _search_exclusions(
+    attempt: Callable[[int], _Attempt], max_excluded: int
+) -> tuple[int, Path, dict[str, Any]] | None:
     """Smallest k in 1..max_excluded (1, 2, 4, ... then bisection) whose INT8 model passes, else None.
 
     Assumes k = 0 already failed; parity grows with k in the usual case, which bisection relies on.

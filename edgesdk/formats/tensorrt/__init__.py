@@ -38,14 +38,18 @@ class TensorRTFormat:
     def plan_precision(self, facts: ModelFacts, profile: Profile, options: BuildOptions) -> Decision | None:
         return None
 
-    def plan(self, facts: ModelFacts, profile: Profile, options: BuildOptions, host: HostFacts,
-             precision: str) -> TensorRTPlan:
+    def plan(
+        self, facts: ModelFacts, profile: Profile, options: BuildOptions, host: HostFacts, precision: str
+    ) -> TensorRTPlan:
         from edgesdk.formats.onnx.plan import ep_chain_decision, export_decisions, parity_decision
         from edgesdk.formats.tensorrt.plan import TensorRTPlan, plan_tensorrt
 
         section = TensorRTPlan.from_decisions(export_decisions(facts, profile, options, precision, fmt=self.name))
-        for d in [ep_chain_decision(profile), *plan_tensorrt(facts, profile, options, host, precision),
-                  parity_decision(profile, options, section.onnx_precision or precision)]:
+        for d in [
+            ep_chain_decision(profile),
+            *plan_tensorrt(facts, profile, options, host, precision),
+            parity_decision(profile, options, section.onnx_precision or precision),
+        ]:
             section.record(d.key, d.value, d.reason)
         return section
 

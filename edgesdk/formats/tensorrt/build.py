@@ -35,15 +35,22 @@ def engine_config(ctx: BuildContext, onnx_rel: str, onnx_sha256: str) -> E.Engin
     fields["model_sha256"] = onnx_sha256
     profiles = plan.optimization_profiles
     config = {
-        "schema": E.CONFIG_SCHEMA, "onnx": onnx_rel, "precision": ctx.precision,
-        "precision_flags": fields["flags"], "dla": plan.dla.to_json() if plan.dla is not None else None,
+        "schema": E.CONFIG_SCHEMA,
+        "onnx": onnx_rel,
+        "precision": ctx.precision,
+        "precision_flags": fields["flags"],
+        "dla": plan.dla.to_json() if plan.dla is not None else None,
         "optimization_profiles": profiles if isinstance(profiles, list) else [],
-        "workspace_mb": _workspace_mb(ctx.profile), "builder_optimization_level": 3,
-        "timing_cache": E.TIMING_CACHE_FILE, "target": plan.target.to_json() if plan.target is not None else None,
-        "cache_key_fields": fields, "cache_key": E.cache_key(fields),
+        "workspace_mb": _workspace_mb(ctx.profile),
+        "builder_optimization_level": 3,
+        "timing_cache": E.TIMING_CACHE_FILE,
+        "target": plan.target.to_json() if plan.target is not None else None,
+        "cache_key_fields": fields,
+        "cache_key": E.cache_key(fields),
     }
-    config["trtexec"] = " ".join(E.trtexec_command(config, Path(onnx_rel), Path(E.ENGINE_FILE),
-                                                   Path(E.TIMING_CACHE_FILE)))
+    config["trtexec"] = " ".join(
+        E.trtexec_command(config, Path(onnx_rel), Path(E.ENGINE_FILE), Path(E.TIMING_CACHE_FILE))
+    )
     return config
 
 
@@ -69,9 +76,13 @@ def build_tensorrt(ctx: BuildContext) -> None:
         ctx.add_artifact("tensorrt/engine_config.json", "engine-config")
         env = host_env()
         problems = preflight(config["target"], env)
-        info: dict[str, Any] = {"config": "tensorrt/engine_config.json", "cache_key": config["cache_key"],
-                      "capability": summary, "precision_report": prec, "host": {k: env[k] for k in
-                                                                                ("tensorrt", "sm", "l4t", "trtexec")}}
+        info: dict[str, Any] = {
+            "config": "tensorrt/engine_config.json",
+            "cache_key": config["cache_key"],
+            "capability": summary,
+            "precision_report": prec,
+            "host": {k: env[k] for k in ("tensorrt", "sm", "l4t", "trtexec")},
+        }
         if summary["unsupported_everywhere"]:
             ctx.progress(f"no backend runs {summary['unsupported_everywhere']} on {ctx.profile.name}")
         if not problems:
@@ -85,8 +96,12 @@ def build_tensorrt(ctx: BuildContext) -> None:
             shutil.rmtree(work, ignore_errors=True)
             info["engine"] = {"built": True, "deferred": False, **binfo}
         else:
-            info["engine"] = {"built": False, "deferred": True, "reason": "; ".join(problems),
-                              "how": "edgesdk engine build BUNDLE (on the device), or the first edgesdk.load there"}
+            info["engine"] = {
+                "built": False,
+                "deferred": True,
+                "reason": "; ".join(problems),
+                "how": "edgesdk engine build BUNDLE (on the device), or the first edgesdk.load there",
+            }
             ctx.progress(f"TensorRT engine deferred: {'; '.join(problems)}")
         ctx.manifest.extras["tensorrt"] = info
         ctx.manifest.runtime.backend_chain = list(RUNTIME_CHAIN)
@@ -94,14 +109,18 @@ def build_tensorrt(ctx: BuildContext) -> None:
 
 # --------------------------------------------------------------------------------------------- on the device
 
+
 def _bundle_config(path: str | os.PathLike[str]) -> tuple[Bundle, E.EngineConfig]:
     from edgesdk.bundle import open_bundle
     from edgesdk.errors import BundleIntegrityError, InputError
 
     bundle = open_bundle(path)
     if bundle.format != "tensorrt":  # a usage mistake (exit 3), not a damaged bundle
-        raise InputError(f"{bundle.path} is a {bundle.format or 'unknown'}-format bundle; `edgesdk engine` works on "
-                         "TensorRT bundles", hint="build one with --format tensorrt")
+        raise InputError(
+            f"{bundle.path} is a {bundle.format or 'unknown'}-format bundle; `edgesdk engine` works on "
+            "TensorRT bundles",
+            hint="build one with --format tensorrt",
+        )
     if not bundle.has_artifact("engine-config"):
         raise BundleIntegrityError(f"{bundle.path}: TensorRT bundle without tensorrt/engine_config.json")
     return bundle, E.read_config(bundle.artifact_path("engine-config"))
@@ -114,11 +133,18 @@ def describe_bundle_engine(path: str | os.PathLike[str]) -> dict[str, Any]:
     bundle, config = _bundle_config(path)
     env = host_env()
     cached, why = E.cached_engine(config)
-    return {"bundle": str(bundle.path), "config": config, "host": env,
-            "preflight_problems": preflight(config["target"], env),
-            "prebuilt_engine": bundle.has_artifact("engine"),
-            "cache": {"dir": str(E.engine_cache_root() / config["cache_key"]), "engine": str(cached) if cached
-                      else None, "state": why}}
+    return {
+        "bundle": str(bundle.path),
+        "config": config,
+        "host": env,
+        "preflight_problems": preflight(config["target"], env),
+        "prebuilt_engine": bundle.has_artifact("engine"),
+        "cache": {
+            "dir": str(E.engine_cache_root() / config["cache_key"]),
+            "engine": str(cached) if cached else None,
+            "state": why,
+        },
+    }
 
 
 def build_bundle_engine(path: str | os.PathLike[str], *, force: bool = False) -> dict[str, Any]:
@@ -130,9 +156,11 @@ def build_bundle_engine(path: str | os.PathLike[str], *, force: bool = False) ->
     env = host_env()
     problems = preflight(config["target"], env)
     if problems:
-        raise ExternalToolError("cannot build this bundle's engine here: " + "; ".join(problems),
-                                hint=f"run on a {config['target'].get('profile')} device, or see "
-                                     f"`edgesdk engine show {bundle.path}` for the trtexec command")
+        raise ExternalToolError(
+            "cannot build this bundle's engine here: " + "; ".join(problems),
+            hint=f"run on a {config['target'].get('profile')} device, or see "
+            f"`edgesdk engine show {bundle.path}` for the trtexec command",
+        )
     if force:
         E.evict(config)
     cached, _ = E.cached_engine(config)

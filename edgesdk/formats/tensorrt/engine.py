@@ -56,28 +56,43 @@ def _shape_arg(profiles: list[dict[str, dict[str, list[int]]]], which: str) -> s
     return ",".join(parts)
 
 
-def trtexec_command(config: EngineConfig, onnx_path: Path, engine_path: Path,
-                    timing_cache: Path) -> list[str]:
+def trtexec_command(config: EngineConfig, onnx_path: Path, engine_path: Path, timing_cache: Path) -> list[str]:
     """The ``trtexec`` command line equivalent to ``config`` (also written into the bundle for users)."""
-    cmd = ["trtexec", f"--onnx={onnx_path}", f"--saveEngine={engine_path}", f"--timingCacheFile={timing_cache}",
-           f"--memPoolSize=workspace:{int(config['workspace_mb'])}M",
-           f"--builderOptimizationLevel={int(config['builder_optimization_level'])}"]
+    cmd = [
+        "trtexec",
+        f"--onnx={onnx_path}",
+        f"--saveEngine={engine_path}",
+        f"--timingCacheFile={timing_cache}",
+        f"--memPoolSize=workspace:{int(config['workspace_mb'])}M",
+        f"--builderOptimizationLevel={int(config['builder_optimization_level'])}",
+    ]
     cmd += [f"--{flag}" for flag in config["precision_flags"]]
     dla = config.get("dla")
     if dla:
         cmd += [f"--useDLACore={int(dla['core'])}"] + (["--allowGPUFallback"] if dla.get("gpu_fallback") else [])
     if config.get("optimization_profiles"):
         profs = config["optimization_profiles"]
-        cmd += [f"--minShapes={_shape_arg(profs, 'min')}", f"--optShapes={_shape_arg(profs, 'opt')}",
-                f"--maxShapes={_shape_arg(profs, 'max')}"]
+        cmd += [
+            f"--minShapes={_shape_arg(profs, 'min')}",
+            f"--optShapes={_shape_arg(profs, 'opt')}",
+            f"--maxShapes={_shape_arg(profs, 'max')}",
+        ]
     return cmd
 
 
 def validate_config(config: object, where: str) -> EngineConfig:
     if not isinstance(config, dict) or config.get("schema") != CONFIG_SCHEMA:
         raise BundleIntegrityError(f"{where}: not a TensorRT engine configuration (schema {CONFIG_SCHEMA})")
-    for key in ("onnx", "precision_flags", "target", "cache_key_fields", "cache_key", "workspace_mb",
-                "builder_optimization_level", "optimization_profiles"):
+    for key in (
+        "onnx",
+        "precision_flags",
+        "target",
+        "cache_key_fields",
+        "cache_key",
+        "workspace_mb",
+        "builder_optimization_level",
+        "optimization_profiles",
+    ):
         if key not in config:
             raise BundleIntegrityError(f"{where}: engine configuration lacks {key!r}")
     if cache_key(config["cache_key_fields"]) != config["cache_key"]:
@@ -94,8 +109,10 @@ def validate_config(config: object, where: str) -> EngineConfig:
         raise BundleIntegrityError(f"{where}: dla must be null or {{core: int >= 0, gpu_fallback: bool}}")
     for prof in config["optimization_profiles"]:
         for name, shapes in prof.items():
-            if not all(isinstance(shapes.get(k), list) and all(isinstance(d, int) and d > 0 for d in shapes[k])
-                       for k in ("min", "opt", "max")):
+            if not all(
+                isinstance(shapes.get(k), list) and all(isinstance(d, int) and d > 0 for d in shapes[k])
+                for k in ("min", "opt", "max")
+            ):
                 raise BundleIntegrityError(f"{where}: optimization profile for {name!r} needs positive int dims")
     if not isinstance(config["workspace_mb"], int) or not isinstance(config["builder_optimization_level"], int):
         raise BundleIntegrityError(f"{where}: workspace_mb and builder_optimization_level must be integers")
@@ -126,15 +143,21 @@ def cached_engine(config: EngineConfig, root: Path | None = None) -> tuple[Path 
     return engine, "cached"
 
 
-def store_engine(config: EngineConfig, engine_bytes: bytes, build_info: Mapping[str, Any],
-                 root: Path | None = None) -> Path:
+def store_engine(
+    config: EngineConfig, engine_bytes: bytes, build_info: Mapping[str, Any], root: Path | None = None
+) -> Path:
     d: Path = (root or engine_cache_root()) / config["cache_key"]
     d.mkdir(parents=True, exist_ok=True)
     tmp = d / (ENGINE_FILE + ".tmp")
     tmp.write_bytes(engine_bytes)
     os.replace(tmp, d / ENGINE_FILE)
-    meta = {"cache_key": config["cache_key"], "fields": config["cache_key_fields"],
-            "sha256": hashlib.sha256(engine_bytes).hexdigest(), "bytes": len(engine_bytes), **build_info}
+    meta = {
+        "cache_key": config["cache_key"],
+        "fields": config["cache_key_fields"],
+        "sha256": hashlib.sha256(engine_bytes).hexdigest(),
+        "bytes": len(engine_bytes),
+        **build_info,
+    }
     (d / META_FILE).write_text(json.dumps(meta, indent=2), encoding="utf-8")
     return d / ENGINE_FILE
 
@@ -177,14 +200,16 @@ def _build_with_python_api(config: EngineConfig, onnx_path: Path, timing_cache: 
     bc.set_timing_cache(cache, ignore_mismatch=False)
     serialized = builder.build_serialized_network(network, bc)
     if serialized is None:
-        raise ExternalToolError(f"TensorRT {trt.__version__} failed to build an engine for {onnx_path.name} "
-                                "(see the TensorRT log above)")
+        raise ExternalToolError(
+            f"TensorRT {trt.__version__} failed to build an engine for {onnx_path.name} (see the TensorRT log above)"
+        )
     timing_cache.write_bytes(bytes(bc.get_timing_cache().serialize()))
     return bytes(serialized)
 
 
-def build_engine(config: EngineConfig, onnx_path: Path, work_dir: Path,
-                 env: Mapping[str, Any]) -> tuple[bytes, dict[str, Any]]:
+def build_engine(
+    config: EngineConfig, onnx_path: Path, work_dir: Path, env: Mapping[str, Any]
+) -> tuple[bytes, dict[str, Any]]:
     """Build the engine on this host (TensorRT Python API, else trtexec). Returns (engine bytes, info)."""
     work_dir.mkdir(parents=True, exist_ok=True)
     timing_cache = work_dir / TIMING_CACHE_FILE
@@ -203,14 +228,27 @@ def build_engine(config: EngineConfig, onnx_path: Path, work_dir: Path,
         data = engine_path.read_bytes()
         tool = env["trtexec"]
     else:
-        raise ExternalToolError("cannot build a TensorRT engine here: neither the TensorRT Python API nor trtexec "
-                                "is available", hint="run `edgesdk engine build BUNDLE` on the target device")
-    return data, {"built_with": tool, "build_s": round(time.perf_counter() - t0, 2), "host_sm": env.get("sm"),
-                  "host_tensorrt": env.get("tensorrt"), "host_l4t": env.get("l4t")}
+        raise ExternalToolError(
+            "cannot build a TensorRT engine here: neither the TensorRT Python API nor trtexec is available",
+            hint="run `edgesdk engine build BUNDLE` on the target device",
+        )
+    return data, {
+        "built_with": tool,
+        "build_s": round(time.perf_counter() - t0, 2),
+        "host_sm": env.get("sm"),
+        "host_tensorrt": env.get("tensorrt"),
+        "host_l4t": env.get("l4t"),
+    }
 
 
-def engine_for(config: EngineConfig, onnx_path: Path, env: Mapping[str, Any], *,
-               record: Callable[[str], object] | None = None, root: Path | None = None) -> Path:
+def engine_for(
+    config: EngineConfig,
+    onnx_path: Path,
+    env: Mapping[str, Any],
+    *,
+    record: Callable[[str], object] | None = None,
+    root: Path | None = None,
+) -> Path:
     """Cached engine for ``config``, building (and caching) it when absent or corrupt. ``record(msg)`` hears
     about cache misses/corruption so the caller can report them."""
     path, why = cached_engine(config, root)

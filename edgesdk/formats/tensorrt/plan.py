@@ -26,8 +26,13 @@ Dims = list[Any]  # one input's dims: int static, str (a named axis) or None dyn
 ShapeTriple = dict[str, list[int]]  # {"min": dims, "opt": dims, "max": dims}
 
 RUNTIME_CHAIN = ["tensorrt-engine", "TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
-PRECISION_FLAGS: dict[str, list[str]] = {"fp32": [], "fp16": ["fp16"], "bf16": ["bf16"], "int8": ["int8", "fp16"],
-                                         "fp8": ["fp8", "fp16"]}
+PRECISION_FLAGS: dict[str, list[str]] = {
+    "fp32": [],
+    "fp16": ["fp16"],
+    "bf16": ["bf16"],
+    "int8": ["int8", "fp16"],
+    "fp8": ["fp8", "fp16"],
+}
 DLA_MIN_NATIVE_SHARE = 0.8  # below this, DLA<->GPU transitions eat the DLA's power/throughput advantage
 DEFAULT_MAX_BATCH = 8
 DEFAULT_IMAGE_SIZE = 224  # H/W of an image input whose model states none (ImageNet-style classifiers)
@@ -46,8 +51,14 @@ class EngineTarget(JSONable):
     cuda: str | None = None
 
     def to_json(self) -> dict[str, JSONValue]:
-        return {"profile": self.profile, "sm": self.sm, "tensorrt": self.tensorrt, "l4t": self.l4t,
-                "jetpack": self.jetpack, "cuda": self.cuda}
+        return {
+            "profile": self.profile,
+            "sm": self.sm,
+            "tensorrt": self.tensorrt,
+            "l4t": self.l4t,
+            "jetpack": self.jetpack,
+            "cuda": self.cuda,
+        }
 
     @classmethod
     def from_json(cls, value: JSONValue) -> EngineTarget:
@@ -84,11 +95,20 @@ class TensorRTPlan(OnnxPlan):
     engine_build: str = ""  # "this host" | "deferred to the device"
 
     FIELDS: ClassVar[dict[str, str]] = {
-        **OnnxPlan.FIELDS, "tensorrt_target": "target", "tensorrt_precision_flags": "precision_flags", "dla": "dla",
-        "tensorrt_optimization_profiles": "optimization_profiles", "precision_report": "precision_report",
-        "engine_cache_key": "cache_key", "engine_build": "engine_build"}
-    PARSE: ClassVar[dict[str, object]] = {**OnnxPlan.PARSE, "target": EngineTarget.from_json,
-                                          "dla": DlaConfig.from_json}
+        **OnnxPlan.FIELDS,
+        "tensorrt_target": "target",
+        "tensorrt_precision_flags": "precision_flags",
+        "dla": "dla",
+        "tensorrt_optimization_profiles": "optimization_profiles",
+        "precision_report": "precision_report",
+        "engine_cache_key": "cache_key",
+        "engine_build": "engine_build",
+    }
+    PARSE: ClassVar[dict[str, object]] = {
+        **OnnxPlan.PARSE,
+        "target": EngineTarget.from_json,
+        "dla": DlaConfig.from_json,
+    }
 
 
 def tensorrt_section(section: PlanSection) -> TensorRTPlan:
@@ -105,16 +125,18 @@ def parse_shapes(specs: Iterable[object]) -> dict[str, ShapeTriple]:
     for spec in specs:
         parts = str(spec).rsplit(":", 3)
         if len(parts) != 4 or not parts[0]:
-            raise InputError(f"--shapes {spec!r}: expected NAME:MIN:OPT:MAX, e.g. "
-                             "pixel_values:1x3x224x224:4x3x224x224:8x3x224x224")
+            raise InputError(
+                f"--shapes {spec!r}: expected NAME:MIN:OPT:MAX, e.g. pixel_values:1x3x224x224:4x3x224x224:8x3x224x224"
+            )
         name, *triple = parts
         dims: list[list[int]] = []
         for which, text in zip(("min", "opt", "max"), triple):
             try:
                 d = [int(x) for x in text.lower().split("x")]
             except ValueError:
-                raise InputError(f"--shapes {spec!r}: {which} {text!r} is not dims joined by 'x' "
-                                 "(e.g. 1x3x224x224)") from None
+                raise InputError(
+                    f"--shapes {spec!r}: {which} {text!r} is not dims joined by 'x' (e.g. 1x3x224x224)"
+                ) from None
             if not d or any(x <= 0 for x in d):
                 raise InputError(f"--shapes {spec!r}: {which} dims must be positive integers")
             dims.append(d)
@@ -178,8 +200,14 @@ def _precision(profile: Profile, options: BuildOptions) -> str:
 
 def _target(profile: Profile) -> dict[str, Any]:
     v = profile.software_version
-    return {"profile": profile.name, "sm": profile.sm, "tensorrt": v("tensorrt"), "l4t": v("l4t"),
-            "jetpack": v("jetpack"), "cuda": v("cuda")}
+    return {
+        "profile": profile.name,
+        "sm": profile.sm,
+        "tensorrt": v("tensorrt"),
+        "l4t": v("l4t"),
+        "jetpack": v("jetpack"),
+        "cuda": v("cuda"),
+    }
 
 
 def _dynamic_inputs(facts: ModelFacts, options: BuildOptions) -> dict[str, Dims]:
@@ -222,24 +250,30 @@ def _user_shapes(options: BuildOptions) -> dict[str, ShapeTriple]:
 def _check_user_shapes(user: dict[str, ShapeTriple], inputs: dict[str, Dims]) -> None:
     for name, triple in user.items():
         if name not in inputs:
-            raise InputError(f"--shapes names input {name!r}; the model's inputs are "
-                             f"{', '.join(inputs) or '(unknown before export)'}")
+            raise InputError(
+                f"--shapes names input {name!r}; the model's inputs are "
+                f"{', '.join(inputs) or '(unknown before export)'}"
+            )
         dims = inputs[name]
         if dims and dims != [None] and len(dims) != len(triple["min"]):
-            raise InputError(f"--shapes {name}: rank {len(triple['min'])}, but the input has rank {len(dims)} "
-                             f"({'x'.join(str(d) for d in dims)})")
+            raise InputError(
+                f"--shapes {name}: rank {len(triple['min'])}, but the input has rank {len(dims)} "
+                f"({'x'.join(str(d) for d in dims)})"
+            )
         for i, d in enumerate(dims if dims != [None] else []):
             if isinstance(d, int) and d > 0 and {triple[k][i] for k in ("min", "opt", "max")} != {d}:
                 raise InputError(f"--shapes {name}: dim {i} of the input is static {d}; min/opt/max must all be {d}")
 
 
-def optimization_profiles(inputs: dict[str, Dims], facts: ModelFacts,
-                          options: BuildOptions) -> list[dict[str, ShapeTriple]]:
+def optimization_profiles(
+    inputs: dict[str, Dims], facts: ModelFacts, options: BuildOptions
+) -> list[dict[str, ShapeTriple]]:
     """One min/opt/max profile over the dynamic dims: batch 1/1/max_batch, sequence 1/seq_len/max_seq; inputs
     named in ``options.shapes`` (``--shapes``) take the user's triple instead."""
     max_batch = int(options.option("max_batch") or DEFAULT_MAX_BATCH)
-    max_seq = int(options.option("max_seq_len") or facts.config.get("max_position_embeddings") or
-                  max(512, options.seq_len))
+    max_seq = int(
+        options.option("max_seq_len") or facts.config.get("max_position_embeddings") or max(512, options.seq_len)
+    )
     user = _user_shapes(options)
     _check_user_shapes(user, inputs)
     prof: dict[str, ShapeTriple] = {}
@@ -261,15 +295,16 @@ def optimization_profiles(inputs: dict[str, Dims], facts: ModelFacts,
     return [prof] if prof else []
 
 
-def _dla_decision(facts: ModelFacts, profile: Profile, options: BuildOptions,
-                  precision: str) -> Decision | None:
+def _dla_decision(facts: ModelFacts, profile: Profile, options: BuildOptions, precision: str) -> Decision | None:
     from edgesdk.capability import tables
 
     trt = profile.software_version("tensorrt") or ""
     if options.dla:
         if profile.dla_cores <= 0:
-            raise InputError(f"--dla requested but profile {profile.name} has no DLA",
-                             hint="DLA exists on Jetson AGX Orin and Orin NX only")
+            raise InputError(
+                f"--dla requested but profile {profile.name} has no DLA",
+                hint="DLA exists on Jetson AGX Orin and Orin NX only",
+            )
         ok, why = tables.dla_available(trt)
         if not ok:
             raise InputError(f"--dla requested but {why}")
@@ -278,11 +313,18 @@ def _dla_decision(facts: ModelFacts, profile: Profile, options: BuildOptions,
     if profile.dla_cores <= 0 or options.dla is False or not tables.dla_available(trt)[0]:
         return None
     if options.dla:
-        return Decision("dla", {"core": 0, "gpu_fallback": True}, "requested with --dla; layers the DLA lacks run "
-                        "on the GPU (GPU fallback on)")
+        return Decision(
+            "dla",
+            {"core": 0, "gpu_fallback": True},
+            "requested with --dla; layers the DLA lacks run on the GPU (GPU fallback on)",
+        )
     if facts.kind != "onnx":
-        return Decision("dla", None, "not chosen automatically: the model is not ONNX yet, and transformer exports "
-                        "have dynamic shapes the DLA cannot take; pass --dla to force it")
+        return Decision(
+            "dla",
+            None,
+            "not chosen automatically: the model is not ONNX yet, and transformer exports "
+            "have dynamic shapes the DLA cannot take; pass --dla to force it",
+        )
     if precision not in ("fp16", "int8"):
         return Decision("dla", None, f"plan precision {precision}: the DLA runs FP16/INT8 only")
     report = _capability(facts, profile, precision, use_dla=True)
@@ -292,35 +334,59 @@ def _dla_decision(facts: ModelFacts, profile: Profile, options: BuildOptions,
     if report.dynamic_inputs:
         return Decision("dla", None, f"dynamic inputs {list(report.dynamic_inputs)}: the DLA needs static shapes")
     if share < DLA_MIN_NATIVE_SHARE:
-        return Decision("dla", None, f"only {on_dla}/{len(compute)} nodes are DLA-native ({share:.0%} < "
-                        f"{DLA_MIN_NATIVE_SHARE:.0%}); DLA<->GPU transitions would cost more than the DLA saves")
-    return Decision("dla", {"core": 0, "gpu_fallback": True},
-                    f"{on_dla}/{len(compute)} nodes DLA-native with static shapes; DLA core 0 frees the GPU, the "
-                    f"rest runs on the GPU ({len(report.partitions)} partitions)")
+        return Decision(
+            "dla",
+            None,
+            f"only {on_dla}/{len(compute)} nodes are DLA-native ({share:.0%} < "
+            f"{DLA_MIN_NATIVE_SHARE:.0%}); DLA<->GPU transitions would cost more than the DLA saves",
+        )
+    return Decision(
+        "dla",
+        {"core": 0, "gpu_fallback": True},
+        f"{on_dla}/{len(compute)} nodes DLA-native with static shapes; DLA core 0 frees the GPU, the "
+        f"rest runs on the GPU ({len(report.partitions)} partitions)",
+    )
 
 
-def plan_tensorrt(facts: ModelFacts, profile: Profile, options: BuildOptions, host: HostFacts | None = None,
-                  precision: str | None = None) -> list[Decision]:
+def plan_tensorrt(
+    facts: ModelFacts,
+    profile: Profile,
+    options: BuildOptions,
+    host: HostFacts | None = None,
+    precision: str | None = None,
+) -> list[Decision]:
     """TensorRT decisions: target, precision flags, DLA, optimization profiles, engine cache key, where built.
 
     ``precision`` is the plan's (edgesdk.plan decided it); None (a caller without a plan) derives it from
     ``--precision`` and the profile's order."""
     if not profile.is_gpu:
-        raise InputError(f"--format tensorrt needs an NVIDIA GPU profile; {profile.name} is a {profile.kind} "
-                         "profile", hint="use --format onnx for CPU hosts")
+        raise InputError(
+            f"--format tensorrt needs an NVIDIA GPU profile; {profile.name} is a {profile.kind} profile",
+            hint="use --format onnx for CPU hosts",
+        )
     target = _target(profile)
     if not target["tensorrt"]:
         raise InputError(f"profile {profile.name} names no TensorRT version (software.tensorrt)")
     precision = precision or _precision(profile, options)
     if precision == "fp8" and not profile.kernel("fp8").supported:
-        raise InputError(f"precision fp8 is not available on {profile.name} "
-                         f"({profile.kernel('fp8').source})")
-    out: list[Decision] = [Decision("tensorrt_target", target, f"engines load only on the SM/TensorRT that built them "
-                    f"({profile.software_version('source')})")]
+        raise InputError(f"precision fp8 is not available on {profile.name} ({profile.kernel('fp8').source})")
+    out: list[Decision] = [
+        Decision(
+            "tensorrt_target",
+            target,
+            f"engines load only on the SM/TensorRT that built them ({profile.software_version('source')})",
+        )
+    ]
     flags = PRECISION_FLAGS.get(precision, [])
-    out.append(Decision("tensorrt_precision_flags", flags or ["(none: FP32)"],
-                        "INT8 keeps FP16 enabled so layers without INT8 kernels do not drop to FP32"
-                        if precision == "int8" else f"plan precision {precision}"))
+    out.append(
+        Decision(
+            "tensorrt_precision_flags",
+            flags or ["(none: FP32)"],
+            "INT8 keeps FP16 enabled so layers without INT8 kernels do not drop to FP32"
+            if precision == "int8"
+            else f"plan precision {precision}",
+        )
+    )
     dla = _dla_decision(facts, profile, options, precision)
     if dla is not None:
         out.append(dla)
@@ -328,33 +394,63 @@ def plan_tensorrt(facts: ModelFacts, profile: Profile, options: BuildOptions, ho
     profiles = optimization_profiles(inputs, facts, options)
     user = sorted(_user_shapes(options))
     images = [n for n, d in inputs.items() if len(d) == 4 and n not in user and profiles and n in profiles[0]]
-    why = ("min/opt/max per dynamic input: opt at batch 1 and the planned sequence length "
-           f"({options.seq_len}, --seq-len), max batch {int(options.option('max_batch') or DEFAULT_MAX_BATCH)} "
-           "and the sequence bound (--max-seq-len) so the engine's workspace fits")
+    why = (
+        "min/opt/max per dynamic input: opt at batch 1 and the planned sequence length "
+        f"({options.seq_len}, --seq-len), max batch {int(options.option('max_batch') or DEFAULT_MAX_BATCH)} "
+        "and the sequence bound (--max-seq-len) so the engine's workspace fits"
+    )
     if images:
         why += f"; image inputs {images}: batch dynamic, C/H/W from the model"
     if user:
         why = f"{', '.join(user)} from --shapes" + ("" if set(user) >= set(profiles[0]) else f"; others: {why}")
-    out.append(Decision("tensorrt_optimization_profiles", profiles or "static shapes: none needed",
-                        why if profiles else "every input shape is static"))
+    out.append(
+        Decision(
+            "tensorrt_optimization_profiles",
+            profiles or "static shapes: none needed",
+            why if profiles else "every input shape is static",
+        )
+    )
     if facts.kind == "onnx" and precision != "fp32":
         from edgesdk.capability import precision_report_from
 
         prec = precision_report_from(_capability(facts, profile, precision, use_dla=bool(dla and dla.value)))
         kept = sum(r["count"] for r in prec["kept_higher_precision"])
-        out.append(Decision("precision_report", f"{prec['float_nodes'] - kept}/{prec['float_nodes']} float ops in "
-                            f"{precision.upper()}, {kept} kept higher, {prec['precision_conversions']} reformats, "
-                            f"{prec['float_partition_crossings']} float partition crossings",
-                            " | ".join(prec["explanation"])))
-    fields = {**{k: target[k] for k in ("sm", "tensorrt", "l4t", "jetpack")}, "precision": precision,
-              "flags": flags, "dla": dla.value if dla is not None else None, "profiles": profiles}
-    out.append(Decision("engine_cache_key", fields, "an engine is reused only when SM, TensorRT, L4T/JetPack, "
-                        "precision, DLA and shapes all match (the model hash is added at build time)"))
+        out.append(
+            Decision(
+                "precision_report",
+                f"{prec['float_nodes'] - kept}/{prec['float_nodes']} float ops in "
+                f"{precision.upper()}, {kept} kept higher, {prec['precision_conversions']} reformats, "
+                f"{prec['float_partition_crossings']} float partition crossings",
+                " | ".join(prec["explanation"]),
+            )
+        )
+    fields = {
+        **{k: target[k] for k in ("sm", "tensorrt", "l4t", "jetpack")},
+        "precision": precision,
+        "flags": flags,
+        "dla": dla.value if dla is not None else None,
+        "profiles": profiles,
+    }
+    out.append(
+        Decision(
+            "engine_cache_key",
+            fields,
+            "an engine is reused only when SM, TensorRT, L4T/JetPack, "
+            "precision, DLA and shapes all match (the model hash is added at build time)",
+        )
+    )
     from edgesdk.host import HostFacts, preflight
 
     problems = preflight(target, host if host is not None else HostFacts())
     where = "this host" if not problems else "deferred to the device"
-    out.append(Decision("engine_build", where, "this host matches the target" if not problems else
-                        "; ".join(problems) + ": the bundle carries the ONNX and the exact build configuration; "
-                        "`edgesdk engine build BUNDLE` or the first load on the device builds and caches it"))
+    out.append(
+        Decision(
+            "engine_build",
+            where,
+            "this host matches the target"
+            if not problems
+            else "; ".join(problems) + ": the bundle carries the ONNX and the exact build configuration; "
+            "`edgesdk engine build BUNDLE` or the first load on the device builds and caches it",
+        )
+    )
     return out

@@ -26,8 +26,11 @@ class TorchFormat:
     selectable = False
 
     def check_source(self, facts: ModelFacts) -> None:
-        raise InputError("format torch cannot be requested: it is what an ONNX build of an nn.Module falls back "
-                         "to when the export fails", hint="use --format onnx")
+        raise InputError(
+            "format torch cannot be requested: it is what an ONNX build of an nn.Module falls back "
+            "to when the export fails",
+            hint="use --format onnx",
+        )
 
     def claims(self, facts: ModelFacts, profile: Profile) -> Decision | None:
         return None
@@ -35,8 +38,9 @@ class TorchFormat:
     def plan_precision(self, facts: ModelFacts, profile: Profile, options: BuildOptions) -> Decision | None:
         return None
 
-    def plan(self, facts: ModelFacts, profile: Profile, options: BuildOptions, host: HostFacts,
-             precision: str) -> list[Decision]:
+    def plan(
+        self, facts: ModelFacts, profile: Profile, options: BuildOptions, host: HostFacts, precision: str
+    ) -> list[Decision]:
         return []
 
     def build(self, ctx: BuildContext) -> None:

@@ -26,9 +26,11 @@ ROLE_WEIGHTS = "eager-weights"
 ROLE_CONFIG = "eager-config"
 
 # transformers Auto class per bundle task: the same heads optimum exports for that task.
-AUTO_CLASS = {"feature-extraction": "AutoModel",
-              "text-classification": "AutoModelForSequenceClassification",
-              "image-classification": "AutoModelForImageClassification"}
+AUTO_CLASS = {
+    "feature-extraction": "AutoModel",
+    "text-classification": "AutoModelForSequenceClassification",
+    "image-classification": "AutoModelForImageClassification",
+}
 DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 
 
@@ -43,12 +45,14 @@ def write_eager_weights(ctx: Any, src_dir: Path, precision: str) -> dict[str, An
     Returns what the manifest's ``extras.eager_fallback`` records (included or not, and why)."""
     files = sorted(src_dir.glob("model*.safetensors"))
     if not files or not (src_dir / "config.json").is_file():
-        return {"included": False, "reason": f"{src_dir.name} has no *.safetensors + config.json (pickled "
-                "weights are never copied into a bundle)"}
+        return {
+            "included": False,
+            "reason": f"{src_dir.name} has no *.safetensors + config.json (pickled "
+            "weights are never copied into a bundle)",
+        }
     task = ctx.facts.task
     if task not in AUTO_CLASS:
-        return {"included": False, "reason": f"task {task!r} has no eager loader (supported: "
-                f"{', '.join(AUTO_CLASS)})"}
+        return {"included": False, "reason": f"task {task!r} has no eager loader (supported: {', '.join(AUTO_CLASS)})"}
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -59,14 +63,24 @@ def write_eager_weights(ctx: Any, src_dir: Path, precision: str) -> dict[str, An
             tensors[name] = t.to(dtype) if t.is_floating_point() else t
     out = ctx.staging / EAGER_DIR
     out.mkdir(exist_ok=True)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(ctx.staging / WEIGHTS),
-              metadata={"format": "pt", "edgesdk": "eager CUDA fallback weights"})
+    save_file(
+        {k: v.contiguous() for k, v in tensors.items()},
+        str(ctx.staging / WEIGHTS),
+        metadata={"format": "pt", "edgesdk": "eager CUDA fallback weights"},
+    )
     shutil.copyfile(src_dir / "config.json", ctx.staging / CONFIG)
     ctx.add_artifact(WEIGHTS, ROLE_WEIGHTS)
     ctx.add_artifact(CONFIG, ROLE_CONFIG)
     size = (ctx.staging / WEIGHTS).stat().st_size
-    return {"included": True, "format": "safetensors+config", "weights": WEIGHTS, "dtype": eager_dtype(precision),
-            "auto_class": AUTO_CLASS[task], "bytes": size, "tensors": len(tensors)}
+    return {
+        "included": True,
+        "format": "safetensors+config",
+        "weights": WEIGHTS,
+        "dtype": eager_dtype(precision),
+        "auto_class": AUTO_CLASS[task],
+        "bytes": size,
+        "tensors": len(tensors),
+    }
 
 
 def load_eager_module(bundle_dir: Path, task: str | None, device: str) -> Any:

@@ -58,8 +58,10 @@ def build_torch_fallback(ctx: BuildContext, export_error: BaseException) -> None
     module = ctx.options.option("module")
     example = ctx.options.option("example_inputs")
     if module is None or example is None:
-        raise ModelError(f"ONNX export failed ({str(export_error).splitlines()[0][:160]}) and there is no module "
-                         "with example inputs to keep as a torch.export program")
+        raise ModelError(
+            f"ONNX export failed ({str(export_error).splitlines()[0][:160]}) and there is no module "
+            "with example inputs to keep as a torch.export program"
+        )
     example = example if isinstance(example, tuple) else (example,)
     names = ctx.options.option("input_names") or [f"input_{i}" for i in range(len(example))]
     first_line = str(export_error).splitlines()[0][:300]
@@ -68,8 +70,10 @@ def build_torch_fallback(ctx: BuildContext, export_error: BaseException) -> None
         try:
             ep = torch.export.export(module.eval(), example)
         except Exception as exc:  # torch.export raises many types (UserError, Unsupported, ...)
-            raise ModelError(f"ONNX export failed ({first_line}) and torch.export failed too "
-                             f"({type(exc).__name__}: {str(exc).splitlines()[0][:160]})") from exc
+            raise ModelError(
+                f"ONNX export failed ({first_line}) and torch.export failed too "
+                f"({type(exc).__name__}: {str(exc).splitlines()[0][:160]})"
+            ) from exc
         path = ctx.staging / "model.pt2"
         torch.export.save(ep, str(path))
         loaded = torch.export.load(str(path)).module()
@@ -84,8 +88,10 @@ def build_torch_fallback(ctx: BuildContext, export_error: BaseException) -> None
     if declared:
         # An in-memory module has no model card: write one stating the license the caller declared, so the
         # license gate sees a model-level declaration (front matter, as on Hugging Face model cards).
-        card = (f"---\nlicense: {declared}\n---\n\n# {ctx.facts.name} (torch.export program)\n\n"
-                f"Kept as a torch.export program because ONNX export failed: {first_line}\n")
+        card = (
+            f"---\nlicense: {declared}\n---\n\n# {ctx.facts.name} (torch.export program)\n\n"
+            f"Kept as a torch.export program because ONNX export failed: {first_line}\n"
+        )
         (ctx.staging / "README.md").write_text(card, encoding="utf-8")
         ctx.add_artifact("README.md", "model-card")
     ops = forcing_ops(export_error)
@@ -93,22 +99,30 @@ def build_torch_fallback(ctx: BuildContext, export_error: BaseException) -> None
     ctx.manifest.format = "torch"
     ctx.manifest.runtime.backend_chain = ["torch-eager"]
     ctx.manifest.io = {
-        "inputs": [{"name": n, "dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape)}
-                   for n, t in zip(names, example)],
-        "outputs": [{"name": f"output_{i}", "dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape)}
-                    for i, t in enumerate(ref_t)]}
-    ctx.manifest.parity["torch-export"] = {"max_abs_diff": max_abs, "samples": 1,
-                                                             "reference": "the nn.Module itself"}
+        "inputs": [
+            {"name": n, "dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape)}
+            for n, t in zip(names, example)
+        ],
+        "outputs": [
+            {"name": f"output_{i}", "dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape)}
+            for i, t in enumerate(ref_t)
+        ],
+    }
+    ctx.manifest.parity["torch-export"] = {"max_abs_diff": max_abs, "samples": 1, "reference": "the nn.Module itself"}
     ctx.manifest.extras["torch_fallback"] = {
         "reason": f"ONNX export failed: {first_line}",
         "forcing_ops": ops,
         "graph_ops": _aten_ops(ep),
         "cost": {
-            "measured_here": {"eager_ms_p50": eager_ms, "device": "cpu", "runs": 10, "batch": int(example[0].shape[0])
-                              if hasattr(example[0], "shape") and len(example[0].shape) else 1},
+            "measured_here": {
+                "eager_ms_p50": eager_ms,
+                "device": "cpu",
+                "runs": 10,
+                "batch": int(example[0].shape[0]) if hasattr(example[0], "shape") and len(example[0].shape) else 1,
+            },
             "estimated_on_gpu": eager_cost_estimate(ctx.precision),
             "note": "no ONNX/TensorRT graph: the target runs this eagerly (no fused kernels, no CUDA graphs "
-                    "unless the runtime can compile); on a GPU at batch 1 that costs the ratios above",
+            "unless the runtime can compile); on a GPU at batch 1 that costs the ratios above",
         },
     }
     ctx.runtime_requires.append("torch")

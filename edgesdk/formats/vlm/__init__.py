@@ -40,18 +40,27 @@ class VLMFormat:
         if facts.task != TASK:
             return None
         if "gguf" not in profile.policy["formats"]:
-            raise InputError(f"profile {profile.name} does not list gguf (the VLM runtime is llama.cpp); "
-                             "pass --format to override")
-        return Decision("format", "vlm", "vision-language model: built as components for llama.cpp (F16 mmproj "
-                                         "GGUF for the vision encoder + projector, quantized GGUF decoder), the "
-                                         "runtime Jetson and CPU hosts use for LLMs")
+            raise InputError(
+                f"profile {profile.name} does not list gguf (the VLM runtime is llama.cpp); pass --format to override"
+            )
+        return Decision(
+            "format",
+            "vlm",
+            "vision-language model: built as components for llama.cpp (F16 mmproj "
+            "GGUF for the vision encoder + projector, quantized GGUF decoder), the "
+            "runtime Jetson and CPU hosts use for LLMs",
+        )
 
     def plan_precision(self, facts: ModelFacts, profile: Profile, options: BuildOptions) -> Decision | None:
-        return Decision("precision", "mixed", "per component: vision encoder + projector F16, decoder quantized "
-                                              "by the memory arithmetic below")
+        return Decision(
+            "precision",
+            "mixed",
+            "per component: vision encoder + projector F16, decoder quantized by the memory arithmetic below",
+        )
 
-    def plan(self, facts: ModelFacts, profile: Profile, options: BuildOptions, host: HostFacts,
-             precision: str) -> VlmPlan:
+    def plan(
+        self, facts: ModelFacts, profile: Profile, options: BuildOptions, host: HostFacts, precision: str
+    ) -> VlmPlan:
         from edgesdk.formats.vlm.plan import plan_vlm
 
         return plan_vlm(facts, profile, options)

@@ -51,8 +51,11 @@ def test_images(directory: Path, sizes: tuple[tuple[int, int], ...] | None = Non
     y, x = np.mgrid[0:h0, 0:w0]
     grad = np.stack([x * 255 // (w0 - 1), y * 255 // (h0 - 1), (x + y) * 255 // (w0 + h0 - 2)], axis=-1)
     y, x = np.mgrid[0:h1, 0:w1]
-    imgs = [grad, np.stack([((x // 10 + y // 10) % 2) * 255] * 3, axis=-1),
-            np.random.default_rng(0).integers(0, 256, size=(h2, w2, 3))]
+    imgs = [
+        grad,
+        np.stack([((x // 10 + y // 10) % 2) * 255] * 3, axis=-1),
+        np.random.default_rng(0).integers(0, 256, size=(h2, w2, 3)),
+    ]
     out = []
     for i, a in enumerate(imgs):
         out.append(directory / f"parity{i}.png")
@@ -151,26 +154,51 @@ def hf_vlm_reference(hf_dir: Path, images: list[Path], prompt: str, n_tokens: in
     with tempfile.TemporaryDirectory(prefix="edgesdk-vlm-ref-") as tmp:
         spec, out = Path(tmp) / "spec.json", Path(tmp) / "ref.npz"
         arch = config_architecture(vconv.read_config(hf_dir))
-        spec.write_text(json.dumps({"images": [str(p) for p in images], "prompt": prompt, "n": n_tokens,
-                                    "architecture": arch}))
+        spec.write_text(
+            json.dumps({"images": [str(p) for p in images], "prompt": prompt, "n": n_tokens, "architecture": arch})
+        )
         # a transformers 5 checkpoint as this host's transformers 4 loads it (unchanged otherwise)
         ref_dir = gconv.reference_dir(Path(hf_dir), Path(tmp) / "ref", rename=vconv.canonical_name)
-        proc = subprocess.run([sys.executable, "-c", _HF_CHILD, str(ref_dir), str(spec), str(out)],
-                              capture_output=True, text=True, timeout=3600)
+        proc = subprocess.run(
+            [sys.executable, "-c", _HF_CHILD, str(ref_dir), str(spec), str(out)],
+            capture_output=True,
+            text=True,
+            timeout=3600,
+        )
         if proc.returncode != 0 or not out.is_file():
             lines = [ln for ln in (proc.stderr or "").splitlines() if ln.strip()]
             raise ExternalToolError(f"PyTorch VLM reference failed: {lines[-1][:200] if lines else proc.returncode}")
         with np.load(out) as d:
-            return [{"features": d[f"features{i}"], "tokens": d[f"tokens{i}"].tolist(),
-                     "input_ids": d[f"input_ids{i}"].tolist(),
-                     **({"features_unfixed": d[f"features_unfixed{i}"],
-                         "tokens_unfixed": d[f"tokens_unfixed{i}"].tolist()}
-                        if f"features_unfixed{i}" in d.files else {})} for i in range(len(images))]
+            return [
+                {
+                    "features": d[f"features{i}"],
+                    "tokens": d[f"tokens{i}"].tolist(),
+                    "input_ids": d[f"input_ids{i}"].tolist(),
+                    **(
+                        {
+                            "features_unfixed": d[f"features_unfixed{i}"],
+                            "tokens_unfixed": d[f"tokens_unfixed{i}"].tolist(),
+                        }
+                        if f"features_unfixed{i}" in d.files
+                        else {}
+                    ),
+                }
+                for i in range(len(images))
+            ]
 
 
-def component_parity(hf_dir: Path, decoder: Path, mmproj: Path, *, n_tokens: int = GREEDY_TOKENS,
-                     prompt: str = PARITY_PROMPT, work: Path | None = None, onnx_encoder: Path | None = None,
-                     mmproj_encodes: bool = True, open_backend: Callable[..., Any]) -> dict[str, Any]:
+def component_parity(
+    hf_dir: Path,
+    decoder: Path,
+    mmproj: Path,
+    *,
+    n_tokens: int = GREEDY_TOKENS,
+    prompt: str = PARITY_PROMPT,
+    work: Path | None = None,
+    onnx_encoder: Path | None = None,
+    mmproj_encodes: bool = True,
+    open_backend: Callable[..., Any],
+) -> dict[str, Any]:
     """Encoder + projector features (llama.cpp F16 mmproj vs PyTorch) and greedy tokens end to end; with
     ``onnx_encoder``, the same for the FP16 ONNX encoder (``onnx_encoder.onnx_parity``). With
     ``mmproj_encodes=False`` (a class-token CLIP tower with a tokenize-only mmproj, convert.CLASS_TOKEN_NOTE) the
@@ -203,8 +231,9 @@ def component_parity(hf_dir: Path, decoder: Path, mmproj: Path, *, n_tokens: int
             got = backend.image_features(path).astype(np.float64)
             want = ref["features"]
             if got.shape != want.shape:
-                raise ParityError(f"image features shape {list(got.shape)} from llama.cpp vs {list(want.shape)} "
-                                  "from PyTorch")
+                raise ParityError(
+                    f"image features shape {list(got.shape)} from llama.cpp vs {list(want.shape)} from PyTorch"
+                )
             cos = (got * want).sum(1) / np.clip(np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1), 1e-30, None)
             backend.generate(prompt, images=[path], max_tokens=n_tokens, temperature=0.0, seed=0)
             ours = backend.last["output_ids"]
@@ -212,11 +241,18 @@ def component_parity(hf_dir: Path, decoder: Path, mmproj: Path, *, n_tokens: int
             same = ours == ref["tokens"]  # both stop at an end-of-generation token or after n_tokens
             equal += int(same)
             cos_min = min(cos_min, float(cos.min()))
-            per_image.append({"image": path.name, "image_tokens": int(got.shape[0]),
-                              "min_cosine": round(float(cos.min()), 6),
-                              "max_abs": round(float(np.abs(got - want).max()), 6), "tokens_ours": ours,
-                              "tokens_pytorch": ref["tokens"], "input_tokens_ours": backend.last["input_tokens"],
-                              "input_tokens_pytorch": len(ref["input_ids"])})
+            per_image.append(
+                {
+                    "image": path.name,
+                    "image_tokens": int(got.shape[0]),
+                    "min_cosine": round(float(cos.min()), 6),
+                    "max_abs": round(float(np.abs(got - want).max()), 6),
+                    "tokens_ours": ours,
+                    "tokens_pytorch": ref["tokens"],
+                    "input_tokens_ours": backend.last["input_tokens"],
+                    "input_tokens_pytorch": len(ref["input_ids"]),
+                }
+            )
             if "features_unfixed" in ref:
                 u = ref["features_unfixed"]
                 cu = (got * u).sum(1) / np.clip(np.linalg.norm(got, axis=1) * np.linalg.norm(u, axis=1), 1e-30, None)
@@ -224,28 +260,53 @@ def component_parity(hf_dir: Path, decoder: Path, mmproj: Path, *, n_tokens: int
                 unfixed["greedy_equal"] = unfixed.get("greedy_equal", 0) + int(ours == ref["tokens_unfixed"])
     finally:
         backend.close()
-    out: dict[str, Any] = {"images": len(images), "encoder_min_cosine": round(cos_min, 6),
-                 "greedy_equal": f"{equal}/{len(images)}", "greedy_tokens": n_tokens, "per_image": per_image}
+    out: dict[str, Any] = {
+        "images": len(images),
+        "encoder_min_cosine": round(cos_min, 6),
+        "greedy_equal": f"{equal}/{len(images)}",
+        "greedy_tokens": n_tokens,
+        "per_image": per_image,
+    }
     if unfixed:
         import transformers
 
-        out["reference"] = (f"transformers {transformers.__version__} with the vision position ids the model "
-                            "was trained with (0..n-1 per axis, as llama.cpp and transformers before 4.55 / "
-                            "after PR #41374); "
-                            "its own 4.55-4.57 embeddings shift them (transformers issue #41190)")
-        out["vs_unmodified_transformers"] = {"encoder_min_cosine": unfixed["min_cosine"],
-                                             "greedy_equal": f"{unfixed['greedy_equal']}/{len(images)}"}
+        out["reference"] = (
+            f"transformers {transformers.__version__} with the vision position ids the model "
+            "was trained with (0..n-1 per axis, as llama.cpp and transformers before 4.55 / "
+            "after PR #41374); "
+            "its own 4.55-4.57 embeddings shift them (transformers issue #41190)"
+        )
+        out["vs_unmodified_transformers"] = {
+            "encoder_min_cosine": unfixed["min_cosine"],
+            "greedy_equal": f"{unfixed['greedy_equal']}/{len(images)}",
+        }
     if not mmproj_encodes:
         times = pipe.encode_s["onnx"]
-        out.update(encoder="onnx", why=vconv.CLASS_TOKEN_NOTE, onnx_encoder={
-            "provider": "CPUExecutionProvider (build host; the runtime prefers TensorRT > CUDA)",
-            "encode_ms_median": round(float(np.median(times[1:] or times)) * 1e3, 3) if times else None})
+        out.update(
+            encoder="onnx",
+            why=vconv.CLASS_TOKEN_NOTE,
+            onnx_encoder={
+                "provider": "CPUExecutionProvider (build host; the runtime prefers TensorRT > CUDA)",
+                "encode_ms_median": round(float(np.median(times[1:] or times)) * 1e3, 3) if times else None,
+            },
+        )
     elif onnx_encoder is not None:
         from edgesdk.formats.vlm.onnx_encoder import onnx_parity
 
-        out["onnx_encoder"] = onnx_parity(decoder, mmproj, onnx_encoder, pre, images, refs, mm_results, n_ctx=n_ctx,
-                                          n_tokens=n_tokens, prompt=prompt, mmproj_encode_s=pipe.encode_s["mmproj"],
-                                          open_backend=open_backend)
+        out["onnx_encoder"] = onnx_parity(
+            decoder,
+            mmproj,
+            onnx_encoder,
+            pre,
+            images,
+            refs,
+            mm_results,
+            n_ctx=n_ctx,
+            n_tokens=n_tokens,
+            prompt=prompt,
+            mmproj_encode_s=pipe.encode_s["mmproj"],
+            open_backend=open_backend,
+        )
     return out
 
 
@@ -282,89 +343,136 @@ def build_vlm(ctx: BuildContext) -> None:
             logits = gconv.logits_parity(text_dir, f16, text)
             parity["decoder_logits_vs_hf"] = logits
             if logits["min_cosine"] < LOGITS_MIN_COSINE or logits["top1_agreement"] < LOGITS_MIN_TOP1:
-                raise ParityError(f"F16 decoder logits differ from PyTorch: min cosine {logits['min_cosine']:.5f}, "
-                                  f"top-1 {logits['top1_agreement']:.3f}")
+                raise ParityError(
+                    f"F16 decoder logits differ from PyTorch: min cosine {logits['min_cosine']:.5f}, "
+                    f"top-1 {logits['top1_agreement']:.3f}"
+                )
             parity["decoder_sanity"] = sanity_check(final, f"{quant} decoder of {facts.name}")
             if quant != "F16":
-                ppl_out, ppl_ref = (gconv.perplexity(final, text, min(256, n_ctx)),
-                                    gconv.perplexity(f16, text, min(256, n_ctx)))
+                ppl_out, ppl_ref = (
+                    gconv.perplexity(final, text, min(256, n_ctx)),
+                    gconv.perplexity(f16, text, min(256, n_ctx)),
+                )
                 ratio = ppl_out["ppl"] / ppl_ref["ppl"]
                 parity.update(decoder_ppl=ppl_out, decoder_ppl_reference=ppl_ref, decoder_ppl_ratio=round(ratio, 5))
                 if ratio > PPL_RATIO_MAX.get(quant, 1.1):
-                    raise ParityError(f"{quant} decoder perplexity is {ratio:.4f}x the F16 one "
-                                      f"(limit {PPL_RATIO_MAX.get(quant, 1.1)}x)")
+                    raise ParityError(
+                        f"{quant} decoder perplexity is {ratio:.4f}x the F16 one "
+                        f"(limit {PPL_RATIO_MAX.get(quant, 1.1)}x)"
+                    )
             ctx.progress("parity: image features (llama.cpp mmproj vs PyTorch) and greedy tokens end to end (F16)")
             if ctx.parity_backend is None:
-                raise BackendUnavailableError("the VLM parity stage needs the runtime's parity_backend "
-                                              "(edgesdk.build hands it over as ctx.parity_backend)")
-            comp = component_parity(src, f16, mmproj, n_tokens=int(thresholds.get("greedy_tokens", GREEDY_TOKENS)),
-                                    work=work, onnx_encoder=ctx.staging / "vision_encoder.onnx" if onnx_info else None,
-                                    mmproj_encodes=mm_info.get("encodes", True), open_backend=ctx.parity_backend)
+                raise BackendUnavailableError(
+                    "the VLM parity stage needs the runtime's parity_backend "
+                    "(edgesdk.build hands it over as ctx.parity_backend)"
+                )
+            comp = component_parity(
+                src,
+                f16,
+                mmproj,
+                n_tokens=int(thresholds.get("greedy_tokens", GREEDY_TOKENS)),
+                work=work,
+                onnx_encoder=ctx.staging / "vision_encoder.onnx" if onnx_info else None,
+                mmproj_encodes=mm_info.get("encodes", True),
+                open_backend=ctx.parity_backend,
+            )
             parity["vision"] = comp
             if comp["encoder_min_cosine"] < thresholds.get("encoder_min_cosine", ENCODER_MIN_COSINE):
-                raise ParityError(f"image features from the {comp.get('encoder', 'F16 mmproj')} encoder differ from "
-                                  f"PyTorch: min cosine "
-                                  f"{comp['encoder_min_cosine']:.5f} per image token")
+                raise ParityError(
+                    f"image features from the {comp.get('encoder', 'F16 mmproj')} encoder differ from "
+                    f"PyTorch: min cosine "
+                    f"{comp['encoder_min_cosine']:.5f} per image token"
+                )
             n_eq, n_img = (int(x) for x in comp["greedy_equal"].split("/"))
             if n_eq != n_img:
-                raise ParityError(f"greedy tokens of the F16 build differ from PyTorch's on {n_img - n_eq} of "
-                                  f"{n_img} test images")
+                raise ParityError(
+                    f"greedy tokens of the F16 build differ from PyTorch's on {n_img - n_eq} of {n_img} test images"
+                )
             ox = comp.get("onnx_encoder")
             if ox is not None and mm_info.get("encodes", True):  # else the figures above are the ONNX encoder's
                 if ox["encoder_min_cosine"] < thresholds.get("encoder_min_cosine", ENCODER_MIN_COSINE):
-                    raise ParityError(f"image features from the FP16 ONNX encoder differ from PyTorch: min cosine "
-                                      f"{ox['encoder_min_cosine']:.5f} per image token")
+                    raise ParityError(
+                        f"image features from the FP16 ONNX encoder differ from PyTorch: min cosine "
+                        f"{ox['encoder_min_cosine']:.5f} per image token"
+                    )
                 if mm_info.get("encodes", True) and ox["greedy_equal_mmproj"] != f"{n_img}/{n_img}":
-                    raise ParityError(f"greedy tokens with the FP16 ONNX encoder differ from the mmproj path's on "
-                                      f"{ox['greedy_equal_mmproj']} equal test images")
+                    raise ParityError(
+                        f"greedy tokens with the FP16 ONNX encoder differ from the mmproj path's on "
+                        f"{ox['greedy_equal_mmproj']} equal test images"
+                    )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if (src / "preprocessor_config.json").is_file():
         shutil.copyfile(src / "preprocessor_config.json", ctx.staging / "preprocessor_config.json")
     else:  # transformers 5: the image processor is nested in processor_config.json; the bundle keeps its own file
-        (ctx.staging / "preprocessor_config.json").write_text(json.dumps(vconv.image_processor(src), indent=2) + "\n",
-                                                              encoding="utf-8")
+        (ctx.staging / "preprocessor_config.json").write_text(
+            json.dumps(vconv.image_processor(src), indent=2) + "\n", encoding="utf-8"
+        )
     for rel, role in (("model.gguf", "model"), ("mmproj.gguf", "mmproj"), ("preprocessor_config.json", "config")):
         ctx.add_artifact(rel, role)
     if onnx_info:
         ctx.add_artifact("vision_encoder.onnx", "vision_encoder")
     out_facts = gguf_facts(final)
     ctx.manifest.parity = parity
-    ctx.manifest.io = {"inputs": [{"name": "prompt", "type": "text"}, {"name": "images", "type": "image"},
-                                  {"name": "messages", "type": "chat"}],
-                       "outputs": [{"name": "text", "type": "text"}], "n_vocab": out_facts.get("n_vocab")}
+    ctx.manifest.io = {
+        "inputs": [
+            {"name": "prompt", "type": "text"},
+            {"name": "images", "type": "image"},
+            {"name": "messages", "type": "chat"},
+        ],
+        "outputs": [{"name": "text", "type": "text"}],
+        "n_vocab": out_facts.get("n_vocab"),
+    }
     from edgesdk.formats.gguf.build import llm_config
 
     ctx.manifest.llm = llm_config(plan, out_facts, final, n_ctx=n_ctx, quant=quant, converted=dec_info)
     ctx.manifest.extras["vlm"] = {
-        "components": {"vision_encoder": {"artifact": "mmproj.gguf", "precision": "F16"},
-                       "projector": {"artifact": "mmproj.gguf", "precision": "F16", "type": mm_info["projector_type"]},
-                       "decoder": {"artifact": "model.gguf", "precision": quant},
-                       # the model's own image preprocessing (size, mean/std, resampling) the runtime applies
-                       "image_preprocessor": {"artifact": "preprocessor_config.json"}},
-        "image_size": mm_info["image_size"], "image_tokens": mm_info["image_tokens"], "mmproj": mm_info,
-        "mmproj_bytes": mmproj.stat().st_size}
+        "components": {
+            "vision_encoder": {"artifact": "mmproj.gguf", "precision": "F16"},
+            "projector": {"artifact": "mmproj.gguf", "precision": "F16", "type": mm_info["projector_type"]},
+            "decoder": {"artifact": "model.gguf", "precision": quant},
+            # the model's own image preprocessing (size, mean/std, resampling) the runtime applies
+            "image_preprocessor": {"artifact": "preprocessor_config.json"},
+        },
+        "image_size": mm_info["image_size"],
+        "image_tokens": mm_info["image_tokens"],
+        "mmproj": mm_info,
+        "mmproj_bytes": mmproj.stat().st_size,
+    }
     if not mm_info.get("encodes", True):  # class-token tower: the ONNX graph encodes, the mmproj tokenizes
         comps = ctx.manifest.extras["vlm"]["components"]
-        comps["vision_encoder"] = {"artifact": "vision_encoder.onnx", "precision": "FP16",
-                                   "why": vconv.CLASS_TOKEN_NOTE}
+        comps["vision_encoder"] = {
+            "artifact": "vision_encoder.onnx",
+            "precision": "FP16",
+            "why": vconv.CLASS_TOKEN_NOTE,
+        }
         comps["projector"].update(artifact="vision_encoder.onnx", precision="FP16")
-        comps["image_chunk_tokenizer"] = {"artifact": "mmproj.gguf", "precision": "F16",
-                                          "use": "libmtmd tokenizes image chunks with it; it never encodes"}
+        comps["image_chunk_tokenizer"] = {
+            "artifact": "mmproj.gguf",
+            "precision": "F16",
+            "use": "libmtmd tokenizes image chunks with it; it never encodes",
+        }
     if onnx_info:
         ctx.manifest.extras["vlm"]["components"]["vision_encoder_onnx"] = {
-            "artifact": "vision_encoder.onnx", "precision": "FP16", "includes": "vision encoder + projector",
+            "artifact": "vision_encoder.onnx",
+            "precision": "FP16",
+            "includes": "vision encoder + projector",
             "providers": section.vision_runtime.providers if section.vision_runtime is not None else None,
-            **onnx_info}
+            **onnx_info,
+        }
     ctx.manifest.runtime.backend_chain = ["llama.cpp + libmtmd (GPU offload)", "llama.cpp + libmtmd (CPU)"]
     if onnx_info:  # the vision encoder's own chain; the decoder's stays llama.cpp
         ctx.manifest.extras["vlm"]["vision_encoder_chain"] = [
-            "onnxruntime TensorrtExecutionProvider (FP16 ONNX)", "onnxruntime CUDAExecutionProvider (FP16 ONNX)",
-            "llama.cpp libmtmd (F16 mmproj)" if mm_info.get("encodes", True)
-            else "onnxruntime CPUExecutionProvider (FP16 ONNX)"]
+            "onnxruntime TensorrtExecutionProvider (FP16 ONNX)",
+            "onnxruntime CUDAExecutionProvider (FP16 ONNX)",
+            "llama.cpp libmtmd (F16 mmproj)"
+            if mm_info.get("encodes", True)
+            else "onnxruntime CPUExecutionProvider (FP16 ONNX)",
+        ]
     ctx.runtime_requires.extend(["llama-cpp-python", "pillow"])
     from edgesdk.host import dist_of, tool_versions
 
-    ctx.tools.update(tool_versions(("llama-cpp-python", "gguf", "transformers", "torch", "pillow", "onnx",
-                                    dist_of("onnxruntime"))))
+    ctx.tools.update(
+        tool_versions(("llama-cpp-python", "gguf", "transformers", "torch", "pillow", "onnx", dist_of("onnxruntime")))
+    )
     ctx.set_precision(f"mixed (encoder F16, decoder {quant})")

@@ -42,8 +42,16 @@ _LM_HEAD = ("language_model.lm_head.", "lm_head.")
 _VISION_PREFIXES = ("vision_tower.", "model.vision_tower.")
 _PROJ_PREFIXES = ("multi_modal_projector.", "model.multi_modal_projector.")
 _PROJ_NAMES = {"linear_1": "mm.0", "linear_2": "mm.2"}
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                   "chat_template.jinja", "generation_config.json", "README.md", "LICENSE")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "chat_template.jinja",
+    "generation_config.json",
+    "README.md",
+    "LICENSE",
+)
 SUPPORTED_VISION = {"siglip_vision_model", "clip_vision_model"}
 CLASS_TOKEN_VISION = {"clip_vision_model"}
 # Why a CLIP tower's mmproj only tokenizes (LLaVA-1.5, issue 21): llama.cpp's LLaVA graph (tools/mtmd/models/llava.cpp
@@ -54,9 +62,11 @@ CLASS_TOKEN_VISION = {"clip_vision_model"}
 # layout can change. Measured on a random CLIP-LLaVA: per-token cosine vs PyTorch 0.45-0.99, rows shifted by one.
 # So the bundle's vision encoder is the FP16 ONNX graph (PyTorch's get_image_features), on any ONNX Runtime provider
 # (the CPU included); the mmproj stays for libmtmd's tokenization of image chunks (576 positions) and never encodes.
-CLASS_TOKEN_NOTE = ("llama.cpp's LLaVA graph orders the class token after the patches and keeps a shifted row set, "
-                    "so its mmproj encoder cannot reproduce a CLIP tower (docs/vlm.md); the bundle encodes images "
-                    "with the FP16 ONNX encoder on any ONNX Runtime provider, the CPU included")
+CLASS_TOKEN_NOTE = (
+    "llama.cpp's LLaVA graph orders the class token after the patches and keeps a shifted row set, "
+    "so its mmproj encoder cannot reproduce a CLIP tower (docs/vlm.md); the bundle encodes images "
+    "with the FP16 ONNX encoder on any ONNX Runtime provider, the CPU included"
+)
 SUPPORTED_TEXT = {"llama"}
 ACT_GELU = {"gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast"}
 SKIPPED_VISION = ("post_layernorm", "position_ids", ".head.")
@@ -122,17 +132,25 @@ def check_llava(config: dict[str, Any], directory: Path) -> None:
     vision, text = config.get("vision_config") or {}, config.get("text_config") or {}
     vt, tt = vision.get("model_type"), text.get("model_type", "llama")
     if vt not in SUPPORTED_VISION:
-        raise ModelError(f"{directory}: vision tower {vt!r} is not supported for the llama.cpp mmproj "
-                         f"(supported: {', '.join(sorted(SUPPORTED_VISION))})")
+        raise ModelError(
+            f"{directory}: vision tower {vt!r} is not supported for the llama.cpp mmproj "
+            f"(supported: {', '.join(sorted(SUPPORTED_VISION))})"
+        )
     if tt not in SUPPORTED_TEXT:
-        raise ModelError(f"{directory}: language model {tt!r} is not supported (supported: "
-                         f"{', '.join(sorted(SUPPORTED_TEXT))})")
+        raise ModelError(
+            f"{directory}: language model {tt!r} is not supported (supported: {', '.join(sorted(SUPPORTED_TEXT))})"
+        )
     strategy = config.get("vision_feature_select_strategy", "default")
     want = "default" if vt in CLASS_TOKEN_VISION else "full"
     if strategy != want:
-        raise ModelError(f"{directory}: vision_feature_select_strategy {strategy!r} is not supported for a "
-                         + ("CLIP tower (supported: default, the patch features without the class token)"
-                            if want == "default" else "SigLIP tower (supported: full, every patch feature)"))
+        raise ModelError(
+            f"{directory}: vision_feature_select_strategy {strategy!r} is not supported for a "
+            + (
+                "CLIP tower (supported: default, the patch features without the class token)"
+                if want == "default"
+                else "SigLIP tower (supported: full, every patch feature)"
+            )
+        )
     layer = config.get("vision_feature_layer", -2)
     if not isinstance(layer, int):
         raise ModelError(f"{directory}: vision_feature_layer {layer!r}: only one feature layer is supported")
@@ -151,13 +169,21 @@ def check_idefics3(config: dict[str, Any], directory: Path) -> None:
     if vt not in IDEFICS3_VISION:
         raise ModelError(f"{directory}: vision tower {vt!r} is not an Idefics3/SmolVLM vision model")
     if tt not in SUPPORTED_TEXT:
-        raise ModelError(f"{directory}: language model {tt!r} is not supported (supported: "
-                         f"{', '.join(sorted(SUPPORTED_TEXT))})")
+        raise ModelError(
+            f"{directory}: language model {tt!r} is not supported (supported: {', '.join(sorted(SUPPORTED_TEXT))})"
+        )
     size, patch, scale = vision.get("image_size"), vision.get("patch_size"), config.get("scale_factor", 2)
-    if not (isinstance(size, int) and isinstance(patch, int) and isinstance(scale, int) and min(size, patch, scale) > 0
-            and size % patch == 0 and (size // patch) % scale == 0):
-        raise ModelError(f"{directory}: image_size / patch_size must be a multiple of scale_factor "
-                         f"(got {size}, {patch}, {scale})")
+    if not (
+        isinstance(size, int)
+        and isinstance(patch, int)
+        and isinstance(scale, int)
+        and min(size, patch, scale) > 0
+        and size % patch == 0
+        and (size // patch) % scale == 0
+    ):
+        raise ModelError(
+            f"{directory}: image_size / patch_size must be a multiple of scale_factor (got {size}, {patch}, {scale})"
+        )
     if scale < 2:
         raise ModelError(f"{directory}: scale_factor {scale} is not supported by llama.cpp's pixel shuffle (>= 2)")
     if vision.get("hidden_act", "gelu_pytorch_tanh") not in ACT_GELU:
@@ -181,7 +207,7 @@ def _arrays(directory: Path) -> Iterator[tuple[str, np.ndarray]]:
 def _strip(name: str, prefixes: tuple[str, ...]) -> str | None:
     for p in prefixes:
         if name.startswith(p):
-            return name[len(p):]
+            return name[len(p) :]
     return None
 
 
@@ -229,16 +255,21 @@ def image_processor(directory: Path) -> dict[str, Any]:
 
     pre = image_processor_config(Path(directory))
     if pre is None:
-        raise ModelError(f"{directory}: no image processor (preprocessor_config.json, or processor_config.json's "
-                         "image_processor with transformers 5): the image size and mean/std come from it",
-                         hint="save the processor next to the weights with processor.save_pretrained()")
+        raise ModelError(
+            f"{directory}: no image processor (preprocessor_config.json, or processor_config.json's "
+            "image_processor with transformers 5): the image size and mean/std come from it",
+            hint="save the processor next to the weights with processor.save_pretrained()",
+        )
     return pre
 
 
 def _preprocessor(directory: Path) -> dict[str, Any]:
     pre = image_processor(directory)
-    path = Path(directory) / ("preprocessor_config.json" if (Path(directory) / "preprocessor_config.json").is_file()
-                              else "processor_config.json")
+    path = Path(directory) / (
+        "preprocessor_config.json"
+        if (Path(directory) / "preprocessor_config.json").is_file()
+        else "processor_config.json"
+    )
     for key in ("image_mean", "image_std"):
         v = pre.get(key)
         if not (isinstance(v, list) and len(v) == 3 and all(isinstance(x, (int, float)) for x in v)):
@@ -254,10 +285,18 @@ def feature_layer(config: dict[str, Any]) -> int:
     return layer if layer >= 0 else n_layer + 1 + layer
 
 
-
-def _clip_writer(directory: Path, out_path: Path, name: str | None, projector: str, vision: dict[str, Any],
-                 text: dict[str, Any], pre: dict[str, Any], *, eps_default: float,
-                 block_count: int | None = None) -> Any:
+def _clip_writer(
+    directory: Path,
+    out_path: Path,
+    name: str | None,
+    projector: str,
+    vision: dict[str, Any],
+    text: dict[str, Any],
+    pre: dict[str, Any],
+    *,
+    eps_default: float,
+    block_count: int | None = None,
+) -> Any:
     """A GGUFWriter for an mmproj with the vision keys every family shares (clip.cpp's names)."""
     import gguf
 
@@ -279,6 +318,7 @@ def _clip_writer(directory: Path, out_path: Path, name: str | None, projector: s
     writer.add_vision_image_std([float(x) for x in pre["image_std"]])
     return writer
 
+
 def write_mmproj(directory: Path, out_path: Path, *, name: str | None = None) -> dict[str, Any]:
     """Write the vision tower + projector of a HF VLM directory as an F16 llama.cpp mmproj GGUF (the family
     record's writer, after its check)."""
@@ -291,8 +331,9 @@ def write_mmproj(directory: Path, out_path: Path, *, name: str | None = None) ->
     return fam.write_mmproj(directory, out_path, config, name=name)
 
 
-def write_mmproj_llava(directory: Path, out_path: Path, config: dict[str, Any], *,
-                       name: str | None = None) -> dict[str, Any]:
+def write_mmproj_llava(
+    directory: Path, out_path: Path, config: dict[str, Any], *, name: str | None = None
+) -> dict[str, Any]:
     """The LLaVA vision tower (SigLIP or CLIP) + MLP projector as an F16 mmproj GGUF (clip.cpp's ``mlp`` layout).
 
     A class-token (CLIP) tower gets a tokenize-only mmproj (CLASS_TOKEN_NOTE): the same keys with
@@ -304,8 +345,9 @@ def write_mmproj_llava(directory: Path, out_path: Path, config: dict[str, Any], 
     pre = _preprocessor(directory)
     n_layer = int(vision["num_hidden_layers"])
     tokenize_only = vision.get("model_type") in CLASS_TOKEN_VISION
-    writer = _clip_writer(directory, out_path, name, "mlp", vision, text, pre, eps_default=1e-5,
-                          block_count=0 if tokenize_only else None)
+    writer = _clip_writer(
+        directory, out_path, name, "mlp", vision, text, pre, eps_default=1e-5, block_count=0 if tokenize_only else None
+    )
     writer.add_array("clip.vision.feature_layer", [0 if tokenize_only else feature_layer(config)])
     act = vision.get("hidden_act", "quick_gelu")
     if act in ACT_GELU:
@@ -313,8 +355,10 @@ def write_mmproj_llava(directory: Path, out_path: Path, config: dict[str, Any], 
     elif act != "quick_gelu":
         raise ModelError(f"{directory}: vision hidden_act {act!r} is not supported (quick_gelu, gelu)")
     if config.get("projector_hidden_act", "gelu") not in ACT_GELU:
-        raise ModelError(f"{directory}: projector_hidden_act {config.get('projector_hidden_act')!r} is not "
-                         "supported (llama.cpp's LLaVA projector applies GELU)")
+        raise ModelError(
+            f"{directory}: projector_hidden_act {config.get('projector_hidden_act')!r} is not "
+            "supported (llama.cpp's LLaVA projector applies GELU)"
+        )
     layout = checkpoint_layout(directory)
     tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MMPROJ, n_layer)
     written, skipped = 0, []
@@ -342,19 +386,32 @@ def write_mmproj_llava(directory: Path, out_path: Path, config: dict[str, Any], 
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return {"tensors": written, "skipped": skipped, "projector_type": "mlp", "family": "llava",
-            "image_size": int(vision["image_size"]), "patch_size": int(vision["patch_size"]),
-            "image_tokens": (int(vision["image_size"]) // int(vision["patch_size"])) ** 2,
-            "feature_layer": feature_layer(config), "image_mean": pre["image_mean"], "image_std": pre["image_std"],
-            "checkpoint_layout": layout, "vision_model_type": vision.get("model_type"),
-            # a class-token tower: the mmproj tokenizes image chunks only, the ONNX encoder encodes (CLASS_TOKEN_NOTE)
-            "encodes": not tokenize_only, **({"tokenize_only": "clip.vision.block_count 0, projector tensors only "
-                                                              "(the tower is in vision_encoder.onnx)"}
-                                             if tokenize_only else {})}
+    return {
+        "tensors": written,
+        "skipped": skipped,
+        "projector_type": "mlp",
+        "family": "llava",
+        "image_size": int(vision["image_size"]),
+        "patch_size": int(vision["patch_size"]),
+        "image_tokens": (int(vision["image_size"]) // int(vision["patch_size"])) ** 2,
+        "feature_layer": feature_layer(config),
+        "image_mean": pre["image_mean"],
+        "image_std": pre["image_std"],
+        "checkpoint_layout": layout,
+        "vision_model_type": vision.get("model_type"),
+        # a class-token tower: the mmproj tokenizes image chunks only, the ONNX encoder encodes (CLASS_TOKEN_NOTE)
+        "encodes": not tokenize_only,
+        **(
+            {"tokenize_only": "clip.vision.block_count 0, projector tensors only (the tower is in vision_encoder.onnx)"}
+            if tokenize_only
+            else {}
+        ),
+    }
 
 
-def write_mmproj_idefics3(directory: Path, out_path: Path, config: dict[str, Any], *,
-                          name: str | None = None) -> dict[str, Any]:
+def write_mmproj_idefics3(
+    directory: Path, out_path: Path, config: dict[str, Any], *, name: str | None = None
+) -> dict[str, Any]:
     """The Idefics3 / SmolVLM vision tower + connector as an F16 mmproj GGUF in the layout of clip.cpp's
     ``idefics3`` projector (llama.cpp vendored by llama-cpp-python 0.3.36: ``tools/mtmd/clip.cpp``,
     ``models/siglip.cpp``): ``clip.projector_type = idefics3``, ``clip.vision.projector.scale_factor``
@@ -371,8 +428,9 @@ def write_mmproj_idefics3(directory: Path, out_path: Path, config: dict[str, Any
     pre = _preprocessor(directory)
     tile = int((pre.get("max_image_size") or {}).get("longest_edge", vision["image_size"]))
     if tile != int(vision["image_size"]):
-        raise ModelError(f"{directory}: max_image_size.longest_edge {tile} differs from the vision image_size "
-                         f"{vision['image_size']}")
+        raise ModelError(
+            f"{directory}: max_image_size.longest_edge {tile} differs from the vision image_size {vision['image_size']}"
+        )
     n_layer = int(vision["num_hidden_layers"])
     scale = int(config.get("scale_factor", 2))
     layout = checkpoint_layout(directory)
@@ -384,7 +442,7 @@ def write_mmproj_idefics3(directory: Path, out_path: Path, config: dict[str, Any
     written, skipped = 0, []
     for hf_name, data in _arrays(directory):
         if hf_name.startswith(_IDEFICS3_PROJ):
-            new = "mm.model.fc." + hf_name[len(_IDEFICS3_PROJ):]
+            new = "mm.model.fc." + hf_name[len(_IDEFICS3_PROJ) :]
         elif hf_name.startswith(_IDEFICS3_VISION_PREFIX):
             if "position_ids" in hf_name:
                 skipped.append(hf_name)
@@ -402,7 +460,16 @@ def write_mmproj_idefics3(directory: Path, out_path: Path, config: dict[str, Any
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return {"tensors": written, "skipped": skipped, "projector_type": "idefics3", "family": "idefics3",
-            "image_size": int(vision["image_size"]), "patch_size": int(vision["patch_size"]),
-            "scale_factor": scale, "image_tokens": idefics3_image_tokens(config),
-            "image_mean": pre["image_mean"], "image_std": pre["image_std"], "checkpoint_layout": layout}
+    return {
+        "tensors": written,
+        "skipped": skipped,
+        "projector_type": "idefics3",
+        "family": "idefics3",
+        "image_size": int(vision["image_size"]),
+        "patch_size": int(vision["patch_size"]),
+        "scale_factor": scale,
+        "image_tokens": idefics3_image_tokens(config),
+        "image_mean": pre["image_mean"],
+        "image_std": pre["image_std"],
+        "checkpoint_layout": layout,
+    }

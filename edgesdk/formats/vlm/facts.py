@@ -31,8 +31,9 @@ def image_processor_config(directory: Path) -> dict[str, Any] | None:
     return None
 
 
-def component_params(files: list[Path], components: tuple[tuple[str, tuple[str, ...]], ...] | None = None
-                     ) -> dict[str, int]:
+def component_params(
+    files: list[Path], components: tuple[tuple[str, tuple[str, ...]], ...] | None = None
+) -> dict[str, int]:
     """Parameters per component (vision_encoder, projector, decoder) from safetensors headers; ``components``: the
     family record's tensor prefixes per component (default: the first registered family's)."""
     components = components or by_architecture(None).component_prefixes
@@ -87,19 +88,26 @@ def hf_vlm_facts(directory: str | Path) -> dict[str, Any]:
     fam = by_architecture(arch, strict=False)
     pre = image_processor_config(directory) or {}
     dynamic = fam.frames == "dynamic"
-    tokens = fam.max_image_tokens(pre) if dynamic and fam.max_image_tokens is not None and pre else \
-        fam.image_tokens(cfg)
+    tokens = (
+        fam.max_image_tokens(pre) if dynamic and fam.max_image_tokens is not None and pre else fam.image_tokens(cfg)
+    )
     merge = int(vision.get("spatial_merge_size") or 1)
     return {
-        "architecture": arch, "family": fam.name, "scale_factor": cfg.get("scale_factor"),  # a pixel shuffle's
+        "architecture": arch,
+        "family": fam.name,
+        "scale_factor": cfg.get("scale_factor"),  # a pixel shuffle's
         "image_splitting": bool(pre.get("do_image_splitting")) if fam.frames == "tiles" else False,
         "max_frames": _max_frames(pre) if fam.frames == "tiles" and pre.get("do_image_splitting") else 1,
         "vision_model_type": vision.get("model_type"),
-        "text_model_type": text.get("model_type", "llama"), "image_size": size, "patch_size": patch,
+        "text_model_type": text.get("model_type", "llama"),
+        "image_size": size,
+        "patch_size": patch,
         # the tower's width (Qwen2-VL: embed_dim; its hidden_size is the merger's output)
-        "image_tokens": tokens, "vision_hidden": vision.get("embed_dim", vision.get("hidden_size")),
+        "image_tokens": tokens,
+        "vision_hidden": vision.get("embed_dim", vision.get("hidden_size")),
         # the tower's positions per frame (before a pixel shuffle or pooling reduces them to image tokens)
-        "encoder_positions": (size // patch) ** 2 if isinstance(size, int) and isinstance(patch, int) and patch
+        "encoder_positions": (size // patch) ** 2
+        if isinstance(size, int) and isinstance(patch, int) and patch
         else (tokens * merge * merge if dynamic and tokens else None),
         # dynamic resolution: image tokens depend on the image; image_tokens is the most one image becomes
         "dynamic_resolution": dynamic,
@@ -109,10 +117,14 @@ def hf_vlm_facts(directory: str | Path) -> dict[str, Any]:
         "component_params": component_params(files, fam.component_prefixes) if files else {},
         "preprocessor": bool(pre),
         # the decoder as the GGUF planner sees a causal LM
-        "gguf_supported": _decoder_supported(fam.text_architecture, text), "layers": text.get("num_hidden_layers"),
-        "heads": heads, "kv_heads": text.get("num_key_value_heads") or heads, "hidden": hidden,
+        "gguf_supported": _decoder_supported(fam.text_architecture, text),
+        "layers": text.get("num_hidden_layers"),
+        "heads": heads,
+        "kv_heads": text.get("num_key_value_heads") or heads,
+        "hidden": hidden,
         "head_dim": text.get("head_dim") or (hidden // heads if hidden and heads else None),
-        "ffn": text.get("intermediate_size"), "ctx_train": text.get("max_position_embeddings"),
+        "ffn": text.get("intermediate_size"),
+        "ctx_train": text.get("max_position_embeddings"),
         "n_vocab": text.get("vocab_size"),
         "tokenizer_files": [f for f in ("tokenizer.json", "tokenizer.model") if (directory / f).is_file()],
     }

@@ -94,12 +94,17 @@ def export_encoder(hf_dir: Path, fp32: Path, fp16: Path, *, opset: int = ONNX_OP
     with tempfile.TemporaryDirectory(prefix="edgesdk-vlm-export-") as tmp:
         # a transformers 5 checkpoint as this host's transformers 4 loads it (unchanged otherwise)
         src = reference_dir(Path(hf_dir), Path(tmp), rename=canonical_name)
-        proc = subprocess.run([sys.executable, "-c", _EXPORT_CHILD, str(src), str(fp32), str(opset)],
-                              capture_output=True, text=True, timeout=3600)
+        proc = subprocess.run(
+            [sys.executable, "-c", _EXPORT_CHILD, str(src), str(fp32), str(opset)],
+            capture_output=True,
+            text=True,
+            timeout=3600,
+        )
     if proc.returncode != 0 or not fp32.is_file():
         lines = [ln for ln in (proc.stderr or "").splitlines() if ln.strip()]
-        raise ExternalToolError("ONNX export of the vision encoder failed: "
-                                f"{lines[-1][:200] if lines else proc.returncode}")
+        raise ExternalToolError(
+            f"ONNX export of the vision encoder failed: {lines[-1][:200] if lines else proc.returncode}"
+        )
     info = json.loads(proc.stdout.strip().splitlines()[-1])
     model = onnx.load(str(fp32))
     m16 = convert_float_to_float16(model, keep_io_types=True)
@@ -109,15 +114,22 @@ def export_encoder(hf_dir: Path, fp32: Path, fp16: Path, *, opset: int = ONNX_OP
     ops = sorted({n.op_type for n in m16.graph.node})
     flow = sorted(CONTROL_FLOW_OPS & set(ops))
     if flow:
-        raise ExternalToolError(f"the exported vision encoder has control flow ({', '.join(flow)}): not "
-                                "TensorRT-friendly")
-    return {**info, "opset": opset, "exporter": "torch.onnx.export (TorchScript, static shape, eager attention)",
-            "fp16": "onnxruntime.transformers.float16 (keep_io_types: float32 input/output)",
-            "input": {"name": INPUT_NAME, "dtype": "float32", "shape": [1, 3, info["image_size"], info["image_size"]]},
-            "output": {"name": OUTPUT_NAME, "dtype": "float32",
-                       "shape": [1, info["image_tokens"], info["n_embd"]]},
-            "nodes": len(m16.graph.node), "op_types": ops, "control_flow": flow,
-            "bytes_fp32": fp32.stat().st_size, "bytes": fp16.stat().st_size}
+        raise ExternalToolError(
+            f"the exported vision encoder has control flow ({', '.join(flow)}): not TensorRT-friendly"
+        )
+    return {
+        **info,
+        "opset": opset,
+        "exporter": "torch.onnx.export (TorchScript, static shape, eager attention)",
+        "fp16": "onnxruntime.transformers.float16 (keep_io_types: float32 input/output)",
+        "input": {"name": INPUT_NAME, "dtype": "float32", "shape": [1, 3, info["image_size"], info["image_size"]]},
+        "output": {"name": OUTPUT_NAME, "dtype": "float32", "shape": [1, info["image_tokens"], info["n_embd"]]},
+        "nodes": len(m16.graph.node),
+        "op_types": ops,
+        "control_flow": flow,
+        "bytes_fp32": fp32.stat().st_size,
+        "bytes": fp16.stat().st_size,
+    }
 
 
 def topological_sort(graph: Any) -> None:
@@ -133,8 +145,9 @@ def topological_sort(graph: Any) -> None:
             else:
                 rest.append(node)
         if len(rest) == len(pending):
-            raise ExternalToolError(f"the exported vision encoder has a cycle or a dangling input at node "
-                                    f"{rest[0].name or rest[0].op_type}")
+            raise ExternalToolError(
+                f"the exported vision encoder has a cycle or a dangling input at node {rest[0].name or rest[0].op_type}"
+            )
         pending = rest
     copies = [type(n)() for n in ordered]
     for c, n in zip(copies, ordered, strict=True):
@@ -163,9 +176,21 @@ def min_token_cosine(got: np.ndarray, want: np.ndarray) -> float:
     return float(cos.min())
 
 
-def onnx_parity(decoder: Path, mmproj: Path, onnx: Path, preprocessor: dict[str, Any], images: list[Path],
-                refs: list[dict[str, Any]], mmproj_results: list[dict[str, Any]], *, n_ctx: int, n_tokens: int,
-                prompt: str, mmproj_encode_s: list[float], open_backend: Callable[..., Any]) -> dict[str, Any]:
+def onnx_parity(
+    decoder: Path,
+    mmproj: Path,
+    onnx: Path,
+    preprocessor: dict[str, Any],
+    images: list[Path],
+    refs: list[dict[str, Any]],
+    mmproj_results: list[dict[str, Any]],
+    *,
+    n_ctx: int,
+    n_tokens: int,
+    prompt: str,
+    mmproj_encode_s: list[float],
+    open_backend: Callable[..., Any],
+) -> dict[str, Any]:
     """The FP16 ONNX encoder through the runtime's own path (VLMPipeline with the encoder forced onto the CPU
     provider): features vs PyTorch and vs the mmproj's, and greedy tokens vs the mmproj path and PyTorch.
     ``mmproj_results``: per image ``features`` and ``tokens`` from the mmproj pipeline. ``open_backend``: the
@@ -182,9 +207,16 @@ def onnx_parity(decoder: Path, mmproj: Path, onnx: Path, preprocessor: dict[str,
             toks = backend.last["output_ids"]
             eq_pt, eq_mm = eq_pt + int(toks == ref["tokens"]), eq_mm + int(toks == mm["tokens"])
             cos_min, cos_mm_min = min(cos_min, c_pt), min(cos_mm_min, c_mm)
-            per_image.append({"image": path.name, "min_cosine": round(c_pt, 6), "min_cosine_vs_mmproj": round(c_mm, 6),
-                              "max_abs": round(float(np.abs(got - ref["features"]).max()), 6), "tokens_onnx": toks,
-                              "tokens_pytorch": ref["tokens"]})
+            per_image.append(
+                {
+                    "image": path.name,
+                    "min_cosine": round(c_pt, 6),
+                    "min_cosine_vs_mmproj": round(c_mm, 6),
+                    "max_abs": round(float(np.abs(got - ref["features"]).max()), 6),
+                    "tokens_onnx": toks,
+                    "tokens_pytorch": ref["tokens"],
+                }
+            )
     finally:
         backend.close()
 
@@ -192,8 +224,12 @@ def onnx_parity(decoder: Path, mmproj: Path, onnx: Path, preprocessor: dict[str,
         return round(float(np.median(v[1:] or v)) * 1e3, 3) if v else None
 
     n = len(images)
-    return {"provider": "CPUExecutionProvider (build host; the runtime prefers TensorRT > CUDA)",
-            "encoder_min_cosine": round(cos_min, 6), "min_cosine_vs_mmproj": round(cos_mm_min, 6),
-            "greedy_equal_pytorch": f"{eq_pt}/{n}", "greedy_equal_mmproj": f"{eq_mm}/{n}",
-            "encode_ms_median": {"onnx_cpu": ms(pipe.encode_s["onnx"]), "mmproj_cpu": ms(mmproj_encode_s)},
-            "per_image": per_image}
+    return {
+        "provider": "CPUExecutionProvider (build host; the runtime prefers TensorRT > CUDA)",
+        "encoder_min_cosine": round(cos_min, 6),
+        "min_cosine_vs_mmproj": round(cos_mm_min, 6),
+        "greedy_equal_pytorch": f"{eq_pt}/{n}",
+        "greedy_equal_mmproj": f"{eq_mm}/{n}",
+        "encode_ms_median": {"onnx_cpu": ms(pipe.encode_s["onnx"]), "mmproj_cpu": ms(mmproj_encode_s)},
+        "per_image": per_image,
+    }

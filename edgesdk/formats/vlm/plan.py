@@ -59,10 +59,13 @@ class VisionRuntime(JSONable):
     def from_json(cls, value: JSONValue) -> VisionRuntime:
         assert isinstance(value, dict)
         providers, precision, required = value.get("providers"), value.get("precision"), value.get("required")
-        return cls(runtime=str(value["runtime"]), onnx=value.get("onnx") is True,
-                   precision=str(precision) if precision is not None else None,
-                   required=bool(required) if required is not None else None,
-                   providers=[str(p) for p in providers] if isinstance(providers, list) else None)
+        return cls(
+            runtime=str(value["runtime"]),
+            onnx=value.get("onnx") is True,
+            precision=str(precision) if precision is not None else None,
+            required=bool(required) if required is not None else None,
+            providers=[str(p) for p in providers] if isinstance(providers, list) else None,
+        )
 
 
 @dataclass
@@ -77,9 +80,13 @@ class VlmPlan(GgufPlan):
     image_prefix_reuse: bool = False
 
     FIELDS: ClassVar[dict[str, str]] = {
-        **GgufPlan.FIELDS, "vlm.components": "components", "vlm.encoder": "encoder",
-        "vlm.vision_runtime": "vision_runtime", "vlm.memory": "memory_gb",
-        "vlm.image_prefix_reuse": "image_prefix_reuse"}
+        **GgufPlan.FIELDS,
+        "vlm.components": "components",
+        "vlm.encoder": "encoder",
+        "vlm.vision_runtime": "vision_runtime",
+        "vlm.memory": "memory_gb",
+        "vlm.image_prefix_reuse": "image_prefix_reuse",
+    }
     PARSE: ClassVar[dict[str, object]] = {**GgufPlan.PARSE, "vision_runtime": VisionRuntime.from_json}
 
     @property
@@ -108,21 +115,32 @@ def vision_runtime(profile: Profile, options: BuildOptions, params: int) -> Deci
     eps = [ep for ep in profile.execution_providers if ep in _FAST_EPS]
     size = f"{params:,} params x 2 B = {_gb(params * 2)}"
     if asked == "gguf" or (asked == "auto" and not eps):
-        why = ("--vision-runtime gguf" if asked == "gguf" else
-               f"profile {profile.name} lists no TensorRT/CUDA execution provider")
-        return Decision("vlm.vision_runtime", {"runtime": "gguf-mmproj", "onnx": False},
-                        f"{why}: the encoder runs in llama.cpp's libmtmd from the F16 mmproj only (no ONNX graph "
-                        f"built: without a GPU provider it would be a second copy of the encoder weights that "
-                        f"only the CPU could run)")
+        why = (
+            "--vision-runtime gguf"
+            if asked == "gguf"
+            else f"profile {profile.name} lists no TensorRT/CUDA execution provider"
+        )
+        return Decision(
+            "vlm.vision_runtime",
+            {"runtime": "gguf-mmproj", "onnx": False},
+            f"{why}: the encoder runs in llama.cpp's libmtmd from the F16 mmproj only (no ONNX graph "
+            f"built: without a GPU provider it would be a second copy of the encoder weights that "
+            f"only the CPU could run)",
+        )
     names = {"TensorrtExecutionProvider": "TensorRT", "CUDAExecutionProvider": "CUDA"}
-    why = (f"profile {profile.name} has {' and '.join(names[e] for e in eps)}"
-           if asked == "auto" else "--vision-runtime onnx")
-    return Decision("vlm.vision_runtime", {"runtime": "onnx", "onnx": True, "precision": "FP16",
-                                           "providers": eps or ["CPUExecutionProvider"]},
-                    f"{why}: encoder + projector also exported as one static-shape FP16 ONNX graph ({size}) for "
-                    f"ONNX Runtime (TensorRT > CUDA, chosen at load; the CPU only when asked); the F16 mmproj "
-                    f"stays (libmtmd tokenizes image chunks with it) and is the fallback when no fast provider "
-                    f"initialises")
+    why = (
+        f"profile {profile.name} has {' and '.join(names[e] for e in eps)}"
+        if asked == "auto"
+        else "--vision-runtime onnx"
+    )
+    return Decision(
+        "vlm.vision_runtime",
+        {"runtime": "onnx", "onnx": True, "precision": "FP16", "providers": eps or ["CPUExecutionProvider"]},
+        f"{why}: encoder + projector also exported as one static-shape FP16 ONNX graph ({size}) for "
+        f"ONNX Runtime (TensorRT > CUDA, chosen at load; the CPU only when asked); the F16 mmproj "
+        f"stays (libmtmd tokenizes image chunks with it) and is the fallback when no fast provider "
+        f"initialises",
+    )
 
 
 def decoder_facts(facts: ModelFacts) -> ModelFacts:
@@ -133,8 +151,7 @@ def decoder_facts(facts: ModelFacts) -> ModelFacts:
     from edgesdk.formats.vlm.families import by_name
 
     text_arch = by_name(facts.extra.get("family") or "llava").text_architecture
-    out.extra = {**facts.extra, "architecture": f"{text_arch} (language_model of "
-                 f"{facts.extra.get('architecture')})"}
+    out.extra = {**facts.extra, "architecture": f"{text_arch} (language_model of {facts.extra.get('architecture')})"}
     return out
 
 
@@ -151,61 +168,103 @@ def _vlm_decisions(facts: ModelFacts, profile: Profile, options: BuildOptions) -
     fam = by_name(info.get("family") or "llava")
     class_token = vt in CLASS_TOKEN_VISION and vt in fam.vision_model_types
     if vt not in fam.vision_model_types:
-        raise ModelError(f"{facts.source}: vision tower {vt!r} is not supported for the {fam.name} family "
-                         f"(supported: {', '.join(sorted(fam.vision_model_types))})")
+        raise ModelError(
+            f"{facts.source}: vision tower {vt!r} is not supported for the {fam.name} family "
+            f"(supported: {', '.join(sorted(fam.vision_model_types))})"
+        )
     projector = fam.projector(info)
     if not info.get("preprocessor"):
-        raise ModelError(f"{facts.source}: no image processor (preprocessor_config.json, or processor_config.json's "
-                         "image_processor with transformers 5): image size, mean/std come from it",
-                         hint="save the processor next to the weights with processor.save_pretrained()")
+        raise ModelError(
+            f"{facts.source}: no image processor (preprocessor_config.json, or processor_config.json's "
+            "image_processor with transformers 5): image size, mean/std come from it",
+            hint="save the processor next to the weights with processor.save_pretrained()",
+        )
     cp = info.get("component_params") or {}
     enc, proj, dec = int(cp.get("vision_encoder", 0)), int(cp.get("projector", 0)), int(cp.get("decoder", 0))
     if not (enc and proj and dec):
-        raise ModelError(f"{facts.source}: cannot find the three components in the weights "
-                         f"(vision encoder {enc:,}, projector {proj:,}, decoder {dec:,} params)")
+        raise ModelError(
+            f"{facts.source}: cannot find the three components in the weights "
+            f"(vision encoder {enc:,}, projector {proj:,}, decoder {dec:,} params)"
+        )
     frames = info.get("max_frames")
     dynamic = bool(info.get("dynamic_resolution"))
     size_note = "dynamic resolution" if dynamic else f"{info.get('image_size')} px"
-    tokens_note = (f"up to {info.get('image_tokens')} image tokens per image, by its size" if dynamic
-                   else f"{info.get('image_tokens')} image tokens")
-    frames_note = (f" per frame; image splitting: up to {frames - 1} tiles + 1 global frame per image, "
-                   f"{(frames or 0) * int(info.get('image_tokens') or 0)} image tokens"
-                   if info.get("image_splitting") and frames else "")
-    out = [Decision("vlm.components", ["vision encoder", "projector", "language decoder"],
-                    f"{info.get('architecture')}: {vt} encoder {enc:,} params ({size_note}, "
-                    f"patch {info.get('patch_size')} -> {tokens_note}"
-                    f"{frames_note}), {projector} "
-                    f"{proj:,} params, {info.get('text_model_type')} decoder {dec:,} params")]
+    tokens_note = (
+        f"up to {info.get('image_tokens')} image tokens per image, by its size"
+        if dynamic
+        else f"{info.get('image_tokens')} image tokens"
+    )
+    frames_note = (
+        f" per frame; image splitting: up to {frames - 1} tiles + 1 global frame per image, "
+        f"{(frames or 0) * int(info.get('image_tokens') or 0)} image tokens"
+        if info.get("image_splitting") and frames
+        else ""
+    )
+    out = [
+        Decision(
+            "vlm.components",
+            ["vision encoder", "projector", "language decoder"],
+            f"{info.get('architecture')}: {vt} encoder {enc:,} params ({size_note}, "
+            f"patch {info.get('patch_size')} -> {tokens_note}"
+            f"{frames_note}), {projector} "
+            f"{proj:,} params, {info.get('text_model_type')} decoder {dec:,} params",
+        )
+    ]
     mm_bytes = (proj if class_token else enc + proj) * 2  # a class-token tower's mmproj holds the projector only
     if class_token:
-        out.append(Decision("vlm.encoder", {"format": "onnx", "precision": "FP16", "runtime": "onnxruntime",
-                                            "mmproj": "F16, tokenizes image chunks only"},
-                            f"encoder + projector as one FP16 ONNX graph ({enc + proj:,} params x 2 B = "
-                            f"{_gb((enc + proj) * 2)}) on ONNX Runtime; a tokenize-only F16 mmproj (no tower "
-                            f"layers, the projector: {_gb(mm_bytes)}) for libmtmd's image-chunk tokenization: "
-                            f"{CLASS_TOKEN_NOTE}"))
+        out.append(
+            Decision(
+                "vlm.encoder",
+                {
+                    "format": "onnx",
+                    "precision": "FP16",
+                    "runtime": "onnxruntime",
+                    "mmproj": "F16, tokenizes image chunks only",
+                },
+                f"encoder + projector as one FP16 ONNX graph ({enc + proj:,} params x 2 B = "
+                f"{_gb((enc + proj) * 2)}) on ONNX Runtime; a tokenize-only F16 mmproj (no tower "
+                f"layers, the projector: {_gb(mm_bytes)}) for libmtmd's image-chunk tokenization: "
+                f"{CLASS_TOKEN_NOTE}",
+            )
+        )
     else:
-        out.append(Decision("vlm.encoder", {"format": "gguf-mmproj", "precision": "F16", "runtime": "llama.cpp mtmd"},
-                            f"encoder + projector as one F16 mmproj GGUF for llama.cpp's multimodal library "
-                            f"({enc + proj:,} params x 2 B = {_gb(mm_bytes)}): quantized vision encoders lose visual "
-                            f"features while the decoder tolerates 4 bits, and the encoder is "
-                            f"{(enc + proj) / (enc + proj + dec):.0%} of the weights"))
+        out.append(
+            Decision(
+                "vlm.encoder",
+                {"format": "gguf-mmproj", "precision": "F16", "runtime": "llama.cpp mtmd"},
+                f"encoder + projector as one F16 mmproj GGUF for llama.cpp's multimodal library "
+                f"({enc + proj:,} params x 2 B = {_gb(mm_bytes)}): quantized vision encoders lose visual "
+                f"features while the decoder tolerates 4 bits, and the encoder is "
+                f"{(enc + proj) / (enc + proj + dec):.0%} of the weights",
+            )
+        )
     vr = vision_runtime(profile, options, enc + proj)
     if not fam.onnx_encoder and _wants_onnx(vr):  # the family record says whether the ONNX export covers it
         if (getattr(options, "vision_runtime", None) or "auto").lower() == "onnx":
             raise InputError(f"--vision-runtime onnx is not supported for {fam.display} yet (use gguf or auto)")
-        vr = Decision("vlm.vision_runtime", {"runtime": "gguf-mmproj", "onnx": False},
-                      f"{fam.display}: the encoder runs in llama.cpp's libmtmd from the F16 mmproj (no ONNX "
-                      "encoder export for this family yet)")
+        vr = Decision(
+            "vlm.vision_runtime",
+            {"runtime": "gguf-mmproj", "onnx": False},
+            f"{fam.display}: the encoder runs in llama.cpp's libmtmd from the F16 mmproj (no ONNX "
+            "encoder export for this family yet)",
+        )
     if class_token:  # LLaVA-1.5's CLIP tower: the ONNX graph is the encoder, on any provider (CLASS_TOKEN_NOTE)
         if (getattr(options, "vision_runtime", None) or "auto").lower() == "gguf":
             raise InputError(f"--vision-runtime gguf cannot build {facts.name}: {CLASS_TOKEN_NOTE}")
         eps = [ep for ep in profile.execution_providers if ep in _FAST_EPS]
-        vr = Decision("vlm.vision_runtime", {"runtime": "onnx", "onnx": True, "precision": "FP16", "required": True,
-                                             "providers": eps + ["CPUExecutionProvider"]},
-                      f"CLIP tower with a class token: {CLASS_TOKEN_NOTE} ({(enc + proj):,} params x 2 B = "
-                      f"{_gb((enc + proj) * 2)} FP16 ONNX; {' > '.join(eps + ['CPU'])}, chosen at load); the mmproj "
-                      f"is tokenize-only (projector, no tower layers)")
+        vr = Decision(
+            "vlm.vision_runtime",
+            {
+                "runtime": "onnx",
+                "onnx": True,
+                "precision": "FP16",
+                "required": True,
+                "providers": eps + ["CPUExecutionProvider"],
+            },
+            f"CLIP tower with a class token: {CLASS_TOKEN_NOTE} ({(enc + proj):,} params x 2 B = "
+            f"{_gb((enc + proj) * 2)} FP16 ONNX; {' > '.join(eps + ['CPU'])}, chosen at load); the mmproj "
+            f"is tokenize-only (projector, no tower layers)",
+        )
     out.append(vr)
     onnx_bytes = (enc + proj) * 2 if _wants_onnx(vr) else 0  # encoder + projector in FP16
     decoder = plan_gguf(decoder_facts(facts), profile, options)
@@ -225,31 +284,52 @@ def _vlm_decisions(facts: ModelFacts, profile: Profile, options: BuildOptions) -
         enc_act += n_pos * n_pos * 4
     total = dec_w + kv + comp + mm_bytes + enc_act + onnx_bytes
     budget = profile.memory_budget_gb()
-    arith = (f"decoder {quant} {dec:,} x {BPW[quant]} bpw / 8 = {_gb(dec_w)} + KV {_gb(kv)} at {n_ctx} ctx + "
-             f"compute {_gb(comp)} + mmproj F16 {_gb(mm_bytes)} + encoder activations {_gb(enc_act)} "
-             f"{'+ ONNX encoder FP16 ' + _gb(onnx_bytes) + ' ' if onnx_bytes else ''}"
-             f"= {_gb(total)}")
+    arith = (
+        f"decoder {quant} {dec:,} x {BPW[quant]} bpw / 8 = {_gb(dec_w)} + KV {_gb(kv)} at {n_ctx} ctx + "
+        f"compute {_gb(comp)} + mmproj F16 {_gb(mm_bytes)} + encoder activations {_gb(enc_act)} "
+        f"{'+ ONNX encoder FP16 ' + _gb(onnx_bytes) + ' ' if onnx_bytes else ''}"
+        f"= {_gb(total)}"
+    )
     if budget is not None and total > budget * GB:
         raise ResourceError(f"{facts.name} does not fit profile {profile.name}: {arith} > budget {budget} GB")
     budget_note = "<= budget " + str(budget) + " GB" if budget is not None else "(profile has no memory figure)"
     out.append(Decision("vlm.memory", round(total / GB, 4), f"{arith} {budget_note}"))
-    out.append(Decision("vlm.image_prefix_reuse", True,
-                        "image features cached per (image sha256, mmproj sha256): a second question about the same "
-                        "image skips the encoder; the decoder's KV prefix up to the end of the image is kept"))
+    out.append(
+        Decision(
+            "vlm.image_prefix_reuse",
+            True,
+            "image features cached per (image sha256, mmproj sha256): a second question about the same "
+            "image skips the encoder; the decoder's KV prefix up to the end of the image is kept",
+        )
+    )
     parity: dict[str, Any] = {"encoder_min_cosine": ENCODER_MIN_COSINE, "greedy_tokens": GREEDY_TOKENS}
     if class_token:
         parity["encoder"] = "onnx"
-        out.append(Decision("parity", parity,
-                            f"image features (FP16 ONNX encoder via ONNX Runtime on the build host's CPU vs PyTorch "
-                            f"encoder + projector): min cosine per image token >= {ENCODER_MIN_COSINE}; first "
-                            f"{GREEDY_TOKENS} greedy tokens of the F16 decoder fed the ONNX features equal to "
-                            f"PyTorch's on the test images; decoder logits and perplexity as in the GGUF path; the "
-                            f"mmproj's own features are recorded, not gated (it does not encode)"))
+        out.append(
+            Decision(
+                "parity",
+                parity,
+                f"image features (FP16 ONNX encoder via ONNX Runtime on the build host's CPU vs PyTorch "
+                f"encoder + projector): min cosine per image token >= {ENCODER_MIN_COSINE}; first "
+                f"{GREEDY_TOKENS} greedy tokens of the F16 decoder fed the ONNX features equal to "
+                f"PyTorch's on the test images; decoder logits and perplexity as in the GGUF path; the "
+                f"mmproj's own features are recorded, not gated (it does not encode)",
+            )
+        )
         return out
-    out.append(Decision("parity", parity,
-                        f"image features (F16 mmproj via llama.cpp vs PyTorch encoder + projector): min cosine per "
-                        f"image token >= {ENCODER_MIN_COSINE}; first {GREEDY_TOKENS} greedy tokens of the F16 "
-                        f"decoder + mmproj equal to PyTorch's on the test images; decoder logits and perplexity as "
-                        f"in the GGUF path" + ("; the FP16 ONNX encoder: the same min cosine vs PyTorch, and the "
-                                              "same greedy tokens as the mmproj path" if onnx_bytes else "")))
+    out.append(
+        Decision(
+            "parity",
+            parity,
+            f"image features (F16 mmproj via llama.cpp vs PyTorch encoder + projector): min cosine per "
+            f"image token >= {ENCODER_MIN_COSINE}; first {GREEDY_TOKENS} greedy tokens of the F16 "
+            f"decoder + mmproj equal to PyTorch's on the test images; decoder logits and perplexity as "
+            f"in the GGUF path"
+            + (
+                "; the FP16 ONNX encoder: the same min cosine vs PyTorch, and the same greedy tokens as the mmproj path"
+                if onnx_bytes
+                else ""
+            ),
+        )
+    )
     return out

@@ -23,7 +23,8 @@ def get_loader(fmt: str) -> Loader:
 
     spec = find_format(fmt)
     if spec is None:
-        raise BackendUnavailableError(f"no runtime backend for bundle format {fmt!r}",
-                                      hint=f"known formats: {', '.join(sorted(format_names()))}")
+        raise BackendUnavailableError(
+            f"no runtime backend for bundle format {fmt!r}", hint=f"known formats: {', '.join(sorted(format_names()))}"
+        )
     module, func = spec.runtime_loader.split(":")
     return cast("Loader", getattr(importlib.import_module(module), func))

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 RISKY_SMS = {"8.7"}  # llama.cpp FA/offload crashes reported on Orin (docs/devices.md)
 GPU_RESERVE_BYTES = 512 * 1024 * 1024  # CUDA context + cuBLAS workspace, kept free when sizing offload
 
+
 def free_device_bytes() -> tuple[int | None, str]:
     """Free memory llama.cpp can offload into: NVML on discrete GPUs, MemAvailable on Jetson (unified).
 
@@ -58,8 +59,12 @@ def free_device_bytes() -> tuple[int | None, str]:
     if free is not None:
         return free, "NVML free memory of GPU 0"
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits", "-i", "0"],
-                             capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits", "-i", "0"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         return int(out.stdout.strip().splitlines()[0]) * 1024 * 1024, "nvidia-smi memory.free of GPU 0"
     except (OSError, ValueError, IndexError, subprocess.SubprocessError):
         return None, "free device memory unknown (no NVML, nvidia-smi or Jetson meminfo)"
@@ -73,9 +78,8 @@ def _layers_that_fit(llm_info: Mapping[str, Any], n_ctx: int, free: int) -> int:
     return max(0, min(layers + 1, int((free - GPU_RESERVE_BYTES) // per_layer)))
 
 
-
-
 # ------------------------------------------------------------------ chat templates
+
 
 def chat_template_names() -> list[str]:
     """Named chat templates shipped in ``edgesdk/data/chat_templates`` (``NAME.jinja``)."""
@@ -140,6 +144,7 @@ def stepwise(body: Generator[str, None, None], lock: threading.Lock | threading.
         with lock:
             body.close()
 
+
 class LlamaCppBackend:
     """One loaded GGUF model. ``generate``/``stream``/``chat`` go through ``telemetry.inference``.
 
@@ -155,9 +160,18 @@ class LlamaCppBackend:
     name = "llama.cpp"
     provider = "llama.cpp"
 
-    def __init__(self, llm: Llama, *, settings: dict[str, Any], report: dict[str, Any], model: str,
-                 attributes: dict[str, Any], chat_template: str | None = None, path: str = "",
-                 llm_info: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        llm: Llama,
+        *,
+        settings: dict[str, Any],
+        report: dict[str, Any],
+        model: str,
+        attributes: dict[str, Any],
+        chat_template: str | None = None,
+        path: str = "",
+        llm_info: Mapping[str, Any] | None = None,
+    ) -> None:
         llama_cpp = import_llama_cpp()
 
         self._llm = llm
@@ -181,8 +195,10 @@ class LlamaCppBackend:
         self._random_seed = int(llama_cpp.LLAMA_DEFAULT_SEED)
         # llama.cpp's own per-context timers (what llama-bench reports): prompt evaluation and
         # token-by-token evaluation, without Python, sampling or detokenising in between.
-        perf, reset = (getattr(llama_cpp, "llama_perf_context", None),
-                       getattr(llama_cpp, "llama_perf_context_reset", None))
+        perf, reset = (
+            getattr(llama_cpp, "llama_perf_context", None),
+            getattr(llama_cpp, "llama_perf_context_reset", None),
+        )
         self._perf = (perf, reset) if perf and reset else None
         self._lock = threading.RLock()  # the context; see the class docstring
         self._owner = 0  # id of the request that last used the context
@@ -240,8 +256,10 @@ class LlamaCppBackend:
     def _check_fits(self, n_prompt: int, max_tokens: int) -> int:
         n_ctx = self._llm.n_ctx()
         if n_prompt >= n_ctx:
-            raise ShapeError(f"prompt is {n_prompt} tokens; the context holds {n_ctx} "
-                             "(shorten the prompt or rebuild with a longer --context-length)")
+            raise ShapeError(
+                f"prompt is {n_prompt} tokens; the context holds {n_ctx} "
+                "(shorten the prompt or rebuild with a longer --context-length)"
+            )
         return min(max_tokens, n_ctx - n_prompt)
 
     # ------------------------------------------------------------------ generation
@@ -254,8 +272,9 @@ class LlamaCppBackend:
     def stream(self, prompt: str, **kw: Any) -> Iterator[str]:
         return self._run(prompt, "text_completion", stream=True, special=False, **kw)
 
-    def chat(self, messages: list[dict[str, str]], *, chat_template: str | None = None,
-             **kw: Any) -> str | Iterator[str]:
+    def chat(
+        self, messages: list[dict[str, str]], *, chat_template: str | None = None, **kw: Any
+    ) -> str | Iterator[str]:
         """Reply to ``messages``, formatted with ``chat_template`` (a shipped name or a Jinja file), else the
         session's default (``load(..., chat_template=)``), else the GGUF's own ``tokenizer.chat_template``."""
         _check_messages(messages)
@@ -264,13 +283,18 @@ class LlamaCppBackend:
         stop = [stop] if isinstance(stop, str) else list(stop or [])
         stop += template_stops
         stream = kw.pop("stream", False)
-        gen = self._run(prompt, "chat", stream=stream, special=True, stop=stop, add_bos=add_bos,
-                        _capture_messages=messages, **kw)
+        gen = self._run(
+            prompt, "chat", stream=stream, special=True, stop=stop, add_bos=add_bos, _capture_messages=messages, **kw
+        )
         return gen if stream else self._complete(gen)
 
-    def _format_chat(self, messages: list[dict[str, Any]], chat_template: str | None,
-                     tools: Sequence[Mapping[str, Any]] = (), tool_choice: str | None = None,
-                     ) -> tuple[str, list[str], bool]:
+    def _format_chat(
+        self,
+        messages: list[dict[str, Any]],
+        chat_template: str | None,
+        tools: Sequence[Mapping[str, Any]] = (),
+        tool_choice: str | None = None,
+    ) -> tuple[str, list[str], bool]:
         """Chat messages -> (prompt text, the template's stop strings, whether to add BOS).
 
         ``tools`` go to the template as ``tools=`` when it renders them; a template that ignores them (Gemma's)
@@ -284,11 +308,13 @@ class LlamaCppBackend:
         if tools:
             if native:
                 kw["tools"] = list(tools)
-                messages = grammar.with_system(list(messages), grammar.tool_preamble(tools, tool_choice,
-                                                                                      list_tools=False))
+                messages = grammar.with_system(
+                    list(messages), grammar.tool_preamble(tools, tool_choice, list_tools=False)
+                )
             else:
-                messages = grammar.with_system(grammar.generic_tool_messages(messages),
-                                               grammar.tool_preamble(tools, tool_choice))
+                messages = grammar.with_system(
+                    grammar.generic_tool_messages(messages), grammar.tool_preamble(tools, tool_choice)
+                )
         elif not native and any(m.get("tool_calls") or m.get("role") == "tool" for m in messages):
             messages = grammar.generic_tool_messages(messages)
         try:
@@ -303,8 +329,9 @@ class LlamaCppBackend:
         known = self._tool_templates.get(id(fmt))
         if known is None:
             probe: Any = [{"role": "user", "content": "x"}]
-            tool: Any = [{"type": "function", "function": {"name": "probe_tool_name",
-                                                           "parameters": {"type": "object"}}}]
+            tool: Any = [
+                {"type": "function", "function": {"name": "probe_tool_name", "parameters": {"type": "object"}}}
+            ]
             try:
                 known = "probe_tool_name" in fmt(messages=probe, tools=tool).prompt
             except Exception:  # noqa: BLE001 - a template that fails on tools does not render them
@@ -319,8 +346,9 @@ class LlamaCppBackend:
         if request.prompt_tokens is not None:
             tokens, stops = list(request.prompt_tokens), list(request.stop)
         elif request.messages is not None:
-            prompt, extra, add_bos = self._format_chat([m.as_dict() for m in request.messages], None,
-                                                       request.tools, request.tool_choice)
+            prompt, extra, add_bos = self._format_chat(
+                [m.as_dict() for m in request.messages], None, request.tools, request.tool_choice
+            )
             with self._lock:
                 tokens = self._llm.tokenize(prompt.encode("utf-8"), add_bos=add_bos, special=True)
             stops = list(request.stop) + [s for s in extra if s not in request.stop]
@@ -331,20 +359,32 @@ class LlamaCppBackend:
             stops = list(request.stop)
         if not tokens:
             raise InputError("the prompt is empty (no tokens)")
-        return dataclasses.replace(request, prompt=None, messages=None, prompt_tokens=tuple(tokens),
-                                   stop=tuple(stops), tools=())
+        return dataclasses.replace(
+            request, prompt=None, messages=None, prompt_tokens=tuple(tokens), stop=tuple(stops), tools=()
+        )
 
     def recorder(self, request: GenerationRequest) -> Any:
         """The telemetry recorder (GenAI span and metrics) of one request that a batch engine runs: not yet
         started, never made the current span (it ends on the engine's thread)."""
         operation = "chat" if request.messages is not None else "text_completion"
-        return telemetry.inference(operation, self._model, self.provider, stream=request.stream,
-                                   request={"max_tokens": request.max_tokens, "temperature": request.temperature,
-                                            "top_p": request.top_p, "top_k": request.top_k,
-                                            "stop_sequences": list(request.stop) or None, "seed": request.seed,
-                                            "frequency_penalty": request.frequency_penalty or None,
-                                            "presence_penalty": request.presence_penalty or None},
-                                   attributes=self._attrs, attach=False)
+        return telemetry.inference(
+            operation,
+            self._model,
+            self.provider,
+            stream=request.stream,
+            request={
+                "max_tokens": request.max_tokens,
+                "temperature": request.temperature,
+                "top_p": request.top_p,
+                "top_k": request.top_k,
+                "stop_sequences": list(request.stop) or None,
+                "seed": request.seed,
+                "frequency_penalty": request.frequency_penalty or None,
+                "presence_penalty": request.presence_penalty or None,
+            },
+            attributes=self._attrs,
+            attach=False,
+        )
 
     def batch_engine(self, *, slots: int, max_queue: int, reuse_prefix: bool = True) -> BatchEngine:
         """A continuous-batching engine on this backend's model (the weights are not loaded again): its own
@@ -359,14 +399,24 @@ class LlamaCppBackend:
         # CPU a prompt token costs as much as a generated one: one prompt per step, in a decode of its own,
         # keeps the others' next tokens coming (docs/serve.md, "Continuous batching").
         on_gpu = int(st["n_gpu_layers"]) != 0 and bool(rep.get("gpu_offload_supported"))
-        return BatchEngine(self._path, model=self._llm.model, slots=slots, max_queue=max_queue,
-                           prompts_per_step=slots if on_gpu else 1, mixed_prefill=on_gpu,
-                           n_ctx=int(st["n_ctx"]), n_gpu_layers=int(st["n_gpu_layers"]),
-                           flash_attn=bool(st["flash_attn"]), threads=int(st["threads"]),
-                           n_batch=int(st["n_batch"]), n_ubatch=int(st["n_ubatch"]),
-                           prefill_chunk=min(int(st["n_batch"]), 512),
-                           type_k=str(rep.get("type_k") or "f16"), type_v=str(rep.get("type_v") or "f16"),
-                           reuse_prefix=reuse_prefix)
+        return BatchEngine(
+            self._path,
+            model=self._llm.model,
+            slots=slots,
+            max_queue=max_queue,
+            prompts_per_step=slots if on_gpu else 1,
+            mixed_prefill=on_gpu,
+            n_ctx=int(st["n_ctx"]),
+            n_gpu_layers=int(st["n_gpu_layers"]),
+            flash_attn=bool(st["flash_attn"]),
+            threads=int(st["threads"]),
+            n_batch=int(st["n_batch"]),
+            n_ubatch=int(st["n_ubatch"]),
+            prefill_chunk=min(int(st["n_batch"]), 512),
+            type_k=str(rep.get("type_k") or "f16"),
+            type_v=str(rep.get("type_v") or "f16"),
+            reuse_prefix=reuse_prefix,
+        )
 
     def kv_bytes_per_token(self) -> int:
         """Bytes of K and V cache one token takes in one sequence (all layers), by the planner's arithmetic on
@@ -385,11 +435,13 @@ class LlamaCppBackend:
         if spec is None:
             template = self._llm.metadata.get("tokenizer.chat_template")
             if not template:
-                raise InputError(f"{self._model} has no chat template (none in its GGUF's tokenizer.chat_template "
-                                 f"nor bundled at build time): pass chat_template= one of "
-                                 f"{', '.join(chat_template_names())} or a Jinja file (CLI: edgesdk run/serve "
-                                 "--chat-template NAME|FILE, or rebuild with edgesdk build --chat-template), or "
-                                 "use generate() with your own prompt format")
+                raise InputError(
+                    f"{self._model} has no chat template (none in its GGUF's tokenizer.chat_template "
+                    f"nor bundled at build time): pass chat_template= one of "
+                    f"{', '.join(chat_template_names())} or a Jinja file (CLI: edgesdk run/serve "
+                    "--chat-template NAME|FILE, or rebuild with edgesdk build --chat-template), or "
+                    "use generate() with your own prompt format"
+                )
             extra: list[str] = []
         else:
             _, template, extra = resolve_chat_template(spec)
@@ -400,11 +452,16 @@ class LlamaCppBackend:
             return text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text or "")
 
         try:
-            fmt = Jinja2ChatFormatter(template=template, eos_token=piece(self._eos),
-                                      bos_token=piece(self._llm.token_bos()), stop_token_ids=[self._eos])
+            fmt = Jinja2ChatFormatter(
+                template=template,
+                eos_token=piece(self._eos),
+                bos_token=piece(self._llm.token_bos()),
+                stop_token_ids=[self._eos],
+            )
         except Exception as exc:  # noqa: BLE001 - jinja syntax errors: one line
-            raise InputError(f"chat template {spec or '(GGUF)'} is not valid Jinja "
-                             f"({type(exc).__name__}: {exc})") from exc
+            raise InputError(
+                f"chat template {spec or '(GGUF)'} is not valid Jinja ({type(exc).__name__}: {exc})"
+            ) from exc
         self._formatters[spec] = (fmt, extra)
         return fmt, extra
 
@@ -413,29 +470,46 @@ class LlamaCppBackend:
         with self._lock:
             return "".join(gen)
 
-    def _run(self, prompt: str, operation: str, *, stream: bool, special: bool, max_tokens: int = 128,
-             stop: list[str] | str | None = None, seed: int | None = None, add_bos: bool = True,
-             _capture_messages: list[dict[str, str]] | None = None, logit_bias: Any = None,
-             **sampling: float | None) -> Iterator[str]:
+    def _run(
+        self,
+        prompt: str,
+        operation: str,
+        *,
+        stream: bool,
+        special: bool,
+        max_tokens: int = 128,
+        stop: list[str] | str | None = None,
+        seed: int | None = None,
+        add_bos: bool = True,
+        _capture_messages: list[dict[str, str]] | None = None,
+        logit_bias: Any = None,
+        **sampling: float | None,
+    ) -> Iterator[str]:
         """``prompt``: text, or a list of token ids used as given (no BOS added)."""
-        if not isinstance(prompt, str) and not (isinstance(prompt, (list, tuple)) and prompt
-                                                and all(isinstance(t, int) and not isinstance(t, bool)
-                                                        for t in prompt)):
-            raise InputError(f"prompt must be a string or a non-empty list of token ids, "
-                             f"got {type(prompt).__name__}")
+        if not isinstance(prompt, str) and not (
+            isinstance(prompt, (list, tuple))
+            and prompt
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+        ):
+            raise InputError(f"prompt must be a string or a non-empty list of token ids, got {type(prompt).__name__}")
         named = {_SAMPLING_ALIASES.get(k, k): v for k, v in sampling.items()}
         unknown = set(named) - set(DEFAULT_SAMPLING)
         if unknown:
-            raise InputError(f"unknown generation option(s): {', '.join(sorted(unknown))} "
-                             f"(known: max_tokens, stop, seed, stream, logit_bias, {', '.join(DEFAULT_SAMPLING)})")
+            raise InputError(
+                f"unknown generation option(s): {', '.join(sorted(unknown))} "
+                f"(known: max_tokens, stop, seed, stream, logit_bias, {', '.join(DEFAULT_SAMPLING)})"
+            )
         params = {**DEFAULT_SAMPLING, **{k: v for k, v in named.items() if v is not None}}
         max_tokens, seed = _check_sampling(max_tokens, seed, params)
         bias = check_logit_bias(logit_bias)
         n_vocab = int(self._llm.n_vocab())
         if bias and bias[-1][0] >= n_vocab:
             raise InputError(f"logit_bias token ids must be < {n_vocab} (the vocabulary), got {bias[-1][0]}")
-        if stop is not None and not isinstance(stop, str) and not (
-                isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop)):
+        if (
+            stop is not None
+            and not isinstance(stop, str)
+            and not (isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop))
+        ):
             raise InputError("stop must be a string or a list of strings")
         stops = [stop] if isinstance(stop, str) and stop else [s for s in (stop or []) if s]
         if isinstance(prompt, str):
@@ -444,28 +518,46 @@ class LlamaCppBackend:
         else:
             tokens = list(prompt)
             if min(tokens) < 0 or max(tokens) >= n_vocab:
-                raise ShapeError(f"prompt token ids must be from 0 to {n_vocab - 1} (the vocabulary), "
-                                 f"got {min(tokens) if min(tokens) < 0 else max(tokens)}")
+                raise ShapeError(
+                    f"prompt token ids must be from 0 to {n_vocab - 1} (the vocabulary), "
+                    f"got {min(tokens) if min(tokens) < 0 else max(tokens)}"
+                )
             with self._lock:
                 prompt = self._llm.detokenize(tokens).decode("utf-8", "replace")  # for telemetry's capture
         budget = self._check_fits(len(tokens), max_tokens)
-        request: dict[str, Any] = {"max_tokens": max_tokens, "temperature": params["temperature"],
-                                   "top_p": params["top_p"], "top_k": params["top_k"], "stop_sequences": stops or None,
-                                   "seed": seed}
+        request: dict[str, Any] = {
+            "max_tokens": max_tokens,
+            "temperature": params["temperature"],
+            "top_p": params["top_p"],
+            "top_k": params["top_k"],
+            "stop_sequences": stops or None,
+            "seed": seed,
+        }
         for k in ("frequency_penalty", "presence_penalty"):  # recorded when set (0 is off)
             if params[k]:
                 request[k] = params[k]
-        body = self._decode(prompt, tokens, budget, stops, params, operation, stream, request, seed,
-                            _capture_messages, bias)
+        body = self._decode(
+            prompt, tokens, budget, stops, params, operation, stream, request, seed, _capture_messages, bias
+        )
         return self._stepwise(body) if stream else body
 
     def _stepwise(self, body: Generator[str, None, None]) -> Iterator[str]:
         return stepwise(body, self._lock)
 
-    def _decode(self, prompt: str, tokens: list[int], budget: int, stops: list[str], params: Mapping[str, float],
-                operation: str, stream: bool, request: dict[str, Any], seed: int | None,
-                messages: list[dict[str, str]] | None = None,
-                logit_bias: tuple[tuple[int, float], ...] = ()) -> Generator[str, None, None]:
+    def _decode(
+        self,
+        prompt: str,
+        tokens: list[int],
+        budget: int,
+        stops: list[str],
+        params: Mapping[str, float],
+        operation: str,
+        stream: bool,
+        request: dict[str, Any],
+        seed: int | None,
+        messages: list[dict[str, str]] | None = None,
+        logit_bias: tuple[tuple[int, float], ...] = (),
+    ) -> Generator[str, None, None]:
         llm = self._llm
         me = next(self._next_id)
         hold = max((len(s) for s in stops), default=1) - 1  # chars kept back while they may start a stop
@@ -478,10 +570,12 @@ class LlamaCppBackend:
                 raise SupersededStreamError(
                     "this stream was superseded: another request on the same session used the llama.cpp "
                     "context while the stream was paused, so it cannot continue (finish or close a stream "
-                    "before the next request, or load one session per concurrent stream)")
+                    "before the next request, or load one session per concurrent stream)"
+                )
 
-        with telemetry.inference(operation, self._model, self.provider, stream=stream, request=request,
-                                 attributes=self._attrs) as rec:
+        with telemetry.inference(
+            operation, self._model, self.provider, stream=stream, request=request, attributes=self._attrs
+        ) as rec:
             rec.set_input_tokens(len(tokens))
             rec.capture_input(prompt if messages is None else messages)  # chat: the roles, not the template
             decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -500,12 +594,17 @@ class LlamaCppBackend:
             t_first: float | None = None
             try:
                 if budget > 0:
-                    gen = llm.generate(tokens, top_k=int(params["top_k"]), top_p=float(params["top_p"]),
-                                       min_p=float(params["min_p"]), temp=float(params["temperature"]),
-                                       repeat_penalty=float(params["repeat_penalty"]),
-                                       frequency_penalty=float(params["frequency_penalty"]),
-                                       presence_penalty=float(params["presence_penalty"]),
-                                       logits_processor=_bias_processor(logit_bias))
+                    gen = llm.generate(
+                        tokens,
+                        top_k=int(params["top_k"]),
+                        top_p=float(params["top_p"]),
+                        min_p=float(params["min_p"]),
+                        temp=float(params["temperature"]),
+                        repeat_penalty=float(params["repeat_penalty"]),
+                        frequency_penalty=float(params["frequency_penalty"]),
+                        presence_penalty=float(params["presence_penalty"]),
+                        logits_processor=_bias_processor(logit_bias),
+                    )
                     try:
                         for tok in gen:
                             chunk()
@@ -518,15 +617,17 @@ class LlamaCppBackend:
                             n_out += 1
                             text += decoder.decode(detok([tok]))
                             if stops:
-                                cut = min((i for i in (text.find(s, max(0, emitted - len(s))) for s in stops)
-                                           if i >= 0), default=-1)
+                                cut = min(
+                                    (i for i in (text.find(s, max(0, emitted - len(s))) for s in stops) if i >= 0),
+                                    default=-1,
+                                )
                                 if cut >= 0:
                                     text, finish, cut_at_stop = text[:cut], "stop", True
                                     break
                             if n_out >= budget:
                                 break
                             if stream and len(text) - hold > emitted:
-                                yield text[emitted:len(text) - hold]
+                                yield text[emitted : len(text) - hold]
                                 emitted = len(text) - hold
                                 check_owner()  # resumed: was the context used by another request meanwhile?
                     finally:
@@ -549,14 +650,21 @@ class LlamaCppBackend:
                 if not superseded and self._owner == me:  # else self.last holds a later request's figures
                     if cache is not None and finish in ("stop", "length", "cancelled"):
                         cache.save(llm)
-                    self.last = {"input_tokens": len(tokens), "output_tokens": n_out, "finish_reason": finish,
-                                 "ttft_s": round(t_first - t0, 6) if t_first else None,
-                                 "decode_tok_s": round((n_out - 1) / (t_end - t_first), 2)
-                                 if t_first and n_out > 1 and t_end > t_first else None,
-                                 # perf_counter() instants, for callers timing tokens (not text chunks:
-                                 # a token may yield no text, so chunk times can lag token times).
-                                 "first_token_at": t_first, "last_token_at": t_end if t_first else None,
-                                 "llama_cpp_timings": self._perf_read(), "cached_tokens": cached}
+                    self.last = {
+                        "input_tokens": len(tokens),
+                        "output_tokens": n_out,
+                        "finish_reason": finish,
+                        "ttft_s": round(t_first - t0, 6) if t_first else None,
+                        "decode_tok_s": round((n_out - 1) / (t_end - t_first), 2)
+                        if t_first and n_out > 1 and t_end > t_first
+                        else None,
+                        # perf_counter() instants, for callers timing tokens (not text chunks:
+                        # a token may yield no text, so chunk times can lag token times).
+                        "first_token_at": t_first,
+                        "last_token_at": t_end if t_first else None,
+                        "llama_cpp_timings": self._perf_read(),
+                        "cached_tokens": cached,
+                    }
 
     # ------------------------------------------------------------------ report / close
     def report(self) -> dict[str, Any]:
@@ -584,8 +692,20 @@ def _check_messages(messages: object) -> None:
 def _probe_in_child(path: str, ngl: int, fa: bool, n_ctx: int) -> str | None:
     """Load + first decode in a child process; None when it worked, else why (signal or last error line)."""
     try:
-        proc = subprocess.run([sys.executable, "-m", "edgesdk.runtime.backends.llamacpp_probe", path, str(ngl),
-                               "1" if fa else "0", str(min(n_ctx, 512))], capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "edgesdk.runtime.backends.llamacpp_probe",
+                path,
+                str(ngl),
+                "1" if fa else "0",
+                str(min(n_ctx, 512)),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
     except subprocess.TimeoutExpired:
         return "probe timed out after 600 s"
     if proc.returncode == 0:
@@ -653,8 +773,11 @@ def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
     # and keeps llama-cpp-python's defaults (n_batch 512, n_ubatch 512, f16 cache).
     batch: dict[str, int] = {}
     for key in ("n_batch", "n_ubatch"):
-        value, where = (opts[key], f"load option {key}") if opts.get(key) is not None else \
-            (planned_llm.planned(key), f"{bundle.path}: manifest extras.llm.{key}")
+        value, where = (
+            (opts[key], f"load option {key}")
+            if opts.get(key) is not None
+            else (planned_llm.planned(key), f"{bundle.path}: manifest extras.llm.{key}")
+        )
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -670,15 +793,19 @@ def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
             continue
         ggml_type = getattr(llama_cpp, f"GGML_TYPE_{name.upper()}", None) if isinstance(name, str) else None
         if not isinstance(ggml_type, int):
-            raise BundleIntegrityError(f"{bundle.path}: manifest extras.llm.{key}: {name!r} is not a ggml type "
-                                       "this llama-cpp-python knows")
+            raise BundleIntegrityError(
+                f"{bundle.path}: manifest extras.llm.{key}: {name!r} is not a ggml type this llama-cpp-python knows"
+            )
         kv[key] = ggml_type
     f16_kv = {int(getattr(llama_cpp, f"GGML_TYPE_{t}", -1)) for t in ("F16", "F32", "BF16")}
     notes: list[str] = []
     if ngl and not llama_cpp.llama_supports_gpu_offload():
-        ctx.record_fallback(_label(fa, ngl, layers), _label(False, 0, layers),
-                            "this llama-cpp-python build has no GPU offload (llama_supports_gpu_offload() is "
-                            "false: CPU-only build or no GPU)")
+        ctx.record_fallback(
+            _label(fa, ngl, layers),
+            _label(False, 0, layers),
+            "this llama-cpp-python build has no GPU offload (llama_supports_gpu_offload() is "
+            "false: CPU-only build or no GPU)",
+        )
         ngl, fa = 0, False
     elif ngl:
         free, how = free_device_bytes()
@@ -686,9 +813,12 @@ def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
             fit = _layers_that_fit({**info, "layers": layers}, n_ctx, free)
             notes.append(f"{how}: {free / 1e9:.2f} GB -> {fit}/{layers + 1} layers fit")
             if fit < ngl:
-                ctx.record_fallback(_label(fa, ngl, layers), _label(fa, fit, layers),
-                                    f"free device memory {free / 1e9:.2f} GB ({how}) holds {fit} of {layers + 1} "
-                                    "layers with their KV cache")
+                ctx.record_fallback(
+                    _label(fa, ngl, layers),
+                    _label(fa, fit, layers),
+                    f"free device memory {free / 1e9:.2f} GB ({how}) holds {fit} of {layers + 1} "
+                    "layers with their KV cache",
+                )
                 ngl = fit
         else:
             notes.append(how)
@@ -703,20 +833,32 @@ def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
             # llama.cpp refuses a quantized V cache without flash attention ("V cache quantization requires
             # flash_attn"): this attempt caches f16
             a_kv = {}
-            a_notes.append(f"{_label(a_fa, a_ngl, layers)}: K/V cache f16 instead of the planned "
-                           f"{planned_llm.planned('type_k')}/{planned_llm.planned('type_v')} (a quantized cache needs "
-                           "flash attention)")
+            a_notes.append(
+                f"{_label(a_fa, a_ngl, layers)}: K/V cache f16 instead of the planned "
+                f"{planned_llm.planned('type_k')}/{planned_llm.planned('type_v')} (a quantized cache needs "
+                "flash attention)"
+            )
         if a_ngl == 0 and any(v > 512 and k not in explicit_batch for k, v in a_batch.items()):
             # the plan's large micro-batch is for a GPU; on the CPU it costs compute-buffer memory, no speed
             a_batch = {k: (v if k in explicit_batch else min(v, 512)) for k, v in a_batch.items()}
-            a_notes.append(f"{_label(a_fa, a_ngl, layers)}: n_batch/n_ubatch {a_batch.get('n_batch', 512)}/"
-                           f"{a_batch.get('n_ubatch', 512)} on the CPU instead of the planned "
-                           f"{batch.get('n_batch', 512)}/{batch.get('n_ubatch', 512)}")
+            a_notes.append(
+                f"{_label(a_fa, a_ngl, layers)}: n_batch/n_ubatch {a_batch.get('n_batch', 512)}/"
+                f"{a_batch.get('n_ubatch', 512)} on the CPU instead of the planned "
+                f"{batch.get('n_batch', 512)}/{batch.get('n_ubatch', 512)}"
+            )
         if why is None:
             try:
-                llm = llama_cpp.Llama(model_path=path, n_gpu_layers=a_ngl, flash_attn=a_fa, n_ctx=n_ctx,
-                                      n_threads=threads, n_threads_batch=threads, verbose=False,
-                                      **a_batch, **a_kv)
+                llm = llama_cpp.Llama(
+                    model_path=path,
+                    n_gpu_layers=a_ngl,
+                    flash_attn=a_fa,
+                    n_ctx=n_ctx,
+                    n_threads=threads,
+                    n_threads_batch=threads,
+                    verbose=False,
+                    **a_batch,
+                    **a_kv,
+                )
                 llm.eval(llm.tokenize(b"Hello", add_bos=True))  # the first decode is where bad kernels fail
                 llm.reset()
             except Exception as exc:  # noqa: BLE001 - llama.cpp raises ValueError/RuntimeError/OSError
@@ -726,27 +868,56 @@ def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
                         llm.close()
                 llm = None
         if llm is not None:
-            report = {"runtime": f"llama-cpp-python {llama_cpp.__version__}", "n_gpu_layers": a_ngl,
-                      "layers": layers, "flash_attn": a_fa, "n_ctx": n_ctx, "threads": llm.n_threads,
-                      # what the context got (llama-cpp-python caps n_batch at n_ctx, n_ubatch at n_batch)
-                      "n_batch": int(llm.n_batch), "n_ubatch": int(llm.context_params.n_ubatch),
-                      "type_k": str(planned_llm.planned("type_k")) if "type_k" in a_kv else "f16",
-                      "type_v": str(planned_llm.planned("type_v")) if "type_v" in a_kv else "f16",
-                      "batch_source": "load options" if explicit_batch else "plan (manifest)" if batch
-                      else "llama-cpp-python defaults (bundle without planned batch sizes)",
-                      "gpu_offload_supported": bool(llama_cpp.llama_supports_gpu_offload()),
-                      "placement": "CPU" if a_ngl == 0 else f"{min(a_ngl, layers + 1)}/{layers + 1} layers on GPU",
-                      "probe": "child process first (risky platform)" if risky else "in-process",
-                      "attempts": errors + [f"{_label(a_fa, a_ngl, layers)}: ok"], "notes": notes + a_notes}
-            settings = {"n_gpu_layers": a_ngl, "flash_attn": a_fa, "n_ctx": n_ctx, "threads": llm.n_threads,
-                        "n_batch": int(llm.n_batch), "n_ubatch": int(llm.context_params.n_ubatch)}
-            attrs = {"edgesdk.backend": "llama.cpp", "edgesdk.gguf.quant_type": planned_llm.quant_type,
-                     "edgesdk.device.profile": profile.name if profile is not None else "",
-                     "edgesdk.precision": bundle.precision or planned_llm.quant_type,
-                     "edgesdk.gguf.n_gpu_layers": a_ngl, "edgesdk.gguf.flash_attn": a_fa,
-                     "edgesdk.bundle.id": bundle.bundle_id}
-            return LlamaCppBackend(llm, settings=settings, report=report, model=bundle.model_name, attributes=attrs,
-                                   chat_template=chat_template, path=path, llm_info=info)
+            report = {
+                "runtime": f"llama-cpp-python {llama_cpp.__version__}",
+                "n_gpu_layers": a_ngl,
+                "layers": layers,
+                "flash_attn": a_fa,
+                "n_ctx": n_ctx,
+                "threads": llm.n_threads,
+                # what the context got (llama-cpp-python caps n_batch at n_ctx, n_ubatch at n_batch)
+                "n_batch": int(llm.n_batch),
+                "n_ubatch": int(llm.context_params.n_ubatch),
+                "type_k": str(planned_llm.planned("type_k")) if "type_k" in a_kv else "f16",
+                "type_v": str(planned_llm.planned("type_v")) if "type_v" in a_kv else "f16",
+                "batch_source": "load options"
+                if explicit_batch
+                else "plan (manifest)"
+                if batch
+                else "llama-cpp-python defaults (bundle without planned batch sizes)",
+                "gpu_offload_supported": bool(llama_cpp.llama_supports_gpu_offload()),
+                "placement": "CPU" if a_ngl == 0 else f"{min(a_ngl, layers + 1)}/{layers + 1} layers on GPU",
+                "probe": "child process first (risky platform)" if risky else "in-process",
+                "attempts": errors + [f"{_label(a_fa, a_ngl, layers)}: ok"],
+                "notes": notes + a_notes,
+            }
+            settings = {
+                "n_gpu_layers": a_ngl,
+                "flash_attn": a_fa,
+                "n_ctx": n_ctx,
+                "threads": llm.n_threads,
+                "n_batch": int(llm.n_batch),
+                "n_ubatch": int(llm.context_params.n_ubatch),
+            }
+            attrs = {
+                "edgesdk.backend": "llama.cpp",
+                "edgesdk.gguf.quant_type": planned_llm.quant_type,
+                "edgesdk.device.profile": profile.name if profile is not None else "",
+                "edgesdk.precision": bundle.precision or planned_llm.quant_type,
+                "edgesdk.gguf.n_gpu_layers": a_ngl,
+                "edgesdk.gguf.flash_attn": a_fa,
+                "edgesdk.bundle.id": bundle.bundle_id,
+            }
+            return LlamaCppBackend(
+                llm,
+                settings=settings,
+                report=report,
+                model=bundle.model_name,
+                attributes=attrs,
+                chat_template=chat_template,
+                path=path,
+                llm_info=info,
+            )
         assert why is not None  # set whenever the attempt did not load
         errors.append(f"{_label(a_fa, a_ngl, layers)}: {why}")
         if i + 1 < len(tried):

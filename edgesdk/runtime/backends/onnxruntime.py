@@ -24,9 +24,11 @@ if TYPE_CHECKING:
     from edgesdk.bundle import Bundle
     from edgesdk.runtime.backends.ort_buckets import CudaGraphBuckets
 
-_EP_LIBS = {"TensorrtExecutionProvider": ("nvinfer", "TensorRT"),
-            "CUDAExecutionProvider": ("cudart", "CUDA runtime"),
-            "DmlExecutionProvider": ("directml", "DirectML")}
+_EP_LIBS = {
+    "TensorrtExecutionProvider": ("nvinfer", "TensorRT"),
+    "CUDAExecutionProvider": ("cudart", "CUDA runtime"),
+    "DmlExecutionProvider": ("directml", "DirectML"),
+}
 
 
 def _why_unavailable(ep: str) -> str:
@@ -39,8 +41,10 @@ def _why_unavailable(ep: str) -> str:
 _PROBED: dict[str, tuple[bool, str]] = {}
 # y = Relu(x), x and y float[1], opset 17, IR 8: onnx.helper.make_model(...).SerializeToString(), kept as
 # bytes so probing needs only onnxruntime (the `onnx` package is a build-side extra).
-_PROBE_MODEL = (b"\x08\x08:7\n\x0c\n\x01x\x12\x01y\"\x04Relu\x12\x05probeZ\x0f\n\x01x\x12\n\n\x08\x08\x01\x12\x04"
-                b"\n\x02\x08\x01b\x0f\n\x01y\x12\n\n\x08\x08\x01\x12\x04\n\x02\x08\x01B\x04\n\x00\x10\x11")
+_PROBE_MODEL = (
+    b'\x08\x08:7\n\x0c\n\x01x\x12\x01y"\x04Relu\x12\x05probeZ\x0f\n\x01x\x12\n\n\x08\x08\x01\x12\x04'
+    b"\n\x02\x08\x01b\x0f\n\x01y\x12\n\n\x08\x08\x01\x12\x04\n\x02\x08\x01B\x04\n\x00\x10\x11"
+)
 
 
 def probe_provider(ep: str) -> tuple[bool, str]:
@@ -65,8 +69,9 @@ def probe_provider(ep: str) -> tuple[bool, str]:
     if ok:
         _PROBED[ep] = (True, "initialised")
     else:
-        found = re.search(r"with error: ([^\n]+)", log.text) or re.search(r"(lib[\w.+-]+\.so[\w.]*): cannot open",
-                                                                           log.text)
+        found = re.search(r"with error: ([^\n]+)", log.text) or re.search(
+            r"(lib[\w.+-]+\.so[\w.]*): cannot open", log.text
+        )
         detail = found.group(1).strip() if found else err
         _PROBED[ep] = (False, f"failed to initialise: {detail}" if detail else _why_unavailable(ep))
     return _PROBED[ep]
@@ -105,8 +110,15 @@ class OnnxRuntimeBackend:
     name = "onnxruntime"
     provider = "onnxruntime"
 
-    def __init__(self, model_path: Path, chain: list[str], record_fallback: Callable[[str, str, str], None], *,
-                 threads: int | None = None, io_spec: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        model_path: Path,
+        chain: list[str],
+        record_fallback: Callable[[str, str, str], None],
+        *,
+        threads: int | None = None,
+        io_spec: dict[str, Any] | None = None,
+    ):
         import onnxruntime as ort
 
         self.model_path = Path(model_path)
@@ -119,8 +131,10 @@ class OnnxRuntimeBackend:
             if ok:
                 requested.append(ep)
             else:
-                nxt = next((e for e in chain[i + 1:] if e == "CPUExecutionProvider" or probe_provider(e)[0]),
-                           "CPUExecutionProvider")
+                nxt = next(
+                    (e for e in chain[i + 1 :] if e == "CPUExecutionProvider" or probe_provider(e)[0]),
+                    "CPUExecutionProvider",
+                )
                 record_fallback(ep, nxt, f"{ep}: {why}")
         so = ort.SessionOptions()
         so.log_severity_level = 3  # EP init failures are reported by us, as fallbacks, not as log spam
@@ -130,8 +144,9 @@ class OnnxRuntimeBackend:
         try:
             self.session = ort.InferenceSession(str(self.model_path), so, providers=requested)
         except Exception as exc:  # ORT raises its own Fail/InvalidGraph/NotImplemented types
-            raise BackendUnavailableError(f"onnxruntime cannot load {self.model_path.name}: "
-                                          f"{str(exc).splitlines()[0][:200]}") from exc
+            raise BackendUnavailableError(
+                f"onnxruntime cannot load {self.model_path.name}: {str(exc).splitlines()[0][:200]}"
+            ) from exc
         active = self.session.get_providers()
         for ep in requested:
             if ep not in active:
@@ -155,28 +170,46 @@ class OnnxRuntimeBackend:
         self._run_options = ort.RunOptions()
         self._run_options.log_severity_level = 4  # a failed run raises (below); no ORT error line on stderr
 
-    def enable_cuda_graphs(self, reason: str, *, seq_buckets: tuple[int, ...] | None = None,
-                           batch_buckets: tuple[int, ...] | None = None, max_seq: int | None = None,
-                           source: str = "runtime defaults") -> bool:
+    def enable_cuda_graphs(
+        self,
+        reason: str,
+        *,
+        seq_buckets: tuple[int, ...] | None = None,
+        batch_buckets: tuple[int, ...] | None = None,
+        max_seq: int | None = None,
+        source: str = "runtime defaults",
+    ) -> bool:
         """IO binding + one captured CUDA graph per static shape bucket (requests padded to the bucket and
         masked; see ort_buckets.py). Only on the CUDA EP; the outcome and its reason land in report()."""
         from edgesdk.runtime.backends import ort_buckets as ob
 
         if self.device != "CUDAExecutionProvider":
-            self._graph_report = {"enabled": False, "reason": f"{reason}; not applied: the session runs on "
-                                  f"{self.device}, CUDA graphs need the CUDA EP"}
+            self._graph_report = {
+                "enabled": False,
+                "reason": f"{reason}; not applied: the session runs on {self.device}, CUDA graphs need the CUDA EP",
+            }
             return False
-        plan = ob.plan_buckets(self.inputs, seq_buckets=seq_buckets or ob.DEFAULT_SEQ_BUCKETS,
-                               batch_buckets=batch_buckets or ob.DEFAULT_BATCH_BUCKETS, max_seq=max_seq,
-                               reason=reason, source=source)
+        plan = ob.plan_buckets(
+            self.inputs,
+            seq_buckets=seq_buckets or ob.DEFAULT_SEQ_BUCKETS,
+            batch_buckets=batch_buckets or ob.DEFAULT_BATCH_BUCKETS,
+            max_seq=max_seq,
+            reason=reason,
+            source=source,
+        )
         try:
-            self._graphs = ob.CudaGraphBuckets(str(self.model_path), plan, self.output_names,
-                                               probe=lambda f: dict(zip(self.output_names,
-                                                                        self.session.run(self.output_names, f))),
-                                               session_options=self._so)
+            self._graphs = ob.CudaGraphBuckets(
+                str(self.model_path),
+                plan,
+                self.output_names,
+                probe=lambda f: dict(zip(self.output_names, self.session.run(self.output_names, f))),
+                session_options=self._so,
+            )
         except Exception as exc:  # noqa: BLE001 - graphs are an optimisation: keep the plain session
-            self._graph_report = {"enabled": False, "reason": f"{reason}; capture session failed: "
-                                  f"{str(exc).splitlines()[0][:160]}"}
+            self._graph_report = {
+                "enabled": False,
+                "reason": f"{reason}; capture session failed: {str(exc).splitlines()[0][:160]}",
+            }
             return False
         self._graph_report = {"enabled": True, **plan.as_dict()}
         return True
@@ -192,10 +225,10 @@ class OnnxRuntimeBackend:
             status, detail = found.group(1), " ".join(found.group(2).split())
             detail = re.sub(r"^Non-zero status code returned while running ", "", detail)[:300]
             if status == "INVALID_ARGUMENT":
-                raise ShapeError(f"{self.model_path.name}: the inputs are not valid for this model: {detail}") \
-                    from None
-            raise OnnxRuntimeRunError(f"onnxruntime failed running {self.model_path.name}: {status}: {detail}") \
-                from None
+                raise ShapeError(f"{self.model_path.name}: the inputs are not valid for this model: {detail}") from None
+            raise OnnxRuntimeRunError(
+                f"onnxruntime failed running {self.model_path.name}: {status}: {detail}"
+            ) from None
 
     def _check_values(self, feeds: Mapping[str, np.ndarray]) -> None:
         """Refuse, as one :class:`ShapeError`, what onnxruntime would fail on deep inside a kernel (or, for a
@@ -205,8 +238,9 @@ class OnnxRuntimeBackend:
             ids = name.endswith("ids") and np.issubdtype(np.asarray(value).dtype, np.integer)
             # batch 0 anywhere, or no tokens in an id/mask input (an empty past KV cache stays allowed)
             if (shape and shape[0] == 0) or ((ids or name == "attention_mask") and 0 in shape):
-                raise ShapeError(f"input {name!r} is empty (shape {shape}): give at least one row and one "
-                                 "element per row")
+                raise ShapeError(
+                    f"input {name!r} is empty (shape {shape}): give at least one row and one element per row"
+                )
             if not ids:
                 continue
             low, high = int(np.min(value)), int(np.max(value))
@@ -216,8 +250,9 @@ class OnnxRuntimeBackend:
                 limit = f"0..{table - 1} (the model's vocabulary has {table} tokens)" if table else ">= 0"
                 raise ShapeError(f"input {name!r} holds id {bad}, outside {limit}")
             if len(shape) == 2 and self.max_positions and shape[1] > self.max_positions:
-                raise ShapeError(f"input {name!r} is {shape[1]} tokens long; this model takes at most "
-                                 f"{self.max_positions}")
+                raise ShapeError(
+                    f"input {name!r} is {shape[1]} tokens long; this model takes at most {self.max_positions}"
+                )
 
     def _run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self._graphs is not None:
@@ -226,8 +261,9 @@ class OnnxRuntimeBackend:
             bucket = self._graphs.plan.choose(*request_shape(self._graphs.plan, feeds))
             if bucket is not None:
                 return self._graphs.run(feeds, bucket)
-            self._graph_report["plain_runs_outside_buckets"] = self._graph_report.get(
-                "plain_runs_outside_buckets", 0) + 1
+            self._graph_report["plain_runs_outside_buckets"] = (
+                self._graph_report.get("plain_runs_outside_buckets", 0) + 1
+            )
         return dict(zip(self.output_names, self.session.run(self.output_names, feeds, self._run_options)))
 
     def placement(self, feeds: Mapping[str, np.ndarray]) -> dict[str, Any]:
@@ -246,24 +282,33 @@ class OnnxRuntimeBackend:
         for ev in events:
             args = ev.get("args") or {}
             if ev.get("cat") == "Node" and "provider" in args and ev.get("name", "").endswith("_kernel_time"):
-                nodes[ev["name"][: -len("_kernel_time")]] = {"op_type": args.get("op_name"),
-                                                              "provider": args["provider"]}
+                nodes[ev["name"][: -len("_kernel_time")]] = {
+                    "op_type": args.get("op_name"),
+                    "provider": args["provider"],
+                }
         by_ep = Counter(n["provider"] for n in nodes.values())
-        self._placement = {"source": "onnxruntime profiler (one run)", "by_provider": dict(by_ep),
-                           "nodes": nodes}
+        self._placement = {"source": "onnxruntime profiler (one run)", "by_provider": dict(by_ep), "nodes": nodes}
         return self._placement
 
     def report(self) -> dict[str, Any]:
-        return {"backend": self.name, "model": self.model_path.name,
-                "providers_requested": self.providers_requested, "providers_active": self.providers_active,
-                "placement": self._placement, "cuda_graphs": self._cuda_graph_report(),
-                "eager_fallback": self.eager_fallback}
+        return {
+            "backend": self.name,
+            "model": self.model_path.name,
+            "providers_requested": self.providers_requested,
+            "providers_active": self.providers_active,
+            "placement": self._placement,
+            "cuda_graphs": self._cuda_graph_report(),
+            "eager_fallback": self.eager_fallback,
+        }
 
     def _cuda_graph_report(self) -> dict[str, Any]:
         if self._graphs is None:
             return self._graph_report
-        return {**self._graph_report, "captured": list(self._graphs.captured),
-                "requests_per_bucket": dict(self._graphs.requests)}
+        return {
+            **self._graph_report,
+            "captured": list(self._graphs.captured),
+            "requests_per_bucket": dict(self._graphs.requests),
+        }
 
     def close(self) -> None:
         self.session = None
@@ -273,10 +318,10 @@ def load_onnx(bundle: Bundle, ctx: LoadContext) -> Any:
     from edgesdk.extras import check_onnxruntime
 
     check_onnxruntime()
-    chain = ctx.options.get("providers") or bundle.manifest.runtime.backend_chain or [
-        "CPUExecutionProvider"]
-    backend = OnnxRuntimeBackend(bundle.artifact_path("model"), list(chain), ctx.record_fallback,
-                                 threads=ctx.options.get("threads"))
+    chain = ctx.options.get("providers") or bundle.manifest.runtime.backend_chain or ["CPUExecutionProvider"]
+    backend = OnnxRuntimeBackend(
+        bundle.artifact_path("model"), list(chain), ctx.record_fallback, threads=ctx.options.get("threads")
+    )
     backend.vocab_size, backend.max_positions = _config_int(bundle, "vocab_size"), _max_positions(bundle)
     want, reason = _cuda_graph_choice(bundle, ctx.options.get("cuda_graphs"), ctx.profile)
     if want:
@@ -307,10 +352,13 @@ def _cuda_graph_choice(bundle: Bundle, option: bool | None, profile: Any = None)
     except Exception:  # noqa: BLE001 - an unknown profile here only means: no recommendation
         rec = None
     if rec:
-        return True, (f"profile {name} recommends CUDA graphs; measured on an H200 (MiniLM FP16, batch 1, seq "
-                      "128): plain run 0.54 ms, IO binding 0.46 ms, captured graph 0.22 ms")
-    return False, f"profile {name or '?'} does not recommend CUDA graphs" + (" (not resolvable here)"
-                                                                              if rec is None else "")
+        return True, (
+            f"profile {name} recommends CUDA graphs; measured on an H200 (MiniLM FP16, batch 1, seq "
+            "128): plain run 0.54 ms, IO binding 0.46 ms, captured graph 0.22 ms"
+        )
+    return False, f"profile {name or '?'} does not recommend CUDA graphs" + (
+        " (not resolvable here)" if rec is None else ""
+    )
 
 
 def _max_positions(bundle: Bundle) -> int | None:

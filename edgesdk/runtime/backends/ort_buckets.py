@@ -51,14 +51,23 @@ class BucketPlan:
 
     def choose(self, batch: int, seq: int | None) -> Bucket | None:
         """Smallest bucket holding (batch, seq); None when the request is larger than every bucket."""
-        fits = [b for b in self.buckets if b.batch >= batch and (seq is None or b.seq is None or b.seq >= seq)
-                and (b.seq is None) == (seq is None or not self.seq_inputs)]
+        fits = [
+            b
+            for b in self.buckets
+            if b.batch >= batch
+            and (seq is None or b.seq is None or b.seq >= seq)
+            and (b.seq is None) == (seq is None or not self.seq_inputs)
+        ]
         return min(fits, key=lambda b: (b.batch * (b.seq or 1), b.batch), default=None)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"buckets": [b.key for b in self.buckets], "padding": "upper bound + attention mask"
-                if self.mask_input else "batch only (no attention mask input)", "reason": self.reason,
-                "source": self.source, "skipped": self.skipped}
+        return {
+            "buckets": [b.key for b in self.buckets],
+            "padding": "upper bound + attention mask" if self.mask_input else "batch only (no attention mask input)",
+            "reason": self.reason,
+            "source": self.source,
+            "skipped": self.skipped,
+        }
 
 
 def _dynamic(dim: Any) -> bool:
@@ -73,17 +82,31 @@ def bucket_options(plan: Mapping[str, Any] | None, max_positions: int | None = N
     for a model that turns out to have one."""
     planned = planned_shape_buckets(dict(plan) if isinstance(plan, Mapping) else None)
     if planned is None:
-        return {"seq_buckets": DEFAULT_SEQ_BUCKETS, "batch_buckets": DEFAULT_BATCH_BUCKETS, "max_seq": max_positions,
-                "source": "runtime defaults (the bundle records no shape_buckets decision)"}
+        return {
+            "seq_buckets": DEFAULT_SEQ_BUCKETS,
+            "batch_buckets": DEFAULT_BATCH_BUCKETS,
+            "max_seq": max_positions,
+            "source": "runtime defaults (the bundle records no shape_buckets decision)",
+        }
     if planned.seq is None:
-        return {"seq_buckets": DEFAULT_SEQ_BUCKETS, "batch_buckets": planned.batch, "max_seq": max_positions,
-                "source": "plan (batch); sequence: runtime defaults"}
+        return {
+            "seq_buckets": DEFAULT_SEQ_BUCKETS,
+            "batch_buckets": planned.batch,
+            "max_seq": max_positions,
+            "source": "plan (batch); sequence: runtime defaults",
+        }
     return {"seq_buckets": planned.seq, "batch_buckets": planned.batch, "max_seq": max(planned.seq), "source": "plan"}
 
 
-def plan_buckets(inputs: Sequence[Any], *, seq_buckets: Sequence[int] = DEFAULT_SEQ_BUCKETS,
-                 batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS, max_seq: int | None = None,
-                 reason: str = "", source: str = "runtime defaults") -> BucketPlan:
+def plan_buckets(
+    inputs: Sequence[Any],
+    *,
+    seq_buckets: Sequence[int] = DEFAULT_SEQ_BUCKETS,
+    batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
+    max_seq: int | None = None,
+    reason: str = "",
+    source: str = "runtime defaults",
+) -> BucketPlan:
     """Buckets for a model whose inputs are ``inputs`` (objects with ``name`` and ``shape``).
 
     Axis 0 dynamic -> batch axis; axis 1 dynamic on a rank-2 input -> sequence axis. Sequence padding is only
@@ -100,8 +123,9 @@ def plan_buckets(inputs: Sequence[Any], *, seq_buckets: Sequence[int] = DEFAULT_
     if seq_inputs and max_seq is not None and max_seq not in seqs:
         seqs.append(max_seq)
     batches = list(batch_buckets) if batch_inputs else [1]
-    return BucketPlan([Bucket(b, s) for b in batches for s in seqs], batch_inputs, seq_inputs, mask, reason,
-                      skipped, source)
+    return BucketPlan(
+        [Bucket(b, s) for b in batches for s in seqs], batch_inputs, seq_inputs, mask, reason, skipped, source
+    )
 
 
 def request_shape(plan: BucketPlan, feeds: Mapping[str, np.ndarray]) -> tuple[int, int | None]:
@@ -126,13 +150,14 @@ def pad_feeds(plan: BucketPlan, feeds: Mapping[str, np.ndarray], bucket: Bucket)
             raise ValueError(f"input {name!r} of shape {list(arr.shape)} does not fit bucket {bucket.key}")
         padded = np.pad(arr, pad) if any(p[1] for p in pad) else np.ascontiguousarray(arr)
         if name == plan.mask_input and pad[0][1]:
-            padded[arr.shape[0]:, 0] = 1
+            padded[arr.shape[0] :, 0] = 1
         out[name] = padded
     return out
 
 
-def cut_outputs(outputs: Mapping[str, np.ndarray], bucket: Bucket, batch: int,
-                seq: int | None) -> dict[str, np.ndarray]:
+def cut_outputs(
+    outputs: Mapping[str, np.ndarray], bucket: Bucket, batch: int, seq: int | None
+) -> dict[str, np.ndarray]:
     """Cut padded outputs back to the request: axis 0 of bucket.batch -> batch, axis 1 of bucket.seq -> seq."""
     res: dict[str, np.ndarray] = {}
     for name, arr in outputs.items():
@@ -149,8 +174,15 @@ class CudaGraphBuckets:
     """One ``enable_cuda_graph`` CUDA EP session; each bucket's graph is captured on its first request
     (``gpu_graph_id`` = bucket index + 1) with inputs and outputs bound at fixed device addresses."""
 
-    def __init__(self, model_path: str, plan: BucketPlan, output_names: Sequence[str], probe: Any,
-                 session_options: Any = None, device_id: int = 0):
+    def __init__(
+        self,
+        model_path: str,
+        plan: BucketPlan,
+        output_names: Sequence[str],
+        probe: Any,
+        session_options: Any = None,
+        device_id: int = 0,
+    ):
         import onnxruntime as ort
 
         self._ort = ort
@@ -158,8 +190,11 @@ class CudaGraphBuckets:
         self.output_names = list(output_names)
         self.probe = probe  # plain run (feeds -> {name: array}): output shapes/dtypes of a bucket, once
         self.device_id = device_id
-        self.session = ort.InferenceSession(model_path, session_options, providers=[
-            ("CUDAExecutionProvider", {"enable_cuda_graph": "1", "device_id": str(device_id)})])
+        self.session = ort.InferenceSession(
+            model_path,
+            session_options,
+            providers=[("CUDAExecutionProvider", {"enable_cuda_graph": "1", "device_id": str(device_id)})],
+        )
         self._bound: dict[Bucket, tuple[Any, dict[str, Any], Any]] = {}
         self.captured: list[str] = []
         self.requests: dict[str, int] = {}
@@ -171,8 +206,10 @@ class CudaGraphBuckets:
         for k, v in vals.items():
             io.bind_ortvalue_input(k, v)
         shapes = self.probe(padded)
-        outs = {n: ort.OrtValue.ortvalue_from_shape_and_type(list(shapes[n].shape), shapes[n].dtype, "cuda",
-                                                             self.device_id) for n in self.output_names}
+        outs = {
+            n: ort.OrtValue.ortvalue_from_shape_and_type(list(shapes[n].shape), shapes[n].dtype, "cuda", self.device_id)
+            for n in self.output_names
+        }
         for n, v in outs.items():  # fixed output addresses too: the replayed graph writes there
             io.bind_ortvalue_output(n, v)
         vals.update({f"__out__{n}": v for n, v in outs.items()})

@@ -55,13 +55,22 @@ class TensorRTEngineBackend:
         self.context = self.engine.create_execution_context()
         self.device = f"cuda:0 (sm_{env.get('sm')})"
         self.names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
-        specs = [TensorSpec(n, np.dtype(trt.nptype(self.engine.get_tensor_dtype(n))).name,
-                            tuple(self.engine.get_tensor_shape(n))) for n in self.names]  # -1: dynamic -> None
+        specs = [
+            TensorSpec(
+                n, np.dtype(trt.nptype(self.engine.get_tensor_dtype(n))).name, tuple(self.engine.get_tensor_shape(n))
+            )
+            for n in self.names
+        ]  # -1: dynamic -> None
         is_input = {n: self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT for n in self.names}
         self.inputs = tuple(s for s in specs if is_input[s.name])
         self.outputs = tuple(s for s in specs if not is_input[s.name])
-        self._report = {"backend": self.name, "engine": str(engine_path), "engine_source": source,
-                        "tensorrt": env.get("tensorrt"), "placement": {"source": "whole graph in one engine"}}
+        self._report = {
+            "backend": self.name,
+            "engine": str(engine_path),
+            "engine_source": source,
+            "tensorrt": env.get("tensorrt"),
+            "placement": {"source": "whole graph in one engine"},
+        }
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         trt, torch = self._trt, self._torch
@@ -129,8 +138,10 @@ def _listed_onnx(bundle: Bundle, config: dict[str, Any]) -> Path:
     """The ONNX file the engine configuration names: only one the manifest lists (and so verified)."""
     path = bundle.file(str(config.get("onnx")))
     if path is None:
-        raise BundleIntegrityError(f"bundle {bundle.path}: the engine configuration names {config.get('onnx')!r}, "
-                                   "which the manifest does not list")
+        raise BundleIntegrityError(
+            f"bundle {bundle.path}: the engine configuration names {config.get('onnx')!r}, "
+            "which the manifest does not list"
+        )
     return path
 
 
@@ -152,14 +163,17 @@ def load_tensorrt(bundle: Bundle, ctx: LoadContext) -> TensorRTEngineBackend | O
 
     # edgesdk.load(..., host=HostFacts(...)) loads as if on another host (ctx.host_facts() returns it).
     env = ctx.host_facts().tensorrt_env()
-    chain = list(bundle.manifest.runtime.backend_chain or [ENGINE_STEP, "TensorrtExecutionProvider",
-                                                                              "CUDAExecutionProvider",
-                                                                              "CPUExecutionProvider"])
+    chain = list(
+        bundle.manifest.runtime.backend_chain
+        or [ENGINE_STEP, "TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
+    )
     if ctx.options.get("providers"):
         chain = [ENGINE_STEP, *ctx.options["providers"]]
     # placement=False skips the one profiled run that records where each node ran (first run only).
-    info: dict[str, Any] = {"host": {k: env.get(k) for k in ("tensorrt", "sm", "l4t", "platform", "gpu")},
-                  "placement": ctx.options.get("placement", True)}
+    info: dict[str, Any] = {
+        "host": {k: env.get(k) for k in ("tensorrt", "sm", "l4t", "platform", "gpu")},
+        "placement": ctx.options.get("placement", True),
+    }
     config = E.read_config(bundle.artifact_path("engine-config"))
     problems = preflight(config["target"], env)
     info["preflight"] = {"target": config["target"], "problems": problems, "ok": not problems}
@@ -175,6 +189,10 @@ def load_tensorrt(bundle: Bundle, ctx: LoadContext) -> TensorRTEngineBackend | O
             ctx.record_fallback(ENGINE_STEP, next_step, f"TensorRT failed: {type(exc).__name__}: {str(exc)[:160]}")
     elif ENGINE_STEP in chain:
         ctx.record_fallback(ENGINE_STEP, next_step, "pre-flight: " + "; ".join(problems))
-    inner = OnnxRuntimeBackend(_listed_onnx(bundle, config), ep_chain or ["CPUExecutionProvider"], ctx.record_fallback,
-                               threads=ctx.options.get("threads"))
+    inner = OnnxRuntimeBackend(
+        _listed_onnx(bundle, config),
+        ep_chain or ["CPUExecutionProvider"],
+        ctx.record_fallback,
+        threads=ctx.options.get("threads"),
+    )
     return OrtFallbackBackend(inner, info, bundle)

@@ -36,20 +36,23 @@ class TorchEagerBackend:
         try:
             import torch
         except ImportError as exc:
-            raise BackendUnavailableError("this bundle is a torch.export program: install torch on the device") \
-                from exc
+            raise BackendUnavailableError("this bundle is a torch.export program: install torch on the device") from exc
         self._torch = torch
         path = bundle.artifact_path("exported-program")
         try:
             program = torch.export.load(str(path))
         except Exception as exc:  # corrupt/foreign archive: torch raises RuntimeError/ValueError/KeyError
-            raise BackendUnavailableError(f"cannot load torch.export program {path.name}: "
-                                          f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}") from exc
+            raise BackendUnavailableError(
+                f"cannot load torch.export program {path.name}: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+            ) from exc
         cuda = bool(ctx.options.get("device", "auto") != "cpu" and torch.cuda.is_available())
         self.device = "cuda:0" if cuda else "cpu"
         self.paths = fast_paths(ctx.profile, device_is_cuda=cuda)
-        for feature, label in (("triton", "torch.compile"), ("cuda_graphs", "cuda-graphs"),
-                               ("flash_attention", "flash-attention")):
+        for feature, label in (
+            ("triton", "torch.compile"),
+            ("cuda_graphs", "cuda-graphs"),
+            ("flash_attention", "flash-attention"),
+        ):
             if not self.paths[feature]["use"]:
                 ctx.record_fallback(label, "eager", self.paths[feature]["reason"])
         if cuda and not self.paths["flash_attention"]["use"]:
@@ -89,11 +92,16 @@ class TorchEagerBackend:
     def report(self) -> dict[str, Any]:
         steady = self._times[1:] or self._times
         return {
-            "backend": self.name, "device": self.device, "mode": self.mode, "fast_paths": self.paths,
-            "why_eager": self._fallback.reason, "forcing_ops": self._fallback.forcing_ops,
+            "backend": self.name,
+            "device": self.device,
+            "mode": self.mode,
+            "fast_paths": self.paths,
+            "why_eager": self._fallback.reason,
+            "forcing_ops": self._fallback.forcing_ops,
             "cost": {
                 "measured_here_ms_p50": round(float(np.median(steady)), 4) if steady else None,
-                "runs_measured": len(steady), "device": self.device,
+                "runs_measured": len(steady),
+                "device": self.device,
                 "built_on_host_ms_p50": self._fallback.built_on_host_ms_p50,
                 "estimated_gpu_penalty": eager_cost_estimate(self._precision),
             },
@@ -114,14 +122,26 @@ MEASURE_WARMUP = 2
 MEASURE_RUNS = 10
 MEASURE_BUDGET_S = 3.0  # per candidate: load time stays bounded however slow the CPU EP is
 REP_SEQ = 128
-GPU_EPS = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "DmlExecutionProvider", "ROCMExecutionProvider",
-           "MIGraphXExecutionProvider", "OpenVINOExecutionProvider")
-_SHORT = {"TensorrtExecutionProvider": "TensorRT", "CUDAExecutionProvider": "CUDA EP",
-          "CPUExecutionProvider": "CPU EP"}
+GPU_EPS = (
+    "TensorrtExecutionProvider",
+    "CUDAExecutionProvider",
+    "DmlExecutionProvider",
+    "ROCMExecutionProvider",
+    "MIGraphXExecutionProvider",
+    "OpenVINOExecutionProvider",
+)
+_SHORT = {"TensorrtExecutionProvider": "TensorRT", "CUDAExecutionProvider": "CUDA EP", "CPUExecutionProvider": "CPU EP"}
 
 
-def measure_ms(label: str, run: Any, feeds: Mapping[str, np.ndarray], *, warmup: int = MEASURE_WARMUP,
-               runs: int = MEASURE_RUNS, budget_s: float = MEASURE_BUDGET_S) -> float:
+def measure_ms(
+    label: str,
+    run: Any,
+    feeds: Mapping[str, np.ndarray],
+    *,
+    warmup: int = MEASURE_WARMUP,
+    runs: int = MEASURE_RUNS,
+    budget_s: float = MEASURE_BUDGET_S,
+) -> float:
     """Median wall time of ``run(feeds)`` after ``warmup`` runs: at most ``runs`` timed runs, stopping once
     ``budget_s`` is spent (at least 3 runs). ``label`` names the candidate (for injected measurers)."""
     for _ in range(warmup):
@@ -148,8 +168,11 @@ def representative_feeds(inputs: Any, config: Mapping[str, Any], seq: int = REP_
         shape = [d if isinstance(d, int) else (1 if axis == 0 else seq) for axis, d in enumerate(dims)]
         if spec.name == "pixel_values" or spec.dtype.startswith("float"):
             if len(dims) == 4:
-                shape = [1, dims[1] if isinstance(dims[1], int) else int(config.get("num_channels", 3)),
-                         *(d if isinstance(d, int) else size for d in dims[2:])]
+                shape = [
+                    1,
+                    dims[1] if isinstance(dims[1], int) else int(config.get("num_channels", 3)),
+                    *(d if isinstance(d, int) else size for d in dims[2:]),
+                ]
             feeds[spec.name] = rng.standard_normal(shape).astype(spec.dtype)
         elif spec.name == "input_ids":
             feeds[spec.name] = rng.integers(min(1000, vocab - 1), vocab, size=shape).astype(spec.dtype)
@@ -200,9 +223,14 @@ class EagerCudaBackend:
         return out
 
     def report(self) -> dict[str, Any]:
-        return {"backend": self.name, "device": self.device, "mode": "eager", "dtype": str(self.dtype),
-                "eager_fallback": self.choice,
-                "placement": {"source": "PyTorch eager: every op on " + self.device}}
+        return {
+            "backend": self.name,
+            "device": self.device,
+            "mode": "eager",
+            "dtype": str(self.dtype),
+            "eager_fallback": self.choice,
+            "placement": {"source": "PyTorch eager: every op on " + self.device},
+        }
 
     def close(self) -> None:
         self.module = None
@@ -235,8 +263,11 @@ def choose_eager_fallback(bundle: Bundle, ctx: LoadContext, ort_backend: Any, ch
         status.update(used=False, reason="eager_fallback=False (option)")
         return ort_backend
     if not bundle.has_artifact("eager-weights"):
-        status.update(used=False, reason="the bundle carries no eager weights (built for a CPU profile, from a "
-                      "non-Hugging Face source, or before eager fallbacks existed)")
+        status.update(
+            used=False,
+            reason="the bundle carries no eager weights (built for a CPU profile, from a "
+            "non-Hugging Face source, or before eager fallbacks existed)",
+        )
         return ort_backend
     device = ctx.options.get("eager_device")
     how = f"eager_device={device} (option)"
@@ -250,8 +281,11 @@ def choose_eager_fallback(bundle: Bundle, ctx: LoadContext, ort_backend: Any, ch
     try:
         eager = EagerCudaBackend(bundle, device, ort_backend.inputs, ort_backend.outputs)
     except Exception as exc:  # noqa: BLE001 - any load failure keeps the CPU EP, with the reason recorded
-        status.update(used=False, reason=f"eager load failed on {device}: {type(exc).__name__}: "
-                      f"{str(exc).splitlines()[0][:160] if str(exc) else ''}")
+        status.update(
+            used=False,
+            reason=f"eager load failed on {device}: {type(exc).__name__}: "
+            f"{str(exc).splitlines()[0][:160] if str(exc) else ''}",
+        )
         return ort_backend
     load_s = time.perf_counter() - t0
     cfg_raw = bundle.read_bytes("config.json")
@@ -270,30 +304,47 @@ def choose_eager_fallback(bundle: Bundle, ctx: LoadContext, ort_backend: Any, ch
     head = planned[0]
     gpu_why = next((f["reason"] for f in ctx.fallbacks if f.get("from") == head), "did not initialise")
     label = f"eager {'CUDA' if device.startswith('cuda') else device}"
-    figures = (f"CPU EP {cpu_ms:.2f} ms vs {label} {eager_ms:.2f} ms vs planned {_SHORT.get(head, head)} n/a "
-               f"({gpu_why.split(': ', 1)[-1][:120]})")
-    costs = {"input_shape": shape, "cpu_ep_ms_p50": round(cpu_ms, 4), "eager_ms_p50": round(eager_ms, 4),
-             "eager_device": device, "planned": head, "planned_ms": None, "eager_vs_cpu_ep_cosine": round(cos, 6),
-             "load_cost_s": {"eager_load": round(load_s, 3), "measure": round(measure_s, 3)},
-             "measurement": f"median of up to {MEASURE_RUNS} runs after {MEASURE_WARMUP} warm-up runs, at most "
-                            f"{MEASURE_BUDGET_S:g} s per candidate"
-                            + (" (injected measurer)" if measure is not measure_ms else "")}
+    figures = (
+        f"CPU EP {cpu_ms:.2f} ms vs {label} {eager_ms:.2f} ms vs planned {_SHORT.get(head, head)} n/a "
+        f"({gpu_why.split(': ', 1)[-1][:120]})"
+    )
+    costs = {
+        "input_shape": shape,
+        "cpu_ep_ms_p50": round(cpu_ms, 4),
+        "eager_ms_p50": round(eager_ms, 4),
+        "eager_device": device,
+        "planned": head,
+        "planned_ms": None,
+        "eager_vs_cpu_ep_cosine": round(cos, 6),
+        "load_cost_s": {"eager_load": round(load_s, 3), "measure": round(measure_s, 3)},
+        "measurement": f"median of up to {MEASURE_RUNS} runs after {MEASURE_WARMUP} warm-up runs, at most "
+        f"{MEASURE_BUDGET_S:g} s per candidate" + (" (injected measurer)" if measure is not measure_ms else ""),
+    }
     status.update(costs)
     if cos < 0.99:
-        status.update(used=False, reason=f"eager output disagrees with the ONNX graph (cosine {cos:.4f} < 0.99): "
-                      "kept the CPU EP")
+        status.update(
+            used=False, reason=f"eager output disagrees with the ONNX graph (cosine {cos:.4f} < 0.99): kept the CPU EP"
+        )
         eager.close()
         ctx.record_fallback(head, "CPUExecutionProvider", f"{figures}; eager rejected: cosine {cos:.4f}", costs=costs)
         return ort_backend
     if eager_ms < cpu_ms:
         status.update(used=True, reason=f"{label} is {cpu_ms / eager_ms:.1f}x faster than the CPU EP here")
         eager.choice = status
-        ctx.record_fallback(head, f"torch-eager:{device}", f"no GPU execution provider; measured at load (input "
-                            f"{shape}): {figures} -> {label}", costs=costs)
+        ctx.record_fallback(
+            head,
+            f"torch-eager:{device}",
+            f"no GPU execution provider; measured at load (input {shape}): {figures} -> {label}",
+            costs=costs,
+        )
         ort_backend.close()
         return eager
     status.update(used=False, reason=f"the CPU EP is {eager_ms / cpu_ms:.1f}x faster than {label} here")
     eager.close()
-    ctx.record_fallback(head, "CPUExecutionProvider", f"no GPU execution provider; measured at load (input "
-                        f"{shape}): {figures} -> CPU EP", costs=costs)
+    ctx.record_fallback(
+        head,
+        "CPUExecutionProvider",
+        f"no GPU execution provider; measured at load (input {shape}): {figures} -> CPU EP",
+        costs=costs,
+    )
     return ort_backend

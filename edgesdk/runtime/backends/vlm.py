@@ -47,8 +47,15 @@ ENCODE_TIMES_KEPT = 1024  # encoder run times kept per path for session.report()
 MAX_IMAGE_BYTES = 256 * 1024 * 1024
 MIN_MAX_SIDE = 4096
 MAX_ASPECT = 200  # width:height (either way) at most 200:1, as Qwen2-VL's processor allows
-DEFAULT_SAMPLING = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.0,
-                    "frequency_penalty": 0.0, "presence_penalty": 0.0}
+DEFAULT_SAMPLING = {
+    "temperature": 0.8,
+    "top_k": 40,
+    "top_p": 0.95,
+    "min_p": 0.05,
+    "repeat_penalty": 1.0,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+}
 
 
 # ------------------------------------------------------------------ preprocessing
@@ -72,8 +79,10 @@ def decode_image(fh: Any, what: str, check_size: Callable[[int, int, str], None]
         n = re.search(r"\((\d+) pixels\)", str(exc))
         count = f"{int(n.group(1)):,} pixels" if n else "its size"
         limit = f" ({max_pixels:,} pixels)" if max_pixels else ""
-        raise InputError(f"{what}: {count} is more than this model takes{limit}: "
-                         "refused before decoding (a decompression bomb or a very large image)") from exc
+        raise InputError(
+            f"{what}: {count} is more than this model takes{limit}: "
+            "refused before decoding (a decompression bomb or a very large image)"
+        ) from exc
     except Exception as exc:  # noqa: BLE001 - Pillow's plugins raise many types on malformed headers
         detail = str(exc).replace(repr(fh), "the data")[:100]  # what names the image, not the file object's repr
         raise InputError(f"{what}: not a readable image ({type(exc).__name__}: {detail})") from exc
@@ -85,6 +94,7 @@ def decode_image(fh: Any, what: str, check_size: Callable[[int, int, str], None]
     except Exception as exc:  # noqa: BLE001 - truncated data, bad chunks, codec errors
         raise InputError(f"{what}: not a readable image ({type(exc).__name__}: {str(exc)[:100]})") from exc
     return img
+
 
 class ImagePreprocessor:
     """The model's own image preprocessing (``preprocessor_config.json``): RGB, then either a resize to
@@ -103,8 +113,11 @@ class ImagePreprocessor:
         size = config.get("size") or {}
         self.shortest_edge = size.get("shortest_edge") if isinstance(size, dict) else None
         crop = config.get("crop_size") or {}
-        self.crop = (int(crop.get("height", image_size)), int(crop.get("width", image_size))) \
-            if config.get("do_center_crop") else None
+        self.crop = (
+            (int(crop.get("height", image_size)), int(crop.get("width", image_size)))
+            if config.get("do_center_crop")
+            else None
+        )
 
     def max_pixels(self) -> int:
         """The largest image (width x height) decoded: generous against the model's own input (16x its largest
@@ -114,8 +127,9 @@ class ImagePreprocessor:
         if self.record.frames == "dynamic":  # Qwen-VL: size holds pixel counts (min / max pixels), not edges
             most = (size.get("longest_edge") if isinstance(size, dict) else None) or self.config.get("max_pixels")
             return max(MIN_MAX_SIDE * MIN_MAX_SIDE, 16 * int(most or 0))
-        edges = [self.image_size] + ([int(v) for v in size.values() if isinstance(v, (int, float))]
-                                     if isinstance(size, dict) else [])
+        edges = [self.image_size] + (
+            [int(v) for v in size.values() if isinstance(v, (int, float))] if isinstance(size, dict) else []
+        )
         edges += [int(v) for v in (self.config.get("max_image_size") or {}).values() if isinstance(v, (int, float))]
         return max(MIN_MAX_SIDE * MIN_MAX_SIDE, (16 * max(edges)) ** 2)
 
@@ -125,11 +139,16 @@ class ImagePreprocessor:
             raise InputError(f"{what}: the image is empty ({width}x{height} pixels)")
         limit = self.max_pixels()
         if width * height > limit:
-            basis = ("16x its image processor's max_pixels" if self.record.frames == "dynamic"
-                     else f"16x its {self.image_size} px input per side")
-            raise InputError(f"{what}: {width}x{height} pixels is more than this model takes ({limit:,} pixels, "
-                             f"{basis}): refused before decoding "
-                             "(a decompression bomb or a very large image; resize it first)")
+            basis = (
+                "16x its image processor's max_pixels"
+                if self.record.frames == "dynamic"
+                else f"16x its {self.image_size} px input per side"
+            )
+            raise InputError(
+                f"{what}: {width}x{height} pixels is more than this model takes ({limit:,} pixels, "
+                f"{basis}): refused before decoding "
+                "(a decompression bomb or a very large image; resize it first)"
+            )
         if max(width, height) > MAX_ASPECT * min(width, height):
             raise InputError(f"{what}: {width}x{height} pixels has an aspect ratio above {MAX_ASPECT}:1")
 
@@ -149,8 +168,10 @@ class ImagePreprocessor:
             what = f"image {path}"
             size = path.stat().st_size
             if size > MAX_IMAGE_BYTES:
-                raise InputError(f"{what}: the file is {size:,} bytes, more than an image for this model takes "
-                                 f"({MAX_IMAGE_BYTES:,}); refused unread")
+                raise InputError(
+                    f"{what}: the file is {size:,} bytes, more than an image for this model takes "
+                    f"({MAX_IMAGE_BYTES:,}); refused unread"
+                )
             try:
                 with open(path, "rb") as fh:
                     return what, self._decode(fh, what)
@@ -248,8 +269,11 @@ class ImagePreprocessor:
             return 0, 0, [np.ascontiguousarray(np.asarray(img, dtype=np.uint8))]
         rows, cols = h // t, w // t
         arr = np.asarray(img, dtype=np.uint8)
-        frames = [np.ascontiguousarray(arr[r * t:(r + 1) * t, c * t:(c + 1) * t]) for r in range(rows)
-                  for c in range(cols)]
+        frames = [
+            np.ascontiguousarray(arr[r * t : (r + 1) * t, c * t : (c + 1) * t])
+            for r in range(rows)
+            for c in range(cols)
+        ]
         frames.append(np.ascontiguousarray(np.asarray(img.resize((t, t), self.resample), dtype=np.uint8)))
         return rows, cols, frames
 
@@ -303,12 +327,25 @@ def _route_mtmd_logs(mtmd: Any, llama_cpp: Any) -> None:
     mtmd.mtmd_log_set(_on_log, ctypes.c_void_p(0))
     mtmd.mtmd_helper_log_set(_on_log, ctypes.c_void_p(0))
 
+
 class VLMPipeline:
     """Decoder GGUF + mmproj GGUF in one llama.cpp context (see the module docstring)."""
 
-    def __init__(self, decoder: str | Path, mmproj: str | Path, preprocessor: dict[str, Any], *, n_ctx: int = 512,
-                 n_gpu_layers: int = 0, threads: int | None = None, flash_attn: bool = False, use_gpu: bool = False,
-                 use_mmap: bool = True, image_encoder: Any = None, encoder_id: str | None = None):
+    def __init__(
+        self,
+        decoder: str | Path,
+        mmproj: str | Path,
+        preprocessor: dict[str, Any],
+        *,
+        n_ctx: int = 512,
+        n_gpu_layers: int = 0,
+        threads: int | None = None,
+        flash_attn: bool = False,
+        use_gpu: bool = False,
+        use_mmap: bool = True,
+        image_encoder: Any = None,
+        encoder_id: str | None = None,
+    ):
         llama_cpp = import_llama_cpp()
         mtmd = import_llama_cpp("mtmd_cpp")
 
@@ -316,9 +353,16 @@ class VLMPipeline:
         self._llama_cpp = llama_cpp
         _route_mtmd_logs(mtmd, llama_cpp)
         try:
-            self.llm = llama_cpp.Llama(model_path=str(decoder), n_ctx=n_ctx, n_gpu_layers=n_gpu_layers,
-                                       n_threads=threads, n_threads_batch=threads, flash_attn=flash_attn,
-                                       use_mmap=use_mmap, verbose=False)
+            self.llm = llama_cpp.Llama(
+                model_path=str(decoder),
+                n_ctx=n_ctx,
+                n_gpu_layers=n_gpu_layers,
+                n_threads=threads,
+                n_threads_batch=threads,
+                flash_attn=flash_attn,
+                use_mmap=use_mmap,
+                verbose=False,
+            )
         except ValueError as exc:
             raise BackendUnavailableError(f"llama.cpp cannot load the decoder {decoder}: {exc}") from exc
         params = mtmd.mtmd_context_params_default()
@@ -336,8 +380,10 @@ class VLMPipeline:
         self.mctx = mtmd.mtmd_init_from_file(str(mmproj).encode(), self.llm.model, params)
         if not self.mctx:
             self.llm.close()
-            raise BackendUnavailableError(f"llama.cpp's multimodal library cannot load the mmproj {mmproj} "
-                                          "(mtmd_init_from_file returned NULL; run with verbose=True for its log)")
+            raise BackendUnavailableError(
+                f"llama.cpp's multimodal library cannot load the mmproj {mmproj} "
+                "(mtmd_init_from_file returned NULL; run with verbose=True for its log)"
+            )
         if not mtmd.mtmd_support_vision(self.mctx):
             self.close()
             raise BackendUnavailableError(f"{mmproj} has no vision encoder")
@@ -381,8 +427,10 @@ class VLMPipeline:
             # ONNX Runtime on the same resized pixels; the decoder gets them via mtmd_helper_decode_image_chunk
             feats = self.image_encoder(self._pixels.pop(key))
             if feats.shape != (n, self.n_embd):
-                raise ShapeError(f"the ONNX vision encoder returned features {list(feats.shape)}; the decoder "
-                                 f"expects {[n, self.n_embd]}")
+                raise ShapeError(
+                    f"the ONNX vision encoder returned features {list(feats.shape)}; the decoder "
+                    f"expects {[n, self.n_embd]}"
+                )
             self._note_encode("onnx", perf_counter() - t0)
         else:
             rc = mtmd.mtmd_encode_chunk(self.mctx, chunk)
@@ -411,8 +459,9 @@ class VLMPipeline:
         image, the processor's order)."""
         chunks, keys, _ = self._tokenize(self.marker, [image])
         try:
-            feats = [self._features(val[0], val[1])[0] for kind, val in self._chunk_plan(chunks, keys)
-                     if kind == "image"]
+            feats = [
+                self._features(val[0], val[1])[0] for kind, val in self._chunk_plan(chunks, keys) if kind == "image"
+            ]
         finally:
             self._mtmd.mtmd_input_chunks_free(chunks)
         if not feats:
@@ -434,8 +483,17 @@ class VLMPipeline:
             elif kind == mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE:
                 # positions and tokens differ with M-RoPE (Qwen-VL: an image of r x c tokens takes max(r, c)
                 # positions, libmtmd's mtmd_input_chunk_get_n_pos)
-                plan.append(("image", (None, chunk, int(mtmd.mtmd_input_chunk_get_n_pos(chunk)),
-                                       int(mtmd.mtmd_input_chunk_get_n_tokens(chunk)))))
+                plan.append(
+                    (
+                        "image",
+                        (
+                            None,
+                            chunk,
+                            int(mtmd.mtmd_input_chunk_get_n_pos(chunk)),
+                            int(mtmd.mtmd_input_chunk_get_n_tokens(chunk)),
+                        ),
+                    )
+                )
             else:
                 raise InputError("only images are supported as media")
         plan = self._image_layout(plan)
@@ -448,8 +506,7 @@ class VLMPipeline:
                 img_i += 1
         return plan
 
-    def _tokenize(self, text: str, images: list[Any], rec: Any = telemetry.NOOP_RECORDER
-                  ) -> tuple[Any, list[str], int]:
+    def _tokenize(self, text: str, images: list[Any], rec: Any = telemetry.NOOP_RECORDER) -> tuple[Any, list[str], int]:
         mtmd = self._mtmd
         keys, bitmaps = [], []
         self._pixels = {}
@@ -492,8 +549,10 @@ class VLMPipeline:
             rc = mtmd.mtmd_tokenize(self.mctx, chunks, ctypes.byref(inp), arr, len(bitmaps))
             if rc != 0:
                 mtmd.mtmd_input_chunks_free(chunks)
-                why = {1: "the number of images does not match the image markers in the prompt",
-                       2: "image preprocessing failed"}.get(rc, f"error {rc}")
+                why = {
+                    1: "the number of images does not match the image markers in the prompt",
+                    2: "image preprocessing failed",
+                }.get(rc, f"error {rc}")
                 raise InputError(f"cannot tokenize the prompt with its images: {why}")
             return chunks, keys, len(data)
         except BaseException as exc:
@@ -538,12 +597,17 @@ class VLMPipeline:
             for kind, val in plan:
                 if kind == "image":
                     cached = val[0] in self.features  # a cached image gets an event, not an encode span
-                    with telemetry.NOOP_STAGE if cached else rec.stage(
-                            "encode", {"edgesdk.inference.stage.tokens": val[3]}):
+                    with (
+                        telemetry.NOOP_STAGE
+                        if cached
+                        else rec.stage("encode", {"edgesdk.inference.stage.tokens": val[3]})
+                    ):
                         feats[val[0]], hit = self._features(val[0], val[1])
                     if hit:
-                        rec.add_event("edgesdk.vlm.image_cached", {"edgesdk.vlm.image.sha256": val[0][:64],
-                                                                   "edgesdk.vlm.image_tokens": val[3]})
+                        rec.add_event(
+                            "edgesdk.vlm.image_cached",
+                            {"edgesdk.vlm.image.sha256": val[0][:64], "edgesdk.vlm.image_tokens": val[3]},
+                        )
                     reused += int(hit)
             self.last_stages["encode_s"] = perf_counter() - t0
             # longest common prefix with what the KV cache holds; keep it, but never the last token
@@ -553,12 +617,18 @@ class VLMPipeline:
                     break
                 keep += 1
             # an image is kept whole or not at all
-            while keep > 0 and isinstance(seq[keep - 1], tuple) and keep < n_total - 1 and \
-                    isinstance(seq[keep], tuple) and seq[keep][1] == seq[keep - 1][1]:
+            while (
+                keep > 0
+                and isinstance(seq[keep - 1], tuple)
+                and keep < n_total - 1
+                and isinstance(seq[keep], tuple)
+                and seq[keep][1] == seq[keep - 1][1]
+            ):
                 keep -= 1
             t0 = perf_counter()
-            prefill_stage = rec.stage("prefill", {"edgesdk.inference.stage.tokens": n_total - 1 - keep,
-                                                  "edgesdk.vlm.kv_reused_tokens": keep})
+            prefill_stage = rec.stage(
+                "prefill", {"edgesdk.inference.stage.tokens": n_total - 1 - keep, "edgesdk.vlm.kv_reused_tokens": keep}
+            )
             mem = self._llama_cpp.llama_get_memory(llm.ctx)
             self._llama_cpp.llama_memory_seq_rm(mem, -1, keep, -1)
             llm.n_tokens = keep
@@ -579,9 +649,17 @@ class VLMPipeline:
                         f = np.ascontiguousarray(feats[key], dtype=np.float32)
                         new_n_past = self._llama_cpp.llama_pos(0)
                         rc = mtmd.mtmd_helper_decode_image_chunk(
-                            self.mctx, llm.ctx, chunk, f.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
-                            self._llama_cpp.llama_pos(pos), self._llama_cpp.llama_seq_id(0), llm.n_batch,
-                            ctypes.byref(new_n_past), mtmd.mtmd_helper_post_decode_callback(), None)
+                            self.mctx,
+                            llm.ctx,
+                            chunk,
+                            f.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+                            self._llama_cpp.llama_pos(pos),
+                            self._llama_cpp.llama_seq_id(0),
+                            llm.n_batch,
+                            ctypes.byref(new_n_past),
+                            mtmd.mtmd_helper_post_decode_callback(),
+                            None,
+                        )
                         if rc != 0:
                             raise BackendUnavailableError(f"llama.cpp could not decode the image (error {rc})")
                         llm.n_tokens = int(new_n_past.value)
@@ -589,8 +667,14 @@ class VLMPipeline:
                     pos += n
             self.last_stages["prefill_s"] = perf_counter() - t0
             prefill_stage.end()
-            return {"last_token": seq[-1], "input_tokens": n_cells, "image_tokens": image_tokens,
-                    "images": len(images), "images_cached": reused, "kv_reused_tokens": keep}
+            return {
+                "last_token": seq[-1],
+                "input_tokens": n_cells,
+                "image_tokens": image_tokens,
+                "images": len(images),
+                "images_cached": reused,
+                "kv_reused_tokens": keep,
+            }
         except BaseException as exc:
             prefill_stage.end(exc)
             raise
@@ -615,12 +699,18 @@ class VLMPipeline:
                 ids = self.llm.tokenize(text.encode(), add_bos=False, special=True)
                 return ids[0] if len(ids) == 1 else None
 
-            self._layout_ids = (one("<fake_token_around_image>"), one("<row_1_col_1>"), one("<global-img>"),
-                                one("\n\n"))
+            self._layout_ids = (
+                one("<fake_token_around_image>"),
+                one("<row_1_col_1>"),
+                one("<global-img>"),
+                one("\n\n"),
+            )
         fake, row11, glob, nn = self._layout_ids
         if None in (fake, row11, glob, nn):
-            raise BackendUnavailableError("the decoder's vocabulary lacks a token of the Idefics3 image layout "
-                                          "(<fake_token_around_image>, <row_1_col_1>, <global-img>, \\n\\n)")
+            raise BackendUnavailableError(
+                "the decoder's vocabulary lacks a token of the Idefics3 image layout "
+                "(<fake_token_around_image>, <row_1_col_1>, <global-img>, \\n\\n)"
+            )
         out: list[tuple[str, Any]] = []
         i, strip_fake = 0, False
         while i < len(plan):
@@ -633,16 +723,20 @@ class VLMPipeline:
                     toks, strip_fake = toks[1:], False
                 if i + 1 < len(plan) and plan[i + 1][0] == "image":  # libmtmd's tile prefix
                     if toks[-2:] != [fake, row11]:
-                        raise BackendUnavailableError("llama.cpp tiled an image into more than one tile; edgesdk "
-                                                      "hands it one tile per frame (docs/vlm.md)")
+                        raise BackendUnavailableError(
+                            "llama.cpp tiled an image into more than one tile; edgesdk "
+                            "hands it one tile per frame (docs/vlm.md)"
+                        )
                     toks = toks[:-2]
                 out.append(("text", toks))
                 i += 1
                 continue
             nxt = plan[i + 1] if i + 2 < len(plan) else None
             if nxt is None or nxt[0] != "text" or list(nxt[1]) != [nn, fake, glob] or plan[i + 2][0] != "image":
-                raise BackendUnavailableError("llama.cpp tiled an image into more than one tile; edgesdk hands it "
-                                              "one tile per frame (docs/vlm.md)")
+                raise BackendUnavailableError(
+                    "llama.cpp tiled an image into more than one tile; edgesdk hands it "
+                    "one tile per frame (docs/vlm.md)"
+                )
             out.append(plan[i + 2])
             strip_fake = True
             i += 3
@@ -664,6 +758,7 @@ class VLMPipeline:
 
 
 # ------------------------------------------------------------------ the backend
+
 
 def _split_content(messages: list[dict[str, Any]]) -> tuple[list[tuple[str, str, int]], list[Any]]:
     """LLaVA-1.5 conversation text with image markers, and the images in order, from OpenAI-style messages
@@ -691,8 +786,10 @@ def _split_content(messages: list[dict[str, Any]]) -> tuple[list[tuple[str, str,
                     url = part.get("image_url")
                     url = url.get("url") if isinstance(url, dict) else url
                     if not isinstance(url, str) or url.startswith(("http://", "https://")):
-                        raise InputError(f"messages[{i}].content[{j}]: image_url must be a local path or "
-                                         "file:// URL (no network access on the device)")
+                        raise InputError(
+                            f"messages[{i}].content[{j}]: image_url must be a local path or "
+                            "file:// URL (no network access on the device)"
+                        )
                     imgs.append(url)
                 else:
                     raise InputError(f"messages[{i}].content[{j}]: expected a text or image part")
@@ -760,8 +857,10 @@ class VLMBackend:
         """Reply to ``messages`` in the model family's own turn format (``chat_template`` applies to GGUF
         bundles: None only)."""
         if chat_template is not None:
-            raise InputError("chat_template applies to GGUF bundles: a VLM formats chats with its model family's "
-                             "own turn format (docs/vlm.md)")
+            raise InputError(
+                "chat_template applies to GGUF bundles: a VLM formats chats with its model family's "
+                "own turn format (docs/vlm.md)"
+            )
         _, images = _split_content(messages)  # validates the messages and collects the images in order
         text = self.pipe.pre.record.chat(messages, self.pipe.marker)
         stream = kw.pop("stream", False)
@@ -772,17 +871,30 @@ class VLMBackend:
         with self._lock:
             return "".join(gen)
 
-    def _run(self, text: str, images: list[Any], operation: str, capture: Any, *, stream: bool, max_tokens: int = 128,
-             stop: str | list[str] | None = None, seed: int | None = None, logit_bias: Any = None,
-             **sampling: Any) -> Iterator[str]:
+    def _run(
+        self,
+        text: str,
+        images: list[Any],
+        operation: str,
+        capture: Any,
+        *,
+        stream: bool,
+        max_tokens: int = 128,
+        stop: str | list[str] | None = None,
+        seed: int | None = None,
+        logit_bias: Any = None,
+        **sampling: Any,
+    ) -> Iterator[str]:
         from edgesdk.runtime.backends.llamacpp import _bias_processor, _check_sampling
         from edgesdk.runtime.requests import check_logit_bias
 
         sampling = {("temperature" if k == "temp" else k): v for k, v in sampling.items()}
         unknown = set(sampling) - set(DEFAULT_SAMPLING)
         if unknown:
-            raise InputError(f"unknown generation option(s): {', '.join(sorted(unknown))} "
-                             f"(known: max_tokens, stop, seed, stream, logit_bias, {', '.join(DEFAULT_SAMPLING)})")
+            raise InputError(
+                f"unknown generation option(s): {', '.join(sorted(unknown))} "
+                f"(known: max_tokens, stop, seed, stream, logit_bias, {', '.join(DEFAULT_SAMPLING)})"
+            )
         params = {**DEFAULT_SAMPLING, **{k: v for k, v in sampling.items() if v is not None}}
         max_tokens, seed = _check_sampling(max_tokens, seed, params)
         bias = check_logit_bias(logit_bias)
@@ -791,8 +903,14 @@ class VLMBackend:
             raise InputError(f"logit_bias token ids must be < {n_vocab} (the vocabulary), got {bias[-1][0]}")
         params["logits_processor"] = _bias_processor(bias)
         stops = [stop] if isinstance(stop, str) and stop else [s for s in (stop or []) if s]
-        request = {"max_tokens": max_tokens, "temperature": params["temperature"], "top_p": params["top_p"],
-                   "top_k": params["top_k"], "stop_sequences": stops or None, "seed": seed}
+        request = {
+            "max_tokens": max_tokens,
+            "temperature": params["temperature"],
+            "top_p": params["top_p"],
+            "top_k": params["top_k"],
+            "stop_sequences": stops or None,
+            "seed": seed,
+        }
         for k in ("frequency_penalty", "presence_penalty"):  # recorded when set (0 is off)
             if params[k]:
                 request[k] = params[k]
@@ -804,12 +922,23 @@ class VLMBackend:
 
         return stepwise(body, self._lock)
 
-    def _decode(self, text: str, images: list[Any], operation: str, capture: Any, stream: bool,
-                request: dict[str, Any], params: dict[str, Any], max_tokens: int, stops: list[str],
-                seed: int | None) -> Generator[str, None, None]:
+    def _decode(
+        self,
+        text: str,
+        images: list[Any],
+        operation: str,
+        capture: Any,
+        stream: bool,
+        request: dict[str, Any],
+        params: dict[str, Any],
+        max_tokens: int,
+        stops: list[str],
+        seed: int | None,
+    ) -> Generator[str, None, None]:
         pipe, llm = self.pipe, self.pipe.llm
-        with telemetry.inference(operation, self._model, self.provider, stream=stream, request=request,
-                                 attributes=self._attrs) as rec:
+        with telemetry.inference(
+            operation, self._model, self.provider, stream=stream, request=request, attributes=self._attrs
+        ) as rec:
             rec.capture_input(capture)
             t0 = perf_counter()
             info = pipe.prefill(text, images, rec)
@@ -827,12 +956,18 @@ class VLMBackend:
             hold = max((len(s) for s in stops), default=1) - 1
             # decode: from evaluating the prompt's last token to the last sampled one
             decode_stage = rec.stage("decode")
-            gen = llm.generate([info["last_token"]], reset=False, top_k=int(params["top_k"]),
-                               top_p=float(params["top_p"]), min_p=float(params["min_p"]),
-                               temp=float(params["temperature"]), repeat_penalty=float(params["repeat_penalty"]),
-                               frequency_penalty=float(params["frequency_penalty"]),
-                               presence_penalty=float(params["presence_penalty"]),
-                               logits_processor=params["logits_processor"])
+            gen = llm.generate(
+                [info["last_token"]],
+                reset=False,
+                top_k=int(params["top_k"]),
+                top_p=float(params["top_p"]),
+                min_p=float(params["min_p"]),
+                temp=float(params["temperature"]),
+                repeat_penalty=float(params["repeat_penalty"]),
+                frequency_penalty=float(params["frequency_penalty"]),
+                presence_penalty=float(params["presence_penalty"]),
+                logits_processor=params["logits_processor"],
+            )
             try:
                 for tok in gen:
                     rec.chunk()
@@ -851,7 +986,7 @@ class VLMBackend:
                     if len(generated) >= budget:
                         break
                     if stream and len(out_text) - hold > emitted:
-                        yield out_text[emitted:len(out_text) - hold]
+                        yield out_text[emitted : len(out_text) - hold]
                         emitted = len(out_text) - hold
                 if len(out_text) > emitted:
                     yield out_text[emitted:]
@@ -870,26 +1005,47 @@ class VLMBackend:
                 rec.set_output_tokens(len(generated))
                 rec.finish([finish])
                 rec.capture_output(out_text)
-                self.last = {"input_tokens": info["input_tokens"], "image_tokens": info["image_tokens"],
-                             "output_tokens": len(generated), "output_ids": list(generated), "finish_reason": finish,
-                             "images_cached": info["images_cached"], "kv_reused_tokens": info["kv_reused_tokens"],
-                             "encoder_runs": pipe.encoder_runs,
-                             "stages_s": {**{k: round(v, 6) for k, v in pipe.last_stages.items()},
-                                          "decode_s": round(t_end - (t_first or t_end), 6)},
-                             "ttft_s": round(t_first - t0, 6) if t_first else None,
-                             "decode_tok_s": round((len(generated) - 1) / (t_end - t_first), 2)
-                             if t_first and len(generated) > 1 and t_end > t_first else None}
+                self.last = {
+                    "input_tokens": info["input_tokens"],
+                    "image_tokens": info["image_tokens"],
+                    "output_tokens": len(generated),
+                    "output_ids": list(generated),
+                    "finish_reason": finish,
+                    "images_cached": info["images_cached"],
+                    "kv_reused_tokens": info["kv_reused_tokens"],
+                    "encoder_runs": pipe.encoder_runs,
+                    "stages_s": {
+                        **{k: round(v, 6) for k, v in pipe.last_stages.items()},
+                        "decode_s": round(t_end - (t_first or t_end), 6),
+                    },
+                    "ttft_s": round(t_first - t0, 6) if t_first else None,
+                    "decode_tok_s": round((len(generated) - 1) / (t_end - t_first), 2)
+                    if t_first and len(generated) > 1 and t_end > t_first
+                    else None,
+                }
 
     def report(self) -> dict[str, Any]:
         enc = dict(self._report.get("vision_encoder") or {})
         if self.pipe.image_encoder is not None:
             enc.update(self.pipe.image_encoder.report())
         # per encoder path: runs and time per image (ms); a cached image runs neither
-        enc["encode_ms"] = {k: {"runs": self.pipe.encode_runs[k], "median": round(float(np.median(v)) * 1e3, 3),
-                                "min": round(min(v) * 1e3, 3), "last": round(v[-1] * 1e3, 3)}
-                            for k, v in self.pipe.encode_s.items() if v}
-        return {**self._report, "vision_encoder": enc, "encoder_runs": self.pipe.encoder_runs,
-                "cached_images": len(self.pipe.features), "last_request": dict(self.last)}
+        enc["encode_ms"] = {
+            k: {
+                "runs": self.pipe.encode_runs[k],
+                "median": round(float(np.median(v)) * 1e3, 3),
+                "min": round(min(v) * 1e3, 3),
+                "last": round(v[-1] * 1e3, 3),
+            }
+            for k, v in self.pipe.encode_s.items()
+            if v
+        }
+        return {
+            **self._report,
+            "vision_encoder": enc,
+            "encoder_runs": self.pipe.encoder_runs,
+            "cached_images": len(self.pipe.features),
+            "last_request": dict(self.last),
+        }
 
     def close(self) -> None:
         with self._lock:
@@ -918,29 +1074,50 @@ def load_vlm(bundle: Any, ctx: Any) -> VLMBackend:
     ngl = opts.get("n_gpu_layers", planned_llm.n_gpu_layers)
     ngl = planned_llm.layers + 1 if ngl in ("all", -1) else int(ngl)
     if ngl and not llama_cpp.llama_supports_gpu_offload():
-        ctx.record_fallback("llama.cpp (GPU offload)", "llama.cpp (CPU)",
-                            "this llama-cpp-python build has no GPU offload")
+        ctx.record_fallback(
+            "llama.cpp (GPU offload)", "llama.cpp (CPU)", "this llama-cpp-python build has no GPU offload"
+        )
         ngl = 0
     threads = opts.get("threads") or planned_llm.thread_count
     t0 = perf_counter()
     encoder, enc_report = _onnx_encoder(bundle, ctx, pre, threads)
-    pipe = VLMPipeline(bundle.artifact_path("model"), bundle.artifact_path("mmproj"), pre,
-                       n_ctx=int(opts.get("n_ctx") or planned_llm.n_ctx or 512), n_gpu_layers=ngl, threads=threads,
-                       use_gpu=ngl > 0, use_mmap=bool(opts.get("use_mmap", True)), image_encoder=encoder,
-                       encoder_id=bundle.artifacts("mmproj" if encoder is None else "vision_encoder")[0].sha256)
-    report = {"runtime": f"llama-cpp-python {llama_cpp.__version__} (libmtmd)", "n_gpu_layers": ngl,
-              "n_ctx": pipe.llm.n_ctx(), "threads": pipe.llm.n_threads, "load_s": round(perf_counter() - t0, 4),
-              "mmap": "llama.cpp memory-maps the decoder GGUF (use_mmap default)" if opts.get("use_mmap", True)
-              else "decoder GGUF read into memory (use_mmap=False)",
-              "components": {"decoder": planned_llm.quant_type or None, "mmproj": "F16"}, "vision_encoder": enc_report}
-    attrs = {"edgesdk.backend": "llama.cpp+mtmd", "edgesdk.gguf.quant_type": planned_llm.quant_type,
-             "edgesdk.precision": bundle.precision, "edgesdk.bundle.id": bundle.bundle_id,
-             "edgesdk.device.profile": ctx.profile.name if ctx.profile is not None else ""}
+    pipe = VLMPipeline(
+        bundle.artifact_path("model"),
+        bundle.artifact_path("mmproj"),
+        pre,
+        n_ctx=int(opts.get("n_ctx") or planned_llm.n_ctx or 512),
+        n_gpu_layers=ngl,
+        threads=threads,
+        use_gpu=ngl > 0,
+        use_mmap=bool(opts.get("use_mmap", True)),
+        image_encoder=encoder,
+        encoder_id=bundle.artifacts("mmproj" if encoder is None else "vision_encoder")[0].sha256,
+    )
+    report = {
+        "runtime": f"llama-cpp-python {llama_cpp.__version__} (libmtmd)",
+        "n_gpu_layers": ngl,
+        "n_ctx": pipe.llm.n_ctx(),
+        "threads": pipe.llm.n_threads,
+        "load_s": round(perf_counter() - t0, 4),
+        "mmap": "llama.cpp memory-maps the decoder GGUF (use_mmap default)"
+        if opts.get("use_mmap", True)
+        else "decoder GGUF read into memory (use_mmap=False)",
+        "components": {"decoder": planned_llm.quant_type or None, "mmproj": "F16"},
+        "vision_encoder": enc_report,
+    }
+    attrs = {
+        "edgesdk.backend": "llama.cpp+mtmd",
+        "edgesdk.gguf.quant_type": planned_llm.quant_type,
+        "edgesdk.precision": bundle.precision,
+        "edgesdk.bundle.id": bundle.bundle_id,
+        "edgesdk.device.profile": ctx.profile.name if ctx.profile is not None else "",
+    }
     return VLMBackend(pipe, report=report, model=bundle.model_name, attributes=attrs)
 
 
-def parity_backend(decoder: str | Path, mmproj: str | Path, preprocessor: dict[str, Any], *, n_ctx: int,
-                   onnx: str | Path | None = None) -> VLMBackend:
+def parity_backend(
+    decoder: str | Path, mmproj: str | Path, preprocessor: dict[str, Any], *, n_ctx: int, onnx: str | Path | None = None
+) -> VLMBackend:
     """The runtime's own VLM path as the build's parity stage measures it (``formats/vlm/build.py``, which may not
     import the runtime: the VLM format names this function as its ``parity_backend`` and ``edgesdk.build`` hands
     it over): decoder + mmproj on the CPU, with ``onnx`` the FP16 ONNX encoder forced onto the CPU provider."""
@@ -961,8 +1138,9 @@ def _onnx_encoder(bundle: Any, ctx: Any, pre: dict[str, Any], threads: int | Non
     path = bundle.artifact_path("vision_encoder") if bundle.has_artifact("vision_encoder") else None
     # a class-token (CLIP) tower: the mmproj only tokenizes image chunks, the ONNX encoder must encode (docs/vlm.md)
     required = not bundle.manifest.mmproj_encodes
-    provider, reason = vlm_onnx.choose((ctx.options or {}).get("vision_encoder"), path, ctx.record_fallback,
-                                       required=required)
+    provider, reason = vlm_onnx.choose(
+        (ctx.options or {}).get("vision_encoder"), path, ctx.record_fallback, required=required
+    )
     if provider is None or path is None:
         return None, {"path": "mmproj", "runtime": "llama.cpp libmtmd (F16 mmproj)", "reason": reason}
     enc = vlm_onnx.OnnxImageEncoder(path, pre, provider, threads=threads)

@@ -54,8 +54,12 @@ class OnnxImageEncoder:
 
             cache = engine_cache_root() / "vlm-encoder"
             cache.mkdir(parents=True, exist_ok=True)
-            providers.append((provider, {"trt_fp16_enable": True, "trt_engine_cache_enable": True,
-                                         "trt_engine_cache_path": str(cache)}))
+            providers.append(
+                (
+                    provider,
+                    {"trt_fp16_enable": True, "trt_engine_cache_enable": True, "trt_engine_cache_path": str(cache)},
+                )
+            )
             providers.append("CUDAExecutionProvider")
         elif provider != "CPUExecutionProvider":
             providers.append(provider)
@@ -64,8 +68,9 @@ class OnnxImageEncoder:
         try:
             self.session = ort.InferenceSession(str(self.path), so, providers=providers)
         except Exception as exc:  # ORT raises its own Fail/InvalidGraph types
-            raise BackendUnavailableError(f"onnxruntime cannot load the vision encoder {self.path.name}: "
-                                          f"{str(exc).splitlines()[0][:200]}") from exc
+            raise BackendUnavailableError(
+                f"onnxruntime cannot load the vision encoder {self.path.name}: {str(exc).splitlines()[0][:200]}"
+            ) from exc
         self.load_s = perf_counter() - t0
         self.active = self.session.get_providers()[0]
         self.runs = 0
@@ -81,12 +86,16 @@ class OnnxImageEncoder:
         return np.ascontiguousarray(out.reshape(-1, out.shape[-1]), dtype=np.float32)
 
     def report(self) -> dict[str, Any]:
-        return {"artifact": self.path.name, "provider": self.active, "load_s": round(self.load_s, 4),
-                "runs": self.runs}
+        return {"artifact": self.path.name, "provider": self.active, "load_s": round(self.load_s, 4), "runs": self.runs}
 
 
-def choose(mode: str | None, onnx_path: Path | None, record_fallback: Callable[[str, str, str], None], *,
-           required: bool = False) -> tuple[str | None, str]:
+def choose(
+    mode: str | None,
+    onnx_path: Path | None,
+    record_fallback: Callable[[str, str, str], None],
+    *,
+    required: bool = False,
+) -> tuple[str | None, str]:
     """(provider for the ONNX encoder or None for the mmproj encoder, the reason), logging the choice and
     recording a fallback when an ONNX encoder is in the bundle but not used for want of a provider.
     ``required``: the bundle's mmproj does not encode (a CLIP tower with a class token, docs/vlm.md), so the
@@ -96,9 +105,11 @@ def choose(mode: str | None, onnx_path: Path | None, record_fallback: Callable[[
         raise InputError(f"vision_encoder must be one of {', '.join(CHOICES)}, got {mode!r}")
     if required:
         if mode == "mmproj":
-            raise InputError("vision_encoder=mmproj: this bundle's mmproj does not encode images (a CLIP tower with "
-                             "a class token, which llama.cpp's graph cannot reproduce; docs/vlm.md)",
-                             hint="use vision_encoder=auto or onnx")
+            raise InputError(
+                "vision_encoder=mmproj: this bundle's mmproj does not encode images (a CLIP tower with "
+                "a class token, which llama.cpp's graph cannot reproduce; docs/vlm.md)",
+                hint="use vision_encoder=auto or onnx",
+            )
         if onnx_path is None:
             raise BackendUnavailableError("the bundle has no vision_encoder.onnx, and its mmproj does not encode")
         mode = "onnx"
@@ -126,13 +137,16 @@ def choose(mode: str | None, onnx_path: Path | None, record_fallback: Callable[[
         except ImportError as exc:
             raise BackendUnavailableError("vision_encoder=onnx needs onnxruntime (pip install onnxruntime)") from exc
         if required:
-            reason = ("the mmproj does not encode (CLIP class token): ONNX FP16 encoder on the CPU, no faster "
-                      "provider here (" + "; ".join(notes) + ")")
+            reason = (
+                "the mmproj does not encode (CLIP class token): ONNX FP16 encoder on the CPU, no faster "
+                "provider here (" + "; ".join(notes) + ")"
+            )
             record_fallback("ONNX FP16 vision encoder (TensorRT/CUDA)", "ONNX FP16 vision encoder (CPU)", reason)
             _log.info("VLM vision encoder: ONNX on the CPU (%s)", reason)
             return "CPUExecutionProvider", reason
-        return "CPUExecutionProvider", ("vision_encoder=onnx: ONNX FP16 encoder on the CPU as asked ("
-                                        + "; ".join(notes) + ")")
+        return "CPUExecutionProvider", (
+            "vision_encoder=onnx: ONNX FP16 encoder on the CPU as asked (" + "; ".join(notes) + ")"
+        )
     reason = "no fast ONNX Runtime provider for the ONNX FP16 encoder: " + "; ".join(notes)
     record_fallback("ONNX FP16 vision encoder (TensorRT/CUDA)", "llama.cpp mmproj vision encoder", reason)
     _log.info("VLM vision encoder: llama.cpp mmproj (%s)", reason)

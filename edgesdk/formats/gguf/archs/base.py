@@ -87,17 +87,29 @@ def hparams(config: Config, where: str, rope_theta: float, rope_type: str) -> Hp
         hidden = int(config["hidden_size"])
         ffn = int(config["intermediate_size"])
     except (KeyError, TypeError, ValueError) as exc:
-        raise ModelError(f"{where}: missing or invalid {exc} (a decoder config needs num_hidden_layers, "
-                         "num_attention_heads, hidden_size, intermediate_size)") from exc
+        raise ModelError(
+            f"{where}: missing or invalid {exc} (a decoder config needs num_hidden_layers, "
+            "num_attention_heads, hidden_size, intermediate_size)"
+        ) from exc
     n_kv = int(config.get("num_key_value_heads") or n_head)
     head_dim = int(config.get("head_dim") or hidden // n_head)
     rope = rope_parameters(config)
     partial = rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
     rope_dim = int(head_dim * float(partial)) if partial is not None else head_dim
-    return Hparams(n_layer=n_layer, n_head=n_head, n_kv=n_kv, hidden=hidden, head_dim=head_dim, rope_dim=rope_dim,
-                   ffn=ffn, context=int(config.get("max_position_embeddings", 2048)),
-                   rms_eps=float(config.get("rms_norm_eps", 1e-6)), rope_theta=rope_theta, rope_type=rope_type,
-                   rope=rope)
+    return Hparams(
+        n_layer=n_layer,
+        n_head=n_head,
+        n_kv=n_kv,
+        hidden=hidden,
+        head_dim=head_dim,
+        rope_dim=rope_dim,
+        ffn=ffn,
+        context=int(config.get("max_position_embeddings", 2048)),
+        rms_eps=float(config.get("rms_norm_eps", 1e-6)),
+        rope_theta=rope_theta,
+        rope_type=rope_type,
+        rope=rope,
+    )
 
 
 def finite(value: Any, what: str, where: str) -> float:

@@ -44,8 +44,10 @@ def layer_types(config: Config, n_layer: int) -> list[str]:
 
 def _check(config: Config, where: str) -> None:
     if config.get("attn_logit_softcapping") is not None:
-        raise ModelError(f"{where}: attn_logit_softcapping is not supported for gemma3 (llama.cpp's gemma3 graph "
-                         "has no attention soft-capping)")
+        raise ModelError(
+            f"{where}: attn_logit_softcapping is not supported for gemma3 (llama.cpp's gemma3 graph "
+            "has no attention soft-capping)"
+        )
     if config.get("use_bidirectional_attention"):
         raise ModelError(f"{where}: use_bidirectional_attention (an embedding model) is not a causal LM for gemma3")
     n_layer = int(config.get("num_hidden_layers") or 0)
@@ -55,8 +57,10 @@ def _check(config: Config, where: str) -> None:
     # llama.cpp's gemma3 scales attention by 1/sqrt(head_dim), by 1/sqrt(hidden / heads) for its 62-layer (27B)
     # type, and reads no scale from the file (measured: attention.scale written, min cosine 0.81)
     if scalar is not None and int(scalar) != head_dim and not (n_layer == 62 and int(scalar) == hidden // heads):
-        raise ModelError(f"{where}: query_pre_attn_scalar {scalar} is not supported for gemma3 (llama.cpp scales "
-                         f"attention by 1/sqrt(head_dim {head_dim}))")
+        raise ModelError(
+            f"{where}: query_pre_attn_scalar {scalar} is not supported for gemma3 (llama.cpp scales "
+            f"attention by 1/sqrt(head_dim {head_dim}))"
+        )
     bad = sorted({t for t in layer_types(config, n_layer) if t not in ("sliding_attention", "full_attention")})
     if bad:
         raise ModelError(f"{where}: layer_types {', '.join(bad)} are not gemma3 layer types")
@@ -87,8 +91,15 @@ def _transform(name: str, data: np.ndarray, config: Config, hp: Hparams) -> np.n
     return data
 
 
-ARCH = TextArch(gguf_arch="gemma3", hf_classes=("Gemma3ForCausalLM",), rope_types=("default", "linear"),
-                check=_check, metadata=_metadata, transform=_transform, layer_rope=True,
-                chat_template="gemma",
-                notes="(1 + w) norms, four norms per block, q/k norms, sliding-window layers with their own rope "
-                      "base, scaled embeddings (in llama.cpp's graph), tied output")
+ARCH = TextArch(
+    gguf_arch="gemma3",
+    hf_classes=("Gemma3ForCausalLM",),
+    rope_types=("default", "linear"),
+    check=_check,
+    metadata=_metadata,
+    transform=_transform,
+    layer_rope=True,
+    chat_template="gemma",
+    notes="(1 + w) norms, four norms per block, q/k norms, sliding-window layers with their own rope "
+    "base, scaled embeddings (in llama.cpp's graph), tied output",
+)

@@ -15,8 +15,7 @@ def permute_rope_rows(weight: np.ndarray, n_head: int) -> np.ndarray:
     new row 2j+h of a head is old row h*(d/2)+j."""
     rows = weight.shape[0]
     d = rows // n_head
-    out: np.ndarray = (weight.reshape(n_head, 2, d // 2, *weight.shape[1:]).swapaxes(1, 2)
-                       .reshape(weight.shape))
+    out: np.ndarray = weight.reshape(n_head, 2, d // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
     return out
 
 
@@ -28,5 +27,9 @@ def _transform(name: str, data: np.ndarray, config: Config, hp: Hparams) -> np.n
     return data
 
 
-ARCH = TextArch(gguf_arch="llama", hf_classes=("LlamaForCausalLM",), transform=_transform,
-                notes="Q/K rows permuted from HF's rotate_half layout to llama.cpp's interleaved rope")
+ARCH = TextArch(
+    gguf_arch="llama",
+    hf_classes=("LlamaForCausalLM",),
+    transform=_transform,
+    notes="Q/K rows permuted from HF's rotate_half layout to llama.cpp's interleaved rope",
+)

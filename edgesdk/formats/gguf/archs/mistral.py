@@ -14,11 +14,17 @@ from edgesdk.formats.gguf.archs.base import Config, TextArch
 def _check(config: Config, where: str) -> None:
     window = config.get("sliding_window")
     if window and int(window) < int(config.get("max_position_embeddings") or 0):
-        raise ModelError(f"{where}: sliding_window {window} is not supported for mistral (llama.cpp's llama graph "
-                         "attends to the whole context)")
+        raise ModelError(
+            f"{where}: sliding_window {window} is not supported for mistral (llama.cpp's llama graph "
+            "attends to the whole context)"
+        )
 
 
-ARCH = TextArch(gguf_arch="llama", hf_classes=("MistralForCausalLM",), check=_check,
-                transform=llama.ARCH.transform,
-                chat_template="mistral",
-                notes="llama.cpp's llama graph; Q/K rows permuted as llama's; a sliding window is refused")
+ARCH = TextArch(
+    gguf_arch="llama",
+    hf_classes=("MistralForCausalLM",),
+    check=_check,
+    transform=llama.ARCH.transform,
+    chat_template="mistral",
+    notes="llama.cpp's llama graph; Q/K rows permuted as llama's; a sliding window is refused",
+)

@@ -38,8 +38,7 @@ def _factors(hp: Hparams, key: str, where: str) -> np.ndarray:
     values = hp.rope.get(key)
     if not isinstance(values, list) or len(values) != hp.rope_dim // 2:
         got = len(values) if isinstance(values, list) else values
-        raise ModelError(f"{where}: rope_scaling.{key} must list {hp.rope_dim // 2} numbers (rope dims / 2), "
-                         f"got {got}")
+        raise ModelError(f"{where}: rope_scaling.{key} must list {hp.rope_dim // 2} numbers (rope dims / 2), got {got}")
     arr = np.asarray([finite(v, f"rope_scaling.{key} entry", where) for v in values], dtype=np.float32)
     if (arr <= 0).any():
         raise ModelError(f"{where}: rope_scaling.{key} has a value <= 0")
@@ -61,11 +60,18 @@ def _metadata(writer: GGUFWriter, config: Config, hp: Hparams) -> None:
 def _extra_tensors(config: Config, hp: Hparams) -> Iterable[tuple[str, np.ndarray]]:
     if hp.rope_type not in ("longrope", "su"):
         return []
-    return [("rope_factors_long.weight", _factors(hp, "long_factor", "config.json")),
-            ("rope_factors_short.weight", _factors(hp, "short_factor", "config.json"))]
+    return [
+        ("rope_factors_long.weight", _factors(hp, "long_factor", "config.json")),
+        ("rope_factors_short.weight", _factors(hp, "short_factor", "config.json")),
+    ]
 
 
-ARCH = TextArch(gguf_arch="phi3", hf_classes=("Phi3ForCausalLM",), rope_types=("default", "longrope", "su"),
-                metadata=_metadata, extra_tensors=_extra_tensors,
-                chat_template="phi-3",
-                notes="fused qkv and gate_up, partial rotary, long-rope factors as rope_factors_long/short tensors")
+ARCH = TextArch(
+    gguf_arch="phi3",
+    hf_classes=("Phi3ForCausalLM",),
+    rope_types=("default", "longrope", "su"),
+    metadata=_metadata,
+    extra_tensors=_extra_tensors,
+    chat_template="phi-3",
+    notes="fused qkv and gate_up, partial rotary, long-rope factors as rope_factors_long/short tensors",
+)

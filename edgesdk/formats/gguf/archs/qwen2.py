@@ -6,5 +6,9 @@ from __future__ import annotations
 
 from edgesdk.formats.gguf.archs.base import TextArch
 
-ARCH = TextArch(gguf_arch="qwen2", hf_classes=("Qwen2ForCausalLM",), chat_template="chatml",
-                notes="Q/K/V biases, NEOX rope (no permute)")
+ARCH = TextArch(
+    gguf_arch="qwen2",
+    hf_classes=("Qwen2ForCausalLM",),
+    chat_template="chatml",
+    notes="Q/K/V biases, NEOX rope (no permute)",
+)

@@ -32,10 +32,15 @@ def mrope_section(config: Config) -> list[int] | None:
         value: Any = config.get(key)
         if isinstance(value, dict) and value.get("mrope_section") is not None:
             section = value["mrope_section"]
-            if not (isinstance(section, list) and 1 <= len(section) <= 4
-                    and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in section)):
-                raise ModelError(f"config.json: {key}.mrope_section must be a list of up to 4 non-negative "
-                                 f"integers, got {section!r}"[:200])
+            if not (
+                isinstance(section, list)
+                and 1 <= len(section) <= 4
+                and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in section)
+            ):
+                raise ModelError(
+                    f"config.json: {key}.mrope_section must be a list of up to 4 non-negative "
+                    f"integers, got {section!r}"[:200]
+                )
             return list(section)
     return None
 
@@ -47,11 +52,15 @@ def _check(config: Config, where: str) -> None:
     heads, hidden = int(config.get("num_attention_heads") or 1), int(config.get("hidden_size") or 0)
     head_dim = int(config.get("head_dim") or (hidden // heads if heads else 0))
     if 2 * sum(section) != head_dim:
-        raise ModelError(f"{where}: mrope_section {section} covers {2 * sum(section)} of the {head_dim} rotary "
-                         "dimensions of a head (Qwen-VL's sections cover all of them)")
+        raise ModelError(
+            f"{where}: mrope_section {section} covers {2 * sum(section)} of the {head_dim} rotary "
+            "dimensions of a head (Qwen-VL's sections cover all of them)"
+        )
     if config.get("use_sliding_window"):
-        raise ModelError(f"{where}: use_sliding_window is not supported for qwen2vl (llama.cpp's qwen2vl graph "
-                         "has no sliding-window layers)")
+        raise ModelError(
+            f"{where}: use_sliding_window is not supported for qwen2vl (llama.cpp's qwen2vl graph "
+            "has no sliding-window layers)"
+        )
 
 
 def _metadata(writer: GGUFWriter, config: Config, hp: Hparams) -> None:
@@ -59,7 +68,13 @@ def _metadata(writer: GGUFWriter, config: Config, hp: Hparams) -> None:
     writer.add_rope_dimension_sections(section + [0] * (4 - len(section)))
 
 
-ARCH = TextArch(gguf_arch="qwen2vl", hf_classes=("Qwen2_5_VLTextModel", "Qwen2VLTextModel"),
-                rope_types=("default", "mrope"), check=_check, metadata=_metadata, chat_template="chatml",
-                notes="Qwen2 decoder with M-RoPE: rope.dimension_sections from rope_scaling.mrope_section "
-                      "(image tokens get (t, row, column) positions from libmtmd)")
+ARCH = TextArch(
+    gguf_arch="qwen2vl",
+    hf_classes=("Qwen2_5_VLTextModel", "Qwen2VLTextModel"),
+    rope_types=("default", "mrope"),
+    check=_check,
+    metadata=_metadata,
+    chat_template="chatml",
+    notes="Qwen2 decoder with M-RoPE: rope.dimension_sections from rope_scaling.mrope_section "
+    "(image tokens get (t, row, column) positions from libmtmd)",
+)

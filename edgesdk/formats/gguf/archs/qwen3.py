@@ -13,10 +13,15 @@ def _check(config: Config, where: str) -> None:
     if config.get("use_sliding_window"):
         # Qwen3Config keeps sliding_window for max_window_layers, but no published Qwen3 turns it on and
         # llama.cpp's qwen3 graph has no sliding-window layers
-        raise ModelError(f"{where}: use_sliding_window is not supported for qwen3 (llama.cpp has no "
-                         "sliding-window layers for it)")
+        raise ModelError(
+            f"{where}: use_sliding_window is not supported for qwen3 (llama.cpp has no sliding-window layers for it)"
+        )
 
 
-ARCH = TextArch(gguf_arch="qwen3", hf_classes=("Qwen3ForCausalLM",), check=_check,
-                chat_template="chatml",
-                notes="per-head q/k RMS norms, head_dim independent of the width, NEOX rope")
+ARCH = TextArch(
+    gguf_arch="qwen3",
+    hf_classes=("Qwen3ForCausalLM",),
+    check=_check,
+    chat_template="chatml",
+    notes="per-head q/k RMS norms, head_dim independent of the width, NEOX rope",
+)

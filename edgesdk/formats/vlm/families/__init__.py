@@ -88,8 +88,9 @@ def by_architecture(arch: str | None, *, strict: bool = True) -> VLMFamily:
     if arch is None or (arch not in table and not strict):
         return families()[0]
     if arch not in table:
-        raise ModelError(f"architecture {arch!r} is not a supported vision-language family "
-                         f"(supported: {', '.join(sorted(table))})")
+        raise ModelError(
+            f"architecture {arch!r} is not a supported vision-language family (supported: {', '.join(sorted(table))})"
+        )
     return table[arch]
 
 

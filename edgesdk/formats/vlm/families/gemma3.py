@@ -33,8 +33,10 @@ TURN = "<start_of_turn>{role}\n{prefix}{body}<end_of_turn>\n"
 GENERATION = "<start_of_turn>model\n"
 _VISION = ("vision_tower.", "model.vision_tower.")
 _PROJECTOR = ("multi_modal_projector.", "model.multi_modal_projector.")
-_PROJ_NAMES = {"mm_input_projection_weight": "mm.input_projection.weight",
-               "mm_soft_emb_norm.weight": "mm.soft_emb_norm.weight"}
+_PROJ_NAMES = {
+    "mm_input_projection_weight": "mm.input_projection.weight",
+    "mm_soft_emb_norm.weight": "mm.soft_emb_norm.weight",
+}
 _SKIPPED = ("position_ids", ".head.")  # no vision head in Gemma-3 (vision_use_head false); ids are recomputed
 
 
@@ -49,14 +51,23 @@ def _pool(config: dict[str, Any]) -> tuple[int, int, int]:
     side divides the patch grid."""
     vision = config.get("vision_config") or {}
     size, patch, tokens = vision.get("image_size"), vision.get("patch_size"), config.get("mm_tokens_per_image", 256)
-    if not (isinstance(size, int) and isinstance(patch, int) and isinstance(tokens, int) and min(size, patch, tokens)
-            > 0 and size % patch == 0):
-        raise ModelError(f"vision image_size {size!r} must be a multiple of patch_size {patch!r} and "
-                         f"mm_tokens_per_image {tokens!r} a positive number")
+    if not (
+        isinstance(size, int)
+        and isinstance(patch, int)
+        and isinstance(tokens, int)
+        and min(size, patch, tokens) > 0
+        and size % patch == 0
+    ):
+        raise ModelError(
+            f"vision image_size {size!r} must be a multiple of patch_size {patch!r} and "
+            f"mm_tokens_per_image {tokens!r} a positive number"
+        )
     side, per_side = size // patch, math.isqrt(tokens)
     if per_side * per_side != tokens or side % per_side:
-        raise ModelError(f"mm_tokens_per_image {tokens} must be a square whose side divides the {side} x {side} "
-                         "patch grid (Gemma-3 average-pools the grid)")
+        raise ModelError(
+            f"mm_tokens_per_image {tokens} must be a square whose side divides the {side} x {side} "
+            "patch grid (Gemma-3 average-pools the grid)"
+        )
     return side, per_side, side // per_side
 
 
@@ -78,12 +89,16 @@ def _check(config: dict[str, Any], directory: Path) -> None:
         raise ModelError(f"{directory}: a vision FFN as wide as the embedding is not supported by llama.cpp's loader")
     pre = image_processor(directory)
     if pre.get("do_pan_and_scan"):
-        raise ModelError(f"{directory}: do_pan_and_scan (extra crops per image) is not supported; the runtime gives "
-                         "llama.cpp one image resized to the encoder's size")
+        raise ModelError(
+            f"{directory}: do_pan_and_scan (extra crops per image) is not supported; the runtime gives "
+            "llama.cpp one image resized to the encoder's size"
+        )
     size = pre.get("size") or {}
     if isinstance(size, dict) and {size.get("height"), size.get("width")} - {None, vision.get("image_size")}:
-        raise ModelError(f"{directory}: the image processor's size {size} differs from the vision image_size "
-                         f"{vision.get('image_size')}")
+        raise ModelError(
+            f"{directory}: the image processor's size {size} differs from the vision image_size "
+            f"{vision.get('image_size')}"
+        )
 
 
 def _write(directory: Path, out_path: Path, config: dict[str, Any], *, name: str | None = None) -> dict[str, Any]:
@@ -102,8 +117,8 @@ def _write(directory: Path, out_path: Path, config: dict[str, Any], *, name: str
     written, skipped, projector = 0, [], set()
     for hf_name, data in _arrays(directory):
         canon = _canonical(hf_name)
-        v = next((canon[len(p):] for p in _VISION if canon.startswith(p)), None)
-        p = next((hf_name[len(q):] for q in _PROJECTOR if hf_name.startswith(q)), None)
+        v = next((canon[len(p) :] for p in _VISION if canon.startswith(p)), None)
+        p = next((hf_name[len(q) :] for q in _PROJECTOR if hf_name.startswith(q)), None)
         if v is not None:
             if any(k in v for k in _SKIPPED):
                 skipped.append(hf_name)
@@ -126,16 +141,26 @@ def _write(directory: Path, out_path: Path, config: dict[str, Any], *, name: str
         written += 1
     if projector != set(_PROJ_NAMES.values()):
         writer.close()
-        raise ModelError(f"{directory}: Gemma-3's projector needs {', '.join(sorted(_PROJ_NAMES))} "
-                         "(multi_modal_projector.*)")
+        raise ModelError(
+            f"{directory}: Gemma-3's projector needs {', '.join(sorted(_PROJ_NAMES))} (multi_modal_projector.*)"
+        )
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return {"tensors": written, "skipped": skipped, "projector_type": "gemma3", "family": "gemma3",
-            "image_size": int(vision["image_size"]), "patch_size": int(vision["patch_size"]),
-            "pooling_kernel": kernel, "image_tokens": per_side * per_side, "image_mean": pre["image_mean"],
-            "image_std": pre["image_std"], "checkpoint_layout": layout}
+    return {
+        "tensors": written,
+        "skipped": skipped,
+        "projector_type": "gemma3",
+        "family": "gemma3",
+        "image_size": int(vision["image_size"]),
+        "patch_size": int(vision["patch_size"]),
+        "pooling_kernel": kernel,
+        "image_tokens": per_side * per_side,
+        "image_mean": pre["image_mean"],
+        "image_std": pre["image_std"],
+        "checkpoint_layout": layout,
+    }
 
 
 def image_tokens(config: dict[str, Any]) -> int | None:
@@ -145,8 +170,11 @@ def image_tokens(config: dict[str, Any]) -> int | None:
 
 def _projector(info: dict[str, Any]) -> str:
     size, patch, tokens = info.get("image_size"), info.get("patch_size"), info.get("image_tokens")
-    kernel = (size // patch) // math.isqrt(tokens) if isinstance(size, int) and isinstance(patch, int) and \
-        isinstance(tokens, int) and patch and math.isqrt(tokens) else None
+    kernel = (
+        (size // patch) // math.isqrt(tokens)
+        if isinstance(size, int) and isinstance(patch, int) and isinstance(tokens, int) and patch and math.isqrt(tokens)
+        else None
+    )
     return f"average pooling ({kernel} x {kernel}) + soft-embedding RMS norm + input projection"
 
 
@@ -168,8 +196,9 @@ def chat(messages: list[dict[str, Any]], marker: str) -> str:
         content = m["content"]
         parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
         body = "".join(p["text"].strip() if p.get("type") == "text" else marker for p in parts)
-        text += TURN.format(role="model" if m["role"] == "assistant" else m["role"], prefix=prefix if i == 0 else "",
-                            body=body)
+        text += TURN.format(
+            role="model" if m["role"] == "assistant" else m["role"], prefix=prefix if i == 0 else "", body=body
+        )
     return text + GENERATION
 
 
@@ -184,11 +213,21 @@ FAMILY = VLMFamily(
     display="Gemma-3",
     architectures=("Gemma3ForConditionalGeneration",),
     vision_model_types=frozenset({"siglip_vision_model"}),
-    component_prefixes=(("vision_encoder", _VISION), ("projector", _PROJECTOR),
-                        ("decoder", ("language_model.", "model.language_model.", "lm_head."))),
-    canonical_name=_canonical, check=_check, write_mmproj=_write, image_tokens=image_tokens,
-    user_prompt=user_prompt, chat=chat, projector=_projector,
+    component_prefixes=(
+        ("vision_encoder", _VISION),
+        ("projector", _PROJECTOR),
+        ("decoder", ("language_model.", "model.language_model.", "lm_head.")),
+    ),
+    canonical_name=_canonical,
+    check=_check,
+    write_mmproj=_write,
+    image_tokens=image_tokens,
+    user_prompt=user_prompt,
+    chat=chat,
+    projector=_projector,
     processor_types=frozenset({"Gemma3ImageProcessor", "Gemma3ImageProcessorFast"}),
     processor_keys=frozenset({"do_pan_and_scan"}),
-    image_text=image_text, text_architecture="Gemma3ForCausalLM", reference_marker="<start_of_image>",
+    image_text=image_text,
+    text_architecture="Gemma3ForCausalLM",
+    reference_marker="<start_of_image>",
 )

@@ -31,8 +31,9 @@ def image_tokens(config: dict[str, Any]) -> int | None:
     """Per frame: patches per side squared over the pixel shuffle's scale factor squared."""
     vision = config.get("vision_config") or {}
     size, patch, scale = vision.get("image_size"), vision.get("patch_size"), config.get("scale_factor", 2)
-    if not (isinstance(size, int) and isinstance(patch, int) and isinstance(scale, int)
-            and min(size, patch, scale) > 0):
+    if not (
+        isinstance(size, int) and isinstance(patch, int) and isinstance(scale, int) and min(size, patch, scale) > 0
+    ):
         return None
     return (size // patch) ** 2 // (scale * scale)
 
@@ -61,8 +62,7 @@ def image_text(rows: int, cols: int, marker: str) -> str:
     glob = FAKE + GLOBAL + marker + FAKE
     if rows == 0 and cols == 0:
         return glob
-    grid = "".join("".join(f"{FAKE}<row_{r + 1}_col_{c + 1}>{marker}" for c in range(cols)) + "\n"
-                   for r in range(rows))
+    grid = "".join("".join(f"{FAKE}<row_{r + 1}_col_{c + 1}>{marker}" for c in range(cols)) + "\n" for r in range(rows))
     return grid + "\n" + glob
 
 
@@ -71,13 +71,23 @@ FAMILY = VLMFamily(
     display="Idefics3/SmolVLM",
     architectures=("Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration"),
     vision_model_types=frozenset({"idefics3_vision", "smolvlm_vision"}),
-    component_prefixes=(("vision_encoder", ("model.vision_model.",)), ("projector", ("model.connector.",)),
-                        ("decoder", ("model.text_model.", "lm_head."))),
+    component_prefixes=(
+        ("vision_encoder", ("model.vision_model.",)),
+        ("projector", ("model.connector.",)),
+        ("decoder", ("model.text_model.", "lm_head.")),
+    ),
     canonical_name=lambda name: name,  # transformers 5 keeps every Idefics3 / SmolVLM name
-    check=_check, write_mmproj=_write, image_tokens=image_tokens, user_prompt=user_prompt, chat=chat,
+    check=_check,
+    write_mmproj=_write,
+    image_tokens=image_tokens,
+    user_prompt=user_prompt,
+    chat=chat,
     projector=lambda info: f"pixel-shuffle connector (scale factor {info.get('scale_factor')}, one linear)",
-    processor_types=frozenset({"Idefics3ImageProcessor", "Idefics3ImageProcessorFast", "SmolVLMImageProcessor",
-                               "SmolVLMImageProcessorFast"}),
+    processor_types=frozenset(
+        {"Idefics3ImageProcessor", "Idefics3ImageProcessorFast", "SmolVLMImageProcessor", "SmolVLMImageProcessorFast"}
+    ),
     processor_keys=frozenset({"max_image_size"}),
-    image_text=image_text, frames="tiles", onnx_encoder=False,
+    image_text=image_text,
+    frames="tiles",
+    onnx_encoder=False,
 )

@@ -58,8 +58,13 @@ _VISION = ("visual.", "model.visual.")
 _MERGER = ("visual.merger.", "model.visual.merger.")
 _TEXT = ("model.language_model.",)  # transformers 5; 4.x saves the hub's model.layers.* / model.embed_tokens.*
 _LEGACY_TEXT = ("model.embed_tokens.", "model.layers.", "model.norm.")
-_MERGER_NAMES = {"ln_q.weight": "v.post_ln.weight", "mlp.0.weight": "mm.0.weight", "mlp.0.bias": "mm.0.bias",
-                 "mlp.2.weight": "mm.2.weight", "mlp.2.bias": "mm.2.bias"}
+_MERGER_NAMES = {
+    "ln_q.weight": "v.post_ln.weight",
+    "mlp.0.weight": "mm.0.weight",
+    "mlp.0.bias": "mm.0.bias",
+    "mlp.2.weight": "mm.2.weight",
+    "mlp.2.bias": "mm.2.bias",
+}
 _PATCH = "patch_embed.proj.weight"
 
 
@@ -67,14 +72,14 @@ def _vision_name(name: str) -> str | None:
     """A vision tensor's name below ``visual.`` (either layout), else None."""
     for p in _VISION:
         if name.startswith(p):
-            return name[len(p):]
+            return name[len(p) :]
     return None
 
 
 def text_tensor_name(name: str) -> str | None:
     """A decoder tensor's name in a plain Qwen2 causal-LM directory (``model.*`` / ``lm_head.*``), else None."""
     if name.startswith(_TEXT):
-        return "model." + name[len(_TEXT[0]):]
+        return "model." + name[len(_TEXT[0]) :]
     if name.startswith(_LEGACY_TEXT) or name.startswith("lm_head."):
         return name
     return None
@@ -93,8 +98,11 @@ def text_config(config: dict[str, Any]) -> dict[str, Any]:
     section = mrope_section(text) or mrope_section(config)
     params = text.pop("rope_parameters", None)
     theta = text.get("rope_theta", (params or {}).get("rope_theta") if isinstance(params, dict) else None)
-    text.update(model_type="qwen2", rope_theta=theta if theta is not None else 1_000_000.0,
-                rope_scaling={"type": "default", "rope_type": "default", "mrope_section": section})
+    text.update(
+        model_type="qwen2",
+        rope_theta=theta if theta is not None else 1_000_000.0,
+        rope_scaling={"type": "default", "rope_type": "default", "mrope_section": section},
+    )
     text.pop("layer_types", None)
     return text
 
@@ -112,8 +120,10 @@ def wa_pattern(vision: dict[str, Any]) -> int:
         raise ModelError(f"vision_config.fullatt_block_indexes {full!r} must be a non-empty list of block indexes")
     n = int(full[0]) + 1
     if n < 1 or full != [i for i in range(depth) if (i + 1) % n == 0]:
-        raise ModelError(f"vision_config.fullatt_block_indexes {full} is not every {n}-th of the {depth} blocks "
-                         "(llama.cpp's qwen2.5vl_merger graph attends fully where (block + 1) % n == 0)")
+        raise ModelError(
+            f"vision_config.fullatt_block_indexes {full} is not every {n}-th of the {depth} blocks "
+            "(llama.cpp's qwen2.5vl_merger graph attends fully where (block + 1) % n == 0)"
+        )
     return n
 
 
@@ -191,8 +201,10 @@ def _check(config: dict[str, Any], directory: Path) -> None:
         checks.append(("window_size", WINDOW, "attention window (px)"))
     for key, want, what in checks:
         if int(vision.get(key, want)) != want:
-            raise ModelError(f"{directory}: vision {key} {vision.get(key)} is not supported: llama.cpp's "
-                             f"{projector} graph has a fixed {what} of {want}")
+            raise ModelError(
+                f"{directory}: vision {key} {vision.get(key)} is not supported: llama.cpp's "
+                f"{projector} graph has a fixed {what} of {want}"
+            )
     try:
         width, ffn = _tower(config)
         if not v2:
@@ -204,11 +216,16 @@ def _check(config: dict[str, Any], directory: Path) -> None:
     if v2 and ffn == width:
         raise ModelError(f"{directory}: a vision FFN as wide as the embedding is not supported by llama.cpp's loader")
     pre = image_processor(directory)
-    for key, cfg_key in (("patch_size", "patch_size"), ("merge_size", "spatial_merge_size"),
-                         ("temporal_patch_size", "temporal_patch_size")):
+    for key, cfg_key in (
+        ("patch_size", "patch_size"),
+        ("merge_size", "spatial_merge_size"),
+        ("temporal_patch_size", "temporal_patch_size"),
+    ):
         if key in pre and int(pre[key]) != int(vision.get(cfg_key, pre[key])):
-            raise ModelError(f"{directory}: the image processor's {key} {pre[key]} differs from the vision "
-                             f"config's {cfg_key} {vision.get(cfg_key)}")
+            raise ModelError(
+                f"{directory}: the image processor's {key} {pre[key]} differs from the vision "
+                f"config's {cfg_key} {vision.get(cfg_key)}"
+            )
     lo, hi = pixel_limits(pre)
     if not 0 < lo <= hi:
         raise ModelError(f"{directory}: the image processor's min_pixels {lo} / max_pixels {hi} are not a range")
@@ -223,9 +240,15 @@ def _write(directory: Path, out_path: Path, config: dict[str, Any], *, name: str
     v2 = is_qwen2vl(config)
     pre = _preprocessor(directory)
     (depth, (width, ffn)) = int(vision["depth"]), _tower(config)
-    shim = {"image_size": MAX_IMAGE_TOKENS ** 0.5 * factor(pre), "patch_size": int(vision.get("patch_size", 14)),
-            "hidden_size": width, "intermediate_size": ffn, "num_hidden_layers": depth,
-            "num_attention_heads": int(vision["num_heads"]), "layer_norm_eps": 1e-6}
+    shim = {
+        "image_size": MAX_IMAGE_TOKENS**0.5 * factor(pre),
+        "patch_size": int(vision.get("patch_size", 14)),
+        "hidden_size": width,
+        "intermediate_size": ffn,
+        "num_hidden_layers": depth,
+        "num_attention_heads": int(vision["num_heads"]),
+        "layer_norm_eps": 1e-6,
+    }
     shim["image_size"] = int(shim["image_size"])  # nominal (clip.cpp's warm-up size); images keep their own size
     out_dim = vision.get("hidden_size") if v2 else vision.get("out_hidden_size")
     proj_dim = {"hidden_size": int(out_dim or text["hidden_size"])}
@@ -250,7 +273,7 @@ def _write(directory: Path, out_path: Path, config: dict[str, Any], *, name: str
         if v is None:
             continue
         if v.startswith("merger."):
-            key = v[len("merger."):]
+            key = v[len("merger.") :]
             if key not in merger_names:
                 raise ModelError(f"{directory}: merger tensor {hf_name} is not part of the patch merger")
             merger.add(key)
@@ -280,13 +303,23 @@ def _write(directory: Path, out_path: Path, config: dict[str, Any], *, name: str
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return {"tensors": written, "skipped": [], "projector_type": projector,
-            "family": "qwen25vl", "image_size": None, "dynamic_resolution": True,
-            "patch_size": int(vision.get("patch_size", 14)), "merge_size": _merge(vision),
-            "image_tokens": max_image_tokens(pre), "image_tokens_note": "per image: its resized size / 28 px "
-            f"squared, at most {max_image_tokens(pre)}", "min_max_pixels": list(pixel_limits(pre)),
-            "n_wa_pattern": None if v2 else wa_pattern(vision), "image_mean": pre["image_mean"],
-            "image_std": pre["image_std"], "checkpoint_layout": layout}
+    return {
+        "tensors": written,
+        "skipped": [],
+        "projector_type": projector,
+        "family": "qwen25vl",
+        "image_size": None,
+        "dynamic_resolution": True,
+        "patch_size": int(vision.get("patch_size", 14)),
+        "merge_size": _merge(vision),
+        "image_tokens": max_image_tokens(pre),
+        "image_tokens_note": f"per image: its resized size / 28 px squared, at most {max_image_tokens(pre)}",
+        "min_max_pixels": list(pixel_limits(pre)),
+        "n_wa_pattern": None if v2 else wa_pattern(vision),
+        "image_mean": pre["image_mean"],
+        "image_std": pre["image_std"],
+        "checkpoint_layout": layout,
+    }
 
 
 def image_tokens(config: dict[str, Any]) -> int | None:
@@ -301,8 +334,9 @@ def _projector(info: dict[str, Any]) -> str:
 def user_prompt(text: str, n_images: int, marker: str) -> str:
     """Qwen2.5-VL's chat template for one user turn (the default system turn, images first) + the generation
     prompt."""
-    return TURN.format(role="system", body=SYSTEM) + TURN.format(role="user", body=marker * n_images + text) + \
-        GENERATION
+    return (
+        TURN.format(role="system", body=SYSTEM) + TURN.format(role="user", body=marker * n_images + text) + GENERATION
+    )
 
 
 def chat(messages: list[dict[str, Any]], marker: str) -> str:
@@ -324,15 +358,26 @@ FAMILY = VLMFamily(
     architectures=("Qwen2_5_VLForConditionalGeneration", "Qwen2VLForConditionalGeneration"),
     vision_model_types=frozenset({"qwen2_5_vl", "qwen2_5_vl_vision", "qwen2_vl"}),
     # the merger first: it sits inside the vision prefix (facts count each tensor in its first matching component)
-    component_prefixes=(("projector", _MERGER), ("vision_encoder", _VISION),
-                        ("decoder", _TEXT + _LEGACY_TEXT + ("lm_head.",))),
-    canonical_name=lambda name: name, check=_check, write_mmproj=_write, image_tokens=image_tokens,
-    user_prompt=user_prompt, chat=chat, projector=_projector,
+    component_prefixes=(
+        ("projector", _MERGER),
+        ("vision_encoder", _VISION),
+        ("decoder", _TEXT + _LEGACY_TEXT + ("lm_head.",)),
+    ),
+    canonical_name=lambda name: name,
+    check=_check,
+    write_mmproj=_write,
+    image_tokens=image_tokens,
+    user_prompt=user_prompt,
+    chat=chat,
+    projector=_projector,
     processor_types=frozenset({"Qwen2VLImageProcessor", "Qwen2VLImageProcessorFast"}),
     processor_keys=frozenset({"temporal_patch_size"}),
-    frames="dynamic", text_architecture="Qwen2_5_VLTextModel",
+    frames="dynamic",
+    text_architecture="Qwen2_5_VLTextModel",
     reference_marker="<|vision_start|><|image_pad|><|vision_end|>",
-    text_tensor_name=text_tensor_name, text_config=text_config, max_image_tokens=max_image_tokens,
+    text_tensor_name=text_tensor_name,
+    text_config=text_config,
+    max_image_tokens=max_image_tokens,
     resize=smart_resize,
     parity_image_sizes=((250, 190), (140, 300), (96, 60)),
 )
