@@ -495,34 +495,6 @@ def host_env(root: str = "/") -> dict[str, Any]:
     return probe(root).tensorrt_env()
 
 
-def _major_minor(text: str | None) -> tuple[int, ...]:
-    from edgesdk.capability.tables import version_tuple
-
-    return version_tuple(text)[:2]
-
-
-def preflight(target: Mapping[str, Any], here: Mapping[str, Any] | HostFacts) -> list[str]:
-    """Why an engine built for ``target`` would not load ``here`` -- empty when it would.
-
-    TensorRT engines are specific to the GPU's SM and the TensorRT version that built them (and on
-    Jetson the L4T/JetPack release that ships that TensorRT); checking before deserialising turns an
-    opaque deserialisation failure into one line and a clean fallback.
-    """
-    env = here.tensorrt_env() if isinstance(here, HostFacts) else here
-    problems = []
-    if not env.get("sm"):
-        problems.append("no NVIDIA GPU here")
-    elif target.get("sm") and target["sm"] != env["sm"]:
-        problems.append(f"engine targets sm_{target['sm']}, this GPU is sm_{env['sm']}")
-    if not env.get("tensorrt"):
-        problems.append("TensorRT is not installed here")
-    elif target.get("tensorrt") and _major_minor(target["tensorrt"]) != _major_minor(env["tensorrt"]):
-        problems.append(f"engine targets TensorRT {target['tensorrt']}, this host has {env['tensorrt']}")
-    if target.get("l4t") and env.get("l4t") and _major_minor(target["l4t"]) != _major_minor(env["l4t"]):
-        problems.append(f"engine targets L4T {target['l4t']}, this Jetson runs L4T {env['l4t']}")
-    return problems
-
-
 __all__ = [
     "GpuInfo",
     "HostFacts",
@@ -533,7 +505,6 @@ __all__ = [
     "host_env",
     "nvml",
     "onnxruntime_providers",
-    "preflight",
     "probe",
     "read_cpu",
     "read_gpus",

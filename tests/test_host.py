@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from edgesdk import host
-from edgesdk.host import GpuInfo, HostFacts, JetsonFacts, preflight, probe
+from edgesdk.formats.tensorrt.engine import preflight
+from edgesdk.host import GpuInfo, HostFacts, JetsonFacts, probe
 
 
 def _jetson_tree(root):

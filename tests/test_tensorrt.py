@@ -17,8 +17,9 @@ import test_capability_models as models
 
 from edgesdk.errors import BundleIntegrityError, ExternalToolError, InputError
 from edgesdk.formats.tensorrt import engine as E
+from edgesdk.formats.tensorrt.engine import preflight
 from edgesdk.formats.tensorrt.plan import plan_tensorrt
-from edgesdk.host import host_env, preflight, tensorrt_python
+from edgesdk.host import host_env, tensorrt_python
 from edgesdk.plan import BuildOptions, inspect_model
 from edgesdk.profiles import resolve_profile
 

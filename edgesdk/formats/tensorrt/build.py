@@ -58,7 +58,8 @@ def build_tensorrt(ctx: BuildContext) -> None:
     """ONNX artifact first (the lead's ONNX stages), then the engine here or a deferred build config."""
     from edgesdk.capability import check_capability, precision_report_from
     from edgesdk.formats.onnx.build import build_onnx
-    from edgesdk.host import host_env, preflight
+    from edgesdk.formats.tensorrt.engine import preflight
+    from edgesdk.host import host_env
 
     build_onnx(ctx)
     if ctx.manifest.format == "torch":  # ONNX export failed; the torch.export fallback took over
@@ -128,7 +129,8 @@ def _bundle_config(path: str | os.PathLike[str]) -> tuple[Bundle, E.EngineConfig
 
 def describe_bundle_engine(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The engine configuration, this host's pre-flight against it, and the cache state."""
-    from edgesdk.host import host_env, preflight
+    from edgesdk.formats.tensorrt.engine import preflight
+    from edgesdk.host import host_env
 
     bundle, config = _bundle_config(path)
     env = host_env()
@@ -150,7 +152,8 @@ def describe_bundle_engine(path: str | os.PathLike[str]) -> dict[str, Any]:
 def build_bundle_engine(path: str | os.PathLike[str], *, force: bool = False) -> dict[str, Any]:
     """``edgesdk engine build``: refuse (one line) where the host is not the target; else build and cache."""
     from edgesdk.errors import ExternalToolError
-    from edgesdk.host import host_env, preflight
+    from edgesdk.formats.tensorrt.engine import preflight
+    from edgesdk.host import host_env
 
     bundle, config = _bundle_config(path)
     env = host_env()

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """TensorRT engine: the build configuration (JSON in the bundle), its cache key, the engine cache on the
-device, and the build itself (TensorRT Python API, else ``trtexec``).
+device, the pre-flight check of an engine's target against a host, and the build itself (TensorRT Python API,
+else ``trtexec``).
 
 An engine only loads on the SM and TensorRT version that built it, so a bundle built off-device carries
 ``tensorrt/engine_config.json`` instead of an engine; ``edgesdk engine build BUNDLE`` or the runtime's
@@ -19,10 +20,13 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgesdk.errors import BundleIntegrityError, ExternalToolError
 from edgesdk.types import JSONObject
+
+if TYPE_CHECKING:
+    from edgesdk.host import HostFacts
 
 # The engine configuration (tensorrt/engine_config.json) is JSON: a JSONObject checked by validate_config().
 EngineConfig = JSONObject
@@ -38,6 +42,38 @@ def cache_key(fields: Mapping[str, Any]) -> str:
     """Stable key over what makes an engine valid: SM, TensorRT, L4T/JetPack, precision, shapes, DLA, model."""
     canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:24]
+
+
+def _major_minor(text: str | None) -> tuple[int, ...]:
+    from edgesdk.capability.tables import version_tuple
+
+    return version_tuple(text)[:2]
+
+
+def preflight(target: Mapping[str, Any], here: Mapping[str, Any] | HostFacts) -> list[str]:
+    """Why an engine built for ``target`` (the config's ``target``: SM, TensorRT, L4T) would not load ``here``
+    (:meth:`edgesdk.host.HostFacts.tensorrt_env`, or the facts themselves) -- empty when it would.
+
+    TensorRT engines are specific to the GPU's SM and the TensorRT version that built them (and on
+    Jetson the L4T/JetPack release that ships that TensorRT); checking before deserialising turns an
+    opaque deserialisation failure into one line and a clean fallback. The planner asks it of the host
+    it plans for, the runtime of the device it loads on.
+    """
+    from edgesdk.host import HostFacts
+
+    env = here.tensorrt_env() if isinstance(here, HostFacts) else here
+    problems = []
+    if not env.get("sm"):
+        problems.append("no NVIDIA GPU here")
+    elif target.get("sm") and target["sm"] != env["sm"]:
+        problems.append(f"engine targets sm_{target['sm']}, this GPU is sm_{env['sm']}")
+    if not env.get("tensorrt"):
+        problems.append("TensorRT is not installed here")
+    elif target.get("tensorrt") and _major_minor(target["tensorrt"]) != _major_minor(env["tensorrt"]):
+        problems.append(f"engine targets TensorRT {target['tensorrt']}, this host has {env['tensorrt']}")
+    if target.get("l4t") and env.get("l4t") and _major_minor(target["l4t"]) != _major_minor(env["l4t"]):
+        problems.append(f"engine targets L4T {target['l4t']}, this Jetson runs L4T {env['l4t']}")
+    return problems
 
 
 def engine_cache_root() -> Path:

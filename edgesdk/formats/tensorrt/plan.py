@@ -439,7 +439,8 @@ def plan_tensorrt(
             "precision, DLA and shapes all match (the model hash is added at build time)",
         )
     )
-    from edgesdk.host import HostFacts, preflight
+    from edgesdk.formats.tensorrt.engine import preflight
+    from edgesdk.host import HostFacts
 
     problems = preflight(target, host if host is not None else HostFacts())
     where = "this host" if not problems else "deferred to the device"

@@ -23,7 +23,7 @@ import numpy as np
 
 from edgesdk.errors import BackendUnavailableError, BundleIntegrityError, ExternalToolError
 from edgesdk.formats.tensorrt import engine as E
-from edgesdk.host import preflight
+from edgesdk.formats.tensorrt.engine import preflight
 from edgesdk.runtime.backend import LoadContext, TensorSpec
 
 if TYPE_CHECKING:
