@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from edgesdk.errors import BundleIntegrityError, InputError, OutputExistsError
-from edgesdk.manifest import HASH_FIELD, SCHEMA, SCHEMA_VERSION, Artifact, Manifest, parse_manifest
+from edgesdk.manifest import SCHEMA, Artifact, LenientManifest, Manifest, parse_manifest
 
 MANIFEST = "manifest.json"
 OWNER_SUFFIX = ".owner"
@@ -244,10 +244,10 @@ def check_replaceable(out_dir: Path) -> None:
     if not out_dir.is_dir() or not any(out_dir.iterdir()):
         return
     try:
-        manifest = json.loads((out_dir / MANIFEST).read_text(encoding="utf-8"))
+        found = LenientManifest.from_json(json.loads((out_dir / MANIFEST).read_text(encoding="utf-8")))
     except (OSError, ValueError):
-        manifest = None
-    if isinstance(manifest, dict) and manifest.get("schema") == SCHEMA:
+        found = LenientManifest()
+    if found.schema == SCHEMA:
         return
     raise OutputExistsError(
         f"refusing to replace {out_dir}: it is not an edgesdk bundle (no valid {MANIFEST}) and not empty",
@@ -258,11 +258,7 @@ def check_replaceable(out_dir: Path) -> None:
 def write_manifest(staging: Path, manifest: Manifest | dict[str, Any]) -> Path:
     """Write ``manifest.json`` (with its self-hash). A dict is read as the JSON layout (tests, tools)."""
     if not isinstance(manifest, Manifest):
-        d = dict(manifest)
-        d["artifacts"] = [a.to_dict() if isinstance(a, Artifact) else a for a in d.get("artifacts") or []]
-        d.update(schema=SCHEMA, schema_version=d.get("schema_version", SCHEMA_VERSION))
-        d[HASH_FIELD] = "0" * 64
-        manifest = Manifest.from_dict(json.loads(json.dumps(d, default=str)), "manifest")
+        manifest = Manifest.from_layout(manifest)
     path = Path(staging) / MANIFEST
     path.write_text(manifest.to_json(), encoding="utf-8")
     return path

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import PurePosixPath
 from typing import Any
@@ -515,6 +516,17 @@ class Manifest:
             raise BundleIntegrityError(f"{where}: invalid manifest: nested too deeply") from None
 
     @classmethod
+    def from_layout(cls, data: Mapping[str, Any]) -> Manifest:
+        """A manifest given as its JSON layout (a dict: tests and tools write one): ``schema`` set,
+        ``schema_version`` filled in where missing, :class:`Artifact` objects taken in ``artifacts``, a
+        placeholder ``manifest_sha256`` (:meth:`to_json` computes the real one), then checked like a read one."""
+        d = dict(data)
+        d["artifacts"] = [a.to_dict() if isinstance(a, Artifact) else a for a in d.get("artifacts") or []]
+        d.update(schema=SCHEMA, schema_version=d.get("schema_version", SCHEMA_VERSION))
+        d[HASH_FIELD] = "0" * 64
+        return cls.from_dict(json.loads(json.dumps(d, default=str)), "manifest")
+
+    @classmethod
     def _from_dict(cls, data: Any) -> Manifest:
         d = _obj(data, "manifest")
         if d.get("schema") != SCHEMA:
@@ -612,6 +624,118 @@ def parse_manifest(text: bytes, where: str) -> Manifest:
             f"{where}: manifest_sha256 mismatch (the manifest was edited after the build)", hint="rebuild the bundle"
         )
     return manifest
+
+
+# --------------------------------------------------------------------------------------------- as found
+# `edgesdk check licenses BUNDLE` and `build --force` read a manifest as it is on disk, without checks or
+# its self-hash, so that a damaged or edited bundle is still scanned (or recognised): these readers never
+# raise; a missing key or one of another type reads as "not recorded".
+
+
+def license_section(data: Any) -> dict[str, Any]:
+    """The license gate's section of a manifest as found (what ``GateResult.to_manifest`` wrote, ``license``
+    in a manifest of this version): the first object, depth-first from the top, whose
+    ``runtime_distributions`` is an array of strings; ``{}`` where there is none."""
+    stack = [data]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            value = node.get("runtime_distributions")
+            if isinstance(value, list) and all(isinstance(v, str) for v in value):
+                return node
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return {}
+
+
+def component_table(extras: Mapping[str, Any] | None) -> dict[str, list[str]]:
+    """Bundle path -> the components a format's ``extras.<format>.components`` mapping puts in that file
+    (``{"vision_encoder": {"artifact": "mmproj.gguf"}, ...}``), in the format's order, each name once.
+    Sections, mappings and entries that are not objects, and artifacts that are not non-empty strings, are
+    skipped."""
+    table: dict[str, list[str]] = {}
+    for section in (extras or {}).values():
+        comps = section.get("components") if isinstance(section, Mapping) else None
+        if not isinstance(comps, Mapping):
+            continue
+        for name, spec in comps.items():
+            artifact = spec.get("artifact") if isinstance(spec, Mapping) else None
+            if isinstance(artifact, str) and artifact:
+                names = table.setdefault(artifact, [])
+                if str(name) not in names:
+                    names.append(str(name))
+    return table
+
+
+@dataclass(frozen=True)
+class ArtifactRecord:
+    """One ``artifacts[]`` entry as found: ``path`` None where missing or not a string; ``role`` "" where
+    missing or empty (``str()`` of anything else that is not a string)."""
+
+    path: str | None
+    role: str
+
+    @classmethod
+    def of(cls, entry: Any) -> ArtifactRecord:
+        """From a JSON object, or from anything with ``path`` and ``role`` (an :class:`Artifact`)."""
+        if isinstance(entry, Mapping):
+            path, role = entry.get("path"), entry.get("role")
+        else:
+            path, role = entry.path, entry.role
+        return cls(path=path if isinstance(path, str) else None, role=str(role) if role else "")
+
+
+@dataclass(frozen=True)
+class LicenseRecord:
+    """What the license gate recorded at build time (:func:`license_section`), typed."""
+
+    runtime_distributions: list[str] = field(default_factory=list)
+    accepted: list[str] = field(default_factory=list)  # --accept-license at build: the array's strings
+    model_license_declared: str | None = None  # --model-license at build; None where missing or empty
+
+    @classmethod
+    def from_section(cls, section: Mapping[str, Any]) -> LicenseRecord:
+        dists, accepted, declared = (
+            section.get("runtime_distributions"),
+            section.get("accepted"),
+            section.get("model_license_declared"),
+        )
+        return cls(
+            runtime_distributions=[d for d in dists if isinstance(d, str)] if isinstance(dists, list) else [],
+            accepted=[a for a in accepted if isinstance(a, str)] if isinstance(accepted, list) else [],
+            model_license_declared=declared if isinstance(declared, str) and declared else None,
+        )
+
+
+@dataclass(frozen=True)
+class LenientManifest:
+    """A ``manifest.json`` as found (parsed JSON, not checked, self-hash not compared): the fields that
+    ``check licenses`` and ``build --force`` read, typed. Anything missing or of another type reads as
+    not recorded (None, empty); a document that is not an object reads as all of them unrecorded, except
+    ``license``, searched for wherever it is (:func:`license_section`)."""
+
+    schema: str | None = None
+    artifacts: list[ArtifactRecord] = field(default_factory=list)  # the entries that are objects
+    extras: dict[str, Any] = field(default_factory=dict)
+    model_source: str | None = None  # model.source: the file the bundle was built from
+    license: LicenseRecord = field(default_factory=LicenseRecord)
+
+    @classmethod
+    def from_json(cls, data: Any) -> LenientManifest:
+        lic = LicenseRecord.from_section(license_section(data))
+        if not isinstance(data, dict):
+            return cls(license=lic)
+        schema, artifacts, extras, model = (data.get(k) for k in ("schema", "artifacts", "extras", "model"))
+        source = model.get("source") if isinstance(model, dict) else None
+        entries = artifacts if isinstance(artifacts, list) else []
+        return cls(
+            schema=schema if isinstance(schema, str) else None,
+            artifacts=[ArtifactRecord.of(a) for a in entries if isinstance(a, dict)],
+            extras=extras if isinstance(extras, dict) else {},
+            model_source=source if isinstance(source, str) else None,
+            license=lic,
+        )
 
 
 def manifest_field_names() -> list[str]:

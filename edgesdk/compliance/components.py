@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from edgesdk.compliance.findings import LicenseFinding
+from edgesdk.manifest import ArtifactRecord, component_table
 
 #: Artifacts the gate writes itself: not components of the model.
 GATE_ROLES = frozenset({"sbom", "sbom-spdx", "license-report"})
@@ -28,24 +29,13 @@ MODEL_FALLBACK = "the model's license (no declaration of its own)"
 
 def component_labels(extras: Mapping[str, Any] | None, artifacts: Iterable[Any]) -> dict[str, str]:
     """bundle-relative path -> what the file is: the components a format's ``extras.*.components``
-    puts in it (joined with " + ", in the format's order), else its artifact role. ``artifacts``:
-    manifest :class:`~edgesdk.manifest.Artifact` objects or their dicts (``path``, ``role``)."""
-    labels: dict[str, list[str]] = {}
-    for section in (extras or {}).values():
-        comps = section.get("components") if isinstance(section, Mapping) else None
-        if not isinstance(comps, Mapping):
-            continue
-        for name, spec in comps.items():
-            artifact = spec.get("artifact") if isinstance(spec, Mapping) else None
-            if isinstance(artifact, str) and artifact:
-                labels.setdefault(artifact, [])
-                if str(name) not in labels[artifact]:
-                    labels[artifact].append(str(name))
-    out = {path: " + ".join(names) for path, names in labels.items()}
-    for a in artifacts:
-        path, role = (a.get("path"), a.get("role")) if isinstance(a, Mapping) else (a.path, a.role)
-        if isinstance(path, str) and path not in out and role not in GATE_ROLES:
-            out[path] = str(role or "file")
+    puts in it (:func:`~edgesdk.manifest.component_table`, joined with " + ", in the format's order), else
+    its artifact role. ``artifacts``: manifest :class:`~edgesdk.manifest.Artifact` objects, their dicts
+    (``path``, ``role``) or :class:`~edgesdk.manifest.ArtifactRecord` objects."""
+    out = {path: " + ".join(names) for path, names in component_table(extras).items()}
+    for a in map(ArtifactRecord.of, artifacts):
+        if a.path is not None and a.path not in out and a.role not in GATE_ROLES:
+            out[a.path] = a.role or "file"
     return out
 
 

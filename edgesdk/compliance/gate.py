@@ -34,6 +34,7 @@ from edgesdk.compliance.sources import scan_tree, scanoss_settings_findings
 from edgesdk.compliance.spdx import normalize
 from edgesdk.compliance.waivers import apply_waivers, load_waivers
 from edgesdk.errors import InputError, LicenseGateError
+from edgesdk.manifest import LenientManifest, license_section
 
 GENERATED = {"manifest.json", SBOM_NAME, SPDX_NAME, REPORT_NAME, "license-report.md"}
 
@@ -57,19 +58,8 @@ def _pyproject_license(root: Path) -> tuple[tuple[str | None, str], list[str]] |
     return (str(lic) if lic else None, "pyproject.toml [project].license"), project.get("dependencies", [])
 
 
-def _manifest_license_section(manifest: dict) -> dict:
-    """The gate's own section of a bundle manifest (what :meth:`GateResult.to_manifest` wrote)."""
-    stack = [manifest]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            value = node.get("runtime_distributions")
-            if isinstance(value, list) and all(isinstance(v, str) for v in value):
-                return node
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
-    return {}
+#: The gate's own section of a bundle manifest as found (tests/test_model_license.py reads it raw).
+_manifest_license_section = license_section
 
 
 def _recorded_model_findings(root: Path) -> list[LicenseFinding]:
@@ -164,25 +154,19 @@ def scan_licenses(
     built_from: str | None = None  # the model file the bundle was built from (manifest model.source)
     if is_bundle:
         if (root / "manifest.json").is_file():
-            try:
-                manifest = json.loads((root / "manifest.json").read_text("utf-8"))
-                section = _manifest_license_section(manifest)
+            try:  # as found: a damaged or edited bundle is still scanned
+                found = LenientManifest.from_json(json.loads((root / "manifest.json").read_text("utf-8")))
             except (OSError, ValueError) as exc:
                 raise InputError(f"{root / 'manifest.json'}: not readable JSON ({exc})") from exc
-            if components is None and isinstance(manifest, dict):
-                artifacts = [a for a in manifest.get("artifacts") or [] if isinstance(a, dict)]
-                extras = manifest.get("extras")
-                components = component_labels(extras if isinstance(extras, dict) else None, artifacts)
-            dists = dists or list(section.get("runtime_distributions", []))
+            if components is None:
+                components = component_labels(found.extras, found.artifacts)
+            dists = dists or list(found.license.runtime_distributions)
             # An --accept-license given at build time is a recorded decision: honour it, and say so.
-            accepted_at_build = [a for a in section.get("accepted", []) if isinstance(a, str)]
+            accepted_at_build = list(found.license.accepted)
             accepted = list(accepted) + [a for a in accepted_at_build if a not in accepted]
-            recorded = section.get("model_license_declared")
-            recorded_model = manifest.get("model") if isinstance(manifest, dict) else None
-            if isinstance(recorded_model, dict) and isinstance(recorded_model.get("source"), str):
-                built_from = recorded_model["source"]
-            if model_license is None and isinstance(recorded, str) and recorded:
-                model_license = recorded
+            built_from = found.model_source
+            if model_license is None and found.license.model_license_declared is not None:
+                model_license = found.license.model_license_declared
     else:
         declared = _pyproject_license(root)
         if declared:
