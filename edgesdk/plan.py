@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 from edgesdk.errors import InputError
-from edgesdk.formats import all_formats, get_format
+from edgesdk.formats import claim_order, get_format
 from edgesdk.host import HostFacts
 from edgesdk.inspect import inspect_model
 from edgesdk.profiles import Profile, execution_provider_chain, parity_thresholds
@@ -35,7 +35,7 @@ def _choose_format(facts: ModelFacts, profile: Profile, options: BuildOptions) -
         fmt.check_source(facts)
         note = "" if fmt.name in allowed else f" (not in the profile's preferred formats {allowed})"
         return Decision("format", fmt.name, f"requested with --format{note}")
-    for fmt in all_formats():
+    for fmt in claim_order():  # specific formats (GGUF, VLM) before the ONNX catch-all
         claim = fmt.claims(facts, profile)
         if claim is not None:
             return claim

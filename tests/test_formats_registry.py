@@ -132,6 +132,70 @@ def test_a_registered_format_checks_its_source(toy_format, minilm_dir):
         plan_build(inspect_model(minilm_dir), resolve_profile("cpu"), BuildOptions(format="toy"))
 
 
+class _Claimer(ToyFormat):
+    """A toy that claims every ONNX source, asked at ``claim_priority`` (None: no attribute at all)."""
+
+    name = "claimer"
+
+    def claims(self, facts, profile):
+        return Decision("format", self.name, "claims every ONNX file") if facts.kind == "onnx" else None
+
+
+def _claimer(priority):
+    fmt = _Claimer()
+    if priority is not None:
+        fmt.claim_priority = priority
+    return fmt
+
+
+def _onnx_facts(task="other"):
+    from edgesdk.types import ModelFacts
+
+    return ModelFacts(source="/m.onnx", kind="onnx", task=task, name="m", graph={})
+
+
+def test_claims_are_asked_by_priority_then_registry_order():
+    names = [f.name for f in formats.claim_order()]
+    assert names == ["tensorrt", "gguf", "torch", "vlm", "onnx"]  # the specific ones in registry order, then onnx
+    assert formats.claim_priority(formats.get_format("onnx")) == formats.CATCH_ALL < formats.SPECIFIC
+
+
+@pytest.mark.parametrize("priority,wins", [(formats.SPECIFIC + 1, True), (formats.CATCH_ALL + 1, True), (None, False)])
+def test_a_registered_format_with_a_higher_priority_claims_first(priority, wins):
+    formats.register(_claimer(priority))
+    try:
+        plan = plan_build(_onnx_facts(), resolve_profile("cpu"), BuildOptions(), HostFacts())
+        order = [f.name for f in formats.claim_order()]
+    finally:
+        formats.unregister("claimer")
+    # without the attribute: the documented default (CATCH_ALL), asked after the built-in catch-all, as before
+    assert plan.format == ("claimer" if wins else "onnx")
+    assert (order[0] == "claimer") if priority == formats.SPECIFIC + 1 else order.index("claimer") > order.index("gguf")
+
+
+def test_a_claim_priority_that_is_not_an_int_is_refused():
+    formats.register(_claimer("high"))
+    try:
+        with pytest.raises(TypeError, match="claim_priority must be an int"):
+            formats.claim_order()
+    finally:
+        formats.unregister("claimer")
+
+
+def test_onnx_catches_what_no_other_format_claims():
+    from edgesdk.types import ModelFacts
+
+    cpu = resolve_profile("cpu")
+    llm = ModelFacts(source="/m", kind="hf", task="text-generation", name="m")
+    onnx = formats.get_format("onnx")
+    # onnx claims anything it is asked about (it no longer knows its siblings' tasks) ...
+    assert onnx.claims(llm, cpu) is not None and onnx.claims(_onnx_facts("vision"), cpu) is not None
+    # ... and is asked last: an LLM goes to GGUF first, what nobody else takes to ONNX
+    assert next(c for f in formats.claim_order() if (c := f.claims(llm, cpu))).value == "gguf"
+    for task in ("other", "feature-extraction", "vision"):
+        assert plan_build(_onnx_facts(task), cpu, BuildOptions(), HostFacts()).format == "onnx"
+
+
 def test_cli_format_choice_comes_from_the_registry(run_cli):
     res = run_cli("build", "--help")
     assert "[onnx|tensorrt|gguf|vlm]" in res.stdout

@@ -2,7 +2,8 @@
 """Output formats as plugins: one package per format, one line per format in :data:`BUILTIN`.
 
 A format is an object implementing :class:`Format`: its name, how it takes part in the plan
-(:meth:`Format.check_source`, :meth:`Format.claims`, :meth:`Format.plan_precision`, :meth:`Format.plan`),
+(:meth:`Format.check_source`, :meth:`Format.claims` asked in ``claim_priority`` order, :meth:`Format.plan_precision`,
+:meth:`Format.plan`),
 its build stages and :meth:`Format.build`, and where the runtime finds its loader
 (``runtime_loader``, a ``"module:function"`` string imported only when a bundle of that format is
 loaded, so a device needs only its own backend's packages). The planner, the build, the runtime's
@@ -31,6 +32,13 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from edgesdk.errors import InputError
 
+#: ``claim_priority`` of the catch-all (ONNX: it claims whatever reaches it), asked last. A registered format
+#: without a ``claim_priority`` attribute gets this too, so it is asked after the built-in ones, in registry order.
+CATCH_ALL = 0
+#: ``claim_priority`` of a built-in format that claims only the sources it is made for (GGUF, VLM), asked before
+#: the catch-all. A registered format that should be asked before these sets a higher number.
+SPECIFIC = 10
+
 if TYPE_CHECKING:
     from edgesdk.host import HostFacts
     from edgesdk.manifest import Artifact
@@ -40,7 +48,12 @@ if TYPE_CHECKING:
 
 @runtime_checkable
 class Format(Protocol):
-    """What every output format provides (see the module docstring)."""
+    """What every output format provides (see the module docstring).
+
+    Optional attributes (read with a default, so a registered format may leave them out): ``claim_priority``
+    (an int, :func:`claim_priority`; higher is asked first by the planner, :data:`CATCH_ALL` when absent) and
+    ``parity_backend`` (below).
+    """
 
     name: str
     #: build stages in order (a progress bar's steps); ``license_gate`` and ``package`` end every build
@@ -59,7 +72,8 @@ class Format(Protocol):
         ...
 
     def claims(self, facts: ModelFacts, profile: Profile) -> Decision | None:
-        """The ``format`` decision when this format is the natural choice for the model, else None."""
+        """The ``format`` decision when this format is the natural choice for the model, else None (the planner
+        asks the formats in :func:`claim_order` and takes the first claim; raising ends the search)."""
         ...
 
     def plan_precision(self, facts: ModelFacts, profile: Profile, options: BuildOptions) -> Decision | None:
@@ -211,12 +225,31 @@ def all_formats() -> list[Format]:
     return [f for n in format_names() if (f := find_format(n)) is not None]
 
 
+def claim_priority(fmt: Format) -> int:
+    """``fmt.claim_priority``, or :data:`CATCH_ALL` for a format without one."""
+    priority = getattr(fmt, "claim_priority", CATCH_ALL)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise TypeError(f"format {fmt.name!r}: claim_priority must be an int, got {priority!r}")
+    return priority
+
+
+def claim_order() -> list[Format]:
+    """The formats in the order the planner asks them to claim a source: higher ``claim_priority`` first,
+    registry order (:func:`format_names`) among equals. A specific format (GGUF: causal LMs and GGUF files;
+    VLM: vision-language models) is asked before the catch-all (ONNX), which so need not know their tasks."""
+    return sorted(all_formats(), key=lambda f: -claim_priority(f))  # sorted() is stable
+
+
 __all__ = [
     "BUILTIN",
+    "CATCH_ALL",
+    "SPECIFIC",
     "BuildContext",
     "Format",
     "StageProgress",
     "all_formats",
+    "claim_order",
+    "claim_priority",
     "find_format",
     "format_names",
     "get_format",

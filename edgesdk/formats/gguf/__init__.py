@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from edgesdk.errors import InputError
+from edgesdk.formats import SPECIFIC
 from edgesdk.types import Decision
 
 if TYPE_CHECKING:
@@ -29,6 +30,7 @@ class GGUFFormat:
     runtime_requires = ("llama_cpp", "llama-cpp-python (pip install 'edgesdk[gguf]')")
     profiler_backend: str | None = "llama.cpp"
     selectable = True
+    claim_priority = SPECIFIC  # GGUF files and causal LMs, before the ONNX catch-all
 
     def check_source(self, facts: ModelFacts) -> None:
         if facts.task != "text-generation":

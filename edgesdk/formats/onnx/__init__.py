@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from edgesdk.errors import InputError
+from edgesdk.formats import CATCH_ALL
 from edgesdk.types import Decision
 
 if TYPE_CHECKING:
@@ -28,14 +29,15 @@ class OnnxFormat:
     runtime_requires = ("onnxruntime", "onnxruntime")
     profiler_backend: str | None = "onnxruntime"
     selectable = True
+    claim_priority = CATCH_ALL  # asked last: it claims whatever no specific format claimed
 
     def check_source(self, facts: ModelFacts) -> None:
         if facts.kind == "gguf":
             raise InputError(f"--format {self.name} cannot take a GGUF source; use --format gguf")
 
     def claims(self, facts: ModelFacts, profile: Profile) -> Decision | None:
-        if facts.kind == "gguf" or facts.task in ("text-generation", "image-text-to-text"):
-            return None  # causal LMs and VLMs go to a format with a KV cache and a sampler (GGUF, VLM)
+        # the catch-all: asked last (claim_priority), so causal LMs, VLMs and GGUF files were claimed before
+        # by a format with a KV cache and a sampler (GGUF, VLM)
         allowed = profile.preferred_formats
         if "tensorrt" in allowed and profile.is_gpu:
             return Decision(

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from edgesdk.errors import InputError
+from edgesdk.formats import SPECIFIC
 
 if TYPE_CHECKING:
     from edgesdk.formats import BuildContext
@@ -27,6 +28,7 @@ class TensorRTFormat:
     runtime_requires = ("tensorrt", "TensorRT (JetPack or an NVIDIA container)")
     profiler_backend: str | None = "tensorrt"
     selectable = True
+    claim_priority = SPECIFIC  # never claims (below); ahead of the catch-all like every non-catch-all format
 
     def check_source(self, facts: ModelFacts) -> None:
         if facts.kind == "gguf":

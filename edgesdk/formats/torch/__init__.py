@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from edgesdk.errors import InputError
+from edgesdk.formats import SPECIFIC
 
 if TYPE_CHECKING:
     from edgesdk.formats import BuildContext
@@ -24,6 +25,7 @@ class TorchFormat:
     runtime_requires = ("torch", "torch")
     profiler_backend: str | None = None
     selectable = False
+    claim_priority = SPECIFIC  # never claims (below); ahead of the catch-all like every non-catch-all format
 
     def check_source(self, facts: ModelFacts) -> None:
         raise InputError(

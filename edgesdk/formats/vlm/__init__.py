@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from edgesdk.errors import InputError
+from edgesdk.formats import SPECIFIC
 from edgesdk.types import Decision
 
 if TYPE_CHECKING:
@@ -31,6 +32,7 @@ class VLMFormat:
     runtime_requires = ("llama_cpp", "llama-cpp-python (pip install 'edgesdk[gguf]')")
     profiler_backend: str | None = None
     selectable = True
+    claim_priority = SPECIFIC  # vision-language models, before the ONNX catch-all
 
     def check_source(self, facts: ModelFacts) -> None:
         if facts.task != TASK:
