@@ -8,7 +8,8 @@ to end against PyTorch:
   ``get_image_features`` on generated test images, min cosine per image token;
 * end to end: the first greedy tokens of the F16 decoder + mmproj pipeline equal PyTorch's
   ``generate`` (greedy) for the same image and prompt.
-The PyTorch reference runs in a child process (as in the GGUF path).
+The PyTorch reference runs in a child process (as in the GGUF path):
+``python -m edgesdk.formats.vlm._children.hf_reference`` (edgesdk/formats/vlm/_children/hf_reference.py).
 """
 
 from __future__ import annotations
@@ -63,92 +64,6 @@ def test_images(directory: Path, sizes: tuple[tuple[int, int], ...] | None = Non
     return out
 
 
-_HF_CHILD = """
-import inspect, json, sys
-import numpy as np, torch
-from PIL import Image
-import transformers
-from transformers import AutoProcessor
-hf_dir, spec_file, out = sys.argv[1], sys.argv[2], sys.argv[3]
-spec = json.load(open(spec_file))
-try:
-    proc = AutoProcessor.from_pretrained(hf_dir)
-except ImportError:
-    # transformers 4.57's Qwen2.5-VL processor also loads a video processor, which needs torchvision (not a
-    # dependency here); for still images the processor is the image processor + the tokenizer with each image
-    # token repeated once per merged patch (Qwen2_5_VLProcessor.__call__), which this does
-    from transformers import AutoImageProcessor, AutoTokenizer
-    image_proc, tok = AutoImageProcessor.from_pretrained(hf_dir), AutoTokenizer.from_pretrained(hf_dir)
-    if not hasattr(image_proc, "merge_size"):
-        raise
-    pad = "<|image_pad|>"
-    def proc(images, text, return_tensors):
-        out = image_proc(images=[images], return_tensors=return_tensors)
-        n = int(out["image_grid_thw"][0].prod()) // image_proc.merge_size ** 2
-        return {**tok(text.replace(pad, pad * n), return_tensors=return_tensors), **out}
-arch = spec.get("architecture") or "LlavaForConditionalGeneration"
-model = getattr(transformers, arch).from_pretrained(hf_dir, dtype=torch.float32).eval()
-cfg = model.config
-arrays = {}
-fixed = None
-if getattr(model.model, "vision_model", None) is not None:  # Idefics3 / SmolVLM's tower
-    # transformers 4.55-4.57 bucketize h/n * (1 - 1e-6) against the boundaries k/n, which maps patch rows and
-    # columns 1..n-1 to positions 0..n-2 (transformers issue #41190, fixed by PR #41374); the models were
-    # trained, and llama.cpp computes, with positions 0..n-1. Measure it and, if present, also run PyTorch with
-    # the trained positions (the reference for parity), keeping the unmodified figures in the report.
-    emb = model.model.vision_model.embeddings
-    side = cfg.vision_config.image_size // cfg.vision_config.patch_size
-    probe = torch.zeros(1, 3, cfg.vision_config.image_size, cfg.vision_config.image_size)
-    with torch.no_grad():
-        got = emb(pixel_values=probe, patch_attention_mask=torch.ones(1, side, side, dtype=torch.bool))
-        want = emb.patch_embedding(probe).flatten(2).transpose(1, 2) + emb.position_embedding.weight[None]
-    if not torch.allclose(got, want):
-        def fixed(pixel_values, patch_attention_mask=None):
-            e = emb.patch_embedding(pixel_values).flatten(2).transpose(1, 2)
-            return e + emb.position_embedding.weight[None, : e.shape[1]]
-        arrays["positions_fixed"] = np.asarray(1)
-# get_image_features gets what its signature names of the processor's outputs (pixel_values; Idefics3's
-# pixel_attention_mask) and of the config (LLaVA's vision_feature_layer / vision_feature_select_strategy)
-feature_args = inspect.signature(model.get_image_features).parameters
-def image_features(inputs):
-    kw = {k: inputs[k] for k in feature_args if k in inputs}
-    kw.update({k: getattr(cfg, k) for k in ("vision_feature_layer", "vision_feature_select_strategy")
-               if k in feature_args})
-    f = model.get_image_features(**kw)
-    # transformers 5 returns a ModelOutput whose pooler_output holds the projected features (4.x: the tensor)
-    f = getattr(f, "pooler_output", f)
-    return f[0] if isinstance(f, (list, tuple)) else f
-for i, path in enumerate(spec["images"]):
-    img = Image.open(path).convert("RGB")
-    inputs = proc(images=img, text=spec["prompt"], return_tensors="pt")
-    if "token_type_ids" not in inspect.signature(model.forward).parameters:  # Gemma-3 marks its image tokens
-        inputs.pop("token_type_ids", None)
-    with torch.no_grad():
-        if fixed is not None:  # the unmodified transformers figures, for the report
-            f = image_features(inputs)
-            arrays[f"features_unfixed{i}"] = f.reshape(-1, f.shape[-1]).double().numpy()
-            g = model.generate(**inputs, max_new_tokens=spec["n"], do_sample=False)
-            tu = g[0, inputs["input_ids"].shape[1]:].tolist()
-            eos_u = model.generation_config.eos_token_id or cfg.text_config.eos_token_id
-            eos_u = set(eos_u if isinstance(eos_u, list) else [eos_u])
-            arrays[f"tokens_unfixed{i}"] = np.asarray(tu[:next((j for j, t in enumerate(tu) if t in eos_u), len(tu))],
-                                                      dtype=np.int64)
-            emb.forward = fixed
-        f = image_features(inputs)
-        arrays[f"features{i}"] = f.reshape(-1, f.shape[-1]).double().numpy()
-        g = model.generate(**inputs, max_new_tokens=spec["n"], do_sample=False)
-    toks = g[0, inputs["input_ids"].shape[1]:].tolist()
-    eos = model.generation_config.eos_token_id or cfg.text_config.eos_token_id  # where generate stops
-    eos = set(eos if isinstance(eos, list) else [eos])
-    cut = next((j for j, t in enumerate(toks) if t in eos), len(toks))
-    arrays[f"tokens{i}"] = np.asarray(toks[:cut], dtype=np.int64)
-    arrays[f"input_ids{i}"] = inputs["input_ids"][0].numpy()
-    if fixed is not None:
-        del emb.forward  # back to the class's forward for the next image's unmodified run
-np.savez(out, **arrays)
-"""
-
-
 def hf_vlm_reference(hf_dir: Path, images: list[Path], prompt: str, n_tokens: int) -> list[dict[str, Any]]:
     """Per image: PyTorch image features, greedy tokens and input ids (child process)."""
     with tempfile.TemporaryDirectory(prefix="edgesdk-vlm-ref-") as tmp:
@@ -160,7 +75,7 @@ def hf_vlm_reference(hf_dir: Path, images: list[Path], prompt: str, n_tokens: in
         # a transformers 5 checkpoint as this host's transformers 4 loads it (unchanged otherwise)
         ref_dir = gconv.reference_dir(Path(hf_dir), Path(tmp) / "ref", rename=vconv.canonical_name)
         proc = subprocess.run(
-            [sys.executable, "-c", _HF_CHILD, str(ref_dir), str(spec), str(out)],
+            [sys.executable, "-m", "edgesdk.formats.vlm._children.hf_reference", str(ref_dir), str(spec), str(out)],
             capture_output=True,
             text=True,
             timeout=3600,

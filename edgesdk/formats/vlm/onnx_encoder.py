@@ -14,7 +14,8 @@ eager attention, so the graph has no control flow (no If/Loop) and only static s
 TensorRT's ONNX parser builds an engine from. The FP32 graph is converted to FP16 by
 ``onnxruntime.transformers.float16`` with ``keep_io_types=True`` (inputs and outputs stay float32:
 callers need no casts, the weights and every inner op are FP16). The export runs in a child process
-(torch stays out of the build process, as the PyTorch reference does).
+(torch stays out of the build process, as the PyTorch reference does):
+``python -m edgesdk.formats.vlm._children.encoder_export`` (edgesdk/formats/vlm/_children/encoder_export.py).
 """
 
 from __future__ import annotations
@@ -34,37 +35,6 @@ ONNX_OPSET = 17  # ONNX Runtime 1.1x+ and TensorRT 8.6/10.x (JetPack 6) both par
 INPUT_NAME, OUTPUT_NAME = "pixel_values", "image_features"
 # Ops TensorRT-friendly graphs must not have: data-dependent control flow.
 CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})
-
-_EXPORT_CHILD = """
-import json, sys
-import torch
-from transformers import LlavaForConditionalGeneration
-hf_dir, out, opset = sys.argv[1], sys.argv[2], int(sys.argv[3])
-model = LlavaForConditionalGeneration.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="eager").eval()
-cfg = model.config
-size = int(cfg.vision_config.image_size)
-
-class Encoder(torch.nn.Module):
-    def __init__(self, m):
-        super().__init__()
-        self.m = m
-
-    def forward(self, pixel_values):
-        f = self.m.get_image_features(pixel_values=pixel_values, vision_feature_layer=cfg.vision_feature_layer,
-                                      vision_feature_select_strategy=cfg.vision_feature_select_strategy)
-        f = getattr(f, "pooler_output", f)  # transformers 5: a ModelOutput holding the projected features
-        f = f[0] if isinstance(f, (list, tuple)) else f
-        return f.reshape(1, -1, f.shape[-1])
-
-enc = Encoder(model).eval()
-x = torch.zeros(1, 3, size, size)
-with torch.no_grad():
-    n = enc(x).shape
-    torch.onnx.export(enc, (x,), out, input_names=["pixel_values"], output_names=["image_features"],
-                      opset_version=opset, dynamo=False, do_constant_folding=True)
-print(json.dumps({"image_size": size, "image_tokens": int(n[1]), "n_embd": int(n[2]),
-                  "torch": torch.__version__}))
-"""
 
 
 def normalise(pixels: np.ndarray, preprocessor: dict[str, Any]) -> np.ndarray:
@@ -95,7 +65,7 @@ def export_encoder(hf_dir: Path, fp32: Path, fp16: Path, *, opset: int = ONNX_OP
         # a transformers 5 checkpoint as this host's transformers 4 loads it (unchanged otherwise)
         src = reference_dir(Path(hf_dir), Path(tmp), rename=canonical_name)
         proc = subprocess.run(
-            [sys.executable, "-c", _EXPORT_CHILD, str(src), str(fp32), str(opset)],
+            [sys.executable, "-m", "edgesdk.formats.vlm._children.encoder_export", str(src), str(fp32), str(opset)],
             capture_output=True,
             text=True,
             timeout=3600,
