@@ -323,7 +323,8 @@ def _vlm_decisions(facts: ModelFacts, profile: Profile, options: BuildOptions) -
             parity,
             f"image features (F16 mmproj via llama.cpp vs PyTorch encoder + projector): min cosine per "
             f"image token >= {ENCODER_MIN_COSINE}; first {GREEDY_TOKENS} greedy tokens of the F16 "
-            f"decoder + mmproj equal to PyTorch's on the test images; decoder logits and perplexity as "
+            f"decoder + mmproj equal to PyTorch's on the test images (or first differing at a near-tie of "
+            f"PyTorch's scores); decoder logits and perplexity as "
             f"in the GGUF path"
             + (
                 "; the FP16 ONNX encoder: the same min cosine vs PyTorch, and the same greedy tokens as the mmproj path"

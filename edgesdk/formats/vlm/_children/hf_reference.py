@@ -3,10 +3,11 @@
 the VLM parity (:func:`edgesdk.formats.vlm.build.hf_vlm_reference` runs it). SPEC_JSON holds ``images`` (paths),
 ``prompt`` (the family's reference prompt with one image), ``n`` (greedy tokens) and ``architecture`` (the
 transformers class; LLaVA when missing). Per image ``i`` OUT_NPZ gets ``features<i>`` (``get_image_features``,
-float64 ``[tokens, n_embd]``), ``tokens<i>`` (the greedy tokens of ``generate``, cut at the first end token)
-and ``input_ids<i>`` (the processor's prompt); on transformers 4.55-4.57 with an Idefics3/SmolVLM tower also
-``positions_fixed``, ``features_unfixed<i>`` and ``tokens_unfixed<i>`` (below). A failure is a traceback on
-stderr and exit 1 (the parent reports stderr's last line).
+float64 ``[tokens, n_embd]``), ``tokens<i>`` (the greedy tokens of ``generate``, cut at the first end token),
+``scores<i>`` (the scores of each generated step, float32 ``[steps, vocab]``) and ``input_ids<i>`` (the
+processor's prompt); on transformers 4.55-4.57 with an Idefics3/SmolVLM tower also ``positions_fixed``,
+``features_unfixed<i>`` and ``tokens_unfixed<i>`` (below). A failure is a traceback on stderr and exit 1
+(the parent reports stderr's last line).
 
 A process of its own, as in the GGUF path (:mod:`edgesdk.formats.gguf._children.hf_logits`): torch stays out
 of the build process, which runs llama.cpp (torch's bundled CUDA libraries and a CUDA build of llama.cpp in one
@@ -119,7 +120,12 @@ def main(argv: list[str]) -> int:
                 emb.forward = fixed
             f = image_features(inputs)
             arrays[f"features{i}"] = f.reshape(-1, f.shape[-1]).double().numpy()
-            g = model.generate(**inputs, max_new_tokens=spec["n"], do_sample=False)
+            out_g = model.generate(
+                **inputs, max_new_tokens=spec["n"], do_sample=False, output_scores=True, return_dict_in_generate=True
+            )
+            g = out_g.sequences
+            # the scores that chose each greedy token (float32 [steps, vocab]): greedy.greedy_agreement reads them
+            arrays[f"scores{i}"] = torch.stack([s[0] for s in out_g.scores]).float().numpy()
         arrays[f"tokens{i}"] = until_eos(g[0, inputs["input_ids"].shape[1] :].tolist())
         arrays[f"input_ids{i}"] = inputs["input_ids"][0].numpy()
         if fixed is not None:
