@@ -241,9 +241,9 @@ class Plan:
     def parity(self) -> dict[str, float | None]:
         return dict(self.section.parity if isinstance(self.section, OnnxRuntimeSection) else self.profile_parity)
 
-    def decision(self, key: str, default: Any = None) -> Any:
-        """A decision's JSON value by key, untyped: for a registered format's own keys (``section.other``)
-        and a key added beside a section. Built-in builders read their typed section instead."""
+    def decision(self, key: str, default: JSONValue = None) -> JSONValue:
+        """A decision's JSON value by key (``default`` when the plan has none): for a registered format's own
+        keys (``section.other``), tests and tools. Built-in builders read their typed section instead."""
         for d in self.decisions:
             if d.key == key:
                 return d.value

@@ -221,3 +221,26 @@ def test_llama_cpp_load_of_truncated_file_in_child_probe_leaves_host_alive(trunc
         "except ValueError:\n    sys.exit(7)"
     )
     assert subprocess.run([sys.executable, "-c", code, str(truncated_gguf)], timeout=120).returncode == 7
+
+
+def test_the_chat_template_decision_is_a_typed_field_that_prints_as_before(gemma_gguf, tmp_path):
+    import dataclasses
+    from types import SimpleNamespace
+
+    from edgesdk.formats.gguf.build import bundle_chat_template
+    from edgesdk.inspect import inspect_model
+
+    plan = plan_build(inspect_model(gemma_gguf), resolve_profile("cpu-x86_64"), BuildOptions(chat_template="chatml"))
+    assert plan.section.chat_template == G.ChatTemplateChoice("chatml", "requested")
+    value = {d["key"]: d["value"] for d in plan.to_dict()["decisions"]}["gguf.chat_template"]
+    assert value == {"template": "chatml", "source": "requested"} == plan.decision("gguf.chat_template")
+    retyped = G.GgufPlan.from_decisions(plan.section.decisions())  # a plan made elsewhere is typed the same way
+    assert retyped.chat_template == plan.section.chat_template and retyped.decisions() == plan.section.decisions()
+    added = []
+    ctx = SimpleNamespace(plan=plan, staging=tmp_path, add_artifact=lambda rel, role: added.append((rel, role)))
+    assert bundle_chat_template(ctx) == {"template": "chatml", "source": "requested", "file": "chat_template.jinja"}
+    assert added == [("chat_template.jinja", "chat_template")] and (tmp_path / "chat_template.jinja").is_file()
+    own = plan_build(inspect_model(gemma_gguf), resolve_profile("cpu-x86_64"))  # the architecture's template
+    assert own.section.chat_template == G.ChatTemplateChoice("gemma", "architecture")
+    undecided = dataclasses.replace(own, section=dataclasses.replace(own.section, chat_template=None))
+    assert bundle_chat_template(SimpleNamespace(plan=undecided, staging=tmp_path)) is None

@@ -151,17 +151,16 @@ def bundle_chat_template(ctx: BuildContext) -> dict[str, str] | None:
     """Write the plan's chat template (``gguf.chat_template``: a shipped name or a file) into the bundle as
     ``chat_template.jinja`` (role ``chat_template``), which the runtime uses by default; None when the plan
     chose none (the GGUF's own template, or no template at all)."""
-    from edgesdk.formats.gguf.chat_templates import ARTIFACT, DECISION_KEY, resolve
+    from edgesdk.formats.gguf.chat_templates import ARTIFACT, resolve
 
-    decision = ctx.plan.decision(DECISION_KEY) or {}
-    spec = decision.get("template") if isinstance(decision, dict) else None
-    if spec is None:
+    choice = gguf_section(ctx.plan.section).chat_template
+    if choice is None or choice.template is None:
         return None
-    label, text, _ = resolve(str(spec))
+    label, text, _ = resolve(choice.template)
     (ctx.staging / ARTIFACT).write_text(text, encoding="utf-8")
     ctx.add_artifact(ARTIFACT, "chat_template")
     shown = Path(label).name if "/" in label else label  # a file given by path: its name, not this host's path
-    return {"template": shown, "source": str(decision.get("source")), "file": ARTIFACT}
+    return {"template": shown, "source": choice.source, "file": ARTIFACT}
 
 
 def _tool_versions() -> dict[str, str]:

@@ -298,6 +298,25 @@ def _candidates(value: JSONValue) -> list[QuantCandidate]:
 
 
 @dataclass
+class ChatTemplateChoice(JSONable):
+    """The chat template a GGUF build bundles (``gguf.chat_template``): ``template`` a shipped name or the path
+    of a Jinja file given with ``--chat-template``, None when none is bundled (the GGUF's own is used, or there
+    is none); ``source``: ``requested`` | ``gguf`` | ``architecture`` | ``none`` (chat_templates.plan_decision)."""
+
+    template: str | None
+    source: str
+
+    def to_json(self) -> JSONValue:
+        return {"template": self.template, "source": self.source}
+
+    @classmethod
+    def from_json(cls, value: JSONValue) -> ChatTemplateChoice:
+        assert isinstance(value, dict)
+        template = value.get("template")
+        return cls(str(template) if template is not None else None, str(value.get("source")))
+
+
+@dataclass
 class GgufPlan(PlanSection):
     """The GGUF format's decisions (llama.cpp): what the build converts/quantizes to and what the runtime gets."""
 
@@ -312,6 +331,7 @@ class GgufPlan(PlanSection):
     kv_type: str | None = None
     parity: dict[str, JSONValue] = field(default_factory=dict)  # perplexity-ratio / logits limits ({}: repackaged)
     parity_fallback: list[QuantCandidate] = field(default_factory=list)  # tried in order on a parity miss
+    chat_template: ChatTemplateChoice | None = None  # None: a plan without the decision (nothing bundled)
 
     FIELDS: ClassVar[dict[str, str]] = {
         "gguf.source": "source",
@@ -325,8 +345,9 @@ class GgufPlan(PlanSection):
         "gguf.kv_type": "kv_type",
         "parity": "parity",
         "gguf.parity_fallback": "parity_fallback",
+        "gguf.chat_template": "chat_template",
     }
-    PARSE: ClassVar[dict[str, object]] = {"parity_fallback": _candidates}
+    PARSE: ClassVar[dict[str, object]] = {"parity_fallback": _candidates, "chat_template": ChatTemplateChoice.from_json}
 
 
 def gguf_section(section: PlanSection) -> GgufPlan:
