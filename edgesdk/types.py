@@ -161,6 +161,11 @@ class PlanSection:
 
 @dataclass
 class BuildOptions:
+    """What the user asked a build for (``edgesdk build``'s options, the Python API's keywords). A format declares
+    the ``edgesdk build`` options it owns in its package (``edgesdk.formats.FormatOptions``: its click options and
+    checks); their values land here, in the field of the same name (those below are the public API) or, for an
+    option without a field, in ``extra`` (read with :meth:`option`)."""
+
     format: str | None = None
     precision: str | None = None
     force: bool = False
@@ -194,12 +199,13 @@ class BuildOptions:
     shapes: dict[str, dict[str, list[int]]] | None = None
     # The model's name in spans, manifest, SBOM and reports (--name); default: the source's file/directory name.
     name: str | None = None
-    # Deprecated spelling of the nn.Module fields above ({"example_inputs": ...}); read through option().
+    # A format's options without a field here (by name), and the deprecated spelling of the nn.Module fields
+    # above ({"example_inputs": ...}); read through option().
     extra: dict[str, Any] = field(default_factory=dict)
 
     def option(self, name: str) -> Any:
-        """A typed field, or the same key from the older ``extra`` dict when the field is unset."""
-        value = getattr(self, name)
+        """A typed field, or the same key from the ``extra`` dict when the field is unset or there is none."""
+        value = getattr(self, name, None)
         return self.extra.get(name) if value is None else value
 
 

@@ -5,6 +5,7 @@ paths as the built-in ones; the planner is pure; the GGUF header reader needs no
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import io
 import json
 import sys
@@ -199,6 +200,129 @@ def test_onnx_catches_what_no_other_format_claims():
 def test_cli_format_choice_comes_from_the_registry(run_cli):
     res = run_cli("build", "--help")
     assert "[onnx|tensorrt|gguf|vlm]" in res.stdout
+
+
+def _params(decorators):
+    """The click parameters the decorators add to a command, in --help order."""
+    import click
+
+    command = lambda **kw: None  # noqa: E731
+    for deco in reversed(decorators):
+        command = deco(command)
+    return [p.name for p in click.command()(command).params]
+
+
+def test_build_options_of_a_format_come_from_its_package():
+    from edgesdk.commands.build import build_cmd
+
+    shared = {"model", "profile", "output", "fmt", "precision", "model_name", "explain", "plan_only", "as_json"}
+    owned = {}
+    for cls in formats.option_classes():
+        names = _params(cls.click_options())
+        assert names == [f.name for f in dataclasses.fields(cls)]  # one field per click option, same name
+        owned.update(dict.fromkeys(names, cls.__name__))
+    assert owned == {
+        "seq_len": "OnnxOptions",
+        "max_seq_len": "OnnxOptions",
+        "max_batch": "OnnxOptions",
+        "shapes": "TensorRTOptions",
+        "dla": "TensorRTOptions",
+        "quant_type": "GgufOptions",
+        "context_length": "GgufOptions",
+        "chat_template": "GgufOptions",
+        "vision_runtime": "VlmOptions",
+    }
+    params = [p.name for p in build_cmd.params]
+    assert shared <= set(params) and set(owned) <= set(params)
+    assert [p for p in params if p in owned] == list(owned)  # in registry order, after --name
+    assert params.index("model_name") + 1 == params.index("seq_len")
+
+
+@dataclasses.dataclass
+class _ToyOptions(formats.FormatOptions):
+    toy_gain: float | None = None
+
+    @staticmethod
+    def click_options():
+        import click
+
+        return [click.option("--toy-gain", type=float, help="Toy: gain.")]
+
+    def check_plan(self, fmt):
+        if self.toy_gain is not None and fmt != "toy":
+            raise InputError(f"--toy-gain is for toy builds; this plan builds {fmt}")
+
+
+def test_a_registered_format_adds_a_build_option_in_its_own_package(monkeypatch):
+    import click
+    from click.testing import CliRunner
+
+    import edgesdk.commands.build as cmd
+
+    toy = ToyFormat()
+    toy.options = _ToyOptions
+    formats.register(toy)
+    try:
+        classes = formats.option_classes()
+    finally:
+        formats.unregister("toy")
+    assert classes[-1] is _ToyOptions
+    monkeypatch.setattr(cmd, "FORMAT_OPTIONS", classes)  # what build_cmd is made from when the CLI is imported
+    seen = {}
+
+    @click.command()
+    @cmd.format_options
+    def command(**values):
+        seen["given"] = [c.from_values(values) for c in classes]
+        seen["options"] = BuildOptions()
+        for given in seen["given"]:
+            given.apply(seen["options"])
+
+    res = CliRunner().invoke(command, ["--toy-gain", "2.5", "--quant-type", "Q8_0"])
+    assert res.exit_code == 0, res.output
+    options = seen["options"]
+    assert options.quant_type == "Q8_0" and options.dla is None and options.seq_len == 128
+    assert options.option("toy_gain") == 2.5 == options.extra["toy_gain"]  # no BuildOptions field: extra
+    with pytest.raises(InputError, match="--toy-gain is for toy builds; this plan builds onnx"):
+        for given in seen["given"]:
+            given.check_plan("onnx")
+    assert "--toy-gain FLOAT" in CliRunner().invoke(command, ["--help"]).output
+
+
+def test_build_options_are_checked_and_handed_over_as_before(tiny_onnx, monkeypatch):
+    from click.testing import CliRunner
+
+    import edgesdk.build as B
+    from edgesdk.cli import cli
+
+    def run(*args):
+        return CliRunner().invoke(cli, ["build", str(tiny_onnx), "--profile", "cpu", "--plan-only", *args])
+
+    unknown = run("--quant-typ", "Q4_K_M")  # a misspelt format option: click's usage error, as before
+    assert unknown.exit_code == 2 and "No such option '--quant-typ'. Did you mean '--quant-type'?" in unknown.output
+    for args, message in [
+        (("--dla", "--format", "gguf"), "--dla/--no-dla apply to TensorRT engines; --format gguf has none"),
+        (("--shapes", "x:1:1:1", "--format", "vlm"), "--shapes sets TensorRT optimization profiles; --format vlm has"),
+        (("--shapes", "x"), "--shapes 'x': expected NAME:MIN:OPT:MAX"),
+        (("--chat-template", "chatml"), "chat template with a GGUF build; this plan builds onnx"),
+        (("--shapes", "x:1:1:1"), "--shapes sets TensorRT optimization profiles; this plan builds onnx"),
+    ]:
+        res = run(*args)
+        assert isinstance(res.exception, InputError) and message in str(res.exception), (args, res.exception)
+    handed = []
+    monkeypatch.setattr(B, "make_plan", lambda model, profile, options: handed.append(options) or 1 / 0)
+    run("--seq-len", "64", "--max-batch", "4", "--no-dla", "--quant-type", "Q8_0", "--vision-runtime", "gguf")
+    o = handed[0]
+    assert (o.seq_len, o.max_batch, o.max_seq_len, o.dla, o.shapes) == (64, 4, None, False, None)
+    assert (o.quant_type, o.vision_runtime, o.context_length, o.chat_template, o.extra) == (
+        "Q8_0",
+        "gguf",
+        None,
+        None,
+        {},
+    )
+    run("--shapes", "x:1x4:2x4:8x4", "--format", "tensorrt")
+    assert handed[1].shapes == {"x": {"min": [1, 4], "opt": [2, 4], "max": [8, 4]}} and handed[1].seq_len == 128
 
 
 @pytest.mark.parametrize("profile,fmt", [("cpu-x86_64", None), ("orin", None), ("orin", "tensorrt"), ("h200", None)])

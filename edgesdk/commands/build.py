@@ -4,12 +4,25 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
 from edgesdk.commands._common import emit_json, profile_option, progress_enabled
-from edgesdk.formats import format_names
+from edgesdk.formats import FormatOptions, format_names, option_classes
+
+#: each format's own options (quantization type, shape bounds, ...), declared in its package: build_cmd's
+#: click options beyond the shared ones below, listed after --name in registry order
+FORMAT_OPTIONS = option_classes()
+
+
+def format_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Add the formats' click options (:data:`FORMAT_OPTIONS`) to ``command``, in their order."""
+    for option in reversed([o for cls in FORMAT_OPTIONS for o in cls.click_options()]):
+        command = option(command)  # click lists the options last applied first
+    return command
 
 
 @click.command("build")
@@ -18,49 +31,12 @@ from edgesdk.formats import format_names
 @click.option("--output", "-o", "output", type=click.Path(path_type=Path), help="Bundle directory to write.")
 @click.option("--format", "fmt", type=click.Choice(format_names(selectable=True)), help="Override the planned format.")
 @click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16", "int8"]), help="Override the precision.")
-@click.option("--quant-type", help="GGUF quantization type (e.g. Q4_K_M) instead of the planned one.")
-@click.option(
-    "--vision-runtime",
-    type=click.Choice(["auto", "onnx", "gguf"]),
-    help="VLM vision encoder: also an "
-    "FP16 ONNX graph for TensorRT/CUDA (onnx), the F16 mmproj only (gguf), or by the profile (auto).",
-)
-@click.option("--context-length", type=click.IntRange(min=1), help="LLM context length to plan memory for.")
-@click.option(
-    "--chat-template",
-    metavar="NAME|FILE",
-    help="GGUF: the chat template to bundle (a shipped name: "
-    "chatml, gemma, llama-2, llama-3, mistral, phi-3; or a Jinja file), instead of the model's own or "
-    "the one its architecture gets.",
-)
 @click.option(
     "--name",
     "model_name",
     help="Model name in spans, manifest, SBOM and reports (default: the source's file or directory name).",
 )
-@click.option(
-    "--seq-len",
-    type=click.IntRange(min=1),
-    help="Planned sequence length of text models: the opt of "
-    "TensorRT shape profiles, and the length of calibration/parity inputs (default 128).",
-)
-@click.option(
-    "--max-seq-len",
-    type=click.IntRange(min=1),
-    help="Sequence-length upper bound of TensorRT shape profiles for text models (default: the model's max positions).",
-)
-@click.option(
-    "--max-batch", type=click.IntRange(min=1), help="Batch upper bound of TensorRT shape profiles (default 8)."
-)
-@click.option(
-    "--shapes",
-    "shapes",
-    multiple=True,
-    metavar="NAME:MIN:OPT:MAX",
-    help="TensorRT optimization profile for one input, trtexec's triple, e.g. "
-    "pixel_values:1x3x224x224:4x3x224x224:8x3x224x224 (repeatable; --format tensorrt).",
-)
-@click.option("--dla/--no-dla", default=None, help="Force DLA on/off for TensorRT builds (Orin AGX/NX).")
+@format_options
 @click.option("--explain", is_flag=True, help="Print the plan with a reason for every decision.")
 @click.option("--plan-only", is_flag=True, help="Plan and explain, build nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Emit the plan (and result) as JSON.")
@@ -92,10 +68,6 @@ def build_cmd(
     output: Path | None,
     fmt,
     precision,
-    quant_type,
-    vision_runtime,
-    context_length,
-    dla,
     explain: bool,
     plan_only: bool,
     as_json: bool,
@@ -111,11 +83,7 @@ def build_cmd(
     trace_file,
     no_progress,
     model_name,
-    seq_len,
-    max_seq_len,
-    max_batch,
-    shapes,
-    chat_template=None,
+    **format_values: Any,
 ) -> int:
     """Plan, export, verify, license-gate and package MODEL for a device profile."""
     from edgesdk import build as B
@@ -124,29 +92,9 @@ def build_cmd(
     from edgesdk.extras import BUILD_MODULES, require
     from edgesdk.types import BuildOptions
 
-    check_flags(
-        output=output,
-        plan_only=plan_only,
-        explain=explain,
-        as_json=as_json,
-        force=force,
-        fmt=fmt,
-        shapes=shapes,
-        dla=dla,
-    )
+    given = [cls.from_values(format_values) for cls in FORMAT_OPTIONS]
+    check_flags(output=output, plan_only=plan_only, explain=explain, as_json=as_json, force=force, fmt=fmt, given=given)
     require("build", BUILD_MODULES, "edgesdk build")
-    from edgesdk.formats.tensorrt.plan import parse_shapes
-
-    extra_opts: dict = {
-        "name": check_name(model_name) if model_name is not None else None,
-        "shapes": parse_shapes(shapes) if shapes else None,
-        "max_seq_len": max_seq_len,
-        "max_batch": max_batch,
-    }
-    if seq_len is not None:
-        extra_opts["seq_len"] = seq_len
-    if trace_file:
-        telemetry.configure(trace_file=trace_file)
     options = BuildOptions(
         format=fmt,
         precision=precision,
@@ -154,27 +102,21 @@ def build_cmd(
         allow_pickle=allow_pickle,
         trust_remote_code=trust_remote_code,
         on_parity_fail=on_parity_fail,
-        dla=dla,
-        quant_type=quant_type,
-        vision_runtime=vision_runtime,
-        context_length=context_length,
-        chat_template=chat_template,
         license_policy=license_policy,
         waivers=waivers,
         accept_licenses=tuple(accept),
         scanoss_url=scanoss_url,
-        model_license=check_model_license(model_license, license_policy),
-        progress=progress_enabled(not no_progress and not as_json),
-        **extra_opts,
+        name=check_name(model_name) if model_name is not None else None,
     )
+    for values in given:
+        values.apply(options)  # into BuildOptions' fields (TensorRT parses --shapes here: InputError)
+    if trace_file:
+        telemetry.configure(trace_file=trace_file)
+    options.model_license = check_model_license(model_license, license_policy)
+    options.progress = progress_enabled(not no_progress and not as_json)
     plan = B.make_plan(model, profile, options)
-    if chat_template is not None and plan.format != "gguf":
-        raise InputError(f"--chat-template bundles a chat template with a GGUF build; this plan builds {plan.format}")
-    if shapes and plan.format != "tensorrt":
-        raise InputError(
-            f"--shapes sets TensorRT optimization profiles; this plan builds {plan.format}",
-            hint="add --format tensorrt",
-        )
+    for values in given:
+        values.check_plan(plan.format)  # an option the planned format has no use for
     if plan_only and as_json:
         emit_json(plan.to_dict())
         return 0
@@ -203,18 +145,18 @@ EXCLUSIVE = (
 )
 
 
-def check_flags(*, output, plan_only: bool, explain: bool, as_json: bool, force: bool, fmt, shapes, dla) -> None:
-    """Refuse contradictory flags before any work (exit 3)."""
+def check_flags(
+    *, output, plan_only: bool, explain: bool, as_json: bool, force: bool, fmt, given: list[FormatOptions]
+) -> None:
+    """Refuse contradictory flags before any work (exit 3): shared ones, then each format's against --format."""
     from edgesdk.errors import InputError
 
-    given = {"plan_only": plan_only, "output": output is not None, "force": force, "json": as_json, "explain": explain}
+    flags = {"plan_only": plan_only, "output": output is not None, "force": force, "json": as_json, "explain": explain}
     for a, b, why in EXCLUSIVE:
-        if given[a] and given[b]:
+        if flags[a] and flags[b]:
             raise InputError(why)
-    if shapes and fmt not in (None, "tensorrt"):
-        raise InputError(f"--shapes sets TensorRT optimization profiles; --format {fmt} has none")
-    if dla is not None and fmt not in (None, "tensorrt"):
-        raise InputError(f"--dla/--no-dla apply to TensorRT engines; --format {fmt} has none")
+    for values in given:
+        values.check_request(fmt)
 
 
 #: plan decisions whose value is a bare number in the plan's JSON, and the unit the text shows it with

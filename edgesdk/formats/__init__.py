@@ -2,9 +2,9 @@
 """Output formats as plugins: one package per format, one line per format in :data:`BUILTIN`.
 
 A format is an object implementing :class:`Format`: its name, how it takes part in the plan
-(:meth:`Format.check_source`, :meth:`Format.claims` asked in ``claim_priority`` order, :meth:`Format.plan_precision`,
-:meth:`Format.plan`),
-its build stages and :meth:`Format.build`, and where the runtime finds its loader
+(:meth:`Format.check_source`, :meth:`Format.claims` asked in ``claim_priority`` order,
+:meth:`Format.plan_precision`, :meth:`Format.plan`), its build stages and :meth:`Format.build`, and where the
+runtime finds its loader
 (``runtime_loader``, a ``"module:function"`` string imported only when a bundle of that format is
 loaded, so a device needs only its own backend's packages). The planner, the build, the runtime's
 loader lookup, ``edgesdk build --format`` and the profiler all ask this registry; nothing else
@@ -12,7 +12,8 @@ lists formats.
 
 Adding a format: a package ``edgesdk/formats/<name>/`` whose ``__init__`` defines ``FORMAT`` (keep
 that module light: import heavy libraries inside ``plan``/``build``), plus its line in
-:data:`BUILTIN`; or, from outside edgesdk, :func:`register` an object at import time.
+:data:`BUILTIN`; or, from outside edgesdk, :func:`register` an object at import time. Its own
+``edgesdk build`` options are declared there too (:class:`FormatOptions`, the format's ``options``).
 
 :class:`BuildContext` (what :meth:`Format.build` is given) lives here beside the protocol, so a format
 imports nothing from :mod:`edgesdk.build`; the build creates one per build. A format sits below the runtime and
@@ -24,11 +25,12 @@ and the build imports it and hands it over as :attr:`BuildContext.parity_backend
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from edgesdk.errors import InputError
 
@@ -46,12 +48,63 @@ if TYPE_CHECKING:
     from edgesdk.types import BuildOptions, Decision, ModelFacts, Plan, PlanSection
 
 
+#: what ``click.option(...)`` returns: a decorator adding one option to a command
+ClickOption = Callable[[Callable[..., Any]], Callable[..., Any]]
+_O = TypeVar("_O", bound="FormatOptions")
+
+
+@dataclasses.dataclass
+class FormatOptions:
+    """A format's own ``edgesdk build`` options, declared by the format: a dataclass subclass (named by the
+    format's ``options`` attribute) with one field per option, named as its click parameter, holding what the
+    command line gave (None: not given). ``edgesdk build`` adds each format's :meth:`click_options` to its shared
+    ones, asks :meth:`check_request` before any work and :meth:`check_plan` once planned, and hands the values to
+    the planner and the build in :class:`~edgesdk.types.BuildOptions` (:meth:`apply`).
+
+    So adding an option to a format touches only its package: a field, its click option, and where the format
+    reads it: ``options.option(name)``, the same-named ``BuildOptions`` field (the Python API's keyword, where
+    there is one) or else ``BuildOptions.extra[name]``.
+    """
+
+    @staticmethod
+    def click_options() -> list[ClickOption]:
+        """The click options setting the fields, in the order ``edgesdk build --help`` lists them (import click
+        inside: the format's package stays light)."""
+        return []
+
+    @classmethod
+    def from_values(cls: type[_O], values: Mapping[str, Any]) -> _O:
+        """The options as given: each field from the click command's keyword argument of its name."""
+        return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls) if f.name in values})
+
+    def check_request(self, fmt: str | None) -> None:
+        """Refuse (:class:`~edgesdk.errors.InputError`) an option that ``--format fmt`` has no use for, before any
+        work (``fmt`` None: no ``--format``)."""
+
+    def check_plan(self, fmt: str) -> None:
+        """Refuse (:class:`~edgesdk.errors.InputError`) an option the planned format ``fmt`` has no use for."""
+
+    def apply(self, options: BuildOptions) -> None:
+        """Hand the values given to the planner and the build: each into the ``BuildOptions`` field of its name,
+        or ``options.extra`` where there is none; a value not given (None, an empty repeatable) changes nothing."""
+        names = {f.name for f in dataclasses.fields(options)}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is None or value == ():
+                continue
+            if f.name in names:
+                setattr(options, f.name, value)
+            else:
+                options.extra[f.name] = value
+
+
 @runtime_checkable
 class Format(Protocol):
     """What every output format provides (see the module docstring).
 
     Optional attributes (read with a default, so a registered format may leave them out): ``claim_priority``
-    (an int, :func:`claim_priority`; higher is asked first by the planner, :data:`CATCH_ALL` when absent) and
+    (an int, :func:`claim_priority`; higher is asked first by the planner, :data:`CATCH_ALL` when absent),
+    ``options`` (its :class:`FormatOptions` subclass: the ``edgesdk build`` options it owns; absent: none) and
     ``parity_backend`` (below).
     """
 
@@ -225,6 +278,20 @@ def all_formats() -> list[Format]:
     return [f for n in format_names() if (f := find_format(n)) is not None]
 
 
+def option_classes() -> list[type[FormatOptions]]:
+    """Each format's :class:`FormatOptions` subclass (``options``), in registry order; formats without one are
+    left out. ``edgesdk build`` makes its format options from these."""
+    out: list[type[FormatOptions]] = []
+    for fmt in all_formats():
+        cls = getattr(fmt, "options", None)
+        if cls is None:
+            continue
+        if not (isinstance(cls, type) and issubclass(cls, FormatOptions) and dataclasses.is_dataclass(cls)):
+            raise TypeError(f"format {fmt.name!r}: options must be a FormatOptions dataclass, got {cls!r}")
+        out.append(cls)
+    return out
+
+
 def claim_priority(fmt: Format) -> int:
     """``fmt.claim_priority``, or :data:`CATCH_ALL` for a format without one."""
     priority = getattr(fmt, "claim_priority", CATCH_ALL)
@@ -245,7 +312,9 @@ __all__ = [
     "CATCH_ALL",
     "SPECIFIC",
     "BuildContext",
+    "ClickOption",
     "Format",
+    "FormatOptions",
     "StageProgress",
     "all_formats",
     "claim_order",
@@ -253,6 +322,7 @@ __all__ = [
     "find_format",
     "format_names",
     "get_format",
+    "option_classes",
     "register",
     "unregister",
 ]

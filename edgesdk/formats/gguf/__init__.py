@@ -9,10 +9,11 @@ perplexity). Light on import (see formats/).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from edgesdk.errors import InputError
-from edgesdk.formats import SPECIFIC
+from edgesdk.formats import SPECIFIC, ClickOption, FormatOptions
 from edgesdk.types import Decision
 
 if TYPE_CHECKING:
@@ -23,6 +24,35 @@ if TYPE_CHECKING:
     from edgesdk.types import BuildOptions, ModelFacts
 
 
+@dataclass
+class GgufOptions(FormatOptions):
+    """The GGUF format's ``edgesdk build`` options (a VLM's decoder is planned by them too)."""
+
+    quant_type: str | None = None
+    context_length: int | None = None
+    chat_template: str | None = None
+
+    @staticmethod
+    def click_options() -> list[ClickOption]:
+        import click
+
+        return [
+            click.option("--quant-type", help="GGUF quantization type (e.g. Q4_K_M) instead of the planned one."),
+            click.option("--context-length", type=click.IntRange(min=1), help="LLM context length to plan memory for."),
+            click.option(
+                "--chat-template",
+                metavar="NAME|FILE",
+                help="GGUF: the chat template to bundle (a shipped name: "
+                "chatml, gemma, llama-2, llama-3, mistral, phi-3; or a Jinja file), instead of the model's own or "
+                "the one its architecture gets.",
+            ),
+        ]
+
+    def check_plan(self, fmt: str) -> None:
+        if self.chat_template is not None and fmt != "gguf":
+            raise InputError(f"--chat-template bundles a chat template with a GGUF build; this plan builds {fmt}")
+
+
 class GGUFFormat:
     name = "gguf"
     stages = ("convert", "quantize", "verify", "license_gate", "package")
@@ -31,6 +61,7 @@ class GGUFFormat:
     profiler_backend: str | None = "llama.cpp"
     selectable = True
     claim_priority = SPECIFIC  # GGUF files and causal LMs, before the ONNX catch-all
+    options = GgufOptions
 
     def check_source(self, facts: ModelFacts) -> None:
         if facts.task != "text-generation":

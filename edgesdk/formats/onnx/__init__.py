@@ -8,10 +8,11 @@ and output comparison). This module stays light: the registry imports it on ever
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from edgesdk.errors import InputError
-from edgesdk.formats import CATCH_ALL
+from edgesdk.formats import CATCH_ALL, ClickOption, FormatOptions
 from edgesdk.types import Decision
 
 if TYPE_CHECKING:
@@ -22,6 +23,41 @@ if TYPE_CHECKING:
     from edgesdk.types import BuildOptions, ModelFacts
 
 
+@dataclass
+class OnnxOptions(FormatOptions):
+    """The ONNX format's ``edgesdk build`` options: the planned and the largest shapes of the graph (calibration
+    and parity inputs, ONNX Runtime's shape buckets; the TensorRT format, this graph plus an engine, bounds its
+    optimization profiles by them)."""
+
+    seq_len: int | None = None  # None: BuildOptions' 128
+    max_seq_len: int | None = None
+    max_batch: int | None = None
+
+    @staticmethod
+    def click_options() -> list[ClickOption]:
+        import click
+
+        return [
+            click.option(
+                "--seq-len",
+                type=click.IntRange(min=1),
+                help="Planned sequence length of text models: the opt of "
+                "TensorRT shape profiles, and the length of calibration/parity inputs (default 128).",
+            ),
+            click.option(
+                "--max-seq-len",
+                type=click.IntRange(min=1),
+                help="Sequence-length upper bound of TensorRT shape profiles for text models "
+                "(default: the model's max positions).",
+            ),
+            click.option(
+                "--max-batch",
+                type=click.IntRange(min=1),
+                help="Batch upper bound of TensorRT shape profiles (default 8).",
+            ),
+        ]
+
+
 class OnnxFormat:
     name = "onnx"
     stages = ("export", "optimize", "quantize", "verify", "license_gate", "package")
@@ -30,6 +66,7 @@ class OnnxFormat:
     profiler_backend: str | None = "onnxruntime"
     selectable = True
     claim_priority = CATCH_ALL  # asked last: it claims whatever no specific format claimed
+    options = OnnxOptions
 
     def check_source(self, facts: ModelFacts) -> None:
         if facts.kind == "gguf":

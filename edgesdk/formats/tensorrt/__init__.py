@@ -8,10 +8,11 @@ Modules: :mod:`.plan` (decisions), :mod:`.build` (stages and the ``edgesdk engin
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from edgesdk.errors import InputError
-from edgesdk.formats import SPECIFIC
+from edgesdk.formats import SPECIFIC, ClickOption, FormatOptions
 
 if TYPE_CHECKING:
     from edgesdk.formats import BuildContext
@@ -19,6 +20,49 @@ if TYPE_CHECKING:
     from edgesdk.host import HostFacts
     from edgesdk.profiles import Profile
     from edgesdk.types import BuildOptions, Decision, ModelFacts
+
+
+@dataclass
+class TensorRTOptions(FormatOptions):
+    """The TensorRT format's ``edgesdk build`` options (the ONNX format's shape bounds apply to it too)."""
+
+    shapes: tuple[str, ...] = ()  # NAME:MIN:OPT:MAX, parsed into BuildOptions.shapes by apply()
+    dla: bool | None = None
+
+    @staticmethod
+    def click_options() -> list[ClickOption]:
+        import click
+
+        return [
+            click.option(
+                "--shapes",
+                "shapes",
+                multiple=True,
+                metavar="NAME:MIN:OPT:MAX",
+                help="TensorRT optimization profile for one input, trtexec's triple, e.g. "
+                "pixel_values:1x3x224x224:4x3x224x224:8x3x224x224 (repeatable; --format tensorrt).",
+            ),
+            click.option("--dla/--no-dla", default=None, help="Force DLA on/off for TensorRT builds (Orin AGX/NX)."),
+        ]
+
+    def check_request(self, fmt: str | None) -> None:
+        if self.shapes and fmt not in (None, "tensorrt"):
+            raise InputError(f"--shapes sets TensorRT optimization profiles; --format {fmt} has none")
+        if self.dla is not None and fmt not in (None, "tensorrt"):
+            raise InputError(f"--dla/--no-dla apply to TensorRT engines; --format {fmt} has none")
+
+    def check_plan(self, fmt: str) -> None:
+        if self.shapes and fmt != "tensorrt":
+            raise InputError(
+                f"--shapes sets TensorRT optimization profiles; this plan builds {fmt}",
+                hint="add --format tensorrt",
+            )
+
+    def apply(self, options: BuildOptions) -> None:
+        from edgesdk.formats.tensorrt.plan import parse_shapes
+
+        options.dla = self.dla
+        options.shapes = parse_shapes(self.shapes) if self.shapes else None
 
 
 class TensorRTFormat:
@@ -29,6 +73,7 @@ class TensorRTFormat:
     profiler_backend: str | None = "tensorrt"
     selectable = True
     claim_priority = SPECIFIC  # never claims (below); ahead of the catch-all like every non-catch-all format
+    options = TensorRTOptions
 
     def check_source(self, facts: ModelFacts) -> None:
         if facts.kind == "gguf":

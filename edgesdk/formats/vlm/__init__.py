@@ -8,10 +8,11 @@ GGUF), :mod:`.build` (stages and parity). Light on import (see formats/).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from edgesdk.errors import InputError
-from edgesdk.formats import SPECIFIC
+from edgesdk.formats import SPECIFIC, ClickOption, FormatOptions
 from edgesdk.types import Decision
 
 if TYPE_CHECKING:
@@ -24,6 +25,26 @@ if TYPE_CHECKING:
 TASK = "image-text-to-text"
 
 
+@dataclass
+class VlmOptions(FormatOptions):
+    """The VLM format's own ``edgesdk build`` option (its decoder takes the GGUF format's too)."""
+
+    vision_runtime: str | None = None  # plan.VISION_RUNTIMES
+
+    @staticmethod
+    def click_options() -> list[ClickOption]:
+        import click
+
+        return [
+            click.option(
+                "--vision-runtime",
+                type=click.Choice(["auto", "onnx", "gguf"]),
+                help="VLM vision encoder: also an "
+                "FP16 ONNX graph for TensorRT/CUDA (onnx), the F16 mmproj only (gguf), or by the profile (auto).",
+            )
+        ]
+
+
 class VLMFormat:
     name = "vlm"
     stages = ("convert", "quantize", "verify", "license_gate", "package")
@@ -33,6 +54,7 @@ class VLMFormat:
     profiler_backend: str | None = None
     selectable = True
     claim_priority = SPECIFIC  # vision-language models, before the ONNX catch-all
+    options = VlmOptions
 
     def check_source(self, facts: ModelFacts) -> None:
         if facts.task != TASK:
