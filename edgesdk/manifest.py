@@ -379,6 +379,102 @@ _KNOWN = (
 )
 
 
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+@dataclass(frozen=True)
+class ParityCheck:
+    """One parity check a manifest's ``parity`` section records, typed for reports. ``kind``:
+
+    - ``precision``: an ONNX/TensorRT output vs its reference at ``label`` (fp32, fp16, ...): ``min_cosine``,
+      ``max_abs``, ``samples``, ``reference``, ``passed``;
+    - ``logits``: HF logits vs the F16 GGUF decoder (GGUF and VLM): ``min_cosine``, ``top1``, ``positions``;
+    - ``perplexity``: the quantized decoder's perplexity (``ppl``) and its ratio to ``reference``'s;
+    - ``vision``: image features vs PyTorch (``min_cosine`` per image token, ``encoder``) and greedy tokens
+      (``greedy_equal``, ``greedy_near_tie``: "k/n" images);
+    - ``none``: no reference to compare with (``reference`` says why).
+    """
+
+    kind: str
+    label: str = ""
+    min_cosine: float | None = None
+    max_abs: float | None = None
+    samples: int | None = None
+    reference: str | None = None
+    passed: bool = True
+    top1: float | None = None
+    positions: int | None = None
+    ppl: float | None = None
+    ppl_ratio: float | None = None
+    encoder: str | None = None
+    greedy_equal: str | None = None
+    greedy_near_tie: str | None = None
+
+
+def parity_checks(parity: Mapping[str, Any]) -> list[ParityCheck]:
+    """The checks of a manifest's ``parity`` section in the order the build summary prints them."""
+    out: list[ParityCheck] = []
+    for key, p in parity.items():
+        if not isinstance(p, dict):
+            continue
+        if key in ("logits_vs_hf", "decoder_logits_vs_hf"):  # GGUF / VLM: HF logits vs the F16 conversion
+            out.append(
+                ParityCheck(
+                    "logits",
+                    min_cosine=_num(p.get("min_cosine")),
+                    top1=_num(p.get("top1_agreement")),
+                    positions=p.get("positions") if isinstance(p.get("positions"), int) else None,
+                )
+            )
+        elif key == "vision":
+            out.append(
+                ParityCheck(
+                    "vision",
+                    min_cosine=_num(p.get("encoder_min_cosine")),
+                    encoder=_text(p.get("encoder")),
+                    greedy_equal=_text(p.get("greedy_equal")),
+                    greedy_near_tie=_text(p.get("greedy_near_tie")),
+                )
+            )
+        elif "min_cosine" in p:
+            samples = p.get("samples")
+            out.append(
+                ParityCheck(
+                    "precision",
+                    label=key,
+                    min_cosine=_num(p.get("min_cosine")),
+                    max_abs=_num(p.get("max_abs")),
+                    samples=samples if isinstance(samples, int) else None,
+                    reference=None if p.get("reference") is None else str(p.get("reference")),
+                    passed=bool(p.get("passed", True)),
+                )
+            )
+    ppl, ratio = parity.get("ppl"), parity.get("ppl_ratio")
+    if isinstance(ppl, dict) and ratio is not None:  # GGUF
+        out.append(
+            ParityCheck(
+                "perplexity", ppl=_num(ppl.get("ppl")), ppl_ratio=_num(ratio), reference=_text(parity.get("reference"))
+            )
+        )
+    elif isinstance(parity.get("decoder_ppl"), dict) and parity.get("decoder_ppl_ratio") is not None:  # VLM
+        out.append(
+            ParityCheck(
+                "perplexity",
+                ppl=_num(parity["decoder_ppl"].get("ppl")),
+                ppl_ratio=_num(parity.get("decoder_ppl_ratio")),
+                reference="F16 decoder",
+            )
+        )
+    elif isinstance(parity.get("reference"), str) and parity["reference"].startswith("none"):
+        out.append(ParityCheck("none", reference=parity["reference"]))
+    return out
+
+
 @dataclass
 class Manifest:
     """``manifest.json``. Builders fill the steering fields; ``edgesdk/build.py`` the rest."""
@@ -460,6 +556,16 @@ class Manifest:
         if table is not None and table != {}:
             return table, "serve"
         return self.profile.summary.get("serve"), "profile.summary.serve"
+
+    def parity_checks(self) -> list[ParityCheck]:
+        """The parity checks this manifest records, typed (:func:`parity_checks`): the build summary's lines."""
+        return parity_checks(self.parity)
+
+    @property
+    def license_verdict(self) -> str | None:
+        """The license gate's verdict at build (``license.verdict``), None where not recorded."""
+        verdict = self.license.get("verdict")
+        return verdict if isinstance(verdict, str) else None
 
     def artifacts_with(self, role: str | None = None) -> list[Artifact]:
         return [a for a in self.artifacts if role is None or a.role == role]

@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from edgesdk.commands._common import emit_json, profile_option, progress_enabled
 from edgesdk.formats import FormatOptions, format_names, option_classes
+
+if TYPE_CHECKING:
+    from edgesdk.manifest import Manifest, ParityCheck
 
 #: each format's own options (quantization type, shape bounds, ...), declared in its package: build_cmd's
 #: click options beyond the shared ones below, listed after --name in registry order
@@ -133,7 +136,9 @@ def build_cmd(
     if as_json:
         emit_json({"bundle": str(out), "plan": plan.to_dict(), "manifest": manifest})
         return 0
-    click.echo(summarize(out, manifest))
+    from edgesdk.manifest import Manifest
+
+    click.echo(summarize(out, Manifest.from_dict(manifest)))
     return 0
 
 
@@ -189,45 +194,48 @@ def check_name(name: str) -> str:
     return name
 
 
-def _parity_lines(parity: dict) -> list[str]:
-    """One line per parity check the manifest records: ONNX/TensorRT per precision, GGUF logits and perplexity."""
+def _parity_lines(checks: list[ParityCheck]) -> list[str]:
+    """One line per parity check the manifest records: ONNX/TensorRT per precision, GGUF/VLM decoder logits and
+    perplexity, VLM image features and greedy tokens."""
+    nan = float("nan")
     lines = []
-    for prec, p in parity.items():
-        if not isinstance(p, dict):
-            continue
-        if prec == "logits_vs_hf":  # GGUF: HF logits vs the F16 conversion
+    for c in checks:
+        if c.kind == "logits":
             lines.append(
-                f"parity logits (HF vs F16 GGUF): min cosine {p.get('min_cosine', float('nan')):.5f}, "
-                f"top-1 agreement {p.get('top1_agreement', float('nan')):.3f} over "
-                f"{p.get('positions')} positions"
+                f"parity logits (HF vs F16 GGUF): min cosine {nan if c.min_cosine is None else c.min_cosine:.5f}, "
+                f"top-1 agreement {nan if c.top1 is None else c.top1:.3f} over {c.positions} positions"
             )
-        elif "min_cosine" in p:
-            max_abs = p.get("max_abs")
+        elif c.kind == "vision":
+            ties = c.greedy_near_tie or ""
+            tie_text = "" if ties.startswith("0/") or not ties else f", first differing at a near-tie on {ties}"
             lines.append(
-                f"parity {prec}: min cosine {p['min_cosine']:.5f}, max abs "
-                f"{'-' if max_abs is None else format(max_abs, '.4g')} over {p.get('samples', '?')} samples "
-                f"vs {p.get('reference')} -> {'pass' if p.get('passed', True) else 'FAIL'}"
+                f"parity image features ({c.encoder or 'F16 mmproj'} vs PyTorch): min cosine "
+                f"{nan if c.min_cosine is None else c.min_cosine:.6f} per image token; greedy tokens equal on "
+                f"{c.greedy_equal} test images{tie_text}"
             )
-    if isinstance(parity.get("ppl"), dict) and parity.get("ppl_ratio") is not None:
-        lines.append(
-            f"parity perplexity: {parity['ppl'].get('ppl', float('nan')):.3f}, {parity['ppl_ratio']}x "
-            f"the {parity.get('reference')}"
-        )
-    elif isinstance(parity.get("reference"), str) and parity["reference"].startswith("none"):
-        lines.append(f"parity: {parity['reference']}")
+        elif c.kind == "precision":
+            lines.append(
+                f"parity {c.label}: min cosine {nan if c.min_cosine is None else c.min_cosine:.5f}, max abs "
+                f"{'-' if c.max_abs is None else format(c.max_abs, '.4g')} over "
+                f"{'?' if c.samples is None else c.samples} samples "
+                f"vs {c.reference} -> {'pass' if c.passed else 'FAIL'}"
+            )
+        elif c.kind == "perplexity":
+            lines.append(f"parity perplexity: {nan if c.ppl is None else c.ppl:.3f}, {c.ppl_ratio}x the {c.reference}")
+        elif c.kind == "none":
+            lines.append(f"parity: {c.reference}")
     return lines
 
 
-def summarize(out: Path, m: dict) -> str:
-    lines = [f"bundle: {out}  (id {m['bundle_id']}, {m['format']}/{m['precision']}, profile {m['profile']['name']})"]
-    lines += _parity_lines(m.get("parity") or {})
-    for f in m.get("fallbacks") or []:
+def summarize(out: Path, m: Manifest) -> str:
+    lines = [f"bundle: {out}  (id {m.bundle_id}, {m.format}/{m.precision}, profile {m.profile.name})"]
+    lines += _parity_lines(m.parity_checks())
+    for f in m.fallbacks:
         lines.append(f"fallback: {f['from']} -> {f['to']}: {f['reason']}")
-    lic = m.get("license") or {}
-    if lic:
-        lines.append(f"license gate: {lic.get('verdict')}")
-    total = sum(a["bytes"] for a in m["artifacts"])
-    lines.append(f"artifacts: {len(m['artifacts'])} files, {total / 1e6:.1f} MB; build {m['build']['wall_s']} s")
+    if m.license:
+        lines.append(f"license gate: {m.license_verdict}")
+    total = sum(a.bytes or 0 for a in m.artifacts)
+    lines.append(f"artifacts: {len(m.artifacts)} files, {total / 1e6:.1f} MB; build {m.build['wall_s']} s")
     return "\n".join(lines)
 
 
