@@ -3,7 +3,9 @@
 the ONNX graph (without external data), the GGUF key/value header, or an ``nn.Module``'s parameters.
 
 :func:`inspect_model` is the one place the planner's inputs are read from disk; :func:`edgesdk.plan.plan_build`
-then reads nothing.
+then reads nothing. A model file is read by the format that knows it (``Format.facts``: the ONNX format's
+:mod:`edgesdk.formats.onnx.facts`, the GGUF format's :mod:`edgesdk.formats.gguf.facts`), found through the
+registry; Hugging Face directories and ``nn.Module`` objects are read here.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ ENCODER_MODEL_TYPES = {
 }
 SAFE_WEIGHTS = ("*.safetensors",)
 PICKLE_WEIGHTS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.ckpt", "model*.bin")
+PICKLE_FILES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")  # a model file with one of these suffixes is refused
 # JSON files of a model directory the build or the runtime reads, and the top-level type each must have.
 JSON_FILES: dict[str, type] = {
     "tokenizer.json": dict,
@@ -195,95 +198,6 @@ def _safetensors_params(files: list[Path]) -> int | None:
     return total
 
 
-def onnx_external_files(model: Any, path: Path) -> list[str]:
-    """The external-data files an ONNX model's initializers name, relative to its directory, checked:
-    a plain relative path that stays inside the model's directory, a regular file (no symlink, FIFO or
-    device), and every tensor's ``offset + length`` inside it. Anything else is a :class:`ModelError`."""
-    from onnx import TensorProto
-
-    base = path.resolve().parent
-    sizes: dict[str, int] = {}
-    tensors = list(model.graph.initializer)
-    tensors += [a.t for n in model.graph.node for a in n.attribute if a.HasField("t")]
-    for t in tensors:
-        if t.data_location != TensorProto.EXTERNAL:
-            continue
-        info = {e.key: e.value for e in t.external_data}
-        loc = info.get("location", "")
-        rel = Path(loc)
-        if not loc or rel.is_absolute() or ".." in rel.parts or "\\" in loc or ":" in loc:
-            raise ModelError(
-                f"{path}: tensor {t.name[:60]!r} names external data {loc[:80]!r} outside the model's directory",
-                hint="external data must be a file beside the .onnx",
-            )
-        target = base / rel
-        if target.is_symlink() or not target.is_file():
-            raise ModelError(
-                f"{path}: external data file {loc[:80]!r} of tensor {t.name[:60]!r} is missing or not a regular file",
-                hint="keep the .data file beside the .onnx",
-            )
-        if target.resolve().parent != base and base not in target.resolve().parents:
-            raise ModelError(f"{path}: external data {loc[:80]!r} resolves outside the model's directory")
-        size = sizes.setdefault(rel.as_posix(), target.stat().st_size)
-        try:
-            offset, length = int(info.get("offset", 0) or 0), int(info.get("length", 0) or 0)
-        except ValueError as exc:
-            raise ModelError(f"{path}: tensor {t.name[:60]!r} has a non-numeric external data offset/length") from exc
-        if offset < 0 or length < 0 or offset + length > size:
-            raise ModelError(
-                f"{path}: tensor {t.name[:60]!r} reads bytes {offset}..{offset + length} of "
-                f"{loc[:80]!r}, which has {size} (truncated external data)"
-            )
-    return sorted(sizes)
-
-
-def _onnx_facts(path: Path) -> ModelFacts:
-    import onnx
-
-    if not path.is_file():
-        raise ModelError(f"{path}: not a regular file")
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as exc:  # onnx raises DecodeError / google.protobuf errors for corrupt files
-        raise ModelError(f"{path}: not a valid ONNX model ({type(exc).__name__})") from exc
-    if not model.graph.node:
-        raise ModelError(f"{path}: ONNX model has an empty graph")
-    external = onnx_external_files(model, path)
-    params = 0
-    for init in model.graph.initializer:
-        n = 1
-        for d in init.dims:
-            n *= d
-        params += n
-    inputs = [i.name for i in model.graph.input]
-    task = "feature-extraction" if "input_ids" in inputs else "other"
-    meta = {p.key: p.value for p in model.metadata_props}
-    ops = sorted({n.op_type for n in model.graph.node})
-    from edgesdk.formats.onnx.facts import onnx_graph_facts
-
-    if task == "other" and any(op in ops for op in ("Conv", "ConvTranspose")):
-        task = "vision"
-    return ModelFacts(
-        source=str(path),
-        kind="onnx",
-        task=task,
-        name=path.stem,
-        architecture=None,
-        family=meta.get("model_type"),
-        params=params,
-        weight_bytes=path.stat().st_size + sum((path.parent / f).stat().st_size for f in external),
-        extra={
-            "external_data": external,
-            "inputs": inputs,
-            "outputs": [o.name for o in model.graph.output],
-            "opset": max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=None),
-            "metadata": meta,
-            "op_types": ops,
-        },
-        graph=onnx_graph_facts(model, path),
-    )  # formats/onnx/facts.py
-
-
 def inspect_model(source: str | os.PathLike | Any, options: BuildOptions | None = None) -> ModelFacts:
     """Describe a model source: HF directory, ``.onnx`` file, ``.gguf`` file or a torch ``nn.Module``."""
     if not isinstance(source, (str, os.PathLike)):
@@ -311,28 +225,16 @@ def inspect_model(source: str | os.PathLike | Any, options: BuildOptions | None 
     if not path.is_file():  # a FIFO or device named *.onnx would block the reader forever
         raise ModelError(f"{path}: not a regular file")
     suffix = path.suffix.lower()
-    if suffix == ".onnx":
-        return _onnx_facts(path)
-    if suffix == ".gguf":
-        from edgesdk.formats.gguf.facts import gguf_facts
-
-        info = gguf_facts(path)
-        return ModelFacts(
-            source=str(path),
-            kind="gguf",
-            task="text-generation",
-            name=path.stem,
-            architecture=info.get("architecture"),
-            family=info.get("architecture"),
-            params=info.get("params"),
-            weight_bytes=path.stat().st_size,
-            extra=info,
-        )
-    if suffix in (".bin", ".pt", ".pth", ".ckpt", ".pkl"):
+    if suffix in PICKLE_FILES:  # before any format reads it
         raise ModelError(
             f"{path}: pickle checkpoints are not accepted as a model source",
             hint="export to ONNX or save a Hugging Face directory with safetensors",
         )
+    from edgesdk.formats import read_facts
+
+    facts = read_facts(path)  # the format that reads this file (ONNX: .onnx, GGUF: .gguf)
+    if facts is not None:
+        return facts
     raise ModelError(
         f"{path}: unsupported model file type {suffix or '(none)'}",
         hint="expected a Hugging Face directory, .onnx or .gguf",

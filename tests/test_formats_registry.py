@@ -325,6 +325,53 @@ def test_build_options_are_checked_and_handed_over_as_before(tiny_onnx, monkeypa
     assert handed[1].shapes == {"x": {"min": [1, 4], "opt": [2, 4], "max": [8, 4]}} and handed[1].seq_len == 128
 
 
+class _ToyFileFormat(ToyFormat):
+    """A toy that reads ``.toy`` files (and would read pickles, were it asked)."""
+
+    name = "toyfile"
+
+    def facts(self, path):
+        from edgesdk.types import ModelFacts
+
+        if path.suffix not in (".toy", ".pt"):
+            return None
+        return ModelFacts(source=str(path), kind="toy", task="other", name=path.stem)
+
+
+def test_model_files_are_read_by_the_format_that_knows_them(tiny_onnx, gemma_gguf, tmp_path):
+    from edgesdk.errors import ModelError
+
+    assert formats.read_facts(tiny_onnx).kind == "onnx" and formats.read_facts(gemma_gguf).kind == "gguf"
+    assert inspect_model(tiny_onnx) == formats.get_format("onnx").facts(tiny_onnx)
+    assert inspect_model(gemma_gguf) == formats.get_format("gguf").facts(gemma_gguf)
+    toy, pt = tmp_path / "m.toy", tmp_path / "m.pt"
+    toy.write_text("toy")
+    pt.write_text("not a pickle")
+    assert formats.read_facts(toy) is None
+    with pytest.raises(ModelError, match=r"m\.toy: unsupported model file type \.toy") as err:
+        inspect_model(toy)
+    assert err.value.hint == "expected a Hugging Face directory, .onnx or .gguf"
+    formats.register(_ToyFileFormat())
+    try:
+        assert inspect_model(toy).kind == "toy"  # a registered format reads its own files
+        with pytest.raises(ModelError, match="pickle checkpoints are not accepted"):
+            inspect_model(pt)  # refused before any format reads it
+    finally:
+        formats.unregister("toyfile")
+
+
+def test_the_format_packages_import_no_heavy_library():
+    import subprocess
+
+    code = (
+        "import sys; import edgesdk.formats as f; f.all_formats(); f.claim_order(); f.option_classes(); "
+        "print(sorted(m for m in ('click', 'numpy', 'onnx', 'onnxruntime', 'torch', 'transformers', 'gguf', "
+        "'llama_cpp', 'yaml') if m in sys.modules))"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "[]", res.stdout + res.stderr
+
+
 @pytest.mark.parametrize("profile,fmt", [("cpu-x86_64", None), ("orin", None), ("orin", "tensorrt"), ("h200", None)])
 def test_plan_build_reads_no_file_and_probes_nothing(minilm_dir, monkeypatch, profile, fmt):
     facts = inspect_model(minilm_dir)

@@ -104,8 +104,10 @@ class Format(Protocol):
 
     Optional attributes (read with a default, so a registered format may leave them out): ``claim_priority``
     (an int, :func:`claim_priority`; higher is asked first by the planner, :data:`CATCH_ALL` when absent),
-    ``options`` (its :class:`FormatOptions` subclass: the ``edgesdk build`` options it owns; absent: none) and
-    ``parity_backend`` (below).
+    ``options`` (its :class:`FormatOptions` subclass: the ``edgesdk build`` options it owns; absent: none),
+    ``facts`` (a method ``facts(path) -> ModelFacts | None``: the model facts of a file source it reads, e.g. the
+    ONNX format's ``.onnx``, None for any other file, headers only; :func:`read_facts`; absent: reads no file)
+    and ``parity_backend`` (below).
     """
 
     name: str
@@ -292,6 +294,17 @@ def option_classes() -> list[type[FormatOptions]]:
     return out
 
 
+def read_facts(path: Path) -> ModelFacts | None:
+    """The model facts of the file ``path`` from the first format (registry order) whose ``facts`` reads it
+    (:func:`edgesdk.inspect.inspect_model` asks this for a file; None: no format reads this kind of file)."""
+    for fmt in all_formats():
+        reader: Callable[[Path], ModelFacts | None] | None = getattr(fmt, "facts", None)
+        facts = reader(path) if reader is not None else None
+        if facts is not None:
+            return facts
+    return None
+
+
 def claim_priority(fmt: Format) -> int:
     """``fmt.claim_priority``, or :data:`CATCH_ALL` for a format without one."""
     priority = getattr(fmt, "claim_priority", CATCH_ALL)
@@ -323,6 +336,7 @@ __all__ = [
     "format_names",
     "get_format",
     "option_classes",
+    "read_facts",
     "register",
     "unregister",
 ]

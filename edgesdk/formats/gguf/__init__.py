@@ -10,6 +10,7 @@ perplexity). Light on import (see formats/).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edgesdk.errors import InputError
@@ -62,6 +63,14 @@ class GGUFFormat:
     selectable = True
     claim_priority = SPECIFIC  # GGUF files and causal LMs, before the ONNX catch-all
     options = GgufOptions
+
+    def facts(self, path: Path) -> ModelFacts | None:
+        """A ``.gguf`` file's facts: its key/value header (:mod:`.facts`, standard library only)."""
+        if path.suffix.lower() != ".gguf":
+            return None
+        from edgesdk.formats.gguf.facts import gguf_file_facts
+
+        return gguf_file_facts(path)
 
     def check_source(self, facts: ModelFacts) -> None:
         if facts.task != "text-generation":

@@ -11,6 +11,23 @@ from typing import Any
 from edgesdk.errors import ModelError
 from edgesdk.formats.gguf.header import read_gguf_header
 from edgesdk.formats.gguf.types import FTYPE_NAMES
+from edgesdk.types import ModelFacts
+
+
+def gguf_file_facts(path: Path) -> ModelFacts:
+    """Model facts of a ``.gguf`` file (the GGUF format's ``facts``): its header (:func:`gguf_facts`)."""
+    info = gguf_facts(path)
+    return ModelFacts(
+        source=str(path),
+        kind="gguf",
+        task="text-generation",
+        name=path.stem,
+        architecture=info.get("architecture"),
+        family=info.get("architecture"),
+        params=info.get("params"),
+        weight_bytes=path.stat().st_size,
+        extra=info,
+    )
 
 
 def gguf_facts(path: str | Path) -> dict[str, Any]:

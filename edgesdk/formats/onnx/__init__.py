@@ -9,6 +9,7 @@ and output comparison). This module stays light: the registry imports it on ever
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edgesdk.errors import InputError
@@ -67,6 +68,14 @@ class OnnxFormat:
     selectable = True
     claim_priority = CATCH_ALL  # asked last: it claims whatever no specific format claimed
     options = OnnxOptions
+
+    def facts(self, path: Path) -> ModelFacts | None:
+        """An ``.onnx`` file's facts: its graph without external data (:mod:`.facts`)."""
+        if path.suffix.lower() != ".onnx":
+            return None
+        from edgesdk.formats.onnx.facts import onnx_file_facts
+
+        return onnx_file_facts(path)
 
     def check_source(self, facts: ModelFacts) -> None:
         if facts.kind == "gguf":
