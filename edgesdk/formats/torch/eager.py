@@ -66,7 +66,9 @@ def write_eager_weights(ctx: Any, src_dir: Path, precision: str) -> dict[str, An
     save_file(
         {k: v.contiguous() for k, v in tensors.items()},
         str(ctx.staging / WEIGHTS),
-        metadata={"format": "pt", "edgesdk": "eager CUDA fallback weights"},
+        # one key: safetensors writes its metadata map in hash order, so two keys came out in either order and
+        # the bundle's hash changed from build to build (seen on two MiniLM orin builds, 2026-12-04)
+        metadata={"format": "pt"},
     )
     shutil.copyfile(src_dir / "config.json", ctx.staging / CONFIG)
     ctx.add_artifact(WEIGHTS, ROLE_WEIGHTS)
