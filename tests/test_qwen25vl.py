@@ -738,3 +738,22 @@ def test_served_chat_with_an_image_equals_edgesdk_run(qwen_bundle, qwen_images, 
     out = json.loads(proc.stdout)
     assert reply.choices[0].message.content == out["text"]
     assert reply.usage.prompt_tokens == out["usage"]["prompt_tokens"] == 55 + 44  # image + text tokens
+
+
+def test_qwen2vl_transformers5_tower_name_is_accepted(tiny_qwen2vl, tmp_path):
+    """transformers 5 names Qwen2-VL's tower ``qwen2_vl_vision`` (4.57: ``qwen2_vl``); a 5.17 save on the GPU
+    machine was refused for it. Same plan either way."""
+    import json
+    import shutil
+
+    from edgesdk.build import make_plan
+
+    src = tmp_path / "qwen2vl-tf5-tower"
+    shutil.copytree(tiny_qwen2vl, src)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["vision_config"]["model_type"] = "qwen2_vl_vision"
+    (src / "config.json").write_text(json.dumps(cfg))
+    text = make_plan(src, "orin").explain()
+    base = make_plan(tiny_qwen2vl, "orin").explain().replace(tiny_qwen2vl.name, src.name)
+    assert "LayerNorm + two-layer GELU MLP" in text  # Qwen2-VL's merger, not Qwen2.5-VL's RMS norm
+    assert text == base.replace("qwen2_vl encoder", "qwen2_vl_vision encoder")

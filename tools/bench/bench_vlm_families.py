@@ -165,9 +165,6 @@ def main() -> int:
     ap.add_argument("--n-gpu-layers", type=int, default=None, help="load option (default: the plan's)")
     ap.add_argument("--out", type=Path, default=REPO / "tools/bench/results/vlm_families_cpu.json")
     args = ap.parse_args()
-    import llama_cpp
-    import transformers
-
     load_start = os.getloadavg()
     t0 = time.perf_counter()
     results = []
@@ -175,9 +172,24 @@ def main() -> int:
         work = Path(tmp)
         image = __import__("vlm_fixtures").make_test_images(work / "images")[2]  # 120x80 shapes.jpg
         for name in args.families.split(","):
-            r = measure(name, work, args.threads, args.rounds, args.max_tokens, image, args.profile, args.n_gpu_layers)
+            try:
+                r = measure(
+                    name, work, args.threads, args.rounds, args.max_tokens, image, args.profile, args.n_gpu_layers
+                )
+            except Exception as exc:  # one family's failure is a result too; the others still run and are written
+                r = {"family": name, "error": f"{type(exc).__name__}: {exc}"[:600]}
             print(json.dumps({k: r[k] for k in r if k != "runs"}), flush=True)
             results.append(r)
+            _write(args, results, load_start, t0)
+    _write(args, results, load_start, t0)
+    print(f"wrote {args.out}")
+    return 1 if any("error" in r for r in results) else 0
+
+
+def _write(args: argparse.Namespace, results: list[dict], load_start: tuple[float, ...], t0: float) -> None:
+    import llama_cpp
+    import transformers
+
     out = {
         "method": __doc__,
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
@@ -201,8 +213,6 @@ def main() -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n")
-    print(f"wrote {args.out}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -566,6 +566,10 @@ def _open_llama(path: Path, n_ctx: int, *, logits_all: bool = True, threads: int
                 n_ubatch=min(n_ctx, 512),
                 logits_all=logits_all,
                 n_gpu_layers=0,
+                # the checks measure the file, on the CPU: a CUDA build of llama.cpp otherwise sends a batch's
+                # matrix products of host-resident weights to the GPU (op offload), whose F16 arithmetic moved a
+                # random 1B decoder's logits to min cosine 0.99878 on the H200 (2026-12-04)
+                op_offload=False,
                 n_threads=threads,
                 verbose=False,
             ),

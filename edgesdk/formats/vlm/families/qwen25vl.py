@@ -187,7 +187,9 @@ def _check(config: dict[str, Any], directory: Path) -> None:
     vision = config.get("vision_config") or {}
     v2 = is_qwen2vl(config)
     name, projector = ("Qwen2-VL", "qwen2vl_merger") if v2 else ("Qwen2.5-VL", "qwen2.5vl_merger")
-    towers = ("qwen2_vl",) if v2 else ("qwen2_5_vl", "qwen2_5_vl_vision")
+    # transformers 4.57 names the towers qwen2_vl / qwen2_5_vl, transformers 5 qwen2_vl_vision / qwen2_5_vl_vision
+    # (a 5.17 save of Qwen2-VL on the GPU machine, 2026-12-04)
+    towers = ("qwen2_vl", "qwen2_vl_vision") if v2 else ("qwen2_5_vl", "qwen2_5_vl_vision")
     if vision.get("model_type", towers[0]) not in towers:
         raise ModelError(f"{directory}: vision tower {vision.get('model_type')!r} is not {name}'s")
     text_type = (config.get("text_config") or {}).get("model_type", "qwen2_vl_text" if v2 else "qwen2_5_vl_text")
@@ -327,7 +329,7 @@ def image_tokens(config: dict[str, Any]) -> int | None:
 
 
 def _projector(info: dict[str, Any]) -> str:
-    norm = "LayerNorm" if info.get("vision_model_type") == "qwen2_vl" else "RMS norm"
+    norm = "LayerNorm" if info.get("vision_model_type") in ("qwen2_vl", "qwen2_vl_vision") else "RMS norm"
     return f"patch merger (2 x 2 patches -> one token: {norm} + two-layer GELU MLP)"
 
 
@@ -356,7 +358,7 @@ FAMILY = VLMFamily(
     name="qwen25vl",
     display="Qwen2.5-VL / Qwen2-VL",
     architectures=("Qwen2_5_VLForConditionalGeneration", "Qwen2VLForConditionalGeneration"),
-    vision_model_types=frozenset({"qwen2_5_vl", "qwen2_5_vl_vision", "qwen2_vl"}),
+    vision_model_types=frozenset({"qwen2_5_vl", "qwen2_5_vl_vision", "qwen2_vl", "qwen2_vl_vision"}),
     # the merger first: it sits inside the vision prefix (facts count each tensor in its first matching component)
     component_prefixes=(
         ("projector", _MERGER),
