@@ -130,6 +130,7 @@ def _license_gate(ctx: BuildContext, out_dir: Path) -> dict:
         model_name=ctx.facts.name,
         model_license=opts.model_license,
         components=component_labels(ctx.manifest.extras, ctx.artifacts),  # per-file license + sha256 in the SBOMs
+        bundle_name=out_dir.name,
     )
     for rel, role in (
         ("sbom.cdx.json", "sbom"),

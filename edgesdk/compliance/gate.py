@@ -353,9 +353,12 @@ def run_license_gate(
     model_license: str | None = None,
     model_name: str | None = None,
     components: Mapping[str, str] | None = None,
+    bundle_name: str | None = None,
 ) -> GateResult:
     """Gate packaging. On pass, writes ``sbom.cdx.json`` and ``license-report.json`` into
-    ``staging_dir``. On deny, or review not cleared by ``accepted``/a waiver, writes the report to
+    ``staging_dir``; the report names what it scanned ``bundle_name`` (the bundle directory's name; default: the
+    staging directory's, a temporary name that is gone once the bundle is in place). On deny, or review not
+    cleared by ``accepted``/a waiver, writes the report to
     ``report_path`` and raises :class:`LicenseGateError`. A configured scanner that fails raises
     :class:`~edgesdk.errors.ExternalToolError` (fail closed)."""
     from edgesdk.compliance.report import to_json
@@ -375,7 +378,7 @@ def run_license_gate(
         model_license=model_license,
         components=components,
     )
-    result.scanned = staging_dir.name
+    result.scanned = bundle_name or staging_dir.name
     if result.verdict != "pass":
         report_path = Path(report_path)
         report_path.parent.mkdir(parents=True, exist_ok=True)
