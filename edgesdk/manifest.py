@@ -338,7 +338,7 @@ class TorchFallbackInfo:
         here: dict[str, Any] = cost["measured_here"] if isinstance(cost.get("measured_here"), dict) else {}
         reason = d.get("reason")
         return cls(
-            reason=reason if isinstance(reason, str) else None,
+            reason=_text(reason),
             forcing_ops=list(d.get("forcing_ops") or []),
             built_on_host_ms_p50=here.get("eager_ms_p50"),
         )
@@ -565,7 +565,7 @@ class Manifest:
     def license_verdict(self) -> str | None:
         """The license gate's verdict at build (``license.verdict``), None where not recorded."""
         verdict = self.license.get("verdict")
-        return verdict if isinstance(verdict, str) else None
+        return _text(verdict)
 
     def artifacts_with(self, role: str | None = None) -> list[Artifact]:
         return [a for a in self.artifacts if role is None or a.role == role]
@@ -836,10 +836,10 @@ class LenientManifest:
         source = model.get("source") if isinstance(model, dict) else None
         entries = artifacts if isinstance(artifacts, list) else []
         return cls(
-            schema=schema if isinstance(schema, str) else None,
+            schema=_text(schema),
             artifacts=[ArtifactRecord.of(a) for a in entries if isinstance(a, dict)],
             extras=extras if isinstance(extras, dict) else {},
-            model_source=source if isinstance(source, str) else None,
+            model_source=_text(source),
             license=lic,
         )
 

@@ -197,31 +197,34 @@ def check_name(name: str) -> str:
 def _parity_lines(checks: list[ParityCheck]) -> list[str]:
     """One line per parity check the manifest records: ONNX/TensorRT per precision, GGUF/VLM decoder logits and
     perplexity, VLM image features and greedy tokens."""
-    nan = float("nan")
+
+    def num(value: float | None, spec: str) -> str:  # a figure not recorded prints as nan
+        return format(float("nan") if value is None else value, spec)
+
     lines = []
     for c in checks:
         if c.kind == "logits":
             lines.append(
-                f"parity logits (HF vs F16 GGUF): min cosine {nan if c.min_cosine is None else c.min_cosine:.5f}, "
-                f"top-1 agreement {nan if c.top1 is None else c.top1:.3f} over {c.positions} positions"
+                f"parity logits (HF vs F16 GGUF): min cosine {num(c.min_cosine, '.5f')}, "
+                f"top-1 agreement {num(c.top1, '.3f')} over {c.positions} positions"
             )
         elif c.kind == "vision":
             ties = c.greedy_near_tie or ""
             tie_text = "" if ties.startswith("0/") or not ties else f", first differing at a near-tie on {ties}"
             lines.append(
                 f"parity image features ({c.encoder or 'F16 mmproj'} vs PyTorch): min cosine "
-                f"{nan if c.min_cosine is None else c.min_cosine:.6f} per image token; greedy tokens equal on "
+                f"{num(c.min_cosine, '.6f')} per image token; greedy tokens equal on "
                 f"{c.greedy_equal} test images{tie_text}"
             )
         elif c.kind == "precision":
             lines.append(
-                f"parity {c.label}: min cosine {nan if c.min_cosine is None else c.min_cosine:.5f}, max abs "
+                f"parity {c.label}: min cosine {num(c.min_cosine, '.5f')}, max abs "
                 f"{'-' if c.max_abs is None else format(c.max_abs, '.4g')} over "
                 f"{'?' if c.samples is None else c.samples} samples "
                 f"vs {c.reference} -> {'pass' if c.passed else 'FAIL'}"
             )
         elif c.kind == "perplexity":
-            lines.append(f"parity perplexity: {nan if c.ppl is None else c.ppl:.3f}, {c.ppl_ratio}x the {c.reference}")
+            lines.append(f"parity perplexity: {num(c.ppl, '.3f')}, {c.ppl_ratio}x the {c.reference}")
         elif c.kind == "none":
             lines.append(f"parity: {c.reference}")
     return lines
