@@ -9,6 +9,8 @@ order across families is not needed (one model at a time, same process). Writes
 tools/bench/results/text_families.json.
 
     .venv/bin/python tools/bench/bench_text_families.py [WORKDIR]
+    python3 tools/bench/bench_text_families.py --profile h200 --n-gpu-layers -1 --threads 8 \
+        --out tools/bench/results/text_families_h200.json       (the GPU machine)
     .venv/bin/python tools/bench/bench_text_families.py --shapes [WORKDIR]
 
 ``--shapes``: the published shapes themselves (Gemma-3-270M, Qwen3-0.6B, Phi-4-mini: every layer, the full width
@@ -38,10 +40,17 @@ N_NEW = 64
 RUNS = 5
 
 
-def decode_speed(gguf: Path, runs: int = RUNS, n_new: int = N_NEW) -> dict:
+def decode_speed(gguf: Path, runs: int = RUNS, n_new: int = N_NEW, threads: int = 2, n_gpu_layers: int = 0) -> dict:
     import llama_cpp
 
-    llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=256, n_threads=2, n_threads_batch=2, verbose=False)
+    llm = llama_cpp.Llama(
+        model_path=str(gguf),
+        n_ctx=256,
+        n_threads=threads,
+        n_threads_batch=threads,
+        n_gpu_layers=n_gpu_layers,
+        verbose=False,
+    )
     ids = llm.tokenize(PROMPT.encode(), add_bos=True, special=False)
     ttfts, rates = [], []
     for i in range(runs + 1):
@@ -238,32 +247,55 @@ def main() -> None:
         work = Path(sys.argv[2]) if len(sys.argv) > 2 else Path(tempfile.mkdtemp(prefix="edgesdk-shapes-"))
         shapes_main(work)
         return
+    import argparse
+
     from edgesdk.build import build
     from edgesdk.plan import BuildOptions
 
-    work = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp(prefix="edgesdk-families-"))
-    out: dict = {"machine": machine(), "threads": 2, "profile": "orin-nano-8gb", "families": {}}
-    for fam in FAMILIES:
-        hf = make_family_model(work / "hf" / fam, fam)
-        cfg = json.loads((hf / "config.json").read_text())
-        t = time.perf_counter()
-        bundle = build(hf, "orin-nano-8gb", work / f"{fam}-bundle", BuildOptions(progress=False))
-        build_s = time.perf_counter() - t
-        m = json.loads((bundle / "manifest.json").read_text())
-        out["families"][fam] = {
-            "hf_class": cfg["architectures"][0],
-            "layers": cfg["num_hidden_layers"],
-            "hidden": cfg["hidden_size"],
-            "precision": m["precision"],
-            "build_s": round(build_s, 1),
-            "bundle_model_bytes": (bundle / "model.gguf").stat().st_size,
-            "logits_vs_hf": m["parity"]["logits_vs_hf"],
-            "ppl_ratio": m["parity"]["ppl_ratio"],
-            **decode_speed(bundle / "model.gguf"),
-        }
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("work", nargs="?", type=Path, help="work directory (default: a new temporary one)")
+    ap.add_argument("--profile", default="orin-nano-8gb", help="profile to build for (h200 on the GPU)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--n-gpu-layers", type=int, default=0, help="layers on the GPU when measuring (-1: all)")
+    ap.add_argument("--families", default=",".join(FAMILIES))
+    ap.add_argument("--out", type=Path, default=RESULTS / "text_families.json")
+    a = ap.parse_args()
+    work = a.work or Path(tempfile.mkdtemp(prefix="edgesdk-families-"))
+    out: dict = {
+        "machine": machine(),
+        "threads": a.threads,
+        "n_gpu_layers": a.n_gpu_layers,
+        "profile": a.profile,
+        "families": {},
+    }
+    failed = []
+    for fam in a.families.split(","):
+        try:
+            hf = make_family_model(work / "hf" / fam, fam)
+            cfg = json.loads((hf / "config.json").read_text())
+            t = time.perf_counter()
+            bundle = build(hf, a.profile, work / f"{fam}-bundle", BuildOptions(progress=False))
+            build_s = time.perf_counter() - t
+            m = json.loads((bundle / "manifest.json").read_text())
+            out["families"][fam] = {
+                "hf_class": cfg["architectures"][0],
+                "layers": cfg["num_hidden_layers"],
+                "hidden": cfg["hidden_size"],
+                "precision": m["precision"],
+                "build_s": round(build_s, 1),
+                "bundle_model_bytes": (bundle / "model.gguf").stat().st_size,
+                "logits_vs_hf": m["parity"]["logits_vs_hf"],
+                "ppl_ratio": m["parity"]["ppl_ratio"],
+                **decode_speed(bundle / "model.gguf", threads=a.threads, n_gpu_layers=a.n_gpu_layers),
+            }
+        except Exception as e:  # one family's failure is recorded; the others are still measured
+            failed.append(fam)
+            out["families"][fam] = {"error": f"{type(e).__name__}: {e}"}
         print(fam, json.dumps(out["families"][fam]), flush=True)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "text_families.json").write_text(json.dumps(out, indent=2) + "\n")
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(out, indent=2) + "\n")
+    if failed:
+        raise SystemExit(f"failed: {', '.join(failed)}")
 
 
 if __name__ == "__main__":
