@@ -25,7 +25,7 @@ if ! ls "$LLWHEEL"/llama_cpp_python-*.whl >/dev/null 2>&1; then
 fi
 if ! python3 -c "import edgesdk, llama_cpp" 2>/dev/null; then
   python3 -m pip install -q --no-index --find-links .whl --find-links "$LLWHEEL" \
-    "$(ls .dist/edgesdk-*.whl | head -1)[gguf]" 2>&1 | tail -3
+    "$(ls .dist/edgesdk-*.whl | head -1)[gguf]" onnxslim cyclonedx-python-lib 2>&1 | tail -3
 fi
 python3 -c "import edgesdk, llama_cpp, transformers, torch; print('edgesdk', edgesdk.__version__, 'llama_cpp', \
 llama_cpp.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__, \
