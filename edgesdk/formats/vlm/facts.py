@@ -102,16 +102,15 @@ def hf_vlm_facts(directory: str | Path) -> dict[str, Any]:
         "text_model_type": text.get("model_type", "llama"),
         "image_size": size,
         "patch_size": patch,
-        # the tower's width (Qwen2-VL: embed_dim; its hidden_size is the merger's output)
         "image_tokens": tokens,
-        "vision_hidden": vision.get("embed_dim", vision.get("hidden_size")),
+        "vision_hidden": fam.tower_width(cfg),  # the tower's width, as the family's record reads it
         # the tower's positions per frame (before a pixel shuffle or pooling reduces them to image tokens)
         "encoder_positions": (size // patch) ** 2
         if isinstance(size, int) and isinstance(patch, int) and patch
         else (tokens * merge * merge if dynamic and tokens else None),
         # dynamic resolution: image tokens depend on the image; image_tokens is the most one image becomes
         "dynamic_resolution": dynamic,
-        "window_attention": bool(vision.get("fullatt_block_indexes")),  # Qwen2.5-VL's tower (Qwen2-VL: none)
+        "window_attention": fam.windowed(cfg),  # the record's: the plan counts llama.cpp's window mask then
         "vision_layers": vision.get("num_hidden_layers", vision.get("depth")),
         "feature_select": cfg.get("vision_feature_select_strategy"),
         "component_params": component_params(files, fam.component_prefixes) if files else {},

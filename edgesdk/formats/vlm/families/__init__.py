@@ -60,6 +60,22 @@ class VLMFamily:
     resize: Callable[[int, int, dict[str, Any]], tuple[int, int]] | None = None
     # the parity images' (width, height) where the family's image tokens depend on the size (None: the default set)
     parity_image_sizes: tuple[tuple[int, int], ...] | None = None
+    # the vision tower as the plan counts it, from config.json: its width (default: vision_config.hidden_size) and
+    # whether it attends within windows, for which llama.cpp keeps an F32 mask over an image's positions (default:
+    # no window attention)
+    vision_width: Callable[[dict[str, Any]], int | None] | None = None
+    window_attention: Callable[[dict[str, Any]], bool] | None = None
+
+    def tower_width(self, config: dict[str, Any]) -> int | None:
+        """The vision tower's width (:attr:`vision_width`, else ``vision_config.hidden_size``)."""
+        if self.vision_width is not None:
+            return self.vision_width(config)
+        width = (config.get("vision_config") or {}).get("hidden_size")
+        return width if isinstance(width, int) else None
+
+    def windowed(self, config: dict[str, Any]) -> bool:
+        """Whether the vision tower attends within windows (:attr:`window_attention`; False without one)."""
+        return bool(self.window_attention(config)) if self.window_attention is not None else False
 
     def reference_prompt(self, text: str) -> str:
         """The prompt for one image as the HF processor sees it (:attr:`reference_marker` where the image goes)."""

@@ -41,6 +41,7 @@ The prompt: Qwen2.5-VL's chat template (a default system turn ``You are a helpfu
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,18 @@ _VISION = ("visual.", "model.visual.")
 _MERGER = ("visual.merger.", "model.visual.merger.")
 _TEXT = ("model.language_model.",)  # transformers 5; 4.x saves the hub's model.layers.* / model.embed_tokens.*
 _LEGACY_TEXT = ("model.embed_tokens.", "model.layers.", "model.norm.")
-_MERGER_NAMES = {
+# the merger first: it sits inside the vision prefix (facts count each tensor in its first matching component)
+COMPONENT_PREFIXES = (
+    ("projector", _MERGER),
+    ("vision_encoder", _VISION),
+    ("decoder", _TEXT + _LEGACY_TEXT + ("lm_head.",)),
+)
+# the image processor both Qwen-VL generations save, how the HF processor marks an image, the parity images
+PROCESSOR_TYPES = frozenset({"Qwen2VLImageProcessor", "Qwen2VLImageProcessorFast"})
+PROCESSOR_KEYS = frozenset({"temporal_patch_size"})
+REFERENCE_MARKER = "<|vision_start|><|image_pad|><|vision_end|>"
+PARITY_IMAGE_SIZES = ((250, 190), (140, 300), (96, 60))
+MERGER_NAMES = {
     "ln_q.weight": "v.post_ln.weight",
     "mlp.0.weight": "mm.0.weight",
     "mlp.0.bias": "mm.0.bias",
@@ -165,58 +177,56 @@ def max_image_tokens(pre: dict[str, Any]) -> int:
     return min(MAX_IMAGE_TOKENS, pixel_limits(pre)[1] // factor(pre) ** 2)
 
 
-def is_qwen2vl(config: dict[str, Any]) -> bool:
-    """Qwen2-VL (not 2.5): its class or model_type."""
-    from edgesdk.formats.vlm.families import config_architecture
-
-    return config_architecture(config) == "Qwen2VLForConditionalGeneration" or config.get("model_type") == "qwen2_vl"
-
-
-def _tower(config: dict[str, Any]) -> tuple[int, int]:
-    """(tower width, FFN width): Qwen2-VL names them embed_dim and embed_dim x mlp_ratio."""
+def tower_dims(config: dict[str, Any]) -> tuple[int, int]:
+    """(tower width, FFN width) of Qwen2.5-VL's tower: ``hidden_size``, ``intermediate_size``."""
     vision = config["vision_config"]
-    if is_qwen2vl(config):
-        width = int(vision["embed_dim"])
-        return width, int(width * float(vision.get("mlp_ratio", 4)))
     return int(vision["hidden_size"]), int(vision["intermediate_size"])
 
 
-def _check(config: dict[str, Any], directory: Path) -> None:
+def window_attention(config: dict[str, Any]) -> bool:
+    """Whether the tower attends within windows: every block but ``fullatt_block_indexes`` does (clip.cpp keeps an
+    F32 mask over the image's positions for them)."""
+    return bool((config.get("vision_config") or {}).get("fullatt_block_indexes"))
+
+
+def check_checkpoint(
+    config: dict[str, Any],
+    directory: Path,
+    *,
+    name: str,
+    projector: str,
+    towers: tuple[str, ...],
+    text_types: tuple[str, ...],
+    act: str,
+    tower: Callable[[dict[str, Any]], object],
+    fixed: tuple[tuple[str, int, str], ...] = (),
+) -> None:
+    """The checks a Qwen-VL tower + patch merger share: the vision and language model types (the first of each
+    is the default), the tower's activation, clip.cpp's fixed 2 frames per patch and 2 x 2 merge (+ ``fixed``:
+    (key, value, what) the projector's graph also fixes), ``tower`` (reads the tower's shape: ModelError, or a
+    KeyError / TypeError / ValueError for a missing width) and the image processor's agreement with the config."""
     from edgesdk.formats.vlm.convert import image_processor
 
     vision = config.get("vision_config") or {}
-    v2 = is_qwen2vl(config)
-    name, projector = ("Qwen2-VL", "qwen2vl_merger") if v2 else ("Qwen2.5-VL", "qwen2.5vl_merger")
-    # transformers 4.57 names the towers qwen2_vl / qwen2_5_vl, transformers 5 qwen2_vl_vision / qwen2_5_vl_vision
-    # (a 5.17 save of Qwen2-VL on the GPU machine, 2026-12-04)
-    towers = ("qwen2_vl", "qwen2_vl_vision") if v2 else ("qwen2_5_vl", "qwen2_5_vl_vision")
     if vision.get("model_type", towers[0]) not in towers:
         raise ModelError(f"{directory}: vision tower {vision.get('model_type')!r} is not {name}'s")
-    text_type = (config.get("text_config") or {}).get("model_type", "qwen2_vl_text" if v2 else "qwen2_5_vl_text")
-    if text_type not in (("qwen2_vl_text", "qwen2_vl") if v2 else ("qwen2_5_vl_text", "qwen2_5_vl")):
+    text_type = (config.get("text_config") or {}).get("model_type", text_types[0])
+    if text_type not in text_types:
         raise ModelError(f"{directory}: language model {text_type!r} is not {name}'s")
-    act = "quick_gelu" if v2 else "silu"
     if vision.get("hidden_act", act) != act:
         raise ModelError(f"{directory}: vision hidden_act {vision.get('hidden_act')!r} is not supported ({act})")
-    checks = [("temporal_patch_size", 2, "frames per patch"), ("spatial_merge_size", 2, "merge")]
-    if not v2:
-        checks.append(("window_size", WINDOW, "attention window (px)"))
-    for key, want, what in checks:
+    for key, want, what in (("temporal_patch_size", 2, "frames per patch"), ("spatial_merge_size", 2, "merge"), *fixed):
         if int(vision.get(key, want)) != want:
             raise ModelError(
                 f"{directory}: vision {key} {vision.get(key)} is not supported: llama.cpp's "
                 f"{projector} graph has a fixed {what} of {want}"
             )
     try:
-        width, ffn = _tower(config)
-        if not v2:
-            wa_pattern(vision)
+        tower(config)
     except ModelError as exc:
         raise ModelError(f"{directory}: {exc}") from None
     except (KeyError, TypeError, ValueError) as exc:
         raise ModelError(f"{directory}: vision_config lacks a valid {exc} (the tower's width)") from None
-    if v2 and ffn == width:
-        raise ModelError(f"{directory}: a vision FFN as wide as the embedding is not supported by llama.cpp's loader")
     pre = image_processor(directory)
     for key, cfg_key in (
         ("patch_size", "patch_size"),
@@ -233,15 +243,53 @@ def _check(config: dict[str, Any], directory: Path) -> None:
         raise ModelError(f"{directory}: the image processor's min_pixels {lo} / max_pixels {hi} are not a range")
 
 
-def _write(directory: Path, out_path: Path, config: dict[str, Any], *, name: str | None = None) -> dict[str, Any]:
+def _tower(config: dict[str, Any]) -> None:
+    tower_dims(config)
+    wa_pattern(config.get("vision_config") or {})
+
+
+def _check(config: dict[str, Any], directory: Path) -> None:
+    if is_qwen2vl(config):
+        return _qwen2vl_check(config, directory)
+    check_checkpoint(
+        config,
+        directory,
+        name="Qwen2.5-VL",
+        projector="qwen2.5vl_merger",
+        # transformers 4.57 names the tower qwen2_5_vl, transformers 5 qwen2_5_vl_vision
+        towers=("qwen2_5_vl", "qwen2_5_vl_vision"),
+        text_types=("qwen2_5_vl_text", "qwen2_5_vl"),
+        act="silu",
+        tower=_tower,
+        fixed=(("window_size", WINDOW, "attention window (px)"),),
+    )
+
+
+def write_merger(
+    directory: Path,
+    out_path: Path,
+    config: dict[str, Any],
+    *,
+    name: str | None,
+    projector: str,
+    family: str,
+    dims: tuple[int, int],
+    out_dim: int | None,
+    merger_names: dict[str, str],
+    vision_keys: Callable[[Any], None] | None = None,
+    n_wa_pattern: int | None = None,
+) -> dict[str, Any]:
+    """Write a Qwen-VL tower + patch merger as clip.cpp's ``projector`` mmproj: ``dims`` (tower width, FFN width),
+    ``out_dim`` the merger's output (default: the decoder's width), ``merger_names`` the merger's tensors (below
+    ``merger.``) -> their GGUF names, ``vision_keys(writer)`` the projector's own keys (written before the merge
+    size), ``n_wa_pattern`` what the facts report of it. Returns the mmproj facts (``family``: the record's)."""
     import gguf
 
     from edgesdk.formats.vlm.convert import _arrays, _clip_writer, _preprocessor, checkpoint_layout
 
     vision, text = config["vision_config"], config.get("text_config") or config
-    v2 = is_qwen2vl(config)
     pre = _preprocessor(directory)
-    (depth, (width, ffn)) = int(vision["depth"]), _tower(config)
+    depth, (width, ffn) = int(vision["depth"]), dims
     shim = {
         "image_size": MAX_IMAGE_TOKENS**0.5 * factor(pre),
         "patch_size": int(vision.get("patch_size", 14)),
@@ -252,16 +300,12 @@ def _write(directory: Path, out_path: Path, config: dict[str, Any], *, name: str
         "layer_norm_eps": 1e-6,
     }
     shim["image_size"] = int(shim["image_size"])  # nominal (clip.cpp's warm-up size); images keep their own size
-    out_dim = vision.get("hidden_size") if v2 else vision.get("out_hidden_size")
     proj_dim = {"hidden_size": int(out_dim or text["hidden_size"])}
     layout = checkpoint_layout(directory)
-    projector = gguf.VisionProjectorType.QWEN2VL if v2 else gguf.VisionProjectorType.QWEN25VL
     writer = _clip_writer(directory, out_path, name, projector, shim, proj_dim, pre, eps_default=1e-6)
-    if not v2:  # Qwen2-VL: QuickGELU, clip.cpp's default activation; full attention everywhere
-        writer.add_vision_use_silu(True)
-        writer.add_vision_n_wa_pattern(wa_pattern(vision))
+    if vision_keys is not None:
+        vision_keys(writer)
     writer.add_vision_spatial_merge_size(_merge(vision))
-    merger_names = {**_MERGER_NAMES, **({"ln_q.bias": "v.post_ln.bias"} if v2 else {})}
     tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MMPROJ, depth)
     written, merger = 0, set()
 
@@ -309,7 +353,7 @@ def _write(directory: Path, out_path: Path, config: dict[str, Any], *, name: str
         "tensors": written,
         "skipped": [],
         "projector_type": projector,
-        "family": "qwen25vl",
+        "family": family,
         "image_size": None,
         "dynamic_resolution": True,
         "patch_size": int(vision.get("patch_size", 14)),
@@ -317,20 +361,53 @@ def _write(directory: Path, out_path: Path, config: dict[str, Any], *, name: str
         "image_tokens": max_image_tokens(pre),
         "image_tokens_note": f"per image: its resized size / 28 px squared, at most {max_image_tokens(pre)}",
         "min_max_pixels": list(pixel_limits(pre)),
-        "n_wa_pattern": None if v2 else wa_pattern(vision),
+        "n_wa_pattern": n_wa_pattern,
         "image_mean": pre["image_mean"],
         "image_std": pre["image_std"],
         "checkpoint_layout": layout,
     }
 
 
+def _write(directory: Path, out_path: Path, config: dict[str, Any], *, name: str | None = None) -> dict[str, Any]:
+    if is_qwen2vl(config):
+        return _qwen2vl_write(directory, out_path, config, name=name)
+    import gguf
+
+    vision = config["vision_config"]
+    n = wa_pattern(vision)
+
+    def vision_keys(writer: Any) -> None:  # SwiGLU MLPs; full attention every n-th block, windows elsewhere
+        writer.add_vision_use_silu(True)
+        writer.add_vision_n_wa_pattern(n)
+
+    return write_merger(
+        directory,
+        out_path,
+        config,
+        name=name,
+        projector=gguf.VisionProjectorType.QWEN25VL,
+        family="qwen25vl",
+        dims=tower_dims(config),
+        out_dim=vision.get("out_hidden_size"),
+        merger_names=MERGER_NAMES,
+        vision_keys=vision_keys,
+        n_wa_pattern=n,
+    )
+
+
 def image_tokens(config: dict[str, Any]) -> int | None:
     return None  # dynamic: per image (the facts read the processor's maximum, :func:`max_image_tokens`)
 
 
-def _projector(info: dict[str, Any]) -> str:
-    norm = "LayerNorm" if info.get("vision_model_type") in ("qwen2_vl", "qwen2_vl_vision") else "RMS norm"
+def projector_words(norm: str) -> str:
+    """The plan's words for a Qwen-VL patch merger whose norm is ``norm``."""
     return f"patch merger (2 x 2 patches -> one token: {norm} + two-layer GELU MLP)"
+
+
+def _projector(info: dict[str, Any]) -> str:
+    if info.get("vision_model_type") in QWEN2VL_TOWERS:
+        return projector_words("LayerNorm")
+    return projector_words("RMS norm")
 
 
 def user_prompt(text: str, n_images: int, marker: str) -> str:
@@ -354,17 +431,84 @@ def chat(messages: list[dict[str, Any]], marker: str) -> str:
     return text + GENERATION
 
 
+# Qwen2-VL, in this record until it has its own module
+QWEN2VL_TOWERS = ("qwen2_vl", "qwen2_vl_vision")  # transformers 4.57, 5 (a 5.17 save on the GPU machine, 2026-12-04)
+
+
+def is_qwen2vl(config: dict[str, Any]) -> bool:
+    """Qwen2-VL (not 2.5): its class or model_type."""
+    from edgesdk.formats.vlm.families import config_architecture
+
+    return config_architecture(config) == "Qwen2VLForConditionalGeneration" or config.get("model_type") == "qwen2_vl"
+
+
+def _qwen2vl_dims(config: dict[str, Any]) -> tuple[int, int]:
+    """(tower width, FFN width): Qwen2-VL names them embed_dim and embed_dim x mlp_ratio."""
+    width = int(config["vision_config"]["embed_dim"])
+    return width, int(width * float(config["vision_config"].get("mlp_ratio", 4)))
+
+
+def _qwen2vl_tower(config: dict[str, Any]) -> None:
+    width, ffn = _qwen2vl_dims(config)
+    if ffn == width:
+        raise ModelError("a vision FFN as wide as the embedding is not supported by llama.cpp's loader")
+
+
+def _qwen2vl_check(config: dict[str, Any], directory: Path) -> None:
+    check_checkpoint(
+        config,
+        directory,
+        name="Qwen2-VL",
+        projector="qwen2vl_merger",
+        towers=QWEN2VL_TOWERS,
+        text_types=("qwen2_vl_text", "qwen2_vl"),
+        act="quick_gelu",
+        tower=_qwen2vl_tower,
+    )
+
+
+def _qwen2vl_write(
+    directory: Path, out_path: Path, config: dict[str, Any], *, name: str | None = None
+) -> dict[str, Any]:
+    import gguf
+
+    # QuickGELU (clip.cpp's default activation: no use_silu), full attention everywhere (no n_wa_pattern); the
+    # merger's ln_q LayerNorm keeps its bias; the tower's hidden_size is the merger's output
+    return write_merger(
+        directory,
+        out_path,
+        config,
+        name=name,
+        projector=gguf.VisionProjectorType.QWEN2VL,
+        family="qwen25vl",
+        dims=_qwen2vl_dims(config),
+        out_dim=config["vision_config"].get("hidden_size"),
+        merger_names={**MERGER_NAMES, "ln_q.bias": "v.post_ln.bias"},
+    )
+
+
+def _qwen2vl_width(config: dict[str, Any]) -> int | None:
+    """The tower's width: Qwen2-VL's embed_dim (its hidden_size is the merger's output), else hidden_size."""
+    vision = config.get("vision_config") or {}
+    width = vision.get("embed_dim", vision.get("hidden_size"))
+    return width if isinstance(width, int) else None
+
+
 FAMILY = VLMFamily(
     name="qwen25vl",
     display="Qwen2.5-VL / Qwen2-VL",
-    architectures=("Qwen2_5_VLForConditionalGeneration", "Qwen2VLForConditionalGeneration"),
-    vision_model_types=frozenset({"qwen2_5_vl", "qwen2_5_vl_vision", "qwen2_vl", "qwen2_vl_vision"}),
-    # the merger first: it sits inside the vision prefix (facts count each tensor in its first matching component)
-    component_prefixes=(
-        ("projector", _MERGER),
-        ("vision_encoder", _VISION),
-        ("decoder", _TEXT + _LEGACY_TEXT + ("lm_head.",)),
+    architectures=(
+        "Qwen2_5_VLForConditionalGeneration",
+        "Qwen2VLForConditionalGeneration",
     ),
+    vision_model_types=frozenset(
+        {
+            "qwen2_5_vl",
+            "qwen2_5_vl_vision",
+            *QWEN2VL_TOWERS,
+        }
+    ),
+    component_prefixes=COMPONENT_PREFIXES,
     canonical_name=lambda name: name,
     check=_check,
     write_mmproj=_write,
@@ -372,14 +516,16 @@ FAMILY = VLMFamily(
     user_prompt=user_prompt,
     chat=chat,
     projector=_projector,
-    processor_types=frozenset({"Qwen2VLImageProcessor", "Qwen2VLImageProcessorFast"}),
-    processor_keys=frozenset({"temporal_patch_size"}),
+    processor_types=PROCESSOR_TYPES,
+    processor_keys=PROCESSOR_KEYS,
     frames="dynamic",
     text_architecture="Qwen2_5_VLTextModel",
-    reference_marker="<|vision_start|><|image_pad|><|vision_end|>",
+    reference_marker=REFERENCE_MARKER,
     text_tensor_name=text_tensor_name,
     text_config=text_config,
     max_image_tokens=max_image_tokens,
     resize=smart_resize,
-    parity_image_sizes=((250, 190), (140, 300), (96, 60)),
+    parity_image_sizes=PARITY_IMAGE_SIZES,
+    vision_width=_qwen2vl_width,
+    window_attention=window_attention,
 )
