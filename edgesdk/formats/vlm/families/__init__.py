@@ -24,7 +24,7 @@ from typing import Any
 from edgesdk.errors import ModelError
 
 # the family modules of this package, in lookup order (the first is the default for configs naming no class)
-REGISTRY = ("llava", "idefics3", "gemma3", "qwen25vl")
+REGISTRY = ("llava", "idefics3", "gemma3", "qwen25vl", "qwen2vl")
 
 
 @dataclass(frozen=True)

@@ -16,13 +16,6 @@ full attention where ``(block + 1) % n == 0``, so ``fullatt_block_indexes`` must
 ``merger.mlp.0`` / ``mlp.2`` as ``mm.0`` / ``mm.2``. 1-D tensors F32, matrices F16. clip.cpp uses a window of
 112 px (it reads no window size for this projector), a 2 x 2 merge, 2 frames per patch: other values are refused.
 
-Qwen2-VL (``Qwen2VLForConditionalGeneration``: Qwen2-VL 2B / 7B / 72B) is the same record: its tower has LayerNorms
-(with biases), a QuickGELU MLP (``fc1`` / ``fc2`` -> ``ffn_up`` / ``ffn_down``), full attention in every block and
-its width under ``embed_dim`` (``hidden_size`` is the merger's output there), written as clip.cpp's
-``qwen2vl_merger`` (no ``use_silu``: clip.cpp's default activation is QuickGELU; no window pattern); the merger's
-``ln_q`` LayerNorm keeps its bias (``v.post_ln.bias``). The decoder, the processor, the prompt and the positions are
-Qwen2.5-VL's.
-
 Dynamic resolution at run time (:func:`smart_resize`): the runtime resizes each image as the HF processor does
 (Pillow, the processor's bicubic filter) and gives libmtmd the resized pixels with image-token limits that make its
 own resize a copy (``mtmd_context_params.image_min_tokens`` / ``image_max_tokens``). llama.cpp caps an image at
@@ -249,8 +242,6 @@ def _tower(config: dict[str, Any]) -> None:
 
 
 def _check(config: dict[str, Any], directory: Path) -> None:
-    if is_qwen2vl(config):
-        return _qwen2vl_check(config, directory)
     check_checkpoint(
         config,
         directory,
@@ -369,8 +360,6 @@ def write_merger(
 
 
 def _write(directory: Path, out_path: Path, config: dict[str, Any], *, name: str | None = None) -> dict[str, Any]:
-    if is_qwen2vl(config):
-        return _qwen2vl_write(directory, out_path, config, name=name)
     import gguf
 
     vision = config["vision_config"]
@@ -405,8 +394,6 @@ def projector_words(norm: str) -> str:
 
 
 def _projector(info: dict[str, Any]) -> str:
-    if info.get("vision_model_type") in QWEN2VL_TOWERS:
-        return projector_words("LayerNorm")
     return projector_words("RMS norm")
 
 
@@ -431,81 +418,14 @@ def chat(messages: list[dict[str, Any]], marker: str) -> str:
     return text + GENERATION
 
 
-# Qwen2-VL, in this record until it has its own module
-QWEN2VL_TOWERS = ("qwen2_vl", "qwen2_vl_vision")  # transformers 4.57, 5 (a 5.17 save on the GPU machine, 2026-12-04)
-
-
-def is_qwen2vl(config: dict[str, Any]) -> bool:
-    """Qwen2-VL (not 2.5): its class or model_type."""
-    from edgesdk.formats.vlm.families import config_architecture
-
-    return config_architecture(config) == "Qwen2VLForConditionalGeneration" or config.get("model_type") == "qwen2_vl"
-
-
-def _qwen2vl_dims(config: dict[str, Any]) -> tuple[int, int]:
-    """(tower width, FFN width): Qwen2-VL names them embed_dim and embed_dim x mlp_ratio."""
-    width = int(config["vision_config"]["embed_dim"])
-    return width, int(width * float(config["vision_config"].get("mlp_ratio", 4)))
-
-
-def _qwen2vl_tower(config: dict[str, Any]) -> None:
-    width, ffn = _qwen2vl_dims(config)
-    if ffn == width:
-        raise ModelError("a vision FFN as wide as the embedding is not supported by llama.cpp's loader")
-
-
-def _qwen2vl_check(config: dict[str, Any], directory: Path) -> None:
-    check_checkpoint(
-        config,
-        directory,
-        name="Qwen2-VL",
-        projector="qwen2vl_merger",
-        towers=QWEN2VL_TOWERS,
-        text_types=("qwen2_vl_text", "qwen2_vl"),
-        act="quick_gelu",
-        tower=_qwen2vl_tower,
-    )
-
-
-def _qwen2vl_write(
-    directory: Path, out_path: Path, config: dict[str, Any], *, name: str | None = None
-) -> dict[str, Any]:
-    import gguf
-
-    # QuickGELU (clip.cpp's default activation: no use_silu), full attention everywhere (no n_wa_pattern); the
-    # merger's ln_q LayerNorm keeps its bias; the tower's hidden_size is the merger's output
-    return write_merger(
-        directory,
-        out_path,
-        config,
-        name=name,
-        projector=gguf.VisionProjectorType.QWEN2VL,
-        family="qwen25vl",
-        dims=_qwen2vl_dims(config),
-        out_dim=config["vision_config"].get("hidden_size"),
-        merger_names={**MERGER_NAMES, "ln_q.bias": "v.post_ln.bias"},
-    )
-
-
-def _qwen2vl_width(config: dict[str, Any]) -> int | None:
-    """The tower's width: Qwen2-VL's embed_dim (its hidden_size is the merger's output), else hidden_size."""
-    vision = config.get("vision_config") or {}
-    width = vision.get("embed_dim", vision.get("hidden_size"))
-    return width if isinstance(width, int) else None
-
-
 FAMILY = VLMFamily(
     name="qwen25vl",
-    display="Qwen2.5-VL / Qwen2-VL",
-    architectures=(
-        "Qwen2_5_VLForConditionalGeneration",
-        "Qwen2VLForConditionalGeneration",
-    ),
+    display="Qwen2.5-VL",
+    architectures=("Qwen2_5_VLForConditionalGeneration",),
     vision_model_types=frozenset(
         {
             "qwen2_5_vl",
             "qwen2_5_vl_vision",
-            *QWEN2VL_TOWERS,
         }
     ),
     component_prefixes=COMPONENT_PREFIXES,
@@ -526,6 +446,5 @@ FAMILY = VLMFamily(
     max_image_tokens=max_image_tokens,
     resize=smart_resize,
     parity_image_sizes=PARITY_IMAGE_SIZES,
-    vision_width=_qwen2vl_width,
     window_attention=window_attention,
 )
