@@ -185,7 +185,8 @@ def make_tiny_qwen2vl(directory: Path, *, seed: int = 0, init: float = 0.06) -> 
     1280 / 16, patch 14, temporal patch 2, merge 2, full attention in every block, ``hidden_size`` = the decoder's
     width) shrunk as :func:`make_tiny_qwen25vl` (decoder 4 x 256, FFN 1493 = 5.83x as 8960 / 1536; tower 4 blocks
     of embed_dim 160), with the same tokenizer, chat template and image processor (Qwen2-VL-2B's
-    preprocessor_config.json has the same values). RANDOM weights."""
+    preprocessor_config.json has the same values). RANDOM weights. Its tests: tests/test_vlm_qwen2vl.py (it stays
+    here: tools/bench/bench_vlm_families.py imports it from this module)."""
     import torch
     from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
@@ -252,16 +253,15 @@ def make_qwen25vl_images(directory: Path) -> list[Path]:
     return out
 
 
-def make_tiny_qwen25vl_tf5(directory: Path, *, seed: int = 0) -> Path:
-    """The same model in a transformers 5 layout: :func:`vlm_fixtures.to_transformers5_layout` (rope_parameters,
-    processor_config.json, the tokenizer files) + the names of transformers 5's module tree (``model.visual.*``,
-    ``model.language_model.*``), which transformers 4.57 maps back to the hub's names when it saves. Derived here
-    (no transformers 5 on this host) and NOT checked against a real transformers 5 save of Qwen2.5-VL."""
+def to_qwen_vl_transformers5(src: Path, dst: Path) -> Path:
+    """A transformers 4.57 save of a Qwen-VL model (Qwen2.5-VL, Qwen2-VL) in a transformers 5 layout:
+    :func:`vlm_fixtures.to_transformers5_layout` (rope_parameters, processor_config.json, the tokenizer files) +
+    the names of transformers 5's module tree (``model.visual.*``, ``model.language_model.*``), which transformers
+    4.57 maps back to the hub's names when it saves."""
     from safetensors.torch import load_file, save_file
     from vlm_fixtures import to_transformers5_layout
 
-    src = make_tiny_qwen25vl(Path(directory).with_name(Path(directory).name + "-tf4"), seed=seed)
-    out = to_transformers5_layout(src, Path(directory))
+    out = to_transformers5_layout(src, Path(dst))
     tensors = load_file(str(out / "model.safetensors"))
     renamed = {
         (
@@ -275,6 +275,13 @@ def make_tiny_qwen25vl_tf5(directory: Path, *, seed: int = 0) -> Path:
     }
     save_file(renamed, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
+
+
+def make_tiny_qwen25vl_tf5(directory: Path, *, seed: int = 0) -> Path:
+    """The same model in a transformers 5 layout (:func:`to_qwen_vl_transformers5`). Derived here (no transformers
+    5 on this host) and NOT checked against a real transformers 5 save of Qwen2.5-VL."""
+    src = make_tiny_qwen25vl(Path(directory).with_name(Path(directory).name + "-tf4"), seed=seed)
+    return to_qwen_vl_transformers5(src, Path(directory))
 
 
 PROMPT = "Describe the image."
@@ -294,7 +301,8 @@ def test_the_record_is_one_module_and_one_registry_line():
     from edgesdk.formats.vlm.families import REGISTRY, by_config, by_name
 
     fam = by_name("qwen25vl")
-    assert "qwen25vl" in REGISTRY and fam.architectures[0] == "Qwen2_5_VLForConditionalGeneration"
+    assert "qwen25vl" in REGISTRY and fam.architectures == ("Qwen2_5_VLForConditionalGeneration",)
+    assert fam.vision_model_types == {"qwen2_5_vl", "qwen2_5_vl_vision"}  # Qwen2-VL: its own record (qwen2vl)
     assert fam.parity_image_sizes == QWEN25VL_IMAGE_SIZES and fam.frames == "dynamic"
     # transformers 4.57's Qwen2_5_VLConfig keeps ``architectures`` in text_config only
     assert by_config({"text_config": {"architectures": ["Qwen2_5_VLForConditionalGeneration"]}}) is fam
@@ -626,53 +634,6 @@ def test_two_images_in_one_prompt_match_pytorch(tiny_qwen25vl, qwen_bundle, qwen
     assert n_img == 63 + 55 and n_in == x["input_ids"].shape[1] and ours == want and len(want) >= 4
 
 
-@pytest.fixture(scope="module")
-def tiny_qwen2vl(tmp_path_factory) -> Path:
-    return make_tiny_qwen2vl(tmp_path_factory.mktemp("vlm-qwen2vl") / "tiny-qwen2vl")
-
-
-def test_qwen2vl_mmproj_is_llama_cpp_qwen2vl_merger(tiny_qwen2vl, tmp_path):
-    """Qwen2-VL (same record): LayerNorm tower with biases, QuickGELU fc1 / fc2, full attention everywhere."""
-    import gguf
-    from safetensors.numpy import load_file
-
-    from edgesdk.build import make_plan
-    from edgesdk.formats.vlm.convert import write_mmproj
-
-    info = write_mmproj(tiny_qwen2vl, tmp_path / "mmproj.gguf")
-    assert info["projector_type"] == "qwen2vl_merger" and info["n_wa_pattern"] is None
-    r = gguf.GGUFReader(str(tmp_path / "mmproj.gguf"))
-    f = {k: v.contents() for k, v in r.fields.items() if k.startswith("clip.")}
-    assert f["clip.projector_type"] == "qwen2vl_merger" and "clip.use_silu" not in f  # QuickGELU: clip's default
-    assert "clip.vision.n_wa_pattern" not in f and f["clip.vision.embedding_length"] == 160
-    assert f["clip.vision.feed_forward_length"] == 640 and f["clip.vision.projection_dim"] == 256
-    t = {x.name: np.array(x.data) for x in r.tensors}
-    hf = load_file(str(tiny_qwen2vl / "model.safetensors"))
-    np.testing.assert_allclose(t["v.post_ln.bias"], hf["visual.merger.ln_q.bias"], atol=0)
-    np.testing.assert_allclose(
-        t["v.blk.1.ffn_up.weight"].astype(np.float32).reshape(640, 160), hf["visual.blocks.1.mlp.fc1.weight"], atol=1e-3
-    )
-    assert {"v.blk.0.ln1.bias", "v.blk.3.ffn_down.bias", "v.patch_embd.weight.1"} <= set(t)
-    text = make_plan(tiny_qwen2vl, "orin").explain()
-    assert "LayerNorm + two-layer GELU MLP" in text and "up to 4096 image tokens per image" in text
-
-
-@pytest.mark.slow
-def test_qwen2vl_f16_build_matches_pytorch(tiny_qwen2vl, tmp_path):
-    from edgesdk.build import build
-    from edgesdk.plan import BuildOptions
-
-    bundle = build(tiny_qwen2vl, "cpu-x86_64", tmp_path / "qwen2vl-f16", BuildOptions(progress=False, quant_type="F16"))
-    m = json.loads((bundle / "manifest.json").read_text())
-    assert m["extras"]["vlm"]["components"]["projector"]["type"] == "qwen2vl_merger"
-    vision = m["parity"]["vision"]
-    assert vision["encoder_min_cosine"] >= 0.999 and vision["greedy_equal"] == "3/3"
-    assert [p["image_tokens"] for p in vision["per_image"]] == [63, 55, 6]
-    for p in vision["per_image"]:
-        assert p["tokens_ours"] == p["tokens_pytorch"] and p["input_tokens_ours"] == p["input_tokens_pytorch"]
-    assert m["parity"]["decoder_logits_vs_hf"]["min_cosine"] >= 0.999
-
-
 def test_decode_limit_reads_max_pixels_and_resize_keeps_the_aspect(tiny_qwen25vl):
     """The runtime's preprocessing for this record: the decode limit is 16x the processor's max_pixels (its size
     dict holds pixel counts, not edges), and an image is resized to the processor's size."""
@@ -735,22 +696,3 @@ def test_served_chat_with_an_image_equals_edgesdk_run(qwen_bundle, qwen_images, 
     out = json.loads(proc.stdout)
     assert reply.choices[0].message.content == out["text"]
     assert reply.usage.prompt_tokens == out["usage"]["prompt_tokens"] == 55 + 44  # image + text tokens
-
-
-def test_qwen2vl_transformers5_tower_name_is_accepted(tiny_qwen2vl, tmp_path):
-    """transformers 5 names Qwen2-VL's tower ``qwen2_vl_vision`` (4.57: ``qwen2_vl``); a 5.17 save on the GPU
-    machine was refused for it. Same plan either way."""
-    import json
-    import shutil
-
-    from edgesdk.build import make_plan
-
-    src = tmp_path / "qwen2vl-tf5-tower"
-    shutil.copytree(tiny_qwen2vl, src)
-    cfg = json.loads((src / "config.json").read_text())
-    cfg["vision_config"]["model_type"] = "qwen2_vl_vision"
-    (src / "config.json").write_text(json.dumps(cfg))
-    text = make_plan(src, "orin").explain()
-    base = make_plan(tiny_qwen2vl, "orin").explain().replace(tiny_qwen2vl.name, src.name)
-    assert "LayerNorm + two-layer GELU MLP" in text  # Qwen2-VL's merger, not Qwen2.5-VL's RMS norm
-    assert text == base.replace("qwen2_vl encoder", "qwen2_vl_vision encoder")
