@@ -100,9 +100,13 @@ def _hf_task(config: dict, directory: Path) -> tuple[str, str | None]:
     if arch and arch.endswith(("ForCausalLM", "LMHeadModel")):
         return "text-generation", arch
     from edgesdk.formats.vlm.families import architectures as vlm_architectures  # light: the family records
+    from edgesdk.formats.vlm.families import config_architecture
 
-    if arch in vlm_architectures():
-        return "image-text-to-text", arch  # the families of formats/vlm (their records' HF classes)
+    # the families of formats/vlm (their records' HF classes), found as the family lookup finds them: a directory
+    # saved by transformers 4.57 of Qwen2.5-VL / Qwen2-VL has ``architectures`` only inside text_config
+    vlm_arch = config_architecture(config)
+    if isinstance(vlm_arch, str) and vlm_arch in vlm_architectures():
+        return "image-text-to-text", vlm_arch
     if arch and arch.endswith("ForImageClassification"):
         return "image-classification", arch
     if arch and arch.endswith("ForSequenceClassification"):

@@ -132,6 +132,28 @@ def test_transformers5_tower_name_is_accepted(tiny_qwen2vl, tmp_path):
     assert text == base.replace("qwen2_vl encoder", "qwen2_vl_vision encoder")
 
 
+@pytest.mark.parametrize("family", ["qwen2vl", "qwen25vl"])
+def test_inspect_reads_architectures_from_text_config(family, tiny_qwen2vl, tmp_path):
+    """A directory as transformers 4.57 saves Qwen2-VL / Qwen2.5-VL (``architectures`` only inside text_config; the
+    fixtures add the hub's top-level key) is image-text-to-text, as the family lookup reads it; same plan."""
+    from test_qwen25vl import make_tiny_qwen25vl
+
+    from edgesdk.build import make_plan
+    from edgesdk.inspect import inspect_model
+
+    src = tiny_qwen2vl if family == "qwen2vl" else make_tiny_qwen25vl(tmp_path / "tiny-qwen25vl")
+    saved = tmp_path / "saved-by-4.57"
+    shutil.copytree(src, saved)
+    cfg = json.loads((saved / "config.json").read_text())
+    arch = cfg.pop("architectures")[0]
+    assert cfg["text_config"]["architectures"] == [arch]  # as 4.57 wrote it
+    (saved / "config.json").write_text(json.dumps(cfg))
+    facts = inspect_model(saved)
+    assert facts.task == "image-text-to-text" and facts.architecture == arch and facts.extra["family"] == family
+    base = make_plan(src, "orin").explain().replace(src.name, saved.name)
+    assert make_plan(saved, "orin").explain() == base
+
+
 @pytest.mark.parametrize(
     "vision, match",
     [
