@@ -285,7 +285,7 @@ def main() -> None:
                 "build_s": round(build_s, 1),
                 "bundle_model_bytes": (bundle / "model.gguf").stat().st_size,
                 "logits_vs_hf": m["parity"]["logits_vs_hf"],
-                "ppl_ratio": m["parity"]["ppl_ratio"],
+                "ppl_ratio": m["parity"].get("ppl_ratio"),
                 **decode_speed(bundle / "model.gguf", threads=a.threads, n_gpu_layers=a.n_gpu_layers),
             }
         except Exception as e:  # one family's failure is recorded; the others are still measured
