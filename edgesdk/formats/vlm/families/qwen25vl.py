@@ -92,8 +92,9 @@ def text_tensor_name(name: str) -> str | None:
 
 def text_config(config: dict[str, Any]) -> dict[str, Any]:
     """The decoder's config as a Qwen2 causal LM (``model_type qwen2``: transformers runs it as ``Qwen2ForCausalLM``,
-    the text-only reference) that the GGUF converter writes as llama.cpp's ``qwen2vl`` (``architectures``
-    ``Qwen2_5_VLTextModel``, the M-RoPE sections kept in ``rope_scaling``)."""
+    the text-only reference) that the GGUF converter writes as llama.cpp's ``qwen2vl`` (``architectures``:
+    the record's ``text_architecture``, ``Qwen2_5_VLTextModel`` or Qwen2-VL's ``Qwen2VLTextModel``; the M-RoPE sections
+    kept in ``rope_scaling``)."""
     from edgesdk.formats.gguf.archs.qwen2vl import mrope_section
 
     text = dict(config.get("text_config") or {})
