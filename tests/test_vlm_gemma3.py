@@ -219,47 +219,10 @@ def test_prompt_tokens_chat_and_cli(tiny_gemma3, gemma3_bundle, images, run_cli)
 def test_served_chat_with_an_image_equals_edgesdk_run(gemma3_bundle, images, tmp_path, run_cli):
     """``edgesdk serve`` on the Gemma-3 bundle: an OpenAI chat request with an ``image_url`` data URL answers what
     ``edgesdk run --chat --image`` answers, the 16 image tokens counted in the prompt."""
-    import base64
+    from vlm_serve_check import served_reply_equals_run
 
-    openai = pytest.importorskip("openai")
-    pytest.importorskip("uvicorn")
-    from test_serve import ServerProcess
-
-    url = "data:image/jpeg;base64," + base64.b64encode(images[2].read_bytes()).decode("ascii")
-    srv = ServerProcess([gemma3_bundle, "--name", "gemma3"], tmp_path)
-    try:
-        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
-        reply = client.chat.completions.create(
-            model="gemma3",
-            max_tokens=6,
-            temperature=0,
-            messages=[
-                {
-                    "role": "user",
-                    "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": PROMPT}],
-                }
-            ],
-        )
-    finally:
-        assert srv.stop() == 0, srv.log.read_text()[-3000:]
-    proc = run_cli(
-        "run",
-        str(gemma3_bundle),
-        "--chat",
-        "--image",
-        str(images[2]),
-        "--prompt",
-        PROMPT,
-        "-n",
-        "6",
-        "--temp",
-        "0",
-        "--json",
-    )
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout)
-    assert reply.choices[0].message.content == out["text"]
-    assert reply.usage.prompt_tokens == out["usage"]["prompt_tokens"] == 38  # 16 image tokens + 22 text tokens
+    n = served_reply_equals_run(gemma3_bundle, images[2], PROMPT, tmp_path, run_cli, name="gemma3")
+    assert n == 38  # 16 image tokens + 22 text tokens
 
 
 @pytest.mark.slow

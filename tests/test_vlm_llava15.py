@@ -90,8 +90,7 @@ def test_preprocessing_matches_the_clip_processor(tiny_llava15, tmp_path):
     from PIL import Image
     from transformers import CLIPImageProcessor
 
-    from edgesdk.formats.vlm.onnx_encoder import normalise
-    from edgesdk.runtime.backends.vlm import ImagePreprocessor
+    from edgesdk.runtime.backends.vlm import ImagePreprocessor, normalise
 
     pre = json.loads((tiny_llava15 / "preprocessor_config.json").read_text())
     hf = CLIPImageProcessor.from_pretrained(tiny_llava15)
@@ -194,3 +193,13 @@ def test_cli_run_with_an_image(llava15_bundle, images, run_cli):
     assert proc.returncode == 0, proc.stderr
     last = json.loads(proc.stdout)["report"]["backend_report"]["last_request"]
     assert last["image_tokens"] == LLAVA15_IMAGE_TOKENS
+
+
+@pytest.mark.slow
+def test_served_chat_with_an_image_equals_edgesdk_run(llava15_bundle, images, tmp_path, run_cli):
+    """``edgesdk serve`` on the LLaVA-1.5 bundle (the ONNX encoder encodes): an OpenAI chat request with an image
+    answers what ``edgesdk run --chat --image`` answers, the 576 image tokens counted in the prompt."""
+    from vlm_serve_check import served_reply_equals_run
+
+    n = served_reply_equals_run(llava15_bundle, images[2], "What is it?", tmp_path, run_cli, name="llava15")
+    assert n > LLAVA15_IMAGE_TOKENS

@@ -40,8 +40,7 @@ def test_tiles_match_the_hf_processor(tiny_smolvlm_split):
     from PIL import Image
     from transformers import AutoProcessor
 
-    from edgesdk.formats.vlm.onnx_encoder import normalise
-    from edgesdk.runtime.backends.vlm import ImagePreprocessor
+    from edgesdk.runtime.backends.vlm import ImagePreprocessor, normalise
 
     pre = json.loads((tiny_smolvlm_split / "preprocessor_config.json").read_text())
     assert pre["do_image_splitting"] is True and pre["size"] == {"longest_edge": 256}
@@ -176,3 +175,13 @@ def test_plan_counts_the_frames(tiny_smolvlm_split):
         "16 image tokens per frame; image splitting: up to 16 tiles + 1 global frame per image, 272 image "
         "tokens" in text
     )
+
+
+@pytest.mark.slow
+def test_served_chat_with_a_split_image_equals_edgesdk_run(split_bundle, images, tmp_path, run_cli):
+    """``edgesdk serve`` on the split SmolVLM bundle: an OpenAI chat request with an image answers what ``edgesdk run
+    --chat --image`` answers, every tile's and the global frame's tokens counted (images[2]: 3 x 4 tiles + 1)."""
+    from vlm_serve_check import served_reply_equals_run
+
+    n = served_reply_equals_run(split_bundle, images[2], "Describe it", tmp_path, run_cli, name="smolvlm")
+    assert n > (3 * 4 + 1) * IDEFICS3_IMAGE_TOKENS
