@@ -653,46 +653,10 @@ def test_decode_limit_reads_max_pixels_and_resize_keeps_the_aspect(tiny_qwen25vl
 
 @pytest.mark.slow
 def test_served_chat_with_an_image_equals_edgesdk_run(qwen_bundle, qwen_images, tmp_path, run_cli):
-    """``edgesdk serve`` on the Qwen2.5-VL bundle: an OpenAI chat request with an ``image_url`` data URL answers what
-    ``edgesdk run --chat --image`` answers, the image's 55 tokens counted in the prompt."""
-    import base64
+    """``edgesdk serve`` on the Qwen2.5-VL bundle: an OpenAI chat request with an ``image_url`` data URL (the real
+    ``openai`` client) answers what ``edgesdk run --chat --image`` answers, the image's 55 tokens counted in the
+    prompt."""
+    from vlm_serve_check import served_reply_equals_run
 
-    openai = pytest.importorskip("openai")
-    pytest.importorskip("uvicorn")
-    from test_serve import ServerProcess
-
-    url = "data:image/png;base64," + base64.b64encode(qwen_images[1].read_bytes()).decode("ascii")
-    srv = ServerProcess([qwen_bundle, "--name", "qwen"], tmp_path)
-    try:
-        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
-        reply = client.chat.completions.create(
-            model="qwen",
-            max_tokens=6,
-            temperature=0,
-            messages=[
-                {
-                    "role": "user",
-                    "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": PROMPT}],
-                }
-            ],
-        )
-    finally:
-        assert srv.stop() == 0, srv.log.read_text()[-3000:]
-    proc = run_cli(
-        "run",
-        str(qwen_bundle),
-        "--chat",
-        "--image",
-        str(qwen_images[1]),
-        "--prompt",
-        PROMPT,
-        "-n",
-        "6",
-        "--temp",
-        "0",
-        "--json",
-    )
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout)
-    assert reply.choices[0].message.content == out["text"]
-    assert reply.usage.prompt_tokens == out["usage"]["prompt_tokens"] == 55 + 44  # image + text tokens
+    n = served_reply_equals_run(qwen_bundle, qwen_images[1], PROMPT, tmp_path, run_cli, name="qwen")
+    assert n == 55 + 44  # image + text tokens

@@ -240,44 +240,7 @@ def test_served_chat_with_an_image_equals_edgesdk_run(qwen2vl_bundle, qwen2vl_im
     """``edgesdk serve`` on the Qwen2-VL bundle: an OpenAI chat request with an ``image_url`` data URL (the real
     ``openai`` client) answers what ``edgesdk run --chat --image`` answers, the image's 55 tokens counted in the
     prompt."""
-    import base64
+    from vlm_serve_check import served_reply_equals_run
 
-    openai = pytest.importorskip("openai")
-    pytest.importorskip("uvicorn")
-    from test_serve import ServerProcess
-
-    url = "data:image/png;base64," + base64.b64encode(qwen2vl_images[1].read_bytes()).decode("ascii")
-    srv = ServerProcess([qwen2vl_bundle, "--name", "qwen2vl"], tmp_path)
-    try:
-        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
-        reply = client.chat.completions.create(
-            model="qwen2vl",
-            max_tokens=6,
-            temperature=0,
-            messages=[
-                {
-                    "role": "user",
-                    "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": PROMPT}],
-                }
-            ],
-        )
-    finally:
-        assert srv.stop() == 0, srv.log.read_text()[-3000:]
-    proc = run_cli(
-        "run",
-        str(qwen2vl_bundle),
-        "--chat",
-        "--image",
-        str(qwen2vl_images[1]),
-        "--prompt",
-        PROMPT,
-        "-n",
-        "6",
-        "--temp",
-        "0",
-        "--json",
-    )
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout)
-    assert reply.choices[0].message.content == out["text"] and out["text"]
-    assert reply.usage.prompt_tokens == out["usage"]["prompt_tokens"] == 55 + 44  # image + text tokens
+    n = served_reply_equals_run(qwen2vl_bundle, qwen2vl_images[1], PROMPT, tmp_path, run_cli, name="qwen2vl")
+    assert n == 55 + 44  # image + text tokens
