@@ -27,8 +27,9 @@ import numpy as np
 from edgesdk import telemetry
 from edgesdk.errors import BackendUnavailableError, InputError, ShapeError
 from edgesdk.formats.gguf.types import DEFAULT_KV_TYPE, kv_bytes
-from edgesdk.native import import_llama_cpp, route_llama_logs
+from edgesdk.native import import_llama_cpp
 from edgesdk.runtime.backend import LoadContext, TensorSpec
+from edgesdk.runtime.backends.llama_core import close_quietly, eog_check, load_llama_cpp, open_llama
 from edgesdk.runtime.requests import DEFAULT_SAMPLING, GenerationRequest, check_logit_bias, check_sampling
 
 if TYPE_CHECKING:
@@ -190,8 +191,7 @@ class LlamaCppBackend:
         self.inputs = (TensorSpec("input_ids", "int64", None),)
         self.outputs = (TensorSpec("logits", "float32", (1, int(llm.n_vocab()))),)
         self._vocab = llama_cpp.llama_model_get_vocab(llm.model)
-        vocab = self._vocab
-        self._is_eog: Callable[[int], bool] = lambda tok: llama_cpp.llama_vocab_is_eog(vocab, tok)
+        self._is_eog: Callable[[int], bool] = eog_check(llama_cpp, self._vocab)
         self._random_seed = int(llama_cpp.LLAMA_DEFAULT_SEED)
         # llama.cpp's own per-context timers (what llama-bench reports): prompt evaluation and
         # token-by-token evaluation, without Python, sampling or detokenising in between.
@@ -671,8 +671,8 @@ class LlamaCppBackend:
         return {**self._report, "last_request": dict(self.last)}
 
     def close(self) -> None:
-        with self._lock, contextlib.suppress(Exception):
-            self._llm.close()
+        with self._lock:
+            close_quietly(self._llm)
 
 
 def _check_messages(messages: object) -> None:
@@ -739,18 +739,12 @@ def _label(fa: bool, ngl: int, layers: int) -> str:
 def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
     """Loader registered for format ``gguf`` (see edgesdk.runtime.backends)."""
     from edgesdk.errors import BundleIntegrityError
-    from edgesdk.extras import require
     from edgesdk.manifest import LLMConfig
 
-    require("gguf", "llama_cpp", "a GGUF bundle")
-    try:
-        llama_cpp = import_llama_cpp()
-    except (ImportError, OSError) as exc:  # installed, but its native library does not load
-        raise BackendUnavailableError(f"llama-cpp-python is installed but does not load: {exc}") from exc
+    opts = dict(ctx.options or {})
+    llama_cpp = load_llama_cpp("a GGUF bundle", verbose=bool(opts.get("verbose")))  # llama_core.py
     planned_llm = bundle.manifest.llm or LLMConfig()  # the plan's llama.cpp settings and the model shape (typed)
     info = planned_llm.model_shape()
-    opts = dict(ctx.options or {})
-    route_llama_logs(bool(opts.get("verbose")))
     chat_template = opts.get("chat_template")
     if chat_template is not None:
         resolve_chat_template(chat_template)  # a bad name/file fails at load (exit 3), not at the first chat
@@ -848,14 +842,13 @@ def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
             )
         if why is None:
             try:
-                llm = llama_cpp.Llama(
-                    model_path=path,
-                    n_gpu_layers=a_ngl,
-                    flash_attn=a_fa,
+                llm = open_llama(
+                    llama_cpp,
+                    path,
                     n_ctx=n_ctx,
-                    n_threads=threads,
-                    n_threads_batch=threads,
-                    verbose=False,
+                    n_gpu_layers=a_ngl,
+                    threads=threads,
+                    flash_attn=a_fa,
                     **a_batch,
                     **a_kv,
                 )
@@ -864,8 +857,7 @@ def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
             except Exception as exc:  # noqa: BLE001 - llama.cpp raises ValueError/RuntimeError/OSError
                 why = f"{type(exc).__name__}: {str(exc)[:160]}"
                 if llm is not None:
-                    with contextlib.suppress(Exception):
-                        llm.close()
+                    close_quietly(llm)
                 llm = None
         if llm is not None:
             report = {
