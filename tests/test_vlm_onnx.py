@@ -101,8 +101,8 @@ def test_onnx_features_match_pytorch_on_the_test_images(tiny_llava, exported, im
     from PIL import Image
     from transformers import AutoProcessor, LlavaForConditionalGeneration
 
-    from edgesdk.formats.vlm.onnx_encoder import normalise, onnx_features
-    from edgesdk.runtime.backends.vlm import ImagePreprocessor
+    from edgesdk.formats.vlm.onnx_encoder import onnx_features
+    from edgesdk.runtime.backends.vlm import ImagePreprocessor, normalise
 
     path, _ = exported
     pre = json.loads((tiny_llava / "preprocessor_config.json").read_text())
@@ -143,28 +143,28 @@ def test_export_from_the_transformers5_layout_gives_the_same_encoder(tiny_llava,
 
 
 def test_choose_is_honest_about_providers(tmp_path, monkeypatch):
-    from edgesdk.runtime.backends import vlm_onnx
     from edgesdk.runtime.backends.onnxruntime import probe_provider
+    from edgesdk.runtime.backends.vlm import onnx_session
 
     fallbacks = []
     rec = lambda a, b, why: fallbacks.append((a, b, why))  # noqa: E731
     onnx = tmp_path / "vision_encoder.onnx"
-    monkeypatch.delenv(vlm_onnx.ENV, raising=False)
-    fast = [ep for ep in vlm_onnx.FAST_PROVIDERS if probe_provider(ep)[0]]
-    provider, why = vlm_onnx.choose(None, onnx, rec)
+    monkeypatch.delenv(onnx_session.ENV, raising=False)
+    fast = [ep for ep in onnx_session.FAST_PROVIDERS if probe_provider(ep)[0]]
+    provider, why = onnx_session.choose(None, onnx, rec)
     if fast:
         assert provider == fast[0] and not fallbacks
     else:  # this machine: no TensorRT/CUDA -> the mmproj, recorded as a fallback with each provider's reason
         assert provider is None and fallbacks and "TensorrtExecutionProvider" in fallbacks[0][2]
-    assert vlm_onnx.choose("onnx", onnx, rec)[0] == (fast[0] if fast else "CPUExecutionProvider")
-    assert vlm_onnx.choose("mmproj", onnx, rec)[0] is None
-    monkeypatch.setenv(vlm_onnx.ENV, "onnx")
-    assert vlm_onnx.choose(None, onnx, rec)[0] is not None
-    assert vlm_onnx.choose("auto", None, rec)[0] is None  # a bundle built without the ONNX encoder
+    assert onnx_session.choose("onnx", onnx, rec)[0] == (fast[0] if fast else "CPUExecutionProvider")
+    assert onnx_session.choose("mmproj", onnx, rec)[0] is None
+    monkeypatch.setenv(onnx_session.ENV, "onnx")
+    assert onnx_session.choose(None, onnx, rec)[0] is not None
+    assert onnx_session.choose("auto", None, rec)[0] is None  # a bundle built without the ONNX encoder
     with pytest.raises(InputError, match="no ONNX vision encoder"):
-        vlm_onnx.choose("onnx", None, rec)
+        onnx_session.choose("onnx", None, rec)
     with pytest.raises(InputError, match="vision_encoder must be one of"):
-        vlm_onnx.choose("tensorrt", onnx, rec)
+        onnx_session.choose("tensorrt", onnx, rec)
 
 
 @pytest.fixture(scope="module")

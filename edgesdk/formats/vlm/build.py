@@ -127,7 +127,7 @@ def component_parity(
     from edgesdk.formats.vlm.greedy import greedy_agreement
 
     work = Path(work or tempfile.mkdtemp(prefix="edgesdk-vlm-"))
-    # the family's own prompt with one image, as the runtime formats a plain prompt (backends/vlm.py)
+    # the family's own prompt with one image, as the runtime formats a plain prompt (backends/vlm/backend.py)
     from edgesdk.formats.vlm.families import by_config
 
     fam = by_config(vconv.read_config(hf_dir))

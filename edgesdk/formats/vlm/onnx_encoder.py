@@ -6,7 +6,8 @@ What is exported is exactly what the decoder consumes: LLaVA's ``get_image_featu
 one image at the checkpoint's static size:
 
 * input ``pixel_values`` float32 ``[1, 3, H, W]``, already normalised with the processor's
-  ``rescale_factor`` / ``image_mean`` / ``image_std`` (:func:`normalise`, shared with the runtime);
+  ``rescale_factor`` / ``image_mean`` / ``image_std`` (:func:`normalise`; the names and the normalisation are the
+  runtime's contract, :mod:`edgesdk.runtime.backends.vlm.encoder`, imported here);
 * output ``image_features`` float32 ``[1, n_image_tokens, n_embd]``.
 
 ``torch.onnx.export`` with the TorchScript exporter (``dynamo=False``) traces one static shape with
@@ -31,23 +32,13 @@ import numpy as np
 
 from edgesdk.errors import ExternalToolError
 
+# the artifact's contract (input/output names, the input's normalisation) is the runtime's, in a leaf module
+# (docs/architecture.md, Layers) that formats may import
+from edgesdk.runtime.backends.vlm.encoder import INPUT_NAME, OUTPUT_NAME, normalise
+
 ONNX_OPSET = 17  # ONNX Runtime 1.1x+ and TensorRT 8.6/10.x (JetPack 6) both parse opset 17
-INPUT_NAME, OUTPUT_NAME = "pixel_values", "image_features"
 # Ops TensorRT-friendly graphs must not have: data-dependent control flow.
 CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})
-
-
-def normalise(pixels: np.ndarray, preprocessor: dict[str, Any]) -> np.ndarray:
-    """HxWx3 uint8 (the resized image) -> float32 ``[1, 3, H, W]`` as the processor does it: times
-    ``rescale_factor`` (when ``do_rescale``), minus ``image_mean``, over ``image_std`` (when ``do_normalize``)."""
-    x = pixels.astype(np.float32)
-    if preprocessor.get("do_rescale", True):
-        x = x * np.float32(preprocessor.get("rescale_factor", 1 / 255))
-    if preprocessor.get("do_normalize", True):
-        mean = np.asarray(preprocessor.get("image_mean", [0.5, 0.5, 0.5]), dtype=np.float32)
-        std = np.asarray(preprocessor.get("image_std", [0.5, 0.5, 0.5]), dtype=np.float32)
-        x = (x - mean) / std
-    return np.ascontiguousarray(x.transpose(2, 0, 1)[None], dtype=np.float32)
 
 
 def export_encoder(hf_dir: Path, fp32: Path, fp16: Path, *, opset: int = ONNX_OPSET) -> dict[str, Any]:

@@ -11,8 +11,8 @@ Which encoder runs is chosen at load time (:func:`choose`):
 
 Set with the load option ``vision_encoder=`` or the environment variable ``EDGESDK_VLM_ENCODER``.
 The ONNX encoder takes the same resized pixels the mmproj path gets, normalised with the processor's
-rescale factor and mean/std (:func:`edgesdk.formats.vlm.onnx_encoder.normalise`), and returns the
-features the decoder consumes (``n_image_tokens x n_embd``, float32).
+rescale factor and mean/std (:func:`edgesdk.runtime.backends.vlm.encoder.normalise`, the artifact's contract), and
+returns the features the decoder consumes (``n_image_tokens x n_embd``, float32).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from edgesdk.errors import BackendUnavailableError, InputError
+from edgesdk.runtime.backends.vlm.encoder import INPUT_NAME, OUTPUT_NAME, normalise
 
 ENV = "EDGESDK_VLM_ENCODER"
 CHOICES = ("auto", "onnx", "mmproj")
@@ -39,8 +40,6 @@ class OnnxImageEncoder:
 
     def __init__(self, path: Path, preprocessor: dict[str, Any], provider: str, *, threads: int | None = None):
         import onnxruntime as ort
-
-        from edgesdk.formats.vlm.onnx_encoder import INPUT_NAME, OUTPUT_NAME
 
         self.path, self.preprocessor, self.provider = Path(path), preprocessor, provider
         self._in, self._out = INPUT_NAME, OUTPUT_NAME
@@ -77,8 +76,6 @@ class OnnxImageEncoder:
         self.last_s: float | None = None
 
     def __call__(self, pixels: np.ndarray) -> np.ndarray:
-        from edgesdk.formats.vlm.onnx_encoder import normalise
-
         t0 = perf_counter()
         out = self.session.run([self._out], {self._in: normalise(pixels, self.preprocessor)})[0]
         self.last_s = perf_counter() - t0

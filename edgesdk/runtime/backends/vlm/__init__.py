@@ -1,0 +1,54 @@
+# SPDX-License-Identifier: Apache-2.0
+"""VLM backend: image decode + preprocessing (the model's own processor config), the vision encoder +
+projector (F16 mmproj) and the quantized GGUF decoder, all through llama.cpp's multimodal library
+(libmtmd, via llama-cpp-python's public ``llama_cpp.mtmd_cpp`` bindings).
+
+One request: preprocess (Pillow: decode, RGB, resize / center-crop as ``preprocessor_config.json``
+says) -> encode (``mtmd_encode_chunk``; skipped when the image's features are cached) -> prefill
+(text chunks with ``Llama.eval``, image chunks with ``mtmd_helper_decode_image_chunk`` from the
+cached features) -> decode (``Llama.generate`` sampling). Image-prefix reuse: features are cached by
+(image sha256, mmproj sha256), and the decoder's KV cache is kept up to the longest common prefix of
+the previous request (text tokens and image hashes), so a second question about the same image
+evaluates only its own text. Telemetry: one GenAI span per request (``telemetry.inference``) with
+stage child spans ``preprocess``, ``encode`` (only when the encoder runs; a cached image is an
+``edgesdk.vlm.image_cached`` event), ``prefill`` and ``decode`` (``rec.stage``), and the stage times as
+``edgesdk.vlm.{preprocess,encode,prefill}_s`` attributes; image tokens are counted in
+``gen_ai.usage.input_tokens`` and separately as ``edgesdk.vlm.image_tokens``.
+
+The package's modules: :mod:`.preprocess` (image decoding, :class:`ImagePreprocessor`), :mod:`.families` (the
+runtime's per-family behaviour, chosen by the family record), :mod:`.pipeline` (:class:`VLMPipeline`: libmtmd +
+llama.cpp, on the llama core shared with the GGUF backend, :mod:`edgesdk.runtime.backends.llama_core`),
+:mod:`.encoder` (the ONNX encoder artifact's contract), :mod:`.onnx_session` (the ONNX Runtime session on it and the
+choice of encoder) and :mod:`.backend` (:class:`VLMBackend`, :func:`load_vlm`, :func:`parity_backend`).
+"""
+
+from __future__ import annotations
+
+from edgesdk.runtime.backends.vlm.backend import DEFAULT_SAMPLING, VLMBackend, load_vlm, parity_backend
+from edgesdk.runtime.backends.vlm.encoder import INPUT_NAME, OUTPUT_NAME, normalise
+from edgesdk.runtime.backends.vlm.pipeline import ENCODE_TIMES_KEPT, FEATURE_CACHE_SIZE, VLMPipeline
+from edgesdk.runtime.backends.vlm.preprocess import (
+    MAX_ASPECT,
+    MAX_IMAGE_BYTES,
+    MIN_MAX_SIDE,
+    ImagePreprocessor,
+    decode_image,
+)
+
+__all__ = [
+    "DEFAULT_SAMPLING",
+    "ENCODE_TIMES_KEPT",
+    "FEATURE_CACHE_SIZE",
+    "INPUT_NAME",
+    "MAX_ASPECT",
+    "MAX_IMAGE_BYTES",
+    "MIN_MAX_SIDE",
+    "OUTPUT_NAME",
+    "ImagePreprocessor",
+    "VLMBackend",
+    "VLMPipeline",
+    "decode_image",
+    "load_vlm",
+    "normalise",
+    "parity_backend",
+]
