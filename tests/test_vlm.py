@@ -136,6 +136,41 @@ def test_generate_chat_and_image_prefix_reuse(vlm_bundle, images):
 
 
 @pytest.mark.slow
+def test_an_image_given_again_is_not_preprocessed_again(vlm_bundle, images, tmp_path):
+    """The same file (unchanged) or the same bytes reuse their preprocessed frames; a file rewritten in place is
+    decoded again, and every answer equals a cold session's for that image."""
+    import os
+
+    import edgesdk
+
+    mine = tmp_path / "photo.png"
+    mine.write_bytes(images[2].read_bytes())
+    s = edgesdk.load(vlm_bundle)
+    pipe = s.backend.pipe
+    try:
+        a = s.generate("What is on the table?", images=[mine], max_tokens=4, temperature=0)
+        assert pipe.frames_reused == 0
+        assert s.generate("What is on the table?", images=[mine], max_tokens=4, temperature=0) == a
+        assert pipe.frames_reused == 1
+        raw = images[2].read_bytes()
+        assert s.generate("What is on the table?", images=[raw], max_tokens=4, temperature=0) == a
+        assert s.generate("What is on the table?", images=[raw], max_tokens=4, temperature=0) == a
+        assert pipe.frames_reused == 2  # the bytes' first use decoded them, the second reused them
+        st = mine.stat()
+        mine.write_bytes(images[0].read_bytes())  # another image at the same path
+        os.utime(mine, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+        c = s.generate("What is on the table?", images=[mine], max_tokens=4, temperature=0)
+        assert pipe.frames_reused == 2
+    finally:
+        s.close()
+    fresh = edgesdk.load(vlm_bundle)
+    try:
+        assert fresh.generate("What is on the table?", images=[images[0]], max_tokens=4, temperature=0) == c
+    finally:
+        fresh.close()
+
+
+@pytest.mark.slow
 def test_cli_run_with_images(vlm_bundle, images, run_cli):
     proc = run_cli(
         "run",

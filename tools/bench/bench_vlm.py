@@ -339,7 +339,7 @@ def measure_load(bundle: Path, mmap: bool, args, image: Path) -> dict:
     got = json.loads(line[len("RESULT ") :])
     if not mmap and "use_mmap=False" not in str(got.get("mmap")):
         return {
-            "error": "this edgesdk ignores the use_mmap load option (needs edgesdk/runtime/backends/vlm.py "
+            "error": "this edgesdk ignores the use_mmap load option (needs edgesdk/runtime/backends/vlm/ "
             "with use_mmap)",
             **got,
         }

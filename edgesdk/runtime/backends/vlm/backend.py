@@ -229,10 +229,10 @@ class VLMBackend:
             out_text, emitted, generated, finish, t_first = "", 0, [], "length", None
             llm.set_seed(seed if seed is not None else 0xFFFFFFFF)
             hold = max((len(s) for s in stops), default=1) - 1
-            # decode: from evaluating the prompt's last token to the last sampled one
+            # decode: from sampling the first token (the prompt is evaluated) to the last sampled one
             decode_stage = rec.stage("decode")
             gen = llm.generate(
-                [info["last_token"]],
+                [],  # the prompt is evaluated (prefill): sample from its last token's logits
                 reset=False,
                 top_k=int(params["top_k"]),
                 top_p=float(params["top_p"]),
@@ -276,7 +276,7 @@ class VLMBackend:
                 t_end = perf_counter()
                 decode_stage.set_attribute("edgesdk.inference.stage.tokens", len(generated))
                 decode_stage.end()
-                pipe.note_generated(info["last_token"], generated)
+                pipe.note_generated(generated)
                 rec.set_output_tokens(len(generated))
                 rec.finish([finish])
                 rec.capture_output(out_text)

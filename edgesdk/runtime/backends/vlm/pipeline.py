@@ -29,6 +29,7 @@ from edgesdk.runtime.backends.vlm.preprocess import ImagePreprocessor
 
 FEATURE_CACHE_SIZE = 16  # images whose features are kept
 ENCODE_TIMES_KEPT = 1024  # encoder run times kept per path for session.report()
+FRAMES_CACHE_SIZE = 4  # image inputs whose preprocessed frames are kept (a 4096-token Qwen image: ~10 MB)
 
 _log = logging.getLogger("edgesdk.llama_cpp.mtmd")
 _MTMD_LOG: list[Any] = []  # keeps the ctypes callback alive
@@ -133,6 +134,10 @@ class VLMPipeline:
         self._layout_ids: tuple[int | None, ...] | None = None  # Idefics3 layout token ids
         self._kv: list[Any] = []  # what the KV cache holds now: text token ids and ("img", hash, n) entries
         self.last_stages: dict[str, float] = {}
+        # an image given again (the same file unchanged, or the same bytes: a chat client re-sends the image every
+        # turn) is not decoded and resized again: its frames, layout and frame keys by the input's identity
+        self._frames: OrderedDict[tuple[Any, ...], tuple[list[np.ndarray], str | None, list[str]]] = OrderedDict()
+        self.frames_reused = 0
 
     # ---------------------------------------------------------------- images
     def _features(self, key: str, chunk: Any) -> tuple[np.ndarray, bool]:
@@ -227,6 +232,45 @@ class VLMPipeline:
                 img_i += 1
         return plan
 
+    @staticmethod
+    def _source_id(image: Any) -> tuple[Any, ...] | None:
+        """What identifies an image input without decoding it: a file by its resolved path, size and mtime, bytes
+        by their sha256; None for other inputs (PIL images, arrays: not cached)."""
+        if isinstance(image, (str, Path)):
+            path = Path(str(image).removeprefix("file://"))
+            try:
+                st = path.stat()
+            except OSError:
+                return None  # load() says what is wrong with it
+            return ("file", str(path.resolve()), st.st_size, st.st_mtime_ns)
+        if isinstance(image, (bytes, bytearray, memoryview)):
+            return ("bytes", hashlib.sha256(image).hexdigest())
+        return None
+
+    def _image_frames(self, image: Any) -> tuple[list[np.ndarray], str | None, list[str]]:
+        """One image's frames (the encoder's inputs), its prompt layout (None: one marker) and each frame's feature
+        cache key, from the frames cache when the same input was preprocessed before."""
+        sid = self._source_id(image)
+        if sid is not None:
+            with self._cache_lock:
+                hit = self._frames.get(sid)
+                if hit is not None:
+                    self._frames.move_to_end(sid)
+                    self.frames_reused += 1
+                    return hit
+        _, img = self.pre.load(image)
+        got, layout = image_frames(self.pre, self.pre.record, img, self.marker)
+        keys = [
+            hashlib.sha256(px.tobytes() + f"{px.shape[1]}x{px.shape[0]}".encode()).hexdigest() + ":" + self.encoder_id
+            for px in got
+        ]
+        if sid is not None:
+            with self._cache_lock:
+                self._frames[sid] = (got, layout, keys)
+                while len(self._frames) > FRAMES_CACHE_SIZE:
+                    self._frames.popitem(last=False)
+        return got, layout, keys
+
     def _tokenize(self, text: str, images: list[Any], rec: Any = telemetry.NOOP_RECORDER) -> tuple[Any, list[str], int]:
         mtmd = self._mtmd
         keys, bitmaps = [], []
@@ -235,25 +279,25 @@ class VLMPipeline:
         stage = rec.stage("preprocess", {"edgesdk.vlm.images": len(images)}) if images else telemetry.NOOP_STAGE
         try:
             frames: list[np.ndarray] = []
+            frame_keys: list[str] = []
             layouts: list[str] = []
             for image in images:
-                _, img = self.pre.load(image)
-                got, layout = image_frames(self.pre, self.pre.record, img, self.marker)
+                got, layout, got_keys = self._image_frames(image)
                 frames.extend(got)
+                frame_keys.extend(got_keys)
                 if layout is not None:  # the family writes each image's own layout
                     layouts.append(layout)
             if layouts:  # each image marker becomes the processor's layout, one marker per frame
                 parts = text.split(self.marker)
                 if len(parts) == len(layouts) + 1:
                     text = parts[0] + "".join(lay + part for lay, part in zip(layouts, parts[1:], strict=True))
-            for pixels in frames:
+            for pixels, key in zip(frames, frame_keys, strict=True):
                 h, w = pixels.shape[:2]
                 buf = (ctypes.c_uint8 * pixels.size).from_buffer_copy(pixels.tobytes())
                 bm = mtmd.mtmd_bitmap_init(w, h, buf)
                 if not bm:
                     raise BackendUnavailableError("mtmd_bitmap_init failed")
                 bitmaps.append(bm)
-                key = hashlib.sha256(pixels.tobytes() + f"{w}x{h}".encode()).hexdigest() + ":" + self.encoder_id
                 keys.append(key)
                 if self.image_encoder is not None:
                     self._pixels[key] = pixels
@@ -283,8 +327,10 @@ class VLMPipeline:
 
     # ---------------------------------------------------------------- prefill
     def prefill(self, text: str, images: list[Any], rec: Any = telemetry.NOOP_RECORDER) -> dict[str, Any]:
-        """Evaluate the prompt up to (not including) its last token, reusing the KV prefix; returns the
-        last token id, the token/image counts and stage timings. The caller samples from there.
+        """Evaluate the prompt, reusing the KV prefix (never its last token, whose logits the first sampled token
+        comes from: evaluated in the same batch as the rest of the text, not as a decode step of its own); returns
+        the last token id, the token/image counts and stage timings. The caller samples from the context's logits
+        (``Llama.generate([], reset=False)``).
         ``rec``: the request's telemetry recorder (stage child spans preprocess, encode, prefill)."""
         mtmd, llm = self._mtmd, self.llm
         self.last_stages = {}
@@ -346,7 +392,7 @@ class VLMPipeline:
                 keep -= 1
             t0 = perf_counter()
             prefill_stage = rec.stage(
-                "prefill", {"edgesdk.inference.stage.tokens": n_total - 1 - keep, "edgesdk.vlm.kv_reused_tokens": keep}
+                "prefill", {"edgesdk.inference.stage.tokens": n_total - keep, "edgesdk.vlm.kv_reused_tokens": keep}
             )
             mem = self._llama_cpp.llama_get_memory(llm.ctx)
             self._llama_cpp.llama_memory_seq_rm(mem, -1, keep, -1)
@@ -354,8 +400,8 @@ class VLMPipeline:
             self._kv = list(seq[:keep])
             pos = 0
             for kind, val in plan:
-                if kind == "text":
-                    ids = val if pos + len(val) < n_total else val[:-1]
+                if kind == "text":  # the prompt's last token too: its logits are the first token's
+                    ids = val
                     start = max(0, keep - pos)
                     todo = ids[start:]
                     if todo:
@@ -461,10 +507,9 @@ class VLMPipeline:
             i += 3
         return out
 
-    def note_generated(self, last_token: int, generated: list[int]) -> None:
-        """Record what the KV cache holds after generation (the prompt's last token + generated ones,
-        except the very last sampled token, which llama.cpp has not evaluated)."""
-        self._kv.append(last_token)
+    def note_generated(self, generated: list[int]) -> None:
+        """Record what the KV cache holds after generation (the prompt, then the generated tokens except the very
+        last sampled one, which llama.cpp has not evaluated)."""
         self._kv.extend(generated[:-1])
         self._kv = self._kv[: self.llm.n_tokens]
 
