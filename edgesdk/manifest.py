@@ -532,6 +532,13 @@ class Manifest:
         return self._extras_section("vlm").get("image_size")
 
     @property
+    def vlm_family(self) -> str | None:
+        """The VLM family record the bundle was built with (``extras.vlm.mmproj.family``; None where not recorded)."""
+        mmproj = self._extras_section("vlm").get("mmproj")
+        family = mmproj.get("family") if isinstance(mmproj, dict) else None
+        return family if isinstance(family, str) else None
+
+    @property
     def mmproj_encodes(self) -> bool:
         """False for a class-token (CLIP) tower, whose mmproj only tokenizes image chunks
         (``extras.vlm.mmproj.encodes``); True otherwise, as bundles before the field."""

@@ -53,8 +53,9 @@ def qwen2vl_images(tmp_path_factory) -> list[Path]:
 
 def test_the_family_is_one_module_and_one_registry_line():
     """Qwen2-VL's record (families/qwen2vl.py, its name in REGISTRY); Qwen2.5-VL's no longer claims its class or
-    towers. The runtime finds a record by the image processor, which both save: the first (Qwen2.5-VL's), whose
-    resize, prompt and chat functions are Qwen2-VL's too."""
+    towers. Both save the same image processor, which by_processor maps to the first (Qwen2.5-VL's), whose resize,
+    prompt and chat functions are Qwen2-VL's too; the runtime takes a bundle's record from its manifest
+    (test_the_runtime_takes_the_record_the_bundle_was_built_with)."""
     from edgesdk.formats.vlm.families import REGISTRY, by_config, by_name, by_processor
 
     fam, v25 = by_name("qwen2vl"), by_name("qwen25vl")
@@ -233,6 +234,33 @@ def test_cli_build_and_run_with_an_image(qwen2vl_cli_build_5, qwen2vl_images, ru
     assert run.returncode == 0, run.stderr
     last = json.loads(run.stdout)["report"]["backend_report"]["last_request"]
     assert last["image_tokens"] == 63
+
+
+@pytest.mark.slow
+def test_the_runtime_takes_the_record_the_bundle_was_built_with(qwen2vl_bundle, tmp_path):
+    """A Qwen2-VL bundle runs with Qwen2-VL's record (the manifest's extras.vlm.mmproj.family), not the record its
+    shared image processor maps to; a bundle that records no family (older builds) falls back to that mapping."""
+    import shutil
+
+    import edgesdk
+    from edgesdk.manifest import content_hash
+
+    s = edgesdk.load(qwen2vl_bundle)
+    try:
+        assert s.backend.pipe.pre.record.name == "qwen2vl"
+    finally:
+        s.close()
+    old = tmp_path / "no-family"
+    shutil.copytree(qwen2vl_bundle, old)
+    m = json.loads((old / "manifest.json").read_text())
+    del m["extras"]["vlm"]["mmproj"]["family"]
+    m["manifest_sha256"] = content_hash(m)  # as a build before the field wrote it
+    (old / "manifest.json").write_text(json.dumps(m))
+    s = edgesdk.load(old)
+    try:
+        assert s.backend.pipe.pre.record.name == "qwen25vl"
+    finally:
+        s.close()
 
 
 @pytest.mark.slow

@@ -339,6 +339,8 @@ def load_vlm(bundle: Any, ctx: Any) -> VLMBackend:
         raise BackendUnavailableError(f"bundle {bundle.path} has no preprocessor_config.json")
     pre = json.loads(raw)
     pre["_image_size"] = bundle.manifest.vlm_image_size
+    if bundle.manifest.vlm_family:
+        pre["_family"] = bundle.manifest.vlm_family
     ngl = opts.get("n_gpu_layers", planned_llm.n_gpu_layers)
     ngl = planned_llm.layers + 1 if ngl in ("all", -1) else int(ngl)
     if ngl and not llama_cpp.llama_supports_gpu_offload():

@@ -21,11 +21,10 @@ import numpy as np
 
 from edgesdk import telemetry
 from edgesdk.errors import BackendUnavailableError, InputError, ShapeError
-from edgesdk.formats.vlm import families as vlm_families
 from edgesdk.native import import_llama_cpp
 from edgesdk.runtime.backends.llama_core import close_quietly, open_llama
 from edgesdk.runtime.backends.vlm.families import frames_for, image_frames
-from edgesdk.runtime.backends.vlm.preprocess import ImagePreprocessor
+from edgesdk.runtime.backends.vlm.preprocess import ImagePreprocessor, record_for
 
 FEATURE_CACHE_SIZE = 16  # images whose features are kept
 ENCODE_TIMES_KEPT = 1024  # encoder run times kept per path for session.report()
@@ -96,7 +95,7 @@ class VLMPipeline:
         params.print_timings = False
         params.warmup = False
         # the family's image-token limits for libmtmd (families.py: a dynamic-resolution family's)
-        limits = frames_for(vlm_families.by_processor(preprocessor)).mtmd_image_tokens(preprocessor)
+        limits = frames_for(record_for(preprocessor)).mtmd_image_tokens(preprocessor)
         if limits is not None:
             params.image_min_tokens, params.image_max_tokens = limits
         self.mctx = mtmd.mtmd_init_from_file(str(mmproj).encode(), self.llm.model, params)

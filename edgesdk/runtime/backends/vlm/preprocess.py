@@ -6,6 +6,7 @@ of those an image gets is the family record's choice (:mod:`edgesdk.runtime.back
 
 from __future__ import annotations
 
+import contextlib
 import io
 from collections.abc import Callable
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from edgesdk.errors import InputError
+from edgesdk.errors import InputError, ModelError
 from edgesdk.formats.vlm import families as vlm_families
 from edgesdk.runtime.backends.vlm.families import frames_for
 
@@ -59,6 +60,16 @@ def decode_image(fh: Any, what: str, check_size: Callable[[int, int, str], None]
     return img
 
 
+def record_for(config: dict[str, Any]) -> vlm_families.VLMFamily:
+    """The family record of a bundle's ``preprocessor_config.json``: the one its manifest names (``_family``, set by
+    load_vlm; Qwen2-VL and Qwen2.5-VL share one image processor), else the record whose processor wrote it."""
+    name = config.get("_family")
+    if isinstance(name, str):
+        with contextlib.suppress(ModelError):  # a family this edgesdk no longer knows by that name
+            return vlm_families.by_name(name)
+    return vlm_families.by_processor(config)
+
+
 class ImagePreprocessor:
     """The model's own image preprocessing (``preprocessor_config.json``): RGB, then either a resize to
     ``size.height x size.width`` (SigLIP) or a shortest-edge resize + center crop (CLIP), with the
@@ -71,7 +82,7 @@ class ImagePreprocessor:
         self.image_size = int(image_size)
         self.resample = int(config.get("resample", 3))
         # the family record whose processor wrote this config (formats/vlm/families): its frames, prompt, layout
-        self.record = vlm_families.by_processor(config)
+        self.record = record_for(config)
         self.family = self.record.name
         self.strategy = frames_for(self.record)  # the runtime's behaviour for the record's frames (families.py)
         size = config.get("size") or {}
