@@ -161,6 +161,9 @@ def test_an_image_given_again_is_not_preprocessed_again(vlm_bundle, images, tmp_
         os.utime(mine, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
         c = s.generate("What is on the table?", images=[mine], max_tokens=4, temperature=0)
         assert pipe.frames_reused == 2
+        pipe.forget()  # cold again: the bytes are decoded and encoded anew, the same answer
+        assert s.generate("What is on the table?", images=[raw], max_tokens=4, temperature=0) == a
+        assert pipe.frames_reused == 2 and s.backend.last["images_cached"] == 0
     finally:
         s.close()
     fresh = edgesdk.load(vlm_bundle)

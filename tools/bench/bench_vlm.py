@@ -350,10 +350,8 @@ def measure_load(bundle: Path, mmap: bool, args, image: Path) -> dict:
 
 
 def reset(session) -> None:
-    """Forget cached image features and the KV prefix (the next request is cold)."""
-    pipe = session.backend.pipe
-    pipe.features.clear()
-    pipe._kv = []
+    """Forget cached image features, preprocessed frames and the KV prefix (the next request is cold)."""
+    session.backend.pipe.forget()
 
 
 def ask(session, question: str, image: Path, max_tokens: int) -> dict:

@@ -83,9 +83,7 @@ def measure(
         s.generate("Describe the image.", images=[image], max_tokens=max_tokens, temperature=0)  # warm-up
         runs = []
         for _ in range(rounds):
-            pipe = s.backend.pipe
-            pipe.features.clear()
-            pipe._kv = []
+            s.backend.pipe.forget()  # cold: no cached features, frames or KV prefix
             s.generate("Describe the image.", images=[image], max_tokens=max_tokens, temperature=0)
             last = dict(s.backend.last)
             runs.append(
@@ -105,8 +103,7 @@ def measure(
                 s.generate("Describe the image.", images=[path], max_tokens=max_tokens, temperature=0)  # warm-up
                 sized = []
                 for _ in range(rounds):
-                    s.backend.pipe.features.clear()
-                    s.backend.pipe._kv = []
+                    s.backend.pipe.forget()
                     s.generate("Describe the image.", images=[path], max_tokens=max_tokens, temperature=0)
                     sized.append(dict(s.backend.last))
                 w, h = __import__("PIL.Image", fromlist=["open"]).open(path).size

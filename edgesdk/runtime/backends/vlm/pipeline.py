@@ -506,6 +506,14 @@ class VLMPipeline:
             i += 3
         return out
 
+    def forget(self) -> None:
+        """Drop the cached image features, the preprocessed frames and the record of the KV prefix, so the next
+        request starts cold (what a benchmark's cold rounds need)."""
+        with self._cache_lock:
+            self.features.clear()
+            self._frames.clear()
+        self._kv = []
+
     def note_generated(self, generated: list[int]) -> None:
         """Record what the KV cache holds after generation (the prompt, then the generated tokens except the very
         last sampled one, which llama.cpp has not evaluated)."""
