@@ -130,6 +130,43 @@ def _bias_processor(logit_bias: tuple[tuple[int, float], ...]) -> Any:
     return [apply]
 
 
+def sampling_options(
+    sampling: Mapping[str, Any], *, max_tokens: int, seed: int | None, logit_bias: Any, n_vocab: int
+) -> tuple[dict[str, Any], int, int | None, Any]:
+    """A request's sampling keyword options checked the same way for every llama.cpp backend (GGUF and VLM):
+    (params = the defaults overlaid with the options given, max_tokens, seed, the checked logit bias). Unknown
+    names, out-of-range values and bias ids outside the vocabulary are one InputError each."""
+    named = {_SAMPLING_ALIASES.get(k, k): v for k, v in sampling.items()}
+    unknown = set(named) - set(DEFAULT_SAMPLING)
+    if unknown:
+        raise InputError(
+            f"unknown generation option(s): {', '.join(sorted(unknown))} "
+            f"(known: max_tokens, stop, seed, stream, logit_bias, {', '.join(DEFAULT_SAMPLING)})"
+        )
+    params: dict[str, Any] = {**DEFAULT_SAMPLING, **{k: v for k, v in named.items() if v is not None}}
+    max_tokens, seed = _check_sampling(max_tokens, seed, params)
+    bias = check_logit_bias(logit_bias)
+    if bias and bias[-1][0] >= n_vocab:
+        raise InputError(f"logit_bias token ids must be < {n_vocab} (the vocabulary), got {bias[-1][0]}")
+    return params, max_tokens, seed, bias
+
+
+def request_record(params: Mapping[str, Any], max_tokens: int, stops: list[str], seed: int | None) -> dict[str, Any]:
+    """The request options telemetry records (GenAI ``gen_ai.request.*``); penalties only when set (0 is off)."""
+    request: dict[str, Any] = {
+        "max_tokens": max_tokens,
+        "temperature": params["temperature"],
+        "top_p": params["top_p"],
+        "top_k": params["top_k"],
+        "stop_sequences": stops or None,
+        "seed": seed,
+    }
+    for k in ("frequency_penalty", "presence_penalty"):
+        if params[k]:
+            request[k] = params[k]
+    return request
+
+
 def stepwise(body: Generator[str, None, None], lock: threading.Lock | threading.RLock) -> Iterator[str]:
     """A stream: each step of ``body`` runs under the context lock, released between pieces (so other
     requests can interleave whole steps, never half a llama.cpp call)."""
@@ -492,19 +529,10 @@ class LlamaCppBackend:
             and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
         ):
             raise InputError(f"prompt must be a string or a non-empty list of token ids, got {type(prompt).__name__}")
-        named = {_SAMPLING_ALIASES.get(k, k): v for k, v in sampling.items()}
-        unknown = set(named) - set(DEFAULT_SAMPLING)
-        if unknown:
-            raise InputError(
-                f"unknown generation option(s): {', '.join(sorted(unknown))} "
-                f"(known: max_tokens, stop, seed, stream, logit_bias, {', '.join(DEFAULT_SAMPLING)})"
-            )
-        params = {**DEFAULT_SAMPLING, **{k: v for k, v in named.items() if v is not None}}
-        max_tokens, seed = _check_sampling(max_tokens, seed, params)
-        bias = check_logit_bias(logit_bias)
         n_vocab = int(self._llm.n_vocab())
-        if bias and bias[-1][0] >= n_vocab:
-            raise InputError(f"logit_bias token ids must be < {n_vocab} (the vocabulary), got {bias[-1][0]}")
+        params, max_tokens, seed, bias = sampling_options(
+            sampling, max_tokens=max_tokens, seed=seed, logit_bias=logit_bias, n_vocab=n_vocab
+        )
         if (
             stop is not None
             and not isinstance(stop, str)
@@ -525,17 +553,7 @@ class LlamaCppBackend:
             with self._lock:
                 prompt = self._llm.detokenize(tokens).decode("utf-8", "replace")  # for telemetry's capture
         budget = self._check_fits(len(tokens), max_tokens)
-        request: dict[str, Any] = {
-            "max_tokens": max_tokens,
-            "temperature": params["temperature"],
-            "top_p": params["top_p"],
-            "top_k": params["top_k"],
-            "stop_sequences": stops or None,
-            "seed": seed,
-        }
-        for k in ("frequency_penalty", "presence_penalty"):  # recorded when set (0 is off)
-            if params[k]:
-                request[k] = params[k]
+        request = request_record(params, max_tokens, stops, seed)
         body = self._decode(
             prompt, tokens, budget, stops, params, operation, stream, request, seed, _capture_messages, bias
         )

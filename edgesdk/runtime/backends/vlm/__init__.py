@@ -24,7 +24,7 @@ choice of encoder) and :mod:`.backend` (:class:`VLMBackend`, :func:`load_vlm`, :
 
 from __future__ import annotations
 
-from edgesdk.runtime.backends.vlm.backend import DEFAULT_SAMPLING, VLMBackend, load_vlm, parity_backend
+from edgesdk.runtime.backends.vlm.backend import VLMBackend, load_vlm, parity_backend
 from edgesdk.runtime.backends.vlm.encoder import INPUT_NAME, OUTPUT_NAME, normalise
 from edgesdk.runtime.backends.vlm.pipeline import ENCODE_TIMES_KEPT, FEATURE_CACHE_SIZE, VLMPipeline
 from edgesdk.runtime.backends.vlm.preprocess import (
@@ -34,6 +34,7 @@ from edgesdk.runtime.backends.vlm.preprocess import (
     ImagePreprocessor,
     decode_image,
 )
+from edgesdk.runtime.requests import DEFAULT_SAMPLING  # the runtime's one set of sampling defaults
 
 __all__ = [
     "DEFAULT_SAMPLING",

@@ -25,16 +25,6 @@ from edgesdk.runtime.backend import TensorSpec
 from edgesdk.runtime.backends.llama_core import eog_check, load_llama_cpp
 from edgesdk.runtime.backends.vlm.pipeline import VLMPipeline
 
-DEFAULT_SAMPLING = {
-    "temperature": 0.8,
-    "top_k": 40,
-    "top_p": 0.95,
-    "min_p": 0.05,
-    "repeat_penalty": 1.0,
-    "frequency_penalty": 0.0,
-    "presence_penalty": 0.0,
-}
-
 
 def _split_content(messages: list[dict[str, Any]]) -> tuple[list[tuple[str, str, int]], list[Any]]:
     """LLaVA-1.5 conversation text with image markers, and the images in order, from OpenAI-style messages
@@ -160,35 +150,14 @@ class VLMBackend:
         logit_bias: Any = None,
         **sampling: Any,
     ) -> Iterator[str]:
-        from edgesdk.runtime.backends.llamacpp import _bias_processor, _check_sampling
-        from edgesdk.runtime.requests import check_logit_bias
+        from edgesdk.runtime.backends.llamacpp import _bias_processor, request_record, sampling_options
 
-        sampling = {("temperature" if k == "temp" else k): v for k, v in sampling.items()}
-        unknown = set(sampling) - set(DEFAULT_SAMPLING)
-        if unknown:
-            raise InputError(
-                f"unknown generation option(s): {', '.join(sorted(unknown))} "
-                f"(known: max_tokens, stop, seed, stream, logit_bias, {', '.join(DEFAULT_SAMPLING)})"
-            )
-        params = {**DEFAULT_SAMPLING, **{k: v for k, v in sampling.items() if v is not None}}
-        max_tokens, seed = _check_sampling(max_tokens, seed, params)
-        bias = check_logit_bias(logit_bias)
-        n_vocab = int(self.pipe.llm.n_vocab())
-        if bias and bias[-1][0] >= n_vocab:
-            raise InputError(f"logit_bias token ids must be < {n_vocab} (the vocabulary), got {bias[-1][0]}")
+        params, max_tokens, seed, bias = sampling_options(
+            sampling, max_tokens=max_tokens, seed=seed, logit_bias=logit_bias, n_vocab=int(self.pipe.llm.n_vocab())
+        )
         params["logits_processor"] = _bias_processor(bias)
         stops = [stop] if isinstance(stop, str) and stop else [s for s in (stop or []) if s]
-        request = {
-            "max_tokens": max_tokens,
-            "temperature": params["temperature"],
-            "top_p": params["top_p"],
-            "top_k": params["top_k"],
-            "stop_sequences": stops or None,
-            "seed": seed,
-        }
-        for k in ("frequency_penalty", "presence_penalty"):  # recorded when set (0 is off)
-            if params[k]:
-                request[k] = params[k]
+        request = request_record(params, max_tokens, stops, seed)
         body = self._decode(text, images, operation, capture, stream, request, params, max_tokens, stops, seed)
         return self._stepwise(body) if stream else body
 
