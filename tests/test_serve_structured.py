@@ -268,6 +268,33 @@ def test_response_format_errors_name_it(srv):
         assert err["param"] == "response_format", (fmt, err)
 
 
+def test_a_200_byte_schema_does_not_take_the_server_down(srv, client):
+    """Issue 34, item 1: ``maxLength`` 20000 / 100000 crashed libllama (SIGSEGV, stack overflow while parsing the
+    grammar) and every client with it. Now: 400 naming the keyword and the limit, the server still serving."""
+    for n in (20000, 100000):
+        fmt = {"type": "json_schema", "json_schema": {"name": "s", "schema": {"type": "string", "maxLength": n}}}
+        assert len(json.dumps(fmt)) < 200
+        err = _error(srv, "/v1/chat/completions", {"messages": ASK, "response_format": fmt})
+        assert err["param"] == "response_format"
+        assert f"maxLength {n} is over the limit of 1000" in err["message"], err
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "array", "maxItems": 10**6}}}]
+    err = _error(srv, "/v1/chat/completions", {"messages": ASK, "tools": tools, "tool_choice": "required"})
+    assert err["param"] == "tools" and "maxItems 1000000" in err["message"], err
+    err = _error(
+        srv,
+        "/v1/chat/completions",
+        {
+            "messages": ASK,
+            "response_format": {"type": "json_schema", "json_schema": {"schema": {"enum": list(range(20000))}}},
+        },
+    )
+    assert "enum values" in err["message"], err
+    assert srv.proc.poll() is None and httpx.get(srv.url + "/health", timeout=10).status_code == 200
+    fmt = {"type": "json_schema", "json_schema": {"name": "s", "schema": {"type": "string", "maxLength": 1000}}}
+    reply = client.chat.completions.create(model="gemma", messages=ASK, max_tokens=8, response_format=fmt)
+    assert reply.choices[0].message.content.startswith('"')  # the edge of the limit is served
+
+
 # ------------------------------------------------------------------------------ tools
 def _check_call(call, tools=TOOLS) -> dict:
     assert call.type == "function" and call.id.startswith("call_")

@@ -67,6 +67,7 @@ import numpy as np
 
 from edgesdk.errors import BackendUnavailableError, EdgeSDKError, InputError, ShapeError
 from edgesdk.native import import_llama_cpp, route_llama_logs
+from edgesdk.runtime.grammar_limits import big_stack_thread, compile_grammar
 from edgesdk.runtime.requests import GenerationRequest
 
 _DONE = object()  # end of a request's event queue
@@ -385,8 +386,8 @@ class BatchEngine:
             "decode_s": 0.0,
             "host_s": 0.0,
         }
-        self._thread = threading.Thread(target=self._loop, name="edgesdk-batch-engine", daemon=True)
-        self._thread.start()
+        # grammar samplers run on this thread: the compile thread's stack (grammar_limits)
+        self._thread = big_stack_thread(self._loop, "edgesdk-batch-engine")
 
     # ------------------------------------------------------------------ tokens
     def tokenize(self, text: str, *, add_bos: bool = True, special: bool = False) -> list[int]:
@@ -523,9 +524,7 @@ class BatchEngine:
         budget = min(request.max_tokens, self.n_ctx_seq - len(tokens))
         grammar = None
         if request.grammar is not None:  # compiled here, on the caller's thread: a bad one is refused at submit
-            grammar = self._ll.llama_sampler_init_grammar(self._vocab, request.grammar.encode("utf-8"), b"root")
-            if not grammar:
-                raise InputError("grammar does not compile (llama.cpp GBNF parser refused it)")
+            grammar = compile_grammar(self._ll, self._vocab, request.grammar)  # bounded, on a big stack
         with self._cv:
             if self._closing or len(self._waiting) >= self.max_queue + len(self._free):
                 if grammar:

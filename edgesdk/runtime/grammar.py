@@ -24,6 +24,7 @@ from typing import Any
 
 from edgesdk.errors import InputError
 from edgesdk.native import import_llama_cpp
+from edgesdk.runtime.grammar_limits import check_gbnf, check_schema
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 _LOOSE_CHAR = 'char ::= [^"\\\\] |'
@@ -100,15 +101,20 @@ def json_schema_grammar(schema: Mapping[str, Any], where: str = "schema") -> str
     cannot take it (a keyword it cannot enforce, a remote ``$ref``, a pattern without ``^...$``)."""
     if not isinstance(schema, Mapping):
         raise InputError(f"the JSON schema must be an object, got {type(schema).__name__}")
+    check_schema(schema, where)  # every repetition bounded before the converter or llama.cpp sees it
     convert = import_llama_cpp("llama_grammar").json_schema_to_gbnf
     schema = enforceable(schema, where)
     try:
         text = str(convert(json.dumps(schema)))
+    except RecursionError:
+        raise InputError(f"{where}: the JSON schema nests too deeply to become a grammar") from None
     except Exception as exc:  # noqa: BLE001 - the converter raises anything on a schema it cannot take
         raise InputError(f"the JSON schema cannot be turned into a grammar ({type(exc).__name__}: {exc})") from None
     # This converter's string characters admit raw control characters, which JSON forbids inside strings
     # (json.loads refuses them): exclude them, as llama.cpp's current converter does.
-    return text.replace(_LOOSE_CHAR, _JSON_CHAR)
+    text = text.replace(_LOOSE_CHAR, _JSON_CHAR)
+    check_gbnf(text, where)
+    return text
 
 
 def json_object_grammar() -> str:

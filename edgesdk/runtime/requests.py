@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgesdk.errors import InputError
+from edgesdk.runtime.grammar_limits import check_gbnf
 
 #: The runtime's defaults for options left out (llama-cpp-python's, as ``Session.generate`` uses them).
 DEFAULT_SAMPLING: dict[str, float] = {
@@ -343,6 +344,8 @@ class GenerationRequest:
             not isinstance(self.grammar, str) or not self.grammar.strip() or len(self.grammar) > MAX_GRAMMAR_CHARS
         ):
             raise InputError(f"grammar must be a non-empty GBNF text of at most {MAX_GRAMMAR_CHARS} characters")
+        if self.grammar is not None:
+            check_gbnf(self.grammar)  # nesting and repetition within what llama.cpp's parser survives
         if self.logprobs is not None:
             object.__setattr__(
                 self, "logprobs", int(_number("logprobs", self.logprobs, lo=0, hi=MAX_TOP_LOGPROBS, integer=True))
