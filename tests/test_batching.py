@@ -237,3 +237,72 @@ def test_close_fails_waiting_requests_and_refuses_new_ones(gemma_gguf):
     assert a.result(timeout=5).finish_reason == "error" and b.result(timeout=5).finish_reason == "error"
     with pytest.raises(EngineClosed):
         eng.submit(greedy(PROMPTS[2]))
+
+
+# ------------------------------------------------------------------ issue 35: slots, prefixes, prompt budget
+def test_busy_slots_stay_a_compact_run_and_a_prefix_is_shared_from_any_slot(gemma_gguf, llama_reference):
+    """One KV buffer (the default): a new request always takes the lowest free slot, so the busy slots are
+    0..k-1 (llama.cpp splits a step over per-slot buffers into one micro-batch per run of consecutive busy
+    slots: 2 to 4 clients in scattered slots got no more in total than one). The prefix a free slot still holds
+    is shared into the new one without a copy; the reply equals the same request with nothing cached."""
+    from edgesdk.runtime.batching import BatchEngine
+
+    with BatchEngine(gemma_gguf, slots=4, n_ctx=512, threads=2, reuse_prefix=True) as eng:
+        assert eng.settings["kv_unified"] is True and eng.mixed_prefill is True
+        long_a = PROMPTS[3] + " there was a lighthouse keeper who counted the ships every night, and"
+        hs = [eng.submit(greedy(p, 4)) for p in (PROMPTS[0], PROMPTS[1], long_a)]
+        [h.result(timeout=300) for h in hs]  # slots 0, 1, 2 now hold these three prompts
+        held = [list(kv) for kv in eng._slot_kv]
+        assert all(held[:3]) and not held[3]
+        # slot 2 holds long_a; the same prompt again goes to slot 0 (the lowest), taking slot 2's cells
+        res = eng.generate(greedy(long_a, 8))
+        assert res.cached_tokens >= len(held[2]) - 8, (res.cached_tokens, len(held[2]))
+        assert eng._slot_kv[0][: res.cached_tokens] == held[2][: res.cached_tokens]
+        fresh = BatchEngine(gemma_gguf, slots=1, n_ctx=512, threads=2)
+        try:
+            assert res.tokens == fresh.generate(greedy(long_a, 8)).tokens
+        finally:
+            fresh.close()
+
+
+def test_a_short_prompt_is_evaluated_in_the_step_after_a_long_ones_chunk(gemma_gguf):
+    """A 64-token budget per step: a 5-token prompt sent just after a ~600-token one gets its first token long
+    before the long prompt has been evaluated (it was waiting for the whole long prefill before)."""
+    from edgesdk.runtime.batching import BatchEngine
+
+    long_prompt = " ".join(str(1000 + i) for i in range(120))  # ~600 tokens: Gemma reads digits one by one
+    with BatchEngine(gemma_gguf, slots=4, n_ctx=1024, threads=2, prefill_chunk=64) as eng:
+        first = eng.submit(greedy(long_prompt, 2))
+        time.sleep(0.05)
+        short = eng.submit(greedy(PROMPTS[0], 2))
+        r_short, r_long = short.result(timeout=600), first.result(timeout=600)
+    assert r_long.prompt_tokens > 500 and r_short.prompt_tokens < 10
+    assert r_short.first_token_at < r_long.first_token_at, (r_short.ttft_s, r_long.ttft_s)
+
+
+def _plan(left: list[int], room: int, per_step: int = 16) -> list[int]:
+    from edgesdk.runtime.batching import BatchEngine, _Seq
+
+    eng = object.__new__(BatchEngine)
+    eng.prompts_per_step = per_step
+    eng._active = []
+    for n in left:
+        seq = _Seq(handle=None, prompt=[1] * n, budget=1, stops=())  # type: ignore[arg-type]
+        eng._active.append(seq)
+    got = dict((id(s), t) for s, t in eng._prefill_plan(room))
+    return [got.get(id(s), 0) for s in eng._active]
+
+
+@pytest.mark.parametrize(
+    ("left", "room", "takes"),
+    [
+        ([3000], 512, [512]),  # alone: the whole budget
+        ([3000, 5, 5, 5], 512, [497, 5, 5, 5]),  # short ones whole, the rest to the oldest
+        ([3000, 2000, 5], 512, [128, 379, 5]),  # the oldest's quarter, the shortest whole, the next the rest
+        ([3000] + [200] * 8, 512, [128, 200, 184, 0, 0, 0, 0, 0, 0]),  # the oldest keeps a quarter
+        ([10, 3000], 512, [10, 502]),
+        ([3000, 5, 5], 512, [502, 5, 5]),
+    ],
+)
+def test_the_prefill_budget_is_shared_oldest_quarter_then_shortest_first(left, room, takes):
+    assert _plan(left, room) == takes

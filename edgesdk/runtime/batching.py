@@ -1,13 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
 """Continuous batching over one llama.cpp context (issue 20, part 1): the engine, not the server.
 
-:class:`BatchEngine` owns one llama.cpp model and one context with ``n_seq_max = slots`` (one KV stream
-per slot, ``kv_unified`` off, as ``llama-server -np N`` runs). One engine thread loops:
+:class:`BatchEngine` owns one llama.cpp model and one context with ``n_seq_max = slots`` and one KV buffer
+for them all (``kv_unified``; ``llama-server -np N`` gives each slot a buffer of its own, and llama.cpp then
+splits a step into one micro-batch per run of consecutive busy slots: 2 to 4 clients in scattered slots got
+no more in total than one client alone). One engine thread loops:
 
-1. admit waiting requests into free slots (a bounded queue waits behind the slots);
-2. build one ``llama_batch``: the last sampled token of every generating sequence (one each), then chunks
-   of admitted prompts up to ``prefill_chunk`` tokens per step, so a long prompt never stalls the others
-   for more than one chunk;
+1. admit waiting requests into free slots, the lowest first (a bounded queue waits behind the slots);
+2. build one ``llama_batch``: the last sampled token of every generating sequence (one each), then prompt
+   chunks within a per-step budget of ``prefill_chunk`` tokens, shared so that a short prompt behind long
+   ones is evaluated in the next step and a long one never stalls the others for more than one budget;
 3. one ``llama_decode``;
 4. per sequence with an output row: sample from its own sampler chain (``llama_sampler_sample`` reads
    that row, ``llama_get_logits_ith``), detokenise UTF-8-safely, check end-of-generation, stop strings
@@ -71,6 +73,45 @@ from edgesdk.runtime.grammar_limits import big_stack_thread, compile_grammar
 from edgesdk.runtime.requests import GenerationRequest
 
 _DONE = object()  # end of a request's event queue
+#: Per-slot KV buffers (``kv_unified`` off): a free slot out of the busy slots' run is taken for a prefix this long
+FRAGMENT_MIN_PREFIX = 64
+
+
+PREFILL_BUDGET_GPU = 512  # prompt tokens per step on a GPU
+PREFILL_BUDGET_CPU = 128  # and on the CPU
+
+
+def prefill_budget(on_gpu: bool, n_batch: int) -> tuple[int, str]:
+    """The engine's prompt-token budget per step for a session on a GPU or the CPU, and why (at most ``n_batch``,
+    the llama_batch's size). A step costs the generating sequences their next token until its prompt chunk is
+    evaluated, so the budget bounds how long a long prompt holds the others: on a GPU a step of 512 prompt tokens
+    costs a few decode steps (the weights are read once for all of them); on the CPU a prompt token costs
+    nearly what a generated one does, and 128 keeps a step near 0.2 s with a sub-billion model on 2 cores."""
+    if on_gpu:
+        budget = min(n_batch, PREFILL_BUDGET_GPU)
+        why = (
+            f"{budget} prompt tokens per step (GPU: a step's cost grows little with its tokens until the "
+            "micro-batch fills the device; a short prompt behind a long one waits one such step)"
+        )
+    else:
+        budget = min(n_batch, PREFILL_BUDGET_CPU)
+        why = (
+            f"{budget} prompt tokens per step (CPU: every prompt token costs compute, so a smaller step keeps the "
+            "generating requests' tokens coming while a long prompt is evaluated)"
+        )
+    return budget, why
+
+
+def _common_prefix(held: list[int], prompt: list[int], limit: int) -> int:
+    """How many leading tokens ``held`` and ``prompt`` share, at most ``limit``."""
+    n = 0
+    for a, b in zip(held, prompt[:limit], strict=False):
+        if a != b:
+            break
+        n += 1
+    return n
+
+
 PENALTY_LAST_N = 64  # llama_cpp.Llama's default last_n_tokens_size: the same penalty window
 
 
@@ -237,9 +278,12 @@ class BatchEngine:
     ``slots`` sequences decode together; up to ``max_queue`` more wait (``submit`` raises
     :class:`EngineSaturated` beyond that). ``n_ctx`` is the context of each slot (the KV cache holds
     ``slots × n_ctx`` cells). ``n_gpu_layers`` and ``flash_attn`` go to llama.cpp as given (CUDA builds);
-    ``threads`` for decode and prompt. ``prefill_chunk`` caps the prompt tokens one step evaluates and
-    ``prompts_per_step`` the prompts evaluated in one step (default 1: requests admitted together have
-    their prompts evaluated one per step, between the others' tokens)."""
+    ``threads`` for decode and prompt. ``prefill_chunk`` is a step's budget of prompt tokens (shared out by
+    :meth:`_prefill_plan`) and ``prompts_per_step`` the prompts evaluated in one step (default: every slot's).
+    ``kv_unified`` (default on): one KV buffer for all slots, so a step is one llama.cpp micro-batch whichever
+    slots are busy, and a prefix one slot holds is shared with another without a copy; each slot still holds
+    at most ``n_ctx`` tokens, so the buffer is never over-committed. ``mixed_prefill`` (default: as
+    ``kv_unified``): prompt chunks in the generating tokens' ``llama_decode``."""
 
     def __init__(
         self,
@@ -253,10 +297,10 @@ class BatchEngine:
         n_batch: int = 512,
         n_ubatch: int = 512,
         prefill_chunk: int = 512,
-        prompts_per_step: int = 1,
-        mixed_prefill: bool = False,
+        prompts_per_step: int | None = None,
+        mixed_prefill: bool | None = None,
         max_queue: int = 64,
-        kv_unified: bool = False,
+        kv_unified: bool = True,
         type_k: str | None = None,
         type_v: str | None = None,
         reuse_prefix: bool = False,
@@ -269,7 +313,7 @@ class BatchEngine:
             ("n_batch", n_batch, 1),
             ("n_ubatch", n_ubatch, 1),
             ("prefill_chunk", prefill_chunk, 1),
-            ("prompts_per_step", prompts_per_step, 1),
+            ("prompts_per_step", slots if prompts_per_step is None else prompts_per_step, 1),
             ("max_queue", max_queue, 0),
             ("n_gpu_layers", n_gpu_layers, -1),
         ):
@@ -286,8 +330,11 @@ class BatchEngine:
         self.slots = slots
         self.max_queue = max_queue
         self.prefill_chunk = min(prefill_chunk, n_batch)
-        self.prompts_per_step = prompts_per_step
-        self.mixed_prefill = bool(mixed_prefill)
+        self.prompts_per_step = slots if prompts_per_step is None else prompts_per_step
+        self.kv_unified = bool(kv_unified)
+        # one KV buffer: a step's tokens are one micro-batch whatever their sequences, so prompt chunks ride in the
+        # generating tokens' llama_decode; per-slot buffers split such a batch by sequence (see _step)
+        self.mixed_prefill = self.kv_unified if mixed_prefill is None else bool(mixed_prefill)
         self.n_batch = max(n_batch, slots)  # room for one token per slot at least
         self.reuse_prefix = bool(reuse_prefix)
         threads = threads or max(1, (os.cpu_count() or 2) // 2)
@@ -338,7 +385,9 @@ class BatchEngine:
         self._token_to_piece = _holding_gil(ll.llama_token_to_piece)
         self._vocab_is_eog = _holding_gil(ll.llama_vocab_is_eog)
         self._n_swa = int(ll.llama_model_n_swa(self._model)) if hasattr(ll, "llama_model_n_swa") else 0
-        self.n_ctx_seq = int(ll.llama_n_ctx_seq(self._ctx)) if hasattr(ll, "llama_n_ctx_seq") else n_ctx
+        # a slot holds at most n_ctx tokens, in a unified buffer too (llama.cpp's per-sequence limit there is the
+        # whole buffer): slots x n_ctx cells are never over-committed, whatever the slots hold
+        self.n_ctx_seq = min(n_ctx, int(ll.llama_n_ctx_seq(self._ctx))) if hasattr(ll, "llama_n_ctx_seq") else n_ctx
         self._vocab = ll.llama_model_get_vocab(self._model)
         self.n_vocab = int(ll.llama_vocab_n_tokens(self._vocab))
         self._bos = int(ll.llama_vocab_bos(self._vocab))
@@ -353,7 +402,7 @@ class BatchEngine:
             "n_batch": self.n_batch,
             "n_ubatch": int(cparams.n_ubatch),
             "prefill_chunk": self.prefill_chunk,
-            "prompts_per_step": prompts_per_step,
+            "prompts_per_step": self.prompts_per_step,
             "mixed_prefill": self.mixed_prefill,
             "kv_unified": kv_unified,
             "type_k": type_k or "f16",
@@ -657,23 +706,34 @@ class BatchEngine:
         self.stats["max_active"] = max(self.stats["max_active"], len(self._active))
 
     def _pick_slot(self, prompt: list[int]) -> tuple[int, int]:
-        """A free slot and how many leading prompt tokens its KV cells already hold (``reuse_prefix``: the
-        slot whose last request shares the longest prefix with ``prompt``, as llama-server picks one; at
-        least the last prompt token is evaluated again, for its logits)."""
-        # without a shared prefix the lowest free slot: llama.cpp splits a batch of per-sequence KV streams into
-        # micro-batches of consecutive sequence ids, so a compact set of busy slots decodes in fewer of them
-        best, keep = min(range(len(self._free)), key=self._free.__getitem__), 0
+        """A free slot and how many leading prompt tokens its KV cells already hold (at least the last prompt
+        token is evaluated again, for its logits).
+
+        Always the lowest free slot, so the busy slots stay a compact run of sequence ids. With ``reuse_prefix``
+        the free slot whose last request shares the longest prefix with ``prompt`` lends it: in a unified KV
+        buffer its cells are shared with the new slot (``llama_memory_seq_cp``: no copy, the cells gain a
+        sequence id); with per-slot buffers that slot is taken itself when the prefix is at least
+        :data:`FRAGMENT_MIN_PREFIX` tokens (llama.cpp splits a step into one micro-batch per run of consecutive
+        busy slots, so a scattered set of slots costs a whole step per run: 2 clients in slots 0 and 5 decoded
+        43.0 tok/s, in slots 0 and 1 71.2, Gemma-3-270M on 2 CPU cores)."""
+        slot = min(self._free)
+        keep, lender = 0, slot
         if self.reuse_prefix:
-            for i, slot in enumerate(self._free):
-                held = self._slot_kv[slot]
-                n = 0
-                for a, b in zip(held, prompt[:-1], strict=False):
-                    if a != b:
-                        break
-                    n += 1
+            for free in sorted(self._free):
+                n = _common_prefix(self._slot_kv[free], prompt, len(prompt) - 1)
                 if n > keep:
-                    best, keep = i, n
-        return self._free.pop(best), keep
+                    keep, lender = n, free
+        if lender != slot:
+            if self.kv_unified:
+                self._ll.llama_memory_seq_rm(self._mem, slot, -1, -1)
+                self._ll.llama_memory_seq_cp(self._mem, lender, slot, 0, keep)
+                self._slot_kv[slot] = self._slot_kv[lender][:keep]
+            elif keep >= FRAGMENT_MIN_PREFIX:
+                slot = lender
+            else:
+                keep = _common_prefix(self._slot_kv[slot], prompt, len(prompt) - 1)
+        self._free.remove(slot)
+        return slot, keep
 
     def _end(self, seq: _Seq, finish: str, error: str | None = None) -> None:
         """Release a sequence's slot, KV cells (kept for the next request with ``reuse_prefix``) and
@@ -753,28 +813,24 @@ class BatchEngine:
     def _step(self) -> None:
         """One step: the next token of every generating sequence, and prompt chunks of admitted ones.
 
-        The generating tokens go in ascending sequence id (slot) order: with KV streams not unified,
-        llama.cpp splits a batch whose sequence ids are out of order into one micro-batch per sequence
-        (measured: 8 sequences x 24 tokens took 94 s instead of 9.5 s on 2 CPU cores). With
-        ``mixed_prefill`` off (the default) prompt chunks are a second ``llama_decode`` after the
-        generating tokens, so the decode micro-batch stays one token per sequence."""
+        Which prompt tokens: :meth:`_prefill_plan`, within ``prefill_chunk`` tokens. With one KV buffer
+        (``kv_unified``, the default) llama.cpp takes the step's tokens in order into micro-batches of
+        ``n_ubatch``, whatever their sequences, and prompt chunks ride in the generating tokens' decode
+        (``mixed_prefill``). With per-slot buffers it splits a batch into micro-batches of consecutive
+        sequence ids with as many tokens each (8 sequences x 24 tokens out of order took 94 s instead of
+        9.5 s on 2 CPU cores): the generating tokens go in slot order and, with ``mixed_prefill`` off, prompt
+        chunks are a second ``llama_decode``."""
         gen: list[tuple[int, int, _Seq, bool]] = [
             (s.pending, s.pos, s, True) for s in sorted(self._active, key=lambda q: q.slot) if s.pending is not None
         ]
         fill: list[tuple[int, int, _Seq, bool]] = []
         room = min(self.prefill_chunk, self.n_batch - (len(gen) if self.mixed_prefill else 0))
-        prompts = 0
-        for seq in self._active:  # prompt chunks, oldest request first
-            if seq.n_fed >= len(seq.prompt) or room <= 0 or prompts >= self.prompts_per_step:
-                continue
-            prompts += 1
-            take = min(room, len(seq.prompt) - seq.n_fed)
+        for seq, take in self._prefill_plan(room):
             end = len(seq.prompt)
             fill += [(seq.prompt[i], i, seq, i == end - 1) for i in range(seq.n_fed, seq.n_fed + take)]
             seq.kv += seq.prompt[seq.n_fed : seq.n_fed + take]
             seq.n_fed += take
             seq.pos = seq.n_fed
-            room -= take
             self.stats["prompt_tokens"] += take
         if self.mixed_prefill:
             # one llama_decode, tokens in ascending sequence id (each sequence's own in position order): llama.cpp
@@ -783,6 +839,29 @@ class BatchEngine:
         else:
             self._decode(gen)
             self._decode(fill)
+
+    def _prefill_plan(self, room: int) -> list[tuple[_Seq, int]]:
+        """How many prompt tokens of which admitted requests this step evaluates, ``room`` at most (the step's
+        prefill budget) and ``prompts_per_step`` prompts at most.
+
+        The oldest prompt still being evaluated gets a quarter of the budget while others wait (all of it when
+        it is alone), the others are taken shortest first, and what is left goes to the oldest again: a short
+        prompt arriving behind long ones is evaluated in the next step, and a long one still moves at least a
+        quarter budget per step however many short ones arrive."""
+        pending = [s for s in self._active if s.n_fed < len(s.prompt)]  # in admission order
+        if not pending or room <= 0:
+            return []
+        left = {id(s): len(s.prompt) - s.n_fed for s in pending}
+        oldest, others = pending[0], sorted(pending[1:], key=lambda s: left[id(s)])
+        chosen = [oldest, *others][: self.prompts_per_step]
+        take = dict.fromkeys((id(s) for s in chosen), 0)
+        take[id(oldest)] = min(left[id(oldest)], room if len(chosen) == 1 else max(1, room // 4))
+        room -= take[id(oldest)]
+        for seq in [*chosen[1:], oldest]:
+            more = min(left[id(seq)] - take[id(seq)], room)
+            take[id(seq)] += more
+            room -= more
+        return [(seq, take[id(seq)]) for seq in chosen if take[id(seq)] > 0]
 
     def _decode(self, entries: list[tuple[int, int, _Seq, bool]]) -> None:
         """One ``llama_decode`` of (token, position, sequence, wants logits) entries, then sampling."""

@@ -127,14 +127,51 @@ class Smoke:
         m = self.fig("import matrix")
         run = self.fig("gguf run --report --json")
         serve = self.fig("serve: 16 concurrent clients")
+        curve = (self.fig("serve curve: 1-32 clients and mixed load").get("tok_s") or {}).get("edgesdk") or {}
+        points = "/".join(f"{curve[c]:.0f}" for c in sorted(curve, key=int)) if curve else "-"
         return (
             f"device smoke {self.meta.get('commit')} {self.meta.get('date')} on {self.meta.get('gpu')}: "
             f"{ok}/{len(self.steps)} steps passed; import matrix {m.get('same_text_as_first', '-')}/"
             f"{m.get('orders', '-')}; gguf decode {run.get('decode_tok_s', '-')} tok/s on "
             f"{run.get('placement', '-')}; serve 16 clients {serve.get('total_tok_s', '-')} tok/s "
-            f"(1 client {serve.get('single_tok_s', '-')}); vlm "
+            f"(1 client {serve.get('single_tok_s', '-')}); curve {'/'.join(sorted(curve, key=int)) or '-'} clients "
+            f"{points} tok/s; vlm "
             f"{'ok' if self.fig('vlm run --image') else 'failed or not run'}"
         )
+
+
+LLAMA_SERVER = Path("/tmp/lls/llama-server")  # tools/device/build_llama_server.sh cuda 90, when built on this machine
+
+
+def serve_curve(smoke: Smoke, py: str, bundle: Path, out: Path) -> None:
+    """The whole load curve (tools/bench/bench_serve_curve.py): `edgesdk serve` with its defaults at 1, 2, 3, 4, 6,
+    8, 16 and 32 closed-loop clients, and the mixed load; against llama-server -np 16 and -np 4 when built here."""
+    cmd = [
+        py,
+        str(REPO / "tools/bench/bench_serve_curve.py"),
+        str(bundle),
+        "--threads",
+        "8",
+        "--seconds",
+        "5",
+        "--mixed",
+        "--out",
+        str(out),
+    ]
+    if LLAMA_SERVER.is_file():
+        cmd += ["--llama-server", str(LLAMA_SERVER)]
+
+    def figures(o: str, e: str) -> dict:
+        doc = json.loads(out.read_text())
+        curve = {name: {r["clients"]: r["tok_s"] for r in rows} for name, rows in doc["curve"].items()}
+        mixed = doc.get("mixed", {}).get("edgesdk", {})
+        return {
+            "tok_s": curve,
+            "short_alone_ttft_ms": mixed.get("short_alone_ttft_ms"),
+            "short_behind_long_ttft_max_ms": mixed.get("short_behind_long_ttft_max_ms"),
+        }
+
+    smoke.run("serve curve: 1-32 clients and mixed load", cmd, timeout=480, figures=figures)
 
 
 def _json_last(stdout: str) -> dict:
@@ -278,7 +315,7 @@ def main() -> int:
     ap.add_argument("--find-links", action="append", default=[])
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--deadline", type=float, default=330, help="seconds for the whole run; steps past it skip")
-    ap.add_argument("--steps", default="install,llm,serve,vlm,matrix,profiler,onnx")
+    ap.add_argument("--steps", default="install,llm,serve,curve,vlm,matrix,profiler,onnx")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     ap.add_argument(
         "--llm-shape",
@@ -427,6 +464,8 @@ def main() -> int:
         )
     if "serve" in steps and gguf_bundle.is_dir():
         serve_load(smoke, gguf_bundle, clients=16, max_tokens=64)
+    if "curve" in steps and gguf_bundle.is_dir():
+        serve_curve(smoke, py, gguf_bundle, Path(args.out) / "serve_curve.json")
     image = (made.get("figures") or {}).get("image") or next(
         (str(p) for p in sorted((WORK / "images").glob("*.png"))), None
     )  # made by an earlier call (--resume)

@@ -427,29 +427,25 @@ class LlamaCppBackend:
         """A continuous-batching engine on this backend's model (the weights are not loaded again): its own
         llama.cpp context of ``slots`` sequences, each as long as this session's context, with the settings
         this session got (GPU layers, flash attention, threads, batch sizes, K/V types)."""
-        from edgesdk.runtime.batching import BatchEngine
+        from edgesdk.runtime.batching import BatchEngine, prefill_budget
 
         st, rep = self.settings, self._report
-        # On a GPU every waiting prompt is evaluated in the step that admits it, in the same llama_decode as the
-        # generating tokens: a step costs about the same for 16 tokens or a few hundred there (the weights are
-        # read once per step), and a step that changes shape costs the CUDA graph of the step after it. On the
-        # CPU a prompt token costs as much as a generated one: one prompt per step, in a decode of its own,
-        # keeps the others' next tokens coming (docs/serve.md, "Continuous batching").
+        # One KV buffer for all slots, prompt chunks in the generating tokens' llama_decode, every waiting prompt
+        # eligible per step (BatchEngine's defaults); the step's prompt budget from prefill_budget().
         on_gpu = int(st["n_gpu_layers"]) != 0 and bool(rep.get("gpu_offload_supported"))
+        chunk, _why = prefill_budget(on_gpu, int(st["n_batch"]))
         return BatchEngine(
             self._path,
             model=self._llm.model,
             slots=slots,
             max_queue=max_queue,
-            prompts_per_step=slots if on_gpu else 1,
-            mixed_prefill=on_gpu,
             n_ctx=int(st["n_ctx"]),
             n_gpu_layers=int(st["n_gpu_layers"]),
             flash_attn=bool(st["flash_attn"]),
             threads=int(st["threads"]),
             n_batch=int(st["n_batch"]),
             n_ubatch=int(st["n_ubatch"]),
-            prefill_chunk=min(int(st["n_batch"]), 512),
+            prefill_chunk=chunk,
             type_k=str(rep.get("type_k") or "f16"),
             type_v=str(rep.get("type_v") or "f16"),
             reuse_prefix=reuse_prefix,

@@ -1,0 +1,245 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The whole load curve of `edgesdk serve` on a GGUF bundle against llama.cpp's own `llama-server`, in one run.
+
+1. **Steady load** at every client count in --clients (default 1, 2, 3, 4, 6, 8, 16, 32): C closed-loop
+   clients, each sending its next streaming `/v1/completions` request as soon as its last one ends, for
+   --seconds per point; every prompt differs from its first token (a number sequence the model continues to
+   --max-tokens, greedy). Completion tokens come from each stream's `usage`. Per server and point: aggregate
+   completion tok/s, requests, TTFT p50/p99 (request sent -> first streamed chunk with text or a token), errors.
+   Servers: `edgesdk serve BUNDLE` with its defaults (as a user starts it), and with --llama-server PATH
+   `llama-server -np N -c N*n_ctx -fa on|off -ngl all` for each N in --llama-server-np (default 16 and 4), on the
+   same GGUF file, the same threads, GPU layers and flash attention as edgesdk's session, otherwise llama-server's
+   defaults. They are measured in turns per point, the order reversed at every other point (A B C, C B A), so
+   drift hits all alike. Ratios: each server against its own 1-client rate, and edgesdk against each llama-server
+   at the same point.
+2. **Mixed load** (--mixed): the TTFT of a short prompt alone (8 one after another, median), then 3 long prompts
+   (--long-tokens, default 3000, capped at the context) sent together and, 50 ms later, 8 short streams: each
+   short one's TTFT behind them, and the long ones' TTFT. Per server.
+
+    python tools/bench/bench_serve_curve.py BUNDLE --threads 2 --clients 1,2,4 --seconds 20   # the CPU curve
+    python tools/bench/bench_serve_curve.py BUNDLE --threads 8 --llama-server /tmp/lls/llama-server --mixed \
+        --out tools/bench/results/serve_curve_h100_f16.json
+
+Writes --out (default tools/bench/results/serve_curve.json) and prints one table row per point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_serve_llm import git_state, llama_server_command, loadavg, pct, start_edgesdk, start_llama_server, stop
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def number_prompt(i: int, k: int, n: int = 12) -> str:
+    start = 100 + 37 * (1000 * i + k)
+    return ", ".join(str(start + j) for j in range(n)) + ","
+
+
+async def stream_one(http: httpx.AsyncClient, url: str, body: dict) -> tuple[float | None, int, bool]:
+    """(TTFT s, completion tokens from usage, ok) of one streamed completion."""
+    t0 = time.perf_counter()
+    first, tokens = None, 0
+    async with http.stream("POST", url + "/v1/completions", json=body) as resp:
+        if resp.status_code != 200:
+            await resp.aread()
+            return None, 0, False
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            doc = json.loads(line[6:])
+            choices = doc.get("choices") or []
+            if first is None and choices and (choices[0].get("text") or doc.get("tokens")):
+                first = time.perf_counter() - t0
+            if doc.get("usage"):
+                tokens = int(doc["usage"].get("completion_tokens") or 0)
+    return first, tokens, True
+
+
+async def steady(url: str, clients: int, seconds: float, max_tokens: int) -> dict:
+    """Closed-loop clients for ``seconds``: tokens of requests that finished inside the window."""
+    out = {"tokens": 0, "requests": 0, "errors": 0, "ttft": []}
+    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
+    async with httpx.AsyncClient(timeout=300, limits=limits) as http:
+
+        async def client(i: int, until: float) -> None:
+            k = 0
+            while time.perf_counter() < until:
+                body = {
+                    "model": "m",
+                    "prompt": number_prompt(i, k),
+                    "max_tokens": max_tokens,
+                    "temperature": 0,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                }
+                k += 1
+                try:
+                    ttft, tokens, ok = await stream_one(http, url, body)
+                except httpx.HTTPError:
+                    ttft, tokens, ok = None, 0, False
+                if time.perf_counter() > until:
+                    break  # finished after the window: not counted
+                out["requests" if ok else "errors"] += 1
+                out["tokens"] += tokens
+                if ttft is not None:
+                    out["ttft"].append(ttft)
+
+        # warm-up: every client's first request, not counted
+        await asyncio.gather(
+            *(
+                stream_one(
+                    http,
+                    url,
+                    {"model": "m", "prompt": number_prompt(i, 999), "max_tokens": 8, "temperature": 0, "stream": True},
+                )
+                for i in range(clients)
+            )
+        )
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client(i, t0 + seconds) for i in range(clients)))
+        wall = time.perf_counter() - t0
+    ttft = out["ttft"]
+    return {
+        "clients": clients,
+        "tok_s": round(out["tokens"] / wall, 1),
+        "requests": out["requests"],
+        "errors": out["errors"],
+        "ttft_p50_ms": round(1000 * statistics.median(ttft), 1) if ttft else None,
+        "ttft_p99_ms": round(1000 * pct(ttft, 0.99), 1) if ttft else None,
+        "wall_s": round(wall, 2),
+    }
+
+
+async def mixed(url: str, long_tokens: int, max_tokens: int) -> dict:
+    """A short prompt's TTFT alone, then behind 3 long prompts sent just before 8 short ones."""
+    long_prompt = " ".join(str(1000 + j) for j in range(long_tokens // 2))  # ~2 tokens per number
+    async with httpx.AsyncClient(timeout=900, limits=httpx.Limits(max_connections=32)) as http:
+
+        def body(prompt: str, n: int) -> dict:
+            return {
+                "model": "m",
+                "prompt": prompt,
+                "max_tokens": n,
+                "temperature": 0,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+
+        alone = []
+        for k in range(8):
+            ttft, _, _ = await stream_one(http, url, body(number_prompt(7, k, 2), 4))
+            if ttft is not None:
+                alone.append(ttft)
+        t0 = time.perf_counter()
+        longs = [asyncio.create_task(stream_one(http, url, body(f"{i} {long_prompt}", max_tokens))) for i in range(3)]
+        await asyncio.sleep(0.05)
+        shorts = [asyncio.create_task(stream_one(http, url, body(number_prompt(9, k, 2), 4))) for k in range(8)]
+        short_res = await asyncio.gather(*shorts)
+        long_res = await asyncio.gather(*longs)
+        wall = time.perf_counter() - t0
+    behind = [r[0] for r in short_res if r[0] is not None]
+    return {
+        "long_prompt_tokens_approx": long_tokens,
+        "short_alone_ttft_ms": round(1000 * statistics.median(alone), 1) if alone else None,
+        "short_behind_long_ttft_ms": [round(1000 * x, 1) for x in behind],
+        "short_behind_long_ttft_p50_ms": round(1000 * statistics.median(behind), 1) if behind else None,
+        "short_behind_long_ttft_max_ms": round(1000 * max(behind), 1) if behind else None,
+        "long_ttft_ms": [round(1000 * r[0], 1) if r[0] is not None else None for r in long_res],
+        "short_errors": sum(1 for r in short_res if not r[2]),
+        "wall_s": round(wall, 2),
+    }
+
+
+def session_settings(bundle: str) -> tuple[str, int, dict]:
+    """The bundle's GGUF file, n_ctx and llama.cpp settings, as edgesdk.load picks them here."""
+    import edgesdk
+
+    with edgesdk.load(bundle) as s:
+        st = dict(s.backend.settings)
+        gguf = str(s.backend._path)  # noqa: SLF001 - our own backend's file
+    return gguf, int(st["n_ctx"]), st
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("bundle")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--clients", default="1,2,3,4,6,8,16,32")
+    ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--llama-server", help="llama-server binary (tools/device/build_llama_server.sh)")
+    ap.add_argument("--llama-server-np", default="16,4")
+    ap.add_argument("--serve-args", default="", help="extra edgesdk serve arguments, space separated")
+    ap.add_argument("--mixed", action="store_true", help="also the mixed-load run")
+    ap.add_argument("--long-tokens", type=int, default=3000)
+    ap.add_argument("--out", default=str(RESULTS / "serve_curve.json"))
+    a = ap.parse_args()
+    counts = [int(x) for x in a.clients.split(",")]
+    gguf, n_ctx, st = session_settings(a.bundle)
+    servers: dict[str, tuple] = {}
+    tmp = Path(tempfile.mkdtemp(prefix="curve-"))
+    try:
+        servers["edgesdk"] = start_edgesdk(a.bundle, a.threads, a.serve_args.split())
+        if a.llama_server:
+            for np_ in (int(x) for x in a.llama_server_np.split(",")):
+                cmd = llama_server_command(a.llama_server, gguf, a.threads, n_ctx, np_, st, [])
+                cmd.remove("--no-kv-unified")  # as a user starts it: -np N alone (llama-server's default then)
+                servers[f"llama-server -np {np_}"] = start_llama_server(cmd, tmp / f"ls{np_}.log")
+        rows: dict[str, list[dict]] = {name: [] for name in servers}
+        print(f"{'clients':>7} " + " ".join(f"{n:>22}" for n in servers), flush=True)
+        for idx, c in enumerate(counts):
+            order = list(servers) if idx % 2 == 0 else list(reversed(servers))
+            for name in order:
+                rows[name].append(asyncio.run(steady(servers[name][1], c, a.seconds, a.max_tokens)))
+            print(f"{c:>7} " + " ".join(f"{rows[n][-1]['tok_s']:>16.1f} tok/s" for n in servers), flush=True)
+        mixed_rows = {}
+        if a.mixed:
+            long_tokens = min(a.long_tokens, n_ctx - a.max_tokens - 64)
+            for name, (_, url) in servers.items():
+                mixed_rows[name] = asyncio.run(mixed(url, long_tokens, 16))
+                print(f"mixed {name}: {json.dumps(mixed_rows[name])}", flush=True)
+        metrics = httpx.get(servers["edgesdk"][1] + "/metrics", timeout=10).text
+    finally:
+        for proc, _ in servers.values():
+            stop(proc)
+    base = {n: (r[0]["tok_s"] if r and r[0]["clients"] == 1 else None) for n, r in rows.items()}
+    for name, rs in rows.items():
+        for r in rs:
+            r["vs_1_client"] = round(r["tok_s"] / base[name], 2) if base[name] else None
+            if name != "edgesdk":
+                e = next(x for x in rows["edgesdk"] if x["clients"] == r["clients"])
+                r["edgesdk_ratio"] = round(e["tok_s"] / r["tok_s"], 2) if r["tok_s"] else None
+    doc = {
+        "what": "closed-loop steady load curve, edgesdk serve vs llama-server (tools/bench/bench_serve_curve.py)",
+        "bundle": a.bundle,
+        "gguf": gguf,
+        "n_ctx": n_ctx,
+        "session": {k: st.get(k) for k in ("n_gpu_layers", "flash_attn", "threads", "n_batch", "n_ubatch")},
+        "seconds": a.seconds,
+        "max_tokens": a.max_tokens,
+        "curve": rows,
+        "mixed": mixed_rows,
+        "edgesdk_slots_line": [ln for ln in metrics.splitlines() if ln.startswith("edgesdk_serve_slots")],
+        "git": git_state(),
+        "loadavg": loadavg(),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
