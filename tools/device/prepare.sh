@@ -23,6 +23,13 @@ mkdir -p .whl
   "cyclonedx-python-lib>=11,<12" packageurl-python py-serializable defusedxml sortedcontainers \
   googleapis-common-protos jsonschema jsonschema-specifications referencing rpds-py attrs typing_extensions \
   py-spy pytest pluggy iniconfig
+# opentelemetry-sdk pins opentelemetry-api to its own version; the newest api can be a patch ahead (1.45.3 beside
+# sdk 1.45.2 left pip unable to resolve the install there): keep the api of the sdk's version only
+sdk=$(ls .whl/opentelemetry_sdk-*.whl | head -1 | sed 's/.*opentelemetry_sdk-\([^-]*\)-.*/\1/')
+if ! ls ".whl/opentelemetry_api-$sdk-"*.whl >/dev/null 2>&1; then
+  rm -f .whl/opentelemetry_api-*.whl
+  "$PY" -m pip download -q --no-deps --only-binary=:all: -d .whl "opentelemetry-api==$sdk"
+fi
 if ! ls .llamacpp/llama_cpp_python-0.3.36-stripped.tar.xz >/dev/null 2>&1; then
   tmp=$(mktemp -d)
   "$PY" -m pip download -q --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d "$tmp"
