@@ -203,8 +203,8 @@ def serve_cmd(
 
             e.parallel, e.parallel_reason = llm_parallel(e.session, config.parallel)
             if e.parallel > 1:
-                what += f"; continuous batching, slots: {e.parallel_reason}; prefix reuse " + (
-                    "on" if config.prefix_reuse else "off"
+                what += f"; continuous batching, slots: {e.parallel_reason}; prompt budget: " + (
+                    e.session.backend.prefill_budget()[1] + "; prefix reuse " + ("on" if config.prefix_reuse else "off")
                 )
             else:
                 mb = _cache_mb(e.session, config.prompt_cache_mb)

@@ -427,13 +427,12 @@ class LlamaCppBackend:
         """A continuous-batching engine on this backend's model (the weights are not loaded again): its own
         llama.cpp context of ``slots`` sequences, each as long as this session's context, with the settings
         this session got (GPU layers, flash attention, threads, batch sizes, K/V types)."""
-        from edgesdk.runtime.batching import BatchEngine, prefill_budget
+        from edgesdk.runtime.batching import BatchEngine
 
         st, rep = self.settings, self._report
         # One KV buffer for all slots, prompt chunks in the generating tokens' llama_decode, every waiting prompt
         # eligible per step (BatchEngine's defaults); the step's prompt budget from prefill_budget().
-        on_gpu = int(st["n_gpu_layers"]) != 0 and bool(rep.get("gpu_offload_supported"))
-        chunk, _why = prefill_budget(on_gpu, int(st["n_batch"]))
+        chunk, _why = self.prefill_budget()
         return BatchEngine(
             self._path,
             model=self._llm.model,
@@ -450,6 +449,14 @@ class LlamaCppBackend:
             type_v=str(rep.get("type_v") or "f16"),
             reuse_prefix=reuse_prefix,
         )
+
+    def prefill_budget(self) -> tuple[int, str]:
+        """The batch engine's prompt tokens per step on this session's device, and why
+        (:func:`edgesdk.runtime.batching.prefill_budget`)."""
+        from edgesdk.runtime.batching import prefill_budget
+
+        on_gpu = int(self.settings["n_gpu_layers"]) != 0 and bool(self._report.get("gpu_offload_supported"))
+        return prefill_budget(on_gpu, int(self.settings["n_batch"]))
 
     def kv_bytes_per_token(self) -> int:
         """Bytes of K and V cache one token takes in one sequence (all layers), by the planner's arithmetic on
