@@ -127,3 +127,42 @@ def test_the_backends_use_the_same_rules():
     with pytest.raises(InputError, match="max_tokens must be <= 2147483647"):
         _check_sampling(BIG, None, params)  # was an OverflowError before the rules were shared
     assert _check_sampling(8.0, 3, params) == check_sampling(8, 3.0, params) == (8, 3)
+
+
+def _tool(name: object) -> dict:
+    return {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize(
+    "names, message",
+    [
+        (["{{ 7*7 }}"], r"tools\[0\].function.name '\{\{ 7\*7 \}\}' must match \^\[a-zA-Z0-9_-\]\{1,64\}\$"),
+        (["get\u200bweather"], r"tools\[0\].function.name 'get\\u200bweather' must match"),
+        (["ok", "a" * 65], r"tools\[1\].function.name 'a{30}'\.\.\. \(65 characters\) must match"),
+        (["../../etc/passwd"], r"tools\[0\].function.name '\.\./\.\./etc/passwd' must match"),
+        (["a b"], r"tools\[0\].function.name 'a b' must match"),
+        (["f\n"], r"tools\[0\].function.name 'f\\n' must match"),  # $ alone would let the newline through
+        (["get_weather", "add", "get_weather"], r"tools\[2\].function.name 'get_weather' repeats tools\[0\]'s"),
+    ],
+)
+def test_tool_names_are_unique_and_openai_shaped(names, message):
+    """Issue 34 item 9: a tool name is ^[a-zA-Z0-9_-]{1,64}$ and unique, as OpenAI requires; the message is one
+    line naming the tool's index and the rule, and never echoes control or invisible characters raw."""
+    from edgesdk.serve.config import ModelEntry
+    from edgesdk.serve.protocol import APIError, parse_generation
+
+    tools = [_tool(n) for n in names]
+    with pytest.raises(InputError, match=message) as exc:
+        GenerationRequest(messages=[{"role": "user", "content": "hi"}], tools=tools)
+    assert "\n" not in str(exc.value) and "\u200b" not in str(exc.value)
+    entry = ModelEntry(name="m", session=None, kind="llm", max_tokens_cap=2048, default_max_tokens=256)
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": tools}
+    with pytest.raises(APIError) as api:
+        parse_generation(body, entry, "chat")
+    assert (api.value.status, api.value.param) == (400, "tools") and str(exc.value) in api.value.message
+
+
+def test_tool_names_openai_accepts_still_pass():
+    names = ["get_weather", "A-b_9", "x", "z" * 64]
+    r = GenerationRequest(messages=[{"role": "user", "content": "hi"}], tools=[_tool(n) for n in names])
+    assert [t["function"]["name"] for t in r.tools] == names

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import numbers
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +48,8 @@ SEED_MAX = 0xFFFFFFFE  # 0xFFFFFFFF is llama.cpp's "random seed"
 MAX_STOPS = 16  # as many stop strings as OpenAI accepts
 MAX_TOP_LOGPROBS = 20  # OpenAI's cap on top_logprobs
 MAX_GRAMMAR_CHARS = 1 << 20  # a GBNF text longer than this is refused
+#: A tool's function name, as OpenAI requires it (fullmatch: a trailing newline does not pass as ``$`` would).
+TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
 
 def _show(value: object) -> str:
@@ -261,6 +264,7 @@ def check_tools(tools: object) -> tuple[Mapping[str, Any], ...]:
         return ()
     if not isinstance(tools, Sequence) or isinstance(tools, (str, bytes)):
         raise InputError("tools must be a list of {'type': 'function', 'function': {...}} objects")
+    seen: dict[str, int] = {}
     for i, t in enumerate(tools):
         fn = t.get("function") if isinstance(t, Mapping) else None
         if not isinstance(t, Mapping) or t.get("type") != "function" or not isinstance(fn, Mapping):
@@ -268,6 +272,17 @@ def check_tools(tools: object) -> tuple[Mapping[str, Any], ...]:
         name = fn.get("name")
         if not isinstance(name, str) or not name:
             raise InputError(f"tools[{i}].function.name must be a non-empty string")
+        if not TOOL_NAME.fullmatch(name):
+            shown = ascii(name) if len(name) <= 40 else f"{ascii(name[:30])}... ({len(name)} characters)"
+            raise InputError(
+                f"tools[{i}].function.name {shown} must match ^{TOOL_NAME.pattern}$ "
+                "(ASCII letters, digits, _ and -, at most 64, as OpenAI requires)"
+            )
+        if name in seen:
+            raise InputError(
+                f"tools[{i}].function.name {name!r} repeats tools[{seen[name]}]'s: tool names must be unique"
+            )
+        seen[name] = i
         params = fn.get("parameters")
         if params is not None and not isinstance(params, Mapping):
             raise InputError(f"tools[{i}].function.parameters must be a JSON Schema object")
