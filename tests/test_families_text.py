@@ -208,6 +208,39 @@ def test_a_phi3_name_without_phi3s_tokens_is_refused_before_llama_cpp_fails(tmp_
         conv.convert_hf_to_gguf(hf, tmp_path / "x.gguf", name="my-phi3")
 
 
+@pytest.mark.slow
+def test_a_phi3_name_with_phi3s_tokens_in_a_byte_level_vocab_converts_and_loads(tmp_path):
+    """Issue 34 item 10: gguf-py's BpeVocab yields a byte-level vocabulary's tokens as ``str`` (its added tokens as
+    ``bytes``), so comparing them with Phi-3's token bytes found none and refused a tokenizer that has all four.
+    The same tiny Phi-4-mini with its four special tokens renamed </s>, <unk>, <s> and <|endoftext|> (in the base
+    vocabulary, as trained special tokens are) converts under the name my-phi3, and llama.cpp loads it."""
+    import gguf
+
+    from edgesdk.formats.gguf import convert as conv
+
+    hf = make_family_model(tmp_path / "tiny", "phi4mini")
+    renames = {"<|bos|>": "<s>", "<|end|>": "</s>", "<|user|>": "<unk>", "<|assistant|>": "<|endoftext|>"}
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (hf / f).is_file():
+            text = (hf / f).read_text(encoding="utf-8")
+            for old, new in renames.items():
+                text = text.replace(old, new)
+            (hf / f).write_text(text, encoding="utf-8")
+    spec = json.loads((hf / "tokenizer.json").read_text(encoding="utf-8"))
+    assert spec["model"]["type"] == "BPE" and spec["decoder"]["type"] == "ByteLevel"
+    assert set(renames.values()) <= set(spec["model"]["vocab"])  # in the base vocabulary: BpeVocab yields str
+    out = tmp_path / "x.gguf"
+    conv.convert_hf_to_gguf(hf, out, name="my-phi3")  # was: ModelError "... which this tokenizer lacks"
+    fields = gguf.GGUFReader(str(out)).fields
+    assert fields["general.name"].contents() == "my-phi3"
+    assert set(renames.values()) <= set(fields["tokenizer.ggml.tokens"].contents())
+    llm = conv._open_llama(out, n_ctx=64)  # llama.cpp finds the four tokens it looks up for a phi3 name
+    try:
+        assert llm.n_vocab() == len(fields["tokenizer.ggml.tokens"].contents())
+    finally:
+        llm.close()
+
+
 # ------------------------------------------------------------------ edgesdk build / run / serve, per family
 
 

@@ -432,7 +432,9 @@ def convert_hf_to_gguf(directory: Path, out_path: Path, *, name: str | None = No
     scores: list[float] = []
     toktypes: list[gguf.TokenType] = []
     for text, score, toktype in vocab.all_tokens():
-        tokens.append(text)
+        # gguf-py's BpeVocab yields its base vocabulary as str (its added tokens as bytes) despite its annotation:
+        # one type, UTF-8 bytes as the writer stores both, so comparisons with token bytes (_check_name_quirk) hold
+        tokens.append(text.encode("utf-8") if isinstance(text, str) else bytes(text))
         scores.append(score)
         toktypes.append(toktype)
     if tok_model == "llama":
