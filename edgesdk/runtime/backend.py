@@ -221,6 +221,21 @@ class LLMBackend(Backend, Protocol):
     def tokenize(self, text: str) -> list[int]: ...
 
 
+@runtime_checkable
+class BatchingBackend(Protocol):
+    """An LLM backend whose model a continuous-batching engine can serve (``edgesdk serve --parallel N``):
+    the engine on the already-loaded weights, requests as token ids, the engine's prompt budget per step and the
+    KV bytes one token takes (for the slot count). The server asks for this protocol, not for a format name."""
+
+    def batch_engine(self, *, slots: int, max_queue: int, reuse_prefix: bool = True) -> Any: ...
+
+    def encode(self, request: Any) -> Any: ...
+
+    def prefill_budget(self) -> tuple[int, str]: ...
+
+    def kv_bytes_per_token(self) -> int: ...
+
+
 def _telemetry_fallback(from_: str, to: str, reason: str) -> None:
     from edgesdk import telemetry
 

@@ -30,6 +30,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Match, Route
 
+from edgesdk.runtime.backend import BatchingBackend
 from edgesdk.serve.batch_worker import BatchWorker, decide_parallel
 from edgesdk.serve.config import (
     DEFAULT_MAX_TOKENS,
@@ -75,7 +76,7 @@ def llm_parallel(session, requested: int | None) -> tuple[int, str]:
     backend; 1 (one request at a time) for a backend without continuous batching."""
     if requested == 1:
         return 1, "1 (--parallel 1: one request at a time)"
-    if not hasattr(getattr(session, "backend", None), "batch_engine"):
+    if not isinstance(getattr(session, "backend", None), BatchingBackend):
         return 1, "1 (this backend has no continuous batching: one request at a time)"
     return decide_parallel(session, requested)
 
