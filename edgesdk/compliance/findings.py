@@ -7,6 +7,9 @@ from dataclasses import asdict, dataclass, field
 
 ACTIONS = ("allow", "review", "deny")  # ordered: a later action is worse
 LAYERS = ("model", "model-package", "distribution", "source", "license-file", "scanoss", "settings")
+#: The source of a model finding made from contradicting signals (compliance/models.family_findings): its
+#: ``found`` says which, and the headline carries it.
+SIGNALS_SOURCE = "GGUF architecture / name / basename / tags (contradicting signals)"
 
 
 def worse(a: str, b: str) -> str:
@@ -62,4 +65,5 @@ class LicenseFinding:
 
     def headline(self) -> str:
         lic = self.spdx or (self.found or "no license")
-        return f"{self.action} {self.category} {lic} in {self.layer} {self.subject}"
+        why = f": {self.found}" if self.source == SIGNALS_SOURCE else ""
+        return f"{self.action} {self.category} {lic} in {self.layer} {self.subject}{why}"

@@ -20,6 +20,7 @@ from edgesdk.compliance.models import (
     DECLARED_SOURCE,
     card_findings,
     declared_finding,
+    family_findings,
     gguf_findings,
     model_findings,
     onnx_findings,
@@ -203,6 +204,12 @@ def scan_licenses(
         # purpose) is covered like any other file by REUSE rules. A model card that says
         # `license: unknown` is a declaration and stays.
         model = [m for m in model if m.spdx or "front matter" in m.source]
+    ggufs = [(root / rel, root) for rel in tree.model_files if rel.endswith(".gguf")]
+    if model_source is not None:
+        source = Path(model_source)
+        files = [source] if source.is_file() else sorted(source.rglob("*.gguf"))
+        ggufs += [(f, source.parent) for f in files if f.suffix == ".gguf" and f.is_file()]
+    model += family_findings(ggufs, model)  # a Gemma by name or architecture that declares Apache-2.0
     if model_source is not None and (pkg := package_finding(Path(model_source), model)):
         model.append(pkg)
     if is_bundle and not model:

@@ -5,12 +5,14 @@ ONNX ``metadata_props``, and the Python distribution that shipped the model file
 from __future__ import annotations
 
 import importlib.metadata as md
+import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
 
-from edgesdk.compliance.findings import LicenseFinding
+from edgesdk.compliance.findings import SIGNALS_SOURCE, LicenseFinding
 from edgesdk.compliance.spdx import normalize
 from edgesdk.errors import ModelError
 
@@ -126,6 +128,103 @@ def gguf_findings(path: Path, root: Path) -> list[LicenseFinding]:
         fields.get("general.license"), fields.get("general.license.name"), fields.get("general.license.link")
     )
     return [_finding(rel, found, "GGUF general.license*", value, [rel])]
+
+
+_SIGNAL_KEYS = ("general.architecture", "general.name", "general.basename", "general.tags")
+_NOT_A_WORD = r"(?<![a-z])"  # "Llama-3" and "Meta-Llama-3", not "TinyLlama" or "CodeLlama" (other terms)
+#: Model families whose weights come under their maker's own terms (restricted-model in categories.yaml): the
+#: family, the GGUF ``general.architecture`` values only it uses, a pattern for its name, basename and tags, and
+#: the license id (``{v}``: the pattern's version group, "" when absent) and id prefix every version shares.
+RESTRICTED_FAMILIES: tuple[tuple[str, frozenset[str], re.Pattern[str], str, str], ...] = (
+    (
+        "Gemma",
+        frozenset({"gemma", "gemma2", "gemma3", "gemma3n", "gemma-embedding"}),
+        re.compile(r"gemma", re.I),
+        "LicenseRef-gemma",
+        "LicenseRef-gemma",
+    ),
+    (
+        "Llama 4",
+        frozenset({"llama4"}),
+        re.compile(_NOT_A_WORD + r"llama[ _-]?4(?!\d)", re.I),
+        "LicenseRef-llama4",
+        "LicenseRef-llama",
+    ),
+    (
+        "Llama 3",
+        frozenset(),
+        re.compile(_NOT_A_WORD + r"llama[ _-]?3(?:[._]([123]))?(?!\d)", re.I),
+        "LicenseRef-llama3{v}",
+        "LicenseRef-llama",
+    ),
+    (
+        "Llama 2",
+        frozenset(),
+        re.compile(_NOT_A_WORD + r"llama[ _-]?2(?!\d)", re.I),
+        "LicenseRef-llama2",
+        "LicenseRef-llama",
+    ),
+)
+
+
+def restricted_family(fields: dict) -> tuple[str, str, str, list[str]] | None:
+    """(family, its license id, the id prefix its licenses share, the signals naming it) when a GGUF's
+    ``general.architecture``, ``general.name``, ``general.basename`` or ``general.tags`` name a family of
+    :data:`RESTRICTED_FAMILIES`; None otherwise."""
+    arch = fields.get("general.architecture")
+    tags = fields.get("general.tags")
+    texts = [(k, fields.get(k)) for k in ("general.name", "general.basename")]
+    texts += [("general.tags", t) for t in tags] if isinstance(tags, tuple) else []
+    for family, archs, pattern, license_id, prefix in RESTRICTED_FAMILIES:
+        signals, version = [], ""
+        if isinstance(arch, str) and arch.lower() in archs:
+            signals.append(f"general.architecture={arch}")
+        for key, text in texts:
+            if not isinstance(text, str):
+                continue
+            m = pattern.search(text)
+            if m:
+                signals.append(f"{key}={text[:60]!r}")
+                version = version or next((f".{g}" for g in m.groups() if g), "")
+        if signals:
+            lid = license_id.format(v=version)
+            return family, lid, prefix, signals
+    return None
+
+
+def family_findings(ggufs: Sequence[tuple[Path, Path]], model: Sequence[LicenseFinding]) -> list[LicenseFinding]:
+    """Contradicting signals (issue 34 item 7): a GGUF (``(path, scan root)``) whose architecture, name or tags
+    say a restricted family while what the model declares (``model``: its findings, the GGUF's own
+    ``general.license``, a card, ``--model-license``) names none of that family's licenses. A finding judged as
+    the family's license (LicenseRef-gemma: review under the default policy), so rewriting ``general.license``
+    to ``apache-2.0`` does not turn a Gemma into an Apache-2.0 model. Nothing when nothing is declared: the
+    gate's "declares no license" finding stands then."""
+    from edgesdk.formats.gguf.header import read_gguf_header
+
+    declared = [m for m in model if m.spdx and m.layer == "model"]
+    if not declared:
+        return []
+    out = []
+    for path, root in ggufs:
+        try:
+            fields = read_gguf_header(path, keys=_SIGNAL_KEYS, string_arrays=("general.tags",)).fields
+        except ModelError:
+            continue  # gguf_findings already reports the unreadable file
+        hit = restricted_family(fields)
+        if hit is None:
+            continue
+        family, license_id, prefix, signals = hit
+        if any(prefix in (m.spdx or "") for m in declared):
+            continue
+        said = " AND ".join(dict.fromkeys(m.spdx for m in declared if m.spdx))
+        rel = _rel(path, root)
+        found = f"{', '.join(signals)} say {family}, the license says {said}"
+        note = (
+            f"contradicting signals: {found}; judged as {family}'s {license_id} "
+            f"(accept it with --accept-license {license_id}, or correct the metadata)"
+        )
+        out.append(LicenseFinding("model", rel, found[:200], SIGNALS_SOURCE, license_id, note, [rel]))
+    return out
 
 
 # ONNX ModelProto (onnx/onnx.proto): metadata_props is field 14, a StringStringEntryProto {key = 1, value = 2}.

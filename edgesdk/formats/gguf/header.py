@@ -90,7 +90,7 @@ class TensorInfo:
 @dataclass
 class GGUFHeader:
     version: int
-    fields: dict[str, Any]  # scalars and strings; arrays as GGUFArray
+    fields: dict[str, Any]  # scalars and strings; arrays as GGUFArray (string_arrays' keys: tuples of str)
     tensors: list[TensorInfo] = field(default_factory=list)
     data_start: int = 0  # byte offset of the (aligned) tensor data section
 
@@ -162,25 +162,42 @@ class _Cursor:
             return GGUFArray(etype, n)
         raise self._bad(f"unknown value type {vtype}")
 
+    def strings(self, vtype: int) -> Any:
+        """A value of type ``vtype``, an array of at most :data:`_MAX_LISTED_STRINGS` strings as a tuple of them
+        (``general.tags``); anything else as :meth:`value` reads it."""
+        if vtype == _ARRAY:
+            start = self.pos
+            etype, n = self.take("<I"), self.take("<Q")
+            if etype == _STRING and n <= _MAX_LISTED_STRINGS:
+                return tuple(self.string() for _ in range(n))
+            self.pos = start
+        return self.value(vtype)
 
-def read_gguf_header(path: str | Path, *, keys: tuple[str, ...] | None = None) -> GGUFHeader:
+
+_MAX_LISTED_STRINGS = 256  # a string array read element by element (tags); a longer one is skipped as usual
+
+
+def read_gguf_header(
+    path: str | Path, *, keys: tuple[str, ...] | None = None, string_arrays: tuple[str, ...] = ()
+) -> GGUFHeader:
     """Read the header of the GGUF file at ``path``.
 
     With ``keys``, stop as soon as those keys were read and skip the tensor table (the license
-    scan reads three keys of files it does not otherwise need). Any malformed, truncated or
-    unreadable file is a one-line :class:`~edgesdk.errors.ModelError`.
+    scan reads a few keys of files it does not otherwise need). ``string_arrays``: keys whose array of
+    strings (at most 256) is read as a tuple of str instead of a :class:`GGUFArray`. Any malformed, truncated
+    or unreadable file is a one-line :class:`~edgesdk.errors.ModelError`.
     """
     path = Path(path)
     try:
         with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            return _read(_Cursor(buf, path), keys)
+            return _read(_Cursor(buf, path), keys, frozenset(string_arrays))
     except OSError as exc:
         raise ModelError(f"cannot read GGUF file {path}: {exc.strerror or exc}") from exc
     except ValueError as exc:  # mmap of an empty file
         raise ModelError(f"{path}: not a valid GGUF file ({exc})") from exc
 
 
-def _read(cur: _Cursor, keys: tuple[str, ...] | None) -> GGUFHeader:
+def _read(cur: _Cursor, keys: tuple[str, ...] | None, string_arrays: frozenset[str] = frozenset()) -> GGUFHeader:
     if cur.size < 24 or bytes(cur.buf[:4]) != b"GGUF":
         raise cur._bad("bad magic")
     cur.pos = 4
@@ -191,7 +208,7 @@ def _read(cur: _Cursor, keys: tuple[str, ...] | None) -> GGUFHeader:
     wanted = set(keys) if keys is not None else None
     for _ in range(n_kv):
         key = cur.string()
-        fields[key] = cur.value(cur.take("<I"))
+        fields[key] = cur.strings(cur.take("<I")) if key in string_arrays else cur.value(cur.take("<I"))
         if wanted is not None and wanted <= fields.keys():
             return GGUFHeader(version, fields)
     if wanted is not None:
