@@ -68,6 +68,7 @@ from typing import Any
 import numpy as np
 
 from edgesdk.errors import BackendUnavailableError, EdgeSDKError, InputError, ShapeError
+from edgesdk.formats.gguf.chat_limits import render
 from edgesdk.native import import_llama_cpp, route_llama_logs
 from edgesdk.runtime.grammar_limits import big_stack_thread, compile_grammar
 from edgesdk.runtime.requests import GenerationRequest
@@ -496,8 +497,12 @@ class BatchEngine:
                 stop_token_ids=[eos],
             )
         assert request.messages is not None
-        try:
-            res = self._chat(messages=[m.as_dict() for m in request.messages], tools=list(request.tools) or None)
+        try:  # within chat_limits' budget: a GGUF's own template is the model author's code
+            res = render(
+                self._chat, messages=[m.as_dict() for m in request.messages], tools=list(request.tools) or None
+            )
+        except InputError:
+            raise
         except Exception as exc:  # noqa: BLE001 - jinja errors on malformed messages: one line
             raise InputError(f"chat template failed on these messages ({type(exc).__name__}: {exc})") from exc
         stops = [res.stop] if isinstance(res.stop, str) else list(res.stop or [])

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edgesdk.errors import ParityError
+from edgesdk.errors import InputError, ParityError
 from edgesdk.formats.gguf import convert as conv
 from edgesdk.formats.gguf.facts import gguf_facts
 from edgesdk.formats.gguf.plan import LOGITS_MIN_COSINE, LOGITS_MIN_TOP1, PPL_RATIO_MAX, gguf_section
@@ -136,6 +136,7 @@ def build_gguf(ctx: BuildContext) -> None:
     }
     details: dict[str, Any] = {"chat_template": out_facts["chat_template"]}
     bundled = bundle_chat_template(ctx)
+    check_chat_templates(final, ctx.staging if bundled is not None else None)
     if bundled is not None:
         details["chat_template_bundled"] = bundled
     ctx.manifest.llm = llm_config(
@@ -161,6 +162,32 @@ def bundle_chat_template(ctx: BuildContext) -> dict[str, str] | None:
     ctx.add_artifact(ARTIFACT, "chat_template")
     shown = Path(label).name if "/" in label else label  # a file given by path: its name, not this host's path
     return {"template": shown, "source": choice.source, "file": ARTIFACT}
+
+
+def check_chat_templates(gguf: Path, staging: Path | None) -> None:
+    """InputError (exit 3) when the chat template the runtime will use, the bundled one or else the GGUF's own
+    ``tokenizer.chat_template``, cannot render a sample chat within the runtime's budget
+    (:mod:`edgesdk.formats.gguf.chat_limits`): refused here rather than hanging the first chat request."""
+    from edgesdk.formats.gguf.chat_limits import check_template
+    from edgesdk.formats.gguf.chat_templates import ARTIFACT
+    from edgesdk.formats.gguf.header import read_gguf_header
+    from edgesdk.native import import_llama_cpp
+
+    if staging is not None:
+        text, where = (staging / ARTIFACT).read_text(encoding="utf-8"), "the bundled chat template"
+    else:
+        value = read_gguf_header(gguf, keys=("tokenizer.chat_template",)).scalar("tokenizer.chat_template")
+        if not isinstance(value, str) or not value.strip():
+            return
+        text, where = value, "the GGUF's tokenizer.chat_template"
+    formatter_cls = import_llama_cpp("llama_chat_format").Jinja2ChatFormatter
+    try:
+        formatter = formatter_cls(template=text, eos_token="</s>", bos_token="<s>")
+        check_template(formatter)
+    except InputError as exc:
+        raise InputError(f"{where}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - not valid Jinja: one line
+        raise InputError(f"{where} is not valid Jinja ({type(exc).__name__}: {exc})") from None
 
 
 def _tool_versions() -> dict[str, str]:

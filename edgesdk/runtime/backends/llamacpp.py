@@ -26,6 +26,7 @@ import numpy as np
 
 from edgesdk import telemetry
 from edgesdk.errors import BackendUnavailableError, InputError, ShapeError
+from edgesdk.formats.gguf.chat_limits import render as render_chat
 from edgesdk.formats.gguf.types import DEFAULT_KV_TYPE, kv_bytes
 from edgesdk.native import import_llama_cpp
 from edgesdk.runtime.backend import LoadContext, TensorSpec
@@ -354,8 +355,10 @@ class LlamaCppBackend:
                 )
         elif not native and any(m.get("tool_calls") or m.get("role") == "tool" for m in messages):
             messages = grammar.generic_tool_messages(messages)
-        try:
-            result = fmt(messages=cast("list[ChatCompletionRequestMessage]", messages), **kw)  # checked already
+        try:  # within chat_limits' budget: a GGUF's own template is the model author's code
+            result = render_chat(fmt, messages=cast("list[ChatCompletionRequestMessage]", messages), **kw)
+        except InputError:
+            raise
         except Exception as exc:  # noqa: BLE001 - jinja errors on malformed messages: one line
             raise InputError(f"chat template failed on these messages ({type(exc).__name__}: {exc})") from exc
         stops = [s for s in ([result.stop] if isinstance(result.stop, str) else (result.stop or [])) if s]
@@ -370,7 +373,7 @@ class LlamaCppBackend:
                 {"type": "function", "function": {"name": "probe_tool_name", "parameters": {"type": "object"}}}
             ]
             try:
-                known = "probe_tool_name" in fmt(messages=probe, tools=tool).prompt
+                known = "probe_tool_name" in render_chat(fmt, messages=probe, tools=tool).prompt
             except Exception:  # noqa: BLE001 - a template that fails on tools does not render them
                 known = False
             self._tool_templates[id(fmt)] = known
