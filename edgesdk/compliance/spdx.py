@@ -18,6 +18,7 @@ import yaml
 from edgesdk.resources import read_data_text
 
 _MAX_ID_TEXT = 120  # longer than any license name: treat as a license text, not as an id
+_WHOLE_TEXT = 0.75  # a license text matching this share of its signature's phrases counts as that license's
 
 
 @dataclass(frozen=True)
@@ -164,13 +165,23 @@ def identify_text(text: str) -> Normalized:
     if header:
         return normalize(header.group(1))
     body = _collapse(text.replace("\u2019", "'"))
-    matched: list[str] = []
+    found: list[tuple[str, float]] = []  # (id, coverage of its phrases)
     superseded: set[str] = set()
     for sig in load_data("text-signatures.yaml"):
         if all(p in body for p in sig["all"]) and not any(p in body for p in sig.get("none", [])):
-            matched.append(sig["id"])
+            extra = sig.get("body", [])
+            cover = (len(sig["all"]) + sum(p in body for p in extra)) / (len(sig["all"]) + len(extra))
+            found.append((sig["id"], cover))
             superseded.update(sig.get("supersedes", []))
-    ids = [m for m in matched if m not in superseded]
-    if not ids:
+    found = [(lid, c) for lid, c in found if lid not in superseded]
+    if not found:
         return Normalized(None, "license text not recognised")
-    return Normalized(" AND ".join(ids), "license text" + (" (several licenses in one file)" if len(ids) > 1 else ""))
+    # The best-covering match wins: a closing paragraph naming another license is not that license's text.
+    # Several texts in one file each cover their own phrases, and all of them are reported.
+    bar = min(_WHOLE_TEXT, max(c for _, c in found))
+    ids = [lid for lid, c in found if c >= bar]
+    dropped = [f"{lid} {c:.0%}" for lid, c in found if c < bar]
+    note = "license text" + (" (several licenses in one file)" if len(ids) > 1 else "")
+    if dropped:
+        note += f" (best-covering match; only partly covered: {', '.join(dropped)})"
+    return Normalized(" AND ".join(ids), note)
