@@ -24,7 +24,13 @@ from typing import Any
 
 from edgesdk.errors import InputError
 from edgesdk.native import import_llama_cpp
-from edgesdk.runtime.grammar_limits import check_gbnf, check_schema
+from edgesdk.runtime.grammar_limits import (
+    check_gbnf,
+    check_satisfiable,
+    check_schema,
+    grammar_language,
+    type_allows,
+)
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 _LOOSE_CHAR = 'char ::= [^"\\\\] |'
@@ -78,12 +84,18 @@ def enforceable(schema: Any, where: str = "schema") -> Any:
         lo, hi = math.ceil(out.pop("minimum")), math.floor(out.pop("maximum"))
         out.pop("type")
         out["enum"] = list(range(lo, hi + 1))
+    if isinstance(out.get("enum"), list) and isinstance(out.get("type"), str):  # the converter ignores the type
+        out["enum"] = [v for v in out["enum"] if type_allows(frozenset({out["type"]}), v)]
+    if isinstance(out.get("allOf"), list):
+        _check_all_of(out, where)
     for key in UNENFORCED:
         if key in out:
             raise InputError(
                 f"{where}.{key}: the grammar cannot enforce '{key}' (only integer ranges of at most "
                 f"{MAX_INT_RANGE} values, with both minimum and maximum); leave it out"
             )
+    if isinstance(out.get("properties"), Mapping):  # an optional property of schema false: left out
+        out["properties"] = {k: v for k, v in out["properties"].items() if v is not False}
     for key in _SUBSCHEMA_MAPS:
         if isinstance(out.get(key), Mapping):
             out[key] = {k: enforceable(v, f"{where}.{key}.{k}") for k, v in out[key].items()}
@@ -96,12 +108,40 @@ def enforceable(schema: Any, where: str = "schema") -> Any:
     return out
 
 
+def _check_all_of(schema: Mapping[str, Any], where: str) -> None:
+    """InputError unless the converter can merge ``schema``'s allOf: it merges the properties of object
+    members only (anything else became ``{ }``: ``allOf [string, integer]``), and a property two members define
+    would be asked for twice."""
+    if schema.get("type", "object") != "object" or any(k in schema for k in ("properties", "anyOf", "oneOf")):
+        raise InputError(
+            f"{where}.allOf: the grammar can only merge allOf members that are objects with properties, alone "
+            "(no type but object, no properties, anyOf or oneOf beside it)"
+        )
+    seen: dict[str, int] = {}
+    for i, member in enumerate(schema["allOf"]):
+        if not isinstance(member, Mapping) or (
+            "$ref" not in member
+            and (member.get("type", "object") != "object" or not isinstance(member.get("properties"), Mapping))
+        ):
+            raise InputError(
+                f"{where}.allOf[{i}]: the grammar can only merge allOf members that are objects with properties"
+            )
+        for name in member.get("properties") or {}:
+            if name in seen:
+                raise InputError(
+                    f"{where}.allOf[{i}].properties.{str(name)[:40]}: also defined by allOf[{seen[name]}]; the "
+                    "grammar cannot merge two schemas of one property"
+                )
+            seen[name] = i
+
+
 def json_schema_grammar(schema: Mapping[str, Any], where: str = "schema") -> str:
     """GBNF (root rule ``root``) for JSON documents valid under ``schema``; InputError when the converter
     cannot take it (a keyword it cannot enforce, a remote ``$ref``, a pattern without ``^...$``)."""
     if not isinstance(schema, Mapping):
         raise InputError(f"the JSON schema must be an object, got {type(schema).__name__}")
     check_schema(schema, where)  # every repetition bounded before the converter or llama.cpp sees it
+    check_satisfiable(schema, where)  # a schema no value satisfies: 400, not a reply that breaks it
     convert = import_llama_cpp("llama_grammar").json_schema_to_gbnf
     schema = enforceable(schema, where)
     try:
@@ -114,6 +154,12 @@ def json_schema_grammar(schema: Mapping[str, Any], where: str = "schema") -> str
     # (json.loads refuses them): exclude them, as llama.cpp's current converter does.
     text = text.replace(_LOOSE_CHAR, _JSON_CHAR)
     check_gbnf(text, where)
+    matches = grammar_language(text)
+    if matches in ("nothing", "empty"):
+        raise InputError(
+            f"{where}: the schema's grammar matches {'no text' if matches == 'nothing' else 'only empty text'}, "
+            "so no reply could follow it"
+        )
     return text
 
 
@@ -157,7 +203,9 @@ def tool_schema(tools: Sequence[Mapping[str, Any]], choice: str | None) -> dict[
 
 def tool_grammar(tools: Sequence[Mapping[str, Any]], choice: str | None) -> str:
     for i, t in enumerate(tools):  # refused with the tool's own path in the message
-        enforceable(_function(t).get("parameters") or ANY_OBJECT, f"tools[{i}].function.parameters")
+        params = _function(t).get("parameters") or ANY_OBJECT
+        check_satisfiable(params, f"tools[{i}].function.parameters")
+        enforceable(params, f"tools[{i}].function.parameters")
     return json_schema_grammar(tool_schema(tools, choice))
 
 
