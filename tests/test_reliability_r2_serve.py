@@ -101,6 +101,7 @@ def guarded(tmp_path_factory):
         body_timeout_s=2.0,
         keep_alive_s=1,
         max_connections=400,
+        max_connections_per_client=400,  # 200 slow sockets from one address: the deadlines are under test here
     )
     yield srv
     assert srv.stop() == 0, srv.log.read_text()[-3000:]
@@ -215,19 +216,108 @@ def test_idle_keep_alive_connection_is_closed(guarded):
 
 
 def test_connection_cap_refuses_the_excess_with_503_then_recovers(tmp_path):
-    srv = run_server(tmp_path, header_timeout_s=2.0, max_connections=20)
+    """20 connections, each with a request in flight (a head sent, its body not): nothing idle to close, so a
+    21st is refused with 503; once the body deadline has closed them, the server answers again."""
+    srv = run_server(tmp_path, header_timeout_s=2.0, body_timeout_s=2.0, max_connections=20)
     try:
         held = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(20)]
+        for s in held:
+            s.sendall(HEAD + b"Content-Length: 100\r\n\r\n")
         time.sleep(0.3)
         refused = httpx.get(srv.url + "/health", timeout=5)
         assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
         assert refused.json()["error"]["code"] == "too_many_connections"
-        time.sleep(3.0)  # the held sockets pass their header deadline and are closed
+        time.sleep(3.0)  # the held requests pass their body deadline: 408 and closed
         assert httpx.get(srv.url + "/health", timeout=5).status_code == 200
         for s in held:
             s.close()
     finally:
         assert srv.stop() == 0, srv.log.read_text()[-3000:]
+
+
+# ------------------------------------------------------------- issue 34 item 5: one client's sockets
+def _from(address: str, port: int) -> socket.socket:
+    """A connection to the server from the loopback ``address`` (Linux answers all of 127.0.0.0/8): another
+    client address on this machine."""
+    return socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(address, 0))
+
+
+def test_one_client_re_opening_260_silent_sockets_does_not_lock_out_another(tmp_path):
+    """Issue 34 item 5: a client at 127.0.0.2 opens 260 sockets that send nothing and re-opens each one the
+    server closes, while a client at 127.0.0.1 asks /health 30 times. Before: the 256-connection cap was
+    global, so the other client got 2 answers in 30 tries (0 here). Now 127.0.0.2 holds at most 128 (the
+    per-client cap: each new one closes its own longest-idle one) and the other client gets 30 answers of 30."""
+    srv = run_server(tmp_path, header_timeout_s=20.0)
+    held: list[socket.socket] = []
+    try:
+        for _ in range(260):
+            held.append(_from("127.0.0.2", srv.port))
+        time.sleep(0.5)
+        for s in held:
+            s.setblocking(False)
+        answers = 0
+        with httpx.Client(timeout=5) as other:
+            for _ in range(30):
+                for i, s in enumerate(held):  # every socket the server closed is opened again
+                    if closed_by_server(s):
+                        s.close()
+                        held[i] = _from("127.0.0.2", srv.port)
+                        held[i].setblocking(False)
+                r = other.get(srv.url + "/health", headers={"connection": "close"})
+                answers += r.status_code == 200
+        time.sleep(0.3)
+        still_open = sum(not closed_by_server(s) for s in held)
+        assert answers == 30, f"{answers} answers in 30 tries"
+        assert still_open <= 128, still_open
+    finally:
+        for s in held:
+            s.close()
+        assert srv.stop() == 0, srv.log.read_text()[-3000:]
+
+
+def test_a_full_table_closes_the_connection_idle_the_longest(tmp_path):
+    """At the global cap (20 here), a new connection makes room by closing the one that has waited longest
+    for a request head (it gets a 503 saying why), not by being refused; connections with a request in
+    flight are kept."""
+    srv = run_server(tmp_path, header_timeout_s=20.0, body_timeout_s=20.0, max_connections=20)
+    try:
+        busy = [_from("127.0.0.3", srv.port) for _ in range(10)]
+        for s in busy:
+            s.sendall(HEAD + b"Content-Length: 100\r\n\r\n")  # a request in flight: not idle
+        time.sleep(0.2)
+        idle = []
+        for _ in range(10):
+            idle.append(_from("127.0.0.2", srv.port))
+            time.sleep(0.05)  # in order: idle[0] has waited longest
+        time.sleep(0.3)
+        assert httpx.get(srv.url + "/health", timeout=5).status_code == 200
+        idle[0].settimeout(5)
+        data = idle[0].recv(65536)
+        assert data.startswith(b"HTTP/1.1 503 ") and b"closed while idle" in data, data[:200]
+        for s in idle[1:] + busy:
+            s.setblocking(False)
+        assert not any(closed_by_server(s) for s in idle[1:] + busy)
+        for s in idle + busy:
+            s.close()
+    finally:
+        assert srv.stop() == 0, srv.log.read_text()[-3000:]
+
+
+def test_the_connection_cap_fits_the_file_descriptor_limit(monkeypatch):
+    """1,024 connections by default; where ulimit -n cannot hold them (a soft limit of 1,024 is common) the
+    soft limit is raised towards the hard one, and the cap lowered only when the hard one is too low."""
+    import resource
+
+    from edgesdk.serve import FD_RESERVE, ConnectionLimits, ServeConfig, connection_cap
+
+    assert ConnectionLimits().max_connections == ServeConfig().max_connections == 1024
+    assert ConnectionLimits().max_connections_per_client == ServeConfig().max_connections_per_client == 128
+    calls = []
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (1024, 4096))
+    monkeypatch.setattr(resource, "setrlimit", lambda _, limits: calls.append(limits))
+    assert connection_cap(1024) == 1024 and calls == [(1024 + FD_RESERVE, 4096)]
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (1024, 1024))
+    assert connection_cap(1024) == 1024 - FD_RESERVE
 
 
 def test_body_after_100_continue_is_not_taken_for_a_slow_head(tmp_path):

@@ -15,12 +15,14 @@ answer ``/v1/embeddings``. docs/serve.md has the limits, back-pressure and telem
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import functools
 import json
 import signal
 import socket
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +41,7 @@ __all__ = [
     "ServeConfig",
     "ModelEntry",
     "bind_sockets",
+    "connection_cap",
     "create_app",
     "load_models",
     "model_entry",
@@ -168,16 +171,31 @@ class ConnectionLimits:
     or trickles its headers (slowloris), held a connection for ever. ``header_timeout_s`` runs from the
     connection (or from the first byte of a later request on it) to the end of the request's headers;
     ``body_timeout_s`` from the end of the headers to the end of the body (408 and the connection closed);
-    ``keep_alive_s`` is uvicorn's idle time between requests; beyond ``max_connections`` open connections a
-    new one is answered 503 and closed at once."""
+    ``keep_alive_s`` is uvicorn's idle time between requests.
+
+    Caps (issue 34 item 5: one client re-opening 260 silent sockets kept every other client out of a global
+    cap of 256): one client address holds at most ``max_connections_per_client`` connections (as nginx's
+    ``limit_conn``), all clients together ``max_connections``. When either is reached, the connection idle the
+    longest (waiting for a request head: nothing in flight) is closed to make room (that client's own, for
+    the per-client cap), with a 503 when nothing of ours was written on it; only when every such connection
+    has a request in flight is the new one answered 503 and closed. 128 per client: a benchmark of 64
+    concurrent streams from one host, its probes and an idle pool beside them fit. :func:`run` lowers
+    ``max_connections`` to fit the process's file-descriptor limit (:func:`connection_cap`)."""
 
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     keep_alive_s: int = 5
-    max_connections: int = 256
+    max_connections: int = 1024
+    max_connections_per_client: int = 128
 
     def __post_init__(self) -> None:
-        for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s", "max_connections"):
+        for name in (
+            "header_timeout_s",
+            "body_timeout_s",
+            "keep_alive_s",
+            "max_connections",
+            "max_connections_per_client",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise InputError(f"ConnectionLimits.{name} must be a positive number, got {value!r}")
@@ -204,6 +222,35 @@ def _http_error(status: int, reason: str, message: str, code: str) -> bytes:
 
 _HEADERS_TIMEOUT = _http_error(408, "Request Timeout", "the request headers did not arrive in time", "request_timeout")
 _TOO_MANY = _http_error(503, "Service Unavailable", "too many open connections", "too_many_connections")
+_TOO_MANY_HERE = _http_error(
+    503, "Service Unavailable", "too many open connections from your address", "too_many_connections"
+)
+_EVICTED = _http_error(
+    503, "Service Unavailable", "closed while idle to make room for another connection", "too_many_connections"
+)
+FD_RESERVE = 128  # file descriptors kept for models, logs, telemetry and the event loop beside the connections
+
+
+def connection_cap(wanted: int) -> int:
+    """``wanted`` connections, or fewer where the process's file-descriptor limit (RLIMIT_NOFILE) could not
+    hold them with :data:`FD_RESERVE` to spare. The soft limit is raised towards the hard one first (as
+    servers do: the soft limit is often 1024)."""
+    try:
+        import resource
+    except ImportError:  # not POSIX: nothing to ask
+        return wanted
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = wanted + FD_RESERVE
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    return max(1, min(wanted, soft - FD_RESERVE))
 
 
 class _Watched:
@@ -228,10 +275,26 @@ class _Watched:
 
 
 class _Open:
-    """Connections open now, shared by every protocol of one server."""
+    """Connections open now, shared by every protocol of one server: how many, how many per client address,
+    and those waiting for a request head, longest waiting first (the ones to close when the table is full)."""
 
     def __init__(self) -> None:
         self.count = 0
+        self.per_client: dict[str, int] = {}
+        self.waiting: OrderedDict[int, _GuardedProtocol] = OrderedDict()
+        self.evicted = 0  # idle connections closed to make room (for tests and logs)
+
+    def evict_idle(self, client: str | None = None) -> bool:
+        """Close the connection (of ``client``, when given) that has waited longest for a request head; False
+        when none waits."""
+        for key, proto in list(self.waiting.items()):
+            if client is not None and proto.client != client:
+                continue
+            del self.waiting[key]
+            if proto.evict():
+                self.evicted += 1
+                return True
+        return False
 
 
 class _GuardedProtocol(asyncio.Protocol):
@@ -252,15 +315,30 @@ class _GuardedProtocol(asyncio.Protocol):
         self._answered = False  # the server wrote since the last head ended
         self._ever_wrote = False
         self._tail = b""
+        self.client: str | None = None
 
     # -- asyncio.Protocol
     def connection_made(self, transport) -> None:
-        if self._open.count >= self._limits.max_connections:
+        peer = transport.get_extra_info("peername")
+        client = str(peer[0]) if isinstance(peer, tuple) and peer else None
+        too_many = None
+        if (
+            client is not None
+            and self._open.per_client.get(client, 0) >= self._limits.max_connections_per_client
+            and not self._open.evict_idle(client)
+        ):
+            too_many = _TOO_MANY_HERE
+        elif self._open.count >= self._limits.max_connections and not self._open.evict_idle():
+            too_many = _TOO_MANY
+        if too_many is not None:
             self._refused = True
-            transport.write(_TOO_MANY)
+            transport.write(too_many)
             transport.close()
             return
         self._open.count += 1
+        if client is not None:
+            self.client = client
+            self._open.per_client[client] = self._open.per_client.get(client, 0) + 1
         self._transport = transport
         self._start_timer()
         self._inner.connection_made(_Watched(transport, self))
@@ -287,6 +365,10 @@ class _GuardedProtocol(asyncio.Protocol):
         if self._refused:
             return
         self._open.count -= 1
+        if self.client is not None:
+            left = self._open.per_client.pop(self.client) - 1
+            if left:
+                self._open.per_client[self.client] = left
         self._stop_timer()
         self._inner.connection_lost(exc)
 
@@ -306,14 +388,29 @@ class _GuardedProtocol(asyncio.Protocol):
         if not self._in_head and start.startswith(b"HTTP/") and start[9:10] != b"1":
             self._answered = True
 
-    def _start_timer(self) -> None:
+    def _start_timer(self) -> None:  # a wait for a request head starts: the connection is idle
         self._stop_timer()
         self._timer = asyncio.get_running_loop().call_later(self._limits.header_timeout_s, self._expired)
+        self._open.waiting[id(self)] = self  # (re-)entered last: the longest waiting stay first
+        self._open.waiting.move_to_end(id(self))
 
-    def _stop_timer(self) -> None:
+    def _stop_timer(self) -> None:  # the head arrived (a request in flight) or the connection is gone
+        self._open.waiting.pop(id(self), None)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+    def evict(self) -> bool:
+        """Close this idle connection to make room (a 503 first when nothing of ours was written on it);
+        False when it is already closing or has a request in flight."""
+        transport = self._transport
+        if transport is None or transport.is_closing() or not self._in_head:
+            return False
+        self._stop_timer()
+        if not self._ever_wrote:
+            transport.write(_EVICTED)
+        transport.close()
+        return True
 
     def _expired(self) -> None:
         self._timer = None
@@ -450,7 +547,18 @@ def run(
 
     import uvicorn
 
-    limits = limits or ConnectionLimits()
+    if limits is None:
+        limits = ConnectionLimits(
+            max_connections=config.max_connections, max_connections_per_client=config.max_connections_per_client
+        )
+    cap = connection_cap(limits.max_connections)
+    if cap < limits.max_connections:
+        logging.getLogger("uvicorn.error").warning(
+            "at most %d open connections (not %d): the file-descriptor limit (ulimit -n) holds no more",
+            cap,
+            limits.max_connections,
+        )
+        limits = dataclasses.replace(limits, max_connections=cap)
     if sockets is None:
         sockets = bind_sockets(config.host, config.port)  # a taken port: one error line, nothing started
     try:

@@ -23,6 +23,8 @@ DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB of JSON per request
 DEFAULT_MAX_TOKENS_CAP = 2048  # most tokens one request may ask for
 DEFAULT_MAX_TOKENS = 256  # when the request gives none
 DEFAULT_QUEUE = 16  # LLM requests waiting behind the running one
+DEFAULT_MAX_CONNECTIONS = 1024  # open connections, all clients (lowered to fit the file-descriptor limit)
+DEFAULT_MAX_CONNECTIONS_PER_CLIENT = 128  # open connections from one client address (as nginx's limit_conn)
 MAX_PARALLEL = 256  # serve --parallel: sequences per LLM
 
 
@@ -43,8 +45,16 @@ class ServeConfig:
     cors_origins: tuple[str, ...] = ()  # origins that get CORS answers ("*": any); none: no CORS at all
     parallel: int | None = None  # sequences per LLM decoded together; None: decide_parallel(); 1: one at a time
     prefix_reuse: bool = True  # batched LLMs: a slot keeps its last prompt's KV cells for a request sharing it
+    # Connection caps (edgesdk.serve.ConnectionLimits, docs/security.md); no serve option yet: the Python API sets
+    # them. Behind a reverse proxy every connection comes from the proxy's address: raise the per-client cap.
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_connections_per_client: int = DEFAULT_MAX_CONNECTIONS_PER_CLIENT
 
     def __post_init__(self) -> None:
+        for name in ("max_connections", "max_connections_per_client"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InputError(f"{name} must be a positive integer, got {value!r}")
         if self.parallel is not None and (
             isinstance(self.parallel, bool)
             or not isinstance(self.parallel, int)
