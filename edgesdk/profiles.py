@@ -471,14 +471,51 @@ def profiles_dir() -> Path:
         ) from exc
 
 
+#: A profile file's size and YAML nodes (scalars, sequences, mappings), checked before the tree is built: the
+#: shipped profiles are a few KiB and a few hundred nodes; a 3,000,000-item list took over 120 s to load and
+#: check, and aliases can make a small file expand without end ("billion laughs").
+MAX_PROFILE_BYTES = 1 << 20
+MAX_PROFILE_NODES = 100_000
+
+
+def _check_yaml_bounds(text: str, path: Path) -> None:
+    """ProfileError for YAML with an alias (``*name``: profiles need none, and aliases are how a small file
+    expands without end) or more than :data:`MAX_PROFILE_NODES` nodes; a parse error is left to the loader."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    nodes = 0
+    try:
+        for event in yaml.parse(text, Loader=loader):
+            if isinstance(event, yaml.AliasEvent):
+                mark = event.start_mark
+                raise ProfileError(
+                    f"{path}: line {mark.line + 1}: YAML aliases ('*{event.anchor}') are not allowed in a profile"
+                )
+            if isinstance(event, yaml.ScalarEvent | yaml.SequenceStartEvent | yaml.MappingStartEvent):
+                nodes += 1
+                if nodes > MAX_PROFILE_NODES:
+                    raise ProfileError(f"{path}: more than {MAX_PROFILE_NODES:,} YAML nodes: not a device profile")
+    except yaml.YAMLError:
+        return
+
+
 def load_profile_file(path: Path, resolved_from: str | None = None) -> Profile:
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_PROFILE_BYTES + 1)
     except FileNotFoundError as exc:
         raise ProfileError(f"profile file not found: {path}") from exc
     except OSError as exc:
         raise ProfileError(f"cannot read profile file {path}: {exc.strerror}") from exc
+    if len(raw) > MAX_PROFILE_BYTES:
+        raise ProfileError(f"{path}: over {MAX_PROFILE_BYTES // 1024} KiB: not a device profile")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ProfileError(
+            f"{path}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); save the profile as UTF-8"
+        ) from None
+    _check_yaml_bounds(text, path)
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -96,6 +96,33 @@ def _number(
     return int(f) if integer else f
 
 
+def check_text(text: str, where: str) -> None:
+    """InputError (one line) for a string that is not text: a lone UTF-16 surrogate (``"\\ud800"``) cannot be
+    encoded as UTF-8, which tokenizers and llama.cpp need (they raised a bare TypeError / UnicodeEncodeError)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InputError(
+            f"{where} holds a lone UTF-16 surrogate ({ascii(text[exc.start])}) at character {exc.start}: not "
+            "text (drop it, or decode the source with errors='replace')"
+        ) from None
+
+
+def check_messages_text(messages: object) -> None:
+    """:func:`check_text` for every string content and text part of chat ``messages`` (any other shape is
+    left to the message checks)."""
+    if not isinstance(messages, Sequence) or isinstance(messages, str | bytes):
+        return
+    for i, m in enumerate(messages):
+        content = m.get("content") if isinstance(m, Mapping) else None
+        if isinstance(content, str):
+            check_text(content, f"messages[{i}].content")
+        elif isinstance(content, Sequence) and not isinstance(content, bytes):
+            for j, part in enumerate(content):
+                if isinstance(part, Mapping) and isinstance(part.get("text"), str):
+                    check_text(part["text"], f"messages[{i}].content[{j}].text")
+
+
 def check_sampling(max_tokens: object, seed: object, params: Mapping[str, object]) -> tuple[int, int | None]:
     """Range-check generation options: a bad value is one InputError (exit 3) naming the field.
 
@@ -328,6 +355,9 @@ class GenerationRequest:
             )
         if self.prompt is not None and not isinstance(self.prompt, str):
             raise InputError(f"prompt must be a string, got {type(self.prompt).__name__}")
+        if self.prompt is not None:
+            check_text(self.prompt, "prompt")
+        check_messages_text(self.messages)
         if self.prompt_tokens is not None:
             toks = self.prompt_tokens
             if isinstance(toks, (str, bytes)) or not isinstance(toks, Sequence) or not toks:

@@ -25,6 +25,7 @@ from edgesdk.runtime.backend import Backend, LLMBackend, LoadContext, check_feed
 from edgesdk.runtime.backends import get_loader
 from edgesdk.runtime.embed_inputs import encode_inputs, is_token_ids
 from edgesdk.runtime.options import LoadOptions, all_option_names, parse_load_options
+from edgesdk.runtime.requests import check_messages_text, check_text
 
 
 def usage_of(last: dict[str, Any]) -> dict[str, Any]:
@@ -167,8 +168,18 @@ class Session:
         text (a list of integers of the model's vocabulary: :mod:`edgesdk.runtime.embed_inputs`)."""
         if isinstance(texts, str):
             texts = [texts]
+        if isinstance(texts, tuple):
+            texts = list(texts)
+        if not isinstance(texts, list):  # a generator or set: tokenizers raised a bare TypeError
+            raise ShapeError(
+                f"embed() takes a string or a list of strings (or of token-id lists), got {type(texts).__name__}"
+                + (" (pass list(...))" if hasattr(texts, "__iter__") else "")
+            )
         if not texts or not all(isinstance(t, str) or is_token_ids(t) for t in texts):
             raise ShapeError("embed() takes a non-empty string or list of strings (or of token-id lists)")
+        for i, t in enumerate(texts):
+            if isinstance(t, str):
+                check_text(t, f"embed() text {i}")
         if max_batch is None:
             max_batch = self._verified_max_batch()
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
@@ -231,14 +242,22 @@ class Session:
     def generate(self, prompt: str, **kwargs: Any) -> Any:
         """The completion as a :class:`Generation` (a ``str`` with ``.text`` and ``.usage``); with
         ``stream=True`` an iterator of text pieces (usage: :meth:`report`)."""
-        return self._result(self._llm("generate").generate(prompt, **kwargs))
+        llm = self._llm("generate")
+        if isinstance(prompt, str):
+            check_text(prompt, "prompt")
+        return self._result(llm.generate(prompt, **kwargs))
 
     def stream(self, prompt: str, **kwargs: Any) -> Any:
-        return self._llm("stream").stream(prompt, **kwargs)
+        llm = self._llm("stream")
+        if isinstance(prompt, str):
+            check_text(prompt, "prompt")
+        return llm.stream(prompt, **kwargs)
 
     def chat(self, messages: list[dict[str, Any]], **kwargs: Any) -> Any:
         """The reply as a :class:`Generation`, as :meth:`generate`."""
-        return self._result(self._llm("chat").chat(messages, **kwargs))
+        llm = self._llm("chat")
+        check_messages_text(messages)
+        return self._result(llm.chat(messages, **kwargs))
 
     def _result(self, out: Any) -> Any:
         return Generation(out, usage_of(getattr(self.backend, "last", None) or {})) if isinstance(out, str) else out
