@@ -21,6 +21,11 @@ $(STAMP): pyproject.toml
 	# remove both and let the next line install the CPU one cleanly (README: GPU hosts)
 	$(BIN)/python -m pip uninstall -y -q onnxruntime-gpu onnxruntime 2>/dev/null || true
 	$(BIN)/python -m pip install -e '.[all,dev]'
+	# tests/test_distribution.py runs a real OCI registry on loopback: CNCF distribution, Debian's docker-registry
+	command -v docker-registry >/dev/null || (command -v apt-get >/dev/null && \
+	  (DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker-registry >/dev/null || \
+	   (apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker-registry >/dev/null))) || \
+	  echo "note: docker-registry is not installed (needs apt-get as root): tests/test_distribution.py will skip"
 	touch $@
 
 setup: $(STAMP)

@@ -17,7 +17,15 @@ def load(bundle, **kwargs):
     Load options are keywords (``threads=2``, ``n_gpu_layers=...``) or ``options=`` the bundle kind's
     dataclass (:mod:`edgesdk.runtime.options`: ``OnnxLoadOptions``, ``GgufLoadOptions``, ``VlmLoadOptions``);
     one the bundle's loader does not read is an :class:`edgesdk.errors.InputError` (exit 3), not ignored.
+
+    ``bundle`` may be an OCI reference (``oci://REGISTRY/NAMESPACE/NAME:TAG``): the bundle for the profile this
+    host matches is pulled into the local store first (verified; used offline once pulled), as ``edgesdk pull``
+    does (:mod:`edgesdk.distribution`).
     """
     from edgesdk.runtime.session import load as _load
 
+    if isinstance(bundle, str) and bundle.startswith("oci://"):
+        from edgesdk.distribution.store import pull
+
+        bundle = pull(bundle, "auto").path
     return _load(bundle, **kwargs)

@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     "engine",
     "profiler",
     "serve",
+    "distribution",
 ]
 
 

@@ -10,7 +10,7 @@ import click
 
 
 @click.command("serve")
-@click.argument("bundles", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("bundles", nargs=-1, required=True)
 @click.option(
     "--name",
     "names",
@@ -181,9 +181,25 @@ def serve_cmd(
     from edgesdk.serve import bind_sockets
 
     sockets = bind_sockets(host, port)  # a taken port fails now, before minutes of model loading
+    paths: list[str | Path] = []
+    full_names: list[str] = []
+    for i, b in enumerate(bundles):  # an OCI reference is pulled (verified) into the store first, as `edgesdk pull`
+        if b.startswith("oci://"):
+            from edgesdk.distribution.oci import Reference
+            from edgesdk.distribution.store import pull
+
+            got = pull(b, profile or "auto", progress=None)
+            click.echo(f"{b}: profile {got.profile} ({got.choice}); {got.how}: {got.path}", err=True)
+            paths.append(got.path)
+            full_names.append(names[i] if i < len(names) else Reference.parse(b).repository.rsplit("/", 1)[-1])
+        else:
+            paths.append(Path(b))
+            full_names.append(names[i] if i < len(names) else Path(b).resolve().name)
+    if len(names) > len(bundles):
+        raise InputError(f"{len(names)} --name values for {len(bundles)} bundles")
     entries = load_models(
-        list(bundles),
-        list(names),
+        paths,
+        full_names,
         profile=profile,
         threads=threads,
         chat_template=chat_template,

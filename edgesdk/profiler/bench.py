@@ -352,12 +352,13 @@ def _bundle_can_run_here(bundle) -> None:
 def measure_bundle(
     path: str | os.PathLike, opts: BenchOptions | None = None, log: Callable[[str], None] = lambda _m: None
 ) -> dict:
-    """Load a bundle with ``edgesdk.load`` and measure it; returns the report body (see report.py)."""
-    import edgesdk
+    """Load a bundle with ``edgesdk.load`` (the runtime's, which the facade forwards to) and measure it; returns
+    the report body (see report.py)."""
     from edgesdk.bundle import open_bundle
     from edgesdk.profiler.sensors import read_device_state
     from edgesdk.runtime.backend import LLMBackend, check_feeds
     from edgesdk.runtime.backends.onnxruntime import OnnxRuntimeBackend
+    from edgesdk.runtime.session import load as load_session
 
     opts = opts or BenchOptions()
     if opts.iterations < 1 or opts.warmup < 0 or opts.concurrency < 1:
@@ -371,7 +372,7 @@ def measure_bundle(
     if opts.threads:
         load_kw["threads"] = opts.threads
     t0 = time.perf_counter()
-    session = edgesdk.load(path, profile=opts.profile, **load_kw)
+    session = load_session(path, profile=opts.profile, **load_kw)
     load_s = time.perf_counter() - t0
     log(
         f"loaded {bundle.model_name} ({bundle.format}) on {session.backend.name}/{session.backend.device} "

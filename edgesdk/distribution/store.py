@@ -1,0 +1,354 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Push a bundle to an OCI registry, pull one into the local content-addressed store, list and remove.
+
+The store is ``$EDGESDK_HOME`` (default ``~/.cache/edgesdk``): ``bundles/<manifest digest hex>/`` holds each
+pulled bundle, ``bundles/.partial-<hex>/`` one being pulled (an interrupted pull resumes there, file by file
+and within a file), ``refs.json`` which reference and profile each digest came from. A bundle directory
+appears only by an atomic rename after every file matched its registry digest and the bundle's own sha256
+table, so nothing half-pulled is ever loadable. What is in the store is used offline: a pull whose reference
+cannot be resolved (no network) uses the digest the store last recorded for it, and says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fcntl
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from edgesdk.bundle import open_bundle, sha256_file
+from edgesdk.distribution import ARTIFACT_TYPE, FILE_MEDIA_TYPE, MANIFEST_MEDIA_TYPE, PROFILE_KEY, TITLE_KEY
+from edgesdk.distribution.oci import (
+    EMPTY_CONFIG,
+    EMPTY_DIGEST,
+    EMPTY_JSON,
+    OCI_INDEX,
+    OCI_MANIFEST,
+    Client,
+    Reference,
+    RegistryError,
+    sha256_digest,
+)
+from edgesdk.errors import BundleIntegrityError, InputError
+
+MANIFEST = "manifest.json"
+Progress = Callable[[str], None]
+
+
+def home() -> Path:
+    return Path(os.environ.get("EDGESDK_HOME") or Path.home() / ".cache" / "edgesdk")
+
+
+def _canonical(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
+def _annotations(bundle: Any) -> dict[str, str]:
+    m = bundle.manifest
+    summary = m.profile.summary or {}
+    out = {
+        PROFILE_KEY: m.profile.name or "unknown",
+        "io.edgesdk.format": m.format,
+        "io.edgesdk.precision": m.precision,
+        "io.edgesdk.bundle_id": m.bundle_id,
+        "io.edgesdk.manifest_sha256": m.manifest_sha256,
+        "io.edgesdk.model": m.model.name or "",
+        "org.opencontainers.image.created": m.created,
+    }
+    if m.llm is not None and getattr(m.llm, "quant_type", None):
+        out["io.edgesdk.quant_type"] = str(m.llm.quant_type)
+    for key in ("sm", "jetpack", "l4t", "kind", "arch"):
+        value = summary.get(key)
+        if value not in (None, "", [], {}):
+            out[f"io.edgesdk.device.{key}"] = str(value)
+    return {k: v for k, v in out.items() if v}
+
+
+def push(path: str | os.PathLike[str], ref_text: str, progress: Progress | None = None) -> dict[str, Any]:
+    """Push the bundle at ``path`` to ``ref_text`` (``oci://...:TAG``): its manifest by digest, then the tag as an
+    OCI image index holding one entry per profile (this bundle's replaces an entry of the same profile)."""
+    ref = Reference.parse(ref_text)
+    if ref.digest:
+        raise InputError("push takes a tag, not a digest: oci://REGISTRY/NAMESPACE/NAME:TAG")
+    bundle = open_bundle(path)  # verified: what is pushed is what was built
+    client = Client(ref)
+    say = progress or (lambda _msg: None)
+    files = [(MANIFEST, MANIFEST_MEDIA_TYPE, sha256_file(bundle.path / MANIFEST))]
+    files += [(a.path, FILE_MEDIA_TYPE, a.sha256) for a in bundle.manifest.artifacts]
+    layers, uploaded, total = [], 0, 0
+    for rel, media, sha in files:
+        fpath = bundle.path / rel
+        size = fpath.stat().st_size
+        digest = f"sha256:{sha}"
+        if client.push_blob(digest, size, fpath):
+            uploaded += size
+            say(f"uploaded {rel} ({size / 1e6:.1f} MB)")
+        else:
+            say(f"{rel}: already in the registry")
+        total += size
+        layers.append({"mediaType": media, "digest": digest, "size": size, "annotations": {TITLE_KEY: rel}})
+    client.push_blob(EMPTY_DIGEST, len(EMPTY_JSON), EMPTY_JSON)
+    annotations = _annotations(bundle)
+    doc = {
+        "schemaVersion": 2,
+        "mediaType": OCI_MANIFEST,
+        "artifactType": ARTIFACT_TYPE,
+        "config": {"mediaType": EMPTY_CONFIG, "digest": EMPTY_DIGEST, "size": len(EMPTY_JSON), "data": "e30="},
+        "layers": layers,
+        "annotations": annotations,
+    }
+    body = _canonical(doc)
+    digest = client.put_manifest(sha256_digest(body), body, OCI_MANIFEST)
+    profile = annotations[PROFILE_KEY]
+    entry = {
+        "mediaType": OCI_MANIFEST,
+        "digest": digest,
+        "size": len(body),
+        "artifactType": ARTIFACT_TYPE,
+        "annotations": {PROFILE_KEY: profile},
+    }
+    existing = client.get_manifest(ref.tag)
+    entries = []
+    if existing is not None:
+        media, old, old_digest = existing
+        if media == OCI_INDEX:
+            entries = [e for e in old.get("manifests", []) if (e.get("annotations") or {}).get(PROFILE_KEY) != profile]
+        elif old.get("artifactType") == ARTIFACT_TYPE:
+            old_profile = (old.get("annotations") or {}).get(PROFILE_KEY)
+            if old_profile != profile:
+                size = len(_canonical(old))
+                entries = [
+                    {
+                        "mediaType": OCI_MANIFEST,
+                        "digest": old_digest,
+                        "size": size,
+                        "artifactType": ARTIFACT_TYPE,
+                        "annotations": {PROFILE_KEY: old_profile},
+                    }
+                ]
+        else:
+            raise InputError(f"{ref} holds something that is not an edgesdk bundle ({media}); push to another tag")
+    entries.append(entry)
+    index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "artifactType": ARTIFACT_TYPE, "manifests": entries}
+    index_digest = client.put_manifest(ref.tag, _canonical(index), OCI_INDEX)
+    return {
+        "reference": str(ref),
+        "profile": profile,
+        "manifest_digest": digest,
+        "index_digest": index_digest,
+        "profiles": sorted((e.get("annotations") or {}).get(PROFILE_KEY, "?") for e in entries),
+        "bytes": total,
+        "uploaded_bytes": uploaded,
+        "files": len(layers),
+    }
+
+
+# ---------------------------------------------------------------------------------------------- the store
+@contextlib.contextmanager
+def _locked(root: Path) -> Iterator[None]:
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _refs(root: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((root / "refs.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _save_refs(root: Path, refs: dict[str, Any]) -> None:
+    tmp = root / "refs.json.tmp"
+    tmp.write_text(json.dumps(refs, indent=1, sort_keys=True), encoding="utf-8")
+    os.replace(tmp, root / "refs.json")
+
+
+def _want_profile(profile: str | None) -> tuple[str | None, str]:
+    """The canonical profile name ``--profile`` asks for, and how it was chosen (None: take the only entry)."""
+    if profile is None:
+        return None, "no profile asked for"
+    if profile == "auto":
+        from edgesdk.profiler.device import detect_device
+
+        found = detect_device()
+        if not found.best_match:
+            raise InputError("--profile auto: no device profile matches this host; name one with --profile")
+        why = "; ".join(found.evidence[:3])
+        return found.best_match, f"auto: this host matches {found.best_match} ({why})"
+    from edgesdk.profiles import resolve_profile
+
+    return resolve_profile(profile).name, f"asked for {profile}"
+
+
+@dataclass
+class Pulled:
+    path: Path
+    reference: str
+    digest: str
+    profile: str
+    how: str  # "pulled" | "already in the store" | "offline: the store's copy"
+    choice: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: str(v) for k, v in self.__dict__.items()}
+
+
+def pull(ref_text: str, profile: str | None = "auto", progress: Progress | None = None) -> Pulled:
+    """Pull ``ref_text`` into the store (the index entry of ``profile``; ``auto``: this host's detected
+    profile), verified; return where it is. Works offline for what is already pulled."""
+    ref = Reference.parse(ref_text)
+    root = home()
+    say = progress or (lambda _msg: None)
+    wanted, choice = _want_profile(profile)
+    key = f"{ref}|{wanted or '*'}"
+    client = Client(ref)
+    try:
+        found = client.get_manifest(ref.reference)
+    except RegistryError as exc:
+        known = _refs(root).get(key)
+        if known and (root / "bundles" / known["digest"].split(":")[1]).is_dir():
+            digest = known["digest"]
+            return Pulled(
+                root / "bundles" / digest.split(":")[1],
+                str(ref),
+                digest,
+                known["profile"],
+                f"offline: the store's copy ({exc})",
+                choice,
+            )
+        raise
+    if found is None:
+        raise InputError(f"{ref}: no such tag or digest in the registry")
+    media, doc, digest = found
+    if media == OCI_INDEX:
+        entries = [e for e in doc.get("manifests", []) if e.get("artifactType", ARTIFACT_TYPE) == ARTIFACT_TYPE]
+        names = [(e.get("annotations") or {}).get(PROFILE_KEY, "?") for e in entries]
+        if wanted is None:
+            if len(entries) != 1:
+                raise InputError(f"{ref} holds {len(entries)} profiles ({', '.join(names)}): pick one with --profile")
+            entry = entries[0]
+        else:
+            match = [e for e, n in zip(entries, names, strict=True) if n == wanted]
+            if not match:
+                raise InputError(f"{ref} has no bundle for profile {wanted} ({choice}); it holds: {', '.join(names)}")
+            entry = match[0]
+        digest = str(entry["digest"])
+        got = client.get_manifest(digest)
+        if got is None:
+            raise RegistryError(f"{ref}: the index names {digest}, which the registry does not have")
+        media, doc, digest = got
+    if doc.get("artifactType") != ARTIFACT_TYPE:
+        raise InputError(f"{ref} is not an edgesdk bundle (artifactType {doc.get('artifactType')!r})")
+    bundle_profile = (doc.get("annotations") or {}).get(PROFILE_KEY, "?")
+    if wanted is not None and bundle_profile != wanted:
+        raise InputError(f"{ref}@{digest} is a bundle for {bundle_profile}, not {wanted}")
+    hexd = digest.split(":")[1]
+    final = root / "bundles" / hexd
+    with _locked(root):
+        if final.is_dir():
+            how = "already in the store"
+        else:
+            _assemble(client, doc, root / "bundles" / f".partial-{hexd}", final, say)
+            how = "pulled"
+        refs = _refs(root)
+        refs[key] = {
+            "digest": digest,
+            "profile": bundle_profile,
+            "reference": str(ref),
+            "pulled": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        }
+        _save_refs(root, refs)
+    return Pulled(final, str(ref), digest, bundle_profile, how, choice)
+
+
+def _assemble(client: Client, doc: dict[str, Any], partial: Path, final: Path, say: Progress) -> None:
+    layers = doc.get("layers") or []
+    partial.mkdir(parents=True, exist_ok=True)
+    titles = []
+    for layer in layers:
+        title = str((layer.get("annotations") or {}).get(TITLE_KEY) or "")
+        rel = PurePosixPath(title)
+        if not title or rel.is_absolute() or ".." in rel.parts or "\\" in title or title in titles:
+            raise BundleIntegrityError(f"{client.ref}: a layer names the path {title!r}: not a bundle file")
+        titles.append(title)
+        dest = partial / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if dest.exists():
+            continue  # an earlier, interrupted pull finished this file
+        size = int(layer.get("size") or 0)
+        say(f"downloading {title} ({size / 1e6:.1f} MB)")
+        client.fetch_blob(str(layer.get("digest")), size, dest)
+    if MANIFEST not in titles:
+        raise BundleIntegrityError(f"{client.ref}: the artifact has no {MANIFEST}")
+    bundle = open_bundle(partial)  # every file against the bundle's own sha256 table
+    listed = {MANIFEST} | {a.path for a in bundle.manifest.artifacts}
+    if set(titles) != listed:
+        raise BundleIntegrityError(
+            f"{client.ref}: the registry's files differ from the bundle's list "
+            f"(extra: {sorted(set(titles) - listed)}, missing: {sorted(listed - set(titles))})"
+        )
+    by_title = {str((x.get("annotations") or {}).get(TITLE_KEY)): str(x.get("digest")) for x in layers}
+    for a in bundle.manifest.artifacts:
+        if by_title[a.path] != f"sha256:{a.sha256}":
+            raise BundleIntegrityError(f"{client.ref}: {a.path} is not the file the bundle lists")
+    os.rename(partial, final)
+
+
+def entries() -> list[dict[str, Any]]:
+    """What the store holds: one row per pulled bundle, with the references and profiles that name it."""
+    root = home()
+    refs = _refs(root)
+    rows = []
+    base = root / "bundles"
+    for d in sorted(base.iterdir()) if base.is_dir() else []:
+        if d.name.startswith(".") or not d.is_dir():
+            continue
+        names = [r for r, v in refs.items() if v.get("digest", "").endswith(d.name)]
+        size = sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
+        first = refs[names[0]] if names else {}
+        rows.append(
+            {
+                "digest": f"sha256:{d.name}",
+                "references": sorted({refs[n]["reference"] for n in names}),
+                "profile": first.get("profile", "?"),
+                "bytes": size,
+                "pulled": first.get("pulled", ""),
+                "path": str(d),
+            }
+        )
+    return rows
+
+
+def remove(target: str) -> list[str]:
+    """Remove the stored bundles ``target`` names (a reference, or a digest / its first 12+ hex characters)."""
+    root = home()
+    with _locked(root):
+        refs = _refs(root)
+        hexes = set()
+        if target.startswith("oci://"):
+            ref = str(Reference.parse(target))
+            hexes = {v["digest"].split(":")[1] for v in refs.values() if v.get("reference") == ref}
+        else:
+            want = target.removeprefix("sha256:")
+            if len(want) < 12:
+                raise InputError("give a reference or at least 12 hex characters of a digest")
+            base = root / "bundles"
+            hexes = {d.name for d in base.iterdir() if d.name.startswith(want)} if base.is_dir() else set()
+        if not hexes:
+            raise InputError(f"nothing in the store matches {target}")
+        for h in hexes:
+            shutil.rmtree(root / "bundles" / h, ignore_errors=True)
+        _save_refs(root, {k: v for k, v in refs.items() if v.get("digest", "").split(":")[-1] not in hexes})
+    return sorted(f"sha256:{h}" for h in hexes)
