@@ -12,7 +12,7 @@ export TRANSFORMERS_OFFLINE := 1
 
 .PHONY: setup demo test test-fast typecheck lint bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch first, pinned: an unpinned resolve pulls a multi-GB CUDA build (docs/versions.md)
@@ -20,7 +20,8 @@ $(STAMP): pyproject.toml
 	# onnxruntime (CPU, in the base) and onnxruntime-gpu share files: an older set-up had the GPU one, so
 	# remove both and let the next line install the CPU one cleanly (README: GPU hosts)
 	$(BIN)/python -m pip uninstall -y -q onnxruntime-gpu onnxruntime 2>/dev/null || true
-	$(BIN)/python -m pip install -e '.[all,dev]'
+	# the exact build-tool versions the tests build with: constraints.txt (the extras state ranges)
+	$(BIN)/python -m pip install -c constraints.txt -e '.[all,dev]'
 	# tests/test_distribution.py runs a real OCI registry on loopback: CNCF distribution, Debian's docker-registry
 	command -v docker-registry >/dev/null || (command -v apt-get >/dev/null && \
 	  (DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker-registry >/dev/null || \
