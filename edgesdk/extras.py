@@ -30,6 +30,7 @@ EXTRAS: dict[str, str] = {
     "build": "export, quantization, GGUF conversion, SBOM and SCANOSS for `edgesdk build`",
     "profiler": "the device profiler's graph analysis, NVML readings and plots",
     "serve": "the OpenAI-compatible HTTP server (`edgesdk serve`)",
+    "sign": "OpenSSF model-signing: `edgesdk sign`, `push --sign`, `verify`, `pull --require-signature`",
     "bench": "tools/bench/bench_serve_llm.py's baseline: llama-cpp-python's own server (llama_cpp.server)",
 }
 

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """``edgesdk push`` / ``pull`` / ``ls`` / ``rm``: bundles on OCI registries and the local store
-(:mod:`edgesdk.distribution`)."""
+(:mod:`edgesdk.distribution`); ``edgesdk sign`` / ``verify`` and the trust policy options of ``pull``
+(:mod:`edgesdk.distribution.signing`)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,44 @@ import click
 from edgesdk.commands._common import emit_json, info, table
 
 
+def _policy_options(f):
+    """``--require-signature``, ``--trusted-key`` (repeatable) and ``--policy FILE`` (YAML)."""
+    f = click.option(
+        "--policy",
+        "policy_file",
+        type=click.Path(dir_okay=False),
+        help="Trust policy file (YAML: require_signature, trusted_keys); default $EDGESDK_TRUST_POLICY.",
+    )(f)
+    f = click.option(
+        "--trusted-key",
+        "--verify-key",
+        "trusted_keys",
+        multiple=True,
+        type=click.Path(dir_okay=False),
+        help="A trusted signer's EC public key (PEM); repeatable.",
+    )(f)
+    f = click.option("--require-signature", is_flag=True, help="Refuse a bundle that no trusted key signed (exit 7).")(
+        f
+    )
+    return f
+
+
 @click.command("push")
 @click.argument("bundle", type=click.Path(file_okay=False))
 @click.argument("reference")
+@click.option(
+    "--sign",
+    "sign_key",
+    type=click.Path(dir_okay=False),
+    help="Sign BUNDLE with this EC private key (PEM) first; the signature is attached to the pushed manifest.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def push_cmd(bundle: str, reference: str, as_json: bool) -> int:
-    """Push BUNDLE to REFERENCE (oci://REGISTRY/NAMESPACE/NAME:TAG); the tag holds one entry per profile."""
+def push_cmd(bundle: str, reference: str, sign_key: str | None, as_json: bool) -> int:
+    """Push BUNDLE to REFERENCE (oci://REGISTRY/NAMESPACE/NAME:TAG); the tag holds one entry per profile.
+    A signature beside the bundle (BUNDLE.sig/) is attached."""
     from edgesdk.distribution.store import push
 
-    out = push(bundle, reference, progress=None if as_json else info)
+    out = push(bundle, reference, progress=None if as_json else info, sign_key=sign_key)
     if as_json:
         emit_json(out)
     else:
@@ -37,12 +67,22 @@ def push_cmd(bundle: str, reference: str, as_json: bool) -> int:
     show_default=True,
     help="Which profile's bundle to take from the tag's index ('auto': the profile this host matches).",
 )
+@_policy_options
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def pull_cmd(reference: str, profile: str, as_json: bool) -> int:
+def pull_cmd(
+    reference: str,
+    profile: str,
+    require_signature: bool,
+    trusted_keys: tuple[str, ...],
+    policy_file: str | None,
+    as_json: bool,
+) -> int:
     """Pull REFERENCE into the local store ($EDGESDK_HOME or ~/.cache/edgesdk), verified, and print its path."""
+    from edgesdk.distribution.signing import TrustPolicy
     from edgesdk.distribution.store import pull
 
-    got = pull(reference, profile, progress=None if as_json else info)
+    policy = TrustPolicy.from_options(policy_file, require_signature, trusted_keys)
+    got = pull(reference, profile, progress=None if as_json else info, trust=policy)
     if as_json:
         emit_json(got.to_dict())
     else:
@@ -87,6 +127,77 @@ def rm_cmd(target: str) -> int:
     return 0
 
 
+@click.command("sign")
+@click.argument("bundle", type=click.Path(file_okay=False))
+@click.option(
+    "--key",
+    "key",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="EC private key (PEM, P-256/P-384/P-521); an encrypted one reads $EDGESDK_SIGNING_KEY_PASSWORD.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def sign_cmd(bundle: str, key: str, as_json: bool) -> int:
+    """Sign BUNDLE (OpenSSF model-signing, plus edgesdk's in-toto statement of its license verdict, SBOM and
+    parity); the signature is written beside it, as BUNDLE.sig/."""
+    from edgesdk.distribution.signing import sign
+
+    out = sign(bundle, key)
+    if as_json:
+        emit_json(out)
+    else:
+        p = out["predicate"]
+        click.echo(
+            f"signed {out['bundle']} with key {out['key_id'][:16]}: {out['signature']} "
+            f"(license {p['license'].get('verdict', '?')}, bundle {p['bundle_id']})"
+        )
+    return 0
+
+
+@click.command("verify")
+@click.argument("bundle", type=click.Path(file_okay=False))
+@click.option(
+    "--signature",
+    type=click.Path(file_okay=False),
+    help="The signature directory (default: BUNDLE.sig beside the bundle).",
+)
+@click.option(
+    "--trusted-key",
+    "trusted_keys",
+    multiple=True,
+    type=click.Path(dir_okay=False),
+    help="A trusted signer's EC public key (PEM); repeatable.",
+)
+@click.option(
+    "--policy",
+    "policy_file",
+    type=click.Path(dir_okay=False),
+    help="Trust policy file (YAML) whose trusted_keys to use; default $EDGESDK_TRUST_POLICY.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def verify_cmd(
+    bundle: str, signature: str | None, trusted_keys: tuple[str, ...], policy_file: str | None, as_json: bool
+) -> int:
+    """Verify BUNDLE's files and its signature by a trusted key (exit 7 naming why), and show what it vouches for."""
+    from edgesdk.distribution.signing import TrustPolicy, verify
+
+    policy = TrustPolicy.from_options(policy_file, False, trusted_keys)
+    got = verify(bundle, policy.trusted_keys, signature)
+    if as_json:
+        emit_json(got.to_dict())
+    else:
+        p = got.predicate
+        lic = p.get("license") or {}
+        parity = p.get("parity") or {}
+        sbom = p.get("sbom") or {}
+        click.echo(
+            f"verified: {got.bundle} signed by {got.key} (key {got.key_id[:16]}); license {lic.get('verdict', '?')}, "
+            f"SBOM {sbom.get('path', '-')} sha256:{str((sbom.get('digest') or {}).get('sha256', '-'))[:12]}, "
+            f"parity {parity.get('reference') or parity.get('method') or '-'}"
+        )
+    return 0
+
+
 def register(group: click.Group) -> None:
-    for cmd in (push_cmd, pull_cmd, ls_cmd, rm_cmd):
+    for cmd in (push_cmd, pull_cmd, ls_cmd, rm_cmd, sign_cmd, verify_cmd):
         group.add_command(cmd)

@@ -201,3 +201,22 @@ class Client:
         if not isinstance(doc, dict):
             raise RegistryError(f"{self.ref}: the manifest is not a JSON object")
         return str(doc.get("mediaType") or resp.headers.get("Content-Type", "")), doc, digest
+
+    def referrers(self, digest: str, artifact_type: str) -> list[dict[str, Any]] | None:
+        """The descriptors of ``artifact_type`` whose ``subject`` is ``digest`` (OCI 1.1 referrers API); None when
+        the registry has no referrers API (CNCF distribution 2.8 answers 404), so the caller falls back to a tag."""
+        query = urllib.parse.urlencode({"artifactType": artifact_type})
+        resp = self._open("GET", f"{self.ref.base}/referrers/{digest}?{query}", headers={"Accept": OCI_INDEX},
+                          ok=(200, 404, 400, 405))  # fmt: skip
+        with resp:
+            if resp.status != 200:
+                return None
+            body = resp.read(4 << 20)
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            return None
+        found = doc.get("manifests") if isinstance(doc, dict) else None
+        if not isinstance(found, list):
+            return None
+        return [m for m in found if isinstance(m, dict) and m.get("artifactType") == artifact_type]

@@ -7,6 +7,13 @@ and within a file), ``refs.json`` which reference and profile each digest came f
 appears only by an atomic rename after every file matched its registry digest and the bundle's own sha256
 table, so nothing half-pulled is ever loadable. What is in the store is used offline: a pull whose reference
 cannot be resolved (no network) uses the digest the store last recorded for it, and says so.
+
+Signatures (:mod:`.signing`): ``push`` attaches ``BUNDLE.sig/`` (``--sign KEY`` writes it first) as an OCI
+artifact whose ``subject`` is the bundle's manifest, tagged ``sha256-<hex>.sig`` (cosign's convention, for
+registries without the OCI 1.1 referrers API). Under a trust policy ``pull`` finds it (referrers API, else that
+tag), checks that a trusted key signed a statement naming exactly the registry's files before downloading
+anything, then the whole signature over the assembled directory before the rename that makes it visible; the
+signature is kept as ``bundles/<hex>.sig/`` beside the bundle.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from typing import Any
 
 from edgesdk.bundle import open_bundle, sha256_file
 from edgesdk.distribution import ARTIFACT_TYPE, FILE_MEDIA_TYPE, MANIFEST_MEDIA_TYPE, PROFILE_KEY, TITLE_KEY
+from edgesdk.distribution import signing as sig
 from edgesdk.distribution.oci import (
     EMPTY_CONFIG,
     EMPTY_DIGEST,
@@ -70,13 +78,24 @@ def _annotations(bundle: Any) -> dict[str, str]:
     return {k: v for k, v in out.items() if v}
 
 
-def push(path: str | os.PathLike[str], ref_text: str, progress: Progress | None = None) -> dict[str, Any]:
+def push(
+    path: str | os.PathLike[str], ref_text: str, progress: Progress | None = None, sign_key: str | None = None
+) -> dict[str, Any]:
     """Push the bundle at ``path`` to ``ref_text`` (``oci://...:TAG``): its manifest by digest, then the tag as an
-    OCI image index holding one entry per profile (this bundle's replaces an entry of the same profile)."""
+    OCI image index holding one entry per profile (this bundle's replaces an entry of the same profile).
+    ``sign_key``: sign the bundle first (``BUNDLE.sig/``); a ``BUNDLE.sig/`` present is attached either way."""
     ref = Reference.parse(ref_text)
     if ref.digest:
         raise InputError("push takes a tag, not a digest: oci://REGISTRY/NAMESPACE/NAME:TAG")
+    signed = sig.sign(path, sign_key) if sign_key else None
     bundle = open_bundle(path)  # verified: what is pushed is what was built
+    sigdir = sig.signature_dir(bundle.path)
+    if sigdir.is_dir():
+        built = {MANIFEST: sha256_file(bundle.path / MANIFEST)} | {a.path: a.sha256 for a in bundle.manifest.artifacts}
+        if sig.unverified_subjects(sigdir) != built:
+            raise InputError(
+                f"{sigdir} signs another build of {bundle.path}: sign it again (edgesdk sign, or push --sign KEY)"
+            )
     client = Client(ref)
     say = progress or (lambda _msg: None)
     files = [(MANIFEST, MANIFEST_MEDIA_TYPE, sha256_file(bundle.path / MANIFEST))]
@@ -137,6 +156,10 @@ def push(path: str | os.PathLike[str], ref_text: str, progress: Progress | None 
     entries.append(entry)
     index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "artifactType": ARTIFACT_TYPE, "manifests": entries}
     index_digest = client.put_manifest(ref.tag, _canonical(index), OCI_INDEX)
+    signature = None
+    if sigdir.is_dir():
+        signature = attach_signature(client, digest, len(body), sigdir)
+        say(f"signature attached: {signature['tag']}")
     return {
         "reference": str(ref),
         "profile": profile,
@@ -146,7 +169,71 @@ def push(path: str | os.PathLike[str], ref_text: str, progress: Progress | None 
         "bytes": total,
         "uploaded_bytes": uploaded,
         "files": len(layers),
+        "signature": signature,
+        "key_id": signed["key_id"] if signed else None,
     }
+
+
+def signature_tag(digest: str) -> str:
+    """cosign's tag for the signature of ``digest``: ``sha256-<hex>.sig``."""
+    return digest.replace(":", "-") + sig.SIG_SUFFIX
+
+
+def attach_signature(client: Client, subject: str, subject_size: int, sigdir: Path) -> dict[str, Any]:
+    """Push ``sigdir`` as an OCI artifact (one layer per signature file) whose ``subject`` is the manifest
+    ``subject``, under the tag :func:`signature_tag` (replacing an older signature of the same manifest)."""
+    media = {sig.MODEL_SIG: sig.MODEL_SIG_MEDIA_TYPE, sig.STATEMENT: sig.DSSE_MEDIA_TYPE}
+    layers = []
+    for name in sig.SIGNATURE_FILES:
+        data = (sigdir / name).read_bytes()
+        digest = sha256_digest(data)
+        client.push_blob(digest, len(data), data)
+        layers.append({"mediaType": media[name], "digest": digest, "size": len(data), "annotations": {TITLE_KEY: name}})
+    client.push_blob(EMPTY_DIGEST, len(EMPTY_JSON), EMPTY_JSON)
+    doc = {
+        "schemaVersion": 2,
+        "mediaType": OCI_MANIFEST,
+        "artifactType": sig.SIGNATURE_ARTIFACT_TYPE,
+        "config": {"mediaType": EMPTY_CONFIG, "digest": EMPTY_DIGEST, "size": len(EMPTY_JSON), "data": "e30="},
+        "layers": layers,
+        "subject": {"mediaType": OCI_MANIFEST, "digest": subject, "size": subject_size},
+        "annotations": {"io.edgesdk.predicate_type": sig.PREDICATE_TYPE},
+    }
+    body = _canonical(doc)
+    tag = signature_tag(subject)
+    digest = client.put_manifest(tag, body, OCI_MANIFEST)
+    return {"tag": tag, "digest": digest}
+
+
+def _fetch_signature(client: Client, subject: str, dest: Path) -> bool:
+    """Download the edgesdk signature of manifest ``subject`` into ``dest`` (replaced); False when there is
+    none. The referrers API where the registry has one, else cosign's tag."""
+    found = client.referrers(subject, sig.SIGNATURE_ARTIFACT_TYPE)
+    doc = None
+    if found:
+        got = client.get_manifest(str(found[-1].get("digest")))
+        doc = got[1] if got else None
+    if doc is None:
+        got = client.get_manifest(signature_tag(subject))
+        doc = got[1] if got else None
+    if doc is None:
+        return False
+    if doc.get("artifactType") != sig.SIGNATURE_ARTIFACT_TYPE:
+        return False  # another tool's signature (cosign's own) under the tag: not one edgesdk can check
+    if (doc.get("subject") or {}).get("digest") != subject:
+        raise sig.SignatureError(f"{client.ref}: the signature under {signature_tag(subject)} names another manifest")
+    layers = doc.get("layers") or []
+    titles = [str((x.get("annotations") or {}).get(TITLE_KEY)) for x in layers]
+    if sorted(titles) != sorted(sig.SIGNATURE_FILES):
+        raise sig.SignatureError(f"{client.ref}: the signature of {subject} holds {titles}, not {sig.SIGNATURE_FILES}")
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    for layer, title in zip(layers, titles, strict=True):
+        size = int(layer.get("size") or 0)
+        if size > sig.MAX_SIGNATURE_FILE:
+            raise sig.SignatureError(f"{client.ref}: the signature file {title} is {size} bytes, not a signature")
+        client.fetch_blob(str(layer.get("digest")), size, dest / title)
+    return True
 
 
 # ---------------------------------------------------------------------------------------------- the store
@@ -205,12 +292,22 @@ class Pulled:
         return {k: str(v) for k, v in self.__dict__.items()}
 
 
-def pull(ref_text: str, profile: str | None = "auto", progress: Progress | None = None) -> Pulled:
+def pull(
+    ref_text: str,
+    profile: str | None = "auto",
+    progress: Progress | None = None,
+    trust: sig.TrustPolicy | None = None,
+) -> Pulled:
     """Pull ``ref_text`` into the store (the index entry of ``profile``; ``auto``: this host's detected
-    profile), verified; return where it is. Works offline for what is already pulled."""
+    profile), verified; return where it is. Works offline for what is already pulled.
+
+    ``trust`` (default: the file ``$EDGESDK_TRUST_POLICY`` names, else none): when it requires a signature,
+    an unsigned bundle is refused before anything is downloaded; any signature present must be by a trusted
+    key and cover the bundle exactly, checked before the bundle becomes visible in the store (exit 7)."""
     ref = Reference.parse(ref_text)
     root = home()
     say = progress or (lambda _msg: None)
+    policy = trust if trust is not None else sig.TrustPolicy.from_options(None, False, ())
     wanted, choice = _want_profile(profile)
     key = f"{ref}|{wanted or '*'}"
     client = Client(ref)
@@ -220,6 +317,8 @@ def pull(ref_text: str, profile: str | None = "auto", progress: Progress | None 
         known = _refs(root).get(key)
         if known and (root / "bundles" / known["digest"].split(":")[1]).is_dir():
             digest = known["digest"]
+            if policy.active:
+                _check_stored(root / "bundles" / digest.split(":")[1], policy)
             return Pulled(
                 root / "bundles" / digest.split(":")[1],
                 str(ref),
@@ -256,12 +355,55 @@ def pull(ref_text: str, profile: str | None = "auto", progress: Progress | None 
         raise InputError(f"{ref}@{digest} is a bundle for {bundle_profile}, not {wanted}")
     hexd = digest.split(":")[1]
     final = root / "bundles" / hexd
+    signed = False
+    sig_partial = root / "bundles" / f".partial-{hexd}{sig.SIG_SUFFIX}"
+    if policy.active:
+        signed = _fetch_signature(client, digest, sig_partial)
+        if not signed and policy.require_signature:
+            raise sig.SignatureError(
+                f"{ref}@{digest} is not signed (no edgesdk signature referrer, no tag {signature_tag(digest)}); "
+                f"the trust policy ({policy.source}) requires a signature: nothing pulled"
+            )
+        if signed:  # a trusted key signed exactly these files: checked before any download
+            layer_files = {
+                str((x.get("annotations") or {}).get(TITLE_KEY)): str(x.get("digest", "")).removeprefix("sha256:")
+                for x in doc.get("layers") or []
+            }
+            try:
+                kid, predicate = sig.precheck(sig_partial, policy.trusted_keys, layer_files, f"{ref}@{digest}")
+                if (predicate.get("profile") or "unknown") != bundle_profile:
+                    raise sig.SignatureError(
+                        f"{ref}@{digest}: annotated as a bundle for {bundle_profile}, signed as one for "
+                        f"{predicate.get('profile')}"
+                    )
+            except sig.SignatureError:
+                shutil.rmtree(sig_partial, ignore_errors=True)
+                raise
+            say(f"signed by trusted key {kid[:16]}")
+        else:
+            say(f"{ref}@{digest} is unsigned (the trust policy allows it)")
+
+    def check(bundle_dir: Path) -> None:
+        if signed:
+            try:
+                sig.verify(bundle_dir, policy.trusted_keys, sig_partial)
+            except sig.SignatureError:
+                shutil.rmtree(sig_partial, ignore_errors=True)
+                if bundle_dir != final:
+                    shutil.rmtree(bundle_dir, ignore_errors=True)
+                raise
+
     with _locked(root):
+        stored_sig = final.with_name(final.name + sig.SIG_SUFFIX)
         if final.is_dir():
+            check(final)
             how = "already in the store"
         else:
-            _assemble(client, doc, root / "bundles" / f".partial-{hexd}", final, say)
+            _assemble(client, doc, root / "bundles" / f".partial-{hexd}", final, say, check=check, before=(
+                (lambda: _place(sig_partial, stored_sig)) if signed else None))  # fmt: skip
             how = "pulled"
+        if signed and sig_partial.is_dir():
+            _place(sig_partial, stored_sig)
         refs = _refs(root)
         refs[key] = {
             "digest": digest,
@@ -273,7 +415,34 @@ def pull(ref_text: str, profile: str | None = "auto", progress: Progress | None 
     return Pulled(final, str(ref), digest, bundle_profile, how, choice)
 
 
-def _assemble(client: Client, doc: dict[str, Any], partial: Path, final: Path, say: Progress) -> None:
+def _place(src: Path, dest: Path) -> None:
+    """Move the directory ``src`` to ``dest``, replacing what is there."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    os.rename(src, dest)
+
+
+def _check_stored(final: Path, policy: sig.TrustPolicy) -> None:
+    """The store's copy under the policy: its kept signature verified again (offline use)."""
+    stored = final.with_name(final.name + sig.SIG_SUFFIX)
+    if not stored.is_dir():
+        if policy.require_signature:
+            raise sig.SignatureError(
+                f"{final}: the store's copy has no signature and the trust policy ({policy.source}) requires one"
+            )
+        return
+    sig.verify(final, policy.trusted_keys, stored)
+
+
+def _assemble(
+    client: Client,
+    doc: dict[str, Any],
+    partial: Path,
+    final: Path,
+    say: Progress,
+    check: Callable[[Path], None] | None = None,
+    before: Callable[[], None] | None = None,
+) -> None:
     layers = doc.get("layers") or []
     partial.mkdir(parents=True, exist_ok=True)
     titles = []
@@ -303,6 +472,10 @@ def _assemble(client: Client, doc: dict[str, Any], partial: Path, final: Path, s
     for a in bundle.manifest.artifacts:
         if by_title[a.path] != f"sha256:{a.sha256}":
             raise BundleIntegrityError(f"{client.ref}: {a.path} is not the file the bundle lists")
+    if check is not None:
+        check(partial)  # the trust policy: the signature over the assembled directory, before it is visible
+    if before is not None:
+        before()
     os.rename(partial, final)
 
 
@@ -313,7 +486,7 @@ def entries() -> list[dict[str, Any]]:
     rows = []
     base = root / "bundles"
     for d in sorted(base.iterdir()) if base.is_dir() else []:
-        if d.name.startswith(".") or not d.is_dir():
+        if d.name.startswith(".") or d.name.endswith(sig.SIG_SUFFIX) or not d.is_dir():
             continue
         names = [r for r, v in refs.items() if v.get("digest", "").endswith(d.name)]
         size = sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
@@ -326,6 +499,7 @@ def entries() -> list[dict[str, Any]]:
                 "bytes": size,
                 "pulled": first.get("pulled", ""),
                 "path": str(d),
+                "signed": d.with_name(d.name + sig.SIG_SUFFIX).is_dir(),
             }
         )
     return rows
@@ -345,10 +519,15 @@ def remove(target: str) -> list[str]:
             if len(want) < 12:
                 raise InputError("give a reference or at least 12 hex characters of a digest")
             base = root / "bundles"
-            hexes = {d.name for d in base.iterdir() if d.name.startswith(want)} if base.is_dir() else set()
+            hexes = (
+                {d.name for d in base.iterdir() if d.name.startswith(want) and not d.name.endswith(sig.SIG_SUFFIX)}
+                if base.is_dir()
+                else set()
+            )
         if not hexes:
             raise InputError(f"nothing in the store matches {target}")
         for h in hexes:
             shutil.rmtree(root / "bundles" / h, ignore_errors=True)
+            shutil.rmtree(root / "bundles" / (h + sig.SIG_SUFFIX), ignore_errors=True)
         _save_refs(root, {k: v for k, v in refs.items() if v.get("digest", "").split(":")[-1] not in hexes})
     return sorted(f"sha256:{h}" for h in hexes)
