@@ -372,7 +372,7 @@ def measure_bundle(
     if opts.threads:
         load_kw["threads"] = opts.threads
     t0 = time.perf_counter()
-    session = load_session(path, profile=opts.profile, **load_kw)
+    session = load_session(Path(path), profile=opts.profile, **load_kw)
     load_s = time.perf_counter() - t0
     log(
         f"loaded {bundle.model_name} ({bundle.format}) on {session.backend.name}/{session.backend.device} "

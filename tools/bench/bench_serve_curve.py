@@ -48,7 +48,7 @@ def number_prompt(i: int, k: int, n: int = 12) -> str:
 
 
 async def stream_one(http: httpx.AsyncClient, url: str, body: dict) -> tuple[float | None, int, bool]:
-    """(TTFT s, completion tokens from usage, ok) of one streamed completion."""
+    """(TTFT s: request sent -> first streamed chunk, completion tokens from usage, ok) of one completion."""
     t0 = time.perf_counter()
     first, tokens = None, 0
     async with http.stream("POST", url + "/v1/completions", json=body) as resp:
@@ -60,7 +60,7 @@ async def stream_one(http: httpx.AsyncClient, url: str, body: dict) -> tuple[flo
                 continue
             doc = json.loads(line[6:])
             choices = doc.get("choices") or []
-            if first is None and choices and (choices[0].get("text") or doc.get("tokens")):
+            if first is None and choices:  # the first chunk (a random-weight model's text can be empty bytes)
                 first = time.perf_counter() - t0
             if doc.get("usage"):
                 tokens = int(doc["usage"].get("completion_tokens") or 0)
@@ -122,9 +122,8 @@ async def steady(url: str, clients: int, seconds: float, max_tokens: int) -> dic
     }
 
 
-async def mixed(url: str, long_tokens: int, max_tokens: int) -> dict:
+async def mixed(url: str, long_prompt: str, long_tokens: int, max_tokens: int) -> dict:
     """A short prompt's TTFT alone, then behind 3 long prompts sent just before 8 short ones."""
-    long_prompt = " ".join(str(1000 + j) for j in range(long_tokens // 2))  # ~2 tokens per number
     async with httpx.AsyncClient(timeout=900, limits=httpx.Limits(max_connections=32)) as http:
 
         def body(prompt: str, n: int) -> dict:
@@ -144,6 +143,7 @@ async def mixed(url: str, long_tokens: int, max_tokens: int) -> dict:
                 alone.append(ttft)
         t0 = time.perf_counter()
         longs = [asyncio.create_task(stream_one(http, url, body(f"{i} {long_prompt}", max_tokens))) for i in range(3)]
+        # (each long one starts with its own number: no prefix shared with another)
         await asyncio.sleep(0.05)
         shorts = [asyncio.create_task(stream_one(http, url, body(number_prompt(9, k, 2), 4))) for k in range(8)]
         short_res = await asyncio.gather(*shorts)
@@ -151,25 +151,35 @@ async def mixed(url: str, long_tokens: int, max_tokens: int) -> dict:
         wall = time.perf_counter() - t0
     behind = [r[0] for r in short_res if r[0] is not None]
     return {
-        "long_prompt_tokens_approx": long_tokens,
+        "long_prompt_tokens": long_tokens,
         "short_alone_ttft_ms": round(1000 * statistics.median(alone), 1) if alone else None,
         "short_behind_long_ttft_ms": [round(1000 * x, 1) for x in behind],
         "short_behind_long_ttft_p50_ms": round(1000 * statistics.median(behind), 1) if behind else None,
         "short_behind_long_ttft_max_ms": round(1000 * max(behind), 1) if behind else None,
         "long_ttft_ms": [round(1000 * r[0], 1) if r[0] is not None else None for r in long_res],
         "short_errors": sum(1 for r in short_res if not r[2]),
+        "long_errors": sum(1 for r in long_res if not r[2]),
         "wall_s": round(wall, 2),
     }
 
 
-def session_settings(bundle: str) -> tuple[str, int, dict]:
-    """The bundle's GGUF file, n_ctx and llama.cpp settings, as edgesdk.load picks them here."""
+def session_settings(bundle: str, long_tokens: int) -> tuple[str, int, dict, str, int]:
+    """The bundle's GGUF file, n_ctx and llama.cpp settings, as edgesdk.load picks them here, and a long prompt
+    of at most ``long_tokens`` tokens of its tokenizer (with its token count)."""
     import edgesdk
 
     with edgesdk.load(bundle) as s:
         st = dict(s.backend.settings)
         gguf = str(s.backend._path)  # noqa: SLF001 - our own backend's file
-    return gguf, int(st["n_ctx"]), st
+        words: list[str] = []
+        n = 0
+        while True:
+            more = words + [str(1000 + len(words) + j) for j in range(32)]
+            m = len(s.backend.tokenize(" ".join(more)))
+            if m > long_tokens:
+                break
+            words, n = more, m
+    return gguf, int(st["n_ctx"]), st, " ".join(words), n
 
 
 def main() -> None:
@@ -187,7 +197,9 @@ def main() -> None:
     ap.add_argument("--out", default=str(RESULTS / "serve_curve.json"))
     a = ap.parse_args()
     counts = [int(x) for x in a.clients.split(",")]
-    gguf, n_ctx, st = session_settings(a.bundle)
+    gguf, n_ctx, st, long_prompt, long_n = session_settings(a.bundle, a.long_tokens)
+    if long_n + a.max_tokens + 64 > n_ctx:  # shorter, to fit a slot's context
+        gguf, n_ctx, st, long_prompt, long_n = session_settings(a.bundle, n_ctx - a.max_tokens - 64)
     servers: dict[str, tuple] = {}
     tmp = Path(tempfile.mkdtemp(prefix="curve-"))
     try:
@@ -206,9 +218,8 @@ def main() -> None:
             print(f"{c:>7} " + " ".join(f"{rows[n][-1]['tok_s']:>16.1f} tok/s" for n in servers), flush=True)
         mixed_rows = {}
         if a.mixed:
-            long_tokens = min(a.long_tokens, n_ctx - a.max_tokens - 64)
             for name, (_, url) in servers.items():
-                mixed_rows[name] = asyncio.run(mixed(url, long_tokens, 16))
+                mixed_rows[name] = asyncio.run(mixed(url, long_prompt, long_n, 16))
                 print(f"mixed {name}: {json.dumps(mixed_rows[name])}", flush=True)
         metrics = httpx.get(servers["edgesdk"][1] + "/metrics", timeout=10).text
     finally:

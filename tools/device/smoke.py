@@ -129,12 +129,13 @@ class Smoke:
         serve = self.fig("serve: 16 concurrent clients")
         curve = (self.fig("serve curve: 1-32 clients and mixed load").get("tok_s") or {}).get("edgesdk") or {}
         points = "/".join(f"{curve[c]:.0f}" for c in sorted(curve, key=int)) if curve else "-"
+        counts = "/".join(str(c) for c in sorted(curve, key=int)) or "-"
         return (
             f"device smoke {self.meta.get('commit')} {self.meta.get('date')} on {self.meta.get('gpu')}: "
             f"{ok}/{len(self.steps)} steps passed; import matrix {m.get('same_text_as_first', '-')}/"
             f"{m.get('orders', '-')}; gguf decode {run.get('decode_tok_s', '-')} tok/s on "
             f"{run.get('placement', '-')}; serve 16 clients {serve.get('total_tok_s', '-')} tok/s "
-            f"(1 client {serve.get('single_tok_s', '-')}); curve {'/'.join(sorted(curve, key=int)) or '-'} clients "
+            f"(1 client {serve.get('single_tok_s', '-')}); curve {counts} clients "
             f"{points} tok/s; vlm "
             f"{'ok' if self.fig('vlm run --image') else 'failed or not run'}"
         )
