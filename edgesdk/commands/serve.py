@@ -76,6 +76,15 @@ import click
     help="Seconds in-flight requests get to finish after SIGTERM.",
 )
 @click.option(
+    "--request-timeout",
+    type=click.FloatRange(0, min_open=True),
+    default=600.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Wall-clock limit of one generation request, queueing included: past it the request ends with "
+    "504 (or an error event mid-stream) and its slot is freed.",
+)
+@click.option(
     "--prompt-cache-mb",
     type=click.FloatRange(0),
     default=None,
@@ -130,6 +139,7 @@ def serve_cmd(
     max_wait_ms,
     max_body_bytes,
     shutdown_timeout,
+    request_timeout,
     prompt_cache_mb,
     parallel,
     no_prefix_reuse,
@@ -175,6 +185,7 @@ def serve_cmd(
         prompt_cache_mb=prompt_cache_mb,
         parallel=parallel,
         prefix_reuse=not no_prefix_reuse,
+        request_timeout_s=request_timeout,
     )
     if trace_file:
         telemetry.configure(trace_file=trace_file, service_name="edgesdk-serve")

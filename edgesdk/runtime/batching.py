@@ -160,7 +160,9 @@ class GenerationResult:
 
     text: str
     tokens: list[int]
-    finish_reason: str  # "stop" (end-of-generation token or stop string), "length", "cancelled", "error"
+    # "stop" (end-of-generation token or stop string), "length", "cancelled", "error", "timeout" (past the
+    # deadline ``submit(timeout_s=...)`` set: ``error`` says after how long)
+    finish_reason: str
     prompt_tokens: int
     ttft_s: float | None
     total_s: float
@@ -195,6 +197,8 @@ class _Seq:
     logprobs: list[TokenLogprob] | None = None  # all of them (the request asked for logprobs)
     grammar: Any = None  # the request's grammar sampler, compiled at submit (beside the chain: _sample_grammar)
     lp_sent: int = 0  # how many of them went out with a piece
+    deadline: float | None = None  # perf_counter() instant past which the request ends with "timeout"
+    timeout_s: float | None = None
 
 
 class BatchHandle:
@@ -256,6 +260,8 @@ class BatchHandle:
             if item is _DONE:
                 self._events.put(_DONE)  # a second iteration ends at once
                 res = self._result
+                if res is not None and res.finish_reason == "timeout":
+                    raise TimeoutError(res.error or "the request ran past its deadline")
                 if res is not None and res.finish_reason == "error":
                     raise (
                         EngineClosed(res.error or "generation failed")
@@ -517,6 +523,7 @@ class BatchEngine:
         *,
         listener: Callable[[str, Any], None] | None = None,
         cancel: threading.Event | None = None,
+        timeout_s: float | None = None,
         **options: Any,
     ) -> BatchHandle:
         """Queue one request (a :class:`GenerationRequest`, or its fields as keywords) and return its
@@ -527,7 +534,14 @@ class BatchEngine:
         for the tokens behind it when the request asks for logprobs), then ``("done", GenerationResult)``;
         it must not
         block (the server hands them to its event loop). ``cancel``: an event whose setting cancels the
-        request (checked at every step), instead of the handle's own."""
+        request (checked at every step), instead of the handle's own. ``timeout_s``: a wall-clock limit from
+        submission (queueing included); a request still waiting or generating past it ends at the next step
+        with finish reason ``"timeout"`` (what it generated stays in the result; iterating the handle raises
+        ``TimeoutError``)."""
+        if timeout_s is not None and (
+            isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < float("inf")
+        ):
+            raise InputError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
         if request is None:
             request = GenerationRequest.from_options(**options)
         elif options:
@@ -535,7 +549,7 @@ class BatchEngine:
         if not isinstance(request, GenerationRequest):
             raise InputError(f"submit() takes a GenerationRequest, got {type(request).__name__}")
         with self._using():  # the model stays loaded while this thread tokenizes
-            return self._submit(request, listener, cancel)
+            return self._submit(request, listener, cancel, timeout_s)
 
     @contextlib.contextmanager
     def _using(self) -> Iterator[None]:
@@ -555,6 +569,7 @@ class BatchEngine:
         request: GenerationRequest,
         listener: Callable[[str, Any], None] | None = None,
         cancel: threading.Event | None = None,
+        timeout_s: float | None = None,
     ) -> BatchHandle:
         stops = request.stop
         if request.logit_bias and request.logit_bias[-1][0] >= self.n_vocab:
@@ -592,6 +607,8 @@ class BatchEngine:
             seq = _Seq(
                 handle, tokens, budget, stops, hold=max((len(s) for s in stops), default=1) - 1, grammar=grammar
             )  # freed by _end, however the request ends
+            if timeout_s is not None:
+                seq.timeout_s, seq.deadline = float(timeout_s), handle.submitted + float(timeout_s)
             self._waiting.append(seq)
             self._cv.notify()
         return handle
@@ -797,6 +814,7 @@ class BatchEngine:
                         self._cv.wait()
                     if self._closing:
                         break
+                    self._expire()  # (the condition's lock is re-entrant: _end takes it again)
                     self._admit()
                 for seq in [s for s in self._active if s.handle.cancelled]:
                     self._end(seq, "cancelled")
@@ -814,6 +832,18 @@ class BatchEngine:
             while self._waiting:
                 self._end(self._waiting.popleft(), "error", "the batch engine was closed")
         self._stepped()
+
+    def _expire(self) -> None:
+        """End every request, waiting or in a slot, that is past its deadline (``submit(timeout_s=...)``)."""
+        now = time.perf_counter()
+        with self._cv:
+            late = [s for s in self._waiting if s.deadline is not None and now > s.deadline]
+            for seq in late:
+                self._waiting.remove(seq)
+        late += [s for s in self._active if s.deadline is not None and now > s.deadline]
+        for seq in late:
+            where = "waiting for a slot" if seq.slot < 0 else f"after {len(seq.out)} generated tokens"
+            self._end(seq, "timeout", f"the request ran past its limit of {seq.timeout_s:g} s ({where})")
 
     def _step(self) -> None:
         """One step: the next token of every generating sequence, and prompt chunks of admitted ones.

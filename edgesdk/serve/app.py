@@ -108,6 +108,7 @@ class _Server(Routes):
                         max_queue=self.config.max_queue,
                         reuse_prefix=self.config.prefix_reuse,
                         reason=e.parallel_reason,
+                        request_timeout_s=self.config.request_timeout_s,
                     )
                     e.worker = batch
                     self.metrics.queue_depth.set_function(functools.partial(getattr, batch, "depth"), model=e.name)
@@ -124,6 +125,7 @@ class _Server(Routes):
                     e.session,
                     self.config.max_queue,
                     on_depth=functools.partial(self.metrics.queue_depth.set, model=e.name),
+                    request_timeout_s=self.config.request_timeout_s,
                 )
             elif e.kind == "embedding" and e.batcher is None:
                 e.batcher = EmbeddingBatcher(

@@ -21,7 +21,7 @@ from typing import Any
 
 from edgesdk.errors import EdgeSDKError, InputError, ShapeError
 from edgesdk.runtime.batching import EngineClosed, EngineSaturated, GenerationResult
-from edgesdk.serve.workers import Job, Saturated
+from edgesdk.serve.workers import Job, RequestTimeout, Saturated
 from edgesdk.telemetry.serve_spans import attach_context, detach_context
 
 GPU_SLOTS = 16  # llama-server -np 16 territory: one decode step of a <= 8B model serves 16 sequences cheaply
@@ -76,12 +76,23 @@ def decide_parallel(session: Any, requested: int | None) -> tuple[int, str]:
 
 class BatchWorker:
     """Serves one GGUF session with continuous batching (the same ``submit``/``depth``/``close`` as
-    :class:`~edgesdk.serve.workers.LLMWorker`, which serves one request at a time)."""
+    :class:`~edgesdk.serve.workers.LLMWorker`, which serves one request at a time). A request still waiting or
+    generating ``request_timeout_s`` after it was submitted ends at the engine's next step with
+    :class:`~edgesdk.serve.workers.RequestTimeout`, its slot freed; None: no limit."""
 
     def __init__(
-        self, name: str, session: Any, *, slots: int, max_queue: int, reuse_prefix: bool = True, reason: str = ""
+        self,
+        name: str,
+        session: Any,
+        *,
+        slots: int,
+        max_queue: int,
+        reuse_prefix: bool = True,
+        reason: str = "",
+        request_timeout_s: float | None = None,
     ) -> None:
         self.name = name
+        self.request_timeout_s = request_timeout_s
         self.session = session
         self.slots = slots
         self.max_queue = int(max_queue)
@@ -125,7 +136,10 @@ class BatchWorker:
             request = self._backend.encode(job.request)
             rec.set_input_tokens(len(request.prompt_tokens or ()))
             self.engine.submit(
-                request, listener=lambda kind, value: self._event(job, rec, kind, value), cancel=job.cancel
+                request,
+                listener=lambda kind, value: self._event(job, rec, kind, value),
+                cancel=job.cancel,
+                timeout_s=self.request_timeout_s,
             )
         except BaseException as exc:
             rec.__exit__(type(exc), exc, None)
@@ -177,9 +191,19 @@ class BatchWorker:
         rec.capture_output(res.text)
         if res.finish_reason == "error":
             rec.set_error("generation_failed")
+        elif res.finish_reason == "timeout":
+            rec.set_error("request_timeout")
         rec.__exit__(None, None, None)
         if res.finish_reason == "error":
             self._pending.append((job, "error", RuntimeError(res.error or "generation failed")))
+            return
+        if res.finish_reason == "timeout":
+            where = (
+                f"after {len(res.tokens)} generated tokens"
+                if res.first_token_at is not None
+                else "before its first token: waiting for a slot or evaluating its prompt"
+            )
+            self._pending.append((job, "error", RequestTimeout(self.request_timeout_s or 0.0, where)))
             return
         self._mean_s = 0.8 * self._mean_s + 0.2 * res.total_s
         first, end = res.first_token_at, res.finished_at

@@ -16,7 +16,7 @@ from typing import Any
 
 from edgesdk.errors import InputError
 from edgesdk.serve.batch_worker import BatchWorker
-from edgesdk.serve.workers import EmbeddingBatcher, LLMWorker
+from edgesdk.serve.workers import DEFAULT_REQUEST_TIMEOUT_S, EmbeddingBatcher, LLMWorker
 
 # Documented defaults (docs/serve.md); a bundle's manifest may lower/raise them with a "serve" table.
 DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB of JSON per request
@@ -49,8 +49,14 @@ class ServeConfig:
     # them. Behind a reverse proxy every connection comes from the proxy's address: raise the per-client cap.
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     max_connections_per_client: int = DEFAULT_MAX_CONNECTIONS_PER_CLIENT
+    # serve --request-timeout: wall-clock seconds a generation request may take, queueing included; past it the
+    # request ends (504, or an error event mid-stream) and its slot is freed. None: no limit.
+    request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S
 
     def __post_init__(self) -> None:
+        t = self.request_timeout_s
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf")):
+            raise InputError(f"request_timeout_s must be a positive number of seconds (or None), got {t!r}")
         for name in ("max_connections", "max_connections_per_client"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -36,7 +36,7 @@ from edgesdk.serve.fields import (
     MAX_STOP_SEQUENCES,
     REQUEST_FIELDS,
 )
-from edgesdk.serve.workers import Saturated
+from edgesdk.serve.workers import RequestTimeout, Saturated
 
 
 # ------------------------------------------------------------------------------ errors
@@ -96,6 +96,8 @@ def backend_error(exc: BaseException, prompt_param: str = "messages") -> APIErro
         return APIError(400, text, param=param)
     if isinstance(exc, asyncio.CancelledError):
         return APIError(503, "request cancelled", "service_unavailable", code="cancelled")
+    if isinstance(exc, RequestTimeout):  # the server's own deadline, not the client's: 504 as a proxy would answer
+        return APIError(504, str(exc), "server_error", code="request_timeout")
     if isinstance(exc, EdgeSDKError):
         return APIError(500, exc.one_line(), "server_error")
     return APIError(500, f"{type(exc).__name__}: {exc}", "server_error")

@@ -38,6 +38,21 @@ from typing import Any
 
 from edgesdk.telemetry.serve_spans import attach_context, detach_context
 
+DEFAULT_REQUEST_TIMEOUT_S = 600.0  # serve --request-timeout: wall-clock seconds one generation request may take
+
+
+class RequestTimeout(Exception):
+    """A request ran past the server's per-request deadline (``serve --request-timeout``, queueing included);
+    the HTTP layer answers 504, or an error event mid-stream. The message names the limit and the option."""
+
+    def __init__(self, limit_s: float, where: str = ""):
+        super().__init__(
+            f"the request ran past the server's limit of {limit_s:g} s per request"
+            + (f" ({where})" if where else "")
+            + f"; the limit is edgesdk serve --request-timeout SECONDS (default {DEFAULT_REQUEST_TIMEOUT_S:g})"
+        )
+        self.limit_s = limit_s
+
 
 class Saturated(Exception):
     """The model's queue is full (or the server is draining); ``retry_after`` is a whole-second hint."""
@@ -173,7 +188,9 @@ class IdleReclaim:
 class LLMWorker:
     """Runs jobs for one LLM session on one thread; at most ``max_queue`` jobs wait behind the running one.
     After a job, ``reclaim`` (None: a default :class:`IdleReclaim`) may give memory back; setting the
-    attribute to None switches that off."""
+    attribute to None switches that off. A job still queued or generating ``request_timeout_s`` after it was
+    submitted ends with :class:`RequestTimeout` (checked before it starts and between pieces: a single
+    native call, such as a long prompt's evaluation, is not interrupted); None: no limit."""
 
     def __init__(
         self,
@@ -182,8 +199,10 @@ class LLMWorker:
         max_queue: int,
         on_depth: Callable[[int], None] | None = None,
         reclaim: IdleReclaim | None = None,
+        request_timeout_s: float | None = None,
     ):
         self.name = name
+        self.request_timeout_s = request_timeout_s
         self.reclaim = IdleReclaim() if reclaim is None else reclaim
         self.session = session
         self.max_queue = int(max_queue)
@@ -255,6 +274,11 @@ class LLMWorker:
             return True
 
     def _run(self, job: Job) -> None:
+        limit = self.request_timeout_s
+        deadline = None if limit is None else job.submitted + limit
+        if deadline is not None and time.perf_counter() > deadline:
+            job.emit("error", RequestTimeout(limit or 0.0, "waiting in the queue"))
+            return
         token = attach_context(job.otel_ctx)
         try:
             try:
@@ -264,12 +288,17 @@ class LLMWorker:
                 return
             job.emit("started", time.perf_counter())
             cancelled = False
+            n = 0
             try:
                 for piece in pieces:
                     if job.cancel.is_set():
                         cancelled = True
                         break
+                    if deadline is not None and time.perf_counter() > deadline:
+                        job.emit("error", RequestTimeout(limit or 0.0, f"after {n} text pieces"))
+                        return
                     job.emit("chunk", piece)
+                    n += 1
             except Exception as exc:  # noqa: BLE001 - a failure mid-generation ends this request only
                 job.emit("error", exc)
                 return
