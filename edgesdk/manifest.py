@@ -532,6 +532,13 @@ class Manifest:
         return self._extras_section("vlm").get("image_size")
 
     @property
+    def vlm_image_tokens(self) -> int | None:
+        """Image tokens per encoder frame (``extras.vlm.image_tokens``; for a dynamic-resolution family the most one
+        image becomes); None where not recorded or not a positive integer."""
+        n = self._extras_section("vlm").get("image_tokens")
+        return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+    @property
     def vlm_family(self) -> str | None:
         """The VLM family record the bundle was built with (``extras.vlm.mmproj.family``; None where not recorded)."""
         mmproj = self._extras_section("vlm").get("mmproj")

@@ -2,17 +2,20 @@
 """``image_url`` content parts of chat requests to a VLM bundle: what is accepted and how it is checked.
 
 * ``data:image/png|jpeg|webp;base64,...`` URLs: the image travels in the request. Its size is checked before
-  anything is decoded: the base64 text against :attr:`ImagePolicy.max_bytes`, then the image header's width x
-  height against the model's pixel limit (the VLM preprocessor's, 16x its input side squared, at least
-  4096 x 4096) and aspect ratio; only then are the pixels decoded. An image Pillow cannot read is a 400.
+  anything is decoded: the base64 text against :attr:`ImagePolicy.max_bytes`, then the image header's format,
+  width x height against the model's pixel limit (the VLM preprocessor's, 16x its input side squared, at least
+  4096 x 4096) and aspect ratio, then the image tokens every image of the request becomes (from the header's
+  size: the family's frames times the bundle's tokens per frame) against the model's context; only then are the
+  pixels decoded, off the event loop (:func:`decode_images`, on a thread). An image Pillow cannot read is a 400.
 * ``http://`` / ``https://`` URLs are refused (400): the device is offline by design, the server fetches nothing.
 * Local files (``file:///...`` or an absolute path) only under ``edgesdk serve --allow-local-images DIR``, and only
   inside DIR once symbolic links and ``..`` are resolved; the same size checks apply.
 
 Every refusal is an :class:`ImageError` naming the request field (``messages[0].content[1].image_url.url``),
-which the HTTP layer answers as 400 in OpenAI's error shape with that ``param``. The decoded image goes to the
-VLM as ``{"type": "image", "image": <PIL image>}``; its features are cached by the VLM runtime (keyed by the
-preprocessed pixels' sha256 and the encoder's), shared by every request to that model.
+which the HTTP layer answers as 400 in OpenAI's error shape with that ``param``. A part is first
+``{"type": "image", "image": PendingImage}`` (header read, nothing decoded); :func:`decode_images` makes it the
+``<PIL image>`` the VLM gets; its features are cached by the VLM runtime (keyed by the preprocessed pixels' sha256
+and the encoder's), shared by every request to that model.
 """
 
 from __future__ import annotations
@@ -51,6 +54,23 @@ class ImagePolicy:
     check_size: Callable[[int, int, str], None]
     allow_local: Path | None = None
     max_bytes: int = MAX_IMAGE_BYTES
+    image_tokens: Callable[[int, int], int | None] | None = None  # (width, height) -> image tokens (None: unknown)
+    context: int | None = None  # the model's context in tokens: a request's images must take fewer
+
+
+@dataclass
+class PendingImage:
+    """An image part whose header is read and checked (format, size, image tokens) and whose pixels are not
+    decoded yet: ``image`` is Pillow's lazily opened image (:func:`decode_images` decodes it)."""
+
+    image: Any
+    what: str
+    where: str
+    tokens: int | None  # image tokens it becomes in this model (None: unknown)
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return int(self.image.size[0]), int(self.image.size[1])
 
 
 def allowed_dir(value: str | os.PathLike[str] | None) -> Path | None:
@@ -64,8 +84,9 @@ def allowed_dir(value: str | os.PathLike[str] | None) -> Path | None:
 
 
 def image_part(part: dict[str, Any], param: str, policy: ImagePolicy | None, model: str) -> dict[str, Any]:
-    """One ``{"type": "image_url", "image_url": {"url": ...}}`` part -> ``{"type": "image", "image": PIL image}``;
-    :class:`ImageError` naming the field for anything not taken."""
+    """One ``{"type": "image_url", "image_url": {"url": ...}}`` part -> ``{"type": "image", "image": PendingImage}``
+    (the header read and checked, no pixel decoded: :func:`decode_images`); :class:`ImageError` naming the field
+    for anything not taken."""
     if policy is None:
         raise ImageError(f"model {model!r} takes text only: image_url parts need a VLM bundle", param)
     spec = part.get("image_url")
@@ -98,7 +119,10 @@ def image_part(part: dict[str, Any], param: str, policy: ImagePolicy | None, mod
     else:
         data = _local_file(url, where, policy)
         what = f"{where} ({url[:80]})"
-    return {"type": "image", "image": _decode(data, what, where, policy)}
+    img = _open(data, what, where, policy)
+    w, h = int(img.size[0]), int(img.size[1])
+    tokens = policy.image_tokens(w, h) if policy.image_tokens is not None else None
+    return {"type": "image", "image": PendingImage(img, what, where, tokens)}
 
 
 def _data_url(url: str, where: str, policy: ImagePolicy) -> bytes:
@@ -157,18 +181,66 @@ def _local_file(url: str, where: str, policy: ImagePolicy) -> bytes:
         raise ImageError(f"{where}: cannot read it ({type(exc).__name__})", where) from None
 
 
-def _decode(data: bytes, what: str, where: str, policy: ImagePolicy) -> Any:
-    """Header first (width x height against the model's limits), then the pixels, as the VLM runtime decodes
-    an image (:func:`edgesdk.runtime.backends.vlm.decode_image`); PNG, JPEG or WebP only."""
-    from edgesdk.runtime.backends.vlm import decode_image
+def _open(data: bytes, what: str, where: str, policy: ImagePolicy) -> Any:
+    """The header only (format; width x height against the model's limits), as the VLM runtime opens an image
+    (:func:`edgesdk.runtime.backends.vlm.open_image`); PNG, JPEG or WebP only. No pixel is decoded."""
+    from edgesdk.runtime.backends.vlm import open_image
 
     try:
-        img = decode_image(io.BytesIO(data), what, policy.check_size)
+        img = open_image(io.BytesIO(data), what, policy.check_size)
     except InputError as exc:
         raise ImageError(str(exc), where) from None
     if img.format not in set(FORMATS.values()):
         raise ImageError(f"{what}: a {img.format} image; PNG, JPEG or WebP are taken", where)
     return img
+
+
+def pending_images(messages: list[dict[str, Any]]) -> list[PendingImage]:
+    """The image parts of ``messages`` not decoded yet, in order."""
+    return [
+        p["image"]
+        for m in messages
+        if isinstance(m.get("content"), list)
+        for p in m["content"]
+        if p.get("type") == "image" and isinstance(p.get("image"), PendingImage)
+    ]
+
+
+def check_image_tokens(messages: list[dict[str, Any]], policy: ImagePolicy) -> None:
+    """InputError when the images of ``messages`` alone (counted from their headers) take the model's whole
+    context: the request could only be refused after decoding them (30 images of 4096 x 4096 held the event loop
+    for 16 s, then the prompt was too long anyway). The prompt's text comes on top, checked by the runtime."""
+    images = pending_images(messages)
+    counts = [p.tokens for p in images if p.tokens is not None]
+    if policy.context is None or not counts:
+        return
+    total = sum(counts)
+    if total >= policy.context:
+        largest = max(images, key=lambda p: p.tokens or 0)
+        raise InputError(
+            f"the {len(images)} images take at least {total:,} image tokens, more than the context holds "
+            f"({policy.context:,} tokens; the largest, {largest.size[0]}x{largest.size[1]} pixels, takes "
+            f"{largest.tokens:,}): refused before decoding them (send fewer or smaller images)"
+        )
+
+
+def decode_images(messages: list[dict[str, Any]]) -> None:
+    """Decode every :class:`PendingImage` of ``messages`` in place (the part's ``image`` becomes the decoded PIL
+    image); :class:`ImageError` naming the field of one that cannot be decoded. Blocking: run it on a thread
+    (``asyncio.to_thread``), never on the event loop."""
+    from edgesdk.runtime.backends.vlm import load_pixels
+
+    for m in messages:
+        content = m.get("content")
+        if not isinstance(content, list):
+            continue
+        for p in content:
+            pending = p.get("image") if p.get("type") == "image" else None
+            if isinstance(pending, PendingImage):
+                try:
+                    p["image"] = load_pixels(pending.image, pending.what)
+                except InputError as exc:
+                    raise ImageError(str(exc), pending.where) from None
 
 
 def text_only(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -188,4 +260,12 @@ def vlm_policy(session: Any, allow_local: Path | None, max_bytes: int = MAX_IMAG
     pre = getattr(pipe, "pre", None)
     if pre is None or not callable(getattr(pre, "check_size", None)):
         return None
-    return ImagePolicy(check_size=pre.check_size, allow_local=allow_local, max_bytes=max_bytes)
+    llm = getattr(pipe, "llm", None)
+    n_ctx = getattr(llm, "n_ctx", None)
+    return ImagePolicy(
+        check_size=pre.check_size,
+        allow_local=allow_local,
+        max_bytes=max_bytes,
+        image_tokens=getattr(pre, "image_tokens", None),
+        context=int(n_ctx()) if callable(n_ctx) else None,
+    )

@@ -491,8 +491,9 @@ def parse_embeddings(body: dict) -> tuple[list[str | list[int]], str, int | None
 
 
 def _messages(body: dict, entry: ModelEntry | None = None) -> list[dict]:
-    """Chat messages with text content; a VLM entry's messages keep their parts, image_url parts decoded
-    (edgesdk.serve.images: data URLs, local files under --allow-local-images, size limits; else 400 naming them)."""
+    """Chat messages with text content; a VLM entry's messages keep their parts, image_url parts read and checked
+    from their headers (edgesdk.serve.images: data URLs, local files under --allow-local-images, size limits, the
+    images' tokens against the context; else 400 naming them), not decoded yet (``images.decode_images``)."""
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise APIError(400, "'messages' must be a non-empty list", param="messages")
@@ -547,6 +548,13 @@ def _messages(body: dict, entry: ModelEntry | None = None) -> list[dict]:
         msg = {"role": m["role"], "content": content}
         msg.update({k: m[k] for k in _TOOL_KEYS.get(m["role"], ()) if m.get(k) not in (None, [], "")})
         out.append(msg)
+    if entry is not None and entry.images is not None:
+        from edgesdk.serve.images import check_image_tokens
+
+        try:  # counted from the headers, before any image is decoded (the route decodes them on a thread)
+            check_image_tokens(out, entry.images)
+        except InputError as exc:
+            raise APIError(400, str(exc), param="messages", code="context_length_exceeded") from None
     return out
 
 

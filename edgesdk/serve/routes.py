@@ -195,6 +195,8 @@ class Routes:
             model = entry.name
             span.model(model, entry.provider, body.get("stream", False) is True)
             opts, stream, include_usage, what = parse_generation(body, entry, operation)
+            if entry.images is not None and operation == "chat":
+                await self._decode_images(cast("list[dict]", what))
             where = "messages" if operation == "chat" else "prompt"
             shape = ReplyShape(operation, tools=bool(opts.get("tools")), logprobs="logprobs" in opts)
             grammar_param = "tools" if shape.tools else "response_format"
@@ -306,6 +308,19 @@ class Routes:
         except Exception as exc:  # the guard answers 500: the span says so
             span.end(500, "server_error", f"{type(exc).__name__}: {exc}")
             raise
+
+    @staticmethod
+    async def _decode_images(messages: list[dict]) -> None:
+        """A VLM request's images, checked from their headers by parse_generation, decoded on a thread: a request
+        of many large images no longer holds the event loop (every other client and /health) while it decodes."""
+        from edgesdk.serve.images import ImageError, decode_images, pending_images
+
+        if not pending_images(messages):
+            return
+        try:
+            await asyncio.to_thread(decode_images, messages)
+        except ImageError as exc:
+            raise APIError(400, str(exc), param=exc.param) from None
 
     def _abandoned(self, span: ServerSpan, route: str, model: str) -> Response:
         """The client went away before the response (``http.disconnect``): the job is cancelled already."""

@@ -33,6 +33,8 @@ from edgesdk.runtime.backends.vlm.preprocess import (
     MIN_MAX_SIDE,
     ImagePreprocessor,
     decode_image,
+    load_pixels,
+    open_image,
 )
 from edgesdk.runtime.requests import DEFAULT_SAMPLING  # the runtime's one set of sampling defaults
 
@@ -49,7 +51,9 @@ __all__ = [
     "VLMBackend",
     "VLMPipeline",
     "decode_image",
+    "load_pixels",
     "load_vlm",
     "normalise",
+    "open_image",
     "parity_backend",
 ]

@@ -310,6 +310,8 @@ def load_vlm(bundle: Any, ctx: Any) -> VLMBackend:
     pre["_image_size"] = bundle.manifest.vlm_image_size
     if bundle.manifest.vlm_family:
         pre["_family"] = bundle.manifest.vlm_family
+    if bundle.manifest.vlm_image_tokens:  # image tokens per frame: a request's images are counted before decoding
+        pre["_image_tokens"] = bundle.manifest.vlm_image_tokens
     ngl = opts.get("n_gpu_layers", planned_llm.n_gpu_layers)
     ngl = planned_llm.layers + 1 if ngl in ("all", -1) else int(ngl)
     if ngl and not llama_cpp.llama_supports_gpu_offload():

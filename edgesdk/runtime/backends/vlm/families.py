@@ -75,6 +75,12 @@ class SingleFrames:
         """(min, max) image tokens to set in libmtmd's context parameters, or None to keep its defaults."""
         return None
 
+    def image_tokens(self, pre: Any, width: int, height: int) -> int | None:
+        """The image tokens an image of ``width x height`` becomes, from its size alone (before any pixel is
+        decoded); None when the bundle records no tokens per frame (``pre.config["_image_tokens"]``)."""
+        per_frame = pre.config.get("_image_tokens")
+        return int(per_frame) if isinstance(per_frame, int) and per_frame > 0 else None
+
 
 class TileFrames(SingleFrames):
     """``frames = "tiles"``: Idefics3 / SmolVLM square tiles."""
@@ -87,6 +93,14 @@ class TileFrames(SingleFrames):
 
     def resize(self, pre: Preprocessor, img: Any) -> Any:
         return pre.resize_tile(img)
+
+    def image_tokens(self, pre: Any, width: int, height: int) -> int | None:
+        # with splitting: rows x cols tiles + the global image, each a frame (ImagePreprocessor.tiles)
+        per_frame = super().image_tokens(pre, width, height)
+        if per_frame is None or not self.splitting(pre.config):
+            return per_frame
+        rows, cols = pre.tile_grid(width, height)
+        return per_frame * (int(rows) * int(cols) + 1)
 
 
 class DynamicFrames(SingleFrames):
@@ -106,6 +120,14 @@ class DynamicFrames(SingleFrames):
     def resize(self, pre: Preprocessor, img: Any) -> Any:
         # without the record's resize hook, the single-frame resize
         return pre.resize_dynamic(img) if self.record.resize is not None else pre.resize_fixed(img)
+
+    def image_tokens(self, pre: Any, width: int, height: int) -> int | None:
+        # the processor's own size for this image (the record's resize), one token per patch_size x merge_size
+        if self.record.resize is None:
+            return super().image_tokens(pre, width, height)
+        h, w = self.record.resize(height, width, pre.config)
+        side = int(pre.config.get("patch_size", 14)) * int(pre.config.get("merge_size", 2))
+        return max(1, (h // side) * (w // side))
 
     def mtmd_image_tokens(self, preprocessor: dict[str, Any]) -> tuple[int, int] | None:
         if self.record.max_image_tokens is None:

@@ -29,6 +29,12 @@ def decode_image(fh: Any, what: str, check_size: Callable[[int, int, str], None]
     """Open ``fh`` with Pillow, pass the header's width x height to ``check_size`` (which raises InputError), and
     only then decode the pixels. Any failure is an InputError naming ``what``; ``max_pixels`` is quoted when
     Pillow's own decompression-bomb check refuses the header."""
+    return load_pixels(open_image(fh, what, check_size, max_pixels), what)
+
+
+def open_image(fh: Any, what: str, check_size: Callable[[int, int, str], None], max_pixels: int | None = None) -> Any:
+    """The first half of :func:`decode_image`: Pillow's lazily opened image (format and size read from the header,
+    no pixel decoded), its size passed to ``check_size``; :func:`load_pixels` decodes it."""
     import warnings
 
     from PIL import Image
@@ -51,6 +57,11 @@ def decode_image(fh: Any, what: str, check_size: Callable[[int, int, str], None]
         detail = str(exc).replace(repr(fh), "the data")[:100]  # what names the image, not the file object's repr
         raise InputError(f"{what}: not a readable image ({type(exc).__name__}: {detail})") from exc
     check_size(int(img.size[0]), int(img.size[1]), what)
+    return img
+
+
+def load_pixels(img: Any, what: str) -> Any:
+    """Decode the pixels of an image :func:`open_image` returned (InputError naming ``what`` on failure)."""
     try:
         img.load()
     except MemoryError as exc:
@@ -114,6 +125,11 @@ class ImagePreprocessor:
             )
         if max(width, height) > MAX_ASPECT * min(width, height):
             raise InputError(f"{what}: {width}x{height} pixels has an aspect ratio above {MAX_ASPECT}:1")
+
+    def image_tokens(self, width: int, height: int) -> int | None:
+        """The image tokens an image of ``width x height`` becomes in this model (the family's frames times the
+        bundle's tokens per frame), from the size alone; None where the bundle records no tokens per frame."""
+        return self.strategy.image_tokens(self, int(width), int(height))
 
     def load(self, image: Any) -> tuple[str, Any]:
         """(a label naming the image for errors, decoded PIL image) from a path, bytes, a PIL image or an HxWx3
@@ -183,12 +199,11 @@ class ImagePreprocessor:
         """Idefics3 / SmolVLM ``do_image_splitting``: tiles + a global image per image."""
         return self.strategy.splitting(self.config)
 
-    def _longest_edge(self, img: Any) -> Any:
-        """Idefics3ImageProcessor.resize with ``size.longest_edge``: the longest edge to it (aspect kept, the
-        other edge truncated then rounded up to even, at most 4096 px), with the processor's filter."""
+    def _longest_edge_size(self, w: int, h: int) -> tuple[int, int] | None:
+        """The (width, height) :meth:`_longest_edge` resizes a ``w x h`` image to; None: no resize."""
         size = self.config.get("size") or {}
         if self.config.get("do_resize", True) and isinstance(size, dict) and size.get("longest_edge"):
-            edge, (w, h) = int(size["longest_edge"]), img.size
+            edge = int(size["longest_edge"])
             if w >= h:
                 nw, nh = edge, int(edge / (w / h))
                 nh += nh % 2
@@ -197,8 +212,37 @@ class ImagePreprocessor:
                 nw += nw % 2
             if max(nw, nh) > 4096:  # transformers' MAX_IMAGE_SIZE
                 nw, nh = (4096, int(4096 / (nw / nh))) if nw >= nh else (int(4096 * (nw / nh)), 4096)
-            img = img.resize((max(nw, 1), max(nh, 1)), self.resample)
-        return img
+            return max(nw, 1), max(nh, 1)
+        return None
+
+    def _longest_edge(self, img: Any) -> Any:
+        """Idefics3ImageProcessor.resize with ``size.longest_edge``: the longest edge to it (aspect kept, the
+        other edge truncated then rounded up to even, at most 4096 px), with the processor's filter."""
+        size = self._longest_edge_size(*img.size)
+        return img if size is None else img.resize(size, self.resample)
+
+    def _whole_tiles(self, w: int, h: int) -> tuple[int, int]:
+        """(width, height) of a ``w x h`` image (after :meth:`_longest_edge`) resized to whole tiles
+        (Idefics3's ``resize_for_vision_encoder``)."""
+        import math
+
+        t = self.tile
+        aspect = w / h
+        if w >= h:
+            w = math.ceil(w / t) * t
+            h = math.ceil(int(w / aspect) / t) * t
+        else:
+            h = math.ceil(h / t) * t
+            w = math.ceil(int(h * aspect) / t) * t
+        return w, h
+
+    def tile_grid(self, width: int, height: int) -> tuple[int, int]:
+        """(rows, cols) of the tiles :meth:`tiles` cuts a ``width x height`` image into with splitting ((0, 0): the
+        global image alone), from the size alone."""
+        w, h = self._longest_edge_size(width, height) or (width, height)
+        w, h = self._whole_tiles(w, h)
+        t = self.tile
+        return (0, 0) if w <= t and h <= t else (h // t, w // t)
 
     def resize_tile(self, img: Any) -> Any:
         """Idefics3ImageProcessor with ``do_image_splitting=False``: resize the longest edge to
@@ -212,21 +256,12 @@ class ImagePreprocessor:
         than one tile) ``(0, 0, [global image])``; with ``do_image_splitting`` the image resized to whole tiles
         (``resize_for_vision_encoder``), its rows x cols tiles row by row, then the global image (the resized image
         scaled to one tile), each ``tile x tile`` uint8 RGB."""
-        import math
-
         img = img.convert("RGB")
         if not self.splitting:
             return 0, 0, [self(img)]
         t = self.tile
         img = self._longest_edge(img)
-        w, h = img.size
-        aspect = w / h
-        if w >= h:
-            w = math.ceil(w / t) * t
-            h = math.ceil(int(w / aspect) / t) * t
-        else:
-            h = math.ceil(h / t) * t
-            w = math.ceil(int(h * aspect) / t) * t
+        w, h = self._whole_tiles(*img.size)
         img = img.resize((w, h), self.resample)
         if w <= t and h <= t:
             return 0, 0, [np.ascontiguousarray(np.asarray(img, dtype=np.uint8))]
