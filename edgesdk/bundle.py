@@ -172,6 +172,20 @@ def clean_stale_staging(out_dir: Path) -> list[Path]:
 
 
 @contextlib.contextmanager
+def _writable(out_dir: Path, parent: Path) -> Iterator[None]:
+    """A read-only or forbidden output directory as one InputError line (exit 3), not an internal error."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
+        raise InputError(
+            f"cannot write the output {out_dir}: {parent} is not writable ({exc.strerror})",
+            hint="choose an output directory you can write to",
+        ) from None
+
+
+@contextlib.contextmanager
 def output_lock(out_dir: Path) -> Iterator[Path]:
     """Hold ``.NAME.lock`` beside ``out_dir`` (``fcntl.flock``) for a whole build.
 
@@ -180,10 +194,12 @@ def output_lock(out_dir: Path) -> Iterator[Path]:
     when the build ends (the inode is re-checked after locking, so a removed file is never trusted)."""
     out_dir = Path(out_dir)
     parent = out_dir.absolute().parent
-    parent.mkdir(parents=True, exist_ok=True)
     lock = parent / f".{out_dir.name}.lock"
+    with _writable(out_dir, parent):
+        parent.mkdir(parents=True, exist_ok=True)
     while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        with _writable(out_dir, parent):
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

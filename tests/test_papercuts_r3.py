@@ -12,7 +12,9 @@ The Session checks run before any model is touched, so these tests call them on 
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -102,3 +104,75 @@ def test_the_cli_says_one_line_for_a_non_utf8_profile(tmp_path, run_cli):
     assert result.returncode == 3, result.stderr
     assert "not UTF-8 text" in result.stderr and "internal error" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+# ------------------------------------------------------------------ the rest of item 11
+def test_inputs_of_mismatched_lengths_are_one_shape_error_before_the_model():
+    """input_ids of 8 tokens with an attention_mask of 6 reached ONNX Runtime, whose kernel message came back
+    ('EmbedLayerNormalization node ... Input 0 and 7 (mask) shall have same shape'); a dimension name the inputs
+    share must have one length."""
+    import numpy as np
+
+    from edgesdk.runtime.backend import TensorSpec, check_feeds
+
+    specs = [TensorSpec(n, "int64", ["batch_size", "sequence_length"]) for n in ("input_ids", "attention_mask")]
+    feeds = {"input_ids": np.ones((1, 8), np.int64), "attention_mask": np.ones((1, 6), np.int64)}
+    with pytest.raises(ShapeError) as err:
+        check_feeds(specs, feeds)
+    assert str(err.value) == (
+        "input 'attention_mask': dimension 1 (sequence_length) is 6, but 'input_ids' has sequence_length = 8: "
+        "inputs sharing a dimension must have the same length there"
+    )
+    assert err.value.exit_code == 3
+    feeds["attention_mask"] = np.ones((1, 8), np.int32)  # agreeing lengths still pass (and are cast)
+    assert check_feeds(specs, feeds)["attention_mask"].dtype == np.int64
+
+
+def _two_output_bundle(path):
+    from test_cli_outputs import make_two_output_bundle  # tests/ is on sys.path
+
+    return make_two_output_bundle(path)
+
+
+def test_profiler_run_on_a_tampered_bundle_prints_only_its_error(tmp_path, run_cli):
+    """The device line came first ('device: cpu-x86_64 (confidence 0.6); profile cpu-x86_64'), then the error."""
+    bundle = _two_output_bundle(tmp_path / "b")
+    model = bundle / "model.onnx"
+    data = bytearray(model.read_bytes())
+    data[-1] ^= 1
+    model.write_bytes(bytes(data))
+    result = run_cli("profiler", "run", str(bundle), "--iterations", "2", "--op-profile-runs", "0")
+    assert result.returncode == 7, result.stderr
+    assert result.stderr.startswith("error: ") and "sha256 mismatch for model.onnx" in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert result.stdout == ""
+
+
+def _unwritable_dir(tmp_path):
+    """A directory this process cannot create files in: a mode-555 one, or (as root, whom modes do not stop) /sys."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    for cand in (ro, Path("/sys")):
+        try:
+            fd = os.open(cand / ".edgesdk-probe", os.O_WRONLY | os.O_CREAT, 0o644)
+        except OSError:
+            return cand
+        os.close(fd)
+        os.unlink(cand / ".edgesdk-probe")
+    pytest.skip("no directory here refuses this process a new file")
+
+
+def test_a_build_into_a_read_only_directory_is_one_input_error(tmp_path, run_cli):
+    """Was exit 1 'internal error: PermissionError: [Errno 13] Permission denied: .../.out.lock'."""
+    model = _two_output_bundle(tmp_path / "src") / "model.onnx"
+    where = _unwritable_dir(tmp_path)
+    try:
+        result = run_cli("build", str(model), "-p", "cpu-x86_64", "-o", str(where / "out"), "--model-license", "MIT")
+    finally:
+        (tmp_path / "ro").chmod(0o755)
+    assert result.returncode == 3, result.stderr
+    assert result.stderr.startswith(f"error: cannot write the output {where / 'out'}: {where} is not writable ("), (
+        result.stderr
+    )
+    assert "internal error" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr

@@ -113,16 +113,18 @@ def run_profiler(
     log: Callable[[str], None] = lambda _m: None,
 ) -> dict:
     """Detect the device, measure the bundle, predict for this device's profile, check budgets."""
+    from edgesdk.bundle import open_bundle
     from edgesdk.errors import EdgeSDKError
     from edgesdk.profiler.device import detect_device
     from edgesdk.profiles import resolve_profile
 
+    bundle = open_bundle(path)  # verified before any line is printed: a damaged bundle is one error line
     detection = detect_device()
     device = {k: v for k, v in detection.to_dict().items() if k not in ("candidates",)}
     profile_name = opts.profile or detection.best_match
     profile = resolve_profile(profile_name) if profile_name else None
     log(f"device: {detection.best_match} (confidence {detection.confidence}); profile {profile_name}")
-    body = measure_bundle(path, opts, log=log)
+    body = measure_bundle(path, opts, log=log, bundle=bundle)
     prediction = None
     if profile is not None:
         try:

@@ -350,10 +350,14 @@ def _bundle_can_run_here(bundle) -> None:
 
 
 def measure_bundle(
-    path: str | os.PathLike, opts: BenchOptions | None = None, log: Callable[[str], None] = lambda _m: None
+    path: str | os.PathLike,
+    opts: BenchOptions | None = None,
+    log: Callable[[str], None] = lambda _m: None,
+    bundle: Any = None,
 ) -> dict:
     """Load a bundle with ``edgesdk.load`` (the runtime's, which the facade forwards to) and measure it; returns
-    the report body (see report.py)."""
+    the report body (see report.py). ``bundle``: the bundle at ``path`` already opened and verified (not hashed
+    again here)."""
     from edgesdk.bundle import open_bundle
     from edgesdk.profiler.sensors import read_device_state
     from edgesdk.runtime.backend import LLMBackend, check_feeds
@@ -363,7 +367,8 @@ def measure_bundle(
     opts = opts or BenchOptions()
     if opts.iterations < 1 or opts.warmup < 0 or opts.concurrency < 1:
         raise InputError("iterations and concurrency must be >= 1 and warmup >= 0")
-    bundle = open_bundle(path)
+    if bundle is None:
+        bundle = open_bundle(path)
     _bundle_can_run_here(bundle)
     state_before = read_device_state()
     rss_before = host_rss_bytes()

@@ -160,6 +160,7 @@ def check_feeds(specs: Sequence[TensorSpec], feeds: Any) -> dict[str, np.ndarray
             f"inputs do not match the model: missing {missing or '-'}, unexpected {extra or '-'} (expected {names})"
         )
     out = {}
+    named: dict[str, tuple[str, int]] = {}  # a symbolic dimension -> (the first input giving it, its size)
     for spec in specs:
         arr = np.asarray(feeds[spec.name])
         if spec.shape is not None:
@@ -173,6 +174,13 @@ def check_feeds(specs: Sequence[TensorSpec], feeds: Any) -> dict[str, np.ndarray
                     raise ShapeError(
                         f"input {spec.name!r}: dimension {axis} must be {want}, got {got} (shape {list(arr.shape)})"
                     )
+                if isinstance(want, str) and want:  # one name, one size: ONNX Runtime's kernels assume it
+                    first = named.setdefault(want, (spec.name, int(got)))
+                    if first[1] != got:
+                        raise ShapeError(
+                            f"input {spec.name!r}: dimension {axis} ({want}) is {got}, but {first[0]!r} has "
+                            f"{want} = {first[1]}: inputs sharing a dimension must have the same length there"
+                        )
         try:
             want_dtype = np.dtype(spec.dtype)
         except TypeError:
