@@ -581,6 +581,22 @@ class Manifest:
         verdict = self.license.get("verdict")
         return _text(verdict)
 
+    @property
+    def sbom_path(self) -> str | None:
+        """The bundle path of the SBOM the license section names (``license.sbom``), None where not recorded."""
+        return _text(self.license.get("sbom"))
+
+    def device_facts(self) -> dict[str, str]:
+        """The profile summary's device facts (``sm``, ``jetpack``, ``l4t``, ``kind``, ``arch``) that are recorded,
+        as text: what a registry annotates the bundle with (:mod:`edgesdk.distribution`)."""
+        summary = self.profile.summary if isinstance(self.profile.summary, dict) else {}
+        out = {}
+        for key in ("sm", "jetpack", "l4t", "kind", "arch"):
+            value = summary.get(key)
+            if value not in (None, "", [], {}):
+                out[key] = str(value)
+        return out
+
     def artifacts_with(self, role: str | None = None) -> list[Artifact]:
         return [a for a in self.artifacts if role is None or a.role == role]
 

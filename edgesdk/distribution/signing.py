@@ -140,7 +140,7 @@ def statement(bundle: Bundle) -> dict[str, Any]:
     """The in-toto Statement v1 of a verified bundle: its files as subjects, edgesdk's predicate."""
     m = bundle.manifest
     lic = m.license or {}
-    sbom_path = lic.get("sbom") if isinstance(lic.get("sbom"), str) else None
+    sbom_path = m.sbom_path
     sbom_art = m.artifact(sbom_path) if sbom_path else None
     if sbom_art is None:
         sbom_art = next(iter(m.artifacts_with("sbom")), None)

@@ -59,7 +59,6 @@ def _canonical(doc: dict[str, Any]) -> bytes:
 
 def _annotations(bundle: Any) -> dict[str, str]:
     m = bundle.manifest
-    summary = m.profile.summary or {}
     out = {
         PROFILE_KEY: m.profile.name or "unknown",
         "io.edgesdk.format": m.format,
@@ -71,10 +70,7 @@ def _annotations(bundle: Any) -> dict[str, str]:
     }
     if m.llm is not None and getattr(m.llm, "quant_type", None):
         out["io.edgesdk.quant_type"] = str(m.llm.quant_type)
-    for key in ("sm", "jetpack", "l4t", "kind", "arch"):
-        value = summary.get(key)
-        if value not in (None, "", [], {}):
-            out[f"io.edgesdk.device.{key}"] = str(value)
+    out.update({f"io.edgesdk.device.{key}": value for key, value in m.device_facts().items()})
     return {k: v for k, v in out.items() if v}
 
 
