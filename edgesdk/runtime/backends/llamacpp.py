@@ -433,14 +433,23 @@ class LlamaCppBackend:
         from edgesdk.runtime.batching import BatchEngine
 
         st, rep = self.settings, self._report
-        # One KV buffer for all slots, prompt chunks in the generating tokens' llama_decode, every waiting prompt
-        # eligible per step (BatchEngine's defaults); the step's prompt budget from prefill_budget().
+        # On a GPU: one KV buffer for all slots, every waiting prompt eligible per step, prompt chunks in the
+        # generating tokens' llama_decode (BatchEngine's defaults; measured: docs/benchmarks.md "The load curve").
+        # On the CPU: a KV buffer per slot and one prompt per step in a decode of its own, as before, with the
+        # busy slots kept compact (BatchEngine._pick_slot). With one shared buffer a sequence's cells interleave
+        # with others' and its attention sums round differently from the same request alone; greedy replies then
+        # differ from `edgesdk run` more often (test_serve_batching's 16-client guard fell to 7 of 16 identical in
+        # 1 of 3 runs), and on the CPU nothing is gained: its curve was the same both ways (serve_curve_cpu.json).
         chunk, _why = self.prefill_budget()
+        on_gpu = int(st["n_gpu_layers"]) != 0 and bool(rep.get("gpu_offload_supported"))
         return BatchEngine(
             self._path,
             model=self._llm.model,
             slots=slots,
             max_queue=max_queue,
+            prompts_per_step=None if on_gpu else 1,
+            mixed_prefill=on_gpu,
+            kv_unified=on_gpu,
             n_ctx=int(st["n_ctx"]),
             n_gpu_layers=int(st["n_gpu_layers"]),
             flash_attn=bool(st["flash_attn"]),
