@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -28,7 +29,6 @@ from edgesdk.runtime.grammar_limits import (
     check_gbnf,
     check_satisfiable,
     check_schema,
-    grammar_language,
     type_allows,
 )
 
@@ -153,8 +153,7 @@ def json_schema_grammar(schema: Mapping[str, Any], where: str = "schema") -> str
     # This converter's string characters admit raw control characters, which JSON forbids inside strings
     # (json.loads refuses them): exclude them, as llama.cpp's current converter does.
     text = text.replace(_LOOSE_CHAR, _JSON_CHAR)
-    check_gbnf(text, where)
-    matches = grammar_language(text)
+    matches = check_gbnf(text, where)
     if matches in ("nothing", "empty"):
         raise InputError(
             f"{where}: the schema's grammar matches {'no text' if matches == 'nothing' else 'only empty text'}, "
@@ -163,8 +162,10 @@ def json_schema_grammar(schema: Mapping[str, Any], where: str = "schema") -> str
     return text
 
 
+@functools.cache
 def json_object_grammar() -> str:
-    """GBNF for any JSON object (``response_format: {"type": "json_object"}``)."""
+    """GBNF for any JSON object (``response_format: {"type": "json_object"}``): the same text every time, converted
+    once."""
     return json_schema_grammar(ANY_OBJECT)
 
 

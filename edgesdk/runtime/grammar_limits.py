@@ -21,6 +21,7 @@ The limits are in docs/security.md with the error a client gets.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import threading
@@ -151,10 +152,18 @@ def _scan(text: str) -> tuple[int, int, int, int]:
     return deepest, biggest, total, rules
 
 
-def check_gbnf(text: str, where: str = "grammar") -> None:
+@functools.lru_cache(maxsize=16)
+def _gbnf_facts(text: str) -> tuple[int, int, int, int, str | None]:
+    """:func:`_scan` and :func:`grammar_language` of ``text``, remembered: one request's grammar is checked where it
+    is made (the schema converter), in its GenerationRequest and before llama.cpp compiles it."""
+    return (*_scan(text), grammar_language(text))
+
+
+def check_gbnf(text: str, where: str = "grammar") -> str | None:
     """InputError (one line) for GBNF text whose nesting, repetition or rule count is over the bounds that keep
-    llama.cpp's recursive parser within :func:`compile_grammar`'s stack; ``None`` otherwise."""
-    depth, biggest, total, rules = _scan(text)
+    llama.cpp's recursive parser within :func:`compile_grammar`'s stack, or whose root derives no text; else what
+    its root derives (:func:`grammar_language`)."""
+    depth, biggest, total, rules, language = _gbnf_facts(text)
     if depth > MAX_GBNF_DEPTH:
         raise _too_many(where, "group nesting depth", depth, MAX_GBNF_DEPTH)
     if biggest > MAX_GBNF_REPEAT:
@@ -163,8 +172,9 @@ def check_gbnf(text: str, where: str = "grammar") -> None:
         raise _too_many(where, "repetition bounds together", total, MAX_GBNF_REPEAT_TOTAL)
     if rules > MAX_GBNF_RULES:
         raise _too_many(where, "rule count", rules, MAX_GBNF_RULES)
-    if grammar_language(text) == "nothing":  # llama.cpp would take it and mask every token
+    if language == "nothing":  # llama.cpp would take it and mask every token
         raise InputError(f"{where}: the root rule derives no text (each alternative needs a rule that never ends)")
+    return language
 
 
 _STACK_LOCK = threading.Lock()

@@ -441,7 +441,7 @@ class LlamaCppBackend:
         # differ from `edgesdk run` more often (test_serve_batching's 16-client guard fell to 7 of 16 identical in
         # 1 of 3 runs), and on the CPU nothing is gained: its curve was the same both ways (serve_curve_cpu.json).
         chunk, _why = self.prefill_budget()
-        on_gpu = int(st["n_gpu_layers"]) != 0 and bool(rep.get("gpu_offload_supported"))
+        on_gpu = self._on_gpu()
         return BatchEngine(
             self._path,
             model=self._llm.model,
@@ -467,8 +467,11 @@ class LlamaCppBackend:
         (:func:`edgesdk.runtime.batching.prefill_budget`)."""
         from edgesdk.runtime.batching import prefill_budget
 
-        on_gpu = int(self.settings["n_gpu_layers"]) != 0 and bool(self._report.get("gpu_offload_supported"))
-        return prefill_budget(on_gpu, int(self.settings["n_batch"]))
+        return prefill_budget(self._on_gpu(), int(self.settings["n_batch"]))
+
+    def _on_gpu(self) -> bool:
+        """Layers offloaded to a GPU by a llama.cpp build that can offload."""
+        return int(self.settings["n_gpu_layers"]) != 0 and bool(self._report.get("gpu_offload_supported"))
 
     def kv_bytes_per_token(self) -> int:
         """Bytes of K and V cache one token takes in one sequence (all layers), by the planner's arithmetic on
