@@ -45,21 +45,50 @@ def _build_cmd(src: Path, out: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "edgesdk", "build", str(src), "-p", "cpu", "-o", str(out), "--no-progress", *extra]
 
 
+# The build runs in a real subprocess; its first onnxruntime session (``check_ort_loads``, the export stage,
+# after ``_work`` exists) writes a marker file and then sleeps. The signal lands at a known stage however
+# fast the machine is: a 4 MB model builds in well under a second on CI, faster than a poll of the staging
+# directory (the race that let a build finish before its SIGTERM arrived).
+_PAUSED_BUILD = """
+import sys, time
+from pathlib import Path
+import onnxruntime
+
+marker = Path(sys.argv.pop(1))
+_real_init = onnxruntime.InferenceSession.__init__
+
+def _paused_init(self, *args, **kwargs):
+    if not marker.exists():
+        marker.write_text("paused")
+        time.sleep(300)
+    _real_init(self, *args, **kwargs)
+
+onnxruntime.InferenceSession.__init__ = _paused_init
+from edgesdk.cli import main
+sys.argv[0] = "edgesdk"
+sys.exit(main())
+"""
+
+
 def _start(src: Path, out: Path) -> subprocess.Popen:
-    return subprocess.Popen(_build_cmd(src, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    marker = out.parent / f"{out.name}.paused"
+    cmd = [sys.executable, "-c", _PAUSED_BUILD, str(marker), *_build_cmd(src, out)[3:]]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _wait_for_stage(proc: subprocess.Popen, out: Path, stage: str = "_work", timeout: float = 120) -> Path:
-    """Wait until the build's staging directory holds ``stage`` (the export stage has begun)."""
+def _wait_for_stage(proc: subprocess.Popen, out: Path, timeout: float = 120) -> Path:
+    """Wait until the build is paused inside the export stage; return its staging directory."""
+    marker = out.parent / f"{out.name}.paused"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for p in out.parent.glob(f".{out.name}.staging-*"):
-            if p.is_dir() and (p / stage).exists():
-                return p
-        assert proc.poll() is None, f"build ended before {stage}: {proc.communicate()}"
+        if marker.exists():
+            staging = [p for p in out.parent.glob(f".{out.name}.staging-*") if p.is_dir()]
+            assert len(staging) == 1 and (staging[0] / "_work").is_dir(), staging
+            return staging[0]
+        assert proc.poll() is None, f"build ended before the export stage: {proc.communicate()}"
         time.sleep(0.02)
     proc.kill()
-    raise AssertionError("no staging directory appeared")
+    raise AssertionError("the build never reached the export stage")
 
 
 def _litter(parent: Path, name: str) -> list[str]:
