@@ -158,7 +158,7 @@ def serve_cmd(
     require(
         "serve", ("starlette", "uvicorn", "prometheus_client", "opentelemetry.exporter.prometheus"), "edgesdk serve"
     )
-    from edgesdk.serve import ServeConfig, load_models, run
+    from edgesdk.serve import ServeConfig, run
 
     # click ignores an empty EDGESDK_API_KEY; an empty key, given either way, would turn auth off: refused.
     if api_key is None:
@@ -192,6 +192,23 @@ def serve_cmd(
     from edgesdk.serve import bind_sockets
 
     sockets = bind_sockets(host, port)  # a taken port fails now, before minutes of model loading
+    from edgesdk.serve.loading import answering_while_loading
+
+    with answering_while_loading(sockets, config):  # /health: 503 {"status": "loading"} until the models are in
+        entries = _load(bundles, names, profile, threads, chat_template, allow_local_images, config)
+    if host not in ("127.0.0.1", "localhost", "::1") and not config.api_key:
+        click.echo(f"warning: listening on {host} without --api-key: anyone who can reach it can use it", err=True)
+    run(entries, config, shutdown_timeout_s=shutdown_timeout, log_level=log_level, sockets=sockets)
+    for e in entries:
+        e.session.close()
+    return 0
+
+
+def _load(bundles, names, profile, threads, chat_template, allow_local_images, config) -> list:
+    """Pull (``oci://``) and load the bundles, printing a line per model."""
+    from edgesdk.errors import InputError
+    from edgesdk.serve import load_models
+
     paths: list[str | Path] = []
     full_names: list[str] = []
     for i, b in enumerate(bundles):  # an OCI reference is pulled (verified) into the store first, as `edgesdk pull`
@@ -237,12 +254,7 @@ def serve_cmd(
                 mb = _cache_mb(e.session, config.prompt_cache_mb)
                 what += f"; slots: {e.parallel_reason}; prompt cache " + (f"{mb:g} MiB" if mb > 0 else "off")
         click.echo(f"model {e.name}: {e.provider} ({what})", err=True)
-    if host not in ("127.0.0.1", "localhost", "::1") and not config.api_key:
-        click.echo(f"warning: listening on {host} without --api-key: anyone who can reach it can use it", err=True)
-    run(entries, config, shutdown_timeout_s=shutdown_timeout, log_level=log_level, sockets=sockets)
-    for e in entries:
-        e.session.close()
-    return 0
+    return entries
 
 
 def register(group: click.Group) -> None:

@@ -31,6 +31,7 @@ from starlette.responses import Response
 from starlette.routing import Match, Route
 
 from edgesdk.runtime.backend import BatchingBackend
+from edgesdk.serve import operational
 from edgesdk.serve.batch_worker import BatchWorker, decide_parallel
 from edgesdk.serve.config import (
     DEFAULT_MAX_TOKENS,
@@ -296,6 +297,12 @@ def create_app(entries: list[ModelEntry], config: ServeConfig | None = None) -> 
         Route("/health", server.health, methods=["GET"]),
         Route("/metrics", server.prom, methods=["GET"]),
         Route("/openapi.json", server.openapi, methods=["GET"]),
+        # llama-server's operational endpoints (serve/operational.py)
+        Route("/tokenize", functools.partial(operational.tokenize, server), methods=["POST"]),
+        Route("/detokenize", functools.partial(operational.detokenize, server), methods=["POST"]),
+        Route("/apply-template", functools.partial(operational.apply_template, server), methods=["POST"]),
+        Route("/props", functools.partial(operational.props, server), methods=["GET"]),
+        Route("/slots", functools.partial(operational.slots, server), methods=["GET"]),
     ]
     server.openapi_doc = openapi_document(((r.path, r.methods or ()) for r in routes), REQUEST_FIELDS)
     genai = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})  # spans of their own

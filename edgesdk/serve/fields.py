@@ -19,11 +19,12 @@ MAX_PROMPTS = 16  # prompts in one /v1/completions request (one choice each)
 
 @dataclass(frozen=True)
 class RequestField:
-    """One field of a generation request body: ``implemented``, or ``refused`` (400 naming it) unless its
-    value is one of ``neutral`` (the value that asks for nothing: ``logprobs: false``, ``n: 1``)."""
+    """One field of a generation request body: ``implemented``; ``ignored`` (accepted, its type checked, with no
+    effect here: it cannot change the reply, e.g. ``metadata`` or ``prompt_cache_key``); or ``refused`` (400
+    naming it) unless its value is one of ``neutral`` (the value that asks for nothing: ``logprobs: false``)."""
 
     name: str
-    status: str  # "implemented" | "refused"
+    status: str  # "implemented" | "ignored" | "refused"
     note: str
     neutral: tuple = ()
     extra: bool = False  # not in OpenAI's schema: a llama.cpp server field
@@ -31,6 +32,17 @@ class RequestField:
 
 def _f(name: str, note: str, *, extra: bool = False) -> RequestField:
     return RequestField(name, "implemented", note, extra=extra)
+
+
+def _i(name: str, note: str) -> RequestField:
+    return RequestField(name, "ignored", note)
+
+
+#: The values an ignored field may take (anything else is a 400 naming it): OpenAI's own enums.
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+VERBOSITIES = ("low", "medium", "high")
+PROMPT_CACHE_RETENTIONS = ("in_memory", "24h")
+MAX_METADATA = 16  # key-value pairs; keys up to 64 characters, values up to 512 (OpenAI's limits)
 
 
 def _r(name: str, note: str, *neutral: Any) -> RequestField:
@@ -45,7 +57,11 @@ _COMMON = (
     _f("seed", f"0 to {SEED_MAX}"),
     _f("stop", f"a string or a list of at most {MAX_STOP_SEQUENCES} strings"),
     _f("stream", "Server-Sent Events"),
-    _f("stream_options", "include_usage only"),
+    _f(
+        "stream_options",
+        "`include_usage`; `include_obfuscation` is accepted and ignored (no `obfuscation` field is sent: "
+        "the stream is not padded)",
+    ),
     _f("frequency_penalty", "-2 to 2 (llama.cpp penalties sampler, last 64 generated tokens)"),
     _f("presence_penalty", "-2 to 2 (llama.cpp penalties sampler, last 64 generated tokens)"),
     _f("logit_bias", "token id -> bias, -100 to 100 (llama.cpp logit-bias sampler)"),
@@ -64,7 +80,8 @@ REQUEST_FIELDS: dict[str, tuple[RequestField, ...]] = {
         _f(
             "messages",
             "role and text content (a string or text parts; `image_url` parts for VLM bundles: data "
-            "URLs, see Images); assistant `tool_calls`, tool `tool_call_id` and `name`; any other "
+            "URLs, see Images); the `developer` role is a `system` turn, as OpenAI maps it for models "
+            "without one; assistant `tool_calls`, tool `tool_call_id` and `name`; any other "
             "message field (audio, ...): 400 naming it",
         ),
         *_COMMON,
@@ -91,14 +108,31 @@ REQUEST_FIELDS: dict[str, tuple[RequestField, ...]] = {
         _r("modalities", "text output only", ["text"]),
         _r("audio", "audio output is not implemented"),
         _r("prediction", "predicted outputs are not implemented"),
-        _r("reasoning_effort", "no reasoning models are served"),
-        _r("verbosity", "no verbosity control"),
+        _r("moderation", "no moderation model runs here (a blocked reply would differ)"),
         _r("web_search_options", "the server is offline by design"),
         _r("store", "completions are not stored", False),
-        _r("metadata", "completions are not stored, so there is nothing to tag", {}),
         _r("service_tier", "one service tier", "auto", "default"),
-        _r("prompt_cache_key", "no keyed prompt cache (the prompt cache is keyed by the prompt itself)"),
-        _r("safety_identifier", "no abuse monitoring here"),
+        _i(
+            "metadata",
+            f"up to {MAX_METADATA} string key-value pairs (keys up to 64 characters, values up to 512); "
+            "completions are not stored, so nothing keeps them",
+        ),
+        _i(
+            "prompt_cache_key",
+            "a string; the prompt cache here is keyed by the prompt's tokens themselves, which is what the key groups",
+        ),
+        _i(
+            "prompt_cache_options",
+            "`mode` (`implicit` or `explicit`) and `ttl` (`30m`); prefix reuse here does not depend on them",
+        ),
+        _i("prompt_cache_retention", "`in_memory` or `24h` (deprecated by OpenAI); no effect on prefix reuse"),
+        _i(
+            "reasoning_effort",
+            f"one of {', '.join(REASONING_EFFORTS)}; the served models do not reason before answering, so "
+            "there is no effort to set",
+        ),
+        _i("verbosity", f"one of {', '.join(VERBOSITIES)}; the served models have no verbosity control"),
+        _i("safety_identifier", "an end-user id (a string), as `user`; no abuse monitoring runs here"),
     ),
     "/v1/completions": (
         _f(
@@ -139,9 +173,12 @@ def fields_markdown() -> str:
     out = []
     for route, fields in REQUEST_FIELDS.items():
         out += [f"`POST {route}`:", "", "| field | status | notes |", "|---|---|---|"]
-        for f in sorted(fields, key=lambda f: (f.status != "implemented", f.extra, f.name)):
+        order = {"implemented": 0, "ignored": 1, "refused": 2}
+        for f in sorted(fields, key=lambda f: (order[f.status], f.extra, f.name)):
             if f.status == "implemented":
                 status = "implemented (llama.cpp extra)" if f.extra else "implemented"
+            elif f.status == "ignored":
+                status = "accepted, ignored"
             else:
                 status = "refused (400)" + (
                     " unless " + " or ".join(f"`{json.dumps(n)}`" for n in f.neutral) if f.neutral else ""

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from edgesdk import __version__
+from edgesdk.serve.fields import PROMPT_CACHE_RETENTIONS, REASONING_EFFORTS, VERBOSITIES
 
 OPENAPI_VERSION = "3.1.0"
 
@@ -34,8 +35,36 @@ _TYPES: dict[str, dict[str | None, dict[str, Any]]] = {
     "stop": {None: {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "maxItems": 16}]}},
     "stream": {None: {"type": "boolean"}},
     "stream_options": {
-        None: {"type": "object", "properties": {"include_usage": {"type": "boolean"}}, "additionalProperties": False}
+        None: {
+            "type": "object",
+            "properties": {"include_usage": {"type": "boolean"}, "include_obfuscation": {"type": "boolean"}},
+            "additionalProperties": False,
+        }
     },
+    # accepted and ignored (fields.py): typed all the same
+    "metadata": {
+        None: {
+            "type": "object",
+            "maxProperties": 16,
+            "propertyNames": {"maxLength": 64},
+            "additionalProperties": {"type": "string", "maxLength": 512},
+        }
+    },
+    "prompt_cache_key": {None: {"type": "string"}},
+    "safety_identifier": {None: {"type": "string"}},
+    "prompt_cache_options": {
+        None: {
+            "type": "object",
+            "properties": {
+                "mode": {"type": "string", "enum": ["implicit", "explicit"]},
+                "ttl": {"type": "string", "enum": ["30m"]},
+            },
+            "additionalProperties": False,
+        }
+    },
+    "prompt_cache_retention": {None: {"type": "string", "enum": list(PROMPT_CACHE_RETENTIONS)}},
+    "reasoning_effort": {None: {"type": "string", "enum": list(REASONING_EFFORTS)}},
+    "verbosity": {None: {"type": "string", "enum": list(VERBOSITIES)}},
     "frequency_penalty": {None: {"type": "number", "minimum": -2, "maximum": 2}},
     "presence_penalty": {None: {"type": "number", "minimum": -2, "maximum": 2}},
     "logit_bias": {
@@ -115,11 +144,61 @@ _OPERATIONS: dict[tuple[str, str], tuple[str, str, str]] = {
     ("/v1/models/{model}", "get"): ("retrieveModel", "One served model", "OpenAI"),
     ("/health", "get"): (
         "health",
-        "Liveness: ok, or 503 while draining; requests waiting or running per model (no API key needed)",
+        "Liveness: ok, or 503 while the models load or the server drains; requests waiting or running per model "
+        "(no API key needed)",
         "server",
     ),
     ("/metrics", "get"): ("metrics", "Prometheus text exposition format 0.0.4 (docs/serve.md)", "server"),
     ("/openapi.json", "get"): ("openapi", "This document", "server"),
+    ("/tokenize", "post"): (
+        "tokenize",
+        "llama-server's /tokenize: text -> the model's token ids (or ids and pieces)",
+        "llama.cpp",
+    ),
+    ("/detokenize", "post"): ("detokenize", "llama-server's /detokenize: token ids -> text", "llama.cpp"),
+    ("/apply-template", "post"): (
+        "applyTemplate",
+        "llama-server's /apply-template: chat messages -> the prompt text the model is given (no generation)",
+        "llama.cpp",
+    ),
+    ("/props", "get"): ("props", "llama-server's /props: a model's context, slots and default settings", "llama.cpp"),
+    ("/slots", "get"): ("slots", "llama-server's /slots: each slot's state (no prompt text)", "llama.cpp"),
+}
+
+_MODEL = {"type": "string", "minLength": 1, "description": "a served GGUF model; optional with one LLM served"}
+# Request bodies of llama-server's endpoints (serve/operational.py): every other field is a 400.
+_LLAMA_BODIES: dict[str, dict[str, Any]] = {
+    "/tokenize": {
+        "type": "object",
+        "required": ["content"],
+        "properties": {
+            "model": _MODEL,
+            "content": {"type": "string"},
+            "add_special": {"type": "boolean", "description": "insert BOS (default false)"},
+            "parse_special": {"type": "boolean", "description": "special tokens' text as those tokens (default true)"},
+            "with_pieces": {"type": "boolean", "description": "ids with their pieces (default false)"},
+        },
+        "additionalProperties": False,
+    },
+    "/detokenize": {
+        "type": "object",
+        "required": ["tokens"],
+        "properties": {"model": _MODEL, "tokens": {"type": "array", "items": {"type": "integer", "minimum": 0}}},
+        "additionalProperties": False,
+    },
+    "/apply-template": {
+        "type": "object",
+        "required": ["messages"],
+        "description": "a chat request's fields (ChatCompletionRequest), checked as /v1/chat/completions checks them",
+        "properties": {"model": _MODEL, "messages": {"type": "array", "minItems": 1, "items": {"type": "object"}}},
+    },
+}
+_QUERY_MODEL = {
+    "name": "model",
+    "in": "query",
+    "required": False,
+    "schema": {"type": "string"},
+    "description": "a served GGUF model; optional with one LLM served",
 }
 
 _ERROR = {
@@ -143,13 +222,15 @@ _ERROR = {
 def _status(field: Any) -> str:
     if field.status == "implemented":
         return "implemented (llama.cpp extra)" if field.extra else "implemented"
+    if field.status == "ignored":
+        return "accepted, ignored"
     neutral = " or ".join(json.dumps(n) for n in field.neutral)
     return "refused (400)" + (f" unless null or {neutral}" if neutral else " unless null")
 
 
 def field_schema(route: str, field: Any) -> dict[str, Any]:
     """One request-body property: its JSON Schema and a description with its status and note."""
-    if field.status == "implemented":
+    if field.status in ("implemented", "ignored"):
         types = _TYPES.get(field.name, {})
         schema = dict(types.get(route, types.get(None, {})))
     else:
@@ -198,13 +279,34 @@ def _operation(path: str, method: str, fields: Mapping[str, Sequence[Any]]) -> d
         if path != "/v1/embeddings":
             ok["text/event-stream"] = {"schema": {"type": "string"}}
         op["responses"] = {"200": {"description": "the OpenAI response object", "content": ok}, **errors}
-    else:
+    elif path in _LLAMA_BODIES:
+        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": _LLAMA_BODIES[path]}}}
         op["responses"] = {
-            "200": {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}}
+            "200": {"description": "llama-server's answer", "content": {"application/json": {"schema": {}}}},
+            **{k: errors[k] for k in ("400", "401", "404")},
         }
+    else:
+        shape = {"type": "array"} if path == "/slots" else {"type": "object"}
+        op["responses"] = {"200": {"description": "OK", "content": {"application/json": {"schema": shape}}}}
+        if path in ("/props", "/slots"):
+            op["parameters"] = [_QUERY_MODEL]
+            op["responses"].update({k: errors[k] for k in ("400", "401", "404")})
+        if path == "/slots":
+            op["parameters"].append(
+                {
+                    "name": "fail_on_no_slot",
+                    "in": "query",
+                    "required": False,
+                    "schema": {"type": "string", "enum": ["0", "1"]},
+                }
+            )
+            op["responses"]["503"] = {
+                "description": "fail_on_no_slot=1 and every slot is busy",
+                **{"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}},
+            }
         if path == "/health":
             op["responses"]["503"] = {
-                "description": "draining",
+                "description": 'loading (`{"status": "loading"}`, while the models load) or draining',
                 "content": {"application/json": {"schema": {"type": "object"}}},
             }
         elif path == "/v1/models/{model}":

@@ -32,9 +32,13 @@ from edgesdk.serve.config import ModelEntry
 from edgesdk.serve.fields import (
     FIELD_NAMES,
     MAX_EMBEDDING_INPUTS,
+    MAX_METADATA,
     MAX_PROMPTS,
     MAX_STOP_SEQUENCES,
+    PROMPT_CACHE_RETENTIONS,
+    REASONING_EFFORTS,
     REQUEST_FIELDS,
+    VERBOSITIES,
 )
 from edgesdk.serve.workers import RequestTimeout, Saturated
 
@@ -211,7 +215,7 @@ def check_fields(body: dict, route: str) -> None:
                 param=str(key),
                 code="unsupported_parameter",
             )
-        if value is None or f.status == "implemented" or any(_same(value, n) for n in f.neutral):
+        if value is None or f.status != "refused" or any(_same(value, n) for n in f.neutral):
             continue
         allowed = " or ".join(json.dumps(n) for n in (None, *f.neutral))
         raise APIError(
@@ -220,6 +224,49 @@ def check_fields(body: dict, route: str) -> None:
             param=key,
             code="unsupported_parameter",
         )
+
+
+def check_ignored(body: dict) -> None:
+    """The fields accepted and ignored (``ignored`` in :data:`REQUEST_FIELDS`: they cannot change the reply
+    here) still have OpenAI's types and bounds: anything else is an APIError 400 naming the field."""
+    meta = body.get("metadata")
+    if meta is not None:
+        if not isinstance(meta, dict) or len(meta) > MAX_METADATA:
+            raise APIError(
+                400, f"'metadata' must be an object of at most {MAX_METADATA} key-value pairs", param="metadata"
+            )
+        for k, v in meta.items():
+            if len(k) > 64 or not isinstance(v, str) or len(v) > 512:
+                raise APIError(
+                    400,
+                    f"'metadata' keys are strings of at most 64 characters and values strings of at most 512 "
+                    f"(key {_show(k)})",
+                    param="metadata",
+                )
+    for key in ("prompt_cache_key", "safety_identifier"):
+        value = body.get(key)
+        if value is not None and not isinstance(value, str):
+            raise APIError(400, f"'{key}' must be a string, got {_show(value)}", param=key)
+    for key, allowed in (
+        ("reasoning_effort", REASONING_EFFORTS),
+        ("verbosity", VERBOSITIES),
+        ("prompt_cache_retention", PROMPT_CACHE_RETENTIONS),
+    ):
+        value = body.get(key)
+        if value is not None and value not in allowed:
+            raise APIError(400, f"'{key}' must be one of {', '.join(allowed)}, got {_show(value)}", param=key)
+    opts = body.get("prompt_cache_options")
+    if opts is not None:
+        ok = isinstance(opts, dict) and all(
+            (k == "mode" and v in ("implicit", "explicit", None)) or (k == "ttl" and v in ("30m", None))
+            for k, v in opts.items()
+        )
+        if not ok:
+            raise APIError(
+                400,
+                "'prompt_cache_options' must be an object with 'mode' ('implicit' or 'explicit') and 'ttl' ('30m')",
+                param="prompt_cache_options",
+            )
 
 
 def _generation_options(body: dict, entry: ModelEntry) -> dict:
@@ -404,26 +451,33 @@ def parse_generation(
     messages, prompt text or prompt token ids). Anything the model cannot take is an APIError 400 naming
     the field: every field is checked against :data:`REQUEST_FIELDS`."""
     check_fields(body, "/v1/chat/completions" if operation == "chat" else "/v1/completions")
+    check_ignored(body)
     opts = _generation_options(body, entry)
     stream = body.get("stream", False) is True
-    stream_options = body.get("stream_options")
-    if stream_options is not None and not isinstance(stream_options, dict):
-        raise APIError(400, "'stream_options' must be an object", param="stream_options")
-    for key in stream_options or {}:
-        if key != "include_usage":
-            raise APIError(
-                400,
-                f"'stream_options.{key}' is not supported (include_usage only)",
-                param=f"stream_options.{key}",
-                code="unsupported_parameter",
-            )
-    include = (stream_options or {}).get("include_usage")
-    if include is not None and not isinstance(include, bool):
-        raise APIError(400, "'stream_options.include_usage' must be a boolean", param="stream_options")
+    include = stream_options(body)
     opts.update(_structured(body, operation))
     if operation == "chat":
         return opts, stream, stream and bool(include), _messages(body, entry)
     return opts, stream, stream and bool(include), _prompt(body)
+
+
+def stream_options(body: dict) -> bool:
+    """``stream_options``: whether ``include_usage`` is asked; ``include_obfuscation`` is accepted (a boolean) and
+    ignored: no ``obfuscation`` padding field is sent. Any other key is an APIError 400 naming it."""
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise APIError(400, "'stream_options' must be an object", param="stream_options")
+    for key, value in (options or {}).items():
+        if key not in ("include_usage", "include_obfuscation"):
+            raise APIError(
+                400,
+                f"'stream_options.{str(key)[:40]}' is not supported (include_usage; include_obfuscation is ignored)",
+                param=f"stream_options.{str(key)[:40]}",
+                code="unsupported_parameter",
+            )
+        if value is not None and not isinstance(value, bool):
+            raise APIError(400, f"'stream_options.{key}' must be a boolean", param=f"stream_options.{key}")
+    return bool((options or {}).get("include_usage"))
 
 
 def generation_request(
@@ -545,7 +599,10 @@ def _messages(body: dict, entry: ModelEntry | None = None) -> list[dict]:
             raise APIError(
                 400, f"messages[{i}].content must be a string or a list of text parts", param=f"messages[{i}].content"
             )
-        msg = {"role": m["role"], "content": content}
+        # OpenAI's `developer` role (o-series clients send it for instructions) is a system turn on models
+        # without one of their own, as OpenAI treats it there: chat templates know `system`.
+        role = "system" if m["role"] == "developer" else m["role"]
+        msg = {"role": role, "content": content}
         msg.update({k: m[k] for k in _TOOL_KEYS.get(m["role"], ()) if m.get(k) not in (None, [], "")})
         out.append(msg)
     if entry is not None and entry.images is not None:

@@ -26,6 +26,7 @@ from edgesdk import __version__
 from edgesdk.errors import EdgeSDKError, InputError
 from edgesdk.serve.batch_worker import BatchWorker
 from edgesdk.serve.config import ModelEntry, ServeConfig
+from edgesdk.serve.operational import special_prompt_ids
 from edgesdk.serve.protocol import (
     APIError,
     backend_error,
@@ -200,44 +201,12 @@ class Routes:
             where = "messages" if operation == "chat" else "prompt"
             shape = ReplyShape(operation, tools=bool(opts.get("tools")), logprobs="logprobs" in opts)
             grammar_param = "tools" if shape.tools else "response_format"
-            needs_engine = [k for k in ("grammar", "logprobs") if k in opts]
-            if needs_engine and not isinstance(entry.worker, BatchWorker):
-                param = grammar_param if needs_engine[0] == "grammar" else "logprobs"
-                how = "a VLM bundle always is" if entry.images is not None else "serve --parallel 2 or more"
-                raise APIError(
-                    400,
-                    f"'{param}' needs continuous batching, and {model!r} is served one request at a time ({how})",
-                    param=param,
-                    code="unsupported_parameter",
-                )
-            inputs = list(what) if isinstance(what, tuple) else [what]  # several completions prompts: one each
-            requests = [generation_request(operation, x, stream, opts) for x in inputs]
-            session = entry.session
-            span.set("gen_ai.request.max_tokens", opts["max_tokens"])
-            span.set("gen_ai.request.temperature", opts.get("temperature"))
-            span.set("gen_ai.request.top_p", opts.get("top_p"))
-            span.set("gen_ai.request.seed", opts.get("seed"))
-            span.set("gen_ai.request.top_k", opts.get("top_k"))
-            span.set("gen_ai.request.frequency_penalty", opts.get("frequency_penalty"))
-            span.set("gen_ai.request.presence_penalty", opts.get("presence_penalty"))
-            loop = asyncio.get_running_loop()
-            assert entry.worker is not None  # created in start() for every llm entry
-            jobs: list[Job] = []
-            try:
-                for x, req in zip(inputs, requests, strict=True):
-                    start = (
-                        functools.partial(session.chat, x, stream=True, **opts)
-                        if operation == "chat"
-                        else functools.partial(session.stream, x, **opts)
-                    )
-                    job = Job(start=start, loop=loop, events=asyncio.Queue(), otel_ctx=span.ctx, request=req)
-                    entry.worker.submit(job)
-                    jobs.append(job)
-            except Saturated as exc:
-                for job in jobs:
-                    job.cancel.set()
-                self.metrics.rejected.inc(model=model, reason="draining" if exc.draining else "queue_full")
-                raise saturated_error(exc) from None
+            inputs: list[Any] = (
+                list(what) if isinstance(what, tuple) else [what]
+            )  # several completions prompts: one each
+            if operation != "chat" and entry.images is None:  # special tokens in the text, as llama-server reads them
+                inputs = [await special_prompt_ids(entry, x) if isinstance(x, str) else x for x in inputs]
+            jobs = self.submit_jobs(entry, operation, inputs, stream, opts, span, grammar_param)
             # Nothing else reads from the client until the response starts: watch for it going away, so a
             # request abandoned while queued or generating stops at the next token (a stream is watched
             # by StreamingResponse once it starts).
@@ -308,6 +277,58 @@ class Routes:
         except Exception as exc:  # the guard answers 500: the span says so
             span.end(500, "server_error", f"{type(exc).__name__}: {exc}")
             raise
+
+    def submit_jobs(
+        self,
+        entry: ModelEntry,
+        operation: str,
+        inputs: list,
+        stream: bool,
+        opts: dict,
+        span: ServerSpan,
+        grammar_param: str,
+    ) -> list[Job]:
+        """One generation job per input (chat messages, prompt text or prompt token ids), submitted to the model's
+        worker; APIError 400 for what the worker cannot do, 429/503 when it is full or draining."""
+        model = entry.name
+        needs_engine = [k for k in ("grammar", "logprobs") if k in opts]
+        if needs_engine and not isinstance(entry.worker, BatchWorker):
+            param = grammar_param if needs_engine[0] == "grammar" else "logprobs"
+            how = "a VLM bundle always is" if entry.images is not None else "serve --parallel 2 or more"
+            raise APIError(
+                400,
+                f"'{param}' needs continuous batching, and {model!r} is served one request at a time ({how})",
+                param=param,
+                code="unsupported_parameter",
+            )
+        requests = [generation_request(operation, x, stream, opts) for x in inputs]
+        session = entry.session
+        span.set("gen_ai.request.max_tokens", opts["max_tokens"])
+        span.set("gen_ai.request.temperature", opts.get("temperature"))
+        span.set("gen_ai.request.top_p", opts.get("top_p"))
+        span.set("gen_ai.request.seed", opts.get("seed"))
+        span.set("gen_ai.request.top_k", opts.get("top_k"))
+        span.set("gen_ai.request.frequency_penalty", opts.get("frequency_penalty"))
+        span.set("gen_ai.request.presence_penalty", opts.get("presence_penalty"))
+        loop = asyncio.get_running_loop()
+        assert entry.worker is not None  # created in start() for every llm entry
+        jobs: list[Job] = []
+        try:
+            for x, req in zip(inputs, requests, strict=True):
+                start = (
+                    functools.partial(session.chat, x, stream=True, **opts)
+                    if operation == "chat"
+                    else functools.partial(session.stream, x, **opts)
+                )
+                job = Job(start=start, loop=loop, events=asyncio.Queue(), otel_ctx=span.ctx, request=req)
+                entry.worker.submit(job)
+                jobs.append(job)
+        except Saturated as exc:
+            for job in jobs:
+                job.cancel.set()
+            self.metrics.rejected.inc(model=model, reason="draining" if exc.draining else "queue_full")
+            raise saturated_error(exc) from None
+        return jobs
 
     @staticmethod
     async def _decode_images(messages: list[dict]) -> None:
