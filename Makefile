@@ -23,11 +23,14 @@ $(STAMP): pyproject.toml constraints.txt
 	# the exact build-tool versions the tests build with: constraints.txt (the extras state ranges)
 	@echo "set-up for the tests: edgesdk[all,dev]; llama-cpp-python is compiled from source here unless pip has built it before (4-24 minutes on 2 cores)"
 	$(BIN)/python -m pip install -c constraints.txt -e '.[all,dev]'
-	# tests/test_distribution.py runs a real OCI registry on loopback: CNCF distribution, Debian's docker-registry
-	command -v docker-registry >/dev/null || (command -v apt-get >/dev/null && \
-	  (DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker-registry >/dev/null || \
-	   (apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker-registry >/dev/null))) || \
-	  echo "note: docker-registry is not installed (needs apt-get as root): tests/test_distribution.py will skip"
+	# tests/test_distribution*.py run a real OCI registry on loopback: CNCF distribution, Debian's docker-registry;
+	# apache2-utils' htpasswd writes the bcrypt users of its basic-auth registry; mender-artifact writes and
+	# validates `edgesdk export --mender` (tests/test_export_rollout.py)
+	(command -v docker-registry && command -v htpasswd && command -v mender-artifact) >/dev/null || \
+	  (command -v apt-get >/dev/null && \
+	  (DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker-registry apache2-utils mender-artifact >/dev/null || \
+	   (apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker-registry apache2-utils mender-artifact >/dev/null))) || \
+	  echo "note: docker-registry, htpasswd or mender-artifact is not installed (needs apt-get as root): the tests that need them skip"
 	touch $@
 
 setup: $(STAMP)

@@ -9,7 +9,7 @@ __version__ = "0.1.0"
 __all__ = ["__version__", "load"]
 
 
-def load(bundle, **kwargs):
+def load(bundle, *, verify_key=None, **kwargs):
     """Open a bundle directory and return a :class:`edgesdk.runtime.session.Session`.
 
     Verifies every artifact's sha256 before loading, picks the best backend present on this
@@ -21,11 +21,27 @@ def load(bundle, **kwargs):
     ``bundle`` may be an OCI reference (``oci://REGISTRY/NAMESPACE/NAME:TAG``): the bundle for the profile this
     host matches is pulled into the local store first (verified; used offline once pulled), as ``edgesdk pull``
     does (:mod:`edgesdk.distribution`).
+
+    ``verify_key`` (a public key file, PEM, or a list of them): the bundle must carry a signature by one of these
+    keys that covers exactly its files (``edgesdk sign``; ``BUNDLE.sig/`` beside a directory, the registry's
+    signature for an ``oci://`` reference, checked before any bundle byte is downloaded); unsigned, signed by
+    another key or changed after signing is a :class:`edgesdk.errors.BundleIntegrityError` (exit 7) and nothing
+    is loaded. Needs ``pip install 'edgesdk[sign]'``. ``$EDGESDK_TRUST_POLICY`` applies as well.
     """
     from edgesdk.runtime.session import load as _load
 
+    policy = None
+    if verify_key is not None:
+        from edgesdk.distribution.signing import TrustPolicy
+
+        keys = [verify_key] if isinstance(verify_key, (str, bytes)) or hasattr(verify_key, "__fspath__") else verify_key
+        policy = TrustPolicy.from_options(None, True, [str(k) for k in keys])
     if isinstance(bundle, str) and bundle.startswith("oci://"):
         from edgesdk.distribution.store import pull
 
-        bundle = pull(bundle, "auto").path
+        bundle = pull(bundle, "auto", trust=policy).path
+    elif policy is not None:
+        from edgesdk.distribution.signing import verify
+
+        verify(bundle, policy.trusted_keys, None)
     return _load(bundle, **kwargs)

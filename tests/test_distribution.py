@@ -38,27 +38,31 @@ def _port() -> int:
 
 
 class Registry:
-    def __init__(self, root: Path) -> None:
+    """A real registry (Debian's docker-registry) on ``host`` (loopback by default); ``auth``: the config's
+    ``auth:`` section (tests/registry_auth.py: htpasswd or token)."""
+
+    def __init__(self, root: Path, auth: str = "", host: str = "127.0.0.1") -> None:
         self.root = root
+        self.host = host
         root.mkdir(parents=True, exist_ok=True)
         self.port = _port()
         cfg = root / "config.yml"
         cfg.write_text(
             f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {root / 'data'}\n"
-            f"http:\n  addr: 127.0.0.1:{self.port}\nlog:\n  level: error\n"
+            f"http:\n  addr: {host}:{self.port}\nlog:\n  level: error\n{auth}"
         )
         self.proc = subprocess.Popen(
             [REGISTRY, "serve", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         for _ in range(100):
             with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                if s.connect_ex((host, self.port)) == 0:
                     return
             time.sleep(0.1)
         raise AssertionError("the registry did not start")
 
     def ref(self, tail: str) -> str:
-        return f"oci://127.0.0.1:{self.port}/{tail}"
+        return f"oci://{self.host}:{self.port}/{tail}"
 
     def blob(self, digest: str) -> Path:
         hexd = digest.split(":")[1]

@@ -268,3 +268,46 @@ def test_offline_the_kept_signature_is_checked_again(two_bundles, keys, signed, 
     hexd = pushed["manifest_digest"].split(":")[1]
     shutil.rmtree(home / "bundles" / f"{hexd}.sig")
     _refused(cli("pull", ref, "--profile", "cpu-x86_64", *policy, home=home, ok=False), "has no signature")
+
+
+def test_load_with_verify_key_enforces_the_signature(registry, two_bundles, keys, signed, tmp_path, monkeypatch):  # noqa: F811
+    """``edgesdk.load(ref_or_dir, verify_key=PUB)``: a bundle signed by that key loads; unsigned, signed by another
+    key, or changed after signing is refused (exit 7) before anything is loaded or stored."""
+    import edgesdk
+    from edgesdk.errors import BundleIntegrityError
+
+    monkeypatch.setenv("EDGESDK_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("EDGESDK_TRUST_POLICY", raising=False)
+    loaded = []
+    monkeypatch.setattr("edgesdk.runtime.session.load", lambda b, **kw: loaded.append(Path(b)) or "session")
+    from edgesdk.profiler.device import detect_device
+
+    if detect_device().best_match != "cpu-x86_64":  # load("oci://...") takes this host's profile
+        pytest.skip("this host does not match cpu-x86_64, the profile of the signed tag")
+    # from the registry: the signed tag loads with the right key, not with another; nothing stored on refusal
+    assert edgesdk.load(signed["ref"], verify_key=keys["ci_pub"]) == "session"
+    assert loaded[-1].parent == tmp_path / "home" / "bundles"
+    monkeypatch.setenv("EDGESDK_HOME", str(tmp_path / "other"))
+    with pytest.raises(BundleIntegrityError, match="not a trusted key") as exc:
+        edgesdk.load(signed["ref"], verify_key=str(keys["other_pub"]))
+    assert exc.value.exit_code == 7 and _stored(tmp_path / "other") == []
+    unsigned = registry.ref("models/unsigned-load:1")
+    shutil.copytree(two_bundles / "cpu-x86_64", tmp_path / "plain")  # without its BUNDLE.sig/
+    cli("push", str(tmp_path / "plain"), unsigned, home=tmp_path / "pusher")
+    with pytest.raises(BundleIntegrityError, match="is not signed"):
+        edgesdk.load(unsigned, verify_key=[keys["ci_pub"]])
+    assert _stored(tmp_path / "other") == []
+    # a local directory: its BUNDLE.sig/ must verify with the key
+    b = tmp_path / "local"
+    shutil.copytree(two_bundles / "cpu-x86_64", b)
+    shutil.copytree(two_bundles / "cpu-x86_64.sig", tmp_path / "local.sig")
+    n = len(loaded)
+    assert edgesdk.load(b, verify_key=keys["ci_pub"]) == "session" and loaded[-1] == b
+    with pytest.raises(BundleIntegrityError, match="not a trusted key"):
+        edgesdk.load(b, verify_key=keys["other_pub"])
+    (b / "extra.txt").write_text("added after signing")
+    with pytest.raises(BundleIntegrityError, match="extra.txt"):
+        edgesdk.load(b, verify_key=keys["ci_pub"])
+    with pytest.raises(BundleIntegrityError, match="is not signed"):
+        edgesdk.load(two_bundles / "orin-nano-8gb", verify_key=keys["ci_pub"])
+    assert len(loaded) == n + 1  # none of the refused ones reached the runtime

@@ -32,8 +32,16 @@ def _policy_options(f):
     return f
 
 
+def _insecure_option(f):
+    return click.option(
+        "--insecure",
+        is_flag=True,
+        help="Plain HTTP to a registry that is not on loopback (loopback always is; otherwise refused, exit 3).",
+    )(f)
+
+
 @click.command("push")
-@click.argument("bundle", type=click.Path(file_okay=False))
+@click.argument("bundles", nargs=-1, required=True, type=click.Path(file_okay=False))
 @click.argument("reference")
 @click.option(
     "--sign",
@@ -41,21 +49,24 @@ def _policy_options(f):
     type=click.Path(dir_okay=False),
     help="Sign BUNDLE with this EC private key (PEM) first; the signature is attached to the pushed manifest.",
 )
+@_insecure_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def push_cmd(bundle: str, reference: str, sign_key: str | None, as_json: bool) -> int:
-    """Push BUNDLE to REFERENCE (oci://REGISTRY/NAMESPACE/NAME:TAG); the tag holds one entry per profile.
-    A signature beside the bundle (BUNDLE.sig/) is attached."""
+def push_cmd(bundles: tuple[str, ...], reference: str, sign_key: str | None, insecure: bool, as_json: bool) -> int:
+    """Push BUNDLES (one or more builds of one model, one per profile) to REFERENCE
+    (oci://REGISTRY/NAMESPACE/NAME:TAG) as one OCI image index with an entry per profile. A signature beside a
+    bundle (BUNDLE.sig/) is attached."""
     from edgesdk.distribution.store import push
 
-    out = push(bundle, reference, progress=None if as_json else info, sign_key=sign_key)
+    out = push(list(bundles), reference, progress=None if as_json else info, sign_key=sign_key, insecure=insecure)
     if as_json:
         emit_json(out)
     else:
-        click.echo(
-            f"pushed {out['files']} files ({out['bytes'] / 1e6:.1f} MB, {out['uploaded_bytes'] / 1e6:.1f} MB uploaded) "
-            f"as {out['reference']} for profile {out['profile']}: {out['manifest_digest']}; "
-            f"the tag holds {', '.join(out['profiles'])}"
-        )
+        for b in out["bundles"]:
+            click.echo(
+                f"pushed {b['files']} files ({b['bytes'] / 1e6:.1f} MB, {b['uploaded_bytes'] / 1e6:.1f} MB uploaded) "
+                f"as {out['reference']} for profile {b['profile']}: {b['manifest_digest']}"
+            )
+        click.echo(f"the tag holds {', '.join(out['profiles'])}: {out['index_digest']}")
     return 0
 
 
@@ -68,6 +79,7 @@ def push_cmd(bundle: str, reference: str, sign_key: str | None, as_json: bool) -
     help="Which profile's bundle to take from the tag's index ('auto': the profile this host matches).",
 )
 @_policy_options
+@_insecure_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def pull_cmd(
     reference: str,
@@ -75,6 +87,7 @@ def pull_cmd(
     require_signature: bool,
     trusted_keys: tuple[str, ...],
     policy_file: str | None,
+    insecure: bool,
     as_json: bool,
 ) -> int:
     """Pull REFERENCE into the local store ($EDGESDK_HOME or ~/.cache/edgesdk), verified, and print its path."""
@@ -82,7 +95,7 @@ def pull_cmd(
     from edgesdk.distribution.store import pull
 
     policy = TrustPolicy.from_options(policy_file, require_signature, trusted_keys)
-    got = pull(reference, profile, progress=None if as_json else info, trust=policy)
+    got = pull(reference, profile, progress=None if as_json else info, trust=policy, insecure=insecure)
     if as_json:
         emit_json(got.to_dict())
     else:

@@ -75,25 +75,108 @@ def _annotations(bundle: Any) -> dict[str, str]:
 
 
 def push(
-    path: str | os.PathLike[str], ref_text: str, progress: Progress | None = None, sign_key: str | None = None
+    path: str | os.PathLike[str] | list[str | os.PathLike[str]] | tuple[str | os.PathLike[str], ...],
+    ref_text: str,
+    progress: Progress | None = None,
+    sign_key: str | None = None,
+    insecure: bool = False,
 ) -> dict[str, Any]:
-    """Push the bundle at ``path`` to ``ref_text`` (``oci://...:TAG``): its manifest by digest, then the tag as an
-    OCI image index holding one entry per profile (this bundle's replaces an entry of the same profile).
-    ``sign_key``: sign the bundle first (``BUNDLE.sig/``); a ``BUNDLE.sig/`` present is attached either way."""
+    """Push the bundle(s) at ``path`` to ``ref_text`` (``oci://...:TAG``): each bundle's manifest by digest, then
+    the tag as one OCI image index holding one entry per profile (a pushed bundle replaces an entry of the same
+    profile; entries of other profiles stay). Several bundles must be builds of one model for distinct profiles;
+    every one is opened and verified before anything is uploaded. ``sign_key``: sign each bundle first
+    (``BUNDLE.sig/``); a ``BUNDLE.sig/`` present is attached either way."""
     ref = Reference.parse(ref_text)
     if ref.digest:
         raise InputError("push takes a tag, not a digest: oci://REGISTRY/NAMESPACE/NAME:TAG")
-    signed = sig.sign(path, sign_key) if sign_key else None
-    bundle = open_bundle(path)  # verified: what is pushed is what was built
-    sigdir = sig.signature_dir(bundle.path)
-    if sigdir.is_dir():
-        built = {MANIFEST: sha256_file(bundle.path / MANIFEST)} | {a.path: a.sha256 for a in bundle.manifest.artifacts}
-        if sig.unverified_subjects(sigdir) != built:
-            raise InputError(
-                f"{sigdir} signs another build of {bundle.path}: sign it again (edgesdk sign, or push --sign KEY)"
-            )
-    client = Client(ref)
+    paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
+    if not paths:
+        raise InputError("push needs at least one bundle")
+    bundles = [open_bundle(p) for p in paths]  # verified: what is pushed is what was built
+    by_profile: dict[str, Path] = {}
+    for b in bundles:
+        prof = b.manifest.profile.name or "unknown"
+        if prof in by_profile:
+            raise InputError(f"{by_profile[prof]} and {b.path} are both for profile {prof}: one bundle per profile")
+        by_profile[prof] = b.path
+    models = {b.manifest.model.name or "" for b in bundles}
+    if len(models) > 1:
+        raise InputError(
+            f"one push takes bundles of one model; these are of {', '.join(sorted(models))}: push them to other tags"
+        )
+    client = Client(ref, insecure=insecure)
     say = progress or (lambda _msg: None)
+    signed = []
+    for b in bundles:
+        signed.append(sig.sign(b.path, sign_key) if sign_key else None)
+        sigdir = sig.signature_dir(b.path)
+        if sigdir.is_dir():
+            built = {MANIFEST: sha256_file(b.path / MANIFEST)} | {a.path: a.sha256 for a in b.manifest.artifacts}
+            if sig.unverified_subjects(sigdir) != built:
+                raise InputError(
+                    f"{sigdir} signs another build of {b.path}: sign it again (edgesdk sign, or push --sign KEY)"
+                )
+    pushed = [_push_bundle(client, b, say) for b in bundles]
+    new = {r["profile"] for r in pushed}
+    existing = client.get_manifest(ref.tag)
+    entries: list[dict[str, Any]] = []
+    if existing is not None:
+        media, old, old_digest = existing
+        if media == OCI_INDEX:
+            entries = [e for e in old.get("manifests", []) if (e.get("annotations") or {}).get(PROFILE_KEY) not in new]
+        elif old.get("artifactType") == ARTIFACT_TYPE:
+            old_profile = (old.get("annotations") or {}).get(PROFILE_KEY)
+            if old_profile not in new:
+                size = len(_canonical(old))
+                entries = [
+                    {
+                        "mediaType": OCI_MANIFEST,
+                        "digest": old_digest,
+                        "size": size,
+                        "artifactType": ARTIFACT_TYPE,
+                        "annotations": {PROFILE_KEY: old_profile},
+                    }
+                ]
+        else:
+            raise InputError(f"{ref} holds something that is not an edgesdk bundle ({media}); push to another tag")
+    for r in pushed:
+        entries.append(
+            {
+                "mediaType": OCI_MANIFEST,
+                "digest": r["manifest_digest"],
+                "size": r["manifest_size"],
+                "artifactType": ARTIFACT_TYPE,
+                "annotations": {PROFILE_KEY: r["profile"]},
+            }
+        )
+    index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "artifactType": ARTIFACT_TYPE, "manifests": entries}
+    index_digest = client.put_manifest(ref.tag, _canonical(index), OCI_INDEX)
+    for b, r, s_ in zip(bundles, pushed, signed, strict=True):
+        sigdir = sig.signature_dir(b.path)
+        r["signature"] = None
+        if sigdir.is_dir():
+            r["signature"] = attach_signature(client, r["manifest_digest"], r["manifest_size"], sigdir)
+            say(f"signature attached: {r['signature']['tag']}")
+        r["key_id"] = s_["key_id"] if s_ else None
+        r.pop("manifest_size")
+    one = pushed[0] if len(pushed) == 1 else None
+    return {
+        "reference": str(ref),
+        "profile": one["profile"] if one else None,
+        "manifest_digest": one["manifest_digest"] if one else None,
+        "index_digest": index_digest,
+        "profiles": sorted((e.get("annotations") or {}).get(PROFILE_KEY, "?") for e in entries),
+        "bytes": sum(r["bytes"] for r in pushed),
+        "uploaded_bytes": sum(r["uploaded_bytes"] for r in pushed),
+        "files": sum(r["files"] for r in pushed),
+        "signature": one["signature"] if one else None,
+        "key_id": one["key_id"] if one else None,
+        "bundles": pushed,
+    }
+
+
+def _push_bundle(client: Client, bundle: Any, say: Progress) -> dict[str, Any]:
+    """Upload one opened bundle's files (what the registry lacks) and its OCI image manifest, by digest."""
     files = [(MANIFEST, MANIFEST_MEDIA_TYPE, sha256_file(bundle.path / MANIFEST))]
     files += [(a.path, FILE_MEDIA_TYPE, a.sha256) for a in bundle.manifest.artifacts]
     layers, uploaded, total = [], 0, 0
@@ -120,53 +203,14 @@ def push(
     }
     body = _canonical(doc)
     digest = client.put_manifest(sha256_digest(body), body, OCI_MANIFEST)
-    profile = annotations[PROFILE_KEY]
-    entry = {
-        "mediaType": OCI_MANIFEST,
-        "digest": digest,
-        "size": len(body),
-        "artifactType": ARTIFACT_TYPE,
-        "annotations": {PROFILE_KEY: profile},
-    }
-    existing = client.get_manifest(ref.tag)
-    entries = []
-    if existing is not None:
-        media, old, old_digest = existing
-        if media == OCI_INDEX:
-            entries = [e for e in old.get("manifests", []) if (e.get("annotations") or {}).get(PROFILE_KEY) != profile]
-        elif old.get("artifactType") == ARTIFACT_TYPE:
-            old_profile = (old.get("annotations") or {}).get(PROFILE_KEY)
-            if old_profile != profile:
-                size = len(_canonical(old))
-                entries = [
-                    {
-                        "mediaType": OCI_MANIFEST,
-                        "digest": old_digest,
-                        "size": size,
-                        "artifactType": ARTIFACT_TYPE,
-                        "annotations": {PROFILE_KEY: old_profile},
-                    }
-                ]
-        else:
-            raise InputError(f"{ref} holds something that is not an edgesdk bundle ({media}); push to another tag")
-    entries.append(entry)
-    index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "artifactType": ARTIFACT_TYPE, "manifests": entries}
-    index_digest = client.put_manifest(ref.tag, _canonical(index), OCI_INDEX)
-    signature = None
-    if sigdir.is_dir():
-        signature = attach_signature(client, digest, len(body), sigdir)
-        say(f"signature attached: {signature['tag']}")
     return {
-        "reference": str(ref),
-        "profile": profile,
+        "path": str(bundle.path),
+        "profile": annotations[PROFILE_KEY],
         "manifest_digest": digest,
-        "index_digest": index_digest,
-        "profiles": sorted((e.get("annotations") or {}).get(PROFILE_KEY, "?") for e in entries),
+        "manifest_size": len(body),
         "bytes": total,
         "uploaded_bytes": uploaded,
         "files": len(layers),
-        "signature": signature,
-        "key_id": signed["key_id"] if signed else None,
     }
 
 
@@ -293,6 +337,7 @@ def pull(
     profile: str | None = "auto",
     progress: Progress | None = None,
     trust: sig.TrustPolicy | None = None,
+    insecure: bool = False,
 ) -> Pulled:
     """Pull ``ref_text`` into the store (the index entry of ``profile``; ``auto``: this host's detected
     profile), verified; return where it is. Works offline for what is already pulled.
@@ -306,7 +351,7 @@ def pull(
     policy = trust if trust is not None else sig.TrustPolicy.from_options(None, False, ())
     wanted, choice = _want_profile(profile)
     key = f"{ref}|{wanted or '*'}"
-    client = Client(ref)
+    client = Client(ref, insecure=insecure)
     try:
         found = client.get_manifest(ref.reference)
     except RegistryError as exc:
