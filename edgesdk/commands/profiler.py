@@ -62,6 +62,14 @@ def profiler_group() -> None:
     type=click.Path(dir_okay=False),
     help="Write a PNG: latency histogram and op times (encoders); TTFT, prefill and decode of every repeat (LLMs).",
 )
+@click.option(
+    "--device-metrics-interval",
+    type=click.FloatRange(min=0),
+    default=1.0,
+    show_default=True,
+    help="Read GPU utilisation, power, temperature and clocks every S seconds during the run (0: off).",
+)
+@click.option("--no-energy", is_flag=True, help="Do not measure energy (the report says it was off).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def run_cmd(
     bundle,
@@ -82,6 +90,8 @@ def run_cmd(
     as_json,
     output,
     plot,
+    device_metrics_interval,
+    no_energy,
     no_progress,
 ) -> int:
     """Measure BUNDLE on this device: latency, throughput, memory, LLM rates, per-op time, fallbacks."""
@@ -108,6 +118,8 @@ def run_cmd(
         threads=threads,
         profile=profile,
         progress=progress_enabled(not no_progress and not as_json),
+        device_metrics_interval_s=device_metrics_interval,
+        energy=not no_energy,
     )
     log = (lambda _m: None) if as_json else info
     report = run_profiler(bundle, opts, latency_budget_ms=latency_budget_ms, memory_budget_gb=memory_budget_gb, log=log)
@@ -125,6 +137,8 @@ def run_cmd(
             click.echo(f"plot: {plot}")
     for msg in enforce_budgets(report["budgets"], fail=fail_on_budget):
         warn(msg)
+    for flag in (report.get("device_state") or {}).get("flagged") or []:
+        warn(flag)
     return 0
 
 
@@ -221,9 +235,14 @@ def _host_figures_of(measured: dict | None, profile_name: str) -> dict | None:
     type=click.Path(dir_okay=False),
     help="Write a PNG: base vs new bars of each key metric (p50 with p99 marked).",
 )
-def compare_cmd(base, new, max_regression, as_json, plot) -> int:
+@click.option(
+    "--allow-power-mode-mismatch",
+    is_flag=True,
+    help="Compare reports taken under different power modes (default: refuse, exit 3); a warning is printed.",
+)
+def compare_cmd(base, new, max_regression, as_json, plot, allow_power_mode_mismatch) -> int:
     """Two reports side by side with ratios and noise; a regression gate for CI."""
-    from edgesdk.errors import VerdictError
+    from edgesdk.errors import InputError, VerdictError
     from edgesdk.extras import require
     from edgesdk.profiler.compare import compare_reports, parse_threshold, render_comparison
     from edgesdk.profiler.report import load_report
@@ -232,6 +251,15 @@ def compare_cmd(base, new, max_regression, as_json, plot) -> int:
         require("profiler", "matplotlib", "--plot")
     base_report, new_report = load_report(base), load_report(new)
     result = compare_reports(base_report, new_report, parse_threshold(max_regression))
+    if result["power_mode_mismatch"]:
+        if not allow_power_mode_mismatch:
+            raise InputError(
+                f"{result['power_mode_mismatch']}: not comparable",
+                hint="measure both under one mode (nvpmodel -m N), or pass --allow-power-mode-mismatch",
+            )
+        warn(f"{result['power_mode_mismatch']}: differences are mostly the power mode, not the change")
+    for flag in result["throttled"]:
+        warn(flag)
     if plot:
         from edgesdk.profiler.plots import plot_comparison
 

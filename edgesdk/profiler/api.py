@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from edgesdk.profiler import roofline
 from edgesdk.profiler.bench import BenchOptions, measure_bundle
+from edgesdk.profiler.device_metrics import observe as observe_device
 from edgesdk.profiler.report import assemble, check_budgets
 
 
@@ -124,7 +125,20 @@ def run_profiler(
     profile_name = opts.profile or detection.best_match
     profile = resolve_profile(profile_name) if profile_name else None
     log(f"device: {detection.best_match} (confidence {detection.confidence}); profile {profile_name}")
-    body = measure_bundle(path, opts, log=log, bundle=bundle)
+    # Device metrics as OpenTelemetry instruments beside the run's spans, when telemetry exports (else None).
+    metrics_handle = observe_device() if opts.device_metrics_interval_s > 0 else None
+    try:
+        body = measure_bundle(path, opts, log=log, bundle=bundle)
+    finally:
+        if metrics_handle is not None:
+            from edgesdk import telemetry
+
+            telemetry.force_flush()  # one collection while the readers are open
+            metrics_handle.close()
+    if "device_metrics" in body:
+        body["device_metrics"]["otel"] = (
+            "exported (hw.* / edgesdk.device.*)" if metrics_handle is not None else "telemetry off: not exported"
+        )
     prediction = None
     if profile is not None:
         try:

@@ -44,6 +44,10 @@ class BenchOptions:
     threads: int | None = None
     profile: str | None = None
     progress: bool = True
+    # Device metrics (GPU utilisation, power, temperature, clocks) read on a thread every this many seconds
+    # during the measurement, into the report's device_metrics; 0 turns the sampler off.
+    device_metrics_interval_s: float = 1.0
+    energy: bool = True  # joules around the measured calls (energy.py); False: the result says it was off
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -359,6 +363,9 @@ def measure_bundle(
     the report body (see report.py). ``bundle``: the bundle at ``path`` already opened and verified (not hashed
     again here)."""
     from edgesdk.bundle import open_bundle
+    from edgesdk.profiler import device_state as dstate
+    from edgesdk.profiler.device_metrics import DeviceReader, DeviceSampler
+    from edgesdk.profiler.energy import EnergyMeter
     from edgesdk.profiler.sensors import read_device_state
     from edgesdk.runtime.backend import LLMBackend, check_feeds
     from edgesdk.runtime.backends.onnxruntime import OnnxRuntimeBackend
@@ -371,6 +378,7 @@ def measure_bundle(
         bundle = open_bundle(path)
     _bundle_can_run_here(bundle)
     state_before = read_device_state()
+    snap_before = dstate.snapshot()
     rss_before = host_rss_bytes()
     gpu_before = nvml_device_used_bytes()
     load_kw: dict[str, Any] = {}
@@ -388,12 +396,19 @@ def measure_bundle(
         "load": {"time_ms": load_s * 1e3, "method": "wall time of edgesdk.load()"},
     }
     is_llm = isinstance(session.backend, LLMBackend)
+    sampler = None
+    if opts.device_metrics_interval_s > 0:
+        sampler = DeviceSampler(DeviceReader(), opts.device_metrics_interval_s)
+        sampler.__enter__()
+    meter = EnergyMeter() if opts.energy else None
     try:
         if is_llm:
             prompt, n_prompt = prompt_of(session, opts.prompt_tokens)
             runs = []
             bar = _progress(opts.llm_repeats + 1, "generate", opts.progress)
             for i in range(opts.llm_repeats + 1):  # the first generation warms caches: not reported
+                if i == 1 and meter is not None:
+                    meter.start()  # energy of the measured generations only, prefill included
                 # A different first word each time: llama-cpp-python reuses the KV cache of a repeated
                 # prompt prefix, which would turn TTFT into the time for one token.
                 r = llm_stream_once(session, f"{OPENERS[i % len(OPENERS)]} {prompt}", opts.gen_tokens)
@@ -401,10 +416,14 @@ def measure_bundle(
                     runs.append(r)
                 if bar is not None:
                     bar.update(1)
+            if meter is not None:
+                meter.stop()
             if bar is not None:
                 bar.close()
             n_prompt = len(session.tokenize(f"{OPENERS[1]} {prompt}"))
             body["llm"] = llm_metrics(n_prompt, runs)
+            if meter is not None:
+                body["energy"] = meter.result(tokens=sum(body["llm"]["generated_tokens"]))
         else:
             feeds = synthetic_feeds(
                 {s.name: {"dtype": s.dtype, "shape": list(s.shape or [])} for s in session.backend.inputs},
@@ -414,7 +433,12 @@ def measure_bundle(
             call = lambda: session.run(feeds)  # noqa: E731
             for _ in range(opts.warmup):
                 call()
+            if meter is not None:
+                meter.start()
             samples = timed_loop(call, opts.iterations, progress=opts.progress)
+            if meter is not None:
+                meter.stop()
+                body["energy"] = meter.result(items=len(samples) * opts.batch)
             body["latency_ms"] = latency_stats(samples)
             body["latency_ms"]["samples"] = samples
             total_s = sum(samples) / 1e3
@@ -451,8 +475,20 @@ def measure_bundle(
         body["runtime"] = session.report()
         body["fallbacks"] = session.fallbacks
     finally:
+        if meter is not None and meter.running:
+            meter.stop()  # a failed measurement still stops the sampling thread
+        if sampler is not None:
+            sampler.__exit__(None, None, None)
+            sampler.reader.close()
         session.close()
-    body["device_state"] = {"before": state_before, "after": read_device_state()}
+    if not opts.energy:
+        body["energy"] = {"joules": None, "watts": None, "source": None, "reason": "energy measurement turned off"}
+    if sampler is not None:
+        body["device_metrics"] = sampler.summary()
+    state = dstate.during(snap_before, dstate.snapshot())
+    # the earlier raw readings (governor, thermal zones, NVML, tegrastats) stay beside the snapshots
+    state["readings"] = {"before": state_before, "after": read_device_state()}
+    body["device_state"] = state
     body["versions"] = _versions()
     body["bundle"] = {
         "path": str(bundle.path),

@@ -23,6 +23,9 @@ METRICS: list[tuple[str, tuple[str | int, ...], tuple[str | int, ...] | None, bo
     ("TPOT p50 (ms)", ("llm", "tpot_ms", "p50"), ("llm", "tpot_ms", "iqr"), False),
     ("prefill (tok/s)", ("llm", "prefill_tok_s"), None, True),
     ("decode (tok/s)", ("llm", "decode_tok_s"), None, True),
+    ("energy per token (J)", ("energy", "joules_per_token"), None, False),
+    ("energy per item (J)", ("energy", "joules_per_item"), None, False),
+    ("average power (W)", ("energy", "watts"), None, False),
     ("load time (ms)", ("load", "time_ms"), None, False),
     ("host peak RSS (MB)", ("memory", "host_peak_rss_mb"), None, False),
     ("device memory (MB)", ("memory", "device", "peak_mb"), None, False),
@@ -94,7 +97,30 @@ def compare_reports(base: dict, new: dict, max_regression: float | None = None) 
         "new_device": value_at(new, ("device", "best_match")),
         "base_build": build_of(base),
         "new_build": build_of(new),
+        "base_power_mode": power_mode_of(base),
+        "new_power_mode": power_mode_of(new),
+        "power_mode_mismatch": power_mode_mismatch(base, new),
+        "throttled": [
+            f"{which}: {flag}"
+            for which, rep in (("base", base), ("new", new))
+            for flag in (value_at(rep, ("device_state", "flagged")) or [])
+        ],
     }
+
+
+def power_mode_of(report: dict) -> str | None:
+    """The power mode a report ran under (``device_state.power_mode``), or None (unknown, or an older report)."""
+    mode = value_at(report, ("device_state", "power_mode"))
+    return str(mode) if mode is not None else None
+
+
+def power_mode_mismatch(base: dict, new: dict) -> str | None:
+    """One line when both reports know their power mode and the modes differ (then a speed or energy difference
+    is mostly the mode: an Orin Nano at 25 W decodes 36-47 % faster than at 15 W); None otherwise."""
+    a, b = power_mode_of(base), power_mode_of(new)
+    if a is None or b is None or a == b:
+        return None
+    return f"the reports ran under different power modes ({a} vs {b})"
 
 
 def build_of(report: dict) -> str | None:
@@ -138,4 +164,11 @@ def render_comparison(result: dict) -> str:
         text += f"\nnote: the reports come from different devices ({result['base_device']} vs {result['new_device']})"
     if note := build_note(result):
         text += f"\n{note}"
+    a, b = result.get("base_power_mode"), result.get("new_power_mode")
+    if result.get("power_mode_mismatch"):
+        text += f"\nWARNING: {result['power_mode_mismatch']}: differences are mostly the power mode"
+    elif a is None or b is None:
+        text += f"\nnote: power mode unknown in {'both reports' if a is None and b is None else 'one report'}"
+    for flag in result.get("throttled") or []:
+        text += f"\nWARNING: {flag}"
     return text

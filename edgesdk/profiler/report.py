@@ -156,6 +156,8 @@ def render_table(report: dict) -> str:
             f"{_fmt(d.get('peak_mb'))} MB" if d.get("peak_mb") is not None else d.get("method", "unavailable"),
         ]
     )
+    for label, value in energy_lines(report.get("energy")) + device_state_lines(report.get("device_state")):
+        rows.append([label, value])
     prof = report.get("ort_profile")
     if prof:
         place = ", ".join(f"{k}: {v}" for k, v in prof["placement"].items())
@@ -170,6 +172,52 @@ def render_table(report: dict) -> str:
     for c in (report.get("budgets") or {}).get("checks", []):
         rows.append([f"budget {c['what']}", f"{c['status']}: {_fmt(c['value'])} / {_fmt(c['target'])} {c['unit']}"])
     return format_table(rows, ["figure", "value"])
+
+
+def energy_lines(energy: dict | None) -> list[tuple[str, str]]:
+    """The table rows of a result's ``energy`` object (none for a report made before it existed)."""
+    if not energy:
+        return []
+    if energy.get("source") is None:
+        return [("energy", f"unavailable: {energy.get('reason')}")]
+    rate = ""
+    if energy.get("tokens_per_joule") is not None:
+        rate = f", {_fmt(energy['tokens_per_joule'])} tok/J ({_fmt(energy['joules_per_token'])} J/token)"
+    elif energy.get("items_per_joule") is not None:
+        rate = f", {_fmt(energy['items_per_joule'])} items/J ({_fmt(energy['joules_per_item'])} J/item)"
+    return [
+        (
+            "energy",
+            f"{_fmt(energy['joules'])} J over {_fmt(energy['seconds'])} s, {_fmt(energy['watts'])} W average{rate} "
+            f"({energy['source']})",
+        )
+    ]
+
+
+def device_state_lines(state: dict | None) -> list[tuple[str, str]]:
+    """Power mode, clocks (locked?), temperature, throttling; a flagged result gets a WARNING row."""
+    if not state or "power_mode" not in state:
+        return []
+    clocks = state.get("clocks_mhz")
+    clock_text = ", ".join(f"{k} {_fmt(v)}" for k, v in clocks.items()) + " MHz" if clocks else "unavailable"
+    locked = {True: "locked", False: "not locked", None: "locked: unknown"}[state.get("clocks_locked")]
+    throttle = {True: "THROTTLING", False: "not throttling", None: "throttling: unknown"}[state.get("throttling")]
+    rows = [
+        ("power mode", _fmt(state.get("power_mode"))),
+        ("clocks", f"{clock_text} ({locked})"),
+        (
+            "temperature / throttling",
+            (
+                f"{_fmt(state['temperature_c'])} C max"
+                if state.get("temperature_c") is not None
+                else "temperature unknown"
+            )
+            + f", {throttle}",
+        ),
+    ]
+    for flag in state.get("flagged") or []:
+        rows.append(("WARNING", flag))
+    return rows
 
 
 def prediction_lines(pred: dict) -> list[str]:
