@@ -314,3 +314,19 @@ def test_register_is_a_no_op_when_telemetry_is_off(monkeypatch):
 
     monkeypatch.setattr(telemetry, "_tracer", lambda: None)
     assert register_device_metrics(lambda: [], meter_provider=None) is None
+
+
+def test_energy_check_says_what_is_missing_and_exits_cleanly(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    if shutil.which("nvidia-smi"):
+        pytest.skip("a GPU machine: the check measures for real there (the lead runs it)")
+    script = Path(__file__).parents[1] / "tools/bench/energy_check.py"
+    done = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    line = json.loads(done.stdout.strip().splitlines()[-1])
+    assert line["status"] == "skipped" and "nvidia-smi" in line["missing"] and "nvml_energy" in line["missing"]
+    bad = subprocess.run([sys.executable, str(script), str(tmp_path / "nope")], capture_output=True, text=True)
+    assert bad.returncode == 3 and "does not exist" in bad.stderr

@@ -447,6 +447,9 @@ class EnergyMeter:
                 "scope": self.source.scope,
                 "method": self._method(),
                 "reason": None,
+                # the block's start and end on this process's perf_counter clock, to line other samplers up
+                # with it (tools/bench/energy_check.py integrates nvidia-smi's power.draw over the same window)
+                "clock_window_s": [self.t0, self.t1],
             }
             if joules is None:
                 out["source"] = None
