@@ -65,6 +65,12 @@ def format_options(command: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--scanoss-url", help="SCANOSS API to match fingerprints against (else offline only).")
 @click.option("--trace-file", type=click.Path(dir_okay=False), help="Write the build trace as OTLP-JSON lines.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
+@click.option(
+    "--cache",
+    metavar="oci://REGISTRY/NAMESPACE/NAME",
+    help="Shared build cache: pull the bundle built before with the same source, profile, options and tool "
+    "versions instead of building; push it after a build (docs/distribution.md).",
+)
 def build_cmd(
     model: Path,
     profile: str,
@@ -86,6 +92,7 @@ def build_cmd(
     trace_file,
     no_progress,
     model_name,
+    cache: str | None = None,
     **format_values: Any,
 ) -> int:
     """Plan, export, verify, license-gate and package MODEL for a device profile."""
@@ -97,6 +104,12 @@ def build_cmd(
 
     given = [cls.from_values(format_values) for cls in FORMAT_OPTIONS]
     check_flags(output=output, plan_only=plan_only, explain=explain, as_json=as_json, force=force, fmt=fmt, given=given)
+    if cache is not None:
+        from edgesdk.distribution.cache import cache_reference
+
+        if plan_only:
+            raise InputError("--plan-only builds nothing, so --cache has nothing to look up: drop one")
+        cache_reference(cache)  # a malformed reference is exit 3 before anything is planned
     require("build", BUILD_MODULES, "edgesdk build")
     options = BuildOptions(
         format=fmt,
@@ -131,10 +144,23 @@ def build_cmd(
         raise InputError("--output/-o is required (or pass --plan-only)")
     if model_license is None:  # after planning (a broken model is exit 3 first), before the export
         check_declares_a_license(model, license_policy)
-    out = B.build(model, profile, output, options, plan=plan)
+    cached = None
+    if cache is not None:  # the shared build cache (edgesdk/distribution/cache.py): a hit replaces the build
+        from edgesdk.commands._common import info
+        from edgesdk.distribution.cache import BuildCache
+
+        build_cache = BuildCache(cache, model, plan, options, output, say=info)
+        cached = build_cache.restore()
+    if cached is None or not cached.hit:
+        out = B.build(model, profile, output, options, plan=plan)
+        if cache is not None and (cached is None or cached.note is None):
+            cached = build_cache.store(out)
+    else:
+        out = output
     manifest = json.loads((out / "manifest.json").read_text())
     if as_json:
-        emit_json({"bundle": str(out), "plan": plan.to_dict(), "manifest": manifest})
+        emit_json({"bundle": str(out), "plan": plan.to_dict(), "manifest": manifest}
+                  | ({"cache": cached.to_dict()} if cached is not None else {}))  # fmt: skip
         return 0
     from edgesdk.manifest import Manifest
 

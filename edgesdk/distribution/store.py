@@ -80,12 +80,14 @@ def push(
     progress: Progress | None = None,
     sign_key: str | None = None,
     insecure: bool = False,
+    annotations: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Push the bundle(s) at ``path`` to ``ref_text`` (``oci://...:TAG``): each bundle's manifest by digest, then
     the tag as one OCI image index holding one entry per profile (a pushed bundle replaces an entry of the same
     profile; entries of other profiles stay). Several bundles must be builds of one model for distinct profiles;
     every one is opened and verified before anything is uploaded. ``sign_key``: sign each bundle first
-    (``BUNDLE.sig/``); a ``BUNDLE.sig/`` present is attached either way."""
+    (``BUNDLE.sig/``); a ``BUNDLE.sig/`` present is attached either way. ``annotations``: added to each bundle's
+    manifest (the build cache's key)."""
     ref = Reference.parse(ref_text)
     if ref.digest:
         raise InputError("push takes a tag, not a digest: oci://REGISTRY/NAMESPACE/NAME:TAG")
@@ -116,7 +118,7 @@ def push(
                 raise InputError(
                     f"{sigdir} signs another build of {b.path}: sign it again (edgesdk sign, or push --sign KEY)"
                 )
-    pushed = [_push_bundle(client, b, say) for b in bundles]
+    pushed = [_push_bundle(client, b, say, annotations or {}) for b in bundles]
     new = {r["profile"] for r in pushed}
     existing = client.get_manifest(ref.tag)
     entries: list[dict[str, Any]] = []
@@ -175,7 +177,7 @@ def push(
     }
 
 
-def _push_bundle(client: Client, bundle: Any, say: Progress) -> dict[str, Any]:
+def _push_bundle(client: Client, bundle: Any, say: Progress, extra: dict[str, str]) -> dict[str, Any]:
     """Upload one opened bundle's files (what the registry lacks) and its OCI image manifest, by digest."""
     files = [(MANIFEST, MANIFEST_MEDIA_TYPE, sha256_file(bundle.path / MANIFEST))]
     files += [(a.path, FILE_MEDIA_TYPE, a.sha256) for a in bundle.manifest.artifacts]
@@ -192,7 +194,7 @@ def _push_bundle(client: Client, bundle: Any, say: Progress) -> dict[str, Any]:
         total += size
         layers.append({"mediaType": media, "digest": digest, "size": size, "annotations": {TITLE_KEY: rel}})
     client.push_blob(EMPTY_DIGEST, len(EMPTY_JSON), EMPTY_JSON)
-    annotations = _annotations(bundle)
+    annotations = {**extra, **_annotations(bundle)}
     doc = {
         "schemaVersion": 2,
         "mediaType": OCI_MANIFEST,
