@@ -137,3 +137,14 @@ def test_compare_cli_refuses_different_power_modes(tmp_path, run_cli, allow):
             .startswith("error: the reports ran under different power modes (15W vs 25W): not comparable")
         )
         assert done.stdout == ""
+
+
+def test_predict_gives_tokens_per_joule_per_power_mode():
+    from edgesdk.profiler.api import energy_by_power_mode
+
+    rows = energy_by_power_mode({"decode": {"tok_s": 30.0}}, resolve_profile("orin-agx-64gb"))
+    by_mode = {r["power_mode"]: r for r in rows}
+    assert by_mode["15W"]["tokens_per_joule_floor"] == pytest.approx(2.0)
+    assert by_mode["MAXN"]["tokens_per_joule_floor"] is None and "MAXN" in by_mode["MAXN"]["reason"]
+    assert energy_by_power_mode({"encoder": {}}, resolve_profile("orin-agx-64gb")) is None
+    assert energy_by_power_mode({"decode": {"tok_s": 30.0}}, resolve_profile("h200")) is None  # no mode list

@@ -197,6 +197,14 @@ def predict_cmd(bundle, profiles, batch, seq_len, prompt_tokens, report_path, as
         for sec in ("encoder", "decode", "prefill"):
             if pred.get(sec) and pred[sec].get("efficiency_source"):
                 click.echo(f"  {sec} efficiency from: {pred[sec]['efficiency_source']}")
+        for row in pred.get("energy_by_power_mode") or []:
+            if row["tokens_per_joule_floor"] is None:
+                click.echo(f"  {row['power_mode']}: tokens per joule unknown ({row['reason']})")
+            else:
+                click.echo(
+                    f"  {row['power_mode']}: >= {row['tokens_per_joule_floor']:.3g} tokens per joule at the predicted "
+                    f"decode rate (module power at most the {row['budget_w']:g} W budget)"
+                )
         for note in pred.get("notes", []):
             click.echo(f"  note: {note}")
     if plot:

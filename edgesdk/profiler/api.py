@@ -68,6 +68,33 @@ def host_figures() -> dict:
     }
 
 
+def energy_by_power_mode(pred: dict, profile) -> list[dict] | None:
+    """Tokens per joule per power mode of a profile that lists its modes (Jetson), from the predicted decode rate
+    and the mode's power budget (the watts in its name: ``15W``). The budget caps module power, so the figure is
+    a floor on tokens per joule at the predicted rate; a mode without watts in its name (``MAXN``) has none. The
+    rate is predicted at the profile's figures (its top memory clock) for every mode: a mode that lowers the
+    memory clock decodes slower than this. None when there is no decode prediction or no mode list."""
+    import re
+
+    decode = pred.get("decode") or {}
+    modes = ((profile.data.get("device") or {}).get("power_modes") or {}).get("value")
+    if not decode.get("tok_s") or not modes:
+        return None
+    out = []
+    for mode in modes:
+        m = re.fullmatch(r"(\d+(?:\.\d+)?)W", str(mode))
+        watts = float(m.group(1)) if m else None
+        out.append(
+            {
+                "power_mode": mode,
+                "budget_w": watts,
+                "tokens_per_joule_floor": decode["tok_s"] / watts if watts else None,
+                "reason": None if watts else f"mode {mode} names no power budget",
+            }
+        )
+    return out
+
+
 def predict_bundle(
     path: str | os.PathLike,
     profile_name: str,
@@ -93,6 +120,7 @@ def predict_bundle(
     pred = roofline.predict(
         facts, profile, backend=backend or default_backend, prompt_tokens=prompt_tokens, measured_host=measured_host
     )
+    pred["energy_by_power_mode"] = energy_by_power_mode(pred, profile)
     if measured is not None:
         same = (measured.get("device") or {}).get("best_match") == profile.name
         if same:
