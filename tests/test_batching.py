@@ -195,7 +195,7 @@ def test_a_cancelled_queued_request_never_runs(one_slot):
         ({"seed": True}, InputError, "seed must be an integer"),
         ({"prompt": "word " * 600}, ShapeError, "a slot's context holds"),
         ({"prompt": None, "prompt_tokens": [2, 10**9]}, ShapeError, "prompt_tokens must be <"),
-        ({"prompt": None, "messages": [{"role": "user", "content": "hi"}]}, InputError, "no chat template"),
+        ({"prompt": None, "messages": [{"role": "user", "content": "hi"}]}, InputError, "formatted by the backend"),
     ],
 )
 def test_bad_requests_are_refused_at_submit(engine, options, error, message):

@@ -97,7 +97,7 @@ def test_serve_chats_with_the_template_from_the_architecture(gemma_arch_bundle, 
         want = str(s.chat(MESSAGES, max_tokens=12, temperature=0))
         want_tokens = s.backend.last["input_tokens"]
         gemma_prompt = "<start_of_turn>user\nWrite one sentence about the sea.<end_of_turn>\n<start_of_turn>model\n"
-        assert want_tokens == len(s.backend._llm.tokenize(gemma_prompt.encode(), add_bos=True, special=True))
+        assert want_tokens == len(s.backend.engine.tokenize(gemma_prompt, add_bos=True, special=True))
         plain = str(s.chat(MESSAGES, max_tokens=12, temperature=0, chat_template=str(tpl)))
         plain_tokens = s.backend.last["input_tokens"]
     assert plain_tokens != want_tokens

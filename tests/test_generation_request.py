@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """GenerationRequest: validated once, every bad value one InputError naming the field; the same rule
-set as the llama.cpp backends (llamacpp._check_sampling delegates to requests.check_sampling)."""
+set as the llama.cpp backends (vlm.backend._check_sampling delegates to requests.check_sampling)."""
 
 from __future__ import annotations
 
@@ -118,7 +118,7 @@ def test_from_options_takes_session_generate_keywords():
 
 def test_the_backends_use_the_same_rules():
     pytest.importorskip("llama_cpp")
-    from edgesdk.runtime.backends.llamacpp import _check_sampling
+    from edgesdk.runtime.backends.vlm.backend import _check_sampling
 
     params = dict(DEFAULT_SAMPLING)
     for bad in ({"temperature": BIG}, {"top_k": BIG}, {"top_p": math.nan}):

@@ -175,7 +175,7 @@ def test_chat_uses_the_models_own_template_and_stops_at_end_token(tiny_llama_bun
         s.chat(msgs, max_tokens=4, temperature=0)
         last = s.backend.last
         rendered = "<|user|>hello<|end|><|assistant|>"
-        assert last["input_tokens"] == len(s.backend._llm.tokenize(rendered.encode(), add_bos=True, special=True))
+        assert last["input_tokens"] == len(s.backend.engine.tokenize(rendered, add_bos=True, special=True))
         assert last["output_tokens"] <= 4
         pieces = list(s.chat(msgs, max_tokens=4, temperature=0, stream=True))
         assert "".join(pieces) == s.chat(msgs, max_tokens=4, temperature=0)

@@ -98,7 +98,7 @@ def test_chat_uses_the_template_bundled_from_the_architecture(session):
     a bundle without any is refused: tests/test_chat_templates.py)."""
     session.chat([{"role": "user", "content": "hi"}], max_tokens=2, temperature=0)
     rendered = "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n"
-    want = session.backend._llm.tokenize(rendered.encode(), add_bos=True, special=True)
+    want = session.backend.engine.tokenize(rendered, add_bos=True, special=True)
     assert session.backend.last["input_tokens"] == len(want)
     with pytest.raises(InputError, match="neither a shipped name"):
         session.chat([{"role": "user", "content": "hi"}], chat_template="no-such-template")
@@ -164,13 +164,13 @@ def _llm_bundle(root, gguf, **llm):
 
 
 def _context(session):
-    llm = session.backend._llm
-    return llm.n_batch, llm.context_params.n_ubatch, llm.context_params.type_k, llm.context_params.type_v
+    """What the engine's llama.cpp context was created with."""
+    st = session.backend.engine.settings
+    return st["n_batch"], st["n_ubatch"], st["type_k"], st["type_v"]
 
 
 @pytest.mark.slow
 def test_runtime_passes_the_planned_batch_and_kv_types_and_load_options_override(tiny_gguf, tmp_path):
-    import llama_cpp
 
     import edgesdk
 
@@ -185,7 +185,7 @@ def test_runtime_passes_the_planned_batch_and_kv_types_and_load_options_override
         type_v="q8_0",
     )
     with edgesdk.load(root) as s:
-        assert _context(s) == (256, 128, llama_cpp.GGML_TYPE_Q8_0, llama_cpp.GGML_TYPE_Q8_0)
+        assert _context(s) == (256, 128, "q8_0", "q8_0")
         rep = s.report()["backend_report"]
         assert (rep["n_batch"], rep["n_ubatch"], rep["type_k"], rep["type_v"]) == (256, 128, "q8_0", "q8_0")
         assert rep["batch_source"] == "plan (manifest)" and rep["flash_attn"] is True
@@ -199,7 +199,6 @@ def test_runtime_passes_the_planned_batch_and_kv_types_and_load_options_override
 
 @pytest.mark.slow
 def test_old_bundle_without_the_keys_loads_with_llamacpp_python_defaults(tiny_gguf, tmp_path):
-    import llama_cpp
 
     import edgesdk
 
@@ -207,7 +206,7 @@ def test_old_bundle_without_the_keys_loads_with_llamacpp_python_defaults(tiny_gg
     info = json.loads((root / "manifest.json").read_text())["extras"]["llm"]
     assert not {"n_batch", "n_ubatch", "type_k", "type_v"} & set(info)
     with edgesdk.load(root) as s:
-        assert _context(s) == (512, 512, llama_cpp.GGML_TYPE_F16, llama_cpp.GGML_TYPE_F16)
+        assert _context(s) == (512, 512, "f16", "f16")
         rep = s.report()["backend_report"]
         assert (rep["n_batch"], rep["n_ubatch"], rep["type_k"], rep["type_v"]) == (512, 512, "f16", "f16")
         assert rep["batch_source"].startswith("llama-cpp-python defaults")
@@ -215,7 +214,6 @@ def test_old_bundle_without_the_keys_loads_with_llamacpp_python_defaults(tiny_gg
 
 @pytest.mark.slow
 def test_cpu_load_of_a_gpu_plan_steps_down_to_512_and_f16_without_flash_attention(tiny_gguf, tmp_path):
-    import llama_cpp
 
     import edgesdk
 
@@ -231,7 +229,7 @@ def test_cpu_load_of_a_gpu_plan_steps_down_to_512_and_f16_without_flash_attentio
         type_v="q8_0",
     )
     with edgesdk.load(root) as s:
-        assert _context(s) == (512, 512, llama_cpp.GGML_TYPE_F16, llama_cpp.GGML_TYPE_F16)
+        assert _context(s) == (512, 512, "f16", "f16")
         notes = " | ".join(s.report()["backend_report"]["notes"])
         assert "instead of the planned 2048/2048" in notes and "needs flash attention" in notes
     with edgesdk.load(root, n_ubatch=1024, n_batch=1024) as s:  # an explicit option is kept on the CPU

@@ -789,29 +789,24 @@ def test_trace_file_holds_server_spans_that_pass_check_traces(gemma_chat_bundle,
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_prompt_cache_restores_exactly_what_llama_cpp_prefix_reuse_computes(gemma_chat_bundle):
-    """The cache restores the KV state bit for bit: a prompt sharing a prefix with an earlier request
-    gives the same greedy tokens as llama-cpp-python continuing from that prefix in a live context,
-    even after an unrelated request ran in between. (Whole-prompt evaluation may differ: docs/serve.md.)"""
+def test_one_slot_prefix_reuse_computes_what_llama_cpp_prefix_reuse_computes(gemma_chat_bundle):
+    """``serve --parallel 1 --prompt-cache-mb N``: the engine's one slot keeps the last request's KV cells, and a
+    prompt sharing their prefix gives the same greedy tokens as llama-cpp-python continuing from that prefix in a
+    live context. (Whole-prompt evaluation may differ in the last bits: docs/serve.md.)"""
     import llama_cpp
 
     import edgesdk
-    from edgesdk.serve.prompt_cache import PromptCache
 
     pre = "Here is a story that a grandmother told her grandchildren on a cold winter evening by the fire. "
     p1, p2 = pre + "Once upon a time", pre + "def fibonacci(n):"
     with edgesdk.load(gemma_chat_bundle, threads=2) as s:
         gguf = str(s.bundle.artifact_path("model"))
         n_ctx = s.backend.settings["n_ctx"]
-        cache = PromptCache(64 << 20)
-        s.backend.prompt_cache = cache
+        s.backend.batch_engine(slots=1, max_queue=4, reuse_prefix=True)
         s.generate(p1, max_tokens=12, temperature=0)
         assert s.backend.last["cached_tokens"] == 0
-        s.generate("Completely unrelated words", max_tokens=4, temperature=0)
         got = s.generate(p2, max_tokens=16, temperature=0)
-        reused = s.backend.last["cached_tokens"]
-        assert reused >= 20 and cache.stats()["hits"] == 1
-        s.backend.prompt_cache = None
+        assert s.backend.last["cached_tokens"] >= 20
     llm = llama_cpp.Llama(model_path=gguf, n_ctx=n_ctx, n_threads=2, n_threads_batch=2, verbose=False)
     try:
         llm.create_completion(p1, max_tokens=12, temperature=0)  # the live context keeps p1 + its reply
@@ -819,26 +814,3 @@ def test_prompt_cache_restores_exactly_what_llama_cpp_prefix_reuse_computes(gemm
     finally:
         llm.close()
     assert got == ref
-
-
-def test_prompt_cache_stays_within_its_budget(gemma_chat_bundle):
-    import edgesdk
-    from edgesdk.serve.prompt_cache import PromptCache
-
-    with edgesdk.load(gemma_chat_bundle, threads=2) as s:
-        one = PromptCache(64 << 20)
-        s.backend.prompt_cache = one
-        s.generate("A prompt about rivers and lakes in the north", max_tokens=2, temperature=0)
-        size = one.stats()["bytes"]
-        assert size > 0
-        small = PromptCache(int(size * 1.5))  # room for one entry of this size, not two
-        s.backend.prompt_cache = small
-        for topic in (
-            "rivers and lakes in the north",
-            "mountains and valleys in the south",
-            "deserts and dunes in the east",
-        ):
-            s.generate(f"A prompt about {topic}", max_tokens=2, temperature=0)
-        st = small.stats()
-        assert st["entries"] == 1 and st["bytes"] <= small.budget_bytes and st["evictions"] == 2
-        s.backend.prompt_cache = None

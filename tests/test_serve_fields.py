@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Every chat/completions request field is implemented or a 400 naming it (issue 23), on a real
 ``edgesdk serve`` of the Gemma-3-270M GGUF, driven by the real ``openai`` client, through both engines:
-continuous batching (``--parallel 2``, the BatchEngine's sampler chains) and one request at a time
-(``--parallel 1``, ``Llama.generate``).
+continuous batching (``--parallel 2``) and one request at a time (``--parallel 1``, one slot of the same
+BatchEngine).
 
 Penalties, ``top_k``/``min_p`` and ``logit_bias`` change greedy output as they should; token-id prompts
 give the same completion as their text; refused and unknown fields answer 400 with ``param``; docs/serve.md
@@ -180,16 +180,27 @@ def test_refused_and_unknown_fields_name_the_param(served):
 
 
 @pytest.mark.slow
-def test_engine_only_fields_are_400_one_request_at_a_time(served):
-    """Grammars and log-probabilities live in the batching engine's sampler chains: ``--parallel 1`` names them."""
+def test_grammar_tools_and_logprobs_work_at_one_slot(served):
+    """``--parallel 1`` is one slot of the same engine: grammars, tools and log-probabilities work there too (they
+    were 400 while one request at a time had a decode loop of its own)."""
+    import json
+
     if served.args[-1] != "1":
-        pytest.skip("the batched engine implements them (tests/test_serve_structured.py)")
+        pytest.skip("the batched engine's fields: tests/test_serve_structured.py")
     hi = [{"role": "user", "content": "Hi"}]
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
-    for path, body, param in (
-        ("/v1/chat/completions", {"messages": hi, "response_format": {"type": "json_object"}}, "response_format"),
-        ("/v1/chat/completions", {"messages": hi, "tools": [tool]}, "tools"),
-        ("/v1/chat/completions", {"messages": hi, "logprobs": True}, "logprobs"),
-        ("/v1/completions", {"prompt": "x", "logprobs": 1}, "logprobs"),
+    for path, body in (
+        ("/v1/chat/completions", {"messages": hi, "response_format": {"type": "json_object"}}),
+        ("/v1/chat/completions", {"messages": hi, "tools": [tool]}),
+        ("/v1/chat/completions", {"messages": hi, "logprobs": True, "top_logprobs": 2}),
+        ("/v1/completions", {"prompt": "x", "logprobs": 1}),
     ):
-        assert _error(served, path, body)["param"] == param
+        r = httpx.post(
+            served.url + path, json={"model": "gemma", "max_tokens": 8, "temperature": 0, **body}, timeout=120
+        )
+        assert r.status_code == 200, (path, body, r.text)
+        choice = r.json()["choices"][0]
+        if "response_format" in body and choice["finish_reason"] == "stop":
+            json.loads(choice["message"]["content"])
+        if "logprobs" in body:
+            assert choice["logprobs"], (path, choice)

@@ -68,7 +68,6 @@ from typing import Any
 import numpy as np
 
 from edgesdk.errors import BackendUnavailableError, EdgeSDKError, InputError, ShapeError
-from edgesdk.formats.gguf.chat_limits import render
 from edgesdk.native import import_llama_cpp, route_llama_logs
 from edgesdk.runtime.grammar_limits import big_stack_thread, compile_grammar
 from edgesdk.runtime.requests import GenerationRequest
@@ -171,6 +170,10 @@ class GenerationResult:
     first_token_at: float | None = None  # perf_counter() instants
     finished_at: float | None = None
     logprobs: list[TokenLogprob] | None = None  # one per generated token, when the request asked for them
+    # time in the llama_decode steps this request took part in: prompt_eval_tokens/_ms (steps with its prompt
+    # tokens), eval_tokens/_ms (steps with its generated tokens); a step shared with other requests counts whole
+    timings: dict[str, float] = field(default_factory=dict)
+    logits: np.ndarray | None = None  # BatchEngine.logits(): the last prompt position's raw logits
 
 
 @dataclass
@@ -199,6 +202,22 @@ class _Seq:
     lp_sent: int = 0  # how many of them went out with a piece
     deadline: float | None = None  # perf_counter() instant past which the request ends with "timeout"
     timeout_s: float | None = None
+    want_logits: bool = False  # BatchEngine.logits(): end after the prompt with its last row of logits
+    logits: np.ndarray | None = None
+    prompt_s: float = 0.0  # decode time of the steps with this request's prompt tokens
+    prompt_n: int = 0
+    eval_s: float = 0.0  # and of the steps with its generated tokens
+    eval_n: int = 0
+
+
+def _timings(seq: _Seq) -> dict[str, float]:
+    """A request's share of the engine's decode time, as llama.cpp's own per-context counters name it."""
+    out: dict[str, float] = {}
+    if seq.prompt_n:
+        out["prompt_eval_tokens"], out["prompt_eval_ms"] = seq.prompt_n, round(seq.prompt_s * 1e3, 3)
+    if seq.eval_n:
+        out["eval_tokens"], out["eval_ms"] = seq.eval_n, round(seq.eval_s * 1e3, 3)
+    return out
 
 
 class BatchHandle:
@@ -279,6 +298,35 @@ class BatchHandle:
         return self._result
 
 
+class Weights:
+    """A GGUF model's weights loaded once by llama.cpp (``llama_model_load_from_file``, memory-mapped), on the
+    GPU up to ``n_gpu_layers`` layers (-1: all). Engines borrow them (``BatchEngine(model=weights.model)``): a new
+    engine for another slot count makes a new context, never a second copy of the weights. ``close()`` frees
+    them; the borrowing engines must be closed first."""
+
+    def __init__(self, path: str | os.PathLike[str], *, n_gpu_layers: int = 0, verbose: bool = False) -> None:
+        try:
+            ll = import_llama_cpp()
+        except (ImportError, OSError) as exc:
+            raise BackendUnavailableError(f"llama-cpp-python does not load: {exc}") from exc
+        route_llama_logs(verbose)
+        self._ll = ll
+        self.path = os.fspath(path)
+        if not os.path.isfile(self.path):
+            raise InputError(f"model file {self.path} does not exist")
+        mparams = ll.llama_model_default_params()
+        mparams.n_gpu_layers = n_gpu_layers if n_gpu_layers >= 0 else 0x7FFFFFFF
+        self.model = ll.llama_model_load_from_file(self.path.encode("utf-8"), mparams)
+        if not self.model:
+            raise BackendUnavailableError(f"llama.cpp could not load {self.path}")
+
+    def close(self) -> None:
+        if self.model:
+            with contextlib.suppress(Exception):
+                self._ll.llama_model_free(self.model)
+            self.model = None
+
+
 class BatchEngine:
     """Continuous batching of generation requests over one llama.cpp context.
 
@@ -354,18 +402,10 @@ class BatchEngine:
                 kv_types[name] = code
 
         path = os.fspath(model_path)
-        # ``model``: a llama_model the caller already loaded (``llama_cpp.Llama.model``), borrowed: this
-        # engine creates its own context on it and never frees it, so the weights are in memory once.
-        self._own_model = model is None
-        if model is None:
-            mparams = ll.llama_model_default_params()
-            mparams.n_gpu_layers = n_gpu_layers if n_gpu_layers >= 0 else 0x7FFFFFFF
-            if not os.path.isfile(path):
-                raise InputError(f"model file {path} does not exist")
-            model = ll.llama_model_load_from_file(path.encode("utf-8"), mparams)
-            if not model:
-                raise BackendUnavailableError(f"llama.cpp could not load {path}")
-        self._model = model
+        # ``model``: a llama_model the caller already loaded (:class:`Weights`), borrowed: this engine creates
+        # its own context on it and never frees it, so the weights are in memory once.
+        self._own_weights = Weights(path, n_gpu_layers=n_gpu_layers, verbose=verbose) if model is None else None
+        self._model = self._own_weights.model if self._own_weights is not None else model
         cparams = ll.llama_context_default_params()
         cparams.n_ctx = n_ctx * slots
         cparams.n_batch = self.n_batch
@@ -380,8 +420,8 @@ class BatchEngine:
             setattr(cparams, name, code)
         self._ctx = ll.llama_init_from_model(self._model, cparams)
         if not self._ctx:
-            if self._own_model:
-                ll.llama_model_free(self._model)
+            if self._own_weights is not None:
+                self._own_weights.close()
             raise BackendUnavailableError(
                 f"llama.cpp could not create a context with {slots} sequences x {n_ctx} tokens for {path}"
             )
@@ -398,6 +438,8 @@ class BatchEngine:
         self._vocab = ll.llama_model_get_vocab(self._model)
         self.n_vocab = int(ll.llama_vocab_n_tokens(self._vocab))
         self._bos = int(ll.llama_vocab_bos(self._vocab))
+        self.bos = self._bos
+        self.eos = int(ll.llama_vocab_eos(self._vocab))
         self._random_seed = int(ll.LLAMA_DEFAULT_SEED)
         self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
         self.settings = {
@@ -416,7 +458,6 @@ class BatchEngine:
             "type_v": type_v or "f16",
             "reuse_prefix": self.reuse_prefix,
         }
-        self._chat: Any = None  # (formatter, stops), built at the first chat request
         self._pieces: dict[int, bytes] = {}  # token -> bytes (piece), filled as tokens are generated
         self._eog: dict[int, bool] = {}  # token -> end of generation
         self._cand: Any = None  # the candidates buffer of grammar sampling (n_vocab llama_token_data)
@@ -486,34 +527,40 @@ class BatchEngine:
             got = self._eog[token] = bool(self._vocab_is_eog(self._vocab, token))
         return got
 
-    def _chat_prompt(self, request: GenerationRequest) -> tuple[list[int], tuple[str, ...]]:
-        """Chat messages -> prompt tokens and the template's stop strings (the GGUF's own template)."""
-        if self._chat is None:
-            fmt_cls = import_llama_cpp("llama_chat_format").Jinja2ChatFormatter
-            buf = ctypes.create_string_buffer(1 << 20)
-            n = self._ll.llama_model_meta_val_str(self._model, b"tokenizer.chat_template", buf, len(buf))
+    def detokenize(self, tokens: list[int]) -> bytes:
+        """The bytes of ``tokens`` (their pieces, special tokens rendered as empty)."""
+        return b"".join(self.piece(t) for t in tokens)
+
+    def token_text(self, token: int) -> str:
+        """A token's text as the vocabulary holds it (``llama_vocab_get_text``: ``<eos>``, ``<|im_end|>``)."""
+        text = self._ll.llama_vocab_get_text(self._vocab, token)
+        return text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text or "")
+
+    def meta(self, key: str) -> str | None:
+        """A GGUF metadata value as text (``tokenizer.chat_template``, ``general.name``), None when absent."""
+        size = 1 << 16
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            n = int(self._ll.llama_model_meta_val_str(self._model, key.encode("utf-8"), buf, size))
             if n < 0:
-                raise InputError("this GGUF has no chat template (tokenizer.chat_template): send a prompt instead")
-            eos = int(self._ll.llama_vocab_eos(self._vocab))
-            text = self._ll.llama_vocab_get_text
-            self._chat = fmt_cls(
-                template=buf.value.decode("utf-8"),
-                eos_token=(text(self._vocab, eos) or b"").decode("utf-8", "replace"),
-                bos_token=(text(self._vocab, self._bos) or b"").decode("utf-8", "replace"),
-                stop_token_ids=[eos],
-            )
-        assert request.messages is not None
-        try:  # within chat_limits' budget: a GGUF's own template is the model author's code
-            res = render(
-                self._chat, messages=[m.as_dict() for m in request.messages], tools=list(request.tools) or None
-            )
-        except InputError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - jinja errors on malformed messages: one line
-            raise InputError(f"chat template failed on these messages ({type(exc).__name__}: {exc})") from exc
-        stops = [res.stop] if isinstance(res.stop, str) else list(res.stop or [])
-        tokens = self._tokenize(res.prompt, add_bos=not getattr(res, "added_special", False), special=True)
-        return tokens, tuple(s for s in stops if s)
+                return None
+            if n < size:
+                return buf.value.decode("utf-8", "replace")
+            size = n + 1
+
+    def logits(self, tokens: list[int], timeout_s: float | None = None) -> np.ndarray:
+        """The raw logits of the last position after evaluating ``tokens`` (a copy), computed in a slot like
+        any request's prompt: a forward pass for callers that score text (``Session.run``), and the first
+        decode a loader makes to find out whether the device's kernels work."""
+        request = GenerationRequest(prompt_tokens=tuple(tokens), max_tokens=1, temperature=0.0)
+        with self._using():
+            handle = self._submit(request, None, None, timeout_s, want_logits=True)
+        res = handle.result()
+        if res.finish_reason == "timeout":
+            raise TimeoutError(res.error or "the forward pass ran past its deadline")
+        if res.logits is None:
+            raise (EngineClosed if self.closed or self._closing else RuntimeError)(res.error or "no logits")
+        return res.logits
 
     # ------------------------------------------------------------------ submit / cancel / close
     def submit(
@@ -570,6 +617,7 @@ class BatchEngine:
         listener: Callable[[str, Any], None] | None = None,
         cancel: threading.Event | None = None,
         timeout_s: float | None = None,
+        want_logits: bool = False,
     ) -> BatchHandle:
         stops = request.stop
         if request.logit_bias and request.logit_bias[-1][0] >= self.n_vocab:
@@ -581,8 +629,10 @@ class BatchEngine:
             if max(tokens) >= self.n_vocab:
                 raise ShapeError(f"prompt_tokens must be < {self.n_vocab} (the vocabulary), got {max(tokens)}")
         elif request.messages is not None:
-            tokens, extra = self._chat_prompt(request)
-            stops = stops + tuple(s for s in extra if s not in stops)
+            raise InputError(
+                "the engine takes a prompt or prompt token ids: a chat is formatted by the backend first "
+                "(LlamaCppBackend.encode, with the session's chat template)"
+            )
         else:
             assert request.prompt is not None
             tokens = self._tokenize(request.prompt)
@@ -609,6 +659,7 @@ class BatchEngine:
             )  # freed by _end, however the request ends
             if timeout_s is not None:
                 seq.timeout_s, seq.deadline = float(timeout_s), handle.submitted + float(timeout_s)
+            seq.want_logits = want_logits
             self._waiting.append(seq)
             self._cv.notify()
         return handle
@@ -661,9 +712,8 @@ class BatchEngine:
             ll.llama_batch_free(self._batch)
         with contextlib.suppress(Exception):
             ll.llama_free(self._ctx)
-        if self._own_model:
-            with contextlib.suppress(Exception):
-                ll.llama_model_free(self._model)
+        if self._own_weights is not None:
+            self._own_weights.close()
         self.closed = True
 
     def __enter__(self) -> BatchEngine:
@@ -795,6 +845,8 @@ class BatchEngine:
                 first_token_at=h.first_token_at,
                 finished_at=now,
                 logprobs=seq.logprobs,
+                timings=_timings(seq),
+                logits=seq.logits,
             )
         )
 
@@ -921,6 +973,19 @@ class BatchEngine:
             )
         if outputs:
             ll.llama_synchronize(self._ctx)  # the wait for the device, with the interpreter lock released
+        dt = time.perf_counter() - t_dec
+        counted: set[int] = set()
+        for _tok, _pos, seq, _logits in entries:  # the step's time, to each request in it (per-request timings)
+            if id(seq) in counted:
+                seq.prompt_n += 1
+                continue
+            counted.add(id(seq))
+            if seq.pending is not None:  # a generating sequence: one token, its pending one
+                seq.eval_s += dt
+                seq.eval_n += 1
+            else:
+                seq.prompt_s += dt
+                seq.prompt_n += 1
         self.stats["steps"] += 1
         self.stats["decoded_tokens"] += len(entries)
         now = time.perf_counter()
@@ -933,6 +998,11 @@ class BatchEngine:
             t_host = time.perf_counter()  # reading the logits waits for the device: decode time until then
             self.stats["decode_s"] += t_host - t_dec
         for j, (idx, seq) in enumerate(outputs):
+            if seq.want_logits:  # BatchEngine.logits(): the row is the result; nothing is generated
+                row = ll.llama_get_logits_ith(self._ctx, idx)
+                seq.logits = np.ctypeslib.as_array(row, shape=(self.n_vocab,)).copy()
+                self._end(seq, "length")
+                continue
             if seq.pending is not None:
                 seq.kv.append(seq.pending)
                 seq.pos += 1

@@ -11,7 +11,7 @@ checked when the request is made; a bad one is one :class:`~edgesdk.errors.Input
 message names the field (``top_p must be <= 1, got 1.5``). ``n`` other than 1 is refused.
 
 :func:`check_sampling` is the rule set itself; the GGUF and VLM backends call it too (through
-``llamacpp._check_sampling``), so a value refused here is refused there with the same words.
+``vlm.backend._check_sampling``), so a value refused here is refused there with the same words.
 """
 
 from __future__ import annotations

@@ -76,7 +76,7 @@ def llm_parallel(session, requested: int | None) -> tuple[int, str]:
     """Sequences to decode together for an LLM session, and why: :func:`decide_parallel` for a llama.cpp
     backend; 1 (one request at a time) for a backend without continuous batching."""
     if requested == 1:
-        return 1, "1 (--parallel 1: one request at a time)"
+        return 1, "1 (--parallel 1: one slot of the engine, one request at a time)"
     if not isinstance(getattr(session, "backend", None), BatchingBackend):
         return 1, "1 (this backend has no continuous batching: one request at a time)"
     return decide_parallel(session, requested)
@@ -101,13 +101,21 @@ class _Server(Routes):
                 if e.parallel is None:
                     e.parallel, e.parallel_reason = llm_parallel(e.session, self.config.parallel)
                 self.metrics.slots.set(e.parallel, model=e.name)
-                if e.parallel > 1:
+                backend = getattr(e.session, "backend", None)
+                if isinstance(backend, BatchingBackend):  # a GGUF: its engine, at any slot count
+                    # one slot: the prefix of the last request is kept with --prompt-cache-mb (or the profile's
+                    # policy.llm.prompt_cache_mb) > 0, else every prompt is evaluated whole, as edgesdk run does
+                    reuse = (
+                        self.config.prefix_reuse
+                        if e.parallel > 1
+                        else self.config.prefix_reuse and prompt_cache_mb(e.session, self.config.prompt_cache_mb) > 0
+                    )
                     batch = BatchWorker(
                         e.name,
                         e.session,
                         slots=e.parallel,
                         max_queue=self.config.max_queue,
-                        reuse_prefix=self.config.prefix_reuse,
+                        reuse_prefix=reuse,
                         reason=e.parallel_reason,
                         request_timeout_s=self.config.request_timeout_s,
                     )
@@ -115,13 +123,7 @@ class _Server(Routes):
                     self.metrics.queue_depth.set_function(functools.partial(getattr, batch, "depth"), model=e.name)
                     self.metrics.slots_busy.set_function(functools.partial(getattr, batch, "busy"), model=e.name)
                     continue
-                mb = prompt_cache_mb(e.session, self.config.prompt_cache_mb)
-                backend = getattr(e.session, "backend", None)
-                if e.prompt_cache is None and mb > 0 and backend is not None and hasattr(backend, "prompt_cache"):
-                    from edgesdk.serve.prompt_cache import PromptCache
-
-                    e.prompt_cache = backend.prompt_cache = PromptCache(int(mb * (1 << 20)))
-                e.worker = LLMWorker(
+                e.worker = LLMWorker(  # a backend without an engine (VLM): one request at a time
                     e.name,
                     e.session,
                     self.config.max_queue,

@@ -37,13 +37,8 @@ out = {}
 s = edgesdk.load(gguf)
 out["gguf"] = s.generate("The harbour town", max_tokens=8, temperature=0)
 out["gguf_placement"] = s.report()["backend_report"].get("placement")
-llm = s.backend._llm  # the token ids too: a random model's greedy text can decode to an empty string
-llm.reset()
-ids = []
-for tok in llm.generate(llm.tokenize(b"The harbour town", add_bos=True), temp=0.0, top_k=1):
-    ids.append(int(tok))
-    if len(ids) == 16:
-        break
+# the token ids too (the engine's result): a random model's greedy text can decode to an empty string
+ids = list(s.backend.engine.generate(prompt="The harbour town", max_tokens=16, temperature=0).tokens)
 out["gguf_ids"] = ids
 s.close()
 if vlm:

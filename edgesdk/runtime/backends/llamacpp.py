@@ -11,15 +11,12 @@ process, so a segfault there costs one fallback record instead of the host proce
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import dataclasses
-import itertools
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
-from time import perf_counter
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -30,16 +27,15 @@ from edgesdk.formats.gguf.chat_limits import render as render_chat
 from edgesdk.formats.gguf.types import DEFAULT_KV_TYPE, kv_bytes
 from edgesdk.native import import_llama_cpp
 from edgesdk.runtime.backend import LoadContext, TensorSpec
-from edgesdk.runtime.backends.llama_core import close_quietly, eog_check, load_llama_cpp, open_llama
-from edgesdk.runtime.requests import DEFAULT_SAMPLING, GenerationRequest, check_logit_bias, check_sampling
+from edgesdk.runtime.backends.llama_core import load_llama_cpp
+from edgesdk.runtime.requests import GenerationRequest
 
 if TYPE_CHECKING:
-    from llama_cpp import Llama
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
     from llama_cpp.llama_types import ChatCompletionRequestMessage
 
     from edgesdk.bundle import Bundle
-    from edgesdk.runtime.batching import BatchEngine
+    from edgesdk.runtime.batching import BatchEngine, BatchHandle, GenerationResult, Weights
 
 RISKY_SMS = {"8.7"}  # llama.cpp FA/offload crashes reported on Orin (docs/devices.md)
 GPU_RESERVE_BYTES = 512 * 1024 * 1024  # CUDA context + cuBLAS workspace, kept free when sizing offload
@@ -100,100 +96,14 @@ def resolve_chat_template(spec: str) -> tuple[str, str, list[str]]:
     return resolve(spec)
 
 
-class SupersededStreamError(InputError):
-    """A stream was paused while another request used the session's llama.cpp context."""
-
-
-# ------------------------------------------------------------------ sampling options
-
-_SAMPLING_ALIASES = {"temp": "temperature"}
-
-
-def _check_sampling(max_tokens: int, seed: int | None, params: Mapping[str, float]) -> tuple[int, int | None]:
-    """Range-check generation options at the boundary: a bad value is one InputError (exit 3).
-    The rule set is :func:`edgesdk.runtime.requests.check_sampling`, shared with GenerationRequest."""
-    return check_sampling(max_tokens, seed, params)
-
-
-def _bias_processor(logit_bias: tuple[tuple[int, float], ...]) -> Any:
-    """``logit_bias`` as a llama-cpp-python logits processor list (None when empty). ``Llama.generate``
-    runs it as the first sampler of its chain, on the whole vocabulary in token-id order."""
-    if not logit_bias:
-        return None
-    ids = np.array([t for t, _ in logit_bias], dtype=np.intp)
-    add = np.array([b for _, b in logit_bias], dtype=np.float32)
-
-    def apply(_input_ids: Any, scores: np.ndarray) -> np.ndarray:
-        out = np.array(scores, dtype=np.float32, copy=True)
-        out[ids] += add
-        return out
-
-    return [apply]
-
-
-def sampling_options(
-    sampling: Mapping[str, Any], *, max_tokens: int, seed: int | None, logit_bias: Any, n_vocab: int
-) -> tuple[dict[str, Any], int, int | None, Any]:
-    """A request's sampling keyword options checked the same way for every llama.cpp backend (GGUF and VLM):
-    (params = the defaults overlaid with the options given, max_tokens, seed, the checked logit bias). Unknown
-    names, out-of-range values and bias ids outside the vocabulary are one InputError each."""
-    named = {_SAMPLING_ALIASES.get(k, k): v for k, v in sampling.items()}
-    unknown = set(named) - set(DEFAULT_SAMPLING)
-    if unknown:
-        raise InputError(
-            f"unknown generation option(s): {', '.join(sorted(unknown))} "
-            f"(known: max_tokens, stop, seed, stream, logit_bias, {', '.join(DEFAULT_SAMPLING)})"
-        )
-    params: dict[str, Any] = {**DEFAULT_SAMPLING, **{k: v for k, v in named.items() if v is not None}}
-    max_tokens, seed = _check_sampling(max_tokens, seed, params)
-    bias = check_logit_bias(logit_bias)
-    if bias and bias[-1][0] >= n_vocab:
-        raise InputError(f"logit_bias token ids must be < {n_vocab} (the vocabulary), got {bias[-1][0]}")
-    return params, max_tokens, seed, bias
-
-
-def request_record(params: Mapping[str, Any], max_tokens: int, stops: list[str], seed: int | None) -> dict[str, Any]:
-    """The request options telemetry records (GenAI ``gen_ai.request.*``); penalties only when set (0 is off)."""
-    request: dict[str, Any] = {
-        "max_tokens": max_tokens,
-        "temperature": params["temperature"],
-        "top_p": params["top_p"],
-        "top_k": params["top_k"],
-        "stop_sequences": stops or None,
-        "seed": seed,
-    }
-    for k in ("frequency_penalty", "presence_penalty"):
-        if params[k]:
-            request[k] = params[k]
-    return request
-
-
-def stepwise(body: Generator[str, None, None], lock: threading.Lock | threading.RLock) -> Iterator[str]:
-    """A stream: each step of ``body`` runs under the context lock, released between pieces (so other
-    requests can interleave whole steps, never half a llama.cpp call)."""
-    try:
-        while True:
-            with lock:
-                try:
-                    piece = next(body)
-                except StopIteration:
-                    return
-            yield piece
-    finally:
-        with lock:
-            body.close()
-
-
 class LlamaCppBackend:
-    """One loaded GGUF model. ``generate``/``stream``/``chat`` go through ``telemetry.inference``.
+    """One loaded GGUF model. ``generate``/``stream``/``chat`` go through ``telemetry.inference`` and the model's one
+    :class:`~edgesdk.runtime.batching.BatchEngine`: the only code that calls ``llama_decode``.
 
-    Thread safety: one llama.cpp context serves every request, so access to it is serialised by one
-    lock. ``generate``/``chat`` hold it for the whole request; a ``stream`` holds it for each step
-    (one token: decode, sample, detokenise), so other requests may run between its tokens. A request
-    that runs while a stream is paused takes over the context (its KV cache, sampler, token history);
-    the paused stream's next ``next()`` then raises :class:`SupersededStreamError` instead of
-    continuing on foreign state. Concurrent callers therefore never crash the process or mix
-    outputs; they wait for each other. For concurrent streams, load one session per stream.
+    The engine has one slot when the session is loaded (as ``llama-server -np 1``); ``edgesdk serve`` asks for more
+    (:meth:`batch_engine`), on the same weights. Requests are :class:`~edgesdk.runtime.requests.GenerationRequest`
+    objects, checked once. Thread-safe: concurrent callers (threads, interleaved streams) are slots of the engine,
+    or wait in its queue when every slot is busy; a stream that is closed early frees its slot at the next step.
     """
 
     name = "llama.cpp"
@@ -201,7 +111,8 @@ class LlamaCppBackend:
 
     def __init__(
         self,
-        llm: Llama,
+        engine: BatchEngine,
+        weights: Weights,
         *,
         settings: dict[str, Any],
         report: dict[str, Any],
@@ -211,101 +122,67 @@ class LlamaCppBackend:
         path: str = "",
         llm_info: Mapping[str, Any] | None = None,
     ) -> None:
-        llama_cpp = import_llama_cpp()
-
-        self._llm = llm
+        self._engine = engine
+        self._weights = weights
+        self._engine_lock = threading.Lock()  # replacing the engine (another slot count) vs. using it
         self._path = path
         self._info = dict(llm_info or {})  # the manifest's llm section: the model shape
         self.settings = settings
         self._report = report
         self._model = model
         self._attrs = attributes
-        self._eos = llm.token_eos()
+        self._eos = engine.eos
         self._formatters: dict[str | None, tuple[Jinja2ChatFormatter, list[str]]] = {}
         self._tool_templates: dict[int, bool] = {}  # id(formatter) -> whether its template renders tools
         self._default_template = chat_template
         self.device = "cpu" if settings["n_gpu_layers"] == 0 else f"cuda:0 ({report['placement']})"
         # run(): token ids of any rank (flattened) -> the last position's logits.
         self.inputs = (TensorSpec("input_ids", "int64", None),)
-        self.outputs = (TensorSpec("logits", "float32", (1, int(llm.n_vocab()))),)
-        self._vocab = llama_cpp.llama_model_get_vocab(llm.model)
-        self._is_eog: Callable[[int], bool] = eog_check(llama_cpp, self._vocab)
-        self._random_seed = int(llama_cpp.LLAMA_DEFAULT_SEED)
-        # llama.cpp's own per-context timers (what llama-bench reports): prompt evaluation and
-        # token-by-token evaluation, without Python, sampling or detokenising in between.
-        perf, reset = (
-            getattr(llama_cpp, "llama_perf_context", None),
-            getattr(llama_cpp, "llama_perf_context_reset", None),
-        )
-        self._perf = (perf, reset) if perf and reset else None
-        self._lock = threading.RLock()  # the context; see the class docstring
-        self._owner = 0  # id of the request that last used the context
-        self._next_id = itertools.count(1)
+        self.outputs = (TensorSpec("logits", "float32", (1, engine.n_vocab)),)
         self.last: dict[str, Any] = {}
-        # Opt-in prompt prefix cache (edgesdk.serve.prompt_cache.PromptCache or None): restore(llm, tokens)
-        # after the reset, save(llm) after a request. With it, outputs may differ in the last bits (below).
-        self.prompt_cache: Any = None
 
-    def _perf_reset(self) -> None:
-        if self._perf is not None:
-            with contextlib.suppress(Exception):
-                self._perf[1](self._llm.ctx)
-
-    def _perf_read(self) -> dict[str, float]:
-        """Prompt-eval and eval time/tokens of the last request, from llama.cpp (empty when unavailable)."""
-        if self._perf is None:
-            return {}
-        try:
-            data = self._perf[0](self._llm.ctx)
-        except Exception:  # noqa: BLE001 - timing is a bonus, never a failure
-            return {}
-        out: dict[str, float] = {}
-        if data.n_p_eval > 0 and data.t_p_eval_ms > 0:
-            out["prompt_eval_tokens"], out["prompt_eval_ms"] = int(data.n_p_eval), round(float(data.t_p_eval_ms), 3)
-        if data.n_eval > 0 and data.t_eval_ms > 0:
-            out["eval_tokens"], out["eval_ms"] = int(data.n_eval), round(float(data.t_eval_ms), 3)
-        return out
+    @property
+    def engine(self) -> BatchEngine:
+        return self._engine
 
     # ------------------------------------------------------------------ tokens
     def tokenize(self, text: str, *, special: bool = False) -> list[int]:
         if not isinstance(text, str):
             raise InputError(f"text must be a string, got {type(text).__name__}")
-        with self._lock:
-            return self._llm.tokenize(text.encode("utf-8"), add_bos=True, special=special)
+        return self._engine.tokenize(text, add_bos=True, special=special)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self._engine.detokenize(list(tokens)).decode("utf-8", "replace")
 
     def run(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """Raw forward pass: ``{"input_ids": [...]}`` -> ``{"logits": last-position logits}``."""
+        """Raw forward pass: ``{"input_ids": [...]}`` -> ``{"logits": last-position logits}`` (a slot of the
+        engine, so it runs beside generation requests)."""
         raw = feeds.get("input_ids")
         if raw is None:
             raise ShapeError("llama.cpp run() takes {'input_ids': token ids}")
         ids = [int(t) for t in np.asarray(raw).reshape(-1)]
         if not ids:
             raise ShapeError("llama.cpp run() needs at least one token id")
-        n_vocab = int(self._llm.n_vocab())
+        n_vocab = self._engine.n_vocab
         if min(ids) < 0 or max(ids) >= n_vocab:
             raise ShapeError(f"token ids must be in [0, {n_vocab}), got {min(ids)}..{max(ids)}")
-        self._check_fits(len(ids), 0)
-        with self._lock:
-            self._owner = next(self._next_id)
-            self._llm.reset()
-            self._llm.eval(ids)
-            return {"logits": np.asarray(self._llm.scores[len(ids) - 1], dtype=np.float32)[None, :]}
+        self._check_fits(len(ids))
+        return {"logits": self._engine.logits(ids)[None, :]}
 
-    def _check_fits(self, n_prompt: int, max_tokens: int) -> int:
-        n_ctx = self._llm.n_ctx()
+    def _check_fits(self, n_prompt: int) -> None:
+        n_ctx = self._engine.n_ctx_seq
         if n_prompt >= n_ctx:
             raise ShapeError(
                 f"prompt is {n_prompt} tokens; the context holds {n_ctx} "
                 "(shorten the prompt or rebuild with a longer --context-length)"
             )
-        return min(max_tokens, n_ctx - n_prompt)
 
     # ------------------------------------------------------------------ generation
     def generate(self, prompt: str, **kw: Any) -> str | Iterator[str]:
         """Completion text for ``prompt`` (``stream=True`` returns an iterator of text pieces)."""
         if kw.pop("stream", False):
             return self.stream(prompt, **kw)
-        return self._complete(self._run(prompt, "text_completion", stream=False, special=False, **kw))
+        return "".join(self._run(prompt, "text_completion", stream=False, special=False, **kw))
 
     def stream(self, prompt: str, **kw: Any) -> Iterator[str]:
         return self._run(prompt, "text_completion", stream=True, special=False, **kw)
@@ -318,13 +195,15 @@ class LlamaCppBackend:
         _check_messages(messages)
         prompt, template_stops, add_bos = self._format_chat(messages, chat_template)
         stop = kw.pop("stop", None)
+        if stop is not None and not isinstance(stop, (str, list, tuple)):
+            raise InputError("stop must be a string or a list of strings")
         stop = [stop] if isinstance(stop, str) else list(stop or [])
-        stop += template_stops
+        stop += [s for s in template_stops if s not in stop]
         stream = kw.pop("stream", False)
         gen = self._run(
-            prompt, "chat", stream=stream, special=True, stop=stop, add_bos=add_bos, _capture_messages=messages, **kw
+            prompt, "chat", stream=stream, special=True, stop=stop, add_bos=add_bos, _capture=messages, **kw
         )
-        return gen if stream else self._complete(gen)
+        return gen if stream else "".join(gen)
 
     def _format_chat(
         self,
@@ -389,13 +268,11 @@ class LlamaCppBackend:
             prompt, extra, add_bos = self._format_chat(
                 [m.as_dict() for m in request.messages], None, request.tools, request.tool_choice
             )
-            with self._lock:
-                tokens = self._llm.tokenize(prompt.encode("utf-8"), add_bos=add_bos, special=True)
+            tokens = self._engine.tokenize(prompt, add_bos=add_bos, special=True)
             stops = list(request.stop) + [s for s in extra if s not in request.stop]
         else:
             assert request.prompt is not None
-            with self._lock:
-                tokens = self._llm.tokenize(request.prompt.encode("utf-8"), add_bos=True, special=False)
+            tokens = self._engine.tokenize(request.prompt, add_bos=True, special=False)
             stops = list(request.stop)
         if not tokens:
             raise InputError("the prompt is empty (no tokens)")
@@ -427,40 +304,25 @@ class LlamaCppBackend:
         )
 
     def batch_engine(self, *, slots: int, max_queue: int, reuse_prefix: bool = True) -> BatchEngine:
-        """A continuous-batching engine on this backend's model (the weights are not loaded again): its own
-        llama.cpp context of ``slots`` sequences, each as long as this session's context, with the settings
-        this session got (GPU layers, flash attention, threads, batch sizes, K/V types)."""
-        from edgesdk.runtime.batching import BatchEngine
-
-        st, rep = self.settings, self._report
-        # On a GPU: one KV buffer for all slots, every waiting prompt eligible per step, prompt chunks in the
-        # generating tokens' llama_decode (BatchEngine's defaults; measured: docs/benchmarks.md "The load curve").
-        # On the CPU: a KV buffer per slot and one prompt per step in a decode of its own, as before, with the
-        # busy slots kept compact (BatchEngine._pick_slot). With one shared buffer a sequence's cells interleave
-        # with others' and its attention sums round differently from the same request alone; greedy replies then
-        # differ from `edgesdk run` more often (test_serve_batching's 16-client guard fell to 7 of 16 identical in
-        # 1 of 3 runs), and on the CPU nothing is gained: its curve was the same both ways (serve_curve_cpu.json).
-        chunk, _why = self.prefill_budget()
-        on_gpu = self._on_gpu()
-        return BatchEngine(
-            self._path,
-            model=self._llm.model,
-            slots=slots,
-            max_queue=max_queue,
-            prompts_per_step=None if on_gpu else 1,
-            mixed_prefill=on_gpu,
-            kv_unified=on_gpu,
-            n_ctx=int(st["n_ctx"]),
-            n_gpu_layers=int(st["n_gpu_layers"]),
-            flash_attn=bool(st["flash_attn"]),
-            threads=int(st["threads"]),
-            n_batch=int(st["n_batch"]),
-            n_ubatch=int(st["n_ubatch"]),
-            prefill_chunk=chunk,
-            type_k=str(rep.get("type_k") or "f16"),
-            type_v=str(rep.get("type_v") or "f16"),
-            reuse_prefix=reuse_prefix,
-        )
+        """The model's engine with ``slots`` sequences (``edgesdk serve --parallel N``): this session's own when it
+        has that many slots, else a new one on the same weights (a new llama.cpp context of ``slots`` sequences,
+        each as long as this session's context; the weights are not loaded again) that replaces it, once the
+        old one is idle. ``generate``/``stream``/``chat``/``run`` go through whichever engine is current."""
+        with self._engine_lock:
+            old = self._engine
+            if old.slots != slots or old.closed:
+                if old.depth:
+                    raise InputError(
+                        f"the engine of {self._model} is busy ({old.depth} requests): its slot count can change "
+                        "only while it is idle"
+                    )
+                old.close()
+                if not old.closed:
+                    raise BackendUnavailableError(f"the engine of {self._model} did not stop; not replacing it")
+                self._engine = make_engine(self._weights, self.settings, self._report, slots=slots)
+            self._engine.max_queue = int(max_queue)
+            self._engine.reuse_prefix = bool(reuse_prefix)
+            return self._engine
 
     def prefill_budget(self) -> tuple[int, str]:
         """The batch engine's prompt tokens per step on this session's device, and why
@@ -488,7 +350,7 @@ class LlamaCppBackend:
         Jinja2ChatFormatter = import_llama_cpp("llama_chat_format").Jinja2ChatFormatter
 
         if spec is None:
-            template = self._llm.metadata.get("tokenizer.chat_template")
+            template = self._engine.meta("tokenizer.chat_template")
             if not template:
                 raise InputError(
                     f"{self._model} has no chat template (none in its GGUF's tokenizer.chat_template "
@@ -500,17 +362,11 @@ class LlamaCppBackend:
             extra: list[str] = []
         else:
             _, template, extra = resolve_chat_template(spec)
-        llama_cpp = import_llama_cpp()
-
-        def piece(tok: int) -> str:
-            text = llama_cpp.llama_vocab_get_text(self._vocab, tok)
-            return text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text or "")
-
         try:
             fmt = Jinja2ChatFormatter(
                 template=template,
-                eos_token=piece(self._eos),
-                bos_token=piece(self._llm.token_bos()),
+                eos_token=self._engine.token_text(self._eos),
+                bos_token=self._engine.token_text(self._engine.bos),
                 stop_token_ids=[self._eos],
             )
         except Exception as exc:  # noqa: BLE001 - jinja syntax errors: one line
@@ -520,47 +376,33 @@ class LlamaCppBackend:
         self._formatters[spec] = (fmt, extra)
         return fmt, extra
 
-    def _complete(self, gen: Iterable[str]) -> str:
-        """A non-streaming request: the whole generation under the context lock."""
-        with self._lock:
-            return "".join(gen)
-
     def _run(
         self,
-        prompt: str,
+        prompt: str | Sequence[int],
         operation: str,
         *,
         stream: bool,
         special: bool,
-        max_tokens: int = 128,
-        stop: list[str] | str | None = None,
-        seed: int | None = None,
         add_bos: bool = True,
-        _capture_messages: list[dict[str, str]] | None = None,
-        logit_bias: Any = None,
-        **sampling: float | None,
+        _capture: list[dict[str, str]] | None = None,
+        **options: Any,
     ) -> Iterator[str]:
-        """``prompt``: text, or a list of token ids used as given (no BOS added)."""
+        """``prompt``: text, or a list of token ids used as given (no BOS added). ``options``: what
+        :meth:`GenerationRequest.from_options` takes (checked there, once)."""
         if not isinstance(prompt, str) and not (
             isinstance(prompt, (list, tuple))
             and prompt
             and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
         ):
             raise InputError(f"prompt must be a string or a non-empty list of token ids, got {type(prompt).__name__}")
-        n_vocab = int(self._llm.n_vocab())
-        params, max_tokens, seed, bias = sampling_options(
-            sampling, max_tokens=max_tokens, seed=seed, logit_bias=logit_bias, n_vocab=n_vocab
-        )
-        if (
-            stop is not None
-            and not isinstance(stop, str)
-            and not (isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop))
-        ):
-            raise InputError("stop must be a string or a list of strings")
-        stops = [stop] if isinstance(stop, str) and stop else [s for s in (stop or []) if s]
+        stop = options.get("stop")
+        if isinstance(stop, (list, tuple)):
+            options["stop"] = [s for s in stop if s != ""] or None  # an empty stop string stops nothing
+        engine = self._engine
+        n_vocab = engine.n_vocab
         if isinstance(prompt, str):
-            with self._lock:
-                tokens = self._llm.tokenize(prompt.encode("utf-8"), add_bos=add_bos, special=special)
+            tokens = engine.tokenize(prompt, add_bos=add_bos, special=special)
+            text = prompt
         else:
             tokens = list(prompt)
             if min(tokens) < 0 or max(tokens) >= n_vocab:
@@ -568,147 +410,131 @@ class LlamaCppBackend:
                     f"prompt token ids must be from 0 to {n_vocab - 1} (the vocabulary), "
                     f"got {min(tokens) if min(tokens) < 0 else max(tokens)}"
                 )
-            with self._lock:
-                prompt = self._llm.detokenize(tokens).decode("utf-8", "replace")  # for telemetry's capture
-        budget = self._check_fits(len(tokens), max_tokens)
-        request = request_record(params, max_tokens, stops, seed)
-        body = self._decode(
-            prompt, tokens, budget, stops, params, operation, stream, request, seed, _capture_messages, bias
+            text = engine.detokenize(tokens).decode("utf-8", "replace")  # for telemetry's capture
+        request = GenerationRequest.from_options(prompt_tokens=tokens, **options)
+        if request.logit_bias and request.logit_bias[-1][0] >= n_vocab:
+            raise InputError(
+                f"logit_bias token ids must be < {n_vocab} (the vocabulary), got {request.logit_bias[-1][0]}"
+            )
+        self._check_fits(len(tokens))
+        rec = telemetry.inference(
+            operation,
+            self._model,
+            self.provider,
+            stream=stream,
+            request=_request_record(request),
+            attributes=self._attrs,
+            attach=False,
         )
-        return self._stepwise(body) if stream else body
+        handle = engine.submit(request)
+        return self._consume(handle, rec, text if _capture is None else _capture)
 
-    def _stepwise(self, body: Generator[str, None, None]) -> Iterator[str]:
-        return stepwise(body, self._lock)
-
-    def _decode(
-        self,
-        prompt: str,
-        tokens: list[int],
-        budget: int,
-        stops: list[str],
-        params: Mapping[str, float],
-        operation: str,
-        stream: bool,
-        request: dict[str, Any],
-        seed: int | None,
-        messages: list[dict[str, str]] | None = None,
-        logit_bias: tuple[tuple[int, float], ...] = (),
-    ) -> Generator[str, None, None]:
-        llm = self._llm
-        me = next(self._next_id)
-        hold = max((len(s) for s in stops), default=1) - 1  # chars kept back while they may start a stop
-        superseded = False
-
-        def check_owner() -> None:
-            nonlocal superseded
-            if self._owner != me:
-                superseded = True
-                raise SupersededStreamError(
-                    "this stream was superseded: another request on the same session used the llama.cpp "
-                    "context while the stream was paused, so it cannot continue (finish or close a stream "
-                    "before the next request, or load one session per concurrent stream)"
-                )
-
-        with telemetry.inference(
-            operation, self._model, self.provider, stream=stream, request=request, attributes=self._attrs
-        ) as rec:
-            rec.set_input_tokens(len(tokens))
-            rec.capture_input(prompt if messages is None else messages)  # chat: the roles, not the template
-            decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-            text, emitted, n_out, finish, cut_at_stop = "", 0, 0, "length", False
-            chunk, is_eog, detok = rec.chunk, self._is_eog, llm.detokenize
-            self._owner = me  # from here on this request owns the context
-            llm.set_seed(seed if seed is not None else self._random_seed)  # the sampler is built at first next()
-            # The whole prompt is evaluated for every request (no KV reuse from the previous one): llama.cpp's
-            # logits differ in the last bits between a prompt evaluated whole and a cached prefix + the rest,
-            # enough to flip greedy tokens, so reuse would make a request's text depend on what ran before.
-            llm.reset()
-            cache = self.prompt_cache
-            cached = cache.restore(llm, tokens) if cache is not None else 0
-            self._perf_reset()
-            t0 = perf_counter()
-            t_first: float | None = None
+    def _consume(self, handle: BatchHandle, rec: Any, capture: Any) -> Generator[str, None, None]:
+        """The pieces of one engine request under its GenAI span; ``self.last`` from its result. Closing the
+        generator early cancels the request (its slot is free at the engine's next step)."""
+        finish = "error"
+        res = None
+        with rec:
+            rec.set_input_tokens(len(handle.request.prompt_tokens or ()))
+            rec.capture_input(capture)  # chat: the roles, not the template
+            first = True
             try:
-                if budget > 0:
-                    gen = llm.generate(
-                        tokens,
-                        top_k=int(params["top_k"]),
-                        top_p=float(params["top_p"]),
-                        min_p=float(params["min_p"]),
-                        temp=float(params["temperature"]),
-                        repeat_penalty=float(params["repeat_penalty"]),
-                        frequency_penalty=float(params["frequency_penalty"]),
-                        presence_penalty=float(params["presence_penalty"]),
-                        logits_processor=_bias_processor(logit_bias),
-                    )
-                    try:
-                        for tok in gen:
-                            chunk()
-                            if t_first is None:
-                                t_first = perf_counter()
-                                rec.first_chunk()
-                            if is_eog(tok):
-                                finish = "stop"
-                                break
-                            n_out += 1
-                            text += decoder.decode(detok([tok]))
-                            if stops:
-                                cut = min(
-                                    (i for i in (text.find(s, max(0, emitted - len(s))) for s in stops) if i >= 0),
-                                    default=-1,
-                                )
-                                if cut >= 0:
-                                    text, finish, cut_at_stop = text[:cut], "stop", True
-                                    break
-                            if n_out >= budget:
-                                break
-                            if stream and len(text) - hold > emitted:
-                                yield text[emitted : len(text) - hold]
-                                emitted = len(text) - hold
-                                check_owner()  # resumed: was the context used by another request meanwhile?
-                    finally:
-                        gen.close()
-                if not cut_at_stop:
-                    text += decoder.decode(b"", final=True)
-                if len(text) > emitted:
-                    yield text[emitted:]
+                for piece in handle:
+                    rec.chunk()
+                    if first:
+                        rec.first_chunk()
+                        first = False
+                    yield piece
             except GeneratorExit:
-                finish = "cancelled"
-                raise
-            except SupersededStreamError:
-                finish = "error"
+                handle.cancel()
                 raise
             finally:
-                t_end = perf_counter()
-                rec.set_output_tokens(n_out)
+                with contextlib.suppress(TimeoutError):
+                    res = handle.result(timeout=60.0)  # cancelled: ends at the engine's next step
+                if res is not None:
+                    finish = res.finish_reason
+                    rec.set_output_tokens(len(res.tokens))
+                    rec.capture_output(res.text)
+                    self.last = _last_of(res)
                 rec.finish([finish])
-                rec.capture_output(text)
-                if not superseded and self._owner == me:  # else self.last holds a later request's figures
-                    if cache is not None and finish in ("stop", "length", "cancelled"):
-                        cache.save(llm)
-                    self.last = {
-                        "input_tokens": len(tokens),
-                        "output_tokens": n_out,
-                        "finish_reason": finish,
-                        "ttft_s": round(t_first - t0, 6) if t_first else None,
-                        "decode_tok_s": round((n_out - 1) / (t_end - t_first), 2)
-                        if t_first and n_out > 1 and t_end > t_first
-                        else None,
-                        # perf_counter() instants, for callers timing tokens (not text chunks:
-                        # a token may yield no text, so chunk times can lag token times).
-                        "first_token_at": t_first,
-                        "last_token_at": t_end if t_first else None,
-                        "llama_cpp_timings": self._perf_read(),
-                        "cached_tokens": cached,
-                    }
 
     # ------------------------------------------------------------------ report / close
     def report(self) -> dict[str, Any]:
-        return {**self._report, "last_request": dict(self.last)}
+        return {**self._report, "engine": dict(self._engine.settings), "last_request": dict(self.last)}
 
     def close(self) -> None:
-        with self._lock:
-            close_quietly(self._llm)
+        with self._engine_lock:
+            self._engine.close()
+            if self._engine.closed:  # never free the weights under a decode that did not stop
+                self._weights.close()
+
+
+def _request_record(r: GenerationRequest) -> dict[str, Any]:
+    """The request options telemetry records (GenAI ``gen_ai.request.*``); penalties only when set (0 is off)."""
+    return {
+        "max_tokens": r.max_tokens,
+        "temperature": r.temperature,
+        "top_p": r.top_p,
+        "top_k": r.top_k,
+        "stop_sequences": list(r.stop) or None,
+        "seed": r.seed,
+        "frequency_penalty": r.frequency_penalty or None,
+        "presence_penalty": r.presence_penalty or None,
+    }
+
+
+def _last_of(res: GenerationResult) -> dict[str, Any]:
+    """A finished request's counts and token instants (``LLMBackend.last``)."""
+    first, end, n_out = res.first_token_at, res.finished_at, len(res.tokens)
+    return {
+        "input_tokens": res.prompt_tokens,
+        "output_tokens": n_out,
+        "finish_reason": res.finish_reason,
+        "ttft_s": round(res.ttft_s, 6) if res.ttft_s is not None else None,
+        "decode_tok_s": round((n_out - 1) / (end - first), 2) if first and end and n_out > 1 and end > first else None,
+        # perf_counter() instants, for callers timing tokens (not text chunks: a token may yield no text, so
+        # chunk times can lag token times).
+        "first_token_at": first,
+        "last_token_at": end if first else None,
+        # the decode steps' time in llama.cpp (engine-measured, per request), as llama-bench names the counters
+        "llama_cpp_timings": dict(res.timings),
+        "cached_tokens": res.cached_tokens,
+    }
+
+
+def make_engine(weights: Weights, settings: Mapping[str, Any], report: Mapping[str, Any], *, slots: int) -> BatchEngine:
+    """The engine of a loaded GGUF session on ``weights``: ``slots`` sequences, each as long as the session's context,
+    with the settings the load chose (GPU layers, flash attention, threads, batch sizes, K/V types).
+
+    On a GPU: one KV buffer for all slots, every waiting prompt eligible per step, prompt chunks in the generating
+    tokens' llama_decode (BatchEngine's defaults; measured: docs/benchmarks.md "The load curve"). On the CPU: a KV
+    buffer per slot and one prompt per step in a decode of its own, with the busy slots kept compact
+    (BatchEngine._pick_slot). With one shared buffer a sequence's cells interleave with others' and its attention
+    sums round differently from the same request alone; greedy replies then differ from a request alone more often
+    (test_serve_batching's 16-client guard fell to 7 of 16 identical in 1 of 3 runs), and on the CPU nothing is
+    gained: its curve was the same both ways (serve_curve_cpu.json)."""
+    from edgesdk.runtime.batching import BatchEngine, prefill_budget
+
+    on_gpu = int(settings["n_gpu_layers"]) != 0 and bool(report.get("gpu_offload_supported"))
+    chunk, _why = prefill_budget(on_gpu, int(settings["n_batch"]))
+    return BatchEngine(
+        weights.path,
+        model=weights.model,
+        slots=slots,
+        prompts_per_step=None if on_gpu else 1,
+        mixed_prefill=on_gpu,
+        kv_unified=on_gpu,
+        n_ctx=int(settings["n_ctx"]),
+        n_gpu_layers=int(settings["n_gpu_layers"]),
+        flash_attn=bool(settings["flash_attn"]),
+        threads=settings.get("threads"),
+        n_batch=int(settings["n_batch"]),
+        n_ubatch=int(settings["n_ubatch"]),
+        prefill_chunk=chunk,
+        type_k=str(report.get("type_k") or "f16"),
+        type_v=str(report.get("type_v") or "f16"),
+        reuse_prefix=False,
+    )
 
 
 def _check_messages(messages: object) -> None:
@@ -776,6 +602,7 @@ def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
     """Loader registered for format ``gguf`` (see edgesdk.runtime.backends)."""
     from edgesdk.errors import BundleIntegrityError
     from edgesdk.manifest import LLMConfig
+    from edgesdk.runtime.batching import Weights
 
     opts = dict(ctx.options or {})
     llama_cpp = load_llama_cpp("a GGUF bundle", verbose=bool(opts.get("verbose")))  # llama_core.py
@@ -857,7 +684,6 @@ def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
     tried = _attempts(fa, ngl)
     for i, (a_fa, a_ngl) in enumerate(tried):
         why = _probe_in_child(path, a_ngl, a_fa, n_ctx) if risky else None
-        llm = None
         a_batch, a_kv, a_notes = dict(batch), dict(kv), []
         if not a_fa and any(t not in f16_kv for t in a_kv.values()):
             # llama.cpp refuses a quantized V cache without flash attention ("V cache quantization requires
@@ -876,36 +702,17 @@ def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
                 f"{a_batch.get('n_ubatch', 512)} on the CPU instead of the planned "
                 f"{batch.get('n_batch', 512)}/{batch.get('n_ubatch', 512)}"
             )
+        engine = weights = None
+        settings: dict[str, Any] = {}
+        report: dict[str, Any] = {}
         if why is None:
-            try:
-                llm = open_llama(
-                    llama_cpp,
-                    path,
-                    n_ctx=n_ctx,
-                    n_gpu_layers=a_ngl,
-                    threads=threads,
-                    flash_attn=a_fa,
-                    **a_batch,
-                    **a_kv,
-                )
-                llm.eval(llm.tokenize(b"Hello", add_bos=True))  # the first decode is where bad kernels fail
-                llm.reset()
-            except Exception as exc:  # noqa: BLE001 - llama.cpp raises ValueError/RuntimeError/OSError
-                why = f"{type(exc).__name__}: {str(exc)[:160]}"
-                if llm is not None:
-                    close_quietly(llm)
-                llm = None
-        if llm is not None:
+            n_batch = min(a_batch.get("n_batch", 512), n_ctx)  # as llama-cpp-python caps them
             report = {
                 "runtime": f"llama-cpp-python {llama_cpp.__version__}",
                 "n_gpu_layers": a_ngl,
                 "layers": layers,
                 "flash_attn": a_fa,
                 "n_ctx": n_ctx,
-                "threads": llm.n_threads,
-                # what the context got (llama-cpp-python caps n_batch at n_ctx, n_ubatch at n_batch)
-                "n_batch": int(llm.n_batch),
-                "n_ubatch": int(llm.context_params.n_ubatch),
                 "type_k": str(planned_llm.planned("type_k")) if "type_k" in a_kv else "f16",
                 "type_v": str(planned_llm.planned("type_v")) if "type_v" in a_kv else "f16",
                 "batch_source": "load options"
@@ -916,17 +723,32 @@ def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
                 "gpu_offload_supported": bool(llama_cpp.llama_supports_gpu_offload()),
                 "placement": "CPU" if a_ngl == 0 else f"{min(a_ngl, layers + 1)}/{layers + 1} layers on GPU",
                 "probe": "child process first (risky platform)" if risky else "in-process",
-                "attempts": errors + [f"{_label(a_fa, a_ngl, layers)}: ok"],
-                "notes": notes + a_notes,
             }
             settings = {
                 "n_gpu_layers": a_ngl,
                 "flash_attn": a_fa,
                 "n_ctx": n_ctx,
-                "threads": llm.n_threads,
-                "n_batch": int(llm.n_batch),
-                "n_ubatch": int(llm.context_params.n_ubatch),
+                "threads": threads,
+                "n_batch": n_batch,
+                "n_ubatch": min(a_batch.get("n_ubatch", 512), n_batch),
+                "verbose": bool(opts.get("verbose")),
             }
+            try:
+                weights = Weights(path, n_gpu_layers=a_ngl, verbose=settings["verbose"])
+                engine = make_engine(weights, settings, report, slots=1)
+                engine.logits(engine.tokenize("Hello"))  # the first decode is where bad kernels fail
+            except Exception as exc:  # noqa: BLE001 - llama.cpp loads and decodes fail as several types
+                why = f"{type(exc).__name__}: {str(exc)[:160]}"
+                if engine is not None:
+                    engine.close()
+                if weights is not None and (engine is None or engine.closed):
+                    weights.close()
+                engine = None
+        if engine is not None and weights is not None:
+            settings["threads"] = report["threads"] = engine.settings["threads"]
+            report["n_batch"], report["n_ubatch"] = engine.settings["n_batch"], engine.settings["n_ubatch"]
+            report["attempts"] = errors + [f"{_label(a_fa, a_ngl, layers)}: ok"]
+            report["notes"] = notes + a_notes
             attrs = {
                 "edgesdk.backend": "llama.cpp",
                 "edgesdk.gguf.quant_type": planned_llm.quant_type,
@@ -937,7 +759,8 @@ def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
                 "edgesdk.bundle.id": bundle.bundle_id,
             }
             return LlamaCppBackend(
-                llm,
+                engine,
+                weights,
                 settings=settings,
                 report=report,
                 model=bundle.model_name,

@@ -1,11 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """The child program of a GGUF load's probe (``python -m edgesdk.runtime.backends.llamacpp_probe PATH NGL FA
-N_CTX``): llama.cpp loads the model with those settings and decodes one short prompt. Exit 0 when that worked; a
-crash (a signal) or an error ends only this child, and the parent
+N_CTX``): llama.cpp loads the model with those settings and the engine decodes one short prompt. Exit 0 when that
+worked; a crash (a signal) or an error ends only this child, and the parent
 (:func:`edgesdk.runtime.backends.llamacpp._probe_in_child`) reports it and tries the next setting.
 
-Imports only llama-cpp-python, through :func:`edgesdk.native.import_llama_cpp` (the load order the parent
-uses)."""
+Imports only the engine and llama-cpp-python, through :func:`edgesdk.native.import_llama_cpp` (the load order the
+parent uses)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,11 @@ import sys
 
 
 def main(argv: list[str]) -> int:
-    from edgesdk.native import import_llama_cpp
+    from edgesdk.runtime.batching import BatchEngine
 
     path, ngl, fa, n_ctx = argv[0], int(argv[1]), argv[2] == "1", int(argv[3])
-    llama_cpp = import_llama_cpp()
-    llm = llama_cpp.Llama(model_path=path, n_gpu_layers=ngl, flash_attn=fa, n_ctx=n_ctx, verbose=False)
-    llm.eval(llm.tokenize(b"Hello", add_bos=True))
+    with BatchEngine(path, slots=1, n_gpu_layers=ngl, flash_attn=fa, n_ctx=n_ctx) as engine:
+        engine.logits(engine.tokenize("Hello"))
     return 0
 
 

@@ -11,7 +11,7 @@ import codecs
 import json
 import logging
 import threading
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Mapping
 from pathlib import Path
 from time import perf_counter
 from typing import Any
@@ -24,6 +24,86 @@ from edgesdk.native import import_llama_cpp
 from edgesdk.runtime.backend import TensorSpec
 from edgesdk.runtime.backends.llama_core import eog_check, load_llama_cpp
 from edgesdk.runtime.backends.vlm.pipeline import VLMPipeline
+from edgesdk.runtime.requests import DEFAULT_SAMPLING, check_logit_bias, check_sampling
+
+# ------------------------------------------------------------------ sampling options (this backend's own decode loop)
+
+_SAMPLING_ALIASES = {"temp": "temperature"}
+
+
+def _check_sampling(max_tokens: int, seed: int | None, params: Mapping[str, float]) -> tuple[int, int | None]:
+    """Range-check generation options at the boundary: a bad value is one InputError (exit 3).
+    The rule set is :func:`edgesdk.runtime.requests.check_sampling`, shared with GenerationRequest."""
+    return check_sampling(max_tokens, seed, params)
+
+
+def _bias_processor(logit_bias: tuple[tuple[int, float], ...]) -> Any:
+    """``logit_bias`` as a llama-cpp-python logits processor list (None when empty). ``Llama.generate``
+    runs it as the first sampler of its chain, on the whole vocabulary in token-id order."""
+    if not logit_bias:
+        return None
+    ids = np.array([t for t, _ in logit_bias], dtype=np.intp)
+    add = np.array([b for _, b in logit_bias], dtype=np.float32)
+
+    def apply(_input_ids: Any, scores: np.ndarray) -> np.ndarray:
+        out = np.array(scores, dtype=np.float32, copy=True)
+        out[ids] += add
+        return out
+
+    return [apply]
+
+
+def sampling_options(
+    sampling: Mapping[str, Any], *, max_tokens: int, seed: int | None, logit_bias: Any, n_vocab: int
+) -> tuple[dict[str, Any], int, int | None, Any]:
+    """A request's sampling keyword options checked the same way for every llama.cpp backend (GGUF and VLM):
+    (params = the defaults overlaid with the options given, max_tokens, seed, the checked logit bias). Unknown
+    names, out-of-range values and bias ids outside the vocabulary are one InputError each."""
+    named = {_SAMPLING_ALIASES.get(k, k): v for k, v in sampling.items()}
+    unknown = set(named) - set(DEFAULT_SAMPLING)
+    if unknown:
+        raise InputError(
+            f"unknown generation option(s): {', '.join(sorted(unknown))} "
+            f"(known: max_tokens, stop, seed, stream, logit_bias, {', '.join(DEFAULT_SAMPLING)})"
+        )
+    params: dict[str, Any] = {**DEFAULT_SAMPLING, **{k: v for k, v in named.items() if v is not None}}
+    max_tokens, seed = _check_sampling(max_tokens, seed, params)
+    bias = check_logit_bias(logit_bias)
+    if bias and bias[-1][0] >= n_vocab:
+        raise InputError(f"logit_bias token ids must be < {n_vocab} (the vocabulary), got {bias[-1][0]}")
+    return params, max_tokens, seed, bias
+
+
+def request_record(params: Mapping[str, Any], max_tokens: int, stops: list[str], seed: int | None) -> dict[str, Any]:
+    """The request options telemetry records (GenAI ``gen_ai.request.*``); penalties only when set (0 is off)."""
+    request: dict[str, Any] = {
+        "max_tokens": max_tokens,
+        "temperature": params["temperature"],
+        "top_p": params["top_p"],
+        "top_k": params["top_k"],
+        "stop_sequences": stops or None,
+        "seed": seed,
+    }
+    for k in ("frequency_penalty", "presence_penalty"):
+        if params[k]:
+            request[k] = params[k]
+    return request
+
+
+def stepwise(body: Generator[str, None, None], lock: threading.Lock | threading.RLock) -> Iterator[str]:
+    """A stream: each step of ``body`` runs under the context lock, released between pieces (so other
+    requests can interleave whole steps, never half a llama.cpp call)."""
+    try:
+        while True:
+            with lock:
+                try:
+                    piece = next(body)
+                except StopIteration:
+                    return
+            yield piece
+    finally:
+        with lock:
+            body.close()
 
 
 def _split_content(messages: list[dict[str, Any]]) -> tuple[list[tuple[str, str, int]], list[Any]]:
@@ -150,8 +230,6 @@ class VLMBackend:
         logit_bias: Any = None,
         **sampling: Any,
     ) -> Iterator[str]:
-        from edgesdk.runtime.backends.llamacpp import _bias_processor, request_record, sampling_options
-
         params, max_tokens, seed, bias = sampling_options(
             sampling, max_tokens=max_tokens, seed=seed, logit_bias=logit_bias, n_vocab=int(self.pipe.llm.n_vocab())
         )
@@ -162,8 +240,6 @@ class VLMBackend:
         return self._stepwise(body) if stream else body
 
     def _stepwise(self, body: Generator[str, None, None]) -> Iterator[str]:
-        from edgesdk.runtime.backends.llamacpp import stepwise
-
         return stepwise(body, self._lock)
 
     def _decode(
