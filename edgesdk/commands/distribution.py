@@ -211,6 +211,127 @@ def verify_cmd(
     return 0
 
 
+@click.command("export")
+@click.argument("bundle", type=click.Path(file_okay=False))
+@click.option("--mender", "mender", is_flag=True, help="Write a Mender module-image artifact (mender-artifact).")
+@click.option("--output", "-o", "output", required=True, type=click.Path(dir_okay=False), help="OUT.mender to write.")
+@click.option(
+    "--device-type",
+    "device_types",
+    multiple=True,
+    help="Mender device type the artifact installs on (repeatable; required).",
+)
+@click.option(
+    "--key",
+    type=click.Path(dir_okay=False),
+    help="Sign the artifact with this private key (PEM: RSA or EC P-256; encrypted: $EDGESDK_SIGNING_KEY_PASSWORD).",
+)
+@click.option("--artifact-name", help="Mender artifact name (default MODEL-PROFILE-BUNDLEID).")
+@click.option("--force", is_flag=True, help="Replace an existing OUT.mender.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def export_cmd(
+    bundle: str,
+    mender: bool,
+    output: str,
+    device_types: tuple[str, ...],
+    key: str | None,
+    artifact_name: str | None,
+    force: bool,
+    as_json: bool,
+) -> int:
+    """Export BUNDLE for a fleet updater: --mender writes a Mender module-image artifact (docs/distribution.md)."""
+    from edgesdk.errors import InputError
+
+    if not mender:
+        raise InputError("edgesdk export needs a target: --mender (a Mender module-image artifact)")
+    from edgesdk.distribution.mender import export_mender
+
+    out = export_mender(bundle, output, list(device_types), key=key, artifact_name=artifact_name, force=force)
+    if as_json:
+        emit_json(out)
+    else:
+        click.echo(
+            f"wrote {out['artifact']} ({out['bytes'] / 1e6:.1f} MB, Mender module-image {out['type']}, "
+            f"{'signed' if out['signed'] else 'unsigned'}) for {', '.join(out['device_types'])}: "
+            f"{out['artifact_name']}; validated by mender-artifact"
+        )
+    return 0
+
+
+@click.group("rollout")
+def rollout_group() -> None:
+    """Gates for staged roll-outs."""
+
+
+@rollout_group.command("check")
+@click.argument("new", type=click.Path(file_okay=False))
+@click.option("--current", required=True, type=click.Path(file_okay=False), help="The bundle in use on this device.")
+@click.option(
+    "--inputs",
+    type=click.Path(dir_okay=False),
+    help="Text file: one sentence (embedding bundles) or prompt (LLM bundles) per line; default: built-in ones.",
+)
+@click.option("--min-cosine", type=click.FloatRange(-1, 1), default=0.99, show_default=True,
+              help="Embeddings: least cosine between the two bundles' vectors of each input.")  # fmt: skip
+@click.option("--min-agreement", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="LLMs: least share of prompts whose 16 greedy tokens are identical.")  # fmt: skip
+@click.option("--max-ppl-ratio", type=click.FloatRange(min=1.0), default=1.05, show_default=True,
+              help="LLMs: new perplexity / current (both as their manifests record).")  # fmt: skip
+@click.option("--max-regression", default="10%", show_default=True,
+              help="Performance: worse by more than this and the noise is a regression ('none': skip).")  # fmt: skip
+@click.option("--iterations", type=click.IntRange(5, 100000), default=50, show_default=True,
+              help="Profiler iterations per bundle.")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def rollout_check_cmd(
+    new: str,
+    current: str,
+    inputs: str | None,
+    min_cosine: float,
+    min_agreement: float,
+    max_ppl_ratio: float,
+    max_regression: str,
+    iterations: int,
+    as_json: bool,
+) -> int:
+    """Check NEW against the bundle in use (--current): its parity, parity against the current one, and a profiler
+    compare. Exit 0: no regression; exit 2: a regression (each named)."""
+    from edgesdk.distribution.rollout import rollout_check
+    from edgesdk.errors import InputError
+    from edgesdk.profiler.compare import parse_threshold
+
+    threshold = None if max_regression.strip().lower() == "none" else parse_threshold(max_regression)
+    lines = None
+    if inputs is not None:
+        try:
+            text = open(inputs, encoding="utf-8").read(1 << 20)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputError(f"--inputs {inputs}: {getattr(exc, 'strerror', None) or exc}") from None
+        lines = [x.strip() for x in text.splitlines() if x.strip()]
+    out = rollout_check(new, current, inputs=lines, min_cosine=min_cosine, min_agreement=min_agreement,
+                        max_ppl_ratio=max_ppl_ratio, max_regression=threshold, iterations=iterations,
+                        say=None if as_json else info)  # fmt: skip
+    if as_json:
+        emit_json(out)
+    else:
+        live = out["parity_vs_current"]
+        parity = (
+            f"min cosine {live['min_cosine']}"
+            if "min_cosine" in live
+            else f"greedy identical {live.get('greedy_identical', '-')}"
+        )
+        perf = out["performance"]
+        click.echo(
+            f"rollout check {out['new']} vs {out['current']} ({out['kind']}): recorded parity "
+            f"{out['recorded_parity']['checks'] - len(out['recorded_parity']['failed'])}/"
+            f"{out['recorded_parity']['checks']} passed; vs current: {parity}; performance: "
+            + ("not measured" if perf is None else f"{len(perf['rows'])} metrics compared")
+        )
+    if out["regressions"]:
+        click.echo("error: rollout check: regression: " + "; ".join(out["regressions"]), err=True)
+        return 2
+    return 0
+
+
 def register(group: click.Group) -> None:
-    for cmd in (push_cmd, pull_cmd, ls_cmd, rm_cmd, sign_cmd, verify_cmd):
+    for cmd in (push_cmd, pull_cmd, ls_cmd, rm_cmd, sign_cmd, verify_cmd, export_cmd, rollout_group):
         group.add_command(cmd)
