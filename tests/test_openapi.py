@@ -23,6 +23,7 @@ ROUTES = {
     "/v1/chat/completions": "post",
     "/v1/completions": "post",
     "/v1/embeddings": "post",
+    "/v1/responses": "post",
     "/v1/models": "get",
     "/v1/models/{model}": "get",
     "/health": "get",

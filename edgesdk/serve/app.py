@@ -45,6 +45,7 @@ from edgesdk.serve.config import (
 from edgesdk.serve.fields import REQUEST_FIELDS
 from edgesdk.serve.openapi import openapi_document
 from edgesdk.serve.protocol import APIError
+from edgesdk.serve.responses import create_response
 from edgesdk.serve.routes import Routes
 from edgesdk.serve.workers import EmbeddingBatcher, LLMWorker
 from edgesdk.telemetry.serve_spans import HTTPSpan, untraced_patterns
@@ -305,9 +306,10 @@ def create_app(entries: list[ModelEntry], config: ServeConfig | None = None) -> 
         Route("/apply-template", functools.partial(operational.apply_template, server), methods=["POST"]),
         Route("/props", functools.partial(operational.props, server), methods=["GET"]),
         Route("/slots", functools.partial(operational.slots, server), methods=["GET"]),
+        Route("/v1/responses", functools.partial(create_response, server), methods=["POST"]),  # serve/responses.py
     ]
     server.openapi_doc = openapi_document(((r.path, r.methods or ()) for r in routes), REQUEST_FIELDS)
-    genai = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})  # spans of their own
+    genai = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"})  # own spans
     middleware = [Middleware(_Guard, server=server, routes=routes, genai=genai)]
     if config.cors_origins:  # outermost: preflights carry no API key, and refusals need CORS headers too
         from starlette.middleware.cors import CORSMiddleware

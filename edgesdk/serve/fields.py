@@ -150,6 +150,56 @@ REQUEST_FIELDS: dict[str, tuple[RequestField, ...]] = {
         _r("best_of", "one completion per request", 1),
         _r("suffix", "insertion (fill-in-the-middle) is not implemented", ""),
     ),
+    "/v1/responses": (
+        _f("model", "a served LLM name (GET /v1/models)"),
+        _f(
+            "input",
+            "a string (one user turn) or a list of items: messages (`role` user, assistant, system or developer; "
+            "`content` a string or `input_text` / `output_text` parts, `input_image` for VLM bundles), "
+            "`function_call` and `function_call_output` items; other item types: 400 naming them",
+        ),
+        _f("instructions", "a string: a system turn before the input"),
+        _f("max_output_tokens", "as max_tokens of chat (default 256; cap 2048 or the context)"),
+        _f("temperature", "0 to 2; 0 is greedy"),
+        _f("top_p", "above 0, at most 1"),
+        _f("stream", "Server-Sent Events: response.created ... response.completed (or response.incomplete)"),
+        _f("stream_options", "`include_obfuscation` is accepted and ignored (the stream is not padded)"),
+        _f(
+            "text",
+            "`format`: `text`, `json_object` or `json_schema` (`schema`): the grammar of chat's response_format; "
+            "`verbosity` accepted and ignored",
+        ),
+        _f(
+            "tools",
+            "function tools (`type: function`, `name`, `parameters`), as chat's tools (continuous batching only); "
+            "a stream sends a call whole when it is complete",
+        ),
+        _f("tool_choice", '`none`, `auto`, `required` or `{"type": "function", "name": ...}`'),
+        _f("parallel_tool_calls", "a boolean; at most one call per reply either way"),
+        _f("user", "an end-user id (a string); it does not change the output"),
+        _i("metadata", f"up to {MAX_METADATA} string key-value pairs, echoed in the response; nothing is stored"),
+        _i("prompt_cache_key", "a string; prefix reuse here is keyed by the prompt's tokens themselves"),
+        _i("prompt_cache_options", "`mode` and `ttl`; no effect on prefix reuse"),
+        _i("prompt_cache_retention", "`in_memory` or `24h`; no effect on prefix reuse"),
+        _i("safety_identifier", "an end-user id (a string); no abuse monitoring runs here"),
+        _i(
+            "reasoning",
+            "`effort` and `summary`: the served models do not reason before answering (no reasoning items, "
+            "`reasoning_tokens` 0)",
+        ),
+        _i("store", "a boolean; responses are never stored here (the response says `store: false`)"),
+        _i("max_tool_calls", "a positive integer; a reply holds at most one call anyway"),
+        _r("previous_response_id", "responses are not stored: send the conversation in `input`"),
+        _r("conversation", "conversations are not stored: send the conversation in `input`"),
+        _r("background", "background responses are not implemented", False),
+        _r("include", "no extra output data is available", []),
+        _r("prompt", "stored prompt templates are not implemented"),
+        _r("top_logprobs", "log-probabilities are not implemented in the Responses API here (chat has them)", 0),
+        _r("truncation", "the input is never truncated: too long is a 400", "disabled"),
+        _r("service_tier", "one service tier", "auto", "default"),
+        _r("moderation", "no moderation model runs here (a blocked reply would differ)"),
+        _r("context_management", "the context is never compacted here"),
+    ),
     "/v1/embeddings": (
         _f("model", "a served text-embedding model name (GET /v1/models)"),
         _f(

@@ -119,12 +119,51 @@ _TYPES: dict[str, dict[str | None, dict[str, Any]]] = {
         "/v1/completions": {"type": "integer", "minimum": 0, "maximum": 20},
     },
     "top_logprobs": {None: {"type": "integer", "minimum": 0, "maximum": 20}},
+    # the Responses API (serve/responses.py)
+    "instructions": {None: {"type": "string"}},
+    "max_output_tokens": {None: {"type": "integer", "minimum": 1}},
+    "text": {
+        None: {
+            "type": "object",
+            "properties": {
+                "format": {
+                    "type": "object",
+                    "required": ["type"],
+                    "properties": {"type": {"type": "string", "enum": ["text", "json_object", "json_schema"]}},
+                },
+                "verbosity": {"type": "string", "enum": list(VERBOSITIES)},
+            },
+            "additionalProperties": False,
+        }
+    },
+    "reasoning": {None: {"type": "object"}},
+    "store": {None: {"type": "boolean"}},
+    "max_tool_calls": {None: {"type": "integer", "minimum": 1}},
+}
+_TYPES["input"]["/v1/responses"] = {
+    "oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"type": "object"}}]
+}
+_TYPES["stream_options"]["/v1/responses"] = {
+    "type": "object",
+    "properties": {"include_obfuscation": {"type": "boolean"}},
+    "additionalProperties": False,
+}
+_TYPES["tool_choice"]["/v1/responses"] = {
+    "oneOf": [
+        {"type": "string", "enum": ["none", "auto", "required"]},
+        {
+            "type": "object",
+            "required": ["type", "name"],
+            "properties": {"type": {"const": "function"}, "name": {"type": "string"}},
+        },
+    ]
 }
 
 _REQUIRED = {
     "/v1/chat/completions": ["model", "messages"],
     "/v1/completions": ["model", "prompt"],
     "/v1/embeddings": ["model", "input"],
+    "/v1/responses": ["model", "input"],
 }
 
 _OPERATIONS: dict[tuple[str, str], tuple[str, str, str]] = {
@@ -140,6 +179,11 @@ _OPERATIONS: dict[tuple[str, str], tuple[str, str, str]] = {
         "OpenAI",
     ),
     ("/v1/embeddings", "post"): ("createEmbedding", "Embed texts or token ids with a text-encoder bundle", "OpenAI"),
+    ("/v1/responses", "post"): (
+        "createResponse",
+        "OpenAI's Responses API over an LLM bundle's chat; `stream: true` answers its Server-Sent Events",
+        "OpenAI",
+    ),
     ("/v1/models", "get"): ("listModels", "The served models", "OpenAI"),
     ("/v1/models/{model}", "get"): ("retrieveModel", "One served model", "OpenAI"),
     ("/health", "get"): (
@@ -323,6 +367,7 @@ def _schema_name(route: str) -> str:
         "/v1/chat/completions": "ChatCompletionRequest",
         "/v1/completions": "CompletionRequest",
         "/v1/embeddings": "EmbeddingRequest",
+        "/v1/responses": "ResponseRequest",
     }.get(route, route.strip("/").replace("/", "_") + "_request")
 
 

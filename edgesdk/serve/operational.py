@@ -103,8 +103,13 @@ async def tokenize_text(entry: ModelEntry, text: str, *, add_bos: bool, special:
 
 async def special_prompt_ids(entry: ModelEntry, text: str) -> list[int]:
     """A ``/v1/completions`` text prompt as token ids with special tokens parsed (``<start_of_turn>`` is one token,
-    not eight), and the model's BOS: as llama-server tokenizes a completion's prompt."""
+    not eight), and the model's BOS: as llama-server tokenizes a completion's prompt, except that a prompt starting
+    with the BOS token's own text (``/apply-template``'s output) gets no second one (llama.cpp warns and keeps both)."""
     ids = await tokenize_text(entry, text, add_bos=True, special=True)
+    if len(ids) > 1 and ids[0] == ids[1]:  # a prompt that starts with the BOS token's text (a chat template's
+        bos = await tokenize_text(entry, "", add_bos=True, special=False)  # output): one BOS, not two
+        if bos[:1] == ids[:1]:
+            ids = ids[1:]
     if not ids:
         raise APIError(400, "the prompt is empty (no tokens)", param="prompt")
     return ids
