@@ -97,6 +97,10 @@ class _Server(Routes):
 
     # -- lifecycle
     def start(self) -> None:
+        if getattr(self, "_device_metrics", None) is None:  # hw.* beside the GenAI figures on /metrics
+            from edgesdk.profiler.device_metrics import observe
+
+            self._device_metrics = observe(self.metrics.provider)
         for e in self.models.values():
             if e.kind == "llm" and e.worker is None:
                 if e.parallel is None:
@@ -143,6 +147,9 @@ class _Server(Routes):
 
     async def stop(self, timeout_s: float = 10.0) -> None:
         self.draining = True
+        device_metrics, self._device_metrics = getattr(self, "_device_metrics", None), None
+        if device_metrics is not None:
+            device_metrics.close()
         for e in self.models.values():
             if e.worker is not None:
                 await asyncio.get_running_loop().run_in_executor(None, e.worker.close, timeout_s)
