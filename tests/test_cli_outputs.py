@@ -183,11 +183,11 @@ def test_build_name_names_spans_manifest_sbom(named_minilm, minilm_dir, tmp_path
 
 @pytest.mark.slow
 def test_run_embeddings_output_and_json_vectors(named_minilm, tmp_path, run_cli):
-    res = run_cli("run", named_minilm, "-i", "a cat", "-i", "a dog", "--json")
+    res = run_cli("run", named_minilm, "--input", "a cat", "--input", "a dog", "--json")
     vecs = np.array(json.loads(res.stdout)["embeddings"]["values"], dtype=np.float32)
     assert vecs.shape == (2, 384)
     np.testing.assert_allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-4)
-    res = run_cli("run", named_minilm, "-i", "a cat", "-i", "a dog", "--output", tmp_path / "e.npy")
+    res = run_cli("run", named_minilm, "--input", "a cat", "--input", "a dog", "--output", tmp_path / "e.npy")
     assert res.returncode == 0, res.stderr
     np.testing.assert_allclose(np.load(tmp_path / "e.npy"), vecs, atol=1e-6)
 

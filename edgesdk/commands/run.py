@@ -174,9 +174,43 @@ def _interactive_chat(session, system, gen_kw) -> list[dict]:
         history.append({"role": "assistant", "content": "".join(pieces)})
 
 
+class _GpuLayers(click.ParamType):
+    """llama-cli's -ngl value: a number of layers (-1: all), 'all', or 'auto' (the bundle's plan: None)."""
+
+    name = "gpu_layers"
+
+    def convert(self, value, param, ctx):
+        if value is None or isinstance(value, int):
+            return value
+        text = str(value).strip().lower()
+        if text == "auto":
+            return None
+        if text == "all":
+            return "all"
+        try:
+            n = int(text)
+        except ValueError:
+            self.fail(f"{value!r} is not a number of layers, 'all' or 'auto'", param, ctx)
+        if n < -1:
+            self.fail(f"{n} layers: give 0 or more, -1 or 'all'", param, ctx)
+        return n
+
+
+GPU_LAYERS = _GpuLayers()
+
+
 @click.command("run")
 @click.argument("bundle", type=click.Path(path_type=Path))
-@click.option("--input", "-i", "texts", multiple=True, help="Text to embed (text encoders; repeatable).")
+@click.option(
+    "--input", "texts", multiple=True, help="Text to embed (text encoders; repeatable). (-i is --interactive now.)"
+)
+@click.option(
+    "--interactive",
+    "-i",
+    "interactive",
+    is_flag=True,
+    help="LLM: chat interactively on the terminal, as llama-cli's -i (the same as --chat).",
+)
 @click.option(
     "--inputs",
     "npz",
@@ -243,7 +277,25 @@ def _interactive_chat(session, system, gen_kw) -> list[dict]:
     "chatml, llama-2, mistral, phi-3, or a Jinja file.",
 )
 @click.option("--profile", help="Device profile to run under (default: the one the bundle was built for).")
-@click.option("--threads", type=int, help="CPU threads for the backend.")
+@click.option("--threads", "-t", type=int, help="CPU threads for the backend (llama-cli's -t).")
+@click.option(
+    "--ctx-size",
+    "-c",
+    "ctx_size",
+    type=click.IntRange(0),
+    default=None,
+    help="LLM: context length in tokens, as llama-cli's -c (0 or left out: the bundle's).",
+)
+@click.option(
+    "--gpu-layers",
+    "--n-gpu-layers",
+    "-ngl",
+    "gpu_layers",
+    type=GPU_LAYERS,
+    default=None,
+    metavar="N|all|auto",
+    help="LLM: layers to put on the GPU, as llama-cli's -ngl (a number, 'all', or 'auto': the bundle's plan).",
+)
 @click.option(
     "--report",
     "show_report",
@@ -287,6 +339,8 @@ def run_cmd(
     chat_template,
     profile,
     threads,
+    ctx_size,
+    gpu_layers,
     show_report,
     as_json,
     output,
@@ -294,13 +348,14 @@ def run_cmd(
     verbose,
     trace_file,
     images=(),
+    interactive=False,
 ) -> int:
     """Run BUNDLE on this machine: embed text, run tensors, or generate from a prompt / chat."""
     import edgesdk
     from edgesdk import telemetry
     from edgesdk.errors import InputError
 
-    chat = chat or system is not None or chat_template is not None
+    chat = chat or interactive or system is not None or chat_template is not None
     stops = tuple(unescape(s) for s in stops)
     prompt = read_prompt(prompt, prompt_file)
     llm = prompt is not None or chat
@@ -341,6 +396,12 @@ def run_cmd(
     if trace_file:
         telemetry.configure(trace_file=trace_file)
     options: dict = {"threads": threads} if threads else {}
+    if ctx_size:  # 0: the bundle's, as llama-cli's -c 0 takes the model's
+        options["n_ctx"] = ctx_size
+    if gpu_layers is not None:
+        options["n_gpu_layers"] = gpu_layers
+    if options.keys() & {"n_ctx", "n_gpu_layers"} and not llm:
+        raise InputError("-c/--ctx-size and -ngl/--gpu-layers apply to LLM bundles: add --prompt TEXT or --chat")
     if verbose:
         options["verbose"] = True
     session = edgesdk.load(bundle, profile=profile, **options)

@@ -118,7 +118,7 @@ import click
     "escaping DIR). Default: data URLs only.",
 )
 @click.option("--profile", help="Device profile to run under (default: the one each bundle was built for).")
-@click.option("--threads", type=int, help="CPU threads per backend.")
+@click.option("--threads", "-t", type=int, help="CPU threads per backend (llama-server's -t).")
 @click.option("--trace-file", type=click.Path(dir_okay=False), help="Write traces/metrics as OTLP-JSON lines.")
 @click.option(
     "--log-level",

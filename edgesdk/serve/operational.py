@@ -8,10 +8,10 @@ They serve the GGUF (llama.cpp) models only. Which model: the request's ``model`
 (GET), as llama-server's router mode takes it; with one LLM served it may be left out.
 
 Everything here goes through the public faces of what the server already holds: the batch engine's ``tokenize``,
-``piece``, ``slots``, ``busy``, ``settings``; the backend's ``tokenize``, ``encode`` and ``settings``. With
-``--parallel 1`` (no batch engine) there is no public detokenizer, so ``/detokenize``, ``with_pieces`` and
-``/apply-template`` answer 400 naming it; ``/slots`` knows how many slots are busy but not which (the engine says
-how many): the lowest ids are shown busy.
+``piece``, ``slots``, ``busy``, ``settings`` (every GGUF model is served by its engine, one slot with
+``--parallel 1``); the backend's ``tokenize``, ``encode`` and ``settings``. A worker without an engine would have
+no public detokenizer: ``/detokenize``, ``with_pieces`` and ``/apply-template`` then answer 400 naming it. ``/slots``
+knows how many slots are busy but not which (the engine says how many): the lowest ids are shown busy.
 """
 
 from __future__ import annotations
