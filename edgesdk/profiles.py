@@ -148,7 +148,7 @@ def _is_num(value: Any) -> bool:
 
 def _check_ranges(data: dict[str, Any], errors: list[str]) -> None:
     """Ranges of the numbers the planner computes with (types were checked by the schema)."""
-    from edgesdk.formats.gguf.types import BPW  # lazy: keeps `import edgesdk.profiles` light
+    from edgesdk.contracts.gguf_types import BPW  # lazy: keeps `import edgesdk.profiles` light
 
     def positive(key: str, value: Any, *, allow_zero: bool = False) -> None:
         if value is None:

@@ -550,8 +550,8 @@ def test_gguf_with_nan_weights_fails_the_sanity_check_even_when_repackaged(tmp_p
     sys.path.insert(0, str(REPO / "tests"))
     from test_gguf_build import make_tiny_causal_lm
 
+    from edgesdk.contracts.gguf_header import read_gguf_header
     from edgesdk.formats.gguf.convert import convert_hf_to_gguf
-    from edgesdk.formats.gguf.header import read_gguf_header
 
     good = tmp_path / "good-f16.gguf"
     convert_hf_to_gguf(make_tiny_causal_lm(tmp_path / "hf", "llama"), good, name="tiny")

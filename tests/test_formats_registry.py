@@ -441,8 +441,8 @@ def test_gguf_header_reader_needs_no_gguf_package(gemma_gguf, monkeypatch):
     monkeypatch.setitem(sys.modules, "gguf", None)  # import gguf -> ImportError
     for name in [m for m in sys.modules if m.startswith("edgesdk.formats.gguf")]:
         monkeypatch.delitem(sys.modules, name)
+    from edgesdk.contracts.gguf_header import read_gguf_header
     from edgesdk.formats.gguf.facts import gguf_facts
-    from edgesdk.formats.gguf.header import read_gguf_header
 
     header = read_gguf_header(gemma_gguf)
     assert header.scalar("general.architecture") == "gemma3" and header.array_length("tokenizer.ggml.tokens")
@@ -451,8 +451,8 @@ def test_gguf_header_reader_needs_no_gguf_package(gemma_gguf, monkeypatch):
 
 def test_ggml_block_sizes_match_gguf_py():
     gguf = pytest.importorskip("gguf")
-    from edgesdk.formats.gguf.header import GGML_BLOCK_SIZES
-    from edgesdk.formats.gguf.types import FTYPES
+    from edgesdk.contracts.gguf_header import GGML_BLOCK_SIZES
+    from edgesdk.contracts.gguf_types import FTYPES
 
     theirs = {int(t): tuple(v) for t, v in gguf.GGML_QUANT_SIZES.items()}
     assert {t: v for t, v in GGML_BLOCK_SIZES.items() if t in theirs} == {

@@ -300,8 +300,8 @@ GGUF = _gguf_header()
     )
 )
 def test_gguf_header_reader_and_facts_raise_model_error_only(blob):
+    from edgesdk.contracts.gguf_header import read_gguf_header
     from edgesdk.formats.gguf.facts import gguf_facts
-    from edgesdk.formats.gguf.header import read_gguf_header
 
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "m.gguf"
@@ -311,7 +311,7 @@ def test_gguf_header_reader_and_facts_raise_model_error_only(blob):
 
 
 def test_the_seed_gguf_header_is_valid(tmp_path):
-    from edgesdk.formats.gguf.header import read_gguf_header
+    from edgesdk.contracts.gguf_header import read_gguf_header
 
     (tmp_path / "m.gguf").write_bytes(GGUF)
     h = read_gguf_header(tmp_path / "m.gguf")

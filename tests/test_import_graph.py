@@ -10,15 +10,21 @@ Two granularities:
 
 - **modules** (one node per ``.py`` file): no import cycle at all;
 - **units** (the boxes of docs/architecture.md's "Layers" line: ``edgesdk.X`` for every top-level module or
-  package, plus the leaf modules the line names by path): no cycle between units, and no edge from a unit
-  into one of a higher layer. The layers are read from that line of docs/architecture.md, so the document
-  and this test cannot drift apart.
+  package, none named by path): no cycle between units, and no edge from a unit into one of a higher layer. The
+  layers are read from that line of docs/architecture.md, so the document and this test cannot drift apart.
 
 The root package ``edgesdk/__init__.py`` is two things: ``__version__`` (a constant every module may read:
 Python runs the root package before any submodule, and it imports nothing at module level, which
 :func:`test_root_package_imports_nothing_at_module_level` holds) and the public facade ``edgesdk.load``
 (a lazy import of the runtime). ``from edgesdk import __version__`` is an edge to the unit ``__version__``;
 any other use of the root package is an edge to the facade ``edgesdk``.
+
+Until issue 40 the line also named three "leaf" modules by path (``formats/gguf/types.py``,
+``formats/gguf/header.py``, ``runtime/backends/vlm/encoder.py``) and placed them in the lowest layer: the profiles
+imported the GGUF format's type table, the license scan its header reader (with the ONNX build importing the
+license scan, a compliance <-> formats cycle once the leaf is counted in its package) and the VLM format the
+runtime's encoder contract, upward arrows the test did not see. They are :mod:`edgesdk.contracts` now, a unit of the
+lowest layer, and :func:`test_no_unit_is_named_by_path` keeps the escape hatch shut.
 
 The allowances below (a cycle or an upward edge kept on purpose, each with why) are empty: there is none
 today. A new one needs its entry and reason here, in review; each list must equal what is found, so an entry
@@ -125,24 +131,20 @@ def layers(doc: Path = ARCHITECTURE) -> list[list[str]]:
     return [[_doc_name(n) for n in re.findall(r"`([^`]+)`", part)] for part in match.group(1).split("←")]
 
 
-def unit_of(module: str, leaves: Iterable[str]) -> str:
-    """The unit a module belongs to: a leaf module named in the Layers line, else ``edgesdk.X``."""
-    for leaf in leaves:
-        if module == leaf or module.startswith(leaf + "."):
-            return leaf
+def unit_of(module: str) -> str:
+    """The unit a module belongs to: ``edgesdk.X`` (the root package's ``edgesdk`` and ``__version__`` apart)."""
     if module in ("edgesdk", VERSION):
         return module
     return ".".join(module.split(".")[:2])
 
 
-def unit_graph(graph: dict[str, dict[str, int]], leaves: Iterable[str]) -> dict[str, set[str]]:
-    leaves = list(leaves)
+def unit_graph(graph: dict[str, dict[str, int]]) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for src, targets in graph.items():
-        u = unit_of(src, leaves)
+        u = unit_of(src)
         out.setdefault(u, set())
         for dst in targets:
-            v = unit_of(dst, leaves)
+            v = unit_of(dst)
             out.setdefault(v, set())
             if u != v:
                 out[u].add(v)
@@ -152,13 +154,7 @@ def unit_graph(graph: dict[str, dict[str, int]], leaves: Iterable[str]) -> dict[
 def upward_edges(graph: dict[str, dict[str, int]], layer_list: list[list[str]]) -> set[tuple[str, str]]:
     """(module, imported module) pairs whose imported unit sits in a higher layer than the importer's."""
     rank = {u: i for i, layer in enumerate(layer_list) for u in layer}
-    leaves = [u for u in rank if u.count(".") > 1]
-    return {
-        (src, dst)
-        for src, targets in graph.items()
-        for dst in targets
-        if rank[unit_of(dst, leaves)] > rank[unit_of(src, leaves)]
-    }
+    return {(src, dst) for src, targets in graph.items() for dst in targets if rank[unit_of(dst)] > rank[unit_of(src)]}
 
 
 def cycles(graph: dict[str, Iterable[str]]) -> set[frozenset[str]]:
@@ -203,10 +199,6 @@ def cycles(graph: dict[str, Iterable[str]]) -> set[frozenset[str]]:
     return found
 
 
-def _leaves(layer_list: list[list[str]]) -> list[str]:
-    return [u for layer in layer_list for u in layer if u.count(".") > 1]
-
-
 # ---------------------------------------------------------------------------------------------- the tests
 
 
@@ -215,7 +207,7 @@ def test_every_unit_has_a_layer():
     layer_list = layers()
     placed = [u for layer in layer_list for u in layer]
     assert len(placed) == len(set(placed)), "a unit is named twice in docs/architecture.md's Layers line"
-    units = set(unit_graph(graph, _leaves(layer_list)))
+    units = set(unit_graph(graph))
     assert units - set(placed) == set(), "add these to docs/architecture.md's Layers line"
     assert set(placed) - units == set(), "docs/architecture.md's Layers line names units that do not exist"
 
@@ -226,8 +218,7 @@ def test_no_module_import_cycle_beyond_the_allowances():
 
 
 def test_no_unit_import_cycle_beyond_the_allowances():
-    layer_list = layers()
-    found = cycles(unit_graph(import_edges(), _leaves(layer_list)))
+    found = cycles(unit_graph(import_edges()))
     assert {tuple(sorted(c)) for c in found} == {tuple(sorted(c)) for c in ALLOWED_UNIT_CYCLES}
 
 
@@ -235,15 +226,20 @@ def test_no_upward_import_beyond_the_allowances():
     assert sorted(upward_edges(import_edges(), layers())) == sorted(ALLOWED_UPWARD)
 
 
-def test_leaf_modules_import_only_the_lowest_layer():
-    """A leaf module named in the Layers line (by path) sits in the lowest layer wherever it lives."""
+def test_no_unit_is_named_by_path():
+    """Every unit of the Layers line is a top-level module or package: a module named by path (a "leaf" let into a
+    lower layer than its package's) would hide an upward import from the checks above (issue 40, item 5)."""
+    named = [u for layer in layers() for u in layer if u.count(".") > 1]
+    assert named == [], "move the shared code into a unit of its own (edgesdk/contracts/) instead"
+
+
+def test_contracts_import_only_the_lowest_layer():
+    """What the build and the runtime share (edgesdk/contracts/) is the lowest layer's: it imports nothing above it."""
     graph = import_edges()
-    layer_list = layers()
-    lowest = set(layer_list[0])
-    for leaf in _leaves(layer_list):
-        assert leaf in lowest, f"{leaf}: leaf modules belong to the lowest layer"
-        leaves = _leaves(layer_list)
-        assert {unit_of(d, leaves) for d in graph[leaf]} <= lowest, leaf
+    lowest = set(layers()[0])
+    assert "edgesdk.contracts" in lowest
+    found = {(m, d) for m, ts in graph.items() if unit_of(m) == "edgesdk.contracts" for d in ts}
+    assert {(m, d) for m, d in found if unit_of(d) not in lowest} == set()
 
 
 def test_root_package_imports_nothing_at_module_level():

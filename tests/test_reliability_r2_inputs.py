@@ -47,8 +47,8 @@ def nested_gguf(path: Path, depth: int) -> Path:
 
 def test_deeply_nested_gguf_arrays_are_one_line_exit_3(tmp_path):
     """Before: RecursionError (exit 1) from the header reader; now a ModelError naming the depth."""
+    from edgesdk.contracts.gguf_header import read_gguf_header
     from edgesdk.errors import ModelError
-    from edgesdk.formats.gguf.header import read_gguf_header
 
     deep = nested_gguf(tmp_path / "deep.gguf", 100_000)
     with pytest.raises(ModelError, match="nested more than 8 deep"):

@@ -108,7 +108,7 @@ _GGUF_KEYS = ("general.license", "general.license.name", "general.license.link")
 def read_gguf_license_fields(path: Path) -> dict[str, str]:
     """The ``general.license*`` string values of a GGUF file (the header reader stops once it has
     them). Raises :class:`~edgesdk.errors.ModelError` on a malformed or unreadable header."""
-    from edgesdk.formats.gguf.header import read_gguf_header
+    from edgesdk.contracts.gguf_header import read_gguf_header
 
     header = read_gguf_header(path, keys=_GGUF_KEYS)
     return {k: v for k in _GGUF_KEYS if isinstance(v := header.fields.get(k), str)}
@@ -199,7 +199,7 @@ def family_findings(ggufs: Sequence[tuple[Path, Path]], model: Sequence[LicenseF
     the family's license (LicenseRef-gemma: review under the default policy), so rewriting ``general.license``
     to ``apache-2.0`` does not turn a Gemma into an Apache-2.0 model. Nothing when nothing is declared: the
     gate's "declares no license" finding stands then."""
-    from edgesdk.formats.gguf.header import read_gguf_header
+    from edgesdk.contracts.gguf_header import read_gguf_header
 
     declared = [m for m in model if m.spdx and m.layer == "model"]
     if not declared:

@@ -186,8 +186,8 @@ def onnx_work(path: str | Path, *, batch: int = 1, seq: int = 128) -> WorkFacts:
 
 def gguf_work(path: str | Path) -> WorkFacts:
     """Bytes streamed per decode step and KV bytes per cached position, from a GGUF file's header."""
-    from edgesdk.formats.gguf.header import read_gguf_header
-    from edgesdk.formats.gguf.types import FTYPE_NAMES
+    from edgesdk.contracts.gguf_header import read_gguf_header
+    from edgesdk.contracts.gguf_types import FTYPE_NAMES
 
     header = read_gguf_header(path)
 

@@ -1,10 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """The GGUF format (llama.cpp): causal LMs as one file with weights, tokenizer and chat template.
 
-Modules: :mod:`.header` (the one GGUF header reader; standard library only), :mod:`.facts`
+Modules: :mod:`.facts`
 (planner facts from a GGUF header or a HF causal-LM config), :mod:`.plan` (memory-driven
 quantization plan), :mod:`.build` (stages), :mod:`.convert` (HF -> GGUF, llama.cpp quantize,
-perplexity). Light on import (see formats/).
+perplexity). The GGUF header reader and type table, shared with the profiles, the runtime, the profiler and
+the license scan, are :mod:`edgesdk.contracts.gguf_header` and :mod:`edgesdk.contracts.gguf_types`. Light on
+import (see formats/).
 """
 
 from __future__ import annotations

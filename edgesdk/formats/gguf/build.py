@@ -168,9 +168,9 @@ def check_chat_templates(gguf: Path, staging: Path | None) -> None:
     """InputError (exit 3) when the chat template the runtime will use, the bundled one or else the GGUF's own
     ``tokenizer.chat_template``, cannot render a sample chat within the runtime's budget
     (:mod:`edgesdk.formats.gguf.chat_limits`): refused here rather than hanging the first chat request."""
+    from edgesdk.contracts.gguf_header import read_gguf_header
     from edgesdk.formats.gguf.chat_limits import check_template
     from edgesdk.formats.gguf.chat_templates import ARTIFACT
-    from edgesdk.formats.gguf.header import read_gguf_header
     from edgesdk.native import import_llama_cpp
 
     if staging is not None:

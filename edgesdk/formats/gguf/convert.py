@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from edgesdk.contracts.gguf_types import FTYPES
 from edgesdk.errors import ExternalToolError, ModelError
 from edgesdk.formats.gguf.archs import ARCHS, TextArch
 from edgesdk.formats.gguf.archs import base as archbase
-from edgesdk.formats.gguf.types import FTYPES
 
 if TYPE_CHECKING:
     from gguf.vocab import Vocab

@@ -8,9 +8,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from edgesdk.contracts.gguf_header import read_gguf_header
+from edgesdk.contracts.gguf_types import FTYPE_NAMES
 from edgesdk.errors import ModelError
-from edgesdk.formats.gguf.header import read_gguf_header
-from edgesdk.formats.gguf.types import FTYPE_NAMES
 from edgesdk.types import ModelFacts
 
 

@@ -7,7 +7,7 @@ one image at the checkpoint's static size:
 
 * input ``pixel_values`` float32 ``[1, 3, H, W]``, already normalised with the processor's
   ``rescale_factor`` / ``image_mean`` / ``image_std`` (:func:`normalise`; the names and the normalisation are the
-  runtime's contract, :mod:`edgesdk.runtime.backends.vlm.encoder`, imported here);
+  artifact's contract, :mod:`edgesdk.contracts.vlm_encoder`, which the runtime imports too);
 * output ``image_features`` float32 ``[1, n_image_tokens, n_embd]``.
 
 ``torch.onnx.export`` with the TorchScript exporter (``dynamo=False``) traces one static shape with
@@ -30,11 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from edgesdk.contracts.vlm_encoder import INPUT_NAME, OUTPUT_NAME, normalise
 from edgesdk.errors import ExternalToolError
-
-# the artifact's contract (input/output names, the input's normalisation) is the runtime's, in a leaf module
-# (docs/architecture.md, Layers) that formats may import
-from edgesdk.runtime.backends.vlm.encoder import INPUT_NAME, OUTPUT_NAME, normalise
 
 ONNX_OPSET = 17  # ONNX Runtime 1.1x+ and TensorRT 8.6/10.x (JetPack 6) both parse opset 17
 # Ops TensorRT-friendly graphs must not have: data-dependent control flow.

@@ -20,9 +20,9 @@ import copy
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from edgesdk.contracts.gguf_types import kv_bytes
 from edgesdk.errors import InputError, ModelError, ResourceError
 from edgesdk.formats.gguf.plan import GB, GgufPlan, _gb, compute_bytes, plan_gguf
-from edgesdk.formats.gguf.types import kv_bytes
 from edgesdk.types import BuildOptions, Decision, JSONable, JSONValue, ModelFacts, PlanSection
 
 if TYPE_CHECKING:
@@ -270,7 +270,7 @@ def _vlm_decisions(facts: ModelFacts, profile: Profile, options: BuildOptions) -
     decoder = plan_gguf(decoder_facts(facts), profile, options)
     quant, n_ctx = decoder.quant_type, decoder.context_length
     out += [d for d in decoder.decisions() if d.key != "parity"]
-    from edgesdk.formats.gguf.types import BPW
+    from edgesdk.contracts.gguf_types import BPW
 
     dec_w = dec * BPW[quant] / 8
     kv = kv_bytes(info, n_ctx)

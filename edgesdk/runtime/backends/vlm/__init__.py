@@ -18,14 +18,15 @@ stage child spans ``preprocess``, ``encode`` (only when the encoder runs; a cach
 The package's modules: :mod:`.preprocess` (image decoding, :class:`ImagePreprocessor`), :mod:`.families` (the
 runtime's per-family behaviour, chosen by the family record), :mod:`.pipeline` (:class:`VLMPipeline`: libmtmd +
 llama.cpp, on the llama core shared with the GGUF backend, :mod:`edgesdk.runtime.backends.llama_core`),
-:mod:`.encoder` (the ONNX encoder artifact's contract), :mod:`.onnx_session` (the ONNX Runtime session on it and the
-choice of encoder) and :mod:`.backend` (:class:`VLMBackend`, :func:`load_vlm`, :func:`parity_backend`).
+:mod:`.onnx_session` (the ONNX Runtime session on the ONNX encoder artifact, whose contract is
+:mod:`edgesdk.contracts.vlm_encoder`, and the choice of encoder) and :mod:`.backend` (:class:`VLMBackend`,
+:func:`load_vlm`, :func:`parity_backend`).
 """
 
 from __future__ import annotations
 
+from edgesdk.contracts.vlm_encoder import INPUT_NAME, OUTPUT_NAME, normalise
 from edgesdk.runtime.backends.vlm.backend import VLMBackend, load_vlm, parity_backend
-from edgesdk.runtime.backends.vlm.encoder import INPUT_NAME, OUTPUT_NAME, normalise
 from edgesdk.runtime.backends.vlm.pipeline import ENCODE_TIMES_KEPT, FEATURE_CACHE_SIZE, VLMPipeline
 from edgesdk.runtime.backends.vlm.preprocess import (
     MAX_ASPECT,

@@ -11,7 +11,7 @@ Which encoder runs is chosen at load time (:func:`choose`):
 
 Set with the load option ``vision_encoder=`` or the environment variable ``EDGESDK_VLM_ENCODER``.
 The ONNX encoder takes the same resized pixels the mmproj path gets, normalised with the processor's
-rescale factor and mean/std (:func:`edgesdk.runtime.backends.vlm.encoder.normalise`, the artifact's contract), and
+rescale factor and mean/std (:func:`edgesdk.contracts.vlm_encoder.normalise`, the artifact's contract), and
 returns the features the decoder consumes (``n_image_tokens x n_embd``, float32).
 """
 
@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from edgesdk.contracts.vlm_encoder import INPUT_NAME, OUTPUT_NAME, normalise
 from edgesdk.errors import BackendUnavailableError, InputError
-from edgesdk.runtime.backends.vlm.encoder import INPUT_NAME, OUTPUT_NAME, normalise
 
 ENV = "EDGESDK_VLM_ENCODER"
 CHOICES = ("auto", "onnx", "mmproj")

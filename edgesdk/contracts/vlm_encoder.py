@@ -1,13 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The ONNX vision-encoder artifact's contract (``vision_encoder.onnx`` of a VLM bundle), owned by the runtime that
-runs it: the graph's input and output names and how an image becomes its input.
+"""The ONNX vision-encoder artifact's contract (``vision_encoder.onnx`` of a VLM bundle), shared by the build that
+writes it and the runtime that runs it: the graph's input and output names and how an image becomes its input.
 
 * input :data:`INPUT_NAME` float32 ``[1, 3, H, W]``: the resized image, normalised by :func:`normalise`;
 * output :data:`OUTPUT_NAME` float32 ``[1, n_image_tokens, n_embd]``: the features the decoder consumes.
 
-The build's export and parity (:mod:`edgesdk.formats.vlm.onnx_encoder`) import these from here. A leaf module
-(docs/architecture.md's Layers line names it): it imports nothing of edgesdk, so the formats below the runtime may
-import it. The ONNX Runtime session on the artifact: :mod:`edgesdk.runtime.backends.vlm.onnx_session`.
+The build's export and parity (:mod:`edgesdk.formats.vlm.onnx_encoder`) and the runtime's ONNX Runtime session on
+the artifact (:mod:`edgesdk.runtime.backends.vlm.onnx_session`) import these from here (:mod:`edgesdk.contracts`:
+the lowest layer, so the formats below the runtime import it without importing the runtime).
 """
 
 from __future__ import annotations
