@@ -316,7 +316,7 @@ def test_the_runtime_resizes_as_the_hf_processor(size):
     Qwen2.5-VL-3B values), except above llama.cpp's cap of 4096 image tokens, which it keeps."""
     from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize as hf_smart_resize
 
-    from edgesdk.formats.vlm.families.qwen25vl import MAX_IMAGE_TOKENS, max_image_tokens, smart_resize
+    from edgesdk.contracts.vlm_families.qwen_vl import MAX_IMAGE_TOKENS, max_image_tokens, smart_resize
 
     pre = {
         "min_pixels": 3136,

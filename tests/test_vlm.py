@@ -136,6 +136,30 @@ def test_generate_chat_and_image_prefix_reuse(vlm_bundle, images):
 
 
 @pytest.mark.slow
+def test_a_vlm_bundle_runs_without_build_modules(vlm_bundle, images):
+    """Issue 40, item 3: a device without the build extra (tests/runtime_only.py refuses torch, transformers, gguf-py
+    ... and edgesdk's build-side modules) loads the bundle, answers about an image and chats, greedy, with the same
+    text as this process (where everything is installed)."""
+    from runtime_only import build_side_names, run_runtime_only
+
+    import edgesdk
+
+    with edgesdk.load(vlm_bundle) as s:
+        want = s.generate("What is on the table?", images=[images[2]], max_tokens=6, temperature=0)
+    code = f"""
+import edgesdk
+with edgesdk.load({str(vlm_bundle)!r}) as s:
+    text = s.generate("What is on the table?", images=[{str(images[2])!r}], max_tokens=6, temperature=0)
+    chat = s.chat([{{"role": "user", "content": [{{"type": "image", "path": {str(images[2])!r}}},
+                  {{"type": "text", "text": "What is on the table?"}}]}}], max_tokens=6, temperature=0)
+print(json.dumps([str(text), str(chat)]))
+"""
+    report, imported, proc = run_runtime_only(code)
+    assert report["refused"] == [] and build_side_names(imported) == []
+    assert json.loads(proc.stdout.strip().splitlines()[-2]) == [want, want]
+
+
+@pytest.mark.slow
 def test_an_image_given_again_is_not_preprocessed_again(vlm_bundle, images, tmp_path):
     """The same file (unchanged) or the same bytes reuse their preprocessed frames; a file rewritten in place is
     decoded again, and every answer equals a cold session's for that image."""

@@ -56,7 +56,8 @@ def test_the_family_is_one_module_and_one_registry_line():
     towers. Both save the same image processor, which by_processor maps to the first (Qwen2.5-VL's), whose resize,
     prompt and chat functions are Qwen2-VL's too; the runtime takes a bundle's record from its manifest
     (test_the_runtime_takes_the_record_the_bundle_was_built_with)."""
-    from edgesdk.formats.vlm.families import REGISTRY, by_config, by_name, by_processor
+    from edgesdk.contracts.vlm_families import by_processor
+    from edgesdk.formats.vlm.families import REGISTRY, by_config, by_name
 
     fam, v25 = by_name("qwen2vl"), by_name("qwen25vl")
     assert REGISTRY[-2:] == ("qwen25vl", "qwen2vl") and fam.display == "Qwen2-VL"
@@ -69,8 +70,10 @@ def test_the_family_is_one_module_and_one_registry_line():
     # transformers 4.57 saves ``architectures`` inside text_config only
     assert by_config({"text_config": {"architectures": ["Qwen2VLForConditionalGeneration"]}}) is fam
     assert by_config({"architectures": ["Qwen2_5_VLForConditionalGeneration"]}) is v25
-    assert by_processor({"image_processor_type": "Qwen2VLImageProcessor"}) is v25
-    for hook in ("resize", "max_image_tokens", "user_prompt", "chat", "text_config", "text_tensor_name"):
+    assert by_processor({"image_processor_type": "Qwen2VLImageProcessor"}) is v25.runtime
+    for hook in ("resize", "max_image_tokens", "user_prompt", "chat"):
+        assert getattr(fam.runtime, hook) is getattr(v25.runtime, hook), hook
+    for hook in ("text_config", "text_tensor_name"):
         assert getattr(fam, hook) is getattr(v25, hook), hook
     assert fam.frames == "dynamic" and fam.text_architecture == "Qwen2VLTextModel"
 

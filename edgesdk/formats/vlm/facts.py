@@ -88,9 +88,8 @@ def hf_vlm_facts(directory: str | Path) -> dict[str, Any]:
     fam = by_architecture(arch, strict=False)
     pre = image_processor_config(directory) or {}
     dynamic = fam.frames == "dynamic"
-    tokens = (
-        fam.max_image_tokens(pre) if dynamic and fam.max_image_tokens is not None and pre else fam.image_tokens(cfg)
-    )
+    most = fam.runtime.max_image_tokens  # dynamic resolution: the most image tokens one image becomes
+    tokens = most(pre) if dynamic and most is not None and pre else fam.image_tokens(cfg)
     merge = int(vision.get("spatial_merge_size") or 1)
     return {
         "architecture": arch,

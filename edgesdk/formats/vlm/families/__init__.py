@@ -1,26 +1,29 @@
 # SPDX-License-Identifier: Apache-2.0
-"""VLM families: one :class:`VLMFamily` record per family, one module per record (issue 21).
+"""VLM families, the build side: one :class:`VLMFamily` record per family, one module per record (issue 21).
 
-A record holds what a family is: the HF classes and how its image processor is recognised, the tensor-name
-map of both transformers layouts (to the 4.x names the converter reads), the support check and the mmproj
-writer, image tokens per frame, the prompt template, the chat format and the image-token layout of one image,
-and how the runtime preprocesses an image (``frames``: ``single`` = one resized encoder input, ``tiles`` =
-the Idefics3 frames of :meth:`edgesdk.runtime.backends.vlm.ImagePreprocessor.tiles`, ``dynamic`` = the image at
-the processor's own size for it, the record's ``resize``: Qwen2.5-VL / Qwen2-VL). The converter, the plan,
-the build's parity and the runtime look the family up here (:func:`by_architecture`, :func:`by_processor`).
+A record holds what the build needs of a family: the HF classes, the tensor-name map of both transformers layouts
+(to the 4.x names the converter reads), the support check and the mmproj writer, image tokens per frame, the plan's
+words for the projector, the decoder's causal-LM class, config and tensor names, and the parity settings. What the
+runtime needs (prompt, chat format, image layout, preprocessing) is the record's ``runtime``, a
+:class:`edgesdk.contracts.vlm_families.RuntimeFamily` (issue 40, item 3: a device imports no build module to run a
+VLM); ``name``, ``display``, ``frames`` and ``user_prompt`` read through to it. The converter, the plan and the
+build's parity look the family up here (:func:`by_architecture`, :func:`by_config`, :func:`by_name`); the runtime
+looks up its own records (:func:`edgesdk.contracts.vlm_families.by_name`, ``by_processor``).
 
-Adding a family: a module in this package defining ``FAMILY = VLMFamily(...)`` and its name in
-:data:`REGISTRY`. Light on import: records load the converter only when their functions are called.
+Adding a family: its runtime record in ``edgesdk/contracts/vlm_families/``, and a module in this package defining
+``FAMILY = VLMFamily(runtime=..., ...)`` with its name in :data:`REGISTRY`. Light on import: records load the
+converter only when their functions are called.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edgesdk.contracts.vlm_families import RuntimeFamily
 from edgesdk.errors import ModelError
 
 # the family modules of this package, in lookup order (the first is the default for configs naming no class)
@@ -29,8 +32,7 @@ REGISTRY = ("llava", "idefics3", "gemma3", "qwen25vl", "qwen2vl")
 
 @dataclass(frozen=True)
 class VLMFamily:
-    name: str
-    display: str  # how messages name it ("LLaVA", "Idefics3/SmolVLM")
+    runtime: RuntimeFamily  # what the runtime reads of the family (contracts/vlm_families)
     architectures: tuple[str, ...]  # HF classes (config.json ``architectures``)
     vision_model_types: frozenset[str]  # vision_config.model_type values the converter writes
     component_prefixes: tuple[tuple[str, tuple[str, ...]], ...]  # vision_encoder / projector / decoder tensors
@@ -38,26 +40,15 @@ class VLMFamily:
     check: Callable[[dict[str, Any], Path], None]  # ModelError when the converter cannot write this checkpoint
     write_mmproj: Callable[..., dict[str, Any]]  # (directory, out_path, config, *, name) -> mmproj facts
     image_tokens: Callable[[dict[str, Any]], int | None]  # image tokens per frame, from config.json
-    user_prompt: Callable[[str, int, str], str]  # (text, n_images, marker) -> one user turn + generation prompt
-    chat: Callable[[list[dict[str, Any]], str], str]  # (validated messages, marker) -> prompt text
     projector: Callable[[dict[str, Any]], str]  # the plan's words for the projector (facts.extra in)
-    processor_types: frozenset[str] = frozenset()  # image_processor_type values that mean this family
-    processor_keys: frozenset[str] = frozenset()  # preprocessor-config keys only this family's processor has
-    image_text: Callable[[int, int, str], str] | None = None  # (rows, cols, marker) -> one image's layout
-    frames: str = "single"  # runtime preprocessing: "single", "tiles" or "dynamic" (the family's own resize)
     onnx_encoder: bool = False  # the FP16 ONNX encoder export (onnx_encoder.py) supports this family
     text_architecture: str = "LlamaForCausalLM"  # the HF causal-LM class its language model converts as
     reference_marker: str = "<image>"  # what the HF processor replaces with one image's tokens
-    notes: dict[str, str] = field(default_factory=dict)
     # the decoder directory (convert.write_text_model_dir): a checkpoint tensor name -> its causal-LM name or None
     # (default: the language_model.* / text_model.* prefixes), and the causal LM's config.json from config.json
     # (default: text_config with architectures = text_architecture)
     text_tensor_name: Callable[[str], str | None] | None = None
     text_config: Callable[[dict[str, Any]], dict[str, Any]] | None = None
-    # dynamic resolution (frames "dynamic"): the most image tokens one image becomes, from the image processor's
-    # settings, and the size (height, width) the runtime resizes an image of (height, width) to
-    max_image_tokens: Callable[[dict[str, Any]], int | None] | None = None
-    resize: Callable[[int, int, dict[str, Any]], tuple[int, int]] | None = None
     # the parity images' (width, height) where the family's image tokens depend on the size (None: the default set)
     parity_image_sizes: tuple[tuple[int, int], ...] | None = None
     # the vision tower as the plan counts it, from config.json: its width (default: vision_config.hidden_size) and
@@ -65,6 +56,24 @@ class VLMFamily:
     # no window attention)
     vision_width: Callable[[dict[str, Any]], int | None] | None = None
     window_attention: Callable[[dict[str, Any]], bool] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.runtime.name
+
+    @property
+    def display(self) -> str:
+        """How messages name the family ("LLaVA", "Idefics3/SmolVLM")."""
+        return self.runtime.display
+
+    @property
+    def frames(self) -> str:
+        """The runtime's preprocessing ("single", "tiles" or "dynamic")."""
+        return self.runtime.frames
+
+    def user_prompt(self, text: str, n_images: int, marker: str) -> str:
+        """One user turn + the generation prompt, as the runtime writes it."""
+        return self.runtime.user_prompt(text, n_images, marker)
 
     def tower_width(self, config: dict[str, Any]) -> int | None:
         """The vision tower's width (:attr:`vision_width`, else ``vision_config.hidden_size``)."""
@@ -119,12 +128,3 @@ def config_architecture(config: dict[str, Any]) -> str | None:
 
 def by_config(config: dict[str, Any], *, strict: bool = True) -> VLMFamily:
     return by_architecture(config_architecture(config), strict=strict)
-
-
-def by_processor(preprocessor: dict[str, Any]) -> VLMFamily:
-    """The family whose image processor wrote ``preprocessor`` (its ``image_processor_type`` or a key only that
-    processor has); the first registered family otherwise."""
-    for f in families():
-        if preprocessor.get("image_processor_type") in f.processor_types or f.processor_keys & set(preprocessor):
-            return f
-    return families()[0]

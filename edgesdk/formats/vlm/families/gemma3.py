@@ -14,7 +14,8 @@ matrix as it is: clip.cpp transposes it in the graph). Embeddings and 1-D tensor
 
 One image in the prompt: the HF processor replaces ``<start_of_image>`` with ``\\n\\n<start_of_image>`` +
 ``mm_tokens_per_image`` x ``<image_soft_token>`` + ``<end_of_image>\\n\\n``; libmtmd wraps each media marker in
-``<start_of_image>`` / ``<end_of_image>``, so the runtime writes ``\\n\\n`` + marker + ``\\n\\n`` (:func:`image_text`).
+``<start_of_image>`` / ``<end_of_image>``, so the runtime writes ``\\n\\n`` + marker + ``\\n\\n`` (the runtime
+record's ``image_text``, :mod:`edgesdk.contracts.vlm_families.gemma3`).
 Pan and scan (extra crops per image) is refused.
 """
 
@@ -26,11 +27,10 @@ from typing import Any
 
 import numpy as np
 
+from edgesdk.contracts.vlm_families import gemma3 as runtime
 from edgesdk.errors import ModelError
 from edgesdk.formats.vlm.families import VLMFamily
 
-TURN = "<start_of_turn>{role}\n{prefix}{body}<end_of_turn>\n"
-GENERATION = "<start_of_turn>model\n"
 _VISION = ("vision_tower.", "model.vision_tower.")
 _PROJECTOR = ("multi_modal_projector.", "model.multi_modal_projector.")
 _PROJ_NAMES = {
@@ -178,39 +178,8 @@ def _projector(info: dict[str, Any]) -> str:
     return f"average pooling ({kernel} x {kernel}) + soft-embedding RMS norm + input projection"
 
 
-def user_prompt(text: str, n_images: int, marker: str) -> str:
-    """Gemma-3's chat template for one user turn (images first, the text trimmed) + the generation prompt."""
-    return TURN.format(role="user", prefix="", body=marker * n_images + text.strip()) + GENERATION
-
-
-def chat(messages: list[dict[str, Any]], marker: str) -> str:
-    """Gemma-3's chat template: a system message prefixes the first user turn (+ ``\\n\\n``), ``assistant`` is
-    ``model``, text parts trimmed, images where they appear; then ``<start_of_turn>model\\n``. No ``<bos>``: the
-    tokenizer adds it."""
-    prefix, text = "", ""
-    if messages and messages[0]["role"] == "system":
-        content = messages[0]["content"]
-        prefix = (content if isinstance(content, str) else content[0].get("text", "")) + "\n\n"
-        messages = messages[1:]
-    for i, m in enumerate(messages):
-        content = m["content"]
-        parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
-        body = "".join(p["text"].strip() if p.get("type") == "text" else marker for p in parts)
-        text += TURN.format(
-            role="model" if m["role"] == "assistant" else m["role"], prefix=prefix if i == 0 else "", body=body
-        )
-    return text + GENERATION
-
-
-def image_text(rows: int, cols: int, marker: str) -> str:
-    """One image as Gemma3Processor writes it around its tokens (libmtmd adds ``<start_of_image>`` /
-    ``<end_of_image>`` around the marker)."""
-    return "\n\n" + marker + "\n\n"
-
-
 FAMILY = VLMFamily(
-    name="gemma3",
-    display="Gemma-3",
+    runtime=runtime.FAMILIES[0],
     architectures=("Gemma3ForConditionalGeneration",),
     vision_model_types=frozenset({"siglip_vision_model"}),
     component_prefixes=(
@@ -222,12 +191,7 @@ FAMILY = VLMFamily(
     check=_check,
     write_mmproj=_write,
     image_tokens=image_tokens,
-    user_prompt=user_prompt,
-    chat=chat,
     projector=_projector,
-    processor_types=frozenset({"Gemma3ImageProcessor", "Gemma3ImageProcessorFast"}),
-    processor_keys=frozenset({"do_pan_and_scan"}),
-    image_text=image_text,
     text_architecture="Gemma3ForCausalLM",
     reference_marker="<start_of_image>",
 )

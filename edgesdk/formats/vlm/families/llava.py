@@ -7,9 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from edgesdk.contracts.vlm_families import llava as runtime
 from edgesdk.formats.vlm.families import VLMFamily
-
-PROMPT = "USER: {images}{text} ASSISTANT:"  # LLaVA-1.5 conversation format
 
 
 def _canonical(name: str) -> str:
@@ -36,30 +35,8 @@ def image_tokens(config: dict[str, Any]) -> int | None:
     return (size // patch) ** 2 if isinstance(size, int) and isinstance(patch, int) and patch else None
 
 
-def user_prompt(text: str, n_images: int, marker: str) -> str:
-    return PROMPT.format(images="".join(marker + "\n" for _ in range(n_images)), text=text)
-
-
-def chat(messages: list[dict[str, Any]], marker: str) -> str:
-    """LLaVA-1.5's conversation: ``USER: `` + one marker line per image + the text, ``ASSISTANT: `` answers."""
-    text = ""
-    for m in messages:
-        content = m["content"]
-        parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
-        body = "".join(p["text"] for p in parts if p.get("type") == "text")
-        n_img = sum(1 for p in parts if p.get("type") in ("image", "image_url"))
-        if m["role"] == "system":
-            text += body + "\n"
-        elif m["role"] == "user":
-            text += "USER: " + (marker + "\n") * n_img + body + " "
-        else:
-            text += "ASSISTANT: " + body + "\n"
-    return text + "ASSISTANT:"
-
-
 FAMILY = VLMFamily(
-    name="llava",
-    display="LLaVA",
+    runtime=runtime.FAMILIES[0],
     architectures=("LlavaForConditionalGeneration",),
     vision_model_types=frozenset({"siglip_vision_model", "clip_vision_model"}),
     component_prefixes=(
@@ -71,8 +48,6 @@ FAMILY = VLMFamily(
     check=_check,
     write_mmproj=_write,
     image_tokens=image_tokens,
-    user_prompt=user_prompt,
-    chat=chat,
     projector=lambda info: "MLP projector",
     onnx_encoder=True,
 )

@@ -16,37 +16,27 @@ full attention where ``(block + 1) % n == 0``, so ``fullatt_block_indexes`` must
 ``merger.mlp.0`` / ``mlp.2`` as ``mm.0`` / ``mm.2``. 1-D tensors F32, matrices F16. clip.cpp uses a window of
 112 px (it reads no window size for this projector), a 2 x 2 merge, 2 frames per patch: other values are refused.
 
-Dynamic resolution at run time (:func:`smart_resize`): the runtime resizes each image as the HF processor does
-(Pillow, the processor's bicubic filter) and gives libmtmd the resized pixels with image-token limits that make its
-own resize a copy (``mtmd_context_params.image_min_tokens`` / ``image_max_tokens``). llama.cpp caps an image at
-:data:`MAX_IMAGE_TOKENS` tokens (its default for Qwen-VL); larger images are resized down to that many tokens, where
-the HF processor would keep up to ``max_pixels`` (16384 tokens for Qwen2.5-VL-3B).
+Dynamic resolution at run time, the prompt and the chat template are the runtime record's
+(:mod:`edgesdk.contracts.vlm_families.qwen_vl`: ``smart_resize``, ``max_image_tokens``, :data:`MAX_IMAGE_TOKENS`).
 
 Positions: libmtmd's ``mtmd_helper_decode_image_chunk`` gives image token (row r, column c) of an image starting at
 position p the M-RoPE ids (p, p + r, p + c) and advances the position by max(rows, columns), as HF's
 ``get_rope_index``; text tokens get one id used in all three sections.
-
-The prompt: Qwen2.5-VL's chat template (a default system turn ``You are a helpful assistant.``); one image is
-``<|vision_start|><|image_pad|>...<|vision_end|>``, and libmtmd wraps each media marker in ``<|vision_start|>`` /
-``<|vision_end|>`` itself, so the runtime writes the marker alone.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from edgesdk.contracts.vlm_families import qwen_vl as runtime
+from edgesdk.contracts.vlm_families.qwen_vl import MAX_IMAGE_TOKENS, factor, max_image_tokens, pixel_limits
 from edgesdk.errors import ModelError
 from edgesdk.formats.vlm.families import VLMFamily
 
-SYSTEM = "You are a helpful assistant."
-TURN = "<|im_start|>{role}\n{body}<|im_end|>\n"
-GENERATION = "<|im_start|>assistant\n"
-MAX_IMAGE_TOKENS = 4096  # llama.cpp's cap for Qwen-VL images (clip.cpp: set_limit_image_tokens(8, 4096))
 WINDOW = 112  # px: the attention window clip.cpp uses for qwen2.5vl_merger
 _VISION = ("visual.", "model.visual.")
 _MERGER = ("visual.merger.", "model.visual.merger.")
@@ -58,9 +48,7 @@ COMPONENT_PREFIXES = (
     ("vision_encoder", _VISION),
     ("decoder", _TEXT + _LEGACY_TEXT + ("lm_head.",)),
 )
-# the image processor both Qwen-VL generations save, how the HF processor marks an image, the parity images
-PROCESSOR_TYPES = frozenset({"Qwen2VLImageProcessor", "Qwen2VLImageProcessorFast"})
-PROCESSOR_KEYS = frozenset({"temporal_patch_size"})
+# how the HF processor marks an image, the parity images
 REFERENCE_MARKER = "<|vision_start|><|image_pad|><|vision_end|>"
 PARITY_IMAGE_SIZES = ((250, 190), (140, 300), (96, 60))
 MERGER_NAMES = {
@@ -131,44 +119,6 @@ def wa_pattern(vision: dict[str, Any]) -> int:
             "(llama.cpp's qwen2.5vl_merger graph attends fully where (block + 1) % n == 0)"
         )
     return n
-
-
-def pixel_limits(pre: dict[str, Any]) -> tuple[int, int]:
-    """(min_pixels, max_pixels) of the image processor: ``size.shortest_edge`` / ``longest_edge`` (transformers
-    >= 4.50 reads these), else ``min_pixels`` / ``max_pixels``, else Qwen2-VL's defaults."""
-    size = pre.get("size") or {}
-    lo = size.get("shortest_edge") if isinstance(size, dict) else None
-    hi = size.get("longest_edge") if isinstance(size, dict) else None
-    lo = lo if isinstance(lo, int) else pre.get("min_pixels", 56 * 56)
-    hi = hi if isinstance(hi, int) else pre.get("max_pixels", 28 * 28 * 1280)
-    return int(lo), int(hi)
-
-
-def factor(pre: dict[str, Any]) -> int:
-    """The side of one image token in pixels: patch_size x merge_size (28 for Qwen2-VL and Qwen2.5-VL)."""
-    return int(pre.get("patch_size", 14)) * int(pre.get("merge_size", 2))
-
-
-def smart_resize(height: int, width: int, pre: dict[str, Any]) -> tuple[int, int]:
-    """(height, width) the image processor resizes an image to: each edge rounded to a multiple of
-    :func:`factor`, then scaled (aspect kept) into [min_pixels, max_pixels], with llama.cpp's cap of
-    :data:`MAX_IMAGE_TOKENS` tokens as a further maximum (the same arithmetic as transformers' ``smart_resize``)."""
-    f = factor(pre)
-    lo, hi = pixel_limits(pre)
-    hi = min(hi, MAX_IMAGE_TOKENS * f * f)
-    h_bar, w_bar = round(height / f) * f, round(width / f) * f
-    if h_bar * w_bar > hi:
-        beta = math.sqrt(height * width / hi)
-        h_bar, w_bar = max(f, math.floor(height / beta / f) * f), max(f, math.floor(width / beta / f) * f)
-    elif h_bar * w_bar < lo:
-        beta = math.sqrt(lo / (height * width))
-        h_bar, w_bar = math.ceil(height * beta / f) * f, math.ceil(width * beta / f) * f
-    return h_bar, w_bar
-
-
-def max_image_tokens(pre: dict[str, Any]) -> int:
-    """The most image tokens one image becomes: max_pixels over one token's pixels, at most llama.cpp's cap."""
-    return min(MAX_IMAGE_TOKENS, pixel_limits(pre)[1] // factor(pre) ** 2)
 
 
 def tower_dims(config: dict[str, Any]) -> tuple[int, int]:
@@ -398,54 +348,20 @@ def _projector(info: dict[str, Any]) -> str:
     return projector_words("RMS norm")
 
 
-def user_prompt(text: str, n_images: int, marker: str) -> str:
-    """Qwen2.5-VL's chat template for one user turn (the default system turn, images first) + the generation
-    prompt."""
-    return (
-        TURN.format(role="system", body=SYSTEM) + TURN.format(role="user", body=marker * n_images + text) + GENERATION
-    )
-
-
-def chat(messages: list[dict[str, Any]], marker: str) -> str:
-    """Qwen2.5-VL's chat template: the default system turn unless the first message is one, each message
-    ``<|im_start|>role\\n`` + its parts (images where they appear) + ``<|im_end|>\\n``, then
-    ``<|im_start|>assistant\\n``."""
-    text = "" if messages and messages[0]["role"] == "system" else TURN.format(role="system", body=SYSTEM)
-    for m in messages:
-        content = m["content"]
-        parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
-        body = "".join(p["text"] if p.get("type") == "text" else marker for p in parts)
-        text += TURN.format(role=m["role"], body=body)
-    return text + GENERATION
-
-
 FAMILY = VLMFamily(
-    name="qwen25vl",
-    display="Qwen2.5-VL",
+    runtime=runtime.FAMILIES[0],
     architectures=("Qwen2_5_VLForConditionalGeneration",),
-    vision_model_types=frozenset(
-        {
-            "qwen2_5_vl",
-            "qwen2_5_vl_vision",
-        }
-    ),
+    vision_model_types=frozenset({"qwen2_5_vl", "qwen2_5_vl_vision"}),
     component_prefixes=COMPONENT_PREFIXES,
     canonical_name=lambda name: name,
     check=_check,
     write_mmproj=_write,
     image_tokens=image_tokens,
-    user_prompt=user_prompt,
-    chat=chat,
     projector=_projector,
-    processor_types=PROCESSOR_TYPES,
-    processor_keys=PROCESSOR_KEYS,
-    frames="dynamic",
     text_architecture="Qwen2_5_VLTextModel",
     reference_marker=REFERENCE_MARKER,
     text_tensor_name=text_tensor_name,
     text_config=text_config,
-    max_image_tokens=max_image_tokens,
-    resize=smart_resize,
     parity_image_sizes=PARITY_IMAGE_SIZES,
     window_attention=window_attention,
 )

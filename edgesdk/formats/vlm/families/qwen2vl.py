@@ -18,24 +18,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from edgesdk.contracts.vlm_families import qwen_vl as runtime
 from edgesdk.errors import ModelError
 from edgesdk.formats.vlm.families import VLMFamily
 from edgesdk.formats.vlm.families.qwen25vl import (
     COMPONENT_PREFIXES,
     MERGER_NAMES,
     PARITY_IMAGE_SIZES,
-    PROCESSOR_KEYS,
-    PROCESSOR_TYPES,
     REFERENCE_MARKER,
-    chat,
     check_checkpoint,
     image_tokens,
-    max_image_tokens,
     projector_words,
-    smart_resize,
     text_config,
     text_tensor_name,
-    user_prompt,
     write_merger,
 )
 
@@ -91,8 +86,7 @@ def _write(directory: Path, out_path: Path, config: dict[str, Any], *, name: str
 
 
 FAMILY = VLMFamily(
-    name="qwen2vl",
-    display="Qwen2-VL",
+    runtime=runtime.FAMILIES[1],
     architectures=("Qwen2VLForConditionalGeneration",),
     vision_model_types=frozenset(TOWERS),
     component_prefixes=COMPONENT_PREFIXES,
@@ -100,19 +94,11 @@ FAMILY = VLMFamily(
     check=_check,
     write_mmproj=_write,
     image_tokens=image_tokens,
-    user_prompt=user_prompt,
-    chat=chat,
     projector=lambda info: projector_words("LayerNorm"),
-    # Qwen2.5-VL's processor (the runtime's by_processor finds the first such record: the same resize and prompt)
-    processor_types=PROCESSOR_TYPES,
-    processor_keys=PROCESSOR_KEYS,
-    frames="dynamic",
     text_architecture="Qwen2VLTextModel",
     reference_marker=REFERENCE_MARKER,
     text_tensor_name=text_tensor_name,
     text_config=text_config,
-    max_image_tokens=max_image_tokens,
-    resize=smart_resize,
     parity_image_sizes=PARITY_IMAGE_SIZES,
     vision_width=vision_width,
 )

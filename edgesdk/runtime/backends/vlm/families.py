@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The runtime's per-family behaviour, chosen by the family record (:class:`edgesdk.formats.vlm.families.VLMFamily`).
+"""The runtime's per-family behaviour, chosen by the family record
+(:class:`edgesdk.contracts.vlm_families.RuntimeFamily`).
 
 The record's ``frames`` picks one strategy (:func:`frames_for`), which answers what the preprocessor and the
 pipeline used to branch on:
@@ -23,7 +24,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from edgesdk.formats.vlm.families import VLMFamily
+from edgesdk.contracts.vlm_families import RuntimeFamily
 
 
 class Preprocessor(Protocol):
@@ -46,7 +47,7 @@ class SingleFrames:
     name = "single"
     collapse_layout = False  # libmtmd's chunks are the family's token layout as they are
 
-    def __init__(self, record: VLMFamily):
+    def __init__(self, record: RuntimeFamily):
         self.record = record
 
     def max_pixels(self, config: dict[str, Any], image_size: int) -> int:
@@ -140,12 +141,14 @@ class DynamicFrames(SingleFrames):
 STRATEGIES: dict[str, type[SingleFrames]] = {"single": SingleFrames, "tiles": TileFrames, "dynamic": DynamicFrames}
 
 
-def frames_for(record: VLMFamily) -> SingleFrames:
+def frames_for(record: RuntimeFamily) -> SingleFrames:
     """The strategy of the record's ``frames`` (``single`` for a value not in :data:`STRATEGIES`)."""
     return STRATEGIES.get(record.frames, SingleFrames)(record)
 
 
-def image_frames(pre: Preprocessor, record: VLMFamily, img: Any, marker: str) -> tuple[list[np.ndarray], str | None]:
+def image_frames(
+    pre: Preprocessor, record: RuntimeFamily, img: Any, marker: str
+) -> tuple[list[np.ndarray], str | None]:
     """One decoded image's encoder frames and, when the record writes each image's own layout (``image_text``),
     that layout with one ``marker`` per frame (None otherwise: the image stays one marker)."""
     if record.image_text is not None:

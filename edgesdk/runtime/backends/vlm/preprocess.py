@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from edgesdk.contracts import vlm_families
 from edgesdk.errors import InputError, ModelError
-from edgesdk.formats.vlm import families as vlm_families
 from edgesdk.runtime.backends.vlm.families import frames_for
 
 # image inputs (issue 25 finding 8): a file larger than this is refused unread; decoded size is limited per model
@@ -71,7 +71,7 @@ def load_pixels(img: Any, what: str) -> Any:
     return img
 
 
-def record_for(config: dict[str, Any]) -> vlm_families.VLMFamily:
+def record_for(config: dict[str, Any]) -> vlm_families.RuntimeFamily:
     """The family record of a bundle's ``preprocessor_config.json``: the one its manifest names (``_family``, set by
     load_vlm; Qwen2-VL and Qwen2.5-VL share one image processor), else the record whose processor wrote it."""
     name = config.get("_family")
@@ -92,7 +92,7 @@ class ImagePreprocessor:
         self.config = config
         self.image_size = int(image_size)
         self.resample = int(config.get("resample", 3))
-        # the family record whose processor wrote this config (formats/vlm/families): its frames, prompt, layout
+        # the family record whose processor wrote this config (contracts/vlm_families): its frames, prompt, layout
         self.record = record_for(config)
         self.family = self.record.name
         self.strategy = frames_for(self.record)  # the runtime's behaviour for the record's frames (families.py)
