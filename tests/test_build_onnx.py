@@ -110,7 +110,7 @@ def test_debug_flag_shows_traceback(run_cli, tmp_path):
 @pytest.mark.slow
 def test_parity_miss_falls_back_to_next_precision_when_asked(minilm_dir, tmp_path, monkeypatch):
     import edgesdk.plan as plan_mod
-    from edgesdk.formats.onnx.build import next_precision
+    from edgesdk.formats.onnx.plan import next_precision
 
     assert next_precision("int8", ["int8", "fp32"]) == "fp32"
     assert next_precision("int8", ["fp16", "int8", "fp32"]) == "fp16"

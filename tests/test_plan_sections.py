@@ -80,6 +80,27 @@ def test_sections_round_trip_through_their_decisions(minilm_dir):
         assert again == section and again.decisions() == section.decisions()
 
 
+@pytest.mark.parametrize("key", [k for k in GOLDEN if k.startswith("minilm/")])
+def test_the_plan_decides_the_thresholds_of_every_parity_fallback(minilm_dir, key):
+    """Issue 40, item 2: the verify stage reads its thresholds from the section (``thresholds``), for the artifact's
+    precision and each precision a parity fallback reaches; the build no longer asks the profile
+    (``BuildContext.thresholds_for`` is gone). They are the profile's, as before."""
+    from edgesdk.formats.onnx.plan import next_precision
+    from edgesdk.profiles import parity_thresholds
+
+    plan = _plan(minilm_dir, key)
+    section, profile = plan.section, resolve_profile(key.split("/")[1])
+    assert isinstance(section, OnnxPlan)
+    first = section.onnx_precision or plan.precision
+    chain = [first]
+    while (nxt := next_precision(chain[-1], profile.precision_order)) is not None:
+        chain.append(nxt)
+    assert list(section.parity_by_precision) == chain
+    assert section.thresholds(first) == section.parity
+    for precision in chain:
+        assert section.thresholds(precision) == parity_thresholds(profile, precision)
+
+
 def test_a_registered_formats_decisions_stay_untyped_and_readable():
     section = PlanSection.from_decisions([Decision("toy.scale", 2.0, "why"), Decision("toy.mode", "x", "because")])
     assert [d.key for d in section.decisions()] == ["toy.scale", "toy.mode"] and section.value("toy.scale") == 2.0

@@ -210,11 +210,6 @@ class BuildContext:
 
         self._artifacts[rel] = artifact_entry(self.staging, rel, role)
 
-    def thresholds_for(self, precision: str) -> dict[str, Any]:
-        from edgesdk.profiles import parity_thresholds
-
-        return parity_thresholds(self.profile, precision)
-
     def set_precision(self, precision: str) -> None:
         self.precision = precision
 

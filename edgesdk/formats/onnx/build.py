@@ -17,7 +17,7 @@ import numpy as np
 from edgesdk.errors import InputError, ModelError, ParityError
 from edgesdk.formats.onnx import parity as P
 from edgesdk.formats.onnx.export import run_export, save_feeds, stack, torch_reference
-from edgesdk.formats.onnx.plan import onnx_section
+from edgesdk.formats.onnx.plan import next_precision, onnx_section
 from edgesdk.manifest import EmbeddingConfig
 from edgesdk.types import JSONObject, OptimizeMethod
 
@@ -38,7 +38,6 @@ TOKENIZER_FILES = (
     "sentence_bert_config.json",
     "preprocessor_config.json",
 )
-FIDELITY = ["int8", "fp16", "bf16", "fp32"]  # lowest to highest
 # Protobuf's 2 GiB limit on one message: larger models keep their weights in "<model>.onnx.data" beside.
 INLINE_MAX_BYTES = 1_800_000_000
 
@@ -96,15 +95,6 @@ def check_ort_loads(path: Path) -> None:
         detail = detail.split(" : ", 3)[-1] if " : " in detail else detail
         detail = detail.split("failed:", 1)[-1] if detail.startswith("Load model from") else detail
         raise ModelError(f"{path}: ONNX Runtime rejects the model ({type(exc).__name__}: {detail[:200]})") from exc
-
-
-def next_precision(current: str, profile_order: list[str]) -> str | None:
-    """The next higher-fidelity precision the profile allows (fp32 always), for a parity fallback."""
-    higher = FIDELITY[FIDELITY.index(current) + 1 :] if current in FIDELITY else []
-    for p in higher:
-        if p in profile_order or p == "fp32":
-            return p
-    return None
 
 
 def _versions() -> dict[str, str]:
@@ -454,7 +444,7 @@ def build_onnx(ctx: BuildContext) -> None:
             outputs = _ort_outputs(final, held_out.feeds)
             assert held_out.reference is not None  # set in the export stage above
             metrics = P.compare(held_out.reference, outputs, held_out.masks)
-            thresholds = ctx.thresholds_for(precision)
+            thresholds = onnx_section(ctx.plan.section).thresholds(precision)
             miss = P.check_thresholds(metrics, thresholds)
             padded = _padded_parity(ctx, final, held_out, thresholds.get("min_cosine"))
             if padded is not None:  # the held-out texts in padded batches, as embed() runs them

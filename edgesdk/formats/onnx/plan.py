@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
-from edgesdk.errors import ResourceError
+from edgesdk.errors import InputError, ResourceError
 from edgesdk.profiles import execution_provider_chain, parity_thresholds
 from edgesdk.types import (
     BuildOptions,
@@ -76,6 +76,10 @@ class OnnxPlan(PlanSection):
     shape_buckets: ShapeBuckets | None = None  # None: no CUDA EP in the chain
     parity: dict[str, float | None] = field(default_factory=dict)  # thresholds of the ONNX artifact's precision
     eager_fallback: str | None = None  # "safetensors+config": the bundle carries weights for eager CUDA
+    # The thresholds of the artifact's precision and of each precision a parity fallback may reach (the verify
+    # stage's, :meth:`thresholds`), decided by the planner from the profile; not a decision of its own (the plan's
+    # JSON carries ``parity``, the artifact precision's, as before; sections compare by their decisions).
+    parity_by_precision: dict[str, dict[str, float | None]] = field(default_factory=dict, compare=False)
 
     FIELDS: ClassVar[dict[str, str]] = {
         "export": "export",
@@ -89,6 +93,39 @@ class OnnxPlan(PlanSection):
         "eager_fallback": "eager_fallback",
     }
     PARSE: ClassVar[dict[str, object]] = {"optimize": OptimizeMethod, "shape_buckets": ShapeBuckets.from_json}
+
+    def thresholds(self, precision: str) -> dict[str, float | None]:
+        """The parity thresholds an artifact of ``precision`` is verified against, as the plan decided them. A
+        section made from decisions alone (a registered format's plan, typed here) has only ``parity``, which then
+        stands for every precision."""
+        if precision in self.parity_by_precision:
+            return dict(self.parity_by_precision[precision])
+        if not self.parity_by_precision:
+            return dict(self.parity)
+        raise InputError(
+            f"the plan decided no parity thresholds for {precision} (it has {', '.join(self.parity_by_precision)})"
+        )
+
+    def decide_parity(self, profile: Profile, precision: str) -> None:
+        """Fill :attr:`parity_by_precision` for an artifact of ``precision`` and every parity fallback from it."""
+        table: dict[str, dict[str, float | None]] = {}
+        current: str | None = precision
+        while current is not None:
+            table[current] = parity_thresholds(profile, current)
+            current = next_precision(current, profile.precision_order)
+        self.parity_by_precision = table
+
+
+FIDELITY = ["int8", "fp16", "bf16", "fp32"]  # lowest to highest
+
+
+def next_precision(current: str, profile_order: list[str]) -> str | None:
+    """The next higher-fidelity precision the profile allows (fp32 always), for a parity fallback."""
+    higher = FIDELITY[FIDELITY.index(current) + 1 :] if current in FIDELITY else []
+    for p in higher:
+        if p in profile_order or p == "fp32":
+            return p
+    return None
 
 
 def onnx_section(section: PlanSection) -> OnnxPlan:
@@ -157,7 +194,9 @@ def plan_onnx(facts: ModelFacts, profile: Profile, options: BuildOptions, precis
         parity_decision(profile, options, precision),
     ]
     eager = eager_fallback_decision(facts, profile, precision)
-    return OnnxPlan.from_decisions(out + ([eager] if eager is not None else []))
+    section = OnnxPlan.from_decisions(out + ([eager] if eager is not None else []))
+    section.decide_parity(profile, section.onnx_precision or precision)
+    return section
 
 
 # Shape buckets for CUDA-graph capture (the runtime's defaults before the planner recorded them).

@@ -98,6 +98,7 @@ class TensorRTFormat:
             parity_decision(profile, options, section.onnx_precision or precision),
         ]:
             section.record(d.key, d.value, d.reason)
+        section.decide_parity(profile, section.onnx_precision or precision)
         return section
 
     def build(self, ctx: BuildContext) -> None:
