@@ -90,7 +90,7 @@ def plan_build(
             Decision(
                 "profile",
                 profile.name,
-                f"alias {profile.resolved_from!r} resolves to {profile.name} ({profile.data['display_name']})",
+                f"alias {profile.resolved_from!r} resolves to {profile.name} ({profile.display_name})",
             )
         )
     fmt = _choose_format(facts, profile, options)

@@ -270,7 +270,7 @@ class Profile:
         return self.kind in ("jetson", "gpu")
 
     @property
-    def policy(self) -> dict[str, Any]:
+    def _policy(self) -> dict[str, Any]:
         section: dict[str, Any] = self.data["policy"]
         return section
 
@@ -285,7 +285,7 @@ class Profile:
         return None if sm is None else str(sm)
 
     @property
-    def software(self) -> dict[str, Any]:
+    def _software(self) -> dict[str, Any]:
         section: dict[str, Any] = self.data["software"]
         return section
 
@@ -297,31 +297,31 @@ class Profile:
     @property
     def preferred_formats(self) -> list[str]:
         """``policy.formats``: output formats in the profile's order of preference."""
-        return list(self.policy["formats"])
+        return list(self._policy["formats"])
 
     @property
     def precision_order(self) -> list[str]:
         """``policy.precision``: precisions, preferred first."""
-        return list(self.policy["precision"])
+        return list(self._policy["precision"])
 
     @property
     def execution_providers(self) -> list[str]:
         """``policy.execution_providers``: ONNX Runtime EPs, best first (as written; the CPU is not added)."""
-        return list(self.policy.get("execution_providers") or [])
+        return list(self._policy.get("execution_providers") or [])
 
     def parity_overrides(self, precision: str) -> dict[str, Any]:
         """``policy.parity.<precision>``: threshold overrides ({} where none)."""
-        table = (self.policy.get("parity") or {}).get(precision)
+        table = (self._policy.get("parity") or {}).get(precision)
         return dict(table) if isinstance(table, dict) else {}
 
     @property
     def memory_headroom_fraction(self) -> float:
-        return float(self.policy["memory_headroom_fraction"])
+        return float(self._policy["memory_headroom_fraction"])
 
     @property
     def llm(self) -> LlmPolicy:
         """``policy.llm``."""
-        d = self.policy.get("llm") or {}
+        d = self._policy.get("llm") or {}
         order = d.get("quant_order")
         return LlmPolicy(
             context_length=d.get("context_length"),
@@ -342,7 +342,7 @@ class Profile:
 
     def software_version(self, name: str) -> str | None:
         """``software.<name>`` (``tensorrt``, ``l4t``, ``jetpack``, ``cuda``), or ``software.source``."""
-        value = self.software.get(name)
+        value = self._software.get(name)
         return None if value is None else str(value)
 
     @property
@@ -354,7 +354,7 @@ class Profile:
     @property
     def latency_target_ms(self) -> float | None:
         """``policy.latency_target_ms`` (the profiler's latency budget), None where not set."""
-        value = self.policy.get("latency_target_ms")
+        value = self._policy.get("latency_target_ms")
         return None if value is None else float(value)
 
     # ------------------------------------------------------------------ typed accessors (device identity, listing)
@@ -387,6 +387,17 @@ class Profile:
         return list((self.data["device"].get("cpu") or {}).get("isa") or [])
 
     @property
+    def display_name(self) -> str:
+        """``display_name``: the device as people call it."""
+        return str(self.data["display_name"])
+
+    @property
+    def power_modes(self) -> list[str]:
+        """``device.power_modes.value``: the board's power modes (nvpmodel names; [] where none are listed)."""
+        node = (self.data["device"].get("power_modes") or {}).get("value")
+        return [str(m) for m in node] if isinstance(node, list) else []
+
+    @property
     def aliases(self) -> list[str]:
         """``aliases``: other names the profile resolves from."""
         return list(self.data.get("aliases") or [])
@@ -403,13 +414,20 @@ class Profile:
 
     def memory_budget_gb(self) -> float | None:
         """Memory the model may use: explicit policy budget, else usable (or total) memory minus headroom."""
-        explicit = self.policy.get("memory_budget_gb")
+        explicit = self._policy.get("memory_budget_gb")
         if explicit is not None:
             return float(explicit)
         usable = self.figure("device.memory.usable_gb") or self.figure("device.memory.total_gb")
         if usable is None:
             return None
-        return round(float(usable) * (1.0 - float(self.policy["memory_headroom_fraction"])), 2)
+        return round(float(usable) * (1.0 - float(self._policy["memory_headroom_fraction"])), 2)
+
+    def as_written(self) -> dict[str, Any]:
+        """A deep copy of the YAML mapping, for tools that write a new profile from this one (``profiler detect
+        --write-profile``); planners and the runtime read the typed views above."""
+        import copy
+
+        return copy.deepcopy(self.data)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -422,10 +440,10 @@ class Profile:
             "memory_gb": self.figure("device.memory.total_gb"),
             "bandwidth_gbps": self.figure("device.memory.bandwidth_gbps"),
             "fp16_tflops": self.figure("device.peak.fp16_tflops"),
-            "tensorrt": self.software.get("tensorrt"),
+            "tensorrt": self._software.get("tensorrt"),
             "dla_cores": self.dla_cores,
-            "formats": self.policy["formats"],
-            "precision": self.policy["precision"],
+            "formats": self._policy["formats"],
+            "precision": self._policy["precision"],
             "path": str(self.path),
         }
 

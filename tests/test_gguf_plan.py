@@ -73,10 +73,11 @@ def test_orin_nano_picks_the_largest_type_that_fits_and_explains_the_arithmetic(
     quant, n_ctx = d["gguf.quant_type"].value, d["gguf.context_length"].value
     budget = profile.memory_budget_gb() * 1e9
     assert total_bytes(facts, quant, n_ctx) <= budget
-    assert n_ctx == profile.policy["llm"]["context_length"]
-    order = profile.policy["llm"]["quant_order"]
+    assert n_ctx == profile.llm.context_length
+    order = profile.llm.quant_order
+    assert order is not None
     for bigger in order[: order.index(quant)]:  # every larger type was rejected for a real reason
-        assert total_bytes(facts, bigger, profile.policy["llm"]["context_length"]) > budget
+        assert total_bytes(facts, bigger, profile.llm.context_length) > budget
     reason = d["gguf.quant_type"].reason
     assert "bpw" in reason and "KV" in reason and f"{profile.memory_budget_gb()} GB" in reason
     assert "explain" not in reason  # the arithmetic itself, not a pointer to it
@@ -88,9 +89,9 @@ def test_short_context_when_no_type_fits_at_the_planned_length():
     facts, profile = hf_facts("llama2-7b"), resolve_profile("orin-nano-8gb")  # no GQA: 0.5 MB KV per token
     d = decisions(plan_build(facts, profile, BuildOptions()))
     quant, n_ctx = d["gguf.quant_type"].value, d["gguf.context_length"].value
-    llm = profile.policy["llm"]
-    assert quant == llm["quant_order"][-1]
-    assert llm.get("min_context_length", 512) <= n_ctx < llm["context_length"] and n_ctx % 256 == 0
+    llm = profile.llm
+    assert llm.quant_order is not None and llm.context_length is not None and quant == llm.quant_order[-1]
+    assert (llm.min_context_length or 512) <= n_ctx < llm.context_length and n_ctx % 256 == 0
     assert total_bytes(facts, quant, n_ctx) <= profile.memory_budget_gb() * 1e9
     assert total_bytes(facts, quant, n_ctx + 256) > profile.memory_budget_gb() * 1e9
     assert "shortened" in d["gguf.context_length"].reason

@@ -104,7 +104,7 @@ def test_broken_yaml_is_one_line(tmp_path):
 def test_memory_budget_uses_usable_memory_and_headroom():
     nano = resolve_profile("orin-nano-8gb")
     usable = nano.figure("device.memory.usable_gb")
-    assert nano.memory_budget_gb() == pytest.approx(usable * (1 - nano.policy["memory_headroom_fraction"]), abs=0.01)
+    assert nano.memory_budget_gb() == pytest.approx(usable * (1 - nano.memory_headroom_fraction), abs=0.01)
     assert resolve_profile("cpu-x86_64").memory_budget_gb() == 8.0
 
 

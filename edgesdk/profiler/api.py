@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from edgesdk.profiler import roofline
 from edgesdk.profiler.bench import BenchOptions, measure_bundle
 from edgesdk.profiler.device_metrics import observe as observe_device
 from edgesdk.profiler.report import assemble, check_budgets
+
+if TYPE_CHECKING:
+    from edgesdk.profiles import Profile
 
 
 def attach_measurement(prediction: dict, measured: dict) -> dict:
@@ -68,7 +72,7 @@ def host_figures() -> dict:
     }
 
 
-def energy_by_power_mode(pred: dict, profile) -> list[dict] | None:
+def energy_by_power_mode(pred: dict, profile: Profile) -> list[dict] | None:
     """Tokens per joule per power mode of a profile that lists its modes (Jetson), from the predicted decode rate
     and the mode's power budget (the watts in its name: ``15W``). The budget caps module power, so the figure is
     a floor on tokens per joule at the predicted rate; a mode without watts in its name (``MAXN``) has none. The
@@ -77,7 +81,7 @@ def energy_by_power_mode(pred: dict, profile) -> list[dict] | None:
     import re
 
     decode = pred.get("decode") or {}
-    modes = ((profile.data.get("device") or {}).get("power_modes") or {}).get("value")
+    modes = profile.power_modes
     if not decode.get("tok_s") or not modes:
         return None
     out = []

@@ -10,7 +10,6 @@ reported as ``None`` (unavailable), never as zero.
 
 from __future__ import annotations
 
-import copy
 import datetime as _dt
 import os
 import platform
@@ -307,7 +306,7 @@ def build_profile_data(result: DetectionResult, name: str) -> dict:
 
     base_name = result.best_match or f"cpu-{result.arch}"
     try:
-        data = copy.deepcopy(resolve_profile(base_name).data)
+        data = resolve_profile(base_name).as_written()
     except ProfileError as exc:
         raise InputError(f"cannot write a profile: no base profile for {base_name!r}") from exc
     when = _dt.date.today().isoformat()

@@ -81,7 +81,7 @@ class GGUFFormat:
     def claims(self, facts: ModelFacts, profile: Profile) -> Decision | None:
         if facts.kind != "gguf" and facts.task != "text-generation":
             return None
-        if "gguf" not in profile.policy["formats"]:
+        if "gguf" not in profile.preferred_formats:
             raise InputError(f"profile {profile.name} does not list gguf; pass --format to override")
         return Decision(
             "format",

@@ -63,7 +63,7 @@ class VLMFormat:
     def claims(self, facts: ModelFacts, profile: Profile) -> Decision | None:
         if facts.task != TASK:
             return None
-        if "gguf" not in profile.policy["formats"]:
+        if "gguf" not in profile.preferred_formats:
             raise InputError(
                 f"profile {profile.name} does not list gguf (the VLM runtime is llama.cpp); pass --format to override"
             )
