@@ -139,15 +139,21 @@ def _usage(last: dict) -> dict:
         "ttft_ms": round(last["ttft_s"] * 1000, 2) if last.get("ttft_s") is not None else None,
         "tokens_per_s": last.get("decode_tok_s"),
         "finish_reason": last.get("finish_reason"),
+        # speculative decoding (prompt lookup): what the request got, tokens drafted and accepted
+        "speculative": last.get("speculative"),
+        "drafted_tokens": last.get("drafted_tokens"),
+        "accepted_tokens": last.get("accepted_tokens"),
     }
 
 
 def _usage_line(u: dict) -> str:
     ttft = f"{u['ttft_ms']:.1f} ms" if u["ttft_ms"] is not None else "-"
     rate = f"{u['tokens_per_s']:.1f} tok/s" if u["tokens_per_s"] is not None else "- tok/s"
+    drafted = u.get("drafted_tokens")
+    spec = f", {u['accepted_tokens']} of {drafted} drafted tokens accepted" if drafted else ""
     return (
         f"usage: prompt {u['prompt_tokens']} tokens, completion {u['completion_tokens']} tokens, "
-        f"TTFT {ttft}, decode {rate}, finish {u['finish_reason']}"
+        f"TTFT {ttft}, decode {rate}{spec}, finish {u['finish_reason']}"
     )
 
 
@@ -297,6 +303,14 @@ GPU_LAYERS = _GpuLayers()
     help="LLM: layers to put on the GPU, as llama-cli's -ngl (a number, 'all', or 'auto': the bundle's plan).",
 )
 @click.option(
+    "--speculative",
+    type=click.Choice(["auto", "lookup", "off", "draft"]),
+    default=None,
+    help="LLM: speculative decoding by prompt lookup: auto (the planner's choice: on a GPU while few requests "
+    "generate, with a live switch-off), lookup (always), off. Default: auto on a GPU, off on the CPU. "
+    "'draft' needs a draft model in the bundle (not available yet).",
+)
+@click.option(
     "--report",
     "show_report",
     is_flag=True,
@@ -341,6 +355,7 @@ def run_cmd(
     threads,
     ctx_size,
     gpu_layers,
+    speculative,
     show_report,
     as_json,
     output,
@@ -400,8 +415,12 @@ def run_cmd(
         options["n_ctx"] = ctx_size
     if gpu_layers is not None:
         options["n_gpu_layers"] = gpu_layers
-    if options.keys() & {"n_ctx", "n_gpu_layers"} and not llm:
-        raise InputError("-c/--ctx-size and -ngl/--gpu-layers apply to LLM bundles: add --prompt TEXT or --chat")
+    if speculative is not None:
+        options["speculative"] = speculative
+    if options.keys() & {"n_ctx", "n_gpu_layers", "speculative"} and not llm:
+        raise InputError(
+            "-c/--ctx-size, -ngl/--gpu-layers and --speculative apply to LLM bundles: add --prompt TEXT or --chat"
+        )
     if verbose:
         options["verbose"] = True
     session = edgesdk.load(bundle, profile=profile, **options)

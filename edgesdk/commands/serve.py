@@ -8,6 +8,8 @@ from pathlib import Path
 
 import click
 
+from edgesdk.commands.run import GPU_LAYERS
+
 
 @click.command("serve")
 @click.argument("bundles", nargs=-1, required=True)
@@ -119,6 +121,32 @@ import click
 )
 @click.option("--profile", help="Device profile to run under (default: the one each bundle was built for).")
 @click.option("--threads", "-t", type=int, help="CPU threads per backend (llama-server's -t).")
+@click.option(
+    "--ctx-size",
+    "-c",
+    "ctx_size",
+    type=click.IntRange(0),
+    default=None,
+    help="LLM: context length of each slot in tokens, as llama-server's -c per slot (0 or left out: the bundle's).",
+)
+@click.option(
+    "--gpu-layers",
+    "--n-gpu-layers",
+    "-ngl",
+    "gpu_layers",
+    type=GPU_LAYERS,
+    default=None,
+    metavar="N|all|auto",
+    help="LLM: layers to put on the GPU, as llama-server's -ngl (a number, 'all', or 'auto': the bundle's plan).",
+)
+@click.option(
+    "--speculative",
+    type=click.Choice(["auto", "lookup", "off", "draft"]),
+    default=None,
+    help="GGUF: speculative decoding by prompt lookup: auto (on a GPU while few requests generate, with a live "
+    "switch-off), lookup (while any slot may), off. Default: auto on a GPU, off on the CPU. A request's own "
+    "'speculative' field overrides it.",
+)
 @click.option("--trace-file", type=click.Path(dir_okay=False), help="Write traces/metrics as OTLP-JSON lines.")
 @click.option(
     "--log-level",
@@ -145,6 +173,9 @@ def serve_cmd(
     no_prefix_reuse,
     profile,
     threads,
+    ctx_size,
+    gpu_layers,
+    speculative,
     trace_file,
     log_level,
     chat_template=None,
@@ -195,7 +226,12 @@ def serve_cmd(
     from edgesdk.serve.loading import answering_while_loading
 
     with answering_while_loading(sockets, config):  # /health: 503 {"status": "loading"} until the models are in
-        entries = _load(bundles, names, profile, threads, chat_template, allow_local_images, config)
+        llm_options = {
+            k: v
+            for k, v in (("n_ctx", ctx_size or None), ("n_gpu_layers", gpu_layers), ("speculative", speculative))
+            if v
+        }
+        entries = _load(bundles, names, profile, threads, chat_template, allow_local_images, config, llm_options)
     if host not in ("127.0.0.1", "localhost", "::1") and not config.api_key:
         click.echo(f"warning: listening on {host} without --api-key: anyone who can reach it can use it", err=True)
     run(entries, config, shutdown_timeout_s=shutdown_timeout, log_level=log_level, sockets=sockets)
@@ -204,7 +240,7 @@ def serve_cmd(
     return 0
 
 
-def _load(bundles, names, profile, threads, chat_template, allow_local_images, config) -> list:
+def _load(bundles, names, profile, threads, chat_template, allow_local_images, config, llm_options=None) -> list:
     """Pull (``oci://``) and load the bundles, printing a line per model."""
     from edgesdk.errors import InputError
     from edgesdk.serve import load_models
@@ -232,6 +268,7 @@ def _load(bundles, names, profile, threads, chat_template, allow_local_images, c
         threads=threads,
         chat_template=chat_template,
         allow_local_images=allow_local_images,
+        llm_options=llm_options,
     )
     for e in entries:
         what = "chat/completions, completions" if e.kind == "llm" else "embeddings"
@@ -242,17 +279,23 @@ def _load(bundles, names, profile, threads, chat_template, allow_local_images, c
                 + "), completions"
             )
         if e.kind == "llm":
+            from edgesdk.runtime.backend import BatchingBackend
             from edgesdk.serve.app import llm_parallel
             from edgesdk.serve.app import prompt_cache_mb as _cache_mb
 
             e.parallel, e.parallel_reason = llm_parallel(e.session, config.parallel)
+            backend = e.session.backend
             if e.parallel > 1:
                 what += f"; continuous batching, slots: {e.parallel_reason}; prompt budget: " + (
-                    e.session.backend.prefill_budget()[1] + "; prefix reuse " + ("on" if config.prefix_reuse else "off")
+                    backend.prefill_budget()[1] + "; prefix reuse " + ("on" if config.prefix_reuse else "off")
                 )
+            elif isinstance(backend, BatchingBackend):
+                reuse = config.prefix_reuse and _cache_mb(e.session, config.prompt_cache_mb) > 0
+                what += f"; slots: {e.parallel_reason}; prefix reuse " + ("on" if reuse else "off")
             else:
-                mb = _cache_mb(e.session, config.prompt_cache_mb)
-                what += f"; slots: {e.parallel_reason}; prompt cache " + (f"{mb:g} MiB" if mb > 0 else "off")
+                what += f"; slots: {e.parallel_reason}"
+            if isinstance(backend, BatchingBackend):
+                what += "; speculative decoding: " + backend.speculative_plan()[2]
         click.echo(f"model {e.name}: {e.provider} ({what})", err=True)
     return entries
 

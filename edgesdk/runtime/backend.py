@@ -232,8 +232,9 @@ class LLMBackend(Backend, Protocol):
 @runtime_checkable
 class BatchingBackend(Protocol):
     """An LLM backend whose model a continuous-batching engine can serve (``edgesdk serve --parallel N``):
-    the engine on the already-loaded weights, requests as token ids, the engine's prompt budget per step and the
-    KV bytes one token takes (for the slot count). The server asks for this protocol, not for a format name."""
+    the engine on the already-loaded weights, requests as token ids, the engine's prompt budget per step, the
+    KV bytes one token takes (for the slot count) and the speculative-decoding plan. The server asks for this
+    protocol, not for a format name."""
 
     def batch_engine(self, *, slots: int, max_queue: int, reuse_prefix: bool = True) -> Any: ...
 
@@ -242,6 +243,8 @@ class BatchingBackend(Protocol):
     def prefill_budget(self) -> tuple[int, str]: ...
 
     def kv_bytes_per_token(self) -> int: ...
+
+    def speculative_plan(self) -> tuple[str, int, str]: ...
 
 
 def _telemetry_fallback(from_: str, to: str, reason: str) -> None:

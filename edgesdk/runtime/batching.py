@@ -174,6 +174,9 @@ class GenerationResult:
     # tokens), eval_tokens/_ms (steps with its generated tokens); a step shared with other requests counts whole
     timings: dict[str, float] = field(default_factory=dict)
     logits: np.ndarray | None = None  # BatchEngine.logits(): the last prompt position's raw logits
+    drafted_tokens: int = 0  # speculative decoding: tokens drafted (prompt lookup) and verified
+    accepted_tokens: int = 0  # of them, the ones the model's own sampling agreed with (emitted for free)
+    speculative: str = "off"  # what this request got: "lookup", "off", or "off (<why>)"
 
 
 @dataclass
@@ -196,6 +199,12 @@ class _Seq:
     hold: int = 0
     kv: list[int] = field(default_factory=list)  # the tokens whose KV cells this sequence holds, in order
     argmax: bool = False  # greedy with no penalty: pick the largest logit directly
+    spec: str = "off"  # speculative decoding for this request: "lookup", "auto" (the engine decides) or "off"
+    spec_note: str = ""  # why it was switched off mid-request
+    drafts: list[int] = field(default_factory=list)  # this step's drafted tokens (after ``pending``)
+    drafted: int = 0
+    accepted: int = 0
+    draft_steps: int = 0
     cached: int = 0
     logprobs: list[TokenLogprob] | None = None  # all of them (the request asked for logprobs)
     grammar: Any = None  # the request's grammar sampler, compiled at submit (beside the chain: _sample_grammar)
@@ -208,6 +217,30 @@ class _Seq:
     prompt_n: int = 0
     eval_s: float = 0.0  # and of the steps with its generated tokens
     eval_n: int = 0
+
+
+SPEC_PROBE_STEPS = 4  # "auto": drafted steps before a request's acceptance is judged
+SPEC_MIN_RATE = 0.25  # "auto": below this share of drafted tokens accepted, a request stops drafting
+
+
+def lookup_draft(history: list[int], k: int, ngram_max: int = 3, ngram_min: int = 2, window: int = 8192) -> list[int]:
+    """Prompt lookup: the ``k`` tokens that followed the latest earlier occurrence of the last ``n`` tokens of
+    ``history`` (n from ``ngram_max`` down to ``ngram_min``; the last ``window`` tokens searched), or none. The
+    drafts of input-grounded text (summaries, edits, extraction) are the input's own continuations."""
+    arr = np.asarray(history[-window:], dtype=np.int64)
+    size = len(arr)
+    for n in range(ngram_max, ngram_min - 1, -1):
+        if size <= n:
+            continue
+        key = arr[size - n :]
+        hit = arr[: size - n] == key[0]  # start i < size - n: an occurrence before the suffix, with a next token
+        for j in range(1, n):
+            hit &= arr[j : size - n + j] == key[j]
+        starts = np.flatnonzero(hit)
+        if starts.size:
+            i = int(starts[-1]) + n
+            return [int(t) for t in arr[i : i + k]]
+    return []
 
 
 def _timings(seq: _Seq) -> dict[str, float]:
@@ -359,6 +392,9 @@ class BatchEngine:
         type_k: str | None = None,
         type_v: str | None = None,
         reuse_prefix: bool = False,
+        speculative: str = "auto",
+        draft_max: int = 8,
+        spec_max_active: int = 2,
         model: Any = None,
         verbose: bool = False,
     ) -> None:
@@ -392,6 +428,14 @@ class BatchEngine:
         self.mixed_prefill = self.kv_unified if mixed_prefill is None else bool(mixed_prefill)
         self.n_batch = max(n_batch, slots)  # room for one token per slot at least
         self.reuse_prefix = bool(reuse_prefix)
+        if speculative not in ("auto", "lookup", "off"):
+            raise InputError(f"speculative must be auto, lookup or off, got {speculative!r}")
+        for name, value in (("draft_max", draft_max), ("spec_max_active", spec_max_active)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InputError(f"{name} must be an integer >= 0, got {value!r}")
+        self.speculative = speculative  # the default of requests that do not say (GenerationRequest.speculative)
+        self.draft_max = draft_max  # drafted tokens per step at most
+        self.spec_max_active = spec_max_active  # "auto": draft only while at most this many requests generate
         threads = threads or max(1, (os.cpu_count() or 2) // 2)
         kv_types = {}
         for name, kv in (("type_k", type_k), ("type_v", type_v)):
@@ -457,6 +501,9 @@ class BatchEngine:
             "type_k": type_k or "f16",
             "type_v": type_v or "f16",
             "reuse_prefix": self.reuse_prefix,
+            "speculative": speculative,
+            "draft_max": draft_max,
+            "spec_max_active": spec_max_active,
         }
         self._pieces: dict[int, bytes] = {}  # token -> bytes (piece), filled as tokens are generated
         self._eog: dict[int, bool] = {}  # token -> end of generation
@@ -481,6 +528,8 @@ class BatchEngine:
             "prompt_tokens": 0,
             "generated_tokens": 0,
             "max_active": 0,
+            "drafted_tokens": 0,
+            "accepted_tokens": 0,
             "decode_s": 0.0,
             "host_s": 0.0,
         }
@@ -758,6 +807,7 @@ class BatchEngine:
                 continue
             req = seq.handle.request
             seq.argmax = req.plain_greedy  # greedy, penalties neutral, no logit bias, no grammar
+            seq.spec = "off" if seq.want_logits or self.draft_max == 0 else (req.speculative or self.speculative)
             # a plain greedy request never asks a sampler (its token is the row's argmax): none is made
             seq.sampler = None if seq.argmax else self._new_sampler(req)
             seq.slot, keep = self._pick_slot(seq.prompt)
@@ -843,6 +893,9 @@ class BatchEngine:
                 total_s=now - h.submitted,
                 error=error,
                 cached_tokens=seq.cached,
+                drafted_tokens=seq.drafted,
+                accepted_tokens=seq.accepted,
+                speculative=("lookup" if seq.drafted else seq.spec) + (f" ({seq.spec_note})" if seq.spec_note else ""),
                 first_token_at=h.first_token_at,
                 finished_at=now,
                 logprobs=seq.logprobs,
@@ -908,9 +961,18 @@ class BatchEngine:
         sequence ids with as many tokens each (8 sequences x 24 tokens out of order took 94 s instead of
         9.5 s on 2 CPU cores): the generating tokens go in slot order and, with ``mixed_prefill`` off, prompt
         chunks are a second ``llama_decode``."""
-        gen: list[tuple[int, int, _Seq, bool]] = [
-            (s.pending, s.pos, s, True) for s in sorted(self._active, key=lambda q: q.slot) if s.pending is not None
-        ]
+        generating = [s for s in sorted(self._active, key=lambda q: q.slot) if s.pending is not None]
+        gen: list[tuple[int, int, _Seq, bool]] = []
+        few = len(generating) <= self.spec_max_active  # "auto" drafts only while few requests generate
+        spare = self.n_batch - len(generating)  # the batch's room for drafted tokens
+        for seq in generating:
+            assert seq.pending is not None
+            gen.append((seq.pending, seq.pos, seq, True))
+            seq.drafts = self._draft(seq, few, spare) if seq.spec != "off" else []
+            spare -= len(seq.drafts)
+            seq.drafted += len(seq.drafts)  # counted here: the request may end while they are verified
+            self.stats["drafted_tokens"] += len(seq.drafts)
+            gen += [(tok, seq.pos + 1 + i, seq, True) for i, tok in enumerate(seq.drafts)]
         fill: list[tuple[int, int, _Seq, bool]] = []
         room = min(self.prefill_chunk, self.n_batch - (len(gen) if self.mixed_prefill else 0))
         for seq, take in self._prefill_plan(room):
@@ -927,6 +989,31 @@ class BatchEngine:
         else:
             self._decode(gen)
             self._decode(fill)
+
+    def _draft(self, seq: _Seq, few: bool, spare: int) -> list[int]:
+        """Tokens to verify after ``seq``'s pending one in this step (prompt lookup: what followed the latest earlier
+        occurrence of the text's last tokens), or none: "auto" drafts only while few requests generate (``few``)."""
+        if seq.spec == "auto" and not few:
+            return []
+        k = min(self.draft_max, spare, seq.budget - len(seq.out) - 1, self.n_ctx_seq - seq.pos - 2)
+        if k <= 0:
+            return []
+        return lookup_draft(seq.prompt + seq.out, k)
+
+    def _verified(self, seq: _Seq) -> None:
+        """After a step that verified ``seq``'s drafts: drop the KV cells of the rejected ones, count, and switch
+        "auto" off for a request whose drafts are rarely accepted (a drafted step costs more than a plain one)."""
+        n = len(seq.drafts)
+        seq.drafts = []
+        if seq.slot >= 0 and n:
+            self._ll.llama_memory_seq_rm(self._mem, seq.slot, len(seq.kv), -1)  # cells past the accepted tokens
+        seq.draft_steps += 1
+        if seq.spec == "auto" and seq.draft_steps >= SPEC_PROBE_STEPS and seq.accepted < SPEC_MIN_RATE * seq.drafted:
+            seq.spec = "off"
+            seq.spec_note = (
+                f"switched off after {seq.draft_steps} drafted steps: {seq.accepted} of {seq.drafted} drafted tokens "
+                f"accepted, below {SPEC_MIN_RATE:.0%}"
+            )
 
     def _prefill_plan(self, room: int) -> list[tuple[_Seq, int]]:
         """How many prompt tokens of which admitted requests this step evaluates, ``room`` at most (the step's
@@ -985,7 +1072,8 @@ class BatchEngine:
         counted: set[int] = set()
         for _tok, _pos, seq, _logits in entries:  # the step's time, to each request in it (per-request timings)
             if id(seq) in counted:
-                seq.prompt_n += 1
+                if seq.pending is None:  # (a generating sequence's other entries are drafted tokens)
+                    seq.prompt_n += 1
                 continue
             counted.add(id(seq))
             if seq.pending is not None:  # a generating sequence: one token, its pending one
@@ -1005,12 +1093,26 @@ class BatchEngine:
             rows = np.ctypeslib.as_array(self._get_logits(self._ctx), shape=(len(outputs), self.n_vocab))
             t_host = time.perf_counter()  # reading the logits waits for the device: decode time until then
             self.stats["decode_s"] += t_host - t_dec
+        seen: dict[int, int] = {}  # id(seq) -> its output rows handled so far (drafted sequences have several)
+        drafted: list[_Seq] = []
         for j, (idx, seq) in enumerate(outputs):
             if seq.want_logits:  # BatchEngine.logits(): the row is the result; nothing is generated
                 row = ll.llama_get_logits_ith(self._ctx, idx)
                 seq.logits = np.ctypeslib.as_array(row, shape=(self.n_vocab,)).copy()
                 self._end(seq, "length")
                 continue
+            nth = seen.get(id(seq), 0)
+            if nth < 0:  # a draft before this row was rejected (or the request ended): the row is not used
+                continue
+            if nth == 0 and seq.drafts:
+                drafted.append(seq)
+            if nth > 0:  # the row after drafted token nth-1: used while every draft before it was accepted
+                if seq.slot < 0 or seq.pending != seq.drafts[nth - 1]:
+                    seen[id(seq)] = -1
+                    continue
+                seq.accepted += 1
+                self.stats["accepted_tokens"] += 1
+            seen[id(seq)] = nth + 1
             if seq.pending is not None:
                 seq.kv.append(seq.pending)
                 seq.pos += 1
@@ -1035,6 +1137,8 @@ class BatchEngine:
                 t_host = time.perf_counter()
                 self.stats["decode_s"] += t_host - t_dec
             self._on_token(seq, tok, now)
+        for seq in drafted:
+            self._verified(seq)
         if t_host is not None:
             self.stats["host_s"] += time.perf_counter() - t_host
 

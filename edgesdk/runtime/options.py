@@ -78,6 +78,7 @@ class GgufLoadOptions(LoadOptions):
     n_batch: int | None = None
     n_ubatch: int | None = None
     probe_in_child: bool | None = None  # try each GPU attempt in a child process first
+    speculative: str | None = None  # "auto", "lookup" or "off" (default: the planner's, auto on a GPU, off on the CPU)
 
     formats: ClassVar[tuple[str, ...]] = ("gguf",)
 

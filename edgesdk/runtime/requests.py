@@ -48,6 +48,8 @@ SEED_MAX = 0xFFFFFFFE  # 0xFFFFFFFF is llama.cpp's "random seed"
 MAX_STOPS = 16  # as many stop strings as OpenAI accepts
 MAX_TOP_LOGPROBS = 20  # OpenAI's cap on top_logprobs
 MAX_GRAMMAR_CHARS = 1 << 20  # a GBNF text longer than this is refused
+#: Speculative decoding modes a request may ask for (``GenerationRequest.speculative``)
+SPECULATIVE_MODES = ("auto", "lookup", "off")
 #: A tool's function name, as OpenAI requires it (fullmatch: a trailing newline does not pass as ``$`` would).
 TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
@@ -345,6 +347,9 @@ class GenerationRequest:
     logprobs: int | None = None  # None: none; k: each token's log-probability and its k most likely rivals
     tools: tuple[Mapping[str, Any], ...] = field(default=())  # OpenAI function tools, rendered into a chat
     tool_choice: str | None = None  # with tools: "auto", "required" or a tool's name (the prompt says which)
+    # speculative decoding: "auto" (the engine decides: prompt lookup while few slots are busy), "lookup" (prompt
+    # lookup whenever the engine may), "off"; None: the engine's default ("auto")
+    speculative: str | None = None
 
     def __post_init__(self) -> None:
         given = [k for k in ("prompt", "prompt_tokens", "messages") if getattr(self, k) is not None]
@@ -398,6 +403,14 @@ class GenerationRequest:
         object.__setattr__(self, "tools", check_tools(self.tools or None))
         if self.tools and self.messages is None:
             raise InputError("tools need chat messages (a prompt or prompt_tokens is formatted already)")
+        if self.speculative is not None and self.speculative not in SPECULATIVE_MODES:
+            if self.speculative == "draft":
+                raise InputError(
+                    "speculative 'draft' needs a draft model in the bundle, which this build does not carry: "
+                    "use 'lookup', 'auto' or 'off'"
+                )
+            modes = ", ".join(SPECULATIVE_MODES)
+            raise InputError(f"speculative must be one of {modes}, got {_show(self.speculative)}")
         if self.tool_choice is not None and not isinstance(self.tool_choice, str):
             raise InputError(f"tool_choice must be 'auto', 'required' or a tool's name, got {_show(self.tool_choice)}")
 
@@ -438,6 +451,7 @@ class GenerationRequest:
             "logprobs",
             "tools",
             "tool_choice",
+            "speculative",
             *DEFAULT_SAMPLING,
         }
         unknown = set(named) - known
@@ -445,7 +459,7 @@ class GenerationRequest:
             raise InputError(
                 f"unknown generation option(s): {', '.join(sorted(unknown))} "
                 f"(known: max_tokens, stop, seed, stream, logit_bias, grammar, logprobs, tools, "
-                f"tool_choice, {', '.join(DEFAULT_SAMPLING)})"
+                f"tool_choice, speculative, {', '.join(DEFAULT_SAMPLING)})"
             )
         kw = {k: v for k, v in named.items() if v is not None or k == "seed"}
         stop = kw.pop("stop", None)

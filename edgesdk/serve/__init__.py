@@ -115,12 +115,15 @@ def load_models(
     threads: int | None = None,
     chat_template: str | None = None,
     allow_local_images: str | Path | None = None,
+    llm_options: dict | None = None,
 ) -> list[ModelEntry]:
     """Load each bundle with :func:`edgesdk.load`; a model's name is its directory name unless ``names`` says.
 
     ``chat_template`` (a shipped name or a Jinja file) formats the chats of every GGUF bundle, over the one
     bundled at build time or the GGUF's own; with no GGUF bundle to apply it to it is refused.
-    ``allow_local_images``: a directory whose files VLM chats may name as ``image_url`` (else data URLs only)."""
+    ``allow_local_images``: a directory whose files VLM chats may name as ``image_url`` (else data URLs only).
+    ``llm_options``: load options of the LLM bundles (``n_ctx``, ``n_gpu_layers`` for GGUF and VLM bundles;
+    ``speculative`` for GGUF ones); refused when no bundle takes them."""
     import edgesdk
     from edgesdk.bundle import open_bundle
     from edgesdk.runtime.session import check_load_options
@@ -139,6 +142,11 @@ def load_models(
             f"--chat-template formats the chats of GGUF bundles; none of these is one "
             f"({', '.join(sorted(set(formats)))})"
         )
+    llm_options = dict(llm_options or {})
+    if llm_options and not {"gguf", "vlm"} & set(formats):
+        raise InputError(f"{', '.join(sorted(llm_options))} apply to LLM bundles; none of these is one")
+    if "speculative" in llm_options and "gguf" not in formats:
+        raise InputError("--speculative applies to GGUF bundles; none of these is one")
     if local is not None and "vlm" not in formats:
         raise InputError("--allow-local-images lets VLM chats name image files; none of these bundles is a VLM")
     names = list(names or [])
@@ -157,6 +165,8 @@ def load_models(
         options: dict = {"threads": threads} if threads is not None else {}
         if chat_template is not None and formats[i] == "gguf":
             options["chat_template"] = chat_template
+        if formats[i] in ("gguf", "vlm"):
+            options.update({k: v for k, v in llm_options.items() if formats[i] == "gguf" or k != "speculative"})
         session = edgesdk.load(path, profile=profile, **options)
         entries.append(model_entry(name, session, allow_local_images=local))
     return entries

@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from edgesdk.errors import EdgeSDKError, InputError, ShapeError
+from edgesdk.runtime.backends.llamacpp import speculative_attributes
 from edgesdk.runtime.batching import EngineClosed, EngineSaturated, GenerationResult
 from edgesdk.serve.workers import Job, RequestTimeout, Saturated
 from edgesdk.telemetry.serve_spans import attach_context, detach_context
@@ -187,6 +188,7 @@ class BatchWorker:
             return
         res: GenerationResult = value
         rec.set_output_tokens(len(res.tokens))
+        speculative_attributes(rec, res)
         rec.finish([res.finish_reason])
         rec.capture_output(res.text)
         if res.finish_reason == "error":

@@ -331,6 +331,11 @@ class LlamaCppBackend:
 
         return prefill_budget(self._on_gpu(), int(self.settings["n_batch"]))
 
+    def speculative_plan(self) -> tuple[str, int, str]:
+        """Speculative decoding on this session: the engine's default mode, how many generating requests "auto" drafts
+        for, and why (:func:`speculative_plan`)."""
+        return speculative_plan(self._on_gpu(), self.settings.get("speculative"))
+
     def _on_gpu(self) -> bool:
         """Layers offloaded to a GPU by a llama.cpp build that can offload."""
         return int(self.settings["n_gpu_layers"]) != 0 and bool(self._report.get("gpu_offload_supported"))
@@ -454,6 +459,7 @@ class LlamaCppBackend:
                 if res is not None:
                     finish = res.finish_reason
                     rec.set_output_tokens(len(res.tokens))
+                    speculative_attributes(rec, res)
                     rec.capture_output(res.text)
                     self.last = _last_of(res)
                 rec.finish([finish])
@@ -467,6 +473,15 @@ class LlamaCppBackend:
             self._engine.close()
             if self._engine.closed:  # never free the weights under a decode that did not stop
                 self._weights.close()
+
+
+def speculative_attributes(rec: Any, res: GenerationResult) -> None:
+    """Speculative decoding's figures on a request's GenAI span (when it drafted at all)."""
+    if res.drafted_tokens:
+        rec.set_attribute("edgesdk.speculative.drafted_tokens", res.drafted_tokens)
+        rec.set_attribute("edgesdk.speculative.accepted_tokens", res.accepted_tokens)
+        rec.set_attribute("edgesdk.speculative.acceptance", round(res.accepted_tokens / res.drafted_tokens, 4))
+    rec.set_attribute("edgesdk.speculative", res.speculative)
 
 
 def _request_record(r: GenerationRequest) -> dict[str, Any]:
@@ -499,6 +514,9 @@ def _last_of(res: GenerationResult) -> dict[str, Any]:
         # the decode steps' time in llama.cpp (engine-measured, per request), as llama-bench names the counters
         "llama_cpp_timings": dict(res.timings),
         "cached_tokens": res.cached_tokens,
+        "speculative": res.speculative,
+        "drafted_tokens": res.drafted_tokens,
+        "accepted_tokens": res.accepted_tokens,
     }
 
 
@@ -517,6 +535,7 @@ def make_engine(weights: Weights, settings: Mapping[str, Any], report: Mapping[s
 
     on_gpu = int(settings["n_gpu_layers"]) != 0 and bool(report.get("gpu_offload_supported"))
     chunk, _why = prefill_budget(on_gpu, int(settings["n_batch"]))
+    spec, spec_active, _spec_why = speculative_plan(on_gpu, settings.get("speculative"))
     return BatchEngine(
         weights.path,
         model=weights.model,
@@ -534,7 +553,35 @@ def make_engine(weights: Weights, settings: Mapping[str, Any], report: Mapping[s
         type_k=str(report.get("type_k") or "f16"),
         type_v=str(report.get("type_v") or "f16"),
         reuse_prefix=False,
+        speculative=spec,
+        spec_max_active=spec_active,
     )
+
+
+SPEC_ACTIVE_GPU = 4  # "auto" drafts while at most this many requests generate on a GPU
+SPEC_ACTIVE_CPU = 1  # and on the CPU (when turned on there)
+
+
+def speculative_plan(on_gpu: bool, requested: str | None) -> tuple[str, int, str]:
+    """Speculative decoding for a session (prompt lookup; ``--speculative``): the engine's default mode, the most
+    generating requests "auto" drafts for, and why.
+
+    On a GPU one user's decode is memory-bound: verifying 9 tokens reads the weights once, as one token does, so
+    "auto" drafts while at most 4 requests generate (a busier step is compute-bound already) and stops for a request
+    whose drafts are rarely accepted. On the CPU "off" unless asked: a verify step of 9 tokens cost about 1.5 plain
+    steps with Gemma-3-270M on 2 cores, so grounded text gains (docs/benchmarks.md "Speculative decoding"), but the
+    verify step's logits differ in the last bits from one token's, and greedy replies then differ from a decode
+    without drafts where two tokens are nearly tied."""
+    if requested == "draft":
+        raise InputError("speculative 'draft' needs a draft model in the bundle, which this build does not carry")
+    if requested not in (None, "auto", "lookup", "off"):
+        raise InputError(f"speculative must be auto, lookup or off, got {requested!r}")
+    active = SPEC_ACTIVE_GPU if on_gpu else SPEC_ACTIVE_CPU
+    if requested is not None:
+        return requested, active, f"{requested} (--speculative)"
+    if on_gpu:
+        return "auto", active, f"auto: prompt lookup while at most {active} requests generate (memory-bound decode)"
+    return "off", active, "off (CPU default: turn on with --speculative auto|lookup)"
 
 
 def _check_messages(messages: object) -> None:
@@ -609,6 +656,7 @@ def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
     planned_llm = bundle.manifest.llm or LLMConfig()  # the plan's llama.cpp settings and the model shape (typed)
     info = planned_llm.model_shape()
     chat_template = opts.get("chat_template")
+    speculative_plan(False, opts.get("speculative"))  # a bad mode fails at load (exit 3)
     if chat_template is not None:
         resolve_chat_template(chat_template)  # a bad name/file fails at load (exit 3), not at the first chat
     elif bundle.has_artifact("chat_template"):  # chosen at build time (plan decision gguf.chat_template)
@@ -732,6 +780,7 @@ def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
                 "n_batch": n_batch,
                 "n_ubatch": min(a_batch.get("n_ubatch", 512), n_batch),
                 "verbose": bool(opts.get("verbose")),
+                "speculative": opts.get("speculative"),
             }
             try:
                 weights = Weights(path, n_gpu_layers=a_ngl, verbose=settings["verbose"])
