@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 import numpy as np
@@ -144,6 +145,43 @@ def _usage(last: dict) -> dict:
         "drafted_tokens": last.get("drafted_tokens"),
         "accepted_tokens": last.get("accepted_tokens"),
     }
+
+
+class _Metered:
+    """Energy (NVML, INA3221 rails or RAPL: edgesdk.profiler.energy) and device state around one ``--report`` /
+    ``--json`` run; nothing when neither is asked for."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.meter: Any = None
+        if enabled:
+            from edgesdk.profiler import device_state
+            from edgesdk.profiler.energy import EnergyMeter
+
+            self.before = device_state.snapshot()
+            self.meter = EnergyMeter()
+            self.meter.start()
+
+    def done(self, result: dict, *, tokens: int | None = None, items: int | None = None) -> None:
+        if self.meter is None:
+            return
+        from edgesdk.profiler import device_state
+
+        self.meter.stop()
+        result["energy"] = self.meter.result(tokens=tokens, items=items)
+        result["device_state"] = device_state.during(self.before, device_state.snapshot())
+
+
+def _energy_line(e: dict) -> str:
+    if e.get("joules") is None:
+        return f"energy: not measured ({e.get('reason')})"
+    per = (
+        f", {e['tokens_per_joule']:.2f} tokens/J"
+        if e.get("tokens_per_joule")
+        else f", {e['items_per_joule']:.2f} items/J"
+        if e.get("items_per_joule")
+        else ""
+    )
+    return f"energy: {e['joules']:.2f} J at {e['watts']:.1f} W ({e['source']}){per}"
 
 
 def _usage_line(u: dict) -> str:
@@ -518,6 +556,7 @@ def _run_loaded(
         else:
             call = lambda **kw: session.generate(prompt, **kw)  # noqa: E731
         if "messages" not in result:
+            meter = _Metered(show_report or as_json)
             if stream and not as_json:
                 pieces = []
                 for piece in call(stream=True, **gen_kw):
@@ -530,8 +569,11 @@ def _run_loaded(
                 if not as_json:
                     click.echo(result["text"])
             result["usage"] = _usage(session.backend.last)
+            meter.done(result, tokens=result["usage"]["completion_tokens"])
     elif texts:
+        meter = _Metered(show_report or as_json)
         emb = session.embed(list(texts))
+        meter.done(result, items=len(texts))
         arrays = {"embeddings": emb}
         result["embeddings"] = {
             "shape": list(emb.shape),
@@ -576,6 +618,8 @@ def _run_loaded(
             info(f"  fallback: {f['from']} -> {f['to']}: {f['reason']}")
         if show_report and "usage" in result:
             info(_usage_line(result["usage"]))
+        if show_report and "energy" in result:
+            info(_energy_line(result["energy"]))
     return 0
 
 
