@@ -29,7 +29,7 @@ def format_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 @click.command("build")
-@click.argument("model", type=click.Path(path_type=Path))
+@click.argument("model", metavar="MODEL")
 @profile_option(required=True, help="Device profile name, alias or YAML path.")
 @click.option("--output", "-o", "output", type=click.Path(path_type=Path), help="Bundle directory to write.")
 @click.option("--format", "fmt", type=click.Choice(format_names(selectable=True)), help="Override the planned format.")
@@ -72,7 +72,7 @@ def format_options(command: Callable[..., Any]) -> Callable[..., Any]:
     "versions instead of building; push it after a build (docs/distribution.md).",
 )
 def build_cmd(
-    model: Path,
+    model: str,
     profile: str,
     output: Path | None,
     fmt,
@@ -95,7 +95,10 @@ def build_cmd(
     cache: str | None = None,
     **format_values: Any,
 ) -> int:
-    """Plan, export, verify, license-gate and package MODEL for a device profile."""
+    """Plan, export, verify, license-gate and package MODEL for a device profile.
+
+    MODEL: a Hugging Face directory, an .onnx or .gguf file, or a Hugging Face model id (org/name or
+    hf://org/name: from the local Hugging Face cache, else downloaded into it; a local path of that name wins)."""
     from edgesdk import build as B
     from edgesdk import telemetry
     from edgesdk.errors import InputError
@@ -130,7 +133,12 @@ def build_cmd(
         telemetry.configure(trace_file=trace_file)
     options.model_license = check_model_license(model_license, license_policy)
     options.progress = progress_enabled(not no_progress and not as_json)
-    plan = B.make_plan(model, profile, options)
+    src, hub = resolve_source(model, options)
+    plan = B.make_plan(src, profile, options)
+    if hub is not None:  # the plan's JSON and the manifest's model record keep the id and revision
+        plan.model.setdefault("extra", {})["hub"] = hub.record()
+        if plan.facts is not None:
+            plan.facts.extra["hub"] = hub.record()
     for values in given:
         values.check_plan(plan.format)  # an option the planned format has no use for
     if plan_only and as_json:
@@ -143,16 +151,16 @@ def build_cmd(
     if output is None:
         raise InputError("--output/-o is required (or pass --plan-only)")
     if model_license is None:  # after planning (a broken model is exit 3 first), before the export
-        check_declares_a_license(model, license_policy)
+        check_declares_a_license(src, license_policy)
     cached = None
     if cache is not None:  # the shared build cache (edgesdk/distribution/cache.py): a hit replaces the build
         from edgesdk.commands._common import info
         from edgesdk.distribution.cache import BuildCache
 
-        build_cache = BuildCache(cache, model, plan, options, output, say=info)
+        build_cache = BuildCache(cache, src, plan, options, output, say=info)
         cached = build_cache.restore()
     if cached is None or not cached.hit:
-        out = B.build(model, profile, output, options, plan=plan)
+        out = B.build(src, profile, output, options, plan=plan)
         if cache is not None and (cached is None or cached.note is None):
             cached = build_cache.store(out)
     else:
@@ -166,6 +174,20 @@ def build_cmd(
 
     click.echo(summarize(out, Manifest.from_dict(manifest)))
     return 0
+
+
+def resolve_source(source: str, options) -> tuple[Path, Any]:
+    """MODEL as a path: a local file or directory as given; a Hugging Face model id (``org/name``,
+    ``hf://org/name``) from the cache or downloaded (edgesdk/hub.py), its last part the default --name."""
+    from edgesdk import hub
+    from edgesdk.commands._common import info
+
+    found = hub.resolve(source, progress=options.progress, say=info)
+    if found is None:
+        return Path(source), None
+    if options.name is None:
+        options.name = check_name(found.name)
+    return found.path, found
 
 
 # Flags that cannot go together (each pair exits 3; docs/exit-codes.md lists them).
