@@ -21,6 +21,11 @@ What the doc says is what is asserted:
   that reason where the thing is missing;
 - a path-like argument that is neither in :data:`PLACEHOLDERS` nor an output fails, naming the table.
 
+Each block is also read as a reader runs it, in order in one directory
+(:func:`test_a_block_runs_in_order_in_one_directory`, without running anything): no line reads a file or bundle that a
+later line of its block writes, and no ``edgesdk build -o DIR`` writes a directory an earlier build of the block wrote
+(exit 4). The commands themselves still run each in a directory of its own, with the placeholders linked in.
+
 Synopsis blocks (``text``, options in ``[...]``) are not executed: their command names and options are
 checked against the real CLI's options, so a removed or renamed flag fails here too. A fenced block with
 no language that shows an ``edgesdk`` command fails: tag it ``bash`` (runs) or ``text`` (a synopsis).
@@ -266,26 +271,34 @@ def command_kind(text: str) -> str | None:
     return None
 
 
-def doc_commands() -> list[DocCommand]:
+def block_commands(block: Block) -> list[DocCommand]:
+    """The commands of one shell block, in the order a reader runs them."""
     cmds = []
-    for path in DOCS:
-        for block in read_blocks(path):
-            if block.lang not in SHELL_LANGS:
-                continue
-            for n, line in logical_lines(block):
-                text, comment = split_comment(line)
-                kind = command_kind(text)
-                if kind is None:
-                    continue
-                cmd = DocCommand(block.doc, n, text.strip(), comment, kind)
-                if m := re.search(r"\bexit (\d+)\b", comment):
-                    cmd.expected_rc = int(m.group(1))
-                cmd.needs = re.findall(r"\bneeds:\s*([\w-]+)", comment)
-                cmds.append(cmd)
+    for n, line in logical_lines(block):
+        text, comment = split_comment(line)
+        kind = command_kind(text)
+        if kind is None:
+            continue
+        cmd = DocCommand(block.doc, n, text.strip(), comment, kind)
+        if m := re.search(r"\bexit (\d+)\b", comment):
+            cmd.expected_rc = int(m.group(1))
+        cmd.needs = re.findall(r"\bneeds:\s*([\w-]+)", comment)
+        cmds.append(cmd)
     return cmds
 
 
+def shell_blocks() -> list[list[DocCommand]]:
+    return [
+        c for path in DOCS for block in read_blocks(path) if block.lang in SHELL_LANGS if (c := block_commands(block))
+    ]
+
+
+def doc_commands() -> list[DocCommand]:
+    return [cmd for block in shell_blocks() for cmd in block]
+
+
 COMMANDS = doc_commands()
+BLOCKS = shell_blocks()
 
 
 # ----------------------------------------------------------------------------- the real CLI's options
@@ -606,6 +619,55 @@ def test_doc_command_runs(cmd: DocCommand, doc_workspace: DocWorkspace):
     assert "Traceback (most recent call last)" not in ran.stderr, f"{cmd.where}: traceback{out}"
     if cmd.expected_rc != 0 and cmd.kind == "edgesdk":  # README: "Every error is one line on stderr"
         assert one_error_line(ran.stderr), f"{cmd.where}: exit {ran.returncode} must print one `error:` line{out}"
+
+
+def reader_order_problems(block: list[DocCommand]) -> list[str]:
+    """What goes wrong when a reader copies ``block`` and runs it line by line in one directory, found without
+    running it: a line that reads a file or bundle a later line of the block writes (it does not exist yet), and
+    an ``edgesdk build -o DIR`` into a directory an earlier build of the block wrote (exit 4 without --force;
+    a line documented to fail, ``exit N``, writes nothing)."""
+    problems: list[str] = []
+    found = [(cmd, *analyse(cmd)) for cmd in block]
+    built: dict[str, DocCommand] = {}
+    for i, (cmd, inputs, outputs) in enumerate(found):
+        for key in inputs:
+            earlier = any(key in outs for _, _, outs in found[:i])
+            later = next((c for c, _, outs in found[i + 1 :] if key in outs), None)
+            if later is not None and not earlier:
+                problems.append(f"{cmd.where} reads {key} before {later.where} writes it")
+        if cmd.kind != "edgesdk" or not re.match(r"(?:\S+=\S*\s+)*edgesdk build\s", cmd.text):
+            continue
+        bundle = outputs[0] if outputs else None
+        if bundle is None or cmd.expected_rc != 0:
+            continue
+        if bundle in built and "--force" not in shlex.split(cmd.text):
+            problems.append(f"{cmd.where} builds into {bundle}, which {built[bundle].where} wrote: exit 4")
+        built[bundle] = cmd
+    return problems
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=[b[0].where for b in BLOCKS])
+def test_a_block_runs_in_order_in_one_directory(block: list[DocCommand]):
+    """Issue 39, item 15: each ``bash`` block works when copied and run in order in one directory (the commands
+    themselves run in :func:`test_doc_command_runs`, each in a directory of its own)."""
+    assert reader_order_problems(block) == []
+
+
+def test_the_reader_order_check_finds_both_mistakes():
+    block = [
+        DocCommand("doc.md", 1, "edgesdk check traces traces.jsonl", "", "edgesdk"),
+        DocCommand("doc.md", 2, "edgesdk build MODEL --profile orin -o out/x", "", "edgesdk"),
+        DocCommand("doc.md", 3, 'edgesdk run out/minilm --input "hello" --trace-file traces.jsonl', "", "edgesdk"),
+        DocCommand(
+            "doc.md", 4, "edgesdk build model.onnx --profile orin -o out/x --model-license Apache-2.0", "", "edgesdk"
+        ),
+        DocCommand("doc.md", 5, "edgesdk build model.onnx --profile orin -o out/x --force", "", "edgesdk"),
+        DocCommand("doc.md", 6, "edgesdk check licenses out/x", "", "edgesdk"),
+    ]
+    assert reader_order_problems(block) == [
+        "doc.md:1 reads traces.jsonl before doc.md:3 writes it",
+        "doc.md:4 builds into out/x, which doc.md:2 wrote: exit 4",
+    ]
 
 
 def one_error_line(stderr: str) -> bool:
