@@ -122,8 +122,11 @@ def test_exclusion_follows_the_opentelemetry_variable(minilm_bundle, tmp_path, c
     servers = [s for s in _spans(trace) if s["kind"] == 2]
     names = {s["name"] for s in servers}
     assert "GET /health" in names and "GET /v1/models" in names and "GET /metrics" not in names, names
-    health = next(s for s in servers if s["name"] == "GET /health")
-    assert int(health["attrs"]["http.response.status_code"]) == 200 and health["attrs"]["http.route"] == "/health"
+    health = [s for s in servers if s["name"] == "GET /health"]
+    assert all(s["attrs"]["http.route"] == "/health" for s in health)
+    # the start-up's polls while the models load answer 503 (serve/loading.py), the ones after 200
+    codes = {int(s["attrs"]["http.response.status_code"]) for s in health}
+    assert 200 in codes and codes <= {200, 503}, codes
     proc = _check_traces(trace)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 

@@ -91,13 +91,16 @@ def test_env_configured_otlp_file_from_cli(run_cli, minilm_orin_bundle, tmp_path
 
 @pytest.fixture(scope="module")
 def gemma_backend(gemma_gguf):
-    llama_cpp = pytest.importorskip("llama_cpp")
-    from edgesdk.runtime.backends.llamacpp import LlamaCppBackend
+    pytest.importorskip("llama_cpp")
+    from edgesdk.runtime.backends.llamacpp import LlamaCppBackend, make_engine
+    from edgesdk.runtime.batching import Weights
 
-    llm = llama_cpp.Llama(model_path=str(gemma_gguf), n_ctx=256, n_threads=2, n_threads_batch=2, verbose=False)
+    weights = Weights(gemma_gguf)
+    settings = {"n_gpu_layers": 0, "flash_attn": False, "n_ctx": 256, "threads": 2, "n_batch": 256, "n_ubatch": 256}
     backend = LlamaCppBackend(
-        llm,
-        settings={"n_gpu_layers": 0},
+        make_engine(weights, settings, {}, slots=1),
+        weights,
+        settings=settings,
         report={},
         model="gemma-3-270m",
         attributes={"edgesdk.backend": "llama.cpp", "edgesdk.precision": "q4_k_m"},
@@ -208,7 +211,7 @@ def test_gguf_chat_capture_records_messages_with_roles(monkeypatch, gemma_backen
                 "chat",
                 stream=False,
                 special=False,
-                _capture_messages=messages,
+                _capture=messages,
                 max_tokens=6,
                 seed=3,
                 temperature=0.0,

@@ -84,7 +84,7 @@ def _signing_key(key: Path, tmp: Path) -> tuple[Path, Path]:
     return out, pub
 
 
-def _run(cmd: list[str], what: str) -> str:
+def _mender_artifact(cmd: list[str], what: str) -> str:
     proc = subprocess.run(cmd, capture_output=True, text=True)  # noqa: S603 - our own argument list
     if proc.returncode != 0:
         lines = [x for x in (proc.stderr or proc.stdout).splitlines() if x.strip()]
@@ -144,15 +144,15 @@ def export_mender(
         written = tmp / out.name
         cmd = [exe, "write", "module-image", "-T", MODULE_TYPE, "-n", name, "-o", str(written), "-f", str(tar_path),
                "-m", str(meta_path), "--software-filesystem", "edgesdk", "--software-name", model,
-               "--software-version", m.bundle_id]  # fmt: skip
+               "--software-version", str(m.bundle_id)]  # fmt: skip
         for t in device_types:
             cmd += ["-t", t]
         public = None
         if key is not None:
             private, public = _signing_key(Path(key), tmp)
             cmd += ["-k", str(private)]
-        _run(cmd, "write")
-        _run([exe, "validate", str(written), *(["-k", str(public)] if public else [])], "validate")
+        _mender_artifact(cmd, "write")
+        _mender_artifact([exe, "validate", str(written), *(["-k", str(public)] if public else [])], "validate")
         os.replace(written, out)
     return {
         "artifact": str(out),

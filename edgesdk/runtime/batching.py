@@ -392,7 +392,7 @@ class BatchEngine:
         type_k: str | None = None,
         type_v: str | None = None,
         reuse_prefix: bool = False,
-        speculative: str = "auto",
+        speculative: str = "off",
         draft_max: int = 8,
         spec_max_active: int = 2,
         model: Any = None,
@@ -433,7 +433,9 @@ class BatchEngine:
         for name, value in (("draft_max", draft_max), ("spec_max_active", spec_max_active)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise InputError(f"{name} must be an integer >= 0, got {value!r}")
-        self.speculative = speculative  # the default of requests that do not say (GenerationRequest.speculative)
+        # the default of requests that do not say (GenerationRequest.speculative); a session's engine gets the
+        # planner's (runtime/backends/llamacpp.speculative_plan: auto on a GPU, off on the CPU)
+        self.speculative = speculative
         self.draft_max = draft_max  # drafted tokens per step at most
         self.spec_max_active = spec_max_active  # "auto": draft only while at most this many requests generate
         threads = threads or max(1, (os.cpu_count() or 2) // 2)
