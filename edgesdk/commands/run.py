@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -243,6 +244,47 @@ class _GpuLayers(click.ParamType):
 GPU_LAYERS = _GpuLayers()
 
 
+def llm_load_options(tool: str, *, per_slot: bool = False) -> Callable[[Any], Any]:
+    """The load options a llama.cpp user knows, with ``tool``'s meaning: ``-c/--ctx-size`` (each slot's context with
+    ``per_slot``), ``-ngl/--gpu-layers`` and ``--speculative`` (edgesdk run and edgesdk serve)."""
+    context = "context length of each slot in tokens" if per_slot else "context length in tokens"
+    options = (
+        click.option(
+            "--ctx-size",
+            "-c",
+            "ctx_size",
+            type=click.IntRange(0),
+            default=None,
+            help=f"LLM: {context}, as {tool}'s -c (0 or left out: the bundle's).",
+        ),
+        click.option(
+            "--gpu-layers",
+            "--n-gpu-layers",
+            "-ngl",
+            "gpu_layers",
+            type=GPU_LAYERS,
+            default=None,
+            metavar="N|all|auto",
+            help=f"LLM: layers to put on the GPU, as {tool}'s -ngl (a number, 'all', or 'auto': the bundle's plan).",
+        ),
+        click.option(
+            "--speculative",
+            type=click.Choice(["auto", "lookup", "off", "draft"]),
+            default=None,
+            help="GGUF: speculative decoding by prompt lookup: auto (the planner's choice: on a GPU while few "
+            "requests generate, with a live switch-off), lookup, off. Default: auto on a GPU, off on the CPU. "
+            "'draft' needs a draft model in the bundle (not available yet).",
+        ),
+    )
+
+    def apply(fn: Any) -> Any:
+        for option in reversed(options):
+            fn = option(fn)
+        return fn
+
+    return apply
+
+
 @click.command("run")
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.option(
@@ -322,32 +364,7 @@ GPU_LAYERS = _GpuLayers()
 )
 @click.option("--profile", help="Device profile to run under (default: the one the bundle was built for).")
 @click.option("--threads", "-t", type=int, help="CPU threads for the backend (llama-cli's -t).")
-@click.option(
-    "--ctx-size",
-    "-c",
-    "ctx_size",
-    type=click.IntRange(0),
-    default=None,
-    help="LLM: context length in tokens, as llama-cli's -c (0 or left out: the bundle's).",
-)
-@click.option(
-    "--gpu-layers",
-    "--n-gpu-layers",
-    "-ngl",
-    "gpu_layers",
-    type=GPU_LAYERS,
-    default=None,
-    metavar="N|all|auto",
-    help="LLM: layers to put on the GPU, as llama-cli's -ngl (a number, 'all', or 'auto': the bundle's plan).",
-)
-@click.option(
-    "--speculative",
-    type=click.Choice(["auto", "lookup", "off", "draft"]),
-    default=None,
-    help="LLM: speculative decoding by prompt lookup: auto (the planner's choice: on a GPU while few requests "
-    "generate, with a live switch-off), lookup (always), off. Default: auto on a GPU, off on the CPU. "
-    "'draft' needs a draft model in the bundle (not available yet).",
-)
+@llm_load_options("llama-cli")
 @click.option(
     "--report",
     "show_report",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from edgesdk.commands.run import GPU_LAYERS
+from edgesdk.commands.run import llm_load_options
 
 
 @click.command("serve")
@@ -121,32 +121,7 @@ from edgesdk.commands.run import GPU_LAYERS
 )
 @click.option("--profile", help="Device profile to run under (default: the one each bundle was built for).")
 @click.option("--threads", "-t", type=int, help="CPU threads per backend (llama-server's -t).")
-@click.option(
-    "--ctx-size",
-    "-c",
-    "ctx_size",
-    type=click.IntRange(0),
-    default=None,
-    help="LLM: context length of each slot in tokens, as llama-server's -c per slot (0 or left out: the bundle's).",
-)
-@click.option(
-    "--gpu-layers",
-    "--n-gpu-layers",
-    "-ngl",
-    "gpu_layers",
-    type=GPU_LAYERS,
-    default=None,
-    metavar="N|all|auto",
-    help="LLM: layers to put on the GPU, as llama-server's -ngl (a number, 'all', or 'auto': the bundle's plan).",
-)
-@click.option(
-    "--speculative",
-    type=click.Choice(["auto", "lookup", "off", "draft"]),
-    default=None,
-    help="GGUF: speculative decoding by prompt lookup: auto (on a GPU while few requests generate, with a live "
-    "switch-off), lookup (while any slot may), off. Default: auto on a GPU, off on the CPU. A request's own "
-    "'speculative' field overrides it.",
-)
+@llm_load_options("llama-server", per_slot=True)
 @click.option("--trace-file", type=click.Path(dir_okay=False), help="Write traces/metrics as OTLP-JSON lines.")
 @click.option(
     "--log-level",
