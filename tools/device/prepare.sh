@@ -5,7 +5,8 @@
 #   .dist/      a wheel of this checkout (the product as a user installs it)
 #   .whl/       the CPython 3.12 manylinux wheels the machine's image lacks (no dependencies resolved: the
 #               image has numpy, torch, transformers, onnx, onnxruntime, protobuf, grpcio, click, pyyaml,
-#               tokenizers, Pillow), and py-spy for tools/device/serve_diag.sh
+#               tokenizers, Pillow), py-spy for tools/device/serve_diag.sh and nvidia-ml-py for the energy figures
+#               (tools/bench/energy_check.py, the profiler's NVML readings)
 #   .llamacpp/  the llama-cpp-python sdist without its test models and docs, as .tar.xz (fits a call's 64 MiB)
 # Usage (repo root): bash tools/device/prepare.sh; then carry [".dist", ".whl", ".llamacpp"] in the first call.
 set -euo pipefail
@@ -22,12 +23,14 @@ mkdir -p .whl
   license-expression boolean.py "gguf>=0.19,<0.20" diskcache starlette uvicorn h11 onnxslim \
   "cyclonedx-python-lib>=11,<12" packageurl-python py-serializable defusedxml sortedcontainers \
   googleapis-common-protos jsonschema jsonschema-specifications referencing rpds-py attrs typing_extensions \
-  py-spy pytest pluggy iniconfig
+  py-spy pytest pluggy iniconfig nvidia-ml-py
 # opentelemetry-sdk pins opentelemetry-api to its own version; the newest api can be a patch ahead (1.45.3 beside
 # sdk 1.45.2 left pip unable to resolve the install there): keep the api of the sdk's version only
-sdk=$(ls .whl/opentelemetry_sdk-*.whl | head -1 | sed 's/.*opentelemetry_sdk-\([^-]*\)-.*/\1/')
+sdk=$(ls .whl/opentelemetry_sdk-*.whl | sort -V | tail -1 | sed 's/.*opentelemetry_sdk-\([^-]*\)-.*/\1/')
+for w in .whl/opentelemetry_sdk-*.whl .whl/opentelemetry_api-*.whl; do  # an older sdk, or an api of another version
+  case "$w" in *"-$sdk-"*) ;; *) rm -f "$w" ;; esac
+done
 if ! ls ".whl/opentelemetry_api-$sdk-"*.whl >/dev/null 2>&1; then
-  rm -f .whl/opentelemetry_api-*.whl
   "$PY" -m pip download -q --no-deps --only-binary=:all: -d .whl "opentelemetry-api==$sdk"
 fi
 if ! ls .llamacpp/llama_cpp_python-0.3.36-stripped.tar.xz >/dev/null 2>&1; then
