@@ -35,6 +35,7 @@ DOCUMENTED = {
     "edgesdk_serve_prompt_cache_bytes": "gauge",
     "edgesdk_serve_slots": "gauge",
     "edgesdk_serve_slots_busy": "gauge",
+    "edgesdk_serve_speculative_tokens": "counter",
     "gen_ai_server_request_duration_seconds": "histogram",
     "gen_ai_server_time_to_first_token_seconds": "histogram",
     "gen_ai_server_time_per_output_token_seconds": "histogram",

@@ -109,3 +109,28 @@ def test_run_reports_drafted_and_accepted_tokens(gemma_chat_bundle):  # noqa: F8
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert bad.returncode == 3 and bad.stderr.count("\n") == 1 and "draft model" in bad.stderr, bad.stderr
+
+
+def test_serve_counts_drafted_and_accepted_tokens_on_metrics(gemma_chat_bundle, tmp_path):  # noqa: F811 - the fixture
+    """``edgesdk serve --speculative lookup``: a completion that copies its prompt drafts, and /metrics counts what
+    was drafted and kept (edgesdk_serve_speculative_tokens_total)."""
+    import httpx
+    from test_serve import ServerProcess
+
+    openai = pytest.importorskip("openai")
+    srv = ServerProcess([gemma_chat_bundle, "--name", "gemma", "--speculative", "lookup", "--parallel", "1"], tmp_path)
+    try:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused")
+        out = client.completions.create(model="gemma", prompt=JSON_PROMPT, max_tokens=24, temperature=0)
+        assert out.choices[0].text
+        text = httpx.get(srv.url + "/metrics", timeout=30).text
+    finally:
+        srv.stop()
+    counts = {
+        kind: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("edgesdk_serve_speculative_tokens_total{")
+        for kind in ("drafted", "accepted")
+        if f'kind="{kind}"' in line
+    }
+    assert counts.get("drafted", 0) > 0 and 0 < counts.get("accepted", 0) <= counts["drafted"], counts

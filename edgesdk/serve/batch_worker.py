@@ -221,6 +221,8 @@ class BatchWorker:
             "first_token_at": first,
             "last_token_at": end if first else None,
             "cached_tokens": res.cached_tokens,
+            "drafted_tokens": res.drafted_tokens,
+            "accepted_tokens": res.accepted_tokens,
             "logprobs": res.logprobs,
         }
         self._pending.append((job, "done", done))

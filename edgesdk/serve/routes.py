@@ -365,6 +365,10 @@ class Routes:
                 m.ttft.observe(max(0.0, first - t0), **labels)
                 if end and i_out > 1:
                     m.tpot.observe((end - first) / (i_out - 1), **labels)
+            drafted = int(last.get("drafted_tokens") or 0)
+            if drafted:  # speculative decoding: what it drafted and what the model kept
+                m.speculative_tokens.inc(drafted, model=entry.name, kind="drafted")
+                m.speculative_tokens.inc(int(last.get("accepted_tokens") or 0), model=entry.name, kind="accepted")
             m.tokens.inc(i_in, gen_ai_request_model=entry.name, gen_ai_token_type="input")
             m.tokens.inc(i_out, gen_ai_request_model=entry.name, gen_ai_token_type="output")
         span.set("gen_ai.usage.input_tokens", n_in)

@@ -67,6 +67,7 @@ SERVE_PROMPT_CACHE_REUSED = "edgesdk.serve.prompt_cache.reused_tokens"
 SERVE_PROMPT_CACHE = "edgesdk.serve.prompt_cache"
 SERVE_SLOTS = "edgesdk.serve.slots"
 SERVE_SLOTS_BUSY = "edgesdk.serve.slots.busy"
+SERVE_SPECULATIVE_TOKENS = "edgesdk.serve.speculative.tokens"
 
 # Advised bucket boundaries (semconv v1.41.1, docs/gen-ai/gen-ai-metrics.md).
 DURATION_BUCKETS = [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92]

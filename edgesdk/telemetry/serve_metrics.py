@@ -169,6 +169,11 @@ class ServerMetrics:
         self.cache_bytes = gauge(N.SERVE_PROMPT_CACHE, "By", "Bytes held by the prompt cache.")
         self.slots = gauge(N.SERVE_SLOTS, "{slot}", "Sequences an LLM decodes together (serve --parallel).")
         self.slots_busy = gauge(N.SERVE_SLOTS_BUSY, "{slot}", "Slots holding a request now, per LLM.")
+        self.speculative_tokens = counter(
+            N.SERVE_SPECULATIVE_TOKENS,
+            "{token}",
+            "Speculative decoding: tokens drafted by prompt lookup (kind=drafted), kept by the model (kind=accepted).",
+        )
 
     def model(self, name: str, provider: str) -> None:
         """Record ``gen_ai.provider.name`` (required by the GenAI conventions) with every GenAI figure of
