@@ -29,10 +29,7 @@ REDERIVED = {"parity_thresholds", "execution_provider_chain"}
 RAW_PROFILE = {"data", "policy", "kernels", "software"}
 PROFILE_CALLS = {"resolve_profile", "load_profile_file"}
 
-ALLOWED: dict[str, str] = {
-    "edgesdk/runtime/backends/llamacpp.py": "profile.kernels.get('flash_attention') (line ~623): another engineer's "
-    "file in progress (issue 40's engine work); profile.kernel('flash_attention').supported is the typed view",
-}
+ALLOWED: dict[str, str] = {}
 
 
 def _builder_files() -> list[Path]:

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from edgesdk import telemetry
+from edgesdk.contracts.gguf_types import DEFAULT_KV_TYPE, kv_bytes
 from edgesdk.errors import BackendUnavailableError, InputError, ShapeError
 from edgesdk.formats.gguf.chat_limits import render as render_chat
-from edgesdk.formats.gguf.types import DEFAULT_KV_TYPE, kv_bytes
 from edgesdk.native import import_llama_cpp
 from edgesdk.runtime.backend import LoadContext, TensorSpec
 from edgesdk.runtime.backends.llama_core import load_llama_cpp
@@ -668,8 +668,7 @@ def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
     planned = opts.get("n_gpu_layers", planned_llm.n_gpu_layers)
     ngl = layers + 1 if planned in ("all", -1) else int(planned)
     if profile is not None and "flash_attn" not in opts:
-        fa_entry = profile.kernels.get("flash_attention") or {}
-        fa = bool(profile.is_gpu and fa_entry.get("supported"))
+        fa = bool(profile.is_gpu and profile.kernel("flash_attention").supported)
     else:
         fa = bool(opts.get("flash_attn", planned_llm.flash_attn))
     threads = opts.get("threads") or planned_llm.thread_count
