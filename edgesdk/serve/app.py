@@ -172,6 +172,29 @@ class _Server(Routes):
         return hmac.compare_digest(given.encode("utf-8"), self._api_key)
 
 
+def middleware_stack(
+    server: _Server, routes: list[Route], genai: frozenset[str], config: ServeConfig
+) -> list[Middleware]:
+    """The middleware in front of every route (of the app, and of the start-up's app while models load): the guard,
+    and CORS outermost when configured (preflights carry no API key, and refusals need CORS headers too)."""
+    middleware = [Middleware(_Guard, server=server, routes=routes, genai=genai)]
+    if config.cors_origins:
+        from starlette.middleware.cors import CORSMiddleware
+
+        middleware.insert(
+            0,
+            Middleware(
+                CORSMiddleware,
+                allow_origins=list(config.cors_origins),
+                allow_methods=["GET", "POST"],
+                allow_headers=["*"],
+                expose_headers=["Retry-After"],
+                max_age=600,
+            ),
+        )
+    return middleware
+
+
 class _Guard:
     """Pure ASGI middleware: the Host allow-list (400/421), API key (constant-time compare), draining (503),
     a catch-all 500 in OpenAI shape, and the SERVER span of every request that no GenAI handler traces
@@ -317,21 +340,7 @@ def create_app(entries: list[ModelEntry], config: ServeConfig | None = None) -> 
     ]
     server.openapi_doc = openapi_document(((r.path, r.methods or ()) for r in routes), REQUEST_FIELDS)
     genai = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"})  # own spans
-    middleware = [Middleware(_Guard, server=server, routes=routes, genai=genai)]
-    if config.cors_origins:  # outermost: preflights carry no API key, and refusals need CORS headers too
-        from starlette.middleware.cors import CORSMiddleware
-
-        middleware.insert(
-            0,
-            Middleware(
-                CORSMiddleware,
-                allow_origins=list(config.cors_origins),
-                allow_methods=["GET", "POST"],
-                allow_headers=["*"],
-                expose_headers=["Retry-After"],
-                max_age=600,
-            ),
-        )
+    middleware = middleware_stack(server, routes, genai, config)
     app = Starlette(
         routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_found}, middleware=middleware
     )

@@ -25,12 +25,11 @@ import threading
 from collections.abc import Iterator
 
 from starlette.applications import Starlette
-from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from edgesdk.serve.app import _Guard, _Server
+from edgesdk.serve.app import _Server, middleware_stack
 from edgesdk.serve.config import ServeConfig
 from edgesdk.serve.protocol import APIError
 
@@ -68,21 +67,7 @@ def create_loading_app(config: ServeConfig) -> Starlette:
         ).response()
 
     routes = [Route("/health", health, methods=["GET"]), Route("/{path:path}", loading, methods=_METHODS)]
-    middleware = [Middleware(_Guard, server=server, routes=routes, genai=frozenset())]
-    if config.cors_origins:
-        from starlette.middleware.cors import CORSMiddleware
-
-        middleware.insert(
-            0,
-            Middleware(
-                CORSMiddleware,
-                allow_origins=list(config.cors_origins),
-                allow_methods=["GET", "POST"],
-                allow_headers=["*"],
-                expose_headers=["Retry-After"],
-                max_age=600,
-            ),
-        )
+    middleware = middleware_stack(server, routes, frozenset(), config)
     return Starlette(routes=routes, middleware=middleware)
 
 

@@ -289,16 +289,7 @@ class LlamaCppBackend:
             self._model,
             self.provider,
             stream=request.stream,
-            request={
-                "max_tokens": request.max_tokens,
-                "temperature": request.temperature,
-                "top_p": request.top_p,
-                "top_k": request.top_k,
-                "stop_sequences": list(request.stop) or None,
-                "seed": request.seed,
-                "frequency_penalty": request.frequency_penalty or None,
-                "presence_penalty": request.presence_penalty or None,
-            },
+            request=_request_record(request),
             attributes=self._attrs,
             attach=False,
         )
