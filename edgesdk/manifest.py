@@ -277,10 +277,11 @@ class LLMConfig:
         return self.threads if isinstance(self.threads, int) else None
 
     def planned(self, key: str) -> Any:
-        """A planned llama.cpp setting recorded beside the typed ones: ``n_batch``, ``n_ubatch`` (a positive
-        integer) or ``type_k``, ``type_v`` (a ggml type name); None where the plan did not decide it (a bundle
-        built before those decisions). The runtime checks the value and names the field when it is wrong."""
-        if key not in ("n_batch", "n_ubatch", "type_k", "type_v"):
+        """A planned llama.cpp setting recorded beside the typed ones: ``n_batch``, ``n_ubatch``, ``slots`` (the
+        plan's ``serving.slots``), ``prefill_chunk`` (``serving.prefill_chunk``) (a positive integer) or ``type_k``,
+        ``type_v`` (a ggml type name); None where the plan did not decide it (a bundle built before those
+        decisions). The runtime checks the value and names the field when it is wrong."""
+        if key not in ("n_batch", "n_ubatch", "type_k", "type_v", "slots", "prefill_chunk"):
             raise KeyError(key)
         return self.details.get(key)
 

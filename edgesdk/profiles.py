@@ -352,6 +352,11 @@ class Profile:
         return int(cores) if cores else None
 
     @property
+    def unified_memory(self) -> bool:
+        """``device.memory.unified``: CPU and GPU share one memory (a Jetson, a CPU host); False where not set."""
+        return bool((self.data["device"].get("memory") or {}).get("unified"))
+
+    @property
     def latency_target_ms(self) -> float | None:
         """``policy.latency_target_ms`` (the profiler's latency budget), None where not set."""
         value = self._policy.get("latency_target_ms")

@@ -221,6 +221,9 @@ def test_default_slots_come_from_the_kv_arithmetic(gemma_chat_bundle):  # noqa: 
         per_token = s.backend.kv_bytes_per_token()
         n_ctx = s.backend.settings["n_ctx"]
     assert 1 <= n <= CPU_SLOTS
-    assert why.startswith(f"{n} (CPU default {CPU_SLOTS}; KV cache {n} x {n_ctx} tokens")
+    # the bundle's plan decided the slots for cpu-x86_64 (serving.slots; tests/test_serving_plan.py)
+    assert why.startswith(
+        f"{n} (the plan's serving.slots {CPU_SLOTS} for profile cpu-x86_64; KV cache {n} x {n_ctx} tokens"
+    )
     # Gemma-3-270M: 18 layers, 1 KV head, 256-wide heads, f16 K and V
     assert per_token == 18 * 1 * (256 * 2 + 256 * 2)

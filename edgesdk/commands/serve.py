@@ -98,7 +98,8 @@ from edgesdk.commands.run import llm_load_options
     type=click.IntRange(1, 256),
     default=None,
     help="Per LLM: requests decoded together in one llama.cpp context (continuous batching). Default: "
-    "16 on a GPU, 4 on the CPU, fewer if their KV cache does not fit (the start-up line says why); "
+    "the bundle's planned slots (plan decision serving.slots, sized for its profile); for a bundle without "
+    "one 16 on a GPU, 4 on the CPU; fewer if their KV cache does not fit (the start-up line says why); "
     "1: one request at a time (outputs bit-identical to edgesdk run; --prompt-cache-mb applies).",
 )
 @click.option(

@@ -81,12 +81,18 @@ PREFILL_BUDGET_GPU = 512  # prompt tokens per step on a GPU
 PREFILL_BUDGET_CPU = 128  # and on the CPU
 
 
-def prefill_budget(on_gpu: bool, n_batch: int) -> tuple[int, str]:
+def prefill_budget(on_gpu: bool, n_batch: int, planned: int | None = None) -> tuple[int, str]:
     """The engine's prompt-token budget per step for a session on a GPU or the CPU, and why (at most ``n_batch``,
     the llama_batch's size). A step costs the generating sequences their next token until its prompt chunk is
-    evaluated, so the budget bounds how long a long prompt holds the others: on a GPU a step of 512 prompt tokens
-    costs a few decode steps (the weights are read once for all of them); on the CPU a prompt token costs
-    nearly what a generated one does, and 128 keeps a step near 0.2 s with a sub-billion model on 2 cores."""
+    evaluated, so the budget bounds how long a long prompt holds the others. ``planned``: the bundle's plan
+    decision ``serving.prefill_chunk`` (sized from the profile's compute figures and the model), used when given;
+    without one (a bundle built before the decision): on a GPU a step of 512 prompt tokens costs a few decode
+    steps (the weights are read once for all of them); on the CPU a prompt token costs nearly what a generated
+    one does, and 128 keeps a step near 0.2 s with a sub-billion model on 2 cores."""
+    if planned is not None:
+        budget = min(n_batch, planned)
+        capped = f", capped at n_batch {n_batch}" if budget < planned else ""
+        return budget, f"{budget} prompt tokens per step (the plan's serving.prefill_chunk {planned}{capped})"
     if on_gpu:
         budget = min(n_batch, PREFILL_BUDGET_GPU)
         why = (

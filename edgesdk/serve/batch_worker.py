@@ -42,9 +42,11 @@ def _mem_available() -> int | None:
 def decide_parallel(session: Any, requested: int | None) -> tuple[int, str]:
     """How many sequences to decode together for ``session`` (a GGUF session), and why.
 
-    ``requested`` (``serve --parallel``) wins. Otherwise 16 on a GPU and 4 on the CPU, capped so that the
-    KV cache of all slots (each as long as the session's context) fits in half the free GPU memory after
-    the weights (NVML), or a quarter of the available host memory on the CPU and on unified-memory devices."""
+    ``requested`` (``serve --parallel``) wins. Otherwise the bundle's plan decision ``serving.slots`` (sized for
+    its profile; ``backend.planned_slots()``), else 16 on a GPU and 4 on the CPU (a bundle built before the
+    decision, or one planned for another placement), capped so that the KV cache of all slots (each as long as
+    the session's context) fits in half the free GPU memory after the weights (NVML), or a quarter of the
+    available host memory on the CPU and on unified-memory devices."""
     backend = session.backend
     n_ctx = int(backend.settings["n_ctx"])
     per_token = int(backend.kv_bytes_per_token())
@@ -55,7 +57,14 @@ def decide_parallel(session: Any, requested: int | None) -> tuple[int, str]:
             f"{per_token / 1024:.1f} KiB = {requested * per_slot / 1e9:.2f} GB)"
         )
     on_gpu = int(backend.settings.get("n_gpu_layers") or 0) > 0
-    base = GPU_SLOTS if on_gpu else CPU_SLOTS
+    kind = "GPU" if on_gpu else "CPU"
+    planned_slots = getattr(backend, "planned_slots", None)  # a batching backend without a plan has no such method
+    planned, source = planned_slots() if planned_slots is not None else (None, "")
+    if planned is not None:
+        base, base_why = int(planned), source
+    else:
+        base = GPU_SLOTS if on_gpu else CPU_SLOTS
+        base_why = f"{kind} default {base}" + (f"; plan: {source}" if source else "")
     from edgesdk.runtime.backends.llamacpp import free_device_bytes
 
     free, how = free_device_bytes() if on_gpu else (None, "")
@@ -67,9 +76,8 @@ def decide_parallel(session: Any, requested: int | None) -> tuple[int, str]:
         where = f"a quarter of MemAvailable ({avail / 1e9:.1f} GB)" if avail else ""
     fit = budget // per_slot if budget and per_slot else base
     slots = max(1, min(base, int(fit)))
-    kind = "GPU" if on_gpu else "CPU"
     why = (
-        f"{slots} ({kind} default {base}; KV cache {slots} x {n_ctx} tokens x {per_token / 1024:.1f} KiB = "
+        f"{slots} ({base_why}; KV cache {slots} x {n_ctx} tokens x {per_token / 1024:.1f} KiB = "
         f"{slots * per_slot / 1e9:.2f} GB" + (f", {int(fit)} slots fit in {where})" if where else ")")
     )
     return slots, why

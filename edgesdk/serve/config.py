@@ -43,7 +43,7 @@ class ServeConfig:
     untraced: tuple[str, ...] | None = None  # URL regexes with no plain HTTP span; None: see untraced_patterns()
     allowed_hosts: tuple[str, ...] = ()  # Host names answered besides localhost and IP addresses; "*": any
     cors_origins: tuple[str, ...] = ()  # origins that get CORS answers ("*": any); none: no CORS at all
-    parallel: int | None = None  # sequences per LLM decoded together; None: decide_parallel(); 1: one at a time
+    parallel: int | None = None  # sequences per LLM decoded together; None: decide_parallel() (the plan's); 1: one
     prefix_reuse: bool = True  # batched LLMs: a slot keeps its last prompt's KV cells for a request sharing it
     # Connection caps (edgesdk.serve.ConnectionLimits, docs/security.md); no serve option yet: the Python API sets
     # them. Behind a reverse proxy every connection comes from the proxy's address: raise the per-client cap.

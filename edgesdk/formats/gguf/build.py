@@ -298,7 +298,8 @@ def llm_config(
         "converted": converted,
     }
     # Batch sizes and the K/V cache type (llama.cpp names: "f16", "q8_0"), when the plan decided them; the
-    # runtime reads them (load_gguf) and keeps llama-cpp-python's defaults (512 / 512 / f16) without them.
+    # runtime reads them (load_gguf) and keeps llama-cpp-python's defaults (512 / 512 / f16) without them. The
+    # serving decisions (slots, prefill_chunk) likewise: without them serve keeps its defaults (16 GPU / 4 CPU).
     section = gguf_section(plan.section)
     kv_type = section.kv_type
     batching = {
@@ -308,6 +309,8 @@ def llm_config(
             ("n_ubatch", section.n_ubatch),
             ("type_k", kv_type),
             ("type_v", kv_type),
+            ("slots", section.slots),
+            ("prefill_chunk", section.prefill_chunk),
         )
         if v is not None
     }

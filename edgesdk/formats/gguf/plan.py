@@ -276,6 +276,159 @@ def _batch_target(profile: Profile, use_fa: bool) -> tuple[int, str]:
     )
 
 
+# ---------------------------------------------------------------------------------------------
+# Serving: the engine's slot count and prefill chunk (edgesdk serve; issue 35 item 2)
+
+# The most slots planned on a GPU: on an H100 the aggregate rate of `edgesdk serve` rose with every added client
+# up to 16, the most slots measured (F16 4,108.5 tok/s = 6.70x one client; Q4_K_M 4.48x), docs/benchmarks.md
+# "The load curve" (tools/bench/results/serve_curve_h100_f16.json, serve_curve_h100_q4.json).
+SLOTS_GPU = 16
+# The CPU: on the 2-core host 2 clients gave 1.35x / 1.60x one client and 4 clients 1.27x / 1.74x with 4 slots
+# (serve_curve_cpu_engine.json, serve_curve_cpu_engine_full.json), and 4 clients 1.85x --parallel 1 against
+# llama-server (serve_llm_cpu_vs_llama_server.json): 4 slots on 2 cores, 2 per core where a profile lists cores.
+SLOTS_CPU_CORES = 2
+SLOTS_PER_CPU_CORE = 2
+SLOTS_MAX = 256  # serve --parallel's range
+# The slots' KV cache may take this share of what the budget leaves after weights and compute buffer: the
+# shares `edgesdk serve` applies at start-up (serve/batch_worker.py decide_parallel: half the free memory of a
+# discrete GPU, a quarter of the available memory of a CPU or a unified-memory Jetson).
+KV_SHARE_DISCRETE = 0.5
+KV_SHARE_UNIFIED = 0.25
+# llama.cpp prefill on the H200 as a fraction of the FP16 peak (edgesdk/data/profiler/efficiency.yaml, from
+# tools/bench/results/p4_h200.json: TinyLlama-1.1B-shaped, 512-token prompts, 98.1k tok/s F16, 44.4k tok/s
+# Q4_K_M): how fast matrix products of many tokens run, for prompt chunks and for a decode step of many slots.
+# Smaller models on big GPUs are launch-bound and land below it (0.019 at 246M): there a step grows less than
+# its tokens, so estimates from these figures err toward fewer slots and smaller chunks.
+MATMUL_EFFICIENCY = {"float": 0.218, "quantized": 0.099}
+# A step that carries a prompt chunk delays every generating stream's next token by the chunk's time. Target:
+# the CPU's measured step, which met the mixed-load goal (issue 35): 128 prompt tokens of Gemma-3-270M
+# (268,098,176 params) Q4_K_M on 2 cores in 211 ms (331 ms measured minus 2 x 60 ms, docs/benchmarks.md "The
+# CPU curve and mixed load with the one engine").
+PREFILL_STEP_S = 0.2
+# From the ridge on (the sequences at which a decode step's matrix products take as long as reading the weights)
+# a step is compute-bound and each added sequence slows the others; the aggregate still grows, more slowly: on the
+# H100, Q4_K_M (ridge estimated at ~8.9 from the figures below) gained 1.27x from 8 to 16 clients (2,575.9 ->
+# 3,268.8 tok/s), F16 (ridge ~64) 1.56x (docs/benchmarks.md, The load curve). Slots go up to twice the ridge.
+RIDGE_FACTOR = 2
+CPU_CHUNK_TOKENS, CPU_CHUNK_PARAMS, CPU_CHUNK_CORES = 128, 268_098_176, 2
+PREFILL_CHUNK_MAX = 512  # the chunk of the H100 load curve (PREFILL_BUDGET_GPU in runtime/batching.py then)
+PREFILL_CHUNK_MIN = 32  # and the smallest: a 4,096-token prompt then takes 128 steps
+CHUNK_STEP = 32  # chunks are multiples of this
+
+
+def _matmul_efficiency(quant: str) -> tuple[float, str]:
+    if quant in ("F32", "F16", "BF16"):
+        return MATMUL_EFFICIENCY["float"], f"{MATMUL_EFFICIENCY['float']} (H200 llama.cpp F16 prefill)"
+    return MATMUL_EFFICIENCY["quantized"], f"{MATMUL_EFFICIENCY['quantized']} (H200 llama.cpp Q4_K_M prefill)"
+
+
+def _slots(facts: ModelFacts, profile: Profile, quant: str, n_ctx: int, kv_type: str, n_ubatch: int) -> tuple[int, str]:
+    info = facts.extra
+    params = float(facts.params or 0)
+    w = _weight_bytes(facts, quant)[0]
+    cores = profile.cpu_cores
+    if profile.is_gpu:
+        base = SLOTS_GPU
+        why = [
+            f"GPU profile: at most {SLOTS_GPU} (on an H100 the aggregate rate of edgesdk serve rose with every "
+            f"added client up to {SLOTS_GPU}, the most slots measured: 6.70x one client F16, 4.48x Q4_K_M; "
+            "docs/benchmarks.md, The load curve)"
+        ]
+    elif cores:
+        base = min(SLOTS_MAX, SLOTS_PER_CPU_CORE * cores)
+        why = [
+            f"CPU profile with {cores} cores: {SLOTS_PER_CPU_CORE} per core = {base} (the 2-core host's curve: "
+            "2 clients 1.35-1.60x one client, 4 clients 1.27-1.85x with 4 slots; docs/benchmarks.md)"
+        ]
+    else:
+        base = SLOTS_PER_CPU_CORE * SLOTS_CPU_CORES
+        why = [
+            f"CPU profile without a core count: {base}, the measured 2-core host's best (2 clients 1.35-1.60x one "
+            "client, 4 clients 1.27-1.85x with 4 slots; docs/benchmarks.md, The CPU curve and mixed load)"
+        ]
+    slots = base
+    peak, bw = profile.figure("device.peak.fp16_tflops"), profile.figure("device.memory.bandwidth_gbps")
+    if profile.is_gpu and peak and bw and params:
+        eff, eff_why = _matmul_efficiency(quant)
+        per_weight = w / params
+        ridge = float(peak) * 1e12 * eff * per_weight / (2 * float(bw) * 1e9)
+        ridge_slots = max(1, int(RIDGE_FACTOR * ridge))
+        why.append(
+            f"a decode step stays bound by reading the weights up to ~{ridge:.1f} sequences = peak "
+            f"{peak:g} TFLOPS x efficiency {eff_why} x {per_weight:.3f} B per weight ({quant}) / (2 FLOP per weight "
+            f"x {bw:g} GB/s) (profile figures); past it each added slot slows the others and the aggregate grows "
+            f"more slowly (H100 Q4_K_M: 1.27x from 8 to 16 clients past a ridge of ~8.9), so at most "
+            f"{RIDGE_FACTOR} x the ridge = {ridge_slots}"
+        )
+        if ridge_slots < slots:
+            slots = ridge_slots
+    else:
+        why.append("no peak/bandwidth figures in the profile: no compute limit applied")
+    budget_gb = profile.memory_budget_gb()
+    per_slot = kv_bytes(info, n_ctx, kv_type)
+    if budget_gb is not None and per_slot:
+        unified = not profile.is_gpu or bool(profile.unified_memory)
+        share = KV_SHARE_UNIFIED if unified else KV_SHARE_DISCRETE
+        comp = compute_bytes(info, w, n_ubatch)
+        left = max(0.0, budget_gb * GB - w - comp)
+        fit = max(1, int(share * left // per_slot))
+        where = "unified memory" if unified else "discrete GPU memory"
+        why.append(
+            f"KV cache per slot {_gb(per_slot)} ({n_ctx} ctx, {kv_type}); {share:g} of what the budget "
+            f"{budget_gb} GB leaves after {_gb(w)} weights and {_gb(comp)} compute ({where}, the share edgesdk "
+            f"serve applies at start-up) holds {fit}"
+        )
+        if fit < slots:
+            slots = fit
+    else:
+        why.append("no memory figure in the profile: the slots' KV cache is sized at start-up")
+    slots = max(1, min(slots, SLOTS_MAX))
+    total = slots * n_ctx
+    return slots, f"{slots}: " + "; ".join(why) + f"; context budget {slots} x {n_ctx} = {total:,} tokens"
+
+
+def _prefill_chunk(facts: ModelFacts, profile: Profile, quant: str, n_batch: int) -> tuple[int, str]:
+    params = float(facts.params or 0)
+    cap = min(PREFILL_CHUNK_MAX, n_batch)
+    peak = profile.figure("device.peak.fp16_tflops")
+    if profile.is_gpu and peak and params:
+        eff, eff_why = _matmul_efficiency(quant)
+        raw = PREFILL_STEP_S * float(peak) * 1e12 * eff / (2 * params)
+        how = (
+            f"{raw:,.0f} prompt tokens take {PREFILL_STEP_S} s = {PREFILL_STEP_S} s x peak {peak:g} TFLOPS "
+            f"(profile) x efficiency {eff_why} / (2 x {int(params):,} params)"
+        )
+    elif profile.is_gpu:
+        raw = float(cap)
+        how = "the profile has no FP16 peak figure: the load curve's chunk"
+    else:
+        cores = profile.cpu_cores or CPU_CHUNK_CORES
+        raw = CPU_CHUNK_TOKENS * (CPU_CHUNK_PARAMS / params if params else 1.0) * (cores / CPU_CHUNK_CORES)
+        how = (
+            f"{raw:,.0f} prompt tokens take about {PREFILL_STEP_S} s: the measured 2-core step (128 tokens of "
+            f"Gemma-3-270M, {CPU_CHUNK_PARAMS:,} params, in 211 ms) scaled by {int(params):,} params and "
+            f"{cores} cores" + ("" if profile.cpu_cores else " (no core count in the profile: the measured host's)")
+        )
+    chunk = int(raw) // CHUNK_STEP * CHUNK_STEP
+    chunk = max(min(PREFILL_CHUNK_MIN, cap), min(chunk, cap))
+    return chunk, (
+        f"{chunk} prompt tokens per engine step: a step that carries a prompt chunk delays every generating "
+        f"stream's next token by the chunk's time, aimed at {PREFILL_STEP_S} s (the CPU step that met the "
+        f"mixed-load goal, docs/benchmarks.md); {how}; a multiple of {CHUNK_STEP} in [{PREFILL_CHUNK_MIN}, "
+        f"{cap}] (at most {PREFILL_CHUNK_MAX}, the H100 load curve's chunk, and n_batch {n_batch})"
+    )
+
+
+def serving_decisions(
+    facts: ModelFacts, profile: Profile, quant: str, n_ctx: int, kv_type: str, n_batch: int
+) -> list[Decision]:
+    """``serving.slots`` (``edgesdk serve``'s default ``--parallel``) and ``serving.prefill_chunk`` (prompt tokens
+    per engine step) for ``quant`` at ``n_ctx`` (docs/gguf.md, "Serving")."""
+    slots, slots_why = _slots(facts, profile, quant, n_ctx, kv_type, n_batch)
+    chunk, chunk_why = _prefill_chunk(facts, profile, quant, n_batch)
+    return [Decision("serving.slots", slots, slots_why), Decision("serving.prefill_chunk", chunk, chunk_why)]
+
+
 @dataclass
 class QuantCandidate(JSONable):
     """One type a parity miss falls back to (``gguf.parity_fallback``); ``ppl_ratio_max`` None: repackaged."""
@@ -329,6 +482,8 @@ class GgufPlan(PlanSection):
     n_ubatch: int | None = None  # None: a plan without the batch decisions (llama-cpp-python's defaults)
     n_batch: int | None = None
     kv_type: str | None = None
+    slots: int | None = None  # serving.slots; None: a plan without the decision (the runtime's defaults)
+    prefill_chunk: int | None = None  # serving.prefill_chunk; None: as slots
     parity: dict[str, JSONValue] = field(default_factory=dict)  # perplexity-ratio / logits limits ({}: repackaged)
     parity_fallback: list[QuantCandidate] = field(default_factory=list)  # tried in order on a parity miss
     chat_template: ChatTemplateChoice | None = None  # None: a plan without the decision (nothing bundled)
@@ -343,6 +498,8 @@ class GgufPlan(PlanSection):
         "gguf.n_ubatch": "n_ubatch",
         "gguf.n_batch": "n_batch",
         "gguf.kv_type": "kv_type",
+        "serving.slots": "slots",
+        "serving.prefill_chunk": "prefill_chunk",
         "parity": "parity",
         "gguf.parity_fallback": "parity_fallback",
         "gguf.chat_template": "chat_template",
@@ -440,6 +597,7 @@ def plan_gguf(facts: ModelFacts, profile: Profile, options: BuildOptions) -> Ggu
         )
     )
     out.append(Decision("gguf.kv_type", kv_type, kv_why))
+    out.extend(serving_decisions(facts, profile, chosen, n_ctx, kv_type, n_ubatch))
     ref = "F16 conversion" if facts.kind == "hf" else "source GGUF"
     parity = {"ppl_ratio_max": ppl_limit(profile, chosen)}
     why = f"perplexity of the {chosen} file on the built-in text / that of the {ref} <= {parity['ppl_ratio_max']}"

@@ -294,14 +294,24 @@ class LlamaCppBackend:
             attach=False,
         )
 
-    def batch_engine(self, *, slots: int, max_queue: int, reuse_prefix: bool = True) -> BatchEngine:
+    def batch_engine(
+        self, *, slots: int, max_queue: int, reuse_prefix: bool = True, prefill_chunk: int | None = None
+    ) -> BatchEngine:
         """The model's engine with ``slots`` sequences (``edgesdk serve --parallel N``): this session's own when it
         has that many slots, else a new one on the same weights (a new llama.cpp context of ``slots`` sequences,
         each as long as this session's context; the weights are not loaded again) that replaces it, once the
-        old one is idle. ``generate``/``stream``/``chat``/``run`` go through whichever engine is current."""
+        old one is idle. ``generate``/``stream``/``chat``/``run`` go through whichever engine is current.
+        ``prefill_chunk``: prompt tokens per step (default: the plan's ``serving.prefill_chunk``, else
+        :func:`~edgesdk.runtime.batching.prefill_budget`'s)."""
+        if prefill_chunk is not None and (
+            isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 1
+        ):
+            raise InputError(f"prefill_chunk must be a positive integer, got {prefill_chunk!r}")
         with self._engine_lock:
             old = self._engine
-            if old.slots != slots or old.closed:
+            n_batch = int(self.settings["n_batch"])
+            chunk_now = min(prefill_chunk, n_batch) if prefill_chunk is not None else self.prefill_budget()[0]
+            if old.slots != slots or old.closed or chunk_now != old.prefill_chunk:
                 if old.depth:
                     raise InputError(
                         f"the engine of {self._model} is busy ({old.depth} requests): its slot count can change "
@@ -310,7 +320,9 @@ class LlamaCppBackend:
                 old.close()
                 if not old.closed:
                     raise BackendUnavailableError(f"the engine of {self._model} did not stop; not replacing it")
-                self._engine = make_engine(self._weights, self.settings, self._report, slots=slots)
+                self._engine = make_engine(
+                    self._weights, self.settings, self._report, slots=slots, prefill_chunk=prefill_chunk
+                )
             self._engine.max_queue = int(max_queue)
             self._engine.reuse_prefix = bool(reuse_prefix)
             return self._engine
@@ -320,7 +332,13 @@ class LlamaCppBackend:
         (:func:`edgesdk.runtime.batching.prefill_budget`)."""
         from edgesdk.runtime.batching import prefill_budget
 
-        return prefill_budget(self._on_gpu(), int(self.settings["n_batch"]))
+        return prefill_budget(self._on_gpu(), int(self.settings["n_batch"]), self.settings.get("prefill_chunk"))
+
+    def planned_slots(self) -> tuple[int | None, str]:
+        """The plan's ``serving.slots`` for this session (``edgesdk serve``'s default ``--parallel``) and where it
+        came from; None where the bundle has none (built before the decision) or the load placed the model
+        elsewhere than planned (a GPU plan running on the CPU), and why."""
+        return self.settings.get("planned_slots"), str(self._report.get("serving_source") or "")
 
     def speculative_plan(self) -> tuple[str, int, str]:
         """Speculative decoding on this session: the engine's default mode, how many generating requests "auto" drafts
@@ -511,9 +529,18 @@ def _last_of(res: GenerationResult) -> dict[str, Any]:
     }
 
 
-def make_engine(weights: Weights, settings: Mapping[str, Any], report: Mapping[str, Any], *, slots: int) -> BatchEngine:
+def make_engine(
+    weights: Weights,
+    settings: Mapping[str, Any],
+    report: Mapping[str, Any],
+    *,
+    slots: int,
+    prefill_chunk: int | None = None,
+) -> BatchEngine:
     """The engine of a loaded GGUF session on ``weights``: ``slots`` sequences, each as long as the session's context,
-    with the settings the load chose (GPU layers, flash attention, threads, batch sizes, K/V types).
+    with the settings the load chose (GPU layers, flash attention, threads, batch sizes, K/V types). Prompt tokens per
+    step: ``prefill_chunk`` when given, else the plan's (``settings["prefill_chunk"]``, decision
+    ``serving.prefill_chunk``), else :func:`~edgesdk.runtime.batching.prefill_budget`'s device default.
 
     On a GPU: one KV buffer for all slots, every waiting prompt eligible per step, prompt chunks in the generating
     tokens' llama_decode (BatchEngine's defaults; measured: docs/benchmarks.md "The load curve"). On the CPU: a KV
@@ -525,7 +552,9 @@ def make_engine(weights: Weights, settings: Mapping[str, Any], report: Mapping[s
     from edgesdk.runtime.batching import BatchEngine, prefill_budget
 
     on_gpu = int(settings["n_gpu_layers"]) != 0 and bool(report.get("gpu_offload_supported"))
-    chunk, _why = prefill_budget(on_gpu, int(settings["n_batch"]))
+    chunk, _why = prefill_budget(
+        on_gpu, int(settings["n_batch"]), prefill_chunk if prefill_chunk is not None else settings.get("prefill_chunk")
+    )
     spec, spec_active, _spec_why = speculative_plan(on_gpu, settings.get("speculative"))
     return BatchEngine(
         weights.path,
@@ -681,6 +710,21 @@ def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
             raise BundleIntegrityError(f"{where}: expected a positive integer, got {value!r}")
         batch[key] = value
     explicit_batch = {k for k in ("n_batch", "n_ubatch") if opts.get(k) is not None}
+    # The plan's serving decisions (serving.slots, serving.prefill_chunk; manifest extras.llm.slots / prefill_chunk):
+    # for the placement they were planned for; a bundle built before them has neither (serve's defaults).
+    serving: dict[str, int] = {}
+    for key in ("slots", "prefill_chunk"):
+        value = planned_llm.planned(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise BundleIntegrityError(
+                f"{bundle.path}: manifest extras.llm.{key}: expected a positive integer, got {value!r}"
+            )
+        serving[key] = value
+    planned_gpu = planned_llm.n_gpu_layers == "all" or (
+        isinstance(planned_llm.n_gpu_layers, int) and planned_llm.n_gpu_layers != 0
+    )
     kv: dict[str, int] = {}
     for key in ("type_k", "type_v"):
         name = planned_llm.planned(key)
@@ -762,7 +806,18 @@ def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
                 "placement": "CPU" if a_ngl == 0 else f"{min(a_ngl, layers + 1)}/{layers + 1} layers on GPU",
                 "probe": "child process first (risky platform)" if risky else "in-process",
             }
+            on_planned = bool(serving) and (a_ngl != 0) == planned_gpu
+            report["serving_source"] = (
+                f"the plan's serving.slots {serving['slots']} for profile {bundle.manifest.profile.name or '?'}"
+                if on_planned and "slots" in serving
+                else "none planned (bundle built before the serving decisions)"
+                if not serving
+                else f"not the plan's: planned for the {'GPU' if planned_gpu else 'CPU'}, running on the "
+                f"{'GPU' if a_ngl else 'CPU'}"
+            )
             settings = {
+                "planned_slots": serving.get("slots") if on_planned else None,
+                "prefill_chunk": serving.get("prefill_chunk") if on_planned else None,
                 "n_gpu_layers": a_ngl,
                 "flash_attn": a_fa,
                 "n_ctx": n_ctx,
