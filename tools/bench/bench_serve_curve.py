@@ -4,8 +4,10 @@
 1. **Steady load** at every client count in --clients (default 1, 2, 3, 4, 6, 8, 16, 32): C closed-loop
    clients, each sending its next streaming `/v1/completions` request as soon as its last one ends, for
    --seconds per point; every prompt differs from its first token (a number sequence the model continues to
-   --max-tokens, greedy). Completion tokens come from each stream's `usage`. Per server and point: aggregate
-   completion tok/s, requests, TTFT p50/p99 (request sent -> first streamed chunk with text or a token), errors.
+   --max-tokens, greedy). Tokens are counted as they stream inside the window (each finished request's chunks
+   converted to tokens by its `usage`; a request still streaming at the window's end is cut there and counted
+   for what it streamed). Per server and point: aggregate completion tok/s, requests, TTFT p50/p99 (request
+   sent -> first streamed chunk with text or a token), errors.
    Servers: `edgesdk serve BUNDLE` with its defaults (as a user starts it), and with --llama-server PATH
    `llama-server -np N -c N*n_ctx -fa on|off -ngl all` for each N in --llama-server-np (default 16 and 4), on the
    same GGUF file, the same threads, GPU layers and flash attention as edgesdk's session, otherwise llama-server's
@@ -47,8 +49,12 @@ def number_prompt(i: int, k: int, n: int = 12) -> str:
     return ", ".join(str(start + j) for j in range(n)) + ","
 
 
-async def stream_one(http: httpx.AsyncClient, url: str, body: dict) -> tuple[float | None, int, bool]:
-    """(TTFT s: request sent -> first streamed chunk, completion tokens from usage, ok) of one completion."""
+async def stream_one(
+    http: httpx.AsyncClient, url: str, body: dict, arrivals: list[float] | None = None
+) -> tuple[float | None, int, bool]:
+    """(TTFT s: request sent -> first streamed chunk, completion tokens from usage, ok) of one completion.
+    ``arrivals``: the perf_counter time of every chunk that carries a choice is appended as it comes (kept when
+    the caller cancels the request mid-stream)."""
     t0 = time.perf_counter()
     first, tokens = None, 0
     async with http.stream("POST", url + "/v1/completions", json=body) as resp:
@@ -60,22 +66,32 @@ async def stream_one(http: httpx.AsyncClient, url: str, body: dict) -> tuple[flo
                 continue
             doc = json.loads(line[6:])
             choices = doc.get("choices") or []
-            if first is None and choices:  # the first chunk (a random-weight model's text can be empty bytes)
-                first = time.perf_counter() - t0
+            if choices:
+                now = time.perf_counter()
+                if first is None:  # the first chunk (a random-weight model's text can be empty bytes)
+                    first = now - t0
+                if arrivals is not None:
+                    arrivals.append(now)
             if doc.get("usage"):
                 tokens = int(doc["usage"].get("completion_tokens") or 0)
     return first, tokens, True
 
 
 async def steady(url: str, clients: int, seconds: float, max_tokens: int) -> dict:
-    """Closed-loop clients for ``seconds``: tokens of requests that finished inside the window."""
-    out = {"tokens": 0, "requests": 0, "errors": 0, "ttft": []}
+    """Closed-loop clients for exactly ``seconds``: the completion tokens streamed inside the window. Each
+    request's chunks are timed as they arrive; a request that finishes converts its chunks to tokens by its
+    ``usage`` (tokens / chunks, 1 when every chunk is one token), one still streaming at the window's end is cut
+    there (cancelled: the server frees its slot) and counted by the mean tokens per chunk of the finished ones.
+    So requests longer than the window count for what they streamed inside it, at any client count."""
+    done: list[tuple[list[float], int]] = []  # (chunk times, usage tokens) of finished requests
+    cut: list[list[float]] = []  # chunk times of requests cut at the window's end
+    out = {"requests": 0, "errors": 0, "ttft": []}
     limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
     async with httpx.AsyncClient(timeout=300, limits=limits) as http:
 
-        async def client(i: int, until: float) -> None:
+        async def client(i: int) -> None:
             k = 0
-            while time.perf_counter() < until:
+            while True:
                 body = {
                     "model": "m",
                     "prompt": number_prompt(i, k),
@@ -85,14 +101,17 @@ async def steady(url: str, clients: int, seconds: float, max_tokens: int) -> dic
                     "stream_options": {"include_usage": True},
                 }
                 k += 1
+                arrivals: list[float] = []
                 try:
-                    ttft, tokens, ok = await stream_one(http, url, body)
+                    ttft, tokens, ok = await stream_one(http, url, body, arrivals)
+                except asyncio.CancelledError:
+                    cut.append(arrivals)
+                    raise
                 except httpx.HTTPError:
                     ttft, tokens, ok = None, 0, False
-                if time.perf_counter() > until:
-                    break  # finished after the window: not counted
                 out["requests" if ok else "errors"] += 1
-                out["tokens"] += tokens
+                if ok:
+                    done.append((arrivals, tokens))
                 if ttft is not None:
                     out["ttft"].append(ttft)
 
@@ -108,17 +127,27 @@ async def steady(url: str, clients: int, seconds: float, max_tokens: int) -> dic
             )
         )
         t0 = time.perf_counter()
-        await asyncio.gather(*(client(i, t0 + seconds) for i in range(clients)))
-        wall = time.perf_counter() - t0
+        tasks = [asyncio.create_task(client(i)) for i in range(clients)]
+        await asyncio.sleep(seconds)
+        end = time.perf_counter()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    chunks = sum(len(a) for a, _ in done)
+    per_chunk = sum(n for _, n in done) / chunks if chunks else 1.0
+    tokens = sum(sum(1 for x in a if x <= end) * (n / len(a) if a else 0.0) for a, n in done)
+    tokens += sum(sum(1 for x in a if x <= end) * per_chunk for a in cut)
     ttft = out["ttft"]
     return {
         "clients": clients,
-        "tok_s": round(out["tokens"] / wall, 1),
+        "tok_s": round(tokens / (end - t0), 1),
         "requests": out["requests"],
+        "requests_cut_at_window_end": len(cut),
+        "tokens_per_chunk": round(per_chunk, 3),
         "errors": out["errors"],
         "ttft_p50_ms": round(1000 * statistics.median(ttft), 1) if ttft else None,
         "ttft_p99_ms": round(1000 * pct(ttft, 0.99), 1) if ttft else None,
-        "wall_s": round(wall, 2),
+        "wall_s": round(end - t0, 2),
     }
 
 
