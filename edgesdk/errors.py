@@ -109,3 +109,9 @@ class MissingExtraError(ExternalToolError):
     def __init__(self, message: str, *, hint: str | None = None, extra: str):
         super().__init__(message, hint=hint)
         self.extra = extra
+
+
+def shown(value: object) -> str:
+    """``repr(value)`` cut to one short piece for an error message: a 4000-digit number is not echoed whole."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:30]}... ({len(text)} characters)"

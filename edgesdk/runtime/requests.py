@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgesdk.errors import InputError
+from edgesdk.errors import InputError, shown
 from edgesdk.runtime.grammar_limits import check_gbnf
 
 #: The runtime's defaults for options left out (llama-cpp-python's, as ``Session.generate`` uses them).
@@ -54,12 +54,6 @@ SPECULATIVE_MODES = ("auto", "lookup", "off")
 TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
 
-def _show(value: object) -> str:
-    """``repr(value)``, cut to one short line (a 400-digit integer is not echoed whole)."""
-    text = repr(value)
-    return text if len(text) <= 40 else f"{text[:30]}... ({len(text)} characters)"
-
-
 def _number(
     name: str,
     value: object,
@@ -71,30 +65,30 @@ def _number(
 ) -> float:
     """``value`` as a finite number in range, else one InputError naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise InputError(f"{name} must be {'an integer' if integer else 'a number'}, got {_show(value)}")
+        raise InputError(f"{name} must be {'an integer' if integer else 'a number'}, got {shown(value)}")
     if isinstance(value, numbers.Integral):
         iv = int(value)  # exact, however large
         if lo is not None and (iv <= lo if lo_open else iv < lo):
-            raise InputError(f"{name} must be {'>' if lo_open else '>='} {lo}, got {_show(value)}")
+            raise InputError(f"{name} must be {'>' if lo_open else '>='} {lo}, got {shown(value)}")
         bound = hi if hi is not None else (INT32_MAX if integer else None)
         if bound is not None and iv > bound:
-            raise InputError(f"{name} must be <= {bound}, got {_show(value)}")
+            raise InputError(f"{name} must be <= {bound}, got {shown(value)}")
         if not integer:
             try:
                 return float(iv)
             except OverflowError:
-                raise InputError(f"{name} must be finite, got {_show(value)}") from None
+                raise InputError(f"{name} must be finite, got {shown(value)}") from None
         return iv
     f = float(value)
     if not math.isfinite(f):
-        raise InputError(f"{name} must be finite, got {_show(value)}")
+        raise InputError(f"{name} must be finite, got {shown(value)}")
     if integer and not f.is_integer():
-        raise InputError(f"{name} must be an integer, got {_show(value)}")
+        raise InputError(f"{name} must be an integer, got {shown(value)}")
     if lo is not None and (f <= lo if lo_open else f < lo):
-        raise InputError(f"{name} must be {'>' if lo_open else '>='} {lo}, got {_show(value)}")
+        raise InputError(f"{name} must be {'>' if lo_open else '>='} {lo}, got {shown(value)}")
     bound = hi if hi is not None else (INT32_MAX if integer else None)
     if bound is not None and f > bound:
-        raise InputError(f"{name} must be <= {bound}, got {_show(value)}")
+        raise InputError(f"{name} must be <= {bound}, got {shown(value)}")
     return int(f) if integer else f
 
 
@@ -152,7 +146,7 @@ def check_logit_bias(bias: object) -> tuple[tuple[int, float], ...]:
     if isinstance(bias, (tuple, list)) and all(isinstance(p, (tuple, list)) and len(p) == 2 for p in bias):
         bias = dict(bias)
     if not isinstance(bias, Mapping):
-        raise InputError(f"logit_bias must be a mapping of token id to bias, got {_show(bias)}")
+        raise InputError(f"logit_bias must be a mapping of token id to bias, got {shown(bias)}")
     if len(bias) > MAX_LOGIT_BIAS:
         raise InputError(f"logit_bias must hold at most {MAX_LOGIT_BIAS} entries, got {len(bias)}")
     out: dict[int, float] = {}
@@ -160,7 +154,7 @@ def check_logit_bias(bias: object) -> tuple[tuple[int, float], ...]:
         tok: object = key
         if isinstance(key, str):
             if not key.strip().isdigit():
-                raise InputError(f"logit_bias keys must be token ids (non-negative integers), got {_show(key)}")
+                raise InputError(f"logit_bias keys must be token ids (non-negative integers), got {shown(key)}")
             tok = int(key)
         t = int(_number("logit_bias key", tok, lo=0, integer=True))
         out[t] = float(_number(f"logit_bias[{t}]", value, lo=-LOGIT_BIAS_RANGE, hi=LOGIT_BIAS_RANGE))
@@ -253,7 +247,7 @@ def _check_messages(messages: object) -> tuple[ChatMessage, ...]:
             raise InputError(f"messages[{i}] must be a mapping with 'role' and 'content'")
         role, content = m.get("role"), m.get("content")
         if not isinstance(role, str) or not role:
-            raise InputError(f"messages[{i}].role must be a non-empty string, got {_show(role)}")
+            raise InputError(f"messages[{i}].role must be a non-empty string, got {shown(role)}")
         calls = _check_tool_calls(i, m.get("tool_calls")) if role == "assistant" else ()
         if m.get("tool_calls") and role != "assistant":
             raise InputError(f"messages[{i}].tool_calls: only assistant messages carry tool calls")
@@ -372,9 +366,9 @@ class GenerationRequest:
         if self.messages is not None:
             object.__setattr__(self, "messages", _check_messages(self.messages))
         if isinstance(self.n, bool) or self.n != 1:
-            raise InputError(f"n must be 1 (one completion per request), got {_show(self.n)}")
+            raise InputError(f"n must be 1 (one completion per request), got {shown(self.n)}")
         if not isinstance(self.stream, bool):
-            raise InputError(f"stream must be true or false, got {_show(self.stream)}")
+            raise InputError(f"stream must be true or false, got {shown(self.stream)}")
         params: dict[str, object] = {k: getattr(self, k) for k in DEFAULT_SAMPLING}
         for k, default in DEFAULT_SAMPLING.items():
             if params[k] is None:
@@ -410,9 +404,9 @@ class GenerationRequest:
                     "use 'lookup', 'auto' or 'off'"
                 )
             modes = ", ".join(SPECULATIVE_MODES)
-            raise InputError(f"speculative must be one of {modes}, got {_show(self.speculative)}")
+            raise InputError(f"speculative must be one of {modes}, got {shown(self.speculative)}")
         if self.tool_choice is not None and not isinstance(self.tool_choice, str):
-            raise InputError(f"tool_choice must be 'auto', 'required' or a tool's name, got {_show(self.tool_choice)}")
+            raise InputError(f"tool_choice must be 'auto', 'required' or a tool's name, got {shown(self.tool_choice)}")
 
     @property
     def greedy(self) -> bool:

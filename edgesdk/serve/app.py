@@ -34,8 +34,6 @@ from edgesdk.runtime.backend import BatchingBackend
 from edgesdk.serve import operational
 from edgesdk.serve.batch_worker import BatchWorker, decide_parallel
 from edgesdk.serve.config import (
-    DEFAULT_MAX_TOKENS,
-    DEFAULT_MAX_TOKENS_CAP,
     HOST_NAME,
     ModelEntry,
     ServeConfig,
@@ -50,12 +48,7 @@ from edgesdk.serve.routes import Routes
 from edgesdk.serve.workers import EmbeddingBatcher, LLMWorker
 from edgesdk.telemetry.serve_spans import HTTPSpan, untraced_patterns
 
-# edgesdk/serve/__init__.py takes these from here (its public ServeConfig, ModelEntry and serve-table defaults)
 __all__ = [
-    "DEFAULT_MAX_TOKENS",
-    "DEFAULT_MAX_TOKENS_CAP",
-    "ModelEntry",
-    "ServeConfig",
     "create_app",
     "llm_parallel",
     "prompt_cache_mb",

@@ -19,7 +19,6 @@ Usage (``edgesdk serve`` does this)::
 from __future__ import annotations
 
 import contextlib
-import functools
 import socket
 import threading
 from collections.abc import Iterator
@@ -31,6 +30,7 @@ from starlette.routing import Route
 
 from edgesdk.serve.app import _Server, middleware_stack
 from edgesdk.serve.config import ServeConfig
+from edgesdk.serve.connections import ConnectionLimits, guard
 from edgesdk.serve.protocol import APIError
 
 RETRY_AFTER_S = 1
@@ -77,8 +77,6 @@ def answering_while_loading(sockets: list[socket.socket], config: ServeConfig) -
     for the real server) from a thread until the block ends, then stop it (about 0.3 s)."""
     import uvicorn
 
-    from edgesdk.serve import ConnectionLimits, _GuardedProtocol, _Open
-
     dups = [s.dup() for s in sockets]
     ucfg = uvicorn.Config(
         create_loading_app(config),
@@ -89,13 +87,7 @@ def answering_while_loading(sockets: list[socket.socket], config: ServeConfig) -
         timeout_keep_alive=1,
         timeout_graceful_shutdown=2,
     )
-    ucfg.load()
-    limits = ConnectionLimits(
-        max_connections=config.max_connections, max_connections_per_client=config.max_connections_per_client
-    )
-    ucfg.http_protocol_class = functools.partial(  # type: ignore[assignment]
-        _GuardedProtocol, ucfg.http_protocol_class, limits, _Open()
-    )
+    guard(ucfg, ConnectionLimits.of(config))
     server = uvicorn.Server(ucfg)
     thread = threading.Thread(target=server.run, kwargs={"sockets": dups}, name="edgesdk-serve-loading", daemon=True)
     thread.start()
