@@ -30,11 +30,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -77,12 +79,13 @@ async def stream_one(
     return first, tokens, True
 
 
-async def steady(url: str, clients: int, seconds: float, max_tokens: int) -> dict:
+async def steady(url: str, clients: int, seconds: float, max_tokens: int, marks: Any = None) -> dict:
     """Closed-loop clients for exactly ``seconds``: the completion tokens streamed inside the window. Each
     request's chunks are timed as they arrive; a request that finishes converts its chunks to tokens by its
     ``usage`` (tokens / chunks, 1 when every chunk is one token), one still streaming at the window's end is cut
     there (cancelled: the server frees its slot) and counted by the mean tokens per chunk of the finished ones.
-    So requests longer than the window count for what they streamed inside it, at any client count."""
+    So requests longer than the window count for what they streamed inside it, at any client count.
+    ``marks``: an :class:`Energy` read at the window's opening and closing (joules and tokens per joule)."""
     done: list[tuple[list[float], int]] = []  # (chunk times, usage tokens) of finished requests
     cut: list[list[float]] = []  # chunk times of requests cut at the window's end
     out = {"requests": 0, "errors": 0, "ttft": []}
@@ -126,10 +129,12 @@ async def steady(url: str, clients: int, seconds: float, max_tokens: int) -> dic
                 for i in range(clients)
             )
         )
+        opening = marks.read() if marks is not None else None
         t0 = time.perf_counter()
         tasks = [asyncio.create_task(client(i)) for i in range(clients)]
         await asyncio.sleep(seconds)
         end = time.perf_counter()
+        closing = marks.read() if marks is not None else None
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -148,7 +153,78 @@ async def steady(url: str, clients: int, seconds: float, max_tokens: int) -> dic
         "ttft_p50_ms": round(1000 * statistics.median(ttft), 1) if ttft else None,
         "ttft_p99_ms": round(1000 * pct(ttft, 0.99), 1) if ttft else None,
         "wall_s": round(end - t0, 2),
+        **(marks.figures(opening, closing, t0, end, tokens) if marks is not None else {}),
     }
+
+
+class Energy:
+    """The GPUs' energy over a window, two ways (as tools/bench/energy_check.py cross-checks them): NVML's total
+    energy counter (``nvmlDeviceGetTotalEnergyConsumption``, summed over GPUs) read at the window's edges, and
+    ``nvidia-smi``'s power.draw sampled every 100 ms and integrated over the same window; with ``metrics_url``
+    also the server's own ``hw.energy`` counter from its /metrics (edgesdk serve's device metrics). Any source
+    missing here is named in ``missing``, never guessed."""
+
+    def __init__(self) -> None:
+        self.missing: dict[str, str] = {}
+        self.handles: list[Any] = []
+        self.smi: Any = None
+        self.metrics_url: str | None = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            self._energy_mj = pynvml.nvmlDeviceGetTotalEnergyConsumption
+            self.nvml_mj()
+        except Exception as exc:  # no nvidia-ml-py, no driver, or a GPU without the counter
+            self.handles = []
+            self.missing["nvml"] = f"{type(exc).__name__}: {exc}"[:200]
+        if shutil.which("nvidia-smi"):
+            from energy_check import SmiSampler
+
+            self.smi = SmiSampler("power.draw", 100)
+        else:
+            self.missing["nvidia-smi"] = "not on PATH"
+
+    def nvml_mj(self) -> float | None:
+        return float(sum(self._energy_mj(h) for h in self.handles)) if self.handles else None
+
+    def served_j(self) -> float | None:
+        if not self.metrics_url:
+            return None
+        try:
+            text = httpx.get(self.metrics_url, timeout=5).text
+        except httpx.HTTPError:
+            return None
+        values = [
+            float(ln.rsplit(" ", 1)[1])
+            for ln in text.splitlines()
+            if ln.startswith("hw_energy") and ln.split("{")[0].split(" ")[0].endswith("_total")
+        ]
+        return sum(values) if values else None
+
+    def read(self) -> tuple[float | None, float | None]:
+        return self.nvml_mj(), self.served_j()
+
+    def figures(self, opening: Any, closing: Any, t0: float, t1: float, tokens: float) -> dict:
+        out: dict[str, Any] = {}
+        if opening[0] is not None and closing[0] is not None:
+            out["joules_nvml"] = round((closing[0] - opening[0]) / 1000.0, 1)
+            out["tok_per_j"] = round(tokens / out["joules_nvml"], 2) if out["joules_nvml"] > 0 else None
+        if opening[1] is not None and closing[1] is not None:
+            out["joules_served_metrics"] = round(closing[1] - opening[1], 1)
+        if self.smi is not None:
+            time.sleep(0.3)  # nvidia-smi samples past the window's end
+            j, _ = self.smi.joules(t0, t1)
+            if j is not None:
+                out["joules_smi"] = round(j, 1)
+                if out.get("joules_nvml"):
+                    out["nvml_vs_smi_pct"] = round(100.0 * (out["joules_nvml"] - j) / j, 1)
+        return out
+
+    def close(self) -> None:
+        if self.smi is not None:
+            self.smi.stop()
 
 
 async def mixed(url: str, long_prompt: str, long_tokens: int, max_tokens: int) -> dict:
@@ -231,6 +307,7 @@ def main() -> None:
         gguf, n_ctx, st, long_prompt, long_n = session_settings(a.bundle, n_ctx - a.max_tokens - 64)
     servers: dict[str, tuple] = {}
     tmp = Path(tempfile.mkdtemp(prefix="curve-"))
+    energy = Energy() if shutil.which("nvidia-smi") else None  # a CPU host: no GPU energy to read
     try:
         servers["edgesdk"] = start_edgesdk(a.bundle, a.threads, a.serve_args.split())
         if a.llama_server:
@@ -243,7 +320,9 @@ def main() -> None:
         for idx, c in enumerate(counts):
             order = list(servers) if idx % 2 == 0 else list(reversed(servers))
             for name in order:
-                rows[name].append(asyncio.run(steady(servers[name][1], c, a.seconds, a.max_tokens)))
+                if energy is not None:  # edgesdk serve's own hw.energy counter beside NVML and nvidia-smi
+                    energy.metrics_url = servers[name][1] + "/metrics" if name == "edgesdk" else None
+                rows[name].append(asyncio.run(steady(servers[name][1], c, a.seconds, a.max_tokens, energy)))
             print(f"{c:>7} " + " ".join(f"{rows[n][-1]['tok_s']:>16.1f} tok/s" for n in servers), flush=True)
         mixed_rows = {}
         if a.mixed:
@@ -254,6 +333,8 @@ def main() -> None:
     finally:
         for proc, _ in servers.values():
             stop(proc)
+        if energy is not None:
+            energy.close()
     base = {n: (r[0]["tok_s"] if r and r[0]["clients"] == 1 else None) for n, r in rows.items()}
     for name, rs in rows.items():
         for r in rs:
@@ -271,6 +352,7 @@ def main() -> None:
         "max_tokens": a.max_tokens,
         "curve": rows,
         "mixed": mixed_rows,
+        "energy_missing": energy.missing if energy is not None else {"gpu": "no nvidia-smi on this host"},
         "edgesdk_slots_line": [ln for ln in metrics.splitlines() if ln.startswith("edgesdk_serve_slots")],
         "git": git_state(),
         "loadavg": loadavg(),

@@ -166,8 +166,10 @@ def serve_curve(smoke: Smoke, py: str, bundle: Path, out: Path) -> None:
         doc = json.loads(out.read_text())
         curve = {name: {r["clients"]: r["tok_s"] for r in rows} for name, rows in doc["curve"].items()}
         mixed = doc.get("mixed", {}).get("edgesdk", {})
+        per_joule = {name: {r["clients"]: r.get("tok_per_j") for r in rows} for name, rows in doc["curve"].items()}
         return {
             "tok_s": curve,
+            "tok_per_j": per_joule,
             "short_alone_ttft_ms": mixed.get("short_alone_ttft_ms"),
             "short_behind_long_ttft_max_ms": mixed.get("short_behind_long_ttft_max_ms"),
         }
