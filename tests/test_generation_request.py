@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """GenerationRequest: validated once, every bad value one InputError naming the field; the same rule
-set as the llama.cpp backends (vlm.backend._check_sampling delegates to requests.check_sampling)."""
+set as the llama.cpp backends (the GGUF and VLM backends both build GenerationRequests)."""
 
 from __future__ import annotations
 
@@ -117,16 +117,19 @@ def test_from_options_takes_session_generate_keywords():
 
 
 def test_the_backends_use_the_same_rules():
+    """The GGUF and VLM backends both build a GenerationRequest (their requests run in the same engine): the VLM
+    backend keeps no sampling checks of its own."""
     pytest.importorskip("llama_cpp")
-    from edgesdk.runtime.backends.vlm.backend import _check_sampling
+    import edgesdk.runtime.backends.vlm.backend as vlm
 
+    assert not hasattr(vlm, "_check_sampling") and not hasattr(vlm, "sampling_options")
     params = dict(DEFAULT_SAMPLING)
     for bad in ({"temperature": BIG}, {"top_k": BIG}, {"top_p": math.nan}):
         with pytest.raises(InputError):
-            _check_sampling(8, None, {**params, **bad})
+            check_sampling(8, None, {**params, **bad})
     with pytest.raises(InputError, match="max_tokens must be <= 2147483647"):
-        _check_sampling(BIG, None, params)  # was an OverflowError before the rules were shared
-    assert _check_sampling(8.0, 3, params) == check_sampling(8, 3.0, params) == (8, 3)
+        check_sampling(BIG, None, params)  # was an OverflowError before the rules were shared
+    assert check_sampling(8.0, 3, params) == (8, 3)
 
 
 def _tool(name: object) -> dict:
@@ -149,7 +152,8 @@ def test_tool_names_are_unique_and_openai_shaped(names, message):
     """Issue 34 item 9: a tool name is ^[a-zA-Z0-9_-]{1,64}$ and unique, as OpenAI requires; the message is one
     line naming the tool's index and the rule, and never echoes control or invisible characters raw."""
     from edgesdk.serve.config import ModelEntry
-    from edgesdk.serve.protocol import APIError, parse_generation
+    from edgesdk.serve.protocol import APIError, parse
+    from edgesdk.serve.schemas import ChatCompletionRequest
 
     tools = [_tool(n) for n in names]
     with pytest.raises(InputError, match=message) as exc:
@@ -158,7 +162,7 @@ def test_tool_names_are_unique_and_openai_shaped(names, message):
     entry = ModelEntry(name="m", session=None, kind="llm", max_tokens_cap=2048, default_max_tokens=256)
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": tools}
     with pytest.raises(APIError) as api:
-        parse_generation(body, entry, "chat")
+        parse(ChatCompletionRequest, body).to_generation_request(entry)
     assert (api.value.status, api.value.param) == (400, "tools") and str(exc.value) in api.value.message
 
 

@@ -158,13 +158,32 @@ def test_bad_images_are_400_naming_the_field(client, images, tmp_path):
     assert err.value.body["param"] == "messages[0].content[0].image_url.detail"
 
 
-def test_structured_output_and_logprobs_are_refused_for_a_vlm(client, images):
-    """They need the continuous-batching engine, which a VLM bundle does not have: 400 naming the field."""
-    cases = (({"response_format": {"type": "json_object"}}, "response_format"), ({"logprobs": True}, "logprobs"))
-    for kw, param in cases:
-        with pytest.raises(openai.BadRequestError) as err:
-            ask(client, data_url(images[0]), **kw)
-        assert err.value.body["param"] == param and "a VLM bundle always is" in err.value.body["message"]
+def test_structured_output_and_logprobs_work_for_a_vlm(client, images):
+    """A VLM's requests run in the continuous-batching engine: a JSON-object reply follows the grammar from its first
+    token, and each generated token comes with its log-probability."""
+    reply = ask(client, data_url(images[0]), response_format={"type": "json_object"})
+    assert reply.choices[0].message.content.lstrip().startswith("{")
+    scored = ask(client, data_url(images[0]), logprobs=True, top_logprobs=2)
+    tokens = scored.choices[0].logprobs.content
+    assert len(tokens) == scored.usage.completion_tokens and all(len(t.top_logprobs) == 2 for t in tokens)
+    assert all(t.logprob <= 0 for t in tokens)
+
+
+def test_concurrent_image_chats_batch_in_the_engine(client, images):
+    """Four clients with four images at once: every reply equals the same request alone (the tiny model's logits
+    have clear winners)."""
+    alone = [ask(client, data_url(p)).choices[0].message.content for p in images[:4]]
+    got: dict[int, str] = {}
+
+    def one(i: int) -> None:
+        got[i] = ask(client, data_url(images[i])).choices[0].message.content
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [got[i] for i in range(4)] == alone
 
 
 def test_size_limit_is_checked_before_decoding(images):

@@ -189,7 +189,7 @@ def test_prompt_tokens_chat_and_cli(tiny_gemma3, gemma3_bundle, images, run_cli)
     s = edgesdk.load(gemma3_bundle)
     try:
         a = s.generate(PROMPT, images=[images[2]], max_tokens=6, temperature=0)
-        kv = list(s.backend.pipe._kv)
+        kv = list(s.backend.engine._slot_kv[0])  # the slot keeps its cells for the next request
         assert s.backend.last["image_tokens"] == GEMMA3_IMAGE_TOKENS and s.backend.last["encoder_runs"] == 1
         proc = AutoProcessor.from_pretrained(tiny_gemma3)
         msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PROMPT}]}]

@@ -85,9 +85,9 @@ def test_prompt_layout_matches_the_hf_processor(tiny_smolvlm, tmp_path, images):
         assert backend.last["input_tokens"] == len(ids) and backend.last["image_tokens"] == IDEFICS3_IMAGE_TOKENS
         image_id = proc.tokenizer.convert_tokens_to_ids("<image>")
         hf_text = [int(t) for t in ids if t != image_id]
-        # the KV cache holds the prompt: text token ids and one ("img", ...) entry per image position
-        assert [t for t in backend.pipe._kv if not isinstance(t, tuple)] == hf_text
-        assert [i for i, t in enumerate(backend.pipe._kv) if isinstance(t, tuple)] == [
+        # the slot's KV cells hold the prompt: text token ids and one ("img", ...) entry per image position
+        assert [t for t in backend.engine._slot_kv[0] if not isinstance(t, tuple)] == hf_text
+        assert [i for i, t in enumerate(backend.engine._slot_kv[0]) if isinstance(t, tuple)] == [
             i for i, t in enumerate(ids) if t == image_id
         ]  # image positions where the HF processor puts them
     finally:

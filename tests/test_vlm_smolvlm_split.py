@@ -94,8 +94,10 @@ def test_prompt_layout_matches_the_hf_processor(tiny_smolvlm_split, tmp_path, im
             ][0]
             n_img = int((ids == image_id).sum())
             assert backend.last["input_tokens"] == len(ids) and backend.last["image_tokens"] == n_img
-            assert [t for t in backend.pipe._kv if not isinstance(t, tuple)] == [int(t) for t in ids if t != image_id]
-            assert [i for i, t in enumerate(backend.pipe._kv) if isinstance(t, tuple)] == [
+            assert [t for t in backend.engine._slot_kv[0] if not isinstance(t, tuple)] == [
+                int(t) for t in ids if t != image_id
+            ]
+            assert [i for i, t in enumerate(backend.engine._slot_kv[0]) if isinstance(t, tuple)] == [
                 i for i, t in enumerate(ids) if t == image_id
             ]
     finally:

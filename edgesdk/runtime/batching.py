@@ -47,6 +47,12 @@ A request asking for ``logprobs`` gets, per generated token, the log-softmax of 
 sampler reads (before logit bias, grammar, penalties or temperature: the model's own distribution) at the
 chosen token, and its ``k`` most likely tokens; a request without it costs nothing extra.
 
+A VLM's request is a :class:`MultimodalRequest`: text token ids with image chunks (:class:`PromptImage`) between
+them. When a slot's prompt reaches an image, the image is evaluated in that slot on its own, before the step's
+batched decode (libmtmd's ``mtmd_helper_decode_image_chunk`` on the slot's sequence id, as llama-server does),
+counted against the step's prompt budget (one image per step at least); its positions are keyed by the image's hash,
+so the prefix reuse keeps an image whole or not at all, and M-RoPE images take fewer positions than KV cells.
+
 llama-cpp-python is imported only through :func:`edgesdk.native.import_llama_cpp`.
 """
 
@@ -63,12 +69,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from edgesdk.errors import BackendUnavailableError, EdgeSDKError, InputError, ShapeError
 from edgesdk.native import import_llama_cpp, route_llama_logs
+from edgesdk.runtime.draft import Drafter
 from edgesdk.runtime.grammar_limits import big_stack_thread, compile_grammar
 from edgesdk.runtime.requests import GenerationRequest
 
@@ -137,6 +144,23 @@ def _holding_gil(fn: Any) -> Any:
     return proto(address) if address else fn
 
 
+def _with_images(tokens: list[int], request: GenerationRequest) -> tuple[list[Any], dict[int, PromptImage], int]:
+    """A request's prompt one entry per position (a multimodal prompt's images as ``("img", key, j)`` entries),
+    its images by first position, and the KV cells they take beyond their positions."""
+    if not isinstance(request, MultimodalRequest) or not request.images:
+        return tokens, {}, 0
+    prompt: list[Any] = []
+    images: dict[int, PromptImage] = {}
+    extra, done = 0, 0
+    for at, img in request.images:
+        prompt += tokens[done:at]
+        done = at
+        images[len(prompt)] = img
+        prompt += [("img", img.key, j) for j in range(img.n_pos)]
+        extra += img.n_tokens - img.n_pos
+    return prompt + tokens[done:], images, extra
+
+
 class EngineSaturated(EdgeSDKError):
     """Every slot is busy and the queue behind them is full (or the engine is closing)."""
 
@@ -185,12 +209,55 @@ class GenerationResult:
     speculative: str = "off"  # what this request got: "lookup", "off", or "off (<why>)"
 
 
+class PromptImage(Protocol):
+    """An image of a multimodal prompt, evaluated inside its request's slot (as llama-server does): ``decode`` puts
+    its embeddings into the engine's context at positions from ``pos`` on sequence ``seq_id`` (libmtmd's helper:
+    llama_decode calls of its own, on the engine thread, before the step's batched decode) and returns the next
+    position. ``key`` identifies the image (a hash of its pixels and encoder): the prefix reuse keeps an image's
+    cells only where the same key stands at the same place. ``n_pos`` positions, ``n_tokens`` KV cells (M-RoPE:
+    fewer positions than tokens)."""
+
+    key: str
+    n_pos: int
+    n_tokens: int
+
+    def decode(self, ctx: Any, pos: int, seq_id: int, n_batch: int) -> int: ...
+
+
+@dataclass(frozen=True)
+class MultimodalRequest(GenerationRequest):
+    """A :class:`GenerationRequest` whose ``prompt_tokens`` are the prompt's text and ``images`` go between them:
+    ``(i, image)`` puts ``image`` before ``prompt_tokens[i]``. The prompt ends with text (the first token is
+    sampled from its last position)."""
+
+    images: tuple[tuple[int, PromptImage], ...] = ()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        n = len(self.prompt_tokens or ())
+        at = [i for i, _ in self.images]
+        if self.images and (self.prompt_tokens is None or at != sorted(at) or not 0 <= at[0] <= at[-1] < n):
+            raise InputError("a prompt's images go before its text tokens, in order, and the prompt ends with text")
+
+    @property
+    def input_tokens(self) -> int:
+        """The KV cells the prompt takes: its text tokens and every image's tokens."""
+        return len(self.prompt_tokens or ()) + sum(img.n_tokens for _, img in self.images)
+
+
+def prompt_size(request: GenerationRequest) -> int:
+    """The tokens a request's prompt takes in the context (a multimodal prompt's image tokens included)."""
+    if isinstance(request, MultimodalRequest):
+        return request.input_tokens
+    return len(request.prompt_tokens or ())
+
+
 @dataclass
 class _Seq:
     """Engine-side state of one request (touched by the engine thread only, after admission)."""
 
     handle: BatchHandle
-    prompt: list[int]
+    prompt: list[Any]  # token ids, one per position; a multimodal prompt's image positions as ("img", key, j)
     budget: int
     stops: tuple[str, ...]
     slot: int = -1
@@ -207,6 +274,7 @@ class _Seq:
     argmax: bool = False  # greedy with no penalty: pick the largest logit directly
     spec: str = "off"  # speculative decoding for this request: "lookup", "auto" (the engine decides) or "off"
     spec_note: str = ""  # why it was switched off mid-request
+    spec_by: str = "lookup"  # what drafted: "lookup" (prompt lookup) or "draft" (the draft model)
     drafts: list[int] = field(default_factory=list)  # this step's drafted tokens (after ``pending``)
     drafted: int = 0
     accepted: int = 0
@@ -223,6 +291,8 @@ class _Seq:
     prompt_n: int = 0
     eval_s: float = 0.0  # and of the steps with its generated tokens
     eval_n: int = 0
+    images: dict[int, PromptImage] = field(default_factory=dict)  # a multimodal prompt's images by first position
+    extra_cells: int = 0  # KV cells its images take beyond their positions (M-RoPE)
 
 
 SPEC_PROBE_STEPS = 4  # "auto": drafted steps before a request's acceptance is judged
@@ -343,7 +413,9 @@ class Weights:
     engine for another slot count makes a new context, never a second copy of the weights. ``close()`` frees
     them; the borrowing engines must be closed first."""
 
-    def __init__(self, path: str | os.PathLike[str], *, n_gpu_layers: int = 0, verbose: bool = False) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, n_gpu_layers: int = 0, verbose: bool = False, use_mmap: bool = True
+    ) -> None:
         try:
             ll = import_llama_cpp()
         except (ImportError, OSError) as exc:
@@ -355,6 +427,7 @@ class Weights:
             raise InputError(f"model file {self.path} does not exist")
         mparams = ll.llama_model_default_params()
         mparams.n_gpu_layers = n_gpu_layers if n_gpu_layers >= 0 else 0x7FFFFFFF
+        mparams.use_mmap = bool(use_mmap)
         self.model = ll.llama_model_load_from_file(self.path.encode("utf-8"), mparams)
         if not self.model:
             raise BackendUnavailableError(f"llama.cpp could not load {self.path}")
@@ -403,6 +476,9 @@ class BatchEngine:
         spec_max_active: int = 2,
         model: Any = None,
         verbose: bool = False,
+        draft_model: Any = None,
+        draft_k: int = 4,
+        draft_auto: bool = True,
     ) -> None:
         for name, value, lo in (
             ("slots", slots, 1),
@@ -434,8 +510,10 @@ class BatchEngine:
         self.mixed_prefill = self.kv_unified if mixed_prefill is None else bool(mixed_prefill)
         self.n_batch = max(n_batch, slots)  # room for one token per slot at least
         self.reuse_prefix = bool(reuse_prefix)
-        if speculative not in ("auto", "lookup", "off"):
-            raise InputError(f"speculative must be auto, lookup or off, got {speculative!r}")
+        if speculative not in ("auto", "lookup", "off", "draft"):
+            raise InputError(f"speculative must be auto, lookup, draft or off, got {speculative!r}")
+        if speculative == "draft" and draft_model is None:
+            raise InputError("speculative 'draft' needs a draft model (draft_model=, a bundle built with --draft)")
         for name, value in (("draft_max", draft_max), ("spec_max_active", spec_max_active)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise InputError(f"{name} must be an integer >= 0, got {value!r}")
@@ -494,6 +572,13 @@ class BatchEngine:
         self.eos = int(ll.llama_vocab_eos(self._vocab))
         self._random_seed = int(ll.LLAMA_DEFAULT_SEED)
         self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
+        # a draft model's context (edgesdk/runtime/draft.py): one sequence per slot, on the draft's own weights
+        self._drafter: Drafter | None = None
+        if draft_model is not None:
+            self._drafter = Drafter(
+                draft_model, slots=slots, n_ctx=self.n_ctx_seq, n_vocab=self.n_vocab, k=draft_k, auto=draft_auto,
+                threads=threads, n_batch=self.n_batch,
+            )  # fmt: skip
         self.settings = {
             "slots": slots,
             "n_ctx_per_slot": self.n_ctx_seq,
@@ -512,6 +597,8 @@ class BatchEngine:
             "speculative": speculative,
             "draft_max": draft_max,
             "spec_max_active": spec_max_active,
+            "draft_k": draft_k if draft_model is not None else None,
+            "draft_auto": bool(draft_auto) if draft_model is not None else None,
         }
         self._pieces: dict[int, bytes] = {}  # token -> bytes (piece), filled as tokens are generated
         self._eog: dict[int, bool] = {}  # token -> end of generation
@@ -678,6 +765,11 @@ class BatchEngine:
         want_logits: bool = False,
     ) -> BatchHandle:
         stops = request.stop
+        if request.speculative == "draft" and self._drafter is None:
+            raise InputError(
+                "speculative 'draft' needs a draft model in the bundle (edgesdk build --draft SMALL_MODEL); this one "
+                "has none: use 'lookup', 'auto' or 'off'"
+            )
         if request.logit_bias and request.logit_bias[-1][0] >= self.n_vocab:
             raise InputError(
                 f"logit_bias token ids must be < {self.n_vocab} (the vocabulary), got {request.logit_bias[-1][0]}"
@@ -696,9 +788,13 @@ class BatchEngine:
             tokens = self._tokenize(request.prompt)
         if not tokens:
             raise InputError("the prompt is empty (no tokens)")
-        if len(tokens) >= self.n_ctx_seq:
-            raise ShapeError(f"prompt is {len(tokens)} tokens; a slot's context holds {self.n_ctx_seq}")
-        budget = min(request.max_tokens, self.n_ctx_seq - len(tokens))
+        prompt, images, extra = _with_images(tokens, request)
+        if len(prompt) + extra >= self.n_ctx_seq:
+            raise ShapeError(
+                f"prompt is {len(prompt) + extra} tokens{' (images included)' if images else ''}; a slot's "
+                f"context holds {self.n_ctx_seq}"
+            )
+        budget = min(request.max_tokens, self.n_ctx_seq - len(prompt) - extra)
         grammar = None
         if request.grammar is not None:  # compiled here, on the caller's thread: a bad one is refused at submit
             grammar = compile_grammar(self._ll, self._vocab, request.grammar)  # bounded, on a big stack
@@ -713,8 +809,9 @@ class BatchEngine:
                 )
             handle = BatchHandle(self, request, next(self._ids), listener, cancel)
             seq = _Seq(
-                handle, tokens, budget, stops, hold=max((len(s) for s in stops), default=1) - 1, grammar=grammar
+                handle, prompt, budget, stops, hold=max((len(s) for s in stops), default=1) - 1, grammar=grammar
             )  # freed by _end, however the request ends
+            seq.images, seq.extra_cells = images, extra
             if timeout_s is not None:
                 seq.timeout_s, seq.deadline = float(timeout_s), handle.submitted + float(timeout_s)
             seq.want_logits = want_logits
@@ -748,6 +845,12 @@ class BatchEngine:
         for fn in self._step_listeners:
             fn()
 
+    def forget_prefixes(self) -> None:
+        """Lend no free slot's cells to the next requests (they are evaluated whole: a benchmark's cold rounds)."""
+        with self._cv:
+            for slot in self._free:
+                self._slot_kv[slot] = []
+
     def _wake(self) -> None:
         with self._cv:
             self._cv.notify()
@@ -770,6 +873,8 @@ class BatchEngine:
             ll.llama_batch_free(self._batch)
         with contextlib.suppress(Exception):
             ll.llama_free(self._ctx)
+        if self._drafter is not None:
+            self._drafter.close()
         if self._own_weights is not None:
             self._own_weights.close()
         self.closed = True
@@ -815,10 +920,13 @@ class BatchEngine:
                 continue
             req = seq.handle.request
             seq.argmax = req.plain_greedy  # greedy, penalties neutral, no logit bias, no grammar
-            seq.spec = "off" if seq.want_logits or self.draft_max == 0 else (req.speculative or self.speculative)
+            off = seq.want_logits or self.draft_max == 0 or seq.images  # (prompt lookup reads token ids only)
+            seq.spec = "off" if off else (req.speculative or self.speculative)
             # a plain greedy request never asks a sampler (its token is the row's argmax): none is made
             seq.sampler = None if seq.argmax else self._new_sampler(req)
             seq.slot, keep = self._pick_slot(seq.prompt)
+            # an image is kept whole or not at all: a prefix ending inside one ends where it starts
+            keep = next((at for at, img in seq.images.items() if at < keep < at + img.n_pos), keep)
             seq.logprobs = [] if req.logprobs is not None else None
             seq.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
             if keep and self._n_swa > 0:
@@ -831,7 +939,8 @@ class BatchEngine:
             if not keep:
                 self._ll.llama_memory_seq_rm(self._mem, seq.slot, -1, -1)  # a fresh slot: nothing of before
             self._slot_kv[seq.slot] = []
-            seq.n_fed = seq.pos = seq.cached = keep
+            seq.n_fed = seq.pos = keep
+            seq.cached = keep + sum(img.n_tokens - img.n_pos for at, img in seq.images.items() if at < keep)
             seq.kv = seq.prompt[:keep]
             self._active.append(seq)
         self.stats["max_active"] = max(self.stats["max_active"], len(self._active))
@@ -896,14 +1005,14 @@ class BatchEngine:
                 text=seq.text,
                 tokens=list(seq.out),
                 finish_reason=finish,
-                prompt_tokens=len(seq.prompt),
+                prompt_tokens=len(seq.prompt) + seq.extra_cells,
                 ttft_s=(h.first_token_at - h.submitted) if h.first_token_at else None,
                 total_s=now - h.submitted,
                 error=error,
                 cached_tokens=seq.cached,
                 drafted_tokens=seq.drafted,
                 accepted_tokens=seq.accepted,
-                speculative=("lookup" if seq.drafted else seq.spec) + (f" ({seq.spec_note})" if seq.spec_note else ""),
+                speculative=(seq.spec_by if seq.drafted else seq.spec) + (f" ({seq.spec_note})" if seq.spec_note else ""),
                 first_token_at=h.first_token_at,
                 finished_at=now,
                 logprobs=seq.logprobs,
@@ -983,6 +1092,7 @@ class BatchEngine:
             gen += [(tok, seq.pos + 1 + i, seq, True) for i, tok in enumerate(seq.drafts)]
         fill: list[tuple[int, int, _Seq, bool]] = []
         room = min(self.prefill_chunk, self.n_batch - (len(gen) if self.mixed_prefill else 0))
+        room -= self._decode_images(room)
         for seq, take in self._prefill_plan(room):
             end = len(seq.prompt)
             fill += [(seq.prompt[i], i, seq, i == end - 1) for i in range(seq.n_fed, seq.n_fed + take)]
@@ -1006,6 +1116,10 @@ class BatchEngine:
         k = min(self.draft_max, spare, seq.budget - len(seq.out) - 1, self.n_ctx_seq - seq.pos - 2)
         if k <= 0:
             return []
+        drafter = self._drafter
+        if drafter is not None and (seq.spec == "draft" or (seq.spec == "auto" and drafter.auto)):
+            seq.spec_by = "draft"  # the draft model proposes (edgesdk/runtime/draft.py)
+            return drafter.propose(seq.slot, seq.prompt + seq.out, min(k, drafter.k), self._is_eog)
         return lookup_draft(seq.prompt + seq.out, k)
 
     def _verified(self, seq: _Seq) -> None:
@@ -1015,6 +1129,8 @@ class BatchEngine:
         seq.drafts = []
         if seq.slot >= 0 and n:
             self._ll.llama_memory_seq_rm(self._mem, seq.slot, len(seq.kv), -1)  # cells past the accepted tokens
+            if self._drafter is not None and seq.spec_by == "draft":
+                self._drafter.rollback(seq.slot, seq.kv)
         seq.draft_steps += 1
         if seq.spec == "auto" and seq.draft_steps >= SPEC_PROBE_STEPS and seq.accepted < SPEC_MIN_RATE * seq.drafted:
             seq.spec = "off"
@@ -1031,10 +1147,10 @@ class BatchEngine:
         it is alone), the others are taken shortest first, and what is left goes to the oldest again: a short
         prompt arriving behind long ones is evaluated in the next step, and a long one still moves at least a
         quarter budget per step however many short ones arrive."""
-        pending = [s for s in self._active if s.n_fed < len(s.prompt)]  # in admission order
+        pending = [s for s in self._active if self._text_left(s)]  # in admission order
         if not pending or room <= 0:
             return []
-        left = {id(s): len(s.prompt) - s.n_fed for s in pending}
+        left = {id(s): self._text_left(s) for s in pending}
         oldest, others = pending[0], sorted(pending[1:], key=lambda s: left[id(s)])
         chosen = [oldest, *others][: self.prompts_per_step]
         if self.prompts_per_step == 1 and others:
@@ -1052,6 +1168,39 @@ class BatchEngine:
             take[id(seq)] += more
             room -= more
         return [(seq, take[id(seq)]) for seq in chosen if take[id(seq)] > 0]
+
+    @staticmethod
+    def _text_left(seq: _Seq) -> int:
+        """Prompt tokens of ``seq`` to evaluate before its next image (or its prompt's end)."""
+        nxt = min((at for at in seq.images if at >= seq.n_fed), default=len(seq.prompt))
+        return nxt - seq.n_fed
+
+    def _decode_images(self, room: int) -> int:
+        """Evaluate the images that admitted prompts have reached, oldest request first, each on its own (libmtmd's
+        helper, in the request's slot, before the step's batched decode), while their tokens fit the step's prompt
+        ``room`` (one image at least, however large); returns the image tokens evaluated. An image that fails ends
+        its request only."""
+        used = 0
+        for seq in list(self._active):
+            while seq.n_fed in seq.images and (used == 0 or used < room) and seq.slot >= 0:
+                img = seq.images[seq.n_fed]
+                t0 = time.perf_counter()
+                try:
+                    nxt = img.decode(self._ctx, seq.n_fed, seq.slot, self.n_batch)
+                    if nxt != seq.n_fed + img.n_pos:
+                        raise BackendUnavailableError(
+                            f"llama.cpp placed an image of {img.n_pos} positions at {seq.n_fed} and ended at {nxt}"
+                        )
+                except EdgeSDKError as exc:
+                    self._end(seq, "error", f"the prompt's image failed: {exc}")
+                    break
+                seq.kv += seq.prompt[seq.n_fed : nxt]
+                seq.n_fed = seq.pos = nxt
+                seq.prompt_s += time.perf_counter() - t0
+                seq.prompt_n += img.n_tokens
+                used += img.n_tokens
+                self.stats["prompt_tokens"] += img.n_tokens
+        return used
 
     def _decode(self, entries: list[tuple[int, int, _Seq, bool]]) -> None:
         """One ``llama_decode`` of (token, position, sequence, wants logits) entries, then sampling."""

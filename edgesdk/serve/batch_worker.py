@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import contextlib
 import ctypes
 import os
@@ -21,7 +22,7 @@ from typing import Any
 
 from edgesdk.errors import EdgeSDKError, InputError, ShapeError
 from edgesdk.runtime.backends.llamacpp import speculative_attributes
-from edgesdk.runtime.batching import EngineClosed, EngineSaturated, GenerationResult
+from edgesdk.runtime.batching import EngineClosed, EngineSaturated, GenerationResult, prompt_size
 from edgesdk.serve.workers import Job, RequestTimeout, Saturated
 from edgesdk.telemetry.serve_spans import attach_context, detach_context
 
@@ -112,6 +113,15 @@ class BatchWorker:
         self._pending: list[tuple[Job, str, Any]] = []
         self._wakers: dict[Any, _LoopWaker | None] = {}  # per event loop, made on that loop's thread (submit)
         self.engine.add_step_listener(self._flush)
+        # a backend whose encode() preprocesses and encodes images (a VLM) encodes on a thread of its own, in arrival
+        # order, never on the event loop; ``_encoding``: requests handed to it and not yet in the engine (the event
+        # loop adds, the thread subtracts: an int's += and -= are atomic under the interpreter lock)
+        self._encoder = (
+            concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"edgesdk-serve-{name}-encode")
+            if getattr(self._backend, "heavy_encode", False)
+            else None
+        )
+        self._encoding = 0
         self._mean_s = 2.0  # running mean of request time, for Retry-After
         self._closing = False
 
@@ -130,6 +140,8 @@ class BatchWorker:
             raise Saturated(f"model {self.name!r} is shutting down", retry_after=5, draining=True)
         if job.request is None:
             raise TypeError("a batched job needs its GenerationRequest")
+        if self._encoder is not None and self.depth + self._encoding >= self.slots + self.max_queue:
+            raise self._saturated()  # (the encoder thread's requests count: the engine never refuses them later)
         # The request's GenAI span (a child of the HTTP server span) starts here and ends on the engine thread.
         token = attach_context(job.otel_ctx)
         try:
@@ -141,31 +153,52 @@ class BatchWorker:
             self._wakers[job.loop] = _LoopWaker.on(job.loop)
         original = job.request
         rec.capture_input(original.prompt if original.messages is None else [m.as_dict() for m in original.messages])
+        if self._encoder is not None:  # a VLM: its images are preprocessed and encoded on the encoder thread
+            self._encoding += 1
+            self._encoder.submit(self._enqueue, job, rec)
+            return
+        self._enqueue(job, rec)
+
+    def _enqueue(self, job: Job, rec: Any) -> None:
+        """``job``'s request encoded (a VLM's: off the event loop, its images in it) and queued in the engine."""
+        off_loop = self._encoder is not None
         try:
-            request = self._backend.encode(job.request)
-            rec.set_input_tokens(len(request.prompt_tokens or ()))
-            self.engine.submit(
-                request,
-                listener=lambda kind, value: self._event(job, rec, kind, value),
-                cancel=job.cancel,
-                timeout_s=self.request_timeout_s,
-            )
+            try:
+                if off_loop:
+                    request = self._backend.encode(job.request, job.inputs, rec)
+                else:
+                    request = self._backend.encode(job.request)
+                rec.set_input_tokens(prompt_size(request))
+                self.engine.submit(
+                    request,
+                    listener=lambda kind, value: self._event(job, rec, kind, value),
+                    cancel=job.cancel,
+                    timeout_s=self.request_timeout_s,
+                )
+            finally:
+                if off_loop:
+                    self._encoding -= 1
         except BaseException as exc:
             rec.__exit__(type(exc), exc, None)
             if isinstance(exc, EngineClosed):
-                raise Saturated(f"model {self.name!r} is shutting down", retry_after=5, draining=True) from None
-            if isinstance(exc, EngineSaturated):
-                waiting = max(0, self.depth - self.slots)
-                raise Saturated(
-                    f"model {self.name!r} is busy: all {self.slots} slots run and {waiting} requests "
-                    f"are queued (limit {self.max_queue})",
-                    retry_after=self._mean_s * (1 + waiting / self.slots),
-                ) from exc
-            if isinstance(exc, (InputError, ShapeError, EdgeSDKError)):  # too long, bad template: a 400
-                job.emit("error", exc)
-                return
-            raise
+                exc = Saturated(f"model {self.name!r} is shutting down", retry_after=5, draining=True)
+            elif isinstance(exc, EngineSaturated):
+                exc = self._saturated()
+            elif not isinstance(exc, (InputError, ShapeError, EdgeSDKError)) and not off_loop:
+                raise
+            if isinstance(exc, Saturated) and not off_loop:
+                raise exc from None
+            job.emit("error", exc)  # too long, bad template, an image that fails: a 400
+            return
         job.emit("started", time.perf_counter())
+
+    def _saturated(self) -> Saturated:
+        waiting = max(0, self.depth - self.slots)
+        return Saturated(
+            f"model {self.name!r} is busy: all {self.slots} slots run and {waiting} requests "
+            f"are queued (limit {self.max_queue})",
+            retry_after=self._mean_s * (1 + waiting / self.slots),
+        )
 
     def _flush(self) -> None:
         """On the engine thread, after each step: the step's events go to their event loops together, in
@@ -239,6 +272,8 @@ class BatchWorker:
         """Refuse new requests, let running ones finish (bounded by ``timeout_s``), then stop the engine."""
         self._closing = True
         deadline = time.monotonic() + timeout_s
+        if self._encoder is not None:
+            self._encoder.shutdown(wait=True)  # the requests being encoded go into the engine first
         while self.engine.depth and time.monotonic() < deadline:
             time.sleep(0.05)
         self.engine.close(max(1.0, deadline - time.monotonic()))

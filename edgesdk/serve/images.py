@@ -260,12 +260,11 @@ def vlm_policy(session: Any, allow_local: Path | None, max_bytes: int = MAX_IMAG
     pre = getattr(pipe, "pre", None)
     if pre is None or not callable(getattr(pre, "check_size", None)):
         return None
-    llm = getattr(pipe, "llm", None)
-    n_ctx = getattr(llm, "n_ctx", None)
+    n_ctx = (getattr(pipe, "settings", None) or {}).get("n_ctx")  # a slot's context
     return ImagePolicy(
         check_size=pre.check_size,
         allow_local=allow_local,
         max_bytes=max_bytes,
         image_tokens=getattr(pre, "image_tokens", None),
-        context=int(n_ctx()) if callable(n_ctx) else None,
+        context=int(n_ctx) if n_ctx else None,
     )

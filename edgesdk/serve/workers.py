@@ -78,6 +78,13 @@ class Job:
     def emit(self, kind: str, value: Any = None) -> None:
         _mailbox(self.loop).post(self.events, (kind, value))
 
+    @property
+    def inputs(self) -> Any:
+        """What the route parsed the request into (a VLM chat's messages with their decoded image parts, which
+        ``request`` leaves out): the input ``start`` was made with."""
+        args = getattr(self.start, "args", ())
+        return args[0] if args else None
+
 
 class _Mailbox:
     """Events from worker threads to one event loop, handed over in bursts.

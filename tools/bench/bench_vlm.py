@@ -351,7 +351,7 @@ def measure_load(bundle: Path, mmap: bool, args, image: Path) -> dict:
 
 def reset(session) -> None:
     """Forget cached image features, preprocessed frames and the KV prefix (the next request is cold)."""
-    session.backend.pipe.forget()
+    session.backend.forget()
 
 
 def ask(session, question: str, image: Path, max_tokens: int) -> dict:

@@ -83,7 +83,7 @@ def measure(
         s.generate("Describe the image.", images=[image], max_tokens=max_tokens, temperature=0)  # warm-up
         runs = []
         for _ in range(rounds):
-            s.backend.pipe.forget()  # cold: no cached features, frames or KV prefix
+            s.backend.forget()  # cold: no cached features, frames or KV prefix
             s.generate("Describe the image.", images=[image], max_tokens=max_tokens, temperature=0)
             last = dict(s.backend.last)
             runs.append(
@@ -103,7 +103,7 @@ def measure(
                 s.generate("Describe the image.", images=[path], max_tokens=max_tokens, temperature=0)  # warm-up
                 sized = []
                 for _ in range(rounds):
-                    s.backend.pipe.forget()
+                    s.backend.forget()
                     s.generate("Describe the image.", images=[path], max_tokens=max_tokens, temperature=0)
                     sized.append(dict(s.backend.last))
                 w, h = __import__("PIL.Image", fromlist=["open"]).open(path).size

@@ -1,109 +1,35 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The VLM backend: :class:`VLMBackend` (generate / stream / chat over one :class:`VLMPipeline`, the GenAI span per
-request), its loader :func:`load_vlm` (registered for format ``vlm``), the build's :func:`parity_backend` and the
-ONNX encoder's choice at load (:func:`_onnx_encoder`). The request flow and its telemetry:
-:mod:`edgesdk.runtime.backends.vlm`.
+"""The VLM backend: :class:`VLMBackend` (generate / stream / chat through the model's one
+:class:`~edgesdk.runtime.batching.BatchEngine`, the GenAI span per request), its loader :func:`load_vlm` (registered
+for format ``vlm``), the build's :func:`parity_backend` and the ONNX encoder's choice at load (:func:`_onnx_encoder`).
+The request flow and its telemetry: :mod:`edgesdk.runtime.backends.vlm`.
 """
 
 from __future__ import annotations
 
-import codecs
+import contextlib
+import dataclasses
 import json
 import logging
 import threading
-from collections.abc import Callable, Generator, Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from pathlib import Path
 from time import perf_counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edgesdk import telemetry
+from edgesdk.contracts.gguf_types import DEFAULT_KV_TYPE, kv_bytes
 from edgesdk.errors import BackendUnavailableError, InputError, ShapeError
-from edgesdk.native import import_llama_cpp
 from edgesdk.runtime.backend import TensorSpec
-from edgesdk.runtime.backends.llama_core import eog_check, load_llama_cpp
-from edgesdk.runtime.backends.vlm.pipeline import VLMPipeline
-from edgesdk.runtime.requests import DEFAULT_SAMPLING, check_logit_bias, check_sampling
+from edgesdk.runtime.backends.llama_core import load_llama_cpp
+from edgesdk.runtime.backends.vlm.pipeline import VLMPipeline, VLMPrompt
+from edgesdk.runtime.batching import BatchEngine, MultimodalRequest, prefill_budget
+from edgesdk.runtime.requests import GenerationRequest
 
-# ------------------------------------------------------------------ sampling options (this backend's own decode loop)
-
-_SAMPLING_ALIASES = {"temp": "temperature"}
-
-
-def _check_sampling(max_tokens: int, seed: int | None, params: Mapping[str, float]) -> tuple[int, int | None]:
-    """Range-check generation options at the boundary: a bad value is one InputError (exit 3).
-    The rule set is :func:`edgesdk.runtime.requests.check_sampling`, shared with GenerationRequest."""
-    return check_sampling(max_tokens, seed, params)
-
-
-def _bias_processor(logit_bias: tuple[tuple[int, float], ...]) -> Any:
-    """``logit_bias`` as a llama-cpp-python logits processor list (None when empty). ``Llama.generate``
-    runs it as the first sampler of its chain, on the whole vocabulary in token-id order."""
-    if not logit_bias:
-        return None
-    ids = np.array([t for t, _ in logit_bias], dtype=np.intp)
-    add = np.array([b for _, b in logit_bias], dtype=np.float32)
-
-    def apply(_input_ids: Any, scores: np.ndarray) -> np.ndarray:
-        out = np.array(scores, dtype=np.float32, copy=True)
-        out[ids] += add
-        return out
-
-    return [apply]
-
-
-def sampling_options(
-    sampling: Mapping[str, Any], *, max_tokens: int, seed: int | None, logit_bias: Any, n_vocab: int
-) -> tuple[dict[str, Any], int, int | None, Any]:
-    """A request's sampling keyword options checked the same way for every llama.cpp backend (GGUF and VLM):
-    (params = the defaults overlaid with the options given, max_tokens, seed, the checked logit bias). Unknown
-    names, out-of-range values and bias ids outside the vocabulary are one InputError each."""
-    named = {_SAMPLING_ALIASES.get(k, k): v for k, v in sampling.items()}
-    unknown = set(named) - set(DEFAULT_SAMPLING)
-    if unknown:
-        raise InputError(
-            f"unknown generation option(s): {', '.join(sorted(unknown))} "
-            f"(known: max_tokens, stop, seed, stream, logit_bias, {', '.join(DEFAULT_SAMPLING)})"
-        )
-    params: dict[str, Any] = {**DEFAULT_SAMPLING, **{k: v for k, v in named.items() if v is not None}}
-    max_tokens, seed = _check_sampling(max_tokens, seed, params)
-    bias = check_logit_bias(logit_bias)
-    if bias and bias[-1][0] >= n_vocab:
-        raise InputError(f"logit_bias token ids must be < {n_vocab} (the vocabulary), got {bias[-1][0]}")
-    return params, max_tokens, seed, bias
-
-
-def request_record(params: Mapping[str, Any], max_tokens: int, stops: list[str], seed: int | None) -> dict[str, Any]:
-    """The request options telemetry records (GenAI ``gen_ai.request.*``); penalties only when set (0 is off)."""
-    request: dict[str, Any] = {
-        "max_tokens": max_tokens,
-        "temperature": params["temperature"],
-        "top_p": params["top_p"],
-        "top_k": params["top_k"],
-        "stop_sequences": stops or None,
-        "seed": seed,
-    }
-    for k in ("frequency_penalty", "presence_penalty"):
-        if params[k]:
-            request[k] = params[k]
-    return request
-
-
-def stepwise(body: Generator[str, None, None], lock: threading.Lock | threading.RLock) -> Iterator[str]:
-    """A stream: each step of ``body`` runs under the context lock, released between pieces (so other
-    requests can interleave whole steps, never half a llama.cpp call)."""
-    try:
-        while True:
-            with lock:
-                try:
-                    piece = next(body)
-                except StopIteration:
-                    return
-            yield piece
-    finally:
-        with lock:
-            body.close()
+if TYPE_CHECKING:
+    from edgesdk.runtime.batching import GenerationResult
 
 
 def _split_content(messages: list[dict[str, Any]]) -> tuple[list[tuple[str, str, int]], list[Any]]:
@@ -147,35 +73,63 @@ def _split_content(messages: list[dict[str, Any]]) -> tuple[list[tuple[str, str,
 
 
 class VLMBackend:
-    """One loaded VLM bundle: ``generate(prompt, images=[...])``, ``stream``, ``chat`` with image parts."""
+    """One loaded VLM bundle: ``generate(prompt, images=[...])``, ``stream``, ``chat`` with image parts. Every request
+    is a :class:`~edgesdk.runtime.batching.MultimodalRequest` (the prompt's text tokens and image chunks,
+    :meth:`VLMPipeline.prompt`) run by the model's one :class:`~edgesdk.runtime.batching.BatchEngine`: one slot at
+    load (its prefix reuse on: a second question about the same image evaluates only its text), ``slots`` with
+    :meth:`batch_engine` (``edgesdk serve --parallel N``), so image chats batch with each other. Thread-safe: concurrent
+    callers are slots of the engine or wait in its queue; their prompts are made one at a time, in arrival order."""
 
     name = "llama.cpp+mtmd"
     provider = "llama.cpp"
+    #: :meth:`encode` preprocesses and encodes images: a server calls it off its event loop
+    heavy_encode = True
 
-    def __init__(self, pipe: VLMPipeline, *, report: dict[str, Any], model: str, attributes: dict[str, Any]):
+    def __init__(
+        self,
+        pipe: VLMPipeline,
+        *,
+        report: dict[str, Any],
+        model: str,
+        attributes: dict[str, Any],
+        llm_info: Mapping[str, Any] | None = None,
+    ):
         self.pipe = pipe
+        self.settings = dict(pipe.settings)
         self._report = report
         self._model = model
         self._attrs = attributes
-        self.device = "cpu" if report.get("n_gpu_layers", 0) == 0 else "cuda:0"
+        self._info = dict(llm_info or {})  # the manifest's model shape (kv_bytes_per_token)
+        self.device = "cpu" if self.settings["n_gpu_layers"] == 0 else "cuda:0"
         self.inputs = (TensorSpec("input_ids", "int64", None),)
         self.outputs = (TensorSpec("logits", "float32", None),)
-        self._lock = threading.RLock()
+        try:
+            self._engine = self._new_engine(slots=1)
+        except BaseException:
+            pipe.close()
+            raise
+        self._engine.reuse_prefix = True
+        self._engine_lock = threading.Lock()  # replacing the engine (another slot count) vs. using it
+        self._order = threading.Lock()  # a prompt is made and submitted before the next one: arrival order
         self.last: dict[str, Any] = {}
-        llama_cpp = import_llama_cpp()
 
-        self._is_eog: Callable[[int], bool] = eog_check(llama_cpp, llama_cpp.llama_model_get_vocab(pipe.llm.model))
+    @property
+    def engine(self) -> BatchEngine:
+        return self._engine
 
     def tokenize(self, text: str) -> list[int]:
-        with self._lock:
-            return list(self.pipe.llm.tokenize(text.encode("utf-8"), add_bos=True, special=False))
+        return self._engine.tokenize(text, add_bos=True, special=False)
 
     def run(self, feeds: dict[str, Any]) -> dict[str, Any]:
         raise ShapeError("a VLM bundle runs generate(prompt, images=[...]) or chat(messages)")
 
     def image_features(self, image: Any) -> np.ndarray:
-        with self._lock:
-            return self.pipe.image_features(image)
+        return self.pipe.image_features(image)
+
+    def forget(self) -> None:
+        """Start the next request cold: no cached image features or frames, no KV prefix kept in any slot."""
+        self.pipe.forget()
+        self._engine.forget_prefixes()
 
     def _prompt(self, prompt: str, images: list[Any]) -> str:
         marker = self.pipe.marker
@@ -183,16 +137,16 @@ class VLMBackend:
             return prompt.replace("<image>", marker)
         return self.pipe.pre.record.user_prompt(prompt, len(images), marker)
 
+    # ------------------------------------------------------------------ generation
     def generate(self, prompt: str, images: list[Any] | None = None, **kw: Any) -> Any:
         """Answer ``prompt`` about ``images`` (paths, bytes, PIL images or arrays). A prompt without
-        ``<image>`` markers is wrapped in LLaVA's ``USER: <image>\\n... ASSISTANT:`` format."""
+        ``<image>`` markers is wrapped in the family's user turn (LLaVA's ``USER: <image>\\n... ASSISTANT:``)."""
         if not isinstance(prompt, str):
             raise InputError(f"prompt must be a string, got {type(prompt).__name__}")
         images = list(images or [])
-        text = self._prompt(prompt, images)
         stream = kw.pop("stream", False)
-        gen = self._run(text, images, "chat", prompt, stream=stream, **kw)
-        return gen if stream else self._complete(gen)
+        gen = self._run(self._prompt(prompt, images), images, "chat", prompt, stream, kw)
+        return gen if stream else "".join(gen)
 
     def stream(self, prompt: str, images: list[Any] | None = None, **kw: Any) -> Iterator[str]:
         gen: Iterator[str] = self.generate(prompt, images, stream=True, **kw)
@@ -206,143 +160,203 @@ class VLMBackend:
                 "chat_template applies to GGUF bundles: a VLM formats chats with its model family's "
                 "own turn format (docs/vlm.md)"
             )
-        _, images = _split_content(messages)  # validates the messages and collects the images in order
-        text = self.pipe.pre.record.chat(messages, self.pipe.marker)
+        text, images = self._chat_text(messages)
         stream = kw.pop("stream", False)
-        gen = self._run(text, images, "chat", messages, stream=stream, **kw)
-        return gen if stream else self._complete(gen)
+        gen = self._run(text, images, "chat", messages, stream, kw)
+        return gen if stream else "".join(gen)
 
-    def _complete(self, gen: Iterator[str]) -> str:
-        with self._lock:
-            return "".join(gen)
+    def _chat_text(self, messages: list[dict[str, Any]]) -> tuple[str, list[Any]]:
+        _, images = _split_content(messages)  # validates the messages and collects the images in order
+        return self.pipe.pre.record.chat(messages, self.pipe.marker), images
 
     def _run(
-        self,
-        text: str,
-        images: list[Any],
-        operation: str,
-        capture: Any,
-        *,
-        stream: bool,
-        max_tokens: int = 128,
-        stop: str | list[str] | None = None,
-        seed: int | None = None,
-        logit_bias: Any = None,
-        **sampling: Any,
+        self, text: str, images: list[Any], operation: str, capture: Any, stream: bool, options: dict[str, Any]
     ) -> Iterator[str]:
-        params, max_tokens, seed, bias = sampling_options(
-            sampling, max_tokens=max_tokens, seed=seed, logit_bias=logit_bias, n_vocab=int(self.pipe.llm.n_vocab())
-        )
-        params["logits_processor"] = _bias_processor(bias)
-        stops = [stop] if isinstance(stop, str) and stop else [s for s in (stop or []) if s]
-        request = request_record(params, max_tokens, stops, seed)
-        body = self._decode(text, images, operation, capture, stream, request, params, max_tokens, stops, seed)
-        return self._stepwise(body) if stream else body
+        stop = options.get("stop")
+        if isinstance(stop, (list, tuple)):
+            options["stop"] = [s for s in stop if s != ""] or None  # an empty stop string stops nothing
+        request = GenerationRequest.from_options(prompt=text, stream=stream, **options)  # checked before any image
+        rec = self.recorder(request, operation)
+        return self._consume(request, images, rec, capture)
 
-    def _stepwise(self, body: Generator[str, None, None]) -> Iterator[str]:
-        return stepwise(body, self._lock)
+    def encode(self, request: GenerationRequest, inputs: Any = None, rec: Any = telemetry.NOOP_RECORDER) -> Any:
+        """``request`` as the engine's :class:`MultimodalRequest`: its chat (``inputs``: the messages with their
+        image parts, as the server parsed them; else the request's own text messages) in the family's turn format,
+        or its prompt text wrapped as :meth:`generate` wraps it; the images preprocessed and encoded (cached).
+        ``rec``: the request's recorder (stages preprocess and encode). For :meth:`batch_engine`'s engine."""
+        if request.tools:
+            raise InputError("tools need a GGUF bundle's chat template: a VLM formats chats with its family's own")
+        if request.prompt_tokens is not None:
+            raise InputError("a VLM takes its prompt as text or chat messages, not token ids")
+        if request.messages is not None:
+            text, images = self._chat_text(inputs if inputs is not None else [m.as_dict() for m in request.messages])
+        else:
+            assert request.prompt is not None
+            text, images = self._prompt(request.prompt, []), []
+        vp = self.pipe.prompt(text, images, rec)
+        self._record_prompt(rec, vp)
+        return self._multimodal(request, vp)
 
-    def _decode(
-        self,
-        text: str,
-        images: list[Any],
-        operation: str,
-        capture: Any,
-        stream: bool,
-        request: dict[str, Any],
-        params: dict[str, Any],
-        max_tokens: int,
-        stops: list[str],
-        seed: int | None,
+    def _consume(
+        self, request: GenerationRequest, images: list[Any], rec: Any, capture: Any
     ) -> Generator[str, None, None]:
-        pipe, llm = self.pipe, self.pipe.llm
-        with telemetry.inference(
-            operation, self._model, self.provider, stream=stream, request=request, attributes=self._attrs
-        ) as rec:
+        """One request under its GenAI span: its prompt made (stages preprocess, encode) and run by the engine
+        (stages prefill: until the first piece, decode: after it); ``self.last`` from its result. Closing the
+        generator early cancels the request (its slot is free at the engine's next step)."""
+        finish, res, decode = "error", None, None
+        with rec:
             rec.capture_input(capture)
             t0 = perf_counter()
-            info = pipe.prefill(text, images, rec)
-            for k, v in pipe.last_stages.items():
-                rec.set_attribute(f"edgesdk.vlm.{k}", round(v, 6))
-            rec.set_input_tokens(info["input_tokens"])
-            rec.set_attribute("edgesdk.vlm.image_tokens", info["image_tokens"])
-            rec.set_attribute("edgesdk.vlm.images", info["images"])
-            rec.set_attribute("edgesdk.vlm.images_cached", info["images_cached"])
-            rec.set_attribute("edgesdk.vlm.kv_reused_tokens", info["kv_reused_tokens"])
-            budget = min(max_tokens, llm.n_ctx() - info["input_tokens"])
-            decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-            out_text, emitted, generated, finish, t_first = "", 0, [], "length", None
-            llm.set_seed(seed if seed is not None else 0xFFFFFFFF)
-            hold = max((len(s) for s in stops), default=1) - 1
-            # decode: from sampling the first token (the prompt is evaluated) to the last sampled one
-            decode_stage = rec.stage("decode")
-            gen = llm.generate(
-                [],  # the prompt is evaluated (prefill): sample from its last token's logits
-                reset=False,
-                top_k=int(params["top_k"]),
-                top_p=float(params["top_p"]),
-                min_p=float(params["min_p"]),
-                temp=float(params["temperature"]),
-                repeat_penalty=float(params["repeat_penalty"]),
-                frequency_penalty=float(params["frequency_penalty"]),
-                presence_penalty=float(params["presence_penalty"]),
-                logits_processor=params["logits_processor"],
-            )
+            assert request.prompt is not None
+            with self._order:
+                vp = self.pipe.prompt(request.prompt, images, rec)
+                mm = self._multimodal(request, vp)
+                handle = self._engine.submit(mm)
+            self._record_prompt(rec, vp)
+            prefill = rec.stage("prefill", {"edgesdk.inference.stage.tokens": vp.input_tokens})
             try:
-                for tok in gen:
+                for piece in handle:
                     rec.chunk()
-                    if t_first is None:
-                        t_first = perf_counter()
+                    if decode is None:
+                        prefill.end()
                         rec.first_chunk()
-                    if self._is_eog(tok):
-                        finish = "stop"
-                        break
-                    generated.append(int(tok))
-                    out_text += decoder.decode(llm.detokenize([tok]))
-                    cut = min((i for i in (out_text.find(s) for s in stops) if i >= 0), default=-1)
-                    if cut >= 0:
-                        out_text, finish = out_text[:cut], "stop"
-                        break
-                    if len(generated) >= budget:
-                        break
-                    if stream and len(out_text) - hold > emitted:
-                        yield out_text[emitted : len(out_text) - hold]
-                        emitted = len(out_text) - hold
-                if len(out_text) > emitted:
-                    yield out_text[emitted:]
+                        decode = rec.stage("decode")
+                    yield piece
             except GeneratorExit:
-                finish = "cancelled"
-                raise
-            except BaseException as exc:
-                decode_stage.end(exc)
+                handle.cancel()
                 raise
             finally:
-                gen.close()
-                t_end = perf_counter()
-                decode_stage.set_attribute("edgesdk.inference.stage.tokens", len(generated))
-                decode_stage.end()
-                pipe.note_generated(generated)
-                rec.set_output_tokens(len(generated))
+                with contextlib.suppress(TimeoutError):
+                    res = handle.result(timeout=60.0)  # cancelled: ends at the engine's next step
+                prefill.end()
+                decode = decode or rec.stage("decode")
+                if res is not None:
+                    finish = res.finish_reason
+                    decode.set_attribute("edgesdk.inference.stage.tokens", len(res.tokens))
+                    rec.set_attribute("edgesdk.vlm.kv_reused_tokens", res.cached_tokens)
+                    rec.set_output_tokens(len(res.tokens))
+                    rec.capture_output(res.text)
+                    self.last = self._last(vp, res, t0)
+                decode.end()
                 rec.finish([finish])
-                rec.capture_output(out_text)
-                self.last = {
-                    "input_tokens": info["input_tokens"],
-                    "image_tokens": info["image_tokens"],
-                    "output_tokens": len(generated),
-                    "output_ids": list(generated),
-                    "finish_reason": finish,
-                    "images_cached": info["images_cached"],
-                    "kv_reused_tokens": info["kv_reused_tokens"],
-                    "encoder_runs": pipe.encoder_runs,
-                    "stages_s": {
-                        **{k: round(v, 6) for k, v in pipe.last_stages.items()},
-                        "decode_s": round(t_end - (t_first or t_end), 6),
-                    },
-                    "ttft_s": round(t_first - t0, 6) if t_first else None,
-                    "decode_tok_s": round((len(generated) - 1) / (t_end - t_first), 2)
-                    if t_first and len(generated) > 1 and t_end > t_first
-                    else None,
-                }
+
+    @staticmethod
+    def _record_prompt(rec: Any, vp: VLMPrompt) -> None:
+        rec.set_input_tokens(vp.input_tokens)
+        rec.set_attribute("edgesdk.vlm.image_tokens", vp.image_tokens)
+        rec.set_attribute("edgesdk.vlm.images", vp.n_images)
+        rec.set_attribute("edgesdk.vlm.images_cached", vp.images_cached)
+        for k, v in vp.stages.items():
+            rec.set_attribute(f"edgesdk.vlm.{k}", round(v, 6))
+
+    @staticmethod
+    def _multimodal(request: GenerationRequest, vp: VLMPrompt) -> MultimodalRequest:
+        fields = {f.name: getattr(request, f.name) for f in dataclasses.fields(GenerationRequest)}
+        fields.update(prompt=None, messages=None, prompt_tokens=tuple(vp.tokens), tools=())
+        return MultimodalRequest(**fields, images=tuple(vp.images))
+
+    def _last(self, vp: VLMPrompt, res: GenerationResult, t0: float) -> dict[str, Any]:
+        """A finished request's figures (``last``): counts, its images, token instants and stage times; TTFT from
+        the call (preprocessing and encoding included)."""
+        first, end, n_out = res.first_token_at, res.finished_at or perf_counter(), len(res.tokens)
+        return {
+            "input_tokens": res.prompt_tokens,
+            "image_tokens": vp.image_tokens,
+            "output_tokens": n_out,
+            "output_ids": list(res.tokens),
+            "finish_reason": res.finish_reason,
+            "images_cached": vp.images_cached,
+            "kv_reused_tokens": res.cached_tokens,
+            "cached_tokens": res.cached_tokens,
+            "encoder_runs": self.pipe.encoder_runs,
+            "stages_s": {
+                **{k: round(v, 6) for k, v in vp.stages.items()},
+                "prefill_s": round((first or end) - (end - res.total_s), 6),
+                "decode_s": round(end - (first or end), 6),
+            },
+            "ttft_s": round(first - t0, 6) if first else None,
+            "decode_tok_s": round((n_out - 1) / (end - first), 2) if first and n_out > 1 and end > first else None,
+            "first_token_at": first,
+            "last_token_at": end if first else None,
+            "llama_cpp_timings": dict(res.timings),
+        }
+
+    def recorder(self, request: GenerationRequest, operation: str | None = None) -> Any:
+        """The telemetry recorder (GenAI span and metrics) of one request, not yet started, never made the current
+        span (a stream's, or one the engine's thread ends)."""
+        return telemetry.inference(
+            operation or ("chat" if request.messages is not None else "text_completion"),
+            self._model,
+            self.provider,
+            stream=request.stream,
+            request={
+                "max_tokens": request.max_tokens,
+                "temperature": request.temperature,
+                "top_p": request.top_p,
+                "top_k": request.top_k,
+                "stop_sequences": list(request.stop) or None,
+                "seed": request.seed,
+                "frequency_penalty": request.frequency_penalty or None,
+                "presence_penalty": request.presence_penalty or None,
+            },
+            attributes=self._attrs,
+            attach=False,
+        )
+
+    # ------------------------------------------------------------------ the engine (BatchingBackend)
+    def batch_engine(self, *, slots: int, max_queue: int, reuse_prefix: bool = True) -> BatchEngine:
+        """The model's engine with ``slots`` sequences (``edgesdk serve --parallel N``): the current one when it has
+        that many, else a new context on the same weights that replaces it once the old one is idle."""
+        with self._engine_lock:
+            old = self._engine
+            if old.slots != slots or old.closed:
+                if old.depth:
+                    raise InputError(
+                        f"the engine of {self._model} is busy ({old.depth} requests): its slot count can change "
+                        "only while it is idle"
+                    )
+                old.close()
+                if not old.closed:
+                    raise BackendUnavailableError(f"the engine of {self._model} did not stop; not replacing it")
+                self._engine = self._new_engine(slots)
+            self._engine.max_queue = int(max_queue)
+            self._engine.reuse_prefix = bool(reuse_prefix)
+            return self._engine
+
+    def _new_engine(self, slots: int) -> BatchEngine:
+        """An engine of ``slots`` sequences on the decoder weights, set up as the GGUF backend's (llamacpp.make_engine):
+        on a GPU one KV buffer and every waiting prompt per step in the generating tokens' decode; on the CPU a buffer
+        per slot and one prompt per step, in a decode of its own."""
+        st, on_gpu = self.settings, self.settings["n_gpu_layers"] != 0
+        return BatchEngine(
+            self.pipe.weights.path,
+            model=self.pipe.weights.model,
+            slots=slots,
+            prompts_per_step=None if on_gpu else 1,
+            mixed_prefill=on_gpu,
+            kv_unified=on_gpu,
+            n_ctx=st["n_ctx"],
+            n_gpu_layers=st["n_gpu_layers"],
+            flash_attn=st["flash_attn"],
+            threads=st["threads"],
+            n_batch=st["n_batch"],
+            n_ubatch=st["n_ubatch"],
+            prefill_chunk=self.prefill_budget()[0],
+        )
+
+    def prefill_budget(self) -> tuple[int, str]:
+        return prefill_budget(self.settings["n_gpu_layers"] != 0, int(self.settings["n_batch"]))
+
+    def speculative_plan(self) -> tuple[str, int, str]:
+        return "off", 0, "off (a VLM's prompts hold images; prompt lookup drafts from token ids)"
+
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of K and V cache one token takes in one sequence (all layers, F16), from the manifest's model shape
+        (0 when it does not record it)."""
+        info = self._info
+        if not all(info.get(k) for k in ("layers", "kv_heads", "head_dim")):
+            return 0
+        return int(kv_bytes(info, 1, DEFAULT_KV_TYPE))
 
     def report(self) -> dict[str, Any]:
         enc = dict(self._report.get("vision_encoder") or {})
@@ -356,20 +370,23 @@ class VLMBackend:
                 "min": round(min(v) * 1e3, 3),
                 "last": round(v[-1] * 1e3, 3),
             }
-            for k, v in self.pipe.encode_s.items()
+            for k, v in list(self.pipe.encode_s.items())
             if v
         }
         return {
             **self._report,
             "vision_encoder": enc,
+            "engine": dict(self._engine.settings),
             "encoder_runs": self.pipe.encoder_runs,
             "cached_images": len(self.pipe.features),
             "last_request": dict(self.last),
         }
 
     def close(self) -> None:
-        with self._lock:
-            self.pipe.close()
+        with self._engine_lock:
+            self._engine.close()
+            if self._engine.closed:  # never free the weights under a decode that did not stop
+                self.pipe.close()
 
 
 def load_vlm(bundle: Any, ctx: Any) -> VLMBackend:
@@ -413,8 +430,8 @@ def load_vlm(bundle: Any, ctx: Any) -> VLMBackend:
     report = {
         "runtime": f"llama-cpp-python {llama_cpp.__version__} (libmtmd)",
         "n_gpu_layers": ngl,
-        "n_ctx": pipe.llm.n_ctx(),
-        "threads": pipe.llm.n_threads,
+        "n_ctx": pipe.settings["n_ctx"],
+        "threads": pipe.settings["threads"],
         "load_s": round(perf_counter() - t0, 4),
         "mmap": "llama.cpp memory-maps the decoder GGUF (use_mmap default)"
         if opts.get("use_mmap", True)
@@ -429,7 +446,7 @@ def load_vlm(bundle: Any, ctx: Any) -> VLMBackend:
         "edgesdk.bundle.id": bundle.bundle_id,
         "edgesdk.device.profile": ctx.profile.name if ctx.profile is not None else "",
     }
-    return VLMBackend(pipe, report=report, model=bundle.model_name, attributes=attrs)
+    return VLMBackend(pipe, report=report, model=bundle.model_name, attributes=attrs, llm_info=planned_llm.details)
 
 
 def parity_backend(

@@ -1,9 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The VLM pipeline: decoder GGUF + mmproj GGUF in one llama.cpp context through libmtmd (llama-cpp-python's public
-``llama_cpp.mtmd_cpp`` bindings): tokenize a prompt with its images, encode them (libmtmd's mmproj or the ONNX
-encoder; features cached), collapse libmtmd's chunks to the family's token layout, prefill reusing the KV prefix.
-libmtmd's own log lines go to the ``edgesdk.llama_cpp.mtmd`` logger (:func:`_route_mtmd_logs`). The request flow and
-its telemetry: :mod:`edgesdk.runtime.backends.vlm`.
+"""The VLM pipeline: a prompt with images becomes the engine's prompt. Decoder GGUF weights (loaded once,
+:class:`~edgesdk.runtime.batching.Weights`) + mmproj GGUF through libmtmd (llama-cpp-python's public
+``llama_cpp.mtmd_cpp`` bindings): preprocess the images, tokenize the prompt with them, collapse libmtmd's chunks to the
+family's token layout, encode each image once (libmtmd's mmproj or the ONNX encoder; features cached). The result,
+:class:`VLMPrompt`, holds the text's token ids and :class:`ImageChunk` objects between them, which the
+:class:`~edgesdk.runtime.batching.BatchEngine` evaluates inside the request's slot (``mtmd_helper_decode_image_chunk``
+on the slot's sequence, as llama-server evaluates an image); the engine's prefix reuse keeps image positions keyed by
+the image's hash. libmtmd's own log lines go to the ``edgesdk.llama_cpp.mtmd`` logger (:func:`_route_mtmd_logs`). The
+request flow and its telemetry: :mod:`edgesdk.runtime.backends.vlm`.
 """
 
 from __future__ import annotations
@@ -11,8 +15,11 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import logging
+import os
 import threading
+import weakref
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
 from typing import Any
@@ -22,13 +29,14 @@ import numpy as np
 from edgesdk import telemetry
 from edgesdk.errors import BackendUnavailableError, InputError, ShapeError
 from edgesdk.native import import_llama_cpp
-from edgesdk.runtime.backends.llama_core import close_quietly, open_llama
 from edgesdk.runtime.backends.vlm.families import frames_for, image_frames
 from edgesdk.runtime.backends.vlm.preprocess import ImagePreprocessor, record_for
+from edgesdk.runtime.batching import Weights
 
 FEATURE_CACHE_SIZE = 16  # images whose features are kept
 ENCODE_TIMES_KEPT = 1024  # encoder run times kept per path for session.report()
 FRAMES_CACHE_SIZE = 4  # image inputs whose preprocessed frames are kept (a 4096-token Qwen image: ~10 MB)
+N_BATCH = 512  # the engine's batch: an image's embeddings go in in pieces this large (Gemma-3's, non-causal: whole)
 
 _log = logging.getLogger("edgesdk.llama_cpp.mtmd")
 _MTMD_LOG: list[Any] = []  # keeps the ctypes callback alive
@@ -52,8 +60,63 @@ def _route_mtmd_logs(mtmd: Any, llama_cpp: Any) -> None:
     mtmd.mtmd_helper_log_set(_on_log, ctypes.c_void_p(0))
 
 
+class ImageChunk:
+    """One image chunk of a prompt as the engine evaluates it (:class:`edgesdk.runtime.batching.PromptImage`): a copy
+    of libmtmd's chunk (this object frees it) and its features; :meth:`decode` puts them into the engine's context on
+    the request's sequence with libmtmd's ``mtmd_helper_decode_image_chunk`` (which handles M-RoPE positions and
+    Gemma-3's non-causal image attention), as llama-server evaluates an image in a slot."""
+
+    def __init__(self, pipe: VLMPipeline, chunk: Any, key: str, n_pos: int, n_tokens: int, features: np.ndarray):
+        mtmd = pipe._mtmd
+        own = mtmd.mtmd_input_chunk_copy(chunk)
+        if not own:
+            raise BackendUnavailableError("llama.cpp could not copy an image chunk (mtmd_input_chunk_copy)")
+        weakref.finalize(self, mtmd.mtmd_input_chunk_free, own)
+        self._pipe, self._chunk = pipe, own
+        self.key, self.n_pos, self.n_tokens = key, n_pos, n_tokens
+        self.features = np.ascontiguousarray(features, dtype=np.float32)
+
+    def decode(self, ctx: Any, pos: int, seq_id: int, n_batch: int) -> int:
+        pipe = self._pipe
+        mtmd, ll = pipe._mtmd, pipe._llama_cpp
+        new_n_past = ll.llama_pos(0)
+        rc = mtmd.mtmd_helper_decode_image_chunk(
+            pipe.mctx,
+            ctx,
+            self._chunk,
+            self.features.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+            ll.llama_pos(pos),
+            ll.llama_seq_id(seq_id),
+            n_batch,
+            ctypes.byref(new_n_past),
+            mtmd.mtmd_helper_post_decode_callback(),
+            None,
+        )
+        if rc != 0:
+            raise BackendUnavailableError(f"llama.cpp could not decode the image (error {rc})")
+        return int(new_n_past.value)
+
+
+@dataclass
+class VLMPrompt:
+    """A prompt with its images, ready for the engine: the text's token ids and the image chunks between them
+    (``(i, chunk)``: before ``tokens[i]``), with what it took to make them."""
+
+    tokens: list[int]
+    images: list[tuple[int, ImageChunk]]
+    image_tokens: int
+    n_images: int
+    images_cached: int
+    stages: dict[str, float]
+
+    @property
+    def input_tokens(self) -> int:
+        return len(self.tokens) + self.image_tokens
+
+
 class VLMPipeline:
-    """Decoder GGUF + mmproj GGUF in one llama.cpp context (see the module docstring)."""
+    """Decoder weights + mmproj: a prompt with images -> :class:`VLMPrompt` (see the module docstring). Thread-safe:
+    libmtmd's context tokenizes and encodes one prompt at a time (``_media``), the caches have their own lock."""
 
     def __init__(
         self,
@@ -77,30 +140,33 @@ class VLMPipeline:
         self._llama_cpp = llama_cpp
         _route_mtmd_logs(mtmd, llama_cpp)
         try:
-            self.llm = open_llama(
-                llama_cpp,
-                str(decoder),
-                n_ctx=n_ctx,
-                n_gpu_layers=n_gpu_layers,
-                threads=threads,
-                flash_attn=flash_attn,
-                use_mmap=use_mmap,
-            )
-        except ValueError as exc:
+            self.weights = Weights(decoder, n_gpu_layers=n_gpu_layers, use_mmap=use_mmap)
+        except (InputError, BackendUnavailableError) as exc:
             raise BackendUnavailableError(f"llama.cpp cannot load the decoder {decoder}: {exc}") from exc
+        threads = int(threads or max(1, (os.cpu_count() or 2) // 2))
+        # the engine's settings (runtime/backends/llamacpp.make_engine): one slot per request, each n_ctx long
+        self.settings: dict[str, Any] = {
+            "n_ctx": int(n_ctx),
+            "n_gpu_layers": int(n_gpu_layers),
+            "flash_attn": bool(flash_attn),
+            "threads": threads,
+            "n_batch": N_BATCH,
+            "n_ubatch": N_BATCH,
+            "speculative": "off",
+        }
         params = mtmd.mtmd_context_params_default()
         # with the ONNX encoder, libmtmd only tokenizes image chunks: its mmproj need not take GPU memory
         params.use_gpu = bool(use_gpu) and image_encoder is None
-        params.n_threads = int(threads or self.llm.n_threads)
+        params.n_threads = threads
         params.print_timings = False
         params.warmup = False
         # the family's image-token limits for libmtmd (families.py: a dynamic-resolution family's)
         limits = frames_for(record_for(preprocessor)).mtmd_image_tokens(preprocessor)
         if limits is not None:
             params.image_min_tokens, params.image_max_tokens = limits
-        self.mctx = mtmd.mtmd_init_from_file(str(mmproj).encode(), self.llm.model, params)
+        self.mctx = mtmd.mtmd_init_from_file(str(mmproj).encode(), self.weights.model, params)
         if not self.mctx:
-            self.llm.close()
+            self.weights.close()
             raise BackendUnavailableError(
                 f"llama.cpp's multimodal library cannot load the mmproj {mmproj} "
                 "(mtmd_init_from_file returned NULL; run with verbose=True for its log)"
@@ -108,13 +174,14 @@ class VLMPipeline:
         if not mtmd.mtmd_support_vision(self.mctx):
             self.close()
             raise BackendUnavailableError(f"{mmproj} has no vision encoder")
-        self.n_embd = int(llama_cpp.llama_model_n_embd(self.llm.model))
+        self._vocab = llama_cpp.llama_model_get_vocab(self.weights.model)
+        self.n_embd = int(llama_cpp.llama_model_n_embd(self.weights.model))
         self.marker = mtmd.mtmd_default_marker().decode("utf-8")
         cfg_size = int(preprocessor.get("_image_size") or 0)
         self.pre = ImagePreprocessor(preprocessor, cfg_size)
+        self._media = threading.Lock()  # libmtmd's context: one tokenize + encode at a time
         # image features by (preprocessed pixels' sha256, encoder sha256), shared by every request to this model;
-        # the backend serialises requests on its context lock, and this lock guards the cache itself (readers such
-        # as report() and image_features() may come from other threads)
+        # this lock guards the caches and counters (readers such as report() come from other threads)
         self.features: OrderedDict[str, np.ndarray] = OrderedDict()
         self._cache_lock = threading.Lock()
         self.encoder_runs = 0
@@ -126,20 +193,19 @@ class VLMPipeline:
             path = Path(mmproj) if image_encoder is None else Path(image_encoder.path)
             encoder_id = hashlib.sha256(path.read_bytes()).hexdigest()
         self.encoder_id = encoder_id if image_encoder is None else "onnx-" + encoder_id
-        self._pixels: dict[str, np.ndarray] = {}  # resized pixels of this request's images, for the ONNX encoder
         # per encoder path: the last ENCODE_TIMES_KEPT run times (seconds) and the number of runs
         self.encode_s: dict[str, list[float]] = {"onnx": [], "mmproj": []}
         self.encode_runs: dict[str, int] = {"onnx": 0, "mmproj": 0}
         self._layout_ids: tuple[int | None, ...] | None = None  # Idefics3 layout token ids
-        self._kv: list[Any] = []  # what the KV cache holds now: text token ids and ("img", hash, n) entries
-        self.last_stages: dict[str, float] = {}
         # an image given again (the same file unchanged, or the same bytes: a chat client re-sends the image every
         # turn) is not decoded and resized again: its frames, layout and frame keys by the input's identity
         self._frames: OrderedDict[tuple[Any, ...], tuple[list[np.ndarray], str | None, list[str]]] = OrderedDict()
         self.frames_reused = 0
 
     # ---------------------------------------------------------------- images
-    def _features(self, key: str, chunk: Any) -> tuple[np.ndarray, bool]:
+    def _features(self, key: str, chunk: Any, pixels: np.ndarray | None) -> tuple[np.ndarray, bool]:
+        """The features of one image chunk (cached by ``key``), and whether they came from the cache. Under
+        ``_media``."""
         with self._cache_lock:
             cached = self.features.get(key)
             if cached is not None:
@@ -148,54 +214,54 @@ class VLMPipeline:
         mtmd = self._mtmd
         n = int(mtmd.mtmd_input_chunk_get_n_tokens(chunk))
         t0 = perf_counter()
-        if self.image_encoder is not None and key in self._pixels:
+        if self.image_encoder is not None and pixels is not None:
             # ONNX Runtime on the same resized pixels; the decoder gets them via mtmd_helper_decode_image_chunk
-            feats = self.image_encoder(self._pixels.pop(key))
+            feats = self.image_encoder(pixels)
             if feats.shape != (n, self.n_embd):
                 raise ShapeError(
                     f"the ONNX vision encoder returned features {list(feats.shape)}; the decoder "
                     f"expects {[n, self.n_embd]}"
                 )
-            self._note_encode("onnx", perf_counter() - t0)
+            path = "onnx"
         else:
             rc = mtmd.mtmd_encode_chunk(self.mctx, chunk)
             if rc != 0:
                 raise BackendUnavailableError(f"llama.cpp's vision encoder failed (mtmd_encode_chunk returned {rc})")
             ptr = mtmd.mtmd_get_output_embd(self.mctx)
             feats = np.ctypeslib.as_array(ptr, shape=(n * self.n_embd,)).reshape(n, self.n_embd).copy()
-            self._note_encode("mmproj", perf_counter() - t0)
+            path = "mmproj"
+        seconds = perf_counter() - t0
         with self._cache_lock:
+            times = self.encode_s[path]
+            times.append(seconds)
+            if len(times) > ENCODE_TIMES_KEPT:  # a long-running server must not grow this without bound
+                del times[0]
+            self.encode_runs[path] += 1
             self.encoder_runs += 1
             self.features[key] = feats
             while len(self.features) > FEATURE_CACHE_SIZE:
                 self.features.popitem(last=False)
         return feats, False
 
-    def _note_encode(self, path: str, seconds: float) -> None:
-        times = self.encode_s[path]
-        times.append(seconds)
-        if len(times) > ENCODE_TIMES_KEPT:  # a long-running server must not grow this without bound
-            del times[0]
-        self.encode_runs[path] += 1
-
     def image_features(self, image: Any) -> np.ndarray:
         """The encoder + projector output for one image (n_image_tokens x n_embd), as the decoder gets it; for a
         split Idefics3 / SmolVLM image its frames' features one after the other (tiles row by row, then the global
         image, the processor's order)."""
-        chunks, keys, _ = self._tokenize(self.marker, [image])
-        try:
-            feats = [
-                self._features(val[0], val[1])[0] for kind, val in self._chunk_plan(chunks, keys) if kind == "image"
-            ]
-        finally:
-            self._mtmd.mtmd_input_chunks_free(chunks)
+        text, frames = self._frames_of(self.marker, [image])
+        with self._media:
+            chunks = self._tokenize(text, frames)
+            try:
+                plan = [val for kind, val in self._chunk_plan(chunks, [k for k, _ in frames]) if kind == "image"]
+                feats = [self._features(v[0], v[1], px)[0] for v, (_, px) in zip(plan, frames, strict=False)]
+            finally:
+                self._mtmd.mtmd_input_chunks_free(chunks)
         if not feats:
             raise BackendUnavailableError("llama.cpp produced no image chunk")
         return feats[0] if len(feats) == 1 else np.concatenate(feats)
 
     def _chunk_plan(self, chunks: Any, keys: list[str]) -> list[tuple[str, Any]]:
-        """libmtmd's chunks as ``("text", [ids])`` / ``("image", (key, chunk, n_pos))`` in prompt order, after the
-        family's layout (:meth:`_image_layout`), each image chunk given its frame's feature-cache key."""
+        """libmtmd's chunks as ``("text", [ids])`` / ``("image", (key, chunk, n_pos, n_tokens))`` in prompt order,
+        after the family's layout (:meth:`_image_layout`), each image chunk given its frame's feature-cache key."""
         mtmd = self._mtmd
         plan: list[tuple[str, Any]] = []
         for i in range(mtmd.mtmd_input_chunks_size(chunks)):
@@ -208,17 +274,8 @@ class VLMPipeline:
             elif kind == mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE:
                 # positions and tokens differ with M-RoPE (Qwen-VL: an image of r x c tokens takes max(r, c)
                 # positions, libmtmd's mtmd_input_chunk_get_n_pos)
-                plan.append(
-                    (
-                        "image",
-                        (
-                            None,
-                            chunk,
-                            int(mtmd.mtmd_input_chunk_get_n_pos(chunk)),
-                            int(mtmd.mtmd_input_chunk_get_n_tokens(chunk)),
-                        ),
-                    )
-                )
+                n_pos = int(mtmd.mtmd_input_chunk_get_n_pos(chunk))
+                plan.append(("image", (None, chunk, n_pos, int(mtmd.mtmd_input_chunk_get_n_tokens(chunk)))))
             else:
                 raise InputError("only images are supported as media")
         plan = self._image_layout(plan)
@@ -270,180 +327,107 @@ class VLMPipeline:
                     self._frames.popitem(last=False)
         return got, layout, keys
 
-    def _tokenize(self, text: str, images: list[Any], rec: Any = telemetry.NOOP_RECORDER) -> tuple[Any, list[str], int]:
+    def _frames_of(self, text: str, images: list[Any]) -> tuple[str, list[tuple[str, np.ndarray]]]:
+        """Preprocess ``images`` (no libmtmd call: outside ``_media``): the prompt text with each image's layout
+        written in (one marker per frame), and each frame's feature-cache key and pixels, in prompt order."""
+        frames: list[tuple[str, np.ndarray]] = []
+        layouts: list[str] = []
+        for image in images:
+            got, layout, keys = self._image_frames(image)
+            frames += zip(keys, got, strict=True)
+            if layout is not None:  # the family writes each image's own layout
+                layouts.append(layout)
+        if layouts:  # each image marker becomes the processor's layout, one marker per frame
+            parts = text.split(self.marker)
+            if len(parts) == len(layouts) + 1:
+                text = parts[0] + "".join(lay + part for lay, part in zip(layouts, parts[1:], strict=True))
+        return text, frames
+
+    def _tokenize(self, text: str, frames: list[tuple[str, np.ndarray]]) -> Any:
+        """libmtmd's chunks of ``text`` with its image frames (the caller frees them). Under ``_media``."""
         mtmd = self._mtmd
-        keys, bitmaps = [], []
-        self._pixels = {}
-        t0 = perf_counter()
-        stage = rec.stage("preprocess", {"edgesdk.vlm.images": len(images)}) if images else telemetry.NOOP_STAGE
+        bitmaps = []
         try:
-            frames: list[np.ndarray] = []
-            frame_keys: list[str] = []
-            layouts: list[str] = []
-            for image in images:
-                got, layout, got_keys = self._image_frames(image)
-                frames.extend(got)
-                frame_keys.extend(got_keys)
-                if layout is not None:  # the family writes each image's own layout
-                    layouts.append(layout)
-            if layouts:  # each image marker becomes the processor's layout, one marker per frame
-                parts = text.split(self.marker)
-                if len(parts) == len(layouts) + 1:
-                    text = parts[0] + "".join(lay + part for lay, part in zip(layouts, parts[1:], strict=True))
-            for pixels, key in zip(frames, frame_keys, strict=True):
+            for key, pixels in frames:
                 h, w = pixels.shape[:2]
                 buf = (ctypes.c_uint8 * pixels.size).from_buffer_copy(pixels.tobytes())
                 bm = mtmd.mtmd_bitmap_init(w, h, buf)
                 if not bm:
                     raise BackendUnavailableError("mtmd_bitmap_init failed")
                 bitmaps.append(bm)
-                keys.append(key)
-                if self.image_encoder is not None:
-                    self._pixels[key] = pixels
                 mtmd.mtmd_bitmap_set_id(bm, key[:64].encode())
-            self.last_stages["preprocess_s"] = perf_counter() - t0
-            stage.end()
             data = text.encode("utf-8")
             inp = mtmd.mtmd_input_text()
             inp.text, inp.text_len, inp.add_special, inp.parse_special = data, len(data), True, True
             chunks = mtmd.mtmd_input_chunks_init()
             arr = (mtmd.mtmd_bitmap_p_ctypes * max(1, len(bitmaps)))(*bitmaps)
             rc = mtmd.mtmd_tokenize(self.mctx, chunks, ctypes.byref(inp), arr, len(bitmaps))
-            if rc != 0:
-                mtmd.mtmd_input_chunks_free(chunks)
-                why = {
-                    1: "the number of images does not match the image markers in the prompt",
-                    2: "image preprocessing failed",
-                }.get(rc, f"error {rc}")
-                raise InputError(f"cannot tokenize the prompt with its images: {why}")
-            return chunks, keys, len(data)
-        except BaseException as exc:
-            stage.end(exc)  # no-op when preprocessing finished and tokenizing failed
-            raise
         finally:
             for bm in bitmaps:
                 mtmd.mtmd_bitmap_free(bm)
+        if rc != 0:
+            mtmd.mtmd_input_chunks_free(chunks)
+            why = {
+                1: "the number of images does not match the image markers in the prompt",
+                2: "image preprocessing failed",
+            }.get(rc, f"error {rc}")
+            raise InputError(f"cannot tokenize the prompt with its images: {why}")
+        return chunks
 
-    # ---------------------------------------------------------------- prefill
-    def prefill(self, text: str, images: list[Any], rec: Any = telemetry.NOOP_RECORDER) -> dict[str, Any]:
-        """Evaluate the prompt, reusing the KV prefix (never its last token, whose logits the first sampled token
-        comes from: evaluated in the same batch as the rest of the text, not as a decode step of its own); returns
-        the last token id, the token/image counts and stage timings. The caller samples from the context's logits
-        (``Llama.generate([], reset=False)``).
-        ``rec``: the request's telemetry recorder (stage child spans preprocess, encode, prefill)."""
-        mtmd, llm = self._mtmd, self.llm
-        self.last_stages = {}
-        chunks, keys, _ = self._tokenize(text, images, rec)
-        prefill_stage: Any = telemetry.NOOP_STAGE
-        try:
-            plan = self._chunk_plan(chunks, keys)
-            if not plan or plan[-1][0] != "text" or not plan[-1][1]:
-                plan.append(("text", []))
-            # the sequence as KV entries: one per position (an M-RoPE image has fewer positions than tokens)
-            seq: list[Any] = []
-            for kind, val in plan:
-                if kind == "text":
-                    seq.extend(val)
-                else:
-                    seq.extend([("img", val[0], j) for j in range(val[2])])
-            if not seq or isinstance(seq[-1], tuple):
-                raise InputError("the prompt must end with text after its images")
-            n_total = len(seq)
-            # the tokens (KV cells) the prompt takes: text tokens + each image's tokens
-            image_tokens = sum(val[3] for kind, val in plan if kind == "image")
-            n_cells = sum(len(val) for kind, val in plan if kind == "text") + image_tokens
-            if n_cells >= llm.n_ctx():
-                raise ShapeError(f"prompt is {n_cells} tokens (images included); the context holds {llm.n_ctx()}")
-            # encode every image first (cached features are reused)
-            t0 = perf_counter()
-            feats: dict[str, np.ndarray] = {}
-            reused = 0
-            for kind, val in plan:
-                if kind == "image":
-                    cached = val[0] in self.features  # a cached image gets an event, not an encode span
+    # ---------------------------------------------------------------- a prompt for the engine
+    def prompt(self, text: str, images: list[Any], rec: Any = telemetry.NOOP_RECORDER) -> VLMPrompt:
+        """``text`` (image markers in it) and ``images`` as the engine's prompt: the text's token ids and the image
+        chunks between them, each image encoded once (libmtmd's mmproj or the ONNX encoder; features cached by the
+        preprocessed pixels' and the encoder's sha256, so the same image in a later request is not encoded again).
+        ``rec``: the request's telemetry recorder (stage child spans preprocess and encode; a cached image is an
+        ``edgesdk.vlm.image_cached`` event)."""
+        stages: dict[str, float] = {}
+        t0 = perf_counter()
+        with rec.stage("preprocess", {"edgesdk.vlm.images": len(images)}) if images else telemetry.NOOP_STAGE:
+            text, frames = self._frames_of(text, images)
+        stages["preprocess_s"] = perf_counter() - t0
+        tokens: list[int] = []
+        chunks_out: list[tuple[int, ImageChunk]] = []
+        image_tokens = reused = 0
+        t0 = perf_counter()
+        with self._media:
+            chunks = self._tokenize(text, frames)
+            try:
+                plan = self._chunk_plan(chunks, [k for k, _ in frames])
+                pixels = iter(px for _, px in frames)
+                for kind, val in plan:
+                    if kind == "text":
+                        tokens += val
+                        continue
+                    key, chunk, n_pos, n_tokens = val
+                    cached = key in self.features  # a cached image gets an event, not an encode span
                     with (
                         telemetry.NOOP_STAGE
                         if cached
-                        else rec.stage("encode", {"edgesdk.inference.stage.tokens": val[3]})
+                        else rec.stage("encode", {"edgesdk.inference.stage.tokens": n_tokens})
                     ):
-                        feats[val[0]], hit = self._features(val[0], val[1])
+                        feats, hit = self._features(key, chunk, next(pixels))
                     if hit:
                         rec.add_event(
                             "edgesdk.vlm.image_cached",
-                            {"edgesdk.vlm.image.sha256": val[0][:64], "edgesdk.vlm.image_tokens": val[3]},
+                            {"edgesdk.vlm.image.sha256": key[:64], "edgesdk.vlm.image_tokens": n_tokens},
                         )
                     reused += int(hit)
-            self.last_stages["encode_s"] = perf_counter() - t0
-            # longest common prefix with what the KV cache holds; keep it, but never the last token
-            keep = 0
-            for a, b in zip(self._kv, seq[:-1]):
-                if a != b:
-                    break
-                keep += 1
-            # an image is kept whole or not at all
-            while (
-                keep > 0
-                and isinstance(seq[keep - 1], tuple)
-                and keep < n_total - 1
-                and isinstance(seq[keep], tuple)
-                and seq[keep][1] == seq[keep - 1][1]
-            ):
-                keep -= 1
-            t0 = perf_counter()
-            prefill_stage = rec.stage(
-                "prefill", {"edgesdk.inference.stage.tokens": n_total - keep, "edgesdk.vlm.kv_reused_tokens": keep}
-            )
-            mem = self._llama_cpp.llama_get_memory(llm.ctx)
-            self._llama_cpp.llama_memory_seq_rm(mem, -1, keep, -1)
-            llm.n_tokens = keep
-            self._kv = list(seq[:keep])
-            pos = 0
-            for kind, val in plan:
-                if kind == "text":  # the prompt's last token too: its logits are the first token's
-                    ids = val
-                    start = max(0, keep - pos)
-                    todo = ids[start:]
-                    if todo:
-                        llm.eval(todo)
-                        self._kv.extend(todo)
-                    pos += len(val)
-                else:
-                    key, chunk, n, _ = val
-                    if pos >= keep:
-                        f = np.ascontiguousarray(feats[key], dtype=np.float32)
-                        new_n_past = self._llama_cpp.llama_pos(0)
-                        rc = mtmd.mtmd_helper_decode_image_chunk(
-                            self.mctx,
-                            llm.ctx,
-                            chunk,
-                            f.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
-                            self._llama_cpp.llama_pos(pos),
-                            self._llama_cpp.llama_seq_id(0),
-                            llm.n_batch,
-                            ctypes.byref(new_n_past),
-                            mtmd.mtmd_helper_post_decode_callback(),
-                            None,
-                        )
-                        if rc != 0:
-                            raise BackendUnavailableError(f"llama.cpp could not decode the image (error {rc})")
-                        llm.n_tokens = int(new_n_past.value)
-                        self._kv.extend(("img", key, j) for j in range(n))
-                    pos += n
-            self.last_stages["prefill_s"] = perf_counter() - t0
-            prefill_stage.end()
-            return {
-                "last_token": seq[-1],
-                "input_tokens": n_cells,
-                "image_tokens": image_tokens,
-                "images": len(images),
-                "images_cached": reused,
-                "kv_reused_tokens": keep,
-            }
-        except BaseException as exc:
-            prefill_stage.end(exc)
-            raise
-        finally:
-            mtmd.mtmd_input_chunks_free(chunks)
+                    image_tokens += n_tokens
+                    chunks_out.append((len(tokens), ImageChunk(self, chunk, key, n_pos, n_tokens, feats)))
+            finally:
+                self._mtmd.mtmd_input_chunks_free(chunks)
+        stages["encode_s"] = perf_counter() - t0
+        if not tokens or (chunks_out and chunks_out[-1][0] >= len(tokens)):
+            raise InputError("the prompt must end with text after its images")
+        return VLMPrompt(tokens, chunks_out, image_tokens, len(images), reused, stages)
+
+    def _token_id(self, text: str) -> int | None:
+        """The one vocabulary token ``text`` is (special tokens parsed), else None."""
+        data = text.encode()
+        buf = (self._llama_cpp.llama_token * 8)()
+        n = self._llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, 8, False, True)
+        return int(buf[0]) if n == 1 else None
 
     def _image_layout(self, plan: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
         """The family's token layout around each image. For Idefics3 / SmolVLM the prompt already holds the HF
@@ -458,16 +442,8 @@ class VLMPipeline:
             return plan
 
         if self._layout_ids is None:  # the marker token ids, looked up once
-
-            def one(text: str) -> int | None:
-                ids = self.llm.tokenize(text.encode(), add_bos=False, special=True)
-                return ids[0] if len(ids) == 1 else None
-
-            self._layout_ids = (
-                one("<fake_token_around_image>"),
-                one("<row_1_col_1>"),
-                one("<global-img>"),
-                one("\n\n"),
+            self._layout_ids = tuple(
+                self._token_id(t) for t in ("<fake_token_around_image>", "<row_1_col_1>", "<global-img>", "\n\n")
             )
         fake, row11, glob, nn = self._layout_ids
         if None in (fake, row11, glob, nn):
@@ -507,21 +483,15 @@ class VLMPipeline:
         return out
 
     def forget(self) -> None:
-        """Drop the cached image features, the preprocessed frames and the record of the KV prefix, so the next
-        request starts cold (what a benchmark's cold rounds need)."""
+        """Drop the cached image features and the preprocessed frames, so the next request's images are decoded and
+        encoded anew (a benchmark's cold rounds; the engine's KV prefix: the backend's ``forget``)."""
         with self._cache_lock:
             self.features.clear()
             self._frames.clear()
-        self._kv = []
-
-    def note_generated(self, generated: list[int]) -> None:
-        """Record what the KV cache holds after generation (the prompt, then the generated tokens except the very
-        last sampled one, which llama.cpp has not evaluated)."""
-        self._kv.extend(generated[:-1])
-        self._kv = self._kv[: self.llm.n_tokens]
 
     def close(self) -> None:
+        """Free libmtmd's context and the decoder weights (every engine on them closed first)."""
         if getattr(self, "mctx", None):
             self._mtmd.mtmd_free(self.mctx)
             self.mctx = None
-        close_quietly(self.llm)
+        self.weights.close()
