@@ -591,6 +591,21 @@ def sample_prompts(text: str, n: int = 4) -> list[str]:
     return [p[:300] for p in paragraphs[:n]]
 
 
+def run_child(module: str, args: list[object], out: Path, what: str) -> subprocess.CompletedProcess[str]:
+    """``python -m module args...`` (a build step's child process, an hour at most) that must write ``out``;
+    ExternalToolError "<what> failed: <the last line of its stderr>" (or its exit code) when it fails or does not."""
+    proc = subprocess.run(
+        [sys.executable, "-m", module, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
+    if proc.returncode != 0 or not out.is_file():
+        lines = [ln for ln in (proc.stderr or "").splitlines() if ln.strip()]
+        raise ExternalToolError(f"{what} failed: {lines[-1][:200] if lines else proc.returncode}")
+    return proc
+
+
 # The HF reference runs in a child process (edgesdk/formats/gguf/_children/hf_logits.py): torch's bundled
 # CUDA libraries and a CUDA build of llama.cpp in one process crashed with "free(): invalid pointer" on the
 # H200 machine (P4 run).
@@ -602,15 +617,7 @@ def hf_reference_logits(hf_dir: Path, prompts: list[str]) -> list[tuple[list[int
         pfile, out = Path(tmp) / "prompts.json", Path(tmp) / "logits.npz"
         pfile.write_text(json.dumps(prompts))
         ref_dir = reference_dir(Path(hf_dir), Path(tmp) / "ref")  # a transformers 5 checkpoint on transformers 4
-        proc = subprocess.run(
-            [sys.executable, "-m", "edgesdk.formats.gguf._children.hf_logits", str(ref_dir), str(pfile), str(out)],
-            capture_output=True,
-            text=True,
-            timeout=3600,
-        )
-        if proc.returncode != 0 or not out.is_file():
-            lines = [ln for ln in (proc.stderr or "").splitlines() if ln.strip()]
-            raise ExternalToolError(f"HF reference logits failed: {lines[-1][:200] if lines else proc.returncode}")
+        run_child("edgesdk.formats.gguf._children.hf_logits", [ref_dir, pfile, out], out, "HF reference logits")
         with np.load(out) as data:
             return [
                 (data[f"ids{i}"].tolist(), data[f"full{i}"].tolist(), data[f"logits{i}"]) for i in range(len(prompts))

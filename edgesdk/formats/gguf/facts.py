@@ -73,22 +73,12 @@ def gguf_facts(path: str | Path) -> dict[str, Any]:
     }
 
 
-def hf_causal_lm_facts(directory: str | Path) -> dict[str, Any]:
-    """Facts the GGUF planner needs from a HF causal-LM directory's config.json and tokenizer files."""
-    from edgesdk.formats.gguf.archs import ARCHS
-
-    directory = Path(directory)
-    cfg = json.loads((directory / "config.json").read_text(encoding="utf-8"))
-    archs = cfg.get("architectures") or []
+def decoder_facts(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The shape of a HF decoder config as the GGUF planner reads it: layers, heads, KV heads, widths, the trained
+    context and the vocabulary (a VLM's ``text_config`` too)."""
     heads = cfg.get("num_attention_heads")
     hidden = cfg.get("hidden_size")
-    tok_cfg = directory / "tokenizer_config.json"
-    chat = (directory / "chat_template.jinja").is_file() or (
-        tok_cfg.is_file() and "chat_template" in json.loads(tok_cfg.read_text(encoding="utf-8"))
-    )
     return {
-        "architecture": archs[0] if archs else cfg.get("model_type"),
-        "gguf_supported": bool(archs) and archs[0] in ARCHS,
         "layers": cfg.get("num_hidden_layers"),
         "heads": heads,
         "kv_heads": cfg.get("num_key_value_heads") or heads,
@@ -97,6 +87,24 @@ def hf_causal_lm_facts(directory: str | Path) -> dict[str, Any]:
         "ffn": cfg.get("intermediate_size"),
         "ctx_train": cfg.get("max_position_embeddings"),
         "n_vocab": cfg.get("vocab_size"),
+    }
+
+
+def hf_causal_lm_facts(directory: str | Path) -> dict[str, Any]:
+    """Facts the GGUF planner needs from a HF causal-LM directory's config.json and tokenizer files."""
+    from edgesdk.formats.gguf.archs import ARCHS
+
+    directory = Path(directory)
+    cfg = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    archs = cfg.get("architectures") or []
+    tok_cfg = directory / "tokenizer_config.json"
+    chat = (directory / "chat_template.jinja").is_file() or (
+        tok_cfg.is_file() and "chat_template" in json.loads(tok_cfg.read_text(encoding="utf-8"))
+    )
+    return {
+        "architecture": archs[0] if archs else cfg.get("model_type"),
+        "gguf_supported": bool(archs) and archs[0] in ARCHS,
+        **decoder_facts(cfg),
         "tied_embeddings": bool(cfg.get("tie_word_embeddings", False)),
         "tokenizer_files": [f for f in ("tokenizer.json", "tokenizer.model") if (directory / f).is_file()],
         "chat_template": chat,

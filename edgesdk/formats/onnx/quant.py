@@ -333,22 +333,10 @@ def _run_first_output(path: Path, feeds: Sequence[Feed], threads: int) -> list[n
     return [session.run(None, feed_for(session, f))[0] for f in feeds]
 
 
-def measure_latency_ms(
-    paths: list[Path],
-    feed: dict[str, np.ndarray],
-    *,
-    threads: int = 2,
-    rounds: int = 8,
-    runs_per_round: int = 2,
-    warmup: int = 3,
-) -> list[float]:
-    """p50 latency of each model on ``feed``; the models take turns so machine load hits all alike."""
-    return [
-        float(np.median(x))
-        for x in latency_samples_ms(
-            paths, feed, threads=threads, rounds=rounds, runs_per_round=runs_per_round, warmup=warmup
-        )
-    ]
+def measure_latency_ms(paths: list[Path], feed: dict[str, np.ndarray], **timing: Any) -> list[float]:
+    """p50 latency of each model on ``feed``; the models take turns so machine load hits all alike. ``timing``:
+    :func:`latency_samples_ms`'s keywords (threads, rounds, runs per round, warm-up runs, settle time)."""
+    return [float(np.median(x)) for x in latency_samples_ms(paths, feed, **timing)]
 
 
 def latency_samples_ms(

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edgesdk.errors import BackendUnavailableError, ExternalToolError, ParityError
+from edgesdk.errors import BackendUnavailableError, ParityError
 from edgesdk.formats.gguf import convert as gconv
 from edgesdk.formats.gguf.build import PPL_TEXT, sanity_check
 from edgesdk.formats.gguf.facts import gguf_facts
@@ -74,15 +72,9 @@ def hf_vlm_reference(hf_dir: Path, images: list[Path], prompt: str, n_tokens: in
         )
         # a transformers 5 checkpoint as this host's transformers 4 loads it (unchanged otherwise)
         ref_dir = gconv.reference_dir(Path(hf_dir), Path(tmp) / "ref", rename=vconv.canonical_name)
-        proc = subprocess.run(
-            [sys.executable, "-m", "edgesdk.formats.vlm._children.hf_reference", str(ref_dir), str(spec), str(out)],
-            capture_output=True,
-            text=True,
-            timeout=3600,
+        gconv.run_child(
+            "edgesdk.formats.vlm._children.hf_reference", [ref_dir, spec, out], out, "PyTorch VLM reference"
         )
-        if proc.returncode != 0 or not out.is_file():
-            lines = [ln for ln in (proc.stderr or "").splitlines() if ln.strip()]
-            raise ExternalToolError(f"PyTorch VLM reference failed: {lines[-1][:200] if lines else proc.returncode}")
         with np.load(out) as d:
             return [
                 {

@@ -319,6 +319,35 @@ def _clip_writer(
     return writer
 
 
+def finish_mmproj(
+    writer: Any,
+    written: int,
+    skipped: list[str],
+    projector_type: str,
+    family: str,
+    pre: dict[str, Any],
+    layout: dict[str, Any],
+    **facts: Any,
+) -> dict[str, Any]:
+    """Write the mmproj's header, keys and tensors and close it. Returns its facts: the tensors written and
+    skipped, the projector and the family, then ``facts`` (the family's own, in order), the image normalisation
+    and the checkpoint layout."""
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return {
+        "tensors": written,
+        "skipped": skipped,
+        "projector_type": projector_type,
+        "family": family,
+        **facts,
+        "image_mean": pre["image_mean"],
+        "image_std": pre["image_std"],
+        "checkpoint_layout": layout,
+    }
+
+
 def write_mmproj(directory: Path, out_path: Path, *, name: str | None = None) -> dict[str, Any]:
     """Write the vision tower + projector of a HF VLM directory as an F16 llama.cpp mmproj GGUF (the family
     record's writer, after its check)."""
@@ -382,22 +411,22 @@ def write_mmproj_llava(
         data = data.astype(np.float32 if data.ndim <= 1 else np.float16)
         writer.add_tensor(new, data)
         written += 1
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    size, patch = int(vision["image_size"]), int(vision["patch_size"])
+    facts = finish_mmproj(
+        writer,
+        written,
+        skipped,
+        "mlp",
+        "llava",
+        pre,
+        layout,
+        image_size=size,
+        patch_size=patch,
+        image_tokens=(size // patch) ** 2,
+        feature_layer=feature_layer(config),
+    )
     return {
-        "tensors": written,
-        "skipped": skipped,
-        "projector_type": "mlp",
-        "family": "llava",
-        "image_size": int(vision["image_size"]),
-        "patch_size": int(vision["patch_size"]),
-        "image_tokens": (int(vision["image_size"]) // int(vision["patch_size"])) ** 2,
-        "feature_layer": feature_layer(config),
-        "image_mean": pre["image_mean"],
-        "image_std": pre["image_std"],
-        "checkpoint_layout": layout,
+        **facts,
         "vision_model_type": vision.get("model_type"),
         # a class-token tower: the mmproj tokenizes image chunks only, the ONNX encoder encodes (CLASS_TOKEN_NOTE)
         "encodes": not tokenize_only,
@@ -456,20 +485,16 @@ def write_mmproj_idefics3(
         f32 = data.ndim <= 1 or ".embeddings." in hf_name
         writer.add_tensor(new, data.astype(np.float32 if f32 else np.float16))
         written += 1
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return {
-        "tensors": written,
-        "skipped": skipped,
-        "projector_type": "idefics3",
-        "family": "idefics3",
-        "image_size": int(vision["image_size"]),
-        "patch_size": int(vision["patch_size"]),
-        "scale_factor": scale,
-        "image_tokens": idefics3_image_tokens(config),
-        "image_mean": pre["image_mean"],
-        "image_std": pre["image_std"],
-        "checkpoint_layout": layout,
-    }
+    return finish_mmproj(
+        writer,
+        written,
+        skipped,
+        "idefics3",
+        "idefics3",
+        pre,
+        layout,
+        image_size=int(vision["image_size"]),
+        patch_size=int(vision["patch_size"]),
+        scale_factor=scale,
+        image_tokens=idefics3_image_tokens(config),
+    )

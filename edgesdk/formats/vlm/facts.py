@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from edgesdk.formats.gguf.facts import decoder_facts
 from edgesdk.formats.vlm.families import architectures, by_architecture, config_architecture
 
 # architecture -> family name, from the family records (formats/vlm/families)
@@ -80,8 +81,6 @@ def hf_vlm_facts(directory: str | Path) -> dict[str, Any]:
     directory = Path(directory)
     cfg = json.loads((directory / "config.json").read_text(encoding="utf-8"))
     vision, text = cfg.get("vision_config") or {}, cfg.get("text_config") or {}
-    heads = text.get("num_attention_heads")
-    hidden = text.get("hidden_size")
     size, patch = vision.get("image_size"), vision.get("patch_size")
     files = sorted(directory.glob("*.safetensors"))
     arch = config_architecture(cfg)
@@ -116,13 +115,6 @@ def hf_vlm_facts(directory: str | Path) -> dict[str, Any]:
         "preprocessor": bool(pre),
         # the decoder as the GGUF planner sees a causal LM
         "gguf_supported": _decoder_supported(fam.text_architecture, text),
-        "layers": text.get("num_hidden_layers"),
-        "heads": heads,
-        "kv_heads": text.get("num_key_value_heads") or heads,
-        "hidden": hidden,
-        "head_dim": text.get("head_dim") or (hidden // heads if hidden and heads else None),
-        "ffn": text.get("intermediate_size"),
-        "ctx_train": text.get("max_position_embeddings"),
-        "n_vocab": text.get("vocab_size"),
+        **decoder_facts(text),
         "tokenizer_files": [f for f in ("tokenizer.json", "tokenizer.model") if (directory / f).is_file()],
     }

@@ -22,8 +22,6 @@ callers need no casts, the weights and every inner op are FP16). The export runs
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -46,23 +44,14 @@ def export_encoder(hf_dir: Path, fp32: Path, fp16: Path, *, opset: int = ONNX_OP
     import onnx
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
-    from edgesdk.formats.gguf.convert import reference_dir
+    from edgesdk.formats.gguf.convert import reference_dir, run_child
     from edgesdk.formats.vlm.convert import canonical_name
 
     with tempfile.TemporaryDirectory(prefix="edgesdk-vlm-export-") as tmp:
         # a transformers 5 checkpoint as this host's transformers 4 loads it (unchanged otherwise)
         src = reference_dir(Path(hf_dir), Path(tmp), rename=canonical_name)
-        proc = subprocess.run(
-            [sys.executable, "-m", "edgesdk.formats.vlm._children.encoder_export", str(src), str(fp32), str(opset)],
-            capture_output=True,
-            text=True,
-            timeout=3600,
-        )
-    if proc.returncode != 0 or not fp32.is_file():
-        lines = [ln for ln in (proc.stderr or "").splitlines() if ln.strip()]
-        raise ExternalToolError(
-            f"ONNX export of the vision encoder failed: {lines[-1][:200] if lines else proc.returncode}"
-        )
+        child = "edgesdk.formats.vlm._children.encoder_export"
+        proc = run_child(child, [src, fp32, opset], fp32, "ONNX export of the vision encoder")
     info = json.loads(proc.stdout.strip().splitlines()[-1])
     model = onnx.load(str(fp32))
     m16 = convert_float_to_float16(model, keep_io_types=True)

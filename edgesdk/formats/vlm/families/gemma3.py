@@ -104,7 +104,7 @@ def _check(config: dict[str, Any], directory: Path) -> None:
 def _write(directory: Path, out_path: Path, config: dict[str, Any], *, name: str | None = None) -> dict[str, Any]:
     import gguf
 
-    from edgesdk.formats.vlm.convert import _arrays, _clip_writer, _preprocessor, checkpoint_layout
+    from edgesdk.formats.vlm.convert import _arrays, _clip_writer, _preprocessor, checkpoint_layout, finish_mmproj
 
     vision, text = config["vision_config"], config.get("text_config") or {}
     pre = _preprocessor(directory)
@@ -144,23 +144,19 @@ def _write(directory: Path, out_path: Path, config: dict[str, Any], *, name: str
         raise ModelError(
             f"{directory}: Gemma-3's projector needs {', '.join(sorted(_PROJ_NAMES))} (multi_modal_projector.*)"
         )
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return {
-        "tensors": written,
-        "skipped": skipped,
-        "projector_type": "gemma3",
-        "family": "gemma3",
-        "image_size": int(vision["image_size"]),
-        "patch_size": int(vision["patch_size"]),
-        "pooling_kernel": kernel,
-        "image_tokens": per_side * per_side,
-        "image_mean": pre["image_mean"],
-        "image_std": pre["image_std"],
-        "checkpoint_layout": layout,
-    }
+    return finish_mmproj(
+        writer,
+        written,
+        skipped,
+        "gemma3",
+        "gemma3",
+        pre,
+        layout,
+        image_size=int(vision["image_size"]),
+        patch_size=int(vision["patch_size"]),
+        pooling_kernel=kernel,
+        image_tokens=per_side * per_side,
+    )
 
 
 def image_tokens(config: dict[str, Any]) -> int | None:

@@ -227,7 +227,7 @@ def write_merger(
     size), ``n_wa_pattern`` what the facts report of it. Returns the mmproj facts (``family``: the record's)."""
     import gguf
 
-    from edgesdk.formats.vlm.convert import _arrays, _clip_writer, _preprocessor, checkpoint_layout
+    from edgesdk.formats.vlm.convert import _arrays, _clip_writer, _preprocessor, checkpoint_layout, finish_mmproj
 
     vision, text = config["vision_config"], config.get("text_config") or config
     pre = _preprocessor(directory)
@@ -287,27 +287,23 @@ def write_merger(
     if merger != set(merger_names):
         writer.close()
         raise ModelError(f"{directory}: the patch merger needs merger.{', merger.'.join(sorted(merger_names))}")
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return {
-        "tensors": written,
-        "skipped": [],
-        "projector_type": projector,
-        "family": family,
-        "image_size": None,
-        "dynamic_resolution": True,
-        "patch_size": int(vision.get("patch_size", 14)),
-        "merge_size": _merge(vision),
-        "image_tokens": max_image_tokens(pre),
-        "image_tokens_note": f"per image: its resized size / 28 px squared, at most {max_image_tokens(pre)}",
-        "min_max_pixels": list(pixel_limits(pre)),
-        "n_wa_pattern": n_wa_pattern,
-        "image_mean": pre["image_mean"],
-        "image_std": pre["image_std"],
-        "checkpoint_layout": layout,
-    }
+    return finish_mmproj(
+        writer,
+        written,
+        [],
+        projector,
+        family,
+        pre,
+        layout,
+        image_size=None,
+        dynamic_resolution=True,
+        patch_size=int(vision.get("patch_size", 14)),
+        merge_size=_merge(vision),
+        image_tokens=max_image_tokens(pre),
+        image_tokens_note=f"per image: its resized size / 28 px squared, at most {max_image_tokens(pre)}",
+        min_max_pixels=list(pixel_limits(pre)),
+        n_wa_pattern=n_wa_pattern,
+    )
 
 
 def _write(directory: Path, out_path: Path, config: dict[str, Any], *, name: str | None = None) -> dict[str, Any]:
