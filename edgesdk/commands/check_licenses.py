@@ -143,17 +143,9 @@ def check_licenses_command(
 
 
 def _spdx_of(result) -> str:
-    from edgesdk.compliance.sbom import build_spdx
+    from edgesdk.compliance.sbom import build_spdx, of_result
 
-    name = Path(result.scanned).name or str(result.scanned)
-    return build_spdx(
-        name,
-        result.findings,
-        result.components,
-        result.vendored,
-        result.model_expression,
-        declared=result.model_license_declared,
-    )
+    return of_result(build_spdx, Path(result.scanned).name or str(result.scanned), result)
 
 
 def _write(dest: Path, text: str) -> None:

@@ -29,7 +29,7 @@ from edgesdk.compliance.models import (
 )
 from edgesdk.compliance.policy import Policy, load_policy
 from edgesdk.compliance.result import REPORT_NAME, SBOM_NAME, GateResult
-from edgesdk.compliance.sbom import SPDX_NAME, build_spdx
+from edgesdk.compliance.sbom import SPDX_NAME, build_spdx, of_result
 from edgesdk.compliance.scanoss_match import configured_url, run_scanoss
 from edgesdk.compliance.sources import scan_tree, scanoss_settings_findings
 from edgesdk.compliance.spdx import normalize
@@ -397,25 +397,7 @@ def run_license_gate(
             hint=gate_hint(result.verdict, worst, result.policy),
         )
     name = model_name or Path(model_source).name
-    sbom = build_sbom(
-        name,
-        result.findings,
-        result.components,
-        result.vendored,
-        result.model_expression,
-        declared=result.model_license_declared,
-    )
-    (staging_dir / SBOM_NAME).write_text(sbom, encoding="utf-8")
-    (staging_dir / SPDX_NAME).write_text(
-        build_spdx(
-            name,
-            result.findings,
-            result.components,
-            result.vendored,
-            result.model_expression,
-            declared=result.model_license_declared,
-        ),
-        encoding="utf-8",
-    )
+    (staging_dir / SBOM_NAME).write_text(of_result(build_sbom, name, result), encoding="utf-8")
+    (staging_dir / SPDX_NAME).write_text(of_result(build_spdx, name, result), encoding="utf-8")
     (staging_dir / REPORT_NAME).write_text(to_json(result), encoding="utf-8")
     return result

@@ -13,14 +13,33 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from edgesdk.compliance.findings import LicenseFinding
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from edgesdk.compliance.result import GateResult
 
 
 def _licenses(expression: str | None):
     from cyclonedx.model.license import LicenseExpression
 
     return [LicenseExpression(expression)] if expression else []
+
+
+def of_result(build: Callable[..., str], name: str, result: GateResult) -> str:
+    """``build`` (:func:`build_sbom` or :func:`build_spdx`) over what a license scan found: its findings, component
+    files, vendored code, the model's license expression and the declared ``--model-license``."""
+    return build(
+        name,
+        result.findings,
+        result.components,
+        result.vendored,
+        result.model_expression,
+        declared=result.model_license_declared,
+    )
 
 
 def build_sbom(
