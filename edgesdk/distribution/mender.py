@@ -52,17 +52,7 @@ def _signing_key(key: Path, tmp: Path) -> tuple[Path, Path]:
         raise ExternalToolError(
             "edgesdk export --mender --key needs the cryptography package: pip install 'edgesdk[sign]'"
         ) from None
-    try:
-        data = key.read_bytes()
-    except OSError as exc:
-        raise InputError(f"--key {key}: {exc.strerror or exc}") from None
-    password = os.environ.get("EDGESDK_SIGNING_KEY_PASSWORD")
-    try:
-        private = serialization.load_pem_private_key(data, password.encode() if password else None)
-    except TypeError:
-        raise InputError(f"--key {key} is encrypted: set EDGESDK_SIGNING_KEY_PASSWORD") from None
-    except ValueError:
-        raise InputError(f"--key {key} is not a PEM private key (or the password is wrong)") from None
+    private = sig.load_private_pem(key, f"--key {key}")
     ok = isinstance(private, rsa.RSAPrivateKey) or (
         isinstance(private, ec.EllipticCurvePrivateKey) and private.curve.name == "secp256r1"
     )

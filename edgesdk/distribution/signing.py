@@ -67,45 +67,56 @@ def signature_dir(bundle: str | os.PathLike[str]) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------- keys
+def _read(path: Path, label: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{label}: {exc.strerror or exc}") from None
+
+
+def _ec(key: Any, cls: Any, label: str, what: str) -> Any:
+    if not isinstance(key, cls) or key.curve.name not in CURVES:
+        raise InputError(f"{label}: only EC P-256/P-384/P-521 {what} are supported (model-signing)")
+    return key
+
+
 def _load_public(path: Path) -> Any:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 
+    label = f"trusted key {path}"
     try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise InputError(f"trusted key {path}: {exc.strerror or exc}") from None
-    try:
-        key = serialization.load_pem_public_key(data)
+        key = serialization.load_pem_public_key(_read(path, label))
     except ValueError:
-        raise InputError(f"trusted key {path} is not a PEM public key") from None
-    if not isinstance(key, ec.EllipticCurvePublicKey) or key.curve.name not in CURVES:
-        raise InputError(f"trusted key {path}: only EC P-256/P-384/P-521 public keys are supported (model-signing)")
-    return key
+        raise InputError(f"{label} is not a PEM public key") from None
+    return _ec(key, ec.EllipticCurvePublicKey, label, "public keys")
+
+
+def load_private_pem(path: Path, label: str) -> Any:
+    """The private key of the PEM file ``path``, decrypted with $EDGESDK_SIGNING_KEY_PASSWORD when that is set; one
+    InputError starting with ``label`` (``signing key PATH``, ``--key PATH``) when the file cannot be read, is
+    encrypted with no password set (or is not, with one set), or holds no PEM private key."""
+    from cryptography.hazmat.primitives import serialization
+
+    data = _read(path, label)
+    password = os.environ.get("EDGESDK_SIGNING_KEY_PASSWORD")
+    try:
+        return serialization.load_pem_private_key(data, password.encode() if password else None)
+    except TypeError:
+        raise InputError(
+            f"{label} is encrypted: set EDGESDK_SIGNING_KEY_PASSWORD"
+            if not password
+            else f"{label} is not encrypted: unset EDGESDK_SIGNING_KEY_PASSWORD"
+        ) from None
+    except ValueError:
+        raise InputError(f"{label} is not a PEM private key (or the password is wrong)") from None
 
 
 def _load_private(path: Path) -> Any:
-    from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise InputError(f"signing key {path}: {exc.strerror or exc}") from None
-    password = os.environ.get("EDGESDK_SIGNING_KEY_PASSWORD")
-    try:
-        key = serialization.load_pem_private_key(data, password.encode() if password else None)
-    except TypeError:
-        raise InputError(
-            f"signing key {path} is encrypted: set EDGESDK_SIGNING_KEY_PASSWORD"
-            if not password
-            else f"signing key {path} is not encrypted: unset EDGESDK_SIGNING_KEY_PASSWORD"
-        ) from None
-    except ValueError:
-        raise InputError(f"signing key {path} is not a PEM private key (or the password is wrong)") from None
-    if not isinstance(key, ec.EllipticCurvePrivateKey) or key.curve.name not in CURVES:
-        raise InputError(f"signing key {path}: only EC P-256/P-384/P-521 keys are supported (model-signing)")
-    return key
+    label = f"signing key {path}"
+    return _ec(load_private_pem(path, label), ec.EllipticCurvePrivateKey, label, "keys")
 
 
 def key_id(public_key: Any) -> str:
