@@ -83,35 +83,25 @@ def warn(msg: str) -> None:
         click.echo(f"warning: {msg}", err=True)
 
 
-def _quiet_cb(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
-    if value:
-        set_verbosity(-1)
+def _verbosity_option(names: list[str], level: int, help: str) -> click.Option:
+    """An eager flag that sets the verbosity ``level`` (-1 quiet, 1 verbose) before the command runs."""
 
+    def set_level(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+        if value:
+            set_verbosity(level)
 
-def _verbose_cb(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
-    if value:
-        set_verbosity(1)
+    return click.Option(names, is_flag=True, expose_value=False, is_eager=True, callback=set_level, help=help)
 
 
 def quiet_option() -> click.Option:
-    return click.Option(
-        ["-q", "--quiet"],
-        is_flag=True,
-        expose_value=False,
-        is_eager=True,
-        callback=_quiet_cb,
-        help="No progress bars, informational or warning lines on stderr (errors still print).",
+    return _verbosity_option(
+        ["-q", "--quiet"], -1, "No progress bars, informational or warning lines on stderr (errors still print)."
     )
 
 
 def verbose_option() -> click.Option:
-    return click.Option(
-        ["-v", "--verbose"],
-        is_flag=True,
-        expose_value=False,
-        is_eager=True,
-        callback=_verbose_cb,
-        help="More detail on stderr: edgesdk's INFO log lines and backends' own logs (llama.cpp).",
+    return _verbosity_option(
+        ["-v", "--verbose"], 1, "More detail on stderr: edgesdk's INFO log lines and backends' own logs (llama.cpp)."
     )
 
 

@@ -8,6 +8,11 @@ import click
 from edgesdk.commands._common import emit_json, info, profile_option, progress_enabled, warn
 
 
+def _count(name: str, low: int, default: int, help: str | None = None):
+    """A whole-number option of at least ``low``, its default shown in --help."""
+    return click.option(name, type=click.IntRange(min=low), default=default, show_default=True, help=help)
+
+
 @click.group("profiler")
 def profiler_group() -> None:
     """Device profiler: measure a bundle on this device, predict other devices, compare reports."""
@@ -15,42 +20,16 @@ def profiler_group() -> None:
 
 @profiler_group.command("run")
 @click.argument("bundle", type=click.Path())
-@click.option("--warmup", type=click.IntRange(min=0), default=10, show_default=True, help="Untimed calls first.")
-@click.option("--iterations", type=click.IntRange(min=1), default=200, show_default=True, help="Timed calls.")
-@click.option(
-    "--concurrency",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Also measure throughput with N threads calling the session.",
-)
-@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True, help="Batch of synthetic inputs.")
-@click.option(
-    "--seq-len",
-    type=click.IntRange(min=1),
-    default=128,
-    show_default=True,
-    help="Sequence length of synthetic inputs (dynamic dims).",
-)
-@click.option("--prompt-tokens", type=click.IntRange(min=1), default=128, show_default=True, help="LLM prompt size.")
-@click.option(
-    "--gen-tokens", type=click.IntRange(min=2), default=128, show_default=True, help="LLM tokens to generate."
-)
-@click.option(
-    "--repeats",
-    type=click.IntRange(min=1),
-    default=3,
-    show_default=True,
-    help="LLM generations measured (after one warm-up generation).",
-)
+@_count("--warmup", 0, 10, "Untimed calls first.")
+@_count("--iterations", 1, 200, "Timed calls.")
+@_count("--concurrency", 1, 1, "Also measure throughput with N threads calling the session.")
+@_count("--batch", 1, 1, "Batch of synthetic inputs.")
+@_count("--seq-len", 1, 128, "Sequence length of synthetic inputs (dynamic dims).")
+@_count("--prompt-tokens", 1, 128, "LLM prompt size.")
+@_count("--gen-tokens", 2, 128, "LLM tokens to generate.")
+@_count("--repeats", 1, 3, "LLM generations measured (after one warm-up generation).")
 @click.option("--threads", type=click.IntRange(min=1), help="Runtime threads (default: the runtime's).")
-@click.option(
-    "--op-profile-runs",
-    type=click.IntRange(min=0),
-    default=10,
-    show_default=True,
-    help="ONNX Runtime profiler runs for per-node time (0: skip).",
-)
+@_count("--op-profile-runs", 0, 10, "ONNX Runtime profiler runs for per-node time (0: skip).")
 @profile_option(help="Profile to predict and check budgets for (default: detected).")
 @click.option("--latency-budget-ms", type=float, help="Latency target (default: the profile's latency_target_ms).")
 @click.option("--memory-budget-gb", type=float, help="Memory target (default: the profile's memory budget).")
@@ -145,9 +124,9 @@ def run_cmd(
 @profiler_group.command("predict")
 @click.argument("bundle", type=click.Path())
 @profile_option("profiles", multiple=True, required=True, help="Device profile to predict for (repeatable).")
-@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--seq-len", type=click.IntRange(min=1), default=128, show_default=True)
-@click.option("--prompt-tokens", type=click.IntRange(min=1), default=128, show_default=True)
+@_count("--batch", 1, 1)
+@_count("--seq-len", 1, 128)
+@_count("--prompt-tokens", 1, 128)
 @click.option(
     "--report",
     "report_path",

@@ -338,26 +338,17 @@ def _roofline_panel(ax, pred: dict, measured: dict | None) -> None:
             zorder=3,
             label=f"{p['workload']} bound (AI {p['intensity']:.3g} FLOP/B)",
         )
-        if p["predicted"]:
-            ax.scatter(
-                [p["intensity"]],
-                [p["predicted"]],
-                marker=m,
-                s=60,
-                color=ORANGE,
-                zorder=3,
-                label=f"{p['workload']} predicted",
-            )
-        if p["measured"]:
-            ax.scatter(
-                [p["intensity"]],
-                [p["measured"]],
-                marker=m,
-                s=60,
-                color=GREEN,
-                zorder=4,
-                label=f"{p['workload']} measured",
-            )
+        for key, color, zorder in (("predicted", ORANGE, 3), ("measured", GREEN, 4)):
+            if p[key]:
+                ax.scatter(
+                    [p["intensity"]],
+                    [p[key]],
+                    marker=m,
+                    s=60,
+                    color=color,
+                    zorder=zorder,
+                    label=f"{p['workload']} {key}",
+                )
     if measured is not None and "error_pct" not in pred:
         where = (measured.get("device") or {}).get("best_match")
         ax.text(0.02, 0.02, f"report measured on {where}: not plotted here", transform=ax.transAxes, fontsize=7)

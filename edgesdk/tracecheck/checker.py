@@ -274,6 +274,12 @@ def _expected_name(template: str, attrs: dict[str, Attr]) -> str:
     return " ".join(parts)
 
 
+def _require_error_type(span: Span, failed: bool, when: str, out: _Collector) -> None:
+    """A span that failed must say how: ``error.type`` (``when``: where the message says it is required)."""
+    if failed and "error.type" not in span.attributes:
+        out.add("violation", "missing_attribute", f"error.type is required {when}", span=span, attribute="error.type")
+
+
 def _value(span: Span, key: str):
     attr = span.attributes.get(key)
     return None if attr is None else attr.value
@@ -415,14 +421,7 @@ def _check_genai_span(span: Span, rules: dict, out: _Collector) -> None:
                 span=span,
                 attribute=key,
             )
-    if span.status == "ERROR" and "error.type" not in span.attributes:
-        out.add(
-            "violation",
-            "missing_attribute",
-            "error.type is required when the operation failed",
-            span=span,
-            attribute="error.type",
-        )
+    _require_error_type(span, span.status == "ERROR", "when the operation failed", out)
     if "server.address" in span.attributes and "server.port" not in span.attributes:
         out.add(
             "violation",
@@ -586,14 +585,7 @@ def _check_build_span(
             span=span,
             attribute="edgesdk.build.stage.outcome",
         )
-    if outcome == "error" and "error.type" not in span.attributes:
-        out.add(
-            "violation",
-            "missing_attribute",
-            "error.type is required on a failed stage",
-            span=span,
-            attribute="error.type",
-        )
+    _require_error_type(span, outcome == "error", "on a failed stage", out)
     if not span.parent_span_id:
         out.add("violation", "build_convention", "a build stage span must have the build span as parent", span=span)
     elif stages is not None and kept_as is not None and kept_as not in stages:
@@ -639,14 +631,7 @@ def _check_inference_stage(
         bad(f"{conv['tokens']} is negative ({tokens})", conv["tokens"])
     if span.end_ns < span.start_ns:
         bad(f"the stage ends before it starts ({(span.end_ns - span.start_ns) / 1e9:.6g} s)")
-    if span.status == "ERROR" and "error.type" not in span.attributes:
-        out.add(
-            "violation",
-            "missing_attribute",
-            "error.type is required when a stage failed",
-            span=span,
-            attribute="error.type",
-        )
+    _require_error_type(span, span.status == "ERROR", "when a stage failed", out)
     if not span.parent_span_id:
         bad("an inference-stage span must be a child of its request's GenAI span (it has no parent)")
         return
