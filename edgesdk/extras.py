@@ -29,7 +29,7 @@ EXTRAS: dict[str, str] = {
     "otel": "the OpenTelemetry SDK and OTLP exporters (--trace-file, OTEL_EXPORTER_OTLP_*)",
     "build": "export, quantization, GGUF conversion, SBOM and SCANOSS for `edgesdk build`",
     "profiler": "the device profiler's graph analysis, NVML readings and plots",
-    "serve": "the OpenAI-compatible HTTP server (`edgesdk serve`)",
+    "serve": "the OpenAI-compatible HTTP server (`edgesdk serve`: Starlette, uvicorn, pydantic)",
     "sign": "OpenSSF model-signing: `edgesdk sign`, `push --sign`, `verify`, `pull --require-signature`",
     "bench": "tools/bench/bench_serve_llm.py's baseline: llama-cpp-python's own server (llama_cpp.server)",
 }

@@ -162,9 +162,8 @@ def serve_cmd(
     from edgesdk.errors import InputError
     from edgesdk.extras import require
 
-    require(
-        "serve", ("starlette", "uvicorn", "prometheus_client", "opentelemetry.exporter.prometheus"), "edgesdk serve"
-    )
+    serve_modules = ("starlette", "uvicorn", "pydantic", "prometheus_client", "opentelemetry.exporter.prometheus")
+    require("serve", serve_modules, "edgesdk serve")
     from edgesdk.serve import ServeConfig, run
 
     # click ignores an empty EDGESDK_API_KEY; an empty key, given either way, would turn auth off: refused.

@@ -21,6 +21,7 @@ mkdir -p .whl
   opentelemetry-exporter-otlp-proto-grpc \
   opentelemetry-exporter-otlp-proto-http opentelemetry-exporter-prometheus prometheus-client \
   license-expression boolean.py "gguf>=0.19,<0.20" diskcache starlette uvicorn h11 onnxslim \
+  pydantic pydantic-core annotated-types typing-inspection \
   "cyclonedx-python-lib>=11,<12" packageurl-python py-serializable defusedxml sortedcontainers \
   googleapis-common-protos jsonschema jsonschema-specifications referencing rpds-py attrs typing_extensions \
   py-spy pytest pluggy iniconfig nvidia-ml-py
