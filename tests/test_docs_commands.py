@@ -965,12 +965,13 @@ def test_statement_7_predict_for_this_cpu_host_measures_its_figures(tmp_path):
 
 
 def test_statement_8_langchain_embeddings_setting_is_documented():
-    from edgesdk.serve.protocol import APIError, parse_embeddings
+    from edgesdk.serve.protocol import APIError, parse
+    from edgesdk.serve.schemas import EmbeddingRequest
 
     # Token ids (what OpenAIEmbeddings sends by default) are accepted (tests/test_serve_embeddings_ids.py) ...
-    assert parse_embeddings({"model": "m", "input": [[9906, 1917]]})[0] == [[9906, 1917]]
+    assert parse(EmbeddingRequest, {"model": "m", "input": [[9906, 1917]]}).inputs == [[9906, 1917]]
     with pytest.raises(APIError):
-        parse_embeddings({"model": "m", "input": [[9906, True]]})
+        parse(EmbeddingRequest, {"model": "m", "input": [[9906, True]]})
     # ... but they are tiktoken's (OpenAI's vocabulary), not the served model's: the doc must still say the flag
     doc = " ".join(_doc("docs/serve.md").split())
     assert "check_embedding_ctx_length=False" in doc and "tokenizes with tiktoken, in OpenAI's vocabulary" in doc

@@ -17,7 +17,8 @@ from edgesdk.runtime import grammar_limits as gl
 pytest.importorskip("llama_cpp")
 
 from edgesdk.runtime.grammar import json_schema_grammar, tool_grammar  # noqa: E402
-from edgesdk.serve.protocol import APIError, _structured  # noqa: E402
+from edgesdk.serve.protocol import APIError, parse  # noqa: E402
+from edgesdk.serve.schemas import ChatCompletionRequest  # noqa: E402
 
 STR = {"type": "string"}
 OBJ_A = {"type": "object", "properties": {"a": STR}}
@@ -111,11 +112,12 @@ def test_tool_parameters_are_checked_with_the_tools_path():
 
 def test_the_server_answers_400_with_param_response_format():
     body = {
+        "model": "m",
         "messages": [{"role": "user", "content": "Hi"}],
         "response_format": {"type": "json_schema", "json_schema": {"schema": {"allOf": [STR, {"type": "integer"}]}}},
     }
     with pytest.raises(APIError) as err:
-        _structured(body, "chat")
+        parse(ChatCompletionRequest, body)
     assert err.value.status == 400 and err.value.param == "response_format"
     assert "response_format.json_schema.schema.allOf[1]: its type integer contradicts string" in str(err.value)
 

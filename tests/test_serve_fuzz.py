@@ -23,10 +23,23 @@ from hypothesis import strategies as st  # noqa: E402
 
 from edgesdk.runtime.requests import GenerationRequest  # noqa: E402
 from edgesdk.serve.config import ModelEntry  # noqa: E402
-from edgesdk.serve.protocol import APIError, decode_json, parse_embeddings, parse_generation  # noqa: E402
+from edgesdk.serve.protocol import APIError, decode_json, parse  # noqa: E402
+from edgesdk.serve.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest  # noqa: E402
 
 EXAMPLES = int(os.environ.get("EDGESDK_FUZZ_EXAMPLES", "300"))
 ENTRY = ModelEntry(name="m", session=None, kind="llm", max_tokens_cap=2048, default_max_tokens=256)
+
+
+def parse_generation(body: dict, chat: bool) -> tuple:
+    """A chat or completions body as the route reads it: (options, stream, include_usage, inputs)."""
+    req = parse(ChatCompletionRequest if chat else CompletionRequest, body)
+    return req.options(ENTRY), req.streaming, req.include_usage, req.inputs(ENTRY)
+
+
+def parse_embeddings(body: dict) -> tuple:
+    req = parse(EmbeddingRequest, body)
+    return req.inputs, req.encoding_format or "float", req.dimensions
+
 
 _text = st.text(max_size=12) | st.sampled_from(["\ud800", "a\udfffb", "\x00", "é", "😀", ""])
 _number = st.one_of(
@@ -131,16 +144,18 @@ def test_generation_body_parses_or_400_and_the_runtime_agrees(body, chat):
     if data is None:
         return
     parsed = []
-    if _refused(lambda: parsed.append(parse_generation(data, ENTRY, "chat" if chat else "text_completion"))):
+    if _refused(lambda: parsed.append(parse_generation(data, chat))):
         return
-    opts, stream, include_usage, what = parsed[0]
+    opts, stream, include_usage, inputs = parsed[0]
     assert isinstance(stream, bool) and isinstance(include_usage, bool)
     # What the server accepts, the runtime accepts: no error comes back from the model later.
-    if chat:
-        GenerationRequest.from_options(messages=what, **opts)
-    else:  # text, token ids, or several of them (a tuple)
-        for p in what if isinstance(what, tuple) else (what,):
-            GenerationRequest.from_options(**({"prompt": p} if isinstance(p, str) else {"prompt_tokens": p}), **opts)
+    for what in inputs:  # a chat's messages; text or token ids of each prompt
+        if chat:
+            GenerationRequest.from_options(messages=what, **opts)
+        else:
+            GenerationRequest.from_options(
+                **({"prompt": what} if isinstance(what, str) else {"prompt_tokens": what}), **opts
+            )
 
 
 @settings(max_examples=EXAMPLES, deadline=None)
@@ -177,6 +192,6 @@ def test_embeddings_body_parses_or_400(body):
 def test_the_issue_cases_are_400(raw, says):
     with pytest.raises(APIError) as info:
         body = decode_json(raw)
-        parse_generation(body, ENTRY, "text_completion") if "prompt" in body else parse_embeddings(body)
+        parse_generation(body, chat=False) if "prompt" in body else parse_embeddings(body)
     assert info.value.status == 400 and says in info.value.message + str(info.value.param)
     assert len(info.value.message) < 400  # a 4000-digit number is not echoed whole

@@ -26,7 +26,8 @@ from edgesdk import __version__
 from edgesdk.errors import EdgeSDKError
 from edgesdk.runtime.requests import DEFAULT_SAMPLING, INT32_MAX
 from edgesdk.serve.config import ModelEntry
-from edgesdk.serve.protocol import APIError, backend_error, generation_request, parse_generation, read_json
+from edgesdk.serve.protocol import APIError, backend_error, parse, read_json
+from edgesdk.serve.schemas import ApplyTemplateRequest, DetokenizeRequest, TokenizeRequest
 
 SEED_RANDOM = 4294967295  # llama-server's "-1": a random seed per request (the runtime's default too)
 REPEAT_LAST_N = 64  # the penalties' window (docs/serve.md)
@@ -123,43 +124,15 @@ def _piece_json(piece: bytes) -> str | list[int]:
         return list(piece)
 
 
-def _check_body(body: dict, allowed: tuple[str, ...]) -> None:
-    for key in body:
-        if key not in allowed:
-            raise APIError(
-                400,
-                f"unknown field {str(key)[:40]!r} (this endpoint takes {', '.join(allowed)})",
-                param=str(key)[:40],
-                code="unsupported_parameter",
-            )
-
-
-def _flag(body: dict, key: str, default: bool) -> bool:
-    value = body.get(key, default)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise APIError(400, f"'{key}' must be a boolean", param=key)
-    return value
-
-
 async def tokenize(routes: Any, request: Request) -> Response:
     """``POST /tokenize``: ``{"content", "add_special" (false), "parse_special" (true), "with_pieces" (false)}``
     -> ``{"tokens": [ids]}`` or ``{"tokens": [{"id", "piece"}]}``."""
     try:
-        body = await read_json(request, routes.config.max_body_bytes)
-        _check_body(body, ("model", "content", "add_special", "parse_special", "with_pieces"))
-        entry = llm_entry(routes.models, body.get("model"))
-        content = body.get("content")
-        if not isinstance(content, str):
-            raise APIError(400, "'content' must be a string (the text to tokenize)", param="content")
-        add, special, pieces = (
-            _flag(body, "add_special", False),
-            _flag(body, "parse_special", True),
-            _flag(body, "with_pieces", False),
-        )
-        engine = _needs_engine(entry, "'with_pieces'", "with_pieces") if pieces else None
-        ids = await tokenize_text(entry, content, add_bos=add, special=special)
+        body = parse(TokenizeRequest, await read_json(request, routes.config.max_body_bytes))
+        entry = llm_entry(routes.models, body.model)
+        engine = _needs_engine(entry, "'with_pieces'", "with_pieces") if body.with_pieces else None
+        special = body.parse_special is not False
+        ids = await tokenize_text(entry, body.content, add_bos=body.add_special is True, special=special)
         if engine is None:
             return JSONResponse({"tokens": ids})
         out = await asyncio.to_thread(lambda: [{"id": t, "piece": _piece_json(engine.piece(t, True))} for t in ids])
@@ -172,12 +145,9 @@ async def detokenize(routes: Any, request: Request) -> Response:
     """``POST /detokenize``: ``{"tokens": [ids]}`` -> ``{"content": text}`` (special tokens as their text, as
     llama-server renders them)."""
     try:
-        body = await read_json(request, routes.config.max_body_bytes)
-        _check_body(body, ("model", "tokens"))
-        entry = llm_entry(routes.models, body.get("model"))
-        tokens = body.get("tokens")
-        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
-            raise APIError(400, "'tokens' must be a list of token ids (integers)", param="tokens")
+        body = parse(DetokenizeRequest, await read_json(request, routes.config.max_body_bytes))
+        entry = llm_entry(routes.models, body.model)
+        tokens = body.tokens
         engine = _needs_engine(entry, "/detokenize")
         n_vocab = int(engine.n_vocab)
         bad = next((t for t in tokens if not 0 <= t < n_vocab), None)
@@ -195,11 +165,10 @@ async def apply_template(routes: Any, request: Request) -> Response:
     the model is given for that chat (its chat template, the tools' system turn where the template has none, the
     BOS token), without generating. Every field is checked as ``/v1/chat/completions`` checks it."""
     try:
-        body = await read_json(request, routes.config.max_body_bytes)
-        entry = llm_entry(routes.models, body.get("model"))
+        body = parse(ApplyTemplateRequest, await read_json(request, routes.config.max_body_bytes))
+        entry = llm_entry(routes.models, body.model)
         engine = _needs_engine(entry, "/apply-template")
-        opts, _stream, _usage, messages = parse_generation({**body, "model": entry.name}, entry, "chat")
-        req = generation_request("chat", messages, False, opts)  # type: ignore[arg-type]  # chat: messages
+        req = body.to_generation_request(entry)
         try:
             encoded = await asyncio.to_thread(entry.session.backend.encode, req)
         except EdgeSDKError as exc:

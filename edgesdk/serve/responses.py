@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""OpenAI's Responses API (``POST /v1/responses``) over the chat path: a Responses request is read into a chat
-request (``input`` items -> messages, ``instructions`` -> a system turn first, ``max_output_tokens`` -> max_tokens,
+"""OpenAI's Responses API (``POST /v1/responses``) over the chat path: a Responses request
+(:class:`~edgesdk.serve.schemas.ResponsesRequest`) is read into a chat request (``input`` items -> messages,
+``instructions`` -> a system turn first, ``max_output_tokens`` -> max_tokens,
 ``text.format`` -> response_format, flat function ``tools`` -> chat tools), checked and generated exactly as
 ``/v1/chat/completions`` does (the same parser, worker and engine), and the reply is shaped as a Response object,
 or streamed as its events (``response.created``, ``response.in_progress``, ``response.output_item.added``,
@@ -18,24 +19,16 @@ import asyncio
 import json
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from edgesdk.runtime.requests import DEFAULT_SAMPLING
-from edgesdk.serve.fields import REASONING_EFFORTS
-from edgesdk.serve.protocol import (
-    APIError,
-    backend_error,
-    check_fields,
-    check_ignored,
-    grammar_error,
-    parse_generation,
-    read_json,
-)
+from edgesdk.serve.protocol import APIError, backend_error, grammar_error, parse, read_json
 from edgesdk.serve.replies import ReplyShape, finish_reason
 from edgesdk.serve.routes import _Events
+from edgesdk.serve.schemas import ChatCompletionRequest, ResponsesRequest, responses_param, responses_params
 from edgesdk.telemetry.serve_spans import ServerSpan
 
 if TYPE_CHECKING:
@@ -43,201 +36,6 @@ if TYPE_CHECKING:
     from edgesdk.serve.routes import Routes
 
 ROUTE = "/v1/responses"
-
-# A chat request's field -> the Responses field it came from (in error answers' ``param``). A message's index is not
-# its input item's (instructions come first, function calls merge): any messages[...] error names ``input``.
-_PARAMS = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text.format"}
-
-
-def _param(param: str | None) -> str | None:
-    if param is None:
-        return None
-    base = param.split(".", 1)[0].split("[", 1)[0]
-    return _PARAMS.get(base, param)
-
-
-# ------------------------------------------------------------------------------ request
-def _content(content: object, where: str, role: str) -> str | list[dict]:
-    """A Responses message's content as chat content: a string, or text (and image) parts."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise APIError(400, f"'{where}' must be a string or a list of content parts", param=where)
-    parts: list[dict] = []
-    for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        here = f"{where}[{j}]"
-        if kind in ("input_text", "output_text", "text") and isinstance(part.get("text"), str):
-            parts.append({"type": "text", "text": part["text"]})
-        elif kind == "input_image" and role == "user":
-            url = part.get("image_url")
-            if not isinstance(url, str):
-                raise APIError(400, f"'{here}.image_url' must be a data URL (file_id is not supported)", param=here)
-            detail = part.get("detail")
-            parts.append({"type": "image_url", "image_url": {"url": url, **({"detail": detail} if detail else {})}})
-        else:
-            raise APIError(
-                400,
-                f"'{here}': only input_text, output_text and (user turns of VLM bundles) input_image parts are "
-                f"supported, got {str(kind)[:40]!r}",
-                param=here,
-                code="unsupported_parameter",
-            )
-    return parts
-
-
-def _messages(body: dict) -> list[dict]:
-    """``instructions`` and ``input`` as chat messages."""
-    out: list[dict] = []
-    instructions = body.get("instructions")
-    if instructions is not None:
-        if not isinstance(instructions, str):
-            raise APIError(400, "'instructions' must be a string", param="instructions")
-        out.append({"role": "system", "content": instructions})
-    items = body.get("input")
-    if isinstance(items, str):
-        return [*out, {"role": "user", "content": items}]
-    if not isinstance(items, list) or not items:
-        raise APIError(400, "'input' must be a string or a non-empty list of input items", param="input")
-    for i, item in enumerate(items):
-        where = f"input[{i}]"
-        if not isinstance(item, dict):
-            raise APIError(400, f"'{where}' must be an object", param=where)
-        kind = item.get("type", "message")
-        if kind == "message":
-            role = item.get("role")
-            if role not in ("user", "assistant", "system", "developer"):
-                raise APIError(
-                    400, f"'{where}.role' must be user, assistant, system or developer", param=f"{where}.role"
-                )
-            out.append({"role": role, "content": _content(item.get("content"), f"{where}.content", role)})
-        elif kind == "function_call":
-            call_id, name, args = item.get("call_id"), item.get("name"), item.get("arguments")
-            if not all(isinstance(v, str) for v in (call_id, name, args)):
-                raise APIError(400, f"'{where}' needs string call_id, name and arguments", param=where)
-            call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
-            if out and out[-1]["role"] == "assistant" and out[-1].get("tool_calls"):
-                out[-1]["tool_calls"].append(call)
-            else:
-                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif kind == "function_call_output":
-            call_id, output = item.get("call_id"), item.get("output")
-            if not isinstance(call_id, str):
-                raise APIError(400, f"'{where}.call_id' must be a string", param=f"{where}.call_id")
-            if not isinstance(output, str):
-                output = _content(output, f"{where}.output", "tool")
-                output = "".join(p["text"] for p in output) if isinstance(output, list) else output
-            out.append({"role": "tool", "tool_call_id": call_id, "content": output})
-        else:
-            raise APIError(
-                400,
-                f"'{where}.type' {str(kind)[:40]!r} is not supported (message, function_call, function_call_output)",
-                param=f"{where}.type",
-                code="unsupported_parameter",
-            )
-    return out
-
-
-def _tools(body: dict) -> tuple[list[dict] | None, object]:
-    tools = body.get("tools")
-    if tools is None or tools == []:
-        chat_tools = None
-    elif not isinstance(tools, list):
-        raise APIError(400, "'tools' must be a list of function tools", param="tools")
-    else:
-        chat_tools = []
-        for i, t in enumerate(tools):
-            if not isinstance(t, dict) or t.get("type") != "function":
-                kind = t.get("type") if isinstance(t, dict) else None
-                raise APIError(
-                    400,
-                    f"'tools[{i}]': only function tools are supported here, got {str(kind)[:40]!r}",
-                    param=f"tools[{i}].type",
-                    code="unsupported_parameter",
-                )
-            fn = {k: t[k] for k in ("name", "description", "parameters") if t.get(k) is not None}
-            chat_tools.append({"type": "function", "function": fn})
-    choice = body.get("tool_choice")
-    if isinstance(choice, dict):
-        if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
-            raise APIError(
-                400,
-                "'tool_choice' must be 'none', 'auto', 'required' or {'type': 'function', 'name': ...}",
-                param="tool_choice",
-            )
-        choice = {"type": "function", "function": {"name": choice["name"]}}
-    return chat_tools, choice
-
-
-def _format(body: dict) -> dict | None:
-    text = body.get("text")
-    if text is None:
-        return None
-    if not isinstance(text, dict) or any(k not in ("format", "verbosity") for k in text):
-        raise APIError(400, "'text' must be an object with 'format' (and 'verbosity')", param="text")
-    verbosity = text.get("verbosity")
-    if verbosity is not None and verbosity not in ("low", "medium", "high"):
-        raise APIError(400, "'text.verbosity' must be low, medium or high", param="text.verbosity")
-    fmt = text.get("format")
-    if fmt is None:
-        return None
-    kind = fmt.get("type") if isinstance(fmt, dict) else None
-    if kind == "json_schema":
-        return {"type": "json_schema", "json_schema": {"name": fmt.get("name"), "schema": fmt.get("schema")}}
-    if kind in ("text", "json_object"):
-        return {"type": kind}
-    raise APIError(400, "'text.format.type' must be text, json_object or json_schema", param="text.format")
-
-
-def _check_own(body: dict) -> None:
-    """The Responses-only fields that are accepted and ignored: their types still."""
-    reasoning = body.get("reasoning")
-    if reasoning is not None:
-        ok = isinstance(reasoning, dict) and all(
-            (k == "effort" and (v is None or v in REASONING_EFFORTS))
-            or (k in ("summary", "generate_summary") and (v is None or v in ("auto", "concise", "detailed")))
-            for k, v in reasoning.items()
-        )
-        if not ok:
-            raise APIError(400, "'reasoning' must be an object with 'effort' and 'summary'", param="reasoning")
-    store = body.get("store")
-    if store is not None and not isinstance(store, bool):
-        raise APIError(400, "'store' must be a boolean", param="store")
-    mtc = body.get("max_tool_calls")
-    if mtc is not None and (isinstance(mtc, bool) or not isinstance(mtc, int) or mtc < 1):
-        raise APIError(400, "'max_tool_calls' must be a positive integer", param="max_tool_calls")
-    so = body.get("stream_options")
-    if so is not None and (
-        not isinstance(so, dict) or any(k != "include_obfuscation" or not isinstance(v, bool) for k, v in so.items())
-    ):
-        raise APIError(400, "'stream_options' takes only include_obfuscation (a boolean)", param="stream_options")
-
-
-def chat_body(body: dict, model: str) -> dict:
-    """A Responses request as the chat request it generates (checked: 400 naming the Responses field)."""
-    check_fields(body, ROUTE)
-    check_ignored(body)
-    _check_own(body)
-    tools, choice = _tools(body)
-    chat: dict[str, Any] = {"model": model, "messages": _messages(body)}
-    for src, dst in (
-        ("max_output_tokens", "max_tokens"),
-        ("temperature", "temperature"),
-        ("top_p", "top_p"),
-        ("stream", "stream"),
-        ("user", "user"),
-        ("parallel_tool_calls", "parallel_tool_calls"),
-    ):
-        if body.get(src) is not None:
-            chat[dst] = body[src]
-    if tools is not None:
-        chat["tools"] = tools
-    if choice is not None:
-        chat["tool_choice"] = choice
-    fmt = _format(body)
-    if fmt is not None:
-        chat["response_format"] = fmt
-    return chat
 
 
 # ------------------------------------------------------------------------------ reply
@@ -283,7 +81,7 @@ def _output(choice: dict, msg_id: str) -> list[dict]:
 class _Shape:
     """The Response object's fields that echo the request."""
 
-    def __init__(self, body: dict, model: str, rid: str, chat: dict):
+    def __init__(self, body: dict, model: str, rid: str, chat: ChatCompletionRequest):
         fmt = (body.get("text") or {}).get("format") or {"type": "text"}
         self.base = {
             "id": rid,
@@ -295,7 +93,7 @@ class _Shape:
             "temperature": body.get("temperature", DEFAULT_SAMPLING["temperature"]),
             "top_p": body.get("top_p", DEFAULT_SAMPLING["top_p"]),
             "parallel_tool_calls": body.get("parallel_tool_calls", True),
-            "tool_choice": body.get("tool_choice", "auto" if chat.get("tools") else "none"),
+            "tool_choice": body.get("tool_choice", "auto" if chat.tools else "none"),
             "tools": body.get("tools") or [],
             "text": {"format": fmt},
             "reasoning": {"effort": None, "summary": None},
@@ -326,18 +124,16 @@ async def create_response(routes: Routes, request: Request) -> Response:
         entry = routes.entry(body, "llm")
         model = entry.name
         span.model(model, entry.provider, body.get("stream", False) is True)
-        try:
-            chat = chat_body(body, model)
-            opts, stream, _include, what = parse_generation(chat, entry, "chat")
-        except APIError as exc:
-            exc.param = _param(exc.param)
-            raise
-        messages = cast("list[dict]", what)
+        asked = parse(ResponsesRequest, body)
+        req = asked.chat()  # the chat request it generates, checked as chat's: errors name the Responses field
+        with responses_params():
+            opts, stream, messages = req.options(entry), req.streaming, req.inputs(entry)[0]
         if entry.images is not None:
             await routes._decode_images(messages)
         shape = ReplyShape("chat", tools=bool(opts.get("tools")))
         grammar_param = "tools" if shape.tools else "text.format"
-        jobs = routes.submit_jobs(entry, "chat", [messages], stream, opts, span, grammar_param)
+        with responses_params():
+            jobs = routes.submit_jobs(entry, "chat", [messages], req, span, grammar_param)
         events = _Events(jobs, request.receive)
         streaming = False
         done = False
@@ -351,12 +147,12 @@ async def create_response(routes: Routes, request: Request) -> Response:
                     return routes._abandoned(span, ROUTE, model)
                 if kind == "error":
                     err = grammar_error(backend_error(value, "messages"), value, grammar_param)
-                    err.param = _param(err.param)
+                    err.param = responses_param(err.param)
                     raise err
                 early.append((_i, kind, value))
             rid = "resp_" + uuid.uuid4().hex[:24]
             span.set("gen_ai.response.id", rid)
-            echo = _Shape(body, model, rid, chat)
+            echo = _Shape(body, model, rid, req)
             if stream:
                 if await events.unwatch():
                     return routes._abandoned(span, ROUTE, model)
@@ -457,7 +253,7 @@ async def _sse(
                 )
             elif kind == "error":
                 err = backend_error(value, "messages")
-                yield event("error", code=err.code or err.type, message=err.message, param=_param(err.param))
+                yield event("error", code=err.code or err.type, message=err.message, param=responses_param(err.param))
                 span.end(200, err.code or err.type, err.message, error_type=err.code or err.type)
                 routes._count(ROUTE, model, err.status)
                 finished = True
@@ -531,4 +327,4 @@ async def _sse(
             routes._count(ROUTE, model, 499)
 
 
-__all__ = ["chat_body", "create_response"]
+__all__ = ["create_response"]

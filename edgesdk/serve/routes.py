@@ -27,17 +27,9 @@ from edgesdk.errors import EdgeSDKError, InputError
 from edgesdk.serve.batch_worker import BatchWorker
 from edgesdk.serve.config import ModelEntry, ServeConfig
 from edgesdk.serve.operational import special_prompt_ids
-from edgesdk.serve.protocol import (
-    APIError,
-    backend_error,
-    generation_request,
-    grammar_error,
-    parse_embeddings,
-    parse_generation,
-    read_json,
-    saturated_error,
-)
+from edgesdk.serve.protocol import APIError, backend_error, grammar_error, parse, read_json, saturated_error
 from edgesdk.serve.replies import ReplyShape, ToolCallStream, finish_reason
+from edgesdk.serve.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, GenerationBody
 from edgesdk.serve.workers import Job, Saturated
 from edgesdk.telemetry.serve_metrics import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
 from edgesdk.telemetry.serve_metrics import ServerMetrics
@@ -195,18 +187,17 @@ class Routes:
             entry = self.entry(body, "llm")
             model = entry.name
             span.model(model, entry.provider, body.get("stream", False) is True)
-            opts, stream, include_usage, what = parse_generation(body, entry, operation)
+            req = parse(ChatCompletionRequest if operation == "chat" else CompletionRequest, body)
+            opts, stream, include_usage = req.options(entry), req.streaming, req.include_usage
+            inputs: list[Any] = req.inputs(entry)  # a chat's messages, or each completions prompt (one choice each)
             if entry.images is not None and operation == "chat":
-                await self._decode_images(cast("list[dict]", what))
+                await self._decode_images(inputs[0])
             where = "messages" if operation == "chat" else "prompt"
             shape = ReplyShape(operation, tools=bool(opts.get("tools")), logprobs="logprobs" in opts)
             grammar_param = "tools" if shape.tools else "response_format"
-            inputs: list[Any] = (
-                list(what) if isinstance(what, tuple) else [what]
-            )  # several completions prompts: one each
             if operation != "chat" and entry.images is None:  # special tokens in the text, as llama-server reads them
                 inputs = [await special_prompt_ids(entry, x) if isinstance(x, str) else x for x in inputs]
-            jobs = self.submit_jobs(entry, operation, inputs, stream, opts, span, grammar_param)
+            jobs = self.submit_jobs(entry, operation, inputs, req, span, grammar_param)
             # Nothing else reads from the client until the response starts: watch for it going away, so a
             # request abandoned while queued or generating stops at the next token (a stream is watched
             # by StreamingResponse once it starts).
@@ -283,14 +274,14 @@ class Routes:
         entry: ModelEntry,
         operation: str,
         inputs: list,
-        stream: bool,
-        opts: dict,
+        req: GenerationBody,
         span: ServerSpan,
         grammar_param: str,
     ) -> list[Job]:
-        """One generation job per input (chat messages, prompt text or prompt token ids), submitted to the model's
-        worker; APIError 400 for what the worker cannot do, 429/503 when it is full or draining."""
+        """One generation job per input (chat messages, prompt text or prompt token ids) of ``req``, submitted to
+        the model's worker; APIError 400 for what the worker cannot do, 429/503 when it is full or draining."""
         model = entry.name
+        opts = req.options(entry)
         needs_engine = [k for k in ("grammar", "logprobs") if k in opts]
         if needs_engine and not isinstance(entry.worker, BatchWorker):
             param = grammar_param if needs_engine[0] == "grammar" else "logprobs"
@@ -301,7 +292,7 @@ class Routes:
                 param=param,
                 code="unsupported_parameter",
             )
-        requests = [generation_request(operation, x, stream, opts) for x in inputs]
+        requests = [req.to_generation_request(entry, x) for x in inputs]
         session = entry.session
         span.set("gen_ai.request.max_tokens", opts["max_tokens"])
         span.set("gen_ai.request.temperature", opts.get("temperature"))
@@ -314,13 +305,13 @@ class Routes:
         assert entry.worker is not None  # created in start() for every llm entry
         jobs: list[Job] = []
         try:
-            for x, req in zip(inputs, requests, strict=True):
+            for x, one in zip(inputs, requests, strict=True):
                 start = (
                     functools.partial(session.chat, x, stream=True, **opts)
                     if operation == "chat"
                     else functools.partial(session.stream, x, **opts)
                 )
-                job = Job(start=start, loop=loop, events=asyncio.Queue(), otel_ctx=span.ctx, request=req)
+                job = Job(start=start, loop=loop, events=asyncio.Queue(), otel_ctx=span.ctx, request=one)
                 entry.worker.submit(job)
                 jobs.append(job)
         except Saturated as exc:
@@ -497,7 +488,8 @@ class Routes:
             entry = self.entry(body, "embedding")
             model = entry.name
             span.model(model, entry.provider)
-            inputs, fmt, dims = parse_embeddings(body)
+            parsed = parse(EmbeddingRequest, body)
+            inputs, fmt, dims = parsed.inputs, parsed.encoding_format or "float", parsed.dimensions
             if not isinstance(inputs[0], str):  # token ids: in this model's vocabulary, before they share a batch
                 try:
                     entry.session.count_tokens(inputs)
