@@ -8,6 +8,7 @@ Validation errors name the file, the key path and the expected type.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import json
@@ -426,6 +427,19 @@ class Profile:
         if usable is None:
             return None
         return round(float(usable) * (1.0 - float(self._policy["memory_headroom_fraction"])), 2)
+
+    def with_figure(self, dotted: str, value: float, source: str, name: str | None = None) -> Profile:
+        """A copy of this profile with one sourced figure set (``device.memory.bandwidth_gbps`` of a power mode
+        the profile does not describe, for a prediction in that mode); the copy is named ``name`` if given."""
+        import copy
+
+        data = copy.deepcopy(self.data)
+        parts = dotted.split(".")
+        node = data
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = {"value": value, "source": source}
+        return dataclasses.replace(self, name=name or self.name, data=data)
 
     def as_written(self) -> dict[str, Any]:
         """A deep copy of the YAML mapping, for tools that write a new profile from this one (``profiler detect

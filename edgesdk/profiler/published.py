@@ -24,8 +24,6 @@ that were measured and published on Orin boards by other runtimes: MLC (Jetson A
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -279,9 +277,7 @@ def profile_for(fig: Published):
     if fig.mode is None:
         return profile
     gbps, source = MODE_BANDWIDTH[(fig.profile, fig.mode)]
-    data = copy.deepcopy(profile.data)
-    data["device"]["memory"]["bandwidth_gbps"] = {"value": gbps, "source": source}
-    return dataclasses.replace(profile, name=f"{profile.name}@{fig.mode}", data=data)
+    return profile.with_figure("device.memory.bandwidth_gbps", gbps, source, name=f"{profile.name}@{fig.mode}")
 
 
 def work_for(fig: Published) -> roofline.WorkFacts:
