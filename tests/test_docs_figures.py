@@ -403,6 +403,31 @@ FIGURES: list[tuple[str, str, str, str]] = [
         "vlm_gemma3_parity_f16.json",
         "builds.transformers5.encoder_min_cosine",
     ),
+    # VLM image chats through the one engine (issue 35)
+    (
+        "docs/benchmarks.md",
+        rf"\| 4 \| {N} \| [\d.]+× \| [\d.]+ \| [\d.]+× \| [\d.]+ \|",
+        "vlm_concurrency_cpu.json",
+        "concurrency.2.tok_s",
+    ),
+    (
+        "docs/benchmarks.md",
+        rf"\| 4 \| [\d.]+ \| [\d.]+× \| [\d.]+ \| [\d.]+× \| [\d.]+ \| {N}×",
+        "vlm_concurrency_cpu.json",
+        "concurrency.8.ratio_vs_1_client",
+    ),
+    (
+        "docs/benchmarks.md",
+        rf"alternating rounds: \*\*[\d.]+ ms vs {N} ms",
+        "vlm_concurrency_cpu.json",
+        "ttft.cold_ms_median",
+    ),
+    (
+        "docs/benchmarks.md",
+        rf"\*\*[\d.]+ ms vs [\d.]+ ms, {N}× lower\*\*",
+        "vlm_concurrency_cpu.json",
+        "ttft.cold_over_repeated",
+    ),
 ]
 
 
