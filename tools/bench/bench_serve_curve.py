@@ -287,6 +287,42 @@ def session_settings(bundle: str, long_tokens: int) -> tuple[str, int, dict, str
     return gguf, int(st["n_ctx"]), st, " ".join(words), n
 
 
+def document(
+    a: argparse.Namespace, gguf: str, n_ctx: int, st: dict, rows: dict, mixed_rows: dict, energy: Any, metrics: str
+) -> dict:
+    """The results document so far (written after every point: a run cut short keeps what it measured)."""
+    rows = {name: [dict(r) for r in rs] for name, rs in rows.items()}
+    base = {n: (r[0]["tok_s"] if r and r[0]["clients"] == 1 else None) for n, r in rows.items()}
+    for name, rs in rows.items():
+        for r in rs:
+            r["vs_1_client"] = round(r["tok_s"] / base[name], 2) if base[name] else None
+            if name != "edgesdk":
+                e = next((x for x in rows["edgesdk"] if x["clients"] == r["clients"]), None)
+                r["edgesdk_ratio"] = round(e["tok_s"] / r["tok_s"], 2) if e and r["tok_s"] else None
+    return {
+        "what": "closed-loop steady load curve, edgesdk serve vs llama-server (tools/bench/bench_serve_curve.py)",
+        "bundle": a.bundle,
+        "gguf": gguf,
+        "n_ctx": n_ctx,
+        "session": {k: st.get(k) for k in ("n_gpu_layers", "flash_attn", "threads", "n_batch", "n_ubatch")},
+        "seconds": a.seconds,
+        "max_tokens": a.max_tokens,
+        "curve": rows,
+        "mixed": mixed_rows,
+        "energy_missing": energy.missing if energy is not None else {"gpu": "no nvidia-smi on this host"},
+        "edgesdk_slots_line": [ln for ln in metrics.splitlines() if ln.startswith("edgesdk_serve_slots")],
+        "complete": bool(metrics),
+        "git": git_state(),
+        "loadavg": loadavg(),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def write(path: str, doc: dict) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(doc, indent=2) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("bundle")
@@ -324,42 +360,20 @@ def main() -> None:
                     energy.metrics_url = servers[name][1] + "/metrics" if name == "edgesdk" else None
                 rows[name].append(asyncio.run(steady(servers[name][1], c, a.seconds, a.max_tokens, energy)))
             print(f"{c:>7} " + " ".join(f"{rows[n][-1]['tok_s']:>16.1f} tok/s" for n in servers), flush=True)
+            write(a.out, document(a, gguf, n_ctx, st, rows, {}, energy, ""))
         mixed_rows = {}
         if a.mixed:
             for name, (_, url) in servers.items():
                 mixed_rows[name] = asyncio.run(mixed(url, long_prompt, long_n, 16))
                 print(f"mixed {name}: {json.dumps(mixed_rows[name])}", flush=True)
+                write(a.out, document(a, gguf, n_ctx, st, rows, mixed_rows, energy, ""))
         metrics = httpx.get(servers["edgesdk"][1] + "/metrics", timeout=10).text
     finally:
         for proc, _ in servers.values():
             stop(proc)
         if energy is not None:
             energy.close()
-    base = {n: (r[0]["tok_s"] if r and r[0]["clients"] == 1 else None) for n, r in rows.items()}
-    for name, rs in rows.items():
-        for r in rs:
-            r["vs_1_client"] = round(r["tok_s"] / base[name], 2) if base[name] else None
-            if name != "edgesdk":
-                e = next(x for x in rows["edgesdk"] if x["clients"] == r["clients"])
-                r["edgesdk_ratio"] = round(e["tok_s"] / r["tok_s"], 2) if r["tok_s"] else None
-    doc = {
-        "what": "closed-loop steady load curve, edgesdk serve vs llama-server (tools/bench/bench_serve_curve.py)",
-        "bundle": a.bundle,
-        "gguf": gguf,
-        "n_ctx": n_ctx,
-        "session": {k: st.get(k) for k in ("n_gpu_layers", "flash_attn", "threads", "n_batch", "n_ubatch")},
-        "seconds": a.seconds,
-        "max_tokens": a.max_tokens,
-        "curve": rows,
-        "mixed": mixed_rows,
-        "energy_missing": energy.missing if energy is not None else {"gpu": "no nvidia-smi on this host"},
-        "edgesdk_slots_line": [ln for ln in metrics.splitlines() if ln.startswith("edgesdk_serve_slots")],
-        "git": git_state(),
-        "loadavg": loadavg(),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(doc, indent=2) + "\n")
+    write(a.out, document(a, gguf, n_ctx, st, rows, mixed_rows, energy, metrics))
     print(f"wrote {a.out}")
 
 
