@@ -17,6 +17,7 @@ import concurrent.futures
 import contextlib
 import ctypes
 import os
+import threading
 import time
 from typing import Any
 
@@ -115,13 +116,14 @@ class BatchWorker:
         self.engine.add_step_listener(self._flush)
         # a backend whose encode() preprocesses and encodes images (a VLM) encodes on a thread of its own, in arrival
         # order, never on the event loop; ``_encoding``: requests handed to it and not yet in the engine (the event
-        # loop adds, the thread subtracts: an int's += and -= are atomic under the interpreter lock)
+        # loop adds, the thread subtracts, under ``_count``)
         self._encoder = (
             concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"edgesdk-serve-{name}-encode")
             if getattr(self._backend, "heavy_encode", False)
             else None
         )
         self._encoding = 0
+        self._count = threading.Lock()
         self._mean_s = 2.0  # running mean of request time, for Retry-After
         self._closing = False
 
@@ -154,7 +156,8 @@ class BatchWorker:
         original = job.request
         rec.capture_input(original.prompt if original.messages is None else [m.as_dict() for m in original.messages])
         if self._encoder is not None:  # a VLM: its images are preprocessed and encoded on the encoder thread
-            self._encoding += 1
+            with self._count:
+                self._encoding += 1
             self._encoder.submit(self._enqueue, job, rec)
             return
         self._enqueue(job, rec)
@@ -177,7 +180,8 @@ class BatchWorker:
                 )
             finally:
                 if off_loop:
-                    self._encoding -= 1
+                    with self._count:
+                        self._encoding -= 1
         except BaseException as exc:
             rec.__exit__(type(exc), exc, None)
             if isinstance(exc, EngineClosed):
