@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# A wheel and a source tree of one commit only, for a device call made while uncommitted work sits in the checkout
-# (the call copies the whole working tree): `bash tools/device/clean_tree.sh [REV]` writes .dist/ (the wheel of
-# REV, default HEAD) and .dist/src.tar (`git archive` of REV). On the device, run from that tree:
-#   mkdir -p /tmp/src && tar -xf .dist/src.tar -C /tmp/src && cp -r .dist .whl .llamacpp /tmp/src/ && cd /tmp/src
+# One commit only on the device, while uncommitted work sits in the checkout (a device call copies the whole
+# working tree): `bash tools/device/clean_tree.sh [REV]` writes into .dist/ the wheel of REV (default HEAD, built
+# from `git archive`), COMMIT, and head.tgz (REV's edgesdk/ and tools/, under 1 MB). First thing in the call:
+#   rm -rf edgesdk tools && tar -xzf .dist/head.tgz
+# so the scripts the call runs, and any import of the checkout's edgesdk, are REV's.
 set -euo pipefail
 REV="${1:-HEAD}"
 PY="${PY:-python3}"
 tmp=$(mktemp -d)
-git archive --format=tar "$REV" > "$tmp/src.tar"
-mkdir "$tmp/tree" && tar -xf "$tmp/src.tar" -C "$tmp/tree"
+git archive --format=tar "$REV" | tar -x -C "$tmp"
 rm -rf .dist && mkdir .dist
-"$PY" -m pip wheel -q --no-deps "$tmp/tree" -w .dist/
-cp "$tmp/src.tar" .dist/src.tar
-git rev-parse --short "$REV" > .dist/COMMIT
+"$PY" -m pip wheel -q --no-deps "$tmp" -w .dist/
 rm -rf "$tmp"
+git archive --format=tar.gz "$REV" edgesdk tools > .dist/head.tgz
+git rev-parse --short "$REV" > .dist/COMMIT
 ls -la .dist
