@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from edgesdk.serve.protocol import register_field_names
 from edgesdk.serve.schemas import (
     MAX_EMBEDDING_INPUTS,
     MAX_METADATA,
@@ -90,6 +91,7 @@ def fields_markdown() -> str:
 
 
 FIELD_NAMES = frozenset(f.name for fields in REQUEST_FIELDS.values() for f in fields)
+register_field_names(FIELD_NAMES)  # the names backend_error may give as an error's param
 
 __all__ = [
     "FIELD_NAMES",

@@ -12,9 +12,10 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Iterable
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
@@ -60,6 +61,15 @@ def saturated_error(exc: Saturated) -> APIError:
     return APIError(429, str(exc), "rate_limit_error", code="queue_full", headers={"Retry-After": str(exc.retry_after)})
 
 
+_FIELD_NAMES: set[str] = set()  # every request field's name: edgesdk.serve.fields registers them (made from the
+# request models, which use this module; a registry instead of an import keeps the modules free of a cycle)
+
+
+def register_field_names(names: Iterable[str]) -> None:
+    """Request field names that :func:`backend_error` may name as the ``param`` of a runtime's InputError."""
+    _FIELD_NAMES.update(names)
+
+
 def backend_error(exc: BaseException, prompt_param: str = "messages") -> APIError:
     """An exception of a generation as an APIError; ``prompt_param`` names the input field ("messages" for
     chat, "prompt" for completions)."""
@@ -69,13 +79,11 @@ def backend_error(exc: BaseException, prompt_param: str = "messages") -> APIErro
         text = str(exc)
         first = re.match(r"[a-z_]+", text)
         name = first.group(0) if first else ""
-        from edgesdk.serve.fields import FIELD_NAMES  # (fields.py is made from the models, which use this module)
-
         param = (
             "prompt"
             if name in ("prompt", "prompt_tokens") and prompt_param == "prompt"
             else name
-            if name in FIELD_NAMES
+            if name in _FIELD_NAMES
             else None
         )
         return APIError(400, text, param=param)
@@ -154,7 +162,7 @@ def show(value: object) -> str:
     return text if len(text) <= 40 else f"{text[:30]}... ({len(text)} characters)"
 
 
-B = TypeVar("B", bound="Body")
+B = TypeVar("B", bound=BaseModel)  # a request model of edgesdk.serve.schemas
 
 
 def parse(model: type[B], body: dict) -> B:
@@ -214,7 +222,3 @@ def validation_error(errors: list) -> APIError:
         )
     text = e["msg"] if e["type"] == "edgesdk" else _says(e["type"], ctx, e.get("input"))
     return APIError(400, f"'{param}' {text}" if param else text, param=param, code=ctx.get("code"))
-
-
-if TYPE_CHECKING:
-    from edgesdk.serve.schemas import Body
