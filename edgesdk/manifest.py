@@ -225,6 +225,35 @@ class EmbeddingConfig:
         return {"pooling": self.pooling, "normalize": self.normalize}
 
 
+@dataclass(frozen=True)
+class DraftRecord:
+    """``extras.llm.draft`` as the runtime reads it: the draft's file, its type, the plan's method for ``auto``
+    (``draft`` or ``lookup``) and ``k``, the predicted gain and the greedy agreement measured at build (None where
+    not recorded)."""
+
+    file: str
+    quant_type: str
+    method: str
+    k: int
+    predicted_gain: float | None
+    agreement: float | None
+
+    @classmethod
+    def of(cls, data: Mapping[str, Any]) -> DraftRecord:
+        k = data.get("k")
+        gain = data.get("predicted_gain")
+        agree = data.get("agreement")
+        share = agree.get("agreement") if isinstance(agree, Mapping) else None
+        return cls(
+            file=str(data.get("file") or "draft.gguf"),
+            quant_type=str(data.get("quant_type") or ""),
+            method=str(data.get("method") or "lookup"),
+            k=k if isinstance(k, int) and not isinstance(k, bool) and k > 0 else 4,
+            predicted_gain=float(gain) if isinstance(gain, int | float) and not isinstance(gain, bool) else None,
+            agreement=float(share) if isinstance(share, int | float) and not isinstance(share, bool) else None,
+        )
+
+
 @dataclass
 class LLMConfig:
     """llama.cpp settings the plan chose (steer the GGUF runtime); ``details`` describes the file."""
@@ -284,6 +313,13 @@ class LLMConfig:
         if key not in ("n_batch", "n_ubatch", "type_k", "type_v", "slots", "prefill_chunk"):
             raise KeyError(key)
         return self.details.get(key)
+
+    @property
+    def draft(self) -> DraftRecord | None:
+        """The draft model the bundle carries for speculative decoding (``edgesdk build --draft``); None where it has
+        none."""
+        value = self.details.get("draft")
+        return DraftRecord.of(value) if isinstance(value, Mapping) else None
 
     def model_shape(self) -> dict[str, Any]:
         """The section as the llama.cpp backend's K/V cache and GPU-layer arithmetic reads it (layers, kv_heads,

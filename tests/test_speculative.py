@@ -34,11 +34,11 @@ def test_lookup_draft_takes_the_latest_earlier_occurrence():
     assert lookup_draft([3, 3], 2) == []  # too short for a two-token match with a next token
 
 
-def test_requests_name_their_mode_and_draft_models_are_refused():
+def test_requests_name_their_mode_and_draft_needs_a_draft_model(one_slot):
     assert GenerationRequest(prompt="x", speculative="lookup").speculative == "lookup"
-    with pytest.raises(InputError, match="draft model"):
-        GenerationRequest(prompt="x", speculative="draft")
-    with pytest.raises(InputError, match="speculative must be one of auto, lookup, off"):
+    with pytest.raises(InputError, match="needs a draft model in the bundle"):
+        one_slot.submit(GenerationRequest(prompt="x", speculative="draft"))  # an engine without a draft model
+    with pytest.raises(InputError, match="speculative must be one of auto, lookup, draft, off"):
         GenerationRequest(prompt="x", speculative="fast")
 
 
@@ -108,7 +108,7 @@ def test_run_reports_drafted_and_accepted_tokens(gemma_chat_bundle):  # noqa: F8
         [sys.executable, "-m", "edgesdk", "run", str(gemma_chat_bundle), "--prompt", "hi", "--speculative", "draft"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
-    assert bad.returncode == 3 and bad.stderr.count("\n") == 1 and "draft model" in bad.stderr, bad.stderr
+    assert bad.returncode == 3 and bad.stderr.count("\n") == 1 and "needs a draft model" in bad.stderr, bad.stderr
 
 
 def test_serve_counts_drafted_and_accepted_tokens_on_metrics(gemma_chat_bundle, tmp_path):  # noqa: F811 - the fixture

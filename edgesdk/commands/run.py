@@ -271,9 +271,9 @@ def llm_load_options(tool: str, *, per_slot: bool = False) -> Callable[[Any], An
             "--speculative",
             type=click.Choice(["auto", "lookup", "off", "draft"]),
             default=None,
-            help="GGUF: speculative decoding by prompt lookup: auto (the planner's choice: on a GPU while few "
-            "requests generate, with a live switch-off), lookup, off. Default: auto on a GPU, off on the CPU. "
-            "'draft' needs a draft model in the bundle (not available yet).",
+            help="GGUF: speculative decoding: auto (the planner's choice: prompt lookup, or the bundle's draft model "
+            "where its plan says so, on a GPU while few requests generate, with a live switch-off), lookup, draft (the "
+            "draft model of a bundle built with --draft), off. Default: auto on a GPU, off on the CPU.",
         ),
     )
 

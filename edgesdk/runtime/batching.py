@@ -75,6 +75,7 @@ import numpy as np
 
 from edgesdk.errors import BackendUnavailableError, EdgeSDKError, InputError, ShapeError
 from edgesdk.native import import_llama_cpp, route_llama_logs
+from edgesdk.runtime.draft import Drafter
 from edgesdk.runtime.grammar_limits import big_stack_thread, compile_grammar
 from edgesdk.runtime.requests import GenerationRequest
 
@@ -273,6 +274,7 @@ class _Seq:
     argmax: bool = False  # greedy with no penalty: pick the largest logit directly
     spec: str = "off"  # speculative decoding for this request: "lookup", "auto" (the engine decides) or "off"
     spec_note: str = ""  # why it was switched off mid-request
+    spec_by: str = "lookup"  # what drafted: "lookup" (prompt lookup) or "draft" (the draft model)
     drafts: list[int] = field(default_factory=list)  # this step's drafted tokens (after ``pending``)
     drafted: int = 0
     accepted: int = 0
@@ -474,6 +476,9 @@ class BatchEngine:
         spec_max_active: int = 2,
         model: Any = None,
         verbose: bool = False,
+        draft_model: Any = None,
+        draft_k: int = 4,
+        draft_auto: bool = True,
     ) -> None:
         for name, value, lo in (
             ("slots", slots, 1),
@@ -505,8 +510,10 @@ class BatchEngine:
         self.mixed_prefill = self.kv_unified if mixed_prefill is None else bool(mixed_prefill)
         self.n_batch = max(n_batch, slots)  # room for one token per slot at least
         self.reuse_prefix = bool(reuse_prefix)
-        if speculative not in ("auto", "lookup", "off"):
-            raise InputError(f"speculative must be auto, lookup or off, got {speculative!r}")
+        if speculative not in ("auto", "lookup", "off", "draft"):
+            raise InputError(f"speculative must be auto, lookup, draft or off, got {speculative!r}")
+        if speculative == "draft" and draft_model is None:
+            raise InputError("speculative 'draft' needs a draft model (draft_model=, a bundle built with --draft)")
         for name, value in (("draft_max", draft_max), ("spec_max_active", spec_max_active)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise InputError(f"{name} must be an integer >= 0, got {value!r}")
@@ -565,6 +572,13 @@ class BatchEngine:
         self.eos = int(ll.llama_vocab_eos(self._vocab))
         self._random_seed = int(ll.LLAMA_DEFAULT_SEED)
         self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
+        # a draft model's context (edgesdk/runtime/draft.py): one sequence per slot, on the draft's own weights
+        self._drafter: Drafter | None = None
+        if draft_model is not None:
+            self._drafter = Drafter(
+                draft_model, slots=slots, n_ctx=self.n_ctx_seq, n_vocab=self.n_vocab, k=draft_k, auto=draft_auto,
+                threads=threads, n_batch=self.n_batch,
+            )  # fmt: skip
         self.settings = {
             "slots": slots,
             "n_ctx_per_slot": self.n_ctx_seq,
@@ -583,6 +597,8 @@ class BatchEngine:
             "speculative": speculative,
             "draft_max": draft_max,
             "spec_max_active": spec_max_active,
+            "draft_k": draft_k if draft_model is not None else None,
+            "draft_auto": bool(draft_auto) if draft_model is not None else None,
         }
         self._pieces: dict[int, bytes] = {}  # token -> bytes (piece), filled as tokens are generated
         self._eog: dict[int, bool] = {}  # token -> end of generation
@@ -749,6 +765,11 @@ class BatchEngine:
         want_logits: bool = False,
     ) -> BatchHandle:
         stops = request.stop
+        if request.speculative == "draft" and self._drafter is None:
+            raise InputError(
+                "speculative 'draft' needs a draft model in the bundle (edgesdk build --draft SMALL_MODEL); this one "
+                "has none: use 'lookup', 'auto' or 'off'"
+            )
         if request.logit_bias and request.logit_bias[-1][0] >= self.n_vocab:
             raise InputError(
                 f"logit_bias token ids must be < {self.n_vocab} (the vocabulary), got {request.logit_bias[-1][0]}"
@@ -852,6 +873,8 @@ class BatchEngine:
             ll.llama_batch_free(self._batch)
         with contextlib.suppress(Exception):
             ll.llama_free(self._ctx)
+        if self._drafter is not None:
+            self._drafter.close()
         if self._own_weights is not None:
             self._own_weights.close()
         self.closed = True
@@ -989,7 +1012,8 @@ class BatchEngine:
                 cached_tokens=seq.cached,
                 drafted_tokens=seq.drafted,
                 accepted_tokens=seq.accepted,
-                speculative=("lookup" if seq.drafted else seq.spec) + (f" ({seq.spec_note})" if seq.spec_note else ""),
+                speculative=(seq.spec_by if seq.drafted else seq.spec)
+                + (f" ({seq.spec_note})" if seq.spec_note else ""),
                 first_token_at=h.first_token_at,
                 finished_at=now,
                 logprobs=seq.logprobs,
@@ -1093,6 +1117,10 @@ class BatchEngine:
         k = min(self.draft_max, spare, seq.budget - len(seq.out) - 1, self.n_ctx_seq - seq.pos - 2)
         if k <= 0:
             return []
+        drafter = self._drafter
+        if drafter is not None and (seq.spec == "draft" or (seq.spec == "auto" and drafter.auto)):
+            seq.spec_by = "draft"  # the draft model proposes (edgesdk/runtime/draft.py)
+            return drafter.propose(seq.slot, seq.prompt + seq.out, min(k, drafter.k), self._is_eog)
         return lookup_draft(seq.prompt + seq.out, k)
 
     def _verified(self, seq: _Seq) -> None:
@@ -1102,6 +1130,8 @@ class BatchEngine:
         seq.drafts = []
         if seq.slot >= 0 and n:
             self._ll.llama_memory_seq_rm(self._mem, seq.slot, len(seq.kv), -1)  # cells past the accepted tokens
+            if self._drafter is not None and seq.spec_by == "draft":
+                self._drafter.rollback(seq.slot, seq.kv)
         seq.draft_steps += 1
         if seq.spec == "auto" and seq.draft_steps >= SPEC_PROBE_STEPS and seq.accepted < SPEC_MIN_RATE * seq.drafted:
             seq.spec = "off"

@@ -49,7 +49,7 @@ MAX_STOPS = 16  # as many stop strings as OpenAI accepts
 MAX_TOP_LOGPROBS = 20  # OpenAI's cap on top_logprobs
 MAX_GRAMMAR_CHARS = 1 << 20  # a GBNF text longer than this is refused
 #: Speculative decoding modes a request may ask for (``GenerationRequest.speculative``)
-SPECULATIVE_MODES = ("auto", "lookup", "off")
+SPECULATIVE_MODES = ("auto", "lookup", "draft", "off")
 #: A tool's function name, as OpenAI requires it (fullmatch: a trailing newline does not pass as ``$`` would).
 TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
@@ -341,8 +341,9 @@ class GenerationRequest:
     logprobs: int | None = None  # None: none; k: each token's log-probability and its k most likely rivals
     tools: tuple[Mapping[str, Any], ...] = field(default=())  # OpenAI function tools, rendered into a chat
     tool_choice: str | None = None  # with tools: "auto", "required" or a tool's name (the prompt says which)
-    # speculative decoding: "auto" (the engine decides: prompt lookup while few slots are busy), "lookup" (prompt
-    # lookup whenever the engine may), "off"; None: the engine's default ("auto")
+    # speculative decoding: "auto" (the engine decides: prompt lookup, or the bundle's draft model where the plan
+    # says so, while few slots are busy), "lookup" (prompt lookup whenever the engine may), "draft" (the bundle's
+    # draft model: refused at submit by an engine without one), "off"; None: the engine's default
     speculative: str | None = None
 
     def __post_init__(self) -> None:
@@ -398,11 +399,6 @@ class GenerationRequest:
         if self.tools and self.messages is None:
             raise InputError("tools need chat messages (a prompt or prompt_tokens is formatted already)")
         if self.speculative is not None and self.speculative not in SPECULATIVE_MODES:
-            if self.speculative == "draft":
-                raise InputError(
-                    "speculative 'draft' needs a draft model in the bundle, which this build does not carry: "
-                    "use 'lookup', 'auto' or 'off'"
-                )
             modes = ", ".join(SPECULATIVE_MODES)
             raise InputError(f"speculative must be one of {modes}, got {shown(self.speculative)}")
         if self.tool_choice is not None and not isinstance(self.tool_choice, str):

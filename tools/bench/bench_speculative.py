@@ -12,6 +12,14 @@ over varied texts) checked for greedy identity only.
 
 Model: Gemma-3-270M Q4_K_M from its registry package (or ``--gguf PATH``). Writes --out
 (default tools/bench/results/speculative_cpu.json) and prints one line per set and mode.
+
+``--draft DRAFT.gguf`` adds the mode "draft": the engine gets a draft context on that model (a bundle's
+``draft.gguf``, edgesdk build --draft; ``--draft-k`` tokens a step) and ``--identity`` then checks "draft" against
+"off". A random-weight target and drafts made from it: tools/bench/draft_pair.py.
+
+    python tools/bench/draft_pair.py /tmp/pair --layers 12 --hidden 768 --draft-layers 1 --deep-scale 0.03
+    python tools/bench/bench_speculative.py --gguf /tmp/pair/target-f16.gguf --draft /tmp/pair/draft-first1-f16.gguf \
+        --threads 1 --identity 50 --out tools/bench/results/speculative_draft_cpu.json
 """
 
 from __future__ import annotations
@@ -93,9 +101,12 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--identity", type=int, default=0, help="extra prompts checked for greedy identity only")
+    ap.add_argument("--draft", help="a draft model GGUF (the target's vocabulary): adds the mode 'draft'")
+    ap.add_argument("--draft-k", type=int, default=4, help="tokens the draft model proposes per step")
+    ap.add_argument("--note", default="", help="what the models are (kept in the results)")
     ap.add_argument("--out", default=str(REPO / "tools/bench/results/speculative_cpu.json"))
     a = ap.parse_args()
-    from edgesdk.runtime.batching import BatchEngine
+    from edgesdk.runtime.batching import BatchEngine, Weights
 
     gguf = a.gguf
     if gguf is None:
@@ -104,12 +115,14 @@ def main() -> int:
         gguf = gemma.assemble(Path(tempfile.mkdtemp(prefix="spec-")) / "gemma.gguf")
     # the engine as a one-slot session makes it (runtime/backends/llamacpp.make_engine): the CPU's or the GPU's
     gpu = a.n_gpu_layers != 0
+    draft = Weights(a.draft, n_gpu_layers=a.n_gpu_layers) if a.draft else None
     eng = BatchEngine(
         gguf, slots=1, n_ctx=2048, threads=a.threads, n_gpu_layers=a.n_gpu_layers, flash_attn=gpu,
         kv_unified=gpu, mixed_prefill=gpu, prompts_per_step=None if gpu else 1, prefill_chunk=512 if gpu else 128,
         speculative="off", spec_max_active=1,
+        draft_model=draft.model if draft is not None else None, draft_k=a.draft_k, draft_auto=True,
     )  # fmt: skip
-    modes = ("off", "lookup", "auto")
+    modes: tuple[str, ...] = ("off", "lookup", "draft") if draft is not None else ("off", "lookup", "auto")
     sets = {"grounded": GROUNDED, "free": FREE}
     agg = {s: {m: {"tokens": 0, "seconds": 0.0, "drafted": 0, "accepted": 0} for m in modes} for s in sets}
     replies: dict[tuple[str, int, str], list[int]] = {}
@@ -147,27 +160,49 @@ def main() -> int:
             }
             print(f"{name:9s} {mode:6s} {rate:7.1f} tok/s  x{rate / off_rate:.3f}  accepted {row['accepted']}/"
                   f"{row['drafted']}  identical {same}/{len(prompts)}", flush=True)  # fmt: skip
+    spec_mode = "draft" if draft is not None else "lookup"
     if a.identity:
         same, diverged = 0, []
+        drafted = accepted = 0
         for i, prompt in enumerate(identity_prompts(a.identity)):
             off = eng.generate(prompt=prompt, max_tokens=32, temperature=0, speculative="off").tokens
-            on = eng.generate(prompt=prompt, max_tokens=32, temperature=0, speculative="lookup").tokens
+            res = eng.generate(prompt=prompt, max_tokens=32, temperature=0, speculative=spec_mode)
+            on = res.tokens
+            drafted, accepted = drafted + res.drafted_tokens, accepted + res.accepted_tokens
             if on == off:
                 same += 1
             else:
                 at = next((k for k, (x, y) in enumerate(zip(on, off, strict=False)) if x != y), min(len(on), len(off)))
                 diverged.append({"prompt": i, "first_difference_at_token": at})
-        result["identity"] = {"prompts": a.identity, "identical": same, "diverged": diverged}
-        print(f"identity: {same}/{a.identity} greedy replies identical with lookup", flush=True)
+        result["identity"] = {
+            "mode": spec_mode, "prompts": a.identity, "identical": same, "diverged": diverged,
+            "drafted": drafted, "accepted": accepted,
+        }  # fmt: skip
+        print(f"identity: {same}/{a.identity} greedy replies identical with {spec_mode}", flush=True)
     eng.close()
+    if draft is not None:
+        draft.close()
     git = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     dirty = subprocess.run(
         ["git", "-C", str(REPO), "status", "--porcelain", "--", "edgesdk", "tools/bench/bench_speculative.py"],
         capture_output=True, text=True,
     ).stdout.splitlines()  # fmt: skip
     result.update(
-        what="speculative decoding by prompt lookup, one request at a time (tools/bench/bench_speculative.py)",
+        what="speculative decoding by prompt lookup"
+        + (" and by a draft model" if draft is not None else "")
+        + ", one request at a time (tools/bench/bench_speculative.py)",
         model=Path(gguf).name,
+        draft=(
+            {
+                "file": Path(a.draft).name,
+                "k": a.draft_k,
+                "bytes": Path(a.draft).stat().st_size,
+                "target_bytes": Path(gguf).stat().st_size,
+            }
+            if a.draft
+            else None
+        ),  # fmt: skip
+        note=a.note,
         threads=a.threads,
         n_gpu_layers=a.n_gpu_layers,
         rounds=a.rounds,

@@ -34,6 +34,7 @@ class GgufOptions(FormatOptions):
     quant_type: str | None = None
     context_length: int | None = None
     chat_template: str | None = None
+    draft: str | None = None
 
     @staticmethod
     def click_options() -> list[ClickOption]:
@@ -49,11 +50,24 @@ class GgufOptions(FormatOptions):
                 "chatml, gemma, llama-2, llama-3, mistral, phi-3; or a Jinja file), instead of the model's own or "
                 "the one its architecture gets.",
             ),
+            click.option(
+                "--draft",
+                metavar="SMALL_MODEL",
+                help="GGUF: pack a draft model for speculative decoding (a GGUF file or HF causal-LM directory with "
+                "the model's vocabulary; quantized to the model's type unless already quantized; license-gated and "
+                "listed in the SBOMs like the model). Runtime: --speculative draft, or auto where the plan says so.",
+            ),
         ]
 
     def check_plan(self, fmt: str) -> None:
         if self.chat_template is not None and fmt != "gguf":
             raise InputError(f"--chat-template bundles a chat template with a GGUF build; this plan builds {fmt}")
+        if self.draft is not None and fmt != "gguf":
+            raise InputError(f"--draft packs a draft model into a GGUF build; this plan builds {fmt}")
+
+    def check_request(self, fmt: str | None) -> None:
+        if self.draft is not None and fmt not in (None, "gguf"):
+            raise InputError(f"--draft packs a draft model into a GGUF build, not --format {fmt}")
 
 
 class GGUFFormat:
@@ -97,13 +111,16 @@ class GGUFFormat:
         self, facts: ModelFacts, profile: Profile, options: BuildOptions, host: HostFacts, precision: str
     ) -> GgufPlan:
         from edgesdk.formats.gguf.chat_templates import DECISION_KEY, plan_decision
+        from edgesdk.formats.gguf.draft import plan_draft
         from edgesdk.formats.gguf.plan import parity_fallback_decision, plan_gguf
 
         section = plan_gguf(facts, profile, options)
         template, source, why = plan_decision(facts, options.chat_template)
+        draft = plan_draft(facts, profile, options, section.quant_type)  # --draft: None without one
         for d in (
             parity_fallback_decision(facts, profile, options, section),
             Decision(DECISION_KEY, {"template": template, "source": source}, why),
+            *([draft] if draft is not None else []),
         ):
             section.record(d.key, d.value, d.reason)
         return section

@@ -142,6 +142,11 @@ def build_gguf(ctx: BuildContext) -> None:
     ctx.manifest.llm = llm_config(
         plan, out_facts, final, n_ctx=n_ctx, quant=quant, extra=details, converted=convert_info or None
     )
+    draft = gguf_section(plan.section).draft
+    if draft is not None:  # --draft: the draft model beside the model (formats/gguf/draft.py)
+        from edgesdk.formats.gguf.draft import build_draft
+
+        ctx.manifest.llm.details["draft"] = build_draft(ctx, final, draft, sanity_check)
     ctx.manifest.runtime.backend_chain = ["llama.cpp (GPU offload)", "llama.cpp (CPU)"]
     ctx.runtime_requires.append("llama-cpp-python")
     ctx.tools.update(_tool_versions())

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from edgesdk.contracts.gguf_types import BPW, DEFAULT_KV_TYPE, FTYPES, KV_TYPE_BYTES, kv_bytes
 from edgesdk.errors import InputError, ModelError, ResourceError
+from edgesdk.formats.gguf.draft import DraftChoice
 from edgesdk.types import BuildOptions, Decision, JSONable, JSONValue, ModelFacts, PlanSection
 
 if TYPE_CHECKING:
@@ -487,6 +488,7 @@ class GgufPlan(PlanSection):
     parity: dict[str, JSONValue] = field(default_factory=dict)  # perplexity-ratio / logits limits ({}: repackaged)
     parity_fallback: list[QuantCandidate] = field(default_factory=list)  # tried in order on a parity miss
     chat_template: ChatTemplateChoice | None = None  # None: a plan without the decision (nothing bundled)
+    draft: DraftChoice | None = None  # gguf.draft: the draft model (--draft); None: none packed
 
     FIELDS: ClassVar[dict[str, str]] = {
         "gguf.source": "source",
@@ -503,8 +505,13 @@ class GgufPlan(PlanSection):
         "parity": "parity",
         "gguf.parity_fallback": "parity_fallback",
         "gguf.chat_template": "chat_template",
+        "gguf.draft": "draft",
     }
-    PARSE: ClassVar[dict[str, object]] = {"parity_fallback": _candidates, "chat_template": ChatTemplateChoice.from_json}
+    PARSE: ClassVar[dict[str, object]] = {
+        "parity_fallback": _candidates,
+        "chat_template": ChatTemplateChoice.from_json,
+        "draft": DraftChoice.from_json,
+    }
 
 
 def gguf_section(section: PlanSection) -> GgufPlan:

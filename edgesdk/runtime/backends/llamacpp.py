@@ -28,6 +28,7 @@ from edgesdk.formats.gguf.chat_limits import render as render_chat
 from edgesdk.native import import_llama_cpp
 from edgesdk.runtime.backend import LoadContext, TensorSpec
 from edgesdk.runtime.backends.llama_core import load_llama_cpp
+from edgesdk.runtime.draft import DRAFT_K_DEFAULT
 from edgesdk.runtime.requests import GenerationRequest
 
 if TYPE_CHECKING:
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from llama_cpp.llama_types import ChatCompletionRequestMessage
 
     from edgesdk.bundle import Bundle
+    from edgesdk.manifest import DraftRecord
     from edgesdk.runtime.batching import BatchEngine, BatchHandle, GenerationResult, Weights
 
 RISKY_SMS = {"8.7"}  # llama.cpp FA/offload crashes reported on Orin (docs/devices.md)
@@ -121,9 +123,11 @@ class LlamaCppBackend:
         chat_template: str | None = None,
         path: str = "",
         llm_info: Mapping[str, Any] | None = None,
+        draft_weights: Weights | None = None,
     ) -> None:
         self._engine = engine
         self._weights = weights
+        self._draft_weights = draft_weights  # the bundle's draft model (edgesdk build --draft), loaded once
         self._engine_lock = threading.Lock()  # replacing the engine (another slot count) vs. using it
         self._path = path
         self._info = dict(llm_info or {})  # the manifest's llm section: the model shape
@@ -321,7 +325,12 @@ class LlamaCppBackend:
                 if not old.closed:
                     raise BackendUnavailableError(f"the engine of {self._model} did not stop; not replacing it")
                 self._engine = make_engine(
-                    self._weights, self.settings, self._report, slots=slots, prefill_chunk=prefill_chunk
+                    self._weights,
+                    self.settings,
+                    self._report,
+                    slots=slots,
+                    prefill_chunk=prefill_chunk,
+                    draft=self._draft_weights,
                 )
             self._engine.max_queue = int(max_queue)
             self._engine.reuse_prefix = bool(reuse_prefix)
@@ -343,7 +352,7 @@ class LlamaCppBackend:
     def speculative_plan(self) -> tuple[str, int, str]:
         """Speculative decoding on this session: the engine's default mode, how many generating requests "auto" drafts
         for, and why (:func:`speculative_plan`)."""
-        return speculative_plan(self._on_gpu(), self.settings.get("speculative"))
+        return speculative_plan(self._on_gpu(), self.settings.get("speculative"), self.settings.get("draft"))
 
     def _on_gpu(self) -> bool:
         """Layers offloaded to a GPU by a llama.cpp build that can offload."""
@@ -482,6 +491,8 @@ class LlamaCppBackend:
             self._engine.close()
             if self._engine.closed:  # never free the weights under a decode that did not stop
                 self._weights.close()
+                if self._draft_weights is not None:
+                    self._draft_weights.close()
 
 
 def speculative_attributes(rec: Any, res: GenerationResult) -> None:
@@ -536,6 +547,7 @@ def make_engine(
     *,
     slots: int,
     prefill_chunk: int | None = None,
+    draft: Weights | None = None,
 ) -> BatchEngine:
     """The engine of a loaded GGUF session on ``weights``: ``slots`` sequences, each as long as the session's context,
     with the settings the load chose (GPU layers, flash attention, threads, batch sizes, K/V types). Prompt tokens per
@@ -548,14 +560,19 @@ def make_engine(
     (BatchEngine._pick_slot). With one shared buffer a sequence's cells interleave with others' and its attention
     sums round differently from the same request alone; greedy replies then differ from a request alone more often
     (test_serve_batching's 16-client guard fell to 7 of 16 identical in 1 of 3 runs), and on the CPU nothing is
-    gained: its curve was the same both ways (serve_curve_cpu.json)."""
+    gained: its curve was the same both ways (serve_curve_cpu.json).
+
+    ``draft``: the bundle's draft model's weights (``edgesdk build --draft``): the engine gets a draft context on them
+    (edgesdk/runtime/draft.py) with the plan's ``k``, used by ``draft`` requests and, where the plan's method is
+    ``draft``, by ``auto`` ones."""
     from edgesdk.runtime.batching import BatchEngine, prefill_budget
 
     on_gpu = int(settings["n_gpu_layers"]) != 0 and bool(report.get("gpu_offload_supported"))
     chunk, _why = prefill_budget(
         on_gpu, int(settings["n_batch"]), prefill_chunk if prefill_chunk is not None else settings.get("prefill_chunk")
     )
-    spec, spec_active, _spec_why = speculative_plan(on_gpu, settings.get("speculative"))
+    draft_rec = settings.get("draft") if draft is not None else None
+    spec, spec_active, _spec_why = speculative_plan(on_gpu, settings.get("speculative"), draft_rec)
     return BatchEngine(
         weights.path,
         model=weights.model,
@@ -575,6 +592,9 @@ def make_engine(
         reuse_prefix=False,
         speculative=spec,
         spec_max_active=spec_active,
+        draft_model=draft.model if draft is not None else None,
+        draft_k=draft_rec.k if draft_rec is not None else DRAFT_K_DEFAULT,
+        draft_auto=draft_rec is not None and draft_rec.method == "draft",
     )
 
 
@@ -582,9 +602,13 @@ SPEC_ACTIVE_GPU = 4  # "auto" drafts while at most this many requests generate o
 SPEC_ACTIVE_CPU = 1  # and on the CPU (when turned on there)
 
 
-def speculative_plan(on_gpu: bool, requested: str | None) -> tuple[str, int, str]:
-    """Speculative decoding for a session (prompt lookup; ``--speculative``): the engine's default mode, the most
-    generating requests "auto" drafts for, and why.
+def speculative_plan(on_gpu: bool, requested: str | None, draft: DraftRecord | None = None) -> tuple[str, int, str]:
+    """Speculative decoding for a session (prompt lookup, or the bundle's draft model; ``--speculative``): the
+    engine's default mode, the most generating requests "auto" drafts for, and why.
+
+    ``draft``: the bundle's draft record (manifest ``extras.llm.draft``, the plan's decision ``gguf.draft``): its
+    ``method`` says what "auto" drafts with (``draft``: the draft model, ``k`` tokens a step; ``lookup``: the plan
+    predicted no gain from the draft model) and ``speculative="draft"`` is refused without one.
 
     On a GPU one user's decode is memory-bound: verifying 9 tokens reads the weights once, as one token does, so
     "auto" drafts while at most 4 requests generate (a busier step is compute-bound already) and stops for a request
@@ -592,16 +616,40 @@ def speculative_plan(on_gpu: bool, requested: str | None) -> tuple[str, int, str
     steps with Gemma-3-270M on 2 cores, so grounded text gains (docs/benchmarks.md "Speculative decoding"), but the
     verify step's logits differ in the last bits from one token's, and greedy replies then differ from a decode
     without drafts where two tokens are nearly tied."""
-    if requested == "draft":
-        raise InputError("speculative 'draft' needs a draft model in the bundle, which this build does not carry")
-    if requested not in (None, "auto", "lookup", "off"):
-        raise InputError(f"speculative must be auto, lookup or off, got {requested!r}")
+    if requested not in (None, "auto", "lookup", "draft", "off"):
+        raise InputError(f"speculative must be auto, lookup, draft or off, got {requested!r}")
+    if requested == "draft" and draft is None:
+        raise InputError(
+            "speculative 'draft' needs a draft model in the bundle (edgesdk build --draft SMALL_MODEL); this one has "
+            "none: use auto, lookup or off"
+        )
     active = SPEC_ACTIVE_GPU if on_gpu else SPEC_ACTIVE_CPU
+    auto_with = "prompt lookup"
+    note = ""
+    if draft is not None:
+        agree = draft.agreement
+        figures = f"k={draft.k}, predicted {draft.predicted_gain}x" + (
+            f", {agree:.0%} greedy agreement at build" if agree is not None else ""
+        )
+        if draft.method == "draft":
+            auto_with = f"the bundle's draft model ({figures})"
+        else:
+            note = f"; the bundle's draft model only for 'draft' requests (the plan kept prompt lookup: {figures})"
     if requested is not None:
-        return requested, active, f"{requested} (--speculative)"
+        return (
+            requested,
+            active,
+            f"{requested} (--speculative)"
+            + (f"; 'auto' drafts with {auto_with}" if requested == "auto" else "")
+            + note,
+        )
     if on_gpu:
-        return "auto", active, f"auto: prompt lookup while at most {active} requests generate (memory-bound decode)"
-    return "off", active, "off (CPU default: turn on with --speculative auto|lookup)"
+        return "auto", active, f"auto: {auto_with} while at most {active} requests generate (memory-bound decode){note}"
+    return (
+        "off",
+        active,
+        "off (CPU default: turn on with --speculative auto|lookup" + ("|draft)" if draft is not None else ")") + note,
+    )
 
 
 def _check_messages(messages: object) -> None:
@@ -676,7 +724,8 @@ def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
     planned_llm = bundle.manifest.llm or LLMConfig()  # the plan's llama.cpp settings and the model shape (typed)
     info = planned_llm.model_shape()
     chat_template = opts.get("chat_template")
-    speculative_plan(False, opts.get("speculative"))  # a bad mode fails at load (exit 3)
+    draft_rec = planned_llm.draft if bundle.has_artifact("draft") else None  # edgesdk build --draft
+    speculative_plan(False, opts.get("speculative"), draft_rec)  # a bad mode fails at load (exit 3)
     if chat_template is not None:
         resolve_chat_template(chat_template)  # a bad name/file fails at load (exit 3), not at the first chat
     elif bundle.has_artifact("chat_template"):  # chosen at build time (plan decision gguf.chat_template)
@@ -763,6 +812,7 @@ def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
             notes.append(how)
     risky = bool(opts.get("probe_in_child")) or bool(profile is not None and profile.sm in RISKY_SMS)
     errors: list[str] = []
+    draft_weights: Weights | None = None
     tried = _attempts(fa, ngl)
     for i, (a_fa, a_ngl) in enumerate(tried):
         why = _probe_in_child(path, a_ngl, a_fa, n_ctx) if risky else None
@@ -826,10 +876,15 @@ def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
                 "n_ubatch": min(a_batch.get("n_ubatch", 512), n_batch),
                 "verbose": bool(opts.get("verbose")),
                 "speculative": opts.get("speculative"),
+                "draft": draft_rec,
             }
             try:
                 weights = Weights(path, n_gpu_layers=a_ngl, verbose=settings["verbose"])
-                engine = make_engine(weights, settings, report, slots=1)
+                if draft_rec is not None and draft_weights is None:  # all of the draft where the model's layers go
+                    draft_weights = Weights(
+                        bundle.artifact_path("draft"), n_gpu_layers=-1 if a_ngl else 0, verbose=settings["verbose"]
+                    )
+                engine = make_engine(weights, settings, report, slots=1, draft=draft_weights)
                 engine.logits(engine.tokenize("Hello"))  # the first decode is where bad kernels fail
             except Exception as exc:  # noqa: BLE001 - llama.cpp loads and decodes fail as several types
                 why = f"{type(exc).__name__}: {str(exc)[:160]}"
@@ -837,6 +892,9 @@ def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
                     engine.close()
                 if weights is not None and (engine is None or engine.closed):
                     weights.close()
+                    if draft_weights is not None:
+                        draft_weights.close()
+                        draft_weights = None
                 engine = None
         if engine is not None and weights is not None:
             settings["threads"] = report["threads"] = engine.settings["threads"]
@@ -862,6 +920,7 @@ def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
                 chat_template=chat_template,
                 path=path,
                 llm_info=info,
+                draft_weights=draft_weights,
             )
         assert why is not None  # set whenever the attempt did not load
         errors.append(f"{_label(a_fa, a_ngl, layers)}: {why}")

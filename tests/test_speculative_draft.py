@@ -1,0 +1,149 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Speculative decoding with a draft model in the bundle (issue 37 item 2), for real: a random-weight llama target
+(F16 GGUF from a transformers config, edgesdk's converter) and a draft cut to its first layer
+(tools/bench/draft_pair.py), built with ``edgesdk build --draft`` (vocabulary and license checked, SBOM, manifest),
+then run through the engine with ``speculative="draft"``: greedy output equal to no speculation, drafted and accepted
+tokens reported."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("llama_cpp")
+pytest.importorskip("transformers")
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tools" / "bench"))
+
+from draft_pair import first_layers, make_llama  # noqa: E402
+
+PROMPTS = [
+    "The harbour town wakes before dawn. Fishing boats slip out past the lighthouse",
+    "Marie Curie was born in Warsaw in 1867. She studied physics in Paris",
+    '{"name": "Ada Lovelace", "born": 1815, "city": "London"} The same JSON: {"name":',
+    "def area(width, height):\n    return width * height\n",
+    "To reset the router, hold the small button on the back for ten seconds",
+    "Edge devices run small language models",
+]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "edgesdk", *args], capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory) -> dict[str, Path]:
+    """target-f16.gguf (4 layers, hidden 256; layers past the first refine: deep_scale) and drafts: its first layer
+    (F16) and a model of another tokenizer, one under a non-commercial license, one under a review-level license."""
+    from edgesdk.formats.gguf.convert import convert_hf_to_gguf
+
+    root = tmp_path_factory.mktemp("draft")
+    hf = make_llama(root / "hf", layers=4, hidden=256, heads=4, kv_heads=2, vocab=400, deep_scale=0.03)
+    out = {"target": root / "target-f16.gguf", "first1": root / "first1-f16.gguf"}
+    convert_hf_to_gguf(hf, out["target"], name="random-llama")
+    convert_hf_to_gguf(first_layers(hf, root / "hf-first1", 1), out["first1"], name="random-llama-first1")
+    other = make_llama(root / "hf-other", layers=1, hidden=256, heads=4, kv_heads=2, vocab=300)
+    out["other_vocab"] = root / "other-vocab.gguf"
+    convert_hf_to_gguf(other, out["other_vocab"], name="other")
+    for name, lic in (("nc", "cc-by-nc-4.0"), ("llama", "llama3.2")):
+        d = first_layers(hf, root / f"hf-{name}", 1)
+        (d / "README.md").write_text(f"---\nlicense: {lic}\n---\nA draft under {lic}.\n")
+        out[name] = root / f"draft-{name}.gguf"
+        convert_hf_to_gguf(d, out[name], name=f"draft-{name}")
+    return out
+
+
+@pytest.fixture(scope="module")
+def draft_bundle(pair, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("bundles") / "with-draft"
+    res = _cli("build", str(pair["target"]), "--profile", "cpu-x86_64", "--quant-type", "F16", "--draft",
+               str(pair["first1"]), "-o", str(out), "--no-progress")  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    return out
+
+
+def test_build_packs_the_draft_hashed_planned_licensed_and_in_the_sboms(draft_bundle, pair):
+    m = json.loads((draft_bundle / "manifest.json").read_text())
+    arts = {a["path"]: a for a in m["artifacts"]}
+    assert arts["draft.gguf"]["role"] == "draft" and len(arts["draft.gguf"]["sha256"]) == 64
+    import hashlib
+
+    assert hashlib.sha256((draft_bundle / "draft.gguf").read_bytes()).hexdigest() == arts["draft.gguf"]["sha256"]
+    draft = m["extras"]["llm"]["draft"] if "extras" in m else m["llm"]["draft"]
+    assert draft["quant_type"] == "F16" and draft["action"].startswith("kept as given")
+    assert draft["n_vocab"] == 400 and draft["layers"] == 1 and draft["method"] in ("draft", "lookup")
+    assert 1 <= draft["k"] <= 8 and 0 < draft["agreement"]["agreement"] <= 1
+    decisions = {d["key"]: d for d in m["plan"]["decisions"]}
+    assert decisions["gguf.draft"]["value"]["k"] == draft["k"] and "predicts" in decisions["gguf.draft"]["reason"]
+    cdx = json.loads((draft_bundle / "sbom.cdx.json").read_text())
+    assert "draft.gguf" in json.dumps(cdx)
+    spdx = json.loads((draft_bundle / "sbom.spdx.json").read_text())
+    assert "draft.gguf" in json.dumps(spdx)
+    report = json.loads((draft_bundle / "license-report.json").read_text())
+    assert any("draft.gguf" in f.get("files", []) for f in report["findings"] if f.get("layer") == "model")
+
+
+def test_build_refuses_a_draft_of_another_vocabulary_in_one_line(pair, tmp_path):
+    out = tmp_path / "refused"
+    res = _cli("build", str(pair["target"]), "--profile", "cpu-x86_64", "--quant-type", "F16", "--draft",
+               str(pair["other_vocab"]), "-o", str(out), "--no-progress")  # fmt: skip
+    assert res.returncode == 3, res.stderr
+    assert res.stderr.count("\n") == 1 and "not the model's vocabulary" in res.stderr and "tokens" in res.stderr
+    assert not out.exists() and not list(tmp_path.glob("*.tmp*"))
+
+
+def test_the_license_gate_judges_the_draft_like_the_model(pair, tmp_path):
+    out = tmp_path / "nc"
+    res = _cli("build", str(pair["target"]), "--profile", "cpu-x86_64", "--quant-type", "F16", "--draft",
+               str(pair["nc"]), "-o", str(out), "--no-progress")  # fmt: skip
+    assert res.returncode == 2 and "CC-BY-NC-4.0" in res.stderr and not out.exists(), res.stderr
+    out = tmp_path / "llama"
+    res = _cli("build", str(pair["target"]), "--profile", "cpu-x86_64", "--quant-type", "F16", "--draft",
+               str(pair["llama"]), "-o", str(out), "--no-progress")  # fmt: skip
+    assert res.returncode == 2 and "review" in res.stderr and not out.exists(), res.stderr
+    res = _cli("build", str(pair["target"]), "--profile", "cpu-x86_64", "--quant-type", "F16", "--draft",
+               str(pair["llama"]), "--accept-license", "LicenseRef-llama3.2", "-o", str(out),
+               "--no-progress")  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "LicenseRef-llama3.2" in (out / "sbom.cdx.json").read_text()
+
+
+def test_draft_requests_are_greedy_identical_to_no_speculation(draft_bundle):
+    import edgesdk
+
+    session = edgesdk.load(draft_bundle)
+    backend = session.backend
+    try:
+        mode, _active, why = backend.speculative_plan()
+        assert mode == "off" and "draft" in why  # the CPU default, and what the bundle's draft is for
+        drafted = accepted = 0
+        for prompt in PROMPTS:
+            off = backend.engine.generate(prompt=prompt, max_tokens=32, temperature=0, speculative="off")
+            on = backend.engine.generate(prompt=prompt, max_tokens=32, temperature=0, speculative="draft")
+            assert on.tokens == off.tokens, prompt
+            assert on.speculative.startswith("draft") and on.accepted_tokens <= on.drafted_tokens
+            drafted, accepted = drafted + on.drafted_tokens, accepted + on.accepted_tokens
+        assert drafted > 0 and accepted > 0, (drafted, accepted)
+        sampled = backend.engine.generate(prompt=PROMPTS[0], max_tokens=24, temperature=0.8, seed=5, speculative="off")
+        again = backend.engine.generate(prompt=PROMPTS[0], max_tokens=24, temperature=0.8, seed=5, speculative="draft")
+        assert again.tokens == sampled.tokens  # sample-and-compare: the same target samples, the same seed
+    finally:
+        session.close()
+
+
+def test_run_reports_draft_tokens_and_refuses_draft_without_one(draft_bundle, pair, tmp_path):
+    res = _cli("run", str(draft_bundle), "--prompt", PROMPTS[0], "-n", "24", "--temperature", "0",
+               "--speculative", "draft", "--json")  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    usage = json.loads(res.stdout)["usage"]
+    assert usage["speculative"] == "draft" and 0 < usage["accepted_tokens"] <= usage["drafted_tokens"]
+    plain = tmp_path / "plain"
+    assert _cli("build", str(pair["target"]), "--profile", "cpu-x86_64", "--quant-type", "F16", "-o", str(plain),
+                "--no-progress").returncode == 0  # fmt: skip
+    bad = _cli("run", str(plain), "--prompt", "hi", "--speculative", "draft")
+    assert bad.returncode == 3 and bad.stderr.count("\n") == 1 and "--draft" in bad.stderr, bad.stderr
