@@ -11,6 +11,16 @@ for the others the index of the first different token.
     python tools/bench/bench_batching_flips.py --prompts 200 --max-tokens 16 --slots 8
 
 Writes tools/bench/results/batching_flips_cpu.json (--out to change).
+
+``--cause``: where the flips come from, on the same prompts, each arm against "alone" (1 slot):
+  ``slots_one_at_a_time``  the --slots engine, requests one after another (a bigger KV buffer, batches of one);
+  ``batched``              every request at once (as above);
+  ``batched_kv_split``     every request at once, one KV stream per slot (``kv_unified=False``: attention of a
+                           sequence reads only its own cells, no masked cells of the others);
+  ``batched_one_token``    every request at once, admitted one prompt per step (``prompts_per_step=1``,
+                           ``mixed_prefill=False``: prompt chunks never share a decode with generating tokens).
+If "one at a time" is identical and the batched arms are not, the cause is the shape of the decode (how many
+rows a matrix product has and how many KV cells an attention reads), not a slot's state.
 """
 
 from __future__ import annotations
@@ -49,6 +59,48 @@ def run(engine, reqs) -> tuple[list[list[int]], float]:
     return [h.result().tokens for h in handles], time.perf_counter() - t0
 
 
+def first_differences(alone: list[list[int]], other: list[list[int]]) -> list[int | None]:
+    """Per request: the index of the first token that differs from ``alone`` (None: identical)."""
+    firsts: list[int | None] = []
+    for a, b in zip(alone, other, strict=True):
+        i = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        if i is None and len(a) != len(b):
+            i = min(len(a), len(b))
+        firsts.append(i)
+    return firsts
+
+
+def cause(args, gguf, reqs, common, alone, batched) -> None:
+    from edgesdk.runtime.batching import BatchEngine
+
+    arms: dict[str, list[list[int]]] = {"batched": batched}
+    with BatchEngine(gguf, slots=args.slots, max_queue=len(reqs), **common) as eng:
+        arms["slots_one_at_a_time"] = [tok for r in reqs for tok in run(eng, [r])[0]]
+    with BatchEngine(gguf, slots=args.slots, max_queue=len(reqs), kv_unified=False, **common) as eng:
+        arms["batched_kv_split"] = run(eng, reqs)[0]
+    one = {"prompts_per_step": 1, "mixed_prefill": False}
+    with BatchEngine(gguf, slots=args.slots, max_queue=len(reqs), **one, **common) as eng:
+        arms["batched_one_token"] = run(eng, reqs)[0]
+    rows = {}
+    for name, toks in arms.items():
+        firsts = first_differences(alone, toks)
+        rows[name] = {
+            "identical_requests": sum(1 for i in firsts if i is None),
+            "first_difference_at": dict(sorted(Counter(i for i in firsts if i is not None).items())),
+        }
+        print(f"{name:>22}: {rows[name]['identical_requests']}/{len(reqs)} identical to alone", flush=True)
+    out = {
+        "what": "where greedy flips under batching come from: each arm vs the same prompts alone (1 slot)",
+        "gguf": Path(gguf).name,
+        "machine": machine(),
+        "settings": {**vars(args), "gguf": Path(gguf).name},
+        "prompts": len(reqs),
+        "arms": rows,
+    }
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    print("wrote", args.out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gguf", help="GGUF file (default: Gemma-3-270M Q4_K_M from its registry package)")
@@ -58,6 +110,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-gpu-layers", type=int, default=0)
     ap.add_argument("--out", default=str(RESULTS / "batching_flips_cpu.json"))
+    ap.add_argument("--cause", action="store_true", help="the arms that locate the flips (see the module doc)")
     args = ap.parse_args()
     from edgesdk.runtime.batching import BatchEngine
     from edgesdk.runtime.requests import GenerationRequest
@@ -81,12 +134,10 @@ def main() -> None:
             t_alone += t
     with BatchEngine(gguf, slots=args.slots, max_queue=len(reqs), **common) as eng:
         batched, t_batched = run(eng, reqs)
-    firsts = []
-    for a, b in zip(alone, batched, strict=True):
-        i = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), None)
-        if i is None and len(a) != len(b):
-            i = min(len(a), len(b))
-        firsts.append(i)
+    if args.cause:
+        cause(args, gguf, reqs, common, alone, batched)
+        return
+    firsts = first_differences(alone, batched)
     same = sum(1 for i in firsts if i is None)
     tokens_same = sum((len(a) if i is None else i) for a, i in zip(alone, firsts, strict=True))
     out = {
