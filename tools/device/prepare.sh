@@ -3,37 +3,41 @@
 # Before a GPU-machine session, on a host with PyPI access: make what the device scripts carry (the GPU machine
 # has no network; docs/gpu-runs.md):
 #   .dist/      a wheel of this checkout (the product as a user installs it)
-#   .whl/       the CPython 3.12 manylinux wheels the machine's image lacks (no dependencies resolved: the
-#               image has numpy, torch, transformers, onnx, onnxruntime, protobuf, grpcio, click, pyyaml,
-#               tokenizers, Pillow), py-spy for tools/device/serve_diag.sh and nvidia-ml-py for the energy figures
-#               (tools/bench/energy_check.py, the profiler's NVML readings)
+#   .whl/       the CPython 3.12 manylinux wheels the machine's image lacks, one set resolved with dependencies
+#               (below; the image has numpy, torch, transformers, onnx, onnxruntime, protobuf, grpcio, click,
+#               pyyaml, tokenizers, Pillow), py-spy for tools/device/serve_diag.sh and nvidia-ml-py for the energy
+#               figures (tools/bench/energy_check.py, the profiler's NVML readings), checked to install offline
 #   .llamacpp/  the llama-cpp-python sdist without its test models and docs, as .tar.xz (fits a call's 64 MiB)
 # Usage (repo root): bash tools/device/prepare.sh; then carry [".dist", ".whl", ".llamacpp"] in the first call.
 set -euo pipefail
 PY="${PY:-python3}"
 rm -rf .dist && "$PY" -m pip wheel -q --no-deps . -w .dist/
-mkdir -p .whl
-"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 \
-  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 \
-  --platform any -d .whl \
-  opentelemetry-api opentelemetry-sdk opentelemetry-semantic-conventions opentelemetry-proto \
-  opentelemetry-exporter-otlp-proto-common opentelemetry-exporter-otlp-common opentelemetry-exporter-http-transport \
-  opentelemetry-exporter-otlp-proto-grpc \
-  opentelemetry-exporter-otlp-proto-http opentelemetry-exporter-prometheus prometheus-client \
-  license-expression boolean.py "gguf>=0.19,<0.20" diskcache starlette uvicorn h11 onnxslim \
-  pydantic pydantic-core annotated-types typing-inspection \
-  "cyclonedx-python-lib>=11,<12" packageurl-python py-serializable defusedxml sortedcontainers \
-  googleapis-common-protos jsonschema jsonschema-specifications referencing rpds-py attrs typing_extensions \
-  py-spy pytest pluggy iniconfig nvidia-ml-py
-# opentelemetry-sdk pins opentelemetry-api to its own version; the newest api can be a patch ahead (1.45.3 beside
-# sdk 1.45.2 left pip unable to resolve the install there): keep the api of the sdk's version only
-sdk=$(ls .whl/opentelemetry_sdk-*.whl | sort -V | tail -1 | sed 's/.*opentelemetry_sdk-\([^-]*\)-.*/\1/')
-for w in .whl/opentelemetry_sdk-*.whl .whl/opentelemetry_api-*.whl; do  # an older sdk, or an api of another version
-  case "$w" in *"-$sdk-"*) ;; *) rm -f "$w" ;; esac
+# One resolved set (pip's resolver, with dependencies) for CPython 3.12 manylinux: the wheel's extras the smoke
+# installs (serve, otel; gguf's own packages beside the CUDA llama-cpp-python built there) and the tools the device
+# scripts run. The packages the machine's image already has are then moved to .whl-image/ (not carried): the big
+# ones would not fit a call's 64 MiB beside .llamacpp.
+PLATFORM=(--only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 --platform manylinux_2_17_x86_64
+  --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 --platform any)
+WANT=("$(ls .dist/edgesdk-*.whl)[serve,otel]" "gguf>=0.19,<0.20" diskcache jinja2 onnxslim "cyclonedx-python-lib>=11,<12"
+  opentelemetry-exporter-prometheus prometheus-client httpx py-spy pytest nvidia-ml-py)
+rm -rf .whl .whl-image && mkdir -p .whl .whl-image
+"$PY" -m pip download -q "${PLATFORM[@]}" -d .whl "${WANT[@]}"
+rm -f .whl/edgesdk-*.whl
+# the image's packages and theirs (torch: sympy, mpmath, jinja2, fsspec, filelock; transformers: huggingface-hub,
+# hf-xet, requests, tqdm; onnx: ml-dtypes), by distribution name as in the wheel's file name
+IMAGE_HAS="numpy torch transformers onnx onnxruntime protobuf grpcio click pyyaml tokenizers pillow sympy mpmath
+  jinja2 markupsafe fsspec filelock huggingface-hub hf-xet requests urllib3 certifi charset-normalizer idna tqdm
+  ml-dtypes flatbuffers"
+for name in $IMAGE_HAS; do
+  for w in .whl/*.whl; do
+    dist=$(basename "$w" | cut -d- -f1 | tr 'A-Z_.' 'a-z--')
+    if [ "$dist" = "$name" ]; then mv "$w" .whl-image/; fi
+  done
 done
-if ! ls ".whl/opentelemetry_api-$sdk-"*.whl >/dev/null 2>&1; then
-  "$PY" -m pip download -q --no-deps --only-binary=:all: -d .whl "opentelemetry-api==$sdk"
-fi
+# the check: the carried set plus the image's stand-ins resolve to an install of what the smoke installs, offline
+"$PY" -m pip install -q --dry-run --target "$(mktemp -d)" --ignore-requires-python --no-index --find-links .whl --find-links .whl-image \
+  --find-links .dist "${PLATFORM[@]}" "${WANT[@]}"
+echo "resolved: $(ls .whl | wc -l) wheels carried in .whl/, $(ls .whl-image | wc -l) the image has (.whl-image/, not carried)"
 if ! ls .llamacpp/llama_cpp_python-0.3.36-stripped.tar.xz >/dev/null 2>&1; then
   tmp=$(mktemp -d)
   "$PY" -m pip download -q --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d "$tmp"
