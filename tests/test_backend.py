@@ -29,7 +29,7 @@ def test_docstring_example_runs_as_written():
     backend = scope["ScaleBackend"](1.5)
     assert isinstance(backend, Backend) and not isinstance(backend, LLMBackend)
     # The example's loader, given a context with the default telemetry hook, records and loads.
-    ctx = LoadContext(bundle=None, profile=None, options={})
+    ctx = LoadContext(bundle=None, profile=None)
     loaded = scope["load_scale"](None, ctx)
     assert loaded.scale == np.float32(2.0) and ctx.fallbacks[0]["to"] == "numpy"
     with pytest.raises(ShapeError, match=r"input 'x': dimension 1 must be 4, got 3"):
@@ -42,7 +42,7 @@ def test_example_backend_served_through_a_session(tmp_path, monkeypatch):
 
     scope: dict = {}
     exec(_docstring_example(), scope)
-    ctx = LoadContext(bundle=None, profile=None, options={}, on_fallback=None)
+    ctx = LoadContext(bundle=None, profile=None, on_fallback=None)
     backend = scope["load_scale"](None, ctx)
 
     class _Bundle:  # just what Session reads from a bundle

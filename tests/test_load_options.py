@@ -44,8 +44,8 @@ def _bundle(root: Path, fmt: str) -> Path:
 
 @pytest.fixture
 def loaded(monkeypatch):
-    """Replace the loader: record the LoadContext options it gets, return a stand-in backend."""
-    seen: list[dict] = []
+    """Replace the loader: record the LoadContext options it gets (the typed object), return a stand-in backend."""
+    seen: list[LoadOptions] = []
 
     class _Backend:
         name = provider = device = "stand-in"
@@ -55,7 +55,7 @@ def loaded(monkeypatch):
 
     def _get_loader(fmt):
         def _load(bundle, ctx):
-            seen.append(dict(ctx.options))
+            seen.append(ctx.options)
             return _Backend()
 
         return _load
@@ -96,18 +96,34 @@ def test_an_option_of_another_backend_kind_is_refused(tmp_path, loaded):
     assert loaded == []
 
 
-def test_the_loader_gets_the_options_that_were_set(tmp_path, loaded):
+def test_the_loader_gets_the_typed_options_that_were_set(tmp_path, loaded):
     onnx, gguf = _bundle(tmp_path / "onnx", "onnx"), _bundle(tmp_path / "gguf", "gguf")
     edgesdk.load(onnx, threads=2, providers=["CPUExecutionProvider"], cuda_graphs=None)
     edgesdk.load(gguf, n_ctx=512, n_gpu_layers="all", flash_attn=False, verbose=True)
-    edgesdk.load(gguf, options=GgufLoadOptions(n_batch=64, n_ubatch=32))
+    given = GgufLoadOptions(n_batch=64, n_ubatch=32)
+    edgesdk.load(gguf, options=given)
     edgesdk.load(gguf)
+    # the loader gets the format's dataclass itself, never a dict made from it (issue 40 item 1)
+    assert [type(o) for o in loaded] == [OnnxLoadOptions, GgufLoadOptions, GgufLoadOptions, GgufLoadOptions]
+    assert loaded[2] is given
     assert loaded == [
-        {"threads": 2, "providers": ["CPUExecutionProvider"]},  # None: the default, not passed
-        {"verbose": True, "n_ctx": 512, "n_gpu_layers": "all", "flash_attn": False},
-        {"n_batch": 64, "n_ubatch": 32},
-        {},
+        OnnxLoadOptions(threads=2, providers=["CPUExecutionProvider"]),  # None: the default
+        GgufLoadOptions(verbose=True, n_ctx=512, n_gpu_layers="all", flash_attn=False),
+        GgufLoadOptions(n_batch=64, n_ubatch=32),
+        GgufLoadOptions(),
     ]
+    assert loaded[1].flash_attn is False and loaded[0].cuda_graphs is None  # "not given" stays None
+
+
+def test_a_loader_narrows_the_shared_options_to_its_kind():
+    shared = LoadOptions(threads=3, verbose=True, extra={"beam": 4})
+    narrowed = GgufLoadOptions.narrow(shared)
+    assert type(narrowed) is GgufLoadOptions and (narrowed.threads, narrowed.verbose) == (3, True)
+    assert narrowed.extra == {"beam": 4} and narrowed.n_ctx is None
+    own = VlmLoadOptions(n_ctx=64)
+    assert VlmLoadOptions.narrow(own) is own and OnnxLoadOptions.narrow(None) == OnnxLoadOptions()
+    with pytest.raises(InputError, match=r"^GgufLoadOptions is for gguf bundles, not onnx, tensorrt, torch: use "):
+        OnnxLoadOptions.narrow(GgufLoadOptions(n_ctx=64))
 
 
 @pytest.mark.parametrize("threads", [-4, 0, True, 2.5, "2"])

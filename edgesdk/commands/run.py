@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import numpy as np
 
 from edgesdk.commands._common import emit_json, info, is_verbose, set_verbosity
+
+if TYPE_CHECKING:
+    from edgesdk.runtime.backend import RequestStats
 
 OUTPUT_SUFFIXES = (".npy", ".npz", ".json", ".txt")
 DEFAULT_MAX_TOKENS = 64  # one-shot generation; the interactive chat runs to end-of-generation (bounded by context)
@@ -133,18 +136,19 @@ def write_outputs(path: Path, arrays: dict, extra: dict | None = None) -> None:
 _SAMPLING_FLAGS = ("temperature", "seed", "top_k", "top_p", "min_p", "repeat_penalty")
 
 
-def _usage(last: dict) -> dict:
+def _usage(stats: RequestStats | None) -> dict:
     """Usage numbers of the last LLM request, named as llama.cpp users know them."""
+    if stats is None:
+        return dict.fromkeys(
+            ("prompt_tokens", "completion_tokens", "ttft_ms", "tokens_per_s", "finish_reason", "speculative")
+            + ("drafted_tokens", "accepted_tokens")
+        )
     return {
-        "prompt_tokens": last.get("input_tokens"),
-        "completion_tokens": last.get("output_tokens"),
-        "ttft_ms": round(last["ttft_s"] * 1000, 2) if last.get("ttft_s") is not None else None,
-        "tokens_per_s": last.get("decode_tok_s"),
-        "finish_reason": last.get("finish_reason"),
-        # speculative decoding (prompt lookup): what the request got, tokens drafted and accepted
-        "speculative": last.get("speculative"),
-        "drafted_tokens": last.get("drafted_tokens"),
-        "accepted_tokens": last.get("accepted_tokens"),
+        **stats.usage(),
+        # speculative decoding: what the request got, tokens drafted and accepted
+        "speculative": stats.speculative,
+        "drafted_tokens": stats.drafted_tokens,
+        "accepted_tokens": stats.accepted_tokens,
     }
 
 
@@ -585,7 +589,7 @@ def _run_loaded(
                 result["text"] = call(**gen_kw)  # LLMBackend.generate/chat return the completion text
                 if not as_json:
                     click.echo(result["text"])
-            result["usage"] = _usage(session.backend.last)
+            result["usage"] = _usage(session.last_stats)
             meter.done(result, tokens=result["usage"]["completion_tokens"])
     elif texts:
         meter = _Metered(show_report or as_json)

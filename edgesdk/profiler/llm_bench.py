@@ -61,17 +61,18 @@ def llm_stream_once(session, prompt: str, gen_tokens: int) -> dict:
     times: list[float] = []
     for _chunk in session.stream(prompt, max_tokens=gen_tokens, temperature=0.0):
         times.append((time.perf_counter() - t0) * 1e3)
-    last = session.backend.last if isinstance(session.backend, LLMBackend) else {}
-    first_at, last_at = last.get("first_token_at"), last.get("last_token_at")
+    stats = session.backend.last_stats if isinstance(session.backend, LLMBackend) else None
+    first_at = stats.first_token_at if stats is not None else None
+    last_at = stats.last_token_at if stats is not None else None
     # Text chunks are not tokens (a partial UTF-8 byte, or a token with no text, yields nothing): take
     # the backend's token count, and its token instants when it has them.
     return {
         "chunk_times_ms": times,
-        "output_tokens": last.get("output_tokens"),
+        "output_tokens": stats.output_tokens if stats is not None else None,
         "first_token_ms": (first_at - t0) * 1e3 if first_at else None,
         "last_token_ms": (last_at - t0) * 1e3 if first_at and last_at else None,
-        "finish_reason": last.get("finish_reason"),
-        "backend_timings": last.get("llama_cpp_timings") or {},
+        "finish_reason": stats.finish_reason if stats is not None else None,
+        "backend_timings": dict(stats.llama_cpp_timings) if stats is not None else {},
     }
 
 

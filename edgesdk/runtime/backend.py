@@ -19,8 +19,11 @@ Members (:class:`Backend`):
 ``report()``    what ran where (placement, settings), for ``session.report()``
 ``close()``     release native resources
 
-:class:`LLMBackend` adds ``generate``, ``stream``, ``chat``, ``tokenize`` and ``last`` (the last
-request's token counts and timings).
+:class:`LLMBackend` adds ``generate``, ``stream``, ``chat`` (sampling options typed as
+:class:`GenerationOptions`), ``tokenize`` and ``last_stats`` (the last request's counts and timings, a
+:class:`RequestStats`; ``last`` is the same as a dict, kept for callers that read it so). Capabilities beyond that
+are protocols too, asked with ``isinstance``: :class:`BatchingBackend` (a continuous-batching engine on the loaded
+weights, ``edgesdk serve --parallel N``) and :class:`VisionBackend` (prompts with images: a VLM).
 
 Example -- a complete backend (``y = x * scale`` in numpy) and its loader; ``tests/test_backend.py``
 runs this very text::
@@ -28,6 +31,7 @@ runs this very text::
     import numpy as np
 
     from edgesdk.runtime.backend import Backend, LoadContext, TensorSpec, check_feeds
+    from edgesdk.runtime.options import LoadOptions
 
 
     class ScaleBackend:
@@ -55,11 +59,13 @@ runs this very text::
     def load_scale(bundle, ctx: LoadContext) -> Backend:
         # A real loader reads its artifact from ``bundle`` (``bundle.artifact_path("model")``) and tries
         # the faster device first; here the "GPU" step is absent, so it records the step down.
+        # ``ctx.options`` is a LoadOptions; a registered format's own option names (its ``load_options``) are in
+        # ``extra``, the built-in kinds' in typed fields (GgufLoadOptions.n_ctx, ...).
         ctx.record_fallback("numpy-gpu", "numpy", "no GPU build of numpy here")
-        return ScaleBackend(float(ctx.options.get("scale", 2.0)))
+        return ScaleBackend(float(ctx.options.extra.get("scale", 2.0)))
 
 
-    ctx = LoadContext(bundle=None, profile=None, options={"scale": 3.0}, on_fallback=None)
+    ctx = LoadContext(bundle=None, profile=None, options=LoadOptions(extra={"scale": 3.0}), on_fallback=None)
     backend = load_scale(None, ctx)
     assert isinstance(backend, Backend)
     feeds = check_feeds(backend.inputs, {"x": [[1, 2, 3, 4]]})     # ints cast to float32, rank checked
@@ -75,14 +81,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict, runtime_checkable
 
 import numpy as np
 
 from edgesdk.errors import ShapeError
 from edgesdk.manifest import Manifest
+from edgesdk.runtime.options import LoadOptions
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from edgesdk.bundle import Bundle
     from edgesdk.host import HostFacts
     from edgesdk.profiles import Profile
@@ -214,27 +223,169 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
+class GenerationOptions(TypedDict, total=False):
+    """The sampling options ``generate``/``stream``/``chat`` take as keywords (``**options``), typed: what
+    :meth:`~edgesdk.runtime.requests.GenerationRequest.from_options` checks (a bad value is one InputError naming
+    it; ``None`` means the default; ``temp`` is ``temperature``'s llama.cpp spelling)."""
+
+    max_tokens: int | None
+    temperature: float | None
+    temp: float | None
+    top_p: float | None
+    top_k: int | None
+    min_p: float | None
+    repeat_penalty: float | None
+    frequency_penalty: float | None
+    presence_penalty: float | None
+    logit_bias: Mapping[int | str, float] | None
+    seed: int | None
+    stop: str | Sequence[str] | None
+    n: int | None
+    grammar: str | None
+    logprobs: int | None
+    tools: Sequence[Mapping[str, Any]] | None
+    tool_choice: str | None
+    speculative: str | None
+
+
+@dataclass(frozen=True)
+class RequestStats:
+    """What an LLM backend measured of its last finished request (``LLMBackend.last_stats``): token counts, why it
+    ended, time to first token and decode rate, the perf_counter() instants of its first and last token, llama.cpp's
+    own per-request decode counters, prompt tokens whose KV cells were kept from before, and speculative decoding's
+    figures. :meth:`as_dict` is the ``last`` view (the same figures under the same names)."""
+
+    input_tokens: int
+    output_tokens: int
+    finish_reason: str
+    ttft_s: float | None = None
+    decode_tok_s: float | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    llama_cpp_timings: Mapping[str, float] = field(default_factory=dict)
+    cached_tokens: int = 0
+    speculative: str = "off"
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        """The figures as ``LLMBackend.last`` gives them (and ``report()["last_request"]``)."""
+        return {
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "finish_reason": self.finish_reason,
+            "ttft_s": self.ttft_s,
+            "decode_tok_s": self.decode_tok_s,
+            "first_token_at": self.first_token_at,
+            "last_token_at": self.last_token_at,
+            "llama_cpp_timings": dict(self.llama_cpp_timings),
+            "cached_tokens": self.cached_tokens,
+            "speculative": self.speculative,
+            "drafted_tokens": self.drafted_tokens,
+            "accepted_tokens": self.accepted_tokens,
+        }
+
+    def usage(self) -> dict[str, Any]:
+        """The request's figures named as OpenAI/llama.cpp users know them (``Generation.usage``)."""
+        return {
+            "prompt_tokens": self.input_tokens,
+            "completion_tokens": self.output_tokens,
+            "ttft_ms": round(self.ttft_s * 1000, 2) if self.ttft_s is not None else None,
+            "tokens_per_s": self.decode_tok_s,
+            "finish_reason": self.finish_reason,
+        }
+
+
+@dataclass(frozen=True)
+class VisionRequestStats(RequestStats):
+    """A VLM request's :class:`RequestStats` plus its images: image tokens in the prompt, images whose features
+    were cached, the generated token ids, encoder runs so far, and the time of each stage (preprocess, encode,
+    prefill, decode). ``input_tokens`` counts text and image tokens; ``ttft_s`` runs from the call."""
+
+    image_tokens: int = 0
+    images_cached: int = 0
+    output_ids: tuple[int, ...] = ()
+    encoder_runs: int = 0
+    stages_s: Mapping[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            **super().as_dict(),
+            "image_tokens": self.image_tokens,
+            "output_ids": list(self.output_ids),
+            "images_cached": self.images_cached,
+            "kv_reused_tokens": self.cached_tokens,
+            "encoder_runs": self.encoder_runs,
+            "stages_s": dict(self.stages_s),
+        }
+
+
 @runtime_checkable
 class LLMBackend(Backend, Protocol):
-    """A backend that generates text. ``last`` holds the last request's counts and token instants."""
+    """A backend that generates text: typed sampling options (:class:`GenerationOptions`), ``stream=True`` for an
+    iterator of text pieces, and the last finished request's figures as :class:`RequestStats` (``last_stats``;
+    ``last`` is its dict view)."""
 
-    last: Mapping[str, Any]
+    @property
+    def last_stats(self) -> RequestStats | None: ...
 
-    def generate(self, prompt: str, **kwargs: Any) -> str: ...
+    @property
+    def last(self) -> Mapping[str, Any]: ...
 
-    def stream(self, prompt: str, **kwargs: Any) -> Iterator[str]: ...
+    def generate(
+        self, prompt: str | Sequence[int], *, stream: bool = False, **options: Unpack[GenerationOptions]
+    ) -> str | Iterator[str]: ...
 
-    def chat(self, messages: list[dict[str, Any]], **kwargs: Any) -> Any: ...
+    def stream(self, prompt: str | Sequence[int], **options: Unpack[GenerationOptions]) -> Iterator[str]: ...
+
+    def chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        chat_template: str | None = None,
+        stream: bool = False,
+        **options: Unpack[GenerationOptions],
+    ) -> str | Iterator[str]: ...
 
     def tokenize(self, text: str) -> list[int]: ...
+
+
+@dataclass(frozen=True)
+class ImageLimits:
+    """What a server checks of a VLM chat's images before it queues the request: the preprocessor's size check
+    (raises InputError for an image it cannot take), the image tokens an image of a size costs and a slot's
+    context in tokens."""
+
+    check_size: Callable[[int, int, str], None]  # (width, height, what): raises InputError for an image it refuses
+    image_tokens: Callable[[int, int], int | None] | None  # (width, height) -> image tokens (None: unknown)
+    context: int | None
+
+
+@runtime_checkable
+class VisionBackend(LLMBackend, Protocol):
+    """An LLM backend whose prompts take images (a VLM): ``generate(prompt, images)``, image parts in chat messages.
+    Its ``encode`` preprocesses and encodes images, so a server runs it off its event loop."""
+
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        images: Sequence[Any] | None = None,
+        *,
+        stream: bool = False,
+        **options: Unpack[GenerationOptions],
+    ) -> str | Iterator[str]: ...
+
+    def image_limits(self) -> ImageLimits: ...
 
 
 @runtime_checkable
 class BatchingBackend(Protocol):
     """An LLM backend whose model a continuous-batching engine can serve (``edgesdk serve --parallel N``):
     the engine on the already-loaded weights, requests as token ids, the engine's prompt budget per step, the
-    KV bytes one token takes (for the slot count) and the speculative-decoding plan. The server asks for this
-    protocol, not for a format name."""
+    KV bytes one token takes (for the slot count), the speculative-decoding plan, the plan's slot count for this
+    placement (``(None, why)`` where there is none), a sequence's context in tokens and whether the model's layers
+    are on a GPU. The server asks for this
+    protocol, not for a format name or an attribute."""
 
     def batch_engine(self, *, slots: int, max_queue: int, reuse_prefix: bool = True) -> Any: ...
 
@@ -245,6 +396,14 @@ class BatchingBackend(Protocol):
     def kv_bytes_per_token(self) -> int: ...
 
     def speculative_plan(self) -> tuple[str, int, str]: ...
+
+    def planned_slots(self) -> tuple[int | None, str]: ...
+
+    @property
+    def context_length(self) -> int: ...
+
+    @property
+    def on_gpu(self) -> bool: ...
 
 
 def _telemetry_fallback(from_: str, to: str, reason: str) -> None:
@@ -263,7 +422,8 @@ class LoadContext:
 
     bundle: Bundle | None
     profile: Profile | None
-    options: dict[str, Any] = field(default_factory=dict)
+    #: the bundle format's typed options (a loader narrows them: ``GgufLoadOptions.narrow(ctx.options)``)
+    options: LoadOptions = field(default_factory=LoadOptions)
     host: HostFacts | None = None
     on_fallback: Callable[[str, str, str], None] | None = _telemetry_fallback
     fallbacks: list[dict[str, Any]] = field(default_factory=list)
@@ -289,4 +449,18 @@ class LoadContext:
 
 Loader = Callable[["Bundle", LoadContext], Backend]
 
-__all__ = ["Backend", "LLMBackend", "LoadContext", "Loader", "TensorSpec", "check_feeds", "normalize_dtype"]
+__all__ = [
+    "Backend",
+    "BatchingBackend",
+    "GenerationOptions",
+    "ImageLimits",
+    "LLMBackend",
+    "LoadContext",
+    "Loader",
+    "RequestStats",
+    "TensorSpec",
+    "VisionBackend",
+    "VisionRequestStats",
+    "check_feeds",
+    "normalize_dtype",
+]

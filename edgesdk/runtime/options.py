@@ -8,8 +8,11 @@ turns the keyword arguments into the bundle format's dataclass and refuses, with
 :class:`~edgesdk.errors.InputError`, exit 3), a key that format's loader does not read: before this,
 ``edgesdk.load(p, n_gpu_layer=8)`` (a typo) or ``n_gpu_layers`` on an ONNX bundle were ignored in silence.
 
-A value of ``None`` means "the default" and is dropped: the loaders receive ``to_dict()``, only the
-options that were set (a loader tells "not given" from a given value, e.g. llama.cpp's ``flash_attn``).
+The loader receives the dataclass itself (``LoadContext.options``), never a dict made from it: a field left
+``None`` means "the default" (a loader tells "not given" from a given value, e.g. llama.cpp's ``flash_attn is
+None``), and :meth:`LoadOptions.narrow` gives a loader its own kind's class when it was handed the shared one (a
+loader called directly, outside :func:`edgesdk.load`). A registered (non built-in) format's own names arrive in
+``extra``. :meth:`LoadOptions.to_dict` is a view for reports (the options that were set), not what loaders read.
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from edgesdk.errors import InputError
+
+_Options = TypeVar("_Options", bound="LoadOptions")
 
 
 @dataclass(frozen=True)
@@ -44,8 +49,24 @@ class LoadOptions:
         """The option names this class takes (``extra`` is not one)."""
         return tuple(f.name for f in fields(cls) if f.name != "extra")
 
+    @classmethod
+    def narrow(cls: type[_Options], options: LoadOptions | None) -> _Options:
+        """``options`` as this kind's class, for its loader: the object itself when it is one; the shared options
+        (``threads``, ``verbose``, ``extra``) of a plain :class:`LoadOptions` (or ``None``: all defaults) in this
+        class, the rest left unset; another kind's class is one :class:`InputError` (exit 3)."""
+        if options is None:
+            return cls()
+        if isinstance(options, cls):
+            return options
+        if type(options) is not LoadOptions:
+            raise InputError(
+                f"{type(options).__name__} is for {', '.join(type(options).formats) or 'any'} bundles, "
+                f"not {', '.join(cls.formats) or 'this format'}: use {cls.__name__}"
+            )
+        return cls(threads=options.threads, verbose=options.verbose, extra=dict(options.extra))
+
     def to_dict(self) -> dict[str, Any]:
-        """The options that were set (not None), as the loader reads them (``LoadContext.options``)."""
+        """The options that were set (not None): a view for reports and logs (loaders read the fields)."""
         out = {name: getattr(self, name) for name in self.names() if getattr(self, name) is not None}
         out.update((k, v) for k, v in self.extra.items() if v is not None)
         return out

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,43 +22,39 @@ from edgesdk.errors import BackendUnavailableError, InputError, ShapeError
 from edgesdk.formats.embed_batches import EMBED_MAX_BATCH, EMBED_MAX_LENGTH_RATIO, plan_embed_batches
 from edgesdk.manifest import EmbeddingConfig
 from edgesdk.profiles import Profile, resolve_profile
-from edgesdk.runtime.backend import Backend, LLMBackend, LoadContext, check_feeds
+from edgesdk.runtime.backend import Backend, LLMBackend, LoadContext, RequestStats, VisionBackend, check_feeds
 from edgesdk.runtime.backends import get_loader
 from edgesdk.runtime.embed_inputs import encode_inputs, is_token_ids
 from edgesdk.runtime.options import LoadOptions, all_option_names, parse_load_options
 from edgesdk.runtime.requests import check_messages_text, check_text
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
-def usage_of(last: dict[str, Any]) -> dict[str, Any]:
-    """A backend's figures of its last request, named as OpenAI/llama.cpp users know them."""
-    ttft = last.get("ttft_s")
-    return {
-        "prompt_tokens": last.get("input_tokens"),
-        "completion_tokens": last.get("output_tokens"),
-        "ttft_ms": round(ttft * 1000, 2) if ttft is not None else None,
-        "tokens_per_s": last.get("decode_tok_s"),
-        "finish_reason": last.get("finish_reason"),
-    }
+    from edgesdk.runtime.backend import GenerationOptions
 
 
 class Generation(str):
     """What :meth:`Session.generate` and :meth:`Session.chat` return: the text itself (a ``str``: it compares,
-    concatenates, prints and JSON-encodes as the text) with ``.text`` (a plain ``str``) and ``.usage``
-    (prompt_tokens, completion_tokens, ttft_ms, tokens_per_s, finish_reason of this request)."""
+    concatenates, prints and JSON-encodes as the text) with ``.text`` (a plain ``str``), ``.usage``
+    (prompt_tokens, completion_tokens, ttft_ms, tokens_per_s, finish_reason of this request) and ``.stats`` (the
+    backend's typed figures of it, a :class:`~edgesdk.runtime.backend.RequestStats`; ``usage`` is a view of it)."""
 
     usage: dict[str, Any]
+    stats: RequestStats | None
 
-    def __new__(cls, text: str, usage: dict[str, Any] | None = None) -> Generation:
+    def __new__(cls, text: str, stats: RequestStats | None = None) -> Generation:
         obj = super().__new__(cls, text)
-        obj.usage = dict(usage or {})
+        obj.stats = stats
+        obj.usage = stats.usage() if stats is not None else {}
         return obj
 
     @property
     def text(self) -> str:
         return str.__str__(self)
 
-    def __reduce__(self) -> tuple[Any, ...]:  # pickles (multiprocessing, caches) with its usage
-        return (Generation, (self.text, self.usage))
+    def __reduce__(self) -> tuple[Any, ...]:  # pickles (multiprocessing, caches) with its figures
+        return (Generation, (self.text, self.stats))
 
 
 # Every option a built-in loader reads (``edgesdk.load(path, **options)``); anything else is a typo
@@ -239,28 +236,64 @@ class Session:
             )
         return self.backend
 
-    def generate(self, prompt: str, **kwargs: Any) -> Any:
-        """The completion as a :class:`Generation` (a ``str`` with ``.text`` and ``.usage``); with
-        ``stream=True`` an iterator of text pieces (usage: :meth:`report`)."""
-        llm = self._llm("generate")
+    def _vision(self, what: str) -> VisionBackend:
+        llm = self._llm(what)
+        if not isinstance(llm, VisionBackend):
+            raise InputError(
+                f"unknown generation option(s): images ({what}() takes images with a VLM bundle; this bundle is "
+                f"{self.bundle.format})"
+            )
+        return llm
+
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        images: Sequence[Any] | None = None,
+        stream: bool = False,
+        **options: Unpack[GenerationOptions],
+    ) -> Any:
+        """The completion as a :class:`Generation` (a ``str`` with ``.text``, ``.usage`` and ``.stats``); with
+        ``stream=True`` an iterator of text pieces (figures: :attr:`last_stats`). ``images`` (a VLM bundle): the
+        images the prompt is about. ``options``: :class:`~edgesdk.runtime.backend.GenerationOptions`."""
         if isinstance(prompt, str):
             check_text(prompt, "prompt")
-        return self._result(llm.generate(prompt, **kwargs))
+        if images is not None:
+            return self._result(self._vision("generate").generate(prompt, images, stream=stream, **options))
+        return self._result(self._llm("generate").generate(prompt, stream=stream, **options))
 
-    def stream(self, prompt: str, **kwargs: Any) -> Any:
-        llm = self._llm("stream")
+    def stream(
+        self, prompt: str | Sequence[int], *, images: Sequence[Any] | None = None, **options: Unpack[GenerationOptions]
+    ) -> Iterator[str]:
+        """The completion's text pieces as they are generated (figures afterwards: :attr:`last_stats`)."""
         if isinstance(prompt, str):
             check_text(prompt, "prompt")
-        return llm.stream(prompt, **kwargs)
+        if images is not None:
+            pieces = self._vision("stream").generate(prompt, images, stream=True, **options)
+            assert not isinstance(pieces, str)
+            return pieces
+        return self._llm("stream").stream(prompt, **options)
 
-    def chat(self, messages: list[dict[str, Any]], **kwargs: Any) -> Any:
+    def chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        chat_template: str | None = None,
+        stream: bool = False,
+        **options: Unpack[GenerationOptions],
+    ) -> Any:
         """The reply as a :class:`Generation`, as :meth:`generate`."""
         llm = self._llm("chat")
         check_messages_text(messages)
-        return self._result(llm.chat(messages, **kwargs))
+        return self._result(llm.chat(messages, chat_template=chat_template, stream=stream, **options))
 
-    def _result(self, out: Any) -> Any:
-        return Generation(out, usage_of(getattr(self.backend, "last", None) or {})) if isinstance(out, str) else out
+    @property
+    def last_stats(self) -> RequestStats | None:
+        """The LLM backend's figures of its last finished request (None before the first, or for another backend)."""
+        return self.backend.last_stats if isinstance(self.backend, LLMBackend) else None
+
+    def _result(self, out: str | Iterator[str]) -> Any:
+        return Generation(out, self.last_stats) if isinstance(out, str) else out
 
     def tokenize(self, text: str) -> list[int]:
         return self._llm("tokenize").tokenize(text)
@@ -332,6 +365,6 @@ def load(
             prof = resolve_profile(name) if name else None
         except Exception:  # noqa: BLE001 - a custom profile file may not exist on the device
             prof = None
-    ctx = LoadContext(bundle=bundle, profile=prof, options=typed.to_dict(), host=host)
+    ctx = LoadContext(bundle=bundle, profile=prof, options=typed, host=host)  # typed: the loader reads the fields
     backend = get_loader(bundle.format)(bundle, ctx)
     return Session(bundle, backend, ctx, time.perf_counter() - t0)

@@ -71,7 +71,7 @@ def llm_parallel(session, requested: int | None) -> tuple[int, str]:
     backend; 1 (one request at a time) for a backend without continuous batching."""
     if requested == 1:
         return 1, "1 (--parallel 1: one slot of the engine, one request at a time)"
-    if not isinstance(getattr(session, "backend", None), BatchingBackend):
+    if not isinstance(session.backend, BatchingBackend):
         return 1, "1 (this backend has no continuous batching: one request at a time)"
     return decide_parallel(session, requested)
 
@@ -99,7 +99,7 @@ class _Server(Routes):
                 if e.parallel is None:
                     e.parallel, e.parallel_reason = llm_parallel(e.session, self.config.parallel)
                 self.metrics.slots.set(e.parallel, model=e.name)
-                backend = getattr(e.session, "backend", None)
+                backend = e.session.backend
                 if isinstance(backend, BatchingBackend):  # a GGUF: its engine, at any slot count
                     # one slot: the prefix of the last request is kept with --prompt-cache-mb (or the profile's
                     # policy.llm.prompt_cache_mb) > 0, else every prompt is evaluated whole, as edgesdk run does

@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from edgesdk.errors import EdgeSDKError, InputError, ShapeError
+from edgesdk.runtime.backend import BatchingBackend, VisionBackend
 from edgesdk.runtime.backends.llamacpp import speculative_attributes
 from edgesdk.runtime.batching import EngineClosed, EngineSaturated, GenerationResult, prompt_size
 from edgesdk.serve.workers import Job, RequestTimeout, Saturated
@@ -50,7 +51,9 @@ def decide_parallel(session: Any, requested: int | None) -> tuple[int, str]:
     the session's context) fits in half the free GPU memory after the weights (NVML), or a quarter of the
     available host memory on the CPU and on unified-memory devices."""
     backend = session.backend
-    n_ctx = int(backend.settings["n_ctx"])
+    if not isinstance(backend, BatchingBackend):
+        raise InputError(f"{session.bundle.format} bundles have no continuous batching: serve them with --parallel 1")
+    n_ctx = backend.context_length
     per_token = int(backend.kv_bytes_per_token())
     per_slot = per_token * n_ctx
     if requested is not None:
@@ -58,10 +61,9 @@ def decide_parallel(session: Any, requested: int | None) -> tuple[int, str]:
             f"{requested} (--parallel; KV cache {requested} x {n_ctx} tokens x "
             f"{per_token / 1024:.1f} KiB = {requested * per_slot / 1e9:.2f} GB)"
         )
-    on_gpu = int(backend.settings.get("n_gpu_layers") or 0) > 0
+    on_gpu = backend.on_gpu
     kind = "GPU" if on_gpu else "CPU"
-    planned_slots = getattr(backend, "planned_slots", None)  # a batching backend without a plan has no such method
-    planned, source = planned_slots() if planned_slots is not None else (None, "")
+    planned, source = backend.planned_slots()  # (None, why) where the bundle plans no slots for this placement
     if planned is not None:
         base, base_why = int(planned), source
     else:
@@ -119,7 +121,7 @@ class BatchWorker:
         # loop adds, the thread subtracts, under ``_count``)
         self._encoder = (
             concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"edgesdk-serve-{name}-encode")
-            if getattr(self._backend, "heavy_encode", False)
+            if isinstance(self._backend, VisionBackend)
             else None
         )
         self._encoding = 0

@@ -148,4 +148,6 @@ class ModelEntry:
 
     @property
     def provider(self) -> str:
-        return str(getattr(getattr(self.session, "backend", None), "provider", "edgesdk"))
+        from edgesdk.runtime.session import Session
+
+        return self.session.backend.provider if isinstance(self.session, Session) else "edgesdk"

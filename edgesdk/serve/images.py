@@ -255,16 +255,18 @@ def text_only(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def vlm_policy(session: Any, allow_local: Path | None, max_bytes: int = MAX_IMAGE_BYTES) -> ImagePolicy | None:
-    """The image policy of a loaded session: a VLM's (its preprocessor's size check), else None (text only)."""
-    pipe = getattr(getattr(session, "backend", None), "pipe", None)
-    pre = getattr(pipe, "pre", None)
-    if pre is None or not callable(getattr(pre, "check_size", None)):
+    """The image policy of a loaded session: a VLM's (a :class:`~edgesdk.runtime.backend.VisionBackend`: its
+    preprocessor's size check, image tokens, a slot's context), else None (text only)."""
+    from edgesdk.runtime.backend import VisionBackend
+
+    backend = session.backend
+    if not isinstance(backend, VisionBackend):
         return None
-    n_ctx = (getattr(pipe, "settings", None) or {}).get("n_ctx")  # a slot's context
+    limits = backend.image_limits()
     return ImagePolicy(
-        check_size=pre.check_size,
+        check_size=limits.check_size,
         allow_local=allow_local,
         max_bytes=max_bytes,
-        image_tokens=getattr(pre, "image_tokens", None),
-        context=int(n_ctx) if n_ctx else None,
+        image_tokens=limits.image_tokens,
+        context=limits.context or None,
     )

@@ -1,7 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """The models ``edgesdk serve`` answers for: bundles loaded by :func:`edgesdk.load`, each wrapped in a
-:class:`~edgesdk.serve.config.ModelEntry` by its format (GGUF and VLM bundles are LLMs, feature-extraction bundles
-embedding models) with its limits (the manifest's ``serve`` table, capped by the LLM's context)."""
+:class:`~edgesdk.serve.config.ModelEntry` by what its backend can do (an
+:class:`~edgesdk.runtime.backend.LLMBackend` is an LLM, a :class:`~edgesdk.runtime.backend.VisionBackend` one whose
+chats take images; feature-extraction bundles are embedding models) with its limits (the manifest's ``serve``
+table, capped by the LLM's context). Which bundles a serve-wide load option applies to is read from each format's
+typed load options (:func:`~edgesdk.runtime.options.options_class`), not from format names."""
 
 from __future__ import annotations
 
@@ -9,6 +12,8 @@ from pathlib import Path
 
 from edgesdk.errors import InputError, shown
 from edgesdk.manifest import Manifest
+from edgesdk.runtime.backend import BatchingBackend, LLMBackend, VisionBackend
+from edgesdk.runtime.options import options_class
 from edgesdk.serve.config import DEFAULT_MAX_TOKENS, DEFAULT_MAX_TOKENS_CAP, ModelEntry
 
 __all__ = ["load_models", "model_entry", "serve_limits"]
@@ -35,17 +40,18 @@ def serve_limits(manifest: Manifest) -> dict:
 
 
 def model_entry(name: str, session, *, allow_local_images: Path | None = None) -> ModelEntry:
-    """Wrap a loaded session: GGUF and VLM bundles are LLMs (a VLM's chats take images: its entry's
-    ``images`` policy, local files only under ``allow_local_images``); feature-extraction bundles are embedding
-    models."""
+    """Wrap a loaded session: an LLM backend's (GGUF, VLM) is an LLM (a vision backend's chats take images: its
+    entry's ``images`` policy, local files only under ``allow_local_images``); feature-extraction bundles are
+    embedding models."""
     bundle = session.bundle
     task = bundle.manifest.model.task
+    backend = session.backend
     images = None
-    if bundle.format == "vlm":
+    if isinstance(backend, VisionBackend):
         from edgesdk.serve.images import vlm_policy
 
         kind, images = "llm", vlm_policy(session, allow_local_images)
-    elif bundle.format == "gguf":
+    elif isinstance(backend, LLMBackend):
         kind = "llm"
     elif task == "feature-extraction":
         kind = "embedding"
@@ -56,12 +62,9 @@ def model_entry(name: str, session, *, allow_local_images: Path | None = None) -
         )
     limits = serve_limits(bundle.manifest)
     if kind == "llm":
-        # the context: the llama.cpp session's settings; a VLM's report
-        settings = getattr(session.backend, "settings", None) or (
-            session.backend.report() if bundle.format == "vlm" else {}
-        )
-        n_ctx = int(settings.get("n_ctx") or limits["max_tokens_cap"])
-        limits["max_tokens_cap"] = min(limits["max_tokens_cap"], n_ctx)
+        # the context: a sequence's (a batching backend's context_length)
+        n_ctx = backend.context_length if isinstance(backend, BatchingBackend) else 0
+        limits["max_tokens_cap"] = min(limits["max_tokens_cap"], n_ctx or limits["max_tokens_cap"])
         limits["default_max_tokens"] = min(limits["default_max_tokens"], limits["max_tokens_cap"])
     return ModelEntry(name=name, session=session, kind=kind, images=images, **limits)
 
@@ -96,17 +99,19 @@ def load_models(
         resolve(chat_template)  # a bad name or file fails before any bundle is loaded
     local = allowed_dir(allow_local_images)
     formats = [open_bundle(p, verify=False).format for p in bundles]  # the manifests only
-    if chat_template is not None and "gguf" not in formats:
+    # what each bundle's loader reads: its format's typed load options (GgufLoadOptions, VlmLoadOptions, ...)
+    takes = [set(options_class(f).names()) for f in formats]
+    if chat_template is not None and not any("chat_template" in t for t in takes):
         raise InputError(
             f"--chat-template formats the chats of GGUF bundles; none of these is one "
             f"({', '.join(sorted(set(formats)))})"
         )
     llm_options = dict(llm_options or {})
-    if llm_options and not {"gguf", "vlm"} & set(formats):
+    if llm_options and not any("n_ctx" in t for t in takes):  # an LLM's loader reads a context length
         raise InputError(f"{', '.join(sorted(llm_options))} apply to LLM bundles; none of these is one")
-    if "speculative" in llm_options and "gguf" not in formats:
+    if "speculative" in llm_options and not any("speculative" in t for t in takes):
         raise InputError("--speculative applies to GGUF bundles; none of these is one")
-    if local is not None and "vlm" not in formats:
+    if local is not None and not any("vision_encoder" in t for t in takes):  # the loader of image chats
         raise InputError("--allow-local-images lets VLM chats name image files; none of these bundles is a VLM")
     names = list(names or [])
     if len(names) > len(bundles):
@@ -122,10 +127,9 @@ def load_models(
             raise InputError(f"two bundles are both named {name!r}: give each a --name")
         seen.add(name)
         options: dict = {"threads": threads} if threads is not None else {}
-        if chat_template is not None and formats[i] == "gguf":
+        if chat_template is not None and "chat_template" in takes[i]:
             options["chat_template"] = chat_template
-        if formats[i] in ("gguf", "vlm"):
-            options.update({k: v for k, v in llm_options.items() if formats[i] == "gguf" or k != "speculative"})
+        options.update({k: v for k, v in llm_options.items() if k in takes[i]})  # n_ctx, n_gpu_layers, speculative
         session = edgesdk.load(path, profile=profile, **options)
         entries.append(model_entry(name, session, allow_local_images=local))
     return entries

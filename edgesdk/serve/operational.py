@@ -24,7 +24,9 @@ from starlette.responses import JSONResponse, Response
 
 from edgesdk import __version__
 from edgesdk.errors import EdgeSDKError
+from edgesdk.runtime.backend import BatchingBackend
 from edgesdk.runtime.requests import DEFAULT_SAMPLING, INT32_MAX
+from edgesdk.serve.batch_worker import BatchWorker
 from edgesdk.serve.config import ModelEntry
 from edgesdk.serve.protocol import APIError, backend_error, parse, read_json
 from edgesdk.serve.schemas import ApplyTemplateRequest, DetokenizeRequest, TokenizeRequest
@@ -65,7 +67,7 @@ def llm_entry(models: dict[str, ModelEntry], name: object) -> ModelEntry:
 
 def _engine(entry: ModelEntry) -> Any:
     """The model's batch engine (continuous batching), or None (``--parallel 1``)."""
-    return getattr(entry.worker, "engine", None)
+    return entry.worker.engine if isinstance(entry.worker, BatchWorker) else None
 
 
 def _needs_engine(entry: ModelEntry, what: str, param: str | None = None) -> Any:
@@ -219,8 +221,9 @@ def _state(entry: ModelEntry) -> tuple[int, int, int]:
     engine = _engine(entry)
     if engine is not None:
         return int(engine.slots), int(engine.busy), int(engine.settings.get("n_ctx_per_slot") or 0)
-    n_ctx = int((getattr(entry.session.backend, "settings", None) or {}).get("n_ctx") or 0)
-    depth = int(getattr(entry.worker, "depth", 0) or 0)
+    backend = entry.session.backend
+    n_ctx = backend.context_length if isinstance(backend, BatchingBackend) else 0
+    depth = int(entry.worker.depth) if entry.worker is not None else 0  # an LLMWorker (one request at a time)
     return 1, 1 if depth else 0, n_ctx
 
 

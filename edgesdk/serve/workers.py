@@ -313,7 +313,10 @@ class LLMWorker:
                 close = getattr(pieces, "close", None)
                 if close is not None:
                     close()  # GeneratorExit inside the backend: its span ends as "cancelled"
-            last = dict(getattr(getattr(self.session, "backend", None), "last", None) or {})
+            from edgesdk.runtime.session import Session
+
+            stats = self.session.last_stats if isinstance(self.session, Session) else None  # typed: RequestStats
+            last = stats.as_dict() if stats is not None else {}
             if cancelled:
                 last["finish_reason"] = "cancelled"
             job.emit("done", last)
@@ -478,8 +481,4 @@ class EmbeddingBatcher:
 
 def token_counts(session, texts: list[str | list[int]]) -> list[int]:
     """Tokens per input as the encoder saw them (after truncation, without padding)."""
-    counter = getattr(session, "count_tokens", None)
-    if callable(counter):
-        return [int(c) for c in counter(texts)]
-    tok = session._text_tokenizer()  # the session's own tokenizer (truncation as embed() applies it)
-    return [int(sum(e.attention_mask)) for e in tok.encode_batch(texts)]
+    return [int(c) for c in session.count_tokens(texts)]  # Session.count_tokens: as embed() truncates

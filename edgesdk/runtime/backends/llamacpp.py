@@ -26,17 +26,20 @@ from edgesdk.contracts.gguf_types import DEFAULT_KV_TYPE, kv_bytes
 from edgesdk.errors import BackendUnavailableError, InputError, ShapeError
 from edgesdk.formats.gguf.chat_limits import render as render_chat
 from edgesdk.native import import_llama_cpp
-from edgesdk.runtime.backend import LoadContext, TensorSpec
+from edgesdk.runtime.backend import LoadContext, RequestStats, TensorSpec
 from edgesdk.runtime.backends.llama_core import load_llama_cpp
 from edgesdk.runtime.draft import DRAFT_K_DEFAULT
+from edgesdk.runtime.options import GgufLoadOptions
 from edgesdk.runtime.requests import GenerationRequest
 
 if TYPE_CHECKING:
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
     from llama_cpp.llama_types import ChatCompletionRequestMessage
+    from typing_extensions import Unpack
 
     from edgesdk.bundle import Bundle
     from edgesdk.manifest import DraftRecord
+    from edgesdk.runtime.backend import BatchingBackend, GenerationOptions, LLMBackend
     from edgesdk.runtime.batching import BatchEngine, BatchHandle, GenerationResult, Weights
 
 RISKY_SMS = {"8.7"}  # llama.cpp FA/offload crashes reported on Orin (docs/devices.md)
@@ -141,9 +144,20 @@ class LlamaCppBackend:
         self._default_template = chat_template
         self.device = "cpu" if settings["n_gpu_layers"] == 0 else f"cuda:0 ({report['placement']})"
         # run(): token ids of any rank (flattened) -> the last position's logits.
-        self.inputs = (TensorSpec("input_ids", "int64", None),)
-        self.outputs = (TensorSpec("logits", "float32", (1, engine.n_vocab)),)
-        self.last: dict[str, Any] = {}
+        self.inputs: Sequence[TensorSpec] = (TensorSpec("input_ids", "int64", None),)
+        self.outputs: Sequence[TensorSpec] = (TensorSpec("logits", "float32", (1, engine.n_vocab)),)
+        self.last_stats: RequestStats | None = None  # the last finished request's figures
+
+    @property
+    def last(self) -> dict[str, Any]:
+        """:attr:`last_stats` as a dict (``{}`` before the first request): the names ``report()["last_request"]``
+        shows."""
+        return self.last_stats.as_dict() if self.last_stats is not None else {}
+
+    @property
+    def context_length(self) -> int:
+        """Tokens one sequence holds (the session's context, ``n_ctx``)."""
+        return int(self.settings["n_ctx"])
 
     @property
     def engine(self) -> BatchEngine:
@@ -182,30 +196,43 @@ class LlamaCppBackend:
             )
 
     # ------------------------------------------------------------------ generation
-    def generate(self, prompt: str, **kw: Any) -> str | Iterator[str]:
-        """Completion text for ``prompt`` (``stream=True`` returns an iterator of text pieces)."""
-        if kw.pop("stream", False):
-            return self.stream(prompt, **kw)
-        return "".join(self._run(prompt, "text_completion", stream=False, special=False, **kw))
+    def generate(
+        self, prompt: str | Sequence[int], *, stream: bool = False, **options: Unpack[GenerationOptions]
+    ) -> str | Iterator[str]:
+        """Completion text for ``prompt`` (text, or token ids used as given); ``stream=True`` returns an iterator of
+        text pieces."""
+        if stream:
+            return self.stream(prompt, **options)
+        return "".join(self._run(prompt, "text_completion", stream=False, special=False, options=options))
 
-    def stream(self, prompt: str, **kw: Any) -> Iterator[str]:
-        return self._run(prompt, "text_completion", stream=True, special=False, **kw)
+    def stream(self, prompt: str | Sequence[int], **options: Unpack[GenerationOptions]) -> Iterator[str]:
+        return self._run(prompt, "text_completion", stream=True, special=False, options=options)
 
     def chat(
-        self, messages: list[dict[str, str]], *, chat_template: str | None = None, **kw: Any
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        chat_template: str | None = None,
+        stream: bool = False,
+        **options: Unpack[GenerationOptions],
     ) -> str | Iterator[str]:
         """Reply to ``messages``, formatted with ``chat_template`` (a shipped name or a Jinja file), else the
         session's default (``load(..., chat_template=)``), else the GGUF's own ``tokenizer.chat_template``."""
         _check_messages(messages)
         prompt, template_stops, add_bos = self._format_chat(messages, chat_template)
-        stop = kw.pop("stop", None)
-        if stop is not None and not isinstance(stop, (str, list, tuple)):
+        given = options.get("stop")
+        if given is not None and not isinstance(given, (str, list, tuple)):
             raise InputError("stop must be a string or a list of strings")
-        stop = [stop] if isinstance(stop, str) else list(stop or [])
+        stop = [given] if isinstance(given, str) else list(given or [])
         stop += [s for s in template_stops if s not in stop]
-        stream = kw.pop("stream", False)
         gen = self._run(
-            prompt, "chat", stream=stream, special=True, stop=stop, add_bos=add_bos, _capture=messages, **kw
+            prompt,
+            "chat",
+            stream=stream,
+            special=True,
+            add_bos=add_bos,
+            capture=messages,
+            options={**options, "stop": stop},
         )
         return gen if stream else "".join(gen)
 
@@ -358,6 +385,11 @@ class LlamaCppBackend:
         """Layers offloaded to a GPU by a llama.cpp build that can offload."""
         return int(self.settings["n_gpu_layers"]) != 0 and bool(self._report.get("gpu_offload_supported"))
 
+    @property
+    def on_gpu(self) -> bool:
+        """Layers offloaded to a GPU by a llama.cpp build that can offload (:class:`BatchingBackend`)."""
+        return self._on_gpu()
+
     def kv_bytes_per_token(self) -> int:
         """Bytes of K and V cache one token takes in one sequence (all layers), by the planner's arithmetic on
         the manifest's model shape (0 when a bundle's manifest does not record it)."""
@@ -406,9 +438,9 @@ class LlamaCppBackend:
         *,
         stream: bool,
         special: bool,
+        options: GenerationOptions,
         add_bos: bool = True,
-        _capture: list[dict[str, str]] | None = None,
-        **options: Any,
+        capture: list[dict[str, Any]] | None = None,
     ) -> Iterator[str]:
         """``prompt``: text, or a list of token ids used as given (no BOS added). ``options``: what
         :meth:`GenerationRequest.from_options` takes (checked there, once)."""
@@ -420,7 +452,7 @@ class LlamaCppBackend:
             raise InputError(f"prompt must be a string or a non-empty list of token ids, got {type(prompt).__name__}")
         stop = options.get("stop")
         if isinstance(stop, (list, tuple)):
-            options["stop"] = [s for s in stop if s != ""] or None  # an empty stop string stops nothing
+            options = {**options, "stop": [s for s in stop if s != ""] or None}  # an empty stop string stops nothing
         engine = self._engine
         n_vocab = engine.n_vocab
         if isinstance(prompt, str):
@@ -450,10 +482,10 @@ class LlamaCppBackend:
             attach=False,
         )
         handle = engine.submit(request)
-        return self._consume(handle, rec, text if _capture is None else _capture)
+        return self._consume(handle, rec, text if capture is None else capture)
 
     def _consume(self, handle: BatchHandle, rec: Any, capture: Any) -> Generator[str, None, None]:
-        """The pieces of one engine request under its GenAI span; ``self.last`` from its result. Closing the
+        """The pieces of one engine request under its GenAI span; ``self.last_stats`` from its result. Closing the
         generator early cancels the request (its slot is free at the engine's next step)."""
         finish = "error"
         res = None
@@ -479,12 +511,12 @@ class LlamaCppBackend:
                     rec.set_output_tokens(len(res.tokens))
                     speculative_attributes(rec, res)
                     rec.capture_output(res.text)
-                    self.last = _last_of(res)
+                    self.last_stats = _stats_of(res)
                 rec.finish([finish])
 
     # ------------------------------------------------------------------ report / close
     def report(self) -> dict[str, Any]:
-        return {**self._report, "engine": dict(self._engine.settings), "last_request": dict(self.last)}
+        return {**self._report, "engine": dict(self._engine.settings), "last_request": self.last}
 
     def close(self) -> None:
         with self._engine_lock:
@@ -518,26 +550,26 @@ def _request_record(r: GenerationRequest) -> dict[str, Any]:
     }
 
 
-def _last_of(res: GenerationResult) -> dict[str, Any]:
-    """A finished request's counts and token instants (``LLMBackend.last``)."""
+def _stats_of(res: GenerationResult) -> RequestStats:
+    """A finished request's counts and token instants (``LLMBackend.last_stats``)."""
     first, end, n_out = res.first_token_at, res.finished_at, len(res.tokens)
-    return {
-        "input_tokens": res.prompt_tokens,
-        "output_tokens": n_out,
-        "finish_reason": res.finish_reason,
-        "ttft_s": round(res.ttft_s, 6) if res.ttft_s is not None else None,
-        "decode_tok_s": round((n_out - 1) / (end - first), 2) if first and end and n_out > 1 and end > first else None,
+    return RequestStats(
+        input_tokens=res.prompt_tokens,
+        output_tokens=n_out,
+        finish_reason=res.finish_reason,
+        ttft_s=round(res.ttft_s, 6) if res.ttft_s is not None else None,
+        decode_tok_s=round((n_out - 1) / (end - first), 2) if first and end and n_out > 1 and end > first else None,
         # perf_counter() instants, for callers timing tokens (not text chunks: a token may yield no text, so
         # chunk times can lag token times).
-        "first_token_at": first,
-        "last_token_at": end if first else None,
+        first_token_at=first,
+        last_token_at=end if first else None,
         # the decode steps' time in llama.cpp (engine-measured, per request), as llama-bench names the counters
-        "llama_cpp_timings": dict(res.timings),
-        "cached_tokens": res.cached_tokens,
-        "speculative": res.speculative,
-        "drafted_tokens": res.drafted_tokens,
-        "accepted_tokens": res.accepted_tokens,
-    }
+        llama_cpp_timings=dict(res.timings),
+        cached_tokens=res.cached_tokens,
+        speculative=res.speculative,
+        drafted_tokens=res.drafted_tokens,
+        accepted_tokens=res.accepted_tokens,
+    )
 
 
 def make_engine(
@@ -719,36 +751,37 @@ def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
     from edgesdk.manifest import LLMConfig
     from edgesdk.runtime.batching import Weights
 
-    opts = dict(ctx.options or {})
-    llama_cpp = load_llama_cpp("a GGUF bundle", verbose=bool(opts.get("verbose")))  # llama_core.py
+    opts = GgufLoadOptions.narrow(ctx.options)  # typed: a field left None is the plan's (or the default)
+    llama_cpp = load_llama_cpp("a GGUF bundle", verbose=bool(opts.verbose))  # llama_core.py
     planned_llm = bundle.manifest.llm or LLMConfig()  # the plan's llama.cpp settings and the model shape (typed)
     info = planned_llm.model_shape()
-    chat_template = opts.get("chat_template")
+    chat_template = opts.chat_template
     draft_rec = planned_llm.draft if bundle.has_artifact("draft") else None  # edgesdk build --draft
-    speculative_plan(False, opts.get("speculative"), draft_rec)  # a bad mode fails at load (exit 3)
+    speculative_plan(False, opts.speculative, draft_rec)  # a bad mode fails at load (exit 3)
     if chat_template is not None:
         resolve_chat_template(chat_template)  # a bad name/file fails at load (exit 3), not at the first chat
     elif bundle.has_artifact("chat_template"):  # chosen at build time (plan decision gguf.chat_template)
         chat_template = str(bundle.artifact_path("chat_template"))
     path = str(bundle.artifact_path("model"))
     layers = planned_llm.layers
-    n_ctx = int(opts.get("n_ctx") or planned_llm.n_ctx or 2048)
+    n_ctx = int(opts.n_ctx or planned_llm.n_ctx or 2048)
     profile = ctx.profile
-    planned = opts.get("n_gpu_layers", planned_llm.n_gpu_layers)
+    planned = opts.n_gpu_layers if opts.n_gpu_layers is not None else planned_llm.n_gpu_layers
     ngl = layers + 1 if planned in ("all", -1) else int(planned)
-    if profile is not None and "flash_attn" not in opts:
+    if profile is not None and opts.flash_attn is None:
         fa = bool(profile.is_gpu and profile.kernel("flash_attention").supported)
     else:
-        fa = bool(opts.get("flash_attn", planned_llm.flash_attn))
-    threads = opts.get("threads") or planned_llm.thread_count
+        fa = bool(opts.flash_attn if opts.flash_attn is not None else planned_llm.flash_attn)
+    threads = opts.threads or planned_llm.thread_count
     # Batch sizes and K/V cache types: the plan's (manifest llm section: n_batch, n_ubatch, type_k, type_v);
     # load options n_batch / n_ubatch override. A bundle built before these decisions has none of the keys
     # and keeps llama-cpp-python's defaults (n_batch 512, n_ubatch 512, f16 cache).
     batch: dict[str, int] = {}
-    for key in ("n_batch", "n_ubatch"):
+    given = {"n_batch": opts.n_batch, "n_ubatch": opts.n_ubatch}
+    for key, option in given.items():
         value, where = (
-            (opts[key], f"load option {key}")
-            if opts.get(key) is not None
+            (option, f"load option {key}")
+            if option is not None
             else (planned_llm.planned(key), f"{bundle.path}: manifest extras.llm.{key}")
         )
         if value is None:
@@ -758,7 +791,7 @@ def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
                 raise InputError(f"{where} must be a positive integer, got {value!r}")
             raise BundleIntegrityError(f"{where}: expected a positive integer, got {value!r}")
         batch[key] = value
-    explicit_batch = {k for k in ("n_batch", "n_ubatch") if opts.get(k) is not None}
+    explicit_batch = {k for k, v in given.items() if v is not None}
     # The plan's serving decisions (serving.slots, serving.prefill_chunk; manifest extras.llm.slots / prefill_chunk):
     # for the placement they were planned for; a bundle built before them has neither (serve's defaults).
     serving: dict[str, int] = {}
@@ -810,7 +843,7 @@ def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
                 ngl = fit
         else:
             notes.append(how)
-    risky = bool(opts.get("probe_in_child")) or bool(profile is not None and profile.sm in RISKY_SMS)
+    risky = bool(opts.probe_in_child) or bool(profile is not None and profile.sm in RISKY_SMS)
     errors: list[str] = []
     draft_weights: Weights | None = None
     tried = _attempts(fa, ngl)
@@ -874,8 +907,8 @@ def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
                 "threads": threads,
                 "n_batch": n_batch,
                 "n_ubatch": min(a_batch.get("n_ubatch", 512), n_batch),
-                "verbose": bool(opts.get("verbose")),
-                "speculative": opts.get("speculative"),
+                "verbose": bool(opts.verbose),
+                "speculative": opts.speculative,
                 "draft": draft_rec,
             }
             try:
@@ -927,3 +960,9 @@ def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
         if i + 1 < len(tried):
             ctx.record_fallback(_label(a_fa, a_ngl, layers), _label(*tried[i + 1], layers), why)
     raise BackendUnavailableError(f"llama.cpp could not load {path}: " + "; ".join(errors))
+
+
+if TYPE_CHECKING:  # mypy holds the backend to the contracts the session and serve ask for with isinstance
+
+    def _contracts(backend: LlamaCppBackend) -> tuple[LLMBackend, BatchingBackend]:
+        return backend, backend

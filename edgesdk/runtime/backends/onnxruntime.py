@@ -19,6 +19,7 @@ import numpy as np
 
 from edgesdk.errors import BackendUnavailableError, EdgeSDKError, ShapeError
 from edgesdk.runtime.backend import LoadContext, TensorSpec
+from edgesdk.runtime.options import OnnxLoadOptions
 
 if TYPE_CHECKING:
     from edgesdk.bundle import Bundle
@@ -318,12 +319,11 @@ def load_onnx(bundle: Bundle, ctx: LoadContext) -> Any:
     from edgesdk.extras import check_onnxruntime
 
     check_onnxruntime()
-    chain = ctx.options.get("providers") or bundle.manifest.runtime.backend_chain or ["CPUExecutionProvider"]
-    backend = OnnxRuntimeBackend(
-        bundle.artifact_path("model"), list(chain), ctx.record_fallback, threads=ctx.options.get("threads")
-    )
+    opts = OnnxLoadOptions.narrow(ctx.options)
+    chain = opts.providers or bundle.manifest.runtime.backend_chain or ["CPUExecutionProvider"]
+    backend = OnnxRuntimeBackend(bundle.artifact_path("model"), list(chain), ctx.record_fallback, threads=opts.threads)
     backend.vocab_size, backend.max_positions = _config_int(bundle, "vocab_size"), _max_positions(bundle)
-    want, reason = _cuda_graph_choice(bundle, ctx.options.get("cuda_graphs"), ctx.profile)
+    want, reason = _cuda_graph_choice(bundle, opts.cuda_graphs, ctx.profile)
     if want:
         from edgesdk.runtime.backends.ort_buckets import bucket_options
 

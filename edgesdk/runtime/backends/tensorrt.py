@@ -25,6 +25,7 @@ from edgesdk.errors import BackendUnavailableError, BundleIntegrityError, Extern
 from edgesdk.formats.tensorrt import engine as E
 from edgesdk.formats.tensorrt.engine import preflight
 from edgesdk.runtime.backend import LoadContext, TensorSpec
+from edgesdk.runtime.options import OnnxLoadOptions
 
 if TYPE_CHECKING:
     from edgesdk.bundle import Bundle
@@ -167,12 +168,13 @@ def load_tensorrt(bundle: Bundle, ctx: LoadContext) -> TensorRTEngineBackend | O
         bundle.manifest.runtime.backend_chain
         or [ENGINE_STEP, "TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
     )
-    if ctx.options.get("providers"):
-        chain = [ENGINE_STEP, *ctx.options["providers"]]
+    opts = OnnxLoadOptions.narrow(ctx.options)
+    if opts.providers:
+        chain = [ENGINE_STEP, *opts.providers]
     # placement=False skips the one profiled run that records where each node ran (first run only).
     info: dict[str, Any] = {
         "host": {k: env.get(k) for k in ("tensorrt", "sm", "l4t", "platform", "gpu")},
-        "placement": ctx.options.get("placement", True),
+        "placement": opts.placement if opts.placement is not None else True,
     }
     config = E.read_config(bundle.artifact_path("engine-config"))
     problems = preflight(config["target"], env)
@@ -193,6 +195,6 @@ def load_tensorrt(bundle: Bundle, ctx: LoadContext) -> TensorRTEngineBackend | O
         _listed_onnx(bundle, config),
         ep_chain or ["CPUExecutionProvider"],
         ctx.record_fallback,
-        threads=ctx.options.get("threads"),
+        threads=opts.threads,
     )
     return OrtFallbackBackend(inner, info, bundle)

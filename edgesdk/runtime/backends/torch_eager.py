@@ -21,6 +21,7 @@ from edgesdk.capability.tables import eager_cost_estimate
 from edgesdk.errors import BackendUnavailableError
 from edgesdk.runtime.backend import LoadContext, TensorSpec
 from edgesdk.runtime.fastpaths import fast_paths
+from edgesdk.runtime.options import OnnxLoadOptions
 
 if TYPE_CHECKING:
     from edgesdk.bundle import Bundle
@@ -45,7 +46,7 @@ class TorchEagerBackend:
             raise BackendUnavailableError(
                 f"cannot load torch.export program {path.name}: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
             ) from exc
-        cuda = bool(ctx.options.get("device", "auto") != "cpu" and torch.cuda.is_available())
+        cuda = bool(OnnxLoadOptions.narrow(ctx.options).device != "cpu" and torch.cuda.is_available())
         self.device = "cuda:0" if cuda else "cpu"
         self.paths = fast_paths(ctx.profile, device_is_cuda=cuda)
         for feature, label in (
@@ -259,7 +260,8 @@ def choose_eager_fallback(bundle: Bundle, ctx: LoadContext, ort_backend: Any, ch
         return ort_backend
     status: dict[str, Any] = {"considered": True, "planned": planned}
     ort_backend.eager_fallback = status
-    if ctx.options.get("eager_fallback") is False:
+    opts = OnnxLoadOptions.narrow(ctx.options)
+    if opts.eager_fallback is False:
         status.update(used=False, reason="eager_fallback=False (option)")
         return ort_backend
     if not bundle.has_artifact("eager-weights"):
@@ -269,14 +271,14 @@ def choose_eager_fallback(bundle: Bundle, ctx: LoadContext, ort_backend: Any, ch
             "non-Hugging Face source, or before eager fallbacks existed)",
         )
         return ort_backend
-    device = ctx.options.get("eager_device")
+    device = opts.eager_device
     how = f"eager_device={device} (option)"
     if device is None:
         device, how = _torch_cuda()
     if device is None:
         status.update(used=False, reason=f"no eager CUDA: {how}")
         return ort_backend
-    measure = ctx.options.get("eager_measure") or measure_ms
+    measure = opts.eager_measure or measure_ms
     t0 = time.perf_counter()
     try:
         eager = EagerCudaBackend(bundle, device, ort_backend.inputs, ort_backend.outputs)

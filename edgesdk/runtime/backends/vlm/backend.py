@@ -12,7 +12,7 @@ import dataclasses
 import json
 import logging
 import threading
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from pathlib import Path
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
@@ -22,13 +22,18 @@ import numpy as np
 from edgesdk import telemetry
 from edgesdk.contracts.gguf_types import DEFAULT_KV_TYPE, kv_bytes
 from edgesdk.errors import BackendUnavailableError, InputError, ShapeError
-from edgesdk.runtime.backend import TensorSpec
+from edgesdk.runtime.backend import ImageLimits, TensorSpec, VisionRequestStats
 from edgesdk.runtime.backends.llama_core import load_llama_cpp
 from edgesdk.runtime.backends.vlm.pipeline import VLMPipeline, VLMPrompt
 from edgesdk.runtime.batching import BatchEngine, MultimodalRequest, prefill_budget
+from edgesdk.runtime.options import VlmLoadOptions
 from edgesdk.runtime.requests import GenerationRequest
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from edgesdk.bundle import Bundle
+    from edgesdk.runtime.backend import BatchingBackend, GenerationOptions, LoadContext, VisionBackend
     from edgesdk.runtime.batching import GenerationResult
 
 
@@ -82,8 +87,6 @@ class VLMBackend:
 
     name = "llama.cpp+mtmd"
     provider = "llama.cpp"
-    #: :meth:`encode` preprocesses and encodes images: a server calls it off its event loop
-    heavy_encode = True
 
     def __init__(
         self,
@@ -101,8 +104,8 @@ class VLMBackend:
         self._attrs = attributes
         self._info = dict(llm_info or {})  # the manifest's model shape (kv_bytes_per_token)
         self.device = "cpu" if self.settings["n_gpu_layers"] == 0 else "cuda:0"
-        self.inputs = (TensorSpec("input_ids", "int64", None),)
-        self.outputs = (TensorSpec("logits", "float32", None),)
+        self.inputs: Sequence[TensorSpec] = (TensorSpec("input_ids", "int64", None),)
+        self.outputs: Sequence[TensorSpec] = (TensorSpec("logits", "float32", None),)
         try:
             self._engine = self._new_engine(slots=1)
         except BaseException:
@@ -111,7 +114,32 @@ class VLMBackend:
         self._engine.reuse_prefix = True
         self._engine_lock = threading.Lock()  # replacing the engine (another slot count) vs. using it
         self._order = threading.Lock()  # a prompt is made and submitted before the next one: arrival order
-        self.last: dict[str, Any] = {}
+        self.last_stats: VisionRequestStats | None = None  # the last finished request's figures
+
+    @property
+    def last(self) -> dict[str, Any]:
+        """:attr:`last_stats` as a dict (``{}`` before the first request)."""
+        return self.last_stats.as_dict() if self.last_stats is not None else {}
+
+    @property
+    def context_length(self) -> int:
+        """Tokens one sequence holds (a slot's context, ``n_ctx``)."""
+        return int(self.settings["n_ctx"])
+
+    def image_limits(self) -> ImageLimits:
+        """The preprocessor's size check, the image tokens one image costs and a slot's context (a server checks a
+        chat's images with them before it queues the request)."""
+        pre = self.pipe.pre
+        return ImageLimits(check_size=pre.check_size, image_tokens=pre.image_tokens, context=self.context_length)
+
+    def planned_slots(self) -> tuple[int | None, str]:
+        """A VLM bundle's plan has no serving decisions: serve's defaults (no reason to add to theirs)."""
+        return None, ""
+
+    @property
+    def on_gpu(self) -> bool:
+        """The decoder's layers are offloaded to a GPU."""
+        return int(self.settings["n_gpu_layers"]) != 0
 
     @property
     def engine(self) -> BatchEngine:
@@ -120,7 +148,7 @@ class VLMBackend:
     def tokenize(self, text: str) -> list[int]:
         return self._engine.tokenize(text, add_bos=True, special=False)
 
-    def run(self, feeds: dict[str, Any]) -> dict[str, Any]:
+    def run(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
         raise ShapeError("a VLM bundle runs generate(prompt, images=[...]) or chat(messages)")
 
     def image_features(self, image: Any) -> np.ndarray:
@@ -138,21 +166,38 @@ class VLMBackend:
         return self.pipe.pre.record.user_prompt(prompt, len(images), marker)
 
     # ------------------------------------------------------------------ generation
-    def generate(self, prompt: str, images: list[Any] | None = None, **kw: Any) -> Any:
-        """Answer ``prompt`` about ``images`` (paths, bytes, PIL images or arrays). A prompt without
-        ``<image>`` markers is wrapped in the family's user turn (LLaVA's ``USER: <image>\\n... ASSISTANT:``)."""
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        images: Sequence[Any] | None = None,
+        *,
+        stream: bool = False,
+        **options: Unpack[GenerationOptions],
+    ) -> str | Iterator[str]:
+        """Answer ``prompt`` (text: a VLM takes no token ids) about ``images`` (paths, bytes, PIL images or arrays).
+        A prompt without ``<image>`` markers is wrapped in the family's user turn (LLaVA's ``USER: <image>\\n...
+        ASSISTANT:``)."""
         if not isinstance(prompt, str):
             raise InputError(f"prompt must be a string, got {type(prompt).__name__}")
-        images = list(images or [])
-        stream = kw.pop("stream", False)
-        gen = self._run(self._prompt(prompt, images), images, "chat", prompt, stream, kw)
+        pictures = list(images or [])
+        gen = self._run(self._prompt(prompt, pictures), pictures, "chat", prompt, stream, options)
         return gen if stream else "".join(gen)
 
-    def stream(self, prompt: str, images: list[Any] | None = None, **kw: Any) -> Iterator[str]:
-        gen: Iterator[str] = self.generate(prompt, images, stream=True, **kw)
+    def stream(
+        self, prompt: str | Sequence[int], images: Sequence[Any] | None = None, **options: Unpack[GenerationOptions]
+    ) -> Iterator[str]:
+        gen = self.generate(prompt, images, stream=True, **options)
+        assert not isinstance(gen, str)
         return gen
 
-    def chat(self, messages: list[dict[str, Any]], chat_template: str | None = None, **kw: Any) -> Any:
+    def chat(
+        self,
+        messages: list[dict[str, Any]],
+        chat_template: str | None = None,
+        *,
+        stream: bool = False,
+        **options: Unpack[GenerationOptions],
+    ) -> str | Iterator[str]:
         """Reply to ``messages`` in the model family's own turn format (``chat_template`` applies to GGUF
         bundles: None only)."""
         if chat_template is not None:
@@ -161,8 +206,7 @@ class VLMBackend:
                 "own turn format (docs/vlm.md)"
             )
         text, images = self._chat_text(messages)
-        stream = kw.pop("stream", False)
-        gen = self._run(text, images, "chat", messages, stream, kw)
+        gen = self._run(text, images, "chat", messages, stream, options)
         return gen if stream else "".join(gen)
 
     def _chat_text(self, messages: list[dict[str, Any]]) -> tuple[str, list[Any]]:
@@ -170,11 +214,11 @@ class VLMBackend:
         return self.pipe.pre.record.chat(messages, self.pipe.marker), images
 
     def _run(
-        self, text: str, images: list[Any], operation: str, capture: Any, stream: bool, options: dict[str, Any]
+        self, text: str, images: list[Any], operation: str, capture: Any, stream: bool, options: GenerationOptions
     ) -> Iterator[str]:
         stop = options.get("stop")
         if isinstance(stop, (list, tuple)):
-            options["stop"] = [s for s in stop if s != ""] or None  # an empty stop string stops nothing
+            options = {**options, "stop": [s for s in stop if s != ""] or None}  # an empty stop string stops nothing
         request = GenerationRequest.from_options(prompt=text, stream=stream, **options)  # checked before any image
         rec = self.recorder(request, operation)
         return self._consume(request, images, rec, capture)
@@ -201,7 +245,7 @@ class VLMBackend:
         self, request: GenerationRequest, images: list[Any], rec: Any, capture: Any
     ) -> Generator[str, None, None]:
         """One request under its GenAI span: its prompt made (stages preprocess, encode) and run by the engine
-        (stages prefill: until the first piece, decode: after it); ``self.last`` from its result. Closing the
+        (stages prefill: until the first piece, decode: after it); ``self.last_stats`` from its result. Closing the
         generator early cancels the request (its slot is free at the engine's next step)."""
         finish, res, decode = "error", None, None
         with rec:
@@ -236,7 +280,7 @@ class VLMBackend:
                     rec.set_attribute("edgesdk.vlm.kv_reused_tokens", res.cached_tokens)
                     rec.set_output_tokens(len(res.tokens))
                     rec.capture_output(res.text)
-                    self.last = self._last(vp, res, t0)
+                    self.last_stats = self._stats(vp, res, t0)
                 decode.end()
                 rec.finish([finish])
 
@@ -255,31 +299,33 @@ class VLMBackend:
         fields.update(prompt=None, messages=None, prompt_tokens=tuple(vp.tokens), tools=())
         return MultimodalRequest(**fields, images=tuple(vp.images))
 
-    def _last(self, vp: VLMPrompt, res: GenerationResult, t0: float) -> dict[str, Any]:
-        """A finished request's figures (``last``): counts, its images, token instants and stage times; TTFT from
-        the call (preprocessing and encoding included)."""
+    def _stats(self, vp: VLMPrompt, res: GenerationResult, t0: float) -> VisionRequestStats:
+        """A finished request's figures (``last_stats``): counts, its images, token instants and stage times; TTFT
+        from the call (preprocessing and encoding included)."""
         first, end, n_out = res.first_token_at, res.finished_at or perf_counter(), len(res.tokens)
-        return {
-            "input_tokens": res.prompt_tokens,
-            "image_tokens": vp.image_tokens,
-            "output_tokens": n_out,
-            "output_ids": list(res.tokens),
-            "finish_reason": res.finish_reason,
-            "images_cached": vp.images_cached,
-            "kv_reused_tokens": res.cached_tokens,
-            "cached_tokens": res.cached_tokens,
-            "encoder_runs": self.pipe.encoder_runs,
-            "stages_s": {
+        return VisionRequestStats(
+            input_tokens=res.prompt_tokens,
+            image_tokens=vp.image_tokens,
+            output_tokens=n_out,
+            output_ids=tuple(res.tokens),
+            finish_reason=res.finish_reason,
+            images_cached=vp.images_cached,
+            cached_tokens=res.cached_tokens,
+            encoder_runs=self.pipe.encoder_runs,
+            stages_s={
                 **{k: round(v, 6) for k, v in vp.stages.items()},
                 "prefill_s": round((first or end) - (end - res.total_s), 6),
                 "decode_s": round(end - (first or end), 6),
             },
-            "ttft_s": round(first - t0, 6) if first else None,
-            "decode_tok_s": round((n_out - 1) / (end - first), 2) if first and n_out > 1 and end > first else None,
-            "first_token_at": first,
-            "last_token_at": end if first else None,
-            "llama_cpp_timings": dict(res.timings),
-        }
+            ttft_s=round(first - t0, 6) if first else None,
+            decode_tok_s=round((n_out - 1) / (end - first), 2) if first and n_out > 1 and end > first else None,
+            first_token_at=first,
+            last_token_at=end if first else None,
+            llama_cpp_timings=dict(res.timings),
+            speculative=res.speculative,
+            drafted_tokens=res.drafted_tokens,
+            accepted_tokens=res.accepted_tokens,
+        )
 
     def recorder(self, request: GenerationRequest, operation: str | None = None) -> Any:
         """The telemetry recorder (GenAI span and metrics) of one request, not yet started, never made the current
@@ -379,7 +425,7 @@ class VLMBackend:
             "engine": dict(self._engine.settings),
             "encoder_runs": self.pipe.encoder_runs,
             "cached_images": len(self.pipe.features),
-            "last_request": dict(self.last),
+            "last_request": self.last,
         }
 
     def close(self) -> None:
@@ -389,10 +435,10 @@ class VLMBackend:
                 self.pipe.close()
 
 
-def load_vlm(bundle: Any, ctx: Any) -> VLMBackend:
+def load_vlm(bundle: Bundle, ctx: LoadContext) -> VLMBackend:
     """Loader registered for format ``vlm``."""
-    opts = dict(ctx.options or {})
-    llama_cpp = load_llama_cpp("a VLM bundle", verbose=bool(opts.get("verbose")))  # as the GGUF loader (llama_core.py)
+    opts = VlmLoadOptions.narrow(ctx.options)  # typed: a field left None is the plan's (or the default)
+    llama_cpp = load_llama_cpp("a VLM bundle", verbose=bool(opts.verbose))  # as the GGUF loader (llama_core.py)
     from edgesdk.manifest import LLMConfig
 
     planned_llm = bundle.manifest.llm or LLMConfig(n_ctx=512)  # the plan's llama.cpp settings (typed)
@@ -405,25 +451,26 @@ def load_vlm(bundle: Any, ctx: Any) -> VLMBackend:
         pre["_family"] = bundle.manifest.vlm_family
     if bundle.manifest.vlm_image_tokens:  # image tokens per frame: a request's images are counted before decoding
         pre["_image_tokens"] = bundle.manifest.vlm_image_tokens
-    ngl = opts.get("n_gpu_layers", planned_llm.n_gpu_layers)
-    ngl = planned_llm.layers + 1 if ngl in ("all", -1) else int(ngl)
+    planned = opts.n_gpu_layers if opts.n_gpu_layers is not None else planned_llm.n_gpu_layers
+    ngl = planned_llm.layers + 1 if planned in ("all", -1) else int(planned)
     if ngl and not llama_cpp.llama_supports_gpu_offload():
         ctx.record_fallback(
             "llama.cpp (GPU offload)", "llama.cpp (CPU)", "this llama-cpp-python build has no GPU offload"
         )
         ngl = 0
-    threads = opts.get("threads") or planned_llm.thread_count
+    threads = opts.threads or planned_llm.thread_count
+    use_mmap = opts.use_mmap is not False  # default: memory-mapped
     t0 = perf_counter()
-    encoder, enc_report = _onnx_encoder(bundle, ctx, pre, threads)
+    encoder, enc_report = _onnx_encoder(bundle, ctx, pre, threads, opts.vision_encoder)
     pipe = VLMPipeline(
         bundle.artifact_path("model"),
         bundle.artifact_path("mmproj"),
         pre,
-        n_ctx=int(opts.get("n_ctx") or planned_llm.n_ctx or 512),
+        n_ctx=int(opts.n_ctx or planned_llm.n_ctx or 512),
         n_gpu_layers=ngl,
         threads=threads,
         use_gpu=ngl > 0,
-        use_mmap=bool(opts.get("use_mmap", True)),
+        use_mmap=use_mmap,
         image_encoder=encoder,
         encoder_id=bundle.artifacts("mmproj" if encoder is None else "vision_encoder")[0].sha256,
     )
@@ -434,7 +481,7 @@ def load_vlm(bundle: Any, ctx: Any) -> VLMBackend:
         "threads": pipe.settings["threads"],
         "load_s": round(perf_counter() - t0, 4),
         "mmap": "llama.cpp memory-maps the decoder GGUF (use_mmap default)"
-        if opts.get("use_mmap", True)
+        if use_mmap
         else "decoder GGUF read into memory (use_mmap=False)",
         "components": {"decoder": planned_llm.quant_type or None, "mmproj": "F16"},
         "vision_encoder": enc_report,
@@ -464,7 +511,9 @@ def parity_backend(
     return VLMBackend(pipe, report={}, model="parity", attributes={})
 
 
-def _onnx_encoder(bundle: Any, ctx: Any, pre: dict[str, Any], threads: int | None) -> tuple[Any, dict[str, Any]]:
+def _onnx_encoder(
+    bundle: Bundle, ctx: LoadContext, pre: dict[str, Any], threads: int | None, choice: str | None
+) -> tuple[Any, dict[str, Any]]:
     """The ONNX FP16 vision encoder when the bundle has one and a provider suits it (onnx_session.choose:
     TensorRT > CUDA, the CPU only when asked with ``vision_encoder="onnx"``), else None: libmtmd's mmproj."""
     from edgesdk.runtime.backends.vlm import onnx_session
@@ -472,9 +521,7 @@ def _onnx_encoder(bundle: Any, ctx: Any, pre: dict[str, Any], threads: int | Non
     path = bundle.artifact_path("vision_encoder") if bundle.has_artifact("vision_encoder") else None
     # a class-token (CLIP) tower: the mmproj only tokenizes image chunks, the ONNX encoder must encode (docs/vlm.md)
     required = not bundle.manifest.mmproj_encodes
-    provider, reason = onnx_session.choose(
-        (ctx.options or {}).get("vision_encoder"), path, ctx.record_fallback, required=required
-    )
+    provider, reason = onnx_session.choose(choice, path, ctx.record_fallback, required=required)
     if provider is None or path is None:
         return None, {"path": "mmproj", "runtime": "llama.cpp libmtmd (F16 mmproj)", "reason": reason}
     enc = onnx_session.OnnxImageEncoder(path, pre, provider, threads=threads)
@@ -482,3 +529,9 @@ def _onnx_encoder(bundle: Any, ctx: Any, pre: dict[str, Any], threads: int | Non
         ctx.record_fallback(provider, enc.active, f"onnxruntime placed the vision encoder on {enc.active}")
     logging.getLogger("edgesdk.vlm").info("VLM vision encoder: ONNX FP16 on %s (%s)", enc.active, reason)
     return enc, {"path": "onnx", "runtime": "onnxruntime (FP16 ONNX encoder + projector)", "reason": reason}
+
+
+if TYPE_CHECKING:  # mypy holds the backend to the contracts the session and serve ask for with isinstance
+
+    def _contracts(backend: VLMBackend) -> tuple[VisionBackend, BatchingBackend]:
+        return backend, backend
