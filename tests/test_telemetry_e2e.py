@@ -211,10 +211,8 @@ def test_gguf_chat_capture_records_messages_with_roles(monkeypatch, gemma_backen
                 "chat",
                 stream=False,
                 special=False,
-                _capture=messages,
-                max_tokens=6,
-                seed=3,
-                temperature=0.0,
+                capture=messages,
+                options={"max_tokens": 6, "seed": 3, "temperature": 0.0},
             )
         )
         assert telemetry.force_flush()
