@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -41,10 +42,17 @@ SLOW_FIXTURES = {
     "mlp_runs": "two real `edgesdk profiler run`s through the CLI (8 s)",
     "test_vlm_onnx.py::exported": "a torch export of the tiny LLaVA's vision tower (8 s)",
     "resnet_dir": "a tiny ResNet made with transformers and torch (3 s)",
-    "tiny_llava": "a random-weight LLaVA made with transformers and torch (2 s per module)",
+    "tiny_llava": "a random-weight LLaVA made with transformers and torch (2 s, once per session)",
     "tiny_llava15": "a random-weight LLaVA-1.5 (CLIP 336 px) made with transformers and torch; builds 45 s each",
     "tiny_smolvlm_split": "a random-weight SmolVLM with image splitting; its builds take 30-60 s each",
     "doc_workspace": "every documented command run in a subprocess: builds, LLM runs, servers (70 s)",
+    "minilm_cpu_fp32": "a real FP32 MiniLM build for cpu-x86_64 (12-16 s, once per session)",
+    "minilm_cpu_int8": "a real INT8 MiniLM build for cpu-x86_64 with calibration (13-20 s, once per session)",
+    "gemma_cpu_bundle": "Gemma-3-270M repackaged for cpu-x86_64 (2-5 s, once per session)",
+    "gemma_chat_bundle": "Gemma-3-270M with a chat template added, then built (12-19 s, once per session)",
+    "two_bundles": "Gemma-3-270M built through the CLI for cpu-x86_64 and orin-nano-8gb (5 s, once per session)",
+    "vlm_f16_bundle": "the tiny LLaVA built F16 for cpu-x86_64 (11-13 s, once per session)",
+    "vlm_q8_bundle": "the tiny LLaVA built Q8_0 for cpu-x86_64 (11-13 s, once per session)",
 }
 
 
@@ -80,6 +88,120 @@ def minilm_orin_bundle(minilm_dir, tmp_path_factory) -> Path:
 
     out = tmp_path_factory.mktemp("bundles") / "minilm-orin"
     return build(minilm_dir, "orin", out, BuildOptions(progress=False, parity_samples=16, calibration_samples=8))
+
+
+# ------------------------------------------------------------------ shared bundles, built once per session
+# Each model below is built once per session and handed to every module that uses it (they were built once per
+# module before: 9 Gemma chat builds, 7 MiniLM FP32 builds, ...). They are read-only: a test that changes a
+# bundle copies it first (shutil.copytree into tmp_path). Teardown checks that no file under a shared bundle was
+# added, removed or rewritten, so a test that writes into one fails instead of changing what later tests see.
+def _tree_state(root: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
+
+
+def _read_only(root: Path) -> Iterator[Path]:
+    before = _tree_state(root)
+    yield root
+    after = _tree_state(root)
+    if after != before:
+        changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+        pytest.fail(f"a test changed the shared bundle {root} (copy it before changing it): {changed[:10]}")
+
+
+def _build(src: Path, profile: str, out: Path, **options) -> Path:
+    from edgesdk.build import build
+    from edgesdk.plan import BuildOptions
+
+    return Path(build(src, profile, out, BuildOptions(progress=False, **options)))
+
+
+@pytest.fixture(scope="session")
+def minilm_cpu_fp32(minilm_dir, tmp_path_factory) -> Iterator[Path]:
+    """MiniLM FP32 ONNX for cpu-x86_64 (parity on 4 samples): the embedding model of the serve tests."""
+    out = tmp_path_factory.mktemp("shared-minilm") / "minilm-fp32"
+    yield from _read_only(_build(minilm_dir, "cpu-x86_64", out, precision="fp32", parity_samples=4))
+
+
+@pytest.fixture(scope="session")
+def minilm_cpu_int8(minilm_dir, tmp_path_factory) -> Iterator[Path]:
+    """MiniLM INT8 ONNX for cpu-x86_64, calibrated and parity-checked on 16 samples each."""
+    out = tmp_path_factory.mktemp("shared-minilm") / "minilm-int8"
+    yield from _read_only(_build(minilm_dir, "cpu-x86_64", out, parity_samples=16, calibration_samples=16))
+
+
+GEMMA_LICENSE = "LicenseRef-gemma"
+
+
+@pytest.fixture(scope="session")
+def gemma_cpu_bundle(gemma_gguf, tmp_path_factory) -> Iterator[Path]:
+    """The registry Gemma-3-270M Q4_K_M GGUF repackaged for cpu-x86_64 with the default options."""
+    out = tmp_path_factory.mktemp("shared-gemma") / "gemma-cpu"
+    yield from _read_only(_build(gemma_gguf, "cpu-x86_64", out, accept_licenses=(GEMMA_LICENSE,)))
+
+
+# Gemma's turn format, which the registry GGUF does not carry: gemma_chat_bundle adds it to the GGUF.
+GEMMA_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'assistant' %}<start_of_turn>model\n"
+    "{% else %}<start_of_turn>user\n{% endif %}{{ m['content'] }}<end_of_turn>\n{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="session")
+def gemma_chat_bundle(gemma_gguf, tmp_path_factory) -> Iterator[Path]:
+    """Gemma-3-270M with GEMMA_CHAT_TEMPLATE written into the GGUF (gguf-py's gguf_new_metadata), built for
+    cpu-x86_64: the chat model of the serve tests."""
+    work = tmp_path_factory.mktemp("gemma-chat")
+    tpl = work / "chat_template.jinja"
+    tpl.write_text(GEMMA_CHAT_TEMPLATE)
+    gguf = work / "gemma-3-270m-chat-q4_k_m.gguf"
+    proc = subprocess.run(
+        [sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(gemma_gguf), str(gguf)]
+        + ["--chat-template-file", str(tpl)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    yield from _read_only(_build(gguf, "cpu-x86_64", work / "gemma-chat", accept_licenses=(GEMMA_LICENSE,)))
+
+
+@pytest.fixture(scope="session")
+def two_bundles(gemma_gguf, tmp_path_factory) -> Iterator[Path]:
+    """The registry Gemma GGUF built through the CLI for cpu-x86_64 and for orin-nano-8gb: <dir>/<profile>."""
+    out = tmp_path_factory.mktemp("shared-two-bundles")
+    for profile in ("cpu-x86_64", "orin-nano-8gb"):
+        subprocess.run(
+            [sys.executable, "-m", "edgesdk", "build", str(gemma_gguf), "--profile", profile, "-o",
+             str(out / profile), "--accept-license", GEMMA_LICENSE, "--no-progress"],
+            check=True, capture_output=True,
+        )  # fmt: skip
+    yield from _read_only(out)
+
+
+@pytest.fixture(scope="session")
+def tiny_llava(tmp_path_factory) -> Iterator[Path]:
+    """A random-weight LLaVA (SigLIP tower, seed 0; tests/vlm_fixtures.py) as a Hugging Face directory."""
+    pytest.importorskip("transformers")
+    from vlm_fixtures import make_tiny_llava  # tests/ is on sys.path
+
+    yield from _read_only(make_tiny_llava(tmp_path_factory.mktemp("shared-vlm") / "tiny-llava"))
+
+
+@pytest.fixture(scope="session")
+def vlm_f16_bundle(tiny_llava, tmp_path_factory) -> Iterator[Path]:
+    """tiny_llava built for cpu-x86_64 with an F16 decoder (16 image tokens per image)."""
+    pytest.importorskip("llama_cpp")
+    out = tmp_path_factory.mktemp("shared-vlm-bundles") / "vlm-f16"
+    yield from _read_only(_build(tiny_llava, "cpu-x86_64", out, quant_type="F16"))
+
+
+@pytest.fixture(scope="session")
+def vlm_q8_bundle(tiny_llava, tmp_path_factory) -> Iterator[Path]:
+    """tiny_llava built for cpu-x86_64 with a Q8_0 decoder."""
+    pytest.importorskip("llama_cpp")
+    out = tmp_path_factory.mktemp("shared-vlm-bundles") / "vlm-q8"
+    yield from _read_only(_build(tiny_llava, "cpu-x86_64", out, quant_type="Q8_0"))
 
 
 @pytest.fixture

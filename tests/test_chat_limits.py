@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from test_serve import ServerProcess, gemma_chat_bundle  # noqa: E402,F401  (gemma_chat_bundle: a fixture)
+from test_serve import ServerProcess  # noqa: E402  (gemma_chat_bundle: tests/conftest.py, once per session)
 
 from edgesdk.errors import InputError  # noqa: E402
 from edgesdk.formats.gguf import chat_limits  # noqa: E402
@@ -65,7 +65,7 @@ def test_check_template_names_the_sample_chat():
 
 
 @pytest.mark.slow
-def test_serve_answers_a_template_bomb_with_400_and_keeps_serving(gemma_chat_bundle, tmp_path):  # noqa: F811
+def test_serve_answers_a_template_bomb_with_400_and_keeps_serving(gemma_chat_bundle, tmp_path):
     bomb = tmp_path / "bomb.jinja"
     bomb.write_text(BOMB)
     srv = ServerProcess([gemma_chat_bundle, "--name", "gemma", "--chat-template", bomb], tmp_path)

@@ -11,7 +11,6 @@ chat template", and chat is refused naming the templates and the flag."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -62,16 +61,9 @@ def test_plan_json_and_explain_show_the_decision(gemma_gguf, run_cli, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def gemma_arch_bundle(gemma_gguf, tmp_path_factory) -> Path:
-    from edgesdk.build import build
-    from edgesdk.plan import BuildOptions
-
-    return build(
-        gemma_gguf,
-        "cpu-x86_64",
-        tmp_path_factory.mktemp("tpl") / "gemma",
-        BuildOptions(progress=False, accept_licenses=(GEMMA_LICENSE,)),
-    )
+def gemma_arch_bundle(gemma_cpu_bundle):
+    """tests/conftest.py's Gemma cpu-x86_64 bundle, built once per session (read-only: copy it before changing it)."""
+    return gemma_cpu_bundle
 
 
 @pytest.mark.slow

@@ -29,13 +29,10 @@ def test_ngl_is_one_option_not_n_followed_by_gl(run_cli, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def bundle(gemma_gguf, tmp_path_factory):
+def bundle(gemma_cpu_bundle):
+    """tests/conftest.py's Gemma cpu-x86_64 bundle, built once per session (read-only: copy it before changing it)."""
     pytest.importorskip("llama_cpp")
-    from edgesdk.build import build
-    from edgesdk.plan import BuildOptions
-
-    out = tmp_path_factory.mktemp("bundles") / "gemma-habits"
-    return build(gemma_gguf, "cpu-x86_64", out, BuildOptions(progress=False, accept_licenses=("LicenseRef-gemma",)))
+    return gemma_cpu_bundle
 
 
 @pytest.mark.slow

@@ -80,19 +80,6 @@ def registry(tmp_path_factory):
     r.stop()
 
 
-@pytest.fixture(scope="module")
-def two_bundles(gemma_gguf, tmp_path_factory):
-    """The registry Gemma GGUF repackaged for cpu-x86_64 and for orin-nano-8gb (1-2 s each)."""
-    out = tmp_path_factory.mktemp("bundles")
-    for profile in ("cpu-x86_64", "orin-nano-8gb"):
-        subprocess.run(
-            [sys.executable, "-m", "edgesdk", "build", str(gemma_gguf), "--profile", profile, "-o",
-             str(out / profile), "--accept-license", "LicenseRef-gemma", "--no-progress"],
-            check=True, capture_output=True,
-        )  # fmt: skip
-    return out
-
-
 def cli(*args: str, home: Path, ok: bool = True) -> subprocess.CompletedProcess:
     env = {**os.environ, "EDGESDK_HOME": str(home)}
     proc = subprocess.run([sys.executable, "-m", "edgesdk", *args], capture_output=True, text=True, env=env)

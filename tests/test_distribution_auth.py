@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 from registry_auth import TokenService, htpasswd_line
-from test_distribution import REGISTRY, Registry, two_bundles  # noqa: F401  (module fixture)
+from test_distribution import REGISTRY, Registry  # two_bundles: tests/conftest.py, once per session
 
 pytestmark = [
     pytest.mark.slow,
@@ -66,7 +66,7 @@ def basic_registry(tmp_path_factory):
     r.stop()
 
 
-def test_basic_auth_from_docker_config_and_from_the_environment(basic_registry, two_bundles, tmp_path):  # noqa: F811
+def test_basic_auth_from_docker_config_and_from_the_environment(basic_registry, two_bundles, tmp_path):
     ref = basic_registry.ref("models/basic:1")
     bundle = str(two_bundles / "cpu-x86_64")
     # no credentials anywhere: one line naming both ways to give them
@@ -108,7 +108,7 @@ def token_registry(tmp_path_factory):
     service.stop()
 
 
-def test_the_token_flow(token_registry, two_bundles, tmp_path):  # noqa: F811
+def test_the_token_flow(token_registry, two_bundles, tmp_path):
     registry, service = token_registry
     ref = registry.ref("models/token:1")
     creds = {"EDGESDK_REGISTRY_USER": USER, "EDGESDK_REGISTRY_PASSWORD": PASSWORD}
@@ -137,7 +137,7 @@ def _non_loopback_address() -> str | None:
     return None if addr.startswith("127.") else addr
 
 
-def test_plain_http_off_loopback_needs_insecure(two_bundles, tmp_path):  # noqa: F811
+def test_plain_http_off_loopback_needs_insecure(two_bundles, tmp_path):
     addr = _non_loopback_address()
     if addr is None:
         pytest.skip("this host has no non-loopback address")
@@ -163,7 +163,7 @@ def plain_registry(tmp_path_factory):
     r.stop()
 
 
-def test_several_bundles_in_one_push_make_one_index(plain_registry, two_bundles, tmp_path):  # noqa: F811
+def test_several_bundles_in_one_push_make_one_index(plain_registry, two_bundles, tmp_path):
     ref = plain_registry.ref("models/multi:1")
     cpu, nano = str(two_bundles / "cpu-x86_64"), str(two_bundles / "orin-nano-8gb")
     # one profile twice, or a directory that is not a bundle: refused before anything is uploaded

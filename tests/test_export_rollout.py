@@ -22,7 +22,6 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from test_distribution import two_bundles  # noqa: F401  (module fixture)
 
 pytestmark = pytest.mark.slow
 MENDER = shutil.which("mender-artifact")
@@ -52,7 +51,7 @@ def _keys(d: Path) -> tuple[Path, Path, Path]:
 
 
 @pytest.mark.skipif(MENDER is None, reason="no mender-artifact (Debian package; make setup installs it)")
-def test_export_mender_writes_a_signed_artifact_mender_validates(two_bundles, tmp_path):  # noqa: F811
+def test_export_mender_writes_a_signed_artifact_mender_validates(two_bundles, tmp_path):
     pytest.importorskip("cryptography")
     key, pub, other = _keys(tmp_path)
     bundle = two_bundles / "orin-nano-8gb"
@@ -108,7 +107,7 @@ def _variant(src: Path, dest: Path, parity: dict) -> Path:
     return dest
 
 
-def test_rollout_check(two_bundles, tmp_path):  # noqa: F811
+def test_rollout_check(two_bundles, tmp_path):
     pytest.importorskip("llama_cpp")
     current = two_bundles / "cpu-x86_64"
     ok = cli("rollout", "check", str(two_bundles / "orin-nano-8gb"), "--current", str(current), "--iterations", "5",

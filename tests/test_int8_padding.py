@@ -83,12 +83,9 @@ def test_padded_batches_pad_on_the_right():
 
 
 @pytest.fixture(scope="module")
-def int8_bundle(minilm_dir, tmp_path_factory):
-    from edgesdk.build import build
-    from edgesdk.plan import BuildOptions
-
-    out = tmp_path_factory.mktemp("int8pad") / "minilm-cpu"
-    return build(minilm_dir, "cpu-x86_64", out, BuildOptions(progress=False, parity_samples=16, calibration_samples=16))
+def int8_bundle(minilm_cpu_int8):
+    """tests/conftest.py's INT8, built once per session (read-only: copy it before changing it)."""
+    return minilm_cpu_int8
 
 
 @pytest.fixture(scope="module")

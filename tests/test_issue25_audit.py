@@ -23,7 +23,7 @@ import pytest
 pytest.importorskip("llama_cpp")
 pytest.importorskip("starlette")
 
-from test_serve import ServerProcess, gemma_chat_bundle  # noqa: E402,F401  (gemma_chat_bundle: a fixture)
+from test_serve import ServerProcess  # noqa: E402  (gemma_chat_bundle: tests/conftest.py, once per session)
 from waiver_fixtures import waiver_file  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -64,7 +64,7 @@ def _metric(url: str, series: str) -> float:
     return float(found.group(1)) if found else 0.0
 
 
-def test_abandoned_non_streaming_request_frees_its_slot_when_batched(gemma_chat_bundle, tmp_path):  # noqa: F811
+def test_abandoned_non_streaming_request_frees_its_slot_when_batched(gemma_chat_bundle, tmp_path):
     """Two slots, no waiting room: a ``"stream": false`` request for 400 tokens whose client goes away
     after 0.5 s of generating is cancelled at its next token (the slot gauge back to 0, cancelled +1,
     a 499 counted), and both slots take new requests at once. A guard, not a regression test: the

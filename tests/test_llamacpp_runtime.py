@@ -20,12 +20,9 @@ PROMPT = "The capital of France is"
 
 
 @pytest.fixture(scope="module")
-def gemma_bundle(gemma_gguf, tmp_path_factory):
-    from edgesdk.build import build
-    from edgesdk.plan import BuildOptions
-
-    out = tmp_path_factory.mktemp("bundles") / "gemma-cpu"
-    return build(gemma_gguf, "cpu-x86_64", out, BuildOptions(progress=False, accept_licenses=("LicenseRef-gemma",)))
+def gemma_bundle(gemma_cpu_bundle):
+    """tests/conftest.py's Gemma cpu-x86_64 bundle, built once per session (read-only: copy it before changing it)."""
+    return gemma_cpu_bundle
 
 
 @pytest.fixture(scope="module")

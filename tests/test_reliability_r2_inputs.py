@@ -137,12 +137,9 @@ def test_manifest_serve_that_is_not_a_table_is_an_input_error(manifest, message)
 
 # ------------------------------------------------------------------------ ONNX Runtime input errors
 @pytest.fixture(scope="module")
-def minilm_fp32(minilm_dir, tmp_path_factory) -> Path:
-    from edgesdk.build import build
-    from edgesdk.plan import BuildOptions
-
-    out = tmp_path_factory.mktemp("r2-inputs") / "minilm-fp32"
-    return build(minilm_dir, "cpu-x86_64", out, BuildOptions(precision="fp32", progress=False, parity_samples=4))
+def minilm_fp32(minilm_cpu_fp32):
+    """tests/conftest.py's FP32, built once per session (read-only: copy it before changing it)."""
+    return minilm_cpu_fp32
 
 
 def _feeds(ids) -> dict[str, np.ndarray]:

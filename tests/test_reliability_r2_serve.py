@@ -365,21 +365,15 @@ def test_port_in_use_is_one_error_line_and_exit_3(tmp_path):
 
 # ------------------------------------------------------------------------ findings 4 and 5: embeddings
 @pytest.fixture(scope="module")
-def minilm_fp32(minilm_dir, tmp_path_factory) -> Path:
-    from edgesdk.build import build
-    from edgesdk.plan import BuildOptions
-
-    out = tmp_path_factory.mktemp("r2-bundles") / "minilm-fp32"
-    return build(minilm_dir, "cpu-x86_64", out, BuildOptions(precision="fp32", progress=False, parity_samples=4))
+def minilm_fp32(minilm_cpu_fp32):
+    """tests/conftest.py's FP32, built once per session (read-only: copy it before changing it)."""
+    return minilm_cpu_fp32
 
 
 @pytest.fixture(scope="module")
-def minilm_int8(minilm_dir, tmp_path_factory) -> Path:
-    from edgesdk.build import build
-    from edgesdk.plan import BuildOptions
-
-    out = tmp_path_factory.mktemp("r2-bundles") / "minilm-int8"
-    return build(minilm_dir, "cpu-x86_64", out, BuildOptions(progress=False, parity_samples=16, calibration_samples=16))
+def minilm_int8(minilm_cpu_int8):
+    """tests/conftest.py's INT8, built once per session (read-only: copy it before changing it)."""
+    return minilm_cpu_int8
 
 
 @pytest.fixture(scope="module")

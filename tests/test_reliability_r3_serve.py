@@ -25,7 +25,7 @@ pytest.importorskip("llama_cpp")
 pytest.importorskip("uvicorn")
 pytest.importorskip("starlette")
 
-from test_serve import ServerProcess, gemma_chat_bundle  # noqa: E402,F401  (gemma_chat_bundle: a fixture)
+from test_serve import ServerProcess  # noqa: E402  (gemma_chat_bundle: tests/conftest.py, once per session)
 from test_serve_vlm import vlm_bundle  # noqa: E402,F401  (a fixture: the tiny LLaVA, 16 image tokens per image)
 
 pytestmark = pytest.mark.slow
@@ -42,7 +42,7 @@ ENDLESS = {
 
 
 @pytest.fixture(scope="module", params=["4", "1"], ids=["batched", "one-at-a-time"])
-def timed_server(request, gemma_chat_bundle, tmp_path_factory):  # noqa: F811 - the imported fixture
+def timed_server(request, gemma_chat_bundle, tmp_path_factory):
     srv = ServerProcess(
         [gemma_chat_bundle, "--name", "gemma", "--parallel", request.param, "--request-timeout", "1"],
         tmp_path_factory.mktemp("serve-timeout"),

@@ -7,7 +7,6 @@ and on two GGUFs that declare different licenses."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from waiver_fixtures import license_gguf
@@ -109,18 +108,9 @@ def test_a_bundle_without_component_labels_still_lists_its_weight_files(tmp_path
 
 
 @pytest.fixture(scope="module")
-def vlm_bundle(tmp_path_factory) -> Path:
-    pytest.importorskip("transformers")
-    pytest.importorskip("llama_cpp")
-    from vlm_fixtures import make_tiny_llava  # tests/ is on sys.path
-
-    from edgesdk.build import build
-    from edgesdk.plan import BuildOptions
-
-    src = make_tiny_llava(tmp_path_factory.mktemp("vlm") / "tiny-llava")
-    return build(
-        src, "cpu-x86_64", tmp_path_factory.mktemp("bundles") / "vlm", BuildOptions(progress=False, quant_type="Q8_0")
-    )
+def vlm_bundle(vlm_q8_bundle):
+    """tests/conftest.py's tiny LLaVA Q8_0 build, once per session (read-only: copy it before changing it)."""
+    return vlm_q8_bundle
 
 
 @pytest.mark.slow

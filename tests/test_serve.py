@@ -2,8 +2,8 @@
 """`edgesdk serve` against a real uvicorn server on loopback: the real `openai` client (sync, async,
 streaming) and curl, on the real Gemma-3-270M GGUF bundle and a real MiniLM ONNX bundle.
 
-The Gemma GGUF on the registry carries no chat template; the chat fixture adds Gemma's turn format
-(``<start_of_turn>user ... <end_of_turn>``) with gguf-py's ``gguf_new_metadata`` before building.
+The Gemma GGUF on the registry carries no chat template; the chat fixture (tests/conftest.py's gemma_chat_bundle)
+adds Gemma's turn format (``<start_of_turn>user ... <end_of_turn>``) with gguf-py's ``gguf_new_metadata``.
 """
 
 from __future__ import annotations
@@ -30,51 +30,21 @@ httpx = pytest.importorskip("httpx")
 
 pytestmark = pytest.mark.slow
 
-GEMMA_CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'assistant' %}<start_of_turn>model\n"
-    "{% else %}<start_of_turn>user\n{% endif %}{{ m['content'] }}<end_of_turn>\n{% endfor %}"
-    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
-)
 MESSAGES = [{"role": "user", "content": "Write one sentence about the sea."}]
 
 
 # ------------------------------------------------------------------------------ fixtures
-@pytest.fixture(scope="module")
-def gemma_chat_bundle(gemma_gguf, tmp_path_factory) -> Path:
-    from edgesdk.build import build
-    from edgesdk.plan import BuildOptions
-
-    work = tmp_path_factory.mktemp("gemma-chat")
-    tpl = work / "chat_template.jinja"
-    tpl.write_text(GEMMA_CHAT_TEMPLATE)
-    gguf = work / "gemma-3-270m-chat-q4_k_m.gguf"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gguf.scripts.gguf_new_metadata",
-            str(gemma_gguf),
-            str(gguf),
-            "--chat-template-file",
-            str(tpl),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return build(
-        gguf, "cpu-x86_64", work / "gemma-chat", BuildOptions(progress=False, accept_licenses=("LicenseRef-gemma",))
-    )
+# The bundles are tests/conftest.py's, built once per session (gemma_chat_bundle: the registry GGUF with Gemma's
+# turn format added; minilm_cpu_fp32). This module-level gemma_chat_bundle hands conftest's on, so that modules
+# importing it from here (``from test_serve import gemma_chat_bundle``) share the one build too.
+@pytest.fixture(scope="session")
+def gemma_chat_bundle(gemma_chat_bundle: Path) -> Path:
+    return gemma_chat_bundle
 
 
 @pytest.fixture(scope="module")
-def minilm_cpu_bundle(minilm_dir, tmp_path_factory) -> Path:
-    from edgesdk.build import build
-    from edgesdk.plan import BuildOptions
-
-    out = tmp_path_factory.mktemp("serve-bundles") / "minilm-cpu"
-    return build(minilm_dir, "cpu-x86_64", out, BuildOptions(precision="fp32", progress=False, parity_samples=4))
+def minilm_cpu_bundle(minilm_cpu_fp32: Path) -> Path:
+    return minilm_cpu_fp32
 
 
 def free_port() -> int:

@@ -18,7 +18,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("llama_cpp")
 pytest.importorskip("starlette")
 
-from test_serve import ServerProcess, gemma_chat_bundle  # noqa: E402,F401  (gemma_chat_bundle: a fixture)
+from test_serve import ServerProcess  # noqa: E402  (gemma_chat_bundle: tests/conftest.py, once per session)
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +48,7 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def batched(gemma_chat_bundle, tmp_path_factory):  # noqa: F811 - the imported fixture
+def batched(gemma_chat_bundle, tmp_path_factory):
     srv = ServerProcess(
         [gemma_chat_bundle, "--name", "gemma", "--parallel", "4", "--max-queue", "16"],
         tmp_path_factory.mktemp("serve-batched"),
@@ -171,7 +171,7 @@ def test_16_clients_that_disconnect_mid_stream_free_every_slot(batched):
     assert m and float(m.group(1)) >= 16
 
 
-def test_full_slots_and_queue_answer_429(gemma_chat_bundle, tmp_path):  # noqa: F811 - the imported fixture
+def test_full_slots_and_queue_answer_429(gemma_chat_bundle, tmp_path):
     srv = ServerProcess([gemma_chat_bundle, "--name", "gemma", "--parallel", "2", "--max-queue", "0"], tmp_path)
     try:
         held = []
@@ -212,7 +212,7 @@ def test_full_slots_and_queue_answer_429(gemma_chat_bundle, tmp_path):  # noqa: 
         assert srv.stop() == 0
 
 
-def test_default_slots_come_from_the_kv_arithmetic(gemma_chat_bundle):  # noqa: F811 - the imported fixture
+def test_default_slots_come_from_the_kv_arithmetic(gemma_chat_bundle):
     import edgesdk
     from edgesdk.serve.batch_worker import CPU_SLOTS, decide_parallel
 

@@ -23,7 +23,7 @@ pytest.importorskip("starlette")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from test_serve import ServerProcess, gemma_chat_bundle  # noqa: E402,F401  (gemma_chat_bundle: a fixture)
+from test_serve import ServerProcess  # noqa: E402  (gemma_chat_bundle: tests/conftest.py, once per session)
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +37,7 @@ COLOUR = {
 
 
 @pytest.fixture(scope="module")
-def served(gemma_chat_bundle, tmp_path_factory):  # noqa: F811 - the imported fixture
+def served(gemma_chat_bundle, tmp_path_factory):
     srv = ServerProcess(
         [gemma_chat_bundle, "--name", "gemma", "--chat-template", "gemma", "--parallel", "2"],
         tmp_path_factory.mktemp("serve-clients"),
@@ -334,7 +334,7 @@ def test_responses_refusals_name_the_field(served, body, param):
 
 
 # ------------------------------------------------------------------------------ item 9: /health while loading
-def test_health_answers_loading_until_the_models_are_in(gemma_chat_bundle, tmp_path):  # noqa: F811
+def test_health_answers_loading_until_the_models_are_in(gemma_chat_bundle, tmp_path):
     """A real ``edgesdk serve`` probed from its first moment: refused until the port is bound, then 503
     ``{"status": "loading"}`` (other routes 503 ``model_loading``, still behind the API key), then 200: no probe
     hangs. ``--parallel 1`` here: llama-server's endpoints that need the engine's detokenizer say so."""

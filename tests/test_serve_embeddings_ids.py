@@ -28,12 +28,9 @@ LONG = " ".join(f"word{i} and the quick brown fox" for i in range(120))  # ~1,00
 
 
 @pytest.fixture(scope="module")
-def minilm_bundle(minilm_dir, tmp_path_factory) -> Path:
-    from edgesdk.build import build
-    from edgesdk.plan import BuildOptions
-
-    out = tmp_path_factory.mktemp("ids-bundle") / "minilm"
-    return build(minilm_dir, "cpu-x86_64", out, BuildOptions(precision="fp32", progress=False, parity_samples=2))
+def minilm_bundle(minilm_cpu_fp32):
+    """tests/conftest.py's FP32, built once per session (read-only: copy it before changing it)."""
+    return minilm_cpu_fp32
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("starlette")
 
-from test_serve import ServerProcess, gemma_chat_bundle  # noqa: E402,F401  (gemma_chat_bundle: a fixture)
+from test_serve import ServerProcess  # noqa: E402  (gemma_chat_bundle: tests/conftest.py, once per session)
 
 from edgesdk.serve.fields import REQUEST_FIELDS, fields_markdown  # noqa: E402
 
@@ -54,7 +54,7 @@ def test_generation_request_penalties_and_logit_bias():
 
 # ------------------------------------------------------------------------------ against a real server
 @pytest.fixture(scope="module", params=["2", "1"], ids=["batched", "one-at-a-time"])
-def served(request, gemma_chat_bundle, tmp_path_factory):  # noqa: F811 - the imported fixture
+def served(request, gemma_chat_bundle, tmp_path_factory):
     srv = ServerProcess(
         [gemma_chat_bundle, "--name", "gemma", "--parallel", request.param], tmp_path_factory.mktemp("serve-fields")
     )
@@ -63,7 +63,7 @@ def served(request, gemma_chat_bundle, tmp_path_factory):  # noqa: F811 - the im
 
 
 @pytest.fixture(scope="module")
-def vocab(gemma_chat_bundle):  # noqa: F811 - the imported fixture
+def vocab(gemma_chat_bundle):
     """The bundle's GGUF with its vocabulary only (tokenize / detokenize in the test)."""
     llama_cpp = pytest.importorskip("llama_cpp")
     gguf = next(Path(gemma_chat_bundle).rglob("*.gguf"))

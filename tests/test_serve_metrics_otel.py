@@ -44,12 +44,9 @@ DOCUMENTED = {
 
 
 @pytest.fixture(scope="module")
-def minilm_bundle(minilm_dir, tmp_path_factory):
-    from edgesdk.build import build
-    from edgesdk.plan import BuildOptions
-
-    out = tmp_path_factory.mktemp("metrics-bundle") / "minilm"
-    return build(minilm_dir, "cpu-x86_64", out, BuildOptions(precision="fp32", progress=False, parity_samples=2))
+def minilm_bundle(minilm_cpu_fp32):
+    """tests/conftest.py's FP32, built once per session (read-only: copy it before changing it)."""
+    return minilm_cpu_fp32
 
 
 def families(text: str) -> dict:

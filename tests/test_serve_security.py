@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -31,12 +30,9 @@ EVIL = "https://evil.example"
 
 
 @pytest.fixture(scope="module")
-def minilm_bundle(minilm_dir, tmp_path_factory) -> Path:
-    from edgesdk.build import build
-    from edgesdk.plan import BuildOptions
-
-    out = tmp_path_factory.mktemp("serve-sec") / "minilm"
-    return build(minilm_dir, "cpu-x86_64", out, BuildOptions(precision="fp32", progress=False, parity_samples=4))
+def minilm_bundle(minilm_cpu_fp32):
+    """tests/conftest.py's FP32, built once per session (read-only: copy it before changing it)."""
+    return minilm_cpu_fp32
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ pytest.importorskip("llama_cpp")
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 
-from test_serve import ServerProcess, gemma_chat_bundle  # noqa: E402,F401  (gemma_chat_bundle: a fixture)
+from test_serve import ServerProcess  # noqa: E402  (gemma_chat_bundle: tests/conftest.py, once per session)
 
 from edgesdk.serve.replies import ReplyShape, ToolCallStream  # noqa: E402
 
@@ -203,7 +203,7 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
-def srv(gemma_chat_bundle, tmp_path_factory):  # noqa: F811 - the imported fixture
+def srv(gemma_chat_bundle, tmp_path_factory):
     s = ServerProcess(
         [gemma_chat_bundle, "--name", "gemma", "--parallel", "4"], tmp_path_factory.mktemp("serve-structured")
     )
@@ -582,7 +582,7 @@ def test_langchain_bind_tools_and_structured_output(srv):
 
 
 # ------------------------------------------------------------------------------ the engine and the request
-def test_engine_grammar_and_logprobs(gemma_chat_bundle):  # noqa: F811 - the imported fixture
+def test_engine_grammar_and_logprobs(gemma_chat_bundle):
     from pathlib import Path
 
     from edgesdk.errors import InputError

@@ -21,24 +21,16 @@ openai = pytest.importorskip("openai")
 
 from test_image_inputs import png_bomb  # noqa: E402  (tests/ on sys.path)
 from test_serve import ServerProcess  # noqa: E402
-from vlm_fixtures import make_test_images, make_tiny_llava  # noqa: E402
+from vlm_fixtures import make_test_images  # noqa: E402
 
 pytestmark = pytest.mark.slow
 PROMPT = "What is on the table?"
 
 
 @pytest.fixture(scope="module")
-def vlm_bundle(tmp_path_factory) -> Path:
-    from edgesdk.build import build
-    from edgesdk.plan import BuildOptions
-
-    src = make_tiny_llava(tmp_path_factory.mktemp("vlm") / "tiny-llava")
-    return build(
-        src,
-        "cpu-x86_64",
-        tmp_path_factory.mktemp("bundles") / "vlm-f16",
-        BuildOptions(progress=False, quant_type="F16"),
-    )
+def vlm_bundle(vlm_f16_bundle):
+    """tests/conftest.py's tiny LLaVA F16 build, once per session (read-only: copy it before changing it)."""
+    return vlm_f16_bundle
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from test_distribution import Registry, cli, two_bundles  # noqa: F401  (module fixtures, the real registry)
+from test_distribution import Registry, cli  # the real registry (two_bundles: tests/conftest.py)
 
 pytest.importorskip("model_signing")
 pytestmark = [
@@ -61,7 +61,17 @@ def registry(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def signed(registry, two_bundles, keys, tmp_path_factory):  # noqa: F811
+def two_bundles(two_bundles, tmp_path_factory):
+    """A copy of tests/conftest.py's two_bundles: signing writes BUNDLE.sig/ beside the bundle, and a push of the
+    shared cpu-x86_64 bundle elsewhere would attach it."""
+    out = tmp_path_factory.mktemp("signing-bundles")
+    for profile in ("cpu-x86_64", "orin-nano-8gb"):
+        shutil.copytree(two_bundles / profile, out / profile)
+    return out
+
+
+@pytest.fixture(scope="module")
+def signed(registry, two_bundles, keys, tmp_path_factory):
     """The cpu-x86_64 bundle pushed with --sign (the orin-nano-8gb one stays unsigned)."""
     home = tmp_path_factory.mktemp("pusher")
     ref = registry.ref("models/signed:1")
@@ -83,7 +93,7 @@ def _refused(proc: subprocess.CompletedProcess, *needles: str) -> None:
         assert n in proc.stderr, (n, proc.stderr)
 
 
-def test_signed_push_then_pull_with_the_trusted_key(registry, two_bundles, keys, signed, tmp_path):  # noqa: F811
+def test_signed_push_then_pull_with_the_trusted_key(registry, two_bundles, keys, signed, tmp_path):
     bundle = two_bundles / "cpu-x86_64"
     digest = signed["manifest_digest"]
     assert signed["signature"]["tag"] == f"sha256-{digest.split(':')[1]}.sig" and signed["key_id"]
@@ -128,7 +138,7 @@ def test_signed_push_then_pull_with_the_trusted_key(registry, two_bundles, keys,
     assert digest in removed and _stored(tmp_path) == []
 
 
-def test_an_unsigned_bundle_is_refused_under_the_policy(registry, two_bundles, keys, tmp_path):  # noqa: F811
+def test_an_unsigned_bundle_is_refused_under_the_policy(registry, two_bundles, keys, tmp_path):
     ref = registry.ref("models/unsigned:1")
     cli("push", str(two_bundles / "orin-nano-8gb"), ref, home=tmp_path / "pusher")
     proc = cli("pull", ref, "--profile", "orin-nano-8gb", "--require-signature", "--trusted-key",
@@ -176,7 +186,7 @@ def test_a_signature_by_an_untrusted_key_is_refused(keys, signed, tmp_path):
     assert _stored(tmp_path) == []
 
 
-def test_a_file_changed_after_signing_is_refused(registry, two_bundles, keys, signed, tmp_path):  # noqa: F811
+def test_a_file_changed_after_signing_is_refused(registry, two_bundles, keys, signed, tmp_path):
     from edgesdk.bundle import write_manifest
     from edgesdk.distribution.oci import Client, Reference
     from edgesdk.distribution.store import attach_signature
@@ -220,7 +230,7 @@ def test_a_file_changed_after_signing_is_refused(registry, two_bundles, keys, si
     assert _stored(home) == []
 
 
-def test_verify_a_local_bundle(two_bundles, keys, tmp_path):  # noqa: F811
+def test_verify_a_local_bundle(two_bundles, keys, tmp_path):
     b = tmp_path / "b"
     shutil.copytree(two_bundles / "orin-nano-8gb", b)
     cli("sign", str(b), "--key", str(keys["ci"]), home=tmp_path)
@@ -250,7 +260,7 @@ def test_without_the_sign_extra_it_is_one_line(monkeypatch, capsys, tmp_path):
     assert "edgesdk sign needs the sign extra: pip install 'edgesdk[sign]'" in err and "model_signing" in err
 
 
-def test_offline_the_kept_signature_is_checked_again(two_bundles, keys, signed, tmp_path):  # noqa: F811
+def test_offline_the_kept_signature_is_checked_again(two_bundles, keys, signed, tmp_path):
     reg = Registry(tmp_path / "reg")
     ref = reg.ref("models/offline-signed:1")
     home = tmp_path / "home"
@@ -270,7 +280,7 @@ def test_offline_the_kept_signature_is_checked_again(two_bundles, keys, signed, 
     _refused(cli("pull", ref, "--profile", "cpu-x86_64", *policy, home=home, ok=False), "has no signature")
 
 
-def test_load_with_verify_key_enforces_the_signature(registry, two_bundles, keys, signed, tmp_path, monkeypatch):  # noqa: F811
+def test_load_with_verify_key_enforces_the_signature(registry, two_bundles, keys, signed, tmp_path, monkeypatch):
     """``edgesdk.load(ref_or_dir, verify_key=PUB)``: a bundle signed by that key loads; unsigned, signed by another
     key, or changed after signing is refused (exit 7) before anything is loaded or stored."""
     import edgesdk

@@ -19,11 +19,6 @@ from edgesdk.errors import ModelError  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def tiny_llava(tmp_path_factory) -> Path:
-    return make_tiny_llava(tmp_path_factory.mktemp("vlm") / "tiny-llava")
-
-
-@pytest.fixture(scope="module")
 def images(tmp_path_factory) -> list[Path]:
     return make_test_images(tmp_path_factory.mktemp("images"))
 
@@ -62,12 +57,9 @@ def test_clip_tower_gets_the_onnx_encoder_and_full_selection_is_refused(tmp_path
 
 
 @pytest.fixture(scope="module")
-def vlm_bundle(tiny_llava, tmp_path_factory) -> Path:
-    from edgesdk.build import build
-    from edgesdk.plan import BuildOptions
-
-    out = tmp_path_factory.mktemp("bundles") / "vlm-f16"
-    return build(tiny_llava, "cpu-x86_64", out, BuildOptions(progress=False, quant_type="F16"))
+def vlm_bundle(vlm_f16_bundle):
+    """tests/conftest.py's tiny LLaVA F16 build, once per session (read-only: copy it before changing it)."""
+    return vlm_f16_bundle
 
 
 @pytest.fixture(scope="module")

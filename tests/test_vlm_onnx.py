@@ -16,17 +16,12 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime")
 
-from vlm_fixtures import make_test_images, make_tiny_llava, to_transformers5_layout  # noqa: E402  (tests/)
+from vlm_fixtures import make_test_images, to_transformers5_layout  # noqa: E402  (tests/)
 
 from edgesdk.build import make_plan  # noqa: E402
 from edgesdk.errors import InputError  # noqa: E402
 from edgesdk.formats.vlm.onnx_encoder import min_token_cosine  # noqa: E402
 from edgesdk.plan import BuildOptions  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def tiny_llava(tmp_path_factory) -> Path:
-    return make_tiny_llava(tmp_path_factory.mktemp("vlm-onnx") / "tiny-llava")
 
 
 @pytest.fixture(scope="module")

@@ -169,17 +169,9 @@ def test_a_stage_under_a_non_genai_parent_is_a_violation(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def vlm_bundle(tmp_path_factory) -> Path:
-    pytest.importorskip("transformers")
-    pytest.importorskip("llama_cpp")
-    from vlm_fixtures import make_tiny_llava  # tests/ is on sys.path
-
-    from edgesdk.build import build
-    from edgesdk.plan import BuildOptions
-
-    src = make_tiny_llava(tmp_path_factory.mktemp("vlm") / "tiny-llava")
-    out = tmp_path_factory.mktemp("bundles") / "vlm-q8"
-    return build(src, "cpu-x86_64", out, BuildOptions(progress=False, quant_type="Q8_0"))
+def vlm_bundle(vlm_q8_bundle):
+    """tests/conftest.py's tiny LLaVA Q8_0 build, once per session (read-only: copy it before changing it)."""
+    return vlm_q8_bundle
 
 
 def _spans(trace_file: Path) -> list[dict]:
