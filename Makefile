@@ -56,7 +56,7 @@ test: setup
 	$(BIN)/ruff check edgesdk tests tools examples
 	$(BIN)/ruff format --check edgesdk tests tools examples
 	$(MYPY)
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra --durations=30
 
 # The inner loop: everything but the slow tier (real model builds, LLM decoding, servers, docs commands;
 # tests/conftest.py marks them), stopping at the first failure; about 4.5 minutes on 2 cores (README).
