@@ -53,6 +53,24 @@ def test_greedy_generate_and_stream_agree(session):
 
 
 @pytest.mark.slow
+def test_the_last_request_is_typed_and_last_is_its_view(session):
+    from edgesdk.runtime.backend import BatchingBackend, LLMBackend, RequestStats, VisionBackend
+
+    backend = session.backend
+    assert isinstance(backend, LLMBackend) and isinstance(backend, BatchingBackend)
+    assert not isinstance(backend, VisionBackend)
+    out = session.generate(PROMPT, max_tokens=4, temperature=0)
+    stats = session.last_stats
+    assert isinstance(stats, RequestStats) and out.stats is stats and stats.output_tokens >= 1
+    assert out.usage == stats.usage() and out.usage["completion_tokens"] == stats.output_tokens
+    assert backend.last == stats.as_dict() == session.report()["backend_report"]["last_request"]
+    assert backend.context_length == int(backend.settings["n_ctx"]) and backend.on_gpu is False
+    # images are a VLM's: a GGUF session refuses them in one line, as it refused the unknown option before
+    with pytest.raises(InputError, match=r"^unknown generation option\(s\): images \(generate\(\) takes images "):
+        session.generate(PROMPT, images=["x.png"], max_tokens=2)
+
+
+@pytest.mark.slow
 def test_stop_sequence_cuts_the_text_and_reports_stop(session):
     text = session.generate(PROMPT, max_tokens=10, temperature=0)
     words = text.split()
