@@ -230,6 +230,7 @@ def test_build_options_of_a_format_come_from_its_package():
         "quant_type": "GgufOptions",
         "context_length": "GgufOptions",
         "chat_template": "GgufOptions",
+        "draft": "GgufOptions",
         "vision_runtime": "VlmOptions",
     }
     params = [p.name for p in build_cmd.params]
