@@ -59,7 +59,7 @@ test: setup
 	$(BIN)/python -m pytest -q -ra --durations=30
 
 # The inner loop: everything but the slow tier (real model builds, LLM decoding, servers, docs commands;
-# tests/conftest.py marks them), stopping at the first failure; about 4.5 minutes on 2 cores (README).
+# tests/conftest.py marks them), stopping at the first failure; about 5 minutes on 2 cores (README).
 test-fast: setup
 	$(BIN)/python -m pytest -q -ra -x -m "not slow"
 
