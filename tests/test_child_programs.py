@@ -55,6 +55,12 @@ def _scan(source: str) -> tuple[list[int], list[str]]:
             dash_c.append(elts[0].lineno)
         if len(elts) > 2 and _is_sys_executable(elts[0]) and consts[1] == "-m" and isinstance(consts[2], str):
             modules.append(consts[2])
+    # formats/gguf/convert.run_child(module, ...) runs `sys.executable -m module`: its callers name the module
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "run_child":
+            first = node.args[0] if node.args else None
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                modules.append(first.value)
     return dash_c, modules
 
 

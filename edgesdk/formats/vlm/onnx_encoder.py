@@ -50,8 +50,8 @@ def export_encoder(hf_dir: Path, fp32: Path, fp16: Path, *, opset: int = ONNX_OP
     with tempfile.TemporaryDirectory(prefix="edgesdk-vlm-export-") as tmp:
         # a transformers 5 checkpoint as this host's transformers 4 loads it (unchanged otherwise)
         src = reference_dir(Path(hf_dir), Path(tmp), rename=canonical_name)
-        child = "edgesdk.formats.vlm._children.encoder_export"
-        proc = run_child(child, [src, fp32, opset], fp32, "ONNX export of the vision encoder")
+        what = "ONNX export of the vision encoder"
+        proc = run_child("edgesdk.formats.vlm._children.encoder_export", [src, fp32, opset], fp32, what)
     info = json.loads(proc.stdout.strip().splitlines()[-1])
     model = onnx.load(str(fp32))
     m16 = convert_float_to_float16(model, keep_io_types=True)
