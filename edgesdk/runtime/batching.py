@@ -407,6 +407,17 @@ class BatchHandle:
         return self._result
 
 
+def _llama_cpp(verbose: bool) -> Any:
+    """llama-cpp-python, its logs routed by :func:`~edgesdk.native.route_llama_logs`; BackendUnavailableError when
+    it does not load (Weights and BatchEngine)."""
+    try:
+        ll = import_llama_cpp()
+    except (ImportError, OSError) as exc:
+        raise BackendUnavailableError(f"llama-cpp-python does not load: {exc}") from exc
+    route_llama_logs(verbose)
+    return ll
+
+
 class Weights:
     """A GGUF model's weights loaded once by llama.cpp (``llama_model_load_from_file``, memory-mapped), on the
     GPU up to ``n_gpu_layers`` layers (-1: all). Engines borrow them (``BatchEngine(model=weights.model)``): a new
@@ -416,12 +427,7 @@ class Weights:
     def __init__(
         self, path: str | os.PathLike[str], *, n_gpu_layers: int = 0, verbose: bool = False, use_mmap: bool = True
     ) -> None:
-        try:
-            ll = import_llama_cpp()
-        except (ImportError, OSError) as exc:
-            raise BackendUnavailableError(f"llama-cpp-python does not load: {exc}") from exc
-        route_llama_logs(verbose)
-        self._ll = ll
+        ll = self._ll = _llama_cpp(verbose)
         self.path = os.fspath(path)
         if not os.path.isfile(self.path):
             raise InputError(f"model file {self.path} does not exist")
@@ -494,12 +500,7 @@ class BatchEngine:
                 raise InputError(f"{name} must be an integer >= {lo}, got {value!r}")
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise InputError(f"threads must be a positive integer, got {threads!r}")
-        try:
-            ll = import_llama_cpp()
-        except (ImportError, OSError) as exc:
-            raise BackendUnavailableError(f"llama-cpp-python does not load: {exc}") from exc
-        route_llama_logs(verbose)
-        self._ll = ll
+        ll = self._ll = _llama_cpp(verbose)
         self.slots = slots
         self.max_queue = max_queue
         self.prefill_chunk = min(prefill_chunk, n_batch)
