@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from edgesdk.runtime.requests import DEFAULT_SAMPLING
-from edgesdk.serve.protocol import APIError, backend_error, grammar_error, parse, read_json
+from edgesdk.serve.protocol import backend_error, grammar_error, parse
 from edgesdk.serve.replies import ReplyShape, finish_reason
 from edgesdk.serve.routes import _Events
 from edgesdk.serve.schemas import ChatCompletionRequest, ResponsesRequest, responses_param, responses_params
@@ -120,10 +120,8 @@ async def create_response(routes: Routes, request: Request) -> Response:
     model = ""
     span = ServerSpan(routes.tracer, request, "chat", ROUTE, routes._provider("llm"))
     try:
-        body = await read_json(request, routes.config.max_body_bytes)
-        entry = routes.entry(body, "llm")
+        body, entry = await routes._read(request, span, "llm")
         model = entry.name
-        span.model(model, entry.provider, body.get("stream", False) is True)
         asked = parse(ResponsesRequest, body)
         req = asked.chat()  # the chat request it generates, checked as chat's: errors name the Responses field
         with responses_params():
@@ -187,13 +185,8 @@ async def create_response(routes: Routes, request: Request) -> Response:
         span.end(200)
         routes._count(ROUTE, model, 200)
         return JSONResponse(echo.response(status, _output(choice, "msg_" + uuid.uuid4().hex[:24]), _usage(usage)))
-    except APIError as exc:
-        span.end(exc.status, exc.code or exc.type, exc.message)
-        routes._count(ROUTE, model, exc.status)
-        return exc.response()
-    except Exception as exc:  # the guard answers 500: the span says so
-        span.end(500, "server_error", f"{type(exc).__name__}: {exc}")
-        raise
+    except Exception as exc:
+        return routes._failed(span, ROUTE, model, exc)
 
 
 async def _sse(

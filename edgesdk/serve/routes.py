@@ -183,10 +183,8 @@ class Routes:
         model = ""
         span = ServerSpan(self.tracer, request, operation, route, self._provider("llm"))
         try:
-            body = await read_json(request, self.config.max_body_bytes)
-            entry = self.entry(body, "llm")
+            body, entry = await self._read(request, span, "llm")
             model = entry.name
-            span.model(model, entry.provider, body.get("stream", False) is True)
             req = parse(ChatCompletionRequest if operation == "chat" else CompletionRequest, body)
             opts, stream, include_usage = req.options(entry), req.streaming, req.include_usage
             inputs: list[Any] = req.inputs(entry)  # a chat's messages, or each completions prompt (one choice each)
@@ -261,13 +259,8 @@ class Routes:
                     "usage": usage,
                 }
             )
-        except APIError as exc:
-            span.end(exc.status, exc.code or exc.type, exc.message)
-            self._count(route, model, exc.status)
-            return exc.response()
-        except Exception as exc:  # the guard answers 500: the span says so
-            span.end(500, "server_error", f"{type(exc).__name__}: {exc}")
-            raise
+        except Exception as exc:
+            return self._failed(span, route, model, exc)
 
     def submit_jobs(
         self,
@@ -333,6 +326,24 @@ class Routes:
             await asyncio.to_thread(decode_images, messages)
         except ImageError as exc:
             raise APIError(400, str(exc), param=exc.param) from None
+
+    async def _read(self, request: Request, span: ServerSpan, kind: str) -> tuple[dict, ModelEntry]:
+        """A request's JSON body and the model of ``kind`` it names, set on its span (an LLM's with the body's
+        ``stream``)."""
+        body = await read_json(request, self.config.max_body_bytes)
+        entry = self.entry(body, kind)
+        span.model(entry.name, entry.provider, body.get("stream", False) is True if kind == "llm" else None)
+        return body, entry
+
+    def _failed(self, span: ServerSpan, route: str, model: str, exc: Exception) -> Response:
+        """A request that raised: an APIError is its answer (span ended and request counted with its status); any
+        other error is raised again for the guard to answer 500, the span ended as a server error first."""
+        if not isinstance(exc, APIError):
+            span.end(500, "server_error", f"{type(exc).__name__}: {exc}")
+            raise exc
+        span.end(exc.status, exc.code or exc.type, exc.message)
+        self._count(route, model, exc.status)
+        return exc.response()
 
     def _abandoned(self, span: ServerSpan, route: str, model: str) -> Response:
         """The client went away before the response (``http.disconnect``): the job is cancelled already."""
@@ -484,10 +495,8 @@ class Routes:
         model = ""
         span = ServerSpan(self.tracer, request, "embeddings", route, self._provider("embedding"))
         try:
-            body = await read_json(request, self.config.max_body_bytes)
-            entry = self.entry(body, "embedding")
+            body, entry = await self._read(request, span, "embedding")
             model = entry.name
-            span.model(model, entry.provider)
             parsed = parse(EmbeddingRequest, body)
             inputs, fmt, dims = parsed.inputs, parsed.encoding_format or "float", parsed.dimensions
             if not isinstance(inputs[0], str):  # token ids: in this model's vocabulary, before they share a batch
@@ -533,10 +542,5 @@ class Routes:
                     "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
                 }
             )
-        except APIError as exc:
-            span.end(exc.status, exc.code or exc.type, exc.message)
-            self._count(route, model, exc.status)
-            return exc.response()
-        except Exception as exc:  # the guard answers 500: the span says so
-            span.end(500, "server_error", f"{type(exc).__name__}: {exc}")
-            raise
+        except Exception as exc:
+            return self._failed(span, route, model, exc)
