@@ -317,10 +317,8 @@ def check_declares_a_license(model: Path, policy_path: str | None) -> None:
     export (the same verdict the gate would give; --model-license declares one)."""
     if not model.exists():
         return  # make_plan says so, with its own message
-    from edgesdk.compliance.gate import gate_hint
+    from edgesdk.compliance.gate import refuse_undeclared
     from edgesdk.compliance.models import model_findings, package_finding
-    from edgesdk.compliance.policy import load_policy
-    from edgesdk.errors import LicenseGateError
 
     root = model if model.is_dir() else model.parent
     found = [f for f in model_findings(model, root) if f.spdx or "front matter" in f.source]
@@ -328,18 +326,14 @@ def check_declares_a_license(model: Path, policy_path: str | None) -> None:
         found.append(pkg)
     if found:
         return  # declared (even `license: unknown` on a card): the gate judges it after the build
-    policy = load_policy(Path(policy_path) if policy_path else None)
-    decision = policy.evaluate(None)
-    if decision.action == "deny":
-        from edgesdk.compliance.findings import LicenseFinding
-
-        none = LicenseFinding("model", model.name, "", "model card / GGUF / ONNX metadata", None, "")
-        raise LicenseGateError(
-            f"license gate: deny: {model.name} declares no license (no model card license, "
-            f"ONNX/GGUF license field or owning package): refused before the export "
-            f"({decision.reason}, policy {policy.id})",
-            hint=gate_hint("deny", none, policy),
-        )
+    refuse_undeclared(
+        model.name,
+        "model card / GGUF / ONNX metadata",
+        model.name,
+        "no model card license, ONNX/GGUF license field or owning package",
+        policy_path,
+        when=": refused before the export",
+    )
 
 
 def register(group: click.Group) -> None:

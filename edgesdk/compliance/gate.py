@@ -327,6 +327,21 @@ def unlisted_license_refs(expression: str | None, policy: Policy) -> list[str]:
     return [r for r in refs if r not in (policy.data.get("licenses") or {}) and policy.category(r) == "unknown"]
 
 
+def refuse_undeclared(name: str, read: str, shown: str, missing: str, policy_path: str | None, when: str = "") -> None:
+    """LicenseGateError (exit 2) when the policy denies a model that declares no license, before the gate would see
+    it: ``name`` the model's file or folder name, ``read`` where its license was looked for (the finding's source),
+    ``shown`` how the message names it, ``missing`` what it lacks, ``when`` what the refusal stops."""
+    policy = load_policy(Path(policy_path) if policy_path else None)
+    decision = policy.evaluate(None)
+    if decision.action == "deny":
+        none = LicenseFinding("model", name, "", read, None, "")
+        raise LicenseGateError(
+            f"license gate: deny: {shown} declares no license ({missing}){when} "
+            f"({decision.reason}, policy {policy.id})",
+            hint=gate_hint("deny", none, policy),
+        )
+
+
 def gate_hint(verdict: str, worst: LicenseFinding | None, policy: Policy) -> str:
     """What clears a gate failure; for an unlisted LicenseRef (a company's own license) the policy entry."""
     if verdict == "review":

@@ -354,24 +354,19 @@ def check_draft_declares_a_license(source: Path, policy_path: str | None) -> Non
     package) and the policy denies that: the gate would otherwise count the draft as covered by the model's license.
     What it declares is judged by the gate with the rest of the bundle (``draft.gguf`` keeps its
     ``general.license``: the converter writes the card's, llama.cpp's quantizer copies the metadata)."""
-    from edgesdk.compliance.findings import LicenseFinding
-    from edgesdk.compliance.gate import gate_hint
+    from edgesdk.compliance.gate import refuse_undeclared
     from edgesdk.compliance.models import model_findings, package_finding
-    from edgesdk.compliance.policy import load_policy
-    from edgesdk.errors import LicenseGateError
 
     found = [f for f in model_findings(source, source if source.is_dir() else source.parent) if f.spdx]
     if found or package_finding(source, found) is not None:
         return
-    policy = load_policy(Path(policy_path) if policy_path else None)
-    decision = policy.evaluate(None)
-    if decision.action == "deny":
-        none = LicenseFinding("model", source.name, "", "model card / GGUF metadata", None, "")
-        raise LicenseGateError(
-            f"license gate: deny: --draft {source.name} declares no license (no model card license, GGUF "
-            f"general.license or owning package) ({decision.reason}, policy {policy.id})",
-            hint=gate_hint("deny", none, policy),
-        )
+    refuse_undeclared(
+        source.name,
+        "model card / GGUF metadata",
+        f"--draft {source.name}",
+        "no model card license, GGUF general.license or owning package",
+        policy_path,
+    )
 
 
 def agreement(model: Path, draft: Path, text: str, n_tokens: int = 256) -> dict[str, Any]:
