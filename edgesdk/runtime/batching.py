@@ -880,6 +880,18 @@ class BatchEngine:
             self._own_weights.close()
         self.closed = True
 
+    def retire(self, model: str) -> None:
+        """Close this engine for one that replaces it (another slot count): InputError while it holds requests
+        (``model`` names it), BackendUnavailableError when it did not stop."""
+        if self.depth:
+            raise InputError(
+                f"the engine of {model} is busy ({self.depth} requests): its slot count can change "
+                "only while it is idle"
+            )
+        self.close()
+        if not self.closed:
+            raise BackendUnavailableError(f"the engine of {model} did not stop; not replacing it")
+
     def __enter__(self) -> BatchEngine:
         return self
 

@@ -466,3 +466,16 @@ class GenerationRequest:
     def sampling(self) -> dict[str, float]:
         """The sampling options as the llama.cpp backends take them."""
         return {k: getattr(self, k) for k in DEFAULT_SAMPLING}
+
+    def telemetry_record(self) -> dict[str, Any]:
+        """The options telemetry records (GenAI ``gen_ai.request.*``); penalties only when set (0 is off)."""
+        return {
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "stop_sequences": list(self.stop) or None,
+            "seed": self.seed,
+            "frequency_penalty": self.frequency_penalty or None,
+            "presence_penalty": self.presence_penalty or None,
+        }

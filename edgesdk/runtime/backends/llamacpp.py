@@ -320,7 +320,7 @@ class LlamaCppBackend:
             self._model,
             self.provider,
             stream=request.stream,
-            request=_request_record(request),
+            request=request.telemetry_record(),
             attributes=self._attrs,
             attach=False,
         )
@@ -343,14 +343,7 @@ class LlamaCppBackend:
             n_batch = int(self.settings["n_batch"])
             chunk_now = min(prefill_chunk, n_batch) if prefill_chunk is not None else self.prefill_budget()[0]
             if old.slots != slots or old.closed or chunk_now != old.prefill_chunk:
-                if old.depth:
-                    raise InputError(
-                        f"the engine of {self._model} is busy ({old.depth} requests): its slot count can change "
-                        "only while it is idle"
-                    )
-                old.close()
-                if not old.closed:
-                    raise BackendUnavailableError(f"the engine of {self._model} did not stop; not replacing it")
+                old.retire(self._model)
                 self._engine = make_engine(
                     self._weights,
                     self.settings,
@@ -477,7 +470,7 @@ class LlamaCppBackend:
             self._model,
             self.provider,
             stream=stream,
-            request=_request_record(request),
+            request=request.telemetry_record(),
             attributes=self._attrs,
             attach=False,
         )
@@ -534,20 +527,6 @@ def speculative_attributes(rec: Any, res: GenerationResult) -> None:
         rec.set_attribute("edgesdk.speculative.accepted_tokens", res.accepted_tokens)
         rec.set_attribute("edgesdk.speculative.acceptance", round(res.accepted_tokens / res.drafted_tokens, 4))
     rec.set_attribute("edgesdk.speculative", res.speculative)
-
-
-def _request_record(r: GenerationRequest) -> dict[str, Any]:
-    """The request options telemetry records (GenAI ``gen_ai.request.*``); penalties only when set (0 is off)."""
-    return {
-        "max_tokens": r.max_tokens,
-        "temperature": r.temperature,
-        "top_p": r.top_p,
-        "top_k": r.top_k,
-        "stop_sequences": list(r.stop) or None,
-        "seed": r.seed,
-        "frequency_penalty": r.frequency_penalty or None,
-        "presence_penalty": r.presence_penalty or None,
-    }
 
 
 def _stats_of(res: GenerationResult) -> RequestStats:

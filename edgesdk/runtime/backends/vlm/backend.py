@@ -335,16 +335,7 @@ class VLMBackend:
             self._model,
             self.provider,
             stream=request.stream,
-            request={
-                "max_tokens": request.max_tokens,
-                "temperature": request.temperature,
-                "top_p": request.top_p,
-                "top_k": request.top_k,
-                "stop_sequences": list(request.stop) or None,
-                "seed": request.seed,
-                "frequency_penalty": request.frequency_penalty or None,
-                "presence_penalty": request.presence_penalty or None,
-            },
+            request=request.telemetry_record(),
             attributes=self._attrs,
             attach=False,
         )
@@ -356,14 +347,7 @@ class VLMBackend:
         with self._engine_lock:
             old = self._engine
             if old.slots != slots or old.closed:
-                if old.depth:
-                    raise InputError(
-                        f"the engine of {self._model} is busy ({old.depth} requests): its slot count can change "
-                        "only while it is idle"
-                    )
-                old.close()
-                if not old.closed:
-                    raise BackendUnavailableError(f"the engine of {self._model} did not stop; not replacing it")
+                old.retire(self._model)
                 self._engine = self._new_engine(slots)
             self._engine.max_queue = int(max_queue)
             self._engine.reuse_prefix = bool(reuse_prefix)
