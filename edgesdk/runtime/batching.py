@@ -604,7 +604,7 @@ class BatchEngine:
         self._pieces: dict[int, bytes] = {}  # token -> bytes (piece), filled as tokens are generated
         self._eog: dict[int, bool] = {}  # token -> end of generation
         self._cand: Any = None  # the candidates buffer of grammar sampling (n_vocab llama_token_data)
-        self._short_turn = False  # one prompt per step: whether the last step's prompt was the shortest (_prefill_plan)
+        self._short_run = 0  # one prompt per step: steps in a row given to a shorter prompt (_prefill_plan)
 
         self._cv = threading.Condition()
         self._waiting: deque[_Seq] = deque()
@@ -1168,12 +1168,17 @@ class BatchEngine:
         oldest, others = pending[0], sorted(pending[1:], key=lambda s: left[id(s)])
         chosen = [oldest, *others][: self.prompts_per_step]
         if self.prompts_per_step == 1 and others:
-            # one prompt per step (the CPU's per-slot buffers): the shortest waiting prompt and the oldest take turns,
-            # so a short prompt behind a long one is evaluated within two steps, and the long one still moves
-            self._short_turn = not self._short_turn
-            if self._short_turn:
-                chosen = [others[0]]
-                oldest = others[0]
+            # one prompt per step (the CPU's per-slot buffers): the shortest waiting prompt goes in the next step
+            # when all of it fits the step (twice in a row at most), and otherwise takes turns with the oldest; so a
+            # short prompt behind long ones is evaluated in the step after it arrives, and a long one still moves
+            # at least every third step however many short ones arrive
+            short = others[0]
+            if self._short_run == 0 or (left[id(short)] <= room and self._short_run < 2):
+                self._short_run += 1
+                chosen = [short]
+                oldest = short
+            else:
+                self._short_run = 0
         take = dict.fromkeys((id(s) for s in chosen), 0)
         take[id(oldest)] = min(left[id(oldest)], room if len(chosen) == 1 else max(1, room // 4))
         room -= take[id(oldest)]
