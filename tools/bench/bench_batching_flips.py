@@ -70,6 +70,18 @@ def first_differences(alone: list[list[int]], other: list[list[int]]) -> list[in
     return firsts
 
 
+def header(what: str, args, gguf: str, prompts: int) -> dict:
+    """The results' common fields: what was measured, the GGUF, the machine and the settings."""
+    name = Path(gguf).name
+    return {
+        "what": what,
+        "gguf": name,
+        "machine": machine(),
+        "settings": {**vars(args), "gguf": name},
+        "prompts": prompts,
+    }
+
+
 def cause(args, gguf, reqs, common, alone, batched) -> None:
     from edgesdk.runtime.batching import BatchEngine
 
@@ -90,11 +102,12 @@ def cause(args, gguf, reqs, common, alone, batched) -> None:
         }
         print(f"{name:>22}: {rows[name]['identical_requests']}/{len(reqs)} identical to alone", flush=True)
     out = {
-        "what": "where greedy flips under batching come from: each arm vs the same prompts alone (1 slot)",
-        "gguf": Path(gguf).name,
-        "machine": machine(),
-        "settings": {**vars(args), "gguf": Path(gguf).name},
-        "prompts": len(reqs),
+        **header(
+            "where greedy flips under batching come from: each arm vs the same prompts alone (1 slot)",
+            args,
+            gguf,
+            len(reqs),
+        ),
         "arms": rows,
     }
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
@@ -141,11 +154,9 @@ def main() -> None:
     same = sum(1 for i in firsts if i is None)
     tokens_same = sum((len(a) if i is None else i) for a, i in zip(alone, firsts, strict=True))
     out = {
-        "what": "greedy tokens of each prompt alone vs decoded together (BatchEngine), same GGUF",
-        "gguf": Path(gguf).name,
-        "machine": machine(),
-        "settings": {**vars(args), "gguf": Path(gguf).name},
-        "prompts": len(reqs),
+        **header(
+            "greedy tokens of each prompt alone vs decoded together (BatchEngine), same GGUF", args, gguf, len(reqs)
+        ),
         "identical_requests": same,
         "identical_share": round(same / len(reqs), 4),
         "tokens_before_first_difference": tokens_same,
