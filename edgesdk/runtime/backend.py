@@ -268,6 +268,35 @@ class RequestStats:
     drafted_tokens: int = 0
     accepted_tokens: int = 0
 
+    @classmethod
+    def of_result(cls, res: Any, end: float | None = None, **more: Any) -> Any:
+        """The figures of the engine's finished request ``res`` (a ``runtime.batching.GenerationResult``): counts,
+        why it ended, TTFT, the decode rate between its first token and ``end`` (default: when it finished), the
+        token instants, llama.cpp's counters, cached prompt tokens and speculative decoding's figures; ``more`` sets
+        or overrides fields (a subclass's own: :class:`VisionRequestStats`)."""
+        first, n_out = res.first_token_at, len(res.tokens)
+        end = res.finished_at if end is None else end
+        figures: dict[str, Any] = {
+            "input_tokens": res.prompt_tokens,
+            "output_tokens": n_out,
+            "finish_reason": res.finish_reason,
+            "ttft_s": round(res.ttft_s, 6) if res.ttft_s is not None else None,
+            "decode_tok_s": round((n_out - 1) / (end - first), 2)
+            if first and end and n_out > 1 and end > first
+            else None,
+            # perf_counter() instants, for callers timing tokens (not text chunks: a token may yield no text, so
+            # chunk times can lag token times)
+            "first_token_at": first,
+            "last_token_at": end if first else None,
+            # the decode steps' time in llama.cpp (engine-measured, per request), as llama-bench names the counters
+            "llama_cpp_timings": dict(res.timings),
+            "cached_tokens": res.cached_tokens,
+            "speculative": res.speculative,
+            "drafted_tokens": res.drafted_tokens,
+            "accepted_tokens": res.accepted_tokens,
+        }
+        return cls(**{**figures, **more})
+
     def as_dict(self) -> dict[str, Any]:
         """The figures as ``LLMBackend.last`` gives them (and ``report()["last_request"]``)."""
         return {

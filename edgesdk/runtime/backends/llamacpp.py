@@ -504,7 +504,7 @@ class LlamaCppBackend:
                     rec.set_output_tokens(len(res.tokens))
                     speculative_attributes(rec, res)
                     rec.capture_output(res.text)
-                    self.last_stats = _stats_of(res)
+                    self.last_stats = RequestStats.of_result(res)
                 rec.finish([finish])
 
     # ------------------------------------------------------------------ report / close
@@ -527,28 +527,6 @@ def speculative_attributes(rec: Any, res: GenerationResult) -> None:
         rec.set_attribute("edgesdk.speculative.accepted_tokens", res.accepted_tokens)
         rec.set_attribute("edgesdk.speculative.acceptance", round(res.accepted_tokens / res.drafted_tokens, 4))
     rec.set_attribute("edgesdk.speculative", res.speculative)
-
-
-def _stats_of(res: GenerationResult) -> RequestStats:
-    """A finished request's counts and token instants (``LLMBackend.last_stats``)."""
-    first, end, n_out = res.first_token_at, res.finished_at, len(res.tokens)
-    return RequestStats(
-        input_tokens=res.prompt_tokens,
-        output_tokens=n_out,
-        finish_reason=res.finish_reason,
-        ttft_s=round(res.ttft_s, 6) if res.ttft_s is not None else None,
-        decode_tok_s=round((n_out - 1) / (end - first), 2) if first and end and n_out > 1 and end > first else None,
-        # perf_counter() instants, for callers timing tokens (not text chunks: a token may yield no text, so
-        # chunk times can lag token times).
-        first_token_at=first,
-        last_token_at=end if first else None,
-        # the decode steps' time in llama.cpp (engine-measured, per request), as llama-bench names the counters
-        llama_cpp_timings=dict(res.timings),
-        cached_tokens=res.cached_tokens,
-        speculative=res.speculative,
-        drafted_tokens=res.drafted_tokens,
-        accepted_tokens=res.accepted_tokens,
-    )
 
 
 def make_engine(

@@ -302,30 +302,22 @@ class VLMBackend:
     def _stats(self, vp: VLMPrompt, res: GenerationResult, t0: float) -> VisionRequestStats:
         """A finished request's figures (``last_stats``): counts, its images, token instants and stage times; TTFT
         from the call (preprocessing and encoding included)."""
-        first, end, n_out = res.first_token_at, res.finished_at or perf_counter(), len(res.tokens)
-        return VisionRequestStats(
-            input_tokens=res.prompt_tokens,
+        first, end = res.first_token_at, res.finished_at or perf_counter()
+        stats: VisionRequestStats = VisionRequestStats.of_result(
+            res,
+            end,
+            ttft_s=round(first - t0, 6) if first else None,
             image_tokens=vp.image_tokens,
-            output_tokens=n_out,
             output_ids=tuple(res.tokens),
-            finish_reason=res.finish_reason,
             images_cached=vp.images_cached,
-            cached_tokens=res.cached_tokens,
             encoder_runs=self.pipe.encoder_runs,
             stages_s={
                 **{k: round(v, 6) for k, v in vp.stages.items()},
                 "prefill_s": round((first or end) - (end - res.total_s), 6),
                 "decode_s": round(end - (first or end), 6),
             },
-            ttft_s=round(first - t0, 6) if first else None,
-            decode_tok_s=round((n_out - 1) / (end - first), 2) if first and n_out > 1 and end > first else None,
-            first_token_at=first,
-            last_token_at=end if first else None,
-            llama_cpp_timings=dict(res.timings),
-            speculative=res.speculative,
-            drafted_tokens=res.drafted_tokens,
-            accepted_tokens=res.accepted_tokens,
         )
+        return stats
 
     def recorder(self, request: GenerationRequest, operation: str | None = None) -> Any:
         """The telemetry recorder (GenAI span and metrics) of one request, not yet started, never made the current
