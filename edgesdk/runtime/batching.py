@@ -1161,10 +1161,10 @@ class BatchEngine:
         it is alone), the others are taken shortest first, and what is left goes to the oldest again: a short
         prompt arriving behind long ones is evaluated in the next step, and a long one still moves at least a
         quarter budget per step however many short ones arrive."""
-        pending = [s for s in self._active if self._text_left(s)]  # in admission order
+        left = {id(s): n for s in self._active if (n := self._text_left(s))}  # prompt tokens before the next image
+        pending = [s for s in self._active if id(s) in left]  # in admission order
         if not pending or room <= 0:
             return []
-        left = {id(s): self._text_left(s) for s in pending}
         oldest, others = pending[0], sorted(pending[1:], key=lambda s: left[id(s)])
         chosen = [oldest, *others][: self.prompts_per_step]
         if self.prompts_per_step == 1 and others:
