@@ -883,7 +883,12 @@ def test_statement_3_stop_backslash_n_stops_at_a_blank_line(doc_workspace):
     def run(*more: str) -> str:
         argv = [str(BIN / "edgesdk"), "run", str(bundle), "--prompt", "-", "--max-tokens", "96", *more]
         proc = subprocess.run(
-            argv, input="Write a haiku about the sea.", capture_output=True, text=True, env=doc_workspace.env, timeout=300
+            argv,
+            input="Write a haiku about the sea.",
+            capture_output=True,
+            text=True,
+            env=doc_workspace.env,
+            timeout=300,
         )
         assert proc.returncode == 0, proc.stderr[-2000:]
         return proc.stdout
