@@ -147,3 +147,41 @@ def test_run_reports_draft_tokens_and_refuses_draft_without_one(draft_bundle, pa
                 "--no-progress").returncode == 0  # fmt: skip
     bad = _cli("run", str(plain), "--prompt", "hi", "--speculative", "draft")
     assert bad.returncode == 3 and bad.stderr.count("\n") == 1 and "--draft" in bad.stderr, bad.stderr
+
+
+def test_serve_speculative_draft_over_http_is_greedy_identical_and_counts_tokens(draft_bundle, tmp_path):
+    """``edgesdk serve BUNDLE --speculative draft`` with the real OpenAI client: greedy completions equal to a server
+    with ``--speculative off``; the drafted and accepted tokens on /metrics and in each response's usage
+    (``completion_tokens_details.accepted_prediction_tokens`` / ``rejected_prediction_tokens``)."""
+    import httpx
+    from test_serve import ServerProcess
+
+    openai = pytest.importorskip("openai")
+    replies: dict[str, list] = {}
+    metrics = ""
+    for mode in ("off", "draft"):
+        srv = ServerProcess([draft_bundle, "--name", "m", "--speculative", mode, "--parallel", "1"], tmp_path)
+        try:
+            client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused")
+            replies[mode] = [
+                client.completions.create(model="m", prompt=p, max_tokens=24, temperature=0) for p in PROMPTS[:4]
+            ]
+            if mode == "draft":
+                metrics = httpx.get(srv.url + "/metrics", timeout=30).text
+        finally:
+            assert srv.stop() == 0, srv.log.read_text()[-3000:]
+    for off, on in zip(replies["off"], replies["draft"], strict=True):
+        assert on.choices[0].text == off.choices[0].text and on.usage.completion_tokens == off.usage.completion_tokens
+        assert off.usage.completion_tokens_details is None  # nothing drafted: no prediction fields
+    details = [r.usage.completion_tokens_details for r in replies["draft"]]
+    accepted = sum(d.accepted_prediction_tokens for d in details if d is not None)
+    rejected = sum(d.rejected_prediction_tokens for d in details if d is not None)
+    assert accepted > 0 and rejected >= 0, details
+    counts = {
+        kind: float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("edgesdk_serve_speculative_tokens_total{")
+        for kind in ("drafted", "accepted")
+        if f'kind="{kind}"' in line
+    }
+    assert counts == {"drafted": accepted + rejected, "accepted": accepted}, (counts, accepted, rejected)

@@ -357,7 +357,7 @@ class Routes:
         span's and the response's: sums over the prompts)."""
         m, labels = self.metrics, {"gen_ai_operation_name": operation, "gen_ai_request_model": entry.name}
         caching = entry.prompt_cache is not None or (isinstance(entry.worker, BatchWorker) and self.config.prefix_reuse)
-        n_in = n_out = cached = 0
+        n_in = n_out = cached = drafted_all = accepted_all = 0
         for last in lasts:
             i_in, i_out = int(last.get("input_tokens") or 0), int(last.get("output_tokens") or 0)
             n_in, n_out, cached = n_in + i_in, n_out + i_out, cached + int(last.get("cached_tokens") or 0)
@@ -369,8 +369,10 @@ class Routes:
                     m.tpot.observe((end - first) / (i_out - 1), **labels)
             drafted = int(last.get("drafted_tokens") or 0)
             if drafted:  # speculative decoding: what it drafted and what the model kept
+                accepted = int(last.get("accepted_tokens") or 0)
+                drafted_all, accepted_all = drafted_all + drafted, accepted_all + accepted
                 m.speculative_tokens.inc(drafted, model=entry.name, kind="drafted")
-                m.speculative_tokens.inc(int(last.get("accepted_tokens") or 0), model=entry.name, kind="accepted")
+                m.speculative_tokens.inc(accepted, model=entry.name, kind="accepted")
             m.tokens.inc(i_in, gen_ai_request_model=entry.name, gen_ai_token_type="input")
             m.tokens.inc(i_out, gen_ai_request_model=entry.name, gen_ai_token_type="output")
         span.set("gen_ai.usage.input_tokens", n_in)
@@ -384,6 +386,11 @@ class Routes:
             m.cached_tokens.inc(cached, model=entry.name)
             if entry.prompt_cache is not None:
                 m.cache_bytes.set(entry.prompt_cache.stats()["bytes"], model=entry.name)
+        if drafted_all:  # speculative decoding, in OpenAI's fields for predicted tokens kept and dropped
+            usage["completion_tokens_details"] = {
+                "accepted_prediction_tokens": accepted_all,
+                "rejected_prediction_tokens": drafted_all - accepted_all,
+            }
         return usage
 
     async def _sse(
