@@ -27,7 +27,7 @@ from edgesdk.errors import BackendUnavailableError, InputError, ShapeError
 from edgesdk.formats.gguf.chat_limits import render as render_chat
 from edgesdk.native import import_llama_cpp
 from edgesdk.runtime.backend import LoadContext, RequestStats, TensorSpec
-from edgesdk.runtime.backends.llama_core import load_llama_cpp
+from edgesdk.runtime.backends.llama_core import EngineFront, RecordedPieces, load_llama_cpp, without_empty_stops
 from edgesdk.runtime.draft import DRAFT_K_DEFAULT
 from edgesdk.runtime.options import GgufLoadOptions
 from edgesdk.runtime.requests import GenerationRequest
@@ -101,7 +101,7 @@ def resolve_chat_template(spec: str) -> tuple[str, str, list[str]]:
     return resolve(spec)
 
 
-class LlamaCppBackend:
+class LlamaCppBackend(EngineFront):
     """One loaded GGUF model. ``generate``/``stream``/``chat`` go through ``telemetry.inference`` and the model's one
     :class:`~edgesdk.runtime.batching.BatchEngine`: the only code that calls ``llama_decode``.
 
@@ -208,16 +208,12 @@ class LlamaCppBackend:
     def stream(self, prompt: str | Sequence[int], **options: Unpack[GenerationOptions]) -> Iterator[str]:
         return self._run(prompt, "text_completion", stream=True, special=False, options=options)
 
-    def chat(
-        self,
-        messages: list[dict[str, Any]],
-        *,
-        chat_template: str | None = None,
-        stream: bool = False,
-        **options: Unpack[GenerationOptions],
-    ) -> str | Iterator[str]:
-        """Reply to ``messages``, formatted with ``chat_template`` (a shipped name or a Jinja file), else the
-        session's default (``load(..., chat_template=)``), else the GGUF's own ``tokenizer.chat_template``."""
+    def _chat(
+        self, messages: list[dict[str, Any]], chat_template: str | None, stream: bool, options: GenerationOptions
+    ) -> Iterator[str]:
+        """The reply to ``messages`` (:meth:`EngineFront.chat`), formatted with ``chat_template`` (a shipped name or a
+        Jinja file), else the session's default (``load(..., chat_template=)``), else the GGUF's own
+        ``tokenizer.chat_template``."""
         _check_messages(messages)
         prompt, template_stops, add_bos = self._format_chat(messages, chat_template)
         given = options.get("stop")
@@ -225,7 +221,7 @@ class LlamaCppBackend:
             raise InputError("stop must be a string or a list of strings")
         stop = [given] if isinstance(given, str) else list(given or [])
         stop += [s for s in template_stops if s not in stop]
-        gen = self._run(
+        return self._run(
             prompt,
             "chat",
             stream=stream,
@@ -234,7 +230,6 @@ class LlamaCppBackend:
             capture=messages,
             options={**options, "stop": stop},
         )
-        return gen if stream else "".join(gen)
 
     def _format_chat(
         self,
@@ -309,20 +304,6 @@ class LlamaCppBackend:
             raise InputError("the prompt is empty (no tokens)")
         return dataclasses.replace(
             request, prompt=None, messages=None, prompt_tokens=tuple(tokens), stop=tuple(stops), tools=()
-        )
-
-    def recorder(self, request: GenerationRequest) -> Any:
-        """The telemetry recorder (GenAI span and metrics) of one request that a batch engine runs: not yet
-        started, never made the current span (it ends on the engine's thread)."""
-        operation = "chat" if request.messages is not None else "text_completion"
-        return telemetry.inference(
-            operation,
-            self._model,
-            self.provider,
-            stream=request.stream,
-            request=request.telemetry_record(),
-            attributes=self._attrs,
-            attach=False,
         )
 
     def batch_engine(
@@ -443,9 +424,7 @@ class LlamaCppBackend:
             and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
         ):
             raise InputError(f"prompt must be a string or a non-empty list of token ids, got {type(prompt).__name__}")
-        stop = options.get("stop")
-        if isinstance(stop, (list, tuple)):
-            options = {**options, "stop": [s for s in stop if s != ""] or None}  # an empty stop string stops nothing
+        options = without_empty_stops(options)
         engine = self._engine
         n_vocab = engine.n_vocab
         if isinstance(prompt, str):
@@ -481,24 +460,14 @@ class LlamaCppBackend:
         """The pieces of one engine request under its GenAI span; ``self.last_stats`` from its result. Closing the
         generator early cancels the request (its slot is free at the engine's next step)."""
         finish = "error"
-        res = None
         with rec:
             rec.set_input_tokens(len(handle.request.prompt_tokens or ()))
             rec.capture_input(capture)  # chat: the roles, not the template
-            first = True
+            pieces = RecordedPieces(handle, rec)
             try:
-                for piece in handle:
-                    rec.chunk()
-                    if first:
-                        rec.first_chunk()
-                        first = False
-                    yield piece
-            except GeneratorExit:
-                handle.cancel()
-                raise
+                yield from pieces
             finally:
-                with contextlib.suppress(TimeoutError):
-                    res = handle.result(timeout=60.0)  # cancelled: ends at the engine's next step
+                res = pieces.result
                 if res is not None:
                     finish = res.finish_reason
                     rec.set_output_tokens(len(res.tokens))

@@ -7,7 +7,6 @@ The request flow and its telemetry: :mod:`edgesdk.runtime.backends.vlm`.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
@@ -23,7 +22,7 @@ from edgesdk import telemetry
 from edgesdk.contracts.gguf_types import DEFAULT_KV_TYPE, kv_bytes
 from edgesdk.errors import BackendUnavailableError, InputError, ShapeError
 from edgesdk.runtime.backend import ImageLimits, TensorSpec, VisionRequestStats
-from edgesdk.runtime.backends.llama_core import load_llama_cpp
+from edgesdk.runtime.backends.llama_core import EngineFront, RecordedPieces, load_llama_cpp, without_empty_stops
 from edgesdk.runtime.backends.vlm.pipeline import VLMPipeline, VLMPrompt
 from edgesdk.runtime.batching import BatchEngine, MultimodalRequest, prefill_budget
 from edgesdk.runtime.options import VlmLoadOptions
@@ -77,7 +76,7 @@ def _split_content(messages: list[dict[str, Any]]) -> tuple[list[tuple[str, str,
     return parts_out, images
 
 
-class VLMBackend:
+class VLMBackend(EngineFront):
     """One loaded VLM bundle: ``generate(prompt, images=[...])``, ``stream``, ``chat`` with image parts. Every request
     is a :class:`~edgesdk.runtime.batching.MultimodalRequest` (the prompt's text tokens and image chunks,
     :meth:`VLMPipeline.prompt`) run by the model's one :class:`~edgesdk.runtime.batching.BatchEngine`: one slot at
@@ -190,24 +189,18 @@ class VLMBackend:
         assert not isinstance(gen, str)
         return gen
 
-    def chat(
-        self,
-        messages: list[dict[str, Any]],
-        chat_template: str | None = None,
-        *,
-        stream: bool = False,
-        **options: Unpack[GenerationOptions],
-    ) -> str | Iterator[str]:
-        """Reply to ``messages`` in the model family's own turn format (``chat_template`` applies to GGUF
-        bundles: None only)."""
+    def _chat(
+        self, messages: list[dict[str, Any]], chat_template: str | None, stream: bool, options: GenerationOptions
+    ) -> Iterator[str]:
+        """The reply to ``messages`` (:meth:`EngineFront.chat`) in the model family's own turn format (``chat_template``
+        applies to GGUF bundles: None only)."""
         if chat_template is not None:
             raise InputError(
                 "chat_template applies to GGUF bundles: a VLM formats chats with its model family's "
                 "own turn format (docs/vlm.md)"
             )
         text, images = self._chat_text(messages)
-        gen = self._run(text, images, "chat", messages, stream, options)
-        return gen if stream else "".join(gen)
+        return self._run(text, images, "chat", messages, stream, options)
 
     def _chat_text(self, messages: list[dict[str, Any]]) -> tuple[str, list[Any]]:
         _, images = _split_content(messages)  # validates the messages and collects the images in order
@@ -216,9 +209,7 @@ class VLMBackend:
     def _run(
         self, text: str, images: list[Any], operation: str, capture: Any, stream: bool, options: GenerationOptions
     ) -> Iterator[str]:
-        stop = options.get("stop")
-        if isinstance(stop, (list, tuple)):
-            options = {**options, "stop": [s for s in stop if s != ""] or None}  # an empty stop string stops nothing
+        options = without_empty_stops(options)
         request = GenerationRequest.from_options(prompt=text, stream=stream, **options)  # checked before any image
         rec = self.recorder(request, operation)
         return self._consume(request, images, rec, capture)
@@ -247,7 +238,7 @@ class VLMBackend:
         """One request under its GenAI span: its prompt made (stages preprocess, encode) and run by the engine
         (stages prefill: until the first piece, decode: after it); ``self.last_stats`` from its result. Closing the
         generator early cancels the request (its slot is free at the engine's next step)."""
-        finish, res, decode = "error", None, None
+        finish, decode = "error", None
         with rec:
             rec.capture_input(capture)
             t0 = perf_counter()
@@ -258,20 +249,18 @@ class VLMBackend:
                 handle = self._engine.submit(mm)
             self._record_prompt(rec, vp)
             prefill = rec.stage("prefill", {"edgesdk.inference.stage.tokens": vp.input_tokens})
+
+            def first() -> None:
+                nonlocal decode
+                prefill.end()
+                rec.first_chunk()
+                decode = rec.stage("decode")
+
+            pieces = RecordedPieces(handle, rec, first)
             try:
-                for piece in handle:
-                    rec.chunk()
-                    if decode is None:
-                        prefill.end()
-                        rec.first_chunk()
-                        decode = rec.stage("decode")
-                    yield piece
-            except GeneratorExit:
-                handle.cancel()
-                raise
+                yield from pieces
             finally:
-                with contextlib.suppress(TimeoutError):
-                    res = handle.result(timeout=60.0)  # cancelled: ends at the engine's next step
+                res = pieces.result
                 prefill.end()
                 decode = decode or rec.stage("decode")
                 if res is not None:
@@ -318,19 +307,6 @@ class VLMBackend:
             },
         )
         return stats
-
-    def recorder(self, request: GenerationRequest, operation: str | None = None) -> Any:
-        """The telemetry recorder (GenAI span and metrics) of one request, not yet started, never made the current
-        span (a stream's, or one the engine's thread ends)."""
-        return telemetry.inference(
-            operation or ("chat" if request.messages is not None else "text_completion"),
-            self._model,
-            self.provider,
-            stream=request.stream,
-            request=request.telemetry_record(),
-            attributes=self._attrs,
-            attach=False,
-        )
 
     # ------------------------------------------------------------------ the engine (BatchingBackend)
     def batch_engine(self, *, slots: int, max_queue: int, reuse_prefix: bool = True) -> BatchEngine:
