@@ -10,21 +10,28 @@ import click
 from edgesdk.commands._common import emit_json, info, table
 
 
+def _trust_options(policy_help: str, *key_aliases: str):
+    """``--trusted-key`` (repeatable; ``key_aliases``: its other spellings) and ``--policy FILE`` (YAML), as
+    ``pull`` and ``verify`` take them (``TrustPolicy.from_options``)."""
+
+    def decorate(f):  # type: ignore[no-untyped-def]
+        f = click.option("--policy", "policy_file", type=click.Path(dir_okay=False), help=policy_help)(f)
+        return click.option(
+            "--trusted-key",
+            *key_aliases,
+            "trusted_keys",
+            multiple=True,
+            type=click.Path(dir_okay=False),
+            help="A trusted signer's EC public key (PEM); repeatable.",
+        )(f)
+
+    return decorate
+
+
 def _policy_options(f):
     """``--require-signature``, ``--trusted-key`` (repeatable) and ``--policy FILE`` (YAML)."""
-    f = click.option(
-        "--policy",
-        "policy_file",
-        type=click.Path(dir_okay=False),
-        help="Trust policy file (YAML: require_signature, trusted_keys); default $EDGESDK_TRUST_POLICY.",
-    )(f)
-    f = click.option(
-        "--trusted-key",
-        "--verify-key",
-        "trusted_keys",
-        multiple=True,
-        type=click.Path(dir_okay=False),
-        help="A trusted signer's EC public key (PEM); repeatable.",
+    f = _trust_options(
+        "Trust policy file (YAML: require_signature, trusted_keys); default $EDGESDK_TRUST_POLICY.", "--verify-key"
     )(f)
     f = click.option("--require-signature", is_flag=True, help="Refuse a bundle that no trusted key signed (exit 7).")(
         f
@@ -174,19 +181,7 @@ def sign_cmd(bundle: str, key: str, as_json: bool) -> int:
     type=click.Path(file_okay=False),
     help="The signature directory (default: BUNDLE.sig beside the bundle).",
 )
-@click.option(
-    "--trusted-key",
-    "trusted_keys",
-    multiple=True,
-    type=click.Path(dir_okay=False),
-    help="A trusted signer's EC public key (PEM); repeatable.",
-)
-@click.option(
-    "--policy",
-    "policy_file",
-    type=click.Path(dir_okay=False),
-    help="Trust policy file (YAML) whose trusted_keys to use; default $EDGESDK_TRUST_POLICY.",
-)
+@_trust_options("Trust policy file (YAML) whose trusted_keys to use; default $EDGESDK_TRUST_POLICY.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def verify_cmd(
     bundle: str, signature: str | None, trusted_keys: tuple[str, ...], policy_file: str | None, as_json: bool
