@@ -13,12 +13,14 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from pathlib import Path
 
 import click
 
 from edgesdk.textable import format_table as table
 
 __all__ = [
+    "also_write_option",
     "emit_json",
     "info",
     "is_quiet",
@@ -163,3 +165,9 @@ def profile_option(dest: str = "profile", *, help: str, required: bool = False, 
         )(f)
 
     return decorate
+
+
+def also_write_option(name: str, help: str):
+    """``NAME FILE``: another file the command also writes (a file, not a directory), given to it as a
+    :class:`~pathlib.Path` in ``<name>_path`` (``--html`` -> ``html_path``), None when not asked for."""
+    return click.option(name, f"{name.lstrip('-')}_path", type=click.Path(path_type=Path, dir_okay=False), help=help)

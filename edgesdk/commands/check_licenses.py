@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from edgesdk.commands._common import also_write_option
 from edgesdk.errors import EdgeSDKError
 
 
@@ -67,20 +68,10 @@ from edgesdk.errors import EdgeSDKError
 @click.option(
     "-o", "--output", type=click.Path(path_type=Path), default=None, help="Also write the JSON report to this file."
 )
-@click.option(
-    "--html",
-    "html_path",
-    type=click.Path(path_type=Path, dir_okay=False),
-    default=None,
-    help="Also write a self-contained HTML report (verdict, findings by level, waivers) to this file.",
+@also_write_option(
+    "--html", "Also write a self-contained HTML report (verdict, findings by level, waivers) to this file."
 )
-@click.option(
-    "--spdx",
-    "spdx_path",
-    type=click.Path(path_type=Path, dir_okay=False),
-    default=None,
-    help="Also write an SPDX 2.3 JSON SBOM of what was scanned to this file.",
-)
+@also_write_option("--spdx", "Also write an SPDX 2.3 JSON SBOM of what was scanned to this file.")
 def check_licenses_command(
     path: Path,
     as_json: bool,

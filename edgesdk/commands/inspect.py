@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from edgesdk.commands._common import emit_json, profile_option, warn
+from edgesdk.commands._common import also_write_option, emit_json, profile_option, warn
 
 
 @click.group("inspect")
@@ -28,17 +28,12 @@ def inspect_group() -> None:
 @click.option("--dla/--no-dla", "dla", default=None, help="Consider the DLA (default: when the profile has one).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
 @click.option("--strict", is_flag=True, help="Exit 2 when some op runs on no backend of the profile.")
-@click.option(
-    "--html",
-    "html_path",
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="Also write a self-contained HTML page of the partitions (coloured by placement) and crossings.",
+@also_write_option(
+    "--html", "Also write a self-contained HTML page of the partitions (coloured by placement) and crossings."
 )
-@click.option(
+@also_write_option(
     "--dot",
-    "dot_path",
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="Also write a Graphviz DOT graph: one cluster per partition, nodes coloured by placement, "
+    "Also write a Graphviz DOT graph: one cluster per partition, nodes coloured by placement, "
     "boundary crossings in red (render: dot -Tsvg FILE).",
 )
 def capability_cmd(
