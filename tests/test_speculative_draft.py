@@ -185,3 +185,36 @@ def test_serve_speculative_draft_over_http_is_greedy_identical_and_counts_tokens
         if f'kind="{kind}"' in line
     }
     assert counts == {"drafted": accepted + rejected, "accepted": accepted}, (counts, accepted, rejected)
+
+
+def test_profiler_run_reports_decode_with_and_without_the_draft_model(draft_bundle, pair, tmp_path):
+    """``edgesdk profiler run`` on a bundle with a draft model: the ``speculative`` section (issue 37 item 5) holds
+    decode with and without it, on the same prompt, with what was drafted and accepted; the text report shows it;
+    ``--speculative draft`` on a bundle without a draft model is refused in one line."""
+    res = _cli("profiler", "run", str(draft_bundle), "--prompt-tokens", "16", "--gen-tokens", "16", "--repeats", "2",
+               "--device-metrics-interval", "0", "--no-energy", "--json")  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    report = json.loads(res.stdout)
+    spec = report["speculative"]
+    manifest = json.loads((draft_bundle / "manifest.json").read_text())
+    assert spec["method"] == "draft" and spec["k"] == manifest["extras"]["llm"]["draft"]["k"]  # auto: the draft
+    assert spec["repeats"] == 2 and len(spec["off"]["per_repeat"]) == len(spec["on"]["per_repeat"]) == 2
+    on, off = spec["on"], spec["off"]
+    assert on["speculative"] == ["draft"] and 0 < on["accepted_tokens"] <= on["drafted_tokens"]
+    assert on["acceptance"] == round(on["accepted_tokens"] / on["drafted_tokens"], 4)
+    assert off["decode_tok_s"] > 0 and on["decode_tok_s"] > 0
+    assert spec["ratio"] == round(on["decode_tok_s"] / off["decode_tok_s"], 3)
+    assert spec["same_text"] == 2  # greedy: the draft model changes the speed, not the text (as the engine test shows)
+    table = _cli("profiler", "run", str(draft_bundle), "--prompt-tokens", "16", "--gen-tokens", "8", "--repeats", "1",
+                 "--speculative", "lookup", "--device-metrics-interval", "0", "--no-energy")  # fmt: skip
+    assert table.returncode == 0, table.stderr
+    row = next(line for line in table.stdout.splitlines() if line.startswith("speculative (lookup, k 8)"))
+    assert "tok/s" in row and "drafted tokens accepted" in row, row
+    plain = tmp_path / "plain"
+    assert _cli("build", str(pair["target"]), "--profile", "cpu-x86_64", "--quant-type", "F16", "-o", str(plain),
+                "--no-progress").returncode == 0  # fmt: skip
+    bad = _cli("profiler", "run", str(plain), "--speculative", "draft", "--repeats", "1", "--gen-tokens", "4")
+    assert bad.returncode == 3 and bad.stderr.count("\n") == 1 and "--draft" in bad.stderr, bad.stderr
+    none = _cli("profiler", "run", str(plain), "--speculative", "off", "--prompt-tokens", "8", "--gen-tokens", "4",
+                "--repeats", "1", "--device-metrics-interval", "0", "--no-energy", "--json")  # fmt: skip
+    assert none.returncode == 0 and "speculative" not in json.loads(none.stdout), none.stderr

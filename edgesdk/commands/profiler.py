@@ -28,6 +28,15 @@ def profiler_group() -> None:
 @_count("--prompt-tokens", 1, 128, "LLM prompt size.")
 @_count("--gen-tokens", 2, 128, "LLM tokens to generate.")
 @_count("--repeats", 1, 3, "LLM generations measured (after one warm-up generation).")
+@click.option(
+    "--speculative",
+    type=click.Choice(["auto", "lookup", "draft", "off"]),
+    default="auto",
+    show_default=True,
+    help="GGUF LLMs: also measure decode with speculative decoding by this method against none, on a prompt to "
+    "copy: lookup (prompt lookup), draft (the draft model of a bundle built with --draft), auto (draft where the "
+    "bundle has one, else lookup), off (not measured).",
+)
 @click.option("--threads", type=click.IntRange(min=1), help="Runtime threads (default: the runtime's).")
 @_count("--op-profile-runs", 0, 10, "ONNX Runtime profiler runs for per-node time (0: skip).")
 @profile_option(help="Profile to predict and check budgets for (default: detected).")
@@ -60,6 +69,7 @@ def run_cmd(
     prompt_tokens,
     gen_tokens,
     repeats,
+    speculative,
     threads,
     op_profile_runs,
     profile,
@@ -93,6 +103,7 @@ def run_cmd(
         prompt_tokens=prompt_tokens,
         gen_tokens=gen_tokens,
         llm_repeats=repeats,
+        speculative=speculative,
         ort_profile_runs=op_profile_runs,
         threads=threads,
         profile=profile,

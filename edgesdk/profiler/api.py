@@ -148,10 +148,12 @@ def run_profiler(
     """Detect the device, measure the bundle, predict for this device's profile, check budgets."""
     from edgesdk.bundle import open_bundle
     from edgesdk.errors import EdgeSDKError
+    from edgesdk.profiler.bench import speculative_method
     from edgesdk.profiler.device import detect_device
     from edgesdk.profiles import resolve_profile
 
     bundle = open_bundle(path)  # verified before any line is printed: a damaged bundle is one error line
+    speculative_method(bundle, opts.speculative)  # so is a --speculative this bundle cannot measure
     detection = detect_device()
     device = {k: v for k, v in detection.to_dict().items() if k not in ("candidates",)}
     profile_name = opts.profile or detection.best_match

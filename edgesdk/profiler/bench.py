@@ -26,7 +26,14 @@ from typing import Any
 import numpy as np
 
 from edgesdk.errors import BackendUnavailableError, InputError
-from edgesdk.profiler.llm_bench import OPENERS, llm_metrics, llm_stream_once, prompt_of
+from edgesdk.profiler.llm_bench import (
+    OPENERS,
+    copy_prompt,
+    llm_metrics,
+    llm_stream_once,
+    prompt_of,
+    speculative_compare,
+)
 from edgesdk.profiler.stats import latency_stats
 
 
@@ -48,6 +55,9 @@ class BenchOptions:
     # during the measurement, into the report's device_metrics; 0 turns the sampler off.
     device_metrics_interval_s: float = 1.0
     energy: bool = True  # joules around the measured calls (energy.py); False: the result says it was off
+    # GGUF LLMs: decode also measured with speculative decoding by this method against none (report "speculative"):
+    # "lookup", "draft" (the bundle's draft model), "auto" (draft where the bundle has one, else lookup), "off": not
+    speculative: str = "auto"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -353,6 +363,29 @@ def _bundle_can_run_here(bundle) -> None:
         )
 
 
+SPECULATIVE_CHOICES = ("auto", "lookup", "draft", "off")
+
+
+def speculative_method(bundle, asked: str) -> str | None:
+    """The method ``profiler run`` compares with no speculation (None: no comparison): GGUF LLMs only; ``auto`` is
+    the bundle's draft model where it has one, else prompt lookup. Refused in one line: an unknown name, a method
+    named for a bundle that is no GGUF LLM, ``draft`` for a bundle built without ``--draft``."""
+    if asked not in SPECULATIVE_CHOICES:
+        raise InputError(f"speculative must be one of {', '.join(SPECULATIVE_CHOICES)}, got {asked!r}")
+    llm = bundle.manifest.llm if bundle.format == "gguf" else None
+    if asked == "off" or (llm is None and asked == "auto"):
+        return None
+    if llm is None:
+        raise InputError(f"--speculative {asked} measures GGUF LLM bundles; {bundle.path} is a {bundle.format} bundle")
+    draft = llm.draft
+    if asked == "draft" and draft is None:
+        raise InputError(
+            f"--speculative draft needs a draft model in the bundle (edgesdk build --draft SMALL_MODEL); {bundle.path} "
+            "has none: use --speculative lookup"
+        )
+    return asked if asked != "auto" else ("draft" if draft is not None else "lookup")
+
+
 def measure_bundle(
     path: str | os.PathLike,
     opts: BenchOptions | None = None,
@@ -377,6 +410,7 @@ def measure_bundle(
     if bundle is None:
         bundle = open_bundle(path)
     _bundle_can_run_here(bundle)
+    spec_method = speculative_method(bundle, opts.speculative)
     state_before = read_device_state()
     snap_before = dstate.snapshot()
     rss_before = host_rss_bytes()
@@ -424,6 +458,13 @@ def measure_bundle(
             body["llm"] = llm_metrics(n_prompt, runs)
             if meter is not None:
                 body["energy"] = meter.result(tokens=sum(body["llm"]["generated_tokens"]))
+            if spec_method is not None:
+                engine = (session.report().get("backend_report") or {}).get("engine") or {}
+                k = engine.get("draft_k") if spec_method == "draft" else engine.get("draft_max")
+                log(f"decode with and without speculative decoding ({spec_method}, k {k})")
+                body["speculative"] = speculative_compare(
+                    session, copy_prompt(prompt), opts.gen_tokens, opts.llm_repeats, spec_method, k
+                )
         else:
             feeds = synthetic_feeds(
                 {s.name: {"dtype": s.dtype, "shape": list(s.shape or [])} for s in session.backend.inputs},

@@ -149,3 +149,72 @@ def _repeat_phases(run: dict, tokens: int) -> dict:
         "tpot_ms": decode / (tokens - 1) if decode is not None and tokens > 1 else None,
         "chunk_times_ms": chunks,
     }
+
+
+#: the cue of the comparison's prompt: the model is asked to write the prompt's text again (input-grounded text,
+#: what prompt lookup drafts well; a draft model drafts any text)
+COPY_CUE = "\n\nThe same text again, word for word:\n"
+
+
+def copy_prompt(text: str, lead_words: int = 6) -> str:
+    """The speculative comparison's prompt: ``text``, the copy cue and the text's first ``lead_words`` words."""
+    return f"{text}{COPY_CUE}{' '.join(text.split()[:lead_words])}"
+
+
+def speculative_compare(session, prompt: str, gen_tokens: int, repeats: int, method: str, k: int | None) -> dict:
+    """Decode with and without speculative decoding (``method``: ``lookup`` or ``draft``) on the same prompt, greedy:
+    one warm-up generation per arm, then ``repeats`` rounds of one generation per arm (interleaved, so a change of
+    the machine's load falls on both). Each generation's decode rate is the backend's (tokens after the first /
+    time from the first token to the last); the arms' medians and their ratio, what was drafted and accepted, and
+    how many rounds gave the same tokens."""
+    arms: dict[str, list[dict]] = {"off": [], "on": []}
+    for i in range(repeats + 1):  # round 0 warms both arms: not reported
+        for arm, mode in (("off", "off"), ("on", method)):
+            text = str(session.generate(prompt, max_tokens=gen_tokens, temperature=0.0, speculative=mode))
+            st = session.backend.last_stats
+            if i and st is not None:
+                arms[arm].append(
+                    {
+                        "text": text,
+                        "tokens": st.output_tokens,
+                        "decode_tok_s": st.decode_tok_s,
+                        "speculative": st.speculative,
+                        "drafted_tokens": st.drafted_tokens,
+                        "accepted_tokens": st.accepted_tokens,
+                    }
+                )
+
+    def median_rate(runs: list[dict]) -> float | None:
+        rates = [r["decode_tok_s"] for r in runs if r["decode_tok_s"]]
+        return round(statistics.median(rates), 2) if rates else None
+
+    off, on = median_rate(arms["off"]), median_rate(arms["on"])
+    drafted = sum(r["drafted_tokens"] for r in arms["on"])
+    accepted = sum(r["accepted_tokens"] for r in arms["on"])
+    return {
+        "method": method,
+        "k": k,
+        "prompt": "copy: the measured prompt's text, then a cue to write it again and its first words",
+        "prompt_tokens": len(session.tokenize(prompt)),
+        "repeats": len(arms["on"]),
+        "off": {
+            "decode_tok_s": off,
+            "per_repeat": [r["decode_tok_s"] for r in arms["off"]],
+            "tokens": [r["tokens"] for r in arms["off"]],
+        },
+        "on": {
+            "decode_tok_s": on,
+            "per_repeat": [r["decode_tok_s"] for r in arms["on"]],
+            "tokens": [r["tokens"] for r in arms["on"]],
+            "speculative": sorted({r["speculative"] for r in arms["on"]}),
+            "drafted_tokens": drafted,
+            "accepted_tokens": accepted,
+            "acceptance": round(accepted / drafted, 4) if drafted else None,
+        },
+        "ratio": round(on / off, 3) if on and off else None,
+        "same_text": sum(a["text"] == b["text"] for a, b in zip(arms["off"], arms["on"], strict=True)),
+        "method_note": "session.generate at temperature 0, speculative='off' and the method, interleaved rounds after "
+        "one warm-up round; decode tok/s = the backend's (tokens - 1) / (last token - first token), median over "
+        "rounds; ratio = on / off; same_text: rounds whose two texts are equal (a verify step's logits differ in the "
+        "last bits from one token's, so a near tie can flip)",
+    }

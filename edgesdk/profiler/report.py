@@ -147,6 +147,20 @@ def render_table(report: dict) -> str:
                 + (f" (prefill from {llm['prefill_source']})" if llm.get("prefill_source") else ""),
             ]
         )
+    spec = report.get("speculative")
+    if spec:
+        on, off = spec.get("on") or {}, spec.get("off") or {}
+        acc = on.get("acceptance")
+        rows.append(
+            [
+                f"speculative ({spec.get('method')}, k {spec.get('k')})",
+                f"decode {_fmt(off.get('decode_tok_s'))} -> {_fmt(on.get('decode_tok_s'))} tok/s "
+                f"({_fmt(spec.get('ratio'))}x); {on.get('accepted_tokens')} of {on.get('drafted_tokens')} drafted "
+                f"tokens accepted"
+                + (f" ({acc:.0%})" if acc is not None else "")
+                + f"; same text {spec.get('same_text')} of {spec.get('repeats')}",
+            ]
+        )
     mem = report.get("memory") or {}
     rows.append(["host peak RSS", f"{_fmt(mem.get('host_peak_rss_mb'))} MB"])
     d = mem.get("device") or {}
