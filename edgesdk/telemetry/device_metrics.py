@@ -16,6 +16,7 @@ attributes ``hw.id`` / ``hw.type`` / ``hw.name``), ours under ``edgesdk.device.*
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -40,18 +41,6 @@ DEVICE_THROTTLED = "edgesdk.device.throttled"  # gauge, 1 while the clocks are h
 DEVICE_RAIL_POWER = "edgesdk.device.rail.power"  # gauge, W; attribute edgesdk.device.rail (Jetson INA3221)
 CLOCK_DOMAIN = "edgesdk.device.clock.domain"
 RAIL = "edgesdk.device.rail"
-
-NAMES = (
-    HW_GPU_UTILIZATION,
-    HW_GPU_MEMORY_USAGE,
-    HW_GPU_MEMORY_LIMIT,
-    HW_POWER,
-    HW_ENERGY,
-    HW_TEMPERATURE,
-    DEVICE_CLOCK,
-    DEVICE_THROTTLED,
-    DEVICE_RAIL_POWER,
-)
 
 
 class DeviceMetrics:
@@ -122,6 +111,35 @@ class DeviceMetrics:
         ]
 
 
+# Every device instrument, in the order they are registered: (kind: the meter's create_observable_<kind>, name,
+# reading: a component's field, one value per component, or a DeviceMetrics method observing several, unit,
+# description).
+INSTRUMENTS: tuple[tuple[str, str, str | Callable[..., Iterable[Observation]], str, str], ...] = (
+    ("gauge", HW_GPU_UTILIZATION, "utilization", "1", "Fraction of time the GPU was busy."),
+    ("up_down_counter", HW_GPU_MEMORY_USAGE, "memory_used_bytes", "By", "GPU memory used."),
+    ("up_down_counter", HW_GPU_MEMORY_LIMIT, "memory_limit_bytes", "By", "GPU memory size."),
+    ("gauge", HW_POWER, "power_w", "W", "Instantaneous power of the component."),
+    (
+        "counter",
+        HW_ENERGY,
+        "energy_j",
+        "J",
+        "Energy consumed by the component (NVML: since the driver loaded; RAPL: since first read).",
+    ),
+    ("gauge", HW_TEMPERATURE, "temperature_c", "Cel", "Hottest sensor of the component."),
+    ("gauge", DEVICE_CLOCK, DeviceMetrics._clocks, "MHz", "Current clock of each clock domain."),
+    (
+        "gauge",
+        DEVICE_THROTTLED,
+        DeviceMetrics._throttled,
+        "1",
+        "1 while the clocks are held down (NVML power/thermal slowdown, a zone past its passive trip).",
+    ),
+    ("gauge", DEVICE_RAIL_POWER, DeviceMetrics._rails, "W", "Power of each Jetson INA3221 rail."),
+)
+NAMES = tuple(name for _, name, *_ in INSTRUMENTS)
+
+
 def _attrs(c: dict) -> dict[str, Any]:
     out = {HW_ID: str(c.get("id")), HW_TYPE: str(c.get("type"))}
     if c.get("name"):
@@ -142,40 +160,7 @@ def register_device_metrics(
         meter_provider = telemetry._state.meter_provider or metrics.get_meter_provider()
     meter = meter_provider.get_meter("edgesdk.device", N.SDK_VERSION, schema_url=N.SCHEMA_URL)
     dm = DeviceMetrics(read, max_age_s)
-    meter.create_observable_gauge(
-        HW_GPU_UTILIZATION,
-        callbacks=[dm._obs("utilization")],
-        unit="1",
-        description="Fraction of time the GPU was busy.",
-    )
-    meter.create_observable_up_down_counter(
-        HW_GPU_MEMORY_USAGE, callbacks=[dm._obs("memory_used_bytes")], unit="By", description="GPU memory used."
-    )
-    meter.create_observable_up_down_counter(
-        HW_GPU_MEMORY_LIMIT, callbacks=[dm._obs("memory_limit_bytes")], unit="By", description="GPU memory size."
-    )
-    meter.create_observable_gauge(
-        HW_POWER, callbacks=[dm._obs("power_w")], unit="W", description="Instantaneous power of the component."
-    )
-    meter.create_observable_counter(
-        HW_ENERGY,
-        callbacks=[dm._obs("energy_j")],
-        unit="J",
-        description="Energy consumed by the component (NVML: since the driver loaded; RAPL: since first read).",
-    )
-    meter.create_observable_gauge(
-        HW_TEMPERATURE, callbacks=[dm._obs("temperature_c")], unit="Cel", description="Hottest sensor of the component."
-    )
-    meter.create_observable_gauge(
-        DEVICE_CLOCK, callbacks=[dm._clocks], unit="MHz", description="Current clock of each clock domain."
-    )
-    meter.create_observable_gauge(
-        DEVICE_THROTTLED,
-        callbacks=[dm._throttled],
-        unit="1",
-        description="1 while the clocks are held down (NVML power/thermal slowdown, a zone past its passive trip).",
-    )
-    meter.create_observable_gauge(
-        DEVICE_RAIL_POWER, callbacks=[dm._rails], unit="W", description="Power of each Jetson INA3221 rail."
-    )
+    for kind, name, reading, unit, description in INSTRUMENTS:
+        callback = dm._obs(reading) if isinstance(reading, str) else functools.partial(reading, dm)
+        getattr(meter, f"create_observable_{kind}")(name, callbacks=[callback], unit=unit, description=description)
     return dm
