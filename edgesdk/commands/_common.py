@@ -21,6 +21,7 @@ from edgesdk.textable import format_table as table
 
 __all__ = [
     "also_write_option",
+    "at_least_option",
     "emit_json",
     "info",
     "is_quiet",
@@ -171,3 +172,10 @@ def also_write_option(name: str, help: str):
     """``NAME FILE``: another file the command also writes (a file, not a directory), given to it as a
     :class:`~pathlib.Path` in ``<name>_path`` (``--html`` -> ``html_path``), None when not asked for."""
     return click.option(name, f"{name.lstrip('-')}_path", type=click.Path(path_type=Path, dir_okay=False), help=help)
+
+
+def at_least_option(name: str, low: float, default: float, help: str):
+    """``NAME N``: a number of at least ``low`` (a whole number when ``default`` is an int, else a float), its
+    ``default`` shown in --help."""
+    kind = click.IntRange(min=int(low)) if isinstance(default, int) else click.FloatRange(min=low)
+    return click.option(name, type=kind, default=default, show_default=True, help=help)

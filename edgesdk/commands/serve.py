@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from edgesdk.commands._common import at_least_option
 from edgesdk.commands.run import llm_load_options
 
 
@@ -42,41 +43,11 @@ from edgesdk.commands.run import llm_load_options
     help="Answer CORS requests from ORIGIN, e.g. https://app.example.com (repeatable; '*' for any). "
     "Default: none, so web pages of other origins cannot read answers.",
 )
-@click.option(
-    "--max-queue",
-    type=click.IntRange(0),
-    default=16,
-    show_default=True,
-    help="LLM requests allowed to wait behind the running one; more get 429.",
-)
-@click.option(
-    "--max-batch",
-    type=click.IntRange(1),
-    default=32,
-    show_default=True,
-    help="Embeddings: most inputs in one dynamic batch.",
-)
-@click.option(
-    "--max-wait-ms",
-    type=click.FloatRange(0),
-    default=5.0,
-    show_default=True,
-    help="Embeddings: longest wait for a batch to fill.",
-)
-@click.option(
-    "--max-body-bytes",
-    type=click.IntRange(1),
-    default=1 << 20,
-    show_default=True,
-    help="Largest request body; larger gets 413.",
-)
-@click.option(
-    "--shutdown-timeout",
-    type=click.FloatRange(0),
-    default=30.0,
-    show_default=True,
-    help="Seconds in-flight requests get to finish after SIGTERM.",
-)
+@at_least_option("--max-queue", 0, 16, "LLM requests allowed to wait behind the running one; more get 429.")
+@at_least_option("--max-batch", 1, 32, "Embeddings: most inputs in one dynamic batch.")
+@at_least_option("--max-wait-ms", 0, 5.0, "Embeddings: longest wait for a batch to fill.")
+@at_least_option("--max-body-bytes", 1, 1 << 20, "Largest request body; larger gets 413.")
+@at_least_option("--shutdown-timeout", 0, 30.0, "Seconds in-flight requests get to finish after SIGTERM.")
 @click.option(
     "--request-timeout",
     type=click.FloatRange(0, min_open=True),
