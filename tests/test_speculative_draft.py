@@ -50,6 +50,10 @@ def pair(tmp_path_factory) -> dict[str, Path]:
     other = make_llama(root / "hf-other", layers=1, hidden=256, heads=4, kv_heads=2, vocab=300)
     out["other_vocab"] = root / "other-vocab.gguf"
     convert_hf_to_gguf(other, out["other_vocab"], name="other")
+    # the same vocabulary, other random weights: a draft whose tokens the target (almost) never accepts
+    stranger = make_llama(root / "hf-stranger", layers=1, hidden=256, heads=4, kv_heads=2, vocab=400, seed=7)
+    out["stranger"] = root / "stranger-f16.gguf"
+    convert_hf_to_gguf(stranger, out["stranger"], name="stranger")
     for name, lic in (("nc", "cc-by-nc-4.0"), ("llama", "llama3.2")):
         d = first_layers(hf, root / f"hf-{name}", 1)
         (d / "README.md").write_text(f"---\nlicense: {lic}\n---\nA draft under {lic}.\n")
@@ -137,11 +141,17 @@ def test_draft_requests_are_greedy_identical_to_no_speculation(draft_bundle):
 
 
 def test_run_reports_draft_tokens_and_refuses_draft_without_one(draft_bundle, pair, tmp_path):
+    trace = tmp_path / "t.jsonl"
     res = _cli("run", str(draft_bundle), "--prompt", PROMPTS[0], "-n", "24", "--temperature", "0",
-               "--speculative", "draft", "--json")  # fmt: skip
+               "--speculative", "draft", "--json", "--trace-file", str(trace))  # fmt: skip
     assert res.returncode == 0, res.stderr
     usage = json.loads(res.stdout)["usage"]
     assert usage["speculative"] == "draft" and 0 < usage["accepted_tokens"] <= usage["drafted_tokens"]
+    plan_k = json.loads((draft_bundle / "manifest.json").read_text())["extras"]["llm"]["draft"]["k"]
+    assert usage["draft_k_start"] == plan_k and 1 <= usage["draft_k"] <= 8, usage  # adaptive k: start and end
+    attrs = {a["key"]: a["value"] for a in _span_attributes(trace) if a["key"].startswith("edgesdk.speculative")}
+    assert attrs["edgesdk.speculative.k_start"] == {"intValue": str(plan_k)}, attrs
+    assert attrs["edgesdk.speculative.k"] == {"intValue": str(usage["draft_k"])}, attrs
     plain = tmp_path / "plain"
     assert _cli("build", str(pair["target"]), "--profile", "cpu-x86_64", "--quant-type", "F16", "-o", str(plain),
                 "--no-progress").returncode == 0  # fmt: skip
@@ -202,6 +212,7 @@ def test_profiler_run_reports_decode_with_and_without_the_draft_model(draft_bund
     on, off = spec["on"], spec["off"]
     assert on["speculative"] == ["draft"] and 0 < on["accepted_tokens"] <= on["drafted_tokens"]
     assert on["acceptance"] == round(on["accepted_tokens"] / on["drafted_tokens"], 4)
+    assert len(on["draft_k"]) == 2 and all(1 <= k <= 8 for k in on["draft_k"])  # adaptive k: each one's end
     assert off["decode_tok_s"] > 0 and on["decode_tok_s"] > 0
     assert spec["ratio"] == round(on["decode_tok_s"] / off["decode_tok_s"], 3)
     assert spec["same_text"] == 2  # greedy: the draft model changes the speed, not the text (as the engine test shows)
@@ -218,3 +229,49 @@ def test_profiler_run_reports_decode_with_and_without_the_draft_model(draft_bund
     none = _cli("profiler", "run", str(plain), "--speculative", "off", "--prompt-tokens", "8", "--gen-tokens", "4",
                 "--repeats", "1", "--device-metrics-interval", "0", "--no-energy", "--json")  # fmt: skip
     assert none.returncode == 0 and "speculative" not in json.loads(none.stdout), none.stderr
+
+
+def _span_attributes(trace: Path) -> list[dict]:
+    """Every span attribute in an OTLP-JSON lines file (``--trace-file``)."""
+    return [
+        attr
+        for line in trace.read_text().splitlines()
+        if line.strip()
+        for rs in json.loads(line).get("resourceSpans", [])
+        for ss in rs.get("scopeSpans", [])
+        for span in ss.get("spans", [])
+        for attr in span.get("attributes", [])
+    ]
+
+
+def test_adaptive_k_follows_the_measured_acceptance(pair):
+    """Adaptive k (issue 37): with a draft of other weights (same vocabulary) the target rejects its tokens and every
+    request's k falls from the plan's 4 to 1; with the target's own first layer, whose drafts are mostly kept, some
+    request's k rises above 4; with adaptive k off, k stays at 4. Greedy output is the target's in every case."""
+    from edgesdk.runtime.batching import BatchEngine, Weights
+
+    def run(draft: Path, adaptive: bool) -> list:
+        weights = Weights(str(draft))
+        try:
+            with BatchEngine(str(pair["target"]), slots=1, n_ctx=512, threads=2, draft_model=weights.model,
+                             draft_k=4, adaptive_k=adaptive) as eng:  # fmt: skip
+                out = []
+                for prompt in PROMPTS:
+                    off = eng.generate(prompt=prompt, max_tokens=32, temperature=0, speculative="off")
+                    on = eng.generate(prompt=prompt, max_tokens=32, temperature=0, speculative="draft")
+                    assert on.tokens == off.tokens, prompt
+                    out.append(on)
+                return out
+        finally:
+            weights.close()
+
+    low = run(pair["stranger"], True)
+    assert sum(r.accepted_tokens for r in low) <= 0.1 * sum(r.drafted_tokens for r in low), low
+    assert {(r.draft_k_start, r.draft_k) for r in low} == {(4, 1)}, [(r.draft_k_start, r.draft_k) for r in low]
+    # k 1 after the first rejections: far fewer drafted tokens than 4 a step would have drafted
+    fixed = run(pair["stranger"], False)
+    assert {(r.draft_k_start, r.draft_k) for r in fixed} == {(4, 4)}
+    assert sum(r.drafted_tokens for r in low) < 0.5 * sum(r.drafted_tokens for r in fixed)
+    high = run(pair["first1"], True)
+    assert all(r.draft_k_start == 4 and 1 <= r.draft_k <= 8 for r in high)
+    assert max(r.draft_k for r in high) > 4, [(r.drafted_tokens, r.accepted_tokens, r.draft_k) for r in high]

@@ -141,14 +141,17 @@ def _usage(stats: RequestStats | None) -> dict:
     if stats is None:
         return dict.fromkeys(
             ("prompt_tokens", "completion_tokens", "ttft_ms", "tokens_per_s", "finish_reason", "speculative")
-            + ("drafted_tokens", "accepted_tokens")
+            + ("drafted_tokens", "accepted_tokens", "draft_k_start", "draft_k")
         )
     return {
         **stats.usage(),
-        # speculative decoding: what the request got, tokens drafted and accepted
+        # speculative decoding: what the request got, tokens drafted and accepted, and the most tokens a step
+        # drafted at its first drafted step and at its end (adaptive k: moved by the measured acceptance)
         "speculative": stats.speculative,
         "drafted_tokens": stats.drafted_tokens,
         "accepted_tokens": stats.accepted_tokens,
+        "draft_k_start": stats.draft_k_start,
+        "draft_k": stats.draft_k,
     }
 
 
@@ -193,7 +196,12 @@ def _usage_line(u: dict) -> str:
     ttft = f"{u['ttft_ms']:.1f} ms" if u["ttft_ms"] is not None else "-"
     rate = f"{u['tokens_per_s']:.1f} tok/s" if u["tokens_per_s"] is not None else "- tok/s"
     drafted = u.get("drafted_tokens")
-    spec = f", {u['accepted_tokens']} of {drafted} drafted tokens accepted" if drafted else ""
+    spec = (
+        f", {u['accepted_tokens']} of {drafted} drafted tokens accepted "
+        f"(k {u.get('draft_k_start')} -> {u.get('draft_k')})"
+        if drafted
+        else ""
+    )
     return (
         f"usage: prompt {u['prompt_tokens']} tokens, completion {u['completion_tokens']} tokens, "
         f"TTFT {ttft}, decode {rate}{spec}, finish {u['finish_reason']}"

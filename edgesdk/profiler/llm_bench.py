@@ -181,6 +181,7 @@ def speculative_compare(session, prompt: str, gen_tokens: int, repeats: int, met
                         "speculative": st.speculative,
                         "drafted_tokens": st.drafted_tokens,
                         "accepted_tokens": st.accepted_tokens,
+                        "draft_k": st.draft_k,
                     }
                 )
 
@@ -210,6 +211,7 @@ def speculative_compare(session, prompt: str, gen_tokens: int, repeats: int, met
             "drafted_tokens": drafted,
             "accepted_tokens": accepted,
             "acceptance": round(accepted / drafted, 4) if drafted else None,
+            "draft_k": [r["draft_k"] for r in arms["on"]],  # adaptive k: each generation's k at its end
         },
         "ratio": round(on / off, 3) if on and off else None,
         "same_text": sum(a["text"] == b["text"] for a, b in zip(arms["off"], arms["on"], strict=True)),

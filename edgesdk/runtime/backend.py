@@ -267,6 +267,8 @@ class RequestStats:
     speculative: str = "off"
     drafted_tokens: int = 0
     accepted_tokens: int = 0
+    draft_k_start: int = 0  # adaptive k: the most tokens a step drafted at the first drafted step and at the end
+    draft_k: int = 0
 
     @classmethod
     def of_result(cls, res: Any, end: float | None = None, **more: Any) -> Any:
@@ -294,6 +296,8 @@ class RequestStats:
             "speculative": res.speculative,
             "drafted_tokens": res.drafted_tokens,
             "accepted_tokens": res.accepted_tokens,
+            "draft_k_start": res.draft_k_start,
+            "draft_k": res.draft_k,
         }
         return cls(**{**figures, **more})
 
@@ -312,6 +316,8 @@ class RequestStats:
             "speculative": self.speculative,
             "drafted_tokens": self.drafted_tokens,
             "accepted_tokens": self.accepted_tokens,
+            "draft_k_start": self.draft_k_start,
+            "draft_k": self.draft_k,
         }
 
     def usage(self) -> dict[str, Any]:

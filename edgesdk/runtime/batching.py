@@ -74,6 +74,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from edgesdk.errors import BackendUnavailableError, EdgeSDKError, InputError, ShapeError
+from edgesdk.formats.gguf.draft import ASSUMED_ACCEPTANCE, VERIFY_COST, best_k
 from edgesdk.native import import_llama_cpp, route_llama_logs
 from edgesdk.runtime.draft import Drafter
 from edgesdk.runtime.grammar_limits import big_stack_thread, compile_grammar
@@ -207,6 +208,10 @@ class GenerationResult:
     drafted_tokens: int = 0  # speculative decoding: tokens drafted (prompt lookup) and verified
     accepted_tokens: int = 0  # of them, the ones the model's own sampling agreed with (emitted for free)
     speculative: str = "off"  # what this request got: "lookup", "off", or "off (<why>)"
+    # adaptive k: the most tokens a step drafted for this request at its first drafted step and at its end (0: it
+    # drafted nothing), the cap moved between them with the measured acceptance (BatchEngine._adapt_k)
+    draft_k_start: int = 0
+    draft_k: int = 0
 
 
 class PromptImage(Protocol):
@@ -279,6 +284,11 @@ class _Seq:
     drafted: int = 0
     accepted: int = 0
     draft_steps: int = 0
+    k: int = 0  # the most tokens a step drafts for it now (0: not drafted yet), moved by the measured acceptance
+    k_start: int = 0
+    k_hits: float = ASSUMED_ACCEPTANCE * 4  # decayed counts of drafted tokens accepted and of rejections (the prior:
+    k_misses: float = (1 - ASSUMED_ACCEPTANCE) * 4  # the plan's assumed acceptance, worth 4 tries)
+    step_accepted: int = 0  # ``accepted`` before this step's drafts were verified
     cached: int = 0
     logprobs: list[TokenLogprob] | None = None  # all of them (the request asked for logprobs)
     grammar: Any = None  # the request's grammar sampler, compiled at submit (beside the chain: _sample_grammar)
@@ -297,6 +307,7 @@ class _Seq:
 
 SPEC_PROBE_STEPS = 4  # "auto": drafted steps before a request's acceptance is judged
 SPEC_MIN_RATE = 0.25  # "auto": below this share of drafted tokens accepted, a request stops drafting
+K_DECAY = 0.8  # adaptive k: the weight of a step's acceptance counts one step later (the last ~5 steps matter)
 
 
 def lookup_draft(history: list[int], k: int, ngram_max: int = 3, ngram_min: int = 2, window: int = 8192) -> list[int]:
@@ -485,6 +496,7 @@ class BatchEngine:
         draft_model: Any = None,
         draft_k: int = 4,
         draft_auto: bool = True,
+        adaptive_k: bool = True,
     ) -> None:
         for name, value, lo in (
             ("slots", slots, 1),
@@ -523,6 +535,9 @@ class BatchEngine:
         self.speculative = speculative
         self.draft_max = draft_max  # drafted tokens per step at most
         self.spec_max_active = spec_max_active  # "auto": draft only while at most this many requests generate
+        # each request's k follows its measured acceptance (_adapt_k), else it stays at the start: draft_max for
+        # prompt lookup, the plan's k for the draft model
+        self.adaptive_k = bool(adaptive_k)
         threads = threads or max(1, (os.cpu_count() or 2) // 2)
         kv_types = {}
         for name, kv in (("type_k", type_k), ("type_v", type_v)):
@@ -580,6 +595,16 @@ class BatchEngine:
                 draft_model, slots=slots, n_ctx=self.n_ctx_seq, n_vocab=self.n_vocab, k=draft_k, auto=draft_auto,
                 threads=threads, n_batch=self.n_batch,
             )  # fmt: skip
+        # the cost model of the plan's gguf.draft decision (formats/gguf/draft.best_k) for adaptive k: a verify
+        # step's cost per drafted token on this placement, and a draft-model step's cost (its weights over the
+        # model's; prompt lookup costs no model step)
+        on_gpu = n_gpu_layers != 0 and bool(ll.llama_supports_gpu_offload())
+        self._verify_cost = VERIFY_COST["gpu" if on_gpu else "cpu"]
+        self._draft_cost = (
+            float(ll.llama_model_size(draft_model)) / max(float(ll.llama_model_size(self._model)), 1.0)
+            if draft_model is not None
+            else 0.0
+        )
         self.settings = {
             "slots": slots,
             "n_ctx_per_slot": self.n_ctx_seq,
@@ -600,6 +625,7 @@ class BatchEngine:
             "spec_max_active": spec_max_active,
             "draft_k": draft_k if draft_model is not None else None,
             "draft_auto": bool(draft_auto) if draft_model is not None else None,
+            "adaptive_k": self.adaptive_k,
         }
         self._pieces: dict[int, bytes] = {}  # token -> bytes (piece), filled as tokens are generated
         self._eog: dict[int, bool] = {}  # token -> end of generation
@@ -1025,6 +1051,8 @@ class BatchEngine:
                 cached_tokens=seq.cached,
                 drafted_tokens=seq.drafted,
                 accepted_tokens=seq.accepted,
+                draft_k_start=seq.k_start if seq.drafted else 0,
+                draft_k=seq.k if seq.drafted else 0,
                 speculative=(seq.spec_by if seq.drafted else seq.spec)
                 + (f" ({seq.spec_note})" if seq.spec_note else ""),
                 first_token_at=h.first_token_at,
@@ -1101,6 +1129,7 @@ class BatchEngine:
             gen.append((seq.pending, seq.pos, seq, True))
             seq.drafts = self._draft(seq, few, spare) if seq.spec != "off" else []
             spare -= len(seq.drafts)
+            seq.step_accepted = seq.accepted
             seq.drafted += len(seq.drafts)  # counted here: the request may end while they are verified
             self.stats["drafted_tokens"] += len(seq.drafts)
             gen += [(tok, seq.pos + 1 + i, seq, True) for i, tok in enumerate(seq.drafts)]
@@ -1127,20 +1156,44 @@ class BatchEngine:
         occurrence of the text's last tokens), or none: "auto" drafts only while few requests generate (``few``)."""
         if seq.spec == "auto" and not few:
             return []
-        k = min(self.draft_max, spare, seq.budget - len(seq.out) - 1, self.n_ctx_seq - seq.pos - 2)
+        drafter = self._drafter
+        by_draft = drafter is not None and (seq.spec == "draft" or (seq.spec == "auto" and drafter.auto))
+        if seq.k == 0:  # the request's first drafted step: the method's k (the plan's for the draft model)
+            seq.k = seq.k_start = drafter.k if drafter is not None and by_draft else self.draft_max
+        k = min(seq.k, spare, seq.budget - len(seq.out) - 1, self.n_ctx_seq - seq.pos - 2)
         if k <= 0:
             return []
-        drafter = self._drafter
-        if drafter is not None and (seq.spec == "draft" or (seq.spec == "auto" and drafter.auto)):
+        if drafter is not None and by_draft:
             seq.spec_by = "draft"  # the draft model proposes (edgesdk/runtime/draft.py)
-            return drafter.propose(seq.slot, seq.prompt + seq.out, min(k, drafter.k), self._is_eog)
+            return drafter.propose(seq.slot, seq.prompt + seq.out, k, self._is_eog)
         return lookup_draft(seq.prompt + seq.out, k)
+
+    def _k_max(self, by_draft: bool) -> int:
+        """The largest k a request's drafting may reach: ``draft_max``, and for the draft model at least the plan's."""
+        return max(self.draft_max, self._drafter.k) if by_draft and self._drafter is not None else self.draft_max
+
+    def _adapt_k(self, seq: _Seq, drafted: int, accepted: int) -> None:
+        """After a verified step of ``drafted`` tokens of which the first ``accepted`` were kept: the request's k for
+        its next steps, the k of the best predicted gain (formats/gguf/draft.best_k, the plan's cost model) at its
+        measured per-token acceptance. The acceptance is the decayed count of accepted tokens over accepted tokens
+        plus rejections (a step whose drafts were all kept saw no rejection), starting from the plan's assumed
+        acceptance worth 4 tries: a request whose drafts are rarely kept drafts fewer tokens a step (1 at least: the
+        live switch-off of "auto" is the step below that), one whose drafts are kept drafts more, up to
+        :meth:`_k_max`."""
+        seq.k_hits = K_DECAY * seq.k_hits + accepted
+        seq.k_misses = K_DECAY * seq.k_misses + (1 if accepted < drafted else 0)
+        rate = seq.k_hits / (seq.k_hits + seq.k_misses)
+        cost = self._draft_cost if seq.spec_by == "draft" else 0.0
+        # (the gain rises with k to its best and falls after it, so the best k within the bound is the smaller)
+        seq.k = min(best_k(rate, cost, self._verify_cost)[0], self._k_max(seq.spec_by == "draft"))
 
     def _verified(self, seq: _Seq) -> None:
         """After a step that verified ``seq``'s drafts: drop the KV cells of the rejected ones, count, and switch
         "auto" off for a request whose drafts are rarely accepted (a drafted step costs more than a plain one)."""
         n = len(seq.drafts)
         seq.drafts = []
+        if n and self.adaptive_k:
+            self._adapt_k(seq, n, seq.accepted - seq.step_accepted)
         if seq.slot >= 0 and n:
             self._ll.llama_memory_seq_rm(self._mem, seq.slot, len(seq.kv), -1)  # cells past the accepted tokens
             if self._drafter is not None and seq.spec_by == "draft":

@@ -495,6 +495,8 @@ def speculative_attributes(rec: Any, res: GenerationResult) -> None:
         rec.set_attribute("edgesdk.speculative.drafted_tokens", res.drafted_tokens)
         rec.set_attribute("edgesdk.speculative.accepted_tokens", res.accepted_tokens)
         rec.set_attribute("edgesdk.speculative.acceptance", round(res.accepted_tokens / res.drafted_tokens, 4))
+        rec.set_attribute("edgesdk.speculative.k_start", res.draft_k_start)  # adaptive k: first and last cap
+        rec.set_attribute("edgesdk.speculative.k", res.draft_k)
     rec.set_attribute("edgesdk.speculative", res.speculative)
 
 
