@@ -111,12 +111,15 @@ class GGUFFormat:
         self, facts: ModelFacts, profile: Profile, options: BuildOptions, host: HostFacts, precision: str
     ) -> GgufPlan:
         from edgesdk.formats.gguf.chat_templates import DECISION_KEY, plan_decision
-        from edgesdk.formats.gguf.draft import plan_draft
+        from edgesdk.formats.gguf.draft import draft_source, plan_draft
         from edgesdk.formats.gguf.plan import parity_fallback_decision, plan_gguf
 
-        section = plan_gguf(facts, profile, options)
+        # --draft read once (headers only): its memory counts in the plan's arithmetic, its figures in gguf.draft
+        asked = options.option("draft")
+        small = draft_source(str(asked)) if asked is not None else None
+        section = plan_gguf(facts, profile, options, draft=small)
         template, source, why = plan_decision(facts, options.chat_template)
-        draft = plan_draft(facts, profile, options, section.quant_type)  # --draft: None without one
+        draft = plan_draft(facts, profile, options, section.quant_type, small)  # --draft: None without one
         for d in (
             parity_fallback_decision(facts, profile, options, section),
             Decision(DECISION_KEY, {"template": template, "source": source}, why),

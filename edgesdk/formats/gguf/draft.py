@@ -21,7 +21,7 @@ from __future__ import annotations
 import mmap
 import shutil
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -113,13 +113,42 @@ def best_k(acceptance: float, cost_ratio: float, verify_cost: float) -> tuple[in
 @dataclass
 class DraftSource:
     """What the plan reads of ``--draft``: a GGUF file (its header) or a HF causal-LM directory (config.json and the
-    safetensors headers); ``file_type`` the GGUF's type (``HF`` for a directory), ``params`` its weight count."""
+    safetensors headers); ``file_type`` the GGUF's type (``HF`` for a directory), ``params`` its weight count,
+    ``shape`` its decoder facts as the model's (``layers``, ``kv_heads``, ``head_dim``, ``n_vocab``, ``hidden``,
+    ``ffn``: what the memory arithmetic sizes its KV cache and compute buffer by)."""
 
     path: Path
     kind: str
     file_type: str
     params: int
     file_bytes: int
+    shape: dict[str, Any] = field(default_factory=dict)
+
+    def kept_type(self, quant: str) -> tuple[str, str]:
+        """The type the bundle's draft has when the model is ``quant``, and the build's action: a float draft is
+        quantized to the model's type, a quantized one kept as given."""
+        src_type = self.file_type
+        if self.kind == "hf":
+            if quant == "F16":
+                return quant, "convert HF -> F16 GGUF (gguf-py)"
+            return quant, f"convert HF -> F16 GGUF (gguf-py), then llama.cpp quantize -> {quant}"
+        if src_type in UNQUANTIZED and src_type != quant:
+            return quant, f"llama.cpp quantize {src_type} -> {quant} (the model's type)"
+        if src_type == quant:
+            return src_type, f"kept as given: {src_type} is the model's type"
+        return src_type, f"kept as given: already quantized ({src_type}); requantizing to {quant} would lose precision"
+
+    def weight_bytes(self, quant: str) -> float:
+        """The bundle's draft's weight bytes when the model is ``quant``: the file's size where it is kept as given,
+        else its parameters at the type it is quantized to."""
+        from edgesdk.contracts.gguf_types import BPW
+
+        kept = self.kept_type(quant)[0]
+        return (
+            float(self.file_bytes)
+            if self.kind == "gguf" and kept == self.file_type
+            else self.params * BPW.get(kept, 16.0) / 8
+        )
 
 
 def draft_source(source: str) -> DraftSource:
@@ -133,7 +162,7 @@ def draft_source(source: str) -> DraftSource:
     if path.is_file() and path.suffix.lower() == ".gguf":
         facts = gguf_file_facts(path)
         return DraftSource(path, "gguf", str(facts.extra.get("file_type") or ""), int(facts.params or 0),
-                           path.stat().st_size)  # fmt: skip
+                           path.stat().st_size, dict(facts.extra))  # fmt: skip
     if path.is_dir() and (path / "config.json").is_file():
         info = hf_causal_lm_facts(path)
         if not info.get("gguf_supported"):
@@ -154,41 +183,30 @@ def draft_source(source: str) -> DraftSource:
                     params += size
         if not files or not params:
             raise InputError(f"--draft {source}: no safetensors weights")
-        return DraftSource(path, "hf", "HF", params, sum(f.stat().st_size for f in files))
+        return DraftSource(path, "hf", "HF", params, sum(f.stat().st_size for f in files), info)
     raise InputError(f"--draft {source}: not a .gguf file or a HF causal-LM directory (config.json)")
 
 
-def plan_draft(facts: ModelFacts, profile: Profile, options: BuildOptions, quant: str) -> Decision | None:
+def plan_draft(
+    facts: ModelFacts, profile: Profile, options: BuildOptions, quant: str, draft: DraftSource | None = None
+) -> Decision | None:
     """The ``gguf.draft`` decision for ``--draft`` (None without one): what the build does with the draft and the
-    runtime's method and k for ``auto``."""
+    runtime's method and k for ``auto``. ``draft``: ``--draft`` already read (:func:`draft_source`)."""
     from edgesdk.contracts.gguf_types import BPW
 
     source = options.option("draft")
     if source is None:
         return None
-    draft = draft_source(str(source))
+    if draft is None:
+        draft = draft_source(str(source))
     if facts.kind == "gguf" and draft.kind == "gguf":
         check_same_vocabulary(Path(str(facts.source)), draft.path, str(source))  # header reads only
-    src_type = draft.file_type
-    if draft.kind == "hf":
-        kept, action = quant, f"convert HF -> F16 GGUF (gguf-py), then llama.cpp quantize -> {quant}"
-        if quant == "F16":
-            action = "convert HF -> F16 GGUF (gguf-py)"
-    elif src_type in UNQUANTIZED and src_type != quant:
-        kept, action = quant, f"llama.cpp quantize {src_type} -> {quant} (the model's type)"
-    else:
-        kept = src_type
-        action = (
-            f"kept as given: {src_type} is the model's type"
-            if src_type == quant
-            else f"kept as given: already quantized ({src_type}); requantizing to {quant} would lose precision"
-        )
+    kept, action = draft.kept_type(quant)
     if facts.kind == "gguf" and facts.extra.get("file_type") == quant:
         target = float(Path(str(facts.source)).stat().st_size)
     else:
         target = (facts.params or 0) * BPW.get(quant, 16.0) / 8
-    dbytes = draft.file_bytes if draft.kind == "gguf" and kept == src_type else draft.params * BPW.get(kept, 16.0) / 8
-    cost = round(dbytes / max(target, 1.0), 4)
+    cost = round(draft.weight_bytes(quant) / max(target, 1.0), 4)
     device = "gpu" if profile.is_gpu else "cpu"
     k, gain = best_k(ASSUMED_ACCEPTANCE, cost, VERIFY_COST[device])
     method = "draft" if gain >= MIN_GAIN else "lookup"

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from edgesdk.contracts.gguf_types import BPW, DEFAULT_KV_TYPE, FTYPES, KV_TYPE_BYTES, kv_bytes
 from edgesdk.errors import InputError, ModelError, ResourceError
-from edgesdk.formats.gguf.draft import DraftChoice
+from edgesdk.formats.gguf.draft import DraftChoice, DraftSource
 from edgesdk.types import BuildOptions, Decision, JSONable, JSONValue, ModelFacts, PlanSection
 
 if TYPE_CHECKING:
@@ -91,6 +91,32 @@ def compute_bytes(info: Mapping[str, Any], weight_bytes: float, n_ubatch: int = 
         + 4 * int(info.get("hidden") or 0)
     )
     return n_ubatch * width * 4 + 0.05 * weight_bytes
+
+
+class _DraftNeed(NamedTuple):
+    """What the bundle's draft model (``--draft``) adds to the memory arithmetic at one model type: its weights and
+    compute buffer, its KV cache per token of context (the draft context holds a slot's text as the model's does;
+    llama.cpp's default F16 cache), and the arithmetic as text."""
+
+    fixed: float
+    per_token: float
+    why: str
+
+
+def _draft_need(draft: DraftSource | None, quant: str, n_ubatch: int) -> _DraftNeed:
+    if draft is None:
+        return _DraftNeed(0.0, 0.0, "")
+    w = draft.weight_bytes(quant)
+    comp = compute_bytes(draft.shape, w, n_ubatch)
+    sized = all(draft.shape.get(k) for k in ("layers", "kv_heads", "head_dim"))
+    per_tok = float(kv_bytes(draft.shape, 1)) if sized else 0.0
+    kept = draft.kept_type(quant)[0]
+    return _DraftNeed(
+        w + comp,
+        per_tok,
+        f"draft {draft.path.name} ({kept}): {_gb(w)} weights + {_gb(comp)} compute"
+        + (f" + {_gb(per_tok * 1024)} KV per 1024 ctx (F16)" if sized else " (its KV cache unsized: no layer shape)"),
+    )
 
 
 def _check_shape(facts: ModelFacts) -> dict[str, Any]:
@@ -172,9 +198,11 @@ def _fit_memory(
     min_ctx: int,
     kv_type: str,
     n_ubatch: int,
+    draft: DraftSource | None = None,
 ) -> _Fit:
     """First type of ``order`` whose weights + KV (``kv_type``) + compute (``n_ubatch``) fit the budget at
-    ``n_ctx``, else the smallest type at the longest context that fits (>= ``min_ctx``), else ResourceError."""
+    ``n_ctx``, else the smallest type at the longest context that fits (>= ``min_ctx``), else ResourceError.
+    ``draft``: the bundle's draft model, whose weights, compute buffer and KV cache count in every total."""
     budget_gb = profile.memory_budget_gb()
     kv = kv_bytes(info, n_ctx, kv_type)
     kv_why = (
@@ -202,8 +230,14 @@ def _fit_memory(
     for rank, q in enumerate(order):
         w, w_why = _weight_bytes(facts, q)
         comp = compute_bytes(info, w, n_ubatch)
-        total = w + kv + comp
-        tried.append(f"{q}: {w_why} = {_gb(w)} weights + {_gb(kv)} KV + {_gb(comp)} compute = {_gb(total)}")
+        need = _draft_need(draft, q, n_ubatch)
+        extra = need.fixed + need.per_token * n_ctx
+        total = w + kv + comp + extra
+        tried.append(
+            f"{q}: {w_why} = {_gb(w)} weights + {_gb(kv)} KV + {_gb(comp)} compute"
+            + (f" + {_gb(extra)} draft at {n_ctx} ctx [{need.why}]" if draft is not None else "")
+            + f" = {_gb(total)}"
+        )
         if total <= budget:
             why = f"{tried[-1]} <= {head}; {kv_why}"
             if len(tried) > 1:
@@ -212,18 +246,23 @@ def _fit_memory(
     q = order[-1]
     w = _weight_bytes(facts, q)[0]
     comp = compute_bytes(info, w, n_ubatch)
-    spare = budget - w - comp
-    per_tok = kv_bytes(info, 1, kv_type)
+    need = _draft_need(draft, q, n_ubatch)
+    spare = budget - w - comp - need.fixed
+    per_tok = kv_bytes(info, 1, kv_type) + need.per_token
     fit_ctx = min(int(spare // per_tok) // 256 * 256 if spare > 0 else 0, n_ctx)
+    with_draft = " (the draft model's included)" if draft is not None else ""
     if fit_ctx < min_ctx:
+        least = w + comp + need.fixed + per_tok * min_ctx
         raise ResourceError(
             f"{facts.name} does not fit profile {profile.name}: smallest allowed type {q} needs "
-            f"{_gb(w + comp + kv_bytes(info, min_ctx, kv_type))} at the minimum context "
-            f"{min_ctx} ({_gb(w)} weights + {_gb(kv_bytes(info, min_ctx, kv_type))} KV), budget is {budget_gb} GB"
+            f"{_gb(least)} at the minimum context "
+            f"{min_ctx} ({_gb(w)} weights + {_gb(kv_bytes(info, min_ctx, kv_type))} KV"
+            + (f" + {_gb(need.fixed + need.per_token * min_ctx)} draft model" if draft is not None else "")
+            + f"), budget is {budget_gb} GB"
         )
     why = (
         f"no type fits at {n_ctx} ctx ({'; '.join(t + ' > budget' for t in tried)}); {q} leaves "
-        f"{_gb(spare)} of {head} for KV at {_gb(per_tok)}/token -> {fit_ctx} ctx "
+        f"{_gb(spare)} of {head}{with_draft} for KV at {_gb(per_tok)}/token{with_draft} -> {fit_ctx} ctx "
         f"(rounded down to 256, >= min {min_ctx})"
     )
     return _Fit(q, fit_ctx, why, True, len(order) - 1)
@@ -323,7 +362,15 @@ def _matmul_efficiency(quant: str) -> tuple[float, str]:
     return MATMUL_EFFICIENCY["quantized"], f"{MATMUL_EFFICIENCY['quantized']} (H200 llama.cpp Q4_K_M prefill)"
 
 
-def _slots(facts: ModelFacts, profile: Profile, quant: str, n_ctx: int, kv_type: str, n_ubatch: int) -> tuple[int, str]:
+def _slots(
+    facts: ModelFacts,
+    profile: Profile,
+    quant: str,
+    n_ctx: int,
+    kv_type: str,
+    n_ubatch: int,
+    draft: DraftSource | None = None,
+) -> tuple[int, str]:
     info = facts.extra
     params = float(facts.params or 0)
     w = _weight_bytes(facts, quant)[0]
@@ -366,16 +413,18 @@ def _slots(facts: ModelFacts, profile: Profile, quant: str, n_ctx: int, kv_type:
     else:
         why.append("no peak/bandwidth figures in the profile: no compute limit applied")
     budget_gb = profile.memory_budget_gb()
-    per_slot = kv_bytes(info, n_ctx, kv_type)
+    need = _draft_need(draft, quant, n_ubatch)
+    per_slot = kv_bytes(info, n_ctx, kv_type) + need.per_token * n_ctx
     if budget_gb is not None and per_slot:
         unified = not profile.is_gpu or bool(profile.unified_memory)
         share = KV_SHARE_UNIFIED if unified else KV_SHARE_DISCRETE
         comp = compute_bytes(info, w, n_ubatch)
-        left = max(0.0, budget_gb * GB - w - comp)
+        left = max(0.0, budget_gb * GB - w - comp - need.fixed)
         fit = max(1, int(share * left // per_slot))
         where = "unified memory" if unified else "discrete GPU memory"
+        drafted = f" and the draft model's (its KV per slot, {_gb(need.fixed)} weights and compute)" if draft else ""
         why.append(
-            f"KV cache per slot {_gb(per_slot)} ({n_ctx} ctx, {kv_type}); {share:g} of what the budget "
+            f"KV cache per slot {_gb(per_slot)} ({n_ctx} ctx, {kv_type}{drafted}); {share:g} of what the budget "
             f"{budget_gb} GB leaves after {_gb(w)} weights and {_gb(comp)} compute ({where}, the share edgesdk "
             f"serve applies at start-up) holds {fit}"
         )
@@ -421,11 +470,18 @@ def _prefill_chunk(facts: ModelFacts, profile: Profile, quant: str, n_batch: int
 
 
 def serving_decisions(
-    facts: ModelFacts, profile: Profile, quant: str, n_ctx: int, kv_type: str, n_batch: int
+    facts: ModelFacts,
+    profile: Profile,
+    quant: str,
+    n_ctx: int,
+    kv_type: str,
+    n_batch: int,
+    draft: DraftSource | None = None,
 ) -> list[Decision]:
     """``serving.slots`` (``edgesdk serve``'s default ``--parallel``) and ``serving.prefill_chunk`` (prompt tokens
-    per engine step) for ``quant`` at ``n_ctx`` (docs/gguf.md, "Serving")."""
-    slots, slots_why = _slots(facts, profile, quant, n_ctx, kv_type, n_batch)
+    per engine step) for ``quant`` at ``n_ctx`` (docs/gguf.md, "Serving"); ``draft``: the bundle's draft model,
+    whose context holds a sequence per slot too."""
+    slots, slots_why = _slots(facts, profile, quant, n_ctx, kv_type, n_batch, draft)
     chunk, chunk_why = _prefill_chunk(facts, profile, quant, n_batch)
     return [Decision("serving.slots", slots, slots_why), Decision("serving.prefill_chunk", chunk, chunk_why)]
 
@@ -519,9 +575,10 @@ def gguf_section(section: PlanSection) -> GgufPlan:
     return section if isinstance(section, GgufPlan) else GgufPlan.from_decisions(section.decisions())
 
 
-def plan_gguf(facts: ModelFacts, profile: Profile, options: BuildOptions) -> GgufPlan:
+def plan_gguf(facts: ModelFacts, profile: Profile, options: BuildOptions, draft: DraftSource | None = None) -> GgufPlan:
     """Quant type, context, offload, flash attention, batch sizes, KV type and threads for ``profile``
-    (see module docstring)."""
+    (see module docstring). ``draft``: the draft model ``--draft`` packs (read by the format's ``plan``), counted
+    in the memory arithmetic (weights, compute buffer, its KV cache per slot) beside the model."""
     info = _check_shape(facts)
     llm = profile.llm
     ctx_train = int(info.get("ctx_train") or 4096)
@@ -541,14 +598,14 @@ def plan_gguf(facts: ModelFacts, profile: Profile, options: BuildOptions) -> Ggu
     kv_type, kv_why = _kv_type(profile, use_fa)
     target, batch_why = _batch_target(profile, use_fa)
     try:
-        fit = _fit_memory(facts, profile, info, order, n_ctx, min_ctx, kv_type, target)
+        fit = _fit_memory(facts, profile, info, order, n_ctx, min_ctx, kv_type, target, draft)
     except ResourceError:
         if target <= N_UBATCH:
             raise
         fit = None
     if target > N_UBATCH and (fit is None or fit.rank > 0 or fit.shortened):
         # The larger micro-batch must not cost quality: keep it only if the default one fits no better.
-        small = _fit_memory(facts, profile, info, order, n_ctx, min_ctx, kv_type, N_UBATCH)
+        small = _fit_memory(facts, profile, info, order, n_ctx, min_ctx, kv_type, N_UBATCH, draft)
         if fit is None or (small.rank, -small.n_ctx) < (fit.rank, -fit.n_ctx):
             lost = "leave no type that fits" if fit is None else f"push the plan to {fit.quant} at {fit.n_ctx} ctx"
             batch_why += (
@@ -604,7 +661,7 @@ def plan_gguf(facts: ModelFacts, profile: Profile, options: BuildOptions) -> Ggu
         )
     )
     out.append(Decision("gguf.kv_type", kv_type, kv_why))
-    out.extend(serving_decisions(facts, profile, chosen, n_ctx, kv_type, n_ubatch))
+    out.extend(serving_decisions(facts, profile, chosen, n_ctx, kv_type, n_ubatch, draft))
     ref = "F16 conversion" if facts.kind == "hf" else "source GGUF"
     parity = {"ppl_ratio_max": ppl_limit(profile, chosen)}
     why = f"perplexity of the {chosen} file on the built-in text / that of the {ref} <= {parity['ppl_ratio_max']}"
