@@ -116,11 +116,8 @@ class _Shape:
 
 async def create_response(routes: Routes, request: Request) -> Response:
     """``POST /v1/responses``."""
-    t0 = time.perf_counter()
-    model = ""
-    span = ServerSpan(routes.tracer, request, "chat", ROUTE, routes._provider("llm"))
-    try:
-        body, entry = await routes._read(request, span, "llm")
+
+    async def handle(body: dict, entry: ModelEntry, span: ServerSpan, t0: float) -> Response:
         model = entry.name
         asked = parse(ResponsesRequest, body)
         req = asked.chat()  # the chat request it generates, checked as chat's: errors name the Responses field
@@ -185,8 +182,8 @@ async def create_response(routes: Routes, request: Request) -> Response:
         span.end(200)
         routes._count(ROUTE, model, 200)
         return JSONResponse(echo.response(status, _output(choice, "msg_" + uuid.uuid4().hex[:24]), _usage(usage)))
-    except Exception as exc:
-        return routes._failed(span, ROUTE, model, exc)
+
+    return await routes._served(request, "chat", ROUTE, "llm", handle)
 
 
 async def _sse(

@@ -179,11 +179,8 @@ class Routes:
     async def _generate(self, request: Request, operation: str, route: str) -> Response:
         """A chat or completions request: one generation job per prompt (a chat, or a single prompt: one; a
         completions ``prompt`` that is a list of prompts: one each, submitted together, one choice each)."""
-        t0 = time.perf_counter()
-        model = ""
-        span = ServerSpan(self.tracer, request, operation, route, self._provider("llm"))
-        try:
-            body, entry = await self._read(request, span, "llm")
+
+        async def handle(body: dict, entry: ModelEntry, span: ServerSpan, t0: float) -> Response:
             model = entry.name
             req = parse(ChatCompletionRequest if operation == "chat" else CompletionRequest, body)
             opts, stream, include_usage = req.options(entry), req.streaming, req.include_usage
@@ -259,8 +256,8 @@ class Routes:
                     "usage": usage,
                 }
             )
-        except Exception as exc:
-            return self._failed(span, route, model, exc)
+
+        return await self._served(request, operation, route, "llm", handle)
 
     def submit_jobs(
         self,
@@ -326,6 +323,27 @@ class Routes:
             await asyncio.to_thread(decode_images, messages)
         except ImageError as exc:
             raise APIError(400, str(exc), param=exc.param) from None
+
+    async def _served(
+        self,
+        request: Request,
+        operation: str,
+        route: str,
+        kind: str,
+        handle: Callable[[dict, ModelEntry, ServerSpan, float], Awaitable[Response]],
+    ) -> Response:
+        """One API request's frame, for every route that answers from a model: its SERVER span (``t0``: when it
+        came), its body and the model of ``kind`` it names (:meth:`_read`), ``handle``'s answer, and an error
+        raised on the way answered by :meth:`_failed` (which ends the span and counts the request)."""
+        t0 = time.perf_counter()
+        model = ""
+        span = ServerSpan(self.tracer, request, operation, route, self._provider(kind))
+        try:
+            body, entry = await self._read(request, span, kind)
+            model = entry.name
+            return await handle(body, entry, span, t0)
+        except Exception as exc:
+            return self._failed(span, route, model, exc)
 
     async def _read(self, request: Request, span: ServerSpan, kind: str) -> tuple[dict, ModelEntry]:
         """A request's JSON body and the model of ``kind`` it names, set on its span (an LLM's with the body's
@@ -498,11 +516,8 @@ class Routes:
 
     async def embeddings(self, request: Request) -> Response:
         route = "/v1/embeddings"
-        t0 = time.perf_counter()
-        model = ""
-        span = ServerSpan(self.tracer, request, "embeddings", route, self._provider("embedding"))
-        try:
-            body, entry = await self._read(request, span, "embedding")
+
+        async def handle(body: dict, entry: ModelEntry, span: ServerSpan, t0: float) -> Response:
             model = entry.name
             parsed = parse(EmbeddingRequest, body)
             inputs, fmt, dims = parsed.inputs, parsed.encoding_format or "float", parsed.dimensions
@@ -549,5 +564,5 @@ class Routes:
                     "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
                 }
             )
-        except Exception as exc:
-            return self._failed(span, route, model, exc)
+
+        return await self._served(request, "embeddings", route, "embedding", handle)
