@@ -21,7 +21,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -35,6 +35,10 @@ from edgesdk.profiler.llm_bench import (
     speculative_compare,
 )
 from edgesdk.profiler.stats import latency_stats
+
+if TYPE_CHECKING:
+    from edgesdk.profiler.energy import EnergyMeter
+    from edgesdk.runtime.session import Session
 
 
 @dataclass
@@ -400,8 +404,7 @@ def measure_bundle(
     from edgesdk.profiler.device_metrics import DeviceReader, DeviceSampler
     from edgesdk.profiler.energy import EnergyMeter
     from edgesdk.profiler.sensors import read_device_state
-    from edgesdk.runtime.backend import LLMBackend, check_feeds
-    from edgesdk.runtime.backends.onnxruntime import OnnxRuntimeBackend
+    from edgesdk.runtime.backend import LLMBackend
     from edgesdk.runtime.session import load as load_session
 
     opts = opts or BenchOptions()
@@ -437,74 +440,9 @@ def measure_bundle(
     meter = EnergyMeter() if opts.energy else None
     try:
         if is_llm:
-            prompt, n_prompt = prompt_of(session, opts.prompt_tokens)
-            runs = []
-            bar = _progress(opts.llm_repeats + 1, "generate", opts.progress)
-            for i in range(opts.llm_repeats + 1):  # the first generation warms caches: not reported
-                if i == 1 and meter is not None:
-                    meter.start()  # energy of the measured generations only, prefill included
-                # A different first word each time: llama-cpp-python reuses the KV cache of a repeated
-                # prompt prefix, which would turn TTFT into the time for one token.
-                r = llm_stream_once(session, f"{OPENERS[i % len(OPENERS)]} {prompt}", opts.gen_tokens)
-                if i:
-                    runs.append(r)
-                if bar is not None:
-                    bar.update(1)
-            if meter is not None:
-                meter.stop()
-            if bar is not None:
-                bar.close()
-            n_prompt = len(session.tokenize(f"{OPENERS[1]} {prompt}"))
-            body["llm"] = llm_metrics(n_prompt, runs)
-            if meter is not None:
-                body["energy"] = meter.result(tokens=sum(body["llm"]["generated_tokens"]))
-            if spec_method is not None:
-                engine = (session.report().get("backend_report") or {}).get("engine") or {}
-                k = engine.get("draft_k") if spec_method == "draft" else engine.get("draft_max")
-                log(f"decode with and without speculative decoding ({spec_method}, k {k})")
-                body["speculative"] = speculative_compare(
-                    session, copy_prompt(prompt), opts.gen_tokens, opts.llm_repeats, spec_method, k
-                )
+            body.update(_measure_llm(session, opts, meter, spec_method, log))
         else:
-            feeds = synthetic_feeds(
-                {s.name: {"dtype": s.dtype, "shape": list(s.shape or [])} for s in session.backend.inputs},
-                opts.batch,
-                opts.seq_len,
-            )
-            call = lambda: session.run(feeds)  # noqa: E731
-            for _ in range(opts.warmup):
-                call()
-            if meter is not None:
-                meter.start()
-            samples = timed_loop(call, opts.iterations, progress=opts.progress)
-            if meter is not None:
-                meter.stop()
-                body["energy"] = meter.result(items=len(samples) * opts.batch)
-            body["latency_ms"] = latency_stats(samples)
-            body["latency_ms"]["samples"] = samples
-            total_s = sum(samples) / 1e3
-            body["throughput"] = [
-                {
-                    "concurrency": 1,
-                    "calls": len(samples),
-                    "per_s": len(samples) / total_s,
-                    "items_per_s": len(samples) * opts.batch / total_s,
-                }
-            ]
-            if opts.concurrency > 1:
-                conc = concurrent_throughput(call, opts.iterations, opts.concurrency)
-                conc["items_per_s"] = conc["per_s"] * opts.batch
-                body["throughput"].append(conc)
-            if opts.ort_profile_runs and bundle.format == "onnx" and isinstance(session.backend, OnnxRuntimeBackend):
-                model_path = session.backend.model_path
-                log("per-node profile (onnxruntime profiler, separate session)")
-                body["ort_profile"] = ort_node_profile(
-                    model_path,
-                    list(session.backend.providers_active),
-                    check_feeds(session.backend.inputs, feeds),
-                    opts.ort_profile_runs,
-                    opts.threads,
-                )
+            body.update(_measure_tensors(session, bundle, opts, meter, log))
         peak = peak_rss_bytes()
         body["memory"] = {
             "host_rss_before_load_mb": rss_before / 1e6 if rss_before is not None else None,
@@ -541,3 +479,91 @@ def measure_bundle(
         "task": bundle.manifest.model.task,
     }
     return body
+
+
+def _measure_llm(
+    session: Session, opts: BenchOptions, meter: EnergyMeter | None, spec_method: str | None, log: Callable[[str], None]
+) -> dict[str, Any]:
+    """An LLM's part of the report: generations (the first one warms caches and is not reported), their energy,
+    and with ``spec_method`` the same decode with and without speculative decoding."""
+    out: dict[str, Any] = {}
+    prompt, n_prompt = prompt_of(session, opts.prompt_tokens)
+    runs = []
+    bar = _progress(opts.llm_repeats + 1, "generate", opts.progress)
+    for i in range(opts.llm_repeats + 1):  # the first generation warms caches: not reported
+        if i == 1 and meter is not None:
+            meter.start()  # energy of the measured generations only, prefill included
+        # A different first word each time: llama-cpp-python reuses the KV cache of a repeated
+        # prompt prefix, which would turn TTFT into the time for one token.
+        r = llm_stream_once(session, f"{OPENERS[i % len(OPENERS)]} {prompt}", opts.gen_tokens)
+        if i:
+            runs.append(r)
+        if bar is not None:
+            bar.update(1)
+    if meter is not None:
+        meter.stop()
+    if bar is not None:
+        bar.close()
+    n_prompt = len(session.tokenize(f"{OPENERS[1]} {prompt}"))
+    out["llm"] = llm_metrics(n_prompt, runs)
+    if meter is not None:
+        out["energy"] = meter.result(tokens=sum(out["llm"]["generated_tokens"]))
+    if spec_method is not None:
+        engine = (session.report().get("backend_report") or {}).get("engine") or {}
+        k = engine.get("draft_k") if spec_method == "draft" else engine.get("draft_max")
+        log(f"decode with and without speculative decoding ({spec_method}, k {k})")
+        out["speculative"] = speculative_compare(
+            session, copy_prompt(prompt), opts.gen_tokens, opts.llm_repeats, spec_method, k
+        )
+    return out
+
+
+def _measure_tensors(
+    session: Session, bundle: Any, opts: BenchOptions, meter: EnergyMeter | None, log: Callable[[str], None]
+) -> dict[str, Any]:
+    """A tensor model's part of the report: latency of synthetic feeds after the warm-up, their energy,
+    throughput (also at ``opts.concurrency``) and ONNX Runtime's per-node profile where asked."""
+    from edgesdk.runtime.backend import check_feeds
+    from edgesdk.runtime.backends.onnxruntime import OnnxRuntimeBackend
+
+    out: dict[str, Any] = {}
+    feeds = synthetic_feeds(
+        {s.name: {"dtype": s.dtype, "shape": list(s.shape or [])} for s in session.backend.inputs},
+        opts.batch,
+        opts.seq_len,
+    )
+    call = lambda: session.run(feeds)  # noqa: E731
+    for _ in range(opts.warmup):
+        call()
+    if meter is not None:
+        meter.start()
+    samples = timed_loop(call, opts.iterations, progress=opts.progress)
+    if meter is not None:
+        meter.stop()
+        out["energy"] = meter.result(items=len(samples) * opts.batch)
+    out["latency_ms"] = latency_stats(samples)
+    out["latency_ms"]["samples"] = samples
+    total_s = sum(samples) / 1e3
+    out["throughput"] = [
+        {
+            "concurrency": 1,
+            "calls": len(samples),
+            "per_s": len(samples) / total_s,
+            "items_per_s": len(samples) * opts.batch / total_s,
+        }
+    ]
+    if opts.concurrency > 1:
+        conc = concurrent_throughput(call, opts.iterations, opts.concurrency)
+        conc["items_per_s"] = conc["per_s"] * opts.batch
+        out["throughput"].append(conc)
+    if opts.ort_profile_runs and bundle.format == "onnx" and isinstance(session.backend, OnnxRuntimeBackend):
+        model_path = session.backend.model_path
+        log("per-node profile (onnxruntime profiler, separate session)")
+        out["ort_profile"] = ort_node_profile(
+            model_path,
+            list(session.backend.providers_active),
+            check_feeds(session.backend.inputs, feeds),
+            opts.ort_profile_runs,
+            opts.threads,
+        )
+    return out
