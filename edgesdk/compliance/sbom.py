@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from edgesdk.compliance.findings import LicenseFinding
 
@@ -162,123 +162,72 @@ def _file_license(entry: dict, model_expression: str | None) -> str | None:
     return entry["license"] if "license" in entry else model_expression
 
 
-def build_spdx(
+def _spdx_package(
+    spdx_id: str,
     name: str,
-    findings: list[LicenseFinding],
-    weights: list[dict],
-    vendored: list[dict],
-    model_expression: str | None,
-    *,
+    purpose: str,
+    concluded: str,
     declared: str | None = None,
-    created: str | None = None,
-) -> str:
-    """The same inventory as :func:`build_sbom` as an SPDX 2.3 JSON document: the bundle package
-    DESCRIBES-d by the document, CONTAINS the model, its weight files (packages of purpose FILE with
-    their SHA-256, so no SHA-1 per file is needed) and vendored code, DEPENDS_ON the runtime's Python
-    distributions (with their purl). Every ``LicenseRef-*`` used gets a ``hasExtractedLicensingInfos``
-    entry, as SPDX requires."""
-    import datetime as dt
+    *,
+    version: str | None = None,
+    download: str = "NOASSERTION",
+    checksums: list[dict] | None = None,
+    **more: Any,
+) -> dict[str, Any]:
+    """One SPDX 2.3 package, its fields in the order every package of the document has them: not analysed
+    file by file, no copyright text asserted; ``declared`` defaults to ``concluded``; ``more`` (comment,
+    externalRefs) after the required and license fields."""
+    package: dict[str, Any] = {"SPDXID": spdx_id, "name": name}
+    if version is not None:
+        package["versionInfo"] = version
+    package.update(downloadLocation=download, filesAnalyzed=False)
+    if checksums is not None:
+        package["checksums"] = checksums
+    package.update(
+        licenseConcluded=concluded,
+        licenseDeclared=concluded if declared is None else declared,
+        copyrightText="NOASSERTION",
+        primaryPackagePurpose=purpose,
+        **more,
+    )
+    return package
+
+
+def _spdx_rel(element: str, kind: str, related: str) -> dict[str, str]:
+    return {"spdxElementId": element, "relationshipType": kind, "relatedSpdxElement": related}
+
+
+def _pypi_package(finding: LicenseFinding) -> dict[str, Any]:
+    """A runtime Python distribution (a finding of subject ``name==version``) as an SPDX LIBRARY package
+    with its PyPI download location and purl; concluded: the license chosen of its alternatives, if any."""
+    dist, version = finding.subject.split("==", 1)
+    return _spdx_package(
+        _spdx_id("Package", f"pypi-{dist}-{version}"),
+        dist,
+        "LIBRARY",
+        _spdx_license(finding.chosen or finding.spdx),
+        _spdx_license(finding.spdx),
+        version=version,
+        download=f"https://pypi.org/project/{dist}/{version}/",
+        externalRefs=[
+            {
+                "referenceCategory": "PACKAGE-MANAGER",
+                "referenceType": "purl",
+                "referenceLocator": f"pkg:pypi/{dist.lower()}@{version}",
+            }
+        ],
+    )
+
+
+def _spdx_document(name: str, root_id: str, packages: list[dict], rels: list[dict], created: str) -> str:
+    """The SPDX 2.3 JSON document around the packages and relationships: its required fields, a fresh
+    namespace, and one ``hasExtractedLicensingInfos`` entry for every ``LicenseRef-*`` a package uses."""
     import json
     import re
     import uuid
 
     from edgesdk import __version__
 
-    created = created or dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    root_id = _spdx_id("Package", f"bundle-{name}")
-    model_id = _spdx_id("Package", f"model-{name}")
-    packages: list[dict] = [
-        {
-            "SPDXID": root_id,
-            "name": name,
-            "versionInfo": __version__,
-            "downloadLocation": "NOASSERTION",
-            "filesAnalyzed": False,
-            "licenseConcluded": "NOASSERTION",
-            "licenseDeclared": "NOASSERTION",
-            "copyrightText": "NOASSERTION",
-            "primaryPackagePurpose": "APPLICATION",
-            "comment": f"edgesdk bundle (edgesdk {__version__})",
-        },
-        {
-            "SPDXID": model_id,
-            "name": f"{name} model",
-            "downloadLocation": "NOASSERTION",
-            "filesAnalyzed": False,
-            "licenseConcluded": _spdx_license(model_expression),
-            "licenseDeclared": _spdx_license(model_expression),
-            "copyrightText": "NOASSERTION",
-            "primaryPackagePurpose": "OTHER",
-            "comment": "machine-learning model"
-            + (f"; license declared at build (--model-license): {declared}" if declared else ""),
-        },
-    ]
-    rels = [
-        {"spdxElementId": "SPDXRef-DOCUMENT", "relationshipType": "DESCRIBES", "relatedSpdxElement": root_id},
-        {"spdxElementId": root_id, "relationshipType": "CONTAINS", "relatedSpdxElement": model_id},
-    ]
-    for w in weights:
-        wid = _spdx_id("File", w["path"])
-        lic = _spdx_license(_file_license(w, model_expression))
-        entry = {
-            "SPDXID": wid,
-            "name": w["path"],
-            "downloadLocation": "NOASSERTION",
-            "filesAnalyzed": False,
-            "checksums": [{"algorithm": "SHA256", "checksumValue": w["sha256"]}],
-            "licenseConcluded": lic,
-            "licenseDeclared": lic,
-            "copyrightText": "NOASSERTION",
-            "primaryPackagePurpose": "FILE",
-            "comment": f"{w['bytes']} bytes"
-            + (f"; license from {w['license_source']}" if w.get("license_source") else ""),
-        }
-        if w.get("component"):
-            entry["summary"] = f"component: {w['component']}"
-        packages.append(entry)
-        rels.append({"spdxElementId": model_id, "relationshipType": "CONTAINS", "relatedSpdxElement": wid})
-    for f in findings:
-        if f.layer != "distribution" or "==" not in f.subject:
-            continue
-        dist, version = f.subject.split("==", 1)
-        did = _spdx_id("Package", f"pypi-{dist}-{version}")
-        packages.append(
-            {
-                "SPDXID": did,
-                "name": dist,
-                "versionInfo": version,
-                "downloadLocation": f"https://pypi.org/project/{dist}/{version}/",
-                "filesAnalyzed": False,
-                "licenseConcluded": _spdx_license(f.chosen or f.spdx),
-                "licenseDeclared": _spdx_license(f.spdx),
-                "copyrightText": "NOASSERTION",
-                "primaryPackagePurpose": "LIBRARY",
-                "externalRefs": [
-                    {
-                        "referenceCategory": "PACKAGE-MANAGER",
-                        "referenceType": "purl",
-                        "referenceLocator": f"pkg:pypi/{dist.lower()}@{version}",
-                    }
-                ],
-            }
-        )
-        rels.append({"spdxElementId": root_id, "relationshipType": "DEPENDS_ON", "relatedSpdxElement": did})
-    for v in vendored:
-        vid = _spdx_id("Package", f"vendored-{v['path']}")
-        packages.append(
-            {
-                "SPDXID": vid,
-                "name": v["path"],
-                "downloadLocation": "NOASSERTION",
-                "filesAnalyzed": False,
-                "licenseConcluded": _spdx_license(v["spdx"]),
-                "licenseDeclared": _spdx_license(v["spdx"]),
-                "copyrightText": "NOASSERTION",
-                "primaryPackagePurpose": "LIBRARY",
-                "comment": f"vendored code; license file {v['license_file']}",
-            }
-        )
-        rels.append({"spdxElementId": root_id, "relationshipType": "CONTAINS", "relatedSpdxElement": vid})
     refs = sorted(
         {
             m
@@ -310,6 +259,82 @@ def build_spdx(
             for r in refs
         ]
     return json.dumps(doc, indent=2) + "\n"
+
+
+def build_spdx(
+    name: str,
+    findings: list[LicenseFinding],
+    weights: list[dict],
+    vendored: list[dict],
+    model_expression: str | None,
+    *,
+    declared: str | None = None,
+    created: str | None = None,
+) -> str:
+    """The same inventory as :func:`build_sbom` as an SPDX 2.3 JSON document: the bundle package
+    DESCRIBES-d by the document, CONTAINS the model, its weight files (packages of purpose FILE with
+    their SHA-256, so no SHA-1 per file is needed) and vendored code, DEPENDS_ON the runtime's Python
+    distributions (with their purl). Every ``LicenseRef-*`` used gets a ``hasExtractedLicensingInfos``
+    entry, as SPDX requires."""
+    import datetime as dt
+
+    from edgesdk import __version__
+
+    created = created or dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    root_id = _spdx_id("Package", f"bundle-{name}")
+    model_id = _spdx_id("Package", f"model-{name}")
+    model_license = _spdx_license(model_expression)
+    packages: list[dict] = [
+        _spdx_package(
+            root_id,
+            name,
+            "APPLICATION",
+            "NOASSERTION",
+            version=__version__,
+            comment=f"edgesdk bundle (edgesdk {__version__})",
+        ),
+        _spdx_package(
+            model_id,
+            f"{name} model",
+            "OTHER",
+            model_license,
+            comment="machine-learning model"
+            + (f"; license declared at build (--model-license): {declared}" if declared else ""),
+        ),
+    ]
+    rels = [_spdx_rel("SPDXRef-DOCUMENT", "DESCRIBES", root_id), _spdx_rel(root_id, "CONTAINS", model_id)]
+    for w in weights:
+        wid = _spdx_id("File", w["path"])
+        entry = _spdx_package(
+            wid,
+            w["path"],
+            "FILE",
+            _spdx_license(_file_license(w, model_expression)),
+            checksums=[{"algorithm": "SHA256", "checksumValue": w["sha256"]}],
+            comment=f"{w['bytes']} bytes"
+            + (f"; license from {w['license_source']}" if w.get("license_source") else ""),
+        )
+        if w.get("component"):
+            entry["summary"] = f"component: {w['component']}"
+        packages.append(entry)
+        rels.append(_spdx_rel(model_id, "CONTAINS", wid))
+    for f in findings:
+        if f.layer == "distribution" and "==" in f.subject:
+            packages.append(_pypi_package(f))
+            rels.append(_spdx_rel(root_id, "DEPENDS_ON", packages[-1]["SPDXID"]))
+    for v in vendored:
+        vid = _spdx_id("Package", f"vendored-{v['path']}")
+        packages.append(
+            _spdx_package(
+                vid,
+                v["path"],
+                "LIBRARY",
+                _spdx_license(v["spdx"]),
+                comment=f"vendored code; license file {v['license_file']}",
+            )
+        )
+        rels.append(_spdx_rel(root_id, "CONTAINS", vid))
+    return _spdx_document(name, root_id, packages, rels, created)
 
 
 def check_spdx(doc: dict) -> list[str]:
