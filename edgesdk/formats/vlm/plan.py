@@ -26,6 +26,7 @@ from edgesdk.formats.gguf.plan import GB, GgufPlan, _gb, compute_bytes, plan_ggu
 from edgesdk.types import BuildOptions, Decision, JSONable, JSONValue, ModelFacts, PlanSection
 
 if TYPE_CHECKING:
+    from edgesdk.formats.vlm.families import VLMFamily
     from edgesdk.profiles import Profile
 
 ENCODER_MIN_COSINE = 0.999  # F16 mmproj image features vs the PyTorch (FP32) encoder + projector
@@ -160,7 +161,7 @@ def plan_vlm(facts: ModelFacts, profile: Profile, options: BuildOptions) -> VlmP
 
 
 def _vlm_decisions(facts: ModelFacts, profile: Profile, options: BuildOptions) -> list[Decision]:
-    from edgesdk.formats.vlm.convert import CLASS_TOKEN_NOTE, CLASS_TOKEN_VISION
+    from edgesdk.formats.vlm.convert import CLASS_TOKEN_VISION
     from edgesdk.formats.vlm.families import by_name
 
     info = facts.extra
@@ -211,67 +212,34 @@ def _vlm_decisions(facts: ModelFacts, profile: Profile, options: BuildOptions) -
         )
     ]
     mm_bytes = (proj if class_token else enc + proj) * 2  # a class-token tower's mmproj holds the projector only
-    if class_token:
-        out.append(
-            Decision(
-                "vlm.encoder",
-                {
-                    "format": "onnx",
-                    "precision": "FP16",
-                    "runtime": "onnxruntime",
-                    "mmproj": "F16, tokenizes image chunks only",
-                },
-                f"encoder + projector as one FP16 ONNX graph ({enc + proj:,} params x 2 B = "
-                f"{_gb((enc + proj) * 2)}) on ONNX Runtime; a tokenize-only F16 mmproj (no tower "
-                f"layers, the projector: {_gb(mm_bytes)}) for libmtmd's image-chunk tokenization: "
-                f"{CLASS_TOKEN_NOTE}",
-            )
-        )
-    else:
-        out.append(
-            Decision(
-                "vlm.encoder",
-                {"format": "gguf-mmproj", "precision": "F16", "runtime": "llama.cpp mtmd"},
-                f"encoder + projector as one F16 mmproj GGUF for llama.cpp's multimodal library "
-                f"({enc + proj:,} params x 2 B = {_gb(mm_bytes)}): quantized vision encoders lose visual "
-                f"features while the decoder tolerates 4 bits, and the encoder is "
-                f"{(enc + proj) / (enc + proj + dec):.0%} of the weights",
-            )
-        )
-    vr = vision_runtime(profile, options, enc + proj)
-    if not fam.onnx_encoder and _wants_onnx(vr):  # the family record says whether the ONNX export covers it
-        if (getattr(options, "vision_runtime", None) or "auto").lower() == "onnx":
-            raise InputError(f"--vision-runtime onnx is not supported for {fam.display} yet (use gguf or auto)")
-        vr = Decision(
-            "vlm.vision_runtime",
-            {"runtime": "gguf-mmproj", "onnx": False},
-            f"{fam.display}: the encoder runs in llama.cpp's libmtmd from the F16 mmproj (no ONNX "
-            "encoder export for this family yet)",
-        )
-    if class_token:  # LLaVA-1.5's CLIP tower: the ONNX graph is the encoder, on any provider (CLASS_TOKEN_NOTE)
-        if (getattr(options, "vision_runtime", None) or "auto").lower() == "gguf":
-            raise InputError(f"--vision-runtime gguf cannot build {facts.name}: {CLASS_TOKEN_NOTE}")
-        eps = [ep for ep in profile.execution_providers if ep in _FAST_EPS]
-        vr = Decision(
-            "vlm.vision_runtime",
-            {
-                "runtime": "onnx",
-                "onnx": True,
-                "precision": "FP16",
-                "required": True,
-                "providers": eps + ["CPUExecutionProvider"],
-            },
-            f"CLIP tower with a class token: {CLASS_TOKEN_NOTE} ({(enc + proj):,} params x 2 B = "
-            f"{_gb((enc + proj) * 2)} FP16 ONNX; {' > '.join(eps + ['CPU'])}, chosen at load); the mmproj "
-            f"is tokenize-only (projector, no tower layers)",
-        )
+    out.append(_encoder_decision(class_token, enc + proj, dec, mm_bytes))
+    vr = _vision_runtime_decision(facts, profile, options, fam, class_token, enc + proj)
     out.append(vr)
     onnx_bytes = (enc + proj) * 2 if _wants_onnx(vr) else 0  # encoder + projector in FP16
     decoder = plan_gguf(decoder_facts(facts), profile, options)
     quant, n_ctx = decoder.quant_type, decoder.context_length
     out += [d for d in decoder.decisions() if d.key != "parity"]
+    out.append(_memory_decision(facts, profile, dec, quant, n_ctx, mm_bytes, onnx_bytes))
+    out.append(
+        Decision(
+            "vlm.image_prefix_reuse",
+            True,
+            "image features cached per (image sha256, mmproj sha256): a second question about the same "
+            "image skips the encoder; the decoder's KV prefix up to the end of the image is kept",
+        )
+    )
+    out.append(_parity_decision(class_token, bool(onnx_bytes)))
+    return out
+
+
+def _memory_decision(
+    facts: ModelFacts, profile: Profile, dec: int, quant: str, n_ctx: int, mm_bytes: int, onnx_bytes: int
+) -> Decision:
+    """vlm.memory: the decoder's weights at ``quant``, its KV cache at ``n_ctx`` and compute buffer, the mmproj,
+    one image's encoder activations and the ONNX encoder, against the profile's budget (ResourceError over it)."""
     from edgesdk.contracts.gguf_types import BPW
 
+    info = facts.extra
     dec_w = dec * BPW[quant] / 8
     kv = kv_bytes(info, n_ctx)
     comp = compute_bytes(info, dec_w)
@@ -293,44 +261,104 @@ def _vlm_decisions(facts: ModelFacts, profile: Profile, options: BuildOptions) -
     if budget is not None and total > budget * GB:
         raise ResourceError(f"{facts.name} does not fit profile {profile.name}: {arith} > budget {budget} GB")
     budget_note = "<= budget " + str(budget) + " GB" if budget is not None else "(profile has no memory figure)"
-    out.append(Decision("vlm.memory", round(total / GB, 4), f"{arith} {budget_note}"))
-    out.append(
-        Decision(
-            "vlm.image_prefix_reuse",
-            True,
-            "image features cached per (image sha256, mmproj sha256): a second question about the same "
-            "image skips the encoder; the decoder's KV prefix up to the end of the image is kept",
+    return Decision("vlm.memory", round(total / GB, 4), f"{arith} {budget_note}")
+
+
+def _encoder_decision(class_token: bool, params: int, dec: int, mm_bytes: int) -> Decision:
+    """vlm.encoder: the encoder + projector (``params``) as one FP16 ONNX graph beside a tokenize-only mmproj
+    for a class-token tower, else as one F16 mmproj GGUF for libmtmd."""
+    from edgesdk.formats.vlm.convert import CLASS_TOKEN_NOTE
+
+    if class_token:
+        return Decision(
+            "vlm.encoder",
+            {
+                "format": "onnx",
+                "precision": "FP16",
+                "runtime": "onnxruntime",
+                "mmproj": "F16, tokenizes image chunks only",
+            },
+            f"encoder + projector as one FP16 ONNX graph ({params:,} params x 2 B = "
+            f"{_gb(params * 2)}) on ONNX Runtime; a tokenize-only F16 mmproj (no tower "
+            f"layers, the projector: {_gb(mm_bytes)}) for libmtmd's image-chunk tokenization: "
+            f"{CLASS_TOKEN_NOTE}",
         )
+    return Decision(
+        "vlm.encoder",
+        {"format": "gguf-mmproj", "precision": "F16", "runtime": "llama.cpp mtmd"},
+        f"encoder + projector as one F16 mmproj GGUF for llama.cpp's multimodal library "
+        f"({params:,} params x 2 B = {_gb(mm_bytes)}): quantized vision encoders lose visual "
+        f"features while the decoder tolerates 4 bits, and the encoder is "
+        f"{params / (params + dec):.0%} of the weights",
     )
+
+
+def _vision_runtime_decision(
+    facts: ModelFacts, profile: Profile, options: BuildOptions, fam: VLMFamily, class_token: bool, params: int
+) -> Decision:
+    """vlm.vision_runtime: the profile's choice (:func:`vision_runtime`) within what the family can do: no ONNX
+    encoder where its record has no export; a class-token tower's ONNX graph on any provider (CLASS_TOKEN_NOTE).
+    ``--vision-runtime`` asking for what cannot be built is an InputError."""
+    from edgesdk.formats.vlm.convert import CLASS_TOKEN_NOTE
+
+    asked = (getattr(options, "vision_runtime", None) or "auto").lower()
+    vr = vision_runtime(profile, options, params)
+    if not fam.onnx_encoder and _wants_onnx(vr):  # the family record says whether the ONNX export covers it
+        if asked == "onnx":
+            raise InputError(f"--vision-runtime onnx is not supported for {fam.display} yet (use gguf or auto)")
+        vr = Decision(
+            "vlm.vision_runtime",
+            {"runtime": "gguf-mmproj", "onnx": False},
+            f"{fam.display}: the encoder runs in llama.cpp's libmtmd from the F16 mmproj (no ONNX "
+            "encoder export for this family yet)",
+        )
+    if class_token:  # LLaVA-1.5's CLIP tower: the ONNX graph is the encoder, on any provider (CLASS_TOKEN_NOTE)
+        if asked == "gguf":
+            raise InputError(f"--vision-runtime gguf cannot build {facts.name}: {CLASS_TOKEN_NOTE}")
+        eps = [ep for ep in profile.execution_providers if ep in _FAST_EPS]
+        vr = Decision(
+            "vlm.vision_runtime",
+            {
+                "runtime": "onnx",
+                "onnx": True,
+                "precision": "FP16",
+                "required": True,
+                "providers": eps + ["CPUExecutionProvider"],
+            },
+            f"CLIP tower with a class token: {CLASS_TOKEN_NOTE} ({params:,} params x 2 B = "
+            f"{_gb(params * 2)} FP16 ONNX; {' > '.join(eps + ['CPU'])}, chosen at load); the mmproj "
+            f"is tokenize-only (projector, no tower layers)",
+        )
+    return vr
+
+
+def _parity_decision(class_token: bool, onnx_encoder: bool) -> Decision:
+    """parity: image features vs PyTorch's encoder + projector and greedy tokens end to end, measured on the
+    ONNX encoder for a class-token tower (its mmproj does not encode), else on the mmproj (and the ONNX
+    encoder where the bundle has one)."""
     parity: dict[str, Any] = {"encoder_min_cosine": ENCODER_MIN_COSINE, "greedy_tokens": GREEDY_TOKENS}
     if class_token:
         parity["encoder"] = "onnx"
-        out.append(
-            Decision(
-                "parity",
-                parity,
-                f"image features (FP16 ONNX encoder via ONNX Runtime on the build host's CPU vs PyTorch "
-                f"encoder + projector): min cosine per image token >= {ENCODER_MIN_COSINE}; first "
-                f"{GREEDY_TOKENS} greedy tokens of the F16 decoder fed the ONNX features equal to "
-                f"PyTorch's on the test images; decoder logits and perplexity as in the GGUF path; the "
-                f"mmproj's own features are recorded, not gated (it does not encode)",
-            )
-        )
-        return out
-    out.append(
-        Decision(
+        return Decision(
             "parity",
             parity,
-            f"image features (F16 mmproj via llama.cpp vs PyTorch encoder + projector): min cosine per "
-            f"image token >= {ENCODER_MIN_COSINE}; first {GREEDY_TOKENS} greedy tokens of the F16 "
-            f"decoder + mmproj equal to PyTorch's on the test images (or first differing at a near-tie of "
-            f"PyTorch's scores); decoder logits and perplexity as "
-            f"in the GGUF path"
-            + (
-                "; the FP16 ONNX encoder: the same min cosine vs PyTorch, and the same greedy tokens as the mmproj path"
-                if onnx_bytes
-                else ""
-            ),
+            f"image features (FP16 ONNX encoder via ONNX Runtime on the build host's CPU vs PyTorch "
+            f"encoder + projector): min cosine per image token >= {ENCODER_MIN_COSINE}; first "
+            f"{GREEDY_TOKENS} greedy tokens of the F16 decoder fed the ONNX features equal to "
+            f"PyTorch's on the test images; decoder logits and perplexity as in the GGUF path; the "
+            f"mmproj's own features are recorded, not gated (it does not encode)",
         )
+    return Decision(
+        "parity",
+        parity,
+        f"image features (F16 mmproj via llama.cpp vs PyTorch encoder + projector): min cosine per "
+        f"image token >= {ENCODER_MIN_COSINE}; first {GREEDY_TOKENS} greedy tokens of the F16 "
+        f"decoder + mmproj equal to PyTorch's on the test images (or first differing at a near-tie of "
+        f"PyTorch's scores); decoder logits and perplexity as "
+        f"in the GGUF path"
+        + (
+            "; the FP16 ONNX encoder: the same min cosine vs PyTorch, and the same greedy tokens as the mmproj path"
+            if onnx_encoder
+            else ""
+        ),
     )
-    return out
