@@ -443,14 +443,7 @@ def measure_bundle(
             body.update(_measure_llm(session, opts, meter, spec_method, log))
         else:
             body.update(_measure_tensors(session, bundle, opts, meter, log))
-        peak = peak_rss_bytes()
-        body["memory"] = {
-            "host_rss_before_load_mb": rss_before / 1e6 if rss_before is not None else None,
-            "host_peak_rss_mb": peak / 1e6 if peak is not None else None,
-            "host_rss_end_mb": (host_rss_bytes() or 0) / 1e6 or None,
-            "host_method": "peak = getrusage ru_maxrss (process high-water mark, includes the interpreter)",
-            "device": device_memory(session.backend.name, gpu_before),
-        }
+        body["memory"] = _memory_section(rss_before, gpu_before, session.backend.name)
         body["runtime"] = session.report()
         body["fallbacks"] = session.fallbacks
     finally:
@@ -469,7 +462,25 @@ def measure_bundle(
     state["readings"] = {"before": state_before, "after": read_device_state()}
     body["device_state"] = state
     body["versions"] = _versions()
-    body["bundle"] = {
+    body["bundle"] = _bundle_section(bundle)
+    return body
+
+
+def _memory_section(rss_before: int | None, gpu_before: int | None, backend_name: str) -> dict[str, Any]:
+    """The report's ``memory``: the host's resident set before the load, at its peak and now, and the device's."""
+    peak = peak_rss_bytes()
+    return {
+        "host_rss_before_load_mb": rss_before / 1e6 if rss_before is not None else None,
+        "host_peak_rss_mb": peak / 1e6 if peak is not None else None,
+        "host_rss_end_mb": (host_rss_bytes() or 0) / 1e6 or None,
+        "host_method": "peak = getrusage ru_maxrss (process high-water mark, includes the interpreter)",
+        "device": device_memory(backend_name, gpu_before),
+    }
+
+
+def _bundle_section(bundle: Any) -> dict[str, Any]:
+    """The report's ``bundle``: which bundle was measured, of what model, built for which profile."""
+    return {
         "path": str(bundle.path),
         "bundle_id": bundle.bundle_id,
         "format": bundle.format,
@@ -478,7 +489,6 @@ def measure_bundle(
         "built_for": bundle.manifest.profile.name,
         "task": bundle.manifest.model.task,
     }
-    return body
 
 
 def _measure_llm(
