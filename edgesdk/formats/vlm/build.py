@@ -25,12 +25,12 @@ import numpy as np
 
 from edgesdk.errors import BackendUnavailableError, ParityError
 from edgesdk.formats.gguf import convert as gconv
-from edgesdk.formats.gguf.build import PPL_TEXT, sanity_check
+from edgesdk.formats.gguf.build import PPL_TEXT, llm_config, sanity_check
 from edgesdk.formats.gguf.facts import gguf_facts
 from edgesdk.formats.gguf.plan import LOGITS_MIN_COSINE, LOGITS_MIN_TOP1, PPL_RATIO_MAX
 from edgesdk.formats.vlm import convert as vconv
 from edgesdk.formats.vlm.families import config_architecture
-from edgesdk.formats.vlm.plan import ENCODER_MIN_COSINE, GREEDY_TOKENS, vlm_section
+from edgesdk.formats.vlm.plan import ENCODER_MIN_COSINE, GREEDY_TOKENS, VlmPlan, vlm_section
 
 if TYPE_CHECKING:
     from edgesdk.formats import BuildContext
@@ -230,6 +230,125 @@ def component_parity(
     return out
 
 
+def _check_vision_parity(comp: dict[str, Any], mm_info: dict[str, Any], thresholds: dict[str, Any]) -> None:
+    """ParityError unless the image features (mmproj, or the ONNX encoder of a class-token tower) reach the
+    plan's min cosine, the greedy tokens equal PyTorch's (near-ties allowed) on every test image, and an ONNX
+    encoder beside an encoding mmproj matches both."""
+    if comp["encoder_min_cosine"] < thresholds.get("encoder_min_cosine", ENCODER_MIN_COSINE):
+        raise ParityError(
+            f"image features from the {comp.get('encoder', 'F16 mmproj')} encoder differ from "
+            f"PyTorch: min cosine "
+            f"{comp['encoder_min_cosine']:.5f} per image token"
+        )
+    n_eq, n_img = (int(x) for x in comp["greedy_equal"].split("/"))
+    n_eq += int(comp["greedy_near_tie"].split("/")[0])
+    if n_eq != n_img:
+        raise ParityError(
+            f"greedy tokens of the F16 build differ from PyTorch's on {n_img - n_eq} of {n_img} test images "
+            f"(beyond near-ties within {comp['greedy_tie_tolerance']} of PyTorch's top score)"
+        )
+    ox = comp.get("onnx_encoder")
+    if ox is not None and mm_info.get("encodes", True):  # else the figures above are the ONNX encoder's
+        if ox["encoder_min_cosine"] < thresholds.get("encoder_min_cosine", ENCODER_MIN_COSINE):
+            raise ParityError(
+                f"image features from the FP16 ONNX encoder differ from PyTorch: min cosine "
+                f"{ox['encoder_min_cosine']:.5f} per image token"
+            )
+        if mm_info.get("encodes", True) and ox["greedy_equal_mmproj"] != f"{n_img}/{n_img}":
+            raise ParityError(
+                f"greedy tokens with the FP16 ONNX encoder differ from the mmproj path's on "
+                f"{ox['greedy_equal_mmproj']} equal test images"
+            )
+
+
+def _vlm_extras(
+    section: VlmPlan, quant: str, mm_info: dict[str, Any], mmproj_bytes: int, onnx_info: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The manifest's ``extras.vlm``: each component's artifact and precision (a class-token tower's encoder is
+    the ONNX graph, its mmproj only tokenizes image chunks), the image size and tokens, the mmproj's facts, and
+    with an ONNX encoder its record and the vision encoder's own backend chain."""
+    vlm: dict[str, Any] = {
+        "components": {
+            "vision_encoder": {"artifact": "mmproj.gguf", "precision": "F16"},
+            "projector": {"artifact": "mmproj.gguf", "precision": "F16", "type": mm_info["projector_type"]},
+            "decoder": {"artifact": "model.gguf", "precision": quant},
+            # the model's own image preprocessing (size, mean/std, resampling) the runtime applies
+            "image_preprocessor": {"artifact": "preprocessor_config.json"},
+        },
+        "image_size": mm_info["image_size"],
+        "image_tokens": mm_info["image_tokens"],
+        "mmproj": mm_info,
+        "mmproj_bytes": mmproj_bytes,
+    }
+    comps = vlm["components"]
+    if not mm_info.get("encodes", True):  # class-token tower: the ONNX graph encodes, the mmproj tokenizes
+        comps["vision_encoder"] = {
+            "artifact": "vision_encoder.onnx",
+            "precision": "FP16",
+            "why": vconv.CLASS_TOKEN_NOTE,
+        }
+        comps["projector"].update(artifact="vision_encoder.onnx", precision="FP16")
+        comps["image_chunk_tokenizer"] = {
+            "artifact": "mmproj.gguf",
+            "precision": "F16",
+            "use": "libmtmd tokenizes image chunks with it; it never encodes",
+        }
+    if onnx_info:
+        comps["vision_encoder_onnx"] = {
+            "artifact": "vision_encoder.onnx",
+            "precision": "FP16",
+            "includes": "vision encoder + projector",
+            "providers": section.vision_runtime.providers if section.vision_runtime is not None else None,
+            **onnx_info,
+        }
+        # the vision encoder's own chain; the decoder's stays llama.cpp
+        vlm["vision_encoder_chain"] = [
+            "onnxruntime TensorrtExecutionProvider (FP16 ONNX)",
+            "onnxruntime CUDAExecutionProvider (FP16 ONNX)",
+            "llama.cpp libmtmd (F16 mmproj)"
+            if mm_info.get("encodes", True)
+            else "onnxruntime CPUExecutionProvider (FP16 ONNX)",
+        ]
+    return vlm
+
+
+def _decoder_parity(text_dir: Path, f16: Path, final: Path, quant: str, n_ctx: int, name: str) -> dict[str, Any]:
+    """The decoder's parity entries, as the GGUF path measures them: the F16 decoder's logits vs PyTorch's, a
+    sanity generation of the ``quant`` decoder and, when quantized, its perplexity vs the F16 one; ParityError
+    past a limit."""
+    out: dict[str, Any] = {}
+    text = PPL_TEXT.read_text(encoding="utf-8")
+    logits = gconv.logits_parity(text_dir, f16, text)
+    out["decoder_logits_vs_hf"] = logits
+    if logits["min_cosine"] < LOGITS_MIN_COSINE or logits["top1_agreement"] < LOGITS_MIN_TOP1:
+        raise ParityError(
+            f"F16 decoder logits differ from PyTorch: min cosine {logits['min_cosine']:.5f}, "
+            f"top-1 {logits['top1_agreement']:.3f}"
+        )
+    out["decoder_sanity"] = sanity_check(final, f"{quant} decoder of {name}")
+    if quant != "F16":
+        ppl_out, ppl_ref = (
+            gconv.perplexity(final, text, min(256, n_ctx)),
+            gconv.perplexity(f16, text, min(256, n_ctx)),
+        )
+        ratio = ppl_out["ppl"] / ppl_ref["ppl"]
+        out.update(decoder_ppl=ppl_out, decoder_ppl_reference=ppl_ref, decoder_ppl_ratio=round(ratio, 5))
+        if ratio > PPL_RATIO_MAX.get(quant, 1.1):
+            raise ParityError(
+                f"{quant} decoder perplexity is {ratio:.4f}x the F16 one (limit {PPL_RATIO_MAX.get(quant, 1.1)}x)"
+            )
+    return out
+
+
+def _write_preprocessor(src: Path, out: Path) -> None:
+    """The bundle's own preprocessor_config.json: the model's, or with transformers 5 (the image processor nested
+    in processor_config.json) the image processor alone."""
+    if (src / "preprocessor_config.json").is_file():
+        shutil.copyfile(src / "preprocessor_config.json", out)
+    else:
+        out.write_text(json.dumps(vconv.image_processor(src), indent=2) + "\n", encoding="utf-8")
+
+
 def build_vlm(ctx: BuildContext) -> None:
     facts, plan = ctx.facts, ctx.plan
     src = Path(facts.source)
@@ -259,27 +378,8 @@ def build_vlm(ctx: BuildContext) -> None:
                 ctx.progress(f"llama.cpp quantize decoder F16 -> {quant}")
                 gconv.quantize(f16, final, quant)
         with ctx.stage("verify"):
-            text = PPL_TEXT.read_text(encoding="utf-8")
-            logits = gconv.logits_parity(text_dir, f16, text)
-            parity["decoder_logits_vs_hf"] = logits
-            if logits["min_cosine"] < LOGITS_MIN_COSINE or logits["top1_agreement"] < LOGITS_MIN_TOP1:
-                raise ParityError(
-                    f"F16 decoder logits differ from PyTorch: min cosine {logits['min_cosine']:.5f}, "
-                    f"top-1 {logits['top1_agreement']:.3f}"
-                )
-            parity["decoder_sanity"] = sanity_check(final, f"{quant} decoder of {facts.name}")
-            if quant != "F16":
-                ppl_out, ppl_ref = (
-                    gconv.perplexity(final, text, min(256, n_ctx)),
-                    gconv.perplexity(f16, text, min(256, n_ctx)),
-                )
-                ratio = ppl_out["ppl"] / ppl_ref["ppl"]
-                parity.update(decoder_ppl=ppl_out, decoder_ppl_reference=ppl_ref, decoder_ppl_ratio=round(ratio, 5))
-                if ratio > PPL_RATIO_MAX.get(quant, 1.1):
-                    raise ParityError(
-                        f"{quant} decoder perplexity is {ratio:.4f}x the F16 one "
-                        f"(limit {PPL_RATIO_MAX.get(quant, 1.1)}x)"
-                    )
+            parity.update(_decoder_parity(text_dir, f16, final, quant, n_ctx, facts.name))
+            logits = parity["decoder_logits_vs_hf"]
             ctx.progress("parity: image features (llama.cpp mmproj vs PyTorch) and greedy tokens end to end (F16)")
             if ctx.parity_backend is None:
                 raise BackendUnavailableError(
@@ -299,39 +399,10 @@ def build_vlm(ctx: BuildContext) -> None:
                 open_backend=ctx.parity_backend,
             )
             parity["vision"] = comp
-            if comp["encoder_min_cosine"] < thresholds.get("encoder_min_cosine", ENCODER_MIN_COSINE):
-                raise ParityError(
-                    f"image features from the {comp.get('encoder', 'F16 mmproj')} encoder differ from "
-                    f"PyTorch: min cosine "
-                    f"{comp['encoder_min_cosine']:.5f} per image token"
-                )
-            n_eq, n_img = (int(x) for x in comp["greedy_equal"].split("/"))
-            n_eq += int(comp["greedy_near_tie"].split("/")[0])
-            if n_eq != n_img:
-                raise ParityError(
-                    f"greedy tokens of the F16 build differ from PyTorch's on {n_img - n_eq} of {n_img} test images "
-                    f"(beyond near-ties within {comp['greedy_tie_tolerance']} of PyTorch's top score)"
-                )
-            ox = comp.get("onnx_encoder")
-            if ox is not None and mm_info.get("encodes", True):  # else the figures above are the ONNX encoder's
-                if ox["encoder_min_cosine"] < thresholds.get("encoder_min_cosine", ENCODER_MIN_COSINE):
-                    raise ParityError(
-                        f"image features from the FP16 ONNX encoder differ from PyTorch: min cosine "
-                        f"{ox['encoder_min_cosine']:.5f} per image token"
-                    )
-                if mm_info.get("encodes", True) and ox["greedy_equal_mmproj"] != f"{n_img}/{n_img}":
-                    raise ParityError(
-                        f"greedy tokens with the FP16 ONNX encoder differ from the mmproj path's on "
-                        f"{ox['greedy_equal_mmproj']} equal test images"
-                    )
+            _check_vision_parity(comp, mm_info, thresholds)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    if (src / "preprocessor_config.json").is_file():
-        shutil.copyfile(src / "preprocessor_config.json", ctx.staging / "preprocessor_config.json")
-    else:  # transformers 5: the image processor is nested in processor_config.json; the bundle keeps its own file
-        (ctx.staging / "preprocessor_config.json").write_text(
-            json.dumps(vconv.image_processor(src), indent=2) + "\n", encoding="utf-8"
-        )
+    _write_preprocessor(src, ctx.staging / "preprocessor_config.json")
     for rel, role in (("model.gguf", "model"), ("mmproj.gguf", "mmproj"), ("preprocessor_config.json", "config")):
         ctx.add_artifact(rel, role)
     if onnx_info:
@@ -347,52 +418,9 @@ def build_vlm(ctx: BuildContext) -> None:
         "outputs": [{"name": "text", "type": "text"}],
         "n_vocab": out_facts.get("n_vocab"),
     }
-    from edgesdk.formats.gguf.build import llm_config
-
     ctx.manifest.llm = llm_config(plan, out_facts, final, n_ctx=n_ctx, quant=quant, converted=dec_info)
-    ctx.manifest.extras["vlm"] = {
-        "components": {
-            "vision_encoder": {"artifact": "mmproj.gguf", "precision": "F16"},
-            "projector": {"artifact": "mmproj.gguf", "precision": "F16", "type": mm_info["projector_type"]},
-            "decoder": {"artifact": "model.gguf", "precision": quant},
-            # the model's own image preprocessing (size, mean/std, resampling) the runtime applies
-            "image_preprocessor": {"artifact": "preprocessor_config.json"},
-        },
-        "image_size": mm_info["image_size"],
-        "image_tokens": mm_info["image_tokens"],
-        "mmproj": mm_info,
-        "mmproj_bytes": mmproj.stat().st_size,
-    }
-    if not mm_info.get("encodes", True):  # class-token tower: the ONNX graph encodes, the mmproj tokenizes
-        comps = ctx.manifest.extras["vlm"]["components"]
-        comps["vision_encoder"] = {
-            "artifact": "vision_encoder.onnx",
-            "precision": "FP16",
-            "why": vconv.CLASS_TOKEN_NOTE,
-        }
-        comps["projector"].update(artifact="vision_encoder.onnx", precision="FP16")
-        comps["image_chunk_tokenizer"] = {
-            "artifact": "mmproj.gguf",
-            "precision": "F16",
-            "use": "libmtmd tokenizes image chunks with it; it never encodes",
-        }
-    if onnx_info:
-        ctx.manifest.extras["vlm"]["components"]["vision_encoder_onnx"] = {
-            "artifact": "vision_encoder.onnx",
-            "precision": "FP16",
-            "includes": "vision encoder + projector",
-            "providers": section.vision_runtime.providers if section.vision_runtime is not None else None,
-            **onnx_info,
-        }
+    ctx.manifest.extras["vlm"] = _vlm_extras(section, quant, mm_info, mmproj.stat().st_size, onnx_info)
     ctx.manifest.runtime.backend_chain = ["llama.cpp + libmtmd (GPU offload)", "llama.cpp + libmtmd (CPU)"]
-    if onnx_info:  # the vision encoder's own chain; the decoder's stays llama.cpp
-        ctx.manifest.extras["vlm"]["vision_encoder_chain"] = [
-            "onnxruntime TensorrtExecutionProvider (FP16 ONNX)",
-            "onnxruntime CUDAExecutionProvider (FP16 ONNX)",
-            "llama.cpp libmtmd (F16 mmproj)"
-            if mm_info.get("encodes", True)
-            else "onnxruntime CPUExecutionProvider (FP16 ONNX)",
-        ]
     ctx.runtime_requires.extend(["llama-cpp-python", "pillow"])
     from edgesdk.host import dist_of, tool_versions
 
