@@ -312,6 +312,59 @@ def eager_fallback_decision(facts: ModelFacts, profile: Profile, precision: str)
     )
 
 
+def _optimize_decision(facts: ModelFacts, profile: Profile, precision: str) -> Decision:
+    """optimize (ONNX Runtime bundles): standard ops only where TensorRT heads a Jetson's EP chain, the plain
+    export for INT8 on a CPU, onnxruntime's transformer fusions for a Hugging Face family it knows, else onnxslim's
+    cleanup; each reason carries the measurement behind it."""
+    fusion = FUSION_MODEL_TYPE.get(facts.family or "")
+    chain = execution_provider_chain(profile)
+    if profile.kind == "jetson" and chain[:1] == ["TensorrtExecutionProvider"]:
+        return Decision(
+            "optimize",
+            OptimizeMethod.ONNXSLIM,
+            "TensorRT ships with JetPack and heads this "
+            "profile's EP chain: standard ONNX ops only (onnxslim: constant folding, no onnxruntime "
+            "contrib fusions such as Attention/SkipLayerNormalization/BiasGelu), so TensorRT takes "
+            "the graph whole (MiniLM: 1 TensorRT partition, 0 crossings; fused: 41 partitions, 57 "
+            "crossings)",
+        )
+    if precision == "int8" and not profile.is_gpu:
+        return Decision(
+            "optimize",
+            OptimizeMethod.NONE,
+            "plain export; ONNX Runtime's session optimizer runs "
+            "at load: measured on CPU, INT8 on the fused graph ran at 0.56-0.68x FP32 "
+            "against 0.52-0.58x on "
+            "the plain export in the same runs, and fusion gave FP32 no gain (docs/int8.md)",
+        )
+    if fusion and facts.kind == "hf":
+        heads = facts.config.get("num_attention_heads")
+        hidden = facts.config.get("hidden_size")
+        gpu = (
+            (
+                " Where the CUDA EP runs it (no TensorRT on the host), measured on an H200 (MiniLM FP16, batch 1, "
+                "seq 128): fused 0.45 ms vs 1.06 ms for the standard-op graph, and only the fused graph captures as a "
+                "CUDA graph (0.22 ms; the standard-op graph leaves 63 shape nodes on the CPU EP); for TensorRT "
+                "pass --format tensorrt"
+            )
+            if profile.is_gpu
+            else ""
+        )
+        return Decision(
+            "optimize",
+            OptimizeMethod.ORT_TRANSFORMER,
+            f"onnxruntime transformer optimizer "
+            f"(model_type={fusion}, heads={heads}, hidden={hidden}) fuses attention, "
+            "LayerNorm+residual "
+            "and GELU into single kernels that both CPU and CUDA EPs implement." + gpu,
+        )
+    return Decision(
+        "optimize",
+        OptimizeMethod.ONNXSLIM,
+        "generic graph cleanup (constant folding, dead nodes); no transformer fusion pattern applies to this model",
+    )
+
+
 def export_decisions(
     facts: ModelFacts, profile: Profile, options: BuildOptions, precision: str, fmt: str = "onnx"
 ) -> list[Decision]:
@@ -347,63 +400,7 @@ def export_decisions(
             )
         )
         return out
-    fusion = FUSION_MODEL_TYPE.get(facts.family or "")
-    chain = execution_provider_chain(profile)
-    if profile.kind == "jetson" and chain[:1] == ["TensorrtExecutionProvider"]:
-        out.append(
-            Decision(
-                "optimize",
-                OptimizeMethod.ONNXSLIM,
-                "TensorRT ships with JetPack and heads this "
-                "profile's EP chain: standard ONNX ops only (onnxslim: constant folding, no onnxruntime "
-                "contrib fusions such as Attention/SkipLayerNormalization/BiasGelu), so TensorRT takes "
-                "the graph whole (MiniLM: 1 TensorRT partition, 0 crossings; fused: 41 partitions, 57 "
-                "crossings)",
-            )
-        )
-    elif precision == "int8" and not profile.is_gpu:
-        out.append(
-            Decision(
-                "optimize",
-                OptimizeMethod.NONE,
-                "plain export; ONNX Runtime's session optimizer runs "
-                "at load: measured on CPU, INT8 on the fused graph ran at 0.56-0.68x FP32 "
-                "against 0.52-0.58x on "
-                "the plain export in the same runs, and fusion gave FP32 no gain (docs/int8.md)",
-            )
-        )
-    elif fusion and facts.kind == "hf":
-        heads = facts.config.get("num_attention_heads")
-        hidden = facts.config.get("hidden_size")
-        gpu = (
-            (
-                " Where the CUDA EP runs it (no TensorRT on the host), measured on an H200 (MiniLM FP16, batch 1, "
-                "seq 128): fused 0.45 ms vs 1.06 ms for the standard-op graph, and only the fused graph captures as a "
-                "CUDA graph (0.22 ms; the standard-op graph leaves 63 shape nodes on the CPU EP); for TensorRT "
-                "pass --format tensorrt"
-            )
-            if profile.is_gpu
-            else ""
-        )
-        out.append(
-            Decision(
-                "optimize",
-                OptimizeMethod.ORT_TRANSFORMER,
-                f"onnxruntime transformer optimizer "
-                f"(model_type={fusion}, heads={heads}, hidden={hidden}) fuses attention, "
-                "LayerNorm+residual "
-                "and GELU into single kernels that both CPU and CUDA EPs implement." + gpu,
-            )
-        )
-    else:
-        out.append(
-            Decision(
-                "optimize",
-                OptimizeMethod.ONNXSLIM,
-                "generic graph cleanup (constant folding, "
-                "dead nodes); no transformer fusion pattern applies to this model",
-            )
-        )
+    out.append(_optimize_decision(facts, profile, precision))
     if precision == "int8":
         out.append(
             Decision(
