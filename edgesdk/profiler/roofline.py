@@ -320,6 +320,99 @@ def _peak_flops(profile, precision: str | None) -> tuple[float | None, str]:
     return None, "none"
 
 
+def _encoder_prediction(
+    facts: WorkFacts,
+    bw: float,
+    peak: float | None,
+    table: list[dict],
+    dev_class: str,
+    backend: str | None,
+    notes: list[str],
+) -> dict[str, Any]:
+    """An encoder's latency: the memory or compute bound (whichever is larger) over the calibrated efficiency,
+    plus a per-node launch overhead; a calibration borrowed from another backend is noted in ``notes``."""
+    t_mem = facts.weight_bytes / bw
+    t_cmp = (facts.flops or 0.0) / peak if peak else 0.0
+    bound = max(t_mem, t_cmp)
+    # Launch-bound eager runs do not keep their efficiency across precisions: match it too.
+    prec = None if (facts.precision or "fp32").lower() == "fp32" else (facts.precision or "fp32").lower()
+    cls = backend_class(backend, dev_class)
+    eff = pick_efficiency(table, dev_class, "encoder", cls, facts.params, prec)
+    if eff is not None and eff.get("backend") != cls:
+        notes.append(f"no {dev_class} encoder calibration for backend {cls}: used {eff.get('backend')}'s")
+    overhead_ms = (facts.nodes or 0) * float(eff.get("overhead_us_per_node", 0.0)) / 1e3 if eff else 0.0
+    return {
+        "bound_ms": bound * 1e3,
+        "memory_ms": t_mem * 1e3,
+        "compute_ms": t_cmp * 1e3,
+        "limited_by": "memory" if t_mem >= t_cmp else "compute",
+        "backend_class": cls,
+        "efficiency": eff["efficiency"] if eff else None,
+        "overhead_us_per_node": eff.get("overhead_us_per_node") if eff else None,
+        "overhead_ms": overhead_ms if eff else None,
+        "efficiency_source": eff["source"] if eff else None,
+        "model": "nodes x overhead per node + bound / efficiency",
+        "latency_ms": overhead_ms + bound * 1e3 / eff["efficiency"] if eff else None,
+    }
+
+
+def _llm_prediction(
+    facts: WorkFacts,
+    bw: float,
+    peak: float | None,
+    table: list[dict],
+    dev_class: str,
+    backend: str | None,
+    quant: str | None,
+    prompt_tokens: int,
+    context: int | None,
+) -> dict[str, Any]:
+    """An LLM's ``decode`` (weights + KV cache streamed per token, over the calibrated efficiency, plus a per-layer
+    launch cost where calibrated), and with a peak figure its ``prefill`` and ``ttft_ms``."""
+    ctx = context if context is not None else prompt_tokens
+    kv = (facts.kv_bytes_per_position or 0) * ctx
+    decode_bound = bw / (facts.weight_bytes + kv)
+    eff_d = pick_efficiency(table, dev_class, "decode", backend, facts.params, quant)
+    # Small models on big GPUs are launch-bound: where the calibration has a per-layer launch cost,
+    # time per token = streaming time / efficiency + layers x launch cost.
+    launch_us = float(eff_d.get("launch_us_per_layer", 0.0)) if eff_d else 0.0
+    tpot_s = None
+    if eff_d:
+        tpot_s = 1.0 / (decode_bound * eff_d["efficiency"]) + (facts.layers or 0) * launch_us * 1e-6
+    out: dict[str, Any] = {}
+    out["decode"] = {
+        "bound_tok_s": decode_bound,
+        "bytes_per_token": facts.weight_bytes + kv,
+        "kv_bytes_at_context": kv,
+        "context": ctx,
+        "efficiency": eff_d["efficiency"] if eff_d else None,
+        "launch_us_per_layer": launch_us or None,
+        "efficiency_source": eff_d["source"] if eff_d else None,
+        "tok_s": 1.0 / tpot_s if tpot_s else None,
+        "tpot_ms": tpot_s * 1e3 if tpot_s else None,
+        "model": "bytes / (bandwidth x efficiency) + layers x launch cost"
+        if launch_us
+        else "bandwidth / bytes per token x efficiency",
+    }
+    if peak and facts.flops:
+        attn = 2.0 * (facts.layers or 0) * (facts.d_model or 0) * prompt_tokens**2
+        flops = facts.flops * prompt_tokens + attn
+        prefill_bound_s = max(flops / peak, facts.weight_bytes / bw)
+        eff_p = pick_efficiency(table, dev_class, "prefill", backend, facts.params, quant)
+        out["prefill"] = {
+            "bound_tok_s": prompt_tokens / prefill_bound_s,
+            "flops": flops,
+            "prompt_tokens": prompt_tokens,
+            "efficiency": eff_p["efficiency"] if eff_p else None,
+            "efficiency_source": eff_p["source"] if eff_p else None,
+            "tok_s": prompt_tokens / prefill_bound_s * eff_p["efficiency"] if eff_p else None,
+        }
+        p_tok_s = out["prefill"]["tok_s"]
+        out["ttft_ms"] = 1e3 * prompt_tokens / p_tok_s if p_tok_s else None
+    return out
+    return out
+
+
 def predict(
     facts: WorkFacts,
     profile,
@@ -367,69 +460,9 @@ def predict(
     if peak_key not in ("fp32_tflops", "measured_fp32") and facts.precision == "fp32" and peak:
         out["notes"].append("profile has no FP32 peak: compute bound uses the FP16 tensor-core peak")
     if facts.kind == "encoder":
-        t_mem = facts.weight_bytes / bw
-        t_cmp = (facts.flops or 0.0) / peak if peak else 0.0
-        bound = max(t_mem, t_cmp)
-        # Launch-bound eager runs do not keep their efficiency across precisions: match it too.
-        prec = None if (facts.precision or "fp32").lower() == "fp32" else (facts.precision or "fp32").lower()
-        cls = backend_class(backend, dev_class)
-        eff = pick_efficiency(table, dev_class, "encoder", cls, facts.params, prec)
-        if eff is not None and eff.get("backend") != cls:
-            notes.append(f"no {dev_class} encoder calibration for backend {cls}: used {eff.get('backend')}'s")
-        overhead_ms = (facts.nodes or 0) * float(eff.get("overhead_us_per_node", 0.0)) / 1e3 if eff else 0.0
-        out["encoder"] = {
-            "bound_ms": bound * 1e3,
-            "memory_ms": t_mem * 1e3,
-            "compute_ms": t_cmp * 1e3,
-            "limited_by": "memory" if t_mem >= t_cmp else "compute",
-            "backend_class": cls,
-            "efficiency": eff["efficiency"] if eff else None,
-            "overhead_us_per_node": eff.get("overhead_us_per_node") if eff else None,
-            "overhead_ms": overhead_ms if eff else None,
-            "efficiency_source": eff["source"] if eff else None,
-            "model": "nodes x overhead per node + bound / efficiency",
-            "latency_ms": overhead_ms + bound * 1e3 / eff["efficiency"] if eff else None,
-        }
+        out["encoder"] = _encoder_prediction(facts, bw, peak, table, dev_class, backend, notes)
         return out
-    ctx = context if context is not None else prompt_tokens
-    kv = (facts.kv_bytes_per_position or 0) * ctx
-    decode_bound = bw / (facts.weight_bytes + kv)
-    eff_d = pick_efficiency(table, dev_class, "decode", backend, facts.params, quant)
-    # Small models on big GPUs are launch-bound: where the calibration has a per-layer launch cost,
-    # time per token = streaming time / efficiency + layers x launch cost.
-    launch_us = float(eff_d.get("launch_us_per_layer", 0.0)) if eff_d else 0.0
-    tpot_s = None
-    if eff_d:
-        tpot_s = 1.0 / (decode_bound * eff_d["efficiency"]) + (facts.layers or 0) * launch_us * 1e-6
-    out["decode"] = {
-        "bound_tok_s": decode_bound,
-        "bytes_per_token": facts.weight_bytes + kv,
-        "kv_bytes_at_context": kv,
-        "context": ctx,
-        "efficiency": eff_d["efficiency"] if eff_d else None,
-        "launch_us_per_layer": launch_us or None,
-        "efficiency_source": eff_d["source"] if eff_d else None,
-        "tok_s": 1.0 / tpot_s if tpot_s else None,
-        "tpot_ms": tpot_s * 1e3 if tpot_s else None,
-        "model": "bytes / (bandwidth x efficiency) + layers x launch cost"
-        if launch_us
-        else "bandwidth / bytes per token x efficiency",
-    }
-    if peak and facts.flops:
-        attn = 2.0 * (facts.layers or 0) * (facts.d_model or 0) * prompt_tokens**2
-        flops = facts.flops * prompt_tokens + attn
-        prefill_bound_s = max(flops / peak, facts.weight_bytes / bw)
-        eff_p = pick_efficiency(table, dev_class, "prefill", backend, facts.params, quant)
-        out["prefill"] = {
-            "bound_tok_s": prompt_tokens / prefill_bound_s,
-            "flops": flops,
-            "prompt_tokens": prompt_tokens,
-            "efficiency": eff_p["efficiency"] if eff_p else None,
-            "efficiency_source": eff_p["source"] if eff_p else None,
-            "tok_s": prompt_tokens / prefill_bound_s * eff_p["efficiency"] if eff_p else None,
-        }
-        p_tok_s = out["prefill"]["tok_s"]
-        out["ttft_ms"] = 1e3 * prompt_tokens / p_tok_s if p_tok_s else None
+    out.update(_llm_prediction(facts, bw, peak, table, dev_class, backend, quant, prompt_tokens, context))
     return out
 
 
