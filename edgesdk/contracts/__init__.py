@@ -4,6 +4,7 @@ the profiler and the license scan) import it without importing each other (issue
 
 * :mod:`.gguf_types`: the GGUF type table (llama.cpp's file-type numbers, bits per weight, K/V cache arithmetic);
 * :mod:`.gguf_header`: the one GGUF header reader (standard library only);
+* :mod:`.speculative`: speculative decoding's cost model (the plan's k and the engine's adaptive k);
 * :mod:`.vlm_encoder`: the ONNX vision-encoder artifact of a VLM bundle (input/output names, normalisation);
 * :mod:`.vlm_families`: the runtime side of each VLM family record (prompt, chat format, image preprocessing);
   the build side (converter, checks, tensor names) is :mod:`edgesdk.formats.vlm.families`.

@@ -73,8 +73,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from edgesdk.contracts.speculative import ASSUMED_ACCEPTANCE, VERIFY_COST, best_k
 from edgesdk.errors import BackendUnavailableError, EdgeSDKError, InputError, ShapeError
-from edgesdk.formats.gguf.draft import ASSUMED_ACCEPTANCE, VERIFY_COST, best_k
 from edgesdk.native import import_llama_cpp, route_llama_logs
 from edgesdk.runtime.draft import Drafter
 from edgesdk.runtime.grammar_limits import big_stack_thread, compile_grammar
@@ -595,7 +595,7 @@ class BatchEngine:
                 draft_model, slots=slots, n_ctx=self.n_ctx_seq, n_vocab=self.n_vocab, k=draft_k, auto=draft_auto,
                 threads=threads, n_batch=self.n_batch,
             )  # fmt: skip
-        # the cost model of the plan's gguf.draft decision (formats/gguf/draft.best_k) for adaptive k: a verify
+        # the cost model of the plan's gguf.draft decision (contracts/speculative.best_k) for adaptive k: a verify
         # step's cost per drafted token on this placement, and a draft-model step's cost (its weights over the
         # model's; prompt lookup costs no model step)
         on_gpu = n_gpu_layers != 0 and bool(ll.llama_supports_gpu_offload())
@@ -1174,7 +1174,7 @@ class BatchEngine:
 
     def _adapt_k(self, seq: _Seq, drafted: int, accepted: int) -> None:
         """After a verified step of ``drafted`` tokens of which the first ``accepted`` were kept: the request's k for
-        its next steps, the k of the best predicted gain (formats/gguf/draft.best_k, the plan's cost model) at its
+        its next steps, the k of the best predicted gain (contracts/speculative.best_k, the plan's cost model) at its
         measured per-token acceptance. The acceptance is the decayed count of accepted tokens over accepted tokens
         plus rejections (a step whose drafts were all kept saw no rejection), starting from the plan's assumed
         acceptance worth 4 tries: a request whose drafts are rarely kept drafts fewer tokens a step (1 at least: the

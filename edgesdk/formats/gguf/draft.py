@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edgesdk.contracts.speculative import ASSUMED_ACCEPTANCE, VERIFY_COST, best_k
 from edgesdk.errors import InputError, ModelError
 from edgesdk.types import Decision, JSONable, JSONValue
 
@@ -37,17 +38,12 @@ if TYPE_CHECKING:
     from edgesdk.profiles import Profile
     from edgesdk.types import BuildOptions, ModelFacts
 
+
 DECISION_KEY = "gguf.draft"
 ARTIFACT = "draft.gguf"
 ROLE = "draft"
 #: float types a draft is quantized from; any other type is a quantized file, kept as given
 UNQUANTIZED = ("F32", "F16", "BF16")
-#: per-token acceptance the plan assumes for a draft of the same family (the pair's own agreement is measured at build)
-ASSUMED_ACCEPTANCE = 0.7
-#: a verify step's cost per drafted token, in plain decode steps: on the CPU every token costs compute (a step of
-#: 9 tokens cost about 1.5 plain ones with Gemma-3-270M on 2 cores: docs/benchmarks.md), on a GPU nearly nothing
-VERIFY_COST = {"cpu": 0.06, "gpu": 0.01}
-K_MAX = 8
 #: below this predicted gain the plan keeps prompt lookup for "auto"
 MIN_GAIN = 1.05
 
@@ -93,21 +89,6 @@ class DraftChoice(JSONable):
             float(cost) if isinstance(cost, int | float) else 0.0,
             float(gain) if isinstance(gain, int | float) else 0.0,
         )
-
-
-def speedup(k: int, acceptance: float, cost_ratio: float, verify_cost: float) -> float:
-    """Predicted decode speed with ``k`` drafted tokens per step over none: the tokens a step yields (the accepted
-    prefix and the model's own next token, ``(1 - a^(k+1)) / (1 - a)``) over its cost in plain steps (the verify
-    step ``1 + k * verify_cost`` and ``k`` draft steps of ``cost_ratio`` each)."""
-    a = min(max(acceptance, 0.0), 0.999)
-    return (1 - a ** (k + 1)) / (1 - a) / (1 + k * (verify_cost + cost_ratio))
-
-
-def best_k(acceptance: float, cost_ratio: float, verify_cost: float) -> tuple[int, float]:
-    """The ``k`` (1..:data:`K_MAX`) of the largest predicted gain, and that gain."""
-    gains = {k: speedup(k, acceptance, cost_ratio, verify_cost) for k in range(1, K_MAX + 1)}
-    k = max(gains, key=lambda n: (round(gains[n], 6), -n))
-    return k, gains[k]
 
 
 @dataclass
