@@ -18,6 +18,10 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Under pytest-xdist (`make test`: two workers on two cores) each worker's torch and OpenMP use one thread: two
+# workers with two spinning OpenMP threads each fight over the cores (seven test files: 212 s, with this 180 s).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 # No exporter configured from the developer's environment leaks into tests.
 for _var in (
     "OTEL_EXPORTER_OTLP_ENDPOINT",
