@@ -22,6 +22,20 @@ N = r"([0-9]+(?:\.[0-9]+)?)"  # a figure as printed
 
 # (doc, regex with the figure as group 1, results file, key path in the JSON; "-key" negates)
 FIGURES: list[tuple[str, str, str, str]] = [
+    # the CPU serving curve at stop 44
+    ("docs/benchmarks.md", rf"\| tok/s \(stop 44\) \| {N} \|", "serve_curve_cpu_stop44.json", "curve.edgesdk.0.tok_s"),
+    (
+        "docs/benchmarks.md",
+        rf"\| tok/s \(stop 44\) \| [0-9.]+ \| {N} \|",
+        "serve_curve_cpu_stop44.json",
+        "curve.edgesdk.1.tok_s",
+    ),
+    (
+        "docs/benchmarks.md",
+        rf"first short one admitted got its first token in\s+\*\*{N} ms",
+        "serve_curve_cpu_stop44.json",
+        "mixed.edgesdk.short_behind_long_ttft_ms.3",
+    ),
     # P1: INT8 MiniLM vs FP32 ORT
     (
         "docs/benchmarks.md",
