@@ -162,16 +162,18 @@ def check_logit_bias(bias: object) -> tuple[tuple[int, float], ...]:
 
 
 def check_stop(stop: object) -> tuple[str, ...]:
-    """``None``, a string or a list of strings -> the non-empty stop strings (at most 16)."""
+    """``None``, a string or a list of strings -> the non-empty stop strings (at most 16; an empty string stops
+    nothing, so it is dropped before the count)."""
     if stop is None:
         return ()
     if isinstance(stop, str):
         return (stop,) if stop else ()
     if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
         raise InputError("stop must be a string or a list of strings")
-    if len(stop) > MAX_STOPS:
-        raise InputError(f"stop must hold at most {MAX_STOPS} strings, got {len(stop)}")
-    return tuple(s for s in stop if s)
+    kept = tuple(s for s in stop if s)
+    if len(kept) > MAX_STOPS:
+        raise InputError(f"stop must hold at most {MAX_STOPS} strings, got {len(kept)}")
+    return kept
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,9 @@
 """The llama.cpp core the GGUF backend (:mod:`edgesdk.runtime.backends.llamacpp`) and the VLM backend
 (:mod:`edgesdk.runtime.backends.vlm.backend`) share: llama-cpp-python imported for a loader with llama.cpp's log
 routed. Both then run their decoder in a :class:`~edgesdk.runtime.batching.BatchEngine` on its
-:class:`~edgesdk.runtime.batching.Weights`, and do alike what stands in front of it: a request's options
-(:func:`without_empty_stops`), its pieces read under its GenAI span (:class:`RecordedPieces`), ``chat`` and a
-request's recorder (:class:`EngineFront`).
+:class:`~edgesdk.runtime.batching.Weights`, and do alike what stands in front of it: a request's pieces read under
+its GenAI span (:class:`RecordedPieces`), ``chat`` and a request's recorder (:class:`EngineFront`). (Empty stop
+strings are dropped where every request is checked, :func:`edgesdk.runtime.requests.check_stop`.)
 """
 
 from __future__ import annotations
@@ -38,15 +38,6 @@ def load_llama_cpp(what: str, *, verbose: bool) -> Any:
         raise BackendUnavailableError(f"llama-cpp-python is installed but does not load: {exc}") from exc
     route_llama_logs(verbose)
     return llama_cpp
-
-
-def without_empty_stops(options: GenerationOptions) -> GenerationOptions:
-    """``options`` with the empty strings taken out of a ``stop`` list (an empty stop string stops nothing; a list
-    of only empty ones is no stop at all), as both backends take a request's options."""
-    stop = options.get("stop")
-    if isinstance(stop, (list, tuple)):
-        return {**options, "stop": [s for s in stop if s != ""] or None}
-    return options
 
 
 class RecordedPieces:

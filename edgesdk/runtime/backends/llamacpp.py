@@ -27,7 +27,7 @@ from edgesdk.errors import BackendUnavailableError, InputError, ShapeError
 from edgesdk.formats.gguf.chat_limits import render as render_chat
 from edgesdk.native import import_llama_cpp
 from edgesdk.runtime.backend import LoadContext, RequestStats, TensorSpec
-from edgesdk.runtime.backends.llama_core import EngineFront, RecordedPieces, load_llama_cpp, without_empty_stops
+from edgesdk.runtime.backends.llama_core import EngineFront, RecordedPieces, load_llama_cpp
 from edgesdk.runtime.draft import DRAFT_K_DEFAULT
 from edgesdk.runtime.options import GgufLoadOptions
 from edgesdk.runtime.requests import GenerationRequest
@@ -424,7 +424,6 @@ class LlamaCppBackend(EngineFront):
             and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
         ):
             raise InputError(f"prompt must be a string or a non-empty list of token ids, got {type(prompt).__name__}")
-        options = without_empty_stops(options)
         engine = self._engine
         n_vocab = engine.n_vocab
         if isinstance(prompt, str):

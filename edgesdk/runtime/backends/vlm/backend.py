@@ -22,7 +22,7 @@ from edgesdk import telemetry
 from edgesdk.contracts.gguf_types import DEFAULT_KV_TYPE, kv_bytes
 from edgesdk.errors import BackendUnavailableError, InputError, ShapeError
 from edgesdk.runtime.backend import ImageLimits, TensorSpec, VisionRequestStats
-from edgesdk.runtime.backends.llama_core import EngineFront, RecordedPieces, load_llama_cpp, without_empty_stops
+from edgesdk.runtime.backends.llama_core import EngineFront, RecordedPieces, load_llama_cpp
 from edgesdk.runtime.backends.vlm.pipeline import VLMPipeline, VLMPrompt
 from edgesdk.runtime.batching import BatchEngine, MultimodalRequest, prefill_budget
 from edgesdk.runtime.options import VlmLoadOptions
@@ -209,7 +209,6 @@ class VLMBackend(EngineFront):
     def _run(
         self, text: str, images: list[Any], operation: str, capture: Any, stream: bool, options: GenerationOptions
     ) -> Iterator[str]:
-        options = without_empty_stops(options)
         request = GenerationRequest.from_options(prompt=text, stream=stream, **options)  # checked before any image
         rec = self.recorder(request, operation)
         return self._consume(request, images, rec, capture)
