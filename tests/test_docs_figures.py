@@ -36,6 +36,25 @@ FIGURES: list[tuple[str, str, str, str]] = [
         "serve_curve_cpu_stop44.json",
         "mixed.edgesdk.short_behind_long_ttft_ms.3",
     ),
+    # the GPU smoke of e840620 (H100): curve, mixed load, prompt lookup
+    (
+        "docs/benchmarks.md",
+        rf"\| tok/s \(H100, `e840620`\) \| [0-9.,]+ \| {N} \|",
+        "serve_curve_h100_smoke_e840620.json",
+        "curve.edgesdk.1.tok_s",
+    ),
+    (
+        "docs/benchmarks.md",
+        rf"behind the long ones p50 {N} ms",
+        "serve_curve_h100_smoke_e840620.json",
+        "mixed.edgesdk.short_behind_long_ttft_p50_ms",
+    ),
+    (
+        "docs/benchmarks.md",
+        rf"\| input-grounded \(10\) \| [0-9.]+ tok/s \| [0-9.]+ \([0-9.]+×\) \| [0-9.]+ \({N}×\)",
+        "speculative_h100_smoke_e840620.json",
+        "sets.grounded.auto.ratio_vs_off",
+    ),
     # P1: INT8 MiniLM vs FP32 ORT
     (
         "docs/benchmarks.md",
