@@ -395,6 +395,40 @@ def read_cpu(root: Path | str = "/") -> dict[str, Any]:
     }
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask (``taskset``, a container's cpuset), else
+    ``os.cpu_count()``."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def thread_cap() -> int | None:
+    """``OMP_NUM_THREADS`` when it is a positive integer (the first of a comma list, as OpenMP reads it), else
+    None: the cap a shared host, a container or a CI job sets for torch and every OpenMP program."""
+    value = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+def default_threads(*, batch: bool = False, planned: int | None = None) -> int:
+    """CPU threads for llama.cpp when the caller names none (``--threads``, ``load(threads=...)``).
+
+    ``planned``: the bundle's plan (the target profile's core count), capped here by what this host gives: a bundle
+    built for a 6-core Orin and run on a 2-core host gets 2 threads, not 6 spinning on 2 cores. The cap is
+    ``OMP_NUM_THREADS`` when it is set (llama.cpp does not read it; torch and ONNX Runtime's OpenMP builds do, so one
+    setting caps them all), else the usable CPUs. Without a plan: that cap, else half the usable CPUs for generation
+    (one per physical core on 2-way SMT: decoding is memory-bound, and a second thread per core only adds barrier
+    waits) and all of them for batch work (quantizing, the build's perplexity checks)."""
+    cap = thread_cap()
+    cpus = usable_cpus()
+    if planned:
+        return max(1, min(planned, cap or cpus))
+    if cap:
+        return cap
+    return cpus if batch else max(1, cpus // 2)
+
+
 def find_trtexec() -> str | None:
     """``trtexec``: on ``PATH``, else where JetPack and NVIDIA's containers install it."""
     return shutil.which("trtexec") or (str(TRTEXEC_FALLBACK_PATH) if TRTEXEC_FALLBACK_PATH.is_file() else None)

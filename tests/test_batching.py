@@ -15,6 +15,8 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
+from cli_fixtures import THREADS  # noqa: E402
+
 from edgesdk.errors import InputError, ShapeError  # noqa: E402
 from edgesdk.runtime.requests import GenerationRequest  # noqa: E402
 
@@ -48,7 +50,7 @@ def llama_reference(gemma_gguf):
     from edgesdk.native import import_llama_cpp
 
     ll = import_llama_cpp()
-    llm = ll.Llama(model_path=str(gemma_gguf), n_ctx=512, n_threads=2, n_threads_batch=2, verbose=False)
+    llm = ll.Llama(model_path=str(gemma_gguf), n_ctx=512, n_threads=THREADS, n_threads_batch=THREADS, verbose=False)
     vocab = ll.llama_model_get_vocab(llm.model)
     out = {}
     try:
@@ -71,7 +73,7 @@ def llama_reference(gemma_gguf):
 def engine(gemma_gguf):
     from edgesdk.runtime.batching import BatchEngine
 
-    with BatchEngine(gemma_gguf, slots=8, n_ctx=512, threads=2) as eng:
+    with BatchEngine(gemma_gguf, slots=8, n_ctx=512, threads=THREADS) as eng:
         yield eng
 
 
@@ -79,7 +81,7 @@ def engine(gemma_gguf):
 def one_slot(gemma_gguf):
     from edgesdk.runtime.batching import BatchEngine
 
-    with BatchEngine(gemma_gguf, slots=1, n_ctx=512, threads=2, max_queue=1) as eng:
+    with BatchEngine(gemma_gguf, slots=1, n_ctx=512, threads=THREADS, max_queue=1) as eng:
         yield eng
 
 
@@ -115,7 +117,7 @@ def test_gpu_admission_all_prompts_in_the_generating_decode(gemma_gguf, llama_re
     more per prompt; a request alone equals plain llama.cpp; together, the flips stay within the same guard."""
     from edgesdk.runtime.batching import BatchEngine
 
-    with BatchEngine(gemma_gguf, slots=8, n_ctx=512, threads=2, prompts_per_step=8, mixed_prefill=True) as eng:
+    with BatchEngine(gemma_gguf, slots=8, n_ctx=512, threads=THREADS, prompts_per_step=8, mixed_prefill=True) as eng:
         assert eng.generate(greedy(PROMPTS[0])).tokens == llama_reference[PROMPTS[0]]
         steps = eng.stats["steps"]
         handles = [eng.submit(greedy(p)) for p in PROMPTS]
@@ -228,7 +230,7 @@ def test_submit_from_8_threads(engine):
 def test_close_fails_waiting_requests_and_refuses_new_ones(gemma_gguf):
     from edgesdk.runtime.batching import BatchEngine, EngineClosed
 
-    eng = BatchEngine(gemma_gguf, slots=1, n_ctx=256, threads=2)
+    eng = BatchEngine(gemma_gguf, slots=1, n_ctx=256, threads=THREADS)
     a = eng.submit(greedy(PROMPTS[0], 200))
     b = eng.submit(greedy(PROMPTS[1], 200))
     while not a.tokens:
@@ -247,7 +249,7 @@ def test_busy_slots_stay_a_compact_run_and_a_prefix_is_shared_from_any_slot(gemm
     is shared into the new one without a copy; the reply starts as the same request with nothing cached."""
     from edgesdk.runtime.batching import BatchEngine
 
-    with BatchEngine(gemma_gguf, slots=4, n_ctx=512, threads=2, reuse_prefix=True) as eng:
+    with BatchEngine(gemma_gguf, slots=4, n_ctx=512, threads=THREADS, reuse_prefix=True) as eng:
         assert eng.settings["kv_unified"] is True and eng.mixed_prefill is True
         long_a = PROMPTS[3] + " there was a lighthouse keeper who counted the ships every night, and"
         hs = [eng.submit(greedy(p, 4)) for p in (PROMPTS[0], PROMPTS[1], long_a)]
@@ -258,7 +260,7 @@ def test_busy_slots_stay_a_compact_run_and_a_prefix_is_shared_from_any_slot(gemm
         res = eng.generate(greedy(long_a, 8))
         assert res.cached_tokens >= len(held[2]) - 8, (res.cached_tokens, len(held[2]))
         assert eng._slot_kv[0][: res.cached_tokens] == held[2][: res.cached_tokens]
-        fresh = BatchEngine(gemma_gguf, slots=1, n_ctx=512, threads=2)
+        fresh = BatchEngine(gemma_gguf, slots=1, n_ctx=512, threads=THREADS)
         try:
             cold = fresh.generate(greedy(long_a, 8)).tokens
         finally:
@@ -275,7 +277,7 @@ def test_a_short_prompt_is_evaluated_in_the_step_after_a_long_ones_chunk(gemma_g
     from edgesdk.runtime.batching import BatchEngine
 
     long_prompt = " ".join(str(1000 + i) for i in range(120))  # ~600 tokens: Gemma reads digits one by one
-    with BatchEngine(gemma_gguf, slots=4, n_ctx=1024, threads=2, prefill_chunk=64) as eng:
+    with BatchEngine(gemma_gguf, slots=4, n_ctx=1024, threads=THREADS, prefill_chunk=64) as eng:
         first = eng.submit(greedy(long_prompt, 2))
         time.sleep(0.05)
         short = eng.submit(greedy(PROMPTS[0], 2))

@@ -16,6 +16,8 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
+from cli_fixtures import THREADS  # noqa: E402
+
 from edgesdk.formats.gguf.archs import ARCHS, chat_template_for  # noqa: E402
 from edgesdk.formats.gguf.chat_templates import names  # noqa: E402
 
@@ -85,7 +87,7 @@ def test_serve_chats_with_the_template_from_the_architecture(gemma_arch_bundle, 
     assert (gemma_arch_bundle / "chat_template.jinja").read_text() == read_data_text("chat_templates", "gemma.jinja")
     tpl = tmp_path / "plain.jinja"
     tpl.write_text(PLAIN)
-    with edgesdk.load(gemma_arch_bundle, threads=2) as s:
+    with edgesdk.load(gemma_arch_bundle, threads=THREADS) as s:
         want = str(s.chat(MESSAGES, max_tokens=12, temperature=0))
         want_tokens = s.backend.last["input_tokens"]
         gemma_prompt = "<start_of_turn>user\nWrite one sentence about the sea.<end_of_turn>\n<start_of_turn>model\n"

@@ -22,6 +22,7 @@ import pytest
 pytest.importorskip("llama_cpp")
 pytest.importorskip("transformers")
 
+from cli_fixtures import THREADS  # noqa: E402
 from text_families import FAMILIES, make_family_model  # noqa: E402
 
 from edgesdk.errors import ModelError  # noqa: E402
@@ -289,7 +290,7 @@ def test_family_runs_from_the_cli_like_the_session(family_bundles, family, run_c
     bundle = family_bundles[family]
     proc = run_cli("run", bundle, "--prompt", PROMPT, "-n", "8", "--temperature", "0", "--threads", "2", timeout=300)
     assert proc.returncode == 0, proc.stderr
-    with edgesdk.load(bundle, threads=2) as s:
+    with edgesdk.load(bundle, threads=THREADS) as s:
         want = s.generate(PROMPT, max_tokens=8, temperature=0)
     assert want and proc.stdout.rstrip("\n") == want
 
@@ -320,7 +321,7 @@ def test_serve_answers_a_completion_from_each_family(family_bundles, tmp_path):
                 "--port",
                 str(port),
                 "--threads",
-                "2",
+                str(THREADS),
                 "--log-level",
                 "warning",
             ],
@@ -347,7 +348,7 @@ def test_serve_answers_a_completion_from_each_family(family_bundles, tmp_path):
                     timeout=120,
                 )
                 assert r.status_code == 200, r.text
-                with edgesdk.load(family_bundles[family], threads=2) as s:
+                with edgesdk.load(family_bundles[family], threads=THREADS) as s:
                     assert r.json()["choices"][0]["text"] == s.generate(PROMPT, max_tokens=8, temperature=0)
         finally:
             proc.send_signal(signal.SIGTERM)

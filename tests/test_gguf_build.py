@@ -14,6 +14,8 @@ import pytest
 pytest.importorskip("llama_cpp")
 pytest.importorskip("transformers")
 
+from cli_fixtures import THREADS  # noqa: E402
+
 from edgesdk.errors import InputError, ModelError, ShapeError  # noqa: E402
 
 CHAT_TEMPLATE = (
@@ -162,7 +164,7 @@ def test_qwen2_converts_and_matches_hf_logits(tmp_path, layout):
     parity = conv.logits_parity(hf, out, PPL_TEXT.read_text())
     assert parity["min_cosine"] >= 0.999 and parity["top1_agreement"] >= 0.95, parity
     q4 = tmp_path / "qwen2-q4_k_m.gguf"
-    conv.quantize(out, q4, "Q4_K_M", threads=2)
+    conv.quantize(out, q4, "Q4_K_M", threads=THREADS)
     assert gguf_facts(q4)["file_type"] == "Q4_K_M" and q4.stat().st_size < out.stat().st_size
 
 

@@ -3,11 +3,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from edgesdk import host
 from edgesdk.formats.tensorrt.engine import preflight
 from edgesdk.host import GpuInfo, HostFacts, JetsonFacts, probe
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _jetson_tree(root):
@@ -139,3 +143,60 @@ def test_doctor_reports_from_the_facts_it_is_given():
     }
     trt = rows["TensorRT (Python API)"]
     assert not trt["available"] and "(test)" in trt["detail"]
+
+
+# ---------------------------------------------------------------------------------------------- CPU threads
+
+
+@pytest.mark.parametrize(
+    "value,cap", [("3", 3), ("2,1", 2), (" 4 ", 4), ("0", None), ("-2", None), ("abc", None), ("", None)]
+)
+def test_thread_cap_reads_omp_num_threads_as_openmp_does(monkeypatch, value, cap):
+    monkeypatch.setenv("OMP_NUM_THREADS", value)
+    assert host.thread_cap() == cap
+
+
+def test_default_threads_take_omp_num_threads_and_cap_the_plan(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert (host.default_threads(), host.default_threads(batch=True)) == (3, 3)
+    assert (host.default_threads(planned=6), host.default_threads(planned=2)) == (3, 2)
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    cpus = host.usable_cpus()
+    assert (host.default_threads(), host.default_threads(batch=True)) == (max(1, cpus // 2), cpus)
+    assert host.default_threads(planned=cpus + 4) == cpus  # a bigger device's plan, capped by this host
+
+
+AFFINITY_CHILD = """
+import json, os, sys
+os.environ.pop("OMP_NUM_THREADS", None)
+os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # as `taskset -c N` or a one-CPU cpuset would
+import edgesdk
+from edgesdk import host
+with edgesdk.load(sys.argv[1]) as s:
+    print(json.dumps({"cpus": host.usable_cpus(), "threads": s.report()["backend_report"]["threads"]}))
+"""
+
+
+def test_a_bundle_planned_for_a_bigger_device_runs_with_the_cpus_it_is_given(gemma_gguf, tmp_path):
+    """A profile that lists 6 CPU cores plans 6 llama.cpp threads; a process limited to one CPU runs the bundle with
+    1 (before: 6 threads spinning on each other's barriers on one CPU)."""
+    import json
+    import subprocess
+    import sys
+
+    import yaml
+
+    from edgesdk.bundle import open_bundle
+
+    profile = yaml.safe_load((REPO / "profiles" / "cpu-x86_64.yaml").read_text())
+    profile["device"]["cpu"]["cores"] = 6
+    (tmp_path / "six-cores.yaml").write_text(yaml.safe_dump(profile))
+    out = tmp_path / "b"
+    build = [sys.executable, "-m", "edgesdk", "build", str(gemma_gguf), "-p", str(tmp_path / "six-cores.yaml"), "-o",
+             str(out), "--accept-license", "LicenseRef-gemma", "--no-progress"]  # fmt: skip
+    subprocess.run(build, capture_output=True, timeout=300, check=True)
+    assert open_bundle(out).manifest.llm.thread_count == 6
+    child = subprocess.run(
+        [sys.executable, "-c", AFFINITY_CHILD, str(out)], capture_output=True, text=True, timeout=300, check=True
+    )
+    assert json.loads(child.stdout.strip().splitlines()[-1]) == {"cpus": 1, "threads": 1}

@@ -10,6 +10,7 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
+from cli_fixtures import THREADS  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 
 from edgesdk import telemetry  # noqa: E402
@@ -29,7 +30,7 @@ def gemma_bundle(gemma_cpu_bundle):
 def session(gemma_bundle):
     import edgesdk
 
-    with edgesdk.load(gemma_bundle, threads=2) as s:
+    with edgesdk.load(gemma_bundle, threads=THREADS) as s:
         yield s
 
 
@@ -163,7 +164,7 @@ def _llm_bundle(root, gguf, **llm):
             artifacts=[B.artifact_entry(root, "model.gguf", "model")],
             llm=LLMConfig(
                 **typed,
-                threads=2,
+                threads=THREADS,
                 quant_type="F16",
                 details={
                     "layers": f["layers"],

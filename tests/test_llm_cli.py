@@ -13,6 +13,7 @@ import sys
 import time
 
 import pytest
+from cli_fixtures import THREADS
 
 pytest.importorskip("llama_cpp")
 
@@ -50,7 +51,7 @@ def test_seeded_sampling_is_reproducible_across_processes(bundle, run_cli):
         "1.1",
         "--json",
         "--threads",
-        "2",
+        str(THREADS),
     )
     a = _json(run_cli(*args, "--seed", "7", timeout=300))
     b = _json(run_cli(*args, "--seed", "7", timeout=300))

@@ -18,6 +18,8 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
+from cli_fixtures import THREADS  # noqa: E402
+
 from edgesdk.errors import InputError  # noqa: E402
 
 PROMPTS = ["The capital of France is", "Water boils at", "My favourite colour is", "Once upon a time"]
@@ -26,8 +28,8 @@ _CHILD = textwrap.dedent("""
     import json, sys, threading
     import edgesdk
 
-    bundle, prompts, rounds = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
-    with edgesdk.load(bundle, threads=2) as s:
+    bundle, prompts, rounds, threads = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    with edgesdk.load(bundle, threads=threads) as s:
         serial = {p: s.generate(p, max_tokens=8, temperature=0) for p in prompts}
         results, errors = [], []
 
@@ -58,14 +60,14 @@ def gemma_bundle(gemma_cpu_bundle):
 def session(gemma_bundle):
     import edgesdk
 
-    with edgesdk.load(gemma_bundle, threads=2) as s:
+    with edgesdk.load(gemma_bundle, threads=THREADS) as s:
         yield s
 
 
 def test_four_threads_share_one_session_in_a_child_process(gemma_bundle):
     rounds = 3
     proc = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(gemma_bundle), json.dumps(PROMPTS), str(rounds)],
+        [sys.executable, "-c", _CHILD, str(gemma_bundle), json.dumps(PROMPTS), str(rounds), str(THREADS)],
         capture_output=True,
         text=True,
         timeout=600,

@@ -25,6 +25,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from cli_fixtures import THREADS  # noqa: E402
 from test_serve import ServerProcess  # noqa: E402
 
 
@@ -53,7 +54,7 @@ def cli_server(bundles: list, names: list[str], tmp: Path, *extra: str) -> Serve
         "--port",
         str(port),
         "--threads",
-        "2",
+        str(THREADS),
         "--log-level",
         "warning",
         *extra,

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_fixtures import THREADS
 
 pytest.importorskip("llama_cpp")
 pytest.importorskip("uvicorn")
@@ -75,7 +76,7 @@ class ServerProcess:
             "--port",
             str(self.port),
             "--threads",
-            "2",
+            str(THREADS),
             "--log-level",
             "warning",
         ]
@@ -118,7 +119,7 @@ def server(gemma_chat_bundle, minilm_cpu_bundle, tmp_path_factory):
 def gemma_session(gemma_chat_bundle):
     import edgesdk
 
-    with edgesdk.load(gemma_chat_bundle, threads=2) as s:
+    with edgesdk.load(gemma_chat_bundle, threads=THREADS) as s:
         yield s
 
 
@@ -615,7 +616,7 @@ def test_server_span_joins_the_client_trace(gemma_chat_bundle, minilm_cpu_bundle
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     telemetry.configure(span_exporter=exporter)
-    entries = load_models([gemma_chat_bundle, minilm_cpu_bundle], ["gemma", "minilm"], threads=2)
+    entries = load_models([gemma_chat_bundle, minilm_cpu_bundle], ["gemma", "minilm"], threads=THREADS)
     port = free_port()
     app = create_app(entries, ServeConfig(port=port, tracer_provider=provider))
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
@@ -769,7 +770,7 @@ def test_one_slot_prefix_reuse_computes_what_llama_cpp_prefix_reuse_computes(gem
 
     pre = "Here is a story that a grandmother told her grandchildren on a cold winter evening by the fire. "
     p1, p2 = pre + "Once upon a time", pre + "def fibonacci(n):"
-    with edgesdk.load(gemma_chat_bundle, threads=2) as s:
+    with edgesdk.load(gemma_chat_bundle, threads=THREADS) as s:
         gguf = str(s.bundle.artifact_path("model"))
         n_ctx = s.backend.settings["n_ctx"]
         s.backend.batch_engine(slots=1, max_queue=4, reuse_prefix=True)
@@ -777,7 +778,7 @@ def test_one_slot_prefix_reuse_computes_what_llama_cpp_prefix_reuse_computes(gem
         assert s.backend.last["cached_tokens"] == 0
         got = s.generate(p2, max_tokens=16, temperature=0)
         assert s.backend.last["cached_tokens"] >= 20
-    llm = llama_cpp.Llama(model_path=gguf, n_ctx=n_ctx, n_threads=2, n_threads_batch=2, verbose=False)
+    llm = llama_cpp.Llama(model_path=gguf, n_ctx=n_ctx, n_threads=THREADS, n_threads_batch=THREADS, verbose=False)
     try:
         llm.create_completion(p1, max_tokens=12, temperature=0)  # the live context keeps p1 + its reply
         ref = llm.create_completion(p2, max_tokens=16, temperature=0)["choices"][0]["text"]  # prefix reuse

@@ -26,6 +26,7 @@ pytest.importorskip("llama_cpp")
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 
+from cli_fixtures import THREADS  # noqa: E402
 from test_serve import ServerProcess  # noqa: E402  (gemma_chat_bundle: tests/conftest.py, once per session)
 
 from edgesdk.serve.replies import ReplyShape, ToolCallStream  # noqa: E402
@@ -590,7 +591,7 @@ def test_engine_grammar_and_logprobs(gemma_chat_bundle):
     from edgesdk.runtime.requests import GenerationRequest
 
     gguf = next(Path(gemma_chat_bundle).rglob("*.gguf"))
-    with BatchEngine(gguf, slots=2, n_ctx=256, threads=2) as engine:
+    with BatchEngine(gguf, slots=2, n_ctx=256, threads=THREADS) as engine:
         with pytest.raises(InputError, match="grammar does not compile"):
             engine.submit(GenerationRequest(prompt="x", grammar="root ::= ("))
         # the grammar decides every token: a literal comes out whatever the model prefers, then end of generation

@@ -12,6 +12,7 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
+from cli_fixtures import THREADS  # noqa: E402
 from test_serve import gemma_chat_bundle  # noqa: E402,F401  (a fixture)
 
 from edgesdk.errors import InputError  # noqa: E402
@@ -47,7 +48,7 @@ def one_slot(gemma_gguf):
     from edgesdk.runtime.batching import BatchEngine
 
     with BatchEngine(
-        gemma_gguf, slots=1, n_ctx=512, threads=2, kv_unified=False, mixed_prefill=False, prompts_per_step=1
+        gemma_gguf, slots=1, n_ctx=512, threads=THREADS, kv_unified=False, mixed_prefill=False, prompts_per_step=1
     ) as eng:
         yield eng
 
@@ -89,7 +90,7 @@ def test_auto_switches_off_a_request_whose_drafts_are_rarely_accepted(one_slot):
 def test_auto_does_not_draft_while_more_requests_generate_than_its_limit(gemma_gguf):
     from edgesdk.runtime.batching import BatchEngine
 
-    with BatchEngine(gemma_gguf, slots=4, n_ctx=512, threads=2, speculative="auto", spec_max_active=0) as eng:
+    with BatchEngine(gemma_gguf, slots=4, n_ctx=512, threads=THREADS, speculative="auto", spec_max_active=0) as eng:
         res = eng.generate(prompt=JSON_PROMPT, max_tokens=16, temperature=0)
     assert res.drafted_tokens == 0 and res.speculative == "auto"
 

@@ -20,6 +20,7 @@ pytest.importorskip("transformers")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools" / "bench"))
 
+from cli_fixtures import THREADS  # noqa: E402
 from draft_pair import first_layers, make_llama  # noqa: E402
 
 PROMPTS = [
@@ -253,7 +254,7 @@ def test_adaptive_k_follows_the_measured_acceptance(pair):
     def run(draft: Path, adaptive: bool) -> list:
         weights = Weights(str(draft))
         try:
-            with BatchEngine(str(pair["target"]), slots=1, n_ctx=512, threads=2, draft_model=weights.model,
+            with BatchEngine(str(pair["target"]), slots=1, n_ctx=512, threads=THREADS, draft_model=weights.model,
                              draft_k=4, adaptive_k=adaptive) as eng:  # fmt: skip
                 out = []
                 for prompt in PROMPTS:

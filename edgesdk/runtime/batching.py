@@ -75,6 +75,7 @@ import numpy as np
 
 from edgesdk.contracts.speculative import ASSUMED_ACCEPTANCE, VERIFY_COST, best_k
 from edgesdk.errors import BackendUnavailableError, EdgeSDKError, InputError, ShapeError
+from edgesdk.host import default_threads
 from edgesdk.native import import_llama_cpp, route_llama_logs
 from edgesdk.runtime.draft import Drafter
 from edgesdk.runtime.grammar_limits import big_stack_thread, compile_grammar
@@ -538,7 +539,7 @@ class BatchEngine:
         # each request's k follows its measured acceptance (_adapt_k), else it stays at the start: draft_max for
         # prompt lookup, the plan's k for the draft model
         self.adaptive_k = bool(adaptive_k)
-        threads = threads or max(1, (os.cpu_count() or 2) // 2)
+        threads = threads or default_threads()  # OMP_NUM_THREADS, else half the usable CPUs (host.default_threads)
         kv_types = {}
         for name, kv in (("type_k", type_k), ("type_v", type_v)):
             if kv is not None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -26,6 +25,7 @@ from edgesdk.contracts.gguf_types import FTYPES
 from edgesdk.errors import ExternalToolError, ModelError
 from edgesdk.formats.gguf.archs import ARCHS, TextArch
 from edgesdk.formats.gguf.archs import base as archbase
+from edgesdk.host import default_threads
 
 if TYPE_CHECKING:
     from gguf.vocab import Vocab
@@ -522,7 +522,7 @@ def quantize(
     """``llama_model_quantize(src -> dst, quant_type)`` in a subprocess; ExternalToolError on failure."""
     if quant_type not in FTYPES:
         raise ModelError(f"unknown GGUF quantization type {quant_type!r} (known: {', '.join(FTYPES)})")
-    threads = threads or max(1, os.cpu_count() or 1)
+    threads = threads or default_threads(batch=True)
     proc = subprocess.run(
         [
             sys.executable,
@@ -572,7 +572,8 @@ def _open_llama(path: Path, n_ctx: int, *, logits_all: bool = True, threads: int
                 # matrix products of host-resident weights to the GPU (op offload), whose F16 arithmetic moved a
                 # random 1B decoder's logits to min cosine 0.99878 on the H200 (2026-12-04)
                 op_offload=False,
-                n_threads=threads,
+                n_threads=threads or default_threads(),
+                n_threads_batch=threads or default_threads(batch=True),
                 verbose=False,
             ),
         )

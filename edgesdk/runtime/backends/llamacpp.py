@@ -25,6 +25,7 @@ from edgesdk import telemetry
 from edgesdk.contracts.gguf_types import DEFAULT_KV_TYPE, kv_bytes
 from edgesdk.errors import BackendUnavailableError, InputError, ShapeError
 from edgesdk.formats.gguf.chat_limits import render as render_chat
+from edgesdk.host import default_threads
 from edgesdk.native import import_llama_cpp
 from edgesdk.runtime.backend import LoadContext, RequestStats, TensorSpec
 from edgesdk.runtime.backends.llama_core import EngineFront, RecordedPieces, load_llama_cpp
@@ -699,7 +700,7 @@ def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
         fa = bool(profile.is_gpu and profile.kernel("flash_attention").supported)
     else:
         fa = bool(opts.flash_attn if opts.flash_attn is not None else planned_llm.flash_attn)
-    threads = opts.threads or planned_llm.thread_count
+    threads = opts.threads or default_threads(planned=planned_llm.thread_count)  # capped by this host
     # Batch sizes and K/V cache types: the plan's (manifest llm section: n_batch, n_ubatch, type_k, type_v);
     # load options n_batch / n_ubatch override. A bundle built before these decisions has none of the keys
     # and keeps llama-cpp-python's defaults (n_batch 512, n_ubatch 512, f16 cache).

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edgesdk.errors import BackendUnavailableError, EdgeSDKError, ShapeError
+from edgesdk.host import thread_cap
 from edgesdk.runtime.backend import LoadContext, TensorSpec
 from edgesdk.runtime.options import OnnxLoadOptions
 
@@ -139,6 +140,7 @@ class OnnxRuntimeBackend:
                 record_fallback(ep, nxt, f"{ep}: {why}")
         so = ort.SessionOptions()
         so.log_severity_level = 3  # EP init failures are reported by us, as fallbacks, not as log spam
+        threads = threads or thread_cap()  # OMP_NUM_THREADS caps ONNX Runtime as it caps llama.cpp (host.py)
         if threads:
             so.intra_op_num_threads = threads
         self._so = so

@@ -21,6 +21,7 @@ import numpy as np
 from edgesdk import telemetry
 from edgesdk.contracts.gguf_types import DEFAULT_KV_TYPE, kv_bytes
 from edgesdk.errors import BackendUnavailableError, InputError, ShapeError
+from edgesdk.host import default_threads
 from edgesdk.runtime.backend import ImageLimits, TensorSpec, VisionRequestStats
 from edgesdk.runtime.backends.llama_core import EngineFront, RecordedPieces, load_llama_cpp
 from edgesdk.runtime.backends.vlm.pipeline import VLMPipeline, VLMPrompt
@@ -409,7 +410,7 @@ def load_vlm(bundle: Bundle, ctx: LoadContext) -> VLMBackend:
             "llama.cpp (GPU offload)", "llama.cpp (CPU)", "this llama-cpp-python build has no GPU offload"
         )
         ngl = 0
-    threads = opts.threads or planned_llm.thread_count
+    threads = opts.threads or default_threads(planned=planned_llm.thread_count)  # capped by this host
     use_mmap = opts.use_mmap is not False  # default: memory-mapped
     t0 = perf_counter()
     encoder, enc_report = _onnx_encoder(bundle, ctx, pre, threads, opts.vision_encoder)

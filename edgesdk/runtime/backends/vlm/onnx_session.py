@@ -28,6 +28,7 @@ import numpy as np
 
 from edgesdk.contracts.vlm_encoder import INPUT_NAME, OUTPUT_NAME, normalise
 from edgesdk.errors import BackendUnavailableError, InputError
+from edgesdk.host import thread_cap
 
 ENV = "EDGESDK_VLM_ENCODER"
 CHOICES = ("auto", "onnx", "mmproj")
@@ -45,6 +46,7 @@ class OnnxImageEncoder:
         self._in, self._out = INPUT_NAME, OUTPUT_NAME
         so = ort.SessionOptions()
         so.log_severity_level = 3
+        threads = threads or thread_cap()  # OMP_NUM_THREADS caps ONNX Runtime as it caps llama.cpp (host.py)
         if threads:
             so.intra_op_num_threads = int(threads)
         providers: list[Any] = []

@@ -15,7 +15,6 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import logging
-import os
 import threading
 import weakref
 from collections import OrderedDict
@@ -28,6 +27,7 @@ import numpy as np
 
 from edgesdk import telemetry
 from edgesdk.errors import BackendUnavailableError, InputError, ShapeError
+from edgesdk.host import default_threads
 from edgesdk.native import import_llama_cpp
 from edgesdk.runtime.backends.vlm.families import frames_for, image_frames
 from edgesdk.runtime.backends.vlm.preprocess import ImagePreprocessor, record_for
@@ -143,7 +143,7 @@ class VLMPipeline:
             self.weights = Weights(decoder, n_gpu_layers=n_gpu_layers, use_mmap=use_mmap)
         except (InputError, BackendUnavailableError) as exc:
             raise BackendUnavailableError(f"llama.cpp cannot load the decoder {decoder}: {exc}") from exc
-        threads = int(threads or max(1, (os.cpu_count() or 2) // 2))
+        threads = int(threads or default_threads())
         # the engine's settings (runtime/backends/llamacpp.make_engine): one slot per request, each n_ctx long
         self.settings: dict[str, Any] = {
             "n_ctx": int(n_ctx),
