@@ -67,6 +67,7 @@ SLOW_FIXTURES = {
 SERIAL_TESTS = {
     "test_serve.py::test_full_queue_answers_429_with_retry_after": "the 429 comes within 3 s",
     "test_serve.py::test_abandoned_non_streaming_request_is_cancelled": "the slot is freed within seconds",
+    "test_serve.py::test_client_disconnect_cancels_the_generation": "the next request accepted within 1.5 s",
     "test_issue25_audit.py::test_abandoned_non_streaming_request_frees_its_slot_when_batched": "slot freed in 3 s",
     "test_papercuts_r3.py::test_a_huge_or_aliased_yaml_profile_is_refused_before_it_is_built": "refused in 5 s",
     "test_telemetry_export.py": "inference must not wait for a dead or slow exporter (per-request time bounds)",
