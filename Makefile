@@ -52,16 +52,19 @@ demo: $(DEMO_STAMP)
 	$(BIN)/python examples/minilm/demo.py
 
 # The suite on PYTEST_WORKERS pytest-xdist workers (0: one process), a test file at a time per worker so that its
-# module fixtures are built once; tests/conftest.py builds the shared bundles once for all workers. Then the tests
-# that hold a wall-clock deadline (SERIAL_TESTS in tests/conftest.py) run alone, with no neighbour's load.
+# module fixtures are built once; tests/conftest.py builds the shared bundles once for all workers, in a directory
+# (EDGESDK_TEST_SHARED) the second run reuses. Then the tests that hold a wall-clock deadline (SERIAL_TESTS in
+# tests/conftest.py) run alone, with no neighbour's load.
 PYTEST_WORKERS ?= 2
 test: setup
 	$(BIN)/edgesdk check licenses . --summary
 	$(BIN)/ruff check edgesdk tests tools examples
 	$(BIN)/ruff format --check edgesdk tests tools examples
 	$(MYPY)
-	$(BIN)/python -m pytest -q -ra --durations=30 -n $(PYTEST_WORKERS) --dist loadfile -m "not serial"
-	$(BIN)/python -m pytest -q -ra -m serial
+	@shared=$$(mktemp -d) && trap 'rm -rf "$$shared"' EXIT && export EDGESDK_TEST_SHARED="$$shared" && \
+	  echo "pytest on $(PYTEST_WORKERS) workers, then the serial tests alone (bundles shared: $$shared)" && \
+	  $(BIN)/python -m pytest -q -ra --durations=30 -n $(PYTEST_WORKERS) --dist loadfile -m "not serial" && \
+	  $(BIN)/python -m pytest -q -ra -m serial
 
 # The inner loop: everything but the slow tier (real model builds, LLM decoding, servers, docs commands;
 # tests/conftest.py marks them), stopping at the first failure; about 5 minutes on 2 cores (README).
