@@ -110,7 +110,7 @@ def _variant(src: Path, dest: Path, parity: dict) -> Path:
 def test_rollout_check(two_bundles, tmp_path):
     pytest.importorskip("llama_cpp")
     current = two_bundles / "cpu-x86_64"
-    ok = cli("rollout", "check", str(two_bundles / "orin-nano-8gb"), "--current", str(current), "--iterations", "2",
+    ok = cli("rollout", "check", str(two_bundles / "orin-nano-8gb"), "--current", str(current), "--iterations", "5",
              "--max-regression", "300%", "--min-agreement", "1", "--json")  # fmt: skip
     assert ok.returncode == 0, ok.stderr
     got = json.loads(ok.stdout)
