@@ -700,7 +700,8 @@ def load_gguf(bundle: Bundle, ctx: LoadContext) -> LlamaCppBackend:
         fa = bool(profile.is_gpu and profile.kernel("flash_attention").supported)
     else:
         fa = bool(opts.flash_attn if opts.flash_attn is not None else planned_llm.flash_attn)
-    threads = opts.threads or default_threads(planned=planned_llm.thread_count)  # capped by this host
+    planned_threads = planned_llm.thread_count  # the profile's cores, capped by what this host gives (host.py)
+    threads = opts.threads or (default_threads(planned=planned_threads) if planned_threads else None)
     # Batch sizes and K/V cache types: the plan's (manifest llm section: n_batch, n_ubatch, type_k, type_v);
     # load options n_batch / n_ubatch override. A bundle built before these decisions has none of the keys
     # and keeps llama-cpp-python's defaults (n_batch 512, n_ubatch 512, f16 cache).

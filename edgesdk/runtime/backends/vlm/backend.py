@@ -410,7 +410,8 @@ def load_vlm(bundle: Bundle, ctx: LoadContext) -> VLMBackend:
             "llama.cpp (GPU offload)", "llama.cpp (CPU)", "this llama-cpp-python build has no GPU offload"
         )
         ngl = 0
-    threads = opts.threads or default_threads(planned=planned_llm.thread_count)  # capped by this host
+    planned_threads = planned_llm.thread_count  # the profile's cores, capped by what this host gives (host.py)
+    threads = opts.threads or (default_threads(planned=planned_threads) if planned_threads else None)
     use_mmap = opts.use_mmap is not False  # default: memory-mapped
     t0 = perf_counter()
     encoder, enc_report = _onnx_encoder(bundle, ctx, pre, threads, opts.vision_encoder)
