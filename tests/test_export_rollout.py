@@ -120,13 +120,16 @@ def test_rollout_check(two_bundles, tmp_path):
     cur = _variant(current, tmp_path / "cur", {"ppl": {"ppl": 20.0}, "ppl_ratio": 1.0})
     worse = _variant(current, tmp_path / "new", {"ppl": {"ppl": 24.0}, "ppl_ratio": 1.2,
                                                  "fp16": {"min_cosine": 0.9, "passed": False}})  # fmt: skip
-    bad = cli("-q", "rollout", "check", str(worse), "--current", str(cur), "--max-regression", "none")
+    one = tmp_path / "one-prompt.txt"  # the live comparison is not what these two calls check: one prompt, not four
+    one.write_text("The sea is\n")
+    bad = cli("-q", "rollout", "check", str(worse), "--current", str(cur), "--max-regression", "none",
+              "--inputs", str(one))  # fmt: skip
     one_line(bad, 2, "rollout check: regression", "own parity check fp16 failed",
              "perplexity 24.000 is 1.200x the current bundle's 20.000")  # fmt: skip
     assert "performance: not measured" in bad.stdout
     # --max-ppl-ratio 1.25 lets the perplexity through; the failed check still stops it
     looser = cli("rollout", "check", str(worse), "--current", str(cur), "--max-regression", "none",
-                 "--max-ppl-ratio", "1.25", "--json")  # fmt: skip
+                 "--max-ppl-ratio", "1.25", "--inputs", str(one), "--json")  # fmt: skip
     assert looser.returncode == 2 and json.loads(looser.stdout)["regressions"] == [
         "the new bundle's own parity check fp16 failed at build time"
     ]
