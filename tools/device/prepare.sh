@@ -6,7 +6,8 @@
 #   .whl/       the CPython 3.12 manylinux wheels the machine's image lacks, one set resolved with dependencies
 #               (below; the image has numpy, torch, transformers, onnx, onnxruntime, protobuf, grpcio, click,
 #               pyyaml, tokenizers, Pillow), py-spy for tools/device/serve_diag.sh and nvidia-ml-py for the energy
-#               figures (tools/bench/energy_check.py, the profiler's NVML readings), checked to install offline
+#               figures (tools/bench/energy_check.py, the profiler's NVML readings), checked to install offline;
+#               py-spy then moves to .whl-diag/ (carried only by tools/device/serve_diag.sh calls)
 #   .llamacpp/  the llama-cpp-python sdist without its test models and docs, as .tar.xz (fits a call's 64 MiB)
 # Usage (repo root): bash tools/device/prepare.sh; then carry [".dist", ".whl", ".llamacpp"] in the first call.
 set -euo pipefail
@@ -37,7 +38,10 @@ done
 # the check: the carried set plus the image's stand-ins resolve to an install of what the smoke installs, offline
 "$PY" -m pip install -q --dry-run --target "$(mktemp -d)" --ignore-requires-python --no-index --find-links .whl --find-links .whl-image \
   --find-links .dist "${PLATFORM[@]}" "${WANT[@]}"
-echo "resolved: $(ls .whl | wc -l) wheels carried in .whl/, $(ls .whl-image | wc -l) the image has (.whl-image/, not carried)"
+# py-spy (2.9 MB) only serves tools/device/serve_diag.sh: kept in .whl-diag/, carried by those calls alone, so the
+# smoke's carry set (.whl, .dist, .llamacpp) stays under a call's 64 MiB (with it the tree was just over, 2026-12-07)
+rm -rf .whl-diag && mkdir -p .whl-diag && mv .whl/py_spy-*.whl .whl-diag/
+echo "resolved: $(ls .whl | wc -l) wheels carried in .whl/, $(ls .whl-image | wc -l) the image has (.whl-image/, not carried), py-spy in .whl-diag/"
 if ! ls .llamacpp/llama_cpp_python-0.3.36-stripped.tar.xz >/dev/null 2>&1; then
   tmp=$(mktemp -d)
   "$PY" -m pip download -q --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d "$tmp"

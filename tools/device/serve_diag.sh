@@ -8,7 +8,7 @@
 #      settings (below);
 #   2. `edgesdk serve` as a user starts it, under 1, 16 and 64 steady streaming clients
 #      (tools/device/serve_load.py), sampled with py-spy during the 16-client load where py-spy is carried
-#      (.whl/py_spy-*.whl) and the machine allows it.
+#      (.whl-diag/py_spy-*.whl, made by tools/device/prepare.sh: carry .whl-diag) and the machine allows it.
 # Writes $OUT/serve_diag/*. Usage: bash tools/device/serve_diag.sh [seconds per load]
 set -uo pipefail
 SECS="${1:-8}"
@@ -30,8 +30,8 @@ for entry in "${sweep[@]}"; do
     --max-tokens 64 --concurrency "${SWEEP_C:-1,16,64}" --rounds 1 $flags --out "$D/batching_h200_$name.json" 2>&1 | tail -7
 done
 PYSPY=""
-if ls .whl/py_spy-*.whl >/dev/null 2>&1; then
-  rm -rf /tmp/pyspy && python3 -m zipfile -e "$(ls .whl/py_spy-*.whl | head -1)" /tmp/pyspy \
+if ls .whl-diag/py_spy-*.whl >/dev/null 2>&1; then
+  rm -rf /tmp/pyspy && python3 -m zipfile -e "$(ls .whl-diag/py_spy-*.whl | head -1)" /tmp/pyspy \
     && PYSPY=$(ls /tmp/pyspy/py_spy-*.data/scripts/py-spy) && chmod +x "$PYSPY"
 fi
 edgesdk serve "$BUNDLE" --port 8765 > "$D/serve.log" 2>&1 &
