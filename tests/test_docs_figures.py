@@ -36,6 +36,19 @@ FIGURES: list[tuple[str, str, str, str]] = [
         "serve_curve_cpu_stop44.json",
         "mixed.edgesdk.short_behind_long_ttft_ms.3",
     ),
+    # the CPU serving curve at stop 45 (after the thread rule)
+    (
+        "docs/benchmarks.md",
+        rf"\| tok/s \(stop 45\) \| [0-9.]+ \| {N} \|",
+        "serve_curve_cpu_stop45.json",
+        "curve.edgesdk.1.tok_s",
+    ),
+    (
+        "docs/benchmarks.md",
+        rf"the first short one behind the three 1,120-token prompts got its first token in\s+\*\*{N} ms",
+        "serve_curve_cpu_stop45.json",
+        "mixed.edgesdk.short_behind_long_ttft_ms.0",
+    ),
     # the GPU smoke of e840620 (H100): curve, mixed load, prompt lookup
     (
         "docs/benchmarks.md",
