@@ -4,7 +4,6 @@ by it, and the peak RSS of `edgesdk check traces` in a child."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -12,11 +11,13 @@ from pathlib import Path
 
 import numpy as np
 
-#: llama.cpp threads for the tests that name a count: 2 in one process on the 2-core machines this suite targets;
-#: 1 under pytest-xdist (`make test`: two workers on two cores), where two threads per llama.cpp context waited on
-#: each other's barriers while the other worker held a core (a json_schema test took 51 s with 2 threads beside a
-#: busy core, 23 s with 1). Product defaults read OMP_NUM_THREADS, which tests/conftest.py sets to 1 there.
-THREADS = 1 if os.environ.get("PYTEST_XDIST_WORKER") else 2
+from edgesdk.host import thread_cap
+
+#: llama.cpp threads for the tests that name a count: the product's own cap (OMP_NUM_THREADS, host.thread_cap), which
+#: tests/conftest.py sets to 1 under pytest-xdist (`make test`: two workers on two cores, where two threads per
+#: llama.cpp context waited on each other's barriers while the other worker held a core: a json_schema test took 51 s
+#: with 2 threads beside a busy core, 23 s with 1); else 2, the 2-core machines this suite targets.
+THREADS = thread_cap() or 2
 
 
 def cli(*args, timeout: float = 300) -> subprocess.CompletedProcess:
